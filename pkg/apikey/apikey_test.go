@@ -1,0 +1,81 @@
+package apikey
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestGenerateIsWellFormed(t *testing.T) {
+	tests := []struct {
+		scopes []string
+		tag    string
+	}{
+		{[]string{"export:read"}, TagRead},
+		{[]string{"sales:write"}, TagWrite},
+		{[]string{"export:read", "sales:write"}, TagAll},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		for range 50 {
+			secret, prefix, err := Generate(tt.scopes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !WellFormed(secret) {
+				t.Fatalf("WellFormed(%q) = false, want true", secret)
+			}
+			if !strings.HasPrefix(secret, tt.tag) || !strings.HasPrefix(secret, prefix) || len(prefix) != displayLen {
+				t.Fatalf("Generate(%v) = %q, %q; want tag %q and a %d-char prefix of the secret", tt.scopes, secret, prefix, tt.tag, displayLen)
+			}
+			if seen[secret] {
+				t.Fatalf("Generate returned %q twice", secret)
+			}
+			seen[secret] = true
+		}
+	}
+}
+
+func TestWellFormedRefuses(t *testing.T) {
+	good, _, _ := Generate([]string{"export:read"})
+	flip := func(i int) string {
+		b := []byte(good)
+		if b[i] == 'A' {
+			b[i] = 'B'
+		} else {
+			b[i] = 'A'
+		}
+		return string(b)
+	}
+	for name, s := range map[string]string{
+		"empty":         "",
+		"short":         good[:Len-1],
+		"long":          good + "0",
+		"unknown tag":   "xxx_" + good[tagLen:],
+		"body typo":     flip(10),
+		"checksum typo": flip(Len - 1),
+		"non-base62":    good[:20] + "-" + good[21:],
+		"padded":        " " + good[1:],
+	} {
+		if WellFormed(s) {
+			t.Errorf("WellFormed(%s %q) = true, want false", name, s)
+		}
+	}
+}
+
+func TestHashOfIsSHA256(t *testing.T) {
+	// SHA-256("abc") from FIPS 180-2.
+	got := HashOf("abc")
+	want := "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+	if h := strings.ToLower(hex(got[:])); h != want {
+		t.Errorf("HashOf(abc) = %s, want %s", h, want)
+	}
+}
+
+func hex(b []byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 0, len(b)*2)
+	for _, c := range b {
+		out = append(out, digits[c>>4], digits[c&15])
+	}
+	return string(out)
+}

@@ -1,0 +1,80 @@
+// Package envelope writes the response envelope of spec 2.1 and 7: every body
+// is {"data": ..., "meta": {...}} or {"error": {...}, "meta": {...}}.
+package envelope
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// Meta is the meta object every response carries.
+type Meta struct {
+	RequestID  string  `json:"request_id"`
+	NextCursor *string `json:"next_cursor,omitempty"`
+}
+
+// ErrorBody is the error object of an error response.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type dataEnvelope struct {
+	Data any  `json:"data"`
+	Meta Meta `json:"meta"`
+}
+
+type errorEnvelope struct {
+	Error ErrorBody `json:"error"`
+	Meta  Meta      `json:"meta"`
+}
+
+// ContentType is sent with every envelope.
+const ContentType = "application/json; charset=utf-8"
+
+// RequestIDHeader repeats meta.request_id on every response.
+const RequestIDHeader = "X-Request-Id"
+
+// DataBytes encodes a success envelope.
+func DataBytes(data any, meta Meta) ([]byte, error) {
+	return json.Marshal(dataEnvelope{Data: data, Meta: meta})
+}
+
+// ErrorBytes encodes an error envelope. It cannot fail: every field is a string.
+func ErrorBytes(code, message, requestID string) []byte {
+	b, _ := json.Marshal(errorEnvelope{Error: ErrorBody{Code: code, Message: message}, Meta: Meta{RequestID: requestID}})
+	return b
+}
+
+// WriteData writes a success envelope with the given status.
+func WriteData(w http.ResponseWriter, status int, data any, meta Meta) {
+	body, err := DataBytes(data, meta)
+	if err != nil {
+		WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", meta.RequestID)
+		return
+	}
+	writeBody(w, status, body, meta.RequestID)
+}
+
+// WriteError writes an error envelope with the given status.
+func WriteError(w http.ResponseWriter, status int, code, message, requestID string) {
+	writeBody(w, status, ErrorBytes(code, message, requestID), requestID)
+}
+
+func writeBody(w http.ResponseWriter, status int, body []byte, requestID string) {
+	h := w.Header()
+	h.Set("Content-Type", ContentType)
+	if requestID != "" {
+		h.Set(RequestIDHeader, requestID)
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// Parsed is an envelope as a client reads it; tests and the reference sync
+// client decode responses into it.
+type Parsed struct {
+	Data  json.RawMessage `json:"data"`
+	Error *ErrorBody      `json:"error"`
+	Meta  Meta            `json:"meta"`
+}

@@ -1,0 +1,34 @@
+// Package redisclient opens go-redis clients that fail fast: a rate-limit
+// decision must never wait seconds for a Redis that is slow or gone.
+package redisclient
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/extra/redisotel/v9"
+	"github.com/redis/go-redis/v9"
+)
+
+// Open parses url (redis://, rediss:// or unix://) and returns a client with
+// tight timeouts, no retries and context deadlines honoured, traced with
+// redisotel. Key names are recorded on spans, so callers must never put a
+// secret in one.
+func Open(url string) (*redis.Client, error) {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redisclient: invalid REDIS_URL")
+	}
+	opts.ContextTimeoutEnabled = true
+	opts.DialTimeout = 200 * time.Millisecond
+	opts.ReadTimeout = 100 * time.Millisecond
+	opts.WriteTimeout = 100 * time.Millisecond
+	opts.MaxRetries = -1
+	opts.DialerRetries = 1
+	opts.PoolTimeout = 100 * time.Millisecond
+	client := redis.NewClient(opts)
+	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false)); err != nil {
+		return nil, fmt.Errorf("redisclient: tracing: %w", err)
+	}
+	return client, nil
+}

@@ -1,0 +1,64 @@
+// Package telemetry sets up OpenTelemetry tracing from the standard OTEL_*
+// environment variables. One request is one trace, and the trace id is the
+// request id clients quote (spec 2.1).
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+)
+
+// Setup installs a global tracer provider and the W3C trace-context
+// propagator, and returns a function that flushes and stops it.
+//
+// Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (protocol from
+// OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf by default, or grpc). Without
+// one, spans are still created, so trace ids (and request ids) exist. The
+// sampler comes from OTEL_TRACES_SAMPLER as the SDK reads it.
+func Setup(ctx context.Context, getenv func(string) string, serviceName string) (func(context.Context) error, error) {
+	if name := getenv("OTEL_SERVICE_NAME"); name != "" {
+		serviceName = name
+	}
+	res, err := resource.Merge(resource.Default(),
+		resource.NewSchemaless(semconv.ServiceName(serviceName)))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	if getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
+		exporter, err := newExporter(ctx, getenv)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, sdktrace.WithBatcher(exporter))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	return tp.Shutdown, nil
+}
+
+func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
+	protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if protocol == "" {
+		protocol = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	switch protocol {
+	case "", "http/protobuf":
+		return otlptracehttp.New(ctx)
+	case "grpc":
+		return otlptracegrpc.New(ctx)
+	default:
+		return nil, errors.New("telemetry: OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf or grpc")
+	}
+}

@@ -1,0 +1,60 @@
+package testenv
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) { os.Exit(Run(m)) }
+
+func TestPostgresGivesFreshMigratedDatabases(t *testing.T) {
+	a, b := Postgres(t), Postgres(t)
+	ctx := context.Background()
+	if _, err := a.Exec(ctx, "INSERT INTO owners (name) VALUES ('only in a')"); err != nil {
+		t.Fatalf("insert into migrated schema: %v", err)
+	}
+	var n int
+	if err := b.QueryRow(ctx, "SELECT count(*) FROM owners").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("second database has %d owners, want 0 (databases must be separate)", n)
+	}
+}
+
+func TestRedisServerStopsAndStarts(t *testing.T) {
+	srv := StartRedis(t)
+	opts, _ := redis.ParseURL(srv.URL)
+	c := redis.NewClient(opts)
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Ping = %v, want nil", err)
+	}
+	srv.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("Ping after Stop = nil, want an error")
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Errorf("Ping after restart = %v, want nil", err)
+	}
+}
+
+func TestSharedRedis(t *testing.T) {
+	opts, err := redis.ParseURL(RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	key := KeyPrefix(t) + "k"
+	if err := c.Set(context.Background(), key, "v", 0).Err(); err != nil {
+		t.Fatalf("Set = %v", err)
+	}
+}
