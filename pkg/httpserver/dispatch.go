@@ -1,0 +1,163 @@
+package httpserver
+
+import (
+	"fmt"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// healthPath answers the gateway's health probe without an identity.
+const healthPath = "/healthz"
+
+// RequestID returns the request id of the request in ctx: the one the gateway
+// signed, or the current trace id when there is none.
+func RequestID(r *http.Request) string {
+	if id, ok := identity.FromContext(r.Context()); ok && id.RequestID != "" {
+		return id.RequestID
+	}
+	return trace.SpanContextFromContext(r.Context()).TraceID().String()
+}
+
+// dispatch verifies the caller, routes, and records the outcome.
+func (s *Server) dispatch() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		route := "unmatched"
+		defer func() {
+			if p := recover(); p != nil {
+				s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
+				if !rec.wroteHeader {
+					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", "internal error", RequestID(r))
+				}
+			}
+			s.observe(r, route, rec.status, time.Since(start))
+		}()
+
+		if r.URL.Path == healthPath {
+			route = healthPath
+			s.health(rec, r)
+			return
+		}
+		id, err := s.cfg.Signer.Verify(r.Header.Get, time.Now())
+		if err != nil {
+			envelope.WriteError(rec, http.StatusUnauthorized, "unauthenticated",
+				"the request did not come through the gateway", RequestID(r))
+			return
+		}
+		r = r.WithContext(identity.WithContext(r.Context(), id))
+		annotate(r, id)
+
+		handler, pattern := s.routes.Handler(r)
+		if pattern == "" {
+			s.noRoute(rec, r, handler)
+			return
+		}
+		route = pattern
+		span := trace.SpanFromContext(r.Context())
+		span.SetName(pattern)
+		span.SetAttributes(attribute.String("http.route", pattern))
+		s.routes.ServeHTTP(rec, r)
+	})
+}
+
+func annotate(r *http.Request, id identity.Identity) {
+	attrs := []attribute.KeyValue{attribute.String("request.id", id.RequestID)}
+	if id.OwnerID != "" {
+		attrs = append(attrs, attribute.String("owner.id", id.OwnerID), attribute.String("api_key.id", id.KeyID))
+	}
+	if id.PlatformID != "" {
+		attrs = append(attrs, attribute.String("platform.id", id.PlatformID))
+	}
+	trace.SpanFromContext(r.Context()).SetAttributes(attrs...)
+}
+
+// noRoute answers an unknown path with 404 and a known path with another
+// method with 405 and Allow, both as envelopes. ServeMux's own fallback
+// handler tells the two apart; it runs against a recorder so that only its
+// status and Allow header are kept, never its text body.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, fallback http.Handler) {
+	probe := &headerProbe{header: http.Header{}}
+	fallback.ServeHTTP(probe, r)
+	if probe.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", probe.header.Get("Allow"))
+		envelope.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+			fmt.Sprintf("method %s is not allowed on this route", r.Method), RequestID(r))
+		return
+	}
+	envelope.WriteError(w, http.StatusNotFound, "not_found", "route not found", RequestID(r))
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	requestID := RequestID(r)
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(r.Context()); err != nil {
+			s.cfg.Log.WarnContext(r.Context(), "not ready", "err", err)
+			envelope.WriteError(w, http.StatusServiceUnavailable, "not_ready", "service not ready", requestID)
+			return
+		}
+	}
+	envelope.WriteData(w, http.StatusOK, map[string]string{"status": "ok", "service": s.cfg.Service}, envelope.Meta{RequestID: requestID})
+}
+
+func (s *Server) observe(r *http.Request, route string, status int, d time.Duration) {
+	s.metrics.observe(route, r.Method, status, d)
+	if route == healthPath {
+		return
+	}
+	attrs := []any{"method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
+	if id, ok := identity.FromContext(r.Context()); ok && id.OwnerID != "" {
+		attrs = append(attrs, "owner_id", id.OwnerID)
+	}
+	if status >= 500 {
+		trace.SpanFromContext(r.Context()).SetStatus(codes.Error, http.StatusText(status))
+	}
+	s.cfg.Log.InfoContext(r.Context(), "request", attrs...)
+}
+
+// statusRecorder remembers the status written through it. Unwrap lets
+// http.ResponseController reach Flush on the real writer, so streamed
+// responses stay streamed.
+type statusRecorder struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if !s.wroteHeader {
+		s.status, s.wroteHeader = code, true
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	s.wroteHeader = true
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// headerProbe captures what ServeMux's fallback handler would answer.
+type headerProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *headerProbe) Header() http.Header         { return p.header }
+func (p *headerProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *headerProbe) WriteHeader(code int)        { p.status = code }

@@ -1,0 +1,113 @@
+// Package httpserver runs the net/http services behind the gateway. It wraps a
+// service's routes with what is the same for each of them: an OpenTelemetry
+// server span continuing the gateway's trace, verification of the identity
+// the gateway signed, the error envelope for unknown routes, wrong methods and
+// panics, one access log line per request, Prometheus metrics on a separate
+// admin listener, and a graceful shutdown.
+package httpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+)
+
+// Config describes one service's server.
+type Config struct {
+	Service   string // e.g. "export-reader"; names the spans, logs and metrics
+	Addr      string // main listener, reached only by the gateway
+	AdminAddr string // /metrics listener; empty disables it
+	Log       *slog.Logger
+	Signer    *identity.Signer
+	// Ready reports whether the service can serve (e.g. a PostgreSQL ping);
+	// GET /healthz answers 503 when it fails. Nil means always ready.
+	Ready func(context.Context) error
+	// ShutdownTimeout bounds the drain of in-flight requests (default 10 s).
+	ShutdownTimeout time.Duration
+}
+
+// Server is a service's HTTP server.
+type Server struct {
+	cfg      Config
+	routes   *http.ServeMux
+	registry *prometheus.Registry
+	metrics  *httpMetrics
+	handler  http.Handler
+}
+
+// New wraps routes. Register every route of the service on routes before
+// calling Handler or Run; patterns use Go 1.22 syntax ("GET /v1/x/{id}").
+func New(cfg Config, routes *http.ServeMux) *Server {
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := &Server{cfg: cfg, routes: routes, registry: reg, metrics: newHTTPMetrics(reg)}
+	s.handler = otelhttp.NewHandler(s.dispatch(), cfg.Service,
+		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != healthPath }))
+	return s
+}
+
+// Registry is where the service registers metrics of its own.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// Handler is the service's whole HTTP handler, for tests through httptest.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Run serves until ctx is done, then drains in-flight requests.
+func (s *Server) Run(ctx context.Context) error {
+	main := &http.Server{
+		Addr:              s.cfg.Addr,
+		Handler:           s.handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+		ErrorLog:          slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelWarn),
+	}
+	servers := []*http.Server{main}
+	if s.cfg.AdminAddr != "" {
+		servers = append(servers, &http.Server{
+			Addr:              s.cfg.AdminAddr,
+			Handler:           promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}),
+			ReadHeaderTimeout: 5 * time.Second,
+		})
+	}
+	errs := make(chan error, len(servers))
+	for _, srv := range servers {
+		ln, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			return fmt.Errorf("httpserver: listen %s: %w", srv.Addr, err)
+		}
+		s.cfg.Log.Info("listening", "addr", ln.Addr().String())
+		go func() { errs <- srv.Serve(ln) }()
+	}
+	select {
+	case err := <-errs:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("httpserver: %w", err)
+		}
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	var firstErr error
+	for _, srv := range servers {
+		if err := srv.Shutdown(shutdownCtx); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("httpserver: shutdown: %w", err)
+		}
+	}
+	s.cfg.Log.Info("stopped")
+	return firstErr
+}

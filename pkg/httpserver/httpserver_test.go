@@ -1,0 +1,105 @@
+package httpserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+)
+
+const secret = "0123456789abcdef0123456789abcdef"
+
+func newTestServer(t *testing.T, logs io.Writer) (*httptest.Server, *identity.Signer) {
+	t.Helper()
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteData(w, http.StatusOK, map[string]string{"id": r.PathValue("id")}, envelope.Meta{RequestID: RequestID(r)})
+	})
+	mux.HandleFunc("POST /v1/boom", func(w http.ResponseWriter, r *http.Request) { panic("boom") })
+	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(logs, nil)), Signer: signer}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return ts, signer
+}
+
+func TestDispatch(t *testing.T) {
+	var logs bytes.Buffer
+	ts, signer := newTestServer(t, &logs)
+	signed := identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead}, RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}
+	tests := []struct {
+		name       string
+		method     string
+		path       string
+		sign       bool
+		wantStatus int
+		wantCode   string
+		wantAllow  string
+	}{
+		{"unsigned", "GET", "/v1/things/1", false, 401, "unauthenticated", ""},
+		{"signed", "GET", "/v1/things/1", true, 200, "", ""},
+		{"unknown route", "GET", "/v1/nothing", true, 404, "not_found", ""},
+		{"wrong method", "DELETE", "/v1/things/1", true, 405, "method_not_allowed", "GET, HEAD"},
+		{"panic", "POST", "/v1/boom", true, 500, "internal_error", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, ts.URL+tt.path, nil)
+			if tt.sign {
+				for _, h := range signer.Sign(signed, time.Now()) {
+					req.Header.Set(h.Name, h.Value)
+				}
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var body envelope.Parsed
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+				t.Fatalf("body is not an envelope: %v", err)
+			}
+			if resp.StatusCode != tt.wantStatus {
+				t.Errorf("status = %d, want %d", resp.StatusCode, tt.wantStatus)
+			}
+			if tt.wantCode != "" && (body.Error == nil || body.Error.Code != tt.wantCode) {
+				t.Errorf("error = %+v, want code %q", body.Error, tt.wantCode)
+			}
+			if body.Meta.RequestID == "" || resp.Header.Get("X-Request-Id") != body.Meta.RequestID {
+				t.Errorf("meta.request_id = %q, X-Request-Id = %q; want equal and non-empty", body.Meta.RequestID, resp.Header.Get("X-Request-Id"))
+			}
+			if tt.sign && body.Meta.RequestID != signed.RequestID {
+				t.Errorf("meta.request_id = %q, want the signed %q", body.Meta.RequestID, signed.RequestID)
+			}
+			if got := resp.Header.Get("Allow"); got != tt.wantAllow {
+				t.Errorf("Allow = %q, want %q", got, tt.wantAllow)
+			}
+		})
+	}
+	if !strings.Contains(logs.String(), `"route":"GET /v1/things/{id}"`) || strings.Count(logs.String(), `"msg":"panic"`) != 1 {
+		t.Errorf("logs lack the route of the access line or the single panic line:\n%s", logs.String())
+	}
+}
+
+func TestHealthNeedsNoIdentity(t *testing.T) {
+	ts, _ := newTestServer(t, io.Discard)
+	resp, err := http.Get(ts.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /healthz = %d, want 200", resp.StatusCode)
+	}
+}

@@ -1,0 +1,58 @@
+package httpserver
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
+	m := &httpMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "http_requests_total",
+			Help: "Requests served, by route, method and status class.",
+		}, []string{"route", "method", "status_class"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "http_request_duration_seconds",
+			Help:    "Time to serve a request, by route, method and status class.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"route", "method", "status_class"}),
+	}
+	reg.MustRegister(m.requests, m.duration)
+	return m
+}
+
+func (m *httpMetrics) observe(route, method string, status int, d time.Duration) {
+	class := strconv.Itoa(status/100) + "xx"
+	m.requests.WithLabelValues(route, method, class).Inc()
+	m.duration.WithLabelValues(route, method, class).Observe(d.Seconds())
+}
+
+// RegisterPool exports the pgx pool's statistics as gauges and counters.
+func RegisterPool(reg prometheus.Registerer, name string, pool *pgxpool.Pool) {
+	labels := prometheus.Labels{"pool": name}
+	gauge := func(metric, help string, f func(*pgxpool.Stat) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metric, Help: help, ConstLabels: labels},
+			func() float64 { return f(pool.Stat()) })
+	}
+	counter := func(metric, help string, f func(*pgxpool.Stat) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metric, Help: help, ConstLabels: labels},
+			func() float64 { return f(pool.Stat()) })
+	}
+	reg.MustRegister(
+		gauge("pgxpool_total_conns", "Connections in the pool.", func(s *pgxpool.Stat) float64 { return float64(s.TotalConns()) }),
+		gauge("pgxpool_acquired_conns", "Connections in use.", func(s *pgxpool.Stat) float64 { return float64(s.AcquiredConns()) }),
+		gauge("pgxpool_idle_conns", "Idle connections.", func(s *pgxpool.Stat) float64 { return float64(s.IdleConns()) }),
+		gauge("pgxpool_max_conns", "Pool size limit.", func(s *pgxpool.Stat) float64 { return float64(s.MaxConns()) }),
+		counter("pgxpool_acquire_total", "Connections acquired.", func(s *pgxpool.Stat) float64 { return float64(s.AcquireCount()) }),
+		counter("pgxpool_empty_acquire_total", "Acquires that had to wait for a connection.", func(s *pgxpool.Stat) float64 { return float64(s.EmptyAcquireCount()) }),
+		counter("pgxpool_acquire_wait_seconds_total", "Time spent waiting for a connection.", func(s *pgxpool.Stat) float64 { return s.AcquireDuration().Seconds() }),
+	)
+}
