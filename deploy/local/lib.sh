@@ -1,0 +1,97 @@
+# Shared shell functions for running PostgreSQL and Redis natively (no Docker)
+# under a project-local folder. Sourced by run.sh, test.sh and bench.sh.
+
+log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# pg_bin_dir prints the folder holding initdb and pg_ctl.
+pg_bin_dir() {
+  if command -v initdb >/dev/null 2>&1; then dirname "$(command -v initdb)"; return; fi
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5 -n -r); do
+    [ -x "$d/initdb" ] && { echo "$d"; return; }
+  done
+  return 1
+}
+
+# ensure_packages installs redis-server (and PostgreSQL's server binaries)
+# when missing: with apt-get as root, else it says exactly what to install.
+ensure_packages() {
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  pg_bin_dir >/dev/null || missing+=(postgresql)
+  command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${missing[*]} with apt-get"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+  else
+    die "missing ${missing[*]}: install them (Debian/Ubuntu: sudo apt-get install -y ${missing[*]})"
+  fi
+}
+
+# as_pg_user runs a command as the user that owns the cluster: initdb refuses
+# to run as root, so as root that is the "postgres" user.
+as_pg_user() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# pg_start DIR starts (creating on first use) a cluster in DIR/data that
+# listens only on a Unix socket in DIR.
+pg_start() {
+  local dir=$1 bin
+  bin=$(pg_bin_dir) || die "PostgreSQL server binaries not found"
+  mkdir -p "$dir"
+  if [ "$(id -u)" = 0 ]; then chown postgres: "$dir"; fi
+  if [ ! -f "$dir/data/PG_VERSION" ]; then
+    as_pg_user "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
+      || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+  fi
+  if as_pg_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then return 0; fi
+  as_pg_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+    -o "-c listen_addresses='' -k $dir -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} ${PG_EXTRA_OPTS:-}" start >/dev/null \
+    || { tail -20 "$dir/server.log" >&2; die "PostgreSQL did not start"; }
+}
+
+pg_stop() {
+  local dir=$1 bin
+  bin=$(pg_bin_dir) || return 0
+  [ -f "$dir/data/PG_VERSION" ] || return 0
+  as_pg_user "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# pg_create_db DIR NAME creates database NAME when missing.
+pg_create_db() {
+  local dir=$1 name=$2
+  if ! psql -h "$dir" -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='$name'" | grep -q 1; then
+    psql -h "$dir" -U postgres -d postgres -qc "CREATE DATABASE $name" >/dev/null || die "create database $name failed"
+  fi
+}
+
+# redis_start DIR starts redis-server on a Unix socket DIR/redis.sock.
+redis_start() {
+  local dir=$1
+  mkdir -p "$dir"
+  if [ -f "$dir/redis.pid" ] && kill -0 "$(cat "$dir/redis.pid")" 2>/dev/null; then return 0; fi
+  redis-server --port 0 --unixsocket "$dir/redis.sock" --unixsocketperm 700 --save '' --appendonly no \
+    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null \
+    || die "redis-server did not start"
+  local i
+  for i in $(seq 50); do [ -S "$dir/redis.sock" ] && return 0; sleep 0.1; done
+  die "redis-server did not open $dir/redis.sock"
+}
+
+redis_stop() {
+  local dir=$1
+  [ -f "$dir/redis.pid" ] || return 0
+  kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+  rm -f "$dir/redis.pid"
+}
+
+# random_secret prints 48 random url-safe characters.
+random_secret() { head -c 36 /dev/urandom | base64 | tr '+/' '-_'; }
+
+# json_field NAME reads one flat JSON object on stdin and prints the string
+# value of NAME (enough for exportctl's --json output; no jq needed).
+json_field() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }

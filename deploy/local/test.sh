@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# make test: every test of every module against one throwaway PostgreSQL
+# cluster and one redis-server, started here and removed on exit. Each test
+# still gets a fresh database of its own (pkg/testenv).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. deploy/local/lib.sh
+ensure_packages
+
+tmp=$(mktemp -d /tmp/export-test.XXXXXX)
+chmod 755 "$tmp"
+cleanup() { pg_stop "$tmp/pg"; redis_stop "$tmp/redis"; rm -rf "$tmp"; }
+trap cleanup EXIT
+PG_SHARED_BUFFERS=128MB PG_EXTRA_OPTS="-c fsync=off -c synchronous_commit=off -c full_page_writes=off" pg_start "$tmp/pg"
+redis_start "$tmp/redis"
+export TEST_DATABASE_URL="host=$tmp/pg user=postgres dbname=postgres sslmode=disable"
+export TEST_REDIS_URL="unix://$tmp/redis/redis.sock"
+
+status=0
+for mod in $(go list -m -f '{{.Dir}}'); do
+  log "go test $(realpath --relative-to=. "$mod")"
+  (cd "$mod" && go test -count=1 ${GOTEST_FLAGS:-} ./...) || status=1
+done
+exit $status
