@@ -1,0 +1,105 @@
+// Command tracestore is the local trace view of `make run`: an OTLP/HTTP
+// receiver that appends every span to a JSON Lines file, and a lookup that
+// prints one request's trace as a tree.
+//
+//	tracestore serve [--addr 127.0.0.1:4318] [--file .run/traces.jsonl]
+//	tracestore show [--file .run/traces.jsonl] REQUEST_ID
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"regexp"
+	"syscall"
+	"time"
+
+	"github.com/coinexport/export/pkg/tracestore"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "tracestore:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: tracestore serve|show [flags]")
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:4318", "OTLP/HTTP listen address")
+	file := fs.String("file", ".run/traces.jsonl", "span file")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, *addr, *file)
+	case "show":
+		if fs.NArg() != 1 {
+			return errors.New("usage: tracestore show [--file F] REQUEST_ID")
+		}
+		return show(stdout, *file, fs.Arg(0))
+	}
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func serve(ctx context.Context, addr, file string) error {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	srv := &http.Server{Addr: addr, Handler: tracestore.New(f, 1), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+var traceIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+func show(w io.Writer, file, requestID string) error {
+	if !traceIDPattern.MatchString(requestID) {
+		return fmt.Errorf("%q is not a request id (32 lowercase hex characters)", requestID)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var spans []tracestore.Span
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var sp tracestore.Span
+		if json.Unmarshal(sc.Bytes(), &sp) == nil && sp.TraceID == requestID {
+			spans = append(spans, sp)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if len(spans) == 0 {
+		return fmt.Errorf("no spans for request id %s in %s (spans are exported in batches: retry in a few seconds)", requestID, file)
+	}
+	tracestore.WriteTree(w, spans)
+	return nil
+}

@@ -1,0 +1,163 @@
+// Package tracestore is a small OTLP/HTTP trace receiver: it accepts the
+// spans every binary exports (POST /v1/traces, protobuf or JSON), keeps them
+// in memory and optionally appends them to a JSON Lines file, and finds the
+// spans of one trace. `make run` uses it as the local trace view (a request
+// id is a trace id), and tests use it to check a request's whole trace.
+package tracestore
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// Span is one received span, flattened.
+type Span struct {
+	TraceID    string            `json:"trace_id"`
+	SpanID     string            `json:"span_id"`
+	ParentID   string            `json:"parent_span_id,omitempty"`
+	Service    string            `json:"service"`
+	Name       string            `json:"name"`
+	Kind       string            `json:"kind"`
+	Start      time.Time         `json:"start"`
+	DurationMS float64           `json:"duration_ms"`
+	StatusCode string            `json:"status,omitempty"`
+	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// Store receives and keeps spans.
+type Store struct {
+	mu    sync.Mutex
+	spans []Span
+	out   io.Writer // JSON Lines sink; nil keeps spans in memory only
+	limit int
+}
+
+// New returns a store that keeps at most limit spans in memory (0: 100,000)
+// and appends every span to out when out is not nil.
+func New(out io.Writer, limit int) *Store {
+	if limit <= 0 {
+		limit = 100_000
+	}
+	return &Store{out: out, limit: limit}
+}
+
+// ServeHTTP implements the OTLP/HTTP traces endpoint.
+func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" {
+		http.Error(w, "OTLP/HTTP traces only: POST /v1/traces", http.StatusNotFound)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	if err != nil {
+		http.Error(w, "read error", http.StatusBadRequest)
+		return
+	}
+	var req collectortrace.ExportTraceServiceRequest
+	if r.Header.Get("Content-Type") == "application/json" {
+		err = protojson.Unmarshal(body, &req)
+	} else {
+		err = proto.Unmarshal(body, &req)
+	}
+	if err != nil {
+		http.Error(w, "bad OTLP payload", http.StatusBadRequest)
+		return
+	}
+	s.add(flatten(&req))
+	resp, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(resp)
+}
+
+func (s *Store) add(spans []Span) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.spans = append(s.spans, spans...)
+	if over := len(s.spans) - s.limit; over > 0 {
+		s.spans = append([]Span(nil), s.spans[over:]...)
+	}
+	if s.out != nil {
+		enc := json.NewEncoder(s.out)
+		for _, sp := range spans {
+			_ = enc.Encode(sp)
+		}
+	}
+}
+
+// Trace returns the spans of one trace, earliest first.
+func (s *Store) Trace(traceID string) []Span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Span
+	for _, sp := range s.spans {
+		if sp.TraceID == traceID {
+			out = append(out, sp)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Start.Before(out[j].Start) })
+	return out
+}
+
+// All returns every span received.
+func (s *Store) All() []Span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Span(nil), s.spans...)
+}
+
+func flatten(req *collectortrace.ExportTraceServiceRequest) []Span {
+	var out []Span
+	for _, rs := range req.GetResourceSpans() {
+		service := attrValue(rs.GetResource().GetAttributes(), "service.name")
+		for _, ss := range rs.GetScopeSpans() {
+			for _, sp := range ss.GetSpans() {
+				attrs := map[string]string{}
+				for _, kv := range sp.GetAttributes() {
+					attrs[kv.GetKey()] = anyString(kv.GetValue())
+				}
+				start := time.Unix(0, int64(sp.GetStartTimeUnixNano()))
+				out = append(out, Span{
+					TraceID:    hex.EncodeToString(sp.GetTraceId()),
+					SpanID:     hex.EncodeToString(sp.GetSpanId()),
+					ParentID:   hex.EncodeToString(sp.GetParentSpanId()),
+					Service:    service,
+					Name:       sp.GetName(),
+					Kind:       sp.GetKind().String(),
+					Start:      start,
+					DurationMS: float64(sp.GetEndTimeUnixNano()-sp.GetStartTimeUnixNano()) / 1e6,
+					StatusCode: sp.GetStatus().GetCode().String(),
+					Attributes: attrs,
+				})
+			}
+		}
+	}
+	return out
+}
+
+func attrValue(kvs []*commonpb.KeyValue, key string) string {
+	for _, kv := range kvs {
+		if kv.GetKey() == key {
+			return anyString(kv.GetValue())
+		}
+	}
+	return ""
+}
+
+func anyString(v *commonpb.AnyValue) string {
+	switch x := v.GetValue().(type) {
+	case *commonpb.AnyValue_StringValue:
+		return x.StringValue
+	default:
+		b, _ := protojson.Marshal(v)
+		return string(b)
+	}
+}

@@ -1,0 +1,52 @@
+package tracestore
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+)
+
+func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
+	var file bytes.Buffer
+	store := New(&file, 0)
+	srv := httptest.NewServer(store)
+	defer srv.Close()
+
+	ctx := context.Background()
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
+		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("svc"))))
+	tracer := tp.Tracer("test")
+	ctx, parent := tracer.Start(ctx, "parent")
+	_, child := tracer.Start(ctx, "child")
+	child.End()
+	parent.End()
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	traceID := parent.SpanContext().TraceID().String()
+	spans := store.Trace(traceID)
+	if len(spans) != 2 {
+		t.Fatalf("Trace(%s) has %d spans, want 2", traceID, len(spans))
+	}
+	var tree bytes.Buffer
+	WriteTree(&tree, spans)
+	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") {
+		t.Errorf("WriteTree =\n%s\nwant parent then indented child, service svc", tree.String())
+	}
+	if got := strings.Count(file.String(), "\n"); got != 2 {
+		t.Errorf("file has %d lines, want 2", got)
+	}
+}
