@@ -4,7 +4,7 @@ SHELL := /bin/bash
 BINARIES := gateway export-reader sales-writer shop-schema exportctl
 MODULES := pkg gateway services/export-reader services/sales-writer services/shop-schema
 
-.PHONY: help build run test lint bench clean
+.PHONY: help build run test lint bench trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -15,6 +15,7 @@ build: ## build every binary into bin/
 	  if [ -f $$m/main.go ]; then go build -o bin/$$(basename $$m) ./$$m || exit 1; fi; \
 	done
 	@go build -o bin/exportctl ./pkg/cmd/exportctl
+	@go build -o bin/tracestore ./pkg/cmd/tracestore
 	@ls bin
 
 run: build ## start the whole stack natively (PostgreSQL + Redis under .run/), demo data and keys
@@ -26,6 +27,9 @@ test: ## run every test of every module against real PostgreSQL and Redis
 lint: ## go vet (and staticcheck when installed) over every module
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
 	@if command -v staticcheck >/dev/null; then for m in $(MODULES); do (cd $$m && staticcheck ./...) || exit 1; done; fi
+
+trace: ## print the trace of one request of make run: make trace ID=<meta.request_id>
+	@bin/tracestore show --file .run/traces.jsonl $(ID)
 
 bench: build ## measure the product against its baselines (BENCH_ITEMS, BENCH_QUICK=1)
 	@deploy/local/bench.sh

@@ -75,6 +75,15 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   pids+=($!)
   log "$name started (pid $!, log .run/logs/$name.log)"
 }
+# Local trace view: every binary exports its spans to tracestore, which
+# appends them to .run/traces.jsonl (make trace ID=<request_id> prints one).
+# An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
+if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
+  "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
+  pids+=($!)
+  export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
+  export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
+fi
 for svc in export-reader sales-writer shop-schema; do start "$svc"; done
 start gateway
 
@@ -90,6 +99,7 @@ cat <<MSG
   Read key  (export:read):               $DEMO_READ_KEY
   Write key (sales:write, demo-market):  $DEMO_WRITE_KEY
   Settings for scripts: .run/env     Logs: .run/logs/
+  Traces: make trace ID=<meta.request_id>   (spans in .run/traces.jsonl)
 
   curl -s -H "X-API-Key: $DEMO_READ_KEY" "$BASE_URL/export/items?limit=2"
 
