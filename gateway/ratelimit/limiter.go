@@ -1,0 +1,261 @@
+package ratelimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ulule/limiter/v3"
+)
+
+// Decision is the answer for one request.
+type Decision struct {
+	Allowed   bool
+	Limit     int64
+	Remaining int64
+	// RetryAfter is how long until a request would pass; zero when allowed.
+	RetryAfter time.Duration
+	// Reset is when every counted request has left the window.
+	Reset time.Time
+	// Local reports that the in-process fallback decided (Redis unusable).
+	Local bool
+}
+
+// Options tune a Limiter. Zero values take the defaults in brackets.
+type Options struct {
+	// Timeout bounds one round trip to Redis [50ms]; past it the batch is
+	// decided locally and the limiter turns degraded.
+	Timeout time.Duration
+	// MaxBatch caps the decisions sent in one pipeline [512].
+	MaxBatch int
+	// ProbeInterval is how often a degraded limiter pings Redis [250ms].
+	ProbeInterval time.Duration
+	// OnDegraded is called when Redis turns unusable (err) and when it
+	// answers again (nil). It must not block.
+	OnDegraded func(err error)
+	// Now is the clock of the local fallback [time.Now].
+	Now func() time.Time
+}
+
+// Limiter makes rate-limit decisions. Concurrent decisions are queued and
+// sent to Redis together: while one pipeline is in flight the next batch
+// gathers, so under load the cost of a round trip is shared by many requests
+// (decisions on the same key are merged into one script run with a cost of
+// n), and an idle gateway pays no added delay.
+type Limiter struct {
+	store    *SlidingStore
+	local    *Local
+	opts     Options
+	queue    chan *pending
+	done     chan struct{}
+	degraded atomic.Bool
+	pending  sync.Pool
+}
+
+type pending struct {
+	op    Op
+	reply chan Decision
+}
+
+// New returns a limiter over store. Call Run before the first Take.
+func New(store *SlidingStore, opts Options) *Limiter {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 50 * time.Millisecond
+	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 512
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = 250 * time.Millisecond
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.OnDegraded == nil {
+		opts.OnDegraded = func(error) {}
+	}
+	l := &Limiter{store: store, local: NewLocal(), opts: opts,
+		queue: make(chan *pending, 4*opts.MaxBatch), done: make(chan struct{})}
+	l.pending.New = func() any { return &pending{reply: make(chan Decision, 1)} }
+	return l
+}
+
+// Degraded reports whether decisions are being made in-process because
+// Redis is unusable.
+func (l *Limiter) Degraded() bool { return l.degraded.Load() }
+
+// Take records one request under key if it fits rate.
+func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
+	return l.decide(Op{Key: key, Rate: rate, Cost: 1})
+}
+
+// Peek reports whether one more request under key would fit, recording
+// nothing.
+func (l *Limiter) Peek(key string, rate limiter.Rate) Decision {
+	return l.decide(Op{Key: key, Rate: rate, Cost: 0})
+}
+
+func (l *Limiter) decide(op Op) Decision {
+	if l.degraded.Load() {
+		return l.decideLocally(op)
+	}
+	p := l.pending.Get().(*pending)
+	p.op = op
+	select {
+	case l.queue <- p:
+	case <-l.done:
+		l.pending.Put(p)
+		return l.decideLocally(op)
+	}
+	d := <-p.reply
+	l.pending.Put(p)
+	return d
+}
+
+func (l *Limiter) decideLocally(op Op) Decision {
+	t := l.local.Take(op, l.opts.Now())
+	d := decision(op, t, 0, t.Admitted)
+	d.Local = true
+	return d
+}
+
+// Run sends the queued decisions to Redis and watches for its recovery
+// until ctx ends. Decisions asked after that are made locally.
+func (l *Limiter) Run(ctx context.Context) {
+	go l.probe(ctx)
+	batch := make([]*pending, 0, l.opts.MaxBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			close(l.done)
+			l.drain()
+			return
+		case p := <-l.queue:
+			batch = append(batch[:0], p)
+		}
+	gather:
+		for len(batch) < l.opts.MaxBatch {
+			select {
+			case p := <-l.queue:
+				batch = append(batch, p)
+			default:
+				break gather
+			}
+		}
+		l.send(ctx, batch)
+	}
+}
+
+// drain answers whatever was queued when Run stopped.
+func (l *Limiter) drain() {
+	for {
+		select {
+		case p := <-l.queue:
+			p.reply <- l.decideLocally(p.op)
+		default:
+			return
+		}
+	}
+}
+
+// group is the set of queued requests merged into one script run.
+type group struct {
+	op      Op
+	waiters []*pending
+}
+
+func (l *Limiter) send(ctx context.Context, batch []*pending) {
+	groups := groupOps(batch)
+	ops := make([]Op, len(groups))
+	for i, g := range groups {
+		ops[i] = g.op
+	}
+	var results []Taken
+	var err error
+	if !l.degraded.Load() {
+		rctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+		results, err = l.store.TakeMany(rctx, ops)
+		cancel()
+		if err != nil && l.degraded.CompareAndSwap(false, true) {
+			l.opts.OnDegraded(err)
+		}
+	}
+	for i, g := range groups {
+		if results == nil {
+			for _, p := range g.waiters {
+				p.reply <- l.decideLocally(p.op)
+			}
+			continue
+		}
+		for j, p := range g.waiters {
+			p.reply <- decision(p.op, results[i], j, results[i].Admitted)
+		}
+	}
+}
+
+// groupOps merges requests on the same key (and of the same kind: look or
+// take) so each key costs one script run per batch.
+func groupOps(batch []*pending) []*group {
+	type gkey struct {
+		key  string
+		look bool
+	}
+	index := make(map[gkey]int, len(batch))
+	groups := make([]*group, 0, len(batch))
+	for _, p := range batch {
+		k := gkey{p.op.Key, p.op.Cost == 0}
+		i, ok := index[k]
+		if !ok {
+			i = len(groups)
+			index[k] = i
+			groups = append(groups, &group{op: Op{Key: p.op.Key, Rate: p.op.Rate}})
+		}
+		groups[i].op.Cost += p.op.Cost
+		groups[i].waiters = append(groups[i].waiters, p)
+	}
+	return groups
+}
+
+// decision is the answer for the j-th request of a merged script run that
+// admitted admitted requests: the first admitted ones pass, in queue order.
+func decision(op Op, t Taken, j int, admitted int64) Decision {
+	d := Decision{Limit: op.Rate.Limit, Reset: t.Now.Add(t.ResetAfter)}
+	if op.Cost == 0 {
+		d.Allowed = t.Remaining > 0
+		d.Remaining = t.Remaining
+		if !d.Allowed {
+			d.RetryAfter = t.RetryAfter
+		}
+		return d
+	}
+	if int64(j) < admitted {
+		d.Allowed = true
+		// Requests admitted later in the same run see fewer left.
+		d.Remaining = t.Remaining + admitted - 1 - int64(j)
+		return d
+	}
+	d.RetryAfter = t.RetryAfter
+	return d
+}
+
+func (l *Limiter) probe(ctx context.Context) {
+	tick := time.NewTicker(l.opts.ProbeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !l.degraded.Load() {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+		err := l.store.client.Ping(pctx).Err()
+		cancel()
+		if err == nil && l.degraded.CompareAndSwap(true, false) {
+			l.opts.OnDegraded(nil)
+		}
+	}
+}

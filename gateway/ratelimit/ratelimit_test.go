@@ -1,0 +1,248 @@
+package ratelimit
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/redisclient"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/redis/go-redis/v9"
+	"github.com/ulule/limiter/v3"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+func mustRate(t *testing.T, s string) limiter.Rate {
+	t.Helper()
+	r, err := limiter.NewRateFromFormatted(s)
+	if err != nil {
+		t.Fatalf("NewRateFromFormatted(%q) = %v", s, err)
+	}
+	return r
+}
+
+func redisClient(t *testing.T, url string) *redis.Client {
+	t.Helper()
+	c, err := redisclient.Open(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// clock is a settable time source.
+type clock struct{ ms atomic.Int64 }
+
+func (c *clock) now() time.Time      { return time.UnixMilli(c.ms.Load()) }
+func (c *clock) set(t time.Time)     { c.ms.Store(t.UnixMilli()) }
+func (c *clock) add(d time.Duration) { c.ms.Add(d.Milliseconds()) }
+
+// takers lets the same scenario run against Redis and the local fallback.
+func takers(t *testing.T, clk *clock) map[string]func(Op) Taken {
+	store := NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)).WithClock(clk.now)
+	local := NewLocal()
+	return map[string]func(Op) Taken{
+		"redis": func(op Op) Taken {
+			got, err := store.Take(context.Background(), op)
+			if err != nil {
+				t.Fatalf("Take(%v) error = %v", op, err)
+			}
+			return got
+		},
+		"local": func(op Op) Taken { return local.Take(op, clk.now()) },
+	}
+}
+
+func TestSlidingWindowBoundaryBurst(t *testing.T) {
+	rate := mustRate(t, "5-S")
+	clk := &clock{}
+	for name, take := range takers(t, clk) {
+		t.Run(name, func(t *testing.T) {
+			// A burst at the very end of one clock second and one at the start
+			// of the next: a fixed window would admit 10.
+			clk.set(time.Unix(1_900_000_000, 990_000_000))
+			var admitted []time.Time
+			for _, step := range []time.Duration{0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5} {
+				clk.add(step * time.Millisecond)
+				if take(Op{Key: "k", Rate: rate, Cost: 1}).Admitted == 1 {
+					admitted = append(admitted, clk.now())
+				}
+			}
+			if len(admitted) != 5 {
+				t.Fatalf("admitted %d of a burst straddling a second boundary, want 5", len(admitted))
+			}
+			// Then pace one request every 10 ms for 3 s: no rolling window of
+			// one second may ever hold more than 5 admitted requests.
+			for i := 0; i < 300; i++ {
+				clk.add(10 * time.Millisecond)
+				if take(Op{Key: "k", Rate: rate, Cost: 1}).Admitted == 1 {
+					admitted = append(admitted, clk.now())
+				}
+			}
+			for i := range admitted {
+				n := 0
+				for _, a := range admitted[i:] {
+					if a.Sub(admitted[i]) < time.Second {
+						n++
+					}
+				}
+				if n > 5 {
+					t.Fatalf("%d requests admitted within 1s of %v, want at most 5", n, admitted[i])
+				}
+			}
+			// ...and the window is not over-strict: the burst and a full window
+			// in each of the next two seconds (the third ends 15 ms too early
+			// for its bucket to leave) pass.
+			if len(admitted) < 15 {
+				t.Errorf("admitted %d in 3 s of pacing after the burst, want at least 15", len(admitted))
+			}
+		})
+	}
+}
+
+func TestRetryAfterIsWhenARequestPasses(t *testing.T) {
+	rate := mustRate(t, "5-S")
+	clk := &clock{}
+	for name, take := range takers(t, clk) {
+		t.Run(name, func(t *testing.T) {
+			clk.set(time.Unix(1_900_000_100, 300_000_000))
+			for i := 0; i < 5; i++ {
+				take(Op{Key: "r", Rate: rate, Cost: 1})
+				clk.add(100 * time.Millisecond)
+			}
+			refused := take(Op{Key: "r", Rate: rate, Cost: 1})
+			if refused.Admitted != 0 || refused.RetryAfter <= 0 {
+				t.Fatalf("Take on a full window = %+v, want refused with RetryAfter > 0", refused)
+			}
+			wait := refused.RetryAfter
+			clk.add(wait - time.Millisecond)
+			if got := take(Op{Key: "r", Rate: rate, Cost: 0}); got.Remaining != 0 {
+				t.Fatalf("1ms before RetryAfter: Remaining = %d, want 0", got.Remaining)
+			}
+			clk.add(time.Millisecond)
+			if got := take(Op{Key: "r", Rate: rate, Cost: 1}); got.Admitted != 1 {
+				t.Fatalf("at RetryAfter (%v): Admitted = %d, want 1", wait, got.Admitted)
+			}
+		})
+	}
+}
+
+func TestKeysAreIndependent(t *testing.T) {
+	rate := mustRate(t, "2-M")
+	clk := &clock{}
+	clk.set(time.Unix(1_900_000_200, 0))
+	for name, take := range takers(t, clk) {
+		t.Run(name, func(t *testing.T) {
+			for i := 0; i < 3; i++ {
+				take(Op{Key: "owner-a", Rate: rate, Cost: 1})
+			}
+			if got := take(Op{Key: "owner-b", Rate: rate, Cost: 1}); got.Admitted != 1 || got.Remaining != 1 {
+				t.Fatalf("Take(owner-b) after owner-a used its limit = %+v, want admitted with 1 remaining", got)
+			}
+		})
+	}
+}
+
+func TestSlidingStoreSatisfiesUlule(t *testing.T) {
+	var store limiter.Store = NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t))
+	ctx := context.Background()
+	rate := mustRate(t, "3-M")
+	lim := limiter.New(store, rate)
+	for i, want := range []int64{2, 1, 0} {
+		got, err := lim.Get(ctx, "k")
+		if err != nil || got.Remaining != want || got.Reached {
+			t.Fatalf("Get #%d = %+v, %v, want Remaining %d, not reached", i, got, err, want)
+		}
+	}
+	if got, _ := lim.Get(ctx, "k"); !got.Reached || got.Reset < time.Now().Unix() {
+		t.Fatalf("Get over the limit = %+v, want Reached and a future Reset", got)
+	}
+	if got, _ := lim.Peek(ctx, "k"); got.Remaining != 0 {
+		t.Fatalf("Peek = %+v, want Remaining 0", got)
+	}
+	if _, err := lim.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := lim.Peek(ctx, "k"); got.Remaining != 3 {
+		t.Fatalf("Peek after Reset = %+v, want Remaining 3", got)
+	}
+}
+
+func startLimiter(t *testing.T, url string, opts Options) *Limiter {
+	t.Helper()
+	l := New(NewSlidingStore(redisClient(t, url), testenv.KeyPrefix(t)), opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
+}
+
+func TestConcurrentDecisionsAreExact(t *testing.T) {
+	l := startLimiter(t, testenv.RedisURL(t), Options{})
+	rate := mustRate(t, "25-M")
+	var wg sync.WaitGroup
+	var allowed, local atomic.Int64
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := l.Take("hot", rate)
+			if d.Allowed {
+				allowed.Add(1)
+			}
+			if d.Local {
+				local.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if allowed.Load() != 25 || local.Load() != 0 {
+		t.Fatalf("200 concurrent Take on 25-M: allowed %d (local %d), want 25 (local 0)", allowed.Load(), local.Load())
+	}
+	if d := l.Take("hot", rate); d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Minute+time.Second {
+		t.Fatalf("Take over the limit = %+v, want refused with 0 < RetryAfter <= 61s", d)
+	}
+}
+
+func TestRedisOutageFallsBackAndRecovers(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	var events atomic.Int64
+	l := startLimiter(t, srv.URL, Options{OnDegraded: func(error) { events.Add(1) }})
+	rate := mustRate(t, "3-M")
+	if d := l.Take("k", rate); !d.Allowed || d.Local {
+		t.Fatalf("Take with Redis up = %+v, want allowed by Redis", d)
+	}
+	srv.Stop()
+	d := l.Take("k", rate)
+	if !d.Allowed || !d.Local || !l.Degraded() {
+		t.Fatalf("Take with Redis down = %+v (degraded %v), want allowed locally and degraded", d, l.Degraded())
+	}
+	// The fallback still limits.
+	l.Take("k", rate)
+	l.Take("k", rate)
+	if d := l.Take("k", rate); d.Allowed {
+		t.Fatalf("4th Take on 3-M with Redis down = %+v, want refused by the fallback", d)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Degraded() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if l.Degraded() {
+		t.Fatal("limiter still degraded 10s after Redis came back")
+	}
+	if d := l.Take("k", rate); !d.Allowed || d.Local {
+		t.Fatalf("Take after recovery = %+v, want allowed by Redis (a fresh server)", d)
+	}
+	if events.Load() != 2 {
+		t.Errorf("OnDegraded called %d times, want 2 (down, up)", events.Load())
+	}
+}
