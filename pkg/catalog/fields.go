@@ -1,0 +1,384 @@
+package catalog
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"net/url"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Field limits. IDs match the database checks; the text limits keep one
+// rendered item well under a page's worth of bytes.
+const (
+	maxIDLen          = 128
+	maxTitleLen       = 500
+	maxDescriptionLen = 20000
+	maxURLLen         = 2048
+	maxImages         = 100
+	maxPosition       = 1_000_000
+)
+
+// maxPrice is the first value numeric(18,4) cannot hold.
+var maxPrice = new(big.Rat).SetInt64(100_000_000_000_000)
+
+func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
+
+// jsonString decodes a JSON string; ok is false for any other JSON type.
+func jsonString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// checkText rejects what PostgreSQL or a consumer cannot take: NUL and other
+// control characters (newline and tab allowed when multiline).
+func checkText(s string, maxLen int, multiline bool) string {
+	if n := utf8.RuneCountInString(s); n > maxLen {
+		return fmt.Sprintf("must be at most %d characters, got %d", maxLen, n)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t' || r == '\r')) {
+			return "must not contain control characters"
+		}
+	}
+	return ""
+}
+
+func parseID(raw json.RawMessage, required bool) (string, string) {
+	if isNull(raw) {
+		if required {
+			return "", "required"
+		}
+		return "", ""
+	}
+	s, ok := jsonString(raw)
+	if !ok {
+		return "", "must be a string"
+	}
+	if strings.TrimSpace(s) == "" {
+		return "", "must not be empty"
+	}
+	if s != strings.TrimSpace(s) {
+		return "", "must not start or end with white space"
+	}
+	return s, checkText(s, maxIDLen, false)
+}
+
+func parseCoinID(raw json.RawMessage) (*string, string) {
+	if isNull(raw) {
+		return nil, ""
+	}
+	s, reason := parseID(raw, true)
+	if reason != "" {
+		return nil, reason
+	}
+	return &s, ""
+}
+
+func parseStatus(raw json.RawMessage) (string, string) {
+	if isNull(raw) {
+		return "", "required"
+	}
+	s, ok := jsonString(raw)
+	if !ok || (s != StatusActive && s != StatusInactive) {
+		return "", "must be active or inactive"
+	}
+	return s, ""
+}
+
+// checkStock accepts stock_quantity only as a consistent echo of status:
+// stock is derived (1 when active, 0 otherwise), never imported.
+func checkStock(status string, raw json.RawMessage) string {
+	if raw == nil {
+		return ""
+	}
+	want := "0"
+	if status == StatusActive {
+		want = "1"
+	}
+	if string(raw) != want {
+		return fmt.Sprintf("must be %s for a %s item, or left out (stock is derived from status)", want, status)
+	}
+	return ""
+}
+
+func parsePrice(raw json.RawMessage) (*json.Number, string) {
+	const reason = "must be a non-negative number with at most 4 decimal places and below 10^14, or null"
+	if isNull(raw) {
+		return nil, ""
+	}
+	if raw[0] == '"' || raw[0] == '-' || raw[0] == '{' || raw[0] == '[' || raw[0] == 't' || raw[0] == 'f' {
+		return nil, "must be a non-negative number"
+	}
+	r, ok := new(big.Rat).SetString(string(raw))
+	if !ok || r.Sign() < 0 || r.Cmp(maxPrice) >= 0 {
+		return nil, reason
+	}
+	scaled := new(big.Rat).Mul(r, big.NewRat(10_000, 1))
+	if !scaled.IsInt() {
+		return nil, reason
+	}
+	n := json.Number(canonicalDecimal(r))
+	return &n, ""
+}
+
+// canonicalDecimal writes r with at most 4 fractional digits and no trailing
+// zeros, the way PostgreSQL's numeric keeps the value.
+func canonicalDecimal(r *big.Rat) string {
+	s := r.FloatString(4)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s
+}
+
+func parseCurrency(raw json.RawMessage) (string, string) {
+	if isNull(raw) {
+		return "", "required"
+	}
+	s, ok := jsonString(raw)
+	if !ok || !isCurrency(s) {
+		return "", "must be an ISO 4217 currency code such as EUR or UAH"
+	}
+	return s, ""
+}
+
+func parseCategory(raw json.RawMessage) (json.RawMessage, string) {
+	if isNull(raw) {
+		return nil, ""
+	}
+	if raw[0] != '{' {
+		return nil, "must be an object or null"
+	}
+	return canonicalObject(raw)
+}
+
+func parseCharacteristics(raw json.RawMessage) (json.RawMessage, string) {
+	if raw == nil {
+		return json.RawMessage("{}"), ""
+	}
+	if raw[0] != '{' {
+		return nil, "must be an object"
+	}
+	return canonicalObject(raw)
+}
+
+// canonicalObject re-encodes a JSON object compactly with sorted keys, so the
+// same content always renders to the same bytes (and re-imports of it are
+// "unchanged").
+func canonicalObject(raw json.RawMessage) (json.RawMessage, string) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, "must be valid JSON"
+	}
+	if hasNUL(v) {
+		return nil, "must not contain the NUL character"
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, "must be valid JSON"
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), ""
+}
+
+// hasNUL reports a NUL in any key or string: jsonb cannot store it.
+func hasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.ContainsRune(v, 0)
+	case []any:
+		return slices.ContainsFunc(v, hasNUL)
+	case map[string]any:
+		for k, e := range v {
+			if strings.ContainsRune(k, 0) || hasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func parseImages(raw json.RawMessage) ([]Image, string) {
+	if raw == nil {
+		return []Image{}, ""
+	}
+	var elems []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &elems) != nil {
+		return nil, "must be an array"
+	}
+	if len(elems) > maxImages {
+		return nil, fmt.Sprintf("must hold at most %d images", maxImages)
+	}
+	images := make([]Image, 0, len(elems))
+	ids, positions := map[string]bool{}, map[int]bool{}
+	for i, e := range elems {
+		img, reason := parseImage(e)
+		switch {
+		case reason != "":
+		case ids[img.ID]:
+			reason = fmt.Sprintf("id: %q repeats an earlier image", img.ID)
+		case positions[img.Position]:
+			reason = fmt.Sprintf("position: %d repeats an earlier image", img.Position)
+		}
+		if reason != "" {
+			return nil, fmt.Sprintf("[%d].%s", i, reason)
+		}
+		ids[img.ID], positions[img.Position] = true, true
+		images = append(images, img)
+	}
+	slices.SortFunc(images, func(a, b Image) int { return a.Position - b.Position })
+	return images, ""
+}
+
+func parseImage(raw json.RawMessage) (Image, string) {
+	var f map[string]json.RawMessage
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &f) != nil {
+		return Image{}, "must be an object"
+	}
+	for name := range f {
+		if name != "id" && name != "url" && name != "position" && name != "type" {
+			return Image{}, name + ": unknown field"
+		}
+	}
+	var img Image
+	var reason string
+	if img.ID, reason = parseID(f["id"], true); reason != "" {
+		return Image{}, "id: " + reason
+	}
+	if img.URL, reason = parseURL(f["url"]); reason != "" {
+		return Image{}, "url: " + reason
+	}
+	if img.Position, reason = parsePosition(f["position"]); reason != "" {
+		return Image{}, "position: " + reason
+	}
+	if img.Type, reason = parseImageType(f["type"]); reason != "" {
+		return Image{}, "type: " + reason
+	}
+	return img, ""
+}
+
+func parseURL(raw json.RawMessage) (string, string) {
+	if isNull(raw) {
+		return "", "required"
+	}
+	s, ok := jsonString(raw)
+	if !ok {
+		return "", "must be a string"
+	}
+	if len(s) > maxURLLen {
+		return "", fmt.Sprintf("must be at most %d bytes", maxURLLen)
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Hostname() == "" || u.User != nil ||
+		strings.ContainsAny(s, " \t\r\n\\") || checkText(s, maxURLLen, false) != "" {
+		return "", "must be an absolute https URL with a host and no user info"
+	}
+	return s, ""
+}
+
+func parsePosition(raw json.RawMessage) (int, string) {
+	const reason = "must be an integer from 0 to 1000000"
+	if isNull(raw) {
+		return 0, "required"
+	}
+	var n json.Number
+	if raw[0] == '"' || json.Unmarshal(raw, &n) != nil {
+		return 0, reason
+	}
+	v, err := n.Int64()
+	if err != nil || v < 0 || v > maxPosition {
+		return 0, reason
+	}
+	return int(v), ""
+}
+
+func parseImageType(raw json.RawMessage) (string, string) {
+	if isNull(raw) {
+		return "", "required"
+	}
+	s, ok := jsonString(raw)
+	if !ok || !slices.Contains(ImageTypes, s) {
+		return "", "must be one of obverse, reverse, edge, gallery"
+	}
+	return s, ""
+}
+
+func parseTexts(raw json.RawMessage) (map[string]Text, string) {
+	if isNull(raw) {
+		return nil, "required, with at least ENG"
+	}
+	var f map[string]json.RawMessage
+	if raw[0] != '{' || json.Unmarshal(raw, &f) != nil {
+		return nil, "must be an object keyed by language"
+	}
+	texts := make(map[string]Text, len(f))
+	for _, lang := range Languages {
+		if f[lang] == nil {
+			continue
+		}
+		t, reason := parseText(f[lang])
+		if reason != "" {
+			return nil, lang + "." + reason
+		}
+		texts[lang] = t
+	}
+	for lang := range f {
+		if _, ok := texts[lang]; !ok && !slices.Contains(Languages, lang) {
+			return nil, lang + ": unknown language (allowed: ENG, RUS, UKR)"
+		}
+	}
+	if _, ok := texts[Lang]; !ok {
+		return nil, "ENG: required"
+	}
+	return texts, ""
+}
+
+func parseText(raw json.RawMessage) (Text, string) {
+	var f map[string]json.RawMessage
+	if raw[0] != '{' || json.Unmarshal(raw, &f) != nil {
+		return Text{}, "must be an object with title and description"
+	}
+	for name := range f {
+		if name != "title" && name != "description" {
+			return Text{}, name + ": unknown field"
+		}
+	}
+	title, ok := jsonString(f["title"])
+	switch {
+	case f["title"] == nil:
+		return Text{}, "title: required"
+	case !ok:
+		return Text{}, "title: must be a string"
+	case strings.TrimSpace(title) == "":
+		return Text{}, "title: must not be empty"
+	}
+	if reason := checkText(title, maxTitleLen, false); reason != "" {
+		return Text{}, "title: " + reason
+	}
+	t := Text{Title: title}
+	if !isNull(f["description"]) {
+		d, ok := jsonString(f["description"])
+		if !ok {
+			return Text{}, "description: must be a string"
+		}
+		if reason := checkText(d, maxDescriptionLen, true); reason != "" {
+			return Text{}, "description: " + reason
+		}
+		t.Description = d
+	}
+	return t, ""
+}

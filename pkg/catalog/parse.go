@@ -1,0 +1,140 @@
+package catalog
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"unicode/utf8"
+)
+
+// MaxLineBytes bounds one import line, so a file without newlines cannot
+// exhaust memory.
+const MaxLineBytes = 1 << 20
+
+// LineError rejects an import file: the first bad line and why.
+type LineError struct {
+	Line   int
+	Reason string
+}
+
+func (e *LineError) Error() string { return fmt.Sprintf("line %d: %s", e.Line, e.Reason) }
+
+// ParseJSONL reads a JSON Lines import file (one item per line, blank lines
+// ignored) and validates all of it before returning: the first bad line is
+// returned as a *LineError and no item is returned with it. The items come
+// back canonical (sorted images, compact JSON objects with sorted keys).
+func ParseJSONL(r io.Reader) ([]Item, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var items []Item
+	seen := map[string]int{}
+	for n := 1; ; n++ {
+		line, err := readLine(br)
+		if err != nil && !errors.Is(err, io.EOF) {
+			if errors.Is(err, errLineTooLong) {
+				return nil, &LineError{Line: n, Reason: err.Error()}
+			}
+			return nil, fmt.Errorf("catalog: read line %d: %w", n, err)
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			it, reason := parseLine(line)
+			if reason != "" {
+				return nil, &LineError{Line: n, Reason: reason}
+			}
+			if first, dup := seen[it.ID]; dup {
+				return nil, &LineError{Line: n, Reason: fmt.Sprintf("id: %q already appears on line %d", it.ID, first)}
+			}
+			seen[it.ID] = n
+			items = append(items, it)
+		}
+		if errors.Is(err, io.EOF) {
+			return items, nil
+		}
+	}
+}
+
+var errLineTooLong = fmt.Errorf("line longer than %d bytes", MaxLineBytes)
+
+// readLine returns the next line without its line ending; io.EOF comes with
+// the last (possibly empty) line.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(line)+len(chunk) > MaxLineBytes+2 {
+			return nil, errLineTooLong
+		}
+		line = append(line, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		line = bytes.TrimSuffix(line, []byte("\n"))
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if len(line) > MaxLineBytes {
+			return nil, errLineTooLong
+		}
+		return line, err
+	}
+}
+
+// parseLine validates one line; a non-empty reason rejects it.
+func parseLine(line []byte) (Item, string) {
+	if !utf8.Valid(line) {
+		return Item{}, "not valid UTF-8"
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(line, &fields); err != nil || fields == nil {
+		return Item{}, "not a JSON object"
+	}
+	for name := range fields {
+		if reason, bad := forbiddenFields[name]; bad {
+			return Item{}, name + ": " + reason
+		}
+		if !allowedFields[name] {
+			return Item{}, name + ": unknown field"
+		}
+	}
+	var it Item
+	for _, step := range itemFields {
+		if reason := step.parse(&it, fields[step.name]); reason != "" {
+			return Item{}, step.name + ": " + reason
+		}
+	}
+	if reason := checkStock(it.Status, fields["stock_quantity"]); reason != "" {
+		return Item{}, "stock_quantity: " + reason
+	}
+	return it, ""
+}
+
+var allowedFields = map[string]bool{
+	"id": true, "coin_id": true, "status": true, "price": true, "currency": true,
+	"stock_quantity": true, "category": true, "characteristics": true, "images": true, "texts": true,
+}
+
+var forbiddenFields = map[string]string{
+	"title":       "not allowed here; put it in texts.<LANG>.title",
+	"description": "not allowed here; put it in texts.<LANG>.description",
+	"updated_at":  "not allowed; the server sets it on every change",
+}
+
+// itemFields parses the fields in a fixed order, so the reported reason of a
+// line with several problems is always the same one.
+var itemFields = []struct {
+	name  string
+	parse func(*Item, json.RawMessage) string
+}{
+	{"id", func(it *Item, raw json.RawMessage) (r string) { it.ID, r = parseID(raw, true); return r }},
+	{"coin_id", func(it *Item, raw json.RawMessage) (r string) { it.CoinID, r = parseCoinID(raw); return r }},
+	{"status", func(it *Item, raw json.RawMessage) (r string) { it.Status, r = parseStatus(raw); return r }},
+	{"price", func(it *Item, raw json.RawMessage) (r string) { it.Price, r = parsePrice(raw); return r }},
+	{"currency", func(it *Item, raw json.RawMessage) (r string) { it.Currency, r = parseCurrency(raw); return r }},
+	{"category", func(it *Item, raw json.RawMessage) (r string) { it.Category, r = parseCategory(raw); return r }},
+	{"characteristics", func(it *Item, raw json.RawMessage) (r string) {
+		it.Characteristics, r = parseCharacteristics(raw)
+		return r
+	}},
+	{"images", func(it *Item, raw json.RawMessage) (r string) { it.Images, r = parseImages(raw); return r }},
+	{"texts", func(it *Item, raw json.RawMessage) (r string) { it.Texts, r = parseTexts(raw); return r }},
+}
