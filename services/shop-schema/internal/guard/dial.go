@@ -1,0 +1,138 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Resolver looks up the addresses of a host name. *net.Resolver satisfies
+// it; tests pass a map so that no DNS query leaves the machine.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// CheckResolved resolves a named target and refuses it when any of its
+// addresses is refused: a name that points at an internal address is
+// reported as base_url_not_allowed before anything is sent. The dialer checks
+// again at connect time, since the next answer may differ.
+func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
+	if t.IsIP() || g.allowHosts[t.Host] {
+		return nil
+	}
+	addrs, err := r.LookupNetIP(ctx, "ip", t.Host)
+	if err != nil || len(addrs) == 0 {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %s", ErrUnresolvable, t.Host)
+	}
+	for _, a := range addrs {
+		if err := g.CheckAddr(a, t.Port); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Control is the net.Dialer Control hook: it runs after DNS resolution, once
+// for every address actually dialed (each redirect hop, each fallback
+// address), and refuses the connection before any packet is sent.
+func (g *Guard) Control(network, address string, _ syscall.RawConn) error {
+	if network != "tcp4" && network != "tcp6" {
+		return fmt.Errorf("%w: network %s", ErrNotAllowed, network)
+	}
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("%w: unparsable address", ErrNotAllowed)
+	}
+	return g.CheckAddr(ap.Addr(), ap.Port())
+}
+
+// Dialer connects to shops. It resolves names itself (through Resolver) so
+// that an allow-listed name can be told apart from the address it resolves
+// to, and dials each address through a net.Dialer whose Control hook is the
+// guard.
+type Dialer struct {
+	guard    *Guard
+	resolver Resolver
+	guarded  *net.Dialer
+	listed   *net.Dialer
+}
+
+// NewDialer returns a Dialer with the given connect timeout.
+func NewDialer(g *Guard, r Resolver, connectTimeout time.Duration) *Dialer {
+	return &Dialer{
+		guard:    g,
+		resolver: r,
+		guarded:  &net.Dialer{Timeout: connectTimeout, Control: g.Control},
+		listed: &net.Dialer{Timeout: connectTimeout, Control: func(network, _ string, _ syscall.RawConn) error {
+			if network != "tcp4" && network != "tcp6" {
+				return fmt.Errorf("%w: network %s", ErrNotAllowed, network)
+			}
+			return nil
+		}},
+	}
+}
+
+// DialContext is the http.Transport DialContext hook.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	host, portText, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotAllowed, err)
+	}
+	port, err := strconv.ParseUint(portText, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("%w: invalid port", ErrNotAllowed)
+	}
+	dialer := d.guarded
+	var addrs []netip.Addr
+	if ip, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{ip}
+	} else {
+		if d.guard.allowHosts[host] {
+			dialer = d.listed
+		}
+		addrs, err = d.resolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return nil, err
+		}
+	}
+	var errs []error
+	for _, a := range addrs {
+		conn, err := dialer.DialContext(ctx, network, netip.AddrPortFrom(a.Unmap(), uint16(port)).String())
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrUnresolvable, host)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// MaxRedirects bounds the redirects followed in one shop request.
+const MaxRedirects = 3
+
+// CheckRedirect is the http.Client CheckRedirect hook: at most MaxRedirects
+// hops, each to an https address that passes the same checks as base_url.
+// The connect-time check then applies to the address dialed.
+func (g *Guard) CheckRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) > MaxRedirects {
+		return ErrTooManyRedirects
+	}
+	return g.CheckRedirectURL(req.URL)
+}
+
+// ErrTooManyRedirects is returned after MaxRedirects hops.
+var ErrTooManyRedirects = errors.New("too many redirects")

@@ -1,0 +1,294 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func newGuard(t *testing.T, allow ...string) *Guard {
+	t.Helper()
+	g, err := New(DefaultPorts, allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// outcome names the sentinel an error wraps, so table rows stay short.
+func outcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, ErrNotHTTPS):
+		return "https"
+	case errors.Is(err, ErrNotAllowed):
+		return "refused"
+	case errors.Is(err, ErrInvalid):
+		return "invalid"
+	case errors.Is(err, ErrUnresolvable):
+		return "unresolvable"
+	}
+	return "other: " + err.Error()
+}
+
+func TestParseBaseURL(t *testing.T) {
+	g := newGuard(t)
+	tests := []struct {
+		in, want string
+		wantURL  string // normalised URL when want is "ok"
+	}{
+		// accepted
+		{"https://shop.example.com", "ok", "https://shop.example.com"},
+		{"https://shop.example.com/", "ok", "https://shop.example.com"},
+		{"  https://Shop.Example.COM/prestashop/  ", "ok", "https://shop.example.com/prestashop"},
+		{"https://shop.example.com:443/a/b", "ok", "https://shop.example.com/a/b"},
+		{"https://shop.example.com:8443", "ok", "https://shop.example.com:8443"},
+		{"https://shop.example.com./", "ok", "https://shop.example.com"},
+		{"https://магазин.рф/", "ok", "https://xn--80aairftm.xn--p1ai"},
+		{"https://8.8.8.8/", "ok", "https://8.8.8.8"},
+		{"https://[2606:4700::1111]/", "ok", "https://[2606:4700::1111]"},
+		{"https://[2606:4700::1111]:8443/", "ok", "https://[2606:4700::1111]:8443"},
+		// syntax
+		{"", "invalid", ""},
+		{"shop.example.com", "invalid", ""},
+		{"//shop.example.com", "invalid", ""},
+		{"https://", "invalid", ""},
+		{"https:shop.example.com", "invalid", ""},
+		{"https://user:pass@shop.example.com", "invalid", ""},
+		{"https://0123456789abcdef0123456789abcdef@shop.example.com", "invalid", ""},
+		{"https://@shop.example.com", "invalid", ""},
+		{"https://shop.example.com@127.0.0.1", "invalid", ""},
+		{"https://shop.example.com\\@127.0.0.1", "invalid", ""},
+		{"https://shop.example.com/?ws_key=x", "invalid", ""},
+		{"https://shop.example.com/?", "invalid", ""},
+		{"https://shop.example.com/#top", "invalid", ""},
+		{"https://shop.example.com#", "invalid", ""},
+		{"https://shop.example.com:0", "invalid", ""},
+		{"https://shop.example.com:65536", "invalid", ""},
+		{"https://shop.example.com:", "invalid", ""},
+		{"https://shop.example.com:443:443", "invalid", ""},
+		{"https://shop.example.com:-1", "invalid", ""},
+		{"https://shop_example.com", "invalid", ""},
+		{"https://-shop.example.com", "invalid", ""},
+		{"https://shop..example.com", "invalid", ""},
+		{"https://" + strings.Repeat("a", 64) + ".com", "invalid", ""},
+		{"https://" + strings.Repeat("a.", 1100) + "com", "invalid", ""},
+		{"https://1.2.3.4.5", "invalid", ""},
+		{"https://256.1.1.1", "invalid", ""},
+		{"https://0x1g.1", "invalid", ""},
+		{"https://134744072/", "invalid", ""}, // 8.8.8.8 in decimal: a disguise
+		{"https://[fe80::1%25eth0]/", "refused", ""},
+		{"https://[::1", "invalid", ""},
+		// scheme
+		{"http://shop.example.com", "https", ""},
+		{"HTTP://shop.example.com", "https", ""},
+		{"ftp://shop.example.com", "https", ""},
+		{"file:///etc/passwd", "https", ""},
+		{"gopher://127.0.0.1:6379/_INFO", "https", ""},
+		{"javascript:alert(1)", "https", ""},
+		// loopback in every spelling
+		{"https://127.0.0.1/", "refused", ""},
+		{"https://127.0.0.1:8443/", "refused", ""},
+		{"https://127.1/", "refused", ""},
+		{"https://127.0.1/", "refused", ""},
+		{"https://2130706433/", "refused", ""},
+		{"https://017700000001/", "refused", ""},
+		{"https://0177.0.0.1/", "refused", ""},
+		{"https://0x7f.0.0.1/", "refused", ""},
+		{"https://0x7f000001/", "refused", ""},
+		{"https://0X7F.1/", "refused", ""},
+		{"https://127.0.0.1./", "refused", ""},
+		{"https://%31%32%37.0.0.1/", "invalid", ""},
+		{"https://１２７.０.０.１/", "refused", ""},
+		{"https://127。0。0。1/", "refused", ""},
+		{"https://[::1]/", "refused", ""},
+		{"https://[0:0:0:0:0:0:0:1]/", "refused", ""},
+		{"https://[::ffff:127.0.0.1]/", "refused", ""},
+		{"https://[::ffff:7f00:1]/", "refused", ""},
+		{"https://[::127.0.0.1]/", "refused", ""},
+		{"https://localhost/", "refused", ""},
+		{"https://LOCALHOST./", "refused", ""},
+		{"https://shop.localhost/", "refused", ""},
+		// unspecified
+		{"https://0.0.0.0/", "refused", ""},
+		{"https://0/", "refused", ""},
+		{"https://[::]/", "refused", ""},
+		// private, CGNAT, link-local and metadata
+		{"https://10.0.0.1/", "refused", ""},
+		{"https://10.255.255.255/", "refused", ""},
+		{"https://172.16.0.1/", "refused", ""},
+		{"https://172.31.255.254/", "refused", ""},
+		{"https://192.168.1.1/", "refused", ""},
+		{"https://0xc0.0xa8.1.1/", "refused", ""},
+		{"https://100.64.0.1/", "refused", ""},
+		{"https://100.100.100.200/", "refused", ""}, // Alibaba metadata
+		{"https://169.254.169.254/", "refused", ""}, // AWS, GCP, Azure metadata
+		{"https://2852039166/", "refused", ""},      // 169.254.169.254 in decimal
+		{"https://168.63.129.16/", "refused", ""},   // Azure wire server
+		{"https://192.0.0.192/", "refused", ""},     // Oracle metadata (IETF block)
+		{"https://[fd00:ec2::254]/", "refused", ""}, // AWS IPv6 metadata
+		{"https://[::ffff:169.254.169.254]/", "refused", ""},
+		{"https://metadata/", "refused", ""},
+		{"https://metadata.google.internal/", "refused", ""},
+		{"https://printer.local/", "refused", ""},
+		// IPv6 special ranges and embeddings
+		{"https://[fc00::1]/", "refused", ""},
+		{"https://[fdff:ffff::1]/", "refused", ""},
+		{"https://[fe80::1]/", "refused", ""},
+		{"https://[ff02::1]/", "refused", ""},
+		{"https://[64:ff9b::7f00:1]/", "refused", ""},                      // NAT64 of 127.0.0.1
+		{"https://[64:ff9b::a00:1]/", "refused", ""},                       // NAT64 of 10.0.0.1
+		{"https://[64:ff9b:1::a9fe:a9fe]/", "refused", ""},                 // local-use NAT64
+		{"https://[2002:7f00:1::]/", "refused", ""},                        // 6to4 of 127.0.0.1
+		{"https://[2002:a9fe:a9fe::]/", "refused", ""},                     // 6to4 of metadata
+		{"https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/", "refused", ""}, // Teredo
+		{"https://[2001:db8::1]/", "refused", ""},
+		// multicast, reserved, broadcast
+		{"https://224.0.0.1/", "refused", ""},
+		{"https://239.255.255.250/", "refused", ""},
+		{"https://240.0.0.1/", "refused", ""},
+		{"https://255.255.255.255/", "refused", ""},
+		// odd ports
+		{"https://shop.example.com:22/", "refused", ""},
+		{"https://shop.example.com:80/", "refused", ""},
+		{"https://8.8.8.8:6379/", "refused", ""},
+		{"https://shop.example.com:00443/", "ok", "https://shop.example.com"},
+	}
+	for _, tt := range tests {
+		got, err := g.ParseBaseURL(tt.in)
+		if o := outcome(err); o != tt.want {
+			t.Errorf("ParseBaseURL(%q) = %s (%v), want %s", tt.in, o, err, tt.want)
+			continue
+		}
+		if err == nil && got.URL.String() != tt.wantURL {
+			t.Errorf("ParseBaseURL(%q).URL = %q, want %q", tt.in, got.URL, tt.wantURL)
+		}
+		if err != nil && len(tt.in) > len("https://") && strings.Contains(err.Error(), tt.in) {
+			t.Errorf("ParseBaseURL(%q) error %q repeats the input", tt.in, err)
+		}
+	}
+}
+
+func TestAllowList(t *testing.T) {
+	g := newGuard(t, "127.0.0.1", "::1", "10.1.0.0/16", "shop.test")
+	tests := []struct{ in, want string }{
+		{"https://127.0.0.1:34567/", "ok"},
+		{"https://[::1]:34567/shop", "ok"},
+		{"https://10.1.2.3:1234/", "ok"},
+		{"https://shop.test:1234/", "ok"},
+		{"https://127.0.0.2/", "refused"},
+		{"https://10.2.0.1/", "refused"},
+		{"https://127.1:34567/", "invalid"}, // allowed address, disguised spelling
+		{"http://127.0.0.1:34567/", "https"},
+	}
+	for _, tt := range tests {
+		if _, err := g.ParseBaseURL(tt.in); outcome(err) != tt.want {
+			t.Errorf("ParseBaseURL(%q) = %s (%v), want %s", tt.in, outcome(err), err, tt.want)
+		}
+	}
+	if _, err := New(DefaultPorts, []string{"not a host!"}); err == nil {
+		t.Errorf("New(allow=%q) = nil error, want an error", "not a host!")
+	}
+}
+
+// mapResolver answers from a map; nothing leaves the process.
+type mapResolver map[string][]string
+
+func (m mapResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, s := range m[host] {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no such host")
+	}
+	return out, nil
+}
+
+func TestCheckResolved(t *testing.T) {
+	g := newGuard(t)
+	r := mapResolver{
+		"shop.example.com":    {"93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"},
+		"rebind.example.com":  {"93.184.216.34", "127.0.0.1"},
+		"private.example.com": {"10.0.0.5"},
+		"meta.example.com":    {"169.254.169.254"},
+		"mapped.example.com":  {"::ffff:10.0.0.1"},
+		"ula.example.com":     {"fd12:3456::1"},
+	}
+	tests := []struct{ in, want string }{
+		{"https://shop.example.com/", "ok"},
+		{"https://rebind.example.com/", "refused"},
+		{"https://private.example.com/", "refused"},
+		{"https://meta.example.com/", "refused"},
+		{"https://mapped.example.com/", "refused"},
+		{"https://ula.example.com/", "refused"},
+		{"https://nxdomain.example.com/", "unresolvable"},
+	}
+	for _, tt := range tests {
+		target, err := g.ParseBaseURL(tt.in)
+		if err != nil {
+			t.Fatalf("ParseBaseURL(%q) = %v", tt.in, err)
+		}
+		if err := g.CheckResolved(context.Background(), r, target); outcome(err) != tt.want {
+			t.Errorf("CheckResolved(%q) = %s (%v), want %s", tt.in, outcome(err), err, tt.want)
+		}
+	}
+}
+
+func TestControl(t *testing.T) {
+	g := newGuard(t, "127.0.0.1")
+	tests := []struct{ network, address, want string }{
+		{"tcp4", "127.0.0.1:34567", "ok"},
+		{"tcp4", "93.184.216.34:443", "ok"},
+		{"tcp6", "[2606:4700::1111]:443", "ok"},
+		{"tcp4", "127.0.0.2:443", "refused"},
+		{"tcp4", "10.0.0.1:443", "refused"},
+		{"tcp4", "169.254.169.254:443", "refused"},
+		{"tcp6", "[::1]:443", "refused"},
+		{"tcp6", "[::ffff:10.0.0.1]:443", "refused"},
+		{"tcp4", "93.184.216.34:25", "refused"},
+		{"udp4", "93.184.216.34:443", "refused"},
+		{"tcp4", "garbage", "refused"},
+	}
+	for _, tt := range tests {
+		if err := g.Control(tt.network, tt.address, nil); outcome(err) != tt.want {
+			t.Errorf("Control(%q, %q) = %s (%v), want %s", tt.network, tt.address, outcome(err), err, tt.want)
+		}
+	}
+}
+
+func TestParseWHATWGIPv4(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string // "" when not an address
+	}{
+		{"127.0.0.1", "127.0.0.1"},
+		{"127.1", "127.0.0.1"},
+		{"127.0.1", "127.0.0.1"},
+		{"2130706433", "127.0.0.1"},
+		{"0x7f.1", "127.0.0.1"},
+		{"0177.0.0.01", "127.0.0.1"},
+		{"0x", "0.0.0.0"},
+		{"0", "0.0.0.0"},
+		{"4294967295", "255.255.255.255"},
+		{"4294967296", ""},
+		{"1.2.3.256", ""},
+		{"1.2.65536", ""},
+		{"1.2.3.4.5", ""},
+		{"08.1.1.1", ""},
+		{"1..1", ""},
+	}
+	for _, tt := range tests {
+		ip, ok := parseWHATWGIPv4(tt.in)
+		got := ""
+		if ok {
+			got = ip.String()
+		}
+		if got != tt.want {
+			t.Errorf("parseWHATWGIPv4(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
