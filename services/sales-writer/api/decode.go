@@ -1,0 +1,244 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/services/sales-writer/sales"
+)
+
+// Limits of spec 8 and of this service.
+const (
+	maxIdempotencyKey  = 128
+	maxExternalOrderID = 128
+	maxItemID          = 128     // export_items.id
+	maxBodyBytes       = 16 << 10 // a valid body is well under 1 KiB
+	maxNameInMessage   = 64
+)
+
+// Error codes of a bad request.
+const (
+	codeInvalidBody        = "invalid_body"
+	codeInvalidKey         = "invalid_idempotency_key"
+	codeInvalidContentType = "invalid_content_type"
+)
+
+// decode validates everything about the call before any of it is written:
+// the caller's identity, the headers, the body, the item id.
+func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.Request, error) {
+	id, err := caller(r)
+	if err != nil {
+		return sales.Request{}, err
+	}
+	if err := contentType(r.Header.Get("Content-Type")); err != nil {
+		return sales.Request{}, err
+	}
+	key, err := idempotencyKey(r.Header.Values("Idempotency-Key"))
+	if err != nil {
+		return sales.Request{}, err
+	}
+	body, err := readBody(w, r)
+	if err != nil {
+		return sales.Request{}, err
+	}
+	orderID, quantity, err := parseBody(body)
+	if err != nil {
+		return sales.Request{}, err
+	}
+	itemID := r.PathValue("item_id")
+	if !validItemID(itemID) {
+		// No stored item can have this id.
+		return sales.Request{}, sales.ErrNotFound
+	}
+	return sales.Request{
+		Operation:       op,
+		OwnerID:         id.OwnerID,
+		PlatformID:      id.PlatformID,
+		IdempotencyKey:  key,
+		ItemID:          itemID,
+		ExternalOrderID: orderID,
+		Quantity:        quantity,
+	}, nil
+}
+
+// caller checks what the gateway checks too (spec 5): a key, scope
+// sales:write and a platform bound to the key.
+func caller(r *http.Request) (identity.Identity, error) {
+	id, ok := identity.FromContext(r.Context())
+	if !ok || id.Anonymous() {
+		return id, &requestError{http.StatusUnauthorized, "unauthenticated", "this route needs an API key"}
+	}
+	if !id.HasScope(identity.ScopeSalesWrite) {
+		return id, &requestError{http.StatusForbidden, "forbidden", "the API key lacks scope sales:write"}
+	}
+	if id.PlatformID == "" {
+		return id, &requestError{http.StatusForbidden, "forbidden", "the API key is not bound to a platform"}
+	}
+	if !isUUID(id.OwnerID) {
+		return id, &requestError{http.StatusForbidden, "forbidden", "the API key is not bound to a valid owner"}
+	}
+	return id, nil
+}
+
+func contentType(value string) error {
+	mediaType, params, err := mime.ParseMediaType(value)
+	if err != nil || mediaType != "application/json" {
+		return badRequest(codeInvalidContentType, "Content-Type must be application/json")
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return badRequest(codeInvalidContentType, "the body must be UTF-8 JSON")
+	}
+	return nil
+}
+
+// idempotencyKey returns the single Idempotency-Key header: 1 to 128
+// printable ASCII characters (spec 4.5, 8).
+func idempotencyKey(values []string) (string, error) {
+	switch {
+	case len(values) == 0 || values[0] == "" && len(values) == 1:
+		return "", badRequest(codeInvalidKey, "the Idempotency-Key header is required")
+	case len(values) > 1:
+		return "", badRequest(codeInvalidKey, "send exactly one Idempotency-Key header")
+	case len(values[0]) > maxIdempotencyKey:
+		return "", badRequest(codeInvalidKey, "Idempotency-Key must be at most 128 characters")
+	}
+	for i := 0; i < len(values[0]); i++ {
+		if c := values[0][i]; c < 0x20 || c > 0x7e {
+			return "", badRequest(codeInvalidKey, "Idempotency-Key must be printable ASCII")
+		}
+	}
+	return values[0], nil
+}
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return nil, &requestError{http.StatusRequestEntityTooLarge, "payload_too_large",
+			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes)}
+	}
+	if err != nil {
+		return nil, badRequest(codeInvalidBody, "the body could not be read")
+	}
+	return body, nil
+}
+
+// parseBody reads a SaleWriteRequest (spec 2.5) strictly: one JSON object,
+// nothing after it, no duplicate and no unknown property. It returns the
+// external order id and the quantity with its default applied.
+func parseBody(body []byte) (string, int, error) {
+	if !utf8.Valid(body) {
+		return "", 0, badRequest(codeInvalidBody, "the body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", 0, badRequest(codeInvalidBody, "the body must be a JSON object")
+	}
+	var orderID *string
+	quantity := sales.DefaultQuantity
+	seen := map[string]bool{}
+	for dec.More() {
+		name, value, err := nextProperty(dec)
+		if err != nil {
+			return "", 0, err
+		}
+		if seen[name] {
+			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(name)))
+		}
+		seen[name] = true
+		switch name {
+		case "external_order_id":
+			s, err := externalOrderID(value)
+			if err != nil {
+				return "", 0, err
+			}
+			orderID = &s
+		case "quantity":
+			if !bytes.Equal(value, []byte("1")) {
+				return "", 0, badRequest(codeInvalidBody, "quantity must be the integer 1")
+			}
+		default:
+			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("unknown property %q", clip(name)))
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return "", 0, badRequest(codeInvalidBody, "the body is not valid JSON")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return "", 0, badRequest(codeInvalidBody, "unexpected data after the JSON object")
+	}
+	if orderID == nil {
+		return "", 0, badRequest(codeInvalidBody, "external_order_id is required")
+	}
+	return *orderID, quantity, nil
+}
+
+// nextProperty reads one name and its raw value.
+func nextProperty(dec *json.Decoder) (string, json.RawMessage, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return "", nil, badRequest(codeInvalidBody, "the body is not valid JSON")
+	}
+	name, _ := tok.(string) // inside an object, Token returns names as strings
+	var value json.RawMessage
+	if err := dec.Decode(&value); err != nil {
+		return "", nil, badRequest(codeInvalidBody, "the body is not valid JSON")
+	}
+	return name, value, nil
+}
+
+func externalOrderID(value json.RawMessage) (string, error) {
+	var s string
+	if len(value) == 0 || value[0] != '"' || json.Unmarshal(value, &s) != nil {
+		return "", badRequest(codeInvalidBody, "external_order_id must be a string")
+	}
+	if n := utf8.RuneCountInString(s); n < 1 || n > maxExternalOrderID {
+		return "", badRequest(codeInvalidBody, "external_order_id must be 1 to 128 characters long")
+	}
+	if strings.ContainsRune(s, 0) {
+		// PostgreSQL text cannot hold NUL.
+		return "", badRequest(codeInvalidBody, "external_order_id must not contain NUL characters")
+	}
+	return s, nil
+}
+
+// validItemID reports whether id could be a stored item id.
+func validItemID(id string) bool {
+	n := utf8.RuneCountInString(id)
+	return n >= 1 && n <= maxItemID && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
+}
+
+// clip shortens a client-supplied name quoted back in a message.
+func clip(s string) string {
+	if utf8.RuneCountInString(s) <= maxNameInMessage {
+		return s
+	}
+	return string([]rune(s)[:maxNameInMessage]) + "…"
+}
+
+// isUUID reports whether s is a UUID in its canonical text form.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'):
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,57 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/services/sales-writer/sales"
+)
+
+// requestError is an answer decided before the sale logic runs: a bad
+// request, a missing scope, a body too large.
+type requestError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *requestError) Error() string { return e.message }
+
+func badRequest(code, message string) error {
+	return &requestError{status: http.StatusBadRequest, code: code, message: message}
+}
+
+// saleErrors maps each error of the sale logic to its status and code.
+var saleErrors = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{sales.ErrNotFound, http.StatusNotFound, "not_found"},
+	{sales.ErrAlreadySold, http.StatusConflict, "item_already_sold"},
+	{sales.ErrNotAvailable, http.StatusConflict, "item_not_available"},
+	{sales.ErrNotCancelable, http.StatusConflict, "sale_not_cancelable"},
+	{sales.ErrIdempotencyConflict, http.StatusConflict, "idempotency_conflict"},
+	{sales.ErrInProgress, http.StatusConflict, "request_in_progress"},
+}
+
+// writeError is the one place where an error becomes an HTTP answer. Anything
+// unknown is a 500 whose real cause is logged here, once, and never sent.
+func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	requestID := httpserver.RequestID(r)
+	var re *requestError
+	if errors.As(err, &re) {
+		envelope.WriteError(w, re.status, re.code, re.message, requestID)
+		return
+	}
+	for _, m := range saleErrors {
+		if errors.Is(err, m.err) {
+			envelope.WriteError(w, m.status, m.code, m.err.Error(), requestID)
+			return
+		}
+	}
+	h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
+	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
+}

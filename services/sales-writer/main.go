@@ -1,0 +1,82 @@
+// Command sales-writer serves POST /v1/export/items/{item_id}/sales/confirm
+// and .../sales/cancel behind the gateway: it sells an export item at most
+// once and makes every retry with the same Idempotency-Key a replay.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/telemetry"
+	"github.com/coinexport/export/services/sales-writer/api"
+	"github.com/coinexport/export/services/sales-writer/sales"
+)
+
+const serviceName = "sales-writer"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, serviceName+":", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the service and serves until ctx is done.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	log := logging.New(stdout, cfg.LogLevel, serviceName)
+	log.Info("starting", cfg.logAttrs()...)
+
+	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry(context.Background())
+
+	pool, err := postgres.Open(ctx, cfg.poolDSN())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	signer, err := identity.NewSigner(cfg.IdentitySecret)
+	if err != nil {
+		return err
+	}
+	writer := sales.NewWriter(pool, cfg.IdempotencyRetention)
+	mux := http.NewServeMux()
+	api.Routes(mux, writer, log)
+	srv := httpserver.New(httpserver.Config{
+		Service:   serviceName,
+		Addr:      cfg.Addr,
+		AdminAddr: cfg.AdminAddr,
+		Log:       log,
+		Signer:    signer,
+		Ready:     pool.Ping,
+	}, mux)
+	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
+
+	// The purge stops before the pool closes.
+	purgeCtx, stopPurge := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { writer.RunPurge(purgeCtx, cfg.PurgeInterval, log) })
+	defer wg.Wait()
+	defer stopPurge()
+
+	return srv.Run(ctx)
+}

@@ -1,0 +1,50 @@
+package sales
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// purgeBatch bounds the records one purge statement deletes.
+const purgeBatch = 5000
+
+// Purge deletes every expired idempotency record, in short transactions, and
+// returns how many it deleted. Expired records are already ignored by
+// Execute; purging only keeps the table small.
+func (w *Writer) Purge(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := w.db.Exec(ctx, purgeSQL, purgeBatch)
+		if err != nil {
+			return total, fmt.Errorf("sales: purge: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < purgeBatch {
+			return total, nil
+		}
+	}
+}
+
+// RunPurge purges expired records every interval until ctx is done. Several
+// instances may purge at once; they only share the work.
+func (w *Writer) RunPurge(ctx context.Context, interval time.Duration, log *slog.Logger) {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			n, err := w.Purge(ctx)
+			if err != nil && ctx.Err() == nil {
+				log.WarnContext(ctx, "idempotency purge failed", "err", err)
+				continue
+			}
+			if n > 0 {
+				log.InfoContext(ctx, "idempotency records purged", "count", n)
+			}
+		}
+	}
+}

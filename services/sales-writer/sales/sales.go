@@ -1,0 +1,82 @@
+// Package sales confirms and cancels external sales of export items (spec 3,
+// 4.5 to 4.7): exactly once per item, with idempotent retries.
+//
+// Each call is one short transaction sent to PostgreSQL in one round trip:
+// claim the idempotency record, then change the item, the sale and the
+// record in one statement. See write.go for why that is safe.
+package sales
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Operation is what a call does to an item.
+type Operation string
+
+// The two operations of spec 4.5 and 4.6.
+const (
+	Confirm Operation = "confirm"
+	Cancel  Operation = "cancel"
+)
+
+// DefaultQuantity is the only quantity version 1 accepts (spec 2.5).
+const DefaultQuantity = 1
+
+// Request is one validated confirm or cancel call. OwnerID and PlatformID
+// come from the caller's key, never from the request body.
+type Request struct {
+	Operation       Operation
+	OwnerID         string // uuid
+	PlatformID      string
+	IdempotencyKey  string
+	ItemID          string
+	ExternalOrderID string
+	Quantity        int // DefaultQuantity when the body omits it
+}
+
+// Result is the SaleWriteResult of spec 2.4. The same value is stored in the
+// idempotency record and replayed with IdempotentReplay set.
+type Result struct {
+	ItemID           string    `json:"item_id"`
+	Status           string    `json:"status"`
+	StockQuantity    int       `json:"stock_quantity"`
+	PlatformID       string    `json:"platform_id"`
+	ExternalOrderID  string    `json:"external_order_id"`
+	ConfirmedAt      time.Time `json:"confirmed_at,omitzero"`
+	CanceledAt       time.Time `json:"canceled_at,omitzero"`
+	IdempotentReplay bool      `json:"idempotent_replay"`
+}
+
+// Errors of the sale logic; the HTTP layer maps each to a status and code.
+var (
+	// ErrNotFound: the item does not exist or belongs to another owner.
+	ErrNotFound = errors.New("export item not found")
+	// ErrAlreadySold: confirm of an item with an open sale (any platform).
+	ErrAlreadySold = errors.New("item is already sold")
+	// ErrNotAvailable: confirm of an item its owner has deactivated.
+	ErrNotAvailable = errors.New("item is not available for sale")
+	// ErrNotCancelable: cancel without an open sale of this platform and order.
+	ErrNotCancelable = errors.New("no open sale of this platform and external order to cancel")
+	// ErrIdempotencyConflict: the key was used before for a different request.
+	ErrIdempotencyConflict = errors.New("idempotency key was already used for a different request")
+	// ErrInProgress: an identical request with this key is still running.
+	ErrInProgress = errors.New("a request with this idempotency key is still in progress")
+)
+
+// Fingerprint identifies the canonical request an idempotency key was used
+// for: operation, item, external order and quantity with its default applied,
+// so an omitted quantity and "quantity": 1 are the same request. Owner and
+// platform are not part of it: they are the record's scope.
+func Fingerprint(r Request) []byte {
+	q := r.Quantity
+	if q == 0 {
+		q = DefaultQuantity
+	}
+	// A JSON array keeps the fields apart whatever characters they hold.
+	canonical, _ := json.Marshal([]any{"v1", r.Operation, r.ItemID, r.ExternalOrderID, q})
+	sum := sha256.Sum256(canonical)
+	return sum[:]
+}
