@@ -36,7 +36,13 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, ownerID string, count int, se
 	defer cancel()
 	batches := make(chan [][]any, 4)
 	go generate(ctx, owner, count, seed, batches)
-	n, err := pool.CopyFrom(ctx, pgx.Identifier{"export_items"}, seedColumns, &batchSource{ch: batches})
+	var n int64
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		preferLZ4(ctx, tx)
+		var err error
+		n, err = tx.CopyFrom(ctx, pgx.Identifier{"export_items"}, seedColumns, &batchSource{ch: batches})
+		return err
+	})
 	if err != nil {
 		return 0, ownerError(fmt.Errorf("catalog: seed copy: %w", err))
 	}

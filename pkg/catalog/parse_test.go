@@ -1,0 +1,149 @@
+package catalog_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/coinexport/export/pkg/catalog"
+	"github.com/google/go-cmp/cmp"
+)
+
+const good = `{"id":"c1","status":"active","currency":"EUR","texts":{"ENG":{"title":"T"}}}`
+
+// with returns the good line with field set to value (raw JSON), or removed
+// when value is empty.
+func with(field, value string) string {
+	var m map[string]json.RawMessage
+	_ = json.Unmarshal([]byte(good), &m)
+	if value == "" {
+		delete(m, field)
+	} else {
+		m[field] = json.RawMessage(value)
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+func TestParseJSONLRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, line, reason string
+	}{
+		{"not json", `{"id":`, "not a JSON object"},
+		{"array", `[1]`, "not a JSON object"},
+		{"trailing data", good + ` {}`, "not a JSON object"},
+		{"invalid utf8", "{\"id\":\"\xff\"}", "not valid UTF-8"},
+		{"unknown field", with("colour", `"red"`), "colour: unknown field"},
+		{"title at top", with("title", `"x"`), "title: not allowed here; put it in texts.<LANG>.title"},
+		{"updated_at", with("updated_at", `"2026-01-01T00:00:00Z"`), "updated_at: not allowed; the server sets it on every change"},
+		{"missing id", with("id", ""), "id: required"},
+		{"id number", with("id", `7`), "id: must be a string"},
+		{"id empty", with("id", `" "`), "id: must not be empty"},
+		{"id padded", with("id", `" a"`), "id: must not start or end with white space"},
+		{"id too long", with("id", `"`+strings.Repeat("x", 129)+`"`), "id: must be at most 128 characters, got 129"},
+		{"id control", with("id", `"a\u0000b"`), "id: must not contain control characters"},
+		{"coin_id number", with("coin_id", `5`), "coin_id: must be a string"},
+		{"missing status", with("status", ""), "status: required"},
+		{"bad status", with("status", `"sold"`), "status: must be active or inactive"},
+		{"price negative", with("price", `-1`), "price: must be a non-negative number"},
+		{"price string", with("price", `"12"`), "price: must be a non-negative number"},
+		{"price 5 decimals", with("price", `1.00001`), "price: must be a non-negative number with at most 4 decimal places and below 10^14, or null"},
+		{"price too big", with("price", `1e14`), "price: must be a non-negative number with at most 4 decimal places and below 10^14, or null"},
+		{"missing currency", with("currency", ""), "currency: required"},
+		{"bad currency", with("currency", `"eur"`), "currency: must be an ISO 4217 currency code such as EUR or UAH"},
+		{"unknown currency", with("currency", `"ABC"`), "currency: must be an ISO 4217 currency code such as EUR or UAH"},
+		{"stock mismatch", with("stock_quantity", `0`), "stock_quantity: must be 1 for a active item, or left out (stock is derived from status)"},
+		{"category array", with("category", `[]`), "category: must be an object or null"},
+		{"characteristics null", with("characteristics", `null`), "characteristics: must be an object"},
+		{"characteristics NUL", with("characteristics", `{"a":"\u0000"}`), "characteristics: must not contain the NUL character"},
+		{"images object", with("images", `{}`), "images: must be an array"},
+		{"image http", with("images", `[{"id":"i","url":"http://x.test/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
+		{"image no host", with("images", `[{"id":"i","url":"https:///a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
+		{"image user info", with("images", `[{"id":"i","url":"https://u:p@x.test/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
+		{"image type", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1,"type":"front"}]`), "images: [0].type: must be one of obverse, reverse, edge, gallery"},
+		{"image position", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1.5,"type":"edge"}]`), "images: [0].position: must be an integer from 0 to 1000000"},
+		{"image missing id", with("images", `[{"url":"https://x.test/a.jpg","position":1,"type":"edge"}]`), "images: [0].id: required"},
+		{"image extra field", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1,"type":"edge","alt":"x"}]`), "images: [0].alt: unknown field"},
+		{"image dup id", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1,"type":"edge"},{"id":"i","url":"https://x.test/b.jpg","position":2,"type":"edge"}]`), `images: [1].id: "i" repeats an earlier image`},
+		{"image dup position", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1,"type":"edge"},{"id":"j","url":"https://x.test/b.jpg","position":1,"type":"edge"}]`), "images: [1].position: 1 repeats an earlier image"},
+		{"missing texts", with("texts", ""), "texts: required, with at least ENG"},
+		{"texts no ENG", with("texts", `{"RUS":{"title":"T"}}`), "texts: ENG: required"},
+		{"texts unknown lang", with("texts", `{"ENG":{"title":"T"},"DEU":{"title":"T"}}`), "texts: DEU: unknown language (allowed: ENG, RUS, UKR)"},
+		{"texts empty title", with("texts", `{"ENG":{"title":""}}`), "texts: ENG.title: must not be empty"},
+		{"texts missing title", with("texts", `{"ENG":{"description":"d"}}`), "texts: ENG.title: required"},
+		{"texts extra field", with("texts", `{"ENG":{"title":"T","subtitle":"s"}}`), "texts: ENG.subtitle: unknown field"},
+		{"texts description number", with("texts", `{"ENG":{"title":"T"},"UKR":{"title":"T","description":5}}`), "texts: UKR.description: must be a string"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			// The bad line is the third, after a good line and a blank one.
+			in := good + "\n\n" + tt.line + "\n" + with("id", `"c9"`) + "\n"
+			items, err := catalog.ParseJSONL(strings.NewReader(in))
+			var le *catalog.LineError
+			if !errors.As(err, &le) {
+				t.Fatalf("ParseJSONL(%s) error = %v, want a *LineError", tt.line, err)
+			}
+			if diff := cmp.Diff(&catalog.LineError{Line: 3, Reason: tt.reason}, le); diff != "" {
+				t.Errorf("ParseJSONL(%s) error (-want +got):\n%s", tt.line, diff)
+			}
+			if items != nil {
+				t.Errorf("ParseJSONL(%s) items = %d, want none", tt.line, len(items))
+			}
+		})
+	}
+}
+
+func TestParseJSONLDuplicateID(t *testing.T) {
+	t.Parallel()
+	_, err := catalog.ParseJSONL(strings.NewReader(good + "\n" + good))
+	if err == nil || err.Error() != `line 2: id: "c1" already appears on line 1` {
+		t.Errorf("ParseJSONL(duplicate id) error = %v, want line 2 naming line 1", err)
+	}
+}
+
+func TestParseJSONLLineTooLong(t *testing.T) {
+	t.Parallel()
+	long := with("texts", `{"ENG":{"title":"T","description":"`+strings.Repeat("x", catalog.MaxLineBytes)+`"}}`)
+	_, err := catalog.ParseJSONL(strings.NewReader(good + "\n" + long))
+	var le *catalog.LineError
+	if !errors.As(err, &le) || le.Line != 2 {
+		t.Errorf("ParseJSONL(long line) error = %v, want a LineError on line 2", err)
+	}
+}
+
+func TestParseJSONLCanonical(t *testing.T) {
+	t.Parallel()
+	line := `{"id":"c1","coin_id":"K-1","status":"inactive","stock_quantity":0,"price":12.50,"currency":"UAH",` +
+		`"category":{"name":"Silver","id":"s"},"characteristics":{"year":1780,"metal":"silver"},` +
+		`"images":[{"id":"b","url":"https://x.test/b.jpg","position":2,"type":"reverse"},{"id":"a","url":"https://x.test/a.jpg","position":1,"type":"obverse"}],` +
+		`"texts":{"ENG":{"title":"Thaler","description":"Old"},"UKR":{"title":"Талер"}}}` + "\r\n"
+	items, err := catalog.ParseJSONL(strings.NewReader(line))
+	if err != nil {
+		t.Fatalf("ParseJSONL() error = %v", err)
+	}
+	coin, price := "K-1", json.Number("12.5")
+	want := []catalog.Item{{
+		ID: "c1", CoinID: &coin, Status: "inactive", Price: &price, Currency: "UAH",
+		Category:        json.RawMessage(`{"id":"s","name":"Silver"}`),
+		Characteristics: json.RawMessage(`{"metal":"silver","year":1780}`),
+		Images: []catalog.Image{
+			{ID: "a", URL: "https://x.test/a.jpg", Position: 1, Type: "obverse"},
+			{ID: "b", URL: "https://x.test/b.jpg", Position: 2, Type: "reverse"},
+		},
+		Texts: map[string]catalog.Text{"ENG": {Title: "Thaler", Description: "Old"}, "UKR": {Title: "Талер"}},
+	}}
+	if diff := cmp.Diff(want, items); diff != "" {
+		t.Errorf("ParseJSONL() (-want +got):\n%s", diff)
+	}
+	// Defaults of the optional fields.
+	items, err = catalog.ParseJSONL(strings.NewReader(good))
+	if err != nil {
+		t.Fatalf("ParseJSONL(minimal) error = %v", err)
+	}
+	if got := items[0]; string(got.Characteristics) != "{}" || got.Images == nil || got.Price != nil || got.Category != nil || got.CoinID != nil {
+		t.Errorf("ParseJSONL(minimal) = %+v, want {} characteristics, empty images, null price/category/coin_id", got)
+	}
+}

@@ -1,0 +1,249 @@
+package catalog_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// newOwner inserts an owner and returns its id.
+func newOwner(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var id string
+	if err := pool.QueryRow(context.Background(), `INSERT INTO owners (name) VALUES ('test') RETURNING id::text`).Scan(&id); err != nil {
+		t.Fatalf("insert owner: %v", err)
+	}
+	return id
+}
+
+func mustParse(t *testing.T, lines ...string) []catalog.Item {
+	t.Helper()
+	items, err := catalog.ParseJSONL(strings.NewReader(strings.Join(lines, "\n")))
+	if err != nil {
+		t.Fatalf("ParseJSONL() error = %v", err)
+	}
+	return items
+}
+
+type storedItem struct {
+	Status    string
+	Listed    bool
+	Sold      bool
+	UpdatedAt time.Time
+	DocENG    string
+	DocRUS    string
+}
+
+func stored(t *testing.T, pool *pgxpool.Pool, owner, id string) storedItem {
+	t.Helper()
+	var s storedItem
+	err := pool.QueryRow(context.Background(), `SELECT status, listed_active, sold, updated_at, doc_eng, doc_rus
+		FROM export_items WHERE owner_id = $1 AND id = $2`, owner, id).
+		Scan(&s.Status, &s.Listed, &s.Sold, &s.UpdatedAt, &s.DocENG, &s.DocRUS)
+	if err != nil {
+		t.Fatalf("select %s: %v", id, err)
+	}
+	return s
+}
+
+const (
+	lineA  = `{"id":"a","status":"active","currency":"EUR","price":12.5,"texts":{"ENG":{"title":"Thaler","description":"Silver"}}}`
+	lineA2 = `{"id":"a","status":"active","currency":"EUR","price":13,"texts":{"ENG":{"title":"Thaler","description":"Silver"}}}`
+	lineB  = `{"id":"b","status":"inactive","currency":"UAH","texts":{"ENG":{"title":"Hryvnia"},"RUS":{"title":"Гривна"}}}`
+)
+
+func TestImportUpsert(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+
+	got, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA, lineB))
+	if err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	if diff := cmp.Diff(catalog.ImportResult{Inserted: 2}, got); diff != "" {
+		t.Errorf("Import(new) result (-want +got):\n%s", diff)
+	}
+	a1, b1 := stored(t, pool, owner, "a"), stored(t, pool, owner, "b")
+
+	// The same file again changes nothing, not even updated_at.
+	got, err = catalog.Import(ctx, pool, owner, mustParse(t, lineB, lineA))
+	if err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	if diff := cmp.Diff(catalog.ImportResult{Unchanged: 2}, got); diff != "" {
+		t.Errorf("Import(same) result (-want +got):\n%s", diff)
+	}
+	if a := stored(t, pool, owner, "a"); !a.UpdatedAt.Equal(a1.UpdatedAt) {
+		t.Errorf("unchanged import moved updated_at of a: %v, want %v", a.UpdatedAt, a1.UpdatedAt)
+	}
+
+	// A changed price moves updated_at past every earlier stamp.
+	got, err = catalog.Import(ctx, pool, owner, mustParse(t, lineA2, lineB))
+	if err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	if diff := cmp.Diff(catalog.ImportResult{Updated: 1, Unchanged: 1}, got); diff != "" {
+		t.Errorf("Import(changed) result (-want +got):\n%s", diff)
+	}
+	a2 := stored(t, pool, owner, "a")
+	if !a2.UpdatedAt.After(a1.UpdatedAt) || !a2.UpdatedAt.After(b1.UpdatedAt) {
+		t.Errorf("changed item updated_at = %v, want after %v and %v", a2.UpdatedAt, a1.UpdatedAt, b1.UpdatedAt)
+	}
+	if !strings.Contains(a2.DocENG, `"price":13,`) {
+		t.Errorf("doc_eng after update = %s, want price 13", a2.DocENG)
+	}
+	// RUS falls back to ENG for a, and is its own for b.
+	if !strings.Contains(a2.DocRUS, `"title":"Thaler"`) || !strings.Contains(b1.DocRUS, `"title":"Гривна"`) {
+		t.Errorf("doc_rus = %s / %s, want ENG fallback for a and the RUS title for b", a2.DocRUS, b1.DocRUS)
+	}
+}
+
+func TestImportNeverUnsells(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	if _, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA)); err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE export_items SET sold = true, updated_at = clock_timestamp() WHERE owner_id = $1 AND id = 'a'`, owner); err != nil {
+		t.Fatalf("sell: %v", err)
+	}
+	if _, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA2)); err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	got := stored(t, pool, owner, "a")
+	if got.Status != "inactive" || !got.Sold || !got.Listed {
+		t.Errorf("after re-import of a sold item: status %s sold %v listed %v, want inactive, sold, listed", got.Status, got.Sold, got.Listed)
+	}
+}
+
+func TestImportErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	items := mustParse(t, lineA)
+	if _, err := catalog.Import(ctx, pool, "not-a-uuid", items); err == nil {
+		t.Errorf("Import(owner not-a-uuid) error = nil, want an error")
+	}
+	_, err := catalog.Import(ctx, pool, "5f0c7d52-8a3c-4c61-9a55-2b8f1b0c9d10", items)
+	if !errors.Is(err, catalog.ErrOwnerNotFound) {
+		t.Errorf("Import(unknown owner) error = %v, want ErrOwnerNotFound", err)
+	}
+	var n int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM export_items`).Scan(&n)
+	if n != 0 {
+		t.Errorf("rows after failed imports = %d, want 0", n)
+	}
+}
+
+func TestSeed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	const count = 3000
+	n, err := catalog.Seed(ctx, pool, owner, count, 7)
+	if err != nil || n != count {
+		t.Fatalf("Seed(%d) = %d, %v, want %d, nil", count, n, err, count)
+	}
+	rows, err := pool.Query(ctx, `SELECT status, updated_at, doc_eng, doc_rus, doc_ukr FROM export_items WHERE owner_id = $1`, owner)
+	if err != nil {
+		t.Fatalf("select: %v", err)
+	}
+	defer rows.Close()
+	types := map[string]int{}
+	inactive := 0
+	for rows.Next() {
+		var status string
+		var updated time.Time
+		var docs [3]string
+		if err := rows.Scan(&status, &updated, &docs[0], &docs[1], &docs[2]); err != nil {
+			t.Fatalf("scan: %v", err)
+		}
+		if status == "inactive" {
+			inactive++
+		}
+		for _, doc := range docs {
+			item := checkExportItem(t, catalog.Compose(nil, status, updated, []byte(doc)))
+			for _, img := range item.Images {
+				types[img.Type]++
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("rows: %v", err)
+	}
+	for _, typ := range catalog.ImageTypes {
+		if types[typ] == 0 {
+			t.Errorf("seeded images of type %s = 0, want some", typ)
+		}
+	}
+	if inactive == 0 || inactive > count/2 {
+		t.Errorf("inactive seeded items = %d of %d, want some but a minority", inactive, count)
+	}
+	// A second seed of another seed value adds, never collides.
+	if n, err := catalog.Seed(ctx, pool, owner, 10, 8); err != nil || n != 10 {
+		t.Errorf("Seed(10, seed 8) = %d, %v, want 10, nil", n, err)
+	}
+}
+
+// exportItem is spec 2.2 with every required field as a pointer or raw value,
+// so a missing field is seen.
+type exportItem struct {
+	ID              *string          `json:"id"`
+	CoinID          json.RawMessage  `json:"coin_id"`
+	Status          *string          `json:"status"`
+	Title           *string          `json:"title"`
+	Description     *string          `json:"description"`
+	Price           json.RawMessage  `json:"price"`
+	Currency        *string          `json:"currency"`
+	StockQuantity   *int             `json:"stock_quantity"`
+	Category        json.RawMessage  `json:"category"`
+	Characteristics *json.RawMessage `json:"characteristics"`
+	Images          []catalog.Image  `json:"images"`
+	UpdatedAt       *string          `json:"updated_at"`
+}
+
+// checkExportItem decodes doc strictly and checks it against spec 2.2/2.3.
+func checkExportItem(t *testing.T, doc []byte) exportItem {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(string(doc)))
+	dec.DisallowUnknownFields()
+	var it exportItem
+	if err := dec.Decode(&it); err != nil {
+		t.Fatalf("decode %s: %v", doc, err)
+	}
+	switch {
+	case it.ID == nil || *it.ID == "", it.Status == nil, it.Title == nil || *it.Title == "", it.Currency == nil,
+		it.StockQuantity == nil, it.Characteristics == nil, it.Images == nil, it.UpdatedAt == nil,
+		it.CoinID == nil, it.Price == nil, it.Category == nil:
+		t.Fatalf("item %s misses a field", doc)
+	case (*it.Status == "active") != (*it.StockQuantity == 1) || (*it.Status != "active" && *it.Status != "inactive"):
+		t.Fatalf("item %s: status/stock mismatch", doc)
+	case !strings.HasPrefix(string(*it.Characteristics), "{"):
+		t.Fatalf("item %s: characteristics not an object", doc)
+	}
+	if ts, err := time.Parse(time.RFC3339Nano, *it.UpdatedAt); err != nil || !strings.HasSuffix(*it.UpdatedAt, "Z") || ts.Location() != time.UTC {
+		t.Fatalf("item %s: updated_at not RFC 3339 UTC", doc)
+	}
+	for i, img := range it.Images {
+		if !strings.HasPrefix(img.URL, "https://") || img.ID == "" || (i > 0 && img.Position <= it.Images[i-1].Position) {
+			t.Fatalf("item %s: bad image %d", doc, i)
+		}
+	}
+	return it
+}
