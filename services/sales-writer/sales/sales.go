@@ -11,6 +11,8 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/coinexport/export/pkg/catalog"
 )
 
 // Operation is what a call does to an item.
@@ -79,4 +81,24 @@ func Fingerprint(r Request) []byte {
 	canonical, _ := json.Marshal([]any{"v1", r.Operation, r.ItemID, r.ExternalOrderID, q})
 	sum := sha256.Sum256(canonical)
 	return sum[:]
+}
+
+// MarshalJSON writes the timestamps as the export routes write updated_at
+// (catalog.TimeLayout: UTC, six fractional digits), so one client sees one
+// timestamp format.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result // without this method
+	wire := struct {
+		plain
+		ConfirmedAt string `json:"confirmed_at,omitempty"`
+		CanceledAt  string `json:"canceled_at,omitempty"`
+	}{plain: plain(r), ConfirmedAt: timestamp(r.ConfirmedAt), CanceledAt: timestamp(r.CanceledAt)}
+	return json.Marshal(wire)
+}
+
+func timestamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(catalog.TimeLayout)
 }

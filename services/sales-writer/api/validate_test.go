@@ -1,0 +1,129 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/coinexport/export/pkg/identity"
+)
+
+// TestBadRequestsWriteNothing sends every kind of bad request for an item
+// that could be sold, and checks the answer and that nothing was written.
+func TestBadRequestsWriteNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	before := f.item(t, f.owner, "coin-1")
+	w := f.writer("market-a")
+	good := `{"external_order_id":"order-1"}`
+	noPlatform := w
+	noPlatform.PlatformID = ""
+	readOnly := w
+	readOnly.Scopes = []string{identity.ScopeExportRead}
+	anonymous := identity.Identity{RequestID: "req-anon"}
+
+	tests := []struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string
+		wantInMsg  string // the message names the field
+	}{
+		{"no key header", call{body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"empty key", call{body: good, header: http.Header{"Idempotency-Key": {""}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"key of 129 characters", call{key: strings.Repeat("k", 129), body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"key not ASCII", call{key: "clé-1", body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"key with a tab", call{key: "a\tb", body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"two keys", call{body: good, header: http.Header{"Idempotency-Key": {"k1", "k2"}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type"},
+		{"text content type", call{key: "k", body: good, contentType: "text/plain"}, 400, "invalid_content_type", "Content-Type"},
+		{"form content type", call{key: "k", body: good, contentType: "application/x-www-form-urlencoded"}, 400, "invalid_content_type", "Content-Type"},
+		{"latin1 charset", call{key: "k", body: good, contentType: "application/json; charset=latin1"}, 400, "invalid_content_type", "UTF-8"},
+		{"empty body", call{key: "k", body: ""}, 400, "invalid_body", "JSON object"},
+		{"not JSON", call{key: "k", body: "external_order_id=1"}, 400, "invalid_body", "JSON"},
+		{"array", call{key: "k", body: `[{"external_order_id":"o"}]`}, 400, "invalid_body", "JSON object"},
+		{"string", call{key: "k", body: `"o"`}, 400, "invalid_body", "JSON object"},
+		{"null", call{key: "k", body: `null`}, 400, "invalid_body", "JSON object"},
+		{"truncated", call{key: "k", body: `{"external_order_id":"o"`}, 400, "invalid_body", "JSON"},
+		{"trailing object", call{key: "k", body: good + `{}`}, 400, "invalid_body", "after the JSON object"},
+		{"trailing garbage", call{key: "k", body: good + ` x`}, 400, "invalid_body", "after the JSON object"},
+		{"invalid UTF-8", call{key: "k", body: "{\"external_order_id\":\"o\xff\"}"}, 400, "invalid_body", "UTF-8"},
+		{"duplicate property", call{key: "k", body: `{"external_order_id":"o","external_order_id":"p"}`}, 400, "invalid_body", "external_order_id"},
+		{"unknown property", call{key: "k", body: `{"external_order_id":"o","platform_id":"market-b"}`}, 400, "invalid_body", "platform_id"},
+		{"missing order id", call{key: "k", body: `{"quantity":1}`}, 400, "invalid_body", "external_order_id"},
+		{"empty object", call{key: "k", body: `{}`}, 400, "invalid_body", "external_order_id"},
+		{"order id number", call{key: "k", body: `{"external_order_id":12}`}, 400, "invalid_body", "external_order_id"},
+		{"order id null", call{key: "k", body: `{"external_order_id":null}`}, 400, "invalid_body", "external_order_id"},
+		{"order id object", call{key: "k", body: `{"external_order_id":{"id":"o"}}`}, 400, "invalid_body", "external_order_id"},
+		{"order id empty", call{key: "k", body: `{"external_order_id":""}`}, 400, "invalid_body", "external_order_id"},
+		{"order id of 129 characters", call{key: "k", body: `{"external_order_id":"` + strings.Repeat("é", 129) + `"}`}, 400, "invalid_body", "external_order_id"},
+		{"order id with NUL", call{key: "k", body: `{"external_order_id":"a\u0000b"}`}, 400, "invalid_body", "external_order_id"},
+		{"quantity 2", call{key: "k", body: `{"external_order_id":"o","quantity":2}`}, 400, "invalid_body", "quantity"},
+		{"quantity 0", call{key: "k", body: `{"external_order_id":"o","quantity":0}`}, 400, "invalid_body", "quantity"},
+		{"quantity -1", call{key: "k", body: `{"external_order_id":"o","quantity":-1}`}, 400, "invalid_body", "quantity"},
+		{"quantity 1.0", call{key: "k", body: `{"external_order_id":"o","quantity":1.0}`}, 400, "invalid_body", "quantity"},
+		{"quantity 1.5", call{key: "k", body: `{"external_order_id":"o","quantity":1.5}`}, 400, "invalid_body", "quantity"},
+		{"quantity string", call{key: "k", body: `{"external_order_id":"o","quantity":"1"}`}, 400, "invalid_body", "quantity"},
+		{"quantity null", call{key: "k", body: `{"external_order_id":"o","quantity":null}`}, 400, "invalid_body", "quantity"},
+		{"quantity true", call{key: "k", body: `{"external_order_id":"o","quantity":true}`}, 400, "invalid_body", "quantity"},
+		{"body too large", call{key: "k", body: `{"external_order_id":"o","x":"` + strings.Repeat("x", 20000) + `"}`}, 413, "payload_too_large", "bytes"},
+		{"anonymous", call{id: anonymous, key: "k", body: good}, 401, "unauthenticated", "API key"},
+		{"key without sales:write", call{id: readOnly, key: "k", body: good}, 403, "forbidden", "sales:write"},
+		{"key without platform", call{id: noPlatform, key: "k", body: good}, 403, "forbidden", "platform"},
+	}
+	for _, op := range []string{"confirm", "cancel"} {
+		for _, tt := range tests {
+			t.Run(op+"/"+tt.name, func(t *testing.T) {
+				c := tt.c
+				c.op, c.item = op, "coin-1"
+				if c.id.RequestID == "" {
+					c.id = w
+				}
+				rec, env := f.do(t, c)
+				if rec.Code != tt.wantStatus || errorCode(env) != tt.wantCode {
+					t.Fatalf("POST %s %q = %d %q, want %d %q", op, c.body, rec.Code, errorCode(env), tt.wantStatus, tt.wantCode)
+				}
+				if !strings.Contains(env.Error.Message, tt.wantInMsg) {
+					t.Errorf("error.message = %q, want it to mention %q", env.Error.Message, tt.wantInMsg)
+				}
+				if env.Meta.RequestID != c.id.RequestID {
+					t.Errorf("meta.request_id = %q, want the gateway's %q", env.Meta.RequestID, c.id.RequestID)
+				}
+			})
+		}
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != before {
+		t.Errorf("item after bad requests = %+v, want unchanged %+v", got, before)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales") + f.count(t, "SELECT count(*) FROM idempotency_records"); n != 0 {
+		t.Errorf("rows in sales and idempotency_records = %d, want 0", n)
+	}
+}
+
+// TestLimitsAreInclusive: a 128-character key and order id are accepted.
+func TestLimitsAreInclusive(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	body := `{"external_order_id":"` + strings.Repeat("é", 128) + `","quantity":1}`
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: strings.Repeat("~", 128), body: body,
+		contentType: "application/json; charset=UTF-8"})
+	if rec.Code != 200 {
+		t.Fatalf("confirm with 128-character key and order id = %d %s, want 200", rec.Code, rec.Body)
+	}
+	if got := result(t, env)["external_order_id"]; got != strings.Repeat("é", 128) {
+		t.Errorf("external_order_id = %v, want the 128 characters sent", got)
+	}
+}
+
+func TestUnusableItemIDsAreNotFound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, item := range []string{strings.Repeat("i", 129), "%00", "%FF"} {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: item, key: "k", body: `{"external_order_id":"o"}`})
+		if rec.Code != 404 || errorCode(env) != "not_found" {
+			t.Errorf("confirm item %q = %d %q, want 404 not_found", item, rec.Code, errorCode(env))
+		}
+	}
+}
