@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/postgres"
+)
+
+// salesWorker confirms and cancels sales of its own items with its own
+// platform key, so no two workers ever touch the same item.
+type salesWorker struct {
+	client *http.Client
+	base   string
+	key    string
+	items  []string
+
+	pairs     int // pairs finished inside the measured window
+	conflicts int // 409 on confirm: the item was sold already
+	errors    int
+	lastErr   string
+	requests  Latencies // each confirm and cancel, measured window only
+	pairTimes Latencies
+}
+
+// loop runs pairs until stop; only pairs started at or after measureFrom count.
+func (w *salesWorker) loop(ctx context.Context, measureFrom, stop time.Time) {
+	for i := 0; time.Now().Before(stop) && ctx.Err() == nil; i++ {
+		item := w.items[i%len(w.items)]
+		t0 := time.Now()
+		measured := !t0.Before(measureFrom)
+		order := "bench-" + randomHex(8)
+		status, d, err := w.post(ctx, item, "confirm", order)
+		if measured {
+			w.requests.Add(d)
+		}
+		switch {
+		case err != nil || (status != http.StatusOK && status != http.StatusConflict):
+			w.fail(status, err)
+			continue
+		case status == http.StatusConflict:
+			w.conflicts++
+			continue
+		}
+		status, d, err = w.post(ctx, item, "cancel", order)
+		if measured {
+			w.requests.Add(d)
+		}
+		if err != nil || status != http.StatusOK {
+			w.fail(status, err)
+			continue
+		}
+		if measured {
+			w.pairs++
+			w.pairTimes.Add(time.Since(t0))
+		}
+	}
+}
+
+func (w *salesWorker) fail(status int, err error) {
+	w.errors++
+	if err != nil {
+		w.lastErr = err.Error()
+	} else {
+		w.lastErr = fmt.Sprintf("status %d", status)
+	}
+}
+
+// post sends one confirm or cancel with a fresh Idempotency-Key (spec 4.7).
+func (w *salesWorker) post(ctx context.Context, item, op, order string) (int, time.Duration, error) {
+	body, _ := json.Marshal(map[string]string{"external_order_id": order})
+	u := w.base + "/export/items/" + url.PathEscape(item) + "/sales/" + op
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("X-API-Key", w.key)
+	req.Header.Set("Idempotency-Key", randomHex(16))
+	req.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return 0, time.Since(t0), err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	d := time.Since(t0)
+	if err != nil {
+		return 0, d, err
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
+		var p envelope.Parsed
+		if json.Unmarshal(b, &p) == nil && p.Error != nil {
+			return resp.StatusCode, d, fmt.Errorf("%s: status %d, error.code %q", op, resp.StatusCode, p.Error.Code)
+		}
+	}
+	return resp.StatusCode, d, nil
+}
+
+// runSales is "loadgen sales": confirm + cancel pairs on distinct items,
+// one worker (and one platform key) per concurrent platform.
+func runSales(ctx context.Context, cfg Config, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("sales", flag.ContinueOnError)
+	name := fs.String("name", "sales", "scenario name in the results file")
+	base := fs.String("base", "http://127.0.0.1:18080/v1", "base URL including /v1")
+	workers := fs.Int("workers", 32, "concurrent platforms (each needs its own key in LOADGEN_WRITE_KEYS)")
+	perWorker := fs.Int("items-per-worker", 50, "items each worker cycles through")
+	duration := fs.Duration("duration", 10*time.Second, "measured duration")
+	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured time before")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := cfg.need("DATABASE_URL", "LOADGEN_OWNER_ID", "LOADGEN_WRITE_KEYS"); err != nil {
+		return err
+	}
+	if len(cfg.WriteKeys) < *workers {
+		return fmt.Errorf("LOADGEN_WRITE_KEYS has %d keys, --workers wants %d", len(cfg.WriteKeys), *workers)
+	}
+	ws, err := newSalesWorkers(ctx, cfg, *base, *workers, *perWorker)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	measureFrom, stop := start.Add(*warmup), start.Add(*warmup+*duration)
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Go(func() { w.loop(ctx, measureFrom, stop) })
+	}
+	wg.Wait()
+	window := time.Since(measureFrom)
+	return appendRecord(cfg.Results, salesRecord(*name, ws, window), stdout)
+}
+
+// newSalesWorkers gives each worker its key and its own active items.
+func newSalesWorkers(ctx context.Context, cfg Config, base string, n, perWorker int) ([]*salesWorker, error) {
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	ids, err := sampleIDs(ctx, pool, cfg.OwnerID, n*perWorker, true)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) < n {
+		return nil, fmt.Errorf("owner has %d active items, need at least %d", len(ids), n)
+	}
+	client := newHTTPClient(n)
+	ws := make([]*salesWorker, n)
+	per := len(ids) / n
+	for i := range ws {
+		ws[i] = &salesWorker{client: client, base: base, key: cfg.WriteKeys[i], items: ids[i*per : (i+1)*per]}
+	}
+	return ws, nil
+}
+
+func salesRecord(name string, ws []*salesWorker, window time.Duration) Record {
+	var all, pairs Latencies
+	n, conflicts, errs, lastErr := 0, 0, 0, ""
+	for _, w := range ws {
+		n += w.pairs
+		conflicts += w.conflicts
+		errs += w.errors
+		all.Merge(&w.requests)
+		pairs.Merge(&w.pairTimes)
+		if w.lastErr != "" {
+			lastErr = w.lastErr
+		}
+	}
+	rec := Record{Scenario: name, Figures: map[string]float64{
+		"workers":     float64(len(ws)),
+		"pairs":       float64(n),
+		"pairs_per_s": float64(n) / window.Seconds(),
+		"p50_ms":      ms(all.Percentile(50)),
+		"p99_ms":      ms(all.Percentile(99)),
+		"pair_p99_ms": ms(pairs.Percentile(99)),
+		"conflicts":   float64(conflicts),
+		"errors":      float64(errs),
+	}}
+	if errs > 0 {
+		rec.Note = "last error: " + lastErr
+	}
+	return rec
+}

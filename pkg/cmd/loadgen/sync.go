@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// syncQuery is what a syncing client asks for (spec 4.3, 4.8).
+type syncQuery struct {
+	Limit        int
+	Lang         string
+	UpdatedAfter string // RFC 3339; "" for a full sync
+}
+
+// syncResult is one finished sync.
+type syncResult struct {
+	Items, Pages int
+	Took         time.Duration
+	PageLatency  Latencies
+}
+
+// syncer reads every page of an owner's items like a real client: one page
+// at a time, passing meta.next_cursor back unchanged.
+type syncer struct {
+	client *http.Client
+	base   string // e.g. http://127.0.0.1:18080/v1
+	auth   authenticator
+	buf    bytes.Buffer
+}
+
+// run syncs until the last page.
+func (s *syncer) run(ctx context.Context, q syncQuery) (syncResult, error) {
+	var res syncResult
+	start := time.Now()
+	cursor := ""
+	for {
+		t0 := time.Now()
+		p, err := s.page(ctx, q, cursor)
+		if err != nil {
+			return res, fmt.Errorf("page %d: %w", res.Pages+1, err)
+		}
+		res.PageLatency.Add(time.Since(t0))
+		res.Pages++
+		res.Items += p.Items
+		if p.NextCursor == "" {
+			break
+		}
+		if p.NextCursor == cursor {
+			return res, fmt.Errorf("page %d: cursor did not advance", res.Pages)
+		}
+		cursor = p.NextCursor
+	}
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+// page fetches one page.
+func (s *syncer) page(ctx context.Context, q syncQuery, cursor string) (page, error) {
+	v := url.Values{"limit": {strconv.Itoa(q.Limit)}, "lang": {q.Lang}}
+	if q.UpdatedAfter != "" {
+		v.Set("updated_after", q.UpdatedAfter)
+	}
+	if cursor != "" {
+		v.Set("cursor", cursor)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/export/items?"+v.Encode(), nil)
+	if err != nil {
+		return page{}, err
+	}
+	s.auth(req.Header)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return page{}, err
+	}
+	defer resp.Body.Close()
+	s.buf.Reset()
+	if _, err := s.buf.ReadFrom(resp.Body); err != nil {
+		return page{}, fmt.Errorf("read body: %w", err)
+	}
+	p, err := scanPage(s.buf.Bytes())
+	if err != nil {
+		return page{}, fmt.Errorf("status %d: %w", resp.StatusCode, err)
+	}
+	if resp.StatusCode != http.StatusOK || p.Error != nil {
+		code := ""
+		if p.Error != nil {
+			code = p.Error.Code
+		}
+		return page{}, fmt.Errorf("status %d, error.code %q", resp.StatusCode, code)
+	}
+	return p, nil
+}
+
+// runSync is "loadgen sync": one full sync, recorded as items/s.
+func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("sync", flag.ContinueOnError)
+	name := fs.String("name", "sync", "scenario name in the results file")
+	base := fs.String("base", "http://127.0.0.1:18080/v1", "base URL including /v1")
+	auth := fs.String("auth", "key", "key (X-API-Key, through the gateway) or signed (identity headers, direct to a service)")
+	limit := fs.Int("limit", 100, "page size")
+	lang := fs.String("lang", "ENG", "content language")
+	expect := fs.Int("expect", 0, "expected item count; a different count fails the scenario (0: no check)")
+	warmup := fs.Int("warmup-pages", 0, "pages read and discarded before the timed sync (warms caches and connections)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	a, err := authFor(cfg, *auth)
+	if err != nil {
+		return err
+	}
+	s := &syncer{client: newHTTPClient(1), base: *base, auth: a}
+	q := syncQuery{Limit: *limit, Lang: *lang}
+	if err := s.warm(ctx, q, *warmup); err != nil {
+		return fmt.Errorf("%s: warm-up: %w", *name, err)
+	}
+	res, err := s.run(ctx, q)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
+	}
+	if *expect > 0 && res.Items != *expect {
+		return fmt.Errorf("%s: synced %d items, want %d", *name, res.Items, *expect)
+	}
+	return appendRecord(cfg.Results, syncRecord(*name, res), stdout)
+}
+
+// warm reads up to n pages from the start and throws them away.
+func (s *syncer) warm(ctx context.Context, q syncQuery, n int) error {
+	cursor := ""
+	for range n {
+		p, err := s.page(ctx, q, cursor)
+		if err != nil {
+			return err
+		}
+		if p.NextCursor == "" {
+			return nil
+		}
+		cursor = p.NextCursor
+	}
+	return nil
+}
+
+func syncRecord(name string, res syncResult) Record {
+	secs := res.Took.Seconds()
+	return Record{Scenario: name, Figures: map[string]float64{
+		"items":       float64(res.Items),
+		"pages":       float64(res.Pages),
+		"seconds":     secs,
+		"items_per_s": float64(res.Items) / secs,
+		"page_p50_ms": ms(res.PageLatency.Percentile(50)),
+		"page_p99_ms": ms(res.PageLatency.Percentile(99)),
+	}}
+}
