@@ -1,0 +1,114 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is everything the export reader reads from its environment.
+type Config struct {
+	Addr           string        // EXPORT_READER_ADDR
+	AdminAddr      string        // EXPORT_READER_ADMIN_ADDR; "" disables /metrics
+	DatabaseURL    string        // READ_DATABASE_URL, else DATABASE_URL (secret: may hold a password)
+	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS
+	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT
+	CursorSecret   string        // CURSOR_SECRET (secret)
+	IdentitySecret string        // IDENTITY_SECRET (secret)
+	LogLevel       string        // LOG_LEVEL
+}
+
+// loadConfig reads the environment, applies the defaults and validates.
+func loadConfig(getenv func(string) string) (Config, error) {
+	str := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var errs []error
+	maxConns, err := strconv.Atoi(str("EXPORT_READER_DB_MAX_CONNS", "8"))
+	if err != nil || maxConns < 1 || maxConns > 1000 {
+		errs = append(errs, errors.New("EXPORT_READER_DB_MAX_CONNS must be an integer from 1 to 1000"))
+	}
+	timeout, err := time.ParseDuration(str("EXPORT_READER_QUERY_TIMEOUT", "10s"))
+	if err != nil || timeout <= 0 {
+		errs = append(errs, errors.New("EXPORT_READER_QUERY_TIMEOUT must be a positive duration such as 10s"))
+	}
+	cfg := Config{
+		Addr:           str("EXPORT_READER_ADDR", "127.0.0.1:8081"),
+		AdminAddr:      str("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
+		DatabaseURL:    str("READ_DATABASE_URL", getenv("DATABASE_URL")),
+		DBMaxConns:     maxConns,
+		QueryTimeout:   timeout,
+		CursorSecret:   getenv("CURSOR_SECRET"),
+		IdentitySecret: getenv("IDENTITY_SECRET"),
+		LogLevel:       str("LOG_LEVEL", "info"),
+	}
+	if cfg.DatabaseURL == "" {
+		errs = append(errs, errors.New("READ_DATABASE_URL or DATABASE_URL is required"))
+	}
+	if len(cfg.CursorSecret) < 32 {
+		errs = append(errs, errors.New("CURSOR_SECRET must be at least 32 bytes"))
+	}
+	if len(cfg.IdentitySecret) < 32 {
+		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	return cfg, nil
+}
+
+// logAttrs describes the configuration for the start-up log, secrets masked.
+func (c Config) logAttrs() []any {
+	return []any{
+		"addr", c.Addr, "admin_addr", c.AdminAddr,
+		"database_url", redactDSN(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
+		"query_timeout", c.QueryTimeout.String(),
+		"cursor_secret", "***", "identity_secret", "***",
+		"log_level", c.LogLevel,
+	}
+}
+
+// poolDSN is the database URL with the pool size of EXPORT_READER_DB_MAX_CONNS,
+// in whichever of PostgreSQL's two connection string forms it was given.
+func (c Config) poolDSN() string {
+	size := strconv.Itoa(c.DBMaxConns)
+	if isURL(c.DatabaseURL) {
+		u, err := url.Parse(c.DatabaseURL)
+		if err != nil {
+			return c.DatabaseURL // postgres.Open reports it, without quoting it
+		}
+		q := u.Query()
+		q.Set("pool_max_conns", size)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	// In keyword/value form the last setting of a keyword wins.
+	return c.DatabaseURL + " pool_max_conns=" + size
+}
+
+func isURL(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// redactDSN hides the password of a connection string.
+func redactDSN(dsn string) string {
+	if isURL(dsn) {
+		if u, err := url.Parse(dsn); err == nil {
+			return u.Redacted()
+		}
+		return "***"
+	}
+	fields := strings.Fields(dsn)
+	for i, f := range fields {
+		if strings.HasPrefix(f, "password=") {
+			fields[i] = "password=xxxxx"
+		}
+	}
+	return strings.Join(fields, " ")
+}

@@ -1,0 +1,95 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/klauspost/compress/gzip"
+)
+
+// minGzip is the smallest body worth compressing; an error or a one-item
+// page fits in a packet anyway.
+const minGzip = 1024
+
+// buffer is a pooled response body; a full page of 100 items is about 100 KB.
+type buffer struct{ b []byte }
+
+var buffers = sync.Pool{New: func() any { return &buffer{b: make([]byte, 0, 128<<10)} }}
+
+func getBuffer() *buffer { b := buffers.Get().(*buffer); b.b = b.b[:0]; return b }
+
+func putBuffer(b *buffer) {
+	if cap(b.b) <= 4<<20 { // let a rare huge body go instead of pinning it
+		buffers.Put(b)
+	}
+}
+
+var gzipWriters = sync.Pool{New: func() any {
+	w, _ := gzip.NewWriterLevel(nil, gzip.BestSpeed)
+	return w
+}}
+
+// appendMeta closes the envelope: meta.request_id and, for a list,
+// meta.next_cursor as a string or null (always present, so a client can test
+// it).
+func appendMeta(dst []byte, requestID string, list bool, next string) []byte {
+	dst = append(dst, `,"meta":{"request_id":`...)
+	id, _ := json.Marshal(requestID)
+	dst = append(dst, id...)
+	if next != "" {
+		// A cursor is base64url: nothing in it needs escaping.
+		dst = append(dst, `,"next_cursor":"`...)
+		dst = append(dst, next...)
+		dst = append(dst, '"')
+	} else if list {
+		dst = append(dst, `,"next_cursor":null`...)
+	}
+	return append(dst, "}}"...)
+}
+
+// writeJSON sends a complete 200 body, gzipped when the client accepts it.
+// The body is whole before the first byte is written, so a failure half-way
+// through a page can still become a clean error envelope.
+func writeJSON(w http.ResponseWriter, r *http.Request, requestID string, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", envelope.ContentType)
+	h.Set(envelope.RequestIDHeader, requestID)
+	h.Add("Vary", "Accept-Encoding")
+	if len(body) < minGzip || !acceptsGzip(r.Header.Values("Accept-Encoding")) {
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body)
+		return
+	}
+	h.Set("Content-Encoding", "gzip")
+	w.WriteHeader(http.StatusOK)
+	gz := gzipWriters.Get().(*gzip.Writer)
+	gz.Reset(w)
+	_, _ = gz.Write(body)
+	_ = gz.Close()
+	gzipWriters.Put(gz)
+}
+
+// acceptsGzip reads Accept-Encoding: gzip (or *) with a non-zero q value.
+func acceptsGzip(values []string) bool {
+	for _, v := range values {
+		for part := range strings.SplitSeq(v, ",") {
+			coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+			coding = strings.ToLower(strings.TrimSpace(coding))
+			if coding != "gzip" && coding != "*" {
+				continue
+			}
+			if q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q="); ok {
+				if f, err := strconv.ParseFloat(q, 64); err != nil || f == 0 {
+					continue
+				}
+			}
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,77 @@
+// Command export-reader serves GET /v1/export/items and
+// GET /v1/export/items/{item_id} behind the gateway: the catalog sync path,
+// one index range scan per page with the items' JSON stored pre-rendered.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/telemetry"
+	"github.com/coinexport/export/services/export-reader/internal/api"
+	"github.com/coinexport/export/services/export-reader/internal/cursor"
+	"github.com/coinexport/export/services/export-reader/internal/export"
+)
+
+const serviceName = "export-reader"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, serviceName+":", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the service and serves until ctx is done.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	log := logging.New(stdout, cfg.LogLevel, serviceName)
+	log.Info("starting", cfg.logAttrs()...)
+
+	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry(context.Background())
+
+	pool, err := postgres.Open(ctx, cfg.poolDSN())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	signer, err := identity.NewSigner(cfg.IdentitySecret)
+	if err != nil {
+		return err
+	}
+	cursors, err := cursor.New(cfg.CursorSecret)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	api.New(export.NewReader(pool, cursors), log, cfg.QueryTimeout).Register(mux)
+	srv := httpserver.New(httpserver.Config{
+		Service:   serviceName,
+		Addr:      cfg.Addr,
+		AdminAddr: cfg.AdminAddr,
+		Log:       log,
+		Signer:    signer,
+		Ready:     pool.Ping,
+	}, mux)
+	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
+	return srv.Run(ctx)
+}
