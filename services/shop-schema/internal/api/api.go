@@ -1,0 +1,126 @@
+// Package api is the HTTP layer of the shop-schema service: it decodes the
+// body, calls shopschema, and encodes the envelope. All routes are in Routes;
+// all errors become HTTP answers in writeError.
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
+)
+
+// maxBodyBytes bounds the request body: two short strings.
+const maxBodyBytes = 16 << 10
+
+// Handler serves the shop schema route.
+type Handler struct {
+	svc   *shopschema.Service
+	log   *slog.Logger
+	reads *prometheus.CounterVec
+}
+
+// NewHandler returns the handler and registers its metric on reg.
+func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Registerer) *Handler {
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shop_schema_reads_total",
+		Help: "Shop schema reads, by outcome (ok or the error code answered).",
+	}, []string{"outcome"})
+	reg.MustRegister(reads)
+	return &Handler{svc: svc, log: log, reads: reads}
+}
+
+// Routes registers every route of the service.
+func Routes(mux *http.ServeMux, h *Handler) {
+	mux.HandleFunc("POST /v1/sync/prestashop/schema", h.schema)
+}
+
+func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	requestID := httpserver.RequestID(r)
+	req, err := decode(w, r)
+	if err == nil {
+		var result *shopschema.Result
+		result, err = h.svc.Read(r.Context(), req)
+		if err == nil {
+			h.reads.WithLabelValues("ok").Inc()
+			h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req.BaseURL),
+				"shop_version", result.ShopVersion, "categories", len(result.Categories),
+				"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
+			envelope.WriteData(w, http.StatusOK, result, envelope.Meta{RequestID: requestID})
+			return
+		}
+	}
+	code := h.writeError(w, r, err, requestID)
+	h.reads.WithLabelValues(code).Inc()
+	h.log.InfoContext(r.Context(), "shop schema refused", "shop_host", h.svc.Host(req.BaseURL),
+		"code", code, "duration_ms", time.Since(start).Milliseconds())
+}
+
+// body is the route's JSON body; a field is nil when absent.
+type body struct {
+	BaseURL json.RawMessage
+	WSKey   json.RawMessage
+}
+
+// decode reads the body strictly: one JSON object, only base_url and
+// ws_key (names matched exactly, unlike encoding/json's default), nothing
+// after it.
+func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		return shopschema.Request{}, invalidBody("the body is too large or unreadable")
+	}
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return shopschema.Request{}, invalidBody("the body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	var fields map[string]json.RawMessage
+	if err := dec.Decode(&fields); err != nil {
+		return shopschema.Request{}, invalidBody("the body is not valid JSON")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return shopschema.Request{}, invalidBody("the body must hold one JSON object only")
+	}
+	var b body
+	for name, value := range fields {
+		switch name {
+		case "base_url":
+			b.BaseURL = value
+		case "ws_key":
+			b.WSKey = value
+		default:
+			return shopschema.Request{}, invalidBody("unknown property in the body; allowed: base_url, ws_key")
+		}
+	}
+	var req shopschema.Request
+	if !stringField(b.BaseURL, &req.BaseURL) {
+		return req, &shopschema.InputError{Code: shopschema.CodeInvalidBaseURL, Message: "base_url must be a string"}
+	}
+	if !stringField(b.WSKey, &req.WSKey) {
+		return req, &shopschema.InputError{Code: shopschema.CodeMissingWSKey, Message: "ws_key must be a non-empty string"}
+	}
+	return req, nil
+}
+
+// stringField decodes an optional string; absent and null give "".
+func stringField(raw json.RawMessage, dst *string) bool {
+	if raw == nil || bytes.Equal(raw, []byte("null")) {
+		return true
+	}
+	return json.Unmarshal(raw, dst) == nil
+}
+
+func invalidBody(msg string) error {
+	return &shopschema.InputError{Code: shopschema.CodeInvalidBody, Message: msg}
+}

@@ -1,0 +1,55 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/coinexport/export/pkg/envelope"
+
+	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
+	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
+)
+
+// shopStatus maps each kind of shop failure to its answer. Problems the
+// caller can fix (the key, the address) are 400, as spec 4.2 lists; the
+// shop misbehaving is 502, or 504 when it is too slow.
+var shopStatus = map[prestashop.Kind]struct {
+	status int
+	code   string
+}{
+	prestashop.KindUnauthorized: {http.StatusBadRequest, "shop_401"},
+	prestashop.KindForbidden:    {http.StatusBadRequest, "shop_403"},
+	prestashop.KindNotAllowed:   {http.StatusBadRequest, shopschema.CodeNotAllowed},
+	prestashop.KindUnreachable:  {http.StatusBadGateway, "shop_unreachable"},
+	prestashop.KindTLS:          {http.StatusBadGateway, "shop_tls_error"},
+	prestashop.KindTimeout:      {http.StatusGatewayTimeout, "shop_timeout"},
+	prestashop.KindBadResponse:  {http.StatusBadGateway, "shop_bad_response"},
+	prestashop.KindTooLarge:     {http.StatusBadGateway, "shop_too_large"},
+	prestashop.KindDisabled:     {http.StatusBadGateway, "shop_webservice_disabled"},
+	prestashop.KindUnavailable:  {http.StatusBadGateway, "shop_unavailable"},
+	prestashop.KindNotFound:     {http.StatusBadGateway, "shop_not_found"},
+}
+
+// writeError is the service's one error-to-HTTP mapper. It returns the
+// error code it answered. Messages are fixed phrases: never the shop's
+// body or headers, the request URL or the key.
+func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID string) string {
+	var inputErr *shopschema.InputError
+	if errors.As(err, &inputErr) {
+		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
+		return inputErr.Code
+	}
+	var shopErr *prestashop.Error
+	if errors.As(err, &shopErr) {
+		if m, ok := shopStatus[shopErr.Kind]; ok {
+			// The full error holds the transport error (with the request URL,
+			// which carries no secret) for whoever debugs the shop.
+			h.log.WarnContext(r.Context(), "shop call failed", "code", m.code, "err", shopErr.Error())
+			envelope.WriteError(w, m.status, m.code, shopErr.Resource+": "+shopErr.Reason, requestID)
+			return m.code
+		}
+	}
+	h.log.ErrorContext(r.Context(), "shop schema read failed", "err", err)
+	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
+	return "internal_error"
+}

@@ -1,0 +1,354 @@
+// Package fakeshop is a PrestaShop webservice for tests: HTTPS on 127.0.0.1
+// with its own certificate, answering /api/... and
+// webservice/dispatcher.php?url=... the way PrestaShop 1.7, 8 and 9 do,
+// quirks included (bare [] for an empty list, strings or native ints,
+// multilingual arrays or plain strings, plain-text 401 without a key, the
+// JSON error bodies of reference/prestashop-webservice.md §1.2).
+package fakeshop
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Key is the webservice key the fake shop accepts.
+const Key = "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"
+
+// Lang is an installed language.
+type Lang struct {
+	ID     int
+	ISO    string
+	Locale string
+	Name   string
+	Active bool
+}
+
+// Category is a category; Names is keyed by language id.
+type Category struct {
+	ID, ParentID, Depth, Position int
+	Active, Root                  bool
+	Names                         map[int]string
+}
+
+// Feature is a product feature.
+type Feature struct {
+	ID, Position int
+	Names        map[int]string
+}
+
+// Value is a feature value; Custom marks a per-product value.
+type Value struct {
+	ID, FeatureID int
+	Custom        bool
+	Names         map[int]string
+}
+
+// Shop is the fake shop's data and behaviour. Set fields before Start.
+type Shop struct {
+	Version    string // "1.7", "8" or "9": field sets and types
+	NativeInts bool   // PHP 8.1 pdo_mysql: integers as JSON numbers
+	Prefix     string // subfolder the shop is installed in, e.g. "/shop"
+	NoRewrite  bool   // /api/ is not rewritten: only dispatcher.php works
+	Languages  []Lang
+	Categories []Category
+	Features   []Feature
+	Values     []Value
+
+	// Behaviour switches.
+	Disabled         bool                         // 503 code 22
+	WrongShop        bool                         // 403 code 132
+	DeniedResources  map[string]bool              // 401 code 26 for these resources
+	RejectFieldLists bool                         // 400 code 35 for display=[...]
+	IgnoreLimit      bool                         // answers every row whatever limit= says
+	Delay            time.Duration                // before every answer
+	Oversize         int                          // pad every list answer to at least this many bytes
+	ServerError      bool                         // 500 with a PHP warning error body
+	HTML             bool                         // answers an HTML page with 200
+	Redirect         func(r *http.Request) string // a redirect target, or ""
+
+	srv     *httptest.Server
+	conns   atomic.Int64
+	mu      sync.Mutex
+	reqLog  []string
+	authLog []string
+}
+
+// Start serves the shop over HTTPS on 127.0.0.1 and stops it at cleanup.
+func (s *Shop) Start(cleanup func(func())) {
+	s.StartOn("127.0.0.1:0", cleanup)
+}
+
+// StartOn serves the shop on addr.
+func (s *Shop) StartOn(addr string, cleanup func(func())) {
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		panic(fmt.Sprintf("fakeshop: listen %s: %v", addr, err))
+	}
+	s.srv.Listener.Close()
+	s.srv.Listener = ln
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	s.srv.StartTLS()
+	cleanup(s.srv.Close)
+}
+
+// URL is the shop's base_url (with the prefix).
+func (s *Shop) URL() string { return s.srv.URL + s.Prefix }
+
+// Addr is host:port of the listener.
+func (s *Shop) Addr() string { return s.srv.Listener.Addr().String() }
+
+// CAPEM is the PEM of the certificate that signs the shop's TLS certificate.
+func (s *Shop) CAPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.srv.Certificate().Raw})
+}
+
+// Connections counts the TCP connections the shop accepted.
+func (s *Shop) Connections() int64 { return s.conns.Load() }
+
+// Requests lists "path?query" of every request received.
+func (s *Shop) Requests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.reqLog)
+}
+
+func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.reqLog = append(s.reqLog, r.URL.RequestURI())
+	s.mu.Unlock()
+	if s.Delay > 0 {
+		select {
+		case <-time.After(s.Delay):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	if s.Redirect != nil {
+		if target := s.Redirect(r); target != "" {
+			http.Redirect(w, r, target, http.StatusFound)
+			return
+		}
+	}
+	resource, ok := s.route(r)
+	if !ok || s.HTML {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if !s.HTML {
+			w.WriteHeader(http.StatusNotFound)
+		}
+		fmt.Fprint(w, "<!doctype html><html><body><h1>Page not found</h1></body></html>")
+		return
+	}
+	w.Header().Set("X-Powered-By", "PrestaShop Webservice")
+	w.Header().Set("Access-Time", strconv.FormatInt(time.Now().Unix(), 10))
+	w.Header().Set("Execution-Time", "0.012")
+	s.answer(w, r, resource)
+}
+
+// route finds the resource of an /api/<res> or dispatcher.php?url=<res>
+// request under the prefix.
+func (s *Shop) route(r *http.Request) (string, bool) {
+	path, ok := strings.CutPrefix(r.URL.Path, s.Prefix)
+	if !ok {
+		return "", false
+	}
+	switch {
+	case path == "/webservice/dispatcher.php":
+		return r.URL.Query().Get("url"), true
+	case strings.HasPrefix(path, "/api/") && !s.NoRewrite:
+		return strings.TrimPrefix(path, "/api/"), true
+	}
+	return "", false
+}
+
+// answer runs PrestaShop's checks in its order (WebserviceRequest::fetch).
+func (s *Shop) answer(w http.ResponseWriter, r *http.Request, resource string) {
+	key, hasKey := s.key(r)
+	if !hasKey {
+		w.Header().Set("WWW-Authenticate", `Basic realm="Welcome to PrestaShop Webservice, please enter the authentication key as the login. No password required."`)
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, "401 Unauthorized")
+		return
+	}
+	w.Header().Set("PSWS-Version", "0")
+	realm := `Basic realm="Welcome to PrestaShop Webservice, please enter the authentication key as the login. No password required."`
+	switch {
+	case s.Disabled:
+		writeErrors(w, 503, 22, "The PrestaShop webservice is disabled. Please activate it in the PrestaShop Back Office")
+	case key == "":
+		w.Header().Set("WWW-Authenticate", realm)
+		writeErrors(w, 401, 17, "Authentication key is empty")
+	case len(key) != 32:
+		w.Header().Set("WWW-Authenticate", realm)
+		writeErrors(w, 401, 18, "Invalid authentication key format")
+	case key != Key:
+		w.Header().Set("WWW-Authenticate", realm)
+		writeErrors(w, 401, 20, "Authentification key is not active", 21, "No permission for this authentication key")
+	case s.WrongShop:
+		writeErrors(w, 403, 132, "No permission for this key on this shop")
+	case s.DeniedResources[resource]:
+		writeErrors(w, 401, 26, fmt.Sprintf("Resource of type \"%s\" is not allowed with this authentication key", resource))
+	case s.ServerError:
+		writeErrors(w, 500, 2, "[PHP Warning #2] Undefined array key 1 (/var/www/classes/Thing.php, line 12)")
+	default:
+		w.Header().Set("PSWS-Version", s.psVersion())
+		s.list(w, r, resource)
+	}
+}
+
+// key reads the key the way dispatcher.php does: Basic user name (password
+// ignored), else the ws_key query parameter.
+func (s *Shop) key(r *http.Request) (string, bool) {
+	if h := r.Header.Get("Authorization"); strings.HasPrefix(strings.ToLower(h), "basic ") {
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(h[6:]))
+		if err == nil {
+			user, _, _ := strings.Cut(string(raw), ":")
+			s.mu.Lock()
+			s.authLog = append(s.authLog, user)
+			s.mu.Unlock()
+			return strings.TrimSpace(user), true
+		}
+	}
+	if r.URL.Query().Has("ws_key") {
+		return strings.TrimSpace(r.URL.Query().Get("ws_key")), true
+	}
+	return "", false
+}
+
+func (s *Shop) psVersion() string {
+	switch s.Version {
+	case "1.7":
+		return "1.7.8.10"
+	case "9":
+		return "9.0.3"
+	}
+	return "8.2.1"
+}
+
+func writeErrors(w http.ResponseWriter, status int, pairs ...any) {
+	var errs []map[string]any
+	for i := 0; i+1 < len(pairs); i += 2 {
+		errs = append(errs, map[string]any{"code": pairs[i], "message": pairs[i+1]})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(phpJSON(map[string]any{"errors": errs}))
+}
+
+// list renders a list answer with PrestaShop's display, sort, limit and
+// filter[custom] handling.
+func (s *Shop) list(w http.ResponseWriter, r *http.Request, resource string) {
+	q := r.URL.Query()
+	if q.Get("output_format") != "JSON" && r.Header.Get("Output-Format") != "JSON" {
+		w.Header().Set("Content-Type", "text/xml")
+		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><prestashop></prestashop>`)
+		return
+	}
+	display := q.Get("display")
+	if s.RejectFieldLists && display != "full" && display != "" {
+		writeErrors(w, 400, 35, "Unable to display this field. However, these are available: ...")
+		return
+	}
+	rows, ok := s.rows(resource, q.Get("filter[custom]"))
+	if !ok {
+		writeErrors(w, 400, 27, fmt.Sprintf("Resource of type \"%s\" does not exists.", resource))
+		return
+	}
+	if q.Get("sort") == "[id_ASC]" {
+		sort.SliceStable(rows, func(i, j int) bool { return rows[i]["id"].(int) < rows[j]["id"].(int) })
+	}
+	if lim := q.Get("limit"); lim != "" && !s.IgnoreLimit {
+		rows = applyLimit(rows, lim)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if len(rows) == 0 {
+		w.Write([]byte("[]")) // PrestaShop drops the wrapper of an empty list
+		return
+	}
+	out := make([]orderedRow, 0, len(rows))
+	for _, row := range rows {
+		out = append(out, s.render(resource, row, display))
+	}
+	body := phpJSON(map[string]any{resource: out})
+	if s.Oversize > len(body) {
+		body = append(body[:len(body)-1], []byte(`,"padding":"`+strings.Repeat("x", s.Oversize)+`"}`)...)
+	}
+	w.Header().Set("Content-Sha1", "da39a3ee5e6b4b0d3255bfef95601890afd80709")
+	w.Write(body)
+}
+
+func applyLimit(rows []map[string]any, lim string) []map[string]any {
+	offset, count := 0, 0
+	if a, b, ok := strings.Cut(lim, ","); ok {
+		offset, _ = strconv.Atoi(a)
+		count, _ = strconv.Atoi(b)
+	} else {
+		count, _ = strconv.Atoi(lim)
+	}
+	if offset >= len(rows) {
+		return nil
+	}
+	return rows[offset:min(len(rows), offset+count)]
+}
+
+// phpJSON encodes like json_encode(JSON_UNESCAPED_UNICODE): raw UTF-8, "/"
+// escaped as "\/", "<>&" left alone.
+func phpJSON(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic(err)
+	}
+	return bytes.ReplaceAll(bytes.TrimSpace(buf.Bytes()), []byte("/"), []byte(`\/`))
+}
+
+// Sample returns a shop with English, Russian and Ukrainian, a small
+// category tree, two features, shared and custom values.
+func Sample(version string, nativeInts bool) *Shop {
+	n := func(en, ru, uk string) map[int]string { return map[int]string{1: en, 2: ru, 3: uk} }
+	return &Shop{
+		Version:    version,
+		NativeInts: nativeInts,
+		Languages: []Lang{
+			{ID: 1, ISO: "en", Locale: "en-US", Name: "English (English)", Active: true},
+			{ID: 2, ISO: "ru", Locale: "ru-RU", Name: "Русский (Russian)", Active: true},
+			{ID: 3, ISO: "uk", Locale: "uk-UA", Name: "Українська (Ukrainian)", Active: true},
+		},
+		Categories: []Category{
+			{ID: 1, ParentID: 0, Depth: 0, Active: true, Names: n("Root", "Корень", "Корінь")},
+			{ID: 2, ParentID: 1, Depth: 1, Active: true, Root: true, Names: n("Home", "Главная", "Головна")},
+			{ID: 9, ParentID: 2, Depth: 2, Position: 1, Active: false, Names: n("Coins/Medals", "Монеты", "Монети")},
+			{ID: 3, ParentID: 2, Depth: 2, Position: 0, Active: true, Names: n("Banknotes", "Банкноты", "Банкноти")},
+		},
+		Features: []Feature{
+			{ID: 1, Position: 0, Names: n("Metal", "Металл", "Метал")},
+			{ID: 2, Position: 1, Names: n("Country", "Страна", "Країна")},
+			{ID: 5, Position: 2, Names: n("Empty", "Пусто", "Порожньо")},
+		},
+		Values: []Value{
+			{ID: 1, FeatureID: 1, Names: n("Silver", "Серебро", "Срібло")},
+			{ID: 2, FeatureID: 1, Names: n("Gold", "Золото", "Золото")},
+			{ID: 7, FeatureID: 2, Names: n("Ukraine", "Украина", "Україна")},
+			{ID: 8, FeatureID: 2, Custom: true, Names: n("Made for one product", "x", "x")},
+			{ID: 9, FeatureID: 99, Names: n("Orphan of a feature not in this shop", "x", "x")},
+		},
+	}
+}

@@ -1,0 +1,221 @@
+// Package prestashop reads categories, product features, feature values and
+// languages from a merchant's PrestaShop webservice (1.7, 8 and 9), through
+// an HTTP client that only reaches addresses the guard allows.
+package prestashop
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/coinexport/export/services/shop-schema/internal/guard"
+)
+
+// Config configures a Client.
+type Config struct {
+	Guard          *guard.Guard
+	Resolver       guard.Resolver       // DNS; nil means net.DefaultResolver
+	RootCAs        *x509.CertPool       // trusted roots; nil means the system roots
+	ConnectTimeout time.Duration        // per TCP connect
+	MaxBytes       int64                // cap on one answer's body
+	PageSize       int                  // rows per page
+	MaxRows        int                  // cap on rows of one resource
+	TracerProvider trace.TracerProvider // nil means the global one
+}
+
+// Client reads a shop's schema. It is safe for concurrent use; each call
+// carries its own base URL and key, and nothing of them is kept.
+type Client struct {
+	http     *http.Client
+	maxBytes int64
+	pageSize int
+	maxRows  int
+}
+
+// NewClient builds the client: no proxy from the environment (through a
+// proxy only the proxy's address would be checked), the guard's dialer and
+// redirect check, TLS verified against RootCAs, and an otelhttp transport
+// so that each shop request is a client span.
+func NewClient(cfg Config) *Client {
+	resolver := cfg.Resolver
+	if resolver == nil {
+		resolver = net.DefaultResolver
+	}
+	dialer := guard.NewDialer(cfg.Guard, resolver, cfg.ConnectTimeout)
+	transport := &http.Transport{
+		Proxy:                  nil,
+		DialContext:            dialer.DialContext,
+		TLSClientConfig:        &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    cfg.ConnectTimeout,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           32,
+		MaxIdleConnsPerHost:    4,
+		IdleConnTimeout:        30 * time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	opts := []otelhttp.Option{
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "prestashop " + r.Method }),
+	}
+	if cfg.TracerProvider != nil {
+		opts = append(opts, otelhttp.WithTracerProvider(cfg.TracerProvider))
+	}
+	return &Client{
+		http: &http.Client{
+			Transport:     otelhttp.NewTransport(transport, opts...),
+			CheckRedirect: cfg.Guard.CheckRedirect,
+		},
+		maxBytes: cfg.MaxBytes,
+		pageSize: cfg.PageSize,
+		maxRows:  cfg.MaxRows,
+	}
+}
+
+// call is the state of one schema read: where the shop is and which of its
+// quirks have been found so far. All fetches of a call share it.
+type call struct {
+	base       *url.URL
+	key        string
+	dispatcher atomic.Bool // the shop has no /api rewrite rule
+	fullFields atomic.Bool // the shop refused a display=[...] field list
+	version    atomic.Value
+}
+
+// resourceURL builds the address of one list request. The query is written
+// by hand, brackets unescaped, the way PrestaShop's documentation writes it.
+func (c *call) resourceURL(resource, query string, dispatcher bool) string {
+	u := *c.base
+	if dispatcher {
+		u = *u.JoinPath("webservice", "dispatcher.php")
+		u.RawQuery = "url=" + resource + "&" + query
+	} else {
+		u = *u.JoinPath("api", resource)
+		u.RawQuery = query
+	}
+	return u.String()
+}
+
+// fetch GETs one page. When /api/ is not the webservice (no rewrite rule:
+// the front office answers 404 or HTML), it switches the whole call to
+// webservice/dispatcher.php, which needs no rewriting.
+func (cl *Client) fetch(ctx context.Context, c *call, resource, query string) ([]byte, error) {
+	dispatcher := c.dispatcher.Load()
+	body, err := cl.get(ctx, c, resource, c.resourceURL(resource, query, dispatcher))
+	if err != nil && !dispatcher && notWebservice(err) {
+		c.dispatcher.Store(true)
+		body, err = cl.get(ctx, c, resource, c.resourceURL(resource, query, true))
+	}
+	return body, err
+}
+
+func notWebservice(err error) bool {
+	e, ok := err.(*Error)
+	return ok && (e.Kind == KindNotFound || e.Kind == KindBadResponse && e.Reason == reasonNotJSON)
+}
+
+const reasonNotJSON = "the shop's answer is not JSON"
+
+// get performs one request and classifies the answer.
+func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "cannot build the request"}
+	}
+	// The key travels only as the Basic user name: never in the URL, where
+	// it would end up in the shop's access log and in our spans.
+	req.SetBasicAuth(c.key, "")
+	req.Header.Set("Accept", "application/json")
+	resp, err := cl.http.Do(req)
+	if err != nil {
+		return nil, transportError(ctx, resource, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, cl.maxBytes+1))
+	if err != nil {
+		return nil, transportError(ctx, resource, err)
+	}
+	if int64(len(body)) > cl.maxBytes {
+		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,
+			Reason: fmt.Sprintf("the shop's answer is larger than %d bytes", cl.maxBytes)}
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return nil, statusError(resource, resp.StatusCode, body, !looksLikeJSON(body))
+	}
+	if !looksLikeJSON(body) || isHTML(resp.Header.Get("Content-Type")) {
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON}
+	}
+	if v := resp.Header.Get("PSWS-Version"); v != "" && len(v) < 32 {
+		c.version.Store(v)
+	}
+	return body, nil
+}
+
+func isHTML(contentType string) bool {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	return mt == "text/html"
+}
+
+// listAll reads every row of a resource, page by page, sorted by id so that
+// pages neither overlap nor skip. It stops at a short or empty page, and
+// also when a page brings no new id (a shop that ignores limit= answers the
+// same rows again), so it always ends.
+func listAll[T any](ctx context.Context, cl *Client, c *call, resource, fields, extra string, id func(T) Int) ([]T, error) {
+	var out []T
+	seen := map[Int]bool{}
+	for offset := 0; ; offset += cl.pageSize {
+		page, err := listPage[T](ctx, cl, c, resource, fields, extra, offset)
+		if err != nil {
+			return nil, err
+		}
+		added := 0
+		for _, row := range page {
+			if k := id(row); !seen[k] {
+				seen[k] = true
+				out = append(out, row)
+				added++
+			}
+		}
+		if len(out) > cl.maxRows {
+			return nil, &Error{Kind: KindTooLarge, Resource: resource,
+				Reason: fmt.Sprintf("the shop has more than %d %s", cl.maxRows, resource)}
+		}
+		if len(page) < cl.pageSize || added == 0 {
+			return out, nil
+		}
+	}
+}
+
+// listPage reads one page. It asks for the fields the service uses; a shop
+// that rejects the field list (400) is asked for display=full instead, for
+// this and every later request of the call.
+func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields, extra string, offset int) ([]T, error) {
+	limit := "&sort=[id_ASC]&limit=" + strconv.Itoa(offset) + "," + strconv.Itoa(cl.pageSize) + extra
+	display := fields
+	if c.fullFields.Load() || fields == "" {
+		display = "full"
+	}
+	body, err := cl.fetch(ctx, c, resource, "output_format=JSON&display="+display+limit)
+	if e, ok := err.(*Error); ok && e.Status == http.StatusBadRequest && display != "full" {
+		c.fullFields.Store(true)
+		body, err = cl.fetch(ctx, c, resource, "output_format=JSON&display=full"+limit)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rows, err := decodeList[T](body, resource)
+	if err != nil {
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "the shop's answer has an unexpected shape"}
+	}
+	return rows, nil
+}

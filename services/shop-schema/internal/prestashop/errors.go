@@ -1,0 +1,115 @@
+package prestashop
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/coinexport/export/services/shop-schema/internal/guard"
+)
+
+// Kind classifies what went wrong with a shop call.
+type Kind int
+
+// Kinds of shop failure. Each maps to one error code of the route.
+const (
+	KindUnauthorized Kind = iota + 1 // 401: key missing, wrong, or lacking a permission
+	KindForbidden                    // 403: key not valid for this shop (code 132)
+	KindNotAllowed                   // a redirect or a DNS answer led to a refused address
+	KindUnreachable                  // DNS failure, connection refused or reset
+	KindTLS                          // certificate or handshake failure
+	KindTimeout                      // connect timeout or the whole call ran out of time
+	KindBadResponse                  // not JSON, wrong shape, unexpected status
+	KindTooLarge                     // an answer over the byte cap, or too many rows
+	KindDisabled                     // 503 code 22: webservice switched off
+	KindUnavailable                  // any other 5xx
+	KindNotFound                     // no webservice answered at /api or dispatcher.php
+)
+
+// Error is a failed shop call. Its text is built from fixed phrases, the
+// resource name and the status code only: never the shop's body, its
+// headers, the request URL or the key.
+type Error struct {
+	Kind     Kind
+	Resource string // categories, product_features, ...
+	Status   int    // HTTP status of the shop's answer, 0 when there was none
+	Codes    []int  // PrestaShop error codes of the answer
+	Reason   string // safe, fixed text
+	err      error  // underlying transport error, for logs
+}
+
+func (e *Error) Error() string {
+	s := "shop " + e.Resource + ": " + e.Reason
+	if e.Status != 0 {
+		s += fmt.Sprintf(" (HTTP %d)", e.Status)
+	}
+	if e.err != nil {
+		s += ": " + e.err.Error()
+	}
+	return s
+}
+
+// Unwrap returns the transport error.
+func (e *Error) Unwrap() error { return e.err }
+
+// HasCode reports whether the shop answered with PrestaShop error code c.
+func (e *Error) HasCode(c int) bool { return slices.Contains(e.Codes, c) }
+
+// statusError classifies a non-2xx answer.
+func statusError(resource string, status int, body []byte, plainText bool) *Error {
+	e := &Error{Resource: resource, Status: status, Codes: shopErrors(body)}
+	switch {
+	case status == 401 && plainText:
+		e.Kind, e.Reason = KindUnauthorized, "the shop did not receive the key (is the Authorization header forwarded to PHP?)"
+	case status == 401 && e.HasCode(26):
+		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource"
+	case status == 401:
+		e.Kind, e.Reason = KindUnauthorized, "the shop rejected the key"
+	case status == 403:
+		e.Kind, e.Reason = KindForbidden, "the key is not enabled for this shop"
+	case status == 503 && e.HasCode(22):
+		e.Kind, e.Reason = KindDisabled, "the shop's webservice is disabled"
+	case status == 404:
+		e.Kind, e.Reason = KindNotFound, "no webservice at this address"
+	case status >= 500:
+		e.Kind, e.Reason = KindUnavailable, "the shop answered with a server error"
+	default:
+		e.Kind, e.Reason = KindBadResponse, "the shop answered with an unexpected status"
+	}
+	return e
+}
+
+// transportError classifies an error from http.Client.Do or reading the
+// body.
+func transportError(ctx context.Context, resource string, err error) *Error {
+	e := &Error{Resource: resource, err: err}
+	var (
+		certErr     *tls.CertificateVerificationError
+		unknownAuth x509.UnknownAuthorityError
+		hostErr     x509.HostnameError
+		invalidErr  x509.CertificateInvalidError
+		recordErr   tls.RecordHeaderError
+		alertErr    tls.AlertError
+		netErr      net.Error
+	)
+	switch {
+	case errors.Is(err, guard.ErrNotAllowed):
+		e.Kind, e.Reason = KindNotAllowed, "the shop's address or a redirect target is not allowed"
+	case errors.Is(err, guard.ErrNotHTTPS), errors.Is(err, guard.ErrInvalid), errors.Is(err, guard.ErrTooManyRedirects):
+		e.Kind, e.Reason = KindBadResponse, "the shop redirected to an unusable address"
+	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
+	case errors.As(err, &certErr), errors.As(err, &unknownAuth), errors.As(err, &hostErr),
+		errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
+		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (certificate not trusted, expired or for another name)"
+	case errors.As(err, &netErr) && netErr.Timeout():
+		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
+	default:
+		e.Kind, e.Reason = KindUnreachable, "the shop could not be reached"
+	}
+	return e
+}

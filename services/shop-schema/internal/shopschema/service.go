@@ -1,0 +1,115 @@
+// Package shopschema is the logic of POST /v1/sync/prestashop/schema:
+// validate the shop address and key, read the shop's schema through the
+// guarded PrestaShop client, and shape it for a sale module (spec 2.6).
+package shopschema
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/coinexport/export/services/shop-schema/internal/guard"
+	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
+)
+
+// Error codes of invalid input (spec 7); all are answered with 400.
+const (
+	CodeInvalidBaseURL  = "invalid_base_url"
+	CodeMustBeHTTPS     = "base_url_must_be_https"
+	CodeNotAllowed      = "base_url_not_allowed"
+	CodeMissingWSKey    = "missing_ws_key"
+	CodeInvalidBody     = "invalid_body"
+	maxValuesPerFeature = 5000 // spec 8
+	maxKeyLength        = 256
+)
+
+// InputError is a request the service refuses before calling the shop. Its
+// message is fixed text: it never repeats base_url or ws_key.
+type InputError struct {
+	Code    string
+	Message string
+}
+
+func (e *InputError) Error() string { return e.Code + ": " + e.Message }
+
+// Request is the body of the route.
+type Request struct {
+	BaseURL string
+	WSKey   string
+}
+
+// Shop reads a shop's schema; *prestashop.Client implements it.
+type Shop interface {
+	ReadSchema(ctx context.Context, base *url.URL, key string) (*prestashop.Schema, error)
+}
+
+// Service answers the route.
+type Service struct {
+	guard    *guard.Guard
+	resolver guard.Resolver
+	shop     Shop
+	timeout  time.Duration
+}
+
+// New returns a Service. timeout bounds one whole schema read.
+func New(g *guard.Guard, r guard.Resolver, shop Shop, timeout time.Duration) *Service {
+	return &Service{guard: g, resolver: r, shop: shop, timeout: timeout}
+}
+
+// Read validates req, reads the shop and returns the schema. Errors are
+// *InputError or *prestashop.Error.
+func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
+	target, err := s.guard.ParseBaseURL(req.BaseURL)
+	if err != nil {
+		return nil, inputError(err)
+	}
+	key := strings.TrimSpace(req.WSKey)
+	if key == "" {
+		return nil, &InputError{CodeMissingWSKey, "ws_key is required"}
+	}
+	if len(key) > maxKeyLength {
+		return nil, &InputError{CodeInvalidBody, "ws_key is too long"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.guard.CheckResolved(ctx, s.resolver, target); err != nil {
+		return nil, resolveError(err)
+	}
+	schema, err := s.shop.ReadSchema(ctx, target.URL, key)
+	if err != nil {
+		return nil, err
+	}
+	return build(schema), nil
+}
+
+// Host returns the ASCII host of a base_url, for logs; "" when invalid.
+func (s *Service) Host(baseURL string) string {
+	t, err := s.guard.ParseBaseURL(baseURL)
+	if err != nil {
+		return ""
+	}
+	return t.Host
+}
+
+func inputError(err error) *InputError {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, guard.ErrNotHTTPS):
+		return &InputError{CodeMustBeHTTPS, msg}
+	case errors.Is(err, guard.ErrNotAllowed):
+		return &InputError{CodeNotAllowed, msg}
+	}
+	return &InputError{CodeInvalidBaseURL, msg}
+}
+
+func resolveError(err error) error {
+	switch {
+	case errors.Is(err, guard.ErrNotAllowed):
+		return &InputError{CodeNotAllowed, "base_url resolves to an address that is not allowed"}
+	case errors.Is(err, guard.ErrUnresolvable):
+		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name does not resolve"}
+	}
+	return &prestashop.Error{Kind: prestashop.KindTimeout, Resource: "host", Reason: "the shop's host name did not resolve in time"}
+}

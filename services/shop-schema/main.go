@@ -1,0 +1,112 @@
+// Command shop-schema serves POST /v1/sync/prestashop/schema: it reads a
+// merchant's PrestaShop categories, features and shared feature values with
+// the webservice key sent in the request, behind an SSRF guard.
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/telemetry"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/coinexport/export/services/shop-schema/internal/api"
+	"github.com/coinexport/export/services/shop-schema/internal/guard"
+	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
+	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "shop-schema:", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the service and blocks until ctx is done.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	log := logging.New(stdout, cfg.LogLevel, "shop-schema")
+	log.Info("starting", "config", cfg)
+	if len(cfg.AllowHosts) > 0 || cfg.CAFile != "" {
+		log.Warn("test-only settings active: SHOP_SCHEMA_ALLOW_HOSTS or SHOP_SCHEMA_CA_FILE let the service reach addresses or trust CAs it otherwise would not")
+	}
+	shutdown, err := telemetry.Setup(ctx, getenv, "shop-schema")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := shutdown(context.Background()); err != nil {
+			log.Warn("telemetry shutdown", "err", err)
+		}
+	}()
+	srv, err := newServer(cfg, log, nil, net.DefaultResolver)
+	if err != nil {
+		return err
+	}
+	return srv.Run(ctx)
+}
+
+// newServer wires the service: guard, PrestaShop client, logic, routes.
+// tp is the tracer provider of outbound spans (nil: the global one).
+func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver guard.Resolver) (*httpserver.Server, error) {
+	signer, err := identity.NewSigner(cfg.IdentitySecret)
+	if err != nil {
+		return nil, err
+	}
+	g, err := guard.New(cfg.Ports, cfg.AllowHosts)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := rootCAs(cfg.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	client := prestashop.NewClient(prestashop.Config{
+		Guard: g, Resolver: resolver, RootCAs: roots, ConnectTimeout: cfg.ConnectTimeout,
+		MaxBytes: cfg.MaxBytes, PageSize: cfg.PageSize, MaxRows: cfg.MaxRows, TracerProvider: tp,
+	})
+	svc := shopschema.New(g, resolver, client, cfg.Timeout)
+	mux := http.NewServeMux()
+	srv := httpserver.New(httpserver.Config{
+		Service: "shop-schema", Addr: cfg.Addr, AdminAddr: cfg.AdminAddr, Log: log, Signer: signer,
+	}, mux)
+	api.Routes(mux, api.NewHandler(svc, log, srv.Registry()))
+	return srv, nil
+}
+
+// rootCAs is the system pool plus, for tests, the CAs in file.
+func rootCAs(file string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if file == "" {
+		return pool, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("SHOP_SCHEMA_CA_FILE: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("SHOP_SCHEMA_CA_FILE holds no PEM certificate")
+	}
+	return pool, nil
+}
