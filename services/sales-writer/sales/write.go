@@ -101,7 +101,7 @@ func (w *Writer) run(ctx context.Context, req Request, fp []byte) (outcome, erro
 		stmt = cancelSQL
 	}
 	b := &pgx.Batch{}
-	b.Queue(claimSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Microseconds())
+	b.Queue(claimSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds())
 	b.Queue(stmt, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID, req.ExternalOrderID)
 	br := w.db.SendBatch(ctx, b)
 	var o outcome

@@ -1,0 +1,340 @@
+package api
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/google/go-cmp/cmp"
+)
+
+const order1 = `{"external_order_id":"order-1"}`
+
+// confirm sells coin-1 of f.owner to market-a as order-1 and checks the 200.
+func confirmed(t *testing.T, f *fixture, key string) map[string]any {
+	t.Helper()
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: key, body: order1})
+	if rec.Code != 200 {
+		t.Fatalf("confirm = %d %s, want 200", rec.Code, rec.Body)
+	}
+	return result(t, env)
+}
+
+func parseTime(t *testing.T, v any) time.Time {
+	t.Helper()
+	s, _ := v.(string)
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatalf("timestamp %v: %v", v, err)
+	}
+	return at
+}
+
+// State table, row 1: active → confirm → inactive, stock 0, confirmed_at.
+func TestConfirmSellsActiveItem(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	before := f.item(t, f.owner, "coin-1")
+
+	got := confirmed(t, f, "confirm-1")
+	confirmedAt := parseTime(t, got["confirmed_at"])
+	delete(got, "confirmed_at")
+	want := map[string]any{"item_id": "coin-1", "status": "inactive", "stock_quantity": 0.0,
+		"platform_id": "market-a", "external_order_id": "order-1", "idempotent_replay": false}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("confirm result mismatch (-want +got):\n%s", diff)
+	}
+	after := f.item(t, f.owner, "coin-1")
+	if after.Status != "inactive" || !after.Sold || !after.UpdatedAt.After(before.UpdatedAt) {
+		t.Errorf("item after confirm = %+v, want inactive, sold, updated_at after %v", after, before.UpdatedAt)
+	}
+	if !confirmedAt.Equal(after.UpdatedAt) {
+		t.Errorf("confirmed_at = %v, want the item's updated_at %v", confirmedAt, after.UpdatedAt)
+	}
+	var platform, order string
+	var at time.Time
+	var canceled *time.Time
+	err := f.db.QueryRow(context.Background(), "SELECT platform_id, external_order_id, confirmed_at, canceled_at FROM sales WHERE item_id = 'coin-1'").
+		Scan(&platform, &order, &at, &canceled)
+	if err != nil || platform != "market-a" || order != "order-1" || !at.Equal(confirmedAt) || canceled != nil {
+		t.Errorf("sale row = %q %q %v %v, %v; want market-a order-1 %v <nil>", platform, order, at, canceled, err, confirmedAt)
+	}
+}
+
+// State table, row 2: the identical retry replays, whatever happened since.
+func TestConfirmRetryReplays(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	first := confirmed(t, f, "confirm-1")
+	stateAfterFirst := f.item(t, f.owner, "coin-1")
+
+	rotated := f.writer("market-a")
+	rotated.KeyID = "rotated-key"
+	retries := []struct {
+		name string
+		c    call
+	}{
+		{"same request", call{id: f.writer("market-a"), body: order1}},
+		{"quantity 1 spelled out", call{id: f.writer("market-a"), body: `{"quantity":1,"external_order_id":"order-1"}`}},
+		{"rotated key of the same platform", call{id: rotated, body: " {\n\"external_order_id\" : \"order-1\"} \n"}},
+	}
+	want := map[string]any{}
+	for k, v := range first {
+		want[k] = v
+	}
+	want["idempotent_replay"] = true
+	for _, tt := range retries {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.c
+			c.op, c.item, c.key = "confirm", "coin-1", "confirm-1"
+			rec, env := f.do(t, c)
+			if rec.Code != 200 {
+				t.Fatalf("retry = %d %s, want 200", rec.Code, rec.Body)
+			}
+			if diff := cmp.Diff(want, result(t, env)); diff != "" {
+				t.Errorf("retry result mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != stateAfterFirst {
+		t.Errorf("item after retries = %+v, want unchanged %+v", got, stateAfterFirst)
+	}
+
+	// The item is canceled and sold again; the first key still replays its
+	// own answer.
+	cancel(t, f, "market-a", "cancel-1", order1, 200)
+	rec, _ := f.do(t, call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-1", body: `{"external_order_id":"b"}`})
+	if rec.Code != 200 {
+		t.Fatalf("confirm by market-b after cancel = %d %s, want 200", rec.Code, rec.Body)
+	}
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "confirm-1", body: order1})
+	if rec.Code != 200 {
+		t.Fatalf("late retry = %d %s, want 200", rec.Code, rec.Body)
+	}
+	if diff := cmp.Diff(want, result(t, env)); diff != "" {
+		t.Errorf("late retry result mismatch (-want +got):\n%s", diff)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales"); n != 2 {
+		t.Errorf("sales = %d, want 2 (market-a's, canceled, and market-b's)", n)
+	}
+}
+
+// State table, row 3: a sold item cannot be confirmed by another request.
+func TestConfirmSoldItemConflicts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	confirmed(t, f, "confirm-1")
+	sold := f.item(t, f.owner, "coin-1")
+	others := []call{
+		{id: f.writer("market-a"), key: "confirm-2", body: order1},
+		{id: f.writer("market-a"), key: "confirm-3", body: `{"external_order_id":"order-2"}`},
+		{id: f.writer("market-b"), key: "confirm-1", body: order1}, // same key, other platform: its own scope
+	}
+	for _, c := range others {
+		c.op, c.item = "confirm", "coin-1"
+		rec, env := f.do(t, c)
+		if rec.Code != 409 || errorCode(env) != "item_already_sold" {
+			t.Errorf("confirm by %s with key %s = %d %q, want 409 item_already_sold", c.id.PlatformID, c.key, rec.Code, errorCode(env))
+		}
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != sold {
+		t.Errorf("item = %+v, want unchanged %+v", got, sold)
+	}
+	if n := f.count(t, "SELECT count(*) FROM idempotency_records"); n != 1 {
+		t.Errorf("idempotency records = %d, want 1: only 200 answers are stored", n)
+	}
+}
+
+// An item its owner deactivated cannot be sold.
+func TestConfirmUnlistedItemIsNotAvailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", false)
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k1", body: order1})
+	if rec.Code != 409 || errorCode(env) != "item_not_available" {
+		t.Fatalf("confirm of an unlisted item = %d %q, want 409 item_not_available", rec.Code, errorCode(env))
+	}
+	// Refusals are not stored: once the owner lists the item, the same key
+	// runs for real.
+	f.exec(t, "UPDATE export_items SET listed_active = true WHERE id = 'coin-1'")
+	confirmed(t, f, "k1")
+	if n := f.count(t, "SELECT count(*) FROM sales"); n != 1 {
+		t.Errorf("sales = %d, want 1", n)
+	}
+}
+
+func TestOtherOwnersItemIsNotFound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	other := f.addOwner(t, "other owner")
+	f.addItem(t, other, "coin-1", true)
+	for _, op := range []string{"confirm", "cancel"} {
+		for _, item := range []string{"coin-1", "no-such-coin"} {
+			rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: item, key: op + item, body: order1})
+			if rec.Code != 404 || errorCode(env) != "not_found" {
+				t.Errorf("%s %s = %d %q, want 404 not_found", op, item, rec.Code, errorCode(env))
+			}
+		}
+	}
+	if got := f.item(t, other, "coin-1"); got.Sold {
+		t.Errorf("other owner's item = %+v, want unsold", got)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales") + f.count(t, "SELECT count(*) FROM idempotency_records"); n != 0 {
+		t.Errorf("rows written = %d, want 0", n)
+	}
+}
+
+// cancel calls cancel for coin-1 and checks the status.
+func cancel(t *testing.T, f *fixture, platform, key, body string, wantStatus int) (map[string]any, envelope.Parsed) {
+	t.Helper()
+	rec, env := f.do(t, call{id: f.writer(platform), op: "cancel", item: "coin-1", key: key, body: body})
+	if rec.Code != wantStatus {
+		t.Fatalf("cancel by %s = %d %s, want %d", platform, rec.Code, rec.Body, wantStatus)
+	}
+	if wantStatus != 200 {
+		return nil, env
+	}
+	return result(t, env), env
+}
+
+// State table, rows 4 and 5: the confirming platform and order cancel; the
+// identical retry replays.
+func TestCancelRestoresItem(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	first := confirmed(t, f, "confirm-1")
+	sold := f.item(t, f.owner, "coin-1")
+
+	got, _ := cancel(t, f, "market-a", "cancel-1", order1, 200)
+	canceledAt := parseTime(t, got["canceled_at"])
+	delete(got, "canceled_at")
+	want := map[string]any{"item_id": "coin-1", "status": "active", "stock_quantity": 1.0, "platform_id": "market-a",
+		"external_order_id": "order-1", "confirmed_at": first["confirmed_at"], "idempotent_replay": false}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("cancel result mismatch (-want +got):\n%s", diff)
+	}
+	restored := f.item(t, f.owner, "coin-1")
+	if restored.Status != "active" || restored.Sold || !restored.UpdatedAt.After(sold.UpdatedAt) {
+		t.Errorf("item after cancel = %+v, want active, not sold, updated_at after %v", restored, sold.UpdatedAt)
+	}
+	if canceledAt.Before(parseTime(t, first["confirmed_at"])) || canceledAt.After(restored.UpdatedAt) {
+		t.Errorf("canceled_at = %v, want between confirmed_at %v and updated_at %v", canceledAt, first["confirmed_at"], restored.UpdatedAt)
+	}
+
+	replay, _ := cancel(t, f, "market-a", "cancel-1", `{"external_order_id":"order-1","quantity":1}`, 200)
+	want["canceled_at"], want["idempotent_replay"] = canceledAt.UTC().Format("2006-01-02T15:04:05.000000Z"), true
+	if diff := cmp.Diff(want, replay); diff != "" {
+		t.Errorf("cancel replay mismatch (-want +got):\n%s", diff)
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != restored {
+		t.Errorf("item after the replay = %+v, want unchanged %+v", got, restored)
+	}
+	// The item can be sold again.
+	rec, _ := f.do(t, call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-1", body: `{"external_order_id":"b-1"}`})
+	if rec.Code != 200 {
+		t.Errorf("confirm after cancel = %d %s, want 200", rec.Code, rec.Body)
+	}
+}
+
+// State table, row 6: only the platform and order that confirmed can cancel.
+func TestCancelRefused(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		sell     bool   // confirm as market-a / order-1 first
+		cancelBy string // platform
+		body     string
+	}{
+		{"no sale", false, "market-a", order1},
+		{"another platform", true, "market-b", order1},
+		{"another order", true, "market-a", `{"external_order_id":"order-2"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.addItem(t, f.owner, "coin-1", true)
+			if tt.sell {
+				confirmed(t, f, "confirm-1")
+			}
+			before := f.item(t, f.owner, "coin-1")
+			_, env := cancel(t, f, tt.cancelBy, "cancel-1", tt.body, 409)
+			if errorCode(env) != "sale_not_cancelable" {
+				t.Errorf("error.code = %q, want sale_not_cancelable", errorCode(env))
+			}
+			if got := f.item(t, f.owner, "coin-1"); got != before {
+				t.Errorf("item = %+v, want unchanged %+v", got, before)
+			}
+		})
+	}
+	t.Run("already canceled", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		f.addItem(t, f.owner, "coin-1", true)
+		confirmed(t, f, "confirm-1")
+		cancel(t, f, "market-a", "cancel-1", order1, 200)
+		_, env := cancel(t, f, "market-a", "cancel-2", order1, 409)
+		if errorCode(env) != "sale_not_cancelable" {
+			t.Errorf("error.code = %q, want sale_not_cancelable", errorCode(env))
+		}
+	})
+}
+
+// Spec 4.7 rule 3: a key reused for a different request is a conflict.
+func TestIdempotencyKeyReusedForAnotherRequest(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.addItem(t, f.owner, "coin-2", true)
+	confirmed(t, f, "key-1")
+	tests := []struct {
+		name string
+		c    call
+	}{
+		{"other order", call{op: "confirm", item: "coin-1", body: `{"external_order_id":"order-2"}`}},
+		{"other item", call{op: "confirm", item: "coin-2", body: order1}},
+		{"cancel with the confirm key", call{op: "cancel", item: "coin-1", body: order1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.c
+			c.id, c.key = f.writer("market-a"), "key-1"
+			rec, env := f.do(t, c)
+			if rec.Code != 409 || errorCode(env) != "idempotency_conflict" {
+				t.Errorf("%s %s with a used key = %d %q, want 409 idempotency_conflict", c.op, c.item, rec.Code, errorCode(env))
+			}
+		})
+	}
+	if st := f.item(t, f.owner, "coin-2"); st.Sold {
+		t.Errorf("coin-2 = %+v, want unsold", st)
+	}
+	if st := f.item(t, f.owner, "coin-1"); !st.Sold {
+		t.Errorf("coin-1 = %+v, want still sold", st)
+	}
+}
+
+// A record past its retention no longer binds its key.
+func TestExpiredKeyCanBeReused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.addItem(t, f.owner, "coin-2", true)
+	confirmed(t, f, "key-1")
+	f.exec(t, "UPDATE idempotency_records SET expires_at = now() - interval '1 second'")
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "key-1", body: order1})
+	if rec.Code != 200 || result(t, env)["idempotent_replay"] != false {
+		t.Fatalf("confirm with an expired key = %d %s, want 200 executed", rec.Code, rec.Body)
+	}
+	var expires time.Time
+	if err := f.db.QueryRow(context.Background(), "SELECT expires_at FROM idempotency_records").Scan(&expires); err != nil {
+		t.Fatal(err)
+	}
+	if until := time.Until(expires); until < 23*time.Hour || until > 25*time.Hour {
+		t.Errorf("new record expires in %v, want about 24h", until)
+	}
+}
