@@ -1,0 +1,109 @@
+package edge
+
+import (
+	"fmt"
+	"runtime/debug"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+)
+
+// newApp builds the Fiber app: one handler per line of the routing table
+// and a catch-all that answers 404 or 405.
+func (g *Gateway) newApp() *fiber.App {
+	app := fiber.New(fiber.Config{
+		AppName:               "gateway",
+		DisableStartupMessage: true,
+		// Values read from Fiber's buffers are copied where they outlive the
+		// handler (cache keys are hashes; span and log fields are cloned),
+		// so the zero-copy mode stays on.
+		Immutable:               false,
+		CaseSensitive:           true,
+		StrictRouting:           true,
+		BodyLimit:               BodyLimit,
+		ReadBufferSize:          g.cfg.MaxHeaderBytes,
+		ReadTimeout:             g.cfg.ReadTimeout,
+		WriteTimeout:            g.cfg.WriteTimeout,
+		IdleTimeout:             g.cfg.IdleTimeout,
+		ProxyHeader:             g.cfg.ProxyHeader,
+		EnableTrustedProxyCheck: len(g.cfg.TrustedProxies) > 0,
+		TrustedProxies:          g.cfg.TrustedProxies,
+		// Errors Fiber raises before a handler runs (413, 431, 408, 400).
+		ErrorHandler: g.serverError,
+	})
+	for _, rt := range routes {
+		app.Add(rt.Method, rt.Path, g.handler(rt))
+	}
+	app.Use(g.handler(route{Method: "*", Path: "unmatched"}))
+	return app
+}
+
+// handler wraps every request the same way: a server span whose trace id is
+// the request id, panic recovery, the one error mapper, then headers, the
+// access log line and metrics.
+func (g *Gateway) handler(rt route) fiber.Handler {
+	name := rt.Name()
+	if rt.Path == "unmatched" {
+		name = "unmatched"
+	}
+	return func(c *fiber.Ctx) error {
+		rq := g.begin(c, name)
+		defer g.end(c, rq)
+		if err := g.guard(rq, func() error { return g.serve(c, rq, rt) }); err != nil {
+			g.writeError(c, rq, err)
+		}
+		return nil
+	}
+}
+
+// serverError answers the errors Fiber raises before routing (body too
+// large, headers too large, read timeout); the request gets its own trace
+// all the same.
+func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
+	rq := g.begin(c, "unrouted")
+	defer g.end(c, rq)
+	g.writeError(c, rq, err)
+	return nil
+}
+
+// guard turns a panic into errInternal, logging it with its stack once.
+func (g *Gateway) guard(rq *request, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			g.metrics.panics.Inc()
+			g.log.ErrorContext(rq.ctx, "panic while serving", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = errInternal
+		}
+	}()
+	return f()
+}
+
+// serve runs the route's steps.
+func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
+	if rt.Path == "unmatched" {
+		if allow := allowedMethods(c.Path()); len(allow) > 0 {
+			return errMethodNotAllowed(strings.Join(allow, ", "))
+		}
+		return errNotFound
+	}
+	if keyInQuery(c) {
+		// Refused everywhere, so a key never travels on in a URL.
+		return g.authFailed(c, rq)
+	}
+	if rt.Scope == "" {
+		if err := g.limit(rq, rt.Class, "ip:"+c.IP()); err != nil {
+			return err
+		}
+		if rt.Upstream == "" {
+			return g.serveHealth(c, rq)
+		}
+		return g.proxy(c, rq, rt)
+	}
+	if err := g.authenticate(c, rq, rt); err != nil {
+		return err
+	}
+	if err := g.limit(rq, rt.Class, "key:"+rq.key.ID); err != nil {
+		return err
+	}
+	return g.proxy(c, rq, rt)
+}

@@ -1,0 +1,113 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/upstream"
+	"github.com/gofiber/fiber/v2"
+)
+
+// apiError is an answer the gateway gives itself. Its message is shown to
+// clients, so it never carries an internal address or a raw error.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+	// RetryAfter, for 429, is when a request would pass.
+	RetryAfter time.Duration
+	// Allow, for 405, lists the route's methods.
+	Allow string
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Code) }
+
+var (
+	errUnauthenticated = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
+		Message: "missing, invalid or revoked API key"}
+	errForbidden = &apiError{Status: http.StatusForbidden, Code: "forbidden",
+		Message: "the API key lacks the scope this route needs"}
+	errPlatformRequired = &apiError{Status: http.StatusForbidden, Code: "platform_required",
+		Message: "this route needs an API key bound to a platform"}
+	errNotFound = &apiError{Status: http.StatusNotFound, Code: "not_found",
+		Message: "route not found"}
+	errTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large",
+		Message: "the request body exceeds 64 KiB"}
+	errHeadersTooLarge = &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Code: "headers_too_large",
+		Message: "the request headers are too large"}
+	errRequestTimeout = &apiError{Status: http.StatusRequestTimeout, Code: "request_timeout",
+		Message: "the request was not received in time"}
+	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the request could not be read"}
+	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
+		Message: "internal error"}
+	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Message: "the API key could not be checked; retry later"}
+	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
+		Message: "the service is temporarily unavailable; retry later"}
+	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
+		Message: "the service could not be reached; retry later"}
+	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
+		Message: "the service did not answer in time"}
+)
+
+func errRateLimited(retryAfter time.Duration) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
+		Message: "rate limit exceeded; retry after the time in Retry-After", RetryAfter: retryAfter}
+}
+
+func errMethodNotAllowed(allow string) *apiError {
+	return &apiError{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
+		Message: "method not allowed on this route", Allow: allow}
+}
+
+// toAPIError is the gateway's one mapping from errors to answers. logged
+// reports whether the error is worth a log line (the cause of a 5xx).
+func toAPIError(err error) (ae *apiError, logged bool) {
+	var fe *fiber.Error
+	switch {
+	case errors.As(err, &ae):
+		return ae, false
+	case errors.Is(err, keystore.ErrUnauthenticated):
+		return errUnauthenticated, false
+	case errors.Is(err, upstream.ErrUnavailable):
+		return errUpstreamUnavailable, true
+	case errors.Is(err, upstream.ErrTimeout):
+		return errUpstreamTimeout, true
+	case errors.Is(err, upstream.ErrUnreachable), errors.Is(err, upstream.ErrBadResponse):
+		return errBadGateway, true
+	case errors.Is(err, errKeyLookup):
+		return errAuthUnavailable, true
+	case errors.As(err, &fe):
+		return fromFiber(fe), false
+	}
+	return errInternal, true
+}
+
+// errKeyLookup wraps a failure to reach the key store.
+var errKeyLookup = errors.New("key lookup failed")
+
+// fromFiber maps the errors Fiber raises before a handler runs.
+func fromFiber(fe *fiber.Error) *apiError {
+	switch fe.Code {
+	case fiber.StatusRequestEntityTooLarge:
+		return errTooLarge
+	case fiber.StatusRequestHeaderFieldsTooLarge:
+		return errHeadersTooLarge
+	case fiber.StatusRequestTimeout:
+		return errRequestTimeout
+	case fiber.StatusNotFound:
+		return errNotFound
+	case fiber.StatusMethodNotAllowed:
+		return errMethodNotAllowed("")
+	case fiber.StatusBadRequest:
+		return errBadRequest
+	}
+	if fe.Code >= 400 && fe.Code < 500 {
+		return &apiError{Status: fe.Code, Code: "bad_request", Message: "the request could not be served"}
+	}
+	return errInternal
+}

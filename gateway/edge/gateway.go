@@ -1,0 +1,256 @@
+// Package edge is the public gateway: the routing table, API keys and
+// scopes, request ids and tracing, rate limits, and the proxy hop to the
+// services, served by Fiber.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/ratelimit"
+	"github.com/coinexport/export/gateway/upstream"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/redisclient"
+	"github.com/coinexport/export/pkg/telemetry"
+	"github.com/gofiber/fiber/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/ulule/limiter/v3"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// keyLookup resolves an API key; keystore.Store is the real one.
+type keyLookup interface {
+	Lookup(ctx context.Context, secret string, mayFetch func() bool) (keystore.Key, error)
+}
+
+// Gateway is a running gateway.
+type Gateway struct {
+	cfg       Config
+	log       *slog.Logger
+	tracer    trace.Tracer
+	metrics   *metrics
+	signer    *identity.Signer
+	pool      *pgxpool.Pool
+	redis     *redis.Client
+	keys      keyLookup
+	limiter   *ratelimit.Limiter // nil when rate limiting is off
+	rates     map[string]limiter.Rate
+	upstreams map[string]*upstream.Upstream
+	health    healthState
+
+	app        *fiber.App
+	listener   net.Listener
+	admin      *http.Server
+	adminLn    net.Listener
+	served     chan error
+	stopBg     context.CancelFunc
+	stopLimit  context.CancelFunc
+	bg         sync.WaitGroup
+	limitDone  chan struct{}
+	shutdownTP func(context.Context) error
+}
+
+// Run starts the gateway from the environment and serves until ctx ends,
+// then drains in-flight requests.
+func Run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := LoadConfig(getenv)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	g, err := Start(ctx, cfg, getenv, stdout)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-g.served:
+		g.log.Error("listener failed", "error", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if serr := g.Shutdown(sctx); serr != nil && err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Start connects to the dependencies, starts the listeners and the
+// background work, and returns at once. getenv feeds the OTEL_* variables.
+func Start(ctx context.Context, cfg Config, getenv func(string) string, stdout io.Writer) (*Gateway, error) {
+	return start(ctx, cfg, getenv, stdout, nil)
+}
+
+// start is Start with a hook tests use to replace parts before serving.
+func start(ctx context.Context, cfg Config, getenv func(string) string, stdout io.Writer, hook func(*Gateway)) (_ *Gateway, err error) {
+	g := &Gateway{cfg: cfg, log: logging.New(stdout, cfg.LogLevel, "gateway"), metrics: newMetrics(),
+		served: make(chan error, 2), limitDone: make(chan struct{})}
+	g.log.Info("starting", cfg.LogValue()...)
+	cleanup := []func(){}
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+
+	if g.shutdownTP, err = telemetry.Setup(ctx, getenv, "gateway"); err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { _ = g.shutdownTP(context.Background()) })
+	// Keep this provider's tracer even if another Setup replaces the global.
+	g.tracer = otel.GetTracerProvider().Tracer("github.com/coinexport/export/gateway")
+	if g.signer, err = identity.NewSigner(cfg.IdentitySecret); err != nil {
+		return nil, err
+	}
+	if g.pool, err = postgres.Open(ctx, cfg.DatabaseURL); err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, g.pool.Close)
+	if g.redis, err = redisclient.Open(cfg.RedisURL); err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { g.redis.Close() })
+	if err = g.buildUpstreams(); err != nil {
+		return nil, err
+	}
+	store := keystore.New(g.pool, keystore.Options{
+		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize,
+		OnLookup: func(hit bool) { g.metrics.keyCache.WithLabelValues(map[bool]string{true: "hit", false: "miss"}[hit]).Inc() },
+	})
+	g.keys = store
+	g.rates = rateClasses(cfg)
+	if cfg.RateLimitEnabled {
+		g.limiter = ratelimit.New(ratelimit.NewSlidingStore(g.redis, "rl:"), ratelimit.Options{
+			Timeout: cfg.RateLimitRedisTimeout, OnDegraded: g.onRedisState,
+		})
+	}
+	g.app = g.newApp()
+	if hook != nil {
+		hook(g)
+	}
+
+	var lc net.ListenConfig
+	if g.listener, err = lc.Listen(ctx, "tcp", cfg.Addr); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.Addr, err)
+	}
+	cleanup = append(cleanup, func() { g.listener.Close() })
+	if g.adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminAddr); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.AdminAddr, err)
+	}
+	g.startBackground(store)
+	g.startServing()
+	g.log.Info("serving", "addr", g.Addr(), "admin_addr", g.AdminAddr())
+	return g, nil
+}
+
+func (g *Gateway) buildUpstreams() error {
+	opts := upstream.Options{
+		ConnectTimeout: g.cfg.UpstreamConnectTimeout, ReadTimeout: g.cfg.UpstreamReadTimeout,
+		WriteTimeout: g.cfg.UpstreamWriteTimeout, DownFor: g.cfg.UpstreamDownFor, MaxConns: g.cfg.UpstreamMaxConns,
+	}
+	g.upstreams = map[string]*upstream.Upstream{}
+	for name, urls := range map[string][]string{
+		upstreamExportReader: g.cfg.ExportReaderURLs,
+		upstreamSalesWriter:  g.cfg.SalesWriterURLs,
+		upstreamShopSchema:   g.cfg.ShopSchemaURLs,
+	} {
+		u, err := upstream.New(name, urls, opts)
+		if err != nil {
+			return err
+		}
+		g.upstreams[name] = u
+	}
+	return nil
+}
+
+func (g *Gateway) onRedisState(err error) {
+	if err != nil {
+		g.metrics.rateDegraded.Set(1)
+		g.metrics.rateRedisErrors.Inc()
+		g.log.Warn("redis unusable; rate limits decided in-process", "error", err)
+		return
+	}
+	g.metrics.rateDegraded.Set(0)
+	g.log.Info("redis answers again; rate limits shared")
+}
+
+func (g *Gateway) startBackground(store *keystore.Store) {
+	bgCtx, stop := context.WithCancel(context.Background())
+	g.stopBg = stop
+	g.goBg(func() { store.Listen(bgCtx, g.log) })
+	for _, u := range g.upstreams {
+		g.goBg(func() { u.Probe(bgCtx, g.cfg.UpstreamProbeInterval) })
+	}
+	g.goBg(func() { g.health.watch(bgCtx, g.pool, g.redis) })
+	limitCtx, stopLimit := context.WithCancel(context.Background())
+	g.stopLimit = stopLimit
+	go func() {
+		defer close(g.limitDone)
+		if g.limiter != nil {
+			g.limiter.Run(limitCtx)
+		}
+	}()
+}
+
+func (g *Gateway) goBg(f func()) {
+	g.bg.Add(1)
+	go func() {
+		defer g.bg.Done()
+		f()
+	}()
+}
+
+func (g *Gateway) startServing() {
+	go func() {
+		if err := g.app.Listener(g.listener); err != nil {
+			g.served <- err
+		}
+	}()
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.metrics.registry, promhttp.HandlerOpts{}))
+	g.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := g.admin.Serve(g.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			g.served <- err
+		}
+	}()
+}
+
+// Addr is the public listener's address.
+func (g *Gateway) Addr() string { return g.listener.Addr().String() }
+
+// AdminAddr is the metrics listener's address.
+func (g *Gateway) AdminAddr() string { return g.adminLn.Addr().String() }
+
+// Shutdown stops accepting, waits for in-flight requests (until ctx ends),
+// then stops the background work and closes the connections.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.log.Info("draining")
+	err := g.app.ShutdownWithContext(ctx)
+	_ = g.admin.Shutdown(ctx)
+	g.stopLimit()
+	<-g.limitDone
+	g.stopBg()
+	g.bg.Wait()
+	g.redis.Close()
+	g.pool.Close()
+	if terr := g.shutdownTP(ctx); terr != nil && err == nil {
+		err = terr
+	}
+	g.log.Info("stopped")
+	return err
+}

@@ -1,0 +1,86 @@
+package edge
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/gofiber/fiber/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// ContractVersion is the API contract version the gateway serves.
+const ContractVersion = "1.3.1"
+
+// Health check states.
+const (
+	stateOK       = "ok"
+	stateDegraded = "degraded"
+	stateDown     = "down"
+)
+
+// healthState holds the latest background checks, so /v1/health answers at
+// once whatever is down.
+type healthState struct {
+	postgresOK atomic.Bool
+	redisOK    atomic.Bool
+}
+
+// healthInterval is how often PostgreSQL and Redis are pinged.
+const healthInterval = time.Second
+
+func (h *healthState) watch(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) {
+	tick := time.NewTicker(healthInterval)
+	defer tick.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		h.postgresOK.Store(pool.Ping(pctx) == nil)
+		h.redisOK.Store(rdb.Ping(pctx).Err() == nil)
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// healthData is the data of GET /v1/health.
+type healthData struct {
+	Status  string            `json:"status"`
+	Version string            `json:"version"`
+	Checks  map[string]string `json:"checks"`
+}
+
+func (g *Gateway) healthReport() healthData {
+	checks := map[string]string{"postgres": stateDown, "redis": stateOK}
+	if g.health.postgresOK.Load() {
+		checks["postgres"] = stateOK
+	}
+	// Without Redis the gateway still serves, with in-process limits.
+	if !g.health.redisOK.Load() || (g.limiter != nil && g.limiter.Degraded()) {
+		checks["redis"] = stateDegraded
+	}
+	for name, u := range g.upstreams {
+		checks[name] = u.State()
+	}
+	status := stateOK
+	for _, s := range checks {
+		if s != stateOK {
+			status = stateDegraded
+		}
+	}
+	return healthData{Status: status, Version: ContractVersion, Checks: checks}
+}
+
+func (g *Gateway) serveHealth(c *fiber.Ctx, rq *request) error {
+	body, err := envelope.DataBytes(g.healthReport(), envelope.Meta{RequestID: rq.id})
+	if err != nil {
+		return err
+	}
+	c.Set(fiber.HeaderContentType, envelope.ContentType)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.Status(fiber.StatusOK).Send(body)
+}

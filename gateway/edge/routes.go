@@ -1,0 +1,89 @@
+package edge
+
+import (
+	"strings"
+
+	"github.com/coinexport/export/pkg/identity"
+)
+
+// Upstream names.
+const (
+	upstreamExportReader = "export-reader"
+	upstreamSalesWriter  = "sales-writer"
+	upstreamShopSchema   = "shop-schema"
+)
+
+// Rate-limit classes: each has its own limit and its own Redis keys.
+const (
+	classExportRead   = "export_read"
+	classSalesWrite   = "sales_write"
+	classAnonymous    = "anonymous"
+	classShopSchema   = "shop_schema"
+	classAuthFailures = "auth_failures"
+)
+
+// route is one line of the routing table.
+type route struct {
+	Method string
+	Path   string // Fiber pattern; :name matches one non-empty segment
+	// Upstream serves the route; empty means the gateway answers itself.
+	Upstream string
+	// Scope the key needs; empty means no key (limited per client IP).
+	Scope string
+	// NeedsPlatform: the key must be bound to a platform (spec 5).
+	NeedsPlatform bool
+	// Class names the rate limit that applies.
+	Class string
+	// RepeatWithIdempotencyKey: a request carrying an Idempotency-Key may
+	// be sent again after a failure that happened once it may have arrived.
+	RepeatWithIdempotencyKey bool
+}
+
+// Name labels metrics, spans and log lines.
+func (r route) Name() string { return r.Method + " " + r.Path }
+
+// routes is the whole public surface of the API (spec 4).
+var routes = []route{
+	{Method: "GET", Path: "/v1/health", Class: classAnonymous},
+	{Method: "POST", Path: "/v1/sync/prestashop/schema", Upstream: upstreamShopSchema, Class: classShopSchema},
+	{Method: "GET", Path: "/v1/export/items", Upstream: upstreamExportReader,
+		Scope: identity.ScopeExportRead, Class: classExportRead},
+	{Method: "GET", Path: "/v1/export/items/:item_id", Upstream: upstreamExportReader,
+		Scope: identity.ScopeExportRead, Class: classExportRead},
+	{Method: "POST", Path: "/v1/export/items/:item_id/sales/confirm", Upstream: upstreamSalesWriter,
+		Scope: identity.ScopeSalesWrite, NeedsPlatform: true, Class: classSalesWrite, RepeatWithIdempotencyKey: true},
+	{Method: "POST", Path: "/v1/export/items/:item_id/sales/cancel", Upstream: upstreamSalesWriter,
+		Scope: identity.ScopeSalesWrite, NeedsPlatform: true, Class: classSalesWrite, RepeatWithIdempotencyKey: true},
+}
+
+// allowedMethods lists the methods of the routes whose pattern matches path;
+// none means the path is unknown (404), some means 405 with Allow.
+func allowedMethods(path string) []string {
+	var out []string
+	for _, r := range routes {
+		if matchPath(r.Path, path) {
+			out = append(out, r.Method)
+		}
+	}
+	return out
+}
+
+// matchPath reports whether path fits pattern segment by segment.
+func matchPath(pattern, path string) bool {
+	ps, xs := strings.Split(pattern, "/"), strings.Split(path, "/")
+	if len(ps) != len(xs) {
+		return false
+	}
+	for i, p := range ps {
+		if strings.HasPrefix(p, ":") {
+			if xs[i] == "" {
+				return false
+			}
+			continue
+		}
+		if p != xs[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,211 @@
+// Package keystore resolves API keys to the identity they grant. Lookups go
+// by the key's SHA-256 to PostgreSQL behind an in-memory cache holding both
+// found and unknown keys for a short time; revocations arrive by LISTEN/NOTIFY
+// and drop the key from the cache at once.
+package keystore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coinexport/export/pkg/apikey"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrUnauthenticated is returned for a missing, malformed, unknown or revoked
+// key alike, so a caller cannot tell them apart.
+var ErrUnauthenticated = errors.New("keystore: unauthenticated")
+
+// ErrThrottled is returned when a key is not cached and mayFetch refused the
+// database lookup (the caller is over its failed-authentication budget).
+var ErrThrottled = errors.New("keystore: lookup throttled")
+
+// Key is what a valid API key grants.
+type Key struct {
+	ID         string
+	OwnerID    string
+	PlatformID string
+	Scopes     []string
+}
+
+// Options tune a Store.
+type Options struct {
+	// TTL is how long a lookup is cached while revocations are being heard.
+	TTL time.Duration
+	// UnheardTTL is how long a lookup is trusted while the revocation
+	// listener is disconnected; it bounds how late a revocation can apply.
+	UnheardTTL time.Duration
+	// MaxEntries bounds the cache.
+	MaxEntries int
+	// OnLookup is told whether each lookup was a cache hit. It must not block.
+	OnLookup func(hit bool)
+}
+
+type entry struct {
+	key     Key
+	valid   bool
+	fetched time.Time
+}
+
+// Store looks keys up.
+type Store struct {
+	pool *pgxpool.Pool
+	opts Options
+
+	mu      sync.RWMutex
+	entries map[apikey.Hash]entry
+	byID    map[string]apikey.Hash
+
+	// epoch changes whenever entries are dropped, so a lookup that raced a
+	// revocation does not cache what it read before it.
+	epoch     atomic.Uint64
+	listening atomic.Bool
+}
+
+// New returns a Store over pool.
+func New(pool *pgxpool.Pool, opts Options) *Store {
+	if opts.OnLookup == nil {
+		opts.OnLookup = func(bool) {}
+	}
+	return &Store{pool: pool, opts: opts,
+		entries: make(map[apikey.Hash]entry), byID: make(map[string]apikey.Hash)}
+}
+
+// Lookup returns the key for secret, or ErrUnauthenticated. On a cache miss
+// it asks mayFetch (if not nil) before going to the database, and returns
+// ErrThrottled if refused. Any other error means the key could not be
+// checked (PostgreSQL unreachable).
+func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool) (Key, error) {
+	if !apikey.WellFormed(secret) {
+		return Key{}, ErrUnauthenticated
+	}
+	hash := apikey.HashOf(secret)
+	now := time.Now()
+	if e, ok := s.cached(hash, now); ok {
+		s.opts.OnLookup(true)
+		return e.result()
+	}
+	s.opts.OnLookup(false)
+	if mayFetch != nil && !mayFetch() {
+		return Key{}, ErrThrottled
+	}
+	epoch := s.epoch.Load()
+	e, err := s.fetch(ctx, hash)
+	if err != nil {
+		return Key{}, err
+	}
+	e.fetched = now
+	s.store(hash, e, epoch)
+	return e.result()
+}
+
+func (e entry) result() (Key, error) {
+	if !e.valid {
+		return Key{}, ErrUnauthenticated
+	}
+	return e.key, nil
+}
+
+func (s *Store) cached(hash apikey.Hash, now time.Time) (entry, bool) {
+	s.mu.RLock()
+	e, ok := s.entries[hash]
+	s.mu.RUnlock()
+	if !ok {
+		return entry{}, false
+	}
+	ttl := s.opts.UnheardTTL
+	if s.listening.Load() {
+		ttl = s.opts.TTL
+	}
+	return e, now.Sub(e.fetched) < ttl
+}
+
+const lookupSQL = `SELECT id, owner_id, platform_id, scopes, revoked_at FROM api_keys WHERE hash = $1`
+
+func (s *Store) fetch(ctx context.Context, hash apikey.Hash) (entry, error) {
+	var (
+		id, owner string
+		platform  *string
+		scopes    []string
+		revoked   *time.Time
+	)
+	err := s.pool.QueryRow(ctx, lookupSQL, hash[:]).Scan(&id, &owner, &platform, &scopes, &revoked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return entry{}, nil
+	}
+	if err != nil {
+		return entry{}, fmt.Errorf("keystore: lookup: %w", err)
+	}
+	e := entry{valid: revoked == nil, key: Key{ID: id, OwnerID: owner, Scopes: scopes}}
+	if platform != nil {
+		e.key.PlatformID = *platform
+	}
+	return e, nil
+}
+
+func (s *Store) store(hash apikey.Hash, e entry, epoch uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch.Load() != epoch {
+		return
+	}
+	if len(s.entries) >= s.opts.MaxEntries {
+		s.evict(e.fetched)
+	}
+	s.entries[hash] = e
+	if e.key.ID != "" {
+		s.byID[e.key.ID] = hash
+	}
+}
+
+// evict makes room: expired entries first, then arbitrary ones (map order),
+// down to three quarters of the bound. Called with mu held.
+func (s *Store) evict(now time.Time) {
+	target := s.opts.MaxEntries * 3 / 4
+	for h, e := range s.entries {
+		if now.Sub(e.fetched) >= s.opts.TTL {
+			s.remove(h, e)
+		}
+	}
+	for h, e := range s.entries {
+		if len(s.entries) <= target {
+			return
+		}
+		s.remove(h, e)
+	}
+}
+
+func (s *Store) remove(h apikey.Hash, e entry) {
+	delete(s.entries, h)
+	if e.key.ID != "" {
+		delete(s.byID, e.key.ID)
+	}
+}
+
+// Forget drops the key with id from the cache (a revocation).
+func (s *Store) Forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch.Add(1)
+	if h, ok := s.byID[id]; ok {
+		s.remove(h, s.entries[h])
+	}
+}
+
+// ForgetAll empties the cache (the listener reconnected and may have missed
+// revocations).
+func (s *Store) ForgetAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch.Add(1)
+	clear(s.entries)
+	clear(s.byID)
+}
+
+// Listening reports whether revocations are being heard.
+func (s *Store) Listening() bool { return s.listening.Load() }

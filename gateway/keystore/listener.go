@@ -1,0 +1,71 @@
+package keystore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// RevocationChannel is the channel the api_keys trigger notifies, with the
+// key id as payload.
+const RevocationChannel = "api_key_revoked"
+
+// Listen hears revocations until ctx ends, on a connection taken out of the
+// pool for good so its LISTEN never leaks to other queries. Whenever it
+// (re)connects it empties the cache, since anything sent while it was away
+// is lost; while it is away, cached keys are trusted for UnheardTTL only.
+func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx)
+		s.listening.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		log.WarnContext(ctx, "revocation listener disconnected; retrying", "error", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (s *Store) listenOnce(ctx context.Context) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := pc.Hijack()
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+RevocationChannel); err != nil {
+		return err
+	}
+	s.ForgetAll()
+	s.listening.Store(true)
+	for {
+		// A connection that died without a TCP reset would wait forever, so
+		// wake up now and then and make sure the server still answers.
+		wctx, cancel := context.WithTimeout(ctx, idleCheck)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			s.Forget(n.Payload)
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// idleCheck is how long the listener waits in silence before it pings.
+const idleCheck = 20 * time.Second

@@ -1,0 +1,205 @@
+// Package upstream sends requests to the instances of one service: one
+// reused fasthttp client per instance with connect/read/write timeouts,
+// round-robin balancing, failed instances skipped for a while and probed
+// back, and a retry only where it is safe.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Error kinds, as the gateway maps them to statuses.
+var (
+	// ErrUnavailable: every instance is marked down; nothing was sent.
+	ErrUnavailable = errors.New("upstream: no instance available")
+	// ErrUnreachable: the connection could not be made.
+	ErrUnreachable = errors.New("upstream: unreachable")
+	// ErrTimeout: the instance did not answer in time.
+	ErrTimeout = errors.New("upstream: timeout")
+	// ErrBadResponse: the connection broke or the answer was not HTTP.
+	ErrBadResponse = errors.New("upstream: bad response")
+)
+
+// Options tune every instance's client.
+type Options struct {
+	ConnectTimeout time.Duration
+	ReadTimeout    time.Duration
+	WriteTimeout   time.Duration
+	// DownFor is how long an instance that refused a connection is skipped
+	// before it is tried again.
+	DownFor time.Duration
+	// MaxConns bounds the connections to one instance.
+	MaxConns int
+}
+
+// Instance is one address of a service.
+type Instance struct {
+	base      string // scheme://host:port, never shown to clients
+	client    *fasthttp.HostClient
+	downUntil atomic.Int64 // Unix ns; 0 = up
+}
+
+// Upstream is a service with one or more instances.
+type Upstream struct {
+	Name      string
+	instances []*Instance
+	next      atomic.Uint64
+	opts      Options
+}
+
+// New parses urls (http:// or https://, no path) into an Upstream.
+func New(name string, urls []string, opts Options) (*Upstream, error) {
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("upstream %s: no instance URL", name)
+	}
+	u := &Upstream{Name: name, opts: opts}
+	for _, raw := range urls {
+		inst, err := newInstance(raw, opts)
+		if err != nil {
+			return nil, fmt.Errorf("upstream %s: %w", name, err)
+		}
+		u.instances = append(u.instances, inst)
+	}
+	return u, nil
+}
+
+func newInstance(raw string, opts Options) (*Instance, error) {
+	p, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || (p.Path != "" && p.Path != "/") {
+		return nil, fmt.Errorf("invalid instance URL %q: want http(s)://host:port", raw)
+	}
+	addr := p.Host
+	if p.Port() == "" {
+		addr = net.JoinHostPort(p.Hostname(), map[string]string{"http": "80", "https": "443"}[p.Scheme])
+	}
+	connect := opts.ConnectTimeout
+	return &Instance{
+		base: p.Scheme + "://" + p.Host,
+		client: &fasthttp.HostClient{
+			Addr:  addr,
+			IsTLS: p.Scheme == "https",
+			Dial: func(addr string) (net.Conn, error) {
+				c, err := fasthttp.DialTimeout(addr, connect)
+				if err != nil {
+					return nil, dialError{err}
+				}
+				return c, nil
+			},
+			ReadTimeout:               opts.ReadTimeout,
+			WriteTimeout:              opts.WriteTimeout,
+			MaxConns:                  opts.MaxConns,
+			MaxIdleConnDuration:       30 * time.Second,
+			MaxConnWaitTimeout:        opts.ConnectTimeout,
+			MaxIdemponentCallAttempts: 1, // retries are decided here, not by fasthttp
+			RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+			StreamResponseBody:        true,
+			DisablePathNormalizing:    true,
+			NoDefaultUserAgentHeader:  true,
+		},
+	}, nil
+}
+
+// dialError marks an error of the connect step: the request never left.
+type dialError struct{ err error }
+
+func (e dialError) Error() string { return e.err.Error() }
+func (e dialError) Unwrap() error { return e.err }
+
+// Do sends req to one instance and fills resp (its body streams). If the
+// request never reached an instance, it is sent once more to another one;
+// if it may have reached one, it is sent again only when mayRepeat (an
+// idempotency key makes that safe). requestURI is the original path and query.
+func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, mayRepeat bool) (retried bool, err error) {
+	first := u.pick(nil)
+	if first == nil {
+		return false, ErrUnavailable
+	}
+	err = u.send(first, req, resp, requestURI)
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, ErrUnreachable) && !mayRepeat {
+		return false, err
+	}
+	second := u.pick(first)
+	if second == nil {
+		return false, err
+	}
+	resp.Reset()
+	return true, u.send(second, req, resp, requestURI)
+}
+
+func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string) error {
+	req.SetRequestURI(inst.base + requestURI)
+	req.URI().DisablePathNormalizing = true
+	err := inst.client.Do(req, resp)
+	if err == nil {
+		return nil
+	}
+	kind := classify(err)
+	if errors.As(err, new(dialError)) {
+		inst.markDown(u.opts.DownFor)
+	}
+	return fmt.Errorf("%w: %w", kind, err)
+}
+
+// classify names the kind of a client error.
+func classify(err error) error {
+	var dial dialError
+	switch {
+	case errors.As(err, &dial), errors.Is(err, fasthttp.ErrNoFreeConns):
+		return ErrUnreachable
+	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return ErrTimeout
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return ErrTimeout
+	}
+	return ErrBadResponse
+}
+
+// pick returns the next instance that is up, other than not; nil if none.
+func (u *Upstream) pick(not *Instance) *Instance {
+	now := time.Now().UnixNano()
+	n := uint64(len(u.instances))
+	start := u.next.Add(1)
+	for i := uint64(0); i < n; i++ {
+		inst := u.instances[(start+i)%n]
+		if inst != not && inst.downUntil.Load() <= now {
+			return inst
+		}
+	}
+	return nil
+}
+
+func (inst *Instance) markDown(d time.Duration) {
+	inst.downUntil.Store(time.Now().Add(d).UnixNano())
+}
+
+// State is the health of an upstream as /v1/health reports it.
+func (u *Upstream) State() string {
+	now, up := time.Now().UnixNano(), 0
+	for _, inst := range u.instances {
+		if inst.downUntil.Load() <= now {
+			up++
+		}
+	}
+	switch up {
+	case len(u.instances):
+		return "ok"
+	case 0:
+		return "down"
+	default:
+		return "degraded"
+	}
+}
