@@ -1,0 +1,48 @@
+package main
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseWrk(t *testing.T) {
+	out := "Running 5s test @ http://127.0.0.1:18080\n  2 threads and 64 connections\n" +
+		`WRK_JSON {"requests":50000,"duration_us":5000000,"bytes":1,"connect":0,"read":1,"write":0,"status":2,"timeout":3,"p50_us":1500.5,"p99_us":9000.0,"max_us":12000.0}` + "\n"
+	got, err := parseWrk([]byte(out))
+	if err != nil {
+		t.Fatalf("parseWrk() error %v", err)
+	}
+	want := wrkSummary{Requests: 50000, DurationUS: 5000000, Bytes: 1, Read: 1, Status: 2, Timeout: 3, P50US: 1500.5, P99US: 9000, MaxUS: 12000}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("parseWrk() mismatch (-want +got):\n%s", diff)
+	}
+	if got.RPS() != 10000 {
+		t.Errorf("RPS() = %v, want 10000", got.RPS())
+	}
+	if got.Errors() != 6 {
+		t.Errorf("Errors() = %v, want 6", got.Errors())
+	}
+	if _, err := parseWrk([]byte("unable to connect to 127.0.0.1:18080 Connection refused\n")); err == nil {
+		t.Errorf("parseWrk(no summary) = nil error, want one")
+	}
+}
+
+// The API key must travel in the environment, never on wrk's command line.
+func TestGetRunKeepsHeadersOffTheCommandLine(t *testing.T) {
+	g := getRun{URL: "http://127.0.0.1:1", PathPrefix: "/v1/export/items/", IDsFile: "ids", Script: "s.lua",
+		Threads: 2, Conns: 64, Duration: 10 * time.Second, Headers: http.Header{"X-Api-Key": {"secret-key"}}}
+	if args := strings.Join(g.args(), " "); strings.Contains(args, "secret-key") {
+		t.Errorf("args() = %q, holds the key", args)
+	}
+	if !slices.Contains(g.env(), "WRK_HEADERS=X-Api-Key: secret-key") {
+		t.Errorf("env() lacks WRK_HEADERS with the key")
+	}
+	if got, want := g.args()[:6], []string{"-t", "2", "-c", "64", "-d", "10s"}; !slices.Equal(got, want) {
+		t.Errorf("args()[:6] = %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func fullRecords() records {
+	f := func(kv ...any) map[string]float64 {
+		m := map[string]float64{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1].(float64)
+		}
+		return m
+	}
+	rs := records{
+		"scan":              {Figures: f("items", 1000.0, "seconds", 1.0, "items_per_s", 100000.0)},
+		"sync_gateway":      {Figures: f("items", 1000.0, "seconds", 1.5, "items_per_s", 75000.0)},
+		"sync_reader":       {Figures: f("items", 1000.0, "seconds", 1.4, "items_per_s", 70000.0)},
+		"sales":             {Figures: f("pairs_per_s", 2500.0, "p50_ms", 5.0, "p99_ms", 30.0, "errors", 0.0)},
+		"incremental":       {Figures: f("items", 10.0, "seconds", 0.015)},
+		"rss_gateway_256":   {Figures: f("peak_rss_mb", 80.0)},
+		"rss_export_reader": {Figures: f("peak_rss_mb", 60.0)},
+	}
+	for _, c := range []string{"64", "256"} {
+		rs["get_nginx_"+c] = Record{Figures: f("rps", 20000.0, "p50_ms", 2.0, "p99_ms", 9.0, "errors", 0.0)}
+		rs["get_gateway_"+c] = Record{Figures: f("rps", 21000.0, "p50_ms", 2.0, "p99_ms", 9.0, "errors", 0.0)}
+		rs["get_nolimit_"+c] = Record{Figures: f("rps", 25000.0, "p50_ms", 2.0, "p99_ms", 9.0, "errors", 0.0)}
+	}
+	return rs
+}
+
+func TestBuildRowsVerdicts(t *testing.T) {
+	rs := fullRecords()
+	rs["get_gateway_256"].Figures["errors"] = 3
+	got := map[string][2]string{}
+	for _, r := range buildRows(rs, []int{64, 256}) {
+		got[r.Scenario] = [2]string{r.Ratio, r.Result}
+	}
+	want := map[string][2]string{
+		"full sync, limit=100, ENG, via gateway":                            {"0.75×", "pass"},
+		"full sync, direct to export-reader":                                {"0.70×", "**miss**"},
+		"GET item by id, 64 conns, via gateway":                             {"1.05×", "pass"},
+		"same, rate limiting on vs off (64 conns)":                          {"0.84×", "**miss**"},
+		"GET item by id, 256 conns, via gateway":                            {"1.05×", "pass; get_gateway_256 had 3 failed requests"},
+		"confirm + cancel pairs, distinct items, 32 platforms, via gateway": {"—", "**miss**"}, // p99 30 ms
+		"incremental sync after 1% of items changed, via gateway":           {"0.010×", "—"},
+		"peak RSS, gateway during the 256-connection GET runs":              {"—", "pass"},
+		"peak RSS, export reader":                                           {"—", "—"},
+	}
+	for scenario, w := range want {
+		if diff := cmp.Diff(w, got[scenario]); diff != "" {
+			t.Errorf("buildRows() row %q (-want +got):\n%s", scenario, diff)
+		}
+	}
+}
+
+func TestBuildRowsMissingScenario(t *testing.T) {
+	rs := fullRecords()
+	delete(rs, "scan")
+	found := false
+	for _, r := range buildRows(rs, []int{64}) {
+		if r.Scenario == "full sync, limit=100, ENG, via gateway" {
+			found = true
+			if r.Result != "not run" || r.Baseline != "not run" {
+				t.Errorf("buildRows() without scan: sync baseline, result = %q, %q, want not run", r.Baseline, r.Result)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("buildRows() has no gateway sync row")
+	}
+}
+
+func TestMergeBlock(t *testing.T) {
+	block := beginMarker + "\nnew table\n" + endMarker + "\n"
+	tests := []struct {
+		name, doc, want string
+	}{
+		{"replaces between markers, keeps the reading",
+			"# Benchmarks\n\nintro\n\n" + beginMarker + "\nold table\n" + endMarker + "\n\n## Reading\n\ntext\n",
+			"# Benchmarks\n\nintro\n\n" + block + "\n## Reading\n\ntext\n"},
+		{"appends to a file without markers",
+			"# Benchmarks\n\nintro\n",
+			"# Benchmarks\n\nintro\n\n" + block},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, string(mergeBlock([]byte(tt.doc), []byte(block)))); diff != "" {
+				t.Errorf("mergeBlock() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if got := string(mergeBlock(nil, []byte(block))); !strings.HasPrefix(got, "# Benchmarks\n") || !strings.HasSuffix(got, block) {
+		t.Errorf("mergeBlock(empty) = %q, want a titled file ending in the block", got)
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for in, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567.6: "1,234,568", -12345: "-12,345"} {
+		if got := thousands(in); got != want {
+			t.Errorf("thousands(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestStatusField(t *testing.T) {
+	status := []byte("Name:\tgateway\nVmPeak:\t  900000 kB\nVmHWM:\t   81920 kB\nVmRSS:\t   40000 kB\n")
+	got, err := statusField(status, "VmHWM")
+	if err != nil || got != 81920 {
+		t.Errorf("statusField(VmHWM) = %d, %v, want 81920", got, err)
+	}
+	if _, err := statusField(status, "VmSwap"); err == nil {
+		t.Errorf("statusField(VmSwap) = nil error, want not found")
+	}
+}

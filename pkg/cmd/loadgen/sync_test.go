@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// fakeReader serves total items in pages, with the cursor being the next
+// offset; stuck makes it hand back the same cursor forever.
+func fakeReader(t *testing.T, total int, stuck bool) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-API-Key") != "k" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":{"code":"unauthenticated","message":"no"},"meta":{"request_id":"r"}}`)
+			return
+		}
+		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+		from, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+		to := min(from+limit, total)
+		items := make([]string, 0, to-from)
+		for i := from; i < to; i++ {
+			items = append(items, fmt.Sprintf(`{"id":"%d"}`, i))
+		}
+		next := "null"
+		if to < total {
+			next = strconv.Quote(strconv.Itoa(to))
+		}
+		if stuck {
+			next = `"0"`
+		}
+		fmt.Fprintf(w, `{"data":[%s],"meta":{"request_id":"r","next_cursor":%s}}`, strings.Join(items, ","), next)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestSyncerFollowsCursors(t *testing.T) {
+	srv := fakeReader(t, 250, false)
+	s := &syncer{client: srv.Client(), base: srv.URL, auth: byAPIKey("k")}
+	res, err := s.run(context.Background(), syncQuery{Limit: 100, Lang: "ENG"})
+	if err != nil {
+		t.Fatalf("run() error %v", err)
+	}
+	if res.Items != 250 || res.Pages != 3 {
+		t.Errorf("run() = %d items in %d pages, want 250 in 3", res.Items, res.Pages)
+	}
+}
+
+func TestSyncerFailures(t *testing.T) {
+	tests := []struct {
+		name  string
+		srv   *httptest.Server
+		key   string
+		wantE string
+	}{
+		{"error envelope", fakeReader(t, 10, false), "wrong", `error.code "unauthenticated"`},
+		{"cursor does not advance", fakeReader(t, 10, true), "k", "cursor did not advance"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &syncer{client: tt.srv.Client(), base: tt.srv.URL, auth: byAPIKey(tt.key)}
+			_, err := s.run(context.Background(), syncQuery{Limit: 5, Lang: "ENG"})
+			if err == nil || !strings.Contains(err.Error(), tt.wantE) {
+				t.Errorf("run() error = %v, want one containing %q", err, tt.wantE)
+			}
+		})
+	}
+}
