@@ -25,8 +25,11 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 const testSecret = "sales-writer-test-secret-0123456789abcdef"
 
+const defaultRetention = 24 * time.Hour
+
 // fixture is one fresh database and the service's real handler on it.
 type fixture struct {
+	url     string // of the database, for more service instances
 	db      *pgxpool.Pool
 	handler http.Handler
 	signer  *identity.Signer
@@ -35,14 +38,25 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	db := testenv.Postgres(t)
-	f := &fixture{db: db, handler: newHandler(t, db, 24*time.Hour)}
+	url := testenv.PostgresURL(t)
+	db := openPool(t, url)
+	f := &fixture{url: url, db: db, handler: newHandler(t, db, defaultRetention)}
 	f.signer, _ = identity.NewSigner(testSecret)
 	f.owner = f.addOwner(t, "owner")
 	for _, p := range []string{"market-a", "market-b"} {
 		f.addPlatform(t, p)
 	}
 	return f
+}
+
+func openPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	db, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
 }
 
 // newHandler builds the service as run does, without the listeners.

@@ -103,14 +103,25 @@ func TestConfirmRetryReplays(t *testing.T) {
 		t.Errorf("item after retries = %+v, want unchanged %+v", got, stateAfterFirst)
 	}
 
-	// The item is canceled and sold again; the first key still replays its
-	// own answer.
+	// The sale is canceled, so the item could be sold again: the first key
+	// still only replays its own answer.
 	cancel(t, f, "market-a", "cancel-1", order1, 200)
-	rec, _ := f.do(t, call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-1", body: `{"external_order_id":"b"}`})
+	restored := f.item(t, f.owner, "coin-1")
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "confirm-1", body: order1})
+	if rec.Code != 200 {
+		t.Fatalf("retry after cancel = %d %s, want 200", rec.Code, rec.Body)
+	}
+	if diff := cmp.Diff(want, result(t, env)); diff != "" {
+		t.Errorf("retry after cancel mismatch (-want +got):\n%s", diff)
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != restored {
+		t.Errorf("item after the retry = %+v, want still restored %+v", got, restored)
+	}
+	rec, _ = f.do(t, call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-1", body: `{"external_order_id":"b"}`})
 	if rec.Code != 200 {
 		t.Fatalf("confirm by market-b after cancel = %d %s, want 200", rec.Code, rec.Body)
 	}
-	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "confirm-1", body: order1})
+	rec, env = f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "confirm-1", body: order1})
 	if rec.Code != 200 {
 		t.Fatalf("late retry = %d %s, want 200", rec.Code, rec.Body)
 	}
@@ -146,6 +157,27 @@ func TestConfirmSoldItemConflicts(t *testing.T) {
 	}
 	if n := f.count(t, "SELECT count(*) FROM idempotency_records"); n != 1 {
 		t.Errorf("idempotency records = %d, want 1: only 200 answers are stored", n)
+	}
+}
+
+// The partial unique index answers even if the sold flag is wrong: an open
+// sale blocks a confirm of an item marked unsold.
+func TestOpenSaleIndexIsLastLineOfDefence(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.exec(t, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
+		VALUES ($1, 'coin-1', 'market-b', 'b-1', now())`, f.owner)
+	before := f.item(t, f.owner, "coin-1")
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k1", body: order1})
+	if rec.Code != 409 || errorCode(env) != "item_already_sold" {
+		t.Fatalf("confirm with an open sale = %d %q, want 409 item_already_sold", rec.Code, errorCode(env))
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != before {
+		t.Errorf("item = %+v, want unchanged %+v", got, before)
+	}
+	if n := f.count(t, "SELECT count(*) FROM idempotency_records"); n != 0 {
+		t.Errorf("idempotency records = %d, want 0", n)
 	}
 }
 
