@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -77,6 +79,7 @@ type Shop struct {
 	Oversize         int                          // pad every list answer to at least this many bytes
 	ServerError      bool                         // 500 with a PHP warning error body
 	HTML             bool                         // answers an HTML page with 200
+	DropAuth         bool                         // CGI without forwarding: PHP never sees Authorization
 	Redirect         func(r *http.Request) string // a redirect target, or ""
 
 	srv     *httptest.Server
@@ -105,6 +108,7 @@ func (s *Shop) StartOn(addr string, cleanup func(func())) {
 			s.conns.Add(1)
 		}
 	}
+	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut short by tests are expected
 	s.srv.StartTLS()
 	cleanup(s.srv.Close)
 }
@@ -122,6 +126,13 @@ func (s *Shop) CAPEM() []byte {
 
 // Connections counts the TCP connections the shop accepted.
 func (s *Shop) Connections() int64 { return s.conns.Load() }
+
+// Keys lists the Basic user names received.
+func (s *Shop) Keys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.authLog)
+}
 
 // Requests lists "path?query" of every request received.
 func (s *Shop) Requests() []string {
@@ -216,7 +227,7 @@ func (s *Shop) answer(w http.ResponseWriter, r *http.Request, resource string) {
 // key reads the key the way dispatcher.php does: Basic user name (password
 // ignored), else the ws_key query parameter.
 func (s *Shop) key(r *http.Request) (string, bool) {
-	if h := r.Header.Get("Authorization"); strings.HasPrefix(strings.ToLower(h), "basic ") {
+	if h := r.Header.Get("Authorization"); !s.DropAuth && strings.HasPrefix(strings.ToLower(h), "basic ") {
 		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(h[6:]))
 		if err == nil {
 			user, _, _ := strings.Cut(string(raw), ":")

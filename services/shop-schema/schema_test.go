@@ -1,0 +1,480 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
+	"github.com/google/go-cmp/cmp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
+	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
+)
+
+const testSecret = "0123456789abcdef0123456789abcdef-shop-schema"
+
+// service is the shop-schema service under test, reached over loopback
+// HTTP with a signed anonymous identity, as the gateway would call it.
+type service struct {
+	url    string
+	signer *identity.Signer
+	logs   *syncBuffer
+	spans  *tracetest.SpanRecorder
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startService starts the service trusting shop's CA and, unless the
+// allow-list is given, allowing 127.0.0.1 through the guard.
+func startService(t *testing.T, shop *fakeshop.Shop, env map[string]string) *service {
+	t.Helper()
+	vars := map[string]string{
+		"IDENTITY_SECRET":         testSecret,
+		"SHOP_SCHEMA_ALLOW_HOSTS": "127.0.0.1",
+		"SHOP_SCHEMA_TIMEOUT":     "5s",
+		"LOG_LEVEL":               "debug",
+	}
+	if shop != nil {
+		caFile := filepath.Join(t.TempDir(), "ca.pem")
+		if err := os.WriteFile(caFile, shop.CAPEM(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		vars["SHOP_SCHEMA_CA_FILE"] = caFile
+	}
+	for k, v := range env {
+		vars[k] = v
+	}
+	cfg, err := loadConfig(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	srv, err := newServer(cfg, logging.New(logs, cfg.LogLevel, "shop-schema"), tp, net.DefaultResolver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	signer, _ := identity.NewSigner(testSecret)
+	return &service{url: ts.URL, signer: signer, logs: logs, spans: spans}
+}
+
+// post sends body to the route and decodes the envelope.
+func (s *service) post(t *testing.T, body string) (int, envelope.Parsed) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/sync/prestashop/schema", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for _, h := range s.signer.Sign(identity.Identity{RequestID: "req-" + t.Name()}, time.Now()) {
+		req.Header.Set(h.Name, h.Value)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var env envelope.Parsed
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatalf("answer is not an envelope: %v: %s", err, raw)
+	}
+	if env.Meta.RequestID != "req-"+t.Name() || resp.Header.Get("X-Request-Id") != env.Meta.RequestID {
+		t.Errorf("meta.request_id = %q, X-Request-Id = %q, want the signed request id", env.Meta.RequestID, resp.Header.Get("X-Request-Id"))
+	}
+	return resp.StatusCode, env
+}
+
+func body(baseURL, key string) string {
+	b, _ := json.Marshal(map[string]string{"base_url": baseURL, "ws_key": key})
+	return string(b)
+}
+
+func errCode(env envelope.Parsed) string {
+	if env.Error == nil {
+		return "(none)"
+	}
+	return env.Error.Code
+}
+
+// wantSample is the answer for fakeshop.Sample, whatever the version.
+func wantSample() shopschema.Result {
+	n := func(en, ru, uk string) shopschema.Names {
+		return shopschema.Names{"ENG": en, "RUS": ru, "UKR": uk}
+	}
+	return shopschema.Result{
+		Languages: []shopschema.Language{
+			{ID: 1, ISOCode: "en", Active: true, ContentLanguage: "ENG"},
+			{ID: 2, ISOCode: "ru", Active: true, ContentLanguage: "RUS"},
+			{ID: 3, ISOCode: "uk", Active: true, ContentLanguage: "UKR"},
+		},
+		Categories: []shopschema.Category{
+			{ID: 1, ParentID: 0, Name: "Root", Names: n("Root", "Корень", "Корінь"), Active: true},
+			{ID: 2, ParentID: 1, Name: "Home", Names: n("Home", "Главная", "Головна"), Active: true, LevelDepth: 1, IsRootCategory: true},
+			{ID: 3, ParentID: 2, Name: "Banknotes", Names: n("Banknotes", "Банкноты", "Банкноти"), Active: true, LevelDepth: 2},
+			{ID: 9, ParentID: 2, Name: "Coins/Medals", Names: n("Coins/Medals", "Монеты", "Монети"), LevelDepth: 2, Position: 1},
+		},
+		Features: []shopschema.Feature{
+			{ID: 1, Name: "Metal", Names: n("Metal", "Металл", "Метал"), Values: []shopschema.Value{
+				{ID: 1, Name: "Silver", Names: n("Silver", "Серебро", "Срібло")},
+				{ID: 2, Name: "Gold", Names: n("Gold", "Золото", "Золото")},
+			}},
+			{ID: 2, Name: "Country", Names: n("Country", "Страна", "Країна"), Position: 1, Values: []shopschema.Value{
+				{ID: 7, Name: "Ukraine", Names: n("Ukraine", "Украина", "Україна")},
+			}},
+			{ID: 5, Name: "Empty", Names: n("Empty", "Пусто", "Порожньо"), Position: 2, Values: []shopschema.Value{}},
+		},
+	}
+}
+
+func decodeResult(t *testing.T, env envelope.Parsed) shopschema.Result {
+	t.Helper()
+	var r shopschema.Result
+	if err := json.Unmarshal(env.Data, &r); err != nil {
+		t.Fatalf("data is not a schema: %v", err)
+	}
+	return r
+}
+
+func TestSchemaVersions(t *testing.T) {
+	tests := []struct {
+		version     string
+		nativeInts  bool
+		wantVersion string
+	}{
+		{"1.7", false, "1.7.8.10"},
+		{"8", false, "8.2.1"},
+		{"8", true, "8.2.1"},
+		{"9", false, "9.0.3"},
+		{"9", true, "9.0.3"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s native=%v", tt.version, tt.nativeInts), func(t *testing.T) {
+			shop := fakeshop.Sample(tt.version, tt.nativeInts)
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, nil)
+			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+			if status != http.StatusOK {
+				t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+			}
+			got := decodeResult(t, env)
+			if got.ShopVersion != tt.wantVersion {
+				t.Errorf("shop_version = %q, want %q", got.ShopVersion, tt.wantVersion)
+			}
+			got.ShopVersion = ""
+			if diff := cmp.Diff(wantSample(), got); diff != "" {
+				t.Errorf("schema mismatch (-want +got):\n%s", diff)
+			}
+			for _, r := range shop.Requests() {
+				if strings.Contains(r, "ws_key") || strings.Contains(r, fakeshop.Key) {
+					t.Errorf("shop saw the key in a URL: %s", r)
+				}
+			}
+		})
+	}
+}
+
+func TestSchemaShopQuirks(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(s *fakeshop.Shop)
+		env   map[string]string
+	}{
+		{"subfolder", func(s *fakeshop.Shop) { s.Prefix = "/shop/prestashop" }, nil},
+		{"no rewrite: dispatcher.php fallback", func(s *fakeshop.Shop) { s.NoRewrite = true; s.Prefix = "/ps" }, nil},
+		{"field lists refused: display=full fallback", func(s *fakeshop.Shop) { s.RejectFieldLists = true }, nil},
+		{"small pages", func(s *fakeshop.Shop) {}, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1"}},
+		{"shop ignores limit", func(s *fakeshop.Shop) { s.IgnoreLimit = true }, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "2"}},
+		{"redirect within the shop", func(s *fakeshop.Shop) {
+			s.Prefix = "/new"
+			s.Redirect = func(r *http.Request) string {
+				if strings.HasPrefix(r.URL.Path, "/old/") {
+					return "/new/" + strings.TrimPrefix(r.URL.RequestURI(), "/old/")
+				}
+				return ""
+			}
+		}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			tt.setup(shop)
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, tt.env)
+			base := shop.URL()
+			if tt.name == "redirect within the shop" {
+				base = strings.Replace(base, "/new", "/old", 1)
+			}
+			status, env := svc.post(t, body(base, fakeshop.Key))
+			if status != http.StatusOK {
+				t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+			}
+			got := decodeResult(t, env)
+			got.ShopVersion = ""
+			if diff := cmp.Diff(wantSample(), got); diff != "" {
+				t.Errorf("schema mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSchemaEmptyShop(t *testing.T) {
+	shop := &fakeshop.Shop{Version: "9", Languages: []fakeshop.Lang{{ID: 1, ISO: "en", Active: true}}}
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusOK {
+		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	}
+	if !bytes.Contains(env.Data, []byte(`"categories":[]`)) || !bytes.Contains(env.Data, []byte(`"features":[]`)) {
+		t.Errorf("data = %s, want empty categories and features arrays", env.Data)
+	}
+}
+
+func TestSchemaSingleLanguageShop(t *testing.T) {
+	shop := fakeshop.Sample("1.7", false)
+	shop.Languages[1].Active = false
+	shop.Languages[2].Active = false
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusOK {
+		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	}
+	got := decodeResult(t, env)
+	want := shopschema.Category{ID: 2, ParentID: 1, Name: "Home", Names: shopschema.Names{"ENG": "Home"}, Active: true, LevelDepth: 1, IsRootCategory: true}
+	if diff := cmp.Diff(want, got.Categories[1]); diff != "" {
+		t.Errorf("category 2 from plain-string names (-want +got):\n%s", diff)
+	}
+}
+
+func TestSchemaLanguagesNotPermitted(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.DeniedResources = map[string]bool{"languages": true}
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusOK {
+		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	}
+	got := decodeResult(t, env)
+	if got.Categories[1].Name != "Home" || got.Categories[1].Names != nil {
+		t.Errorf("category 2 = %+v, want name Home (first language) and no names", got.Categories[1])
+	}
+}
+
+func TestSchemaValueCap(t *testing.T) {
+	shop := fakeshop.Sample("8", true)
+	for i := 0; i < 5003; i++ {
+		shop.Values = append(shop.Values, fakeshop.Value{ID: 1000 + i, FeatureID: 5, Names: map[int]string{1: fmt.Sprint("v", i)}})
+	}
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1000"})
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusOK {
+		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	}
+	got := decodeResult(t, env)
+	f := got.Features[2]
+	if len(f.Values) != 5000 || !f.ValuesTruncated || f.Values[4999].ID != 5999 {
+		t.Errorf("feature 5: %d values, truncated %v, want 5000 (ids 1000..5999), truncated true", len(f.Values), f.ValuesTruncated)
+	}
+	if got.Features[0].ValuesTruncated {
+		t.Errorf("feature 1 values_truncated = true, want false")
+	}
+}
+
+func TestSchemaShopErrors(t *testing.T) {
+	tests := []struct {
+		name       string
+		setup      func(s *fakeshop.Shop)
+		key        string
+		env        map[string]string
+		wantStatus int
+		wantCode   string
+	}{
+		{"wrong key", nil, "ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ", nil, 400, "shop_401"},
+		{"malformed key", nil, "short", nil, 400, "shop_401"},
+		{"authorization header lost (plain-text 401)", func(s *fakeshop.Shop) { s.DropAuth = true }, "", nil, 400, "shop_401"},
+		{"resource not permitted", func(s *fakeshop.Shop) { s.DeniedResources = map[string]bool{"product_feature_values": true} }, "", nil, 400, "shop_401"},
+		{"key not for this shop (403 code 132)", func(s *fakeshop.Shop) { s.WrongShop = true }, "", nil, 400, "shop_403"},
+		{"webservice disabled (503 code 22)", func(s *fakeshop.Shop) { s.Disabled = true }, "", nil, 502, "shop_webservice_disabled"},
+		{"PHP warning (500)", func(s *fakeshop.Shop) { s.ServerError = true }, "", nil, 502, "shop_unavailable"},
+		{"HTML instead of JSON", func(s *fakeshop.Shop) { s.HTML = true }, "", nil, 502, "shop_bad_response"},
+		{"no webservice at all", func(s *fakeshop.Shop) { s.Prefix = "/elsewhere" }, "", nil, 502, "shop_not_found"},
+		{"slow shop", func(s *fakeshop.Shop) { s.Delay = 3 * time.Second }, "", map[string]string{"SHOP_SCHEMA_TIMEOUT": "300ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "300ms"}, 504, "shop_timeout"},
+		{"oversized answer", func(s *fakeshop.Shop) { s.Oversize = 200 << 10 }, "", map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536"}, 502, "shop_too_large"},
+		{"too many rows", nil, "", map[string]string{"SHOP_SCHEMA_MAX_ROWS": "3", "SHOP_SCHEMA_PAGE_SIZE": "2"}, 502, "shop_too_large"},
+		{"redirect to http", func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "http://127.0.0.1:1/api/x" }
+		}, "", nil, 502, "shop_bad_response"},
+		{"certificate not trusted", nil, "", map[string]string{"SHOP_SCHEMA_CA_FILE": ""}, 502, "shop_tls_error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			if tt.setup != nil {
+				tt.setup(shop)
+			}
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, tt.env)
+			key := tt.key
+			if key == "" {
+				key = fakeshop.Key
+			}
+			base := shop.URL()
+			if tt.name == "no webservice at all" {
+				base = strings.TrimSuffix(base, shop.Prefix) // the shop is elsewhere
+			}
+			status, env := svc.post(t, body(base, key))
+			if status != tt.wantStatus || errCode(env) != tt.wantCode {
+				t.Errorf("POST schema = %d %s, want %d %s", status, errCode(env), tt.wantStatus, tt.wantCode)
+			}
+			if env.Error != nil && strings.Contains(env.Error.Message, "Webservice") {
+				t.Errorf("error message %q echoes the shop's body", env.Error.Message)
+			}
+		})
+	}
+}
+
+func TestSchemaUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	svc := startService(t, nil, nil)
+	status, env := svc.post(t, body("https://"+addr, fakeshop.Key))
+	if status != http.StatusBadGateway || errCode(env) != "shop_unreachable" {
+		t.Errorf("POST schema to a closed port = %d %s, want 502 shop_unreachable", status, errCode(env))
+	}
+}
+
+// TestGuardRefusesLoopback: with an empty allow-list, a running shop on
+// 127.0.0.1 is refused and never sees a connection.
+func TestGuardRefusesLoopback(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""})
+	_, port, _ := net.SplitHostPort(shop.Addr())
+	for _, base := range []string{shop.URL(), "https://127.1:" + port, "https://[::ffff:127.0.0.1]:" + port, "https://localhost:" + port} {
+		status, env := svc.post(t, body(base, fakeshop.Key))
+		if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
+			t.Errorf("POST schema %s = %d %s, want 400 base_url_not_allowed", base, status, errCode(env))
+		}
+	}
+	if n := shop.Connections(); n != 0 {
+		t.Errorf("shop accepted %d connections, want 0", n)
+	}
+}
+
+// TestRedirectToLoopbackRefused: an allowed shop redirects to another
+// loopback address; the connect-time check refuses it.
+func TestRedirectToLoopbackRefused(t *testing.T) {
+	target := fakeshop.Sample("8", false)
+	target.StartOn("127.0.0.2:0", t.Cleanup)
+	shop := fakeshop.Sample("8", false)
+	shop.Redirect = func(r *http.Request) string { return "https://" + target.Addr() + r.URL.RequestURI() }
+	shop.Start(t.Cleanup)
+	// 127.0.0.2 passes the syntax check only if its port is allowed: list it.
+	_, port, _ := net.SplitHostPort(target.Addr())
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_PORTS": "443," + port})
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
+		t.Errorf("POST schema with a redirect to %s = %d %s, want 400 base_url_not_allowed", target.Addr(), status, errCode(env))
+	}
+	if n := target.Connections(); n != 0 {
+		t.Errorf("redirect target accepted %d connections, want 0", n)
+	}
+}
+
+func TestSchemaInput(t *testing.T) {
+	svc := startService(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""})
+	tests := []struct {
+		name, body, wantCode string
+	}{
+		{"empty body", ``, "invalid_body"},
+		{"not JSON", `base_url=x`, "invalid_body"},
+		{"array", `[{"base_url":"https://shop.example.com","ws_key":"k"}]`, "invalid_body"},
+		{"null", `null`, "invalid_body"},
+		{"string", `"https://shop.example.com"`, "invalid_body"},
+		{"truncated", `{"base_url":"https://shop.example.com"`, "invalid_body"},
+		{"trailing data", `{"base_url":"https://shop.example.com","ws_key":"k"} {}`, "invalid_body"},
+		{"unknown property", `{"base_url":"https://shop.example.com","ws_key":"k","id_shop":1}`, "invalid_body"},
+		{"property in other case", `{"BASE_URL":"https://shop.example.com","ws_key":"k"}`, "invalid_body"},
+		{"oversized body", `{"base_url":"https://shop.example.com","ws_key":"` + strings.Repeat("k", 20000) + `"}`, "invalid_body"},
+		{"base_url missing", `{"ws_key":"k"}`, "invalid_base_url"},
+		{"base_url null", `{"base_url":null,"ws_key":"k"}`, "invalid_base_url"},
+		{"base_url number", `{"base_url":5,"ws_key":"k"}`, "invalid_base_url"},
+		{"base_url not a URL", `{"base_url":"shop example","ws_key":"k"}`, "invalid_base_url"},
+		{"base_url with user info", `{"base_url":"https://KEY@shop.example.com","ws_key":"k"}`, "invalid_base_url"},
+		{"base_url with query", `{"base_url":"https://shop.example.com/?a=1","ws_key":"k"}`, "invalid_base_url"},
+		{"base_url with fragment", `{"base_url":"https://shop.example.com/#x","ws_key":"k"}`, "invalid_base_url"},
+		{"base_url bad port", `{"base_url":"https://shop.example.com:99999","ws_key":"k"}`, "invalid_base_url"},
+		{"http", `{"base_url":"http://shop.example.com","ws_key":"k"}`, "base_url_must_be_https"},
+		{"metadata", `{"base_url":"https://169.254.169.254/latest","ws_key":"k"}`, "base_url_not_allowed"},
+		{"private", `{"base_url":"https://10.0.0.1","ws_key":"k"}`, "base_url_not_allowed"},
+		{"localhost", `{"base_url":"https://localhost","ws_key":"k"}`, "base_url_not_allowed"},
+		{"ws_key missing", `{"base_url":"https://shop.example.com"}`, "missing_ws_key"},
+		{"ws_key empty", `{"base_url":"https://shop.example.com","ws_key":""}`, "missing_ws_key"},
+		{"ws_key blank", `{"base_url":"https://shop.example.com","ws_key":"  "}`, "missing_ws_key"},
+		{"ws_key number", `{"base_url":"https://shop.example.com","ws_key":12}`, "missing_ws_key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, env := svc.post(t, tt.body)
+			if status != http.StatusBadRequest || errCode(env) != tt.wantCode {
+				t.Errorf("POST %s = %d %s, want 400 %s", tt.name, status, errCode(env), tt.wantCode)
+			}
+			if env.Error != nil && strings.Contains(env.Error.Message, "KEY@") {
+				t.Errorf("error message %q repeats base_url", env.Error.Message)
+			}
+		})
+	}
+}
+
+func TestUnsignedCallRefused(t *testing.T) {
+	svc := startService(t, nil, nil)
+	resp, err := http.Post(svc.url+"/v1/sync/prestashop/schema", "application/json", strings.NewReader(body("https://shop.example.com", "k")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("unsigned POST schema = %d, want 401", resp.StatusCode)
+	}
+}
+
+var _ = slog.Default
