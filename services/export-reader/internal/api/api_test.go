@@ -1,0 +1,385 @@
+package api_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestListParameters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("a", "active", "A"), itemLine("b", "inactive", "B"))
+	tests := []struct {
+		query    string
+		status   int
+		code     string // error.code when status is 400
+		wantIDs  []string
+		wantText string // a substring of error.message
+	}{
+		{"", 200, "", []string{"a", "b"}, ""},
+		{"?lang=ENG&lang2=x&foo=bar", 200, "", []string{"a", "b"}, ""},
+		{"?lang=RUS", 200, "", []string{"a", "b"}, ""},
+		{"?lang=UKR", 200, "", []string{"a", "b"}, ""},
+		{"?lang=eng", 400, "invalid_lang", nil, "lang"},
+		{"?lang=DEU", 400, "invalid_lang", nil, "lang"},
+		{"?lang=", 400, "invalid_lang", nil, "lang"},
+		{"?lang=ENG&lang=RUS", 400, "invalid_lang", nil, "lang"},
+		{"?limit=1", 200, "", []string{"a"}, ""},
+		{"?limit=100", 200, "", []string{"a", "b"}, ""},
+		{"?limit=0", 400, "invalid_limit", nil, "limit"},
+		{"?limit=101", 400, "invalid_limit", nil, "limit"},
+		{"?limit=-1", 400, "invalid_limit", nil, "limit"},
+		{"?limit=%2B5", 400, "invalid_limit", nil, "limit"},
+		{"?limit=1.5", 400, "invalid_limit", nil, "limit"},
+		{"?limit=abc", 400, "invalid_limit", nil, "limit"},
+		{"?limit=99999999999999999999", 400, "invalid_limit", nil, "limit"},
+		{"?limit=%zz", 400, "invalid_limit", nil, "limit"},
+		{"?status=active", 200, "", []string{"a"}, ""},
+		{"?status=inactive", 200, "", []string{"b"}, ""},
+		{"?status=sold", 400, "invalid_status", nil, "status"},
+		{"?status=Active", 400, "invalid_status", nil, "status"},
+		{"?updated_after=2000-01-01T00:00:00Z", 200, "", []string{"a", "b"}, ""},
+		{"?updated_after=2000-01-01T02:00:00.5%2B02:00", 200, "", []string{"a", "b"}, ""},
+		{"?updated_after=2000-01-01T02:00:00+02:00", 200, "", []string{"a", "b"}, ""}, // unencoded + arrives as a space
+		{"?updated_after=2999-01-01T00:00:00Z", 200, "", []string{}, ""},
+		{"?updated_after=2026-01-01", 400, "invalid_updated_after", nil, "updated_after"},
+		{"?updated_after=2026-01-01T00:00:00", 400, "invalid_updated_after", nil, "updated_after"},
+		{"?updated_after=1700000000", 400, "invalid_updated_after", nil, "updated_after"},
+		{"?updated_after=", 400, "invalid_updated_after", nil, "updated_after"},
+		{"?cursor=", 400, "invalid_cursor", nil, "cursor"},
+		{"?cursor=abc", 400, "invalid_cursor", nil, "cursor"},
+		{"?cursor=" + strings.Repeat("A", 5000), 400, "invalid_cursor", nil, "cursor"},
+		{"?cursor=%FF%FE", 400, "invalid_cursor", nil, "cursor"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.query, func(t *testing.T) {
+			r := e.get(t, owner, "/v1/export/items"+tt.query)
+			if r.status != tt.status {
+				t.Fatalf("GET %s = %d %s, want %d", tt.query, r.status, r.body, tt.status)
+			}
+			if tt.status != 200 {
+				if r.env.Error == nil || r.env.Error.Code != tt.code || !strings.Contains(r.env.Error.Message, tt.wantText) {
+					t.Errorf("GET %s error = %+v, want code %s naming %s", tt.query, r.env.Error, tt.code, tt.wantText)
+				}
+				return
+			}
+			ids := []string{}
+			for _, it := range r.items(t) {
+				ids = append(ids, it["id"].(string))
+			}
+			if diff := cmp.Diff(tt.wantIDs, ids); diff != "" {
+				t.Errorf("GET %s ids (-want +got):\n%s", tt.query, diff)
+			}
+		})
+	}
+}
+
+func TestUpdatedAfterIsStrict(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("a", "active", "A"), itemLine("b", "active", "B"))
+	var ua string
+	if err := e.pool.QueryRow(context.Background(), `SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+		FROM export_items WHERE id = 'a'`).Scan(&ua); err != nil {
+		t.Fatal(err)
+	}
+	r := e.get(t, owner, "/v1/export/items?updated_after="+url.QueryEscape(ua))
+	for _, it := range r.items(t) {
+		if it["id"] == "a" || it["updated_at"].(string) <= ua {
+			t.Errorf("GET updated_after=%s returned %v updated %v, want only items strictly after", ua, it["id"], it["updated_at"])
+		}
+	}
+}
+
+func TestPaginationEachItemOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	owner := e.owner(t)
+	other := e.owner(t)
+	if _, err := catalog.Seed(ctx, e.pool, owner, 1000, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.Seed(ctx, e.pool, other, 50, 4); err != nil {
+		t.Fatal(err)
+	}
+	// Many equal updated_at values, so the id half of the keyset is tested too.
+	if _, err := e.pool.Exec(ctx, `UPDATE export_items SET updated_at = date_trunc('second', updated_at) - (ascii(right(id, 1)) % 3) * interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, status := range []string{"", "active"} {
+		var want int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM export_items WHERE owner_id = $1 AND ($2 = '' OR status = $2)`, owner, status).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		var last string
+		pages := 0
+		q := url.Values{"limit": {"7"}}
+		if status != "" {
+			q.Set("status", status)
+		}
+		for {
+			r := e.get(t, owner, "/v1/export/items?"+q.Encode())
+			if r.status != 200 {
+				t.Fatalf("page %d = %d %s", pages, r.status, r.body)
+			}
+			pages++
+			items := r.items(t)
+			for _, it := range items {
+				// Ties are ordered by id in the database's collation, so only
+				// updated_at is checked here; "each item once" checks the rest.
+				key := it["updated_at"].(string)
+				if key < last {
+					t.Fatalf("page %d: %s after %s, want ascending updated_at", pages, key, last)
+				}
+				last = key
+				seen[it["id"].(string)]++
+				if status != "" && it["status"] != status {
+					t.Fatalf("item %v has status %v under status=%s", it["id"], it["status"], status)
+				}
+			}
+			if r.env.Meta.NextCursor == nil {
+				if !bytes.Contains(r.body, []byte(`"next_cursor":null`)) {
+					t.Errorf("last page meta = %s, want next_cursor null", r.body)
+				}
+				break
+			}
+			if len(items) != 7 {
+				t.Fatalf("page %d has %d items and a next cursor, want 7", pages, len(items))
+			}
+			// lang and limit may change between pages.
+			q.Set("cursor", *r.env.Meta.NextCursor)
+			q.Set("lang", []string{"ENG", "RUS", "UKR"}[pages%3])
+		}
+		if len(seen) != want {
+			t.Errorf("status=%q: saw %d distinct items, want %d", status, len(seen), want)
+		}
+		for id, n := range seen {
+			if n != 1 || !strings.HasPrefix(id, "s3-") {
+				t.Errorf("status=%q: item %s seen %d times, want once and of this owner", status, id, n)
+			}
+		}
+		if wantPages := (want + 6) / 7; pages != wantPages && !(want%7 == 0 && pages == wantPages) {
+			t.Errorf("status=%q: %d pages for %d items, want %d", status, pages, want, wantPages)
+		}
+	}
+}
+
+func TestCursorRejected(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner, other := e.owner(t), e.owner(t)
+	var lines []string
+	for _, id := range []string{"a", "b", "c", "d"} {
+		lines = append(lines, itemLine(id, "active", id))
+	}
+	e.importLines(t, owner, lines...)
+	e.importLines(t, other, lines...)
+	const after = "2000-01-01T00:00:00Z"
+	first := e.get(t, owner, "/v1/export/items?limit=1&status=active&updated_after="+after)
+	if first.env.Meta.NextCursor == nil {
+		t.Fatalf("first page %s has no cursor", first.body)
+	}
+	cur := *first.env.Meta.NextCursor
+	raw, _ := base64.RawURLEncoding.DecodeString(cur)
+	flipped := func(i int) string {
+		b := bytes.Clone(raw)
+		b[i] ^= 0x01
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	tests := []struct {
+		name, owner, query string
+		want               int
+	}{
+		{"same query", owner, "status=active&updated_after=" + after + "&cursor=" + cur, 200},
+		{"same instant, other offset; other lang and limit", owner, "status=active&lang=UKR&limit=3&updated_after=" + url.QueryEscape("2000-01-01T02:00:00+02:00") + "&cursor=" + cur, 200},
+		{"flipped version byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(0), 400},
+		{"flipped timestamp byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(5), 400},
+		{"flipped id byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(10), 400},
+		{"flipped mac byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(len(raw)-1), 400},
+		{"truncated", owner, "status=active&updated_after=" + after + "&cursor=" + cur[:len(cur)-4], 400},
+		{"padded base64", owner, "status=active&updated_after=" + after + "&cursor=" + cur + "%3D", 400},
+		{"another owner", other, "status=active&updated_after=" + after + "&cursor=" + cur, 400},
+		{"status dropped", owner, "updated_after=" + after + "&cursor=" + cur, 400},
+		{"status changed", owner, "status=inactive&updated_after=" + after + "&cursor=" + cur, 400},
+		{"updated_after dropped", owner, "status=active&cursor=" + cur, 400},
+		{"updated_after changed", owner, "status=active&updated_after=2000-01-01T00:00:00.000001Z&cursor=" + cur, 400},
+	}
+	for _, tt := range tests {
+		r := e.get(t, tt.owner, "/v1/export/items?"+tt.query)
+		if r.status != tt.want {
+			t.Errorf("%s: GET = %d %s, want %d", tt.name, r.status, r.body, tt.want)
+			continue
+		}
+		if tt.want == 400 && (r.env.Error == nil || r.env.Error.Code != "invalid_cursor") {
+			t.Errorf("%s: error = %+v, want invalid_cursor", tt.name, r.env.Error)
+		}
+	}
+}
+
+const fullLine = `{"id":"coin-1","coin_id":"K-7","status":"active","price":120.5,"currency":"UAH",` +
+	`"category":{"id":"silver","name":"Silver"},"characteristics":{"metal":"silver","year":1780},` +
+	`"images":[{"id":"i2","url":"https://img.test/2.jpg","position":2,"type":"reverse"},{"id":"i1","url":"https://img.test/1.jpg","position":1,"type":"obverse"}],` +
+	`"texts":{"ENG":{"title":"Thaler","description":"Old thaler"},"RUS":{"title":"Талер"},"UKR":{"title":"Талер","description":"Старий талер"}}}`
+
+func TestItem(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner, other := e.owner(t), e.owner(t)
+	e.importLines(t, owner, fullLine, itemLine("bare", "inactive", "Bare"))
+	e.importLines(t, other, itemLine("theirs", "active", "Theirs"))
+	tests := []struct {
+		path string
+		want map[string]any // fields to check
+	}{
+		{"/v1/export/items/coin-1", map[string]any{"title": "Thaler", "description": "Old thaler", "status": "active", "stock_quantity": 1.0,
+			"coin_id": "K-7", "price": 120.5, "currency": "UAH", "category": map[string]any{"id": "silver", "name": "Silver"},
+			"characteristics": map[string]any{"metal": "silver", "year": 1780.0},
+			"images": []any{
+				map[string]any{"id": "i1", "url": "https://img.test/1.jpg", "position": 1.0, "type": "obverse"},
+				map[string]any{"id": "i2", "url": "https://img.test/2.jpg", "position": 2.0, "type": "reverse"},
+			}}},
+		// RUS lacks a description: ENG's; UKR has both.
+		{"/v1/export/items/coin-1?lang=RUS", map[string]any{"title": "Талер", "description": "Old thaler"}},
+		{"/v1/export/items/coin-1?lang=UKR", map[string]any{"title": "Талер", "description": "Старий талер"}},
+		// No translation at all: ENG; unknown fields are null or empty, never missing.
+		{"/v1/export/items/bare?lang=UKR", map[string]any{"title": "Bare", "description": "", "status": "inactive", "stock_quantity": 0.0,
+			"coin_id": nil, "price": nil, "category": nil, "characteristics": map[string]any{}, "images": []any{}}},
+	}
+	for _, tt := range tests {
+		r := e.get(t, owner, tt.path)
+		if r.status != 200 {
+			t.Fatalf("GET %s = %d %s", tt.path, r.status, r.body)
+		}
+		var item map[string]any
+		if err := json.Unmarshal(r.env.Data, &item); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"id", "coin_id", "status", "title", "description", "price", "currency", "stock_quantity", "category", "characteristics", "images", "updated_at"} {
+			if _, ok := item[f]; !ok {
+				t.Errorf("GET %s: field %s missing", tt.path, f)
+			}
+		}
+		if ts, err := time.Parse(time.RFC3339Nano, item["updated_at"].(string)); err != nil || !strings.HasSuffix(item["updated_at"].(string), "Z") || len(item["updated_at"].(string)) != 27 {
+			t.Errorf("GET %s: updated_at %v (%v), want RFC 3339 UTC with 6 fractional digits", tt.path, item["updated_at"], ts)
+		}
+		got := map[string]any{}
+		for k := range tt.want {
+			got[k] = item[k]
+		}
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("GET %s (-want +got):\n%s", tt.path, diff)
+		}
+	}
+
+	// Missing and another owner's item: the same 404 apart from the request id.
+	missing := e.get(t, owner, "/v1/export/items/nope")
+	theirs := e.get(t, owner, "/v1/export/items/theirs")
+	if missing.status != 404 || theirs.status != 404 || missing.env.Error.Code != "not_found" {
+		t.Fatalf("missing = %d %s, theirs = %d %s, want 404 not_found", missing.status, missing.body, theirs.status, theirs.body)
+	}
+	if diff := cmp.Diff(missing.env.Error, theirs.env.Error); diff != "" {
+		t.Errorf("404 bodies differ (-missing +theirs):\n%s", diff)
+	}
+	for _, path := range []string{"/v1/export/items/" + strings.Repeat("x", 200), "/v1/export/items/%FF", "/v1/export/items/a%00b"} {
+		if r := e.get(t, owner, path); r.status != 404 {
+			t.Errorf("GET %s = %d %s, want 404", path, r.status, r.body)
+		}
+	}
+	if r := e.get(t, owner, "/v1/export/items/coin-1?lang=xx"); r.status != 400 || r.env.Error.Code != "invalid_lang" {
+		t.Errorf("GET item lang=xx = %d %s, want 400 invalid_lang", r.status, r.body)
+	}
+	// The list of the other owner holds only its own item.
+	r := e.get(t, other, "/v1/export/items")
+	if items := r.items(t); len(items) != 1 || items[0]["id"] != "theirs" {
+		t.Errorf("other owner's list = %s, want only theirs", r.env.Data)
+	}
+}
+
+func TestAccess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	tests := []struct {
+		name    string
+		prepare func(*http.Request)
+		status  int
+		code    string
+	}{
+		{"unsigned", nil, 401, "unauthenticated"},
+		{"anonymous", e.sign("", identity.ScopeExportRead), 401, "unauthenticated"},
+		{"write key", e.sign(owner, identity.ScopeSalesWrite), 403, "forbidden"},
+		{"read key", e.sign(owner), 200, ""},
+	}
+	for _, tt := range tests {
+		for _, path := range []string{"/v1/export/items", "/v1/export/items/x"} {
+			r := e.do(t, path, tt.prepare)
+			if path == "/v1/export/items/x" && tt.status == 200 {
+				tt.status, tt.code = 404, "not_found"
+			}
+			if r.status != tt.status || (tt.code != "" && r.env.Error.Code != tt.code) {
+				t.Errorf("%s: GET %s = %d %s, want %d %s", tt.name, path, r.status, r.body, tt.status, tt.code)
+			}
+		}
+	}
+}
+
+func TestGzip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	owner := e.owner(t)
+	if _, err := catalog.Seed(ctx, e.pool, owner, 30, 1); err != nil {
+		t.Fatal(err)
+	}
+	plain := e.get(t, owner, "/v1/export/items?limit=30")
+	req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/export/items?limit=30", nil)
+	e.sign(owner)(req)
+	req.Header.Set("Accept-Encoding", "br;q=1, gzip;q=0.8")
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("Content-Encoding = %q, want gzip", resp.Header.Get("Content-Encoding"))
+	}
+	zr, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Same page apart from the request id (each request has its own).
+	strip := func(b []byte) string { return string(b[:bytes.Index(b, []byte(`"meta"`))]) }
+	if strip(body) != strip(plain.body) {
+		t.Errorf("gunzipped body differs from the plain one")
+	}
+	req.Header.Set("Accept-Encoding", "gzip;q=0")
+	resp2, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.Header.Get("Content-Encoding") != "" {
+		t.Errorf("gzip;q=0: Content-Encoding = %q, want none", resp2.Header.Get("Content-Encoding"))
+	}
+}
