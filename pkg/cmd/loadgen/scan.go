@@ -17,7 +17,7 @@ import (
 var docColumn = map[string]string{"ENG": "doc_eng", "RUS": "doc_rus", "UKR": "doc_ukr"}
 
 // runScan is "loadgen scan": the sync baseline. It reads the same rows the
-// reader serves, with the same keyset query shape and page size, straight
+// reader serves, with the reader's keyset query and page size, straight
 // from PostgreSQL over one connection, keeping the stored JSON as bytes: the
 // floor no HTTP service over this table can beat.
 func runScan(ctx context.Context, cfg Config, args []string, stdout io.Writer) error {
@@ -58,9 +58,9 @@ func keysetScan(ctx context.Context, pool *pgxpool.Pool, owner, col string, limi
 		return syncResult{}, err
 	}
 	defer conn.Release()
-	first := `SELECT id, status, sold, updated_at, ` + col + ` FROM export_items
+	first := `SELECT id, status, updated_at, ` + col + ` FROM export_items
 		WHERE owner_id = $1 ORDER BY updated_at, id LIMIT $2`
-	next := `SELECT id, status, sold, updated_at, ` + col + ` FROM export_items
+	next := `SELECT id, status, updated_at, ` + col + ` FROM export_items
 		WHERE owner_id = $1 AND (updated_at, id) > ($3, $4) ORDER BY updated_at, id LIMIT $2`
 	var (
 		res    syncResult
@@ -68,7 +68,6 @@ func keysetScan(ctx context.Context, pool *pgxpool.Pool, owner, col string, limi
 		lastID string
 		doc    []byte
 		status string
-		sold   bool
 	)
 	start := time.Now()
 	for {
@@ -84,7 +83,7 @@ func keysetScan(ctx context.Context, pool *pgxpool.Pool, owner, col string, limi
 		}
 		n := 0
 		for rows.Next() {
-			if err := rows.Scan(&lastID, &status, &sold, &lastAt, &doc); err != nil {
+			if err := rows.Scan(&lastID, &status, &lastAt, &doc); err != nil {
 				rows.Close()
 				return res, err
 			}

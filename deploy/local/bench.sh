@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# make bench: measure the product against baselines run on this machine in
+# the same run, and write the table to BENCHMARKS.md.
+#
+#   BENCH_ITEMS    items seeded for the owner (default 1000000; 50000 quick)
+#   BENCH_QUICK=1  short runs, finishes in a few minutes; the table goes to
+#                  .run/bench/BENCHMARKS-quick.md instead of BENCHMARKS.md
+#   BENCH_DURATION measured seconds per load run (default 15; 5 quick)
+#   BENCH_WARMUP   unmeasured seconds before each load run (default 5; 2 quick)
+#   BENCH_PROFILE=1  perf CPU profiles of gateway and export-reader during
+#                  the two full syncs, summaries in .run/bench/profile/
+#   BENCH_RESEED=1 drop the bench database and seed again
+#
+# Everything lives in .run/bench (its own PostgreSQL, Redis, logs, results)
+# on its own ports (18080-18090, admin 19080-19090), so it runs beside
+# make run. The seeded database is kept and reused while BENCH_ITEMS stays
+# the same. Everything started here is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+. deploy/local/lib.sh
+
+quick=${BENCH_QUICK:-0}
+if [ "$quick" = 1 ]; then
+  items=${BENCH_ITEMS:-50000}; duration=${BENCH_DURATION:-5}; warmup=${BENCH_WARMUP:-2}; mode=quick
+  report_out=$root/.run/bench/BENCHMARKS-quick.md
+else
+  items=${BENCH_ITEMS:-1000000}; duration=${BENCH_DURATION:-15}; warmup=${BENCH_WARMUP:-5}; mode=full
+  report_out=$root/BENCHMARKS.md
+fi
+[[ $items =~ ^[0-9]+$ ]] && [ "$items" -ge 1000 ] || die "BENCH_ITEMS must be a number ≥ 1000"
+
+state=$root/.run/bench
+mkdir -p "$state/logs" "$state/bin"
+chmod 755 "$root/.run" "$state"
+results=$state/results.jsonl
+rm -f "$results"
+
+# Ports: gateway, the same gateway without rate limiting, the services, nginx.
+gw_port=18080; gw_off_port=18090
+reader_port=18081; writer_port=18082; shop_port=18083; nginx_port=18084
+
+# --- prerequisites -----------------------------------------------------------
+
+ensure_packages
+need_tools=()
+command -v wrk >/dev/null 2>&1 || need_tools+=(wrk)
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || need_tools+=(nginx-light)
+if [ ${#need_tools[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${need_tools[*]} with apt-get"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_tools[@]}" >/dev/null || die "apt-get install ${need_tools[*]} failed"
+  else
+    die "missing ${need_tools[*]}: install them (Debian/Ubuntu: sudo apt-get install -y ${need_tools[*]})"
+  fi
+fi
+nginx_bin=$(command -v nginx 2>/dev/null || echo /usr/sbin/nginx)
+for b in gateway export-reader sales-writer shop-schema exportctl; do
+  [ -x "bin/$b" ] || die "bin/$b is missing: run make build (make bench does)"
+done
+for port in $gw_port $gw_off_port $reader_port $writer_port $shop_port $nginx_port 19080 19081 19082 19083 19090; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then die "port $port is in use: is another make bench running?"; fi
+done
+go build -o "$state/bin/loadgen" ./pkg/cmd/loadgen || die "building loadgen failed"
+loadgen=$state/bin/loadgen
+
+# --- stop everything on exit ---------------------------------------------------
+
+pids=()
+names=()
+perf_pids=()
+stop_all() {
+  trap - INT TERM EXIT
+  log "stopping the bench stack"
+  for pid in "${perf_pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  redis_stop "$state/redis"
+  pg_stop "$state/pg"
+}
+trap stop_all INT TERM EXIT
+
+# --- PostgreSQL, Redis, secrets, seed ----------------------------------------------
+
+log "starting PostgreSQL and Redis under .run/bench"
+pg_start "$state/pg"
+redis_start "$state/redis"
+
+if [ ! -f "$state/secrets" ]; then
+  umask 077
+  { echo "IDENTITY_SECRET=$(random_secret)"; echo "CURSOR_SECRET=$(random_secret)"; } >"$state/secrets"
+  umask 022
+fi
+set -a; . "$state/secrets"; set +a
+
+# Nothing from the caller's stack may leak in: our own database, Redis and
+# no trace export (spans are still made, as in production, but go nowhere).
+unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT READ_DATABASE_URL
+export DATABASE_URL="postgres://postgres@/bench?host=$state/pg"
+export REDIS_URL="unix://$state/redis/redis.sock"
+export LOG_LEVEL=${BENCH_LOG_LEVEL:-warn}
+export LOADGEN_RESULTS=$results
+
+psql_bench() { psql -h "$state/pg" -U postgres -d bench -v ON_ERROR_STOP=1 -qtAX "$@"; }
+
+seed_env=$state/seed.env
+seeded=""
+[ -f "$seed_env" ] && seeded=$(grep -o '^BENCH_SEEDED_ITEMS=[0-9]*' "$seed_env" | cut -d= -f2 || true)
+if [ "${BENCH_RESEED:-0}" = 1 ] || [ "$seeded" != "$items" ]; then
+  log "seeding a fresh bench database with $items items (kept for the next run with the same BENCH_ITEMS)"
+  rm -f "$seed_env"
+  psql -h "$state/pg" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS bench" >/dev/null
+  pg_create_db "$state/pg" bench
+  bin/exportctl migrate >/dev/null
+  owner=$(bin/exportctl owner create --name "Bench coins" --json | json_field id)
+  [ -n "$owner" ] || die "exportctl owner create printed no id"
+  t0=$(date +%s)
+  bin/exportctl items seed --owner "$owner" --count "$items" --seed 1 >/dev/null
+  log "seeded $items items in $(( $(date +%s) - t0 )) s"
+  psql_bench -c "VACUUM (ANALYZE) export_items" >/dev/null
+  read_json=$(bin/exportctl key create --owner "$owner" --scope export:read --name bench-read --json)
+  read_key=$(json_field key <<<"$read_json"); read_key_id=$(json_field id <<<"$read_json")
+  write_keys=()
+  for i in $(seq -w 1 32); do
+    bin/exportctl platform create --id "bench-p$i" --name "Bench platform $i" >/dev/null
+    write_keys+=("$(bin/exportctl key create --owner "$owner" --scope sales:write --platform "bench-p$i" --name "bench-write-$i" --json | json_field key)")
+  done
+  umask 077
+  { printf 'LOADGEN_OWNER_ID=%s\nLOADGEN_READ_KEY=%s\nLOADGEN_READ_KEY_ID=%s\n' "$owner" "$read_key" "$read_key_id"
+    printf 'LOADGEN_WRITE_KEYS=%s\n' "$(IFS=,; echo "${write_keys[*]}")"
+    printf 'BENCH_SEEDED_ITEMS=%s\n' "$items"; } >"$seed_env"
+  umask 022
+else
+  log "reusing the seeded bench database ($items items)"
+  bin/exportctl migrate >/dev/null
+fi
+set -a; . "$seed_env"; set +a
+
+# --- the stack -------------------------------------------------------------------
+
+start() { # start NAME COMMAND...: runs a command in the background
+  local name=$1; shift
+  "$@" >>"$state/logs/$name.log" 2>&1 &
+  pids+=($!); names+=("$name")
+  log "$name started (pid $!, log .run/bench/logs/$name.log)"
+}
+pid_of() { local i; for i in "${!names[@]}"; do [ "${names[$i]}" = "$1" ] && { echo "${pids[$i]}"; return; }; done; }
+
+wait_http() { # wait_http NAME URL: up to 15 s for a 200
+  local i
+  for i in $(seq 150); do
+    curl -fsS -o /dev/null "$2" 2>/dev/null && return 0
+    kill -0 "$(pid_of "$1")" 2>/dev/null || { tail -20 "$state/logs/$1.log" >&2; die "$1 exited"; }
+    sleep 0.1
+  done
+  tail -20 "$state/logs/$1.log" >&2
+  die "$1 does not answer $2"
+}
+
+log "starting the services, two gateways and nginx"
+start export-reader env EXPORT_READER_ADDR=127.0.0.1:$reader_port EXPORT_READER_ADMIN_ADDR=127.0.0.1:19081 bin/export-reader
+start sales-writer env SALES_WRITER_ADDR=127.0.0.1:$writer_port SALES_WRITER_ADMIN_ADDR=127.0.0.1:19082 bin/sales-writer
+start shop-schema env SHOP_SCHEMA_ADDR=127.0.0.1:$shop_port SHOP_SCHEMA_ADMIN_ADDR=127.0.0.1:19083 bin/shop-schema
+gateway_env=(EXPORT_READER_URLS=http://127.0.0.1:$reader_port SALES_WRITER_URLS=http://127.0.0.1:$writer_port
+  SHOP_SCHEMA_URLS=http://127.0.0.1:$shop_port RATE_LIMIT_EXPORT_READ=100000000-M RATE_LIMIT_SALES_WRITE=100000000-M)
+# Limits far above the load, so every request pays for the decision and
+# none is refused: the figure is the cost of limiting, not its effect.
+start gateway env "${gateway_env[@]}" GATEWAY_ADDR=127.0.0.1:$gw_port GATEWAY_ADMIN_ADDR=127.0.0.1:19080 bin/gateway
+start gateway-nolimit env "${gateway_env[@]}" GATEWAY_ADDR=127.0.0.1:$gw_off_port GATEWAY_ADMIN_ADDR=127.0.0.1:19090 \
+  RATE_LIMIT_ENABLED=false bin/gateway
+mkdir -p "$state/nginx"
+"$loadgen" nginx-conf --dir "$state/nginx" --listen 127.0.0.1:$nginx_port --upstream 127.0.0.1:$reader_port \
+  --out "$state/nginx/nginx.conf"
+start nginx "$nginx_bin" -p "$state/nginx" -c "$state/nginx/nginx.conf" -e "$state/nginx/nginx-error.log"
+
+wait_http export-reader http://127.0.0.1:$reader_port/healthz
+wait_http sales-writer http://127.0.0.1:$writer_port/healthz
+wait_http gateway http://127.0.0.1:$gw_port/v1/health
+wait_http gateway-nolimit http://127.0.0.1:$gw_off_port/v1/health
+for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$nginx_port) 2>/dev/null && break; sleep 0.1; done
+
+# --- profiles (BENCH_PROFILE=1) --------------------------------------------------
+
+profile_start() { # profile_start TAG: perf on the gateway and the reader
+  [ "${BENCH_PROFILE:-0}" = 1 ] || return 0
+  command -v perf >/dev/null 2>&1 || { log "perf not installed: no profile"; return 0; }
+  mkdir -p "$state/profile"
+  local name
+  for name in gateway export-reader; do
+    perf record -F 499 -g -p "$(pid_of $name)" -o "$state/profile/$1-$name.data" >/dev/null 2>&1 &
+    perf_pids+=($!)
+  done
+}
+profile_stop() { # profile_stop TAG: stop perf, write the top functions
+  [ ${#perf_pids[@]} -gt 0 ] || return 0
+  local pid name
+  for pid in "${perf_pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  perf_pids=()
+  for name in gateway export-reader; do
+    perf report -i "$state/profile/$1-$name.data" --no-children --sort symbol --stdio 2>/dev/null \
+      | grep -v '^#' | grep '%' | head -40 >"$state/profile/$1-$name.top.txt" || true
+    perf report -i "$state/profile/$1-$name.data" --children --sort symbol --stdio -g none 2>/dev/null \
+      | grep -v '^#' | grep '%' | head -60 >"$state/profile/$1-$name.cumulative.txt" || true
+    log "profile: .run/bench/profile/$1-$name.top.txt"
+  done
+}
+
+# --- scenarios ---------------------------------------------------------------------
+
+lg() { "$loadgen" "$@"; }
+gw=http://127.0.0.1:$gw_port
+load=(--duration "${duration}s" --warmup "${warmup}s")
+
+log "sampling 10,000 random item ids"
+lg ids --count 10000 --out "$state/ids.txt"
+
+log "full sync baselines and runs ($items items each)"
+lg scan --name scan_warmup >/dev/null # fills shared_buffers and the page cache
+lg scan --name scan --expect "$items"
+profile_start sync
+lg sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50
+lg sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50
+profile_stop sync
+
+for conns in 64 256; do
+  log "GET by id at $conns connections: nginx, gateway, gateway without rate limiting"
+  if [ "$conns" = 256 ]; then lg rss --reset --pid "$(pid_of gateway)"; fi
+  lg get --name get_nginx_$conns --url http://127.0.0.1:$nginx_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
+  lg get --name get_gateway_$conns --url $gw --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
+  lg get --name get_nolimit_$conns --url http://127.0.0.1:$gw_off_port --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
+  if [ "$conns" = 256 ]; then lg rss --name rss_gateway_256 --pid "$(pid_of gateway)"; fi
+done
+
+log "confirm + cancel pairs, 32 platforms"
+lg sales --base $gw/v1 --workers 32 "${load[@]}"
+
+log "incremental sync after 1% of the items change"
+lg incremental --base $gw/v1 --auth key --fraction 0.01
+
+for name in gateway gateway-nolimit export-reader sales-writer shop-schema; do
+  lg rss --name "rss_${name//-/_}" --pid "$(pid_of "$name")"
+done
+
+versions="$(psql -h "$state/pg" -U postgres -d postgres -tAc 'SHOW server_version' | cut -d' ' -f1)"
+versions="PostgreSQL $versions, $("$nginx_bin" -v 2>&1 | sed 's|.*nginx/|nginx |'), $(wrk --version 2>&1 | head -1 | awk '{print "wrk " $2}')"
+echo
+lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out"
+log "table written to ${report_out#$root/}; results in .run/bench/results.jsonl"
