@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
+)
+
+// spanText flattens everything a span exports: name, attributes, events,
+// status and links, so a secret anywhere in it is found.
+func spanText(s sdktrace.ReadOnlySpan) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%s|%s|", s.Name(), s.Status().Code, s.Status().Description)
+	for _, a := range s.Attributes() {
+		fmt.Fprintf(&b, "%s=%s|", a.Key, a.Value.Emit())
+	}
+	for _, e := range s.Events() {
+		fmt.Fprintf(&b, "event %s|", e.Name)
+		for _, a := range e.Attributes {
+			fmt.Fprintf(&b, "%s=%s|", a.Key, a.Value.Emit())
+		}
+	}
+	return b.String()
+}
+
+// TestKeyNeverLeaks runs schema calls that succeed and fail, with the
+// server span and the outbound client spans recorded, and looks for the
+// key (and its Basic encoding) in every log line and span.
+func TestKeyNeverLeaks(t *testing.T) {
+	// The server span comes from the global provider (pkg/httpserver).
+	server := tracetest.NewSpanRecorder()
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(server)))
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+
+	wrongKey := "LEAKCANARY0123456789LEAKCANARY01"
+	tests := []struct {
+		name, key string
+		setup     func(*fakeshop.Shop)
+		wantCode  string
+	}{
+		{"success", fakeshop.Key, nil, ""},
+		{"wrong key", wrongKey, nil, "shop_401"},
+		{"wrong shop", fakeshop.Key, func(s *fakeshop.Shop) { s.WrongShop = true }, "shop_403"},
+		{"server error", fakeshop.Key, func(s *fakeshop.Shop) { s.ServerError = true }, "shop_unavailable"},
+		{"no rewrite", fakeshop.Key, func(s *fakeshop.Shop) { s.NoRewrite = true }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shop := fakeshop.Sample("9", true)
+			if tt.setup != nil {
+				tt.setup(shop)
+			}
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, nil)
+			_, env := svc.post(t, body(shop.URL(), tt.key))
+			if errCode(env) != tt.wantCode && !(tt.wantCode == "" && env.Error == nil) {
+				t.Fatalf("POST schema = %s, want %q", errCode(env), tt.wantCode)
+			}
+			if got := shop.Keys(); len(got) == 0 || got[0] != tt.key {
+				t.Fatalf("shop received keys %q, want %q as Basic user", got, tt.key)
+			}
+			spans := svc.spans.Ended()
+			if len(spans) == 0 {
+				t.Fatal("no client span recorded")
+			}
+			var all strings.Builder
+			all.WriteString(svc.logs.String())
+			for _, s := range append(spans, server.Ended()...) {
+				all.WriteString(spanText(s))
+			}
+			if env.Error != nil {
+				all.WriteString(env.Error.Message)
+			}
+			basic := strings.TrimPrefix(basicHeader(tt.key), "Basic ")
+			for _, secret := range []string{tt.key, basic} {
+				if strings.Contains(all.String(), secret) {
+					t.Errorf("logs, spans or the answer contain the key (%q)", secret)
+				}
+			}
+			if !strings.Contains(all.String(), "/api/categories") && !strings.Contains(all.String(), "dispatcher.php") {
+				t.Errorf("client spans lack the shop URL; the test would not see a key put there:\n%s", all.String())
+			}
+		})
+	}
+}
+
+func basicHeader(key string) string {
+	r, _ := http.NewRequest("GET", "https://x", nil)
+	r.SetBasicAuth(key, "")
+	return r.Header.Get("Authorization")
+}
+
+// rebindResolver answers a public address the first time a name is looked
+// up (the validation check) and loopback afterwards (the dial): DNS
+// rebinding.
+type rebindResolver struct{ calls atomic.Int64 }
+
+func (r *rebindResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if host != "rebind.example.com" {
+		return nil, errors.New("no such host")
+	}
+	if r.calls.Add(1) == 1 {
+		return []netip.Addr{netip.MustParseAddr("93.184.216.34")}, nil
+	}
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+}
+
+// TestDNSRebindingRefusedAtConnect: the name passes validation with a
+// public address, then resolves to the loopback shop when dialed; the
+// dialer's Control hook refuses it and the shop sees no connection.
+func TestDNSRebindingRefusedAtConnect(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	_, port, _ := net.SplitHostPort(shop.Addr())
+	vars := map[string]string{"IDENTITY_SECRET": testSecret, "SHOP_SCHEMA_PORTS": "443," + port}
+	cfg, err := loadConfig(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	resolver := &rebindResolver{}
+	srv, err := newServer(cfg, logging.New(logs, "info", "shop-schema"), trace.NewNoopTracerProvider(), resolver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &service{url: startHandler(t, srv.Handler()), logs: logs}
+	svc.signer, _ = identity.NewSigner(testSecret)
+	status, env := svc.post(t, body("https://rebind.example.com:"+port, fakeshop.Key))
+	if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
+		t.Errorf("POST schema with a rebinding name = %d %s, want 400 base_url_not_allowed", status, errCode(env))
+	}
+	if resolver.calls.Load() < 2 {
+		t.Errorf("resolver called %d times, want the validation and the dial lookups", resolver.calls.Load())
+	}
+	if n := shop.Connections(); n != 0 {
+		t.Errorf("shop accepted %d connections, want 0", n)
+	}
+}
