@@ -19,7 +19,7 @@ import (
 const (
 	maxIdempotencyKey  = 128
 	maxExternalOrderID = 128
-	maxItemID          = 128     // export_items.id
+	maxItemID          = 128      // export_items.id
 	maxBodyBytes       = 16 << 10 // a valid body is well under 1 KiB
 	maxNameInMessage   = 64
 )

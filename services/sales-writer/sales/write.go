@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,6 +127,10 @@ func classify(err error) error {
 	switch {
 	case pgErr.Code == "23505" && pgErr.ConstraintName == "sales_one_open_sale_per_item":
 		return ErrAlreadySold
+	case pgErr.Code == "23503" && strings.HasPrefix(pgErr.ConstraintName, "idempotency_records_"):
+		// The key's owner or platform is not in the database (the gateway
+		// signed a key whose owner was since removed): nothing is theirs.
+		return ErrNotFound
 	case pgErr.Code == "40P01", pgErr.Code == "40001":
 		// Deadlock or serialization failure: nothing was written; run again.
 		return errRetry

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const secret = "0123456789abcdef0123456789abcdef"
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadConfigDefaults(t *testing.T) {
+	got, err := loadConfig(env(map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": secret}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Addr: "127.0.0.1:8082", AdminAddr: "127.0.0.1:9082", DatabaseURL: "host=/tmp", DBMaxConns: 8,
+		IdentitySecret: secret, IdempotencyRetention: 24 * time.Hour, PurgeInterval: 5 * time.Minute, LogLevel: "info"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("loadConfig mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestLoadConfigRefuses(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": secret}
+	tests := []struct{ name, key, value, wantInErr string }{
+		{"no database", "DATABASE_URL", "", "DATABASE_URL"},
+		{"short secret", "IDENTITY_SECRET", "short", "IDENTITY_SECRET"},
+		{"bad retention", "IDEMPOTENCY_RETENTION", "a day", "IDEMPOTENCY_RETENTION"},
+		{"negative retention", "IDEMPOTENCY_RETENTION", "-1h", "IDEMPOTENCY_RETENTION"},
+		{"bad purge interval", "IDEMPOTENCY_PURGE_INTERVAL", "0s", "IDEMPOTENCY_PURGE_INTERVAL"},
+		{"bad pool size", "SALES_WRITER_DB_MAX_CONNS", "0", "SALES_WRITER_DB_MAX_CONNS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := map[string]string{}
+			for k, v := range base {
+				m[k] = v
+			}
+			m[tt.key] = tt.value
+			_, err := loadConfig(env(m))
+			if err == nil || !strings.Contains(err.Error(), tt.wantInErr) {
+				t.Errorf("loadConfig(%s=%q) = %v, want an error naming %s", tt.key, tt.value, err, tt.wantInErr)
+			}
+			if err != nil && strings.Contains(err.Error(), secret) {
+				t.Errorf("loadConfig error %q quotes the secret", err)
+			}
+		})
+	}
+}
+
+func TestPoolDSNAndRedaction(t *testing.T) {
+	tests := []struct{ dsn, wantPool, wantRedacted string }{
+		{"postgres://u:pw@db:5432/x?sslmode=disable", "postgres://u:pw@db:5432/x?pool_max_conns=8&sslmode=disable", "postgres://u:xxxxx@db:5432/x?sslmode=disable"},
+		{"host=/run/pg user=u password=pw dbname=x", "host=/run/pg user=u password=pw dbname=x pool_max_conns=8", "host=/run/pg user=u password=xxxxx dbname=x"},
+	}
+	for _, tt := range tests {
+		c := Config{DatabaseURL: tt.dsn, DBMaxConns: 8}
+		if got := c.poolDSN(); got != tt.wantPool {
+			t.Errorf("poolDSN(%q) = %q, want %q", tt.dsn, got, tt.wantPool)
+		}
+		if got := redactDSN(tt.dsn); got != tt.wantRedacted {
+			t.Errorf("redactDSN(%q) = %q, want %q", tt.dsn, got, tt.wantRedacted)
+		}
+	}
+}

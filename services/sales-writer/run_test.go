@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// syncBuffer is the service's stdout, read while it runs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRunServesAndStops starts the binary's run on loopback, sells an item
+// through a real HTTP connection, and stops it.
+func TestRunServesAndStops(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	setup, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setup.Close()
+	var owner string
+	err = setup.QueryRow(context.Background(), "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		"INSERT INTO platforms (id) VALUES ('market-a')",
+		`INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
+		 VALUES ('` + owner + `', 'coin-1', true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"coin-1"', '"id":"coin-1"', '"id":"coin-1"', now())`,
+	} {
+		if _, err := setup.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	addr := freeAddr(t)
+	vars := map[string]string{
+		"DATABASE_URL": dsn + " password=not-a-real-password", "IDENTITY_SECRET": secret,
+		"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": freeAddr(t),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, env(vars), &out) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run() = %v, want nil after a clean stop", err)
+		}
+		if strings.Contains(out.String(), "not-a-real-password") || strings.Contains(out.String(), secret) {
+			t.Errorf("logs contain a secret:\n%s", out.String())
+		}
+	}()
+	waitReady(t, "http://"+addr+"/healthz", &out)
+
+	signer, _ := identity.NewSigner(secret)
+	tests := []struct {
+		name, owner string
+		wantStatus  int
+		wantCode    string
+	}{
+		{"sale", owner, 200, ""},
+		{"owner unknown to the database", "00000000-0000-0000-0000-000000000001", 404, "not_found"},
+	}
+	for _, tt := range tests {
+		id := identity.Identity{OwnerID: tt.owner, PlatformID: "market-a", KeyID: "k",
+			Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-1"}
+		status, body := post(t, signer, "http://"+addr+"/v1/export/items/coin-1/sales/confirm", id)
+		code := ""
+		if body.Error != nil {
+			code = body.Error.Code
+		}
+		if status != tt.wantStatus || code != tt.wantCode || body.Meta.RequestID != "req-1" {
+			t.Errorf("%s: confirm = %d %q %+v, want %d %q with request id req-1", tt.name, status, code, body.Meta, tt.wantStatus, tt.wantCode)
+		}
+	}
+}
+
+func waitReady(t *testing.T, url string, out *syncBuffer) {
+	t.Helper()
+	var err error
+	for range 100 {
+		var resp *http.Response
+		if resp, err = http.Get(url); err == nil {
+			resp.Body.Close()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("service did not start: %v\n%s", err, out.String())
+}
+
+func post(t *testing.T, signer *identity.Signer, url string, id identity.Identity) (int, envelope.Parsed) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"external_order_id":"o-1"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "k-1")
+	for _, h := range signer.Sign(id, time.Now()) {
+		req.Header.Set(h.Name, h.Value)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body envelope.Parsed
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body
+}

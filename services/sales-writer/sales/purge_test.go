@@ -1,0 +1,50 @@
+package sales
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+func TestPurgeDeletesOnlyExpiredRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	var owner string
+	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	// More expired records than one purge statement deletes.
+	const expired, live = 2*purgeBatch + 7, 5
+	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('p')"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := db.Exec(ctx, `
+		INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
+		SELECT $1::uuid, 'p', 'old-' || g, '\x00'::bytea, '{}'::jsonb, now() - interval '1 minute' FROM generate_series(1, $2::int) g
+		UNION ALL
+		SELECT $1::uuid, 'p', 'new-' || g, '\x00'::bytea, '{}'::jsonb, now() + interval '1 hour' FROM generate_series(1, $3::int) g`,
+		owner, expired, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWriter(db, time.Hour)
+	n, err := w.Purge(ctx)
+	if err != nil || n != expired {
+		t.Errorf("Purge() = %d, %v, want %d, nil", n, err, expired)
+	}
+	var left int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE 'new-%'").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	var total int
+	_ = db.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&total)
+	if left != live || total != live {
+		t.Errorf("records after Purge = %d (%d live), want %d live only", total, left, live)
+	}
+}
