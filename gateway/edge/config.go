@@ -47,6 +47,7 @@ type Config struct {
 
 	RateLimitEnabled      bool          // RATE_LIMIT_ENABLED (true)
 	RateLimitRedisTimeout time.Duration // RATE_LIMIT_REDIS_TIMEOUT (50ms)
+	RateLimitKeyPrefix    string        // RATE_LIMIT_KEY_PREFIX (rl:)
 	RateExportRead        limiter.Rate  // RATE_LIMIT_EXPORT_READ (6000-M) per key
 	RateSalesWrite        limiter.Rate  // RATE_LIMIT_SALES_WRITE (600-M) per key
 	RateAnonymous         limiter.Rate  // RATE_LIMIT_ANONYMOUS (600-M) per client IP
@@ -93,6 +94,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 
 		RateLimitEnabled:      r.boolean("RATE_LIMIT_ENABLED", true),
 		RateLimitRedisTimeout: r.duration("RATE_LIMIT_REDIS_TIMEOUT", 50*time.Millisecond),
+		RateLimitKeyPrefix:    r.str("RATE_LIMIT_KEY_PREFIX", "rl:"),
 		RateExportRead:        r.rate("RATE_LIMIT_EXPORT_READ", "6000-M"),
 		RateSalesWrite:        r.rate("RATE_LIMIT_SALES_WRITE", "600-M"),
 		RateAnonymous:         r.rate("RATE_LIMIT_ANONYMOUS", "600-M"),

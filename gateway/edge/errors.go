@@ -77,7 +77,7 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		return errUpstreamUnavailable, true
 	case errors.Is(err, upstream.ErrTimeout):
 		return errUpstreamTimeout, true
-	case errors.Is(err, upstream.ErrUnreachable), errors.Is(err, upstream.ErrBadResponse):
+	case errors.Is(err, upstream.ErrUnreachable), errors.Is(err, upstream.ErrClosed), errors.Is(err, upstream.ErrBadResponse):
 		return errBadGateway, true
 	case errors.Is(err, errKeyLookup):
 		return errAuthUnavailable, true

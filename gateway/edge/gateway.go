@@ -129,12 +129,14 @@ func start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 	}
 	store := keystore.New(g.pool, keystore.Options{
 		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize,
-		OnLookup: func(hit bool) { g.metrics.keyCache.WithLabelValues(map[bool]string{true: "hit", false: "miss"}[hit]).Inc() },
+		OnLookup: func(hit bool) {
+			g.metrics.keyCache.WithLabelValues(map[bool]string{true: "hit", false: "miss"}[hit]).Inc()
+		},
 	})
 	g.keys = store
 	g.rates = rateClasses(cfg)
 	if cfg.RateLimitEnabled {
-		g.limiter = ratelimit.New(ratelimit.NewSlidingStore(g.redis, "rl:"), ratelimit.Options{
+		g.limiter = ratelimit.New(ratelimit.NewSlidingStore(g.redis, cfg.RateLimitKeyPrefix), ratelimit.Options{
 			Timeout: cfg.RateLimitRedisTimeout, OnDegraded: g.onRedisState,
 		})
 	}
@@ -195,6 +197,7 @@ func (g *Gateway) startBackground(store *keystore.Store) {
 	for _, u := range g.upstreams {
 		g.goBg(func() { u.Probe(bgCtx, g.cfg.UpstreamProbeInterval) })
 	}
+	g.health.check(bgCtx, g.pool, g.redis)
 	g.goBg(func() { g.health.watch(bgCtx, g.pool, g.redis) })
 	limitCtx, stopLimit := context.WithCancel(context.Background())
 	g.stopLimit = stopLimit

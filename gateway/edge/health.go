@@ -35,16 +35,20 @@ func (h *healthState) watch(ctx context.Context, pool *pgxpool.Pool, rdb *redis.
 	tick := time.NewTicker(healthInterval)
 	defer tick.Stop()
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		h.postgresOK.Store(pool.Ping(pctx) == nil)
-		h.redisOK.Store(rdb.Ping(pctx).Err() == nil)
-		cancel()
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		h.check(ctx, pool, rdb)
 	}
+}
+
+func (h *healthState) check(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) {
+	pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	h.postgresOK.Store(pool.Ping(pctx) == nil)
+	h.redisOK.Store(rdb.Ping(pctx).Err() == nil)
 }
 
 // healthData is the data of GET /v1/health.

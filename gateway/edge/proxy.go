@@ -60,7 +60,10 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()
 	uri := string(req.RequestURI()) // original path and query, copied
-	mayRepeat := rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0
+	repeat := upstream.Repeat{
+		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,
+		IfClosed: rt.Method == fiber.MethodGet,
+	}
 	scrubHeaders(&req.Header)
 	req.Header.Set(fiber.HeaderXForwardedFor, c.IP())
 	id := identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID, KeyID: rq.key.ID,
@@ -72,7 +75,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	ctx, span := g.tracer.Start(rq.ctx, "proxy "+rt.Upstream, trace.WithSpanKind(trace.SpanKindClient))
 	defer span.End()
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier{&req.Header})
-	retried, err := up.Do(req, c.Response(), uri, mayRepeat)
+	retried, err := up.Do(req, c.Response(), uri, repeat)
 	if retried {
 		g.metrics.upstreamRetries.WithLabelValues(rt.Upstream).Inc()
 	}
@@ -107,6 +110,8 @@ func errorKind(err error) string {
 		return "unreachable"
 	case errors.Is(err, upstream.ErrTimeout):
 		return "timeout"
+	case errors.Is(err, upstream.ErrClosed):
+		return "closed"
 	default:
 		return "bad_response"
 	}

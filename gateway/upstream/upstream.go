@@ -25,6 +25,10 @@ var (
 	ErrUnreachable = errors.New("upstream: unreachable")
 	// ErrTimeout: the instance did not answer in time.
 	ErrTimeout = errors.New("upstream: timeout")
+	// ErrClosed: the instance closed the connection before the first byte
+	// of an answer, typically a kept-alive connection it had already
+	// dropped (a restart); the request may or may not have been read.
+	ErrClosed = errors.New("upstream: connection closed")
 	// ErrBadResponse: the connection broke or the answer was not HTTP.
 	ErrBadResponse = errors.New("upstream: bad response")
 )
@@ -114,11 +118,24 @@ type dialError struct{ err error }
 func (e dialError) Error() string { return e.err.Error() }
 func (e dialError) Unwrap() error { return e.err }
 
-// Do sends req to one instance and fills resp (its body streams). If the
-// request never reached an instance, it is sent once more to another one;
-// if it may have reached one, it is sent again only when mayRepeat (an
-// idempotency key makes that safe). requestURI is the original path and query.
-func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, mayRepeat bool) (retried bool, err error) {
+// Repeat says when a request may be sent a second time, to another
+// instance, after a failure that happened once it may have arrived.
+type Repeat struct {
+	// Always: repeating is harmless (an Idempotency-Key makes a sale safe
+	// to repeat), whatever the failure.
+	Always bool
+	// IfClosed: the request is safe (GET) and may be repeated when the
+	// connection was found closed before any answer, the usual fate of a
+	// kept-alive connection to a restarted instance. A timeout is never
+	// repeated, so a slow service is not sent twice the load.
+	IfClosed bool
+}
+
+// Do sends req to one instance and fills resp (its body streams). A
+// request that never reached an instance (refused, no free connection) is
+// sent once more to another one; one that may have reached one only as
+// repeat allows. requestURI is the original path and query.
+func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat) (retried bool, err error) {
 	first := u.pick(nil)
 	if first == nil {
 		return false, ErrUnavailable
@@ -127,7 +144,8 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if err == nil {
 		return false, nil
 	}
-	if !errors.Is(err, ErrUnreachable) && !mayRepeat {
+	again := errors.Is(err, ErrUnreachable) || repeat.Always || (repeat.IfClosed && errors.Is(err, ErrClosed))
+	if !again {
 		return false, err
 	}
 	second := u.pick(first)
@@ -160,6 +178,8 @@ func classify(err error) error {
 		return ErrUnreachable
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return ErrTimeout
+	case errors.Is(err, fasthttp.ErrConnectionClosed):
+		return ErrClosed
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {

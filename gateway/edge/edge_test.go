@@ -1,0 +1,320 @@
+package edge_test
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/gateway/gatewaytest"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestErrorAnswersAreEnvelopes(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{
+		"DATABASE_URL":             dsn,
+		"EXPORT_READER_URLS":       reader.URL,
+		"SALES_WRITER_URLS":        brokenUpstream(t, new(atomic.Int64)).URL,
+		"SHOP_SCHEMA_URLS":         slowUpstream(t, 3*time.Second).URL,
+		"UPSTREAM_READ_TIMEOUT":    "300ms",
+		"RATE_LIMIT_AUTH_FAILURES": "1000-M",
+	})
+	down := gatewaytest.Start(t, map[string]string{
+		"DATABASE_URL":       dsn,
+		"EXPORT_READER_URLS": closedURL(t),
+	})
+	items := gw.URL + "/v1/export/items"
+	confirm := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	tests := []struct {
+		name    string
+		method  string
+		url     string
+		headers map[string]string
+		body    string
+		status  int
+		code    string
+	}{
+		{"missing key", "GET", items, nil, "", 401, "unauthenticated"},
+		{"malformed key", "GET", items, map[string]string{"X-API-Key": "cxr_nope"}, "", 401, "unauthenticated"},
+		{"unknown key", "GET", items, map[string]string{"X-API-Key": k.read[:len(k.read)-6] + "000000"}, "", 401, "unauthenticated"},
+		{"revoked key", "GET", items, map[string]string{"X-API-Key": k.revoked}, "", 401, "unauthenticated"},
+		{"key in query", "GET", items + "?api_key=" + k.read, nil, "", 401, "unauthenticated"},
+		{"read key on a sales route", "POST", confirm, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
+		{"sales key without platform", "POST", confirm, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
+		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
+		{"unknown route", "GET", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
+		{"unknown deep route", "GET", items + "/a/b", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
+		{"wrong method", "DELETE", items + "/coin-1", nil, "", 405, "method_not_allowed"},
+		{"body too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 65<<10), 413, "payload_too_large"},
+		{"upstream drops the connection", "POST", confirm, map[string]string{"X-API-Key": k.write}, "{}", 502, "bad_gateway"},
+		{"upstream down", "GET", down.URL + "/v1/export/items", map[string]string{"X-API-Key": k.read}, "", 503, "upstream_unavailable"},
+		{"upstream too slow", "POST", gw.URL + "/v1/sync/prestashop/schema", nil, "{}", 504, "upstream_timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := do(t, tt.method, tt.url, tt.headers, strings.NewReader(tt.body))
+			checkEnvelope(t, r)
+			if r.Status != tt.status || r.Env.Error == nil || r.Env.Error.Code != tt.code {
+				t.Fatalf("%s %s = %d %s, want %d with code %s", tt.method, tt.name, r.Status, r.Body, tt.status, tt.code)
+			}
+			if strings.Contains(string(r.Body), "127.0.0.1") || strings.Contains(string(r.Body), "dial") {
+				t.Errorf("body %s shows an internal address or a raw error", r.Body)
+			}
+			if tt.status == 405 && r.Header.Get("Allow") != "GET" {
+				t.Errorf("Allow = %q, want GET", r.Header.Get("Allow"))
+			}
+		})
+	}
+	// Every 401 has the same body but for the request id.
+	var bodies []string
+	for _, tt := range tests[:5] {
+		r := do(t, tt.method, tt.url, tt.headers, nil)
+		bodies = append(bodies, strings.Replace(string(r.Body), r.Env.Meta.RequestID, "ID", 1))
+	}
+	for i, b := range bodies[1:] {
+		if diff := cmp.Diff(bodies[0], b); diff != "" {
+			t.Errorf("401 body of %q differs from %q (-want +got):\n%s", tests[i+1].name, tests[0].name, diff)
+		}
+	}
+	if strings.Contains(gw.Logs.String(), k.read) || strings.Contains(gw.Logs.String(), k.write) {
+		t.Error("an API key appears in the gateway's logs")
+	}
+}
+
+func TestProxySendsOnlySignedIdentity(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	r := do(t, "GET", gw.URL+"/v1/export/items/coin%201?lang=RUS&limit=2", map[string]string{
+		"X-API-Key":         k.read,
+		"X-Owner-Id":        k.ownerB,
+		"X-Identity-Owner":  k.ownerB,
+		"X-Identity-Scopes": "sales:write",
+		"X-Platform-Id":     "evil",
+		"X-Forwarded-For":   "10.0.0.1",
+		"Cookie":            "session=1",
+		"traceparent":       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"Idempotency-Key":   "idem-1",
+		"Accept-Language":   "ru",
+		"X-Internal-Admin":  "true",
+		"X-Request-Id":      "client-chosen",
+	}, nil)
+	checkEnvelope(t, r)
+	if r.Status != 200 {
+		t.Fatalf("GET with a read key = %d %s, want 200", r.Status, r.Body)
+	}
+	s := decodeSeen(t, r)
+	if s.Identity.OwnerID != k.ownerA || s.Identity.KeyID != k.readID || s.Identity.RequestID != r.Env.Meta.RequestID {
+		t.Errorf("upstream identity = %+v, want owner %s, key %s, request id %s", s.Identity, k.ownerA, k.readID, r.Env.Meta.RequestID)
+	}
+	if diff := cmp.Diff([]string{"export:read"}, s.Identity.Scopes); diff != "" {
+		t.Errorf("upstream scopes (-want +got):\n%s", diff)
+	}
+	if s.Path != "/v1/export/items/coin%201?lang=RUS&limit=2" {
+		t.Errorf("upstream path = %q, want the original path and query", s.Path)
+	}
+	for _, h := range []string{"X-Api-Key", "X-Owner-Id", "X-Platform-Id", "Cookie", "X-Internal-Admin", "X-Request-Id"} {
+		if v, ok := s.Headers[h]; ok {
+			t.Errorf("upstream received %s: %q, want it stripped", h, v)
+		}
+	}
+	if got := s.Headers["X-Forwarded-For"]; len(got) != 1 || got[0] != "127.0.0.1" {
+		t.Errorf("upstream X-Forwarded-For = %q, want the client's address only", got)
+	}
+	if tp := s.Headers["Traceparent"]; len(tp) != 1 || !strings.Contains(tp[0], r.Env.Meta.RequestID) {
+		t.Errorf("upstream traceparent = %q, want the gateway's trace %s", tp, r.Env.Meta.RequestID)
+	}
+	if r.Env.Meta.RequestID == "0af7651916cd43dd8448eb211c80319c" {
+		t.Error("the gateway adopted the client's traceparent as request id")
+	}
+	for _, h := range []string{"Idempotency-Key", "Accept-Language"} {
+		if len(s.Headers[h]) != 1 {
+			t.Errorf("upstream lacks %s, want it forwarded", h)
+		}
+	}
+	// The upstream's own Content-Encoding passes through untouched.
+	gz := do(t, "GET", gw.URL+"/v1/export/items?gzip=1", map[string]string{"X-API-Key": k.read, "Accept-Encoding": "gzip"}, nil)
+	if gz.Header.Get("Content-Encoding") != "gzip" {
+		t.Errorf("Content-Encoding = %q, want the upstream's gzip kept", gz.Header.Get("Content-Encoding"))
+	}
+}
+
+func TestRevocationAppliesWithinOneSecond(t *testing.T) {
+	dsn, pool, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"KEY_CACHE_TTL": "1h"})
+	headers := map[string]string{"X-API-Key": k.read}
+	for i := 0; i < 2; i++ { // the second answer comes from the cache
+		if r := do(t, "GET", gw.URL+"/v1/export/items", headers, nil); r.Status != 200 {
+			t.Fatalf("GET before revocation = %d, want 200", r.Status)
+		}
+	}
+	// What `exportctl key revoke` does.
+	if _, err := pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, k.readID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	r := do(t, "GET", gw.URL+"/v1/export/items", headers, nil)
+	checkEnvelope(t, r)
+	if r.Status != 401 {
+		t.Fatalf("GET 1s after revocation = %d, want 401", r.Status)
+	}
+}
+
+func TestRateLimits(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"RATE_LIMIT_EXPORT_READ": "3-M", "RATE_LIMIT_AUTH_FAILURES": "2-M", "RATE_LIMIT_ANONYMOUS": "100-M"})
+	items := gw.URL + "/v1/export/items"
+	for i := 0; i < 3; i++ {
+		r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil)
+		if r.Status != 200 {
+			t.Fatalf("request %d of 3 = %d, want 200", i+1, r.Status)
+		}
+		want := map[string]string{"X-Ratelimit-Limit": "3", "X-Ratelimit-Remaining": strconv.Itoa(2 - i)}
+		for h, v := range want {
+			if got := r.Header.Get(h); got != v {
+				t.Errorf("request %d: %s = %q, want %q", i+1, h, got, v)
+			}
+		}
+	}
+	r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil)
+	checkEnvelope(t, r)
+	if r.Status != 429 || r.Env.Error.Code != "rate_limited" {
+		t.Fatalf("4th request on 3-M = %d %s, want 429 rate_limited", r.Status, r.Body)
+	}
+	retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > 61 {
+		t.Errorf("Retry-After = %q, want whole seconds in 1..61", r.Header.Get("Retry-After"))
+	}
+	reset, _ := strconv.ParseInt(r.Header.Get("X-Ratelimit-Reset"), 10, 64)
+	if reset < time.Now().Unix() {
+		t.Errorf("X-RateLimit-Reset = %d, want a future Unix time", reset)
+	}
+	// Another owner's key has its own budget.
+	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil); r.Status != 200 {
+		t.Errorf("owner B after owner A hit its limit = %d, want 200", r.Status)
+	}
+	// Failed authentications are limited per client IP.
+	bad := map[string]string{"X-API-Key": "cxr_guess"}
+	for i, want := range []int{401, 401, 429} {
+		if r := do(t, "GET", items, bad, nil); r.Status != want {
+			t.Errorf("failed authentication %d = %d, want %d", i+1, r.Status, want)
+		}
+	}
+	// Health is limited per IP, separately.
+	if r := do(t, "GET", gw.URL+"/v1/health", nil, nil); r.Status != 200 || r.Header.Get("X-Ratelimit-Limit") != "100" {
+		t.Errorf("health = %d with X-RateLimit-Limit %q, want 200 with 100", r.Status, r.Header.Get("X-Ratelimit-Limit"))
+	}
+}
+
+func TestRedisOutage(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	redis := testenv.StartRedis(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"REDIS_URL": redis.URL, "RATE_LIMIT_EXPORT_READ": "3-M"})
+	items := gw.URL + "/v1/export/items"
+	headers := map[string]string{"X-API-Key": k.read}
+	if r := do(t, "GET", items, headers, nil); r.Status != 200 {
+		t.Fatalf("GET with Redis up = %d, want 200", r.Status)
+	}
+	redis.Stop()
+	for i := 0; i < 2; i++ {
+		if r := do(t, "GET", items, headers, nil); r.Status != 200 {
+			t.Fatalf("GET %d with Redis down = %d %s, want 200", i+1, r.Status, r.Body)
+		}
+	}
+	if got := healthCheck(t, gw.URL, "redis"); got != "degraded" {
+		t.Errorf("health redis with Redis down = %q, want degraded", got)
+	}
+	if err := redis.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return healthCheck(t, gw.URL, "redis") == "ok" })
+	// The new Redis is empty: three pass again, the fourth is limited.
+	statuses := []int{}
+	for i := 0; i < 4; i++ {
+		statuses = append(statuses, do(t, "GET", items, headers, nil).Status)
+	}
+	if diff := cmp.Diff([]int{200, 200, 200, 429}, statuses); diff != "" {
+		t.Errorf("statuses after Redis came back (-want +got):\n%s", diff)
+	}
+	metrics := scrape(t, gw.AdminURL)
+	if !bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="local",class="export_read",decision="allowed"} 2`)) {
+		t.Errorf("metrics lack the two local decisions:\n%s", grep(metrics, "gateway_ratelimit"))
+	}
+}
+
+func TestHealth(t *testing.T) {
+	dsn, _, _ := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	writer := echoUpstream(t, "writer", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"SALES_WRITER_URLS": writer.URL + "," + closedURL(t), "SHOP_SCHEMA_URLS": closedURL(t),
+		"UPSTREAM_PROBE_INTERVAL": "100ms"})
+	want := map[string]string{"postgres": "ok", "redis": "ok", "export-reader": "ok",
+		"sales-writer": "degraded", "shop-schema": "down"}
+	var got healthBody
+	waitFor(t, 5*time.Second, func() bool {
+		got = health(t, gw.URL)
+		return cmp.Equal(want, got.Checks)
+	})
+	if diff := cmp.Diff(want, got.Checks); diff != "" {
+		t.Errorf("health checks (-want +got):\n%s", diff)
+	}
+	if got.Version != "1.3.1" || got.Status != "degraded" {
+		t.Errorf("health = %+v, want version 1.3.1, status degraded", got)
+	}
+}
+
+func TestConnectionRefusedIsRetriedOnAnotherInstance(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hitsA, hitsB atomic.Int64
+	a, b := echoUpstream(t, "a", &hitsA), echoUpstream(t, "b", &hitsB)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": a.URL + "," + b.URL,
+		"UPSTREAM_PROBE_INTERVAL": "1h"})
+	a.Close() // refused from now on; only the proxy itself can notice
+	for i := 0; i < 4; i++ {
+		if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+			t.Fatalf("GET %d with one of two instances refusing = %d %s, want 200", i+1, r.Status, r.Body)
+		}
+	}
+	if hitsB.Load() != 4 {
+		t.Errorf("instance b served %d, want 4", hitsB.Load())
+	}
+}
+
+func TestOnlySalesWithIdempotencyKeyAreRepeated(t *testing.T) {
+	dsn, _, k := seed(t)
+	var broken, good atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SALES_WRITER_URLS": brokenUpstream(t, &broken).URL + "," + echoUpstream(t, "good", &good).URL})
+	confirm := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	for i := 0; i < 4; i++ {
+		r := do(t, "POST", confirm, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "k" + strconv.Itoa(i)}, strings.NewReader("{}"))
+		if r.Status != 200 {
+			t.Fatalf("confirm %d with an Idempotency-Key = %d %s, want 200 (repeated on the good instance)", i+1, r.Status, r.Body)
+		}
+	}
+	broken.Store(0)
+	good.Store(0)
+	failed := 0
+	for i := 0; i < 6; i++ {
+		if r := do(t, "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.NewReader("{}")); r.Status == 502 {
+			failed++
+		}
+	}
+	if got := broken.Load() + good.Load(); got != 6 || int64(failed) != broken.Load() {
+		t.Errorf("6 confirms without Idempotency-Key: %d reached an instance, %d failed, broken saw %d; want 6 reached and every broken one failed (never repeated)",
+			got, failed, broken.Load())
+	}
+}
