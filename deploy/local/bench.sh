@@ -7,6 +7,7 @@
 #                  .run/bench/BENCHMARKS-quick.md instead of BENCHMARKS.md
 #   BENCH_DURATION measured seconds per load run (default 15; 5 quick)
 #   BENCH_WARMUP   unmeasured seconds before each load run (default 5; 2 quick)
+#   BENCH_REPEAT   timed runs of each full sync and scan, fastest kept (default 3)
 #   BENCH_PROFILE=1  perf CPU profiles of gateway and export-reader during
 #                  the two full syncs, summaries in .run/bench/profile/
 #   BENCH_RESEED=1 drop the bench database and seed again
@@ -34,7 +35,7 @@ state=$root/.run/bench
 mkdir -p "$state/logs" "$state/bin"
 chmod 755 "$root/.run" "$state"
 results=$state/results.jsonl
-rm -f "$results"
+rm -f "$results" "$state"/logs/*.log
 
 # Ports: gateway, the same gateway without rate limiting, the services, nginx.
 gw_port=18080; gw_off_port=18090
@@ -211,16 +212,17 @@ profile_stop() { # profile_stop TAG: stop perf, write the top functions
 lg() { "$loadgen" "$@"; }
 gw=http://127.0.0.1:$gw_port
 load=(--duration "${duration}s" --warmup "${warmup}s")
+repeat=${BENCH_REPEAT:-3}
 
 log "sampling 10,000 random item ids"
 lg ids --count 10000 --out "$state/ids.txt"
 
 log "full sync baselines and runs ($items items each)"
 lg scan --name scan_warmup >/dev/null # fills shared_buffers and the page cache
-lg scan --name scan --expect "$items"
+lg scan --name scan --expect "$items" --repeat "$repeat"
 profile_start sync
-lg sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50
-lg sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50
+lg sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50 --repeat "$repeat"
+lg sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50 --repeat "$repeat"
 profile_stop sync
 
 for conns in 64 256; do
@@ -243,7 +245,11 @@ for name in gateway gateway-nolimit export-reader sales-writer shop-schema; do
 done
 
 versions="$(psql -h "$state/pg" -U postgres -d postgres -tAc 'SHOW server_version' | cut -d' ' -f1)"
-versions="PostgreSQL $versions, $("$nginx_bin" -v 2>&1 | sed 's|.*nginx/|nginx |'), $(wrk --version 2>&1 | head -1 | awk '{print "wrk " $2}')"
+versions="PostgreSQL $versions, $("$nginx_bin" -v 2>&1 | sed 's|.*nginx/|nginx |'), $( (wrk --version 2>&1 || true) | head -1 | awk '{print "wrk " $2}')"
+for name in "${names[@]}"; do
+  n=$(grep -c '"level":"\(WARN\|ERROR\)"' "$state/logs/$name.log" || true)
+  [ "${n:-0}" = 0 ] || log "$name logged $n warnings or errors during the run: see .run/bench/logs/$name.log"
+done
 echo
 lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out"
 log "table written to ${report_out#$root/}; results in .run/bench/results.jsonl"

@@ -108,6 +108,7 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	lang := fs.String("lang", "ENG", "content language")
 	expect := fs.Int("expect", 0, "expected item count; a different count fails the scenario (0: no check)")
 	warmup := fs.Int("warmup-pages", 0, "pages read and discarded before the timed sync (warms caches and connections)")
+	repeat := fs.Int("repeat", 1, "timed syncs; the fastest is recorded")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -120,14 +121,34 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	if err := s.warm(ctx, q, *warmup); err != nil {
 		return fmt.Errorf("%s: warm-up: %w", *name, err)
 	}
-	res, err := s.run(ctx, q)
+	res, err := fastest(*repeat, func() (syncResult, error) {
+		res, err := s.run(ctx, q)
+		if err == nil && *expect > 0 && res.Items != *expect {
+			err = fmt.Errorf("synced %d items, want %d", res.Items, *expect)
+		}
+		return res, err
+	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
-	if *expect > 0 && res.Items != *expect {
-		return fmt.Errorf("%s: synced %d items, want %d", *name, res.Items, *expect)
-	}
 	return appendRecord(cfg.Results, syncRecord(*name, res), stdout)
+}
+
+// fastest runs f n times and keeps the quickest run. On a machine shared
+// with other work, the fastest of a few runs is the one least disturbed;
+// the baseline gets the same treatment, so ratios stay fair.
+func fastest(n int, f func() (syncResult, error)) (syncResult, error) {
+	var best syncResult
+	for i := range max(n, 1) {
+		res, err := f()
+		if err != nil {
+			return res, err
+		}
+		if i == 0 || res.Took < best.Took {
+			best = res
+		}
+	}
+	return best, nil
 }
 
 // warm reads up to n pages from the start and throws them away.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fakeReader serves total items in pages, with the cursor being the next
@@ -70,5 +71,21 @@ func TestSyncerFailures(t *testing.T) {
 				t.Errorf("run() error = %v, want one containing %q", err, tt.wantE)
 			}
 		})
+	}
+}
+
+func TestFastestKeepsTheQuickestRun(t *testing.T) {
+	took := []time.Duration{3 * time.Second, time.Second, 2 * time.Second}
+	i := 0
+	got, err := fastest(3, func() (syncResult, error) {
+		r := syncResult{Items: i, Took: took[i]}
+		i++
+		return r, nil
+	})
+	if err != nil || got.Took != time.Second || got.Items != 1 {
+		t.Errorf("fastest(3) = %+v, %v, want the second run (1 s)", got, err)
+	}
+	if i != 3 {
+		t.Errorf("fastest(3) ran f %d times, want 3", i)
 	}
 }
