@@ -1,0 +1,218 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const testSecret = "internal-test-identity-secret-0123456789"
+
+// fakeKeys grants every well-formed key a read key of owner o1.
+type fakeKeys struct{}
+
+func (fakeKeys) Lookup(context.Context, string, func() bool) (keystore.Key, error) {
+	return keystore.Key{ID: "k1", OwnerID: "o1", Scopes: []string{identity.ScopeExportRead}}, nil
+}
+
+// panicKeys panics on every lookup, to exercise recovery.
+type panicKeys struct{}
+
+func (panicKeys) Lookup(context.Context, string, func() bool) (keystore.Key, error) { panic("boom") }
+
+// startInternal starts a gateway whose key lookup is keys and whose spans
+// go to the returned recorder.
+func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gateway, *tracetest.SpanRecorder, *lockedBuilder) {
+	t.Helper()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteData(w, 200, r.Header.Get("Traceparent"), envelope.Meta{})
+	}))
+	t.Cleanup(upstream.Close)
+	vars := map[string]string{
+		"GATEWAY_ADDR": "127.0.0.1:0", "GATEWAY_ADMIN_ADDR": "127.0.0.1:0", "IDENTITY_SECRET": testSecret,
+		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
+		"RATE_LIMIT_KEY_PREFIX": testenv.KeyPrefix(t), "EXPORT_READER_URLS": upstream.URL,
+	}
+	for k, v := range env {
+		vars[k] = v
+	}
+	getenv := func(k string) string { return vars[k] }
+	cfg, err := LoadConfig(getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	logs := &lockedBuilder{}
+	g, err := start(context.Background(), cfg, getenv, logs, func(g *Gateway) {
+		g.keys = keys
+		g.tracer = tp.Tracer("test")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = g.Shutdown(ctx)
+	})
+	return g, sr, logs
+}
+
+// lockedBuilder is a goroutine-safe log sink.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func get(t *testing.T, url string, headers map[string]string) (*http.Response, envelope.Parsed) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var env envelope.Parsed
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		t.Fatalf("GET %s: body is not an envelope: %v", url, err)
+	}
+	return resp, env
+}
+
+func TestPanicIsA500Envelope(t *testing.T) {
+	g, _, logs := startInternal(t, nil, panicKeys{})
+	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{"X-API-Key": wellFormedKey(t)})
+	if resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" {
+		t.Fatalf("GET with a panicking lookup = %d %+v, want 500 internal_error", resp.StatusCode, env.Error)
+	}
+	if !hex32(env.Meta.RequestID) || env.Meta.RequestID != resp.Header.Get("X-Request-Id") {
+		t.Errorf("meta.request_id = %q, X-Request-Id = %q, want equal, 32 hex", env.Meta.RequestID, resp.Header.Get("X-Request-Id"))
+	}
+	if n := strings.Count(logs.String(), `"msg":"panic while serving"`); n != 1 {
+		t.Errorf("panic logged %d times, want once", n)
+	}
+	if !strings.Contains(logs.String(), "goroutine") {
+		t.Error("the panic's log line lacks the stack")
+	}
+	// The gateway keeps serving.
+	if resp, _ := get(t, "http://"+g.Addr()+"/v1/health", nil); resp.StatusCode != 200 {
+		t.Errorf("GET /v1/health after a panic = %d, want 200", resp.StatusCode)
+	}
+}
+
+func hex32(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}
+
+func wellFormedKey(t *testing.T) string {
+	t.Helper()
+	secret, _, err := apikey.Generate([]string{identity.ScopeExportRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret
+}
+
+func TestEachRequestIsOneNewTrace(t *testing.T) {
+	clientTrace := "0af7651916cd43dd8448eb211c80319c"
+	traceparent := "00-" + clientTrace + "-b7ad6b7169203331-01"
+	for _, trust := range []bool{false, true} {
+		name := map[bool]string{false: "untrusted traceparent", true: "trusted traceparent"}[trust]
+		t.Run(name, func(t *testing.T) {
+			g, sr, _ := startInternal(t, map[string]string{"GATEWAY_TRUST_TRACEPARENT": strconv.FormatBool(trust)}, fakeKeys{})
+			resp, env := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{
+				"X-API-Key": wellFormedKey(t), "traceparent": traceparent})
+			if resp.StatusCode != 200 {
+				t.Fatalf("GET = %d %+v, want 200", resp.StatusCode, env.Error)
+			}
+			requestID := resp.Header.Get("X-Request-Id")
+			if (requestID == clientTrace) != trust {
+				t.Errorf("request id = %s with the client's trace %s and trust=%v", requestID, clientTrace, trust)
+			}
+			var upstreamTP string
+			_ = json.Unmarshal(env.Data, &upstreamTP)
+			if !strings.Contains(upstreamTP, requestID) {
+				t.Errorf("upstream traceparent = %q, want trace %s", upstreamTP, requestID)
+			}
+			spans := map[string]sdktrace.ReadOnlySpan{}
+			for _, s := range sr.Ended() {
+				if s.SpanContext().TraceID().String() != requestID {
+					t.Errorf("span %q has trace %s, want %s", s.Name(), s.SpanContext().TraceID(), requestID)
+				}
+				spans[s.Name()] = s
+			}
+			server, ok := spans["GET /v1/export/items"]
+			if !ok {
+				t.Fatalf("no server span among %v", keysOf(spans))
+			}
+			if server.SpanKind() != trace.SpanKindServer || server.Parent().IsValid() != trust {
+				t.Errorf("server span kind %v, parent valid %v; want server, parent valid = %v", server.SpanKind(), server.Parent().IsValid(), trust)
+			}
+			attrs := map[string]string{}
+			for _, a := range server.Attributes() {
+				attrs[string(a.Key)] = a.Value.Emit()
+			}
+			for k, v := range map[string]string{"request.id": requestID, "owner.id": "o1", "api_key.id": "k1", "http.response.status_code": "200"} {
+				if attrs[k] != v {
+					t.Errorf("server span %s = %q, want %q", k, attrs[k], v)
+				}
+			}
+			for _, child := range []string{"authenticate", "rate limit", "proxy export-reader"} {
+				s, ok := spans[child]
+				if !ok || s.Parent().SpanID() != server.SpanContext().SpanID() {
+					t.Errorf("span %q missing or not a child of the server span", child)
+				}
+			}
+			if spans["proxy export-reader"].SpanKind() != trace.SpanKindClient {
+				t.Errorf("proxy span kind = %v, want client", spans["proxy export-reader"].SpanKind())
+			}
+		})
+	}
+}
+
+func keysOf(m map[string]sdktrace.ReadOnlySpan) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
