@@ -199,10 +199,12 @@ profile_stop() { # profile_stop TAG: stop perf, write the top functions
   for pid in "${perf_pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   perf_pids=()
   for name in gateway export-reader; do
-    perf report -i "$state/profile/$1-$name.data" --no-children --sort symbol --stdio 2>/dev/null \
-      | grep -v '^#' | grep '%' | head -40 >"$state/profile/$1-$name.top.txt" || true
-    perf report -i "$state/profile/$1-$name.data" --children --sort symbol --stdio -g none 2>/dev/null \
-      | grep -v '^#' | grep '%' | head -60 >"$state/profile/$1-$name.cumulative.txt" || true
+    # Self time per function, then time including callees: the first finds
+    # hot loops, the second which request phase (proxy, auth, JSON) costs.
+    perf report -i "$state/profile/$1-$name.data" --no-children -g none --sort dso,symbol --stdio --percent-limit 0.5 \
+      2>/dev/null | grep -v '^#' | grep '%' | head -50 >"$state/profile/$1-$name.top.txt" || true
+    perf report -i "$state/profile/$1-$name.data" --children -g none --sort symbol --stdio --percent-limit 2 \
+      2>/dev/null | grep -v '^#' | grep '%' | head -80 >"$state/profile/$1-$name.cumulative.txt" || true
     log "profile: .run/bench/profile/$1-$name.top.txt"
   done
 }
