@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/identity"
+)
+
+// createdKey is printed once: it is the only place the secret ever appears.
+type createdKey struct {
+	ID         string   `json:"id"`
+	Key        string   `json:"key"`
+	Prefix     string   `json:"prefix"`
+	OwnerID    string   `json:"owner_id"`
+	PlatformID *string  `json:"platform_id"`
+	Scopes     []string `json:"scopes"`
+}
+
+// listedKey never holds the secret.
+type listedKey struct {
+	ID         string     `json:"id"`
+	Prefix     string     `json:"prefix"`
+	Name       string     `json:"name"`
+	OwnerID    string     `json:"owner_id"`
+	PlatformID *string    `json:"platform_id"`
+	Scopes     []string   `json:"scopes"`
+	CreatedAt  time.Time  `json:"created_at"`
+	RevokedAt  *time.Time `json:"revoked_at"`
+}
+
+func keyCreate(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("key create", flag.ContinueOnError)
+	owner := fs.String("owner", "", "owner id")
+	scopeList := fs.String("scope", "", "export:read and/or sales:write, comma-separated")
+	platform := fs.String("platform", "", "platform id (required for sales:write)")
+	name := fs.String("name", "", "a label for the key")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := flags(fs, args); err != nil {
+		return err
+	}
+	if err := required(map[string]string{"owner": *owner, "scope": *scopeList}); err != nil {
+		return err
+	}
+	scopes, err := parseScopes(*scopeList)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(scopes, identity.ScopeSalesWrite) && *platform == "" {
+		return fmt.Errorf("%w: a sales:write key is bound to one platform: --platform is required", errUsage)
+	}
+	secret, prefix, err := apikey.Generate(scopes)
+	if err != nil {
+		return err
+	}
+	hash := apikey.HashOf(secret)
+	k := createdKey{Key: secret, Prefix: prefix, OwnerID: *owner, Scopes: scopes}
+	if *platform != "" {
+		k.PlatformID = platform
+	}
+	err = e.pool.QueryRow(ctx, `
+		INSERT INTO api_keys (owner_id, platform_id, name, prefix, hash, scopes)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id::text`,
+		*owner, k.PlatformID, *name, prefix, hash[:], scopes).Scan(&k.ID)
+	if err != nil {
+		return fmt.Errorf("create key: %w", err)
+	}
+	return emit(e.out, *asJSON, k, fmt.Sprintf("key %s (%s)\n%s\nThis secret is shown once: store it now.", k.ID, strings.Join(scopes, ","), secret))
+}
+
+func parseScopes(list string) ([]string, error) {
+	var scopes []string
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s != identity.ScopeExportRead && s != identity.ScopeSalesWrite {
+			return nil, fmt.Errorf("%w: unknown scope %q (want export:read or sales:write)", errUsage, s)
+		}
+		if !slices.Contains(scopes, s) {
+			scopes = append(scopes, s)
+		}
+	}
+	slices.Sort(scopes)
+	return scopes, nil
+}
+
+func keyRevoke(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("key revoke", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	positional, err := flags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(positional) != 1 {
+		return fmt.Errorf("%w: key revoke takes one KEY_ID", errUsage)
+	}
+	id := positional[0]
+	// COALESCE keeps the first revocation time when a key is revoked twice.
+	var revokedAt time.Time
+	err = e.pool.QueryRow(ctx, `
+		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
+		WHERE id::text = $1 RETURNING revoked_at`, id).Scan(&revokedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("no key with id %q", id)
+	}
+	if err != nil {
+		return fmt.Errorf("revoke key: %w", err)
+	}
+	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt}, "revoked key "+id)
+}
+
+func keyList(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("key list", flag.ContinueOnError)
+	owner := fs.String("owner", "", "owner id")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := flags(fs, args); err != nil {
+		return err
+	}
+	if err := required(map[string]string{"owner": *owner}); err != nil {
+		return err
+	}
+	rows, err := e.pool.Query(ctx, `
+		SELECT id::text, prefix, name, owner_id::text, platform_id, scopes, created_at, revoked_at
+		FROM api_keys WHERE owner_id::text = $1 ORDER BY created_at, id`, *owner)
+	if err != nil {
+		return fmt.Errorf("list keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (listedKey, error) {
+		var k listedKey
+		err := row.Scan(&k.ID, &k.Prefix, &k.Name, &k.OwnerID, &k.PlatformID, &k.Scopes, &k.CreatedAt, &k.RevokedAt)
+		return k, err
+	})
+	if err != nil {
+		return fmt.Errorf("list keys: %w", err)
+	}
+	if *asJSON {
+		if keys == nil {
+			keys = []listedKey{}
+		}
+		return emit(e.out, true, keys, "")
+	}
+	for _, k := range keys {
+		state := "active"
+		if k.RevokedAt != nil {
+			state = "revoked " + k.RevokedAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(e.out, "%s  %s…  %-24s  %s\n", k.ID, k.Prefix, strings.Join(k.Scopes, ","), state)
+	}
+	return nil
+}

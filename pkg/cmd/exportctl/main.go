@@ -1,0 +1,136 @@
+// Command exportctl is the administrator's tool: it migrates the schema,
+// creates owners and platforms, issues and revokes API keys (a key's secret
+// is printed once, at creation, and never again), and imports or seeds
+// export items. It reads DATABASE_URL.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/coinexport/export/pkg/postgres"
+)
+
+const usage = `usage: exportctl COMMAND [flags]   (every command takes --json)
+
+  migrate
+  owner create --name NAME
+  platform create --id PLATFORM_ID [--name NAME]
+  key create --owner OWNER_ID --scope SCOPE[,SCOPE] [--platform PLATFORM_ID] [--name NAME]
+  key revoke KEY_ID
+  key list --owner OWNER_ID
+  items import --owner OWNER_ID --file PATH|-
+  items seed --owner OWNER_ID --count N [--seed S]
+
+Scopes: export:read, sales:write (sales:write needs --platform).
+Environment: DATABASE_URL (required).`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "exportctl:", err)
+		if errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, usage)
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("invalid usage")
+
+// command is one "noun verb" of the CLI.
+type command func(ctx context.Context, env *env, args []string) error
+
+// env is what every command gets: the database and where to write.
+type env struct {
+	pool  *pgxpool.Pool
+	stdin io.Reader
+	out   io.Writer
+}
+
+var commands = map[string]command{
+	"migrate":         migrate,
+	"owner create":    ownerCreate,
+	"platform create": platformCreate,
+	"key create":      keyCreate,
+	"key revoke":      keyRevoke,
+	"key list":        keyList,
+	"items import":    itemsImport,
+	"items seed":      itemsSeed,
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout io.Writer) error {
+	name, rest, err := commandName(args)
+	if err != nil {
+		return err
+	}
+	dsn := getenv("DATABASE_URL")
+	if dsn == "" {
+		return errors.New("DATABASE_URL is not set")
+	}
+	pool, err := postgres.Open(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest)
+}
+
+func commandName(args []string) (string, []string, error) {
+	if len(args) >= 1 && commands[args[0]] != nil {
+		return args[0], args[1:], nil
+	}
+	if len(args) >= 2 && commands[args[0]+" "+args[1]] != nil {
+		return args[0] + " " + args[1], args[2:], nil
+	}
+	return "", nil, fmt.Errorf("%w: unknown command %q", errUsage, strings.Join(args, " "))
+}
+
+// flags parses args, allowing positional arguments between flags, and
+// returns the positional ones.
+func flags(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// required reports the first empty flag among names.
+func required(values map[string]string) error {
+	for name, v := range values {
+		if v == "" {
+			return fmt.Errorf("%w: --%s is required", errUsage, name)
+		}
+	}
+	return nil
+}
+
+// emit prints v as JSON when asJSON, else the human line.
+func emit(out io.Writer, asJSON bool, v any, human string) error {
+	if !asJSON {
+		_, err := fmt.Fprintln(out, human)
+		return err
+	}
+	enc := json.NewEncoder(out)
+	return enc.Encode(v)
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// cli runs exportctl against dsn and decodes its --json output into out.
+func cli(t *testing.T, dsn string, stdin string, out any, args ...string) error {
+	t.Helper()
+	var stdout bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return dsn
+		}
+		return ""
+	}
+	err := run(context.Background(), append(args, "--json"), getenv, strings.NewReader(stdin), &stdout)
+	if err == nil && out != nil {
+		if jerr := json.Unmarshal(stdout.Bytes(), out); jerr != nil {
+			t.Fatalf("exportctl %v printed %q: not JSON: %v", args, stdout.String(), jerr)
+		}
+	}
+	return err
+}
+
+func TestKeyRoundTrip(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	if err := cli(t, dsn, "", nil, "migrate"); err != nil {
+		t.Fatalf("migrate = %v", err)
+	}
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil || owner.ID == "" {
+		t.Fatalf("owner create = %+v, %v", owner, err)
+	}
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
+		t.Fatalf("platform create = %v", err)
+	}
+
+	var read, write createdKey
+	if err := cli(t, dsn, "", &read, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatalf("key create read = %v", err)
+	}
+	if err := cli(t, dsn, "", &write, "key", "create", "--owner", owner.ID, "--scope", "sales:write", "--platform", "market-1"); err != nil {
+		t.Fatalf("key create write = %v", err)
+	}
+	if !apikey.WellFormed(read.Key) || !strings.HasPrefix(read.Key, apikey.TagRead) || !strings.HasPrefix(write.Key, apikey.TagWrite) {
+		t.Errorf("keys %q, %q: want well-formed read and write keys", read.Key, write.Key)
+	}
+	if write.PlatformID == nil || *write.PlatformID != "market-1" {
+		t.Errorf("write key platform = %v, want market-1", write.PlatformID)
+	}
+	err := cli(t, dsn, "", nil, "key", "create", "--owner", owner.ID, "--scope", "sales:write")
+	if !errors.Is(err, errUsage) {
+		t.Errorf("key create sales:write without --platform = %v, want a usage error", err)
+	}
+
+	var listed []listedKey
+	if err := cli(t, dsn, "", &listed, "key", "list", "--owner", owner.ID); err != nil || len(listed) != 2 {
+		t.Fatalf("key list = %d keys, %v; want 2", len(listed), err)
+	}
+	raw, _ := json.Marshal(listed)
+	if strings.Contains(string(raw), read.Key) || strings.Contains(string(raw), write.Key) {
+		t.Errorf("key list shows a secret: %s", raw)
+	}
+
+	if err := cli(t, dsn, "", nil, "key", "revoke", read.ID); err != nil {
+		t.Fatalf("key revoke = %v", err)
+	}
+	if err := cli(t, dsn, "", nil, "key", "revoke", "00000000-0000-0000-0000-000000000000"); err == nil {
+		t.Error("key revoke of an unknown id = nil, want an error")
+	}
+	if err := cli(t, dsn, "", &listed, "key", "list", "--owner", owner.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range listed {
+		if (k.ID == read.ID) != (k.RevokedAt != nil) {
+			t.Errorf("key %s revoked_at = %v; want set only for the revoked read key", k.ID, k.RevokedAt)
+		}
+	}
+}
+
+const goodLine = `{"id":"coin-%d","coin_id":null,"status":"active","price":10.5,"currency":"EUR","stock_quantity":1,"category":null,"characteristics":{"metal":"silver"},"images":[{"id":"i1","url":"https://img.example.com/1.jpg","position":1,"type":"obverse"}],"texts":{"ENG":{"title":"Coin","description":"A coin"}}}`
+
+func TestItemsImportAndSeed(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Importer"); err != nil {
+		t.Fatal(err)
+	}
+
+	var lines []string
+	for i := range 3 {
+		lines = append(lines, strings.Replace(goodLine, "%d", string(rune('a'+i)), 1))
+	}
+	file := filepath.Join(t.TempDir(), "items.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var res map[string]int
+	if err := cli(t, dsn, "", &res, "items", "import", "--owner", owner.ID, "--file", file); err != nil {
+		t.Fatalf("items import = %v", err)
+	}
+	if res["inserted"] != 3 {
+		t.Errorf("items import = %v, want 3 inserted", res)
+	}
+
+	// One malformed line (the third) rejects the whole file from stdin.
+	bad := strings.Join([]string{
+		strings.Replace(goodLine, "%d", "new-1", 1),
+		strings.Replace(goodLine, "%d", "new-2", 1),
+		`{"id":"new-3","status":"sold"}`,
+	}, "\n")
+	err := cli(t, dsn, bad, nil, "items", "import", "--owner", owner.ID, "--file", "-")
+	if err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Errorf("import of a bad file = %v, want an error naming line 3", err)
+	}
+
+	var seeded map[string]float64
+	if err := cli(t, dsn, "", &seeded, "items", "seed", "--owner", owner.ID, "--count", "500", "--seed", "7"); err != nil {
+		t.Fatalf("items seed = %v", err)
+	}
+	count := countItems(t, dsn, owner.ID)
+	if count != 3+500 {
+		t.Errorf("owner has %d items, want 503 (3 imported, none of the bad file, 500 seeded)", count)
+	}
+}
+
+func countItems(t *testing.T, dsn, owner string) int {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM export_items WHERE owner_id = $1", owner).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
