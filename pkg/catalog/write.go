@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -25,14 +24,20 @@ type ImportResult struct {
 	Inserted, Updated, Unchanged int
 }
 
-// Import upserts items (already validated by ParseJSONL) for ownerID in one
-// transaction. An item's updated_at moves only when something a consumer
-// sees (or its source texts) changes, and it is stamped with
-// clock_timestamp() by the last statement before COMMIT, so the window in
-// which a committed change carries an older updated_at is as short as it can
-// be (see the export-reader README, sync guide). Import never un-sells an
-// item: it writes listed_active, and the exported status stays inactive while
-// an item is sold.
+// Import upserts items (already validated by ParseJSONL) for ownerID,
+// atomically. An item's updated_at moves only when something a consumer
+// sees (or its source texts) changes.
+//
+// The write itself is one statement run outside an explicit transaction, so
+// PostgreSQL commits it the moment it ends: no client round trip sits
+// between the clock_timestamp() an item is stamped with and the COMMIT that
+// makes it visible. That gap is what an updated_after sync can miss (see the
+// export-reader README, sync guide), so it is kept as short as the server
+// can make it. The items travel first by COPY into a session-private staging
+// table, which nobody else sees and which is dropped afterwards.
+//
+// Import never un-sells an item: it writes listed_active, and the exported
+// status stays inactive while an item is sold.
 func Import(ctx context.Context, pool *pgxpool.Pool, ownerID string, items []Item) (ImportResult, error) {
 	owner, err := ParseOwnerID(ownerID)
 	if err != nil {
@@ -41,74 +46,63 @@ func Import(ctx context.Context, pool *pgxpool.Pool, ownerID string, items []Ite
 	if len(items) == 0 {
 		return ImportResult{}, nil
 	}
-	// Rows are locked in id order, so two imports of overlapping files cannot
-	// deadlock each other.
-	sorted := slices.Clone(items)
-	slices.SortFunc(sorted, func(a, b Item) int { return strings.Compare(a.ID, b.ID) })
-	var res ImportResult
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err = importTx(ctx, tx, owner, sorted)
-		return err
-	})
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return ImportResult{}, fmt.Errorf("catalog: %w", err)
+	}
+	defer conn.Release()
+	res, err := importOn(ctx, conn.Conn(), owner, items)
 	if err != nil {
 		return ImportResult{}, ownerError(err)
 	}
 	return res, nil
 }
 
-func importTx(ctx context.Context, tx pgx.Tx, owner pgtype.UUID, items []Item) (ImportResult, error) {
-	preferLZ4(ctx, tx)
-	if _, err := tx.Exec(ctx, createStaging); err != nil {
+func importOn(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, items []Item) (ImportResult, error) {
+	// A connection left with the table by a failed import is cleaned first.
+	if _, err := conn.Exec(ctx, dropStaging); err != nil {
 		return ImportResult{}, fmt.Errorf("catalog: staging table: %w", err)
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"import_items"}, stagingColumns, itemRows(items)); err != nil {
+	if _, err := conn.Exec(ctx, createStaging); err != nil {
+		return ImportResult{}, fmt.Errorf("catalog: staging table: %w", err)
+	}
+	defer func() {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), dropStaging+"; RESET default_toast_compression")
+	}()
+	// lz4 compresses the stored documents several times faster than pglz,
+	// on write and on every read; a server built without it keeps pglz.
+	_, _ = conn.Exec(ctx, "SET default_toast_compression = lz4")
+	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"import_items"}, stagingColumns, itemRows(items)); err != nil {
 		return ImportResult{}, fmt.Errorf("catalog: copy: %w", err)
 	}
-	rows, err := tx.Query(ctx, upsertFromStaging, owner)
-	if err != nil {
-		return ImportResult{}, fmt.Errorf("catalog: upsert: %w", err)
-	}
-	var touched []string
 	var res ImportResult
-	for rows.Next() {
-		var id string
-		var inserted bool
-		if err := rows.Scan(&id, &inserted); err != nil {
-			return ImportResult{}, fmt.Errorf("catalog: upsert: %w", err)
-		}
-		touched = append(touched, id)
-		if inserted {
-			res.Inserted++
-		} else {
-			res.Updated++
-		}
-	}
-	if err := rows.Err(); err != nil {
+	var touched int
+	if err := conn.QueryRow(ctx, upsertFromStaging, owner).Scan(&res.Inserted, &touched); err != nil {
 		return ImportResult{}, fmt.Errorf("catalog: upsert: %w", err)
 	}
-	res.Unchanged = len(items) - len(touched)
-	if len(touched) > 0 {
-		if _, err := tx.Exec(ctx, stampUpdated, owner, touched); err != nil {
-			return ImportResult{}, fmt.Errorf("catalog: stamp updated_at: %w", err)
-		}
-	}
+	res.Updated = touched - res.Inserted
+	res.Unchanged = len(items) - touched
 	return res, nil
 }
+
+const dropStaging = `DROP TABLE IF EXISTS pg_temp.import_items`
 
 const createStaging = `CREATE TEMP TABLE import_items (
     id text NOT NULL, coin_id text, listed_active boolean NOT NULL, price numeric(18,4),
     currency text NOT NULL, category jsonb, characteristics jsonb NOT NULL, images jsonb NOT NULL,
     texts jsonb NOT NULL, doc_eng text NOT NULL, doc_rus text NOT NULL, doc_ukr text NOT NULL
-) ON COMMIT DROP`
+)`
 
 var stagingColumns = []string{"id", "coin_id", "listed_active", "price", "currency", "category",
 	"characteristics", "images", "texts", "doc_eng", "doc_rus", "doc_ukr"}
 
-// upsertFromStaging writes new and changed items and returns them; an item
-// whose stored form is identical is skipped by the WHERE, so it is neither
-// returned nor re-stamped. The provisional updated_at of a new row is
-// replaced by stampUpdated before COMMIT.
-const upsertFromStaging = `INSERT INTO export_items AS e (owner_id, id, coin_id, listed_active, price, currency,
+// upsertFromStaging writes new and changed items, stamping each with
+// clock_timestamp() as it is written, and counts them. An item whose stored
+// form is identical is skipped by the WHERE, so it is neither counted nor
+// re-stamped. Rows are locked in id order, so two imports of overlapping
+// files cannot deadlock each other.
+const upsertFromStaging = `WITH written AS (
+INSERT INTO export_items AS e (owner_id, id, coin_id, listed_active, price, currency,
     category, characteristics, images, texts, doc_eng, doc_rus, doc_ukr, updated_at)
 SELECT $1, id, coin_id, listed_active, price, currency, category, characteristics, images, texts,
     doc_eng, doc_rus, doc_ukr, clock_timestamp()
@@ -117,15 +111,12 @@ ON CONFLICT (owner_id, id) DO UPDATE SET
     coin_id = EXCLUDED.coin_id, listed_active = EXCLUDED.listed_active, price = EXCLUDED.price,
     currency = EXCLUDED.currency, category = EXCLUDED.category, characteristics = EXCLUDED.characteristics,
     images = EXCLUDED.images, texts = EXCLUDED.texts,
-    doc_eng = EXCLUDED.doc_eng, doc_rus = EXCLUDED.doc_rus, doc_ukr = EXCLUDED.doc_ukr
+    doc_eng = EXCLUDED.doc_eng, doc_rus = EXCLUDED.doc_rus, doc_ukr = EXCLUDED.doc_ukr,
+    updated_at = clock_timestamp()
 WHERE (e.listed_active, e.doc_eng, e.doc_rus, e.doc_ukr, e.texts)
     IS DISTINCT FROM (EXCLUDED.listed_active, EXCLUDED.doc_eng, EXCLUDED.doc_rus, EXCLUDED.doc_ukr, EXCLUDED.texts)
-RETURNING e.id, (e.xmax = 0) AS inserted`
-
-// stampUpdated is the last statement of a writing transaction: updated_at is
-// the clock as close to COMMIT as the transaction can get it.
-const stampUpdated = `UPDATE export_items SET updated_at = clock_timestamp()
-WHERE owner_id = $1 AND id = ANY($2)`
+RETURNING (e.xmax = 0) AS inserted)
+SELECT count(*) FILTER (WHERE inserted), count(*) FROM written`
 
 // itemRows feeds CopyFrom, rendering each item's three documents.
 func itemRows(items []Item) pgx.CopyFromSource {
