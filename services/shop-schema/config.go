@@ -78,8 +78,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("identity_secret", secret), slog.String("log_level", c.LogLevel),
 		slog.Any("allow_hosts", c.AllowHosts), slog.String("ca_file", c.CAFile),
-		slog.Any("ports", c.Ports), slog.Duration("timeout", c.Timeout),
-		slog.Duration("connect_timeout", c.ConnectTimeout), slog.Int64("max_response_bytes", c.MaxBytes),
+		slog.Any("ports", c.Ports), slog.String("timeout", c.Timeout.String()),
+		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxBytes),
 		slog.Int("page_size", c.PageSize), slog.Int("max_rows", c.MaxRows),
 	)
 }

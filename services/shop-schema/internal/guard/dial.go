@@ -1,12 +1,14 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -104,6 +106,16 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 			return nil, err
 		}
 	}
+	// IPv4 first: a server without IPv6 routes would otherwise spend the
+	// connect timeout on each AAAA answer before trying A.
+	family := func(a netip.Addr) int {
+		if a.Unmap().Is4() {
+			return 0
+		}
+		return 1
+	}
+	addrs = slices.Clone(addrs)
+	slices.SortStableFunc(addrs, func(a, b netip.Addr) int { return cmp.Compare(family(a), family(b)) })
 	var errs []error
 	for _, a := range addrs {
 		conn, err := dialer.DialContext(ctx, network, netip.AddrPortFrom(a.Unmap(), uint16(port)).String())

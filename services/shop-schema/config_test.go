@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestLoadConfig(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{"IDENTITY_SECRET": testSecret}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	got, err := loadConfig(env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Addr: "127.0.0.1:8083", AdminAddr: "127.0.0.1:9083", IdentitySecret: testSecret, LogLevel: "info",
+		Ports: []uint16{443, 8443}, Timeout: 20 * time.Second, ConnectTimeout: 5 * time.Second,
+		MaxBytes: 16 << 20, PageSize: 250, MaxRows: 100000}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("loadConfig(defaults) (-want +got):\n%s", diff)
+	}
+	bad := [][]string{
+		{"IDENTITY_SECRET", "short"},
+		{"SHOP_SCHEMA_TIMEOUT", "soon"},
+		{"SHOP_SCHEMA_TIMEOUT", "1s", "SHOP_SCHEMA_CONNECT_TIMEOUT", "2s"},
+		{"SHOP_SCHEMA_PAGE_SIZE", "0"},
+		{"SHOP_SCHEMA_MAX_RESPONSE_BYTES", "big"},
+		{"SHOP_SCHEMA_PORTS", "443,http"},
+		{"SHOP_SCHEMA_PORTS", " , "},
+	}
+	for _, kv := range bad {
+		if _, err := loadConfig(env(kv...)); err == nil {
+			t.Errorf("loadConfig(%v) = nil error, want an error", kv)
+		}
+	}
+}
+
+func TestRunMasksSecretAndStops(t *testing.T) {
+	vars := map[string]string{"IDENTITY_SECRET": testSecret, "SHOP_SCHEMA_ADDR": "127.0.0.1:0", "SHOP_SCHEMA_ADMIN_ADDR": "127.0.0.1:0"}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, func(k string) string { return vars[k] }, &out) }()
+	for i := 0; i < 100 && !strings.Contains(out.String(), "listening"); i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run() = %v, want nil after cancel", err)
+	}
+	if strings.Contains(out.String(), testSecret) || !bytes.Contains([]byte(out.String()), []byte(`"identity_secret":"***"`)) {
+		t.Errorf("start-up log does not mask IDENTITY_SECRET:\n%s", out.String())
+	}
+}
