@@ -6,10 +6,10 @@ die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
 
 # pg_bin_dir prints the folder holding initdb and pg_ctl.
 pg_bin_dir() {
-  if command -v initdb >/dev/null 2>&1; then dirname "$(command -v initdb)"; return; fi
+  if command -v initdb >/dev/null 2>&1; then dirname "$(command -v initdb)"; return 0; fi
   local d
   for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5 -n -r); do
-    [ -x "$d/initdb" ] && { echo "$d"; return; }
+    [ -x "$d/initdb" ] && { echo "$d"; return 0; }
   done
   return 1
 }
@@ -58,7 +58,7 @@ pg_stop() {
   local dir=$1 bin
   bin=$(pg_bin_dir) || return 0
   [ -f "$dir/data/PG_VERSION" ] || return 0
-  as_pg_user "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+  as_pg_user "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >>"$dir/stop.log" 2>&1 || true
 }
 
 # pg_create_db DIR NAME creates database NAME when missing.

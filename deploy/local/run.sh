@@ -21,8 +21,10 @@ fi
 set -a; . "$state/secrets"; set +a
 
 pids=()
+stopping=
 stop_all() {
   trap - INT TERM EXIT
+  stopping=1
   log "stopping"
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -108,4 +110,4 @@ MSG
 
 # Stay in the foreground until a process dies or the user presses Ctrl-C.
 wait -n "${pids[@]}" 2>/dev/null || true
-log "a process exited: see .run/logs/"
+[ -n "$stopping" ] || log "a process exited: see .run/logs/ (stopping the rest)"
