@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -156,6 +157,12 @@ func anyString(v *commonpb.AnyValue) string {
 	switch x := v.GetValue().(type) {
 	case *commonpb.AnyValue_StringValue:
 		return x.StringValue
+	case *commonpb.AnyValue_IntValue:
+		return strconv.FormatInt(x.IntValue, 10)
+	case *commonpb.AnyValue_BoolValue:
+		return strconv.FormatBool(x.BoolValue)
+	case *commonpb.AnyValue_DoubleValue:
+		return strconv.FormatFloat(x.DoubleValue, 'g', -1, 64)
 	default:
 		b, _ := protojson.Marshal(v)
 		return string(b)
