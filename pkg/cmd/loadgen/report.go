@@ -274,6 +274,7 @@ func runReport(_ context.Context, cfg Config, args []string, stdout io.Writer) e
 	if err != nil {
 		return err
 	}
+	recs = bestOfRounds(recs)
 	var block bytes.Buffer
 	renderBlock(&block, thisMachine(time.Now()), *items, *mode, *extra, buildRows(recs, []int{64, 256}))
 	if _, err := stdout.Write(block.Bytes()); err != nil {
