@@ -23,6 +23,7 @@ type Config struct {
 	MaxBytes       int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES
 	PageSize       int           // SHOP_SCHEMA_PAGE_SIZE
 	MaxRows        int           // SHOP_SCHEMA_MAX_ROWS
+	MaxConcurrent  int           // SHOP_SCHEMA_MAX_CONCURRENT
 }
 
 // loadConfig reads the environment through getenv, applies defaults and
@@ -56,6 +57,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	collect(err)
 	c.MaxRows, err = integer(getenv, "SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000)
 	collect(err)
+	c.MaxConcurrent, err = integer(getenv, "SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000)
+	collect(err)
 	if len(c.IdentitySecret) < 32 {
 		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
 	}
@@ -81,6 +84,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("ports", c.Ports), slog.String("timeout", c.Timeout.String()),
 		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxBytes),
 		slog.Int("page_size", c.PageSize), slog.Int("max_rows", c.MaxRows),
+		slog.Int("max_concurrent", c.MaxConcurrent),
 	)
 }
 

@@ -88,7 +88,7 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 	srv := httpserver.New(httpserver.Config{
 		Service: "shop-schema", Addr: cfg.Addr, AdminAddr: cfg.AdminAddr, Log: log, Signer: signer,
 	}, mux)
-	api.Routes(mux, api.NewHandler(svc, log, srv.Registry()))
+	api.Routes(mux, api.NewHandler(svc, log, srv.Registry(), cfg.MaxConcurrent))
 	return srv, nil
 }
 

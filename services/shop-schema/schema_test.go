@@ -482,3 +482,28 @@ func startHandler(t *testing.T, h http.Handler) string {
 	t.Cleanup(ts.Close)
 	return ts.URL
 }
+
+// TestConcurrencyLimit: with one slot busy, the next read is answered 429
+// at once instead of queueing behind the slow shop.
+func TestConcurrencyLimit(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Hold = make(chan struct{})
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_MAX_CONCURRENT": "1"})
+	first := make(chan int, 1)
+	go func() {
+		status, _ := svc.post(t, body(shop.URL(), fakeshop.Key))
+		first <- status
+	}()
+	for len(shop.Requests()) == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusTooManyRequests || errCode(env) != "rate_limited" {
+		t.Errorf("second concurrent POST schema = %d %s, want 429 rate_limited", status, errCode(env))
+	}
+	close(shop.Hold)
+	if got := <-first; got != http.StatusOK {
+		t.Errorf("first POST schema = %d, want 200", got)
+	}
+}

@@ -27,16 +27,21 @@ type Handler struct {
 	svc   *shopschema.Service
 	log   *slog.Logger
 	reads *prometheus.CounterVec
+	// slots bounds the reads in flight: each may hold several connections
+	// for up to the whole-call timeout, so a burst past the gateway's rate
+	// limit (or many gateway instances) gets 429 instead of piling up.
+	slots chan struct{}
 }
 
-// NewHandler returns the handler and registers its metric on reg.
-func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Registerer) *Handler {
+// NewHandler returns the handler and registers its metric on reg. At most
+// maxConcurrent shop reads run at once.
+func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Registerer, maxConcurrent int) *Handler {
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shop_schema_reads_total",
 		Help: "Shop schema reads, by outcome (ok or the error code answered).",
 	}, []string{"outcome"})
 	reg.MustRegister(reads)
-	return &Handler{svc: svc, log: log, reads: reads}
+	return &Handler{svc: svc, log: log, reads: reads, slots: make(chan struct{}, maxConcurrent)}
 }
 
 // Routes registers every route of the service.
@@ -47,6 +52,16 @@ func Routes(mux *http.ServeMux, h *Handler) {
 func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	requestID := httpserver.RequestID(r)
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		h.reads.WithLabelValues("rate_limited").Inc()
+		w.Header().Set("Retry-After", "1")
+		envelope.WriteError(w, http.StatusTooManyRequests, "rate_limited",
+			"too many shop schema reads in progress; retry with backoff", requestID)
+		return
+	}
 	req, err := decode(w, r)
 	if err == nil {
 		var result *shopschema.Result

@@ -82,6 +82,9 @@ type Shop struct {
 	DropAuth         bool                         // CGI without forwarding: PHP never sees Authorization
 	Redirect         func(r *http.Request) string // a redirect target, or ""
 
+	// Hold, when set, makes every answer wait until it is closed.
+	Hold chan struct{}
+
 	srv     *httptest.Server
 	conns   atomic.Int64
 	mu      sync.Mutex
@@ -145,6 +148,13 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.reqLog = append(s.reqLog, r.URL.RequestURI())
 	s.mu.Unlock()
+	if s.Hold != nil {
+		select {
+		case <-s.Hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	if s.Delay > 0 {
 		select {
 		case <-time.After(s.Delay):
