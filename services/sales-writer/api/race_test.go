@@ -187,3 +187,47 @@ func TestConfirmCancelChurnKeepsItemsConsistent(t *testing.T) {
 		t.Errorf("items whose sold flag disagrees with their sales = %d, want 0", mismatched)
 	}
 }
+
+// One Idempotency-Key sent at once with different requests (ten items): one
+// executes; the others are refused and leave nothing behind.
+func TestOneKeyForDifferentRequestsInFlight(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	f := newFixture(t)
+	for i := range n {
+		f.addItem(t, f.owner, fmt.Sprintf("coin-%d", i), true)
+	}
+	hs := instances(t, f, 2)
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			rec, env := serve(t, hs[i%len(hs)], f.signer, call{id: f.writer("market-a"), op: "confirm",
+				item: fmt.Sprintf("coin-%d", i), key: "shared-key", body: order1})
+			answers[i] = answer{status: rec.Code, code: errorCode(env)}
+		})
+	}
+	close(start)
+	wg.Wait()
+	executed := 0
+	for i, a := range answers {
+		switch {
+		case a.status == 200:
+			executed++
+		case a.status == 409 && (a.code == "idempotency_conflict" || a.code == "request_in_progress"):
+		default:
+			t.Errorf("confirm coin-%d = %+v, want 200 or 409 idempotency_conflict", i, a)
+		}
+	}
+	if executed != 1 {
+		t.Errorf("%d requests executed, want 1", executed)
+	}
+	if got := f.count(t, "SELECT count(*) FROM export_items WHERE sold"); got != 1 {
+		t.Errorf("sold items = %d, want 1", got)
+	}
+	if got := f.count(t, "SELECT count(*) FROM sales") + f.count(t, "SELECT count(*) FROM idempotency_records"); got != 2 {
+		t.Errorf("sale rows + idempotency records = %d, want 2", got)
+	}
+}

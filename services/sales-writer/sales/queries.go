@@ -2,63 +2,63 @@ package sales
 
 // The statements of a sale call. Parameters, the same in confirmSQL and
 // cancelSQL: $1 owner id, $2 platform id, $3 idempotency key, $4 item id,
-// $5 external order id.
+// $5 external order id, $6 request fingerprint, $7 retention in seconds.
 //
-// An idempotency record whose response is JSON null is pending: it is visible
-// only inside the transaction that claimed it, since that transaction's write
-// statement either stores the response or deletes the record before commit.
+// Each is one statement, so one round trip and one transaction:
+//
+//   - live is the key's unexpired idempotency record, if one was committed
+//     before the statement started. When there is one, nothing is changed:
+//     the caller replays it or reports a conflict.
+//   - Otherwise the item (and the sale) are changed under their row locks;
+//     an UPDATE's WHERE is re-checked on the newest row version after
+//     waiting for a concurrent writer (READ COMMITTED), so of two calls
+//     racing for an item only one can change it.
+//   - saved inserts the record with the response in the same transaction.
+//     It is a plain INSERT: if another transaction stored the same key since
+//     the statement started, the unique violation rolls the whole change
+//     back, and the caller runs again to find that record.
+//
+// The outer SELECT reports what the statement's snapshot saw, so the caller
+// can tell a genuine refusal from a lost race (see outcome.decide).
 
-// claimSQL takes the idempotency key: $4 fingerprint, $5 retention in
-// seconds. A live record of an earlier request is left alone (its row lock is
-// taken and held to commit); an expired one not yet purged is taken over.
-const claimSQL = `
-INSERT INTO idempotency_records AS r
-    (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
-VALUES ($1, $2, $3, $4, 'null', now() + $5::float8 * interval '1 second')
-ON CONFLICT (owner_id, platform_id, idempotency_key) DO UPDATE
-SET fingerprint = excluded.fingerprint, response = excluded.response,
-    created_at = excluded.created_at, expires_at = excluded.expires_at
-WHERE r.expires_at <= now()`
+// liveAndItem starts both statements.
+const liveAndItem = `
+WITH live AS (
+    SELECT fingerprint, response FROM idempotency_records
+    WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
+)`
 
-// recordAndItem is the tail shared by both write statements: it stores the
-// response or drops the claim, and reports what the statement's snapshot saw
-// (the key's record as it was before the statement, the item's state).
-const recordAndItem = `
+// savedAndReport ends both statements: it stores the response and reports.
+const savedAndReport = `
 , saved AS (
-    UPDATE idempotency_records r SET response = result.body
+    INSERT INTO idempotency_records
+        (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
+    SELECT $1, $2, $3, $6, result.body, now() + $7::float8 * interval '1 second'
     FROM result
-    WHERE r.owner_id = $1 AND r.platform_id = $2 AND r.idempotency_key = $3
-), dropped AS (
-    DELETE FROM idempotency_records r
-    WHERE r.owner_id = $1 AND r.platform_id = $2 AND r.idempotency_key = $3
-      AND r.response = 'null' AND NOT EXISTS (SELECT FROM result)
 )
-SELECT rec.fingerprint,
-       coalesce(rec.response = 'null', false),
-       rec.response::text,
+SELECT live.fingerprint,
+       live.response::text,
        (SELECT body::text FROM result),
        it.id IS NOT NULL,
-       coalesce(it.listed_active, false),
-       coalesce(it.sold, false)
+       coalesce(it.listed_active AND NOT it.sold, false),
+       coalesce(it.sold, false),
+       EXISTS (SELECT FROM sales s
+               WHERE s.owner_id = $1 AND s.item_id = $4 AND s.canceled_at IS NULL
+                 AND s.platform_id = $2 AND s.external_order_id = $5)
 FROM (VALUES (1)) AS one (x)
-LEFT JOIN idempotency_records rec
-       ON rec.owner_id = $1 AND rec.platform_id = $2 AND rec.idempotency_key = $3
+LEFT JOIN live ON true
 LEFT JOIN export_items it ON it.owner_id = $1 AND it.id = $4`
 
-// confirmSQL sells the item if this transaction claimed the key and the item
-// is listed and not sold. The UPDATE's WHERE is re-checked on the newest row
-// version after waiting for a concurrent writer (READ COMMITTED), which is
-// what makes the sale happen once. updated_at is stamped with
-// clock_timestamp() in this last statement of the transaction, as late as
-// possible before commit, so that updated_after syncs do not miss it.
-const confirmSQL = `
-WITH claim AS (
-    SELECT FROM idempotency_records
-    WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND response = 'null'
-), item AS (
+// confirmSQL sells the item if it is listed and not sold. updated_at is
+// stamped with clock_timestamp() in the transaction's only statement, after
+// the row lock is taken, as late as possible before commit, so that
+// updated_after syncs do not miss the change; confirmed_at is the same
+// instant.
+const confirmSQL = liveAndItem + `
+, item AS (
     UPDATE export_items SET sold = true, updated_at = clock_timestamp()
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
-      AND EXISTS (SELECT FROM claim)
+      AND NOT EXISTS (SELECT FROM live)
     RETURNING status, updated_at
 ), sale AS (
     INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
@@ -73,21 +73,18 @@ WITH claim AS (
         'external_order_id', $5::text,
         'confirmed_at', sale.confirmed_at) AS body
     FROM item, sale
-)` + recordAndItem
+)` + savedAndReport
 
 // cancelSQL closes the open sale of this platform and external order, then
-// makes the item sellable again. The sale row is locked first: the item's
+// makes the item sellable again. The sale row is locked first and the item's
 // update depends on it, so a cancel racing another cancel of the same sale
 // re-checks canceled_at IS NULL on the newest version and finds it closed.
-const cancelSQL = `
-WITH claim AS (
-    SELECT FROM idempotency_records
-    WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND response = 'null'
-), sale AS (
+const cancelSQL = liveAndItem + `
+, sale AS (
     UPDATE sales SET canceled_at = clock_timestamp()
     WHERE owner_id = $1 AND item_id = $4 AND canceled_at IS NULL
       AND platform_id = $2 AND external_order_id = $5
-      AND EXISTS (SELECT FROM claim)
+      AND NOT EXISTS (SELECT FROM live)
     RETURNING confirmed_at, canceled_at
 ), item AS (
     UPDATE export_items SET sold = false, updated_at = clock_timestamp()
@@ -103,7 +100,13 @@ WITH claim AS (
         'confirmed_at', sale.confirmed_at,
         'canceled_at', sale.canceled_at) AS body
     FROM item, sale
-)` + recordAndItem
+)` + savedAndReport
+
+// dropExpiredSQL removes the key's record if it has expired, so that the key
+// can be used again before the purge gets to it.
+const dropExpiredSQL = `
+DELETE FROM idempotency_records
+WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at <= now()`
 
 // purgeSQL deletes at most $1 expired idempotency records, so that each
 // purge transaction stays short.

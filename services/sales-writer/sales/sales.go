@@ -1,9 +1,10 @@
 // Package sales confirms and cancels external sales of export items (spec 3,
 // 4.5 to 4.7): exactly once per item, with idempotent retries.
 //
-// Each call is one short transaction sent to PostgreSQL in one round trip:
-// claim the idempotency record, then change the item, the sale and the
-// record in one statement. See write.go for why that is safe.
+// Each call is one SQL statement, so one round trip and one short
+// transaction: it checks the idempotency record, changes the item and the
+// sale, and stores the record with the response. See queries.go for why that
+// is safe under concurrency.
 package sales
 
 import (
@@ -64,7 +65,8 @@ var (
 	ErrNotCancelable = errors.New("no open sale of this platform and external order to cancel")
 	// ErrIdempotencyConflict: the key was used before for a different request.
 	ErrIdempotencyConflict = errors.New("idempotency key was already used for a different request")
-	// ErrInProgress: an identical request with this key is still running.
+	// ErrInProgress: another request with this key kept being stored
+	// concurrently; its outcome is not known yet.
 	ErrInProgress = errors.New("a request with this idempotency key is still in progress")
 )
 

@@ -6,37 +6,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Writer executes confirm and cancel calls against PostgreSQL.
-//
-// Every call is one pgx batch of two statements, sent in one round trip and
-// run by PostgreSQL in one implicit transaction (a statement that fails rolls
-// back both):
-//
-//  1. claimSQL inserts the idempotency record with the pending response
-//     'null'. If an identical request holds the same key in an uncommitted
-//     transaction, PostgreSQL makes this insert wait on the primary key until
-//     that transaction ends; then it finds the committed record (and inserts
-//     nothing) or, if the other one left no record, inserts its own. An
-//     existing record is taken over only when it has expired.
-//  2. confirmSQL or cancelSQL changes the item and the sale only if this
-//     transaction holds a pending record for the key: a record is pending
-//     only inside the transaction that wrote it, because the same statement
-//     either stores the response in it or deletes it. The statement returns
-//     the record it saw, the new response if it wrote one, and the item's
-//     state for the error to report.
+// Writer executes confirm and cancel calls against PostgreSQL, each as one
+// statement (see queries.go for why that is safe).
 //
 // "Sold at most once" rests on the item's row lock: a confirm updates the item
 // only WHERE NOT sold, so of two confirms racing for an item one waits for the
 // other and then finds it sold. The partial unique index
-// sales_one_open_sale_per_item stands behind that.
+// sales_one_open_sale_per_item stands behind that. "Executed at most once per
+// idempotency key" rests on the record's primary key: a second transaction
+// that stores the same key fails and rolls back everything it did.
 type Writer struct {
 	db        *pgxpool.Pool
 	retention time.Duration
@@ -47,89 +31,91 @@ func NewWriter(db *pgxpool.Pool, retention time.Duration) *Writer {
 	return &Writer{db: db, retention: retention}
 }
 
-// errRetry asks Execute to run the call again: the statement's snapshot did
-// not explain its outcome (a concurrent transaction committed in between).
-var errRetry = errors.New("sales: retry")
+var (
+	// errRetry: the statement's snapshot does not explain its outcome; a
+	// concurrent transaction committed meanwhile. Another run sees it.
+	errRetry = errors.New("sales: retry")
+	// errKeyTaken: another transaction stored the key after the statement
+	// started, or an expired record not yet purged holds it.
+	errKeyTaken = errors.New("sales: idempotency key taken")
+)
 
-// maxAttempts bounds the runs of one call; a second run sees a fresh snapshot.
+// maxAttempts bounds the runs of one call. A second run normally settles it:
+// it sees whatever the first one raced with.
 const maxAttempts = 3
 
-// Execute runs req exactly once per idempotency key and returns the result,
+// Execute runs req at most once per idempotency key and returns the result,
 // or replays the stored result of an earlier identical request.
 func (w *Writer) Execute(ctx context.Context, req Request) (Result, error) {
 	fp := Fingerprint(req)
+	var last error
 	for range maxAttempts {
 		res, err := w.once(ctx, req, fp)
-		if !errors.Is(err, errRetry) {
+		switch {
+		case errors.Is(err, errKeyTaken):
+			if _, err := w.db.Exec(ctx, dropExpiredSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey); err != nil {
+				return Result{}, fmt.Errorf("sales: drop expired record: %w", err)
+			}
+			last = ErrInProgress
+		case errors.Is(err, errRetry):
+			last = lastResort(req.Operation)
+		default:
 			return res, err
 		}
 	}
-	return Result{}, lastResort(req.Operation)
+	return Result{}, last
 }
 
-func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, error) {
-	o, err := w.run(ctx, req, fp)
-	if err != nil {
-		return Result{}, err
-	}
-	return o.decide(req.Operation, fp)
-}
-
-// lastResort is the answer when every attempt lost a race: for a confirm some
-// other transaction keeps changing the item, which only a sale does; for a
-// cancel the record of the key keeps changing under us.
+// lastResort answers a call whose every run lost a race for the item: some
+// other call keeps changing it, which only sales and cancellations do.
 func lastResort(op Operation) error {
 	if op == Confirm {
 		return ErrAlreadySold
 	}
-	return ErrInProgress
+	return ErrNotCancelable
 }
 
-// outcome is what the write statement reports.
-type outcome struct {
-	recordFingerprint []byte // of the record seen for the key; nil when none
-	claimed           bool   // this transaction wrote the record
-	stored            []byte // response stored in a record of an earlier request
-	written           []byte // response of the change made now; nil when none
-	itemFound         bool
-	listedActive      bool
-	sold              bool
-}
-
-func (w *Writer) run(ctx context.Context, req Request, fp []byte) (outcome, error) {
+func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, error) {
 	stmt := confirmSQL
 	if req.Operation == Cancel {
 		stmt = cancelSQL
 	}
-	b := &pgx.Batch{}
-	b.Queue(claimSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds())
-	b.Queue(stmt, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID, req.ExternalOrderID)
-	br := w.db.SendBatch(ctx, b)
 	var o outcome
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&o.recordFingerprint, &o.claimed, &o.stored, &o.written,
-			&o.itemFound, &o.listedActive, &o.sold)
+	err := w.db.QueryRow(ctx, stmt, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+		req.ExternalOrderID, fp, w.retention.Seconds()).
+		Scan(&o.recordFingerprint, &o.stored, &o.written, &o.itemFound, &o.sellable, &o.sold, &o.openSale)
+	if err != nil {
+		return Result{}, classify(err)
 	}
-	if closeErr := br.Close(); err == nil {
-		err = closeErr
-	}
-	return o, classify(err)
+	return o.decide(req.Operation, fp)
+}
+
+// outcome is what the write statement reports.
+type outcome struct {
+	recordFingerprint []byte // of the key's live record; nil when none
+	stored            []byte // response in that record
+	written           []byte // response of the change made now; nil when none
+	itemFound         bool
+	sellable          bool // listed and not sold
+	sold              bool
+	openSale          bool // an open sale of this platform and order
 }
 
 // classify turns database errors with a meaning for the caller into errors of
 // this package.
 func classify(err error) error {
 	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) {
-		return err
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("sales: %w", err)
 	}
 	switch {
 	case pgErr.Code == "23505" && pgErr.ConstraintName == "sales_one_open_sale_per_item":
 		return ErrAlreadySold
-	case pgErr.Code == "23503" && strings.HasPrefix(pgErr.ConstraintName, "idempotency_records_"):
-		// The key's owner or platform is not in the database (the gateway
-		// signed a key whose owner was since removed): nothing is theirs.
+	case pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_records_pkey":
+		return errKeyTaken
+	case pgErr.Code == "23503":
+		// The key's platform is not in the database (the gateway signed a key
+		// whose platform was since removed): nothing can be sold through it.
 		return ErrNotFound
 	case pgErr.Code == "40P01", pgErr.Code == "40001":
 		// Deadlock or serialization failure: nothing was written; run again.
@@ -138,38 +124,30 @@ func classify(err error) error {
 	return fmt.Errorf("sales: %w", err)
 }
 
-// decide turns what the statement saw into the call's answer.
+// decide turns what the statement saw into the call's answer. A refusal
+// stands only if the snapshot explains it; otherwise a transaction that
+// committed meanwhile (perhaps an identical request, which must be replayed)
+// changed the rows, and the call runs again.
 func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 	switch {
 	case o.written != nil:
 		return decodeResult(o.written, false)
-	case !o.claimed:
-		return o.replay(fp)
+	case o.recordFingerprint != nil:
+		if !bytes.Equal(o.recordFingerprint, fp) {
+			return Result{}, ErrIdempotencyConflict
+		}
+		return decodeResult(o.stored, true)
 	case !o.itemFound:
 		return Result{}, ErrNotFound
+	case op == Cancel && o.openSale, op == Confirm && o.sellable:
+		return Result{}, errRetry
 	case op == Cancel:
 		return Result{}, ErrNotCancelable
 	case o.sold:
 		return Result{}, ErrAlreadySold
-	case !o.listedActive:
-		return Result{}, ErrNotAvailable
 	default:
-		// The snapshot showed the item for sale, yet the update found it
-		// changed by a transaction that committed meanwhile.
-		return Result{}, errRetry
+		return Result{}, ErrNotAvailable
 	}
-}
-
-// replay answers a key that an earlier request already used.
-func (o outcome) replay(fp []byte) (Result, error) {
-	if o.recordFingerprint == nil {
-		// The record we waited for vanished (expired and purged): run again.
-		return Result{}, errRetry
-	}
-	if !bytes.Equal(o.recordFingerprint, fp) {
-		return Result{}, ErrIdempotencyConflict
-	}
-	return decodeResult(o.stored, true)
 }
 
 func decodeResult(stored []byte, replay bool) (Result, error) {
