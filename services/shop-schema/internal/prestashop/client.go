@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -152,18 +151,15 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, statusError(resource, resp.StatusCode, body, !looksLikeJSON(body))
 	}
-	if !looksLikeJSON(body) || isHTML(resp.Header.Get("Content-Type")) {
+	// Judged by the body, not Content-Type: a front-office page starts with
+	// "<", while some hosts relabel the webservice's JSON.
+	if !looksLikeJSON(body) {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON}
 	}
 	if v := resp.Header.Get("PSWS-Version"); v != "" && len(v) < 32 {
 		c.version.Store(v)
 	}
 	return body, nil
-}
-
-func isHTML(contentType string) bool {
-	mt, _, _ := mime.ParseMediaType(contentType)
-	return mt == "text/html"
 }
 
 // listAll reads every row of a resource, page by page, sorted by id so that
@@ -190,7 +186,9 @@ func listAll[T any](ctx context.Context, cl *Client, c *call, resource, fields, 
 			return nil, &Error{Kind: KindTooLarge, Resource: resource,
 				Reason: fmt.Sprintf("the shop has more than %d %s", cl.maxRows, resource)}
 		}
-		if len(page) < cl.pageSize || added == 0 {
+		// A page longer than asked for means the shop ignored limit= and sent
+		// everything.
+		if len(page) != cl.pageSize || added == 0 {
 			return out, nil
 		}
 	}
