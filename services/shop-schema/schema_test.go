@@ -492,8 +492,18 @@ func TestConcurrencyLimit(t *testing.T) {
 	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_MAX_CONCURRENT": "1"})
 	first := make(chan int, 1)
 	go func() {
-		status, _ := svc.post(t, body(shop.URL(), fakeshop.Key))
-		first <- status
+		// Not svc.post: t.Fatal must not run outside the test goroutine.
+		req, _ := http.NewRequest(http.MethodPost, svc.url+"/v1/sync/prestashop/schema", strings.NewReader(body(shop.URL(), fakeshop.Key)))
+		for _, h := range svc.signer.Sign(identity.Identity{RequestID: "first"}, time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
 	}()
 	for len(shop.Requests()) == 0 {
 		time.Sleep(5 * time.Millisecond)
