@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/coinexport/export/pkg/tracestore"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// fixture is one owner with seeded items, a read key and a write key.
+type fixture struct {
+	readKey, writeKey string
+}
+
+func newFixture(t *testing.T, pool *pgxpool.Pool) fixture {
+	t.Helper()
+	ctx := context.Background()
+	var owner string
+	if err := pool.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('e2e') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO platforms (id) VALUES ('e2e-market')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.Seed(ctx, pool, owner, 50, 1); err != nil {
+		t.Fatal(err)
+	}
+	key := func(platform *string, scopes ...string) string {
+		secret, prefix, err := apikey.Generate(scopes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hash := apikey.HashOf(secret)
+		_, err = pool.Exec(ctx, `INSERT INTO api_keys (owner_id, platform_id, prefix, hash, scopes) VALUES ($1, $2, $3, $4, $5)`,
+			owner, platform, prefix, hash[:], scopes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return secret
+	}
+	platform := "e2e-market"
+	return fixture{readKey: key(nil, "export:read"), writeKey: key(&platform, "sales:write")}
+}
+
+// call sends one request and returns the status and decoded envelope.
+func call(t *testing.T, method, url, apiKey, body string, headers map[string]string) (int, envelope.Parsed, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if apiKey != "" {
+		req.Header.Set("X-API-Key", apiKey)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var env envelope.Parsed
+	if err := json.Unmarshal(raw, &env); err != nil {
+		t.Fatalf("%s %s: body is not an envelope: %q", method, url, raw)
+	}
+	return resp.StatusCode, env, resp.Header
+}
+
+// waitForTrace polls until the trace holds a server span of service and a
+// span from every service in want, or gives up after 15 s.
+func waitForTrace(s *stack, traceID string, services ...string) []tracestore.Span {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		spans := s.traces.Trace(traceID)
+		seen := map[string]bool{}
+		for _, sp := range spans {
+			if sp.Kind == "SPAN_KIND_SERVER" {
+				seen[sp.Service] = true
+			}
+		}
+		all := true
+		for _, svc := range services {
+			all = all && seen[svc]
+		}
+		if all || time.Now().After(deadline) {
+			return spans
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestOneTracePerRequestWhoseIDIsTheRequestID(t *testing.T) {
+	pool := testenv.Postgres(t)
+	fx := newFixture(t, pool)
+	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t))
+
+	status, list, hdr := call(t, "GET", s.baseURL+"/export/items?limit=3", fx.readKey, "", nil)
+	if status != 200 {
+		t.Fatalf("GET /export/items = %d %+v, want 200", status, list.Error)
+	}
+	var items []struct{ ID string }
+	if err := json.Unmarshal(list.Data, &items); err != nil || len(items) == 0 {
+		t.Fatalf("list data = %s, want items", list.Data)
+	}
+	status, confirm, _ := call(t, "POST", s.baseURL+"/export/items/"+items[0].ID+"/sales/confirm", fx.writeKey,
+		`{"external_order_id":"e2e-1"}`, map[string]string{"Idempotency-Key": "e2e-confirm-1"})
+	if status != 200 {
+		t.Fatalf("confirm = %d %+v, want 200", status, confirm.Error)
+	}
+	const wsKey = "WSKEY-e2e-0123456789ABCDEFGHIJKLMN"
+	status, shop, _ := call(t, "POST", s.baseURL+"/sync/prestashop/schema", "",
+		`{"base_url":"https://10.0.0.1/shop","ws_key":"`+wsKey+`"}`, nil)
+	if status != 400 || shop.Error == nil || shop.Error.Code != "base_url_not_allowed" {
+		t.Fatalf("shop schema with a private address = %d %+v, want 400 base_url_not_allowed\n%s", status, shop.Error, s.logs["shop-schema"])
+	}
+
+	if hdr.Get("X-Request-Id") != list.Meta.RequestID {
+		t.Errorf("X-Request-Id = %q, meta.request_id = %q; want equal", hdr.Get("X-Request-Id"), list.Meta.RequestID)
+	}
+	for _, tc := range []struct {
+		name, requestID, service string
+	}{
+		{"list", list.Meta.RequestID, "export-reader"},
+		{"confirm", confirm.Meta.RequestID, "sales-writer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkTrace(t, waitForTrace(s, tc.requestID, "gateway", tc.service), tc.requestID, tc.service)
+		})
+	}
+
+	secrets := []string{fx.readKey, fx.writeKey, wsKey}
+	time.Sleep(300 * time.Millisecond) // let the last batches arrive
+	for _, sp := range s.traces.All() {
+		raw, _ := json.Marshal(sp)
+		for _, secret := range secrets {
+			if strings.Contains(string(raw), secret) {
+				t.Errorf("span %q of %s contains a secret", sp.Name, sp.Service)
+			}
+		}
+	}
+	for name, logs := range s.logs {
+		for _, secret := range secrets {
+			if strings.Contains(logs.String(), secret) {
+				t.Errorf("the %s log contains a secret", name)
+			}
+		}
+	}
+	checkAccessLog(t, s.logs["gateway"].String(), list.Meta.RequestID)
+	checkAccessLog(t, s.logs["export-reader"].String(), list.Meta.RequestID)
+}
+
+// checkTrace asserts the shape of one request's trace: the gateway's server
+// span is the root, the proxy hop is its descendant client span, the
+// service's server span is a child of that client span, and the service ran
+// SQL under it.
+func checkTrace(t *testing.T, spans []tracestore.Span, requestID, service string) {
+	t.Helper()
+	byID := map[string]tracestore.Span{}
+	for _, sp := range spans {
+		if sp.TraceID != requestID {
+			t.Fatalf("span %q has trace id %s, want %s", sp.Name, sp.TraceID, requestID)
+		}
+		byID[sp.SpanID] = sp
+	}
+	var root, serviceSpan *tracestore.Span
+	roots, sql := 0, 0
+	for i, sp := range spans {
+		switch {
+		case sp.ParentID == "":
+			roots++
+			root = &spans[i]
+		case sp.Service == service && sp.Kind == "SPAN_KIND_SERVER":
+			serviceSpan = &spans[i]
+		}
+		if sp.Service == service && sp.Kind == "SPAN_KIND_CLIENT" && isSQL(sp) {
+			sql++
+		}
+	}
+	if roots != 1 || root.Service != "gateway" || root.Kind != "SPAN_KIND_SERVER" {
+		t.Fatalf("trace %s has %d roots (first %+v), want exactly one: the gateway's server span", requestID, roots, root)
+	}
+	if serviceSpan == nil {
+		t.Fatalf("trace %s has no server span of %s: %v", requestID, service, names(spans))
+	}
+	proxy, ok := byID[serviceSpan.ParentID]
+	if !ok || proxy.Service != "gateway" || proxy.Kind != "SPAN_KIND_CLIENT" {
+		t.Errorf("parent of the %s server span = %+v, want the gateway's proxy client span", service, proxy)
+	}
+	if sql == 0 {
+		t.Errorf("trace %s has no SQL span of %s: %v", requestID, service, names(spans))
+	}
+}
+
+func isSQL(sp tracestore.Span) bool {
+	for k := range sp.Attributes {
+		if strings.HasPrefix(k, "db.") {
+			return true
+		}
+	}
+	return false
+}
+
+func names(spans []tracestore.Span) []string {
+	var out []string
+	for _, sp := range spans {
+		out = append(out, sp.Service+":"+sp.Kind+":"+sp.Name)
+	}
+	return out
+}
+
+// checkAccessLog finds the access line of the request in a JSON log.
+func checkAccessLog(t *testing.T, logs, requestID string) {
+	t.Helper()
+	for _, line := range strings.Split(logs, "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if rec["msg"] == "request" && rec["request_id"] == requestID {
+			if rec["status"] == nil || rec["route"] == nil || rec["duration_ms"] == nil {
+				t.Errorf("access line %s lacks status, route or duration", line)
+			}
+			return
+		}
+	}
+	t.Errorf("no access line with request_id %s in:\n%s", requestID, logs)
+}
+
+// dsnOf returns the connection string of pool's database.
+func dsnOf(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	return pool.Config().ConnString()
+}
