@@ -1,6 +1,8 @@
 package httpserver
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"runtime/debug"
@@ -22,7 +24,13 @@ func RequestID(r *http.Request) string {
 	if id, ok := identity.FromContext(r.Context()); ok && id.RequestID != "" {
 		return id.RequestID
 	}
-	return trace.SpanContextFromContext(r.Context()).TraceID().String()
+	if sc := trace.SpanContextFromContext(r.Context()); sc.HasTraceID() {
+		return sc.TraceID().String()
+	}
+	// Untraced paths (the health probe) still get a unique id.
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // dispatch verifies the caller, routes, and records the outcome.
