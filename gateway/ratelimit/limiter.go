@@ -51,11 +51,21 @@ type Limiter struct {
 	done     chan struct{}
 	degraded atomic.Bool
 	pending  sync.Pool
+	shards   [leaseShards]leaseShard
 }
 
 type pending struct {
 	op    Op
-	reply chan Decision
+	reply chan result
+}
+
+// result is one op's share of a script run.
+type result struct {
+	admitted   int64
+	remaining  int64
+	retryAfter time.Duration // set when fewer than asked were admitted
+	reset      time.Time
+	local      bool
 }
 
 // New returns a limiter over store. Call Run before the first Take.
@@ -77,7 +87,10 @@ func New(store *SlidingStore, opts Options) *Limiter {
 	}
 	l := &Limiter{store: store, local: NewLocal(), opts: opts,
 		queue: make(chan *pending, 4*opts.MaxBatch), done: make(chan struct{})}
-	l.pending.New = func() any { return &pending{reply: make(chan Decision, 1)} }
+	l.pending.New = func() any { return &pending{reply: make(chan result, 1)} }
+	for i := range l.shards {
+		l.shards[i].leases = make(map[string]*lease)
+	}
 	return l
 }
 
@@ -85,20 +98,21 @@ func New(store *SlidingStore, opts Options) *Limiter {
 // Redis is unusable.
 func (l *Limiter) Degraded() bool { return l.degraded.Load() }
 
-// Take records one request under key if it fits rate.
-func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
-	return l.decide(Op{Key: key, Rate: rate, Cost: 1})
-}
-
 // Peek reports whether one more request under key would fit, recording
 // nothing.
 func (l *Limiter) Peek(key string, rate limiter.Rate) Decision {
-	return l.decide(Op{Key: key, Rate: rate, Cost: 0})
+	r := l.take(Op{Key: key, Rate: rate, Cost: 0})
+	d := Decision{Allowed: r.remaining > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local}
+	if !d.Allowed {
+		d.RetryAfter = r.retryAfter
+	}
+	return d
 }
 
-func (l *Limiter) decide(op Op) Decision {
+// take runs op in the next batch, or locally while Redis is unusable.
+func (l *Limiter) take(op Op) result {
 	if l.degraded.Load() {
-		return l.decideLocally(op)
+		return l.takeLocally(op)
 	}
 	p := l.pending.Get().(*pending)
 	p.op = op
@@ -106,24 +120,25 @@ func (l *Limiter) decide(op Op) Decision {
 	case l.queue <- p:
 	case <-l.done:
 		l.pending.Put(p)
-		return l.decideLocally(op)
+		return l.takeLocally(op)
 	}
-	d := <-p.reply
+	r := <-p.reply
 	l.pending.Put(p)
-	return d
+	return r
 }
 
-func (l *Limiter) decideLocally(op Op) Decision {
+func (l *Limiter) takeLocally(op Op) result {
 	t := l.local.Take(op, l.opts.Now())
-	d := decision(op, t, 0, t.Admitted)
-	d.Local = true
-	return d
+	r := share(op, t, t.Admitted, t.Admitted)
+	r.local = true
+	return r
 }
 
 // Run sends the queued decisions to Redis and watches for its recovery
 // until ctx ends. Decisions asked after that are made locally.
 func (l *Limiter) Run(ctx context.Context) {
 	go l.probe(ctx)
+	go l.sweep(ctx)
 	batch := make([]*pending, 0, l.opts.MaxBatch)
 	for {
 		select {
@@ -152,7 +167,7 @@ func (l *Limiter) drain() {
 	for {
 		select {
 		case p := <-l.queue:
-			p.reply <- l.decideLocally(p.op)
+			p.reply <- l.takeLocally(p.op)
 		default:
 			return
 		}
@@ -184,12 +199,16 @@ func (l *Limiter) send(ctx context.Context, batch []*pending) {
 	for i, g := range groups {
 		if results == nil {
 			for _, p := range g.waiters {
-				p.reply <- l.decideLocally(p.op)
+				p.reply <- l.takeLocally(p.op)
 			}
 			continue
 		}
-		for j, p := range g.waiters {
-			p.reply <- decision(p.op, results[i], j, results[i].Admitted)
+		// The admitted units go to the waiters in queue order.
+		left := results[i].Admitted
+		for _, p := range g.waiters {
+			a := min(p.op.Cost, left)
+			left -= a
+			p.reply <- share(p.op, results[i], a, left)
 		}
 	}
 }
@@ -217,26 +236,14 @@ func groupOps(batch []*pending) []*group {
 	return groups
 }
 
-// decision is the answer for the j-th request of a merged script run that
-// admitted admitted requests: the first admitted ones pass, in queue order.
-func decision(op Op, t Taken, j int, admitted int64) Decision {
-	d := Decision{Limit: op.Rate.Limit, Reset: t.Now.Add(t.ResetAfter)}
-	if op.Cost == 0 {
-		d.Allowed = t.Remaining > 0
-		d.Remaining = t.Remaining
-		if !d.Allowed {
-			d.RetryAfter = t.RetryAfter
-		}
-		return d
+// share is op's part of script run t: admitted units, with left units
+// admitted for later waiters shown as remaining.
+func share(op Op, t Taken, admitted, left int64) result {
+	r := result{admitted: admitted, remaining: t.Remaining + left, reset: t.Now.Add(t.ResetAfter)}
+	if admitted < op.Cost || (op.Cost == 0 && r.remaining == 0) {
+		r.retryAfter = t.RetryAfter
 	}
-	if int64(j) < admitted {
-		d.Allowed = true
-		// Requests admitted later in the same run see fewer left.
-		d.Remaining = t.Remaining + admitted - 1 - int64(j)
-		return d
-	}
-	d.RetryAfter = t.RetryAfter
-	return d
+	return r
 }
 
 func (l *Limiter) probe(ctx context.Context) {
@@ -256,6 +263,20 @@ func (l *Limiter) probe(ctx context.Context) {
 		cancel()
 		if err == nil && l.degraded.CompareAndSwap(true, false) {
 			l.opts.OnDegraded(nil)
+		}
+	}
+}
+
+// sweep drops idle leases every few seconds.
+func (l *Limiter) sweep(ctx context.Context) {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			l.sweepLeases(l.opts.Now(), 10*time.Second)
 		}
 	}
 }

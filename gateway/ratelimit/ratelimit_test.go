@@ -246,3 +246,42 @@ func TestRedisOutageFallsBackAndRecovers(t *testing.T) {
 		t.Errorf("OnDegraded called %d times, want 2 (down, up)", events.Load())
 	}
 }
+
+func TestLeasesKeepTheBound(t *testing.T) {
+	// Two gateway instances share one Redis; 1000-M allows leases of 10.
+	url, prefix := testenv.RedisURL(t), testenv.KeyPrefix(t)
+	var instances []*Limiter
+	for i := 0; i < 2; i++ {
+		l := New(NewSlidingStore(redisClient(t, url), prefix), Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { l.Run(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+		instances = append(instances, l)
+	}
+	rate := mustRate(t, "1000-M")
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				if instances[(g+i)%2].Take("busy", rate).Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Every unit is recorded in Redis before use, so no more than the limit
+	// pass within the window; at most maxLease-1 per instance stay leased.
+	lo := int64(1000 - 2*(maxLease(rate)-1))
+	if got := allowed.Load(); got > 1000 || got < lo {
+		t.Fatalf("3200 Take on 1000-M across 2 instances allowed %d, want %d..1000", got, lo)
+	}
+	d := instances[0].Take("busy", rate)
+	if d.Allowed || d.RetryAfter <= 0 {
+		t.Fatalf("Take after the window filled = %+v, want refused with RetryAfter", d)
+	}
+}

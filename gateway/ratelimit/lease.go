@@ -1,0 +1,176 @@
+package ratelimit
+
+import (
+	"sync"
+	"time"
+
+	"github.com/ulule/limiter/v3"
+)
+
+// LeaseDivisor sets the largest lease: a gateway instance may take up to
+// Limit/LeaseDivisor units (at least 1) from Redis at once and hand them
+// out locally. Limits below 2×LeaseDivisor therefore get leases of 1,
+// that is one exact decision per request.
+const LeaseDivisor = 100
+
+// lease is one instance's local allowance for one key: units recorded in
+// Redis ahead of use. A key that is refused is remembered as refused until
+// the moment Redis said a request would pass, so a flood of refused
+// requests costs Redis nothing.
+//
+// Bound: units are recorded when leased, at or before their use, and an
+// instance holds at most maxLease-1 unused units per key at any time. Since
+// Redis admits at most Limit recorded units in any rolling window, at most
+// Limit + instances×(maxLease-1) requests pass in any rolling window.
+type lease struct {
+	mu           sync.Mutex
+	units        int64     // leased, not yet used
+	expires      time.Time // unused units are dropped then
+	size         int64     // next lease size, adapted to demand
+	waiters      int64     // requests waiting for the fetch in flight
+	fetching     chan struct{}
+	remaining    int64 // Redis' remaining at the last fetch
+	reset        time.Time
+	refusedUntil time.Time
+	retryAfter   time.Duration
+	used         time.Time // last use, for the sweep
+}
+
+// maxLease is the largest lease for rate.
+func maxLease(rate limiter.Rate) int64 {
+	return max(rate.Limit/LeaseDivisor, 1)
+}
+
+// leaseTTL is how long leased units stay usable: one bucket of the
+// window, at least 100 ms.
+func leaseTTL(rate limiter.Rate) time.Duration {
+	return max(time.Duration(bucketWidth(rate.Period))*time.Millisecond, 100*time.Millisecond)
+}
+
+// Take records one request under key if it fits rate. Requests on a busy
+// key are served from a lease; see lease for the bound this keeps.
+func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
+	if l.degraded.Load() {
+		return decisionOf(rate, l.takeLocally(Op{Key: key, Rate: rate, Cost: 1}))
+	}
+	ls := l.leaseFor(key)
+	for {
+		now := l.opts.Now()
+		ls.mu.Lock()
+		ls.used = now
+		if ls.units > 0 && now.Before(ls.expires) {
+			ls.units--
+			d := Decision{Allowed: true, Limit: rate.Limit, Remaining: ls.remaining + ls.units, Reset: ls.reset}
+			ls.mu.Unlock()
+			return d
+		}
+		if now.Before(ls.refusedUntil) {
+			d := Decision{Limit: rate.Limit, RetryAfter: ls.refusedUntil.Sub(now), Reset: ls.reset}
+			ls.mu.Unlock()
+			return d
+		}
+		if w := ls.fetching; w != nil {
+			ls.waiters++
+			ls.mu.Unlock()
+			<-w
+			continue
+		}
+		return l.refill(ls, key, rate, now)
+	}
+}
+
+// refill takes a new lease (called with ls.mu held; returns with it
+// released) and uses its first unit for the caller.
+func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time) Decision {
+	top := maxLease(rate)
+	switch {
+	case ls.units > 0: // the last lease expired unused: ask for less
+		ls.size = max(ls.size/2, 1)
+	case !ls.expires.IsZero(): // the last lease was used up: ask for more
+		ls.size = min(max(ls.size*2, 1), top)
+	default:
+		ls.size = 1
+	}
+	size := min(max(ls.size, ls.waiters+1), top)
+	ls.units, ls.waiters = 0, 0
+	done := make(chan struct{})
+	ls.fetching = done
+	ls.mu.Unlock()
+
+	r := l.take(Op{Key: key, Rate: rate, Cost: size})
+
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.fetching = nil
+	close(done)
+	ls.remaining, ls.reset = r.remaining, r.reset
+	if r.admitted == 0 {
+		// Counted from after the round trip, so never earlier than Redis
+		// meant.
+		ls.refusedUntil = l.opts.Now().Add(r.retryAfter)
+		return decisionOf(rate, r)
+	}
+	// Units leased from the local fallback are not kept: it decides per
+	// request anyway.
+	if !r.local {
+		ls.units = r.admitted - 1
+		ls.expires = now.Add(leaseTTL(rate))
+	}
+	return Decision{Allowed: true, Limit: rate.Limit, Remaining: r.remaining + ls.units, Reset: r.reset, Local: r.local}
+}
+
+func decisionOf(rate limiter.Rate, r result) Decision {
+	d := Decision{Allowed: r.admitted > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local}
+	if !d.Allowed {
+		d.RetryAfter = r.retryAfter
+	}
+	return d
+}
+
+// leaseShards spreads the lease map over several locks.
+const leaseShards = 32
+
+type leaseShard struct {
+	mu     sync.Mutex
+	leases map[string]*lease
+}
+
+func (l *Limiter) leaseFor(key string) *lease {
+	sh := &l.shards[fnv32(key)%leaseShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	ls, ok := sh.leases[key]
+	if !ok {
+		ls = &lease{}
+		sh.leases[key] = ls
+	}
+	return ls
+}
+
+// sweepLeases forgets leases unused for a while, so memory follows the
+// set of active keys. Their leased units are dropped (they stay counted
+// in Redis, so this only ever under-admits).
+func (l *Limiter) sweepLeases(now time.Time, idle time.Duration) {
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for k, ls := range sh.leases {
+			ls.mu.Lock()
+			stale := ls.fetching == nil && now.Sub(ls.used) > idle && now.After(ls.refusedUntil)
+			ls.mu.Unlock()
+			if stale {
+				delete(sh.leases, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
