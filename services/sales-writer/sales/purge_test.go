@@ -2,6 +2,8 @@ package sales
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -47,4 +49,47 @@ func TestPurgeDeletesOnlyExpiredRecords(t *testing.T) {
 	if left != live || total != live {
 		t.Errorf("records after Purge = %d (%d live), want %d live only", total, left, live)
 	}
+}
+
+// RunPurge keeps purging in the background until its context ends.
+func TestRunPurgeRunsInTheBackground(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	var owner string
+	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(key string) {
+		t.Helper()
+		_, err := db.Exec(ctx, `INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
+			VALUES ($1::uuid, 'p', $2, '\x00'::bytea, '{}'::jsonb, now() - interval '1 second')`, owner, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('p')"); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		NewWriter(db, time.Hour).RunPurge(runCtx, time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		close(done)
+	}()
+	for _, key := range []string{"first", "second"} { // the loop keeps going after a purge
+		insert(key)
+		deadline := time.Now().Add(30 * time.Second)
+		for n := 1; n > 0; {
+			if time.Now().After(deadline) {
+				t.Fatalf("record %q still there after 30 s of purging every millisecond", key)
+			}
+			time.Sleep(5 * time.Millisecond)
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	stop()
+	<-done
 }
