@@ -5,8 +5,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/coinexport/export/gateway/gatewaytest"

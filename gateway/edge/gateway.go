@@ -74,6 +74,7 @@ func Run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	routeRedisLogs(g.log)
 	select {
 	case <-ctx.Done():
 	case err = <-g.served:
@@ -116,6 +117,9 @@ func start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 	if g.signer, err = identity.NewSigner(cfg.IdentitySecret); err != nil {
 		return nil, err
 	}
+	if err = g.buildUpstreams(); err != nil {
+		return nil, err
+	}
 	if g.pool, err = postgres.Open(ctx, cfg.DatabaseURL); err != nil {
 		return nil, err
 	}
@@ -124,9 +128,6 @@ func start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { g.redis.Close() })
-	if err = g.buildUpstreams(); err != nil {
-		return nil, err
-	}
 	store := keystore.New(g.pool, keystore.Options{
 		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize,
 		OnLookup: func(hit bool) {

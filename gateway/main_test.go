@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunServesAndDrains(t *testing.T) {
+	addr := freeAddr(t)
+	secret := "run-test-identity-secret-0123456789abcdef"
+	env := map[string]string{
+		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": freeAddr(t),
+		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
+		"IDENTITY_SECRET": secret,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out) }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/v1/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not answering /v1/health: %v\n%s", err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run() after cancel = %v, want nil", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run() did not return after cancel")
+	}
+	logs := out.String()
+	if strings.Contains(logs, secret) {
+		t.Error("the identity secret appears in the logs")
+	}
+	for _, want := range []string{`"msg":"starting"`, `"identity_secret":"***"`, `"msg":"stopped"`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs lack %s", want)
+		}
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"no database", map[string]string{"IDENTITY_SECRET": strings.Repeat("s", 32)}, "DATABASE_URL"},
+		{"short secret", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "short"}, "IDENTITY_SECRET"},
+		{"bad rate", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+			"RATE_LIMIT_EXPORT_READ": "6000/min"}, "RATE_LIMIT_EXPORT_READ"},
+		{"bad upstream", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+			"GATEWAY_ADDR": "127.0.0.1:0", "EXPORT_READER_URLS": "ftp://x"}, "export-reader"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(context.Background(), func(k string) string { return tt.env[k] }, &bytes.Buffer{})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("run(%v) = %v, want an error naming %s", tt.env, err, tt.want)
+			}
+		})
+	}
+}
