@@ -18,9 +18,9 @@ import (
 // BenchmarkFullSync measures a full sync (pages of 100, following
 // next_cursor) straight from the service over loopback HTTP, beside the raw
 // pgx keyset scan of the same rows reading the same stored JSON, in the same
-// run, and reports both rates and their ratio. BENCH_ITEMS sets the catalog
-// size (default 20000; the figure is 1000000, which takes about a
-// minute to seed):
+// run, and reports both rates, their ratio, and the rate with gzip.
+// BENCH_ITEMS sets the catalog size (default 20000; the figure is
+// 1000000, which takes about a minute to seed):
 //
 //	BENCH_ITEMS=1000000 go test ./internal/api -run '^$' -bench FullSync -benchtime 1x -timeout 30m
 func BenchmarkFullSync(b *testing.B) {

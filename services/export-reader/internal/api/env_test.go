@@ -40,11 +40,16 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	pool := testenv.Postgres(t)
 	signer, err := identity.NewSigner(identitySecret)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serve(t, testenv.Postgres(t), signer)
+}
+
+// serve starts the service's handler over pool on a loopback server.
+func serve(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer) *env {
+	t.Helper()
 	cursors, err := cursor.New(cursorSecret)
 	if err != nil {
 		t.Fatal(err)

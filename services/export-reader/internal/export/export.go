@@ -34,6 +34,9 @@ type Query struct {
 	Cursor       string     // "" for the first page
 }
 
+// position is where a page ends: the last (updated_at, id) it holds.
+type position = cursor.Position
+
 // Reader reads export items from PostgreSQL (a replica is fine).
 type Reader struct {
 	pool    *pgxpool.Pool
@@ -54,22 +57,35 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		return dst, "", fmt.Errorf("export: %w", err)
 	}
 	binding := cursor.Binding{OwnerID: q.OwnerID, Status: q.Status, UpdatedAfter: q.UpdatedAfter}
-	sql, args := listStatement(q, owner)
+	var after *position
 	if q.Cursor != "" {
 		pos, err := r.cursors.Decode(q.Cursor, binding)
 		if err != nil {
 			return dst, "", ErrInvalidCursor
 		}
-		sql, args = listAfterStatement(q, owner, pos)
+		after = &pos
+	}
+	dst, next, err := r.scan(ctx, dst, q, owner, after)
+	if err != nil || next == nil {
+		return dst, "", err
+	}
+	return dst, r.cursors.Encode(*next, binding), nil
+}
+
+// scan reads one page after the position (from the start when nil).
+func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUID, after *position) ([]byte, *position, error) {
+	sql, args := listStatement(q, owner)
+	if after != nil {
+		sql, args = listAfterStatement(q, owner, *after)
 	}
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return dst, "", fmt.Errorf("export: list: %w", err)
+		return dst, nil, fmt.Errorf("export: list: %w", err)
 	}
 	defer rows.Close()
 	var (
 		n               int
-		last            cursor.Position
+		last            position
 		id, status, doc pgtype.DriverBytes
 		updated         time.Time
 	)
@@ -77,10 +93,10 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		if n == q.Limit {
 			// The extra row: another page exists after the last one kept.
 			rows.Close()
-			return dst, r.cursors.Encode(last, binding), rows.Err()
+			return dst, &last, rows.Err()
 		}
 		if err := rows.Scan(&id, &status, &updated, &doc); err != nil {
-			return dst, "", fmt.Errorf("export: list: %w", err)
+			return dst, nil, fmt.Errorf("export: list: %w", err)
 		}
 		if n > 0 {
 			dst = append(dst, ',')
@@ -88,13 +104,15 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		dst = catalog.Compose(dst, string(status), updated, doc)
 		n++
 		if n == q.Limit {
-			last = cursor.Position{UpdatedAt: updated, ID: string(id)}
+			// Copied now: id points into the driver's buffer, which the
+			// next rows.Next reuses.
+			last = position{UpdatedAt: updated, ID: string(id)}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return dst, "", fmt.Errorf("export: list: %w", err)
+		return dst, nil, fmt.Errorf("export: list: %w", err)
 	}
-	return dst, "", nil
+	return dst, nil, nil
 }
 
 // AppendItem appends one ExportItem to dst. An item of another owner is as

@@ -1,0 +1,69 @@
+package cursor_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/services/export-reader/internal/cursor"
+	"github.com/google/go-cmp/cmp"
+)
+
+const secret = "0123456789abcdef0123456789abcdef"
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	c, err := cursor.New(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		pos cursor.Position
+		b   cursor.Binding
+	}{
+		{cursor.Position{UpdatedAt: time.Date(2026, 10, 15, 8, 30, 0, 123456000, time.UTC), ID: "coin-1"}, cursor.Binding{OwnerID: "o1"}},
+		{cursor.Position{UpdatedAt: time.Date(1999, 1, 1, 0, 0, 0, 0, time.UTC), ID: "Монета/ü?&=#"}, cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &after}},
+	} {
+		s := c.Encode(tt.pos, tt.b)
+		got, err := c.Decode(s, tt.b)
+		if err != nil {
+			t.Fatalf("Decode(Encode(%v)) error = %v", tt.pos, err)
+		}
+		if diff := cmp.Diff(tt.pos, got); diff != "" {
+			t.Errorf("Decode(Encode(%v)) (-want +got):\n%s", tt.pos, diff)
+		}
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	t.Parallel()
+	c, _ := cursor.New(secret)
+	other, _ := cursor.New(secret + "x")
+	after := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	later := after.Add(time.Microsecond)
+	b := cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &after}
+	s := c.Encode(cursor.Position{UpdatedAt: after.Add(time.Hour), ID: "x"}, b)
+	for _, tt := range []struct {
+		name string
+		s    string
+		b    cursor.Binding
+	}{
+		{"empty", "", b},
+		{"not base64", "!!!", b},
+		{"too long", s + string(make([]byte, cursor.MaxLen)), b},
+		{"other secret", other.Encode(cursor.Position{UpdatedAt: after, ID: "x"}, b), b},
+		{"other owner", s, cursor.Binding{OwnerID: "o2", Status: "active", UpdatedAfter: &after}},
+		{"owner/status boundary moved", s, cursor.Binding{OwnerID: "o1a", Status: "ctive", UpdatedAfter: &after}},
+		{"no status", s, cursor.Binding{OwnerID: "o1", UpdatedAfter: &after}},
+		{"other updated_after", s, cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &later}},
+		{"no updated_after", s, cursor.Binding{OwnerID: "o1", Status: "active"}},
+	} {
+		if _, err := c.Decode(tt.s, tt.b); !errors.Is(err, cursor.ErrInvalid) {
+			t.Errorf("%s: Decode() error = %v, want ErrInvalid", tt.name, err)
+		}
+	}
+	if _, err := cursor.New("short"); err == nil {
+		t.Errorf("New(short secret) error = nil, want an error")
+	}
+}
