@@ -101,7 +101,7 @@ func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUI
 		if n > 0 {
 			dst = append(dst, ',')
 		}
-		dst = catalog.Compose(dst, string(status), updated, doc)
+		dst = catalog.Compose(dst, statusOf(status), updated, doc)
 		n++
 		if n == q.Limit {
 			// Copied now: id points into the driver's buffer, which the
@@ -143,5 +143,14 @@ func (r *Reader) AppendItem(ctx context.Context, dst []byte, ownerID, itemID, la
 	if err := rows.Scan(&status, &updated, &doc); err != nil {
 		return dst, fmt.Errorf("export: item: %w", err)
 	}
-	return catalog.Compose(dst, string(status), updated, doc), nil
+	return catalog.Compose(dst, statusOf(status), updated, doc), nil
+}
+
+// statusOf maps the driver's bytes to a constant without allocating a string
+// per row.
+func statusOf(b []byte) string {
+	if string(b) == catalog.StatusActive {
+		return catalog.StatusActive
+	}
+	return catalog.StatusInactive
 }
