@@ -40,7 +40,7 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, ownerID string, count int, se
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		preferLZ4(ctx, tx)
 		var err error
-		n, err = tx.CopyFrom(ctx, pgx.Identifier{"export_items"}, seedColumns, &batchSource{ch: batches})
+		n, err = tx.CopyFrom(ctx, pgx.Identifier{"export_items"}, seedColumns, &batchSource{ctx: ctx, ch: batches})
 		return err
 	})
 	if err != nil {
@@ -71,6 +71,7 @@ func generate(ctx context.Context, owner pgtype.UUID, count int, seed int64, out
 
 // batchSource adapts the batch channel to pgx.CopyFromSource.
 type batchSource struct {
+	ctx   context.Context
 	ch    <-chan [][]any
 	batch [][]any
 	i     int
@@ -89,7 +90,9 @@ func (s *batchSource) Next() bool {
 }
 
 func (s *batchSource) Values() ([]any, error) { return s.batch[s.i], nil }
-func (s *batchSource) Err() error              { return nil }
+// Err fails the COPY when the generator stopped early because ctx ended, so
+// a canceled seed never commits a partial load.
+func (s *batchSource) Err() error { return s.ctx.Err() }
 
 // seeder draws one item after another from a seeded source.
 type seeder struct {

@@ -5,23 +5,30 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/testenv"
 )
 
-func TestSeedSpeed(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("SEED_SPEED_ITEMS"))
-	if n == 0 {
-		t.Skip("SEED_SPEED_ITEMS not set")
+// BenchmarkSeed reports how fast Seed loads SEED_ITEMS items (default 10000):
+//
+//	SEED_ITEMS=1000000 go test ./catalog -run '^$' -bench Seed -benchtime 1x -timeout 20m
+func BenchmarkSeed(b *testing.B) {
+	n := 10000
+	if v, err := strconv.Atoi(os.Getenv("SEED_ITEMS")); err == nil && v > 0 {
+		n = v
 	}
-	pool := testenv.Postgres(t)
-	owner := newOwner(t, pool)
-	start := time.Now()
-	got, err := catalog.Seed(context.Background(), pool, owner, n, 1)
-	t.Logf("seeded %d in %v (%v)", got, time.Since(start), err)
-	var size string
-	pool.QueryRow(context.Background(), `SELECT pg_size_pretty(pg_total_relation_size('export_items'))`).Scan(&size)
-	t.Logf("size %s", size)
+	ctx := context.Background()
+	pool := testenv.Postgres(b)
+	var owner string
+	if err := pool.QueryRow(ctx, `INSERT INTO owners (name) VALUES ('bench') RETURNING id::text`).Scan(&owner); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if got, err := catalog.Seed(ctx, pool, owner, n, int64(i)); err != nil || got != int64(n) {
+			b.Fatalf("Seed(%d) = %d, %v", n, got, err)
+		}
+	}
+	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "items/s")
 }
