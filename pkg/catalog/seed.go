@@ -90,6 +90,7 @@ func (s *batchSource) Next() bool {
 }
 
 func (s *batchSource) Values() ([]any, error) { return s.batch[s.i], nil }
+
 // Err fails the COPY when the generator stopped early because ctx ended, so
 // a canceled seed never commits a partial load.
 func (s *batchSource) Err() error { return s.ctx.Err() }
