@@ -6,28 +6,28 @@
 //
 // # Import format
 //
-// One JSON object per line (blank lines ignored, at most MaxLineBytes each):
+// One JSON object per line (blank lines ignored, at most MaxLineBytes each),
+// for example:
 //
-//		{"id":"coin-1","coin_id":"K-7","status":"active","price":120.5,"currency":"UAH",
-//		 "category":{"id":"silver"},"characteristics":{"year":1780},
-//		 "images":[{"id":"i1","url":"https://img.example/1.jpg","position":1,"type":"obverse"}],
-//		 "texts":{"ENG":{"title":"Thaler","description":"…"},"RUS":{"title":"Талер"}}}
+//	{"id":"coin-1","coin_id":"K-7","status":"active","price":120.5,"currency":"UAH","category":{"id":"silver"},"characteristics":{"year":1780},"images":[{"id":"i1","url":"https://img.example/1.jpg","position":1,"type":"obverse"}],"texts":{"ENG":{"title":"Thaler","description":"Old"},"RUS":{"title":"Талер"}}}
 //
-//	  - id: string, 1–128 characters, no control characters or surrounding
-//	    white space, unique in the file; the upsert key within the owner.
-//	  - status: active or inactive (the owner's listing switch; a sold item
-//	    stays inactive). stock_quantity may be given only as the matching 1 or 0.
-//	  - currency: ISO 4217 code. price: number ≥ 0, below 10^14, at most 4
-//	    decimals, or null/absent. coin_id: string or null/absent.
-//	  - category: object or null/absent. characteristics: object, {} when absent.
-//	  - images: array (≤ 100) of {id, url (absolute https, no user info),
-//	    position (0–1000000, unique), type (obverse, reverse, edge, gallery)},
-//	    stored ordered by position; [] when absent.
-//	  - texts: ENG required, RUS and UKR optional, each {title (required,
-//	    ≤ 500 characters, one line), description (optional, ≤ 20000)}. A
-//	    missing translation or description falls back to ENG when rendered.
-//	  - title, description and updated_at at the top level are refused, and so
-//	    is any unknown field.
+// The fields:
+//
+//   - id: string, 1–128 characters, no control characters or surrounding
+//     white space, unique in the file; the upsert key within the owner.
+//   - status: active or inactive (the owner's listing switch; a sold item
+//     stays inactive). stock_quantity may be given only as the matching 1 or 0.
+//   - currency: ISO 4217 code. price: number ≥ 0, below 10^14, at most 4
+//     decimals, or null/absent. coin_id: string or null/absent.
+//   - category: object or null/absent. characteristics: object, {} when absent.
+//   - images: array (≤ 100) of {id, url (absolute https, no user info),
+//     position (0–1000000, unique), type (obverse, reverse, edge, gallery)},
+//     stored ordered by position; [] when absent.
+//   - texts: ENG required, RUS and UKR optional, each {title (required,
+//     ≤ 500 characters, one line), description (optional, ≤ 20000)}. A
+//     missing translation or description falls back to ENG when rendered.
+//   - title, description and updated_at at the top level are refused, and so
+//     is any unknown field.
 //
 // ParseJSONL checks the whole file before anything is written and reports the
 // first bad line as a *LineError ("line 7: price: must be …").
