@@ -36,7 +36,7 @@ func (a *API) Register(mux *http.ServeMux) {
 }
 
 func (a *API) list(w http.ResponseWriter, r *http.Request) {
-	owner, err := reader(r)
+	owner, err := caller(r)
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -64,7 +64,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) item(w http.ResponseWriter, r *http.Request) {
-	owner, err := reader(r)
+	owner, err := caller(r)
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -95,9 +95,9 @@ var (
 	errNoScope = errors.New("api: key lacks export:read")
 )
 
-// reader returns the caller's owner, checking the scope again even though
+// caller returns the owner of the call, checking the scope again even though
 // the gateway did: a service trusts the signed identity, not the route table.
-func reader(r *http.Request) (string, error) {
+func caller(r *http.Request) (string, error) {
 	id, ok := identity.FromContext(r.Context())
 	if !ok || id.Anonymous() {
 		return "", errNoKey
