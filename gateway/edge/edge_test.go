@@ -318,3 +318,28 @@ func TestOnlySalesWithIdempotencyKeyAreRepeated(t *testing.T) {
 			got, failed, broken.Load())
 	}
 }
+
+func TestBurstStraddlingASecondBoundary(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"RATE_LIMIT_EXPORT_READ": "5-S"})
+	// Start the burst just before a clock second ends: a fixed window would
+	// admit 5 in each second, 10 in all.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1950 * time.Millisecond)))
+	statuses := make(chan int, 10)
+	for i := 0; i < 10; i++ {
+		go func() {
+			statuses <- do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil).Status
+		}()
+	}
+	passed := 0
+	for i := 0; i < 10; i++ {
+		if <-statuses == 200 {
+			passed++
+		}
+	}
+	if passed != 5 {
+		t.Fatalf("a burst of 10 straddling a second boundary on 5-S let %d through, want 5", passed)
+	}
+}

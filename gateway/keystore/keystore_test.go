@@ -1,0 +1,175 @@
+package keystore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// insertKey stores a key and returns its secret and id.
+func insertKey(t *testing.T, pool *pgxpool.Pool, owner string, scopes []string) (string, string) {
+	t.Helper()
+	secret, prefix, err := apikey.Generate(scopes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := apikey.HashOf(secret)
+	var id string
+	err = pool.QueryRow(context.Background(), `INSERT INTO api_keys (owner_id, prefix, hash, scopes) VALUES ($1, $2, $3, $4) RETURNING id`,
+		owner, prefix, h[:], scopes).Scan(&id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret, id
+}
+
+func newOwner(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var id string
+	if err := pool.QueryRow(context.Background(), `INSERT INTO owners (name) VALUES ('o') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// counting returns a store whose cache hits and misses are counted.
+func counting(pool *pgxpool.Pool, opts Options) (*Store, *atomic.Int64, *atomic.Int64) {
+	var hits, misses atomic.Int64
+	opts.OnLookup = func(hit bool) {
+		if hit {
+			hits.Add(1)
+		} else {
+			misses.Add(1)
+		}
+	}
+	return New(pool, opts), &hits, &misses
+}
+
+func TestLookup(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	revoked, revokedID := insertKey(t, pool, owner, []string{"export:read"})
+	if _, err := pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, revokedID); err != nil {
+		t.Fatal(err)
+	}
+	unknown, _, _ := apikey.Generate([]string{"export:read"})
+	store, hits, misses := counting(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	ctx := context.Background()
+
+	got, err := store.Lookup(ctx, secret, nil)
+	want := Key{ID: id, OwnerID: owner, Scopes: []string{"export:read"}}
+	if err != nil || !cmp.Equal(got, want) {
+		t.Fatalf("Lookup(valid) = %+v, %v, want %+v", got, err, want)
+	}
+	for _, tt := range []struct{ name, secret string }{{"revoked", revoked}, {"unknown", unknown}, {"malformed", "cxr_x"}, {"empty", ""}} {
+		if _, err := store.Lookup(ctx, tt.secret, nil); !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("Lookup(%s) = %v, want ErrUnauthenticated", tt.name, err)
+		}
+	}
+	// Malformed keys never reach the cache or the database: 3 misses so far.
+	if hits.Load() != 0 || misses.Load() != 3 {
+		t.Errorf("hits/misses = %d/%d, want 0/3", hits.Load(), misses.Load())
+	}
+	// Found and unknown keys are both cached.
+	for _, s := range []string{secret, unknown, revoked} {
+		store.Lookup(ctx, s, func() bool { t.Error("mayFetch asked on a cached key"); return true })
+	}
+	if hits.Load() != 3 {
+		t.Errorf("cache hits after repeating 3 lookups = %d, want 3", hits.Load())
+	}
+}
+
+func TestLookupAsksBeforeFetching(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	unknown, _, _ := apikey.Generate([]string{"export:read"})
+	if _, err := store.Lookup(context.Background(), unknown, func() bool { return false }); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("Lookup with mayFetch refusing = %v, want ErrThrottled", err)
+	}
+}
+
+func TestCacheIsBounded(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 10})
+	for i := 0; i < 50; i++ {
+		k, _, _ := apikey.Generate([]string{"export:read"})
+		store.Lookup(context.Background(), k, nil)
+	}
+	store.mu.RLock()
+	n := len(store.entries)
+	store.mu.RUnlock()
+	if n > 10 {
+		t.Fatalf("cache holds %d entries after 50 lookups, want at most 10", n)
+	}
+}
+
+func TestRevocationIsHeard(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, store.Listening)
+	if _, err := store.Lookup(ctx, secret, nil); err != nil {
+		t.Fatalf("Lookup before revocation = %v", err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, err := store.Lookup(ctx, secret, nil)
+		return errors.Is(err, ErrUnauthenticated)
+	})
+}
+
+func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	secret, _ := insertKey(t, pool, owner, []string{"export:read"})
+	store, _, misses := counting(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, store.Listening)
+	store.Lookup(ctx, secret, nil)
+	// Kill the listener's backend, as a failover or network cut would.
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !store.Listening() })
+	waitFor(t, store.Listening)
+	before := misses.Load()
+	store.Lookup(ctx, secret, nil)
+	if misses.Load() != before+1 {
+		t.Error("a key cached before the listener reconnected was still served from the cache")
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
