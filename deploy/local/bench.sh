@@ -79,6 +79,7 @@ loadgen=$state/bin/loadgen
 pids=()
 names=()
 perf_pids=()
+profiled=()
 stop_all() {
   trap - INT TERM EXIT
   log "stopping the bench stack"
@@ -191,30 +192,37 @@ for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$nginx_port) 2>/dev/null && b
 
 # --- profiles (BENCH_PROFILE=1) --------------------------------------------------
 
-profile_start() { # profile_start TAG: perf on the gateway and the reader
+profile_start() { # profile_start TAG NAME...: perf on the named processes and the whole machine
   [ "${BENCH_PROFILE:-0}" = 1 ] || return 0
   command -v perf >/dev/null 2>&1 || { log "perf not installed: no profile"; return 0; }
   mkdir -p "$state/profile"
-  local name
-  for name in gateway export-reader; do
-    perf record -F 499 -g -p "$(pid_of $name)" -o "$state/profile/$1-$name.data" >/dev/null 2>&1 &
+  local tag=$1 name; shift
+  profiled=("$@")
+  for name in "$@"; do
+    perf record -F 499 -g -p "$(pid_of "$name")" -o "$state/profile/$tag-$name.data" >/dev/null 2>&1 &
     perf_pids+=($!)
   done
+  # Who gets the two cores: the stack, PostgreSQL, the load generator, or
+  # something else on the machine.
+  perf record -a -F 99 -o "$state/profile/$tag-machine.data" >/dev/null 2>&1 &
+  perf_pids+=($!)
 }
 profile_stop() { # profile_stop TAG: stop perf, write the top functions
   [ ${#perf_pids[@]} -gt 0 ] || return 0
-  local pid name
+  local tag=$1 pid name
   for pid in "${perf_pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   perf_pids=()
-  for name in gateway export-reader; do
+  for name in "${profiled[@]}"; do
     # Self time per function, then time including callees: the first finds
     # hot loops, the second which request phase (proxy, auth, JSON) costs.
-    perf report -i "$state/profile/$1-$name.data" --no-children -g none --sort dso,symbol --stdio --percent-limit 0.5 \
-      2>/dev/null | grep -v '^#' | grep '%' | head -50 >"$state/profile/$1-$name.top.txt" || true
-    perf report -i "$state/profile/$1-$name.data" --children -g none --sort symbol --stdio --percent-limit 2 \
-      2>/dev/null | grep -v '^#' | grep '%' | head -80 >"$state/profile/$1-$name.cumulative.txt" || true
-    log "profile: .run/bench/profile/$1-$name.top.txt"
+    perf report -i "$state/profile/$tag-$name.data" --no-children -g none --sort dso,symbol --stdio --percent-limit 0.5 \
+      2>/dev/null | grep -v '^#' | grep '%' | head -50 >"$state/profile/$tag-$name.top.txt" || true
+    perf report -i "$state/profile/$tag-$name.data" --children -g none --sort symbol --stdio --percent-limit 2 \
+      2>/dev/null | grep -v '^#' | grep '%' | head -80 >"$state/profile/$tag-$name.cumulative.txt" || true
   done
+  perf report -i "$state/profile/$tag-machine.data" --sort comm --stdio 2>/dev/null \
+    | grep -v '^#' | grep '%' | head -20 >"$state/profile/$tag-machine.txt" || true
+  log "profiles: .run/bench/profile/$tag-*.txt"
 }
 
 # --- scenarios ---------------------------------------------------------------------
@@ -230,7 +238,7 @@ lg ids --count 10000 --out "$state/ids.txt"
 log "full sync baselines and runs ($items items each)"
 lg scan --name scan_warmup >/dev/null # fills shared_buffers and the page cache
 lg scan --name scan --expect "$items" --repeat "$repeat"
-profile_start sync
+profile_start sync gateway export-reader
 lg sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50 --repeat "$repeat"
 lg sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50 --repeat "$repeat"
 profile_stop sync
@@ -238,6 +246,7 @@ profile_stop sync
 # The three targets of a comparison take turns, round after round, so a busy
 # spell of the shared machine hits each alike; the report keeps each one's
 # best round.
+profile_start get gateway
 for conns in 64 256; do
   log "GET by id at $conns connections: nginx, gateway, gateway without rate limiting ($rounds rounds)"
   if [ "$conns" = 256 ]; then lg rss --reset --pid "$(pid_of gateway)"; fi
@@ -248,9 +257,12 @@ for conns in 64 256; do
   done
   if [ "$conns" = 256 ]; then lg rss --name rss_gateway_256 --pid "$(pid_of gateway)"; fi
 done
+profile_stop get
 
 log "confirm + cancel pairs, 32 platforms"
+profile_start sales gateway sales-writer
 lg sales --base $gw/v1 --workers 32 --duration "$((2 * duration))s" --warmup "${warmup}s"
+profile_stop sales
 
 log "incremental sync after 1% of the items change"
 lg incremental --base $gw/v1 --auth key --fraction 0.01

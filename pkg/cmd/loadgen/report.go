@@ -112,7 +112,9 @@ func (rs records) ratioRow(label, name, figure, base, baseFigure string, minRati
 		return r
 	}
 	ratio := v / b
-	r.Ratio = fmt.Sprintf("%.2f×", ratio)
+	// Truncated, not rounded: a shown ratio never overstates the measured
+	// one, so "0.85×" cannot appear beside a miss of a 0.85× target.
+	r.Ratio = fmt.Sprintf("%.2f×", math.Floor(ratio*100)/100)
 	r.Result = verdict(ratio >= minRatio)
 	r.Result = rs.errorsNote(name, rs.errorsNote(base, r.Result))
 	return r

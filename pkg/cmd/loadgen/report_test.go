@@ -35,6 +35,7 @@ func fullRecords() records {
 func TestBuildRowsVerdicts(t *testing.T) {
 	rs := fullRecords()
 	rs["get_gateway_256"].Figures["errors"] = 3
+	rs["get_nolimit_256"].Figures["rps"] = 21000 / 0.8496
 	got := map[string][2]string{}
 	for _, r := range buildRows(rs, []int{64, 256}) {
 		got[r.Scenario] = [2]string{r.Ratio, r.Result}
