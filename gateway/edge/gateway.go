@@ -61,6 +61,8 @@ type Gateway struct {
 	bg         sync.WaitGroup
 	limitDone  chan struct{}
 	shutdownTP func(context.Context) error
+	stopOnce   sync.Once
+	stopErr    error
 }
 
 // Run starts the gateway from the environment and serves until ctx ends,
@@ -241,8 +243,14 @@ func (g *Gateway) Addr() string { return g.listener.Addr().String() }
 func (g *Gateway) AdminAddr() string { return g.adminLn.Addr().String() }
 
 // Shutdown stops accepting, waits for in-flight requests (until ctx ends),
-// then stops the background work and closes the connections.
+// then stops the background work and closes the connections. Calls after
+// the first return the first one's result.
 func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.stopOnce.Do(func() { g.stopErr = g.shutdown(ctx) })
+	return g.stopErr
+}
+
+func (g *Gateway) shutdown(ctx context.Context) error {
 	g.log.Info("draining")
 	err := g.app.ShutdownWithContext(ctx)
 	_ = g.admin.Shutdown(ctx)

@@ -40,6 +40,9 @@ func (panicKeys) Lookup(context.Context, string, func() bool) (keystore.Key, err
 func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gateway, *tracetest.SpanRecorder, *lockedBuilder) {
 	t.Helper()
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			time.Sleep(500 * time.Millisecond)
+		}
 		envelope.WriteData(w, 200, r.Header.Get("Traceparent"), envelope.Meta{})
 	}))
 	t.Cleanup(upstream.Close)
@@ -215,4 +218,34 @@ func keysOf(m map[string]sdktrace.ReadOnlySpan) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+func TestShutdownDrainsInFlightRequests(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	url := "http://" + g.Addr() + "/v1/export/items?slow=1"
+	key := wellFormedKey(t)
+	status := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			status <- 0
+			return
+		}
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown() = %v, want nil", err)
+	}
+	if got := <-status; got != 200 {
+		t.Fatalf("in-flight request during shutdown = %d, want 200", got)
+	}
+	if _, err := http.Get("http://" + g.Addr() + "/v1/health"); err == nil {
+		t.Error("a new request after shutdown was served, want connection refused")
+	}
 }

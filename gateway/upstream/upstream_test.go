@@ -1,0 +1,100 @@
+package upstream
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+func opts() Options {
+	return Options{ConnectTimeout: time.Second, ReadTimeout: 300 * time.Millisecond, WriteTimeout: time.Second,
+		DownFor: time.Minute, MaxConns: 8}
+}
+
+func TestNewRejectsBadURLs(t *testing.T) {
+	for _, raw := range []string{"ftp://x:1", "http://", "http://x:1/path", "x:1", "://"} {
+		if _, err := New("svc", []string{raw}, opts()); err == nil {
+			t.Errorf("New(%q) = nil error, want one", raw)
+		}
+	}
+	if _, err := New("svc", nil, opts()); err == nil {
+		t.Error("New(no URLs) = nil error, want one")
+	}
+}
+
+func closedAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+func send(u *Upstream, repeat Repeat) (bool, int, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("GET")
+	retried, err := u.Do(req, resp, "/v1/x", repeat)
+	return retried, resp.StatusCode(), err
+}
+
+func TestRefusedInstanceIsSkippedThenUnavailable(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer ok.Close()
+	u, err := New("svc", []string{closedAddr(t), ok.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if _, status, err := send(u, Repeat{}); err != nil || status != 200 {
+			t.Fatalf("Do #%d with one instance refusing = %d, %v, want 200", i+1, status, err)
+		}
+	}
+	if got := u.State(); got != "degraded" {
+		t.Errorf("State() = %q, want degraded", got)
+	}
+	ok.Close()
+	// The kept-alive connection is found closed first, then the dial is
+	// refused and the instance marked down; after that nothing is sent.
+	for i, want := range []error{ErrClosed, ErrUnreachable, ErrUnavailable} {
+		if _, _, err := send(u, Repeat{}); !errors.Is(err, want) {
+			t.Fatalf("Do #%d after the last instance stopped = %v, want %v", i+1, err, want)
+		}
+	}
+	if got := u.State(); got != "down" {
+		t.Errorf("State() = %q, want down", got)
+	}
+}
+
+func TestTimeoutIsNotRepeatedUnlessAllowed(t *testing.T) {
+	hits := make(chan struct{}, 10)
+	slow := func() *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits <- struct{}{}
+			time.Sleep(time.Second)
+		}))
+	}
+	a, b := slow(), slow()
+	defer a.Close()
+	defer b.Close()
+	u, err := New("svc", []string{a.URL, b.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	retried, _, err := send(u, Repeat{IfClosed: true})
+	if !errors.Is(err, ErrTimeout) || retried || len(hits) != 1 {
+		t.Fatalf("Do(GET) on a slow upstream = retried %v, %v, %d hits; want ErrTimeout, 1 hit", retried, err, len(hits))
+	}
+	retried, _, err = send(u, Repeat{Always: true})
+	if !errors.Is(err, ErrTimeout) || !retried || len(hits) != 3 {
+		t.Fatalf("Do(sale with Idempotency-Key) on slow upstreams = retried %v, %v, %d hits; want ErrTimeout after 2 more hits", retried, err, len(hits))
+	}
+}
