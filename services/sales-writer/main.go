@@ -60,7 +60,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	writer := sales.NewWriter(pool, cfg.IdempotencyRetention)
 	mux := http.NewServeMux()
-	api.Routes(mux, writer, log)
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
@@ -69,6 +68,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Signer:    signer,
 		Ready:     pool.Ping,
 	}, mux)
+	api.Routes(mux, writer, log, srv.Registry())
 	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
 
 	// The purge stops before the pool closes.

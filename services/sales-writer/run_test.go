@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -72,10 +73,10 @@ func TestRunServesAndStops(t *testing.T) {
 		}
 	}
 
-	addr := freeAddr(t)
+	addr, admin := freeAddr(t), freeAddr(t)
 	vars := map[string]string{
 		"DATABASE_URL": dsn + " password=not-a-real-password", "IDENTITY_SECRET": secret,
-		"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": freeAddr(t),
+		"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": admin,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
@@ -111,6 +112,22 @@ func TestRunServesAndStops(t *testing.T) {
 		}
 		if status != tt.wantStatus || code != tt.wantCode || body.Meta.RequestID != "req-1" {
 			t.Errorf("%s: confirm = %d %q %+v, want %d %q with request id req-1", tt.name, status, code, body.Meta, tt.wantStatus, tt.wantCode)
+		}
+	}
+
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`sales_writer_outcomes_total{operation="confirm",outcome="executed"} 1`,
+		`sales_writer_outcomes_total{operation="confirm",outcome="not_found"} 1`,
+		`pgxpool_max_conns{pool="postgres"} 8`,
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
 	}
 }

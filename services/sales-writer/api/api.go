@@ -11,6 +11,7 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/services/sales-writer/sales"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Writer executes validated sale calls; *sales.Writer is the real one.
@@ -18,16 +19,23 @@ type Writer interface {
 	Execute(ctx context.Context, req sales.Request) (sales.Result, error)
 }
 
-// Routes registers every route of the service on mux.
-func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger) {
-	h := &handler{writer: writer, log: log}
+// Routes registers every route of the service on mux and its outcome counter
+// on reg.
+func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.Registerer) {
+	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sales_writer_outcomes_total",
+		Help: "Sale calls by operation and outcome: executed, replayed, or the error code answered.",
+	}, []string{"operation", "outcome"})
+	reg.MustRegister(outcomes)
+	h := &handler{writer: writer, log: log, outcomes: outcomes}
 	mux.HandleFunc("POST /v1/export/items/{item_id}/sales/confirm", h.serve(sales.Confirm))
 	mux.HandleFunc("POST /v1/export/items/{item_id}/sales/cancel", h.serve(sales.Cancel))
 }
 
 type handler struct {
-	writer Writer
-	log    *slog.Logger
+	writer   Writer
+	log      *slog.Logger
+	outcomes *prometheus.CounterVec
 }
 
 // serve decodes and validates the call, executes it and encodes the result.
@@ -35,14 +43,19 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req, err := decode(w, r, op)
 		if err != nil {
-			h.writeError(w, r, err)
+			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
 			return
 		}
 		res, err := h.writer.Execute(r.Context(), req)
 		if err != nil {
-			h.writeError(w, r, err)
+			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
 			return
 		}
 		envelope.WriteData(w, http.StatusOK, res, envelope.Meta{RequestID: httpserver.RequestID(r)})
+		outcome := "executed"
+		if res.IdempotentReplay {
+			outcome = "replayed"
+		}
+		h.outcomes.WithLabelValues(string(op), outcome).Inc()
 	}
 }

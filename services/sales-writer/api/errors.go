@@ -37,21 +37,23 @@ var saleErrors = []struct {
 	{sales.ErrInProgress, http.StatusConflict, "request_in_progress"},
 }
 
-// writeError is the one place where an error becomes an HTTP answer. Anything
-// unknown is a 500 whose real cause is logged here, once, and never sent.
-func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) {
+// writeError is the one place where an error becomes an HTTP answer; it
+// returns the error code it sent. Anything unknown is a 500 whose real cause
+// is logged here, once, and never sent.
+func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) string {
 	requestID := httpserver.RequestID(r)
 	var re *requestError
 	if errors.As(err, &re) {
 		envelope.WriteError(w, re.status, re.code, re.message, requestID)
-		return
+		return re.code
 	}
 	for _, m := range saleErrors {
 		if errors.Is(err, m.err) {
 			envelope.WriteError(w, m.status, m.code, m.err.Error(), requestID)
-			return
+			return m.code
 		}
 	}
 	h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
+	return "internal_error"
 }

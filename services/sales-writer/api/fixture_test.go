@@ -68,8 +68,9 @@ func newHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration) http.Ha
 	}
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	mux := http.NewServeMux()
-	Routes(mux, sales.NewWriter(db, retention), log)
-	return httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux).Handler()
+	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
+	Routes(mux, sales.NewWriter(db, retention), log, srv.Registry())
+	return srv.Handler()
 }
 
 func (f *fixture) exec(t testing.TB, sql string, args ...any) {
