@@ -25,7 +25,9 @@ func mustRate(t *testing.T, s string) limiter.Rate {
 	return r
 }
 
-func redisClient(t *testing.T, url string) *redis.Client {
+func parseRate(s string) (limiter.Rate, error) { return limiter.NewRateFromFormatted(s) }
+
+func redisClient(t testing.TB, url string) *redis.Client {
 	t.Helper()
 	c, err := redisclient.Open(url)
 	if err != nil {
