@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -53,7 +54,12 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			return m.code
 		}
 	}
-	h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		// The caller hung up; PostgreSQL rolled the statement back.
+		h.log.InfoContext(r.Context(), "sale call abandoned by the caller", "err", err)
+	} else {
+		h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
+	}
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	return "internal_error"
 }
