@@ -55,7 +55,8 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		}
 	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-		// The caller hung up; PostgreSQL rolled the statement back.
+		// The caller hung up. The statement either was cancelled or committed;
+		// a retry with the same Idempotency-Key finds out which.
 		h.log.InfoContext(r.Context(), "sale call abandoned by the caller", "err", err)
 	} else {
 		h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
