@@ -19,8 +19,8 @@
 #
 # Everything lives in .run/bench (its own PostgreSQL, Redis, logs, results)
 # on its own ports (18080-18090, admin 19080-19090), so it runs beside
-# make run. The seeded database is kept and reused while BENCH_ITEMS stays
-# the same. Everything started here is stopped on exit.
+# make run. Each BENCH_ITEMS gets its own database (bench_N), seeded once and
+# reused by later runs. Everything started here is stopped on exit.
 set -euo pipefail
 # The whole script is one block, read before it runs, so editing this file
 # during a (long) run cannot change the running one.
@@ -107,21 +107,23 @@ set -a; . "$state/secrets"; set +a
 # Nothing from the caller's stack may leak in: our own database, Redis and
 # no trace export (spans are still made, as in production, but go nowhere).
 unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT READ_DATABASE_URL
-export DATABASE_URL="postgres://postgres@/bench?host=$state/pg"
+# One database per item count, so quick and full runs keep their seeds.
+db=bench_$items
+export DATABASE_URL="postgres://postgres@/$db?host=$state/pg"
 export REDIS_URL="unix://$state/redis/redis.sock"
 export LOG_LEVEL=${BENCH_LOG_LEVEL:-warn}
 export LOADGEN_RESULTS=$results
 
-psql_bench() { psql -h "$state/pg" -U postgres -d bench -v ON_ERROR_STOP=1 -qtAX "$@"; }
+psql_bench() { psql -h "$state/pg" -U postgres -d "$db" -v ON_ERROR_STOP=1 -qtAX "$@"; }
 
-seed_env=$state/seed.env
+seed_env=$state/seed-$items.env
 seeded=""
 [ -f "$seed_env" ] && seeded=$(grep -o '^BENCH_SEEDED_ITEMS=[0-9]*' "$seed_env" | cut -d= -f2 || true)
 if [ "${BENCH_RESEED:-0}" = 1 ] || [ "$seeded" != "$items" ]; then
   log "seeding a fresh bench database with $items items (kept for the next run with the same BENCH_ITEMS)"
   rm -f "$seed_env"
-  psql -h "$state/pg" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS bench" >/dev/null
-  pg_create_db "$state/pg" bench
+  psql -h "$state/pg" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1
+  pg_create_db "$state/pg" "$db"
   bin/exportctl migrate >/dev/null
   owner=$(bin/exportctl owner create --name "Bench coins" --json | json_field id)
   [ -n "$owner" ] || die "exportctl owner create printed no id"
@@ -157,21 +159,26 @@ start() { # start NAME COMMAND...: runs a command in the background
 }
 pid_of() { local i; for i in "${!names[@]}"; do [ "${names[$i]}" = "$1" ] && { echo "${pids[$i]}"; return; }; done; }
 
-wait_http() { # wait_http NAME URL: up to 15 s for a 200
-  local i
+wait_http() { # wait_http NAME URL [CURL_ARGS...]: up to 15 s for a 200
+  local i name=$1 url=$2; shift 2
   for i in $(seq 150); do
-    curl -fsS -o /dev/null "$2" 2>/dev/null && return 0
-    kill -0 "$(pid_of "$1")" 2>/dev/null || { tail -20 "$state/logs/$1.log" >&2; die "$1 exited"; }
+    curl -fsS -o /dev/null "$@" "$url" 2>/dev/null && return 0
+    kill -0 "$(pid_of "$name")" 2>/dev/null || { tail -20 "$state/logs/$name.log" >&2; die "$name exited"; }
     sleep 0.1
   done
-  tail -20 "$state/logs/$1.log" >&2
-  die "$1 does not answer $2"
+  tail -20 "$state/logs/$name.log" >&2
+  die "$name does not answer $url"
 }
 
-log "starting the services, two gateways and nginx"
+log "starting the services, then two gateways and nginx"
 start export-reader env EXPORT_READER_ADDR=127.0.0.1:$reader_port EXPORT_READER_ADMIN_ADDR=127.0.0.1:19081 bin/export-reader
 start sales-writer env SALES_WRITER_ADDR=127.0.0.1:$writer_port SALES_WRITER_ADMIN_ADDR=127.0.0.1:19082 bin/sales-writer
 start shop-schema env SHOP_SCHEMA_ADDR=127.0.0.1:$shop_port SHOP_SCHEMA_ADMIN_ADDR=127.0.0.1:19083 bin/shop-schema
+# The gateways start once the services answer: a gateway's first probe
+# would otherwise mark a service down for a few seconds.
+wait_http export-reader http://127.0.0.1:$reader_port/healthz
+wait_http sales-writer http://127.0.0.1:$writer_port/healthz
+wait_http shop-schema http://127.0.0.1:$shop_port/healthz
 gateway_env=(EXPORT_READER_URLS=http://127.0.0.1:$reader_port SALES_WRITER_URLS=http://127.0.0.1:$writer_port
   SHOP_SCHEMA_URLS=http://127.0.0.1:$shop_port RATE_LIMIT_EXPORT_READ=100000000-M RATE_LIMIT_SALES_WRITE=100000000-M)
 # Limits far above the load, so every request pays for the decision and
@@ -184,10 +191,11 @@ mkdir -p "$state/nginx"
   --out "$state/nginx/nginx.conf"
 start nginx "$nginx_bin" -p "$state/nginx" -c "$state/nginx/nginx.conf" -e "$state/nginx/nginx-error.log"
 
-wait_http export-reader http://127.0.0.1:$reader_port/healthz
-wait_http sales-writer http://127.0.0.1:$writer_port/healthz
-wait_http gateway http://127.0.0.1:$gw_port/v1/health
-wait_http gateway-nolimit http://127.0.0.1:$gw_off_port/v1/health
+# Ready means a real read passes through each gateway (key in a header
+# file, not on curl's command line).
+umask 077; printf 'X-API-Key: %s\n' "$LOADGEN_READ_KEY" >"$state/read-key.header"; umask 022
+wait_http gateway http://127.0.0.1:$gw_port/v1/export/items?limit=1 -H @"$state/read-key.header"
+wait_http gateway-nolimit http://127.0.0.1:$gw_off_port/v1/export/items?limit=1 -H @"$state/read-key.header"
 for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$nginx_port) 2>/dev/null && break; sleep 0.1; done
 
 # --- profiles (BENCH_PROFILE=1) --------------------------------------------------
@@ -228,6 +236,16 @@ profile_stop() { # profile_stop TAG: stop perf, write the top functions
 # --- scenarios ---------------------------------------------------------------------
 
 lg() { "$loadgen" "$@"; }
+# step runs one scenario; a failure is logged and the run goes on, so the
+# table still shows every other figure (the failed ones as "not run").
+failed=()
+step() {
+  "$loadgen" "$@" && return 0
+  local name=$1 a prev=""
+  for a in "$@"; do [ "$prev" = --name ] && name=$a; prev=$a; done
+  log "scenario $name failed: see the message above"
+  failed+=("$name")
+}
 gw=http://127.0.0.1:$gw_port
 load=(--duration "${duration}s" --warmup "${warmup}s")
 repeat=${BENCH_REPEAT:-3}
@@ -236,11 +254,11 @@ log "sampling 10,000 random item ids"
 lg ids --count 10000 --out "$state/ids.txt"
 
 log "full sync baselines and runs ($items items each)"
-lg scan --name scan_warmup >/dev/null # fills shared_buffers and the page cache
-lg scan --name scan --expect "$items" --repeat "$repeat"
+step scan --name scan_warmup >/dev/null # fills shared_buffers and the page cache
+step scan --name scan --expect "$items" --repeat "$repeat"
 profile_start sync gateway export-reader
-lg sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50 --repeat "$repeat"
-lg sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50 --repeat "$repeat"
+step sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50 --repeat "$repeat"
+step sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50 --repeat "$repeat"
 profile_stop sync
 
 # The three targets of a comparison take turns, round after round, so a busy
@@ -249,26 +267,26 @@ profile_stop sync
 profile_start get gateway
 for conns in 64 256; do
   log "GET by id at $conns connections: nginx, gateway, gateway without rate limiting ($rounds rounds)"
-  if [ "$conns" = 256 ]; then lg rss --reset --pid "$(pid_of gateway)"; fi
+  if [ "$conns" = 256 ]; then step rss --reset --pid "$(pid_of gateway)"; fi
   for r in $(seq "$rounds"); do
-    lg get --name "get_nginx_$conns#$r" --url http://127.0.0.1:$nginx_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
-    lg get --name "get_gateway_$conns#$r" --url $gw --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
-    lg get --name "get_nolimit_$conns#$r" --url http://127.0.0.1:$gw_off_port --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
+    step get --name "get_nginx_$conns#$r" --url http://127.0.0.1:$nginx_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
+    step get --name "get_gateway_$conns#$r" --url $gw --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
+    step get --name "get_nolimit_$conns#$r" --url http://127.0.0.1:$gw_off_port --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
   done
-  if [ "$conns" = 256 ]; then lg rss --name rss_gateway_256 --pid "$(pid_of gateway)"; fi
+  if [ "$conns" = 256 ]; then step rss --name rss_gateway_256 --pid "$(pid_of gateway)"; fi
 done
 profile_stop get
 
 log "confirm + cancel pairs, 32 platforms"
 profile_start sales gateway sales-writer
-lg sales --base $gw/v1 --workers 32 --duration "$((2 * duration))s" --warmup "${warmup}s"
+step sales --base $gw/v1 --workers 32 --duration "$((2 * duration))s" --warmup "${warmup}s"
 profile_stop sales
 
 log "incremental sync after 1% of the items change"
-lg incremental --base $gw/v1 --auth key --fraction 0.01
+step incremental --base $gw/v1 --auth key --fraction 0.01
 
 for name in gateway gateway-nolimit export-reader sales-writer shop-schema; do
-  lg rss --name "rss_${name//-/_}" --pid "$(pid_of "$name")"
+  step rss --name "rss_${name//-/_}" --pid "$(pid_of "$name")"
 done
 
 versions="$(psql -h "$state/pg" -U postgres -d postgres -tAc 'SHOW server_version' | cut -d' ' -f1)"
@@ -278,7 +296,9 @@ for name in "${names[@]}"; do
   [ "${n:-0}" = 0 ] || log "$name logged $n warnings or errors during the run: see .run/bench/logs/$name.log"
 done
 echo
-lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out"
+lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out" \
+  --failed "$(IFS=,; echo "${failed[*]}")"
 log "table written to ${report_out#$root/}; results in .run/bench/results.jsonl"
+[ ${#failed[@]} -eq 0 ] || die "${#failed[@]} scenarios failed: ${failed[*]}"
 exit
 }

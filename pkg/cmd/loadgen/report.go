@@ -225,7 +225,7 @@ func thisMachine(now time.Time) machine {
 }
 
 // renderBlock is the generated part of BENCHMARKS.md.
-func renderBlock(w io.Writer, m machine, items int, mode, extra string, rows []row) {
+func renderBlock(w io.Writer, m machine, items int, mode, extra string, rows []row, failed []string) {
 	fmt.Fprintln(w, beginMarker)
 	fmt.Fprintf(w, "Run of %s: %s items (%s mode) on %d CPUs", m.Date.Format("2006-01-02 15:04 UTC"), thousands(float64(items)), mode, m.CPUs)
 	if m.CPUModel != "" {
@@ -238,6 +238,9 @@ func renderBlock(w io.Writer, m machine, items int, mode, extra string, rows []r
 	fmt.Fprintln(w, ".")
 	fmt.Fprintln(w)
 	renderTable(w, rows)
+	if len(failed) > 0 {
+		fmt.Fprintf(w, "\nFailed in this run (no figure): %s.\n", strings.Join(failed, ", "))
+	}
 	fmt.Fprintln(w, endMarker)
 }
 
@@ -264,6 +267,7 @@ func runReport(_ context.Context, cfg Config, args []string, stdout io.Writer) e
 	mode := set.String("mode", "full", "full or quick")
 	extra := set.String("extra", "", "more about the run, e.g. versions")
 	out := set.String("out", "", "Markdown file to update between the bench markers (default: print only)")
+	failedList := set.String("failed", "", "comma-separated scenarios that failed in this run")
 	if err := parseFlags(set, args); err != nil {
 		return err
 	}
@@ -278,7 +282,13 @@ func runReport(_ context.Context, cfg Config, args []string, stdout io.Writer) e
 	}
 	recs = bestOfRounds(recs)
 	var block bytes.Buffer
-	renderBlock(&block, thisMachine(time.Now()), *items, *mode, *extra, buildRows(recs, []int{64, 256}))
+	var failed []string
+	for _, f := range strings.Split(*failedList, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			failed = append(failed, f)
+		}
+	}
+	renderBlock(&block, thisMachine(time.Now()), *items, *mode, *extra, buildRows(recs, []int{64, 256}), failed)
 	if _, err := stdout.Write(block.Bytes()); err != nil {
 		return err
 	}

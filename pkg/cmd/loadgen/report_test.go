@@ -117,3 +117,14 @@ func TestStatusField(t *testing.T) {
 		t.Errorf("statusField(VmSwap) = nil error, want not found")
 	}
 }
+
+func TestRenderBlockListsFailures(t *testing.T) {
+	var b strings.Builder
+	renderBlock(&b, machine{CPUs: 2, MemoryGB: 1}, 1000, "quick", "", nil, []string{"sales", "get_gateway_64#2"})
+	if !strings.Contains(b.String(), "Failed in this run (no figure): sales, get_gateway_64#2.") {
+		t.Errorf("renderBlock() = %q, want the failed scenarios listed", b.String())
+	}
+	if !strings.HasPrefix(b.String(), beginMarker) || !strings.HasSuffix(b.String(), endMarker+"\n") {
+		t.Errorf("renderBlock() is not wrapped in the markers: %q", b.String())
+	}
+}
