@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+const secret = "0123456789abcdef0123456789abcdef"
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret}))
+	if err != nil {
+		t.Fatalf("loadConfig(minimal) error = %v", err)
+	}
+	if cfg.Addr != "127.0.0.1:8081" || cfg.AdminAddr != "127.0.0.1:9081" || cfg.DBMaxConns != 8 || cfg.QueryTimeout != 10*time.Second {
+		t.Errorf("loadConfig(minimal) = %+v, want the documented defaults", cfg)
+	}
+	logged := fmt.Sprint(cfg.logAttrs()...)
+	if strings.Contains(logged, "pw") || strings.Contains(logged, secret) {
+		t.Errorf("logAttrs() = %s, leaks a secret", logged)
+	}
+	cfg, _ = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://primary/x", "READ_DATABASE_URL": "postgres://replica/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret}))
+	if !strings.Contains(cfg.DatabaseURL, "replica") {
+		t.Errorf("loadConfig() database = %s, want READ_DATABASE_URL first", cfg.DatabaseURL)
+	}
+	for _, bad := range []map[string]string{
+		{"CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": "short", "IDENTITY_SECRET": secret},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_DB_MAX_CONNS": "0"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_QUERY_TIMEOUT": "soon"},
+	} {
+		if _, err := loadConfig(env(bad)); err == nil {
+			t.Errorf("loadConfig(%v) error = nil, want an error", bad)
+		}
+	}
+}
+
+// TestRun starts the binary's run on loopback and reads through it.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	addr, dsn := freeAddr(t), testenv.PostgresURL(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	var runErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
+			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": ""}), &syncWriter{w: &out})
+	})
+	signer, _ := identity.NewSigner(secret)
+	var resp *http.Response
+	for range 400 { // until the listener is up
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
+		for _, h := range signer.Sign(identity.Identity{OwnerID: "7b1f7a8e-5f5b-4c3e-9a55-2b8f1b0c9d10", Scopes: []string{identity.ScopeExportRead}, RequestID: "r1"}, time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		var err error
+		if resp, err = http.DefaultClient.Do(req); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if resp == nil {
+		cancel()
+		wg.Wait()
+		t.Fatalf("run never served: %v", runErr)
+	}
+	var got envelope.Parsed
+	_ = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	cancel()
+	wg.Wait()
+	if resp.StatusCode != 200 || string(got.Data) != "[]" || got.Meta.RequestID != "r1" {
+		t.Errorf("GET /v1/export/items = %d %+v, want 200 with an empty list and request id r1", resp.StatusCode, got)
+	}
+	if runErr != nil {
+		t.Errorf("run() = %v after cancel, want nil", runErr)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// syncWriter lets run log from its goroutines while the test holds the buffer.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
