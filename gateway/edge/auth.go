@@ -19,15 +19,15 @@ const APIKeyHeader = "X-API-Key"
 // authentications count against the client IP's budget; past it, the
 // client gets 429 and unknown keys are not even looked up.
 func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
-	_, span := g.tracer.Start(rq.ctx, "authenticate")
+	ctx, span := g.tracer.Start(rq.ctx, "authenticate")
 	defer span.End()
 	secret := c.Get(APIKeyHeader)
 	if !apikey.WellFormed(secret) {
 		return g.authFailed(c, rq)
 	}
-	key, err := g.keys.Lookup(rq.ctx, secret, func() bool { return g.authBudgetLeft(c, rq) })
+	key, err := g.keys.Lookup(ctx, secret, func() bool { return g.authBudgetLeft(c, rq) })
 	switch {
-	case errors.Is(err, keystore.ErrThrottled):
+	case errors.Is(err, keystore.ErrThrottled) && rq.rate != nil:
 		return errRateLimited(rq.rate.RetryAfter)
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return g.authFailed(c, rq)

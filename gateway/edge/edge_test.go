@@ -43,7 +43,7 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 	}{
 		{"missing key", "GET", items, nil, "", 401, "unauthenticated"},
 		{"malformed key", "GET", items, map[string]string{"X-API-Key": "cxr_nope"}, "", 401, "unauthenticated"},
-		{"unknown key", "GET", items, map[string]string{"X-API-Key": k.read[:len(k.read)-6] + "000000"}, "", 401, "unauthenticated"},
+		{"unknown key", "GET", items, map[string]string{"X-API-Key": k.unknown}, "", 401, "unauthenticated"},
 		{"revoked key", "GET", items, map[string]string{"X-API-Key": k.revoked}, "", 401, "unauthenticated"},
 		{"key in query", "GET", items + "?api_key=" + k.read, nil, "", 401, "unauthenticated"},
 		{"read key on a sales route", "POST", confirm, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
@@ -211,6 +211,15 @@ func TestRateLimits(t *testing.T) {
 		if r := do(t, "GET", items, bad, nil); r.Status != want {
 			t.Errorf("failed authentication %d = %d, want %d", i+1, r.Status, want)
 		}
+	}
+	// Over its failure budget, the IP's unknown keys are not looked up, but a
+	// key already cached still works.
+	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.unknown}, nil); r.Status != 429 || r.Header.Get("Retry-After") == "" {
+		t.Errorf("unknown key from an IP over its failure budget = %d (Retry-After %q), want 429 with Retry-After",
+			r.Status, r.Header.Get("Retry-After"))
+	}
+	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil); r.Status != 200 {
+		t.Errorf("cached key from an IP over its failure budget = %d, want 200", r.Status)
 	}
 	// Health is limited per IP, separately.
 	if r := do(t, "GET", gw.URL+"/v1/health", nil, nil); r.Status != 200 || r.Header.Get("X-Ratelimit-Limit") != "100" {

@@ -27,6 +27,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // keys are the API keys of one seeded database.
 type keys struct {
 	read, write, readB, noPlatform, revoked string
+	unknown                                 string // well formed, never stored
 	readID, ownerA, ownerB                  string
 }
 
@@ -83,6 +84,9 @@ func seed(t *testing.T) (string, *pgxpool.Pool, keys) {
 	k.write, _ = insert(k.ownerA, &shop, []string{identity.ScopeSalesWrite}, false)
 	k.noPlatform, _ = insert(k.ownerA, nil, []string{identity.ScopeSalesWrite}, false)
 	k.revoked, _ = insert(k.ownerA, nil, []string{identity.ScopeExportRead}, true)
+	if k.unknown, _, err = apikey.Generate([]string{identity.ScopeExportRead}); err != nil {
+		t.Fatal(err)
+	}
 	return dsn, pool, k
 }
 

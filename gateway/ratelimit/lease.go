@@ -119,6 +119,24 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 	return Decision{Allowed: true, Limit: rate.Limit, Remaining: r.remaining + ls.units, Reset: r.reset, Local: r.local}
 }
 
+// refused returns the remembered refusal of key, if one still holds.
+func (l *Limiter) refused(key string, rate limiter.Rate) (Decision, bool) {
+	sh := &l.shards[fnv32(key)%leaseShards]
+	sh.mu.Lock()
+	ls, ok := sh.leases[key]
+	sh.mu.Unlock()
+	if !ok {
+		return Decision{}, false
+	}
+	now := l.opts.Now()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if !now.Before(ls.refusedUntil) {
+		return Decision{}, false
+	}
+	return Decision{Limit: rate.Limit, RetryAfter: ls.refusedUntil.Sub(now), Reset: ls.reset}, true
+}
+
 func decisionOf(rate limiter.Rate, r result) Decision {
 	d := Decision{Allowed: r.admitted > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local}
 	if !d.Allowed {

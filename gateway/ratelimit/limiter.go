@@ -99,8 +99,12 @@ func New(store *SlidingStore, opts Options) *Limiter {
 func (l *Limiter) Degraded() bool { return l.degraded.Load() }
 
 // Peek reports whether one more request under key would fit, recording
-// nothing.
+// nothing. A key refused by an earlier Take is answered from memory until
+// its Retry-After moment.
 func (l *Limiter) Peek(key string, rate limiter.Rate) Decision {
+	if d, ok := l.refused(key, rate); ok {
+		return d
+	}
 	r := l.take(Op{Key: key, Rate: rate, Cost: 0})
 	d := Decision{Allowed: r.remaining > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local}
 	if !d.Allowed {
