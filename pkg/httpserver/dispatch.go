@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"path"
 	"runtime/debug"
 	"time"
 
@@ -64,6 +65,12 @@ func (s *Server) dispatch() http.Handler {
 		r = r.WithContext(identity.WithContext(r.Context(), id))
 		annotate(r, id)
 
+		// ServeMux would answer an unclean path ("//", "..") with a bare
+		// redirect; no route of ours has such a path, so it is a 404 envelope.
+		if path.Clean(r.URL.Path) != r.URL.Path {
+			envelope.WriteError(rec, http.StatusNotFound, "not_found", "route not found", RequestID(r))
+			return
+		}
 		handler, pattern := s.routes.Handler(r)
 		if pattern == "" {
 			s.noRoute(rec, r, handler)

@@ -50,6 +50,8 @@ func TestDispatch(t *testing.T) {
 		{"unsigned", "GET", "/v1/things/1", false, 401, "unauthenticated", ""},
 		{"signed", "GET", "/v1/things/1", true, 200, "", ""},
 		{"unknown route", "GET", "/v1/nothing", true, 404, "not_found", ""},
+		{"unclean path", "GET", "/v1//things/1", true, 404, "not_found", ""},
+		{"dot segments", "GET", "/v1/x/../things/1", true, 404, "not_found", ""},
 		{"wrong method", "DELETE", "/v1/things/1", true, 405, "method_not_allowed", "GET, HEAD"},
 		{"panic", "POST", "/v1/boom", true, 500, "internal_error", ""},
 	}
