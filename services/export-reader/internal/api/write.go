@@ -59,6 +59,8 @@ func writeJSON(w http.ResponseWriter, r *http.Request, requestID string, body []
 	h.Set("Content-Type", envelope.ContentType)
 	h.Set(envelope.RequestIDHeader, requestID)
 	h.Add("Vary", "Accept-Encoding")
+	// One owner's catalog: no shared cache may keep it.
+	h.Set("Cache-Control", "private, no-store")
 	if len(body) < minGzip || !acceptsGzip(r.Header.Values("Accept-Encoding")) {
 		h.Set("Content-Length", strconv.Itoa(len(body)))
 		w.WriteHeader(http.StatusOK)
