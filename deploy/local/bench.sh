@@ -250,6 +250,9 @@ gw=http://127.0.0.1:$gw_port
 load=(--duration "${duration}s" --warmup "${warmup}s")
 repeat=${BENCH_REPEAT:-3}
 
+# The load average before and after tells how much other work shared the
+# machine with the run; it goes into the table's header line.
+load_before=$(cut -d' ' -f1 /proc/loadavg)
 log "sampling 10,000 random item ids"
 lg ids --count 10000 --out "$state/ids.txt"
 
@@ -295,6 +298,7 @@ for name in "${names[@]}"; do
   n=$(grep -c '"level":"\(WARN\|ERROR\)"' "$state/logs/$name.log" || true)
   [ "${n:-0}" = 0 ] || log "$name logged $n warnings or errors during the run: see .run/bench/logs/$name.log"
 done
+versions="$versions; load average $load_before before the scenarios, $(cut -d' ' -f1 /proc/loadavg) after"
 echo
 lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out" \
   --failed "$(IFS=,; echo "${failed[*]}")"
