@@ -267,7 +267,7 @@ profile_stop sync
 # The three targets of a comparison take turns, round after round, so a busy
 # spell of the shared machine hits each alike; the report keeps each one's
 # best round.
-profile_start get gateway
+profile_start get gateway export-reader
 for conns in 64 256; do
   log "GET by id at $conns connections: nginx, gateway, gateway without rate limiting ($rounds rounds)"
   if [ "$conns" = 256 ]; then step rss --reset --pid "$(pid_of gateway)"; fi
