@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/ulule/limiter/v3"
 )
 
@@ -141,7 +141,7 @@ func (c Config) validate() error {
 func (c Config) LogValue() []any {
 	return []any{
 		"addr", c.Addr, "admin_addr", c.AdminAddr,
-		"database_url", maskDSN(c.DatabaseURL), "redis_url", maskURL(c.RedisURL),
+		"database_url", postgres.Redact(c.DatabaseURL), "redis_url", maskURL(c.RedisURL),
 		"identity_secret", "***", "log_level", c.LogLevel,
 		"trust_traceparent", c.TrustTraceparent, "proxy_header", c.ProxyHeader, "trusted_proxies", c.TrustedProxies,
 		"export_reader_urls", c.ExportReaderURLs, "sales_writer_urls", c.SalesWriterURLs, "shop_schema_urls", c.ShopSchemaURLs,
@@ -155,14 +155,6 @@ func (c Config) LogValue() []any {
 }
 
 // maskDSN shows where the database is, never its password.
-func maskDSN(dsn string) string {
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s password=***", cfg.Host, cfg.Port, cfg.User, cfg.Database)
-}
-
 func maskURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {

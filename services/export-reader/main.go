@@ -48,7 +48,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer stopTelemetry(context.Background())
 
-	pool, err := postgres.Open(ctx, cfg.poolDSN())
+	pool, err := postgres.Open(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns))
 	if err != nil {
 		return err
 	}

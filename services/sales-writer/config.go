@@ -3,10 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/coinexport/export/pkg/postgres"
 )
 
 // Config is everything the sales writer reads from its environment.
@@ -67,49 +67,10 @@ func loadConfig(getenv func(string) string) (Config, error) {
 func (c Config) logAttrs() []any {
 	return []any{
 		"addr", c.Addr, "admin_addr", c.AdminAddr,
-		"database_url", redactDSN(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
+		"database_url", postgres.Redact(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
 		"identity_secret", "***",
 		"idempotency_retention", c.IdempotencyRetention.String(),
 		"idempotency_purge_interval", c.PurgeInterval.String(),
 		"log_level", c.LogLevel,
 	}
-}
-
-// poolDSN is DATABASE_URL with the pool size of SALES_WRITER_DB_MAX_CONNS,
-// in whichever of PostgreSQL's two connection string forms it was given.
-func (c Config) poolDSN() string {
-	size := strconv.Itoa(c.DBMaxConns)
-	if isURL(c.DatabaseURL) {
-		u, err := url.Parse(c.DatabaseURL)
-		if err != nil {
-			return c.DatabaseURL // postgres.Open reports it, without quoting it
-		}
-		q := u.Query()
-		q.Set("pool_max_conns", size)
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
-	// In keyword/value form the last setting of a keyword wins.
-	return c.DatabaseURL + " pool_max_conns=" + size
-}
-
-func isURL(dsn string) bool {
-	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
-}
-
-// redactDSN hides the password of a connection string.
-func redactDSN(dsn string) string {
-	if isURL(dsn) {
-		if u, err := url.Parse(dsn); err == nil {
-			return u.Redacted()
-		}
-		return "***"
-	}
-	fields := strings.Fields(dsn)
-	for i, f := range fields {
-		if strings.HasPrefix(f, "password=") {
-			fields[i] = "password=xxxxx"
-		}
-	}
-	return strings.Join(fields, " ")
 }

@@ -51,19 +51,3 @@ func TestLoadConfigRefuses(t *testing.T) {
 		})
 	}
 }
-
-func TestPoolDSNAndRedaction(t *testing.T) {
-	tests := []struct{ dsn, wantPool, wantRedacted string }{
-		{"postgres://u:pw@db:5432/x?sslmode=disable", "postgres://u:pw@db:5432/x?pool_max_conns=8&sslmode=disable", "postgres://u:xxxxx@db:5432/x?sslmode=disable"},
-		{"host=/run/pg user=u password=pw dbname=x", "host=/run/pg user=u password=pw dbname=x pool_max_conns=8", "host=/run/pg user=u password=xxxxx dbname=x"},
-	}
-	for _, tt := range tests {
-		c := Config{DatabaseURL: tt.dsn, DBMaxConns: 8}
-		if got := c.poolDSN(); got != tt.wantPool {
-			t.Errorf("poolDSN(%q) = %q, want %q", tt.dsn, got, tt.wantPool)
-		}
-		if got := redactDSN(tt.dsn); got != tt.wantRedacted {
-			t.Errorf("redactDSN(%q) = %q, want %q", tt.dsn, got, tt.wantRedacted)
-		}
-	}
-}
