@@ -40,8 +40,11 @@ func (inst *Instance) alive(timeout time.Duration) bool {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(inst.base + HealthPath)
 	req.Header.SetMethod(fasthttp.MethodGet)
+	// A fresh connection each time: a probe answers for the instance as it
+	// is now, never for a connection from before its restart.
+	req.SetConnectionClose()
 	resp.SkipBody = true
-	if err := inst.client.DoTimeout(req, resp, min(timeout, time.Second)); err != nil {
+	if err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second)); err != nil {
 		return false
 	}
 	return resp.StatusCode() < 500

@@ -47,8 +47,13 @@ type Options struct {
 
 // Instance is one address of a service.
 type Instance struct {
-	base      string // scheme://host:port, never shown to clients
-	client    *fasthttp.HostClient
+	base   string // scheme://host:port, never shown to clients
+	client *fasthttp.HostClient
+	// probe is the health probe's own client: the probe must not queue
+	// behind a saturated proxy pool, nor draw a kept-alive connection the
+	// instance dropped when it restarted, or a healthy instance would be
+	// taken out under load or for long after a restart.
+	probe     *fasthttp.HostClient
 	downUntil atomic.Int64 // Unix ns; 0 = up
 }
 
@@ -86,18 +91,27 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 		addr = net.JoinHostPort(p.Hostname(), map[string]string{"http": "80", "https": "443"}[p.Scheme])
 	}
 	connect := opts.ConnectTimeout
+	dial := func(addr string) (net.Conn, error) {
+		c, err := fasthttp.DialTimeout(addr, connect)
+		if err != nil {
+			return nil, dialError{err}
+		}
+		return c, nil
+	}
 	return &Instance{
 		base: p.Scheme + "://" + p.Host,
+		probe: &fasthttp.HostClient{
+			Addr:                      addr,
+			IsTLS:                     p.Scheme == "https",
+			Dial:                      dial,
+			MaxConns:                  1,
+			MaxIdemponentCallAttempts: 1,
+			NoDefaultUserAgentHeader:  true,
+		},
 		client: &fasthttp.HostClient{
-			Addr:  addr,
-			IsTLS: p.Scheme == "https",
-			Dial: func(addr string) (net.Conn, error) {
-				c, err := fasthttp.DialTimeout(addr, connect)
-				if err != nil {
-					return nil, dialError{err}
-				}
-				return c, nil
-			},
+			Addr:                      addr,
+			IsTLS:                     p.Scheme == "https",
+			Dial:                      dial,
 			ReadTimeout:               opts.ReadTimeout,
 			WriteTimeout:              opts.WriteTimeout,
 			MaxConns:                  opts.MaxConns,
@@ -150,7 +164,13 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	}
 	second := u.pick(first)
 	if second == nil {
-		return false, err
+		// A lone instance that dropped a kept-alive connection (it
+		// restarted) is asked again, on a new connection: send has
+		// already closed the idle ones from before the restart.
+		if !errors.Is(err, ErrClosed) {
+			return false, err
+		}
+		second = first
 	}
 	resp.Reset()
 	return true, u.send(second, req, resp, requestURI)
@@ -164,8 +184,14 @@ func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Re
 		return nil
 	}
 	kind := classify(err)
-	if errors.As(err, new(dialError)) {
+	switch {
+	case errors.As(err, new(dialError)):
 		inst.markDown(u.opts.DownFor)
+	case errors.Is(kind, ErrClosed):
+		// One dropped kept-alive connection means the others idle since
+		// the same moment are dead too; reusing them would fail one
+		// request each.
+		inst.client.CloseIdleConnections()
 	}
 	return fmt.Errorf("%w: %w", kind, err)
 }

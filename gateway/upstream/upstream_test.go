@@ -98,3 +98,41 @@ func TestTimeoutIsNotRepeatedUnlessAllowed(t *testing.T) {
 		t.Fatalf("Do(sale with Idempotency-Key) on slow upstreams = retried %v, %v, %d hits; want ErrTimeout after 2 more hits", retried, err, len(hits))
 	}
 }
+
+func TestLoneInstanceRestartIsRetriedOnANewConnection(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	first := &http.Server{Handler: handler}
+	go first.Serve(l)
+	u, err := New("svc", []string{"http://" + addr}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Several kept-alive connections, all idle when the instance restarts.
+	done := make(chan error, 4)
+	for range 4 {
+		go func() { _, _, err := send(u, Repeat{IfClosed: true}); done <- err }()
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatalf("Do before the restart = %v, want nil", err)
+		}
+	}
+	first.Close()
+	l2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("could not listen again on %s: %v", addr, err)
+	}
+	second := &http.Server{Handler: handler}
+	go second.Serve(l2)
+	defer second.Close()
+	for i := range 4 {
+		if _, status, err := send(u, Repeat{IfClosed: true}); err != nil || status != 200 {
+			t.Fatalf("GET #%d after the restart = %d, %v; want 200", i+1, status, err)
+		}
+	}
+}
