@@ -8,11 +8,12 @@ import (
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 )
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with
 // tight timeouts, no retries and context deadlines honoured, traced with
-// redisotel. Key names are recorded on spans, so callers must never put a
+// redisotel (spans only inside a traced request). Key names are recorded on spans, so callers must never put a
 // secret in one.
 func Open(url string) (*redis.Client, error) {
 	opts, err := redis.ParseURL(url)
@@ -27,7 +28,8 @@ func Open(url string) (*redis.Client, error) {
 	opts.DialerRetries = 1
 	opts.PoolTimeout = 100 * time.Millisecond
 	client := redis.NewClient(opts)
-	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false)); err != nil {
+	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false),
+		redisotel.WithTracerProvider(childSpansOnly{provider: otel.GetTracerProvider()})); err != nil {
 		return nil, fmt.Errorf("redisclient: tracing: %w", err)
 	}
 	return client, nil

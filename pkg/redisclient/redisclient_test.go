@@ -1,0 +1,62 @@
+package redisclient
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/coinexport/export/pkg/testenv"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+
+	client, err := Open(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	if err := client.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Ping = %v", err)
+	}
+	if n := len(rec.Ended()); n != 0 {
+		t.Errorf("Ping outside a request made %d spans, want 0", n)
+	}
+
+	ctx, parent := tp.Tracer("test").Start(ctx, "request")
+	if err := client.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Ping = %v", err)
+	}
+	parent.End()
+	children := 0
+	for _, sp := range rec.Ended() {
+		if sp.Parent().SpanID() == parent.SpanContext().SpanID() {
+			children++
+		}
+	}
+	if children == 0 {
+		t.Errorf("Ping inside a request made no child span of it; spans: %d", len(rec.Ended()))
+	}
+}
+
+func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {
+	const secretURL = "redis://:s3cret@[bad"
+	_, err := Open(secretURL)
+	if err == nil {
+		t.Fatal("Open(bad URL) = nil error, want one")
+	}
+	if got := err.Error(); got == "" || strings.Contains(got, "s3cret") {
+		t.Errorf("Open error %q: want a message without the password", got)
+	}
+}
