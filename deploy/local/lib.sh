@@ -21,6 +21,7 @@ ensure_packages() {
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   pg_bin_dir >/dev/null || missing+=(postgresql)
   command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     log "installing ${missing[*]} with apt-get"
