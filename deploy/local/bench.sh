@@ -16,6 +16,11 @@
 #   BENCH_RESEED=1 drop the bench database and seed again
 #   BENCH_LOG_LEVEL  LOG_LEVEL of the stack (default warn: nginx logs no
 #                  access lines either)
+#   BENCH_ONLY     comma-separated subset of sync,get,sales,incremental to
+#                  run (while working on one path); the table then goes to
+#                  .run/bench/BENCHMARKS-only.md and shows the rest as not run
+#   BENCH_HOLD=1   keep the stack up after the scenarios until Ctrl-C, e.g.
+#                  to take pprof profiles from the admin ports (1908x)
 #
 # Everything lives in .run/bench (its own PostgreSQL, Redis, logs, results)
 # on its own ports (18080-18090, admin 19080-19090), so it runs beside
@@ -37,6 +42,9 @@ else
   items=${BENCH_ITEMS:-1000000}; duration=${BENCH_DURATION:-8}; warmup=${BENCH_WARMUP:-3}; rounds=${BENCH_ROUNDS:-3}; mode=full
   report_out=$root/BENCHMARKS.md
 fi
+only=${BENCH_ONLY:-}
+[ -z "$only" ] || report_out=$root/.run/bench/BENCHMARKS-only.md
+wants() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
 [[ $items =~ ^[0-9]+$ ]] && [ "$items" -ge 1000 ] || die "BENCH_ITEMS must be a number ≥ 1000"
 
 state=$root/.run/bench
@@ -256,17 +264,20 @@ load_before=$(cut -d' ' -f1 /proc/loadavg)
 log "sampling 10,000 random item ids"
 lg ids --count 10000 --out "$state/ids.txt"
 
+if wants sync || wants incremental; then
 log "full sync baselines and runs ($items items each)"
 step scan --name scan_warmup >/dev/null # fills shared_buffers and the page cache
 step scan --name scan --expect "$items" --repeat "$repeat"
 profile_start sync gateway export-reader
 step sync --name sync_gateway --base $gw/v1 --auth key --expect "$items" --warmup-pages 50 --repeat "$repeat"
-step sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50 --repeat "$repeat"
+wants sync && step sync --name sync_reader --base http://127.0.0.1:$reader_port/v1 --auth signed --expect "$items" --warmup-pages 50 --repeat "$repeat"
 profile_stop sync
+fi
 
 # The three targets of a comparison take turns, round after round, so a busy
 # spell of the shared machine hits each alike; the report keeps each one's
 # best round.
+if wants get; then
 profile_start get gateway export-reader
 for conns in 64 256; do
   log "GET by id at $conns connections: nginx, gateway, gateway without rate limiting ($rounds rounds)"
@@ -279,14 +290,19 @@ for conns in 64 256; do
   if [ "$conns" = 256 ]; then step rss --name rss_gateway_256 --pid "$(pid_of gateway)"; fi
 done
 profile_stop get
+fi
 
+if wants sales; then
 log "confirm + cancel pairs, 32 platforms"
 profile_start sales gateway sales-writer
 step sales --base $gw/v1 --workers 32 --duration "$((2 * duration))s" --warmup "${warmup}s"
 profile_stop sales
+fi
 
+if wants incremental; then
 log "incremental sync after 1% of the items change"
 step incremental --base $gw/v1 --auth key --fraction 0.01
+fi
 
 for name in gateway gateway-nolimit export-reader sales-writer shop-schema; do
   step rss --name "rss_${name//-/_}" --pid "$(pid_of "$name")"
@@ -303,6 +319,10 @@ echo
 lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out" \
   --failed "$(IFS=,; echo "${failed[*]}")"
 log "table written to ${report_out#$root/}; results in .run/bench/results.jsonl"
+if [ "${BENCH_HOLD:-0}" = 1 ]; then
+  log "BENCH_HOLD=1: the stack stays up (gateway :$gw_port, reader :$reader_port, admin :19080-19083); Ctrl-C stops it"
+  while sleep 3600; do :; done
+fi
 [ ${#failed[@]} -eq 0 ] || die "${#failed[@]} scenarios failed: ${failed[*]}"
 exit
 }

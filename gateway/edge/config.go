@@ -16,7 +16,7 @@ import (
 // variable and default are beside it; README.md has the same table.
 type Config struct {
 	Addr             string        // GATEWAY_ADDR (127.0.0.1:8080)
-	AdminAddr        string        // GATEWAY_ADMIN_ADDR (127.0.0.1:9080): /metrics
+	AdminAddr        string        // GATEWAY_ADMIN_ADDR (127.0.0.1:9080): /metrics, /debug/pprof
 	DatabaseURL      string        // DATABASE_URL (required; secret)
 	RedisURL         string        // REDIS_URL (redis://127.0.0.1:6379/0; secret)
 	IdentitySecret   string        // IDENTITY_SECRET (required, ≥32 bytes; secret)

@@ -17,6 +17,7 @@ import (
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
@@ -24,7 +25,6 @@ import (
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/gofiber/fiber/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/ulule/limiter/v3"
 	"go.opentelemetry.io/otel"
@@ -226,9 +226,7 @@ func (g *Gateway) startServing() {
 			g.served <- err
 		}
 	}()
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g.metrics.registry, promhttp.HandlerOpts{}))
-	g.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	g.admin = &http.Server{Handler: httpserver.AdminHandler(g.metrics.registry), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := g.admin.Serve(g.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			g.served <- err

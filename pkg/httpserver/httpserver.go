@@ -18,7 +18,6 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 )
 
@@ -26,7 +25,7 @@ import (
 type Config struct {
 	Service   string // e.g. "export-reader"; names the spans, logs and metrics
 	Addr      string // main listener, reached only by the gateway
-	AdminAddr string // /metrics listener; empty disables it
+	AdminAddr string // /metrics and /debug/pprof listener; empty disables it
 	Log       *slog.Logger
 	Signer    *identity.Signer
 	// Ready reports whether the service can serve (e.g. a PostgreSQL ping);
@@ -80,7 +79,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.cfg.AdminAddr != "" {
 		servers = append(servers, &http.Server{
 			Addr:              s.cfg.AdminAddr,
-			Handler:           promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}),
+			Handler:           AdminHandler(s.registry),
 			ReadHeaderTimeout: 5 * time.Second,
 		})
 	}

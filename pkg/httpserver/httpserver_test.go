@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const secret = "0123456789abcdef0123456789abcdef"
@@ -103,5 +104,29 @@ func TestHealthNeedsNoIdentity(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("GET /healthz = %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestAdminHandlerServesMetricsAndProfiles(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	hits := prometheus.NewCounter(prometheus.CounterOpts{Name: "admin_test_hits_total", Help: "test"})
+	reg.MustRegister(hits)
+	hits.Inc()
+	srv := httptest.NewServer(AdminHandler(reg))
+	defer srv.Close()
+	for path, want := range map[string]string{
+		"/metrics":                       "admin_test_hits_total 1",
+		"/debug/pprof/":                  "goroutine",
+		"/debug/pprof/goroutine?debug=1": "goroutine profile",
+	} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s: %d, body lacks %q", path, resp.StatusCode, want)
+		}
 	}
 }
