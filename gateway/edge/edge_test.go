@@ -307,6 +307,34 @@ func TestConnectionRefusedIsRetriedOnAnotherInstance(t *testing.T) {
 	}
 }
 
+func TestListRequestsOfOneKeyStickToOneInstance(t *testing.T) {
+	dsn, _, k := seed(t)
+	urls := []string{}
+	for _, name := range []string{"a", "b", "c"} {
+		urls = append(urls, echoUpstream(t, name, nil).URL)
+	}
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": strings.Join(urls, ",")})
+	instanceOf := func(path, key string) string {
+		t.Helper()
+		r := do(t, "GET", gw.URL+path, map[string]string{"X-API-Key": key}, nil)
+		if r.Status != 200 {
+			t.Fatalf("GET %s = %d %s, want 200", path, r.Status, r.Body)
+		}
+		return decodeSeen(t, r).Instance
+	}
+	lists, items := map[string]bool{}, map[string]bool{}
+	for i := range 6 {
+		lists[instanceOf("/v1/export/items?limit=10&cursor=c"+strconv.Itoa(i), k.read)] = true
+		items[instanceOf("/v1/export/items/coin-"+strconv.Itoa(i), k.read)] = true
+	}
+	if len(lists) != 1 {
+		t.Errorf("6 list requests of one key landed on instances %v; want one", lists)
+	}
+	if len(items) != 3 {
+		t.Errorf("6 item requests landed on instances %v; want all 3 (round-robin)", items)
+	}
+}
+
 func TestOnlySalesWithIdempotencyKeyAreRepeated(t *testing.T) {
 	dsn, _, k := seed(t)
 	var broken, good atomic.Int64

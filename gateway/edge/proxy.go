@@ -75,7 +75,11 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	ctx, span := g.tracer.Start(rq.ctx, "proxy "+rt.Upstream, trace.WithSpanKind(trace.SpanKindClient))
 	defer span.End()
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier{&req.Header})
-	retried, err := up.Do(req, c.Response(), uri, repeat)
+	affinity := ""
+	if rt.StickyByKey {
+		affinity = rq.key.ID
+	}
+	retried, err := up.Do(req, c.Response(), uri, repeat, affinity)
 	if retried {
 		g.metrics.upstreamRetries.WithLabelValues(rt.Upstream).Inc()
 	}

@@ -37,6 +37,10 @@ type route struct {
 	// RepeatWithIdempotencyKey: a request carrying an Idempotency-Key may
 	// be sent again after a failure that happened once it may have arrived.
 	RepeatWithIdempotencyKey bool
+	// StickyByKey: the instance is chosen by the caller's key id
+	// (rendezvous hashing) instead of round-robin, so every page of one
+	// key's sync reaches the instance that read ahead the next page.
+	StickyByKey bool
 }
 
 // Name labels metrics, spans and log lines.
@@ -47,7 +51,7 @@ var routes = []route{
 	{Method: "GET", Path: "/v1/health", Class: classAnonymous},
 	{Method: "POST", Path: "/v1/sync/prestashop/schema", Upstream: upstreamShopSchema, Class: classShopSchema},
 	{Method: "GET", Path: "/v1/export/items", Upstream: upstreamExportReader,
-		Scope: identity.ScopeExportRead, Class: classExportRead},
+		Scope: identity.ScopeExportRead, Class: classExportRead, StickyByKey: true},
 	{Method: "GET", Path: "/v1/export/items/:item_id", Upstream: upstreamExportReader,
 		Scope: identity.ScopeExportRead, Class: classExportRead},
 	{Method: "POST", Path: "/v1/export/items/:item_id/sales/confirm", Upstream: upstreamSalesWriter,

@@ -1,7 +1,8 @@
 // Package upstream sends requests to the instances of one service: one
 // reused fasthttp client per instance with connect/read/write timeouts,
-// round-robin balancing, failed instances skipped for a while and probed
-// back, and a retry only where it is safe.
+// round-robin balancing (or rendezvous hashing where a request asks for
+// affinity), failed instances skipped for a while and probed back, and a
+// retry only where it is safe.
 package upstream
 
 import (
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 )
 
@@ -55,6 +57,9 @@ type Instance struct {
 	// taken out under load or for long after a restart.
 	probe     *fasthttp.HostClient
 	downUntil atomic.Int64 // Unix ns; 0 = up
+	// seed is the instance's own hash for rendezvous hashing: derived from
+	// its address, so every gateway ranks the instances alike.
+	seed uint64
 }
 
 // Upstream is a service with one or more instances.
@@ -98,8 +103,10 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 		}
 		return c, nil
 	}
+	base := p.Scheme + "://" + p.Host
 	return &Instance{
-		base: p.Scheme + "://" + p.Host,
+		base: base,
+		seed: xxhash.Sum64String(base),
 		probe: &fasthttp.HostClient{
 			Addr:                      addr,
 			IsTLS:                     p.Scheme == "https",
@@ -149,8 +156,12 @@ type Repeat struct {
 // request that never reached an instance (refused, no free connection) is
 // sent once more to another one; one that may have reached one only as
 // repeat allows. requestURI is the original path and query.
-func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat) (retried bool, err error) {
-	first := u.pick(nil)
+//
+// affinity, when not empty, chooses the instance by rendezvous hashing of
+// it instead of round-robin: requests with the same affinity go to the
+// same instance while it is up, and to the same next one when it is not.
+func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (retried bool, err error) {
+	first := u.pick(nil, affinity)
 	if first == nil {
 		return false, ErrUnavailable
 	}
@@ -162,7 +173,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if !again {
 		return false, err
 	}
-	second := u.pick(first)
+	second := u.pick(first, affinity)
 	if second == nil {
 		// A lone instance that dropped a kept-alive connection (it
 		// restarted) is asked again, on a new connection: send has
@@ -214,19 +225,61 @@ func classify(err error) error {
 	return ErrBadResponse
 }
 
-// pick returns the next instance that is up, other than not; nil if none.
-func (u *Upstream) pick(not *Instance) *Instance {
+// pick returns an instance that is up, other than not; nil if none. Without
+// affinity it is the next one round-robin, with it the highest-ranked one
+// for affinity.
+func (u *Upstream) pick(not *Instance, affinity string) *Instance {
+	if affinity != "" {
+		return u.rendezvous(not, affinity)
+	}
 	now := time.Now().UnixNano()
 	n := uint64(len(u.instances))
 	start := u.next.Add(1)
 	for i := uint64(0); i < n; i++ {
 		inst := u.instances[(start+i)%n]
-		if inst != not && inst.downUntil.Load() <= now {
+		if inst != not && inst.upAt(now) {
 			return inst
 		}
 	}
 	return nil
 }
+
+// rendezvous returns the instance that is up, other than not, with the
+// highest weight for affinity (highest-random-weight hashing): a value
+// always maps to the same instance, different values spread evenly, and
+// when an instance goes down only the values that ranked it first move,
+// each to its own second choice, and they come back when it is up again.
+// go-rendezvous (the one go-redis uses) looks up over a fixed set of nodes
+// only; here the set changes with every probe, so the ranking is done
+// over the live instances directly, with the same hash mixing.
+func (u *Upstream) rendezvous(not *Instance, affinity string) *Instance {
+	now := time.Now().UnixNano()
+	h := xxhash.Sum64String(affinity)
+	var best *Instance
+	var bestWeight uint64
+	for _, inst := range u.instances {
+		if inst == not || !inst.upAt(now) {
+			continue
+		}
+		if w := mix64(h ^ inst.seed); best == nil || w > bestWeight {
+			best, bestWeight = inst, w
+		}
+	}
+	return best
+}
+
+// mix64 is the xorshift-multiply finaliser of go-rendezvous: it spreads
+// the XOR of two hashes over all 64 bits, so the weights of one value on
+// different instances are independent.
+func mix64(x uint64) uint64 {
+	x ^= x >> 12
+	x ^= x << 25
+	x ^= x >> 27
+	return x * 2685821657736338717
+}
+
+// upAt reports whether the instance is not marked down at now (Unix ns).
+func (inst *Instance) upAt(now int64) bool { return inst.downUntil.Load() <= now }
 
 func (inst *Instance) markDown(d time.Duration) {
 	inst.downUntil.Store(time.Now().Add(d).UnixNano())
@@ -236,7 +289,7 @@ func (inst *Instance) markDown(d time.Duration) {
 func (u *Upstream) State() string {
 	now, up := time.Now().UnixNano(), 0
 	for _, inst := range u.instances {
-		if inst.downUntil.Load() <= now {
+		if inst.upAt(now) {
 			up++
 		}
 	}

@@ -42,7 +42,7 @@ func send(u *Upstream, repeat Repeat) (bool, int, error) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod("GET")
-	retried, err := u.Do(req, resp, "/v1/x", repeat)
+	retried, err := u.Do(req, resp, "/v1/x", repeat, "")
 	return retried, resp.StatusCode(), err
 }
 
