@@ -11,6 +11,9 @@ import (
 // newApp builds the Fiber app: one handler per line of the routing table
 // and a catch-all that answers 404 or 405.
 func (g *Gateway) newApp() *fiber.App {
+	g.unroutedMetrics = g.metrics.forRoute("unrouted")
+	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
+		classShopSchema, classAuthFailures})
 	app := fiber.New(fiber.Config{
 		AppName:               "gateway",
 		DisableStartupMessage: true,
@@ -46,10 +49,11 @@ func (g *Gateway) handler(rt route) fiber.Handler {
 	if rt.Path == "unmatched" {
 		name = "unmatched"
 	}
+	rm := g.metrics.forRoute(name)
 	return func(c *fiber.Ctx) error {
 		rq := g.begin(c, name)
-		defer g.end(c, rq)
-		if err := g.guard(rq, func() error { return g.serve(c, rq, rt) }); err != nil {
+		defer g.end(c, rq, rm)
+		if err := g.guardedServe(c, rq, rt); err != nil {
 			g.writeError(c, rq, err)
 		}
 		return nil
@@ -61,13 +65,14 @@ func (g *Gateway) handler(rt route) fiber.Handler {
 // all the same.
 func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 	rq := g.begin(c, "unrouted")
-	defer g.end(c, rq)
+	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 	return nil
 }
 
-// guard turns a panic into errInternal, logging it with its stack once.
-func (g *Gateway) guard(rq *request, f func() error) (err error) {
+// guardedServe serves the route, turning a panic into errInternal, logged
+// with its stack once.
+func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			g.metrics.panics.Inc()
@@ -75,7 +80,7 @@ func (g *Gateway) guard(rq *request, f func() error) (err error) {
 			err = errInternal
 		}
 	}()
-	return f()
+	return g.serve(c, rq, rt)
 }
 
 // serve runs the route's steps.
@@ -91,7 +96,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		return g.authFailed(c, rq)
 	}
 	if rt.Scope == "" {
-		if err := g.limit(rq, rt.Class, "ip:"+c.IP()); err != nil {
+		if err := g.limit(rq, rt.Class, "ip:"+rq.clientIP); err != nil {
 			return err
 		}
 		if rt.Upstream == "" {

@@ -21,21 +21,19 @@ const APIKeyHeader = "X-API-Key"
 func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	ctx, span := g.tracer.Start(rq.ctx, "authenticate")
 	defer span.End()
+	// The key store checks the key's form (and checksum) itself, on a cache
+	// miss only: a cached key is one that was well formed.
 	secret := c.Get(APIKeyHeader)
-	if !apikey.WellFormed(secret) {
-		return g.authFailed(c, rq)
-	}
 	key, err := g.keys.Lookup(ctx, secret, func() bool { return g.authBudgetLeft(c, rq) })
 	switch {
-	case errors.Is(err, keystore.ErrThrottled) && rq.rate != nil:
+	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		return errRateLimited(rq.rate.RetryAfter)
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return g.authFailed(c, rq)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
 	}
-	rq.key = key
-	rq.span.SetAttributes(attrOwnerID.String(key.OwnerID), attrKeyID.String(key.ID), attrPlatformID.String(key.PlatformID))
+	rq.key = key // also the server span's owner, key and platform attributes (endSpan)
 	if !slices.Contains(key.Scopes, rt.Scope) {
 		return errForbidden
 	}
@@ -51,7 +49,7 @@ func (g *Gateway) authFailed(c *fiber.Ctx, rq *request) error {
 	if g.limiter == nil {
 		return errUnauthenticated
 	}
-	d := g.limiter.Take(classAuthFailures+":ip:"+c.IP(), g.rates[classAuthFailures])
+	d := g.limiter.Take(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
 	g.recordDecision(rq, classAuthFailures, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
@@ -65,7 +63,7 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 	if g.limiter == nil {
 		return true
 	}
-	d := g.limiter.Peek(classAuthFailures+":ip:"+c.IP(), g.rates[classAuthFailures])
+	d := g.limiter.Peek(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
 	if !d.Allowed {
 		g.recordDecision(rq, classAuthFailures, d)
 	}
@@ -75,17 +73,25 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 // keyInQuery reports a query parameter that looks like it carries an API
 // key: by name, or by a value of a key's shape.
 func keyInQuery(c *fiber.Ctx) bool {
-	found := false
-	c.Request().URI().QueryArgs().VisitAll(func(k, v []byte) {
-		switch strings.ToLower(string(k)) {
-		case "api_key", "apikey", "x-api-key", "x_api_key", "key":
-			found = true
+	for k, v := range c.Request().URI().QueryArgs().All() {
+		if keyParamName(k) || (len(v) == apikey.Len && apikey.WellFormed(string(v))) {
+			return true
 		}
-		if len(v) == apikey.Len && apikey.WellFormed(string(v)) {
-			found = true
+	}
+	return false
+}
+
+// keyParamNames are the parameter names refused as carrying a key.
+var keyParamNames = []string{"api_key", "apikey", "x-api-key", "x_api_key", "key"}
+
+// keyParamName reports whether k is one of keyParamNames in any case.
+func keyParamName(k []byte) bool {
+	for _, name := range keyParamNames {
+		if len(k) == len(name) && strings.EqualFold(string(k), name) {
+			return true
 		}
-	})
-	return found
+	}
+	return false
 }
 
 func rateClasses(cfg Config) map[string]limiter.Rate {

@@ -51,6 +51,9 @@ type Gateway struct {
 	upstreams map[string]*upstream.Upstream
 	health    healthState
 
+	unroutedMetrics *routeMetrics
+	decisionMetrics decisionMetrics
+
 	app        *fiber.App
 	listener   net.Listener
 	admin      *http.Server
@@ -132,9 +135,7 @@ func start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 	cleanup = append(cleanup, func() { g.redis.Close() })
 	store := keystore.New(g.pool, keystore.Options{
 		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize,
-		OnLookup: func(hit bool) {
-			g.metrics.keyCache.WithLabelValues(map[bool]string{true: "hit", false: "miss"}[hit]).Inc()
-		},
+		OnLookup: g.metrics.countKeyLookup(),
 	})
 	g.keys = store
 	g.rates = rateClasses(cfg)

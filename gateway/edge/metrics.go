@@ -2,6 +2,7 @@ package edge
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -64,4 +65,85 @@ func newMetrics() *metrics {
 // statusClass turns 404 into "4xx".
 func statusClass(status int) string {
 	return strconv.Itoa(status/100) + "xx"
+}
+
+// routeMetrics are one route's request series, resolved once per status
+// class: a label lookup hashes the label values, which per request costs
+// more than the increment itself.
+type routeMetrics struct {
+	route    string
+	m        *metrics
+	requests [6]prometheus.Counter  // by status/100; 0 unused
+	duration [6]prometheus.Observer // same
+}
+
+func (m *metrics) forRoute(route string) *routeMetrics {
+	rm := &routeMetrics{route: route, m: m}
+	for class := 1; class < len(rm.requests); class++ {
+		label := statusClass(class * 100)
+		rm.requests[class] = m.requests.WithLabelValues(route, label)
+		rm.duration[class] = m.duration.WithLabelValues(route, label)
+	}
+	return rm
+}
+
+// observe counts one answer of status that took elapsed.
+func (rm *routeMetrics) observe(status int, elapsed time.Duration) {
+	class := status / 100
+	if class < 1 || class >= len(rm.requests) {
+		label := statusClass(status)
+		rm.m.requests.WithLabelValues(rm.route, label).Inc()
+		rm.m.duration.WithLabelValues(rm.route, label).Observe(elapsed.Seconds())
+		return
+	}
+	rm.requests[class].Inc()
+	rm.duration[class].Observe(elapsed.Seconds())
+}
+
+// decisionMetrics are the rate-limit decision counters, resolved once per
+// class, decision and backend for the same reason.
+type decisionMetrics map[decisionLabels]prometheus.Counter
+
+type decisionLabels struct {
+	class          string
+	allowed, local bool
+}
+
+func (m *metrics) forDecisions(classes []string) decisionMetrics {
+	dm := decisionMetrics{}
+	for _, class := range classes {
+		for _, allowed := range []bool{true, false} {
+			for _, local := range []bool{true, false} {
+				dm[decisionLabels{class, allowed, local}] = m.rateDecisions.WithLabelValues(class, decisionLabel(allowed), backendLabel(local))
+			}
+		}
+	}
+	return dm
+}
+
+func decisionLabel(allowed bool) string {
+	if allowed {
+		return "allowed"
+	}
+	return "limited"
+}
+
+func backendLabel(local bool) string {
+	if local {
+		return "local"
+	}
+	return "redis"
+}
+
+// countKeyLookup returns the key cache's OnLookup: it counts hits and
+// misses on series resolved once.
+func (m *metrics) countKeyLookup() func(hit bool) {
+	hits, misses := m.keyCache.WithLabelValues("hit"), m.keyCache.WithLabelValues("miss")
+	return func(hit bool) {
+		if hit {
+			hits.Inc()
+		} else {
+			misses.Inc()
+		}
+	}
 }

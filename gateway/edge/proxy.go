@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"bytes"
 	"errors"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // limit takes one request from the class's budget for who.
@@ -32,26 +30,30 @@ func (g *Gateway) limit(rq *request, class, who string) error {
 
 // recordDecision counts d and makes it the one the answer's headers show.
 func (g *Gateway) recordDecision(rq *request, class string, d ratelimit.Decision) {
-	decision, backend := "allowed", "redis"
-	if !d.Allowed {
-		decision = "limited"
+	if c, ok := g.decisionMetrics[decisionLabels{class, d.Allowed, d.Local}]; ok {
+		c.Inc()
+	} else {
+		g.metrics.rateDecisions.WithLabelValues(class, decisionLabel(d.Allowed), backendLabel(d.Local)).Inc()
 	}
-	if d.Local {
-		backend = "local"
-	}
-	g.metrics.rateDecisions.WithLabelValues(class, decision, backend).Inc()
-	rq.rate = &d
+	rq.rate, rq.hasRate = d, true
 }
 
 // forwardedHeaders are the only client headers a service receives; every
 // other one (the API key, identity or internal headers, hop-by-hop headers,
 // cookies, forwarding headers) is dropped, so nothing a client sends can
-// pose as something the gateway vouches for.
+// pose as something the gateway vouches for. Keys are lower case.
 var forwardedHeaders = map[string]bool{
 	"accept": true, "accept-encoding": true, "accept-language": true,
 	"content-type": true, "content-length": true, "idempotency-key": true,
 	"user-agent": true, "if-none-match": true, "if-modified-since": true,
 	"host": true, // replaced with the instance's address
+}
+
+// proxySpanNames are the client spans' names, built once per upstream.
+var proxySpanNames = map[string]string{
+	upstreamExportReader: "proxy " + upstreamExportReader,
+	upstreamSalesWriter:  "proxy " + upstreamSalesWriter,
+	upstreamShopSchema:   "proxy " + upstreamShopSchema,
 }
 
 // proxy sends the request to the route's upstream with the signed identity
@@ -65,14 +67,14 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 		IfClosed: rt.Method == fiber.MethodGet,
 	}
 	scrubHeaders(&req.Header)
-	req.Header.Set(fiber.HeaderXForwardedFor, c.IP())
+	req.Header.Set(fiber.HeaderXForwardedFor, rq.clientIP)
 	id := identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID, KeyID: rq.key.ID,
 		Scopes: rq.key.Scopes, RequestID: rq.id}
 	for _, h := range g.signer.Sign(id, time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
 
-	ctx, span := g.tracer.Start(rq.ctx, "proxy "+rt.Upstream, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := g.tracer.Start(rq.ctx, proxySpanNames[rt.Upstream], clientSpanOptions...)
 	defer span.End()
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier{&req.Header})
 	affinity := ""
@@ -92,18 +94,41 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	return nil
 }
 
+// scrubHeaders deletes every header outside forwardedHeaders, and cookies.
+// The names to drop are gathered first (fasthttp's headers cannot change
+// while visited) into one buffer, without an allocation per header.
 func scrubHeaders(h *fasthttp.RequestHeader) {
-	var drop [][]byte
-	h.VisitAll(func(k, _ []byte) {
-		if !forwardedHeaders[string(bytes.ToLower(k))] {
-			drop = append(drop, bytes.Clone(k))
+	var (
+		lowerBuf [64]byte
+		namesBuf [256]byte
+		ends     [16]int
+	)
+	names, drop := namesBuf[:0], ends[:0]
+	for k := range h.All() {
+		lower := appendLower(lowerBuf[:0], k)
+		if !forwardedHeaders[string(lower)] {
+			names = append(names, k...)
+			drop = append(drop, len(names))
 		}
-	})
-	for _, k := range drop {
-		h.DelBytes(k)
+	}
+	from := 0
+	for _, to := range drop {
+		h.DelBytes(names[from:to])
+		from = to
 	}
 	// Cookies are kept apart from the other headers by fasthttp.
 	h.DelAllCookies()
+}
+
+// appendLower appends ASCII-lowercased b to dst.
+func appendLower(dst, b []byte) []byte {
+	for _, ch := range b {
+		if 'A' <= ch && ch <= 'Z' {
+			ch += 'a' - 'A'
+		}
+		dst = append(dst, ch)
+	}
+	return dst
 }
 
 func errorKind(err error) string {

@@ -28,10 +28,16 @@ type request struct {
 	span  trace.Span
 	id    string
 	route string
-	start time.Time
-	key   keystore.Key
-	// rate is the decision whose X-RateLimit-* headers the answer carries.
-	rate *ratelimit.Decision
+	// method, path and clientIP are read once and kept: Fiber's strings
+	// point into buffers that the proxy rewrites or that are reused after
+	// the handler, and spans outlive both.
+	method, path, clientIP string
+	start                  time.Time
+	key                    keystore.Key
+	// rate is the decision whose X-RateLimit-* headers the answer carries
+	// (when hasRate).
+	rate    ratelimit.Decision
+	hasRate bool
 }
 
 // Span attribute keys of our own.
@@ -42,32 +48,58 @@ const (
 	attrKeyID      = attribute.Key("api_key.id")
 )
 
+// Span start options, built once: each option is an interface value, and
+// building them per request costs an allocation apiece.
+var (
+	serverSpanNewRoot = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot()}
+	serverSpanInTrace = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	clientSpanOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
+// maxServerSpanAttrs is how many attributes endSpan sets at most.
+const maxServerSpanAttrs = 9
+
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
-// an id chosen by an internet client would let it forge request ids.
+// an id chosen by an internet client would let it forge request ids. The
+// span's attributes are set once, when it ends (end).
 func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
-	parent := context.Background()
-	opts := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(
-			semconv.HTTPRequestMethodKey.String(c.Method()),
-			semconv.HTTPRoute(routeName),
-			semconv.URLPath(strings.Clone(c.Path())),
-			semconv.ClientAddress(c.IP()),
-		),
-	}
+	rq := &request{route: routeName, method: stableMethod(c.Method()), path: strings.Clone(c.Path()),
+		clientIP: g.clientIP(c), start: time.Now()}
+	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {
 		parent = otel.GetTextMapPropagator().Extract(parent, headerCarrier{&c.Request().Header})
+		opts = serverSpanInTrace
+	}
+	rq.ctx, rq.span = g.tracer.Start(parent, routeName, opts...)
+	if tid := rq.span.SpanContext().TraceID(); tid.IsValid() {
+		rq.id = tid.String()
 	} else {
-		opts = append(opts, trace.WithNewRoot())
+		rq.id = randomID()
 	}
-	ctx, span := g.tracer.Start(parent, routeName, opts...)
-	id := span.SpanContext().TraceID().String()
-	if !span.SpanContext().TraceID().IsValid() {
-		id = randomID()
+	return rq
+}
+
+// clientIP is the caller's address, as a string of its own.
+func (g *Gateway) clientIP(c *fiber.Ctx) string {
+	ip := c.IP()
+	if g.cfg.ProxyHeader != "" {
+		// Then it is a header value, in a buffer Fiber reuses.
+		ip = strings.Clone(ip)
 	}
-	span.SetAttributes(attrRequestID.String(id))
-	return &request{ctx: ctx, span: span, id: id, route: routeName, start: time.Now()}
+	return ip
+}
+
+// stableMethod returns m as a constant for the usual methods (m points
+// into a request buffer), a copy otherwise.
+func stableMethod(m string) string {
+	for _, known := range [...]string{fiber.MethodGet, fiber.MethodPost, fiber.MethodHead, fiber.MethodPut,
+		fiber.MethodPatch, fiber.MethodDelete, fiber.MethodOptions} {
+		if m == known {
+			return known
+		}
+	}
+	return strings.Clone(m)
 }
 
 // randomID stands in for a trace id if tracing ever yields none.
@@ -78,27 +110,59 @@ func randomID() string {
 }
 
 // end sets the headers every answer carries, then records the request.
-func (g *Gateway) end(c *fiber.Ctx, rq *request) {
+func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 	resp := &c.Response().Header
 	resp.Set(envelope.RequestIDHeader, rq.id)
-	if d := rq.rate; d != nil {
-		resp.Set("X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
-		resp.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-		resp.Set("X-RateLimit-Reset", strconv.FormatInt(ceilUnix(d.Reset), 10))
+	if rq.hasRate {
+		var buf [20]byte
+		d := &rq.rate
+		resp.SetBytesV("X-RateLimit-Limit", strconv.AppendInt(buf[:0], d.Limit, 10))
+		resp.SetBytesV("X-RateLimit-Remaining", strconv.AppendInt(buf[:0], d.Remaining, 10))
+		resp.SetBytesV("X-RateLimit-Reset", strconv.AppendInt(buf[:0], ceilUnix(d.Reset), 10))
 	}
 	status := c.Response().StatusCode()
 	elapsed := time.Since(rq.start)
-	class := statusClass(status)
-	g.metrics.requests.WithLabelValues(rq.route, class).Inc()
-	g.metrics.duration.WithLabelValues(rq.route, class).Observe(elapsed.Seconds())
+	rm.observe(status, elapsed)
+	g.endSpan(rq, status)
+	g.logAccess(rq, status, elapsed)
+	rq.span.End()
+}
 
-	rq.span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+// endSpan gives the server span all its attributes in one call (each call
+// grows the span's attribute list); none are built for a span that is not
+// recorded (sampled out).
+func (g *Gateway) endSpan(rq *request, status int) {
+	span := rq.span
+	if !span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, maxServerSpanAttrs)
+	attrs = append(attrs,
+		semconv.HTTPRequestMethodKey.String(rq.method),
+		semconv.HTTPRoute(rq.route),
+		semconv.URLPath(rq.path),
+		semconv.ClientAddress(rq.clientIP),
+		attrRequestID.String(rq.id),
+		semconv.HTTPResponseStatusCode(status))
+	if rq.key.ID != "" {
+		attrs = append(attrs, attrOwnerID.String(rq.key.OwnerID), attrKeyID.String(rq.key.ID),
+			attrPlatformID.String(rq.key.PlatformID))
+	}
+	span.SetAttributes(attrs...)
 	if status >= 500 {
-		rq.span.SetStatus(codes.Error, strconv.Itoa(status))
+		span.SetStatus(codes.Error, strconv.Itoa(status))
+	}
+}
+
+// logAccess writes the access line, if the level lets it through; the
+// fields are not even built otherwise.
+func (g *Gateway) logAccess(rq *request, status int, elapsed time.Duration) {
+	if !g.log.Enabled(rq.ctx, slog.LevelInfo) {
+		return
 	}
 	attrs := []slog.Attr{
-		slog.String("method", c.Method()), slog.String("route", rq.route), slog.Int("status", status),
-		slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000), slog.String("client_ip", c.IP()),
+		slog.String("method", rq.method), slog.String("route", rq.route), slog.Int("status", status),
+		slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000), slog.String("client_ip", rq.clientIP),
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))
@@ -107,7 +171,6 @@ func (g *Gateway) end(c *fiber.Ctx, rq *request) {
 		}
 	}
 	g.log.LogAttrs(rq.ctx, slog.LevelInfo, "request", attrs...)
-	rq.span.End()
 }
 
 // writeError answers err as an error envelope, dropping whatever an

@@ -80,15 +80,20 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 // it asks mayFetch (if not nil) before going to the database, and returns
 // ErrThrottled if refused. Any other error means the key could not be
 // checked (PostgreSQL unreachable).
+//
+// The cache is asked first: only well-formed keys are ever cached, so a hit
+// is one (same SHA-256), and the form and checksum check, which costs more
+// than the hash, is left to misses, where it still keeps junk away from the
+// database and from the cache.
 func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool) (Key, error) {
-	if !apikey.WellFormed(secret) {
-		return Key{}, ErrUnauthenticated
-	}
 	hash := apikey.HashOf(secret)
 	now := time.Now()
 	if e, ok := s.cached(hash, now); ok {
 		s.opts.OnLookup(true)
 		return e.result()
+	}
+	if !apikey.WellFormed(secret) {
+		return Key{}, ErrUnauthenticated
 	}
 	s.opts.OnLookup(false)
 	if mayFetch != nil && !mayFetch() {
