@@ -220,6 +220,26 @@ func TestOtherOwnersItemIsNotFound(t *testing.T) {
 	}
 }
 
+// A signed identity whose platform is not in the database sells nothing:
+// the sale's foreign key to platforms refuses it, and the whole statement,
+// idempotency record included, is rolled back.
+func TestUnknownPlatformIsNotFound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	before := f.item(t, f.owner, "coin-1")
+	rec, env := f.do(t, call{id: f.writer("no-such-market"), op: "confirm", item: "coin-1", key: "k1", body: order1})
+	if rec.Code != 404 || errorCode(env) != "not_found" {
+		t.Fatalf("confirm by an unknown platform = %d %q, want 404 not_found", rec.Code, errorCode(env))
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != before {
+		t.Errorf("item = %+v, want unchanged %+v", got, before)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales") + f.count(t, "SELECT count(*) FROM idempotency_records"); n != 0 {
+		t.Errorf("rows written = %d, want 0", n)
+	}
+}
+
 // cancel calls cancel for coin-1 and checks the status.
 func cancel(t *testing.T, f *fixture, platform, key, body string, wantStatus int) (map[string]any, envelope.Parsed) {
 	t.Helper()

@@ -18,8 +18,11 @@ package sales
 //     the statement started, the unique violation rolls the whole change
 //     back, and the caller runs again to find that record.
 //
-// The outer SELECT reports what the statement's snapshot saw, so the caller
-// can tell a genuine refusal from a lost race (see outcome.decide).
+// The outer SELECT reports the record the statement saw and the change it
+// made, as typed columns so that the caller need not parse the response it
+// just built. A call that changed nothing and saw no record is explained by
+// explainSQL afterwards (see outcome.decide): the common path pays for no
+// reads it does not need.
 
 // liveAndItem starts both statements.
 const liveAndItem = `
@@ -28,7 +31,8 @@ WITH live AS (
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
 )`
 
-// savedAndReport ends both statements: it stores the response and reports.
+// savedAndReport ends both statements: it stores the response and reports
+// the record seen and the change made.
 const savedAndReport = `
 , saved AS (
     INSERT INTO idempotency_records
@@ -36,18 +40,11 @@ const savedAndReport = `
     SELECT $1, $2, $3, $6, result.body, now() + $7::float8 * interval '1 second'
     FROM result
 )
-SELECT live.fingerprint,
-       live.response::text,
-       (SELECT body::text FROM result),
-       it.id IS NOT NULL,
-       coalesce(it.listed_active AND NOT it.sold, false),
-       coalesce(it.sold, false),
-       EXISTS (SELECT FROM sales s
-               WHERE s.owner_id = $1 AND s.item_id = $4 AND s.canceled_at IS NULL
-                 AND s.platform_id = $2 AND s.external_order_id = $5)
+SELECT live.fingerprint, live.response::text,
+       result.status, result.confirmed_at, result.canceled_at
 FROM (VALUES (1)) AS one (x)
 LEFT JOIN live ON true
-LEFT JOIN export_items it ON it.owner_id = $1 AND it.id = $4`
+LEFT JOIN result ON true`
 
 // confirmSQL sells the item if it is listed and not sold. updated_at is
 // stamped with clock_timestamp() in the transaction's only statement, after
@@ -71,7 +68,8 @@ const confirmSQL = liveAndItem + `
         'stock_quantity', CASE item.status WHEN 'active' THEN 1 ELSE 0 END,
         'platform_id', $2::text,
         'external_order_id', $5::text,
-        'confirmed_at', sale.confirmed_at) AS body
+        'confirmed_at', sale.confirmed_at) AS body,
+        item.status, sale.confirmed_at, NULL::timestamptz AS canceled_at
     FROM item, sale
 )` + savedAndReport
 
@@ -98,9 +96,27 @@ const cancelSQL = liveAndItem + `
         'platform_id', $2::text,
         'external_order_id', $5::text,
         'confirmed_at', sale.confirmed_at,
-        'canceled_at', sale.canceled_at) AS body
+        'canceled_at', sale.canceled_at) AS body,
+        item.status, sale.confirmed_at, sale.canceled_at
     FROM item, sale
 )` + savedAndReport
+
+// explainSQL reads, in a snapshot taken after a write statement that changed
+// nothing, what explains that: the key's record (committed meanwhile by an
+// identical request, perhaps), the item's state, and whether this platform
+// and order have an open sale of it. Parameters $1 to $5 as above.
+const explainSQL = liveAndItem + `
+SELECT live.fingerprint,
+       live.response::text,
+       it.id IS NOT NULL,
+       coalesce(it.listed_active AND NOT it.sold, false),
+       coalesce(it.sold, false),
+       EXISTS (SELECT FROM sales s
+               WHERE s.owner_id = $1 AND s.item_id = $4 AND s.canceled_at IS NULL
+                 AND s.platform_id = $2 AND s.external_order_id = $5)
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN live ON true
+LEFT JOIN export_items it ON it.owner_id = $1 AND it.id = $4`
 
 // dropExpiredSQL removes the key's record if it has expired, so that the key
 // can be used again before the purge gets to it.

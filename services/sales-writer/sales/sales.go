@@ -3,8 +3,9 @@
 //
 // Each call is one SQL statement, so one round trip and one short
 // transaction: it checks the idempotency record, changes the item and the
-// sale, and stores the record with the response. See queries.go for why that
-// is safe under concurrency.
+// sale, and stores the record with the response. A call that changes nothing
+// reads once more to tell why. See queries.go for why that is safe under
+// concurrency.
 package sales
 
 import (

@@ -80,21 +80,79 @@ func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, erro
 	if req.Operation == Cancel {
 		stmt = cancelSQL
 	}
-	var o outcome
+	var wr written
 	err := w.db.QueryRow(ctx, stmt, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID, fp, w.retention.Seconds()).
-		Scan(&o.recordFingerprint, &o.stored, &o.written, &o.itemFound, &o.sellable, &o.sold, &o.openSale)
+		Scan(&wr.recordFingerprint, &wr.stored, &wr.status, &wr.confirmedAt, &wr.canceledAt)
+	switch {
+	case err != nil:
+		return Result{}, classify(err)
+	case wr.status != nil:
+		return wr.result(req), nil
+	case wr.recordFingerprint != nil:
+		return replay(wr.recordFingerprint, wr.stored, fp)
+	}
+	return w.explain(ctx, req, fp)
+}
+
+// written is what the write statement reports: the live record it saw, or
+// the change it made (status set), or neither.
+type written struct {
+	recordFingerprint []byte  // of the key's live record; nil when none
+	stored            []byte  // response in that record
+	status            *string // exported status after the change; nil when nothing changed
+	confirmedAt       *time.Time
+	canceledAt        *time.Time // cancel only
+}
+
+// result is the answer to req of the change just made; it equals the
+// response the statement stored, which TestConfirmRetryReplays and
+// TestCancelRestoresItem check by comparing the first answer with a replay.
+func (wr written) result(req Request) Result {
+	r := Result{
+		ItemID:          req.ItemID,
+		Status:          *wr.status,
+		PlatformID:      req.PlatformID,
+		ExternalOrderID: req.ExternalOrderID,
+	}
+	if r.Status == "active" {
+		r.StockQuantity = 1
+	}
+	if wr.confirmedAt != nil {
+		r.ConfirmedAt = wr.confirmedAt.UTC()
+	}
+	if wr.canceledAt != nil {
+		r.CanceledAt = wr.canceledAt.UTC()
+	}
+	return r
+}
+
+// replay answers with the record's stored response if it was stored for the
+// same request, else with a conflict.
+func replay(recordFingerprint, stored, fp []byte) (Result, error) {
+	if !bytes.Equal(recordFingerprint, fp) {
+		return Result{}, ErrIdempotencyConflict
+	}
+	return decodeResult(stored, true)
+}
+
+// explain finds out, in a snapshot taken after the write statement, why it
+// changed nothing.
+func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, error) {
+	var o outcome
+	err := w.db.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+		req.ExternalOrderID).
+		Scan(&o.recordFingerprint, &o.stored, &o.itemFound, &o.sellable, &o.sold, &o.openSale)
 	if err != nil {
 		return Result{}, classify(err)
 	}
 	return o.decide(req.Operation, fp)
 }
 
-// outcome is what the write statement reports.
+// outcome is what explainSQL reports.
 type outcome struct {
 	recordFingerprint []byte // of the key's live record; nil when none
 	stored            []byte // response in that record
-	written           []byte // response of the change made now; nil when none
 	itemFound         bool
 	sellable          bool // listed and not sold
 	sold              bool
@@ -124,19 +182,16 @@ func classify(err error) error {
 	return fmt.Errorf("sales: %w", err)
 }
 
-// decide turns what the statement saw into the call's answer. A refusal
-// stands only if the snapshot explains it; otherwise a transaction that
-// committed meanwhile (perhaps an identical request, which must be replayed)
-// changed the rows, and the call runs again.
+// decide turns what explainSQL saw into the call's answer. Its snapshot is
+// newer than the write statement's, so a transaction that committed in
+// between (perhaps an identical request, which must be replayed) is seen. A
+// refusal stands only if this snapshot explains it: if the item (or sale)
+// is in a state the write would have changed, a concurrent change got in
+// between, and the call runs again.
 func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 	switch {
-	case o.written != nil:
-		return decodeResult(o.written, false)
 	case o.recordFingerprint != nil:
-		if !bytes.Equal(o.recordFingerprint, fp) {
-			return Result{}, ErrIdempotencyConflict
-		}
-		return decodeResult(o.stored, true)
+		return replay(o.recordFingerprint, o.stored, fp)
 	case !o.itemFound:
 		return Result{}, ErrNotFound
 	case op == Cancel && o.openSale, op == Confirm && o.sellable:
