@@ -96,7 +96,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		return g.authFailed(c, rq)
 	}
 	if rt.Scope == "" {
-		if err := g.limit(rq, rt.Class, "ip:"+rq.clientIP); err != nil {
+		if err := g.limit(rq, rt.Class, "ip:", rq.clientIP); err != nil {
 			return err
 		}
 		if rt.Upstream == "" {
@@ -107,7 +107,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := g.authenticate(c, rq, rt); err != nil {
 		return err
 	}
-	if err := g.limit(rq, rt.Class, "key:"+rq.key.ID); err != nil {
+	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
 	}
 	return g.proxy(c, rq, rt)

@@ -13,13 +13,14 @@ import (
 	"go.opentelemetry.io/otel/codes"
 )
 
-// limit takes one request from the class's budget for who.
-func (g *Gateway) limit(rq *request, class, who string) error {
+// limit takes one request from the class's budget for who, a key id or a
+// client IP as kind ("key:" or "ip:") says.
+func (g *Gateway) limit(rq *request, class, kind, who string) error {
 	if g.limiter == nil {
 		return nil
 	}
 	_, span := g.tracer.Start(rq.ctx, "rate limit")
-	d := g.limiter.Take(class+":"+who, g.rates[class])
+	d := g.limiter.Take(class+":"+kind+who, g.rates[class])
 	span.End()
 	g.recordDecision(rq, class, d)
 	if !d.Allowed {
@@ -68,11 +69,8 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	scrubHeaders(&req.Header)
 	req.Header.Set(fiber.HeaderXForwardedFor, rq.clientIP)
-	id := identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID, KeyID: rq.key.ID,
-		Scopes: rq.key.Scopes, RequestID: rq.id}
-	for _, h := range g.signer.Sign(id, time.Now()) {
-		req.Header.Set(h.Name, h.Value)
-	}
+	g.headerSigner.sign(&req.Header, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
+		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, time.Now())
 
 	ctx, span := g.tracer.Start(rq.ctx, proxySpanNames[rt.Upstream], clientSpanOptions...)
 	defer span.End()

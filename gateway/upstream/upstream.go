@@ -188,7 +188,8 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 }
 
 func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string) error {
-	req.SetRequestURI(inst.base + requestURI)
+	var uri [512]byte // longer ones spill to the heap
+	req.SetRequestURIBytes(append(append(uri[:0], inst.base...), requestURI...))
 	req.URI().DisablePathNormalizing = true
 	err := inst.client.Do(req, resp)
 	if err == nil {
