@@ -320,8 +320,11 @@ lg report --items "$items" --mode $mode --extra "$versions" --out "$report_out" 
   --failed "$(IFS=,; echo "${failed[*]}")"
 log "table written to ${report_out#$root/}; results in .run/bench/results.jsonl"
 if [ "${BENCH_HOLD:-0}" = 1 ]; then
-  log "BENCH_HOLD=1: the stack stays up (gateway :$gw_port, reader :$reader_port, admin :19080-19083); Ctrl-C stops it"
-  while sleep 3600; do :; done
+  log "BENCH_HOLD=1: the stack stays up (gateway :$gw_port, reader :$reader_port, admin :19080-19083); Ctrl-C or kill $$ stops it"
+  # wait, unlike a foreground sleep, returns as soon as a signal arrives.
+  sleep infinity & hold=$!
+  wait $hold || true
+  kill $hold 2>/dev/null || true
 fi
 [ ${#failed[@]} -eq 0 ] || die "${#failed[@]} scenarios failed: ${failed[*]}"
 exit

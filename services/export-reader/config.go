@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/services/export-reader/internal/export"
 )
 
 // Config is everything the export reader reads from its environment.
@@ -16,6 +17,8 @@ type Config struct {
 	DatabaseURL    string        // READ_DATABASE_URL, else DATABASE_URL (secret: may hold a password)
 	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS
 	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT
+	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES; 0 turns read-ahead off
+	ReadAheadTTL   time.Duration // EXPORT_READER_READ_AHEAD_TTL
 	CursorSecret   string        // CURSOR_SECRET (secret)
 	IdentitySecret string        // IDENTITY_SECRET (secret)
 	LogLevel       string        // LOG_LEVEL
@@ -38,12 +41,22 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if err != nil || timeout <= 0 {
 		errs = append(errs, errors.New("EXPORT_READER_QUERY_TIMEOUT must be a positive duration such as 10s"))
 	}
+	aheadPages, err := strconv.Atoi(str("EXPORT_READER_READ_AHEAD_PAGES", "256"))
+	if err != nil || aheadPages < 0 || aheadPages > 100000 {
+		errs = append(errs, errors.New("EXPORT_READER_READ_AHEAD_PAGES must be an integer from 0 (off) to 100000"))
+	}
+	aheadTTL, err := time.ParseDuration(str("EXPORT_READER_READ_AHEAD_TTL", "2s"))
+	if err != nil || aheadTTL <= 0 || aheadTTL > time.Minute {
+		errs = append(errs, errors.New("EXPORT_READER_READ_AHEAD_TTL must be a duration from 1ms to 1m such as 2s"))
+	}
 	cfg := Config{
 		Addr:           str("EXPORT_READER_ADDR", "127.0.0.1:8081"),
 		AdminAddr:      str("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
 		DatabaseURL:    str("READ_DATABASE_URL", getenv("DATABASE_URL")),
 		DBMaxConns:     maxConns,
 		QueryTimeout:   timeout,
+		ReadAheadPages: aheadPages,
+		ReadAheadTTL:   aheadTTL,
 		CursorSecret:   getenv("CURSOR_SECRET"),
 		IdentitySecret: getenv("IDENTITY_SECRET"),
 		LogLevel:       str("LOG_LEVEL", "info"),
@@ -69,7 +82,19 @@ func (c Config) logAttrs() []any {
 		"addr", c.Addr, "admin_addr", c.AdminAddr,
 		"database_url", postgres.Redact(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
 		"query_timeout", c.QueryTimeout.String(),
+		"read_ahead_pages", c.ReadAheadPages, "read_ahead_ttl", c.ReadAheadTTL.String(),
 		"cursor_secret", "***", "identity_secret", "***",
 		"log_level", c.LogLevel,
+	}
+}
+
+// readAhead is the list read-ahead: a quarter of the pool at most reads
+// ahead, so requests always find connections of their own.
+func (c Config) readAhead() export.ReadAhead {
+	return export.ReadAhead{
+		Pages:   c.ReadAheadPages,
+		TTL:     c.ReadAheadTTL,
+		Reads:   max(1, c.DBMaxConns/4),
+		Timeout: c.QueryTimeout,
 	}
 }

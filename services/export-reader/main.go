@@ -62,8 +62,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	reader := export.NewReader(pool, cursors, cfg.readAhead())
 	mux := http.NewServeMux()
-	api.New(export.NewReader(pool, cursors), log, cfg.QueryTimeout).Register(mux)
+	api.New(reader, log, cfg.QueryTimeout).Register(mux)
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
@@ -73,5 +74,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Ready:     pool.Ping,
 	}, mux)
 	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
+	srv.Registry().MustRegister(reader.Collectors()...)
 	return srv.Run(ctx)
 }

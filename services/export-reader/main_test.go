@@ -30,7 +30,8 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("loadConfig(minimal) error = %v", err)
 	}
-	if cfg.Addr != "127.0.0.1:8081" || cfg.AdminAddr != "127.0.0.1:9081" || cfg.DBMaxConns != 8 || cfg.QueryTimeout != 10*time.Second {
+	if cfg.Addr != "127.0.0.1:8081" || cfg.AdminAddr != "127.0.0.1:9081" || cfg.DBMaxConns != 8 || cfg.QueryTimeout != 10*time.Second ||
+		cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second {
 		t.Errorf("loadConfig(minimal) = %+v, want the documented defaults", cfg)
 	}
 	logged := fmt.Sprint(cfg.logAttrs()...)
@@ -47,6 +48,8 @@ func TestLoadConfig(t *testing.T) {
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_DB_MAX_CONNS": "0"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_QUERY_TIMEOUT": "soon"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_PAGES": "-1"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_TTL": "0s"},
 	} {
 		if _, err := loadConfig(env(bad)); err == nil {
 			t.Errorf("loadConfig(%v) error = nil, want an error", bad)

@@ -56,7 +56,7 @@ func serve(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer) *env {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	mux := http.NewServeMux()
-	api.New(export.NewReader(pool, cursors), log, 10*time.Second).Register(mux)
+	api.New(export.NewReader(pool, cursors, testReadAhead), log, 10*time.Second).Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
 	return &env{pool: pool, srv: srv, signer: signer}
@@ -152,3 +152,7 @@ func (e *env) importLines(t testing.TB, owner string, lines ...string) {
 func itemLine(id, status, title string) string {
 	return fmt.Sprintf(`{"id":%q,"status":%q,"currency":"EUR","texts":{"ENG":{"title":%q}}}`, id, status, title)
 }
+
+// testReadAhead is the production read-ahead with a TTL no test run
+// outlives, so every list test also exercises pages read ahead.
+var testReadAhead = export.ReadAhead{Pages: 64, TTL: time.Minute, Reads: 2, Timeout: 10 * time.Second}

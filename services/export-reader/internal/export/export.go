@@ -16,6 +16,9 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Errors of this package; the HTTP layer maps each to one status and code.
@@ -41,11 +44,18 @@ type position = cursor.Position
 type Reader struct {
 	pool    *pgxpool.Pool
 	cursors *cursor.Codec
+	ahead   *readAhead
 }
 
-// NewReader returns a Reader over pool that signs cursors with cursors.
-func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec) *Reader {
-	return &Reader{pool: pool, cursors: cursors}
+// NewReader returns a Reader over pool that signs cursors with cursors and
+// reads list pages ahead as ahead says.
+func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec, ahead ReadAhead) *Reader {
+	return &Reader{pool: pool, cursors: cursors, ahead: newReadAhead(ahead)}
+}
+
+// Collectors are the Reader's metrics, for the service's registry.
+func (r *Reader) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.ahead.results}
 }
 
 // AppendPage appends the page's ExportItems, comma-separated, to dst and
@@ -65,54 +75,137 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		}
 		after = &pos
 	}
+	issued := true
+	if after != nil && r.ahead.enabled() {
+		var served bool
+		var next string
+		dst, next, served, issued, err = r.fromReadAhead(ctx, dst, q)
+		if served || err != nil {
+			return dst, next, err
+		}
+	}
 	dst, next, err := r.scan(ctx, dst, q, owner, after)
 	if err != nil || next == nil {
 		return dst, "", err
 	}
-	return dst, r.cursors.Encode(*next, binding), nil
+	nextCursor := r.cursors.Encode(*next, binding)
+	if r.ahead.enabled() {
+		r.readAheadFrom(ctx, q, owner, binding, *next, nextCursor, issued)
+	}
+	return dst, nextCursor, nil
 }
 
-// scan reads one page after the position (from the start when nil).
+// fromReadAhead answers the request from the page read ahead for its cursor
+// when there is one, ready and fresh (served). issued is false when the
+// cursor came from another reader instance (or from before a restart): that
+// sync is being served elsewhere, so reading ahead for it would most likely
+// be wasted.
+func (r *Reader) fromReadAhead(ctx context.Context, dst []byte, q Query) (out []byte, next string, served, issued bool, err error) {
+	ahead, issued := r.ahead.take(aheadKey{q.Cursor, q.Lang, q.Limit})
+	if !issued {
+		r.ahead.results.WithLabelValues("miss").Inc()
+		return dst, "", false, false, nil
+	}
+	ready, err := r.ahead.use(ctx, ahead)
+	if err != nil {
+		return dst, "", false, true, fmt.Errorf("export: list: %w", err)
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Bool("export.read_ahead", ready))
+	if !ready {
+		return dst, "", false, true, nil
+	}
+	dst = append(dst, ahead.body...)
+	ahead.release()
+	return dst, ahead.nextCursor, true, true, nil
+}
+
+// readAheadFrom starts reading the page after pos, whose cursor the request
+// just issued, or only marks the cursor when the request's own cursor came
+// from elsewhere.
+func (r *Reader) readAheadFrom(ctx context.Context, q Query, owner pgtype.UUID, binding cursor.Binding, pos position, posCursor string, issued bool) {
+	if !issued {
+		r.ahead.mark(aheadKey{posCursor, q.Lang, q.Limit})
+		return
+	}
+	r.ahead.begin(ctx, &chain{
+		fetch: func(ctx context.Context, after position, n int) ([]scannedPage, error) {
+			return r.scanPages(ctx, q, owner, &after, n, newPageBuffer)
+		},
+		cursor: func(p position) string { return r.cursors.Encode(p, binding) },
+		lang:   q.Lang,
+		limit:  q.Limit,
+	}, pos, posCursor)
+}
+
+// scannedPage is one page of a scan: its items, comma-separated, and where
+// it ends (nil when no row follows it).
+type scannedPage struct {
+	body []byte
+	next *position
+}
+
+// scan appends the page after the position (from the start when nil) to dst.
 func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUID, after *position) ([]byte, *position, error) {
+	pages, err := r.scanPages(ctx, q, owner, after, 1, func() []byte { return dst })
+	if err != nil {
+		return dst, nil, err
+	}
+	return pages[0].body, pages[0].next, nil
+}
+
+// scanPages reads up to n consecutive pages after the position in one
+// query (one extra row tells whether another page follows the last). Each
+// page's items are appended to a buffer from newBody. It always returns at
+// least one page, possibly empty.
+func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, after *position, n int, newBody func() []byte) ([]scannedPage, error) {
 	sql, args := listStatement(q, owner)
 	if after != nil {
 		sql, args = listAfterStatement(q, owner, *after)
 	}
+	args[len(args)-1] = n*q.Limit + 1
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return dst, nil, fmt.Errorf("export: list: %w", err)
+		return nil, fmt.Errorf("export: list: %w", err)
 	}
 	defer rows.Close()
 	var (
-		n               int
+		pages           = []scannedPage{{body: newBody()}}
+		inPage          int // rows in the last page
 		last            position
 		id, status, doc pgtype.DriverBytes
 		updated         time.Time
 	)
 	for rows.Next() {
-		if n == q.Limit {
-			// The extra row: another page exists after the last one kept.
-			rows.Close()
-			return dst, &last, rows.Err()
+		if inPage == q.Limit {
+			// This row starts another page.
+			end := last
+			pages[len(pages)-1].next = &end
+			if len(pages) == n {
+				rows.Close()
+				return pages, rows.Err()
+			}
+			pages = append(pages, scannedPage{body: newBody()})
+			inPage = 0
 		}
 		if err := rows.Scan(&id, &status, &updated, &doc); err != nil {
-			return dst, nil, fmt.Errorf("export: list: %w", err)
+			return nil, fmt.Errorf("export: list: %w", err)
 		}
-		if n > 0 {
-			dst = append(dst, ',')
+		page := &pages[len(pages)-1]
+		if inPage > 0 {
+			page.body = append(page.body, ',')
 		}
-		dst = catalog.Compose(dst, statusOf(status), updated, doc)
-		n++
-		if n == q.Limit {
+		page.body = catalog.Compose(page.body, statusOf(status), updated, doc)
+		inPage++
+		if inPage == q.Limit {
 			// Copied now: id points into the driver's buffer, which the
 			// next rows.Next reuses.
 			last = position{UpdatedAt: updated, ID: string(id)}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return dst, nil, fmt.Errorf("export: list: %w", err)
+		return nil, fmt.Errorf("export: list: %w", err)
 	}
-	return dst, nil, nil
+	return pages, nil
 }
 
 // AppendItem appends one ExportItem to dst. An item of another owner is as

@@ -1,0 +1,343 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+)
+
+// ReadAhead configures the read-ahead of list pages.
+//
+// A client syncing a catalog asks for its pages one after another: it waits
+// for page N, stores it, then asks for page N+1 with meta.next_cursor. Served
+// plainly, every page costs the client a full PostgreSQL round trip on top of
+// the HTTP exchange. With read-ahead, the reader starts reading page N+1 in
+// the background as soon as page N is answered, so the database works while
+// the page travels to the client and the next request usually finds its page
+// ready (or nearly so) in memory.
+//
+// Keyset pages can only be read in order (page N+1 starts after page N's
+// last row), so the reads of one sync form a chain: when a read ends, the
+// next one starts at once, as long as fewer than aheadDepth pages wait for
+// their requests. The database then reads page N+2 while page N+1 travels,
+// and a sync runs at the pace of the slower of the two, not of their sum.
+//
+// A page read ahead is a snapshot taken a little before the client asks for
+// it: the same as a slightly faster client would have seen. Every item that
+// changes afterwards moves behind the client's position (updated_at moves
+// forward) and arrives later in the same sync, so nothing is missed; a page
+// older than TTL is read again instead.
+type ReadAhead struct {
+	// Pages bounds the pages held at once (≈ 100 KB each at limit=100); the
+	// oldest is dropped first. 0 turns read-ahead off.
+	Pages int
+	// TTL is how long a page read ahead may wait for its request.
+	TTL time.Duration
+	// Reads bounds the background reads at once, so read-ahead never takes
+	// every pooled connection from the requests themselves.
+	Reads int
+	// Timeout bounds one background read.
+	Timeout time.Duration
+}
+
+var tracer = otel.Tracer("github.com/coinexport/export/services/export-reader/internal/export")
+
+// aheadDepth is how many pages of one sync may be read, or being read,
+// before their requests come, and aheadBatch how many of them one query
+// reads: a query's fixed cost (round trip, executor start) is a quarter of a
+// 100-item page's, so reading two pages at once makes each page cheaper than
+// the client's own request for it.
+const (
+	aheadDepth = 4
+	aheadBatch = 2
+)
+
+// errNotRead marks an entry whose page was not read ahead: every background
+// slot was busy, or the request that issued its cursor was itself a miss.
+// Its request reads the page itself.
+var errNotRead = errors.New("export: page not read ahead")
+
+// aheadKey is what must match for a page read ahead to answer a request: the
+// cursor (which is bound to the owner and the filters) and the two
+// parameters that may change between pages.
+type aheadKey struct {
+	cursor string
+	lang   string
+	limit  int
+}
+
+// aheadPage is one page read (or being read) ahead.
+type aheadPage struct {
+	chain   *chain
+	after   position
+	started time.Time
+	ready   chan struct{} // closed once body, next, nextCursor and err are set
+	body    []byte        // the items, comma-separated, as scan appends them
+	next    *position     // nil on the last page
+	// nextCursor is the cursor of the page after this one ("" on the last).
+	nextCursor string
+	err        error
+}
+
+// fetchFunc reads up to n pages after a position in one query.
+type fetchFunc func(ctx context.Context, after position, n int) ([]scannedPage, error)
+
+// pageBuffers recycles the bodies of pages read ahead: a page of 100 items
+// is ~100 KB, and growing a fresh slice to that size for every page (then
+// collecting it) cost more CPU than reading the page.
+var pageBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 128<<10); return &b }}
+
+func newPageBuffer() []byte { return (*pageBuffers.Get().(*[]byte))[:0] }
+
+// release returns the body of a page that was copied out to the pool.
+func (p *aheadPage) release() {
+	b := p.body[:0]
+	p.body = nil
+	if cap(b) <= 1<<20 { // let a rare huge page go instead of pinning it
+		pageBuffers.Put(&b)
+	}
+}
+
+// chain is the read-ahead of one sync: the pages read one after another.
+type chain struct {
+	ra     *readAhead
+	fetch  fetchFunc
+	cursor func(position) string // encodes the cursor of a position
+	lang   string
+	limit  int
+
+	mu      sync.Mutex
+	ctx     context.Context // of the latest request of the sync: its trace gets the reads it causes
+	untaken int             // pages read or being read that no request took yet
+	paused  *aheadPage      // the last page read, when its successor waits for a take
+}
+
+// readAhead holds the pages read ahead, keyed by the cursor that asks for
+// them. An entry also records that this reader issued the cursor: a request
+// whose cursor this reader did not issue (another instance served the page
+// before) reads no page ahead but marks its own next cursor, so readers
+// behind a balancer without affinity waste at most one page per sync, and a
+// sync that moved to this reader is read ahead again from its second page
+// here.
+type readAhead struct {
+	cfg     ReadAhead
+	slots   chan struct{}
+	results *prometheus.CounterVec
+
+	mu    sync.Mutex
+	pages map[aheadKey]*aheadPage
+	order []aheadKey // oldest first
+}
+
+func newReadAhead(cfg ReadAhead) *readAhead {
+	if cfg.Reads < 1 {
+		cfg.Reads = 1
+	}
+	return &readAhead{
+		cfg:   cfg,
+		slots: make(chan struct{}, cfg.Reads),
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "export_reader_read_ahead_total",
+			Help: "List requests with a cursor by read-ahead outcome: hit (answered from the page read ahead), stale (read ahead longer than the TTL ago: read again), failed (the background read failed: read again), unread (not read ahead: no free slot, or the previous page was a miss), miss (this reader did not serve the previous page).",
+		}, []string{"result"}),
+		pages: map[aheadKey]*aheadPage{},
+	}
+}
+
+func (ra *readAhead) enabled() bool { return ra.cfg.Pages > 0 }
+
+// begin starts a new chain at the page after pos, whose cursor is
+// posCursor; ctx is the request that issued that cursor.
+func (ra *readAhead) begin(ctx context.Context, c *chain, pos position, posCursor string) {
+	c.ra, c.ctx = ra, ctx
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.startLocked(pos, posCursor)
+}
+
+// mark records that this reader issued the cursor of key without reading
+// its page, so a request with it (same client, same instance) starts the
+// read-ahead again.
+func (ra *readAhead) mark(key aheadKey) {
+	ra.add(key, &aheadPage{started: time.Now(), ready: closedReady, err: errNotRead})
+}
+
+// take removes and returns the entry for key, if this reader made one.
+func (ra *readAhead) take(key aheadKey) (*aheadPage, bool) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	p, ok := ra.pages[key]
+	if ok {
+		delete(ra.pages, key)
+	}
+	return p, ok
+}
+
+// add records p under key, dropping the oldest entries over the bound;
+// false when key already has an entry.
+func (ra *readAhead) add(key aheadKey, p *aheadPage) bool {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if _, ok := ra.pages[key]; ok {
+		return false
+	}
+	ra.pages[key] = p
+	ra.order = append(ra.order, key)
+	for len(ra.pages) > ra.cfg.Pages && len(ra.order) > 0 {
+		delete(ra.pages, ra.order[0])
+		ra.order = ra.order[1:]
+	}
+	// Taken entries leave their key in order; compact once it is mostly
+	// such keys, so order stays proportional to the entries held.
+	if len(ra.order) > 2*ra.cfg.Pages+16 {
+		live := ra.order[:0]
+		for _, k := range ra.order {
+			if _, ok := ra.pages[k]; ok {
+				live = append(live, k)
+			}
+		}
+		clear(ra.order[len(live):])
+		ra.order = live
+	}
+	return true
+}
+
+// use waits for p and reports whether its page can answer the request now:
+// read without error and not older than the TTL. The outcome is counted. A
+// page that answers is taken from its chain, which may read on.
+func (ra *readAhead) use(ctx context.Context, p *aheadPage) (bool, error) {
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	switch {
+	case errors.Is(p.err, errNotRead):
+		ra.results.WithLabelValues("unread").Inc()
+	case p.err != nil:
+		ra.results.WithLabelValues("failed").Inc()
+	case time.Since(p.started) > ra.cfg.TTL:
+		ra.results.WithLabelValues("stale").Inc()
+	default:
+		ra.results.WithLabelValues("hit").Inc()
+		p.chain.taken(ctx)
+		return true, nil
+	}
+	return false, nil
+}
+
+// startLocked starts reading the page after pos (cursor posCursor) unless
+// the reader already has an entry for it, when a background slot is free.
+// c.mu is held.
+func (c *chain) startLocked(pos position, posCursor string) {
+	select {
+	case c.ra.slots <- struct{}{}:
+		if !c.readLocked(pos, posCursor) {
+			<-c.ra.slots
+		}
+	default:
+		c.ra.mark(aheadKey{posCursor, c.lang, c.limit})
+	}
+}
+
+// readLocked enters the page after pos and reads it in the background on a
+// slot the caller holds; false (the slot still the caller's) when the reader
+// already has an entry for it. c.mu is held.
+func (c *chain) readLocked(pos position, posCursor string) bool {
+	p := &aheadPage{chain: c, after: pos, started: time.Now(), ready: make(chan struct{})}
+	if !c.ra.add(aheadKey{posCursor, c.lang, c.limit}, p) {
+		return false
+	}
+	c.untaken++
+	go c.read(c.ctx, p)
+	return true
+}
+
+// read fills p, and the pages after it that the same query read, on the
+// slot it was given, then announces p. The entries of the pages after p are
+// made before p is announced: the client's request for the next page can
+// only follow p's answer, so it always finds its entry (or a mark).
+func (c *chain) read(ctx context.Context, p *aheadPage) {
+	tail := c.fill(ctx, p)
+	slotPassedOn := false
+	c.mu.Lock()
+	switch {
+	case tail == nil:
+		// The chain ends; a request reading the page itself starts anew.
+	case c.untaken < aheadDepth:
+		slotPassedOn = c.readLocked(*tail.next, tail.nextCursor)
+	default:
+		c.paused = tail
+	}
+	c.mu.Unlock()
+	if !slotPassedOn {
+		<-c.ra.slots
+	}
+	close(p.ready)
+}
+
+// fill reads p and up to aheadBatch-1 pages after it, entering those as
+// ready, and returns the last page read when another page follows it.
+func (c *chain) fill(ctx context.Context, p *aheadPage) *aheadPage {
+	// The read's spans join the trace of the request that caused it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.ra.cfg.Timeout)
+	defer cancel()
+	ctx, span := tracer.Start(ctx, "export read-ahead")
+	defer span.End()
+	pages, err := c.fetch(ctx, p.after, aheadBatch)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "read-ahead failed")
+		p.err = err
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fillPage(p, pages[0])
+	for _, sp := range pages[1:] {
+		if p.next == nil {
+			break
+		}
+		// Whole before it is entered: its request may come at once.
+		page := &aheadPage{chain: c, after: *p.next, started: p.started, ready: closedReady}
+		c.fillPage(page, sp)
+		if !c.ra.add(aheadKey{p.nextCursor, c.lang, c.limit}, page) {
+			page.release()
+			return nil // another chain has it; this one ends here
+		}
+		c.untaken++
+		p = page
+	}
+	if p.next == nil {
+		return nil
+	}
+	return p
+}
+
+func (c *chain) fillPage(p *aheadPage, sp scannedPage) {
+	p.body, p.next = sp.body, sp.next
+	if p.next != nil {
+		p.nextCursor = c.cursor(*p.next)
+	}
+}
+
+// closedReady is the ready channel of pages entered already read.
+var closedReady = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+// taken records that a request took one of the chain's pages; a paused chain
+// reads on.
+func (c *chain) taken(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.untaken--
+	c.ctx = ctx
+	if p := c.paused; p != nil && c.untaken < aheadDepth {
+		c.paused = nil
+		c.startLocked(*p.next, p.nextCursor)
+	}
+}

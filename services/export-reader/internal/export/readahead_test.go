@@ -1,0 +1,214 @@
+package export
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/coinexport/export/services/export-reader/internal/cursor"
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+const testCursorSecret = "cursor-secret-0123456789abcdef012345"
+
+// readAheadFor is read-ahead with a TTL no test outlives unless it says.
+func readAheadFor(ttl time.Duration) ReadAhead {
+	return ReadAhead{Pages: 16, TTL: ttl, Reads: 2, Timeout: 10 * time.Second}
+}
+
+func newTestReader(t *testing.T, pool *pgxpool.Pool, ahead ReadAhead) *Reader {
+	t.Helper()
+	cursors, err := cursor.New(testCursorSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewReader(pool, cursors, ahead)
+}
+
+// seededOwner creates an owner with n seeded items.
+func seededOwner(t *testing.T, pool *pgxpool.Pool, n int) string {
+	t.Helper()
+	var owner string
+	if err := pool.QueryRow(context.Background(), `INSERT INTO owners (name) VALUES ('read-ahead') RETURNING id::text`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.Seed(context.Background(), pool, owner, n, 1); err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
+// pageReader is one client following cursors, possibly over several readers.
+type pageReader struct {
+	t     *testing.T
+	q     Query
+	pages [][]byte
+	done  bool
+}
+
+// next reads the next page from r.
+func (c *pageReader) next(r *Reader) {
+	c.t.Helper()
+	body, next, err := r.AppendPage(context.Background(), nil, c.q)
+	if err != nil {
+		c.t.Fatalf("AppendPage(cursor %q): %v", c.q.Cursor, err)
+	}
+	c.pages = append(c.pages, body)
+	c.q.Cursor, c.done = next, next == ""
+}
+
+func readAll(t *testing.T, r *Reader, q Query) [][]byte {
+	t.Helper()
+	c := &pageReader{t: t, q: q}
+	for !c.done {
+		c.next(r)
+	}
+	return c.pages
+}
+
+func outcome(r *Reader, result string) int {
+	return int(testutil.ToFloat64(r.ahead.results.WithLabelValues(result)))
+}
+
+func TestReadAheadAnswersWhatTheDatabaseWould(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 300)
+	for _, q := range []Query{
+		{OwnerID: owner, Lang: "ENG", Limit: 7},
+		{OwnerID: owner, Lang: "UKR", Limit: 100},
+		{OwnerID: owner, Lang: "RUS", Limit: 13, Status: catalog.StatusActive},
+	} {
+		plain := readAll(t, newTestReader(t, pool, ReadAhead{}), q)
+		ahead := newTestReader(t, pool, readAheadFor(time.Minute))
+		got := readAll(t, ahead, q)
+		if diff := cmp.Diff(plain, got); diff != "" {
+			t.Errorf("pages of %+v with read-ahead differ from pages without (-without +with):\n%s", q, diff)
+		}
+		// Every page after the first was read ahead: a sequential client
+		// waits for the page being read rather than reading it again.
+		if hits := outcome(ahead, "hit"); hits != len(got)-1 {
+			t.Errorf("%+v: %d pages, %d read-ahead hits, want %d", q, len(got), hits, len(got)-1)
+		}
+	}
+}
+
+func TestReadAheadNeverHidesAChange(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 50)
+	r := newTestReader(t, pool, readAheadFor(time.Minute))
+	c := &pageReader{t: t, q: Query{OwnerID: owner, Lang: "ENG", Limit: 10}}
+	c.next(r)
+	waitReadAhead(t, r, c.q)
+
+	// An item of page 2, already read ahead, changes now.
+	var changed string
+	if err := pool.QueryRow(context.Background(), `
+		UPDATE export_items SET listed_active = NOT listed_active, updated_at = clock_timestamp()
+		WHERE (owner_id, id) = (SELECT owner_id, id FROM export_items WHERE owner_id = $1 ORDER BY updated_at, id OFFSET 12 LIMIT 1)
+		RETURNING id`, owner).Scan(&changed); err != nil {
+		t.Fatal(err)
+	}
+	for !c.done {
+		c.next(r)
+	}
+	// Page 2 came from before the change, as for a slightly faster client;
+	// the change moved the item behind the client's position, so the same
+	// sync brings it again, changed, at the end.
+	last := c.pages[len(c.pages)-1]
+	if !bytes.Contains(c.pages[1], []byte(`"id":"`+changed+`"`)) {
+		t.Errorf("page 2 lacks %s: it should be the page read before the change", changed)
+	}
+	if !bytes.Contains(last, []byte(`"id":"`+changed+`"`)) {
+		t.Errorf("last page lacks %s: the change was hidden from the sync", changed)
+	}
+}
+
+func TestReadAheadReadsAgainWhenStale(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 30)
+	r := newTestReader(t, pool, readAheadFor(time.Millisecond))
+	c := &pageReader{t: t, q: Query{OwnerID: owner, Lang: "ENG", Limit: 10}}
+	c.next(r)
+	waitReadAhead(t, r, c.q)
+	time.Sleep(5 * time.Millisecond) // past the TTL
+	var changed string
+	if err := pool.QueryRow(context.Background(), `
+		UPDATE export_items SET listed_active = NOT listed_active, updated_at = clock_timestamp()
+		WHERE (owner_id, id) = (SELECT owner_id, id FROM export_items WHERE owner_id = $1 ORDER BY updated_at, id OFFSET 12 LIMIT 1)
+		RETURNING id`, owner).Scan(&changed); err != nil {
+		t.Fatal(err)
+	}
+	c.next(r)
+	if bytes.Contains(c.pages[1], []byte(`"id":"`+changed+`"`)) {
+		t.Errorf("page 2 holds %s, which moved to the end before it was asked for: a stale page was served", changed)
+	}
+	if got := outcome(r, "stale"); got != 1 {
+		t.Errorf("stale outcomes = %d, want 1", got)
+	}
+}
+
+func TestReadAheadAfterAnotherInstance(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 60)
+	a := newTestReader(t, pool, readAheadFor(time.Minute))
+	b := newTestReader(t, pool, readAheadFor(time.Minute))
+	c := &pageReader{t: t, q: Query{OwnerID: owner, Lang: "ENG", Limit: 10}}
+	c.next(a) // page 1 on a, which reads page 2 ahead for nothing
+	c.next(b) // page 2 on b: a cursor b did not issue
+	if got := len(b.ahead.pages); got != 1 {
+		t.Fatalf("b holds %d entries after a miss, want 1 (the mark of its own cursor)", got)
+	}
+	c.next(b) // page 3: b issued the cursor but read nothing ahead
+	c.next(b) // page 4: read ahead by b
+	want := map[string]int{"miss": 1, "unread": 1, "hit": 1, "stale": 0, "failed": 0}
+	got := map[string]int{}
+	for result := range want {
+		got[result] = outcome(b, result)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("outcomes on b (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadAheadKeepsAtMostPagesEntries(t *testing.T) {
+	ra := newReadAhead(ReadAhead{Pages: 3, TTL: time.Minute, Timeout: time.Second})
+	for i := range 50 {
+		ra.mark(aheadKey{cursor: string(rune('a' + i)), lang: "ENG", limit: 10})
+		if i%2 == 0 { // half of them are taken, as by their requests
+			ra.take(aheadKey{cursor: string(rune('a' + i)), lang: "ENG", limit: 10})
+		}
+	}
+	if len(ra.pages) > 3 {
+		t.Errorf("%d entries held, want at most 3", len(ra.pages))
+	}
+	if len(ra.order) > 2*3+16 {
+		t.Errorf("order holds %d keys for %d entries: taken keys are not compacted", len(ra.order), len(ra.pages))
+	}
+	if _, ok := ra.take(aheadKey{cursor: string(rune('a' + 49)), lang: "ENG", limit: 10}); !ok {
+		t.Error("the newest entry was dropped")
+	}
+	if _, ok := ra.take(aheadKey{cursor: string(rune('a' + 1)), lang: "ENG", limit: 10}); ok {
+		t.Error("an old entry outlived the bound")
+	}
+}
+
+// waitReadAhead waits until the page after the client's position has been
+// read ahead, so a test can change data after it for certain.
+func waitReadAhead(t *testing.T, r *Reader, q Query) {
+	t.Helper()
+	r.ahead.mu.Lock()
+	p, ok := r.ahead.pages[aheadKey{q.Cursor, q.Lang, q.Limit}]
+	r.ahead.mu.Unlock()
+	if !ok {
+		t.Fatal("no page is being read ahead")
+	}
+	<-p.ready
+}
