@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/coinexport/export/pkg/postgres"
@@ -20,8 +21,11 @@ type Config struct {
 	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES; 0 turns read-ahead off
 	ReadAheadTTL   time.Duration // EXPORT_READER_READ_AHEAD_TTL
 	CursorSecret   string        // CURSOR_SECRET (secret)
-	IdentitySecret string        // IDENTITY_SECRET (secret)
-	LogLevel       string        // LOG_LEVEL
+	// CursorPrevious are secrets being rotated out: cursors they signed are
+	// still accepted (CURSOR_SECRET_PREVIOUS, comma-separated; secret).
+	CursorPrevious []string
+	IdentitySecret string // IDENTITY_SECRET (secret)
+	LogLevel       string // LOG_LEVEL
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -58,6 +62,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		ReadAheadPages: aheadPages,
 		ReadAheadTTL:   aheadTTL,
 		CursorSecret:   getenv("CURSOR_SECRET"),
+		CursorPrevious: splitList(getenv("CURSOR_SECRET_PREVIOUS")),
 		IdentitySecret: getenv("IDENTITY_SECRET"),
 		LogLevel:       str("LOG_LEVEL", "info"),
 	}
@@ -66,6 +71,12 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	if len(cfg.CursorSecret) < 32 {
 		errs = append(errs, errors.New("CURSOR_SECRET must be at least 32 bytes"))
+	}
+	for _, s := range cfg.CursorPrevious {
+		if len(s) < 32 {
+			errs = append(errs, errors.New("every secret in CURSOR_SECRET_PREVIOUS must be at least 32 bytes"))
+			break
+		}
 	}
 	if len(cfg.IdentitySecret) < 32 {
 		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
@@ -83,7 +94,7 @@ func (c Config) logAttrs() []any {
 		"database_url", postgres.Redact(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
 		"query_timeout", c.QueryTimeout.String(),
 		"read_ahead_pages", c.ReadAheadPages, "read_ahead_ttl", c.ReadAheadTTL.String(),
-		"cursor_secret", "***", "identity_secret", "***",
+		"cursor_secret", "***", "cursor_secrets_previous", len(c.CursorPrevious), "identity_secret", "***",
 		"log_level", c.LogLevel,
 	}
 }
@@ -97,4 +108,15 @@ func (c Config) readAhead() export.ReadAhead {
 		Reads:   max(1, c.DBMaxConns/4),
 		Timeout: c.QueryTimeout,
 	}
+}
+
+// splitList splits a comma-separated value, dropping empty entries.
+func splitList(v string) []string {
+	var out []string
+	for part := range strings.SplitSeq(v, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
 }

@@ -58,7 +58,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	cursors, err := cursor.New(cfg.CursorSecret)
+	cursors, err := cursor.New(cfg.CursorSecret, cfg.CursorPrevious...)
 	if err != nil {
 		return err
 	}

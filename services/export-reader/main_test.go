@@ -34,6 +34,11 @@ func TestLoadConfig(t *testing.T) {
 		cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second {
 		t.Errorf("loadConfig(minimal) = %+v, want the documented defaults", cfg)
 	}
+	cfg, err = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret,
+		"CURSOR_SECRET_PREVIOUS": " " + secret + "-old1 ,," + secret + "-old2"}))
+	if err != nil || len(cfg.CursorPrevious) != 2 || cfg.CursorPrevious[0] != secret+"-old1" {
+		t.Errorf("loadConfig(two previous secrets) = %q, %v; want both, trimmed", cfg.CursorPrevious, err)
+	}
 	logged := fmt.Sprint(cfg.logAttrs()...)
 	if strings.Contains(logged, "pw") || strings.Contains(logged, secret) {
 		t.Errorf("logAttrs() = %s, leaks a secret", logged)
@@ -50,6 +55,7 @@ func TestLoadConfig(t *testing.T) {
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_QUERY_TIMEOUT": "soon"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_PAGES": "-1"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_TTL": "0s"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "CURSOR_SECRET_PREVIOUS": secret + ",short"},
 	} {
 		if _, err := loadConfig(env(bad)); err == nil {
 			t.Errorf("loadConfig(%v) error = nil, want an error", bad)

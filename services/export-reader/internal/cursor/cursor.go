@@ -44,17 +44,31 @@ type Binding struct {
 	UpdatedAfter *time.Time // nil when not filtered
 }
 
-// Codec signs and checks cursors with one secret.
+// Codec signs cursors with one secret and accepts those signed with it or
+// with the secrets it replaced.
 type Codec struct {
-	secret []byte
+	secret   []byte
+	previous [][]byte
 }
 
-// New returns a Codec; the secret must be at least 32 bytes.
-func New(secret string) (*Codec, error) {
-	if len(secret) < 32 {
-		return nil, fmt.Errorf("cursor: secret must be at least 32 bytes, got %d", len(secret))
+// New returns a Codec signing with secret and still accepting cursors signed
+// with any of previous, so the secret can be rotated without failing the
+// syncs under way: deploy with the old secret in previous, and drop it once
+// the longest sync has had time to finish. Every secret must be at least 32
+// bytes.
+func New(secret string, previous ...string) (*Codec, error) {
+	c := &Codec{}
+	for i, s := range append([]string{secret}, previous...) {
+		if len(s) < 32 {
+			return nil, fmt.Errorf("cursor: secret %d must be at least 32 bytes, got %d", i+1, len(s))
+		}
+		if i == 0 {
+			c.secret = []byte(s)
+		} else {
+			c.previous = append(c.previous, []byte(s))
+		}
 	}
-	return &Codec{secret: []byte(secret)}, nil
+	return c, nil
 }
 
 // Encode returns the cursor for the page after p.
@@ -64,7 +78,7 @@ func (c *Codec) Encode(p Position, b Binding) string {
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.UpdatedAt.UnixMicro()))
 	buf = binary.AppendUvarint(buf, uint64(len(p.ID)))
 	buf = append(buf, p.ID...)
-	buf = append(buf, c.mac(buf, b)...)
+	buf = append(buf, mac(c.secret, buf, b)...)
 	return base64.RawURLEncoding.EncodeToString(buf)
 }
 
@@ -78,7 +92,7 @@ func (c *Codec) Decode(s string, b Binding) (Position, error) {
 		return Position{}, ErrInvalid
 	}
 	body, sum := raw[:len(raw)-macLen], raw[len(raw)-macLen:]
-	if !hmac.Equal(sum, c.mac(body, b)) {
+	if !c.signed(body, sum, b) {
 		return Position{}, ErrInvalid
 	}
 	micros := int64(binary.BigEndian.Uint64(body[1:9]))
@@ -89,10 +103,24 @@ func (c *Codec) Decode(s string, b Binding) (Position, error) {
 	return Position{UpdatedAt: time.UnixMicro(micros).UTC(), ID: string(body[9+k:])}, nil
 }
 
+// signed reports whether sum is the MAC of body and b under the current
+// secret or a previous one.
+func (c *Codec) signed(body, sum []byte, b Binding) bool {
+	if hmac.Equal(sum, mac(c.secret, body, b)) {
+		return true
+	}
+	for _, secret := range c.previous {
+		if hmac.Equal(sum, mac(secret, body, b)) {
+			return true
+		}
+	}
+	return false
+}
+
 // mac covers the cursor body and its binding. The binding fields are
 // length-prefixed, so no two bindings share an input.
-func (c *Codec) mac(body []byte, b Binding) []byte {
-	m := hmac.New(sha256.New, c.secret)
+func mac(secret, body []byte, b Binding) []byte {
+	m := hmac.New(sha256.New, secret)
 	m.Write([]byte("export-cursor"))
 	m.Write(body)
 	for _, f := range []string{b.OwnerID, b.Status} {

@@ -67,3 +67,34 @@ func TestDecodeRejects(t *testing.T) {
 		t.Errorf("New(short secret) error = nil, want an error")
 	}
 }
+
+func TestRotation(t *testing.T) {
+	t.Parallel()
+	oldSecret, newSecret := secret, secret+"-rotated"
+	before, _ := cursor.New(oldSecret)
+	during, err := cursor.New(newSecret, oldSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := cursor.New(newSecret)
+	b := cursor.Binding{OwnerID: "o1"}
+	pos := cursor.Position{UpdatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), ID: "x"}
+	issuedBefore := before.Encode(pos, b)
+
+	if got, err := during.Decode(issuedBefore, b); err != nil || got != pos {
+		t.Errorf("during rotation, Decode(cursor of the old secret) = %v, %v; want %v", got, err, pos)
+	}
+	if _, err := during.Decode(issuedBefore, cursor.Binding{OwnerID: "o2"}); !errors.Is(err, cursor.ErrInvalid) {
+		t.Errorf("during rotation, Decode(old cursor, other owner) error = %v, want ErrInvalid", err)
+	}
+	issuedDuring := during.Encode(pos, b)
+	if _, err := after.Decode(issuedDuring, b); err != nil {
+		t.Errorf("after rotation, Decode(cursor issued during it) error = %v: new cursors must be signed with the new secret", err)
+	}
+	if _, err := after.Decode(issuedBefore, b); !errors.Is(err, cursor.ErrInvalid) {
+		t.Errorf("after rotation, Decode(cursor of the dropped secret) error = %v, want ErrInvalid", err)
+	}
+	if _, err := cursor.New(newSecret, "short"); err == nil {
+		t.Error("New(secret, short previous) error = nil, want an error")
+	}
+}
