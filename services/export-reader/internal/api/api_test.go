@@ -383,3 +383,15 @@ func TestGzip(t *testing.T) {
 		t.Errorf("gzip;q=0: Content-Encoding = %q, want none", resp2.Header.Get("Content-Encoding"))
 	}
 }
+
+// An id may hold a slash (ids are any 1-128 characters); the client escapes
+// it as %2F and the route still sees one segment.
+func TestItemIDWithSlash(t *testing.T) {
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("lot/7", "active", "Slashed"))
+	r := e.get(t, owner, "/v1/export/items/lot%2F7")
+	if r.status != http.StatusOK || !strings.Contains(string(r.env.Data), `"id":"lot/7"`) {
+		t.Fatalf("GET lot%%2F7 = %d %s, want 200 with item lot/7", r.status, r.body)
+	}
+}
