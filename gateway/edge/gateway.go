@@ -38,20 +38,18 @@ type keyLookup interface {
 
 // Gateway is a running gateway.
 type Gateway struct {
-	cfg     Config
-	log     *slog.Logger
-	tracer  trace.Tracer
-	metrics *metrics
-	// headerSigner signs the identity sent upstream; identity.NewSigner
-	// still checks the secret at start.
-	headerSigner *headerSigner
-	pool         *pgxpool.Pool
-	redis        *redis.Client
-	keys         keyLookup
-	limiter      *ratelimit.Limiter // nil when rate limiting is off
-	rates        map[string]limiter.Rate
-	upstreams    map[string]*upstream.Upstream
-	health       healthState
+	cfg       Config
+	log       *slog.Logger
+	tracer    trace.Tracer
+	metrics   *metrics
+	signer    *identity.Signer // signs the identity sent upstream
+	pool      *pgxpool.Pool
+	redis     *redis.Client
+	keys      keyLookup
+	limiter   *ratelimit.Limiter // nil when rate limiting is off
+	rates     map[string]limiter.Rate
+	upstreams map[string]*upstream.Upstream
+	health    healthState
 
 	unroutedMetrics *routeMetrics
 	decisionMetrics decisionMetrics
@@ -121,10 +119,9 @@ func start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 	cleanup = append(cleanup, func() { _ = g.shutdownTP(context.Background()) })
 	// Keep this provider's tracer even if another Setup replaces the global.
 	g.tracer = otel.GetTracerProvider().Tracer("github.com/coinexport/export/gateway")
-	if _, err = identity.NewSigner(cfg.IdentitySecret); err != nil {
+	if g.signer, err = identity.NewSigner(cfg.IdentitySecret); err != nil {
 		return nil, err
 	}
-	g.headerSigner = newHeaderSigner(cfg.IdentitySecret)
 	if err = g.buildUpstreams(); err != nil {
 		return nil, err
 	}

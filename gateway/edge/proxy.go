@@ -69,7 +69,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	scrubHeaders(&req.Header)
 	req.Header.Set(fiber.HeaderXForwardedFor, rq.clientIP)
-	g.headerSigner.sign(&req.Header, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
+	g.signer.SignInto(req.Header.SetBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
 		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, time.Now())
 
 	ctx, span := g.tracer.Start(rq.ctx, proxySpanNames[rt.Upstream], clientSpanOptions...)

@@ -12,9 +12,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -64,6 +66,18 @@ func (id Identity) HasScope(scope string) bool { return slices.Contains(id.Scope
 // Signer signs and verifies identities with one shared secret.
 type Signer struct {
 	secret []byte
+	// states recycles HMACs and their buffers: a reused HMAC restores the
+	// keyed state saved at its first Reset instead of hashing the key
+	// again, and what goes through the hash interface would otherwise be
+	// allocated on every request of the gateway's hot path.
+	states sync.Pool // of *signingState
+}
+
+type signingState struct {
+	mac  hash.Hash
+	text []byte // the signed text
+	sum  []byte // its MAC
+	sig  []byte // the MAC in base64
 }
 
 // NewSigner returns a Signer. The secret must be at least 32 bytes.
@@ -71,7 +85,13 @@ func NewSigner(secret string) (*Signer, error) {
 	if len(secret) < 32 {
 		return nil, fmt.Errorf("identity: secret must be at least 32 bytes, got %d", len(secret))
 	}
-	return &Signer{secret: []byte(secret)}, nil
+	key := []byte(secret)
+	s := &Signer{secret: key}
+	s.states.New = func() any {
+		return &signingState{mac: hmac.New(sha256.New, key), text: make([]byte, 0, 256), sum: make([]byte, 0, sha256.Size),
+			sig: make([]byte, 0, base64.RawURLEncoding.EncodedLen(sha256.Size))}
+	}
+	return s, nil
 }
 
 // Header is one header to set on the upstream request.
@@ -81,17 +101,71 @@ type Header struct {
 
 // Sign returns the headers that carry id, signed at now.
 func (s *Signer) Sign(id Identity, now time.Time) []Header {
-	ts := strconv.FormatInt(now.UnixMilli(), 10)
-	scopes := strings.Join(id.Scopes, ",")
-	return []Header{
-		{HeaderOwner, id.OwnerID},
-		{HeaderPlatform, id.PlatformID},
-		{HeaderKeyID, id.KeyID},
-		{HeaderScopes, scopes},
-		{HeaderRequestID, id.RequestID},
-		{HeaderTime, ts},
-		{HeaderSignature, s.mac(id.OwnerID, id.PlatformID, id.KeyID, scopes, id.RequestID, ts)},
+	headers := make([]Header, 0, 7)
+	s.SignInto(func(name string, value []byte) { headers = append(headers, Header{name, string(value)}) }, id, now)
+	return headers
+}
+
+// SignInto passes each header that carries id, signed at now, to set,
+// without allocating: the values point into a buffer reused once SignInto
+// returns, so set must copy them (as fasthttp's SetBytesV does).
+func (s *Signer) SignInto(set func(name string, value []byte), id Identity, now time.Time) {
+	st := s.states.Get().(*signingState)
+	defer s.states.Put(st)
+	var tsBuf [20]byte
+	ts := strconv.AppendInt(tsBuf[:0], now.UnixMilli(), 10)
+	text, fields := appendSignedText(st.text[:0], id.OwnerID, id.PlatformID, id.KeyID, id.Scopes, id.RequestID, ts)
+	st.text = text
+	st.sig = base64.RawURLEncoding.AppendEncode(st.sig[:0], st.sum256(text))
+	for i, name := range signedHeaders {
+		set(name, fields[i])
 	}
+	set(HeaderSignature, st.sig)
+}
+
+// signedHeaders are the signed fields' headers, in signing order.
+var signedHeaders = [...]string{HeaderOwner, HeaderPlatform, HeaderKeyID, HeaderScopes, HeaderRequestID, HeaderTime}
+
+// appendSignedText appends the text the MAC covers and returns each field's
+// bytes within it. The fields are joined by a separator that cannot occur in
+// any of them (header values cannot hold a newline), so no two identities
+// share an input.
+func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string, requestID string, ts []byte) ([]byte, [len(signedHeaders)][]byte) {
+	var at [len(signedHeaders) + 1]int
+	dst = append(dst, "identity-v1"...)
+	field := 0
+	next := func() { dst = append(dst, '\n'); at[field] = len(dst); field++ }
+	next()
+	dst = append(dst, owner...)
+	next()
+	dst = append(dst, platform...)
+	next()
+	dst = append(dst, keyID...)
+	next()
+	for i, scope := range scopes {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, scope...)
+	}
+	next()
+	dst = append(dst, requestID...)
+	next()
+	dst = append(dst, ts...)
+	at[field] = len(dst) + 1 // as if a separator followed
+	var fields [len(signedHeaders)][]byte
+	for i := range fields {
+		fields[i] = dst[at[i] : at[i+1]-1 : at[i+1]-1]
+	}
+	return dst, fields
+}
+
+// sum256 returns the MAC of text in the state's buffer.
+func (st *signingState) sum256(text []byte) []byte {
+	st.mac.Reset()
+	st.mac.Write(text)
+	st.sum = st.mac.Sum(st.sum[:0])
+	return st.sum
 }
 
 // Verify reads the signed identity through get (a header getter) and checks
@@ -99,8 +173,7 @@ func (s *Signer) Sign(id Identity, now time.Time) []Header {
 func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, error) {
 	owner, platform, keyID := get(HeaderOwner), get(HeaderPlatform), get(HeaderKeyID)
 	scopes, requestID, ts := get(HeaderScopes), get(HeaderRequestID), get(HeaderTime)
-	want := s.mac(owner, platform, keyID, scopes, requestID, ts)
-	if !hmac.Equal([]byte(get(HeaderSignature)), []byte(want)) {
+	if !s.validMAC(get(HeaderSignature), owner, platform, keyID, scopes, requestID, ts) {
 		return Identity{}, ErrUnsigned
 	}
 	ms, err := strconv.ParseInt(ts, 10, 64)
@@ -117,16 +190,14 @@ func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, 
 	return id, nil
 }
 
-// mac joins the fields with a separator that cannot occur in any of them
-// (header values cannot hold a newline), so no two identities share an input.
-func (s *Signer) mac(fields ...string) string {
-	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte("identity-v1"))
-	for _, f := range fields {
-		m.Write([]byte{'\n'})
-		m.Write([]byte(f))
-	}
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+// validMAC reports whether sig signs the fields (scopes as sent: joined).
+func (s *Signer) validMAC(sig, owner, platform, keyID, scopes, requestID, ts string) bool {
+	st := s.states.Get().(*signingState)
+	defer s.states.Put(st)
+	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts))
+	st.text = text
+	want := base64.RawURLEncoding.AppendEncode(nil, st.sum256(text))
+	return hmac.Equal([]byte(sig), want)
 }
 
 type contextKey struct{}

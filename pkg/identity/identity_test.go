@@ -1,6 +1,9 @@
 package identity
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"net/http"
 	"testing"
 	"time"
@@ -71,5 +74,53 @@ func TestVerifyRefuses(t *testing.T) {
 func TestNewSignerRefusesShortSecret(t *testing.T) {
 	if _, err := NewSigner("short"); err == nil {
 		t.Error("NewSigner(short) = nil error, want error")
+	}
+}
+
+// The signed text is a wire format between separately deployed binaries:
+// pin it, computed here independently of the package's own builder.
+func TestSignatureFormat(t *testing.T) {
+	s, err := NewSigner(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.UnixMilli(1763700000123)
+	id := Identity{OwnerID: "o1", PlatformID: "p1", KeyID: "k1", Scopes: []string{ScopeExportRead, ScopeSalesWrite}, RequestID: "r1"}
+	m := hmac.New(sha256.New, []byte(testSecret))
+	m.Write([]byte("identity-v1\no1\np1\nk1\nexport:read,sales:write\nr1\n1763700000123"))
+	want := base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+	if got := signedHeader(t, s, id, at).Get(HeaderSignature); got != want {
+		t.Errorf("Sign(%+v).%s = %q, want %q", id, HeaderSignature, got, want)
+	}
+}
+
+func TestSignIntoReusesStateWithoutAllocating(t *testing.T) {
+	s, err := NewSigner(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ids := []Identity{
+		{OwnerID: "5f0c2a9e-1d1b-4c55-9d57-6a3f0c0e0001", PlatformID: "platform-with-a-long-name", KeyID: "k1",
+			Scopes: []string{ScopeExportRead, ScopeSalesWrite}, RequestID: "0123456789abcdef0123456789abcdef"},
+		{RequestID: "anonymous"},
+		{OwnerID: "o2", KeyID: "k2", Scopes: []string{ScopeExportRead}, RequestID: "r2"},
+	}
+	for range 2 { // the second round from reused states
+		for _, want := range ids {
+			h := http.Header{}
+			s.SignInto(func(name string, value []byte) { h.Set(name, string(value)) }, want, now)
+			got, err := s.Verify(h.Get, now)
+			if err != nil {
+				t.Fatalf("Verify(SignInto(%+v)) error = %v", want, err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("SignInto round trip (-signed +verified):\n%s", diff)
+			}
+		}
+	}
+	discard := func(string, []byte) {}
+	if n := testing.AllocsPerRun(100, func() { s.SignInto(discard, ids[0], now) }); n != 0 {
+		t.Errorf("SignInto allocates %.0f times per call, want 0 (it runs on every proxied request)", n)
 	}
 }
