@@ -46,8 +46,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		errs = append(errs, errors.New("EXPORT_READER_QUERY_TIMEOUT must be a positive duration such as 10s"))
 	}
 	aheadPages, err := strconv.Atoi(str("EXPORT_READER_READ_AHEAD_PAGES", "256"))
-	if err != nil || aheadPages < 0 || aheadPages > 100000 {
-		errs = append(errs, errors.New("EXPORT_READER_READ_AHEAD_PAGES must be an integer from 0 (off) to 100000"))
+	if err != nil || aheadPages < 0 || aheadPages > 8192 {
+		errs = append(errs, errors.New("EXPORT_READER_READ_AHEAD_PAGES must be an integer from 0 (off) to 8192 (~1 GB)"))
 	}
 	aheadTTL, err := time.ParseDuration(str("EXPORT_READER_READ_AHEAD_TTL", "2s"))
 	if err != nil || aheadTTL <= 0 || aheadTTL > time.Minute {
@@ -100,12 +100,13 @@ func (c Config) logAttrs() []any {
 }
 
 // readAhead is the list read-ahead: a quarter of the pool at most reads
-// ahead, so requests always find connections of their own.
+// ahead, so requests always find connections of their own (a pool under 4
+// connections reads nothing ahead).
 func (c Config) readAhead() export.ReadAhead {
 	return export.ReadAhead{
 		Pages:   c.ReadAheadPages,
 		TTL:     c.ReadAheadTTL,
-		Reads:   max(1, c.DBMaxConns/4),
+		Reads:   c.DBMaxConns / 4,
 		Timeout: c.QueryTimeout,
 	}
 }

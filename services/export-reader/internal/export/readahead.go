@@ -33,13 +33,14 @@ import (
 // forward) and arrives later in the same sync, so nothing is missed; a page
 // older than TTL is read again instead.
 type ReadAhead struct {
-	// Pages bounds the pages held at once (≈ 100 KB each at limit=100); the
-	// oldest is dropped first. 0 turns read-ahead off.
+	// Pages bounds the pages held at once (each in a recycled buffer of at
+	// least 128 KB); the oldest is dropped first. 0 turns read-ahead off.
 	Pages int
 	// TTL is how long a page read ahead may wait for its request.
 	TTL time.Duration
 	// Reads bounds the background reads at once, so read-ahead never takes
-	// every pooled connection from the requests themselves.
+	// every pooled connection from the requests themselves. 0 turns
+	// read-ahead off.
 	Reads int
 	// Timeout bounds one background read.
 	Timeout time.Duration
@@ -135,12 +136,9 @@ type readAhead struct {
 }
 
 func newReadAhead(cfg ReadAhead) *readAhead {
-	if cfg.Reads < 1 {
-		cfg.Reads = 1
-	}
 	return &readAhead{
 		cfg:   cfg,
-		slots: make(chan struct{}, cfg.Reads),
+		slots: make(chan struct{}, max(cfg.Reads, 0)),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "export_reader_read_ahead_total",
 			Help: "List requests with a cursor by read-ahead outcome: hit (answered from the page read ahead), stale (read ahead longer than the TTL ago: read again), failed (the background read failed: read again), unread (not read ahead: no free slot, or the previous page was a miss), miss (this reader did not serve the previous page).",
@@ -149,7 +147,7 @@ func newReadAhead(cfg ReadAhead) *readAhead {
 	}
 }
 
-func (ra *readAhead) enabled() bool { return ra.cfg.Pages > 0 }
+func (ra *readAhead) enabled() bool { return ra.cfg.Pages > 0 && ra.cfg.Reads > 0 }
 
 // begin starts a new chain at the page after pos, whose cursor is
 // posCursor; ctx is the request that issued that cursor.
@@ -183,7 +181,7 @@ func (ra *readAhead) take(key aheadKey) (*aheadPage, bool) {
 func (ra *readAhead) add(key aheadKey, p *aheadPage) bool {
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
-	if _, ok := ra.pages[key]; ok {
+	if old, ok := ra.pages[key]; ok && !old.spent(ra.cfg.TTL) {
 		return false
 	}
 	ra.pages[key] = p
@@ -205,6 +203,19 @@ func (ra *readAhead) add(key aheadKey, p *aheadPage) bool {
 		ra.order = live
 	}
 	return true
+}
+
+// spent reports whether p can no longer answer its request: read (or
+// marked) and failed, unread or older than ttl. A new chain may replace it;
+// otherwise a client slower than the TTL would have each page read twice,
+// once ahead for nothing and once by its own request.
+func (p *aheadPage) spent(ttl time.Duration) bool {
+	select {
+	case <-p.ready:
+		return p.err != nil || time.Since(p.started) > ttl
+	default:
+		return false // being read
+	}
 }
 
 // use waits for p and reports whether its page can answer the request now:

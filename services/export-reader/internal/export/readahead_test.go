@@ -104,6 +104,10 @@ func TestReadAheadNeverHidesAChange(t *testing.T) {
 	pool := testenv.Postgres(t)
 	owner := seededOwner(t, pool, 50)
 	r := newTestReader(t, pool, readAheadFor(time.Minute))
+	var start time.Time // the sync's checkpoint, taken before it (spec 4.8)
+	if err := pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
 	c := &pageReader{t: t, q: Query{OwnerID: owner, Lang: "ENG", Limit: 10}}
 	c.next(r)
 	waitReadAhead(t, r, c.q)
@@ -119,15 +123,22 @@ func TestReadAheadNeverHidesAChange(t *testing.T) {
 	for !c.done {
 		c.next(r)
 	}
-	// Page 2 came from before the change, as for a slightly faster client;
-	// the change moved the item behind the client's position, so the same
-	// sync brings it again, changed, at the end.
-	last := c.pages[len(c.pages)-1]
+	// Page 2 came from before the change, as for a client that asked a
+	// little sooner; the change carries a later updated_at, so the next
+	// incremental sync from the checkpoint brings it (the same sync may too,
+	// if its last pages were read after the change).
 	if !bytes.Contains(c.pages[1], []byte(`"id":"`+changed+`"`)) {
 		t.Errorf("page 2 lacks %s: it should be the page read before the change", changed)
 	}
-	if !bytes.Contains(last, []byte(`"id":"`+changed+`"`)) {
-		t.Errorf("last page lacks %s: the change was hidden from the sync", changed)
+	incremental := readAll(t, r, Query{OwnerID: owner, Lang: "ENG", Limit: 10, UpdatedAfter: &start})
+	var found bool
+	var items int
+	for _, page := range incremental {
+		found = found || bytes.Contains(page, []byte(`"id":"`+changed+`"`))
+		items += bytes.Count(page, []byte(`{"status":`))
+	}
+	if !found || items != 1 {
+		t.Errorf("the incremental sync after the checkpoint has %d items, found %s: %v; want exactly that one (else the change was hidden)", items, changed, found)
 	}
 }
 
@@ -211,4 +222,23 @@ func waitReadAhead(t *testing.T, r *Reader, q Query) {
 		t.Fatal("no page is being read ahead")
 	}
 	<-p.ready
+}
+
+// A client that paused longer than the TTL finds its pages stale; the chain
+// started by its next request must replace the spent pages of the old one,
+// so once the client is quick again it is served from memory again.
+func TestReadAheadRecoversAfterAPause(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 100)
+	r := newTestReader(t, pool, readAheadFor(200*time.Millisecond))
+	c := &pageReader{t: t, q: Query{OwnerID: owner, Lang: "ENG", Limit: 10}}
+	c.next(r)
+	waitReadAhead(t, r, c.q)
+	time.Sleep(400 * time.Millisecond) // every page read ahead is now past the TTL
+	c.next(r)                          // page 2: stale, read by the request, which starts a new chain
+	waitReadAhead(t, r, c.q)
+	c.next(r) // page 3: from the new chain
+	if stale, hits := outcome(r, "stale"), outcome(r, "hit"); stale != 1 || hits != 1 {
+		t.Errorf("after a pause: %d stale, %d hits; want 1 stale (page 2) and 1 hit (page 3)", stale, hits)
+	}
 }
