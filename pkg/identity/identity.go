@@ -65,7 +65,6 @@ func (id Identity) HasScope(scope string) bool { return slices.Contains(id.Scope
 
 // Signer signs and verifies identities with one shared secret.
 type Signer struct {
-	secret []byte
 	// states recycles HMACs and their buffers: a reused HMAC restores the
 	// keyed state saved at its first Reset instead of hashing the key
 	// again, and what goes through the hash interface would otherwise be
@@ -86,7 +85,7 @@ func NewSigner(secret string) (*Signer, error) {
 		return nil, fmt.Errorf("identity: secret must be at least 32 bytes, got %d", len(secret))
 	}
 	key := []byte(secret)
-	s := &Signer{secret: key}
+	s := &Signer{}
 	s.states.New = func() any {
 		return &signingState{mac: hmac.New(sha256.New, key), text: make([]byte, 0, 256), sum: make([]byte, 0, sha256.Size),
 			sig: make([]byte, 0, base64.RawURLEncoding.EncodedLen(sha256.Size))}
@@ -111,7 +110,7 @@ func (s *Signer) Sign(id Identity, now time.Time) []Header {
 // returns, so set must copy them (as fasthttp's SetBytesV does).
 func (s *Signer) SignInto(set func(name string, value []byte), id Identity, now time.Time) {
 	st := s.states.Get().(*signingState)
-	defer s.states.Put(st)
+	defer s.put(st)
 	var tsBuf [20]byte
 	ts := strconv.AppendInt(tsBuf[:0], now.UnixMilli(), 10)
 	text, fields := appendSignedText(st.text[:0], id.OwnerID, id.PlatformID, id.KeyID, id.Scopes, id.RequestID, ts)
@@ -160,6 +159,14 @@ func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string
 	return dst, fields
 }
 
+// put recycles st unless a request's oversized headers grew its text: such
+// a buffer is left to the collector rather than kept in the pool.
+func (s *Signer) put(st *signingState) {
+	if cap(st.text) <= 4<<10 {
+		s.states.Put(st)
+	}
+}
+
 // sum256 returns the MAC of text in the state's buffer.
 func (st *signingState) sum256(text []byte) []byte {
 	st.mac.Reset()
@@ -193,7 +200,7 @@ func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, 
 // validMAC reports whether sig signs the fields (scopes as sent: joined).
 func (s *Signer) validMAC(sig, owner, platform, keyID, scopes, requestID, ts string) bool {
 	st := s.states.Get().(*signingState)
-	defer s.states.Put(st)
+	defer s.put(st)
 	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts))
 	st.text = text
 	want := base64.RawURLEncoding.AppendEncode(nil, st.sum256(text))
