@@ -3,6 +3,7 @@ package edge_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -60,7 +61,14 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := do(t, tt.method, tt.url, tt.headers, strings.NewReader(tt.body))
+			var body io.Reader = strings.NewReader(tt.body)
+			if tt.status == http.StatusRequestEntityTooLarge {
+				// Only the length is declared: the gateway refuses on it
+				// and closes, and a client still writing the body would
+				// race that close (a broken pipe instead of the answer).
+				body = newStalledBody(int64(len(tt.body)))
+			}
+			r := do(t, tt.method, tt.url, tt.headers, body)
 			checkEnvelope(t, r)
 			if r.Status != tt.status || r.Env.Error == nil || r.Env.Error.Code != tt.code {
 				t.Fatalf("%s %s = %d %s, want %d with code %s", tt.method, tt.name, r.Status, r.Body, tt.status, tt.code)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -191,6 +192,9 @@ func do(t *testing.T, method, url string, headers map[string]string, body io.Rea
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
+	if sized, ok := body.(interface{ Size() int64 }); ok && req.ContentLength == 0 {
+		req.ContentLength = sized.Size()
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
@@ -230,4 +234,28 @@ func decodeSeen(t *testing.T, r response) seen {
 		t.Fatalf("data = %s: %v", r.Env.Data, err)
 	}
 	return s
+}
+
+// stalledBody declares a length but yields no byte until it is closed (the
+// transport closes it once the answer has come).
+type stalledBody struct {
+	size   int64
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newStalledBody(size int64) *stalledBody {
+	return &stalledBody{size: size, closed: make(chan struct{})}
+}
+
+func (b *stalledBody) Size() int64 { return b.size }
+
+func (b *stalledBody) Read([]byte) (int, error) {
+	<-b.closed
+	return 0, io.EOF
+}
+
+func (b *stalledBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return nil
 }
