@@ -1,8 +1,6 @@
 package main
 
 import (
-	"math"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -51,27 +49,5 @@ func TestLoadConfigRefuses(t *testing.T) {
 				t.Errorf("loadConfig error %q quotes the secret", err)
 			}
 		})
-	}
-}
-
-func TestApplyGCDefaults(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
-
-	applyGCDefaults(func(string) string { return "" })
-	if got := debug.SetGCPercent(100); got != defaultGCPercent {
-		t.Errorf("GC percent = %d, want %d", got, defaultGCPercent)
-	}
-	if got := debug.SetMemoryLimit(math.MaxInt64); got != defaultMemoryLimit {
-		t.Errorf("memory limit = %d, want %d", got, defaultMemoryLimit)
-	}
-
-	// Set by the operator: the runtime already applied them; leave them be.
-	applyGCDefaults(func(string) string { return "set" })
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Errorf("GC percent with GOGC set = %d, want untouched 100", got)
-	}
-	if got := debug.SetMemoryLimit(math.MaxInt64); got != math.MaxInt64 {
-		t.Errorf("memory limit with GOMEMLIMIT set = %d, want untouched", got)
 	}
 }

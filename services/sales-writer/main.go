@@ -10,10 +10,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"sync"
 	"syscall"
 
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
@@ -28,30 +28,10 @@ const serviceName = "sales-writer"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	applyGCDefaults(os.Getenv)
+	gcdefaults.Apply(os.Getenv) // unless GOGC / GOMEMLIMIT are set
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
-	}
-}
-
-// GC defaults of the sales writer, used unless GOGC or GOMEMLIMIT are set.
-// What a call allocates dies with it and the live heap is a few MB, so Go's
-// default (a collection each time the heap doubles) collects thousands of
-// times a minute under load, CPU taken from PostgreSQL on the same machine.
-// Collecting at 5× the live heap does a quarter of that work; the memory
-// limit bounds the heap all the same. The gateway uses the same defaults.
-const (
-	defaultGCPercent   = 400
-	defaultMemoryLimit = 100 << 20
-)
-
-func applyGCDefaults(getenv func(string) string) {
-	if getenv("GOGC") == "" {
-		debug.SetGCPercent(defaultGCPercent)
-	}
-	if getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
 }
 
