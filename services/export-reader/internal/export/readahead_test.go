@@ -113,13 +113,7 @@ func TestReadAheadNeverHidesAChange(t *testing.T) {
 	waitReadAhead(t, r, c.q)
 
 	// An item of page 2, already read ahead, changes now.
-	var changed string
-	if err := pool.QueryRow(context.Background(), `
-		UPDATE export_items SET listed_active = NOT listed_active, updated_at = clock_timestamp()
-		WHERE (owner_id, id) = (SELECT owner_id, id FROM export_items WHERE owner_id = $1 ORDER BY updated_at, id OFFSET 12 LIMIT 1)
-		RETURNING id`, owner).Scan(&changed); err != nil {
-		t.Fatal(err)
-	}
+	changed := changeItem(t, pool, owner, 12)
 	for !c.done {
 		c.next(r)
 	}
@@ -150,13 +144,7 @@ func TestReadAheadReadsAgainWhenStale(t *testing.T) {
 	c.next(r)
 	waitReadAhead(t, r, c.q)
 	time.Sleep(5 * time.Millisecond) // past the TTL
-	var changed string
-	if err := pool.QueryRow(context.Background(), `
-		UPDATE export_items SET listed_active = NOT listed_active, updated_at = clock_timestamp()
-		WHERE (owner_id, id) = (SELECT owner_id, id FROM export_items WHERE owner_id = $1 ORDER BY updated_at, id OFFSET 12 LIMIT 1)
-		RETURNING id`, owner).Scan(&changed); err != nil {
-		t.Fatal(err)
-	}
+	changed := changeItem(t, pool, owner, 12)
 	c.next(r)
 	if bytes.Contains(c.pages[1], []byte(`"id":"`+changed+`"`)) {
 		t.Errorf("page 2 holds %s, which moved to the end before it was asked for: a stale page was served", changed)
@@ -241,4 +229,18 @@ func TestReadAheadRecoversAfterAPause(t *testing.T) {
 	if stale, hits := outcome(r, "stale"), outcome(r, "hit"); stale != 1 || hits != 1 {
 		t.Errorf("after a pause: %d stale, %d hits; want 1 stale (page 2) and 1 hit (page 3)", stale, hits)
 	}
+}
+
+// changeItem flips the listing of owner's item at offset (in sync order) and
+// stamps it now, as a sale would, which moves it to the end of the order.
+func changeItem(t *testing.T, pool *pgxpool.Pool, owner string, offset int) string {
+	t.Helper()
+	var id string
+	if err := pool.QueryRow(context.Background(), `
+		UPDATE export_items SET listed_active = NOT listed_active, updated_at = clock_timestamp()
+		WHERE (owner_id, id) = (SELECT owner_id, id FROM export_items WHERE owner_id = $1 ORDER BY updated_at, id OFFSET $2 LIMIT 1)
+		RETURNING id`, owner, offset).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
