@@ -20,10 +20,11 @@ func (g *Gateway) newApp() *fiber.App {
 		// Values read from Fiber's buffers are copied where they outlive the
 		// handler (cache keys are hashes; span and log fields are cloned),
 		// so the zero-copy mode stays on.
-		Immutable:               false,
-		CaseSensitive:           true,
-		StrictRouting:           true,
-		BodyLimit:               BodyLimit,
+		Immutable:     false,
+		CaseSensitive: true,
+		StrictRouting: true,
+		BodyLimit:     bodyReadLimit, // BodyLimit is enforced in serve
+
 		ReadBufferSize:          g.cfg.MaxHeaderBytes,
 		ReadTimeout:             g.cfg.ReadTimeout,
 		WriteTimeout:            g.cfg.WriteTimeout,
@@ -85,6 +86,11 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 
 // serve runs the route's steps.
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
+	// The body as received (not decoded: no decompression of untrusted
+	// input here).
+	if len(c.Request().Body()) > BodyLimit {
+		return errTooLarge
+	}
 	if rt.Path == "unmatched" {
 		if allow := allowedMethods(c.Path()); len(allow) > 0 {
 			return errMethodNotAllowed(strings.Join(allow, ", "))
