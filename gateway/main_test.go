@@ -3,11 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,44 +14,17 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestRunServesAndDrains(t *testing.T) {
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	secret := "run-test-identity-secret-0123456789abcdef"
 	env := map[string]string{
-		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": freeAddr(t),
+		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
 		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": secret,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out syncBuffer
+	var out testenv.Output
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out) }()
 

@@ -1,17 +1,14 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,25 +31,7 @@ var binaries = map[string]string{
 type stack struct {
 	baseURL string
 	traces  *tracestore.Store
-	logs    map[string]*syncBuffer
-}
-
-// syncBuffer collects a process's output; the process writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	logs    map[string]*testenv.Output
 }
 
 // build compiles every binary once per test binary run.
@@ -68,16 +47,6 @@ func build(t *testing.T) string {
 	return dir
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startStack starts the services and the gateway against dsn and redisURL.
 func startStack(t *testing.T, dsn, redisURL string) *stack {
 	t.Helper()
@@ -88,7 +57,7 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 
 	addr := map[string]string{}
 	for name := range binaries {
-		addr[name] = freeAddr(t)
+		addr[name] = testenv.FreeAddr(t)
 	}
 	common := []string{
 		"PATH=" + os.Getenv("PATH"),
@@ -102,19 +71,19 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 		"LOG_LEVEL=info",
 	}
 	own := map[string][]string{
-		"export-reader": {"EXPORT_READER_ADDR=" + addr["export-reader"], "EXPORT_READER_ADMIN_ADDR=" + freeAddr(t)},
-		"sales-writer":  {"SALES_WRITER_ADDR=" + addr["sales-writer"], "SALES_WRITER_ADMIN_ADDR=" + freeAddr(t)},
-		"shop-schema":   {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + freeAddr(t)},
+		"export-reader": {"EXPORT_READER_ADDR=" + addr["export-reader"], "EXPORT_READER_ADMIN_ADDR=" + testenv.FreeAddr(t)},
+		"sales-writer":  {"SALES_WRITER_ADDR=" + addr["sales-writer"], "SALES_WRITER_ADMIN_ADDR=" + testenv.FreeAddr(t)},
+		"shop-schema":   {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + testenv.FreeAddr(t)},
 		"gateway": {
-			"GATEWAY_ADDR=" + addr["gateway"], "GATEWAY_ADMIN_ADDR=" + freeAddr(t),
+			"GATEWAY_ADDR=" + addr["gateway"], "GATEWAY_ADMIN_ADDR=" + testenv.FreeAddr(t),
 			"EXPORT_READER_URLS=http://" + addr["export-reader"],
 			"SALES_WRITER_URLS=http://" + addr["sales-writer"],
 			"SHOP_SCHEMA_URLS=http://" + addr["shop-schema"],
 		},
 	}
-	s := &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: store, logs: map[string]*syncBuffer{}}
+	s := &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: store, logs: map[string]*testenv.Output{}}
 	for _, name := range []string{"export-reader", "sales-writer", "shop-schema", "gateway"} {
-		logs := &syncBuffer{}
+		logs := &testenv.Output{}
 		s.logs[name] = logs
 		cmd := exec.Command(filepath.Join(bin, name))
 		cmd.Env = append(append([]string{}, common...), own[name]...)

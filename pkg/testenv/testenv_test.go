@@ -2,7 +2,11 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -56,5 +60,24 @@ func TestSharedRedis(t *testing.T) {
 	key := KeyPrefix(t) + "k"
 	if err := c.Set(context.Background(), key, "v", 0).Err(); err != nil {
 		t.Fatalf("Set = %v", err)
+	}
+}
+
+func TestFreeAddrAndOutput(t *testing.T) {
+	addr := FreeAddr(t)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil || !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("FreeAddr() = %q, listen: %v; want a loopback address free to listen on", addr, err)
+	}
+	ln.Close()
+	var out Output
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); fmt.Fprintf(&out, "line %d\n", i) }()
+	}
+	wg.Wait()
+	if got := strings.Count(out.String(), "\n"); got != 8 {
+		t.Errorf("Output holds %d lines after 8 concurrent writes, want 8", got)
 	}
 }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -66,14 +64,14 @@ func TestLoadConfig(t *testing.T) {
 // TestRun starts the binary's run on loopback and reads through it.
 func TestRun(t *testing.T) {
 	t.Parallel()
-	addr, dsn := freeAddr(t), testenv.PostgresURL(t)
+	addr, dsn := testenv.FreeAddr(t), testenv.PostgresURL(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	var out bytes.Buffer
+	var out testenv.Output
 	var runErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
-			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": ""}), &syncWriter{w: &out})
+			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": ""}), &out)
 	})
 	signer, _ := identity.NewSigner(secret)
 	var resp *http.Response
@@ -104,26 +102,4 @@ func TestRun(t *testing.T) {
 	if runErr != nil {
 		t.Errorf("run() = %v after cancel, want nil", runErr)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// syncWriter lets run log from its goroutines while the test holds the buffer.
-type syncWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,34 +17,6 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// syncBuffer is the service's stdout, read while it runs.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestRunServesAndStops starts the binary's run on loopback, sells an item
 // through a real HTTP connection, and stops it.
@@ -73,13 +42,13 @@ func TestRunServesAndStops(t *testing.T) {
 		}
 	}
 
-	addr, admin := freeAddr(t), freeAddr(t)
+	addr, admin := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	vars := map[string]string{
 		"DATABASE_URL": dsn + " password=not-a-real-password", "IDENTITY_SECRET": secret,
 		"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": admin,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out testenv.Output
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, env(vars), &out) }()
 	defer func() {
@@ -132,7 +101,7 @@ func TestRunServesAndStops(t *testing.T) {
 	}
 }
 
-func waitReady(t *testing.T, url string, out *syncBuffer) {
+func waitReady(t *testing.T, url string, out *testenv.Output) {
 	t.Helper()
 	var err error
 	for range 100 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -47,7 +48,7 @@ func TestLoadConfig(t *testing.T) {
 func TestRunMasksSecretAndStops(t *testing.T) {
 	vars := map[string]string{"IDENTITY_SECRET": testSecret, "SHOP_SCHEMA_ADDR": "127.0.0.1:0", "SHOP_SCHEMA_ADMIN_ADDR": "127.0.0.1:0"}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out testenv.Output
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, func(k string) string { return vars[k] }, &out) }()
 	for i := 0; i < 100 && !strings.Contains(out.String(), "listening"); i++ {

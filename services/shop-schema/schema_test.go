@@ -11,13 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -33,25 +33,8 @@ const testSecret = "0123456789abcdef0123456789abcdef-shop-schema"
 type service struct {
 	url    string
 	signer *identity.Signer
-	logs   *syncBuffer
+	logs   *testenv.Output
 	spans  *tracetest.SpanRecorder
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startService starts the service trusting shop's CA and, unless the
@@ -78,7 +61,7 @@ func startService(t *testing.T, shop *fakeshop.Shop, env map[string]string) *ser
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.Output{}
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	srv, err := newServer(cfg, logging.New(logs, cfg.LogLevel, "shop-schema"), tp, net.DefaultResolver)

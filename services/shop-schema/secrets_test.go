@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/testenv"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -133,7 +134,7 @@ func TestDNSRebindingRefusedAtConnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.Output{}
 	resolver := &rebindResolver{}
 	srv, err := newServer(cfg, logging.New(logs, "info", "shop-schema"), trace.NewNoopTracerProvider(), resolver)
 	if err != nil {
