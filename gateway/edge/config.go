@@ -1,13 +1,10 @@
 package edge
 
 import (
-	"errors"
-	"fmt"
 	"net/url"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/ulule/limiter/v3"
 )
@@ -69,81 +66,66 @@ const bodyReadLimit = 1 << 20
 
 // LoadConfig reads and validates the configuration.
 func LoadConfig(getenv func(string) string) (Config, error) {
-	r := reader{getenv: getenv}
+	r := envconfig.New(getenv)
+	timeout := func(name string, def time.Duration) time.Duration {
+		return r.Duration(name, def, time.Millisecond, time.Hour)
+	}
 	cfg := Config{
-		Addr:             r.str("GATEWAY_ADDR", "127.0.0.1:8080"),
-		AdminAddr:        r.str("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
-		DatabaseURL:      r.str("DATABASE_URL", ""),
-		RedisURL:         r.str("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		IdentitySecret:   r.str("IDENTITY_SECRET", ""),
-		LogLevel:         r.str("LOG_LEVEL", "info"),
-		TrustTraceparent: r.boolean("GATEWAY_TRUST_TRACEPARENT", false),
-		ProxyHeader:      r.str("GATEWAY_PROXY_HEADER", ""),
-		TrustedProxies:   r.list("GATEWAY_TRUSTED_PROXIES", ""),
-		MaxHeaderBytes:   r.integer("GATEWAY_MAX_HEADER_BYTES", 8192),
-		ReadTimeout:      r.duration("GATEWAY_READ_TIMEOUT", 15*time.Second),
-		WriteTimeout:     r.duration("GATEWAY_WRITE_TIMEOUT", 60*time.Second),
-		IdleTimeout:      r.duration("GATEWAY_IDLE_TIMEOUT", 60*time.Second),
-		ShutdownTimeout:  r.duration("GATEWAY_SHUTDOWN_TIMEOUT", 15*time.Second),
+		Addr:             r.String("GATEWAY_ADDR", "127.0.0.1:8080"),
+		AdminAddr:        r.String("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
+		DatabaseURL:      r.String("DATABASE_URL", ""),
+		RedisURL:         r.String("REDIS_URL", "redis://127.0.0.1:6379/0"),
+		IdentitySecret:   getenv("IDENTITY_SECRET"),
+		LogLevel:         r.String("LOG_LEVEL", "info"),
+		TrustTraceparent: r.Bool("GATEWAY_TRUST_TRACEPARENT", false),
+		ProxyHeader:      r.String("GATEWAY_PROXY_HEADER", ""),
+		TrustedProxies:   r.List("GATEWAY_TRUSTED_PROXIES", ""),
+		MaxHeaderBytes:   r.Int("GATEWAY_MAX_HEADER_BYTES", 8192, 1024, 1<<20),
+		ReadTimeout:      timeout("GATEWAY_READ_TIMEOUT", 15*time.Second),
+		WriteTimeout:     timeout("GATEWAY_WRITE_TIMEOUT", 60*time.Second),
+		IdleTimeout:      timeout("GATEWAY_IDLE_TIMEOUT", 60*time.Second),
+		ShutdownTimeout:  timeout("GATEWAY_SHUTDOWN_TIMEOUT", 15*time.Second),
 
-		ExportReaderURLs: r.list("EXPORT_READER_URLS", "http://127.0.0.1:8081"),
-		SalesWriterURLs:  r.list("SALES_WRITER_URLS", "http://127.0.0.1:8082"),
-		ShopSchemaURLs:   r.list("SHOP_SCHEMA_URLS", "http://127.0.0.1:8083"),
+		ExportReaderURLs: r.List("EXPORT_READER_URLS", "http://127.0.0.1:8081"),
+		SalesWriterURLs:  r.List("SALES_WRITER_URLS", "http://127.0.0.1:8082"),
+		ShopSchemaURLs:   r.List("SHOP_SCHEMA_URLS", "http://127.0.0.1:8083"),
 
-		UpstreamConnectTimeout: r.duration("UPSTREAM_CONNECT_TIMEOUT", time.Second),
-		UpstreamReadTimeout:    r.duration("UPSTREAM_READ_TIMEOUT", 30*time.Second),
-		UpstreamWriteTimeout:   r.duration("UPSTREAM_WRITE_TIMEOUT", 10*time.Second),
-		UpstreamDownFor:        r.duration("UPSTREAM_DOWN_FOR", 2*time.Second),
-		UpstreamProbeInterval:  r.duration("UPSTREAM_PROBE_INTERVAL", 2*time.Second),
-		UpstreamMaxConns:       r.integer("UPSTREAM_MAX_CONNS", 512),
+		UpstreamConnectTimeout: timeout("UPSTREAM_CONNECT_TIMEOUT", time.Second),
+		UpstreamReadTimeout:    timeout("UPSTREAM_READ_TIMEOUT", 30*time.Second),
+		UpstreamWriteTimeout:   timeout("UPSTREAM_WRITE_TIMEOUT", 10*time.Second),
+		UpstreamDownFor:        timeout("UPSTREAM_DOWN_FOR", 2*time.Second),
+		UpstreamProbeInterval:  timeout("UPSTREAM_PROBE_INTERVAL", 2*time.Second),
+		UpstreamMaxConns:       r.Int("UPSTREAM_MAX_CONNS", 512, 1, 100_000),
 
-		KeyCacheTTL:        r.duration("KEY_CACHE_TTL", 30*time.Second),
-		KeyCacheUnheardTTL: r.duration("KEY_CACHE_UNHEARD_TTL", time.Second),
-		KeyCacheSize:       r.integer("KEY_CACHE_SIZE", 100_000),
+		KeyCacheTTL:        timeout("KEY_CACHE_TTL", 30*time.Second),
+		KeyCacheUnheardTTL: timeout("KEY_CACHE_UNHEARD_TTL", time.Second),
+		KeyCacheSize:       r.Int("KEY_CACHE_SIZE", 100_000, 1, 100_000_000),
 
-		RateLimitEnabled:      r.boolean("RATE_LIMIT_ENABLED", true),
-		RateLimitRedisTimeout: r.duration("RATE_LIMIT_REDIS_TIMEOUT", 50*time.Millisecond),
-		RateLimitKeyPrefix:    r.str("RATE_LIMIT_KEY_PREFIX", "rl:"),
-		RateExportRead:        r.rate("RATE_LIMIT_EXPORT_READ", "6000-M"),
-		RateSalesWrite:        r.rate("RATE_LIMIT_SALES_WRITE", "600-M"),
-		RateAnonymous:         r.rate("RATE_LIMIT_ANONYMOUS", "600-M"),
-		RateShopSchema:        r.rate("RATE_LIMIT_SHOP_SCHEMA", "30-M"),
-		RateAuthFailures:      r.rate("RATE_LIMIT_AUTH_FAILURES", "60-M"),
+		RateLimitEnabled:      r.Bool("RATE_LIMIT_ENABLED", true),
+		RateLimitRedisTimeout: timeout("RATE_LIMIT_REDIS_TIMEOUT", 50*time.Millisecond),
+		RateLimitKeyPrefix:    r.String("RATE_LIMIT_KEY_PREFIX", "rl:"),
+		RateExportRead:        rate(r, "RATE_LIMIT_EXPORT_READ", "6000-M"),
+		RateSalesWrite:        rate(r, "RATE_LIMIT_SALES_WRITE", "600-M"),
+		RateAnonymous:         rate(r, "RATE_LIMIT_ANONYMOUS", "600-M"),
+		RateShopSchema:        rate(r, "RATE_LIMIT_SHOP_SCHEMA", "30-M"),
+		RateAuthFailures:      rate(r, "RATE_LIMIT_AUTH_FAILURES", "60-M"),
 	}
-	if r.err != nil {
-		return Config{}, r.err
+	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
+	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	if err := r.Err(); err != nil {
+		return Config{}, err
 	}
-	return cfg, cfg.validate()
+	return cfg, nil
 }
 
-func (c Config) validate() error {
-	var errs []error
-	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("DATABASE_URL is required"))
+// rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>", limit ≥ 1).
+func rate(r *envconfig.Reader, name, def string) limiter.Rate {
+	v := r.String(name, def)
+	rate, err := limiter.NewRateFromFormatted(v)
+	if err != nil || rate.Limit < 1 {
+		r.Failf("%s must be <limit>-<S|M|H|D> with a limit of at least 1, such as %s", name, def)
 	}
-	if len(c.IdentitySecret) < 32 {
-		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
-	}
-	if c.RedisURL == "" {
-		errs = append(errs, errors.New("REDIS_URL is required"))
-	}
-	if c.MaxHeaderBytes < 1024 {
-		errs = append(errs, errors.New("GATEWAY_MAX_HEADER_BYTES must be at least 1024"))
-	}
-	if c.KeyCacheSize < 1 || c.UpstreamMaxConns < 1 {
-		errs = append(errs, errors.New("KEY_CACHE_SIZE and UPSTREAM_MAX_CONNS must be positive"))
-	}
-	for name, d := range map[string]time.Duration{
-		"UPSTREAM_CONNECT_TIMEOUT": c.UpstreamConnectTimeout, "UPSTREAM_READ_TIMEOUT": c.UpstreamReadTimeout,
-		"UPSTREAM_WRITE_TIMEOUT": c.UpstreamWriteTimeout, "UPSTREAM_PROBE_INTERVAL": c.UpstreamProbeInterval,
-		"KEY_CACHE_TTL": c.KeyCacheTTL, "KEY_CACHE_UNHEARD_TTL": c.KeyCacheUnheardTTL,
-		"RATE_LIMIT_REDIS_TIMEOUT": c.RateLimitRedisTimeout,
-	} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive", name))
-		}
-	}
-	return errors.Join(errs...)
+	return rate
 }
 
 // LogValue lists the configuration for the start-up log, secrets masked.
@@ -173,73 +155,4 @@ func maskURL(raw string) string {
 		u.User = url.UserPassword(u.User.Username(), "***")
 	}
 	return u.Redacted()
-}
-
-// reader reads typed variables and keeps the first error.
-type reader struct {
-	getenv func(string) string
-	err    error
-}
-
-func (r *reader) str(name, def string) string {
-	if v := strings.TrimSpace(r.getenv(name)); v != "" {
-		return v
-	}
-	return def
-}
-
-func (r *reader) fail(name, v string, err error) {
-	if r.err == nil {
-		r.err = fmt.Errorf("%s=%q: %v", name, v, err)
-	}
-}
-
-func (r *reader) boolean(name string, def bool) bool {
-	v := r.str(name, strconv.FormatBool(def))
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		r.fail(name, v, err)
-	}
-	return b
-}
-
-func (r *reader) integer(name string, def int) int {
-	v := r.str(name, strconv.Itoa(def))
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		r.fail(name, v, err)
-	}
-	return n
-}
-
-func (r *reader) duration(name string, def time.Duration) time.Duration {
-	v := r.str(name, def.String())
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		r.fail(name, v, err)
-	}
-	return d
-}
-
-func (r *reader) list(name, def string) []string {
-	var out []string
-	for _, s := range strings.Split(r.str(name, def), ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-// rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>").
-func (r *reader) rate(name, def string) limiter.Rate {
-	v := r.str(name, def)
-	rate, err := limiter.NewRateFromFormatted(v)
-	if err == nil && rate.Limit < 1 {
-		err = errors.New("limit must be at least 1")
-	}
-	if err != nil {
-		r.fail(name, v, err)
-	}
-	return rate
 }

@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +36,7 @@ func (panicKeys) Lookup(context.Context, string, func() bool) (keystore.Key, err
 
 // startInternal starts a gateway whose key lookup is keys and whose spans
 // go to the returned recorder.
-func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gateway, *tracetest.SpanRecorder, *lockedBuilder) {
+func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gateway, *tracetest.SpanRecorder, *testenv.Output) {
 	t.Helper()
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("slow") != "" {
@@ -61,7 +60,7 @@ func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gatewa
 	}
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	logs := &lockedBuilder{}
+	logs := &testenv.Output{}
 	g, err := start(context.Background(), cfg, getenv, logs, func(g *Gateway) {
 		g.keys = keys
 		g.tracer = tp.Tracer("test")
@@ -75,24 +74,6 @@ func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gatewa
 		_ = g.Shutdown(ctx)
 	})
 	return g, sr, logs
-}
-
-// lockedBuilder is a goroutine-safe log sink.
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuilder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func get(t *testing.T, url string, headers map[string]string) (*http.Response, envelope.Parsed) {
@@ -247,5 +228,35 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + g.Addr() + "/v1/health"); err == nil {
 		t.Error("a new request after shutdown was served, want connection refused")
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://db/x", "IDENTITY_SECRET": testSecret}
+	getenv := func(extra map[string]string) func(string) string {
+		return func(k string) string {
+			if v, ok := extra[k]; ok {
+				return v
+			}
+			return base[k]
+		}
+	}
+	cfg, err := LoadConfig(getenv(nil))
+	if err != nil {
+		t.Fatalf("LoadConfig(minimal) error = %v", err)
+	}
+	if cfg.Addr != "127.0.0.1:8080" || cfg.MaxHeaderBytes != 8192 || cfg.UpstreamMaxConns != 512 ||
+		!cfg.RateLimitEnabled || cfg.RateExportRead.Limit != 6000 || len(cfg.ExportReaderURLs) != 1 {
+		t.Errorf("LoadConfig(minimal) = %+v, want the documented defaults", cfg)
+	}
+	for name, value := range map[string]string{
+		"DATABASE_URL": "", "IDENTITY_SECRET": "short", "GATEWAY_MAX_HEADER_BYTES": "100",
+		"UPSTREAM_MAX_CONNS": "0", "KEY_CACHE_TTL": "-1s", "RATE_LIMIT_ENABLED": "perhaps",
+		"RATE_LIMIT_EXPORT_READ": "0-M", "RATE_LIMIT_SALES_WRITE": "lots",
+	} {
+		_, err := LoadConfig(getenv(map[string]string{name: value}))
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("LoadConfig(%s=%q) error = %v, want one naming %s", name, value, err, name)
+		}
 	}
 }

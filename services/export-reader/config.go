@@ -1,12 +1,9 @@
 package main
 
 import (
-	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 )
@@ -30,59 +27,31 @@ type Config struct {
 
 // loadConfig reads the environment, applies the defaults and validates.
 func loadConfig(getenv func(string) string) (Config, error) {
-	str := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
-	var errs []error
-	maxConns, err := strconv.Atoi(str("EXPORT_READER_DB_MAX_CONNS", "8"))
-	if err != nil || maxConns < 1 || maxConns > 1000 {
-		errs = append(errs, errors.New("EXPORT_READER_DB_MAX_CONNS must be an integer from 1 to 1000"))
-	}
-	timeout, err := time.ParseDuration(str("EXPORT_READER_QUERY_TIMEOUT", "10s"))
-	if err != nil || timeout <= 0 {
-		errs = append(errs, errors.New("EXPORT_READER_QUERY_TIMEOUT must be a positive duration such as 10s"))
-	}
-	aheadPages, err := strconv.Atoi(str("EXPORT_READER_READ_AHEAD_PAGES", "256"))
-	if err != nil || aheadPages < 0 || aheadPages > 8192 {
-		errs = append(errs, errors.New("EXPORT_READER_READ_AHEAD_PAGES must be an integer from 0 (off) to 8192 (~1 GB)"))
-	}
-	aheadTTL, err := time.ParseDuration(str("EXPORT_READER_READ_AHEAD_TTL", "2s"))
-	if err != nil || aheadTTL <= 0 || aheadTTL > time.Minute {
-		errs = append(errs, errors.New("EXPORT_READER_READ_AHEAD_TTL must be a duration from 1ms to 1m such as 2s"))
-	}
+	r := envconfig.New(getenv)
 	cfg := Config{
-		Addr:           str("EXPORT_READER_ADDR", "127.0.0.1:8081"),
-		AdminAddr:      str("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
-		DatabaseURL:    str("READ_DATABASE_URL", getenv("DATABASE_URL")),
-		DBMaxConns:     maxConns,
-		QueryTimeout:   timeout,
-		ReadAheadPages: aheadPages,
-		ReadAheadTTL:   aheadTTL,
+		Addr:           r.String("EXPORT_READER_ADDR", "127.0.0.1:8081"),
+		AdminAddr:      r.String("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
+		DatabaseURL:    r.String("READ_DATABASE_URL", getenv("DATABASE_URL")),
+		DBMaxConns:     r.Int("EXPORT_READER_DB_MAX_CONNS", 8, 1, 1000),
+		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
+		ReadAheadPages: r.Int("EXPORT_READER_READ_AHEAD_PAGES", 256, 0, 8192), // 8192 pages ≈ 1 GB
+		ReadAheadTTL:   r.Duration("EXPORT_READER_READ_AHEAD_TTL", 2*time.Second, time.Millisecond, time.Minute),
 		CursorSecret:   getenv("CURSOR_SECRET"),
-		CursorPrevious: splitList(getenv("CURSOR_SECRET_PREVIOUS")),
+		CursorPrevious: r.List("CURSOR_SECRET_PREVIOUS", ""),
 		IdentitySecret: getenv("IDENTITY_SECRET"),
-		LogLevel:       str("LOG_LEVEL", "info"),
+		LogLevel:       r.String("LOG_LEVEL", "info"),
 	}
-	if cfg.DatabaseURL == "" {
-		errs = append(errs, errors.New("READ_DATABASE_URL or DATABASE_URL is required"))
-	}
-	if len(cfg.CursorSecret) < 32 {
-		errs = append(errs, errors.New("CURSOR_SECRET must be at least 32 bytes"))
-	}
-	for _, s := range cfg.CursorPrevious {
-		if len(s) < 32 {
-			errs = append(errs, errors.New("every secret in CURSOR_SECRET_PREVIOUS must be at least 32 bytes"))
+	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
+	r.Check(len(cfg.CursorSecret) >= 32, "CURSOR_SECRET must be at least 32 bytes")
+	for _, previous := range cfg.CursorPrevious {
+		if len(previous) < 32 {
+			r.Failf("every secret in CURSOR_SECRET_PREVIOUS must be at least 32 bytes")
 			break
 		}
 	}
-	if len(cfg.IdentitySecret) < 32 {
-		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	if err := r.Err(); err != nil {
+		return Config{}, err
 	}
 	return cfg, nil
 }
@@ -109,15 +78,4 @@ func (c Config) readAhead() export.ReadAhead {
 		Reads:   c.DBMaxConns / 4,
 		Timeout: c.QueryTimeout,
 	}
-}
-
-// splitList splits a comma-separated value, dropping empty entries.
-func splitList(v string) []string {
-	var out []string
-	for part := range strings.SplitSeq(v, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
 }

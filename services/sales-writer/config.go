@@ -1,11 +1,9 @@
 package main
 
 import (
-	"errors"
-	"fmt"
-	"strconv"
 	"time"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/postgres"
 )
 
@@ -23,42 +21,21 @@ type Config struct {
 
 // loadConfig reads the environment, applies the defaults and validates.
 func loadConfig(getenv func(string) string) (Config, error) {
-	str := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
-	var errs []error
-	dur := func(name, def string) time.Duration {
-		d, err := time.ParseDuration(str(name, def))
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be a positive duration such as %s", name, def))
-		}
-		return d
-	}
-	maxConns, err := strconv.Atoi(str("SALES_WRITER_DB_MAX_CONNS", "8"))
-	if err != nil || maxConns < 1 || maxConns > 1000 {
-		errs = append(errs, errors.New("SALES_WRITER_DB_MAX_CONNS must be an integer from 1 to 1000"))
-	}
+	r := envconfig.New(getenv)
 	cfg := Config{
-		Addr:                 str("SALES_WRITER_ADDR", "127.0.0.1:8082"),
-		AdminAddr:            str("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
+		Addr:                 r.String("SALES_WRITER_ADDR", "127.0.0.1:8082"),
+		AdminAddr:            r.String("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
 		DatabaseURL:          getenv("DATABASE_URL"),
-		DBMaxConns:           maxConns,
+		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
 		IdentitySecret:       getenv("IDENTITY_SECRET"),
-		IdempotencyRetention: dur("IDEMPOTENCY_RETENTION", "24h"),
-		PurgeInterval:        dur("IDEMPOTENCY_PURGE_INTERVAL", "5m"),
-		LogLevel:             str("LOG_LEVEL", "info"),
+		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
+		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),
+		LogLevel:             r.String("LOG_LEVEL", "info"),
 	}
-	if cfg.DatabaseURL == "" {
-		errs = append(errs, errors.New("DATABASE_URL is required"))
-	}
-	if len(cfg.IdentitySecret) < 32 {
-		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
+	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	if err := r.Err(); err != nil {
+		return Config{}, err
 	}
 	return cfg, nil
 }

@@ -1,12 +1,11 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/coinexport/export/pkg/envconfig"
 )
 
 // Config is every setting of the binary, read from the environment once.
@@ -29,44 +28,26 @@ type Config struct {
 // loadConfig reads the environment through getenv, applies defaults and
 // validates.
 func loadConfig(getenv func(string) string) (Config, error) {
+	r := envconfig.New(getenv)
 	c := Config{
-		Addr:           or(getenv("SHOP_SCHEMA_ADDR"), "127.0.0.1:8083"),
-		AdminAddr:      or(getenv("SHOP_SCHEMA_ADMIN_ADDR"), "127.0.0.1:9083"),
+		Addr:           r.String("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
+		AdminAddr:      r.String("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
 		IdentitySecret: getenv("IDENTITY_SECRET"),
-		LogLevel:       or(getenv("LOG_LEVEL"), "info"),
-		AllowHosts:     splitList(getenv("SHOP_SCHEMA_ALLOW_HOSTS")),
-		CAFile:         getenv("SHOP_SCHEMA_CA_FILE"),
+		LogLevel:       r.String("LOG_LEVEL", "info"),
+		AllowHosts:     r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
+		CAFile:         r.String("SHOP_SCHEMA_CA_FILE", ""),
+		Ports:          ports(r, "SHOP_SCHEMA_PORTS", "443,8443"),
+		Timeout:        r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, time.Millisecond, time.Hour),
+		ConnectTimeout: r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, time.Millisecond, time.Hour),
+		MaxBytes:       int64(r.Int("SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)),
+		PageSize:       r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
+		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
+		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
-	var errs []error
-	collect := func(err error) {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	var err error
-	c.Ports, err = ports(or(getenv("SHOP_SCHEMA_PORTS"), "443,8443"))
-	collect(err)
-	c.Timeout, err = duration(getenv, "SHOP_SCHEMA_TIMEOUT", 20*time.Second)
-	collect(err)
-	c.ConnectTimeout, err = duration(getenv, "SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second)
-	collect(err)
-	maxBytes, err := integer(getenv, "SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)
-	c.MaxBytes = int64(maxBytes)
-	collect(err)
-	c.PageSize, err = integer(getenv, "SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000)
-	collect(err)
-	c.MaxRows, err = integer(getenv, "SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000)
-	collect(err)
-	c.MaxConcurrent, err = integer(getenv, "SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000)
-	collect(err)
-	if len(c.IdentitySecret) < 32 {
-		errs = append(errs, errors.New("IDENTITY_SECRET must be at least 32 bytes"))
-	}
-	if c.ConnectTimeout > c.Timeout {
-		errs = append(errs, errors.New("SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT"))
-	}
-	if len(errs) > 0 {
-		return Config{}, fmt.Errorf("config: %w", errors.Join(errs...))
+	r.Check(len(c.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
+	if err := r.Err(); err != nil {
+		return Config{}, err
 	}
 	return c, nil
 }
@@ -88,58 +69,17 @@ func (c Config) LogValue() slog.Value {
 	)
 }
 
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
-func splitList(v string) []string {
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func ports(v string) ([]uint16, error) {
+// ports reads a comma-separated list of TCP ports (at least one).
+func ports(r *envconfig.Reader, name, def string) []uint16 {
 	var out []uint16
-	for _, s := range splitList(v) {
-		n, err := strconv.ParseUint(s, 10, 16)
+	for _, item := range r.List(name, def) {
+		n, err := strconv.ParseUint(item, 10, 16)
 		if err != nil || n == 0 {
-			return nil, fmt.Errorf("SHOP_SCHEMA_PORTS: %q is not a port", s)
+			r.Failf("%s must list ports from 1 to 65535, separated by commas", name)
+			return nil
 		}
 		out = append(out, uint16(n))
 	}
-	if len(out) == 0 {
-		return nil, errors.New("SHOP_SCHEMA_PORTS must list at least one port")
-	}
-	return out, nil
-}
-
-func duration(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
-	v := getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%s: %q is not a positive duration", name, v)
-	}
-	return d, nil
-}
-
-func integer(getenv func(string) string, name string, def, lo, hi int) (int, error) {
-	v := getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < lo || n > hi {
-		return 0, fmt.Errorf("%s: %q must be an integer from %d to %d", name, v, lo, hi)
-	}
-	return n, nil
+	r.Check(len(out) > 0, name+" must list at least one port")
+	return out
 }

@@ -1,0 +1,93 @@
+// Package envconfig reads a binary's settings from its environment: each
+// value with its default, parsed and range-checked, every problem collected
+// so that one start-up error names every bad variable at once. Error
+// messages name the variable and what it must be, never its value (a
+// variable may hold a secret).
+package envconfig
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Reader reads variables through getenv and collects their problems.
+type Reader struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// New returns a Reader over getenv (os.Getenv, or a map in tests).
+func New(getenv func(string) string) *Reader { return &Reader{getenv: getenv} }
+
+// String returns the variable, trimmed, or def when it is unset or blank.
+func (r *Reader) String(name, def string) string {
+	if v := strings.TrimSpace(r.getenv(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+// Int returns the variable as an integer from min to max, def when unset.
+func (r *Reader) Int(name string, def, min, max int) int {
+	n, err := strconv.Atoi(r.String(name, strconv.Itoa(def)))
+	if err != nil || n < min || n > max {
+		r.Failf("%s must be an integer from %d to %d", name, min, max)
+	}
+	return n
+}
+
+// Duration returns the variable as a duration from min to max (such as
+// "10s"), def when unset.
+func (r *Reader) Duration(name string, def, min, max time.Duration) time.Duration {
+	d, err := time.ParseDuration(r.String(name, def.String()))
+	if err != nil || d < min || d > max {
+		r.Failf("%s must be a duration from %s to %s, such as %s", name, min, max, def)
+	}
+	return d
+}
+
+// List returns the comma-separated variable's non-blank items, trimmed;
+// def is used when the variable is unset.
+func (r *Reader) List(name, def string) []string {
+	var out []string
+	for part := range strings.SplitSeq(r.String(name, def), ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// Check records msg as a problem unless ok: for rules across variables or
+// beyond a type's range (required values, secret lengths).
+func (r *Reader) Check(ok bool, msg string) {
+	if !ok {
+		r.errs = append(r.errs, errors.New(msg))
+	}
+}
+
+// Failf records a problem.
+func (r *Reader) Failf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Errorf(format, args...))
+}
+
+// Err is every problem recorded, or nil.
+func (r *Reader) Err() error {
+	if err := errors.Join(r.errs...); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	return nil
+}
+
+// Bool returns the variable as a boolean (1, t, true, 0, f, false, …), def
+// when unset.
+func (r *Reader) Bool(name string, def bool) bool {
+	b, err := strconv.ParseBool(r.String(name, strconv.FormatBool(def)))
+	if err != nil {
+		r.Failf("%s must be true or false", name)
+	}
+	return b
+}

@@ -1,0 +1,48 @@
+package envconfig
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestDefaultsAndValues(t *testing.T) {
+	r := New(env(map[string]string{"N": " 7 ", "D": "3s", "L": " a, ,b ,", "S": " x "}))
+	got := []any{r.String("S", "d"), r.String("UNSET", "d"), r.Int("N", 1, 0, 10), r.Int("UNSET", 1, 0, 10),
+		r.Duration("D", time.Second, 0, time.Minute), r.Duration("UNSET", time.Second, 0, time.Minute),
+		r.List("L", ""), r.List("UNSET", "p,q"), r.Bool("UNSET", true)}
+	want := []any{"x", "d", 7, 1, 3 * time.Second, time.Second, []string{"a", "b"}, []string{"p", "q"}, true}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("values (-want +got):\n%s", diff)
+	}
+	if err := r.Err(); err != nil {
+		t.Errorf("Err() = %v, want nil", err)
+	}
+}
+
+func TestEveryProblemNamedWithoutItsValue(t *testing.T) {
+	r := New(env(map[string]string{"N": "secret-ish", "BIG": "11", "D": "soon", "NEG": "-1s", "B": "maybe"}))
+	r.Bool("B", false)
+	r.Int("N", 1, 0, 10)
+	r.Int("BIG", 1, 0, 10)
+	r.Duration("D", time.Second, time.Millisecond, time.Minute)
+	r.Duration("NEG", time.Second, time.Millisecond, time.Minute)
+	r.Check(false, "X is required")
+	r.Check(true, "never reported")
+	err := r.Err()
+	if err == nil {
+		t.Fatal("Err() = nil, want every problem")
+	}
+	for _, name := range []string{"N must", "BIG must", "D must", "NEG must", "B must", "X is required"} {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("Err() = %q, lacks %q", err, name)
+		}
+	}
+	if strings.Contains(err.Error(), "secret-ish") || strings.Contains(err.Error(), "never reported") {
+		t.Errorf("Err() = %q, quotes a value or a passed check", err)
+	}
+}
