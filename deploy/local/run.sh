@@ -87,6 +87,15 @@ if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
 fi
 for svc in export-reader sales-writer shop-schema; do start "$svc"; done
+# The gateway starts once the services answer: its first health probe would
+# otherwise find one still starting and report it down for a few seconds.
+for addr in "$EXPORT_READER_ADDR" "$SALES_WRITER_ADDR" "$SHOP_SCHEMA_ADDR"; do
+  for i in $(seq 100); do
+    curl -fsS "http://$addr/healthz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  curl -fsS "http://$addr/healthz" >/dev/null 2>&1 || log "the service on $addr is not answering yet: see .run/logs/"
+done
 start gateway
 
 for i in $(seq 100); do
