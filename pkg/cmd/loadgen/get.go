@@ -18,6 +18,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/coinexport/export/pkg/identity"
 )
 
@@ -175,7 +177,11 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 
 // headersOf captures the headers a authenticator sets, signed now.
 func headersOf(a authenticator) http.Header {
+	var set fasthttp.RequestHeader
+	a(&set)
 	h := http.Header{}
-	a(h)
+	for name, value := range set.All() {
+		h.Add(string(name), string(value))
+	}
 	return h
 }

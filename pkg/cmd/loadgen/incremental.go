@@ -48,7 +48,11 @@ func runIncremental(ctx context.Context, cfg Config, args []string, stdout io.Wr
 	if err != nil {
 		return fmt.Errorf("%s: change items: %w", *name, err)
 	}
-	s := &syncer{client: newHTTPClient(1), base: *base, auth: a}
+	client, err := newHTTPClient(*base, 1)
+	if err != nil {
+		return err
+	}
+	s := &syncer{client: client, auth: a}
 	res, err := s.run(ctx, syncQuery{Limit: *limit, Lang: *lang, UpdatedAfter: checkpoint.Format(time.RFC3339Nano)})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)

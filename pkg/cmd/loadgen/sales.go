@@ -1,28 +1,37 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/postgres"
 )
 
 // salesWorker confirms and cancels sales of its own items with its own
-// platform key, so no two workers ever touch the same item.
+// platform key, so no two workers ever touch the same item. It reuses one
+// request, one response and its buffers for every call.
 type salesWorker struct {
-	client *http.Client
-	base   string
-	key    string
-	items  []string
+	client   *httpClient
+	key      string
+	items    []string
+	itemURLs []string  // per item: base + "/export/items/{id}/sales/", path-escaped once
+	ids      *idSource // order ids and Idempotency-Keys
+
+	req     fasthttp.Request
+	resp    fasthttp.Response
+	uri     []byte
+	body    []byte
+	order   []byte
+	idemKey []byte
 
 	pairs     int // pairs finished inside the measured window
 	conflicts int // 409 on confirm: the item was sold already
@@ -32,30 +41,41 @@ type salesWorker struct {
 	pairTimes Latencies
 }
 
+// newSalesWorker returns worker number n of the run identified by run.
+func newSalesWorker(client *httpClient, run string, n int, key string, items []string) *salesWorker {
+	w := &salesWorker{client: client, key: key, items: items, ids: newIDSource(run, n)}
+	w.itemURLs = make([]string, len(items))
+	for i, item := range items {
+		w.itemURLs[i] = client.base + "/export/items/" + url.PathEscape(item) + "/sales/"
+	}
+	return w
+}
+
 // loop runs pairs until stop; only pairs started at or after measureFrom count.
 func (w *salesWorker) loop(ctx context.Context, measureFrom, stop time.Time) {
 	for i := 0; time.Now().Before(stop) && ctx.Err() == nil; i++ {
-		item := w.items[i%len(w.items)]
+		item := i % len(w.items)
 		t0 := time.Now()
 		measured := !t0.Before(measureFrom)
-		order := "bench-" + randomHex(8)
-		status, d, err := w.post(ctx, item, "confirm", order)
+		w.order = w.ids.appendNext(append(w.order[:0], "bench-"...))
+		w.body = appendSalesBody(w.body[:0], w.order)
+		status, d, err := w.post(item, "confirm")
 		if measured {
 			w.requests.Add(d)
 		}
 		switch {
-		case err != nil || (status != http.StatusOK && status != http.StatusConflict):
+		case err != nil || (status != fasthttp.StatusOK && status != fasthttp.StatusConflict):
 			w.fail(status, err)
 			continue
-		case status == http.StatusConflict:
+		case status == fasthttp.StatusConflict:
 			w.conflicts++
 			continue
 		}
-		status, d, err = w.post(ctx, item, "cancel", order)
+		status, d, err = w.post(item, "cancel")
 		if measured {
 			w.requests.Add(d)
 		}
-		if err != nil || status != http.StatusOK {
+		if err != nil || status != fasthttp.StatusOK {
 			w.fail(status, err)
 			continue
 		}
@@ -75,35 +95,66 @@ func (w *salesWorker) fail(status int, err error) {
 	}
 }
 
-// post sends one confirm or cancel with a fresh Idempotency-Key (spec 4.7).
-func (w *salesWorker) post(ctx context.Context, item, op, order string) (int, time.Duration, error) {
-	body, _ := json.Marshal(map[string]string{"external_order_id": order})
-	u := w.base + "/export/items/" + url.PathEscape(item) + "/sales/" + op
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-	if err != nil {
-		return 0, 0, err
-	}
+// post sends one confirm or cancel of items[item] with w.body and a fresh
+// Idempotency-Key (spec 4.7).
+func (w *salesWorker) post(item int, op string) (int, time.Duration, error) {
+	req := &w.req
+	req.Reset()
+	req.Header.SetMethod(fasthttp.MethodPost)
+	w.uri = append(append(w.uri[:0], w.itemURLs[item]...), op...)
+	req.SetRequestURIBytes(w.uri)
 	req.Header.Set("X-API-Key", w.key)
-	req.Header.Set("Idempotency-Key", randomHex(16))
-	req.Header.Set("Content-Type", "application/json")
+	w.idemKey = w.ids.appendNext(w.idemKey[:0])
+	req.Header.SetBytesV("Idempotency-Key", w.idemKey)
+	req.Header.SetContentType("application/json")
+	req.SetBody(w.body)
 	t0 := time.Now()
-	resp, err := w.client.Do(req)
-	if err != nil {
-		return 0, time.Since(t0), err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	err := w.client.do(req, &w.resp)
 	d := time.Since(t0)
 	if err != nil {
 		return 0, d, err
 	}
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
+	status := w.resp.StatusCode()
+	if status != fasthttp.StatusOK && status != fasthttp.StatusConflict {
 		var p envelope.Parsed
-		if json.Unmarshal(b, &p) == nil && p.Error != nil {
-			return resp.StatusCode, d, fmt.Errorf("%s: status %d, error.code %q", op, resp.StatusCode, p.Error.Code)
+		if json.Unmarshal(w.resp.Body(), &p) == nil && p.Error != nil {
+			return status, d, fmt.Errorf("%s: status %d, error.code %q", op, status, p.Error.Code)
 		}
 	}
-	return resp.StatusCode, d, nil
+	return status, d, nil
+}
+
+// appendSalesBody appends the confirm/cancel body {"external_order_id": order}.
+func appendSalesBody(dst, order []byte) []byte {
+	dst = append(dst, `{"external_order_id":`...)
+	return append(appendJSONString(dst, order), '}')
+}
+
+// appendJSONString appends s as a JSON string. Printable ASCII (every id
+// this tool makes) needs only " and \ escaped, which a loop does without
+// allocating; anything else goes through encoding/json.
+func appendJSONString(dst, s []byte) []byte {
+	if !isPrintableASCII(s) {
+		b, _ := json.Marshal(string(s))
+		return append(dst, b...)
+	}
+	dst = append(dst, '"')
+	for _, c := range s {
+		if c == '"' || c == '\\' {
+			dst = append(dst, '\\')
+		}
+		dst = append(dst, c)
+	}
+	return append(dst, '"')
+}
+
+func isPrintableASCII(s []byte) bool {
+	for _, c := range s {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // runSales is "loadgen sales": confirm + cancel pairs on distinct items,
@@ -154,11 +205,15 @@ func newSalesWorkers(ctx context.Context, cfg Config, base string, n, perWorker 
 	if len(ids) < n {
 		return nil, fmt.Errorf("owner has %d active items, need at least %d", len(ids), n)
 	}
-	client := newHTTPClient(n)
+	client, err := newHTTPClient(base, n)
+	if err != nil {
+		return nil, err
+	}
+	run := randomHex(8)
 	ws := make([]*salesWorker, n)
 	per := len(ids) / n
 	for i := range ws {
-		ws[i] = &salesWorker{client: client, base: base, key: cfg.WriteKeys[i], items: ids[i*per : (i+1)*per]}
+		ws[i] = newSalesWorker(client, run, i, cfg.WriteKeys[i], ids[i*per:(i+1)*per])
 	}
 	return ws, nil
 }

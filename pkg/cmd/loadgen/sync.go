@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // syncQuery is what a syncing client asks for (spec 4.3, 4.8).
@@ -27,12 +26,15 @@ type syncResult struct {
 }
 
 // syncer reads every page of an owner's items like a real client: one page
-// at a time, passing meta.next_cursor back unchanged.
+// at a time, passing meta.next_cursor back unchanged. It reuses one request,
+// one response (whose body buffer grows to the largest page once) and one
+// URI buffer for every page.
 type syncer struct {
-	client *http.Client
-	base   string // e.g. http://127.0.0.1:18080/v1
+	client *httpClient
 	auth   authenticator
-	buf    bytes.Buffer
+	req    fasthttp.Request
+	resp   fasthttp.Response
+	uri    []byte
 }
 
 // run syncs until the last page.
@@ -41,8 +43,11 @@ func (s *syncer) run(ctx context.Context, q syncQuery) (syncResult, error) {
 	start := time.Now()
 	cursor := ""
 	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
 		t0 := time.Now()
-		p, err := s.page(ctx, q, cursor)
+		p, err := s.page(q, cursor)
 		if err != nil {
 			return res, fmt.Errorf("page %d: %w", res.Pages+1, err)
 		}
@@ -62,40 +67,48 @@ func (s *syncer) run(ctx context.Context, q syncQuery) (syncResult, error) {
 }
 
 // page fetches one page.
-func (s *syncer) page(ctx context.Context, q syncQuery, cursor string) (page, error) {
-	v := url.Values{"limit": {strconv.Itoa(q.Limit)}, "lang": {q.Lang}}
-	if q.UpdatedAfter != "" {
-		v.Set("updated_after", q.UpdatedAfter)
-	}
-	if cursor != "" {
-		v.Set("cursor", cursor)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/export/items?"+v.Encode(), nil)
-	if err != nil {
+func (s *syncer) page(q syncQuery, cursor string) (page, error) {
+	s.uri = q.appendURI(append(s.uri[:0], s.client.base...), cursor)
+	s.req.Reset()
+	s.req.SetRequestURIBytes(s.uri)
+	s.auth(&s.req.Header)
+	if err := s.client.do(&s.req, &s.resp); err != nil {
 		return page{}, err
 	}
-	s.auth(req.Header)
-	resp, err := s.client.Do(req)
+	status := s.resp.StatusCode()
+	p, err := scanPage(s.resp.Body())
 	if err != nil {
-		return page{}, err
+		return page{}, fmt.Errorf("status %d: %w", status, err)
 	}
-	defer resp.Body.Close()
-	s.buf.Reset()
-	if _, err := s.buf.ReadFrom(resp.Body); err != nil {
-		return page{}, fmt.Errorf("read body: %w", err)
-	}
-	p, err := scanPage(s.buf.Bytes())
-	if err != nil {
-		return page{}, fmt.Errorf("status %d: %w", resp.StatusCode, err)
-	}
-	if resp.StatusCode != http.StatusOK || p.Error != nil {
+	if status != fasthttp.StatusOK || p.Error != nil {
 		code := ""
 		if p.Error != nil {
 			code = p.Error.Code
 		}
-		return page{}, fmt.Errorf("status %d, error.code %q", resp.StatusCode, code)
+		return page{}, fmt.Errorf("status %d, error.code %q", status, code)
 	}
 	return p, nil
+}
+
+// appendURI appends the list path and query of one page to dst (which holds
+// the base URL); query values are escaped as url.Values would.
+func (q syncQuery) appendURI(dst []byte, cursor string) []byte {
+	dst = append(dst, "/export/items?limit="...)
+	dst = strconv.AppendInt(dst, int64(q.Limit), 10)
+	dst = appendQueryArg(dst, "lang", q.Lang)
+	if q.UpdatedAfter != "" {
+		dst = appendQueryArg(dst, "updated_after", q.UpdatedAfter)
+	}
+	if cursor != "" {
+		dst = appendQueryArg(dst, "cursor", cursor)
+	}
+	return dst
+}
+
+// appendQueryArg appends "&name=value" with value query-escaped.
+func appendQueryArg(dst []byte, name, value string) []byte {
+	dst = append(append(append(dst, '&'), name...), '=')
+	return fasthttp.AppendQuotedArg(dst, []byte(value))
 }
 
 // runSync is "loadgen sync": one full sync, recorded as items/s.
@@ -116,9 +129,13 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	if err != nil {
 		return err
 	}
-	s := &syncer{client: newHTTPClient(1), base: *base, auth: a}
+	client, err := newHTTPClient(*base, 1)
+	if err != nil {
+		return err
+	}
+	s := &syncer{client: client, auth: a}
 	q := syncQuery{Limit: *limit, Lang: *lang}
-	if err := s.warm(ctx, q, *warmup); err != nil {
+	if err := s.warm(q, *warmup); err != nil {
 		return fmt.Errorf("%s: warm-up: %w", *name, err)
 	}
 	res, err := fastest(*repeat, func() (syncResult, error) {
@@ -152,10 +169,10 @@ func fastest(n int, f func() (syncResult, error)) (syncResult, error) {
 }
 
 // warm reads up to n pages from the start and throws them away.
-func (s *syncer) warm(ctx context.Context, q syncQuery, n int) error {
+func (s *syncer) warm(q syncQuery, n int) error {
 	cursor := ""
 	for range n {
-		p, err := s.page(ctx, q, cursor)
+		p, err := s.page(q, cursor)
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,12 @@ import (
 func fakeReader(t *testing.T, total int, stuck bool) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ae := r.Header.Get("Accept-Encoding"); ae != "" {
+			// The figures measure the service, not gzip: the client must not ask for compression.
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprintf(w, `{"error":{"code":"asked_for_%s","message":"no"},"meta":{"request_id":"r"}}`, ae)
+			return
+		}
 		if r.Header.Get("X-API-Key") != "k" {
 			w.WriteHeader(http.StatusUnauthorized)
 			fmt.Fprint(w, `{"error":{"code":"unauthenticated","message":"no"},"meta":{"request_id":"r"}}`)
@@ -41,9 +47,18 @@ func fakeReader(t *testing.T, total int, stuck bool) *httptest.Server {
 	return srv
 }
 
+func testClient(t *testing.T, base string) *httpClient {
+	t.Helper()
+	c, err := newHTTPClient(base, 1)
+	if err != nil {
+		t.Fatalf("newHTTPClient(%q) error %v", base, err)
+	}
+	return c
+}
+
 func TestSyncerFollowsCursors(t *testing.T) {
 	srv := fakeReader(t, 250, false)
-	s := &syncer{client: srv.Client(), base: srv.URL, auth: byAPIKey("k")}
+	s := &syncer{client: testClient(t, srv.URL), auth: byAPIKey("k")}
 	res, err := s.run(context.Background(), syncQuery{Limit: 100, Lang: "ENG"})
 	if err != nil {
 		t.Fatalf("run() error %v", err)
@@ -65,7 +80,7 @@ func TestSyncerFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &syncer{client: tt.srv.Client(), base: tt.srv.URL, auth: byAPIKey(tt.key)}
+			s := &syncer{client: testClient(t, tt.srv.URL), auth: byAPIKey(tt.key)}
 			_, err := s.run(context.Background(), syncQuery{Limit: 5, Lang: "ENG"})
 			if err == nil || !strings.Contains(err.Error(), tt.wantE) {
 				t.Errorf("run() error = %v, want one containing %q", err, tt.wantE)
