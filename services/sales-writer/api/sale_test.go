@@ -221,8 +221,8 @@ func TestOtherOwnersItemIsNotFound(t *testing.T) {
 }
 
 // A signed identity whose platform is not in the database sells nothing:
-// the sale's foreign key to platforms refuses it, and the whole statement,
-// idempotency record included, is rolled back.
+// the confirm statement changes nothing, so no idempotency record is stored
+// either, and the answer is 404.
 func TestUnknownPlatformIsNotFound(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

@@ -46,7 +46,10 @@ FROM (VALUES (1)) AS one (x)
 LEFT JOIN live ON true
 LEFT JOIN result ON true`
 
-// confirmSQL sells the item if it is listed and not sold. updated_at is
+// confirmSQL sells the item if it is listed and not sold, to a platform that
+// exists (a plain read: a foreign key would lock the platform's row, which
+// every concurrent confirm of the platform shares; see migration 00004).
+// updated_at is
 // stamped with clock_timestamp() in the transaction's only statement, after
 // the row lock is taken, as late as possible before commit, so that
 // updated_after syncs do not miss the change; confirmed_at is the same
@@ -56,6 +59,7 @@ const confirmSQL = liveAndItem + `
     UPDATE export_items SET sold = true, updated_at = clock_timestamp()
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
       AND NOT EXISTS (SELECT FROM live)
+      AND EXISTS (SELECT FROM platforms WHERE id = $2)
     RETURNING status, updated_at
 ), sale AS (
     INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
@@ -104,13 +108,15 @@ const cancelSQL = liveAndItem + `
 // explainSQL reads, in a snapshot taken after a write statement that changed
 // nothing, what explains that: the key's record (committed meanwhile by an
 // identical request, perhaps), the item's state, and whether this platform
-// and order have an open sale of it. Parameters $1 to $5 as above.
+// and order have an open sale of it, and whether the platform exists.
+// Parameters $1 to $5 as above.
 const explainSQL = liveAndItem + `
 SELECT live.fingerprint,
        live.response::text,
        it.id IS NOT NULL,
        coalesce(it.listed_active AND NOT it.sold, false),
        coalesce(it.sold, false),
+       EXISTS (SELECT FROM platforms p WHERE p.id = $2),
        EXISTS (SELECT FROM sales s
                WHERE s.owner_id = $1 AND s.item_id = $4 AND s.canceled_at IS NULL
                  AND s.platform_id = $2 AND s.external_order_id = $5)

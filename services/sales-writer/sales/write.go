@@ -142,7 +142,7 @@ func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, e
 	var o outcome
 	err := w.db.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID).
-		Scan(&o.recordFingerprint, &o.stored, &o.itemFound, &o.sellable, &o.sold, &o.openSale)
+		Scan(&o.recordFingerprint, &o.stored, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
 	if err != nil {
 		return Result{}, classify(err)
 	}
@@ -156,6 +156,7 @@ type outcome struct {
 	itemFound         bool
 	sellable          bool // listed and not sold
 	sold              bool
+	platformFound     bool
 	openSale          bool // an open sale of this platform and order
 }
 
@@ -171,10 +172,6 @@ func classify(err error) error {
 		return ErrAlreadySold
 	case pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_records_pkey":
 		return errKeyTaken
-	case pgErr.Code == "23503":
-		// The key's platform is not in the database (the gateway signed a key
-		// whose platform was since removed): nothing can be sold through it.
-		return ErrNotFound
 	case pgErr.Code == "40P01", pgErr.Code == "40001":
 		// Deadlock or serialization failure: nothing was written; run again.
 		return errRetry
@@ -192,7 +189,9 @@ func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 	switch {
 	case o.recordFingerprint != nil:
 		return replay(o.recordFingerprint, o.stored, fp)
-	case !o.itemFound:
+	case !o.itemFound, !o.platformFound:
+		// A signed identity of a platform not in the database (one that
+		// was removed) sells and cancels nothing.
 		return Result{}, ErrNotFound
 	case op == Cancel && o.openSale, op == Confirm && o.sellable:
 		return Result{}, errRetry
