@@ -61,6 +61,10 @@ ALTER DOMAIN json_object ADD CONSTRAINT json_object_is_object CHECK (jsonb_typeo
 ALTER DOMAIN json_array ADD CONSTRAINT json_array_is_array CHECK (jsonb_typeof(VALUE) = 'array');
 ALTER DOMAIN item_texts ADD CONSTRAINT item_texts_have_english CHECK (VALUE ? 'ENG');
 
+-- A column whose type changes loses its planner statistics; without them the
+-- planner expects thousands of rows from a lookup by (owner_id, id).
+ANALYZE export_items;
+
 -- +goose Down
 ALTER TABLE export_items
     ALTER COLUMN id TYPE text,
@@ -77,6 +81,7 @@ ALTER TABLE export_items
     ADD CONSTRAINT export_items_texts_check CHECK (texts ? 'ENG');
 
 DROP DOMAIN item_id, item_price, currency_code, json_object, json_array, item_texts;
+ANALYZE export_items;
 
 ALTER TABLE sales
     ADD CONSTRAINT sales_platform_id_fkey FOREIGN KEY (platform_id) REFERENCES platforms (id),
