@@ -39,6 +39,11 @@ func runIncremental(ctx context.Context, cfg Config, args []string, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	// A bad --base fails here, before any item is changed.
+	client, err := newHTTPClient(*base, 1)
+	if err != nil {
+		return err
+	}
 	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -47,10 +52,6 @@ func runIncremental(ctx context.Context, cfg Config, args []string, stdout io.Wr
 	checkpoint, changed, err := changeItems(ctx, pool, cfg.OwnerID, *fraction)
 	if err != nil {
 		return fmt.Errorf("%s: change items: %w", *name, err)
-	}
-	client, err := newHTTPClient(*base, 1)
-	if err != nil {
-		return err
 	}
 	s := &syncer{client: client, auth: a}
 	res, err := s.run(ctx, syncQuery{Limit: *limit, Lang: *lang, UpdatedAfter: checkpoint.Format(time.RFC3339Nano)})
