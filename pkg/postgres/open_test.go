@@ -14,22 +14,23 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // The services' sessions run without JIT unless their DSN asks for it.
 func TestOpenTurnsJITOffUnlessTheDSNSetsIt(t *testing.T) {
 	dsn := testenv.PostgresURL(t) // key=value form
-	for _, tc := range []struct{ dsn, want string }{
-		{dsn, "off"},
-		{dsn + " jit=on", "on"},
+	for _, tc := range []struct{ name, dsn, want string }{
+		{"default", dsn, "off"},
+		{"dsn sets jit", dsn + " jit=on", "on"},
 	} {
-		pool, err := postgres.Open(context.Background(), tc.dsn)
-		if err != nil {
-			t.Fatalf("Open: %v", err)
-		}
-		var jit string
-		err = pool.QueryRow(context.Background(), "SHOW jit").Scan(&jit)
-		pool.Close()
-		if err != nil {
-			t.Fatalf("SHOW jit: %v", err)
-		}
-		if jit != tc.want {
-			t.Errorf("jit = %q, want %q", jit, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			pool, err := postgres.Open(context.Background(), tc.dsn)
+			if err != nil {
+				t.Fatalf("Open(dsn): %v", err)
+			}
+			defer pool.Close()
+			var jit string
+			if err := pool.QueryRow(context.Background(), "SHOW jit").Scan(&jit); err != nil {
+				t.Fatalf("SHOW jit: %v", err)
+			}
+			if jit != tc.want {
+				t.Errorf("Open(dsn): SHOW jit = %q, want %q", jit, tc.want)
+			}
+		})
 	}
 }

@@ -19,6 +19,12 @@
 --    rewrite of the table; ALTER DOMAIN ADD CONSTRAINT then checks the stored
 --    values once.
 --
+--    Deploying: the migration holds an exclusive lock on export_items while
+--    it checks and analyzes the table (seconds per million items), and a
+--    statement a service prepared before it that returns id fails once per
+--    connection ("cached plan must not change result type"). Run it with the
+--    services stopped, or restart them after it.
+--
 -- 2. The two foreign keys of sales go, like those of idempotency_records in
 --    00002. Each ran a lookup with FOR KEY SHARE in every confirm: on the
 --    item row the same statement has just locked and updated (so it exists),
@@ -36,8 +42,8 @@ ALTER TABLE sales
 CREATE DOMAIN item_id AS text;
 CREATE DOMAIN item_price AS numeric(18, 4);
 CREATE DOMAIN currency_code AS char(3);
-CREATE DOMAIN json_object AS jsonb;
-CREATE DOMAIN json_array AS jsonb;
+CREATE DOMAIN item_characteristics AS jsonb;
+CREATE DOMAIN item_images AS jsonb;
 CREATE DOMAIN item_texts AS jsonb;
 
 ALTER TABLE export_items
@@ -50,15 +56,15 @@ ALTER TABLE export_items
     ALTER COLUMN id TYPE item_id,
     ALTER COLUMN price TYPE item_price,
     ALTER COLUMN currency TYPE currency_code,
-    ALTER COLUMN characteristics TYPE json_object,
-    ALTER COLUMN images TYPE json_array,
+    ALTER COLUMN characteristics TYPE item_characteristics,
+    ALTER COLUMN images TYPE item_images,
     ALTER COLUMN texts TYPE item_texts;
 
 ALTER DOMAIN item_id ADD CONSTRAINT item_id_length CHECK (length(VALUE) BETWEEN 1 AND 128);
 ALTER DOMAIN item_price ADD CONSTRAINT item_price_not_negative CHECK (VALUE >= 0);
 ALTER DOMAIN currency_code ADD CONSTRAINT currency_code_format CHECK (VALUE ~ '^[A-Z]{3}$');
-ALTER DOMAIN json_object ADD CONSTRAINT json_object_is_object CHECK (jsonb_typeof(VALUE) = 'object');
-ALTER DOMAIN json_array ADD CONSTRAINT json_array_is_array CHECK (jsonb_typeof(VALUE) = 'array');
+ALTER DOMAIN item_characteristics ADD CONSTRAINT item_characteristics_is_object CHECK (jsonb_typeof(VALUE) = 'object');
+ALTER DOMAIN item_images ADD CONSTRAINT item_images_is_array CHECK (jsonb_typeof(VALUE) = 'array');
 ALTER DOMAIN item_texts ADD CONSTRAINT item_texts_have_english CHECK (VALUE ? 'ENG');
 
 -- A column whose type changes loses its planner statistics; without them the
@@ -80,7 +86,7 @@ ALTER TABLE export_items
     ADD CONSTRAINT export_items_images_check CHECK (jsonb_typeof(images) = 'array'),
     ADD CONSTRAINT export_items_texts_check CHECK (texts ? 'ENG');
 
-DROP DOMAIN item_id, item_price, currency_code, json_object, json_array, item_texts;
+DROP DOMAIN item_id, item_price, currency_code, item_characteristics, item_images, item_texts;
 ANALYZE export_items;
 
 ALTER TABLE sales

@@ -222,8 +222,9 @@ func TestOtherOwnersItemIsNotFound(t *testing.T) {
 
 // A signed identity whose platform is not in the database sells nothing:
 // the confirm statement changes nothing, so no idempotency record is stored
-// either, and the answer is 404.
-func TestUnknownPlatformIsNotFound(t *testing.T) {
+// either, and the answer is 404. It has no sale to cancel: 409, as for any
+// platform without one (spec 3).
+func TestUnknownPlatformSellsNothing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
@@ -231,6 +232,10 @@ func TestUnknownPlatformIsNotFound(t *testing.T) {
 	rec, env := f.do(t, call{id: f.writer("no-such-market"), op: "confirm", item: "coin-1", key: "k1", body: order1})
 	if rec.Code != 404 || errorCode(env) != "not_found" {
 		t.Fatalf("confirm by an unknown platform = %d %q, want 404 not_found", rec.Code, errorCode(env))
+	}
+	rec, env = f.do(t, call{id: f.writer("no-such-market"), op: "cancel", item: "coin-1", key: "k2", body: order1})
+	if rec.Code != 409 || errorCode(env) != "sale_not_cancelable" {
+		t.Fatalf("cancel by an unknown platform = %d %q, want 409 sale_not_cancelable", rec.Code, errorCode(env))
 	}
 	if got := f.item(t, f.owner, "coin-1"); got != before {
 		t.Errorf("item = %+v, want unchanged %+v", got, before)

@@ -49,11 +49,10 @@ LEFT JOIN result ON true`
 // confirmSQL sells the item if it is listed and not sold, to a platform that
 // exists (a plain read: a foreign key would lock the platform's row, which
 // every concurrent confirm of the platform shares; see migration 00004).
-// updated_at is
-// stamped with clock_timestamp() in the transaction's only statement, after
-// the row lock is taken, as late as possible before commit, so that
-// updated_after syncs do not miss the change; confirmed_at is the same
-// instant.
+// updated_at is stamped with clock_timestamp() in the transaction's only
+// statement, after the row lock is taken, as late as possible before commit,
+// so that updated_after syncs do not miss the change; confirmed_at is the
+// same instant.
 const confirmSQL = liveAndItem + `
 , item AS (
     UPDATE export_items SET sold = true, updated_at = clock_timestamp()

@@ -57,7 +57,7 @@ type Result struct {
 // Errors of the sale logic; the HTTP layer maps each to a status and code.
 var (
 	// ErrNotFound: the item does not exist or belongs to another owner, or
-	// the caller's platform does not exist.
+	// (confirm) the caller's platform does not exist.
 	ErrNotFound = errors.New("export item not found")
 	// ErrAlreadySold: confirm of an item with an open sale (any platform).
 	ErrAlreadySold = errors.New("item is already sold")

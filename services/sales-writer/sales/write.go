@@ -189,9 +189,10 @@ func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 	switch {
 	case o.recordFingerprint != nil:
 		return replay(o.recordFingerprint, o.stored, fp)
-	case !o.itemFound, !o.platformFound:
+	case !o.itemFound, op == Confirm && !o.platformFound:
 		// A signed identity of a platform not in the database (one that
-		// was removed) sells and cancels nothing.
+		// was removed) sells nothing; it has no sale to cancel either,
+		// which the cancel rows below answer.
 		return Result{}, ErrNotFound
 	case op == Cancel && o.openSale, op == Confirm && o.sellable:
 		return Result{}, errRetry
