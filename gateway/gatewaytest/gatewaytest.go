@@ -4,9 +4,7 @@
 package gatewaytest
 
 import (
-	"bytes"
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +23,7 @@ type Server struct {
 	// AdminURL serves /metrics.
 	AdminURL string
 	// Logs holds every log line the gateway wrote.
-	Logs *Buffer
+	Logs *testenv.Output
 }
 
 // Start runs a gateway configured by env (the same variables as the
@@ -56,7 +54,7 @@ func Start(t testing.TB, env map[string]string) *Server {
 	if err != nil {
 		t.Fatalf("gatewaytest: config: %v", err)
 	}
-	logs := &Buffer{}
+	logs := &testenv.Output{}
 	g, err := edge.Start(context.Background(), cfg, getenv, logs)
 	if err != nil {
 		t.Fatalf("gatewaytest: start: %v", err)
@@ -69,24 +67,4 @@ func Start(t testing.TB, env map[string]string) *Server {
 		}
 	})
 	return &Server{URL: "http://" + g.Addr(), AdminURL: "http://" + g.AdminAddr(), Logs: logs}
-}
-
-// Buffer is a goroutine-safe log sink.
-type Buffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write appends p.
-func (b *Buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String returns everything written so far.
-func (b *Buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
