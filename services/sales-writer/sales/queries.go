@@ -80,9 +80,11 @@ const confirmSQL = liveAndItem + `
 // makes the item sellable again. The sale row is locked first and the item's
 // update depends on it, so a cancel racing another cancel of the same sale
 // re-checks canceled_at IS NULL on the newest version and finds it closed.
+// canceled_at is never before confirmed_at, even if the clock stepped back
+// since the confirm (migration 00005: this statement is what keeps that rule).
 const cancelSQL = liveAndItem + `
 , sale AS (
-    UPDATE sales SET canceled_at = clock_timestamp()
+    UPDATE sales SET canceled_at = greatest(clock_timestamp(), confirmed_at)
     WHERE owner_id = $1 AND item_id = $4 AND canceled_at IS NULL
       AND platform_id = $2 AND external_order_id = $5
       AND NOT EXISTS (SELECT FROM live)

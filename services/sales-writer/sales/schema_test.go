@@ -1,0 +1,100 @@
+package sales
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+// The sale records' rules hold in the database, whoever writes the row: the
+// domains of migration 00005 refuse a bad external order id or idempotency
+// key on insert and on update.
+func TestDatabaseRefusesBadSaleRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "p", "item-1")
+
+	for _, bad := range []string{"", strings.Repeat("x", 129)} {
+		_, err := db.Exec(ctx, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
+		    VALUES ($1, 'item-1', 'p', $2, now())`, owner, bad)
+		assertDomainViolation(t, "sale insert", err, "external_order_id")
+		_, err = db.Exec(ctx, `UPDATE sales SET external_order_id = $2 WHERE owner_id = $1`, owner, bad)
+		assertDomainViolation(t, "sale update", err, "external_order_id")
+
+		_, err = db.Exec(ctx, `INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
+		    VALUES ($1, 'p', $2, '\x00', '{}', now() + interval '1 hour')`, owner, bad)
+		assertDomainViolation(t, "record insert", err, "idempotency_key")
+	}
+}
+
+// A cancel never records canceled_at before confirmed_at, even when the
+// clock reads earlier than the confirm did (a clock stepped back): the
+// cancel statement keeps that rule since migration 00005 dropped the CHECK.
+func TestCancelIsNeverBeforeConfirm(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "p", "item-1")
+	confirmedAt := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	if _, err := db.Exec(ctx, `UPDATE export_items SET sold = true WHERE owner_id = $1 AND id = 'item-1'`, owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
+	    VALUES ($1, 'item-1', 'p', 'order-1', $2)`, owner, confirmedAt); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := NewWriter(db, time.Hour).Execute(ctx, Request{Operation: Cancel, OwnerID: owner, PlatformID: "p",
+		IdempotencyKey: "k1", ItemID: "item-1", ExternalOrderID: "order-1"})
+	if err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	if !res.ConfirmedAt.Equal(confirmedAt) || res.CanceledAt.Before(res.ConfirmedAt) {
+		t.Errorf("cancel answered confirmed_at %v, canceled_at %v; want confirmed_at %v and canceled_at not before it",
+			res.ConfirmedAt, res.CanceledAt, confirmedAt)
+	}
+	var stored time.Time
+	if err := db.QueryRow(ctx, `SELECT canceled_at FROM sales WHERE owner_id = $1`, owner).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored.Before(confirmedAt) {
+		t.Errorf("stored canceled_at %v is before confirmed_at %v", stored, confirmedAt)
+	}
+}
+
+// saleFixture creates an owner, a platform and one listed item, and returns
+// the owner's id.
+func saleFixture(t *testing.T, db *pgxpool.Pool, platform, item string) string {
+	t.Helper()
+	ctx := context.Background()
+	var owner string
+	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ($1)", platform); err != nil {
+		t.Fatal(err)
+	}
+	_, err := db.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
+	    doc_eng, doc_rus, doc_ukr, updated_at)
+	    VALUES ($1, $2, true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner, item)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
+func assertDomainViolation(t *testing.T, what string, err error, domain string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.DataTypeName != domain {
+		t.Errorf("%s: error = %v, want check_violation (23514) of domain %s", what, err, domain)
+	}
+}
