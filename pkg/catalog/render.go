@@ -3,7 +3,8 @@ package catalog
 import (
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/coinexport/export/pkg/jsonw"
 )
 
 // TimeLayout is how updated_at is written: RFC 3339, UTC, always six
@@ -24,17 +25,17 @@ func Render(it *Item, lang string) []byte {
 func AppendDoc(dst []byte, it *Item, lang string) []byte {
 	t := it.text(lang)
 	dst = append(dst, `"id":`...)
-	dst = appendString(dst, it.ID)
+	dst = jsonw.String(dst, it.ID)
 	dst = append(dst, `,"coin_id":`...)
 	if it.CoinID == nil {
 		dst = append(dst, "null"...)
 	} else {
-		dst = appendString(dst, *it.CoinID)
+		dst = jsonw.String(dst, *it.CoinID)
 	}
 	dst = append(dst, `,"title":`...)
-	dst = appendString(dst, t.Title)
+	dst = jsonw.String(dst, t.Title)
 	dst = append(dst, `,"description":`...)
-	dst = appendString(dst, t.Description)
+	dst = jsonw.String(dst, t.Description)
 	dst = append(dst, `,"price":`...)
 	if it.Price == nil {
 		dst = append(dst, "null"...)
@@ -42,7 +43,7 @@ func AppendDoc(dst []byte, it *Item, lang string) []byte {
 		dst = append(dst, *it.Price...)
 	}
 	dst = append(dst, `,"currency":`...)
-	dst = appendString(dst, it.Currency)
+	dst = jsonw.String(dst, it.Currency)
 	dst = append(dst, `,"category":`...)
 	dst = appendRaw(dst, it.Category, "null")
 	dst = append(dst, `,"characteristics":`...)
@@ -59,13 +60,13 @@ func AppendDoc(dst []byte, it *Item, lang string) []byte {
 
 func appendImage(dst []byte, img Image) []byte {
 	dst = append(dst, `{"id":`...)
-	dst = appendString(dst, img.ID)
+	dst = jsonw.String(dst, img.ID)
 	dst = append(dst, `,"url":`...)
-	dst = appendString(dst, img.URL)
+	dst = jsonw.String(dst, img.URL)
 	dst = append(dst, `,"position":`...)
 	dst = strconv.AppendInt(dst, int64(img.Position), 10)
 	dst = append(dst, `,"type":`...)
-	dst = appendString(dst, img.Type)
+	dst = jsonw.String(dst, img.Type)
 	return append(dst, '}')
 }
 
@@ -89,55 +90,4 @@ func Compose(dst []byte, status string, updatedAt time.Time, doc []byte) []byte 
 	dst = append(dst, `",`...)
 	dst = append(dst, doc...)
 	return append(dst, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string. Input is valid UTF-8 (the parser
-// checks it); U+2028 and U+2029 are escaped so the output is also safe to
-// embed in JavaScript.
-func appendString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == '\u2028' || r == '\u2029' || r == utf8.RuneError && size == 1 {
-				dst = append(dst, s[start:i]...)
-				if r == utf8.RuneError {
-					dst = append(dst, `\ufffd`...)
-				} else {
-					dst = append(dst, `\u202`...)
-					dst = append(dst, hexDigits[r&0xf])
-				}
-				i += size
-				start = i
-				continue
-			}
-			i += size
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		i++
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }

@@ -5,6 +5,8 @@ package envelope
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/coinexport/export/pkg/jsonw"
 )
 
 // Meta is the meta object every response carries.
@@ -54,6 +56,29 @@ func WriteData(w http.ResponseWriter, status int, data any, meta Meta) {
 		return
 	}
 	writeBody(w, status, body, meta.RequestID)
+}
+
+// WriteDataJSON writes a success envelope around data: JSON its caller
+// encoded without reflection, valid and compact, copied as it is. For the
+// sales writer's answer, WriteData's encoding/json (reflection, then
+// re-validating the value's MarshalJSON output) was 8 % of the service's CPU.
+func WriteDataJSON(w http.ResponseWriter, status int, data []byte, meta Meta) {
+	body := make([]byte, 0, len(data)+96)
+	body = append(body, `{"data":`...)
+	body = append(body, data...)
+	body = appendMeta(body, meta)
+	writeBody(w, status, append(body, '}'), meta.RequestID)
+}
+
+// appendMeta appends the meta member as WriteData writes it.
+func appendMeta(dst []byte, m Meta) []byte {
+	dst = append(dst, `,"meta":{"request_id":`...)
+	dst = jsonw.String(dst, m.RequestID)
+	if m.NextCursor != nil {
+		dst = append(dst, `,"next_cursor":`...)
+		dst = jsonw.String(dst, *m.NextCursor)
+	}
+	return append(dst, '}')
 }
 
 // WriteError writes an error envelope with the given status.

@@ -12,7 +12,10 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"time"
+
+	"github.com/coinexport/export/pkg/jsonw"
 
 	"github.com/coinexport/export/pkg/catalog"
 )
@@ -91,18 +94,35 @@ func Fingerprint(r Request) []byte {
 // (catalog.TimeLayout: UTC, six fractional digits), so one client sees one
 // timestamp format.
 func (r Result) MarshalJSON() ([]byte, error) {
-	type plain Result // without this method
-	wire := struct {
-		plain
-		ConfirmedAt string `json:"confirmed_at,omitempty"`
-		CanceledAt  string `json:"canceled_at,omitempty"`
-	}{plain: plain(r), ConfirmedAt: timestamp(r.ConfirmedAt), CanceledAt: timestamp(r.CanceledAt)}
-	return json.Marshal(wire)
+	return r.AppendJSON(make([]byte, 0, 256)), nil
 }
 
-func timestamp(t time.Time) string {
+// AppendJSON appends r as MarshalJSON writes it, without reflection: this is
+// every answer of the service (see envelope.WriteDataJSON).
+func (r Result) AppendJSON(dst []byte) []byte {
+	dst = append(dst, `{"item_id":`...)
+	dst = jsonw.String(dst, r.ItemID)
+	dst = append(dst, `,"status":`...)
+	dst = jsonw.String(dst, r.Status)
+	dst = append(dst, `,"stock_quantity":`...)
+	dst = strconv.AppendInt(dst, int64(r.StockQuantity), 10)
+	dst = append(dst, `,"platform_id":`...)
+	dst = jsonw.String(dst, r.PlatformID)
+	dst = append(dst, `,"external_order_id":`...)
+	dst = jsonw.String(dst, r.ExternalOrderID)
+	dst = append(dst, `,"idempotent_replay":`...)
+	dst = strconv.AppendBool(dst, r.IdempotentReplay)
+	dst = appendTimestamp(dst, `,"confirmed_at":"`, r.ConfirmedAt)
+	dst = appendTimestamp(dst, `,"canceled_at":"`, r.CanceledAt)
+	return append(dst, '}')
+}
+
+// appendTimestamp appends the member that opens with key, unless t is zero.
+func appendTimestamp(dst []byte, key string, t time.Time) []byte {
 	if t.IsZero() {
-		return ""
+		return dst
 	}
-	return t.UTC().Format(catalog.TimeLayout)
+	dst = append(dst, key...)
+	dst = t.UTC().AppendFormat(dst, catalog.TimeLayout)
+	return append(dst, '"')
 }

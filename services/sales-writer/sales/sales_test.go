@@ -29,6 +29,24 @@ func TestResultMarshalJSON(t *testing.T) {
 	}
 }
 
+// Whatever the ids hold, the answer is JSON that decodes to the same result.
+func TestResultJSONRoundTrips(t *testing.T) {
+	at := time.Date(2026, 11, 21, 10, 0, 0, 123456000, time.UTC)
+	in := Result{ItemID: "coin \"42\" \\ Талер", Status: "active", StockQuantity: 1, PlatformID: "p.1",
+		ExternalOrderID: "order\n<&>\u2028\x01", ConfirmedAt: at, CanceledAt: at.Add(time.Minute), IdempotentReplay: true}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Result
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("json.Unmarshal(%s): %v", b, err)
+	}
+	if out != in {
+		t.Errorf("round trip of %+v via %s gave %+v", in, b, out)
+	}
+}
+
 func TestFingerprint(t *testing.T) {
 	base := Request{Operation: Confirm, OwnerID: "o", PlatformID: "p", IdempotencyKey: "k", ItemID: "item", ExternalOrderID: "order"}
 	same := []Request{
