@@ -34,3 +34,33 @@ func TestOpenTurnsJITOffUnlessTheDSNSetsIt(t *testing.T) {
 		})
 	}
 }
+
+// IndexScansOnly turns sequential scans off in every session, unless the DSN
+// sets enable_seqscan; without it they stay on.
+func TestIndexScansOnly(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		name, dsn string
+		opts      []postgres.Option
+		want      string
+	}{
+		{"without the option", dsn, nil, "on"},
+		{"with the option", dsn, []postgres.Option{postgres.IndexScansOnly()}, "off"},
+		{"dsn sets enable_seqscan", dsn + " enable_seqscan=on", []postgres.Option{postgres.IndexScansOnly()}, "on"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, err := postgres.Open(context.Background(), tc.dsn, tc.opts...)
+			if err != nil {
+				t.Fatalf("Open(dsn): %v", err)
+			}
+			defer pool.Close()
+			var got string
+			if err := pool.QueryRow(context.Background(), "SHOW enable_seqscan").Scan(&got); err != nil {
+				t.Fatalf("SHOW enable_seqscan: %v", err)
+			}
+			if got != tc.want {
+				t.Errorf("SHOW enable_seqscan = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
