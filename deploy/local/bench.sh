@@ -13,7 +13,7 @@
 #   BENCH_REPEAT   timed runs of each full sync and scan, fastest kept (default 3)
 #   BENCH_PROFILE=1  perf CPU profiles of gateway and export-reader during
 #                  the two full syncs, summaries in .run/bench/profile/
-#   BENCH_RESEED=1 drop the bench database and seed again
+#   BENCH_RESEED=1 drop the seeded database and seed again
 #   BENCH_LOG_LEVEL  LOG_LEVEL of the stack (default warn: nginx logs no
 #                  access lines either)
 #   BENCH_ONLY     comma-separated subset of sync,get,sales,incremental to
@@ -24,8 +24,9 @@
 #
 # Everything lives in .run/bench (its own PostgreSQL, Redis, logs, results)
 # on its own ports (18080-18090, admin 19080-19090), so it runs beside
-# make run. Each BENCH_ITEMS gets its own database (bench_N), seeded once and
-# reused by later runs. Everything started here is stopped on exit.
+# make run. Each BENCH_ITEMS gets its own seeded database (bench_N_seed),
+# seeded once and kept; every run measures a fresh copy of it (bench_N).
+# Everything started here is stopped on exit.
 set -euo pipefail
 # The whole script is one block, read before it runs, so editing this file
 # during a (long) run cannot change the running one.
@@ -115,30 +116,38 @@ set -a; . "$state/secrets"; set +a
 # Nothing from the caller's stack may leak in: our own database, Redis and
 # no trace export (spans are still made, as in production, but go nowhere).
 unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT READ_DATABASE_URL
-# One database per item count, so quick and full runs keep their seeds.
+# One seeded database per item count (bench_N_seed), kept between runs, so
+# quick and full runs keep their seeds. Every run works on a fresh copy of it
+# (bench_N): the sales and incremental scenarios change rows, and a database
+# carrying every earlier run's sales (dead row versions, grown indexes,
+# vacuum debt) measured slower from run to run.
 db=bench_$items
+seed_db=${db}_seed
 export DATABASE_URL="postgres://postgres@/$db?host=$state/pg"
+seed_url="postgres://postgres@/$seed_db?host=$state/pg"
 export REDIS_URL="unix://$state/redis/redis.sock"
 export LOG_LEVEL=${BENCH_LOG_LEVEL:-warn}
 export LOADGEN_RESULTS=$results
 
 psql_bench() { psql -h "$state/pg" -U postgres -d "$db" -v ON_ERROR_STOP=1 -qtAX "$@"; }
+psql_admin() { psql -h "$state/pg" -U postgres -d postgres -v ON_ERROR_STOP=1 -qtAX "$@"; }
 
 seed_env=$state/seed-$items.env
 seeded=""
 [ -f "$seed_env" ] && seeded=$(grep -o '^BENCH_SEEDED_ITEMS=[0-9]*' "$seed_env" | cut -d= -f2 || true)
+[ -n "$(psql_admin -c "SELECT 1 FROM pg_database WHERE datname = '$seed_db'")" ] || seeded=""
 if [ "${BENCH_RESEED:-0}" = 1 ] || [ "$seeded" != "$items" ]; then
-  log "seeding a fresh bench database with $items items (kept for the next run with the same BENCH_ITEMS)"
+  log "seeding $seed_db with $items items (kept for the next run with the same BENCH_ITEMS)"
   rm -f "$seed_env"
-  psql -h "$state/pg" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1
-  pg_create_db "$state/pg" "$db"
+  psql_admin -c "DROP DATABASE IF EXISTS $seed_db" >/dev/null
+  pg_create_db "$state/pg" "$seed_db"
+  export DATABASE_URL=$seed_url
   bin/exportctl migrate >/dev/null
   owner=$(bin/exportctl owner create --name "Bench coins" --json | json_field id)
   [ -n "$owner" ] || die "exportctl owner create printed no id"
   t0=$(date +%s)
   bin/exportctl items seed --owner "$owner" --count "$items" --seed 1 >/dev/null
   log "seeded $items items in $(( $(date +%s) - t0 )) s"
-  psql_bench -c "VACUUM (ANALYZE) export_items" >/dev/null
   read_json=$(bin/exportctl key create --owner "$owner" --scope export:read --name bench-read --json)
   read_key=$(json_field key <<<"$read_json"); read_key_id=$(json_field id <<<"$read_json")
   write_keys=()
@@ -146,15 +155,23 @@ if [ "${BENCH_RESEED:-0}" = 1 ] || [ "$seeded" != "$items" ]; then
     bin/exportctl platform create --id "bench-p$i" --name "Bench platform $i" >/dev/null
     write_keys+=("$(bin/exportctl key create --owner "$owner" --scope sales:write --platform "bench-p$i" --name "bench-write-$i" --json | json_field key)")
   done
+  export DATABASE_URL="postgres://postgres@/$db?host=$state/pg"
   umask 077
   { printf 'LOADGEN_OWNER_ID=%s\nLOADGEN_READ_KEY=%s\nLOADGEN_READ_KEY_ID=%s\n' "$owner" "$read_key" "$read_key_id"
     printf 'LOADGEN_WRITE_KEYS=%s\n' "$(IFS=,; echo "${write_keys[*]}")"
     printf 'BENCH_SEEDED_ITEMS=%s\n' "$items"; } >"$seed_env"
   umask 022
 else
-  log "reusing the seeded bench database ($items items)"
-  bin/exportctl migrate >/dev/null
+  log "reusing $seed_db ($items items)"
+  DATABASE_URL=$seed_url bin/exportctl migrate >/dev/null
 fi
+# Vacuumed and analyzed, as a catalog is once autovacuum has caught up; a
+# no-op on a seed that has not changed since.
+psql -h "$state/pg" -U postgres -d "$seed_db" -v ON_ERROR_STOP=1 -qtAX -c "VACUUM (ANALYZE)" >/dev/null
+t0=$(date +%s)
+psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
+psql_admin -c "CREATE DATABASE $db TEMPLATE $seed_db STRATEGY FILE_COPY" >/dev/null || die "copying $seed_db failed"
+log "copied $seed_db to $db in $(( $(date +%s) - t0 )) s"
 set -a; . "$seed_env"; set +a
 
 # --- the stack -------------------------------------------------------------------
