@@ -139,6 +139,10 @@ func (rs records) salesRow() row {
 	p50, _ := rs.get("sales", "p50_ms")
 	p99, _ := rs.get("sales", "p99_ms")
 	r.Figure = fmt.Sprintf("%s pairs/s, request p50 %s ms, p99 %s ms", thousands(v), millis(p50), millis(p99))
+	if n, _ := rs.get("sales", "rounds"); n > 1 {
+		worst, _ := rs.get("sales", "worst_round")
+		r.Figure += fmt.Sprintf(" (best of %d rounds; the slowest %s pairs/s)", int(n), thousands(worst))
+	}
 	r.Result = rs.errorsNote("sales", verdict(v >= 2000 && p99 < 25))
 	return r
 }

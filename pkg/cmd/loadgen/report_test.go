@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -127,4 +128,26 @@ func TestRenderBlockListsFailures(t *testing.T) {
 	if !strings.HasPrefix(b.String(), beginMarker) || !strings.HasSuffix(b.String(), endMarker+"\n") {
 		t.Errorf("renderBlock() is not wrapped in the markers: %q", b.String())
 	}
+}
+
+// The sales figure is the best round's and names the slowest round too.
+func TestSalesRowShowsTheSlowestRound(t *testing.T) {
+	rs := fullRecords()
+	delete(rs, "sales")
+	for i, pairs := range []float64{1900, 2100, 1700} {
+		name := fmt.Sprintf("sales#%d", i+1)
+		rs[name] = Record{Scenario: name, Figures: map[string]float64{"pairs_per_s": pairs, "p50_ms": 8, "p99_ms": 15, "errors": 0}}
+	}
+	rs = bestOfRounds(rs)
+	for _, r := range buildRows(rs, []int{64}) {
+		if !strings.HasPrefix(r.Scenario, "confirm + cancel") {
+			continue
+		}
+		want := "2,100 pairs/s, request p50 8.00 ms, p99 15.0 ms (best of 3 rounds; the slowest 1,700 pairs/s)"
+		if r.Figure != want || r.Result != "pass" {
+			t.Errorf("sales row = %q, %q; want %q, pass", r.Figure, r.Result, want)
+		}
+		return
+	}
+	t.Fatal("no sales row")
 }

@@ -67,10 +67,15 @@ var throughputFigures = []string{"rps", "pairs_per_s", "items_per_s"}
 // with the highest throughput. The bench interleaves rounds of the scenarios
 // it compares (nginx, gateway, gateway without limits), so a slow spell of
 // the shared machine hits each of them alike, and the best round of each is
-// the least disturbed one.
+// the least disturbed one. The folded record also keeps the worst round's
+// throughput ("worst_round"), so the table can show how far the rounds were
+// apart, and the failed requests of all rounds ("errors"), so that none is
+// hidden by keeping a clean round.
 func bestOfRounds(rs map[string]Record) map[string]Record {
 	out := map[string]Record{}
 	rounds := map[string]int{}
+	worst := map[string]float64{}
+	errs := map[string]float64{}
 	for name, r := range rs {
 		base, _, isRound := strings.Cut(name, "#")
 		if !isRound {
@@ -80,6 +85,12 @@ func bestOfRounds(rs map[string]Record) map[string]Record {
 			continue
 		}
 		rounds[base]++
+		if w, ok := worst[base]; !ok || throughput(r) < w {
+			worst[base] = throughput(r)
+		}
+		if n, ok := r.Figures["errors"]; ok {
+			errs[base] += n
+		}
 		if best, ok := out[base]; !ok || rounds[base] == 1 || throughput(r) > throughput(best) {
 			r.Scenario = base
 			r.Figures = maps.Clone(r.Figures) // "rounds" is added below
@@ -88,6 +99,10 @@ func bestOfRounds(rs map[string]Record) map[string]Record {
 	}
 	for base, n := range rounds {
 		out[base].Figures["rounds"] = float64(n)
+		out[base].Figures["worst_round"] = worst[base]
+		if n, ok := errs[base]; ok {
+			out[base].Figures["errors"] = n
+		}
 	}
 	return out
 }

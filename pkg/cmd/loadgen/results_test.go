@@ -29,16 +29,16 @@ func TestReadRecordsKeepsTheLastOfAName(t *testing.T) {
 
 func TestBestOfRounds(t *testing.T) {
 	in := map[string]Record{
-		"get_nginx_64#1":   {Scenario: "get_nginx_64#1", Figures: map[string]float64{"rps": 100, "p99_ms": 9}},
-		"get_nginx_64#2":   {Scenario: "get_nginx_64#2", Figures: map[string]float64{"rps": 300, "p99_ms": 5}},
+		"get_nginx_64#1":   {Scenario: "get_nginx_64#1", Figures: map[string]float64{"rps": 100, "p99_ms": 9, "errors": 4}},
+		"get_nginx_64#2":   {Scenario: "get_nginx_64#2", Figures: map[string]float64{"rps": 300, "p99_ms": 5, "errors": 0}},
 		"get_nginx_64#3":   {Scenario: "get_nginx_64#3", Figures: map[string]float64{"rps": 200, "p99_ms": 7}},
 		"get_gateway_64#1": {Scenario: "get_gateway_64#1", Figures: map[string]float64{"rps": 150}},
 		"scan":             {Scenario: "scan", Figures: map[string]float64{"items_per_s": 5}},
 	}
 	got := bestOfRounds(in)
 	want := map[string]Record{
-		"get_nginx_64":   {Scenario: "get_nginx_64", Figures: map[string]float64{"rps": 300, "p99_ms": 5, "rounds": 3}},
-		"get_gateway_64": {Scenario: "get_gateway_64", Figures: map[string]float64{"rps": 150, "rounds": 1}},
+		"get_nginx_64":   {Scenario: "get_nginx_64", Figures: map[string]float64{"rps": 300, "p99_ms": 5, "errors": 4, "rounds": 3, "worst_round": 100}},
+		"get_gateway_64": {Scenario: "get_gateway_64", Figures: map[string]float64{"rps": 150, "rounds": 1, "worst_round": 150}},
 		"scan":           {Scenario: "scan", Figures: map[string]float64{"items_per_s": 5}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
