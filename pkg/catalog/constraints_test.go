@@ -2,11 +2,8 @@ package catalog_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/coinexport/export/pkg/testenv"
 )
@@ -47,11 +44,11 @@ func TestDatabaseRefusesBadCatalogValues(t *testing.T) {
 		args[1] = "bad-" + tc.column // a new row, unless id is the bad value
 		args[tc.arg] = tc.bad
 		_, err := pool.Exec(ctx, insert, args...)
-		assertCheckViolation(t, "insert with bad "+tc.column, err, tc.domain)
+		testenv.WantDomainViolation(t, "insert with bad "+tc.column, err, tc.domain)
 
 		update := `UPDATE export_items SET ` + tc.column + ` = $3 WHERE owner_id = $1 AND id = $2`
 		_, err = pool.Exec(ctx, update, owner, "good", tc.bad)
-		assertCheckViolation(t, "update of "+tc.column, err, tc.domain)
+		testenv.WantDomainViolation(t, "update of "+tc.column, err, tc.domain)
 	}
 
 	// What a sale changes passes, and moves nothing else.
@@ -59,13 +56,5 @@ func TestDatabaseRefusesBadCatalogValues(t *testing.T) {
 	    WHERE owner_id = $1 AND id = 'good'`, owner)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("sale-like update: %v, %d rows, want 1", err, tag.RowsAffected())
-	}
-}
-
-func assertCheckViolation(t *testing.T, what string, err error, domain string) {
-	t.Helper()
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.DataTypeName != domain {
-		t.Errorf("%s: error = %v, want check_violation (23514) of domain %s", what, err, domain)
 	}
 }

@@ -2,12 +2,10 @@ package sales
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/coinexport/export/pkg/testenv"
@@ -25,13 +23,13 @@ func TestDatabaseRefusesBadSaleRecords(t *testing.T) {
 	for _, bad := range []string{"", strings.Repeat("x", 129)} {
 		_, err := db.Exec(ctx, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
 		    VALUES ($1, 'item-1', 'p', $2, now())`, owner, bad)
-		assertDomainViolation(t, "sale insert", err, "external_order_id")
+		testenv.WantDomainViolation(t, "sale insert", err, "external_order_id")
 		_, err = db.Exec(ctx, `UPDATE sales SET external_order_id = $2 WHERE owner_id = $1`, owner, bad)
-		assertDomainViolation(t, "sale update", err, "external_order_id")
+		testenv.WantDomainViolation(t, "sale update", err, "external_order_id")
 
 		_, err = db.Exec(ctx, `INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
 		    VALUES ($1, 'p', $2, '\x00', '{}', now() + interval '1 hour')`, owner, bad)
-		assertDomainViolation(t, "record insert", err, "idempotency_key")
+		testenv.WantDomainViolation(t, "record insert", err, "idempotency_key")
 	}
 }
 
@@ -89,12 +87,4 @@ func saleFixture(t *testing.T, db *pgxpool.Pool, platform, item string) string {
 		t.Fatal(err)
 	}
 	return owner
-}
-
-func assertDomainViolation(t *testing.T, what string, err error, domain string) {
-	t.Helper()
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.DataTypeName != domain {
-		t.Errorf("%s: error = %v, want check_violation (23514) of domain %s", what, err, domain)
-	}
 }
