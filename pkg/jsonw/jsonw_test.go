@@ -34,7 +34,7 @@ func TestStringPlainTextIsCopied(t *testing.T) {
 	if got := string(String(nil, "item-42")); got != `"item-42"` {
 		t.Errorf(`String("item-42") = %s, want "item-42" quoted`, got)
 	}
-	if got := string(String(nil, "a\"b\\c\u2028")); got != `"a\"b\\c\u2028"` {
-		t.Errorf("String with escapes = %s", got)
+	if got, want := string(String(nil, "a\"b\\c\u2028")), `"a\"b\\c\u2028"`; got != want {
+		t.Errorf("String with escapes = %s, want %s", got, want)
 	}
 }

@@ -53,14 +53,18 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 type Option func(runtimeParams map[string]string)
 
 // IndexScansOnly keeps the planner off sequential scans (enable_seqscan=off)
-// wherever an index can serve, for a service whose every statement reads
-// and writes rows by key. Without it, a statement planned while a table was
-// nearly empty (a new deployment, before autovacuum's first ANALYZE, which
-// comes at most once a minute) scans the whole table on every execution as
-// the table grows, for as long as the connection keeps that plan: the sales
-// writer's first minute on a fresh database ran at 1,359 confirm + cancel
-// pairs/s with PostgreSQL at 768 µs per pair, against 1,762 and 522 µs with
-// this option, on the same machine (see services/sales-writer/README.md).
+// wherever an index can serve, for a service whose every statement reaches
+// its rows through an index (by key, or an index range such as the sales
+// writer's purge by expiry). It guards against a table analyzed while empty
+// (an ANALYZE or `vacuumdb --analyze` right after a deployment or an
+// upgrade): PostgreSQL then records it as empty, a statement planned on it
+// scans it whole, and the connection keeps that plan while the table fills,
+// until autovacuum's next ANALYZE (at most once a minute). The sales writer
+// on such tables ran at 1,359 confirm + cancel pairs/s with PostgreSQL at
+// 768 µs per pair, against 1,762 and 522 µs with this option, on the same
+// machine (services/sales-writer/README.md). A statement with no index path
+// at all still scans, at a cost above 10^10 that also crosses
+// jit_above_cost if a DSN turns JIT on: EXPLAIN new statements.
 func IndexScansOnly() Option {
 	return func(params map[string]string) { setDefault(params, "enable_seqscan", "off") }
 }

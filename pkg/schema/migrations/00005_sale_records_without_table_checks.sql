@@ -44,9 +44,25 @@ ALTER TABLE idempotency_records ALTER COLUMN idempotency_key TYPE idempotency_ke
 ALTER DOMAIN external_order_id ADD CONSTRAINT external_order_id_length CHECK (length(VALUE) BETWEEN 1 AND 128);
 ALTER DOMAIN idempotency_key ADD CONSTRAINT idempotency_key_length CHECK (length(VALUE) BETWEEN 1 AND 128);
 
--- A column whose type changes loses its planner statistics (see 00004).
-ANALYZE sales;
-ANALYZE idempotency_records;
+-- A column whose type changes loses its planner statistics (see 00004), so
+-- the tables are analyzed again, but only when they hold rows. ANALYZE of
+-- an empty table records it as empty (reltuples 0, where a table never
+-- analyzed has -1), and a statement planned on such a table scans it
+-- sequentially, then keeps that plan while the table grows, until the next
+-- ANALYZE: on a new deployment the sale statements ran at a third of their
+-- speed for the first minute (see postgres.IndexScansOnly).
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM sales) THEN
+        ANALYZE sales;
+    END IF;
+    IF EXISTS (SELECT FROM idempotency_records) THEN
+        ANALYZE idempotency_records;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 
 -- +goose Down
 ALTER TABLE sales
@@ -57,5 +73,15 @@ ALTER TABLE idempotency_records
     ALTER COLUMN idempotency_key TYPE text,
     ADD CONSTRAINT idempotency_records_idempotency_key_check CHECK (length(idempotency_key) BETWEEN 1 AND 128);
 DROP DOMAIN external_order_id, idempotency_key;
-ANALYZE sales;
-ANALYZE idempotency_records;
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM sales) THEN
+        ANALYZE sales;
+    END IF;
+    IF EXISTS (SELECT FROM idempotency_records) THEN
+        ANALYZE idempotency_records;
+    END IF;
+END
+$$;
+-- +goose StatementEnd

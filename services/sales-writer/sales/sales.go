@@ -15,9 +15,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/coinexport/export/pkg/jsonw"
-
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/jsonw"
 )
 
 // Operation is what a call does to an item.

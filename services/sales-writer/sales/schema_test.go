@@ -19,12 +19,18 @@ func TestDatabaseRefusesBadSaleRecords(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Postgres(t)
 	owner := saleFixture(t, db, "p", "item-1")
+	if _, err := db.Exec(ctx, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
+	    VALUES ($1, 'item-1', 'p', 'order-1', now())`, owner); err != nil {
+		t.Fatalf("insert of a valid sale: %v", err)
+	}
 
 	for _, bad := range []string{"", strings.Repeat("x", 129)} {
 		_, err := db.Exec(ctx, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
 		    VALUES ($1, 'item-1', 'p', $2, now())`, owner, bad)
 		testenv.WantDomainViolation(t, "sale insert", err, "external_order_id")
-		_, err = db.Exec(ctx, `UPDATE sales SET external_order_id = $2 WHERE owner_id = $1`, owner, bad)
+		// A literal, so that the value is checked where the row is
+		// updated, not where the parameter is bound.
+		_, err = db.Exec(ctx, `UPDATE sales SET external_order_id = '`+bad+`' WHERE owner_id = $1`, owner)
 		testenv.WantDomainViolation(t, "sale update", err, "external_order_id")
 
 		_, err = db.Exec(ctx, `INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
