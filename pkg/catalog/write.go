@@ -96,12 +96,22 @@ const createStaging = `CREATE TEMP TABLE import_items (
 var stagingColumns = []string{"id", "coin_id", "listed_active", "price", "currency", "category",
 	"characteristics", "images", "texts", "doc_eng", "doc_rus", "doc_ukr"}
 
+// NextUpdatedAt is the SQL of an item's new updated_at in an UPDATE of
+// export_items, whose old row is named table there: clock_timestamp(), or
+// the row's last stamp plus a microsecond when the server's clock reads
+// earlier than that (it stepped back). A client that synced the row at its
+// last stamp asks for updated_after that stamp, so a change stamped earlier
+// would never reach it; every writer of export_items uses this expression.
+func NextUpdatedAt(table string) string {
+	return "greatest(clock_timestamp(), " + table + ".updated_at + interval '1 microsecond')"
+}
+
 // upsertFromStaging writes new and changed items, stamping each with
-// clock_timestamp() as it is written, and counts them. An item whose stored
-// form is identical is skipped by the WHERE, so it is neither counted nor
-// re-stamped. Rows are locked in id order, so two imports of overlapping
+// clock_timestamp() as it is written (never earlier than its last stamp:
+// NextUpdatedAt), and counts them. An item whose stored form is identical is
+// skipped by the WHERE, so it is neither counted nor re-stamped. Rows are locked in id order, so two imports of overlapping
 // files cannot deadlock each other.
-const upsertFromStaging = `WITH written AS (
+var upsertFromStaging = `WITH written AS (
 INSERT INTO export_items AS e (owner_id, id, coin_id, listed_active, price, currency,
     category, characteristics, images, texts, doc_eng, doc_rus, doc_ukr, updated_at)
 SELECT $1, id, coin_id, listed_active, price, currency, category, characteristics, images, texts,
@@ -112,7 +122,7 @@ ON CONFLICT (owner_id, id) DO UPDATE SET
     currency = EXCLUDED.currency, category = EXCLUDED.category, characteristics = EXCLUDED.characteristics,
     images = EXCLUDED.images, texts = EXCLUDED.texts,
     doc_eng = EXCLUDED.doc_eng, doc_rus = EXCLUDED.doc_rus, doc_ukr = EXCLUDED.doc_ukr,
-    updated_at = clock_timestamp()
+    updated_at = ` + NextUpdatedAt("e") + `
 WHERE (e.listed_active, e.doc_eng, e.doc_rus, e.doc_ukr, e.texts)
     IS DISTINCT FROM (EXCLUDED.listed_active, EXCLUDED.doc_eng, EXCLUDED.doc_rus, EXCLUDED.doc_ukr, EXCLUDED.texts)
 RETURNING (e.xmax = 0) AS inserted)

@@ -131,6 +131,29 @@ func TestImportNeverUnsells(t *testing.T) {
 	}
 }
 
+// A changed item's updated_at never moves backwards, even when the clock
+// reads earlier than its last stamp (it stepped back).
+func TestImportNeverMovesUpdatedAtBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	if _, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA)); err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	var ahead time.Time
+	if err := pool.QueryRow(ctx, `UPDATE export_items SET updated_at = now() + interval '1 hour'
+	    WHERE owner_id = $1 AND id = 'a' RETURNING updated_at`, owner).Scan(&ahead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA2)); err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	if got := stored(t, pool, owner, "a"); !got.UpdatedAt.After(ahead) {
+		t.Errorf("re-imported item updated_at = %v, want after its last stamp %v", got.UpdatedAt, ahead)
+	}
+}
+
 func TestImportErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

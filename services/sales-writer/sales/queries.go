@@ -1,5 +1,7 @@
 package sales
 
+import "github.com/coinexport/export/pkg/catalog"
+
 // The statements of a sale call. Parameters, the same in confirmSQL and
 // cancelSQL: $1 owner id, $2 platform id, $3 idempotency key, $4 item id,
 // $5 external order id, $6 request fingerprint, $7 retention in seconds.
@@ -52,10 +54,12 @@ LEFT JOIN result ON true`
 // updated_at is stamped with clock_timestamp() in the transaction's only
 // statement, after the row lock is taken, as late as possible before commit,
 // so that updated_after syncs do not miss the change; confirmed_at is the
-// same instant.
-const confirmSQL = liveAndItem + `
+// same instant. It never moves backwards: if the clock stepped back below
+// the row's last stamp, the row gets that stamp plus a microsecond (see
+// catalog.NextUpdatedAt).
+var confirmSQL = liveAndItem + `
 , item AS (
-    UPDATE export_items SET sold = true, updated_at = clock_timestamp()
+    UPDATE export_items SET sold = true, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
       AND NOT EXISTS (SELECT FROM live)
       AND EXISTS (SELECT FROM platforms WHERE id = $2)
@@ -82,7 +86,7 @@ const confirmSQL = liveAndItem + `
 // re-checks canceled_at IS NULL on the newest version and finds it closed.
 // canceled_at is never before confirmed_at, even if the clock stepped back
 // since the confirm (migration 00005: this statement is what keeps that rule).
-const cancelSQL = liveAndItem + `
+var cancelSQL = liveAndItem + `
 , sale AS (
     UPDATE sales SET canceled_at = greatest(clock_timestamp(), confirmed_at)
     WHERE owner_id = $1 AND item_id = $4 AND canceled_at IS NULL
@@ -90,7 +94,7 @@ const cancelSQL = liveAndItem + `
       AND NOT EXISTS (SELECT FROM live)
     RETURNING confirmed_at, canceled_at
 ), item AS (
-    UPDATE export_items SET sold = false, updated_at = clock_timestamp()
+    UPDATE export_items SET sold = false, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
     WHERE owner_id = $1 AND id = $4 AND EXISTS (SELECT FROM sale)
     RETURNING status
 ), result AS (

@@ -94,3 +94,39 @@ func saleFixture(t *testing.T, db *pgxpool.Pool, platform, item string) string {
 	}
 	return owner
 }
+
+// A sale never moves the item's updated_at backwards, even when the clock
+// reads earlier than the item's last stamp (it stepped back): an
+// updated_after sync past that stamp would never see the sale.
+func TestSaleNeverMovesUpdatedAtBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "p", "item-1")
+	var ahead time.Time
+	if err := db.QueryRow(ctx, `UPDATE export_items SET updated_at = now() + interval '1 hour'
+	    WHERE owner_id = $1 AND id = 'item-1' RETURNING updated_at`, owner).Scan(&ahead); err != nil {
+		t.Fatal(err)
+	}
+	w := NewWriter(db, time.Hour)
+	last := ahead
+	for _, op := range []Operation{Confirm, Cancel} {
+		res, err := w.Execute(ctx, Request{Operation: op, OwnerID: owner, PlatformID: "p",
+			IdempotencyKey: "k-" + string(op), ItemID: "item-1", ExternalOrderID: "order-1"})
+		if err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		var updatedAt time.Time
+		if err := db.QueryRow(ctx, `SELECT updated_at FROM export_items WHERE owner_id = $1 AND id = 'item-1'`, owner).
+			Scan(&updatedAt); err != nil {
+			t.Fatal(err)
+		}
+		if !updatedAt.After(last) {
+			t.Errorf("%s: updated_at %v, want after the last stamp %v", op, updatedAt, last)
+		}
+		if op == Confirm && !res.ConfirmedAt.Equal(updatedAt) {
+			t.Errorf("confirm: confirmed_at %v, want the item's updated_at %v", res.ConfirmedAt, updatedAt)
+		}
+		last = updatedAt
+	}
+}
