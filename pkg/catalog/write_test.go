@@ -27,6 +27,16 @@ func newOwner(t *testing.T, pool *pgxpool.Pool) string {
 	return id
 }
 
+// ownerWithItems inserts an owner, imports lines for it and returns its id.
+func ownerWithItems(t *testing.T, pool *pgxpool.Pool, lines ...string) string {
+	t.Helper()
+	owner := newOwner(t, pool)
+	if _, err := catalog.Import(context.Background(), pool, owner, mustParse(t, lines...)); err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	return owner
+}
+
 func mustParse(t *testing.T, lines ...string) []catalog.Item {
 	t.Helper()
 	items, err := catalog.ParseJSONL(strings.NewReader(strings.Join(lines, "\n")))
@@ -115,10 +125,7 @@ func TestImportNeverUnsells(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	owner := newOwner(t, pool)
-	if _, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA)); err != nil {
-		t.Fatalf("Import() error = %v", err)
-	}
+	owner := ownerWithItems(t, pool, lineA)
 	if _, err := pool.Exec(ctx, `UPDATE export_items SET sold = true, updated_at = clock_timestamp() WHERE owner_id = $1 AND id = 'a'`, owner); err != nil {
 		t.Fatalf("sell: %v", err)
 	}
@@ -137,10 +144,7 @@ func TestImportNeverMovesUpdatedAtBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	owner := newOwner(t, pool)
-	if _, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA)); err != nil {
-		t.Fatalf("Import() error = %v", err)
-	}
+	owner := ownerWithItems(t, pool, lineA)
 	var ahead time.Time
 	if err := pool.QueryRow(ctx, `UPDATE export_items SET updated_at = now() + interval '1 hour'
 	    WHERE owner_id = $1 AND id = 'a' RETURNING updated_at`, owner).Scan(&ahead); err != nil {
