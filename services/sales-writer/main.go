@@ -50,8 +50,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer stopTelemetry(context.Background())
 
-	// Every statement of the writer goes by key; see IndexScansOnly for what
-	// a plan made on a nearly empty sales table cost.
+	// Every statement of the writer reaches its rows through an index; see
+	// IndexScansOnly for what plans made on a sales table analyzed while
+	// empty cost.
 	pool, err := postgres.Open(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), postgres.IndexScansOnly())
 	if err != nil {
 		return err

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coinexport/export/pkg/jsonw"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/coinexport/export/pkg/envelope"
@@ -127,34 +129,7 @@ func (w *salesWorker) post(item int, op string) (int, time.Duration, error) {
 // appendSalesBody appends the confirm/cancel body {"external_order_id": order}.
 func appendSalesBody(dst, order []byte) []byte {
 	dst = append(dst, `{"external_order_id":`...)
-	return append(appendJSONString(dst, order), '}')
-}
-
-// appendJSONString appends s as a JSON string. Printable ASCII (every id
-// this tool makes) needs only " and \ escaped, which a loop does without
-// allocating; anything else goes through encoding/json.
-func appendJSONString(dst, s []byte) []byte {
-	if !isPrintableASCII(s) {
-		b, _ := json.Marshal(string(s))
-		return append(dst, b...)
-	}
-	dst = append(dst, '"')
-	for _, c := range s {
-		if c == '"' || c == '\\' {
-			dst = append(dst, '\\')
-		}
-		dst = append(dst, c)
-	}
-	return append(dst, '"')
-}
-
-func isPrintableASCII(s []byte) bool {
-	for _, c := range s {
-		if c < 0x20 || c > 0x7e {
-			return false
-		}
-	}
-	return true
+	return append(jsonw.String(dst, string(order)), '}')
 }
 
 // runSales is "loadgen sales": confirm + cancel pairs on distinct items,
