@@ -11,42 +11,22 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-// The services' sessions run without JIT unless their DSN asks for it.
-func TestOpenTurnsJITOffUnlessTheDSNSetsIt(t *testing.T) {
+// The sessions of a pool get Open's defaults: no JIT, and no sequential
+// scans with IndexScansOnly; a setting in the DSN wins over either.
+func TestOpenSessionDefaults(t *testing.T) {
 	dsn := testenv.PostgresURL(t) // key=value form
-	for _, tc := range []struct{ name, dsn, want string }{
-		{"default", dsn, "off"},
-		{"dsn sets jit", dsn + " jit=on", "on"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			pool, err := postgres.Open(context.Background(), tc.dsn)
-			if err != nil {
-				t.Fatalf("Open(dsn): %v", err)
-			}
-			defer pool.Close()
-			var jit string
-			if err := pool.QueryRow(context.Background(), "SHOW jit").Scan(&jit); err != nil {
-				t.Fatalf("SHOW jit: %v", err)
-			}
-			if jit != tc.want {
-				t.Errorf("Open(dsn): SHOW jit = %q, want %q", jit, tc.want)
-			}
-		})
-	}
-}
-
-// IndexScansOnly turns sequential scans off in every session, unless the DSN
-// sets enable_seqscan; without it they stay on.
-func TestIndexScansOnly(t *testing.T) {
-	dsn := testenv.PostgresURL(t)
+	indexScansOnly := []postgres.Option{postgres.IndexScansOnly()}
 	for _, tc := range []struct {
 		name, dsn string
 		opts      []postgres.Option
+		setting   string
 		want      string
 	}{
-		{"without the option", dsn, nil, "on"},
-		{"with the option", dsn, []postgres.Option{postgres.IndexScansOnly()}, "off"},
-		{"dsn sets enable_seqscan", dsn + " enable_seqscan=on", []postgres.Option{postgres.IndexScansOnly()}, "on"},
+		{"jit off by default", dsn, nil, "jit", "off"},
+		{"dsn sets jit", dsn + " jit=on", nil, "jit", "on"},
+		{"seqscan on without the option", dsn, nil, "enable_seqscan", "on"},
+		{"seqscan off with IndexScansOnly", dsn, indexScansOnly, "enable_seqscan", "off"},
+		{"dsn sets enable_seqscan", dsn + " enable_seqscan=on", indexScansOnly, "enable_seqscan", "on"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool, err := postgres.Open(context.Background(), tc.dsn, tc.opts...)
@@ -55,11 +35,11 @@ func TestIndexScansOnly(t *testing.T) {
 			}
 			defer pool.Close()
 			var got string
-			if err := pool.QueryRow(context.Background(), "SHOW enable_seqscan").Scan(&got); err != nil {
-				t.Fatalf("SHOW enable_seqscan: %v", err)
+			if err := pool.QueryRow(context.Background(), "SHOW "+tc.setting).Scan(&got); err != nil {
+				t.Fatalf("SHOW %s: %v", tc.setting, err)
 			}
 			if got != tc.want {
-				t.Errorf("SHOW enable_seqscan = %q, want %q", got, tc.want)
+				t.Errorf("SHOW %s = %q, want %q", tc.setting, got, tc.want)
 			}
 		})
 	}
