@@ -54,18 +54,19 @@ func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
 		return decisionOf(rate, l.takeLocally(Op{Key: key, Rate: rate, Cost: 1}))
 	}
 	ls := l.leaseFor(key)
+	waited := false
 	for {
 		now := l.opts.Now()
 		ls.mu.Lock()
 		ls.used = now
 		if ls.units > 0 && now.Before(ls.expires) {
 			ls.units--
-			d := Decision{Allowed: true, Limit: rate.Limit, Remaining: ls.remaining + ls.units, Reset: ls.reset}
+			d := Decision{Allowed: true, Limit: rate.Limit, Remaining: ls.remaining + ls.units, Reset: ls.reset, AskedRedis: waited}
 			ls.mu.Unlock()
 			return d
 		}
 		if now.Before(ls.refusedUntil) {
-			d := Decision{Limit: rate.Limit, RetryAfter: ls.refusedUntil.Sub(now), Reset: ls.reset}
+			d := Decision{Limit: rate.Limit, RetryAfter: ls.refusedUntil.Sub(now), Reset: ls.reset, AskedRedis: waited}
 			ls.mu.Unlock()
 			return d
 		}
@@ -73,6 +74,7 @@ func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
 			ls.waiters++
 			ls.mu.Unlock()
 			<-w
+			waited = true
 			continue
 		}
 		return l.refill(ls, key, rate, now)
@@ -108,7 +110,9 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 		// Counted from after the round trip, so never earlier than Redis
 		// meant.
 		ls.refusedUntil = l.opts.Now().Add(r.retryAfter)
-		return decisionOf(rate, r)
+		d := decisionOf(rate, r)
+		d.AskedRedis = true
+		return d
 	}
 	// Units leased from the local fallback are not kept: it decides per
 	// request anyway.
@@ -116,7 +120,8 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 		ls.units = r.admitted - 1
 		ls.expires = now.Add(leaseTTL(rate))
 	}
-	return Decision{Allowed: true, Limit: rate.Limit, Remaining: r.remaining + ls.units, Reset: r.reset, Local: r.local}
+	return Decision{Allowed: true, Limit: rate.Limit, Remaining: r.remaining + ls.units, Reset: r.reset, Local: r.local,
+		AskedRedis: true}
 }
 
 // refused returns the remembered refusal of key, if one still holds.

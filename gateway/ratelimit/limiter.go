@@ -20,6 +20,11 @@ type Decision struct {
 	Reset time.Time
 	// Local reports that the in-process fallback decided (Redis unusable).
 	Local bool
+	// AskedRedis reports that the decision waited for a lease fetch from
+	// Redis, its own or another request's (which a Redis failure may have
+	// ended in the local fallback); most decisions are made from a lease
+	// in memory.
+	AskedRedis bool
 }
 
 // Options tune a Limiter. Zero values take the defaults in brackets.

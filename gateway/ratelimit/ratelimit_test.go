@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -285,5 +286,26 @@ func TestLeasesKeepTheBound(t *testing.T) {
 	d := instances[0].Take("busy", rate)
 	if d.Allowed || d.RetryAfter <= 0 {
 		t.Fatalf("Take after the window filled = %+v, want refused with RetryAfter", d)
+	}
+}
+
+// A decision says whether it waited for Redis, so the gateway traces only
+// those: the first of a key fetches a lease, and later ones are served from
+// it once the leases have grown.
+func TestDecisionsSayWhenTheyAskedRedis(t *testing.T) {
+	l := startLimiter(t, testenv.RedisURL(t), Options{})
+	rate := mustRate(t, "1000-M") // leases of up to 10
+	var asked []bool
+	for range 8 {
+		d := l.Take("k", rate)
+		if !d.Allowed {
+			t.Fatalf("Take = %+v, want allowed", d)
+		}
+		asked = append(asked, d.AskedRedis)
+	}
+	// Lease sizes 1, 2, 4: requests 1, 2 and 4 fetch, 3 and 5 to 7 do not.
+	want := []bool{true, true, false, true, false, false, false, true}
+	if !slices.Equal(asked, want) {
+		t.Errorf("AskedRedis of 8 decisions = %v, want %v", asked, want)
 	}
 }

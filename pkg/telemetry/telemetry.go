@@ -22,9 +22,14 @@ import (
 //
 // Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (protocol from
-// OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf by default, or grpc). Without
-// one, spans are still created, so trace ids (and request ids) exist. The
+// OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf by default, or grpc). The
 // sampler comes from OTEL_TRACES_SAMPLER as the SDK reads it.
+//
+// Without an exporter, and unless OTEL_TRACES_SAMPLER says otherwise, no
+// span is recorded: the SDK would fill each one with attributes and events
+// only to drop it when it ends (measured: 4 µs of the gateway's and 12 µs
+// of export-reader's CPU per GET by id). Spans still carry trace ids, so
+// request ids exist and propagate, flagged as not sampled.
 func Setup(ctx context.Context, getenv func(string) string, serviceName string) (func(context.Context) error, error) {
 	if name := getenv("OTEL_SERVICE_NAME"); name != "" {
 		serviceName = name
@@ -41,6 +46,8 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string) 
 			return nil, err
 		}
 		opts = append(opts, sdktrace.WithBatcher(exporter))
+	} else if getenv("OTEL_TRACES_SAMPLER") == "" {
+		opts = append(opts, sdktrace.WithSampler(sdktrace.NeverSample()))
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	otel.SetTracerProvider(tp)

@@ -1,0 +1,40 @@
+package telemetry
+
+import (
+	"context"
+	"testing"
+
+	"go.opentelemetry.io/otel"
+)
+
+// A process without a trace exporter records no span, unless a sampler is
+// asked for, and every span still has a trace id (the request id).
+func TestSetupRecordsOnlyWhatCanBeExported(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		env           map[string]string
+		wantRecording bool
+	}{
+		{"no exporter", nil, false},
+		{"no exporter, sampler asked for", map[string]string{"OTEL_TRACES_SAMPLER": "always_on"}, true},
+		// Never dialled: the batch exporter connects when it first sends,
+		// and no span is ended here.
+		{"exporter", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			getenv := func(k string) string { return tc.env[k] }
+			shutdown, err := Setup(context.Background(), getenv, "test")
+			if err != nil {
+				t.Fatalf("Setup() error = %v", err)
+			}
+			t.Cleanup(func() { _ = shutdown(context.Background()) })
+			_, span := otel.GetTracerProvider().Tracer("test").Start(context.Background(), "op")
+			if got := span.IsRecording(); got != tc.wantRecording {
+				t.Errorf("span recording = %v, want %v", got, tc.wantRecording)
+			}
+			if sc := span.SpanContext(); !sc.TraceID().IsValid() || sc.IsSampled() != tc.wantRecording {
+				t.Errorf("span context = trace %s sampled %v, want a valid trace id, sampled %v", sc.TraceID(), sc.IsSampled(), tc.wantRecording)
+			}
+		})
+	}
+}
