@@ -1,8 +1,12 @@
 package edge
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -263,5 +267,38 @@ func TestLoadConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("LoadConfig(%s=%q) error = %v, want one naming %s", name, value, err, name)
 		}
+	}
+}
+
+// An instance that breaks off its answer halfway gets the client a whole
+// 502 envelope, never a 200 cut short.
+func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+					return
+				}
+				// A sync page's first 100 KB of a promised 1 MB, more than
+				// any read buffer holds.
+				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"data\":[")
+				_, _ = conn.Write(bytes.Repeat([]byte(`{"id":"a1"},`), 100_000/12))
+			}()
+		}
+	}()
+	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": "http://" + ln.Addr().String()}, fakeKeys{})
+	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/a1", map[string]string{"X-API-Key": wellFormedKey(t)})
+	if resp.StatusCode != 502 || env.Error == nil || env.Error.Code != "bad_gateway" || env.Meta.RequestID == "" {
+		t.Fatalf("GET through an instance that cut its answer = %d %+v %+v, want 502 bad_gateway with a request id", resp.StatusCode, env.Error, env.Meta)
 	}
 }

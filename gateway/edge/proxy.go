@@ -79,8 +79,14 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	g.signer.SignInto(req.Header.SetBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
 		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, time.Now())
 
-	ctx, span := g.tracer.Start(rq.ctx, proxySpanNames[rt.Upstream], clientSpanOptions...)
-	defer span.End()
+	// The client span only where the trace is recorded: otherwise it would
+	// be one more span that goes nowhere, and the service continues the
+	// trace from the server span as well.
+	ctx, span := rq.ctx, rq.span
+	if rq.span.IsRecording() {
+		ctx, span = g.tracer.Start(rq.ctx, proxySpanNames[rt.Upstream], clientSpanOptions...)
+		defer span.End()
+	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier{&req.Header})
 	affinity := ""
 	if rt.StickyByKey {

@@ -35,6 +35,11 @@ var (
 	ErrBadResponse = errors.New("upstream: bad response")
 )
 
+// MaxResponseBytes bounds an upstream answer, which is held whole in
+// memory: far above the largest page (100 items), so only a broken
+// instance reaches it, and gets a 502.
+const MaxResponseBytes = 64 << 20
+
 // Options tune every instance's client.
 type Options struct {
 	ConnectTimeout time.Duration
@@ -126,9 +131,13 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 			MaxConnWaitTimeout:        opts.ConnectTimeout,
 			MaxIdemponentCallAttempts: 1, // retries are decided here, not by fasthttp
 			RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-			StreamResponseBody:        true,
-			DisablePathNormalizing:    true,
-			NoDefaultUserAgentHeader:  true,
+			// Answers are read whole before the first byte goes to the
+			// client (a 502 envelope if the instance fails halfway): a GET
+			// by id costs the gateway ~3 % less CPU than when streamed, and
+			// a ~100 KB sync page the same (both measured).
+			MaxResponseBodySize:      MaxResponseBytes,
+			DisablePathNormalizing:   true,
+			NoDefaultUserAgentHeader: true,
 		},
 	}, nil
 }
@@ -152,7 +161,7 @@ type Repeat struct {
 	IfClosed bool
 }
 
-// Do sends req to one instance and fills resp (its body streams). A
+// Do sends req to one instance and fills resp (its body read whole). A
 // request that never reached an instance (refused, no free connection) is
 // sent once more to another one; one that may have reached one only as
 // repeat allows. requestURI is the original path and query.
