@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"path"
 	"runtime/debug"
@@ -13,6 +14,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -77,14 +79,19 @@ func (s *Server) dispatch() http.Handler {
 			return
 		}
 		route = pattern
-		span := trace.SpanFromContext(r.Context())
-		span.SetName(pattern)
-		span.SetAttributes(attribute.String("http.route", pattern))
+		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+			span.SetName(pattern)
+			span.SetAttributes(semconv.HTTPRoute(pattern))
+		}
 		s.routes.ServeHTTP(rec, r)
 	})
 }
 
 func annotate(r *http.Request, id identity.Identity) {
+	span := trace.SpanFromContext(r.Context())
+	if !span.IsRecording() {
+		return
+	}
 	attrs := []attribute.KeyValue{attribute.String("request.id", id.RequestID)}
 	if id.OwnerID != "" {
 		attrs = append(attrs, attribute.String("owner.id", id.OwnerID), attribute.String("api_key.id", id.KeyID))
@@ -92,7 +99,7 @@ func annotate(r *http.Request, id identity.Identity) {
 	if id.PlatformID != "" {
 		attrs = append(attrs, attribute.String("platform.id", id.PlatformID))
 	}
-	trace.SpanFromContext(r.Context()).SetAttributes(attrs...)
+	span.SetAttributes(attrs...)
 }
 
 // noRoute answers an unknown path with 404 and a known path with another
@@ -128,12 +135,18 @@ func (s *Server) observe(r *http.Request, route string, status int, d time.Durat
 	if route == healthPath {
 		return
 	}
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		if status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(status))
+		}
+	}
+	if !s.cfg.Log.Enabled(r.Context(), slog.LevelInfo) {
+		return // the line's fields are not even built
+	}
 	attrs := []any{"method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
 	if id, ok := identity.FromContext(r.Context()); ok && id.OwnerID != "" {
 		attrs = append(attrs, "owner_id", id.OwnerID)
-	}
-	if status >= 500 {
-		trace.SpanFromContext(r.Context()).SetStatus(codes.Error, http.StatusText(status))
 	}
 	s.cfg.Log.InfoContext(r.Context(), "request", attrs...)
 }

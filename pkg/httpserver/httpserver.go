@@ -18,7 +18,8 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config describes one service's server.
@@ -33,6 +34,8 @@ type Config struct {
 	Ready func(context.Context) error
 	// ShutdownTimeout bounds the drain of in-flight requests (default 10 s).
 	ShutdownTimeout time.Duration
+	// TracerProvider makes the server spans; nil means the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // Server is a service's HTTP server.
@@ -41,6 +44,7 @@ type Server struct {
 	routes   *http.ServeMux
 	registry *prometheus.Registry
 	metrics  *httpMetrics
+	tracer   trace.Tracer
 	handler  http.Handler
 }
 
@@ -52,9 +56,13 @@ func New(cfg Config, routes *http.ServeMux) *Server {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s := &Server{cfg: cfg, routes: routes, registry: reg, metrics: newHTTPMetrics(reg)}
-	s.handler = otelhttp.NewHandler(s.dispatch(), cfg.Service,
-		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != healthPath }))
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	s := &Server{cfg: cfg, routes: routes, registry: reg, metrics: newHTTPMetrics(reg),
+		tracer: tp.Tracer("github.com/coinexport/export/pkg/httpserver")}
+	s.handler = s.traced(s.dispatch())
 	return s
 }
 

@@ -14,6 +14,13 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 const secret = "0123456789abcdef0123456789abcdef"
@@ -127,6 +134,69 @@ func TestAdminHandlerServesMetricsAndProfiles(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
 			t.Errorf("GET %s: %d, body lacks %q", path, resp.StatusCode, want)
+		}
+	}
+}
+
+// A routed request's server span continues the gateway's trace, is named
+// after the route and carries the identity and the status; a 5xx marks it
+// failed; the health probe has no span.
+func TestServerSpans(t *testing.T) {
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		status := http.StatusOK
+		if r.PathValue("id") == "broken" {
+			status = http.StatusServiceUnavailable
+		}
+		envelope.WriteData(w, status, "x", envelope.Meta{RequestID: RequestID(r)})
+	})
+	sr := tracetest.NewSpanRecorder()
+	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Signer: signer,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	signed := identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead}, RequestID: traceID}
+	for _, path := range []string{"/v1/things/1", "/v1/things/broken", "/healthz"} {
+		req, _ := http.NewRequest("GET", ts.URL+path, nil)
+		for _, h := range signer.Sign(signed, time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		req.Header.Set("Traceparent", "00-"+traceID+"-"+parentID+"-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+
+	spans := sr.Ended()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2 (none for /healthz)", len(spans))
+	}
+	for i, wantStatus := range []int64{200, 503} {
+		sp := spans[i]
+		if sp.Name() != "GET /v1/things/{id}" || sp.SpanKind() != trace.SpanKindServer ||
+			sp.SpanContext().TraceID().String() != traceID || sp.Parent().SpanID().String() != parentID {
+			t.Errorf("span %d = %q kind %v trace %s parent %s; want the route, server, the gateway's trace and span",
+				i, sp.Name(), sp.SpanKind(), sp.SpanContext().TraceID(), sp.Parent().SpanID())
+		}
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, a := range sp.Attributes() {
+			attrs[a.Key] = a.Value
+		}
+		if attrs["http.route"].AsString() != "GET /v1/things/{id}" || attrs["request.id"].AsString() != traceID ||
+			attrs["owner.id"].AsString() != "o1" || attrs["http.response.status_code"].AsInt64() != wantStatus {
+			t.Errorf("span %d attributes = %v, want the route, request id, owner and status %d", i, sp.Attributes(), wantStatus)
+		}
+		if failed := sp.Status().Code == codes.Error; failed != (wantStatus >= 500) {
+			t.Errorf("span %d status = %v for HTTP %d", i, sp.Status(), wantStatus)
 		}
 	}
 }
