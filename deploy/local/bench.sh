@@ -116,7 +116,7 @@ set -a; . "$state/secrets"; set +a
 # Nothing from the caller's stack may leak in: our own database, Redis and
 # no trace export (so, as in a deployment without a collector, no span is
 # recorded; trace ids and their propagation remain).
-unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT READ_DATABASE_URL
+unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT OTEL_TRACES_SAMPLER OTEL_TRACES_SAMPLER_ARG READ_DATABASE_URL
 # One seeded database per item count (bench_N_seed), kept between runs, so
 # quick and full runs keep their seeds. Every run works on a fresh copy of it
 # (bench_N): the sales and incremental scenarios change rows, and a database

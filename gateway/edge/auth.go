@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/pkg/apikey"
@@ -50,7 +51,9 @@ func (g *Gateway) authFailed(c *fiber.Ctx, rq *request) error {
 	if g.limiter == nil {
 		return errUnauthenticated
 	}
+	start := time.Now()
 	d := g.limiter.Take(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
+	g.traceRedisWait(rq, start, d)
 	g.recordDecision(rq, classAuthFailures, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
@@ -64,7 +67,9 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 	if g.limiter == nil {
 		return true
 	}
+	start := time.Now()
 	d := g.limiter.Peek(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
+	g.traceRedisWait(rq, start, d)
 	if !d.Allowed {
 		g.recordDecision(rq, classAuthFailures, d)
 	}

@@ -5,7 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -289,10 +289,11 @@ func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 				if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
 					return
 				}
-				// A sync page's first 100 KB of a promised 1 MB, more than
-				// any read buffer holds.
-				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"data\":[")
-				_, _ = conn.Write(bytes.Repeat([]byte(`{"id":"a1"},`), 100_000/12))
+				// A page as net/http sends it (chunked), broken off after a
+				// first chunk of ~100 KB: a streaming proxy would have sent
+				// the client a 200 by then.
+				chunk := append([]byte(`{"data":[`), bytes.Repeat([]byte(`{"id":"a1"},`), 100_000/12)...)
+				_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
 			}()
 		}
 	}()

@@ -22,18 +22,22 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 	}
 	start := time.Now()
 	d := g.limiter.Take(class+":"+kind+who, g.rates[class])
-	if d.AskedRedis {
-		// A span only for a decision that waited on Redis: most come from a
-		// lease in memory in well under a microsecond, and a span apiece
-		// would cost more than the decision.
-		_, span := g.tracer.Start(rq.ctx, "rate limit", trace.WithTimestamp(start))
-		span.End()
-	}
+	g.traceRedisWait(rq, start, d)
 	g.recordDecision(rq, class, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
 	}
 	return nil
+}
+
+// traceRedisWait gives a decision that waited on Redis a span, from start
+// to now. Only those get one: most decisions come from a lease in memory in
+// well under a microsecond, and a span apiece would cost more than they do.
+func (g *Gateway) traceRedisWait(rq *request, start time.Time, d ratelimit.Decision) {
+	if d.AskedRedis {
+		_, span := g.tracer.Start(rq.ctx, "rate limit", trace.WithTimestamp(start))
+		span.End()
+	}
 }
 
 // recordDecision counts d and makes it the one the answer's headers show.
@@ -65,7 +69,7 @@ var proxySpanNames = map[string]string{
 }
 
 // proxy sends the request to the route's upstream with the signed identity
-// and the trace context, and streams the answer back.
+// and the trace context, and puts its answer in the response.
 func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()

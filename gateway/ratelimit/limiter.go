@@ -110,8 +110,10 @@ func (l *Limiter) Peek(key string, rate limiter.Rate) Decision {
 	if d, ok := l.refused(key, rate); ok {
 		return d
 	}
+	asked := !l.degraded.Load()
 	r := l.take(Op{Key: key, Rate: rate, Cost: 0})
-	d := Decision{Allowed: r.remaining > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local}
+	d := Decision{Allowed: r.remaining > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local,
+		AskedRedis: asked}
 	if !d.Allowed {
 		d.RetryAfter = r.retryAfter
 	}

@@ -293,7 +293,9 @@ func TestLeasesKeepTheBound(t *testing.T) {
 // those: the first of a key fetches a lease, and later ones are served from
 // it once the leases have grown.
 func TestDecisionsSayWhenTheyAskedRedis(t *testing.T) {
-	l := startLimiter(t, testenv.RedisURL(t), Options{})
+	// A generous timeout: a slow Redis (a busy machine) would otherwise
+	// send decisions to the local fallback, which asks Redis nothing.
+	l := startLimiter(t, testenv.RedisURL(t), Options{Timeout: 5 * time.Second})
 	rate := mustRate(t, "1000-M") // leases of up to 10
 	var asked []bool
 	for range 8 {

@@ -142,7 +142,9 @@ func TestAdminHandlerServesMetricsAndProfiles(t *testing.T) {
 // after the route and carries the identity and the status; a 5xx marks it
 // failed; the health probe has no span.
 func TestServerSpans(t *testing.T) {
+	previous := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() { otel.SetTextMapPropagator(previous) })
 	signer, err := identity.NewSigner(secret)
 	if err != nil {
 		t.Fatal(err)
@@ -176,9 +178,24 @@ func TestServerSpans(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// A trace the gateway does not record: no span here either, and the
+	// answer (a 401: unsigned) still quotes the trace id as request id.
+	req, _ := http.NewRequest("GET", ts.URL+"/v1/things/1", nil)
+	req.Header.Set("Traceparent", "00-"+traceID+"-"+parentID+"-00")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env envelope.Parsed
+	_ = json.NewDecoder(resp.Body).Decode(&env)
+	resp.Body.Close()
+	if resp.StatusCode != 401 || env.Meta.RequestID != traceID {
+		t.Errorf("unsigned, unsampled request = %d, request id %q; want 401 quoting %s", resp.StatusCode, env.Meta.RequestID, traceID)
+	}
+
 	spans := sr.Ended()
 	if len(spans) != 2 {
-		t.Fatalf("%d spans, want 2 (none for /healthz)", len(spans))
+		t.Fatalf("%d spans, want 2 (none for /healthz nor for the unsampled trace)", len(spans))
 	}
 	for i, wantStatus := range []int64{200, 503} {
 		sp := spans[i]

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"go.opentelemetry.io/otel"
@@ -17,13 +18,18 @@ func TestSetupRecordsOnlyWhatCanBeExported(t *testing.T) {
 	}{
 		{"no exporter", nil, false},
 		{"no exporter, sampler asked for", map[string]string{"OTEL_TRACES_SAMPLER": "always_on"}, true},
+		{"no exporter, a sampler that drops", map[string]string{"OTEL_TRACES_SAMPLER": "always_off"}, false},
 		// Never dialled: the batch exporter connects when it first sends,
 		// and no span is ended here.
 		{"exporter", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			getenv := func(k string) string { return tc.env[k] }
-			shutdown, err := Setup(context.Background(), getenv, "test")
+			// The SDK reads OTEL_TRACES_SAMPLER from the process environment,
+			// as Setup does in production (getenv = os.Getenv).
+			for _, k := range []string{"OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+				t.Setenv(k, tc.env[k])
+			}
+			shutdown, err := Setup(context.Background(), os.Getenv, "test")
 			if err != nil {
 				t.Fatalf("Setup() error = %v", err)
 			}
