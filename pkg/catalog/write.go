@@ -108,9 +108,10 @@ func NextUpdatedAt(table string) string {
 
 // upsertFromStaging writes new and changed items, stamping each with
 // clock_timestamp() as it is written (never earlier than its last stamp:
-// NextUpdatedAt), and counts them. An item whose stored form is identical is
-// skipped by the WHERE, so it is neither counted nor re-stamped. Rows are locked in id order, so two imports of overlapping
-// files cannot deadlock each other.
+// NextUpdatedAt), and counts them. An item whose stored form is identical
+// is skipped by the WHERE, so it is neither counted nor re-stamped. Rows are
+// locked in id order, so two imports of overlapping files cannot deadlock
+// each other. (A var: it is built with NextUpdatedAt.)
 var upsertFromStaging = `WITH written AS (
 INSERT INTO export_items AS e (owner_id, id, coin_id, listed_active, price, currency,
     category, characteristics, images, texts, doc_eng, doc_rus, doc_ukr, updated_at)

@@ -58,14 +58,15 @@ func WriteData(w http.ResponseWriter, status int, data any, meta Meta) {
 	writeBody(w, status, body, meta.RequestID)
 }
 
-// WriteDataJSON writes a success envelope around data: JSON its caller
-// encoded without reflection, valid and compact, copied as it is. For the
-// sales writer's answer, WriteData's encoding/json (reflection, then
-// re-validating the value's MarshalJSON output) was 8 % of the service's CPU.
-func WriteDataJSON(w http.ResponseWriter, status int, data []byte, meta Meta) {
-	body := make([]byte, 0, len(data)+96)
+// WriteDataJSON writes a success envelope around the data that appendData
+// appends: JSON encoded without reflection, valid and compact, written
+// straight into the envelope's buffer. For the sales writer's answer,
+// WriteData's encoding/json (reflection, then re-validating the value's
+// MarshalJSON output) was 8 % of the service's CPU.
+func WriteDataJSON(w http.ResponseWriter, status int, appendData func(dst []byte) []byte, meta Meta) {
+	body := make([]byte, 0, 384)
 	body = append(body, `{"data":`...)
-	body = append(body, data...)
+	body = appendData(body)
 	body = appendMeta(body, meta)
 	writeBody(w, status, append(body, '}'), meta.RequestID)
 }

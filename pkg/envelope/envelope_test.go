@@ -29,7 +29,7 @@ func TestWriteDataJSONMatchesWriteData(t *testing.T) {
 		meta := tc.meta
 		want, got := httptest.NewRecorder(), httptest.NewRecorder()
 		WriteData(want, http.StatusCreated, data, meta)
-		WriteDataJSON(got, http.StatusCreated, encoded, meta)
+		WriteDataJSON(got, http.StatusCreated, func(dst []byte) []byte { return append(dst, encoded...) }, meta)
 		if got.Code != want.Code || tc.sameBytes && got.Body.String() != want.Body.String() {
 			t.Errorf("meta %+v: WriteDataJSON = %d %s, WriteData = %d %s", meta, got.Code, got.Body, want.Code, want.Body)
 		}

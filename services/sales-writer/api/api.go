@@ -51,7 +51,7 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
 			return
 		}
-		envelope.WriteDataJSON(w, http.StatusOK, res.AppendJSON(make([]byte, 0, 256)), envelope.Meta{RequestID: httpserver.RequestID(r)})
+		envelope.WriteDataJSON(w, http.StatusOK, res.AppendJSON, envelope.Meta{RequestID: httpserver.RequestID(r)})
 		outcome := "executed"
 		if res.IdempotentReplay {
 			outcome = "replayed"
