@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/lazydeadline"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/httpserver"
@@ -150,9 +151,12 @@ func start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 	}
 
 	var lc net.ListenConfig
-	if g.listener, err = lc.Listen(ctx, "tcp", cfg.Addr); err != nil {
+	ln, err := lc.Listen(ctx, "tcp", cfg.Addr)
+	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
+	// fasthttp sets three deadlines per request on a client's connection.
+	g.listener = lazydeadline.NewListener(ln, lazydeadline.TickFor(cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout))
 	cleanup = append(cleanup, func() { g.listener.Close() })
 	if g.adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminAddr); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.AdminAddr, err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/coinexport/export/gateway/lazydeadline"
 	"github.com/valyala/fasthttp"
 )
 
@@ -109,6 +110,16 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 		}
 		return c, nil
 	}
+	// The client sets a write and a read deadline per request; the probe's
+	// short timeouts are kept exact.
+	tick := lazydeadline.TickFor(opts.ReadTimeout, opts.WriteTimeout)
+	dialLazy := func(addr string) (net.Conn, error) {
+		c, err := dial(addr)
+		if err != nil {
+			return nil, err
+		}
+		return lazydeadline.Wrap(c, tick), nil
+	}
 	base := p.Scheme + "://" + p.Host
 	return &Instance{
 		base: base,
@@ -124,7 +135,7 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 		client: &fasthttp.HostClient{
 			Addr:                      addr,
 			IsTLS:                     p.Scheme == "https",
-			Dial:                      dial,
+			Dial:                      dialLazy,
 			ReadTimeout:               opts.ReadTimeout,
 			WriteTimeout:              opts.WriteTimeout,
 			MaxConns:                  opts.MaxConns,

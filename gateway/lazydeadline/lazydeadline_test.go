@@ -1,0 +1,129 @@
+package lazydeadline
+
+import (
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// countingConn counts the deadlines that reach the connection.
+type countingConn struct {
+	net.Conn
+	reads, writes []time.Time
+}
+
+func (c *countingConn) SetReadDeadline(t time.Time) error { c.reads = append(c.reads, t); return nil }
+func (c *countingConn) SetWriteDeadline(t time.Time) error {
+	c.writes = append(c.writes, t)
+	return nil
+}
+func (c *countingConn) Read(p []byte) (int, error)  { return 0, nil }
+func (c *countingConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// Deadlines asked for between two reads reach the connection once, as the
+// last one rounded up to a tick, and only when that changed; clearing a
+// deadline and a deadline already past reach it too.
+func TestOnlyChangedDeadlinesReachTheConnection(t *testing.T) {
+	inner := &countingConn{}
+	c := Wrap(inner, time.Second)
+	base := time.Now().Add(time.Hour).Truncate(time.Second)
+
+	for i := range 10 { // an idle and a read deadline per request, as fasthttp sets them
+		_ = c.SetReadDeadline(base.Add(time.Duration(i+1) * time.Millisecond))
+		_ = c.SetReadDeadline(base.Add(time.Duration(i+1) * time.Millisecond).Add(-45 * time.Minute))
+		_ = c.SetReadDeadline(base.Add(time.Duration(i+1) * time.Millisecond))
+		_, _ = c.Read(nil)
+	}
+	if want := []time.Time{base.Add(time.Second)}; !equalTimes(inner.reads, want) {
+		t.Fatalf("deadlines set on the connection = %v, want %v (one, rounded up)", inner.reads, want)
+	}
+
+	_ = c.SetReadDeadline(time.Time{})
+	_, _ = c.Read(nil)
+	_, _ = c.Read(nil)
+	if n := len(inner.reads); n != 2 || !inner.reads[1].IsZero() {
+		t.Fatalf("after clearing: deadlines set = %v, want the zero time once more", inner.reads)
+	}
+
+	past := time.Unix(0, 0)
+	_ = c.SetReadDeadline(past) // no Read follows: applied at once
+	if n := len(inner.reads); n != 3 || !inner.reads[2].Equal(past) {
+		t.Fatalf("a past deadline: deadlines set = %v, want %v applied at once", inner.reads, past)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	_, _ = c.Read(nil)
+	if n := len(inner.reads); n != 4 || !inner.reads[3].IsZero() {
+		t.Fatalf("clearing a past deadline: deadlines set = %v, want the zero time", inner.reads)
+	}
+
+	_ = c.SetWriteDeadline(base)
+	if len(inner.writes) != 0 {
+		t.Fatalf("a write deadline reached the connection before any write: %v", inner.writes)
+	}
+	_, _ = c.Write([]byte("x"))
+	_, _ = c.Write([]byte("x"))
+	if want := []time.Time{base}; !equalTimes(inner.writes, want) {
+		t.Fatalf("write deadlines set = %v, want %v", inner.writes, want)
+	}
+}
+
+func equalTimes(a, b []time.Time) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// On a real connection a read deadline still ends a blocked read, and a
+// deadline set in the past from another goroutine interrupts one.
+func TestDeadlinesStillEndReads(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	c := Wrap(client, 10*time.Millisecond)
+
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read() error = %v, want the deadline exceeded", err)
+	}
+
+	_ = c.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let the Read block; the test passes either way
+	_ = c.SetReadDeadline(time.Now())
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("interrupted Read() error = %v, want the deadline exceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a past deadline did not interrupt the blocked Read")
+	}
+}
+
+func TestTickFor(t *testing.T) {
+	for _, tc := range []struct {
+		timeouts []time.Duration
+		want     time.Duration
+	}{
+		{[]time.Duration{15 * time.Second, 60 * time.Second}, time.Second},
+		{[]time.Duration{60 * time.Second, 2 * time.Second, 0}, 250 * time.Millisecond},
+		{[]time.Duration{time.Microsecond}, time.Millisecond},
+		{[]time.Duration{0, 0}, time.Second},
+	} {
+		if got := TickFor(tc.timeouts...); got != tc.want {
+			t.Errorf("TickFor(%v) = %v, want %v", tc.timeouts, got, tc.want)
+		}
+	}
+}
