@@ -54,9 +54,10 @@ chmod 755 "$root/.run" "$state"
 results=$state/results.jsonl
 rm -f "$results" "$state"/logs/*.log
 
-# Ports: gateway, the same gateway without rate limiting, the services, nginx.
+# Ports: gateway, the same gateway without rate limiting, the services, nginx,
+# the plain Fiber hop.
 gw_port=18080; gw_off_port=18090
-reader_port=18081; writer_port=18082; shop_port=18083; nginx_port=18084
+reader_port=18081; writer_port=18082; shop_port=18083; nginx_port=18084; plain_port=18085
 
 # --- prerequisites -----------------------------------------------------------
 
@@ -77,11 +78,12 @@ nginx_bin=$(command -v nginx 2>/dev/null || echo /usr/sbin/nginx)
 for b in gateway export-reader sales-writer shop-schema exportctl; do
   [ -x "bin/$b" ] || die "bin/$b is missing: run make build (make bench does)"
 done
-for port in $gw_port $gw_off_port $reader_port $writer_port $shop_port $nginx_port 19080 19081 19082 19083 19090; do
+for port in $gw_port $gw_off_port $reader_port $writer_port $shop_port $nginx_port $plain_port 19080 19081 19082 19083 19090; do
   if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then die "port $port is in use: is another make bench running?"; fi
 done
 go build -o "$state/bin/loadgen" ./pkg/cmd/loadgen || die "building loadgen failed"
 loadgen=$state/bin/loadgen
+go build -o "$state/bin/plainhop" ./gateway/cmd/plainhop || die "building plainhop failed"
 
 # --- stop everything on exit ---------------------------------------------------
 
@@ -222,13 +224,17 @@ mkdir -p "$state/nginx"
 "$loadgen" nginx-conf --dir "$state/nginx" --listen 127.0.0.1:$nginx_port --upstream 127.0.0.1:$reader_port \
   --out "$state/nginx/nginx.conf"
 start nginx "$nginx_bin" -p "$state/nginx" -c "$state/nginx/nginx.conf" -e "$state/nginx/nginx-error.log"
+# A reference, not a target: what a plain Fiber proxy hop costs here.
+start plainhop "$state/bin/plainhop" --listen 127.0.0.1:$plain_port --upstream http://127.0.0.1:$reader_port
 
 # Ready means a real read passes through each gateway (key in a header
 # file, not on curl's command line).
 umask 077; printf 'X-API-Key: %s\n' "$LOADGEN_READ_KEY" >"$state/read-key.header"; umask 022
 wait_http gateway http://127.0.0.1:$gw_port/v1/export/items?limit=1 -H @"$state/read-key.header"
 wait_http gateway-nolimit http://127.0.0.1:$gw_off_port/v1/export/items?limit=1 -H @"$state/read-key.header"
-for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$nginx_port) 2>/dev/null && break; sleep 0.1; done
+for port in $nginx_port $plain_port; do
+  for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+done
 
 # --- profiles (BENCH_PROFILE=1) --------------------------------------------------
 
@@ -298,16 +304,17 @@ wants sync && step sync --name sync_reader --base http://127.0.0.1:$reader_port/
 profile_stop sync
 fi
 
-# The three targets of a comparison take turns, round after round, so a busy
+# The targets of a comparison take turns, round after round, so a busy
 # spell of the shared machine hits each alike; the report keeps each one's
 # best round.
 if wants get; then
 profile_start get gateway export-reader
 for conns in 64 256; do
-  log "GET by id at $conns connections: nginx, gateway, gateway without rate limiting ($rounds rounds)"
+  log "GET by id at $conns connections: nginx, plain Fiber hop, gateway, gateway without rate limiting ($rounds rounds)"
   if [ "$conns" = 256 ]; then step rss --reset --pid "$(pid_of gateway)"; fi
   for r in $(seq "$rounds"); do
     step get --name "get_nginx_$conns#$r" --url http://127.0.0.1:$nginx_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
+    step get --name "get_plainhop_$conns#$r" --url http://127.0.0.1:$plain_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
     step get --name "get_gateway_$conns#$r" --url $gw --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
     step get --name "get_nolimit_$conns#$r" --url http://127.0.0.1:$gw_off_port --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
   done

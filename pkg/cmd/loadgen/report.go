@@ -57,6 +57,9 @@ func buildRows(rs records, conns []int) []row {
 		gw := fmt.Sprintf("get_gateway_%d", c)
 		off := fmt.Sprintf("get_nolimit_%d", c)
 		rows = append(rows, row{Scenario: fmt.Sprintf("GET item by id, %d conns, nginx → export-reader (baseline)", c), Figure: rs.getFigure(nginx), Baseline: "—", Ratio: "—", Target: "—", Result: rs.errorsNote(nginx, "—")})
+		if plain := fmt.Sprintf("get_plainhop_%d", c); rs.ran(plain) {
+			rows = append(rows, rs.referenceRow(fmt.Sprintf("GET item by id, %d conns, plain Fiber proxy hop (reference)", c), plain, nginx))
+		}
 		rows = append(rows, rs.ratioRow(fmt.Sprintf("GET item by id, %d conns, via gateway", c), gw, "rps", nginx, "rps", 1.0, rs.getFigure(nginx)))
 		r := rs.ratioRow(fmt.Sprintf("same, rate limiting on vs off (%d conns)", c), gw, "rps", off, "rps", 0.85, rs.rpsFigure(off)+" (off)")
 		r.Figure = rs.rpsFigure(gw) + " (on)"
@@ -119,6 +122,23 @@ func (rs records) ratioRow(label, name, figure, base, baseFigure string, minRati
 	r.Result = rs.errorsNote(name, rs.errorsNote(base, r.Result))
 	return r
 }
+
+// ran reports whether the scenario is in the results.
+func (rs records) ran(name string) bool { _, ok := rs[name]; return ok }
+
+// referenceRow compares GET scenario name with base by rps, without a
+// target: a figure that tells what the targets are measured against.
+func (rs records) referenceRow(label, name, base string) row {
+	r := row{Scenario: label, Figure: rs.getFigure(name), Baseline: rs.getFigure(base), Ratio: "—", Target: "—", Result: "—"}
+	if v, b := rs.rps(name), rs.rps(base); v > 0 && b > 0 {
+		r.Ratio = fmt.Sprintf("%.2f×", math.Floor(v/b*100)/100)
+	}
+	r.Result = rs.errorsNote(name, r.Result)
+	return r
+}
+
+// rps is a scenario's rps, 0 if it did not run.
+func (rs records) rps(name string) float64 { v, _ := rs.get(name, "rps"); return v }
 
 // errorsNote marks a result whose run had failed requests: its figure is
 // not a clean measurement.

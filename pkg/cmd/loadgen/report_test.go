@@ -37,6 +37,7 @@ func TestBuildRowsVerdicts(t *testing.T) {
 	rs := fullRecords()
 	rs["get_gateway_256"].Figures["errors"] = 3
 	rs["get_nolimit_256"].Figures["rps"] = 21000 / 0.8496
+	rs["get_plainhop_64"] = Record{Figures: map[string]float64{"rps": 16800, "p50_ms": 3, "p99_ms": 12}}
 	got := map[string][2]string{}
 	for _, r := range buildRows(rs, []int{64, 256}) {
 		got[r.Scenario] = [2]string{r.Ratio, r.Result}
@@ -45,6 +46,7 @@ func TestBuildRowsVerdicts(t *testing.T) {
 		"full sync, limit=100, ENG, via gateway":                            {"0.75×", "pass"},
 		"full sync, direct to export-reader":                                {"0.70×", "**miss**"},
 		"GET item by id, 64 conns, via gateway":                             {"1.05×", "pass"},
+		"GET item by id, 64 conns, plain Fiber proxy hop (reference)":       {"0.84×", "—"},
 		"same, rate limiting on vs off (64 conns)":                          {"0.84×", "**miss**"},
 		"GET item by id, 256 conns, via gateway":                            {"1.05×", "pass; get_gateway_256 had 3 failed requests"},
 		"confirm + cancel pairs, distinct items, 32 platforms, via gateway": {"—", "**miss**"}, // p99 30 ms
@@ -55,6 +57,16 @@ func TestBuildRowsVerdicts(t *testing.T) {
 	for scenario, w := range want {
 		if diff := cmp.Diff(w, got[scenario]); diff != "" {
 			t.Errorf("buildRows() row %q (-want +got):\n%s", scenario, diff)
+		}
+	}
+}
+
+// The plain hop's row is there only when the run measured it (older
+// results files have no such record).
+func TestBuildRowsReferenceOnlyWhenRun(t *testing.T) {
+	for _, r := range buildRows(fullRecords(), []int{64, 256}) {
+		if strings.Contains(r.Scenario, "plain Fiber") {
+			t.Errorf("buildRows() without plain hop records has row %q", r.Scenario)
 		}
 	}
 }

@@ -1,0 +1,62 @@
+// Command plainhop is make bench's reference hop: Fiber's own proxy
+// middleware in front of one upstream and nothing else (no keys, limits,
+// tracing, signing or timeouts), as a team would write it in twenty lines.
+// The bench measures it beside nginx and the gateway, so each run shows what
+// a plain Fiber proxy hop costs on the machine of the day. Not for
+// production.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/proxy"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "plainhop:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("plainhop", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:18085", "address to listen on")
+	upstream := fs.String("upstream", "", "upstream base URL, e.g. http://127.0.0.1:18081")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *upstream == "" {
+		return errors.New("--upstream is required")
+	}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: answerError})
+	app.Use(func(c *fiber.Ctx) error { return proxy.Do(c, *upstream+c.OriginalURL()) })
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		_ = app.Shutdown()
+	}()
+	return app.Listen(*listen)
+}
+
+// answerError answers a failed hop with the API's error envelope, as every
+// process of the stack does.
+func answerError(c *fiber.Ctx, err error) error {
+	status, code := fiber.StatusBadGateway, "bad_gateway"
+	var fe *fiber.Error
+	if errors.As(err, &fe) && fe.Code < 500 {
+		status, code = fe.Code, "bad_request"
+	}
+	c.Set(fiber.HeaderContentType, envelope.ContentType)
+	return c.Status(status).Send(envelope.ErrorBytes(code, "plainhop: "+err.Error(), ""))
+}
