@@ -39,12 +39,14 @@ func TickFor(timeouts ...time.Duration) time.Duration {
 // Conn is a net.Conn with lazy deadlines.
 type Conn struct {
 	net.Conn
-	tick int64 // nanoseconds
-	// Deadlines as Unix nanoseconds rounded up to a tick, 0 for none:
-	// wanted is what was asked for, applied what the connection holds.
-	readWanted, readApplied   atomic.Int64
-	writeWanted, writeApplied atomic.Int64
+	tick        int64 // nanoseconds
+	read, write deadline
 }
+
+// deadline is one direction's deadline, as Unix nanoseconds rounded up to a
+// tick, 0 for none: wanted is what was asked for, applied what the
+// connection holds.
+type deadline struct{ wanted, applied atomic.Int64 }
 
 // Wrap returns c with lazy deadlines rounded up to tick.
 func Wrap(c net.Conn, tick time.Duration) *Conn {
@@ -53,22 +55,22 @@ func Wrap(c net.Conn, tick time.Duration) *Conn {
 
 // Read applies the read deadline if it changed, then reads.
 func (c *Conn) Read(p []byte) (int, error) {
-	if w := c.readWanted.Load(); w != c.readApplied.Load() {
+	if w, changed := c.read.due(); changed {
 		if err := c.Conn.SetReadDeadline(fromUnixNano(w)); err != nil {
 			return 0, err
 		}
-		c.readApplied.Store(w)
+		c.read.applied.Store(w)
 	}
 	return c.Conn.Read(p)
 }
 
 // Write applies the write deadline if it changed, then writes.
 func (c *Conn) Write(p []byte) (int, error) {
-	if w := c.writeWanted.Load(); w != c.writeApplied.Load() {
+	if w, changed := c.write.due(); changed {
 		if err := c.Conn.SetWriteDeadline(fromUnixNano(w)); err != nil {
 			return 0, err
 		}
-		c.writeApplied.Store(w)
+		c.write.applied.Store(w)
 	}
 	return c.Conn.Write(p)
 }
@@ -84,45 +86,49 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // SetReadDeadline records t for the next Read; a t already past is applied
 // now, for a Read that may be blocked in another goroutine.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	if isPast(t) {
-		c.readWanted.Store(pastUnixNano(t))
-		c.readApplied.Store(pastUnixNano(t))
+	if c.read.ask(t, c.tick) {
 		return c.Conn.SetReadDeadline(t)
 	}
-	c.readWanted.Store(c.roundUp(t))
 	return nil
 }
 
 // SetWriteDeadline records t for the next Write, as SetReadDeadline does.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if isPast(t) {
-		c.writeWanted.Store(pastUnixNano(t))
-		c.writeApplied.Store(pastUnixNano(t))
+	if c.write.ask(t, c.tick) {
 		return c.Conn.SetWriteDeadline(t)
 	}
-	c.writeWanted.Store(c.roundUp(t))
 	return nil
 }
 
-// isPast reports whether t is a deadline that has already passed.
-func isPast(t time.Time) bool { return !t.IsZero() && !t.After(time.Now()) }
-
-// pastUnixNano is past deadline t in Unix nanoseconds, never 0 (which
-// stands for no deadline): time.Unix(0, 0) is a past deadline too.
-func pastUnixNano(t time.Time) int64 {
-	if ns := t.UnixNano(); ns != 0 {
-		return ns
+// ask records t and reports whether it is already past, and so must be
+// handed to the connection at once (recorded as applied).
+func (d *deadline) ask(t time.Time, tick int64) (now bool) {
+	if !t.IsZero() && !t.After(time.Now()) {
+		ns := t.UnixNano()
+		if ns == 0 { // 0 stands for no deadline; time.Unix(0, 0) is a past one
+			ns = -1
+		}
+		d.wanted.Store(ns)
+		d.applied.Store(ns)
+		return true
 	}
-	return -1
+	d.wanted.Store(roundUp(t, tick))
+	return false
+}
+
+// due returns the wanted deadline and whether the connection lacks it.
+func (d *deadline) due() (int64, bool) {
+	w := d.wanted.Load()
+	return w, w != d.applied.Load()
 }
 
 // roundUp returns t in Unix nanoseconds rounded up to a tick, 0 for none.
-func (c *Conn) roundUp(t time.Time) int64 {
+func roundUp(t time.Time, tick int64) int64 {
 	if t.IsZero() {
 		return 0
 	}
 	ns := t.UnixNano()
-	return (ns + c.tick - 1) / c.tick * c.tick
+	return (ns + tick - 1) / tick * tick
 }
 
 // fromUnixNano is the inverse of roundUp: the zero time for 0.
