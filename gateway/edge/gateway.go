@@ -256,6 +256,14 @@ func (g *Gateway) startServing() {
 // Addr is the public listener's address.
 func (g *Gateway) Addr() string { return g.listener.Addr().String() }
 
+// HearsRevocations reports whether the key store's revocation listener is
+// connected. Until it first is, the key cache may be emptied at any moment
+// (keystore.Listen), which tests that count on a cached key wait out.
+func (g *Gateway) HearsRevocations() bool {
+	store, ok := g.keys.(*keystore.Store)
+	return ok && store.Listening()
+}
+
 // AdminAddr is the metrics listener's address.
 func (g *Gateway) AdminAddr() string { return g.adminLn.Addr().String() }
 

@@ -66,5 +66,12 @@ func Start(t testing.TB, env map[string]string) *Server {
 			t.Errorf("gatewaytest: shutdown: %v", err)
 		}
 	})
+	// The revocation listener empties the key cache when it first connects:
+	// a test that looked a key up before that would see it forgotten.
+	for deadline := time.Now().Add(10 * time.Second); !g.HearsRevocations(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gatewaytest: the key store's revocation listener did not connect within 10 s")
+		}
+	}
 	return &Server{URL: "http://" + g.Addr(), AdminURL: "http://" + g.AdminAddr(), Logs: logs}
 }
