@@ -204,7 +204,7 @@ wait_http() { # wait_http NAME URL [CURL_ARGS...]: up to 15 s for a 200
   die "$name does not answer $url"
 }
 
-log "starting the services, then two gateways and nginx"
+log "starting the services, then two gateways, nginx and the plain Fiber hop"
 start export-reader env EXPORT_READER_ADDR=127.0.0.1:$reader_port EXPORT_READER_ADMIN_ADDR=127.0.0.1:19081 bin/export-reader
 start sales-writer env SALES_WRITER_ADDR=127.0.0.1:$writer_port SALES_WRITER_ADMIN_ADDR=127.0.0.1:19082 bin/sales-writer
 start shop-schema env SHOP_SCHEMA_ADDR=127.0.0.1:$shop_port SHOP_SCHEMA_ADMIN_ADDR=127.0.0.1:19083 bin/shop-schema
@@ -232,9 +232,8 @@ start plainhop "$state/bin/plainhop" --listen 127.0.0.1:$plain_port --upstream h
 umask 077; printf 'X-API-Key: %s\n' "$LOADGEN_READ_KEY" >"$state/read-key.header"; umask 022
 wait_http gateway http://127.0.0.1:$gw_port/v1/export/items?limit=1 -H @"$state/read-key.header"
 wait_http gateway-nolimit http://127.0.0.1:$gw_off_port/v1/export/items?limit=1 -H @"$state/read-key.header"
-for port in $nginx_port $plain_port; do
-  for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-done
+for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$nginx_port) 2>/dev/null && break; sleep 0.1; done
+wait_http plainhop http://127.0.0.1:$plain_port/healthz # export-reader's, through the hop
 
 # --- profiles (BENCH_PROFILE=1) --------------------------------------------------
 

@@ -127,7 +127,7 @@ func addTraceContext(h *fasthttp.RequestHeader, sc trace.SpanContext) {
 	b = append(b, '-')
 	b = hex.AppendEncode(b, sid[:])
 	b = append(b, '-')
-	b = hex.AppendEncode(b, []byte{byte(sc.TraceFlags())})
+	b = hex.AppendEncode(b, []byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))}) // as Inject writes them
 	h.AddBytesV(headerTraceparent, b)
 	if ts := sc.TraceState(); ts.Len() > 0 {
 		h.Add(headerTracestate, ts.String())

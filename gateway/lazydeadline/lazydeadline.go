@@ -18,7 +18,9 @@
 package lazydeadline
 
 import (
+	"math"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -45,8 +47,13 @@ type Conn struct {
 
 // deadline is one direction's deadline, as Unix nanoseconds rounded up to a
 // tick, 0 for none: wanted is what was asked for, applied what the
-// connection holds.
-type deadline struct{ wanted, applied atomic.Int64 }
+// connection holds. mu orders handing deadlines to the connection, so that
+// an interrupt from another goroutine is never overwritten by an older
+// deadline that a Read or Write was applying at the same moment.
+type deadline struct {
+	wanted, applied atomic.Int64
+	mu              sync.Mutex
+}
 
 // Wrap returns c with lazy deadlines rounded up to tick.
 func Wrap(c net.Conn, tick time.Duration) *Conn {
@@ -55,22 +62,34 @@ func Wrap(c net.Conn, tick time.Duration) *Conn {
 
 // Read applies the read deadline if it changed, then reads.
 func (c *Conn) Read(p []byte) (int, error) {
-	if w, changed := c.read.due(); changed {
-		if err := c.Conn.SetReadDeadline(fromUnixNano(w)); err != nil {
+	if _, changed := c.read.due(); changed {
+		c.read.mu.Lock()
+		w := c.read.wanted.Load() // again: an interrupt may have come meanwhile
+		err := c.Conn.SetReadDeadline(fromUnixNano(w))
+		if err == nil {
+			c.read.applied.Store(w)
+		}
+		c.read.mu.Unlock()
+		if err != nil {
 			return 0, err
 		}
-		c.read.applied.Store(w)
 	}
 	return c.Conn.Read(p)
 }
 
 // Write applies the write deadline if it changed, then writes.
 func (c *Conn) Write(p []byte) (int, error) {
-	if w, changed := c.write.due(); changed {
-		if err := c.Conn.SetWriteDeadline(fromUnixNano(w)); err != nil {
+	if _, changed := c.write.due(); changed {
+		c.write.mu.Lock()
+		w := c.write.wanted.Load()
+		err := c.Conn.SetWriteDeadline(fromUnixNano(w))
+		if err == nil {
+			c.write.applied.Store(w)
+		}
+		c.write.mu.Unlock()
+		if err != nil {
 			return 0, err
 		}
-		c.write.applied.Store(w)
 	}
 	return c.Conn.Write(p)
 }
@@ -86,34 +105,52 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // SetReadDeadline records t for the next Read; a t already past is applied
 // now, for a Read that may be blocked in another goroutine.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	if c.read.ask(t, c.tick) {
-		return c.Conn.SetReadDeadline(t)
+	if !appliedAtOnce(t) {
+		c.read.wanted.Store(roundUp(t, c.tick))
+		return nil
 	}
-	return nil
+	c.read.mu.Lock()
+	defer c.read.mu.Unlock()
+	c.read.setApplied(t)
+	return c.Conn.SetReadDeadline(t)
 }
 
 // SetWriteDeadline records t for the next Write, as SetReadDeadline does.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if c.write.ask(t, c.tick) {
-		return c.Conn.SetWriteDeadline(t)
+	if !appliedAtOnce(t) {
+		c.write.wanted.Store(roundUp(t, c.tick))
+		return nil
 	}
-	return nil
+	c.write.mu.Lock()
+	defer c.write.mu.Unlock()
+	c.write.setApplied(t)
+	return c.Conn.SetWriteDeadline(t)
 }
 
-// ask records t and reports whether it is already past, and so must be
-// handed to the connection at once (recorded as applied).
-func (d *deadline) ask(t time.Time, tick int64) (now bool) {
-	if !t.IsZero() && !t.After(time.Now()) {
-		ns := t.UnixNano()
-		if ns == 0 { // 0 stands for no deadline; time.Unix(0, 0) is a past one
+// farFuture bounds the deadlines that are rounded: Unix nanoseconds do not
+// reach past 2262, and rounding up must not overflow.
+var farFuture = time.Unix(0, math.MaxInt64/2)
+
+// appliedAtOnce reports whether t goes to the connection now rather than
+// before the next I/O: a deadline already past (an interrupt, perhaps for
+// an I/O blocked in another goroutine) or one beyond farFuture.
+func appliedAtOnce(t time.Time) bool {
+	return !t.IsZero() && (!t.After(time.Now()) || t.After(farFuture))
+}
+
+// setApplied records t, about to be handed to the connection, as both
+// wanted and applied. Its value only needs to differ from every rounded
+// deadline and from 0 (none): a past t keeps its own (or -1 for the epoch),
+// a far one is math.MaxInt64.
+func (d *deadline) setApplied(t time.Time) {
+	ns := int64(math.MaxInt64)
+	if !t.After(farFuture) {
+		if ns = t.UnixNano(); ns == 0 {
 			ns = -1
 		}
-		d.wanted.Store(ns)
-		d.applied.Store(ns)
-		return true
 	}
-	d.wanted.Store(roundUp(t, tick))
-	return false
+	d.wanted.Store(ns)
+	d.applied.Store(ns)
 }
 
 // due returns the wanted deadline and whether the connection lacks it.

@@ -127,3 +127,65 @@ func TestTickFor(t *testing.T) {
 		}
 	}
 }
+
+// stallingConn holds the first zero deadline a Read hands to the
+// connection until released, to open the window between a Read reading its
+// deadline and applying it.
+type stallingConn struct {
+	net.Conn
+	stall            bool
+	entered, release chan struct{}
+}
+
+func (s *stallingConn) SetReadDeadline(t time.Time) error {
+	if s.stall && t.IsZero() {
+		s.stall = false
+		close(s.entered)
+		<-s.release
+	}
+	return s.Conn.SetReadDeadline(t)
+}
+
+// An interrupt that comes while a Read is applying an older deadline is
+// not overwritten by it: the Read still ends.
+func TestInterruptIsNotOverwrittenByAnOlderDeadline(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	sc := &stallingConn{Conn: client, entered: make(chan struct{}), release: make(chan struct{})}
+	c := Wrap(sc, 10*time.Millisecond)
+	_ = c.SetReadDeadline(time.Now().Add(time.Hour))
+	c.read.applied.Store(c.read.wanted.Load())
+	_ = c.SetReadDeadline(time.Time{}) // the next Read will clear it
+	sc.stall = true
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		done <- err
+	}()
+	<-sc.entered // the Read is applying the zero deadline
+	go func() { _ = c.SetReadDeadline(time.Now()) }()
+	time.Sleep(10 * time.Millisecond) // let the interrupt reach the lock; the test passes either way
+	close(sc.release)
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read() error = %v, want the deadline exceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an interrupt set while the Read applied an older deadline was lost: the Read is still blocked")
+	}
+}
+
+// Deadlines too far ahead to round go to the connection at once.
+func TestFarDeadlinesAreAppliedAtOnce(t *testing.T) {
+	inner := &countingConn{}
+	c := Wrap(inner, time.Second)
+	far := time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)
+	_ = c.SetReadDeadline(far)
+	_, _ = c.Read(nil)
+	if want := []time.Time{far}; !equalTimes(inner.reads, want) {
+		t.Fatalf("deadlines set = %v, want %v once", inner.reads, want)
+	}
+}

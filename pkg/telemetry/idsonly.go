@@ -36,7 +36,8 @@ func (idsOnlyTracer) Start(ctx context.Context, _ string, opts ...trace.SpanStar
 			parent = trace.SpanContext{}
 		}
 	}
-	cfg := trace.SpanContextConfig{TraceID: parent.TraceID(), SpanID: newSpanID(), TraceState: parent.TraceState()}
+	cfg := trace.SpanContextConfig{TraceID: parent.TraceID(), SpanID: newSpanID(), TraceState: parent.TraceState(),
+		TraceFlags: parent.TraceFlags().WithSampled(false)} // the parent's other flags kept, as the SDK does
 	if !parent.IsValid() {
 		cfg.TraceID = newTraceID()
 	}

@@ -34,6 +34,9 @@ func TestIDsOnlySpansContinueTheirTrace(t *testing.T) {
 	if got := server.SpanContext().TraceID().String(); got != "4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Errorf("span under a remote parent has trace %s, want the parent's", got)
 	}
+	if server.SpanContext().IsSampled() {
+		t.Errorf("span under a sampled remote parent is flagged sampled, but nothing records it")
+	}
 	_, newRoot := tracer.Start(remote, "server", trace.WithNewRoot())
 	if got := newRoot.SpanContext().TraceID().String(); got == "4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Errorf("WithNewRoot kept the parent's trace %s", got)
