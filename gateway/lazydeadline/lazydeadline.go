@@ -62,34 +62,16 @@ func Wrap(c net.Conn, tick time.Duration) *Conn {
 
 // Read applies the read deadline if it changed, then reads.
 func (c *Conn) Read(p []byte) (int, error) {
-	if _, changed := c.read.due(); changed {
-		c.read.mu.Lock()
-		w := c.read.wanted.Load() // again: an interrupt may have come meanwhile
-		err := c.Conn.SetReadDeadline(fromUnixNano(w))
-		if err == nil {
-			c.read.applied.Store(w)
-		}
-		c.read.mu.Unlock()
-		if err != nil {
-			return 0, err
-		}
+	if err := c.read.applyIfChanged(c.Conn.SetReadDeadline); err != nil {
+		return 0, err
 	}
 	return c.Conn.Read(p)
 }
 
 // Write applies the write deadline if it changed, then writes.
 func (c *Conn) Write(p []byte) (int, error) {
-	if _, changed := c.write.due(); changed {
-		c.write.mu.Lock()
-		w := c.write.wanted.Load()
-		err := c.Conn.SetWriteDeadline(fromUnixNano(w))
-		if err == nil {
-			c.write.applied.Store(w)
-		}
-		c.write.mu.Unlock()
-		if err != nil {
-			return 0, err
-		}
+	if err := c.write.applyIfChanged(c.Conn.SetWriteDeadline); err != nil {
+		return 0, err
 	}
 	return c.Conn.Write(p)
 }
@@ -105,26 +87,41 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // SetReadDeadline records t for the next Read; a t already past is applied
 // now, for a Read that may be blocked in another goroutine.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	if !appliedAtOnce(t) {
-		c.read.wanted.Store(roundUp(t, c.tick))
-		return nil
-	}
-	c.read.mu.Lock()
-	defer c.read.mu.Unlock()
-	c.read.setApplied(t)
-	return c.Conn.SetReadDeadline(t)
+	return c.read.set(t, c.tick, c.Conn.SetReadDeadline)
 }
 
 // SetWriteDeadline records t for the next Write, as SetReadDeadline does.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	return c.write.set(t, c.tick, c.Conn.SetWriteDeadline)
+}
+
+// set records t, rounded up to tick, or hands it to the connection through
+// setOnConn at once if it must not wait (appliedAtOnce).
+func (d *deadline) set(t time.Time, tick int64, setOnConn func(time.Time) error) error {
 	if !appliedAtOnce(t) {
-		c.write.wanted.Store(roundUp(t, c.tick))
+		d.wanted.Store(roundUp(t, tick))
 		return nil
 	}
-	c.write.mu.Lock()
-	defer c.write.mu.Unlock()
-	c.write.setApplied(t)
-	return c.Conn.SetWriteDeadline(t)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.setApplied(t)
+	return setOnConn(t)
+}
+
+// applyIfChanged hands the wanted deadline to the connection through
+// setOnConn if the connection lacks it.
+func (d *deadline) applyIfChanged(setOnConn func(time.Time) error) error {
+	if d.wanted.Load() == d.applied.Load() {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := d.wanted.Load() // again: an interrupt may have come meanwhile
+	if err := setOnConn(fromUnixNano(w)); err != nil {
+		return err
+	}
+	d.applied.Store(w)
+	return nil
 }
 
 // farFuture bounds the deadlines that are rounded: Unix nanoseconds do not
@@ -151,12 +148,6 @@ func (d *deadline) setApplied(t time.Time) {
 	}
 	d.wanted.Store(ns)
 	d.applied.Store(ns)
-}
-
-// due returns the wanted deadline and whether the connection lacks it.
-func (d *deadline) due() (int64, bool) {
-	w := d.wanted.Load()
-	return w, w != d.applied.Load()
 }
 
 // roundUp returns t in Unix nanoseconds rounded up to a tick, 0 for none.

@@ -189,3 +189,18 @@ func TestFarDeadlinesAreAppliedAtOnce(t *testing.T) {
 		t.Fatalf("deadlines set = %v, want %v once", inner.reads, want)
 	}
 }
+
+// What fasthttp does per request on a client's connection: an idle, a read
+// and a write deadline, a read and a write. Reported allocations should be 0.
+func BenchmarkRequestDeadlines(b *testing.B) {
+	c := Wrap(&countingConn{}, time.Second)
+	b.ReportAllocs()
+	for b.Loop() {
+		now := time.Now()
+		_ = c.SetReadDeadline(now.Add(time.Minute))
+		_, _ = c.Read(nil)
+		_ = c.SetReadDeadline(now.Add(15 * time.Second))
+		_ = c.SetWriteDeadline(now.Add(time.Minute))
+		_, _ = c.Write(nil)
+	}
+}
