@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 )
@@ -36,7 +37,7 @@ func TestOnlyChangedDeadlinesReachTheConnection(t *testing.T) {
 		_ = c.SetReadDeadline(base.Add(time.Duration(i+1) * time.Millisecond))
 		_, _ = c.Read(nil)
 	}
-	if want := []time.Time{base.Add(time.Second)}; !equalTimes(inner.reads, want) {
+	if want := []time.Time{base.Add(time.Second)}; !slices.EqualFunc(inner.reads, want, time.Time.Equal) {
 		t.Fatalf("deadlines set on the connection = %v, want %v (one, rounded up)", inner.reads, want)
 	}
 
@@ -64,30 +65,15 @@ func TestOnlyChangedDeadlinesReachTheConnection(t *testing.T) {
 	}
 	_, _ = c.Write([]byte("x"))
 	_, _ = c.Write([]byte("x"))
-	if want := []time.Time{base}; !equalTimes(inner.writes, want) {
+	if want := []time.Time{base}; !slices.EqualFunc(inner.writes, want, time.Time.Equal) {
 		t.Fatalf("write deadlines set = %v, want %v", inner.writes, want)
 	}
-}
-
-func equalTimes(a, b []time.Time) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].Equal(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // On a real connection a read deadline still ends a blocked read, and a
 // deadline set in the past from another goroutine interrupts one.
 func TestDeadlinesStillEndReads(t *testing.T) {
-	client, server := net.Pipe()
-	defer client.Close()
-	defer server.Close()
-	c := Wrap(client, 10*time.Millisecond)
+	c := Wrap(pipe(t), 10*time.Millisecond)
 
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -95,20 +81,41 @@ func TestDeadlinesStillEndReads(t *testing.T) {
 	}
 
 	_ = c.SetReadDeadline(time.Time{})
+	done := readInBackground(c)
+	time.Sleep(20 * time.Millisecond) // let the Read block; the test passes either way
+	_ = c.SetReadDeadline(time.Now())
+	wantDeadlineExceeded(t, done, "a past deadline did not interrupt the blocked Read")
+}
+
+// pipe returns one end of an in-memory connection, both closed when the
+// test ends.
+func pipe(t *testing.T) net.Conn {
+	client, server := net.Pipe()
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client
+}
+
+// readInBackground reads a byte from c in a goroutine, and sends its error.
+func readInBackground(c net.Conn) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Read(make([]byte, 1))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // let the Read block; the test passes either way
-	_ = c.SetReadDeadline(time.Now())
+	return done
+}
+
+// wantDeadlineExceeded waits for the background Read to end in its
+// deadline; if it is still blocked after 10 s the test fails with blocked.
+func wantDeadlineExceeded(t *testing.T, done <-chan error, blocked string) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("interrupted Read() error = %v, want the deadline exceeded", err)
+			t.Fatalf("Read() error = %v, want the deadline exceeded", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("a past deadline did not interrupt the blocked Read")
+		t.Fatal(blocked)
 	}
 }
 
@@ -149,33 +156,19 @@ func (s *stallingConn) SetReadDeadline(t time.Time) error {
 // An interrupt that comes while a Read is applying an older deadline is
 // not overwritten by it: the Read still ends.
 func TestInterruptIsNotOverwrittenByAnOlderDeadline(t *testing.T) {
-	client, server := net.Pipe()
-	defer client.Close()
-	defer server.Close()
-	sc := &stallingConn{Conn: client, entered: make(chan struct{}), release: make(chan struct{})}
+	sc := &stallingConn{Conn: pipe(t), entered: make(chan struct{}), release: make(chan struct{})}
 	c := Wrap(sc, 10*time.Millisecond)
 	_ = c.SetReadDeadline(time.Now().Add(time.Hour))
 	c.read.applied.Store(c.read.wanted.Load())
 	_ = c.SetReadDeadline(time.Time{}) // the next Read will clear it
 	sc.stall = true
 
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Read(make([]byte, 1))
-		done <- err
-	}()
+	done := readInBackground(c)
 	<-sc.entered // the Read is applying the zero deadline
 	go func() { _ = c.SetReadDeadline(time.Now()) }()
 	time.Sleep(10 * time.Millisecond) // let the interrupt reach the lock; the test passes either way
 	close(sc.release)
-	select {
-	case err := <-done:
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("Read() error = %v, want the deadline exceeded", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("an interrupt set while the Read applied an older deadline was lost: the Read is still blocked")
-	}
+	wantDeadlineExceeded(t, done, "an interrupt set while the Read applied an older deadline was lost: the Read is still blocked")
 }
 
 // Deadlines too far ahead to round go to the connection at once.
@@ -185,7 +178,7 @@ func TestFarDeadlinesAreAppliedAtOnce(t *testing.T) {
 	far := time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)
 	_ = c.SetReadDeadline(far)
 	_, _ = c.Read(nil)
-	if want := []time.Time{far}; !equalTimes(inner.reads, want) {
+	if want := []time.Time{far}; !slices.EqualFunc(inner.reads, want, time.Time.Equal) {
 		t.Fatalf("deadlines set = %v, want %v once", inner.reads, want)
 	}
 }

@@ -32,7 +32,7 @@ type idsOnlyTracer struct{ embedded.Tracer }
 func (idsOnlyTracer) Start(ctx context.Context, _ string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	parent := trace.SpanContextFromContext(ctx)
 	if len(opts) > 0 {
-		if cfg := trace.NewSpanStartConfig(opts...); cfg.NewRoot() {
+		if start := trace.NewSpanStartConfig(opts...); start.NewRoot() {
 			parent = trace.SpanContext{}
 		}
 	}

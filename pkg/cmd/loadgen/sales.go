@@ -10,12 +10,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coinexport/export/pkg/jsonw"
-
-	"github.com/valyala/fasthttp"
-
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/jsonw"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/valyala/fasthttp"
 )
 
 // salesWorker confirms and cancels sales of its own items with its own
