@@ -235,6 +235,13 @@ wait_http gateway-nolimit http://127.0.0.1:$gw_off_port/v1/export/items?limit=1 
 for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$nginx_port) 2>/dev/null && break; sleep 0.1; done
 wait_http plainhop http://127.0.0.1:$plain_port/healthz # export-reader's, through the hop
 
+# The parts whose CPU time per request the GET and sales scenarios record
+# (each a process tree: the postmaster's backends count under it); the
+# proxy part is named per step.
+stores_cpu=(--cpu postgres="$(head -1 "$state/pg/data/postmaster.pid")" --cpu redis="$(cat "$state/redis/redis.pid")")
+reader_cpu=(--cpu service="$(pid_of export-reader)" "${stores_cpu[@]}")
+writer_cpu=(--cpu service="$(pid_of sales-writer)" "${stores_cpu[@]}")
+
 # --- profiles (BENCH_PROFILE=1) --------------------------------------------------
 
 profile_start() { # profile_start TAG NAME...: perf on the named processes and the whole machine
@@ -312,10 +319,10 @@ for conns in 64 256; do
   log "GET by id at $conns connections: nginx, plain Fiber hop, gateway, gateway without rate limiting ($rounds rounds)"
   if [ "$conns" = 256 ]; then step rss --reset --pid "$(pid_of gateway)"; fi
   for r in $(seq "$rounds"); do
-    step get --name "get_nginx_$conns#$r" --url http://127.0.0.1:$nginx_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
-    step get --name "get_plainhop_$conns#$r" --url http://127.0.0.1:$plain_port --auth signed --ids "$state/ids.txt" --conns $conns "${load[@]}"
-    step get --name "get_gateway_$conns#$r" --url $gw --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
-    step get --name "get_nolimit_$conns#$r" --url http://127.0.0.1:$gw_off_port --auth key --ids "$state/ids.txt" --conns $conns "${load[@]}"
+    step get --name "get_nginx_$conns#$r" --url http://127.0.0.1:$nginx_port --auth signed --ids "$state/ids.txt" --conns $conns --cpu proxy="$(pid_of nginx)" "${reader_cpu[@]}" "${load[@]}"
+    step get --name "get_plainhop_$conns#$r" --url http://127.0.0.1:$plain_port --auth signed --ids "$state/ids.txt" --conns $conns --cpu proxy="$(pid_of plainhop)" "${reader_cpu[@]}" "${load[@]}"
+    step get --name "get_gateway_$conns#$r" --url $gw --auth key --ids "$state/ids.txt" --conns $conns --cpu proxy="$(pid_of gateway)" "${reader_cpu[@]}" "${load[@]}"
+    step get --name "get_nolimit_$conns#$r" --url http://127.0.0.1:$gw_off_port --auth key --ids "$state/ids.txt" --conns $conns --cpu proxy="$(pid_of gateway-nolimit)" "${reader_cpu[@]}" "${load[@]}"
   done
   if [ "$conns" = 256 ]; then step rss --name rss_gateway_256 --pid "$(pid_of gateway)"; fi
 done
@@ -329,7 +336,8 @@ if wants sales; then
 log "confirm + cancel pairs, 32 platforms ($rounds rounds)"
 profile_start sales gateway sales-writer
 for r in $(seq "$rounds"); do
-  step sales --name "sales#$r" --base $gw/v1 --workers 32 --duration "$((2 * duration))s" --warmup "${warmup}s"
+  step sales --name "sales#$r" --base $gw/v1 --workers 32 --duration "$((2 * duration))s" --warmup "${warmup}s" \
+    --cpu proxy="$(pid_of gateway)" "${writer_cpu[@]}"
 done
 profile_stop sales
 fi

@@ -39,6 +39,9 @@ type wrkSummary struct {
 	P50US      float64 `json:"p50_us"`
 	P99US      float64 `json:"p99_us"`
 	MaxUS      float64 `json:"max_us"`
+
+	// CPU is the CPU time wrk itself used (not from its output).
+	CPU time.Duration `json:"-"`
 }
 
 // Errors is every failed request: socket errors, timeouts and non-2xx/3xx.
@@ -113,7 +116,9 @@ func (g getRun) exec(ctx context.Context) (wrkSummary, error) {
 	if err != nil {
 		return wrkSummary{}, fmt.Errorf("wrk: %w: %s", err, bytes.TrimSpace(out))
 	}
-	return parseWrk(out)
+	s, err := parseWrk(out)
+	s.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return s, err
 }
 
 // runGet is "loadgen get": GET-by-id at a fixed connection count, with a
@@ -130,6 +135,8 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	threads := fs.Int("threads", 2, "wrk threads")
 	duration := fs.Duration("duration", 10*time.Second, "measured duration")
 	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured run before")
+	var parts cpuParts
+	fs.Var(&parts, "cpu", "name=pid: a process tree whose CPU time per request to record (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -157,7 +164,15 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		}
 	}
 	run.Duration, run.Headers = *duration, headersOf(a)
+	before, err := parts.sample()
+	if err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
+	}
 	s, err := run.exec(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
+	}
+	after, err := parts.sample()
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
@@ -169,6 +184,7 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		"p99_ms":   s.P99US / 1000,
 		"errors":   float64(s.Errors()),
 	}}
+	perUnit(before, after, s.CPU, float64(s.Requests), rec.Figures)
 	if s.Errors() > 0 {
 		rec.Note = fmt.Sprintf("errors: connect %d, read %d, write %d, status %d, timeout %d", s.Connect, s.Read, s.Write, s.Status, s.Timeout)
 	}

@@ -206,6 +206,92 @@ func (rs records) memoryRows() []row {
 	return rows
 }
 
+// cpuRow is one line of the CPU table: a scenario's CPU time per unit of
+// work by part, and its throughput in units per second.
+type cpuRow struct {
+	Label      string
+	Figures    map[string]float64
+	Throughput float64
+}
+
+// cpuRows lists the GET and sales scenarios that recorded their CPU time,
+// in the main table's order.
+func (rs records) cpuRows(conns []int) []cpuRow {
+	var rows []cpuRow
+	add := func(label, name string) {
+		r, ok := rs[name]
+		if !ok || !hasCPUFigures(r.Figures) {
+			return
+		}
+		rows = append(rows, cpuRow{Label: label, Figures: r.Figures, Throughput: throughput(r)})
+	}
+	for _, c := range conns {
+		add(fmt.Sprintf("GET by id, %d conns, nginx", c), fmt.Sprintf("get_nginx_%d", c))
+		add(fmt.Sprintf("GET by id, %d conns, plain Fiber hop", c), fmt.Sprintf("get_plainhop_%d", c))
+		add(fmt.Sprintf("GET by id, %d conns, gateway", c), fmt.Sprintf("get_gateway_%d", c))
+		add(fmt.Sprintf("GET by id, %d conns, gateway, rate limiting off", c), fmt.Sprintf("get_nolimit_%d", c))
+	}
+	add("confirm + cancel pair, via gateway", "sales")
+	return rows
+}
+
+func hasCPUFigures(figures map[string]float64) bool {
+	for k := range figures {
+		if strings.HasPrefix(k, cpuFigurePrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// cpuColumnTitles name the parts in the CPU table.
+var cpuColumnTitles = map[string]string{
+	"proxy": "proxy or gateway", "service": "service", "postgres": "PostgreSQL", "redis": "Redis",
+	clientPart: "load generator",
+}
+
+// renderCPUTable writes the CPU time per request of each part, their total,
+// and how many cores that total keeps busy at the measured throughput: a
+// figure near the machine's CPU count is bound by CPU, and then the totals
+// of two rows predict their throughput ratio.
+func renderCPUTable(w io.Writer, rows []cpuRow, cpus int) {
+	if len(rows) == 0 {
+		return
+	}
+	var cols []string
+	for _, c := range cpuColumns {
+		for _, r := range rows {
+			if _, ok := r.Figures[cpuFigurePrefix+c]; ok {
+				cols = append(cols, c)
+				break
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "CPU time per request (per pair for sales) in µs, from the kernel's accounting over the measured window of the round kept above:")
+	fmt.Fprintln(w)
+	fmt.Fprint(w, "| scenario |")
+	for _, c := range cols {
+		fmt.Fprintf(w, " %s |", cpuColumnTitles[c])
+	}
+	fmt.Fprintln(w, " total | cores busy |")
+	fmt.Fprintln(w, "|---"+strings.Repeat("|---", len(cols)+2)+"|")
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s |", r.Label)
+		total := 0.0
+		for _, c := range cols {
+			v, ok := r.Figures[cpuFigurePrefix+c]
+			if !ok {
+				fmt.Fprint(w, " — |")
+				continue
+			}
+			total += v
+			fmt.Fprintf(w, " %.0f |", v)
+		}
+		fmt.Fprintf(w, " %.0f | %.2f of %d |\n", total, total*r.Throughput/1e6, cpus)
+	}
+}
+
 func verdict(pass bool) string {
 	if pass {
 		return "pass"
@@ -249,7 +335,7 @@ func thisMachine(now time.Time) machine {
 }
 
 // renderBlock is the generated part of BENCHMARKS.md.
-func renderBlock(w io.Writer, m machine, items int, mode, extra string, rows []row, failed []string) {
+func renderBlock(w io.Writer, m machine, items int, mode, extra string, rows []row, cpu []cpuRow, failed []string) {
 	fmt.Fprintln(w, beginMarker)
 	fmt.Fprintf(w, "Run of %s: %s items (%s mode) on %d CPUs", m.Date.Format("2006-01-02 15:04 UTC"), thousands(float64(items)), mode, m.CPUs)
 	if m.CPUModel != "" {
@@ -262,6 +348,7 @@ func renderBlock(w io.Writer, m machine, items int, mode, extra string, rows []r
 	fmt.Fprintln(w, ".")
 	fmt.Fprintln(w)
 	renderTable(w, rows)
+	renderCPUTable(w, cpu, m.CPUs)
 	if len(failed) > 0 {
 		fmt.Fprintf(w, "\nFailed in this run (no figure): %s.\n", strings.Join(failed, ", "))
 	}
@@ -312,7 +399,8 @@ func runReport(_ context.Context, cfg Config, args []string, stdout io.Writer) e
 			failed = append(failed, f)
 		}
 	}
-	renderBlock(&block, thisMachine(time.Now()), *items, *mode, *extra, buildRows(recs, []int{64, 256}), failed)
+	conns := []int{64, 256}
+	renderBlock(&block, thisMachine(time.Now()), *items, *mode, *extra, buildRows(recs, conns), records(recs).cpuRows(conns), failed)
 	if _, err := stdout.Write(block.Bytes()); err != nil {
 		return err
 	}

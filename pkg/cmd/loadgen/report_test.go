@@ -133,7 +133,7 @@ func TestStatusField(t *testing.T) {
 
 func TestRenderBlockListsFailures(t *testing.T) {
 	var b strings.Builder
-	renderBlock(&b, machine{CPUs: 2, MemoryGB: 1}, 1000, "quick", "", nil, []string{"sales", "get_gateway_64#2"})
+	renderBlock(&b, machine{CPUs: 2, MemoryGB: 1}, 1000, "quick", "", nil, nil, []string{"sales", "get_gateway_64#2"})
 	if !strings.Contains(b.String(), "Failed in this run (no figure): sales, get_gateway_64#2.") {
 		t.Errorf("renderBlock() = %q, want the failed scenarios listed", b.String())
 	}

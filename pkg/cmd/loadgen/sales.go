@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -140,6 +141,8 @@ func runSales(ctx context.Context, cfg Config, args []string, stdout io.Writer) 
 	perWorker := fs.Int("items-per-worker", 50, "items each worker cycles through")
 	duration := fs.Duration("duration", 10*time.Second, "measured duration")
 	warmup := fs.Duration("warmup", 3*time.Second, "unmeasured time before")
+	var parts cpuParts
+	fs.Var(&parts, "cpu", "name=pid: a process tree whose CPU time per pair to record (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -159,9 +162,30 @@ func runSales(ctx context.Context, cfg Config, args []string, stdout io.Writer) 
 	for _, w := range ws {
 		wg.Go(func() { w.loop(ctx, measureFrom, stop) })
 	}
+	// The CPU window is the measured one: from measureFrom until the last
+	// measured pair has finished.
+	var (
+		before       cpuSample
+		clientBefore time.Duration
+		sampleErr    error
+	)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		time.Sleep(time.Until(measureFrom))
+		before, sampleErr = parts.sample()
+		clientBefore = selfCPU()
+	}()
 	wg.Wait()
+	<-sampled
 	window := time.Since(measureFrom)
-	return appendRecord(cfg.Results, salesRecord(*name, ws, window), stdout)
+	after, err := parts.sample()
+	if err = cmp.Or(sampleErr, err); err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
+	}
+	rec := salesRecord(*name, ws, window)
+	perUnit(before, after, selfCPU()-clientBefore, rec.Figures["pairs"], rec.Figures)
+	return appendRecord(cfg.Results, rec, stdout)
 }
 
 // newSalesWorkers gives each worker its key and its own active items.
