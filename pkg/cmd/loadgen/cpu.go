@@ -59,9 +59,11 @@ const clientPart = "client"
 // cpuSample is the CPU time each part had used at one moment.
 type cpuSample map[string]time.Duration
 
-// sample reads the CPU time of every part's process tree. A process that
-// exits between two samples takes its time with it; the parts measured
-// here (servers and their workers) outlive the scenario.
+// sample reads the CPU time of every part's process tree: each process's
+// own time and that of its children that have exited and been waited for,
+// which the kernel adds to the parent (cutime, cstime). So a PostgreSQL
+// backend or an nginx worker that exits between two samples keeps its time
+// in the tree instead of taking it away.
 func (p cpuParts) sample() (cpuSample, error) {
 	if len(p) == 0 {
 		return cpuSample{}, nil
@@ -77,7 +79,7 @@ func (p cpuParts) sample() (cpuSample, error) {
 		if err != nil {
 			continue // exited while listed
 		}
-		used[st.PID] = seconds(st.CPUTime())
+		used[st.PID] = ticks(int64(st.UTime) + int64(st.STime) + int64(st.CUTime) + int64(st.CSTime))
 		children[st.PPID] = append(children[st.PPID], st.PID)
 	}
 	out := cpuSample{}
@@ -90,6 +92,12 @@ func (p cpuParts) sample() (cpuSample, error) {
 	return out, nil
 }
 
+// userHZ is the unit of the times in /proc/PID/stat (USER_HZ), 100 on
+// every Linux architecture Go runs on; procfs assumes the same.
+const userHZ = 100
+
+func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+
 // treeTime sums the CPU time of pid and its descendants.
 func treeTime(pid int, used map[int]time.Duration, children map[int][]int) time.Duration {
 	total := used[pid]
@@ -98,8 +106,6 @@ func treeTime(pid int, used map[int]time.Duration, children map[int][]int) time.
 	}
 	return total
 }
-
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // perUnit turns the CPU used between two samples into figures of
 // microseconds per unit of work (request or pair), with the client's time

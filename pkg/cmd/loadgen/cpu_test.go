@@ -72,6 +72,31 @@ func TestSampleCountsAChildsCPU(t *testing.T) {
 	}
 }
 
+// A child that exits between two samples leaves its time in its parent's
+// tree (as a PostgreSQL backend does under the postmaster).
+func TestSampleKeepsTheTimeOfAnExitedChild(t *testing.T) {
+	parts := cpuParts{{"tree", os.Getpid()}}
+	before, err := parts.sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sh", "-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := parts.sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	childCPU := child.ProcessState.UserTime() + child.ProcessState.SystemTime()
+	if childCPU < 50*time.Millisecond {
+		t.Skipf("the child used only %v of CPU, too little to tell from the 10 ms tick", childCPU)
+	}
+	if grown := after["tree"] - before["tree"]; grown < childCPU-20*time.Millisecond {
+		t.Errorf("the tree grew by %v while a child used %v and exited, want at least the child's", grown, childCPU)
+	}
+}
+
 func TestSampleRefusesAMissingProcess(t *testing.T) {
 	gone := exec.Command("true")
 	if err := gone.Run(); err != nil {
