@@ -238,7 +238,10 @@ wait_http plainhop http://127.0.0.1:$plain_port/healthz # export-reader's, throu
 # The parts whose CPU time per request the GET and sales scenarios record
 # (each a process tree: the postmaster's backends count under it); the
 # proxy part is named per step.
-stores_cpu=(--cpu postgres="$(head -1 "$state/pg/data/postmaster.pid")" --cpu redis="$(cat "$state/redis/redis.pid")")
+pg_pid=$(head -n 1 "$state/pg/data/postmaster.pid") || die "no PostgreSQL pid file"
+redis_pid=$(cat "$state/redis/redis.pid") || die "no Redis pid file"
+[[ $pg_pid =~ ^[0-9]+$ && $redis_pid =~ ^[0-9]+$ ]] || die "unreadable pid files: PostgreSQL '$pg_pid', Redis '$redis_pid'"
+stores_cpu=(--cpu postgres="$pg_pid" --cpu redis="$redis_pid")
 reader_cpu=(--cpu service="$(pid_of export-reader)" "${stores_cpu[@]}")
 writer_cpu=(--cpu service="$(pid_of sales-writer)" "${stores_cpu[@]}")
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,6 +49,9 @@ func (p *cpuParts) Set(v string) error {
 	if name == clientPart {
 		return fmt.Errorf("%q is measured by the scenario itself", clientPart)
 	}
+	if slices.ContainsFunc(*p, func(part cpuPart) bool { return part.name == name }) {
+		return fmt.Errorf("%q given twice", name)
+	}
 	*p = append(*p, cpuPart{name, pid})
 	return nil
 }
@@ -56,23 +60,31 @@ func (p *cpuParts) Set(v string) error {
 // sales.
 const clientPart = "client"
 
-// cpuSample is the CPU time each part had used at one moment.
-type cpuSample map[string]time.Duration
+// cpuSample is the CPU time each part had used at one moment, and when
+// each part's root process started (to tell a reused pid).
+type cpuSample struct {
+	used    map[string]time.Duration
+	started map[string]uint64
+}
 
 // sample reads the CPU time of every part's process tree: each process's
 // own time and that of its children that have exited and been waited for,
 // which the kernel adds to the parent (cutime, cstime). So a PostgreSQL
 // backend or an nginx worker that exits between two samples keeps its time
-// in the tree instead of taking it away.
+// in the tree instead of taking it away. (A child reaped between the reads
+// of its parent and of itself is missed by that one sample; a delta that
+// comes out negative is left out, see cpuUsage.record.)
 func (p cpuParts) sample() (cpuSample, error) {
+	out := cpuSample{used: map[string]time.Duration{}, started: map[string]uint64{}}
 	if len(p) == 0 {
-		return cpuSample{}, nil
+		return out, nil
 	}
 	procs, err := procfs.AllProcs()
 	if err != nil {
-		return nil, fmt.Errorf("cpu: list processes: %w", err)
+		return out, fmt.Errorf("cpu: list processes: %w", err)
 	}
 	used := map[int]time.Duration{}
+	started := map[int]uint64{}
 	children := map[int][]int{}
 	for _, proc := range procs {
 		st, err := proc.Stat()
@@ -80,14 +92,15 @@ func (p cpuParts) sample() (cpuSample, error) {
 			continue // exited while listed
 		}
 		used[st.PID] = ticks(int64(st.UTime) + int64(st.STime) + int64(st.CUTime) + int64(st.CSTime))
+		started[st.PID] = st.Starttime
 		children[st.PPID] = append(children[st.PPID], st.PID)
 	}
-	out := cpuSample{}
 	for _, part := range p {
 		if _, alive := used[part.pid]; !alive {
-			return nil, fmt.Errorf("cpu: %s (pid %d) is not running", part.name, part.pid)
+			return out, fmt.Errorf("cpu: %s (pid %d) is not running", part.name, part.pid)
 		}
-		out[part.name] = treeTime(part.pid, used, children)
+		out.used[part.name] = treeTime(part.pid, used, children)
+		out.started[part.name] = started[part.pid]
 	}
 	return out, nil
 }
@@ -107,30 +120,87 @@ func treeTime(pid int, used map[int]time.Duration, children map[int][]int) time.
 	return total
 }
 
-// perUnit turns the CPU used between two samples into figures of
-// microseconds per unit of work (request or pair), with the client's time
-// added. Nothing is recorded without units: a run that did no work has no
-// cost per unit.
-func perUnit(before, after cpuSample, client time.Duration, units float64, figures map[string]float64) {
-	if units <= 0 {
-		return
+// cpuWindow is an open measurement: the parts' CPU time and this process's
+// at its start.
+type cpuWindow struct {
+	parts  cpuParts
+	before cpuSample
+	self   time.Duration
+}
+
+// start opens a window.
+func (p cpuParts) start() (*cpuWindow, error) {
+	before, err := p.sample()
+	if err != nil {
+		return nil, err
 	}
-	for name, end := range after {
-		figures[cpuFigurePrefix+name] = float64(end-before[name]) / float64(time.Microsecond) / units
+	self, err := selfCPU()
+	if err != nil {
+		return nil, err
+	}
+	return &cpuWindow{parts: p, before: before, self: self}, nil
+}
+
+// cpuUsage is the CPU time used within a window, by part and by this
+// process.
+type cpuUsage struct {
+	parts map[string]time.Duration
+	self  time.Duration
+}
+
+// stop closes the window.
+func (w *cpuWindow) stop() (cpuUsage, error) {
+	after, err := w.parts.sample()
+	if err != nil {
+		return cpuUsage{}, err
+	}
+	self, err := selfCPU()
+	if err != nil {
+		return cpuUsage{}, err
+	}
+	u := cpuUsage{parts: map[string]time.Duration{}, self: self - w.self}
+	for name, end := range after.used {
+		if after.started[name] != w.before.started[name] {
+			return cpuUsage{}, fmt.Errorf("cpu: %s's pid belongs to another process than at the start", name)
+		}
+		u.parts[name] = end - w.before.used[name]
+	}
+	return u, nil
+}
+
+// record adds figures of microseconds per unit of work (request or pair)
+// for every part and for the client, whose time the scenario knows (wrk's,
+// or this process's: u.self). Nothing is recorded without units. A part
+// whose time went down (a process left its tree without being waited for)
+// has no true figure: it is left out and named in the returned list.
+func (u cpuUsage) record(client time.Duration, units float64, figures map[string]float64) (leftOut []string) {
+	if units <= 0 {
+		return nil
+	}
+	for name, d := range u.parts {
+		if d < 0 {
+			leftOut = append(leftOut, name)
+			continue
+		}
+		figures[cpuFigurePrefix+name] = float64(d) / float64(time.Microsecond) / units
 	}
 	if client > 0 {
 		figures[cpuFigurePrefix+clientPart] = float64(client) / float64(time.Microsecond) / units
 	}
+	slices.Sort(leftOut)
+	return leftOut
+}
+
+// leftOutNote is a record's note for parts record left out.
+func leftOutNote(leftOut []string) string {
+	return "no CPU figure for " + strings.Join(leftOut, ", ") + ": a process left the tree during the round"
 }
 
 // selfCPU is the CPU time this process has used.
-func selfCPU() time.Duration {
+func selfCPU() (time.Duration, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, fmt.Errorf("cpu: getrusage: %w", err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
-
-// cpuColumns are the parts make bench accounts, in the table's order.
-var cpuColumns = []string{"proxy", "service", "postgres", "redis", clientPart}

@@ -21,6 +21,9 @@ func TestCPUPartsFlag(t *testing.T) {
 	if got := parts.String(); got != "proxy=12,postgres=34" {
 		t.Errorf("parts = %q, want proxy=12,postgres=34", got)
 	}
+	if err := parts.Set("proxy=56"); err == nil {
+		t.Errorf("Set() of a part given twice accepted, want an error")
+	}
 	for _, bad := range []string{"proxy", "=12", "proxy=", "proxy=x", "proxy=0", "proxy=-3", "client=12"} {
 		var p cpuParts
 		if err := p.Set(bad); err == nil {
@@ -59,15 +62,15 @@ func TestSampleCountsAChildsCPU(t *testing.T) {
 		if after, err = parts.sample(); err != nil {
 			t.Fatal(err)
 		}
-		if after["child"]-before["child"] >= 50*time.Millisecond {
+		if after.used["child"]-before.used["child"] >= 50*time.Millisecond {
 			break
 		}
 	}
-	burnt := after["child"] - before["child"]
+	burnt := after.used["child"] - before.used["child"]
 	if burnt < 50*time.Millisecond {
 		t.Fatalf("child's CPU time grew by %v in 10 s of a busy loop, want at least 50ms", burnt)
 	}
-	if grown := after["tree"] - before["tree"]; grown < burnt {
+	if grown := after.used["tree"] - before.used["tree"]; grown < burnt {
 		t.Errorf("the parent's tree grew by %v, less than its child's %v", grown, burnt)
 	}
 }
@@ -76,23 +79,21 @@ func TestSampleCountsAChildsCPU(t *testing.T) {
 // tree (as a PostgreSQL backend does under the postmaster).
 func TestSampleKeepsTheTimeOfAnExitedChild(t *testing.T) {
 	parts := cpuParts{{"tree", os.Getpid()}}
-	before, err := parts.sample()
+	window, err := parts.start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	child := exec.Command("sh", "-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done")
+	// The child spins for 300 ms of wall time, long enough for many ticks.
+	child := exec.Command("sh", "-c", `end=$(( $(date +%s%N) + 300000000 )); while [ "$(date +%s%N)" -lt "$end" ]; do :; done`)
 	if err := child.Run(); err != nil {
 		t.Fatal(err)
 	}
-	after, err := parts.sample()
+	used, err := window.stop()
 	if err != nil {
 		t.Fatal(err)
 	}
 	childCPU := child.ProcessState.UserTime() + child.ProcessState.SystemTime()
-	if childCPU < 50*time.Millisecond {
-		t.Skipf("the child used only %v of CPU, too little to tell from the 10 ms tick", childCPU)
-	}
-	if grown := after["tree"] - before["tree"]; grown < childCPU-20*time.Millisecond {
+	if grown := used.parts["tree"]; grown < childCPU-20*time.Millisecond || grown <= 0 {
 		t.Errorf("the tree grew by %v while a child used %v and exited, want at least the child's", grown, childCPU)
 	}
 }
@@ -108,21 +109,36 @@ func TestSampleRefusesAMissingProcess(t *testing.T) {
 	}
 }
 
-func TestPerUnit(t *testing.T) {
+func TestRecord(t *testing.T) {
+	u := cpuUsage{parts: map[string]time.Duration{"proxy": 2 * time.Second, "postgres": time.Second, "redis": -time.Second}}
 	figures := map[string]float64{}
-	before := cpuSample{"proxy": time.Second, "postgres": 0}
-	after := cpuSample{"proxy": 3 * time.Second, "postgres": time.Second}
-	perUnit(before, after, 500*time.Millisecond, 1000, figures)
+	leftOut := u.record(500*time.Millisecond, 1000, figures)
 	want := map[string]float64{"cpu_us.proxy": 2000, "cpu_us.postgres": 1000, "cpu_us.client": 500}
+	if len(figures) != len(want) {
+		t.Errorf("figures = %v, want %v", figures, want)
+	}
 	for k, v := range want {
 		if figures[k] != v {
 			t.Errorf("%s = %v, want %v", k, figures[k], v)
 		}
 	}
+	if len(leftOut) != 1 || leftOut[0] != "redis" {
+		t.Errorf("left out %v, want [redis] (its time went down)", leftOut)
+	}
 	empty := map[string]float64{}
-	perUnit(before, after, time.Second, 0, empty)
+	u.record(time.Second, 0, empty)
 	if len(empty) != 0 {
-		t.Errorf("perUnit() with no units recorded %v, want nothing", empty)
+		t.Errorf("record() with no units recorded %v, want nothing", empty)
+	}
+}
+
+// A pid that another process has taken since the window opened gives an
+// error, not a figure of some other process.
+func TestStopRefusesAReusedPID(t *testing.T) {
+	w := &cpuWindow{parts: cpuParts{{"tree", os.Getpid()}},
+		before: cpuSample{used: map[string]time.Duration{"tree": 0}, started: map[string]uint64{"tree": 1}}}
+	if _, err := w.stop(); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Errorf("stop() after the pid changed hands = %v, want an error", err)
 	}
 }
 
@@ -140,7 +156,7 @@ func TestCPUTable(t *testing.T) {
 		"| scenario | proxy or gateway | service | PostgreSQL | Redis | load generator | total | cores busy |",
 		"| GET by id, 64 conns, nginx | 30 | 70 | 80 | — | 20 | 200 | 2.00 of 2 |",
 		"| GET by id, 64 conns, gateway | 50 | 70 | 80 | — | 20 | 220 | 1.98 of 2 |",
-		"| confirm + cancel pair, via gateway | 140 | 220 | 450 | 2 | 70 | 882 | 1.76 of 2 |",
+		"| confirm + cancel pair, via gateway | 140 | 220 | 450 | 2.0 | 70 | 882 | 1.76 of 2 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("CPU table lacks %q:\n%s", want, out)

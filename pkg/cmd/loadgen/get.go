@@ -156,6 +156,9 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	if err := os.WriteFile(script, wrkScript, 0o600); err != nil {
 		return err
 	}
+	if _, err := parts.sample(); err != nil { // fail before the runs, not after them
+		return fmt.Errorf("%s: %w", *name, err)
+	}
 	run := getRun{URL: *target, PathPrefix: *prefix, IDsFile: *ids, Script: script, Threads: *threads, Conns: *conns}
 	if *warmup > 0 {
 		run.Duration, run.Headers = *warmup, headersOf(a)
@@ -164,7 +167,7 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		}
 	}
 	run.Duration, run.Headers = *duration, headersOf(a)
-	before, err := parts.sample()
+	window, err := parts.start()
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
@@ -172,7 +175,7 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
-	after, err := parts.sample()
+	used, err := window.stop()
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
@@ -184,10 +187,14 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		"p99_ms":   s.P99US / 1000,
 		"errors":   float64(s.Errors()),
 	}}
-	perUnit(before, after, s.CPU, float64(s.Requests), rec.Figures)
-	if s.Errors() > 0 {
-		rec.Note = fmt.Sprintf("errors: connect %d, read %d, write %d, status %d, timeout %d", s.Connect, s.Read, s.Write, s.Status, s.Timeout)
+	var notes []string
+	if leftOut := used.record(s.CPU, float64(s.Requests), rec.Figures); len(leftOut) > 0 {
+		notes = append(notes, leftOutNote(leftOut))
 	}
+	if s.Errors() > 0 {
+		notes = append(notes, fmt.Sprintf("errors: connect %d, read %d, write %d, status %d, timeout %d", s.Connect, s.Read, s.Write, s.Status, s.Timeout))
+	}
+	rec.Note = strings.Join(notes, "; ")
 	return appendRecord(cfg.Results, rec, stdout)
 }
 

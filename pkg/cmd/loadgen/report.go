@@ -244,6 +244,9 @@ func hasCPUFigures(figures map[string]float64) bool {
 	return false
 }
 
+// cpuColumns are the parts make bench accounts, in the table's order.
+var cpuColumns = []string{"proxy", "service", "postgres", "redis", clientPart}
+
 // cpuColumnTitles name the parts in the CPU table.
 var cpuColumnTitles = map[string]string{
 	"proxy": "proxy or gateway", "service": "service", "postgres": "PostgreSQL", "redis": "Redis",
@@ -286,10 +289,19 @@ func renderCPUTable(w io.Writer, rows []cpuRow, cpus int) {
 				continue
 			}
 			total += v
-			fmt.Fprintf(w, " %.0f |", v)
+			fmt.Fprintf(w, " %s |", microseconds(v))
 		}
 		fmt.Fprintf(w, " %.0f | %.2f of %d |\n", total, total*r.Throughput/1e6, cpus)
 	}
+}
+
+// microseconds shows a small CPU figure with a decimal, so that Redis's
+// 0.1 µs does not read as nothing.
+func microseconds(v float64) string {
+	if v < 10 {
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
 }
 
 func verdict(pass bool) string {

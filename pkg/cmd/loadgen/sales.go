@@ -1,13 +1,13 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -152,6 +152,9 @@ func runSales(ctx context.Context, cfg Config, args []string, stdout io.Writer) 
 	if len(cfg.WriteKeys) < *workers {
 		return fmt.Errorf("LOADGEN_WRITE_KEYS has %d keys, --workers wants %d", len(cfg.WriteKeys), *workers)
 	}
+	if _, err := parts.sample(); err != nil { // fail before the run, not after it
+		return fmt.Errorf("%s: %w", *name, err)
+	}
 	ws, err := newSalesWorkers(ctx, cfg, *base, *workers, *perWorker)
 	if err != nil {
 		return err
@@ -162,29 +165,39 @@ func runSales(ctx context.Context, cfg Config, args []string, stdout io.Writer) 
 	for _, w := range ws {
 		wg.Go(func() { w.loop(ctx, measureFrom, stop) })
 	}
-	// The CPU window is the measured one: from measureFrom until the last
-	// measured pair has finished.
+	// The CPU window is the measured one, from measureFrom until the last
+	// measured pair has finished. The workers, not this function, cross
+	// measureFrom while they run, so a goroutine opens the window then.
 	var (
-		before       cpuSample
-		clientBefore time.Duration
-		sampleErr    error
+		window   *cpuWindow
+		startErr error
 	)
-	sampled := make(chan struct{})
+	opened := make(chan struct{})
 	go func() {
-		defer close(sampled)
-		time.Sleep(time.Until(measureFrom))
-		before, sampleErr = parts.sample()
-		clientBefore = selfCPU()
+		defer close(opened)
+		select {
+		case <-time.After(time.Until(measureFrom)):
+			window, startErr = parts.start()
+		case <-ctx.Done():
+		}
 	}()
 	wg.Wait()
-	<-sampled
-	window := time.Since(measureFrom)
-	after, err := parts.sample()
-	if err = cmp.Or(sampleErr, err); err != nil {
+	<-opened
+	if err := ctx.Err(); err != nil {
+		return err // an interrupted run has no figures
+	}
+	if startErr != nil {
+		return fmt.Errorf("%s: %w", *name, startErr)
+	}
+	measured := time.Since(measureFrom)
+	used, err := window.stop()
+	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
-	rec := salesRecord(*name, ws, window)
-	perUnit(before, after, selfCPU()-clientBefore, rec.Figures["pairs"], rec.Figures)
+	rec := salesRecord(*name, ws, measured)
+	if leftOut := used.record(used.self, rec.Figures["pairs"], rec.Figures); len(leftOut) > 0 {
+		rec.Note = strings.TrimPrefix(rec.Note+"; "+leftOutNote(leftOut), "; ")
+	}
 	return appendRecord(cfg.Results, rec, stdout)
 }
 
