@@ -8,6 +8,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,14 +51,25 @@ func run(args []string) error {
 	return app.Listen(*listen)
 }
 
-// answerError answers a failed hop with the API's error envelope, as every
-// process of the stack does.
+// answerError answers a failed hop with the API's error envelope and a
+// request id of its own (in meta and X-Request-Id), as every process of the
+// stack does.
 func answerError(c *fiber.Ctx, err error) error {
 	status, code := fiber.StatusBadGateway, "bad_gateway"
 	var fe *fiber.Error
 	if errors.As(err, &fe) && fe.Code < 500 {
 		status, code = fe.Code, "bad_request"
 	}
+	id := newRequestID()
 	c.Set(fiber.HeaderContentType, envelope.ContentType)
-	return c.Status(status).Send(envelope.ErrorBytes(code, "plainhop: "+err.Error(), ""))
+	c.Set(envelope.RequestIDHeader, id)
+	return c.Status(status).Send(envelope.ErrorBytes(code, "plainhop: "+err.Error(), id))
+}
+
+// newRequestID returns 16 random bytes in hex, the form of the stack's
+// request ids (trace ids).
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
