@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/coinexport/export/pkg v0.0.0
+	github.com/go-json-experiment/json v0.0.0-20260820222146-c27c302e5fc3
 	github.com/google/go-cmp v0.7.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0

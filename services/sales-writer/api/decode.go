@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/services/sales-writer/sales"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Limits of spec 8 and of this service.
@@ -135,8 +136,12 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 // nothing after it, no duplicate and no unknown property. It returns the
 // external order id and the quantity with its default applied.
 func parseBody(body []byte) (string, int, error) {
-	if !utf8.Valid(body) {
-		return "", 0, badRequest(codeInvalidBody, "the body is not valid UTF-8")
+	// encoding/json reads invalid UTF-8 and a lone surrogate escape as
+	// U+FFFD, so "\ud800" and "\udfff" would name the same order; jsontext
+	// refuses both, and duplicate names and data after the value too. The
+	// walk below can then rely on a well-formed body.
+	if !jsontext.Value(body).IsValid() {
+		return "", 0, invalidJSON(body)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -144,16 +149,11 @@ func parseBody(body []byte) (string, int, error) {
 	}
 	var orderID *string
 	quantity := sales.DefaultQuantity
-	seen := map[string]bool{}
 	for dec.More() {
 		name, value, err := nextProperty(dec)
 		if err != nil {
 			return "", 0, err
 		}
-		if seen[name] {
-			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(name)))
-		}
-		seen[name] = true
 		switch name {
 		case "external_order_id":
 			s, err := externalOrderID(value)
@@ -169,16 +169,34 @@ func parseBody(body []byte) (string, int, error) {
 			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("unknown property %q", clip(name)))
 		}
 	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return "", 0, badRequest(codeInvalidBody, "the body is not valid JSON")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", 0, badRequest(codeInvalidBody, "unexpected data after the JSON object")
-	}
 	if orderID == nil {
 		return "", 0, badRequest(codeInvalidBody, "external_order_id is required")
 	}
 	return *orderID, quantity, nil
+}
+
+// invalidJSON says why jsontext refused body. It runs only for refused
+// bodies, so it may read the body again.
+func invalidJSON(body []byte) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(body))
+	if dec.PeekKind() != '{' {
+		return badRequest(codeInvalidBody, "the body must be a JSON object")
+	}
+	_, err := dec.ReadValue()
+	var syntax *jsontext.SyntacticError
+	switch {
+	case err == nil:
+		return badRequest(codeInvalidBody, "unexpected data after the JSON object")
+	case errors.Is(err, jsontext.ErrDuplicateName) && errors.As(err, &syntax):
+		return badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(syntax.JSONPointer.LastToken())))
+	case !utf8.Valid(body):
+		return badRequest(codeInvalidBody, "the body is not valid UTF-8")
+	case jsontext.Value(body).IsValid(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true)):
+		// Valid UTF-8 that is valid JSON only when strings may be mangled:
+		// an escape names half of a surrogate pair.
+		return badRequest(codeInvalidBody, "a string in the body holds a lone surrogate escape (\\ud800 to \\udfff not in a pair)")
+	}
+	return badRequest(codeInvalidBody, "the body is not valid JSON")
 }
 
 // nextProperty reads one name and its raw value.

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -59,6 +60,16 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"order id empty", call{key: "k", body: `{"external_order_id":""}`}, 400, "invalid_body", "external_order_id"},
 		{"order id of 129 characters", call{key: "k", body: `{"external_order_id":"` + strings.Repeat("é", 129) + `"}`}, 400, "invalid_body", "external_order_id"},
 		{"order id with NUL", call{key: "k", body: `{"external_order_id":"a\u0000b"}`}, 400, "invalid_body", "external_order_id"},
+		// encoding/json reads each of these as U+FFFD, so all would name
+		// the same order.
+		{"order id lone high surrogate", call{key: "k", body: `{"external_order_id":"\ud800"}`}, 400, "invalid_body", "surrogate"},
+		{"order id lone low surrogate", call{key: "k", body: `{"external_order_id":"\udfff"}`}, 400, "invalid_body", "surrogate"},
+		{"order id reversed pair", call{key: "k", body: `{"external_order_id":"\ude00\ud83d"}`}, 400, "invalid_body", "surrogate"},
+		{"order id high surrogate then letter", call{key: "k", body: `{"external_order_id":"o\ud83dx"}`}, 400, "invalid_body", "surrogate"},
+		{"name with lone surrogate", call{key: "k", body: `{"external_order_id":"o","\udfff":1}`}, 400, "invalid_body", "surrogate"},
+		{"order id of 129 emoji", call{key: "k", body: `{"external_order_id":"` + strings.Repeat(`\ud83d\ude00`, 129) + `"}`}, 400, "invalid_body", "external_order_id"},
+		{"duplicate quantity", call{key: "k", body: `{"external_order_id":"o","quantity":1,"quantity":1}`}, 400, "invalid_body", `"quantity" appears twice`},
+		{"invalid UTF-8 in a name", call{key: "k", body: "{\"external_order_id\":\"o\",\"q\xff\":1}"}, 400, "invalid_body", "UTF-8"},
 		{"quantity 2", call{key: "k", body: `{"external_order_id":"o","quantity":2}`}, 400, "invalid_body", "quantity"},
 		{"quantity 0", call{key: "k", body: `{"external_order_id":"o","quantity":0}`}, 400, "invalid_body", "quantity"},
 		{"quantity -1", call{key: "k", body: `{"external_order_id":"o","quantity":-1}`}, 400, "invalid_body", "quantity"},
@@ -114,6 +125,64 @@ func TestLimitsAreInclusive(t *testing.T) {
 	}
 	if got := result(t, env)["external_order_id"]; got != strings.Repeat("é", 128) {
 		t.Errorf("external_order_id = %v, want the 128 characters sent", got)
+	}
+}
+
+// TestLoneSurrogatesNameNoOrder replays the acceptance test's finding:
+// encoding/json reads a lone surrogate escape as U+FFFD, so a confirm of
+// order "\ud800" and a cancel of order "\udfff" matched as one order. Both
+// are refused now, and the item stays sellable.
+func TestLoneSurrogatesNameNoOrder(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	before := f.item(t, f.owner, "coin-1")
+	w := f.writer("market-a")
+	for _, c := range []call{
+		{id: w, op: "confirm", item: "coin-1", key: "confirm-1", body: `{"external_order_id":"\ud800"}`},
+		{id: w, op: "cancel", item: "coin-1", key: "cancel-1", body: `{"external_order_id":"\udfff"}`},
+	} {
+		rec, env := f.do(t, c)
+		if rec.Code != 400 || errorCode(env) != "invalid_body" {
+			t.Errorf("POST %s %s = %d %q, want 400 invalid_body", c.op, c.body, rec.Code, errorCode(env))
+		}
+	}
+	if got := f.item(t, f.owner, "coin-1"); got != before {
+		t.Errorf("item after the calls = %+v, want unchanged %+v", got, before)
+	}
+}
+
+// TestOrderIDIsTheTextSent: an order id is the Unicode text sent, however
+// it is escaped. U+FFFD sent literally or as \ufffd is the same order, and
+// an emoji, literal or a surrogate pair, is one character of the 128.
+func TestOrderIDIsTheTextSent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	w := f.writer("market-a")
+	tests := []struct {
+		name, sent, want string
+	}{
+		{"escaped U+FFFD", `\ufffd`, "\uFFFD"},
+		{"literal U+FFFD", "\uFFFD", "\uFFFD"},
+		{"128 escaped emoji", strings.Repeat(`\ud83d\ude00`, 128), strings.Repeat("😀", 128)},
+		{"128 literal emoji", strings.Repeat("😀", 128), strings.Repeat("😀", 128)},
+	}
+	for i, tt := range tests {
+		item := fmt.Sprintf("coin-%d", i)
+		f.addItem(t, f.owner, item, true)
+		rec, env := f.do(t, call{id: w, op: "confirm", item: item, key: "confirm-" + item, body: `{"external_order_id":"` + tt.sent + `"}`})
+		if rec.Code != 200 {
+			t.Errorf("confirm %s = %d %s, want 200", tt.name, rec.Code, rec.Body)
+			continue
+		}
+		if got := result(t, env)["external_order_id"]; got != tt.want {
+			t.Errorf("confirm %s: external_order_id = %+q, want %+q", tt.name, got, tt.want)
+		}
+	}
+	// The order confirmed as \ufffd is canceled by its literal spelling.
+	rec, env := f.do(t, call{id: w, op: "cancel", item: "coin-0", key: "cancel-coin-0", body: `{"external_order_id":"\uFFFD"}`})
+	if rec.Code != 200 || result(t, env)["external_order_id"] != "\uFFFD" {
+		t.Errorf("cancel of the \\ufffd order by literal U+FFFD = %d %s, want 200", rec.Code, rec.Body)
 	}
 }
 
