@@ -74,6 +74,21 @@ func parseID(raw json.RawMessage, required bool) (string, string) {
 	return s, checkText(s, maxIDLen, false)
 }
 
+// parseItemID reads the item id, the one id that travels in URLs.
+func parseItemID(raw json.RawMessage) (string, string) {
+	if isNull(raw) {
+		return "", "required"
+	}
+	s, ok := jsonString(raw)
+	if !ok {
+		return "", "must be a string"
+	}
+	if err := ValidItemID(s); err != nil {
+		return "", err.Error()
+	}
+	return s, ""
+}
+
 func parseCoinID(raw json.RawMessage) (*string, string) {
 	if isNull(raw) {
 		return nil, ""

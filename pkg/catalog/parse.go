@@ -125,7 +125,7 @@ var itemFields = []struct {
 	name  string
 	parse func(*Item, json.RawMessage) string
 }{
-	{"id", func(it *Item, raw json.RawMessage) (r string) { it.ID, r = parseID(raw, true); return r }},
+	{"id", func(it *Item, raw json.RawMessage) (r string) { it.ID, r = parseItemID(raw); return r }},
 	{"coin_id", func(it *Item, raw json.RawMessage) (r string) { it.CoinID, r = parseCoinID(raw); return r }},
 	{"status", func(it *Item, raw json.RawMessage) (r string) { it.Status, r = parseStatus(raw); return r }},
 	{"price", func(it *Item, raw json.RawMessage) (r string) { it.Price, r = parsePrice(raw); return r }},

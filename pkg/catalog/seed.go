@@ -20,8 +20,8 @@ const seedBatch = 2000
 // COPY: three languages (some translations or descriptions missing, to
 // exercise the ENG fallback), 1–6 images of every type, characteristics,
 // categories, prices (some unknown) and currencies, about 85% active. The
-// same seed gives the same items. Item ids are "s<seed>-<n>", so seeding the
-// same owner twice needs another seed. updated_at is the wall clock when each
+// same seed gives the same items. Item ids are "s<seed>-<n>" (valid by
+// ValidItemID), so seeding the same owner twice needs another seed. updated_at is the wall clock when each
 // row is generated (the whole load is one transaction; see the sync guide).
 // It returns the number of rows written.
 func Seed(ctx context.Context, pool *pgxpool.Pool, ownerID string, count int, seed int64) (int64, error) {

@@ -38,10 +38,19 @@ type ImportResult struct {
 //
 // Import never un-sells an item: it writes listed_active, and the exported
 // status stays inactive while an item is sold.
+//
+// Every id is checked with ValidItemID, since items may be built by other
+// code than ParseJSONL: one bad id refuses the whole batch, naming the item
+// (1-based), before anything is written.
 func Import(ctx context.Context, pool *pgxpool.Pool, ownerID string, items []Item) (ImportResult, error) {
 	owner, err := ParseOwnerID(ownerID)
 	if err != nil {
 		return ImportResult{}, err
+	}
+	for i := range items {
+		if err := ValidItemID(items[i].ID); err != nil {
+			return ImportResult{}, fmt.Errorf("catalog: item %d: id %q %w", i+1, items[i].ID, err)
+		}
 	}
 	if len(items) == 0 {
 		return ImportResult{}, nil

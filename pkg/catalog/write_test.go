@@ -177,6 +177,30 @@ func TestImportErrors(t *testing.T) {
 	}
 }
 
+// Import refuses items that did not come through ParseJSONL when an id
+// could not be addressed by a URL, and writes none of the batch.
+func TestImportRefusesUnaddressableIDs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	for _, id := range []string{"x/y", "..", `x\y`, "", "a\x00b"} {
+		items := mustParse(t, lineA, lineB)
+		items[1].ID = id
+		_, err := catalog.Import(ctx, pool, owner, items)
+		if err == nil || !strings.Contains(err.Error(), "item 2") {
+			t.Errorf("Import(item 2 with id %q) error = %v, want an error naming item 2", id, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM export_items`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("rows after refused imports = %d, want 0", n)
+	}
+}
+
 func TestSeed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -187,7 +211,7 @@ func TestSeed(t *testing.T) {
 	if err != nil || n != count {
 		t.Fatalf("Seed(%d) = %d, %v, want %d, nil", count, n, err, count)
 	}
-	rows, err := pool.Query(ctx, `SELECT status, updated_at, doc_eng, doc_rus, doc_ukr FROM export_items WHERE owner_id = $1`, owner)
+	rows, err := pool.Query(ctx, `SELECT id, status, updated_at, doc_eng, doc_rus, doc_ukr FROM export_items WHERE owner_id = $1`, owner)
 	if err != nil {
 		t.Fatalf("select: %v", err)
 	}
@@ -195,11 +219,14 @@ func TestSeed(t *testing.T) {
 	types := map[string]int{}
 	inactive := 0
 	for rows.Next() {
-		var status string
+		var id, status string
 		var updated time.Time
 		var docs [3]string
-		if err := rows.Scan(&status, &updated, &docs[0], &docs[1], &docs[2]); err != nil {
+		if err := rows.Scan(&id, &status, &updated, &docs[0], &docs[1], &docs[2]); err != nil {
 			t.Fatalf("scan: %v", err)
+		}
+		if err := catalog.ValidItemID(id); err != nil {
+			t.Errorf("seeded id %q: ValidItemID = %v, want nil", id, err)
 		}
 		if status == "inactive" {
 			inactive++

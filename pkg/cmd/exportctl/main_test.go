@@ -139,6 +139,34 @@ func TestItemsImportAndSeed(t *testing.T) {
 	}
 }
 
+// An item id that cannot travel as one URL path segment could be listed
+// but never read nor sold, so the import refuses the file, naming the line.
+func TestItemsImportRefusesUnaddressableIDs(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Importer"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ id, reason string }{
+		{"x/y", `id: must not contain "/" or "\"`},
+		{`x\\y`, `id: must not contain "/" or "\"`},
+		{"..", `id: must not be "." or ".."`},
+		{".", `id: must not be "." or ".."`},
+	} {
+		file := strings.Join([]string{
+			strings.Replace(goodLine, "coin-%d", "ok-1", 1),
+			strings.Replace(goodLine, "coin-%d", tc.id, 1),
+		}, "\n")
+		err := cli(t, dsn, file, nil, "items", "import", "--owner", owner.ID, "--file", "-")
+		if err == nil || !strings.Contains(err.Error(), "line 2: "+tc.reason) {
+			t.Errorf("items import of id %q = %v, want an error naming line 2 and %q", tc.id, err, tc.reason)
+		}
+	}
+	if n := countItems(t, dsn, owner.ID); n != 0 {
+		t.Errorf("owner has %d items after refused imports, want 0", n)
+	}
+}
+
 func countItems(t *testing.T, dsn, owner string) int {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), dsn)

@@ -217,7 +217,7 @@ func (r *Reader) AppendItem(ctx context.Context, dst []byte, ownerID, itemID, la
 	}
 	// Ids the database could not hold cannot exist; asking would only turn
 	// bad bytes into a database error.
-	if itemID == "" || utf8.RuneCountInString(itemID) > 128 || !utf8.ValidString(itemID) || strings.ContainsRune(itemID, 0) {
+	if itemID == "" || utf8.RuneCountInString(itemID) > catalog.MaxItemIDLen || !utf8.ValidString(itemID) || strings.ContainsRune(itemID, 0) {
 		return dst, ErrNotFound
 	}
 	rows, err := r.pool.Query(ctx, itemStatements[langIndex(lang)], owner, itemID)

@@ -1,0 +1,48 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxItemIDLen is the longest item id, in characters: the item_id domain's
+// check (migration 00004).
+const MaxItemIDLen = 128
+
+// ValidItemID returns nil when id may be issued as an export item id, or an
+// error whose text is the reason ("must not …", meant to follow the field's
+// name). Clients address an item by its id as one path segment
+// (/v1/export/items/{item_id}, …/sales/confirm), and the gateway routes on
+// the decoded path (%2F becomes "/", dot segments are removed) while some
+// clients turn "\" into "/": an id with "/" or "\", or equal to "." or "..",
+// could be listed but never read nor sold. The other rules keep what
+// PostgreSQL and consumers can take.
+//
+// Every writer of new items calls it (ParseJSONL, Import); ids stored before
+// the rule may break it, so readers looking an id up must not use it to
+// refuse one.
+func ValidItemID(id string) error {
+	switch {
+	case strings.TrimSpace(id) == "":
+		return errors.New("must not be empty")
+	case !utf8.ValidString(id):
+		return errors.New("must be valid UTF-8")
+	}
+	if n := utf8.RuneCountInString(id); n > MaxItemIDLen {
+		return fmt.Errorf("must be at most %d characters, got %d", MaxItemIDLen, n)
+	}
+	switch {
+	case strings.IndexFunc(id, unicode.IsControl) >= 0:
+		return errors.New("must not contain control characters")
+	case id != strings.TrimSpace(id):
+		return errors.New("must not start or end with white space")
+	case strings.ContainsAny(id, `/\`):
+		return errors.New(`must not contain "/" or "\" (an item id is one URL path segment)`)
+	case id == "." || id == "..":
+		return errors.New(`must not be "." or ".." (an item id is one URL path segment)`)
+	}
+	return nil
+}
