@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 )
 
 // newApp builds the Fiber app: one handler per line of the routing table
@@ -35,11 +36,42 @@ func (g *Gateway) newApp() *fiber.App {
 		// Errors Fiber raises before a handler runs (413, 431, 408, 400).
 		ErrorHandler: g.serverError,
 	})
-	for _, rt := range routes {
+	for _, rt := range servedRoutes {
 		app.Add(rt.Method, rt.Path, g.handler(rt))
 	}
-	app.Use(g.handler(route{Method: "*", Path: "unmatched"}))
+	unmatched := g.handler(route{Method: "*", Path: "unmatched"})
+	app.Use(unmatched)
+	g.answerUnknownMethods(app, unmatched)
 	return app
+}
+
+// answerUnknownMethods gives a request whose method Fiber does not know
+// (FOO, or get in lower case) the catch-all's answer, as for any method a
+// route lacks: 405 with Allow on a known path, 404 elsewhere. Fiber itself
+// would answer it with a bare text 400 before any handler runs, without an
+// envelope or a request id.
+func (g *Gateway) answerUnknownMethods(app *fiber.App, unmatched fiber.Handler) {
+	server := app.Server()
+	serve := server.Handler
+	server.Handler = func(rctx *fasthttp.RequestCtx) {
+		if knownMethod(rctx.Method()) {
+			serve(rctx)
+			return
+		}
+		c := app.AcquireCtx(rctx)
+		defer app.ReleaseCtx(c)
+		_ = unmatched(c) // the handler answers every error itself
+	}
+}
+
+// knownMethod reports whether Fiber routes method (its DefaultMethods).
+func knownMethod(method []byte) bool {
+	for _, known := range fiber.DefaultMethods {
+		if string(method) == known {
+			return true
+		}
+	}
+	return false
 }
 
 // handler wraps every request the same way: a server span whose trace id is
@@ -66,6 +98,10 @@ func (g *Gateway) handler(rt route) fiber.Handler {
 // all the same.
 func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 	rq := g.begin(c, "unrouted")
+	// fasthttp hands these errors over with the request reset or partly
+	// read: its method and path are then its defaults (GET /), not the
+	// client's.
+	rq.method, rq.path = methodOther, ""
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 	return nil
@@ -99,7 +135,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	if keyInQuery(c) {
 		// Refused everywhere, so a key never travels on in a URL.
-		return g.authFailed(c, rq)
+		return g.authFailed(c, rq, errUnauthenticated)
 	}
 	if rt.Scope == "" {
 		if err := g.limit(rq, rt.Class, "ip:", rq.clientIP); err != nil {

@@ -23,6 +23,11 @@ const APIKeyHeader = "X-API-Key"
 // It has no span of its own: nearly every lookup is a cache hit in memory,
 // and a miss shows in the trace as the key store's SQL span.
 func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
+	if len(c.Request().Header.PeekAll(APIKeyHeader)) > 1 {
+		// Which one would count is anybody's guess (proxies keep the first
+		// or the last); the caller has to send one.
+		return g.authFailed(c, rq, errSeveralKeys)
+	}
 	// The key store checks the key's form (and checksum) itself, on a cache
 	// miss only: a cached key is one that was well formed.
 	secret := c.Get(APIKeyHeader)
@@ -31,7 +36,7 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		return errRateLimited(rq.rate.RetryAfter)
 	case errors.Is(err, keystore.ErrUnauthenticated):
-		return g.authFailed(c, rq)
+		return g.authFailed(c, rq, errUnauthenticated)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
 	}
@@ -46,10 +51,10 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 }
 
 // authFailed records a failed authentication against the client IP and
-// answers 401, or 429 once the IP has failed too often.
-func (g *Gateway) authFailed(c *fiber.Ctx, rq *request) error {
+// answers answer (a 401), or 429 once the IP has failed too often.
+func (g *Gateway) authFailed(c *fiber.Ctx, rq *request, answer *apiError) error {
 	if g.limiter == nil {
-		return errUnauthenticated
+		return answer
 	}
 	start := time.Now()
 	d := g.limiter.Take(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
@@ -58,7 +63,7 @@ func (g *Gateway) authFailed(c *fiber.Ctx, rq *request) error {
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
 	}
-	return errUnauthenticated
+	return answer
 }
 
 // authBudgetLeft reports whether the client IP may still fail to

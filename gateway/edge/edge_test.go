@@ -3,7 +3,9 @@ package edge_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/gatewaytest"
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
@@ -53,6 +56,8 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"unknown route", "GET", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
 		{"unknown deep route", "GET", items + "/a/b", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
 		{"wrong method", "DELETE", items + "/coin-1", nil, "", 405, "method_not_allowed"},
+		{"unknown method", "FOO", items + "/coin-1", nil, "", 405, "method_not_allowed"},
+		{"method in lower case", "get", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
 		{"headers too large", "GET", items, map[string]string{"X-Padding": strings.Repeat("p", 9000)}, "", 431, "headers_too_large"},
 		{"body too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 65<<10), 413, "payload_too_large"},
 		{"body far too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 2<<20), 413, "payload_too_large"},
@@ -77,8 +82,8 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 			if strings.Contains(string(r.Body), "127.0.0.1") || strings.Contains(string(r.Body), "dial") {
 				t.Errorf("body %s shows an internal address or a raw error", r.Body)
 			}
-			if tt.status == 405 && r.Header.Get("Allow") != "GET" {
-				t.Errorf("Allow = %q, want GET", r.Header.Get("Allow"))
+			if tt.status == 405 && r.Header.Get("Allow") != "GET, HEAD" {
+				t.Errorf("Allow = %q, want GET, HEAD", r.Header.Get("Allow"))
 			}
 		})
 	}
@@ -401,5 +406,109 @@ func TestBurstStraddlingASecondBoundary(t *testing.T) {
 	}
 	if passed != 5 {
 		t.Fatalf("a burst of 10 straddling a second boundary on 5-S let %d through, want 5", passed)
+	}
+}
+
+func TestHeadIsServedLikeGet(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	for _, tt := range []struct {
+		name, url, key string
+		status         int
+	}{
+		{"health", gw.URL + "/v1/health", "", 200},
+		{"item with a read key", gw.URL + "/v1/export/items/coin-1", k.read, 200},
+		{"item without a key", gw.URL + "/v1/export/items/coin-1", "", 401},
+		{"item with a write key", gw.URL + "/v1/export/items/coin-1", k.write, 403},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := http.NewRequest("HEAD", tt.url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.key != "" {
+				req.Header.Set("X-API-Key", tt.key)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.status || len(body) != 0 {
+				t.Errorf("HEAD = %d with %d body bytes, want %d and none", resp.StatusCode, len(body), tt.status)
+			}
+			if !hex32.MatchString(resp.Header.Get("X-Request-Id")) {
+				t.Errorf("X-Request-Id = %q", resp.Header.Get("X-Request-Id"))
+			}
+		})
+	}
+}
+
+func TestSeveralAPIKeysAreRefused(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	for _, order := range [][]string{{k.read, k.write}, {k.write, k.read}, {k.read, k.read}} {
+		req, err := http.NewRequest("GET", gw.URL+"/v1/export/items/coin-1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range order {
+			req.Header.Add("X-API-Key", key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var env envelope.Parsed
+		if err := json.Unmarshal(body, &env); err != nil || resp.StatusCode != 401 || env.Error == nil ||
+			env.Error.Code != "unauthenticated" || !strings.Contains(env.Error.Message, "one X-API-Key") {
+			t.Errorf("two X-API-Key headers = %d %s, want 401 unauthenticated asking for one", resp.StatusCode, body)
+		}
+	}
+}
+
+// TestClientChosenMethodsStayOutOfLogs: a method outside the known ones is
+// logged as _OTHER, and so is a request that could not be read, not as the
+// GET that fasthttp assumes by default.
+func TestClientChosenMethodsStayOutOfLogs(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	r := do(t, "SECRETMETHOD", gw.URL+"/v1/health", nil, nil)
+	checkEnvelope(t, r)
+	if r.Status != 405 || r.Header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("SECRETMETHOD /v1/health = %d, Allow %q; want 405, GET, HEAD", r.Status, r.Header.Get("Allow"))
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GARBAGE\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(conn)
+	if !strings.Contains(string(answer), `"code":"bad_request"`) {
+		t.Errorf("a malformed request got %q, want a bad_request envelope", answer)
+	}
+	multipart := do(t, "POST", gw.URL+"/v1/sync/prestashop/schema",
+		map[string]string{"Content-Type": "multipart/form-data; boundary=x"}, strings.NewReader("garbage"))
+	if multipart.Status != 400 || multipart.Env.Error == nil || multipart.Env.Error.Code != "bad_request" {
+		t.Errorf("an unparsable multipart body = %d %s, want 400 bad_request", multipart.Status, multipart.Body)
+	}
+	waitFor(t, 2*time.Second, func() bool { return strings.Count(gw.Logs.String(), `"method":"_OTHER"`) >= 3 })
+	logs := gw.Logs.String()
+	if strings.Contains(logs, "SECRETMETHOD") {
+		t.Error("the client's method token reached the logs")
+	}
+	if strings.Contains(logs, `"method":"GET","route":"unrouted"`) {
+		t.Errorf("a request that could not be read is logged as a GET:\n%s", logs)
+	}
+	if n := strings.Count(logs, `"method":"_OTHER"`); n != 3 {
+		t.Errorf("%d access lines with method _OTHER, want 3 (the unknown method and the two unreadable requests):\n%s", n, logs)
 	}
 }

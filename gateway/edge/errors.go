@@ -28,6 +28,8 @@ func (e *apiError) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Code
 var (
 	errUnauthenticated = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "missing, invalid or revoked API key"}
+	errSeveralKeys = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
+		Message: "send one X-API-Key header, not several"}
 	errForbidden = &apiError{Status: http.StatusForbidden, Code: "forbidden",
 		Message: "the API key lacks the scope this route needs"}
 	errPlatformRequired = &apiError{Status: http.StatusForbidden, Code: "platform_required",

@@ -76,7 +76,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	uri := string(req.RequestURI()) // original path and query, copied
 	repeat := upstream.Repeat{
 		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,
-		IfClosed: rt.Method == fiber.MethodGet,
+		IfClosed: rt.safe(),
 	}
 	// Once scrubbed, the request holds none of the headers set below, so
 	// they are added, without the search for one to replace that Set does.

@@ -90,17 +90,22 @@ func (g *Gateway) clientIP(c *fiber.Ctx) string {
 	return ip
 }
 
-// stableMethod returns m as a constant for the usual methods (m points
-// into a request buffer), a copy otherwise.
+// stableMethod returns m as a constant (m points into a buffer that is
+// reused): one of the methods Fiber routes, or methodOther for any other
+// token, which the client chose and which must not reach logs and spans
+// as it came.
 func stableMethod(m string) string {
-	for _, known := range [...]string{fiber.MethodGet, fiber.MethodPost, fiber.MethodHead, fiber.MethodPut,
-		fiber.MethodPatch, fiber.MethodDelete, fiber.MethodOptions} {
+	for _, known := range fiber.DefaultMethods {
 		if m == known {
 			return known
 		}
 	}
-	return strings.Clone(m)
+	return methodOther
 }
+
+// methodOther stands for a method outside the known ones, as OpenTelemetry's
+// http.request.method does.
+const methodOther = "_OTHER"
 
 // randomID stands in for a trace id if tracing ever yields none.
 func randomID() string {

@@ -1,7 +1,10 @@
 package edge
 
 import (
+	"slices"
 	"strings"
+
+	"github.com/gofiber/fiber/v2"
 
 	"github.com/coinexport/export/pkg/identity"
 )
@@ -60,11 +63,32 @@ var routes = []route{
 		Scope: identity.ScopeSalesWrite, NeedsPlatform: true, Class: classSalesWrite, RepeatWithIdempotencyKey: true},
 }
 
+// servedRoutes are the routes plus a HEAD route for every GET one: HTTP
+// servers answer HEAD wherever they answer GET (RFC 9110, 9.1), and uptime
+// probes use it. A HEAD request is served like the GET (key, scope, rate
+// limit), and its answer has the GET's headers without the body.
+var servedRoutes = withHead(routes)
+
+func withHead(rs []route) []route {
+	out := slices.Clone(rs)
+	for _, r := range rs {
+		if r.Method == fiber.MethodGet {
+			r.Method = fiber.MethodHead
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// safe reports whether the route's method is GET or HEAD, which may be
+// repeated without harm.
+func (r route) safe() bool { return r.Method == fiber.MethodGet || r.Method == fiber.MethodHead }
+
 // allowedMethods lists the methods of the routes whose pattern matches path;
 // none means the path is unknown (404), some means 405 with Allow.
 func allowedMethods(path string) []string {
 	var out []string
-	for _, r := range routes {
+	for _, r := range servedRoutes {
 		if matchPath(r.Path, path) {
 			out = append(out, r.Method)
 		}
