@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -74,11 +75,20 @@ func startService(t *testing.T, shop *fakeshop.Shop, env map[string]string) *ser
 	return &service{url: ts.URL, signer: signer, logs: logs, spans: spans}
 }
 
-// post sends body to the route and decodes the envelope.
+// post sends body as application/json to the route and decodes the
+// envelope.
 func (s *service) post(t *testing.T, body string) (int, envelope.Parsed) {
 	t.Helper()
+	return s.postAs(t, "application/json", body)
+}
+
+// postAs is post with another Content-Type; "" sends none.
+func (s *service) postAs(t *testing.T, contentType, body string) (int, envelope.Parsed) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/sync/prestashop/schema", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	for _, h := range s.signer.Sign(identity.Identity{RequestID: "req-" + t.Name()}, time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
@@ -416,7 +426,17 @@ func TestSchemaInput(t *testing.T) {
 		{"trailing data", `{"base_url":"https://shop.example.com","ws_key":"k"} {}`, "invalid_body"},
 		{"unknown property", `{"base_url":"https://shop.example.com","ws_key":"k","id_shop":1}`, "invalid_body"},
 		{"property in other case", `{"BASE_URL":"https://shop.example.com","ws_key":"k"}`, "invalid_body"},
-		{"oversized body", `{"base_url":"https://shop.example.com","ws_key":"` + strings.Repeat("k", 20000) + `"}`, "invalid_body"},
+		// encoding/json keeps the last of two equal names and reads invalid
+		// UTF-8 and lone surrogate escapes as U+FFFD. The literal 10.0.0.1
+		// is refused before any DNS query, so these stay offline whatever
+		// the decoder lets through.
+		{"duplicate base_url", `{"base_url":"https://10.0.0.1","base_url":"https://10.0.0.2","ws_key":"K"}`, "invalid_body"},
+		{"duplicate ws_key", `{"base_url":"https://10.0.0.1","ws_key":"K","ws_key":"L"}`, "invalid_body"},
+		{"duplicate name, once escaped", `{"base_url":"https://10.0.0.1","ws_key":"K","ws_\u006bey":"L"}`, "invalid_body"},
+		{"ws_key with a lone surrogate", `{"base_url":"https://10.0.0.1","ws_key":"K\ud800"}`, "invalid_body"},
+		{"ws_key with invalid UTF-8", "{\"base_url\":\"https://10.0.0.1\",\"ws_key\":\"K\xff\"}", "invalid_body"},
+		{"base_url with a lone surrogate", `{"base_url":"https://10.0.0.1/\udfff","ws_key":"K"}`, "invalid_body"},
+		{"base_url with invalid UTF-8", "{\"base_url\":\"https://10.0.0.1/\xff\",\"ws_key\":\"K\"}", "invalid_body"},
 		{"base_url missing", `{"ws_key":"k"}`, "invalid_base_url"},
 		{"base_url null", `{"base_url":null,"ws_key":"k"}`, "invalid_base_url"},
 		{"base_url number", `{"base_url":5,"ws_key":"k"}`, "invalid_base_url"},
@@ -444,6 +464,69 @@ func TestSchemaInput(t *testing.T) {
 				t.Errorf("error message %q repeats base_url", env.Error.Message)
 			}
 		})
+	}
+}
+
+// TestOversizedBody: a body over 16 KiB is 413 payload_too_large, as the
+// sales routes answer it; 16 KiB exactly is read.
+func TestOversizedBody(t *testing.T) {
+	svc := startService(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""})
+	sized := func(n int) string {
+		prefix, suffix := `{"base_url":"https://10.0.0.1","ws_key":"`, `"}`
+		return prefix + strings.Repeat("k", n-len(prefix)-len(suffix)) + suffix
+	}
+	status, env := svc.post(t, sized(16<<10))
+	if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
+		t.Errorf("POST a body of 16384 bytes = %d %s, want 400 base_url_not_allowed", status, errCode(env))
+	}
+	status, env = svc.post(t, sized(16<<10+1))
+	if status != http.StatusRequestEntityTooLarge || errCode(env) != "payload_too_large" ||
+		env.Error.Message != "the body must be at most 16384 bytes" {
+		t.Errorf("POST a body of 16385 bytes = %d %s %+v, want 413 payload_too_large %q", status, errCode(env), env.Error,
+			"the body must be at most 16384 bytes")
+	}
+}
+
+// TestUnreadableBody: a body that breaks off (a malformed chunk) is
+// invalid_body, not payload_too_large.
+func TestUnreadableBody(t *testing.T) {
+	svc := startService(t, nil, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(svc.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: shop-schema\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+	for _, h := range svc.signer.Sign(identity.Identity{RequestID: "req-unreadable"}, time.Now()) {
+		req += h.Name + ": " + h.Value + "\r\n"
+	}
+	req += "\r\n5\r\n{\"bas\r\nzz\r\n" // "zz" is no chunk size
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var env envelope.Parsed
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		t.Fatalf("answer is not an envelope: %v", err)
+	}
+	if resp.StatusCode != http.StatusBadRequest || errCode(env) != "invalid_body" {
+		t.Errorf("POST a malformed chunked body = %d %s, want 400 invalid_body", resp.StatusCode, errCode(env))
+	}
+}
+
+// TestAnyContentType: spec 4.2, unlike 4.5, names no Content-Type, so the
+// body is read as JSON whatever the header says (README, "Request").
+func TestAnyContentType(t *testing.T) {
+	svc := startService(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""})
+	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded", "application/json; charset=latin1"} {
+		status, env := svc.postAs(t, ct, body("https://10.0.0.1", "K"))
+		if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
+			t.Errorf("POST with Content-Type %q = %d %s, want the body read: 400 base_url_not_allowed", ct, status, errCode(env))
+		}
 	}
 }
 

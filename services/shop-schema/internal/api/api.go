@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
@@ -88,24 +90,17 @@ type body struct {
 }
 
 // decode reads the body strictly: one JSON object, only base_url and
-// ws_key (names matched exactly, unlike encoding/json's default), nothing
-// after it.
+// ws_key (names matched exactly, unlike encoding/json's default), each at
+// most once, nothing after it. Any Content-Type is accepted: spec 4.2 names
+// none for this route (README, "Request").
 func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	raw, err := readBody(w, r)
 	if err != nil {
-		return shopschema.Request{}, invalidBody("the body is too large or unreadable")
+		return shopschema.Request{}, err
 	}
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return shopschema.Request{}, invalidBody("the body must be a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	var fields map[string]json.RawMessage
-	if err := dec.Decode(&fields); err != nil {
-		return shopschema.Request{}, invalidBody("the body is not valid JSON")
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return shopschema.Request{}, invalidBody("the body must hold one JSON object only")
+	fields, err := parseObject(raw)
+	if err != nil {
+		return shopschema.Request{}, err
 	}
 	var b body
 	for name, value := range fields {
@@ -126,6 +121,61 @@ func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) 
 		return req, &shopschema.InputError{Code: shopschema.CodeMissingWSKey, Message: "ws_key must be a non-empty string"}
 	}
 	return req, nil
+}
+
+// errBodyTooLarge is a body over maxBodyBytes: 413, as the sales routes
+// answer it.
+var errBodyTooLarge = errors.New("the body is too large")
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return nil, errBodyTooLarge
+	}
+	if err != nil {
+		return nil, invalidBody("the body could not be read")
+	}
+	return raw, nil
+}
+
+// parseObject returns the properties of the body's one JSON object.
+func parseObject(raw []byte) (map[string]json.RawMessage, error) {
+	// encoding/json keeps the last of two equal names, and reads invalid
+	// UTF-8 and lone surrogate escapes as U+FFFD, so the shop would get
+	// another key or address than the one sent. jsontext refuses all three.
+	if !jsontext.Value(raw).IsValid() {
+		return nil, invalidJSON(raw)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil { // fields is nil for null
+		return nil, invalidBody("the body must be a JSON object")
+	}
+	return fields, nil
+}
+
+// invalidJSON says why jsontext refused raw, in fixed phrases: a property
+// name may be anything, the key included, so none is quoted. It runs only
+// for refused bodies, so it may read the body again.
+func invalidJSON(raw []byte) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(raw))
+	if dec.PeekKind() != '{' {
+		return invalidBody("the body must be a JSON object")
+	}
+	_, err := dec.ReadValue()
+	switch {
+	case err == nil:
+		return invalidBody("the body must hold one JSON object only")
+	case errors.Is(err, jsontext.ErrDuplicateName):
+		return invalidBody("a property appears twice in the body")
+	case !utf8.Valid(raw):
+		return invalidBody("the body is not valid UTF-8")
+	case jsontext.Value(raw).IsValid(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true)):
+		// Valid UTF-8 that is valid JSON only when strings may be mangled:
+		// an escape names half of a surrogate pair.
+		return invalidBody("a string in the body holds a lone surrogate escape (\\ud800 to \\udfff not in a pair)")
+	}
+	return invalidBody("the body is not valid JSON")
 }
 
 // stringField decodes an optional string; absent and null give "".

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/coinexport/export/pkg/envelope"
@@ -34,6 +35,12 @@ var shopStatus = map[prestashop.Kind]struct {
 // error code it answered. Messages are fixed phrases: never the shop's
 // body or headers, the request URL or the key.
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID string) string {
+	if errors.Is(err, errBodyTooLarge) {
+		const code = "payload_too_large"
+		envelope.WriteError(w, http.StatusRequestEntityTooLarge, code,
+			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
+		return code
+	}
 	var inputErr *shopschema.InputError
 	if errors.As(err, &inputErr) {
 		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
