@@ -107,12 +107,14 @@ curl -fsS "$BASE_URL/health" >/dev/null 2>&1 || log "gateway is not answering ye
 cat <<MSG
 
   Stack is up.  Base URL: $BASE_URL
-  Read key  (export:read):               $DEMO_READ_KEY
-  Write key (sales:write, demo-market):  $DEMO_WRITE_KEY
+  Demo keys: .run/demo.env (readable by you only; keys stay out of this output,
+  which may end up in a log): DEMO_READ_KEY (export:read),
+  DEMO_WRITE_KEY (sales:write, platform demo-market)
   Settings for scripts: .run/env     Logs: .run/logs/
   Traces: make trace ID=<meta.request_id>   (spans in .run/traces.jsonl)
 
-  curl -s -H "X-API-Key: $DEMO_READ_KEY" "$BASE_URL/export/items?limit=2"
+  . .run/env; . .run/demo.env
+  curl -s -H "X-API-Key: \$DEMO_READ_KEY" "\$BASE_URL/export/items?limit=2"
 
   Ctrl-C stops everything.
 MSG
