@@ -3,12 +3,15 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
+	"github.com/coinexport/export/services/shop-schema/internal/guard"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
@@ -41,6 +45,12 @@ type service struct {
 // startService starts the service trusting shop's CA and, unless the
 // allow-list is given, allowing 127.0.0.1 through the guard.
 func startService(t *testing.T, shop *fakeshop.Shop, env map[string]string) *service {
+	t.Helper()
+	return startServiceWith(t, shop, env, net.DefaultResolver)
+}
+
+// startServiceWith is startService with resolver as the service's DNS.
+func startServiceWith(t *testing.T, shop *fakeshop.Shop, env map[string]string, resolver guard.Resolver) *service {
 	t.Helper()
 	vars := map[string]string{
 		"IDENTITY_SECRET":         testSecret,
@@ -65,7 +75,7 @@ func startService(t *testing.T, shop *fakeshop.Shop, env map[string]string) *ser
 	logs := &testenv.Output{}
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	srv, err := newServer(cfg, logging.New(logs, cfg.LogLevel, "shop-schema"), tp, net.DefaultResolver)
+	srv, err := newServer(cfg, logging.New(logs, cfg.LogLevel, "shop-schema"), tp, resolver)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,6 +472,61 @@ func TestSchemaInput(t *testing.T) {
 			}
 			if env.Error != nil && strings.Contains(env.Error.Message, "KEY@") {
 				t.Errorf("error message %q repeats base_url", env.Error.Message)
+			}
+		})
+	}
+}
+
+// mapResolver answers from a map, so no DNS query leaves the process.
+type mapResolver map[string][]string
+
+func (m mapResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, a := range m[host] {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no such host")
+	}
+	return out, nil
+}
+
+// TestInputErrorMessages pins what a refusal says. A message may name the IP
+// address or port written in base_url: the client sent it, and it says what
+// to fix. It never names ws_key, and never an address a host name resolved
+// to, which would tell a stranger what our DNS knows of internal names.
+func TestInputErrorMessages(t *testing.T) {
+	svc := startServiceWith(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""}, mapResolver{
+		"intranet.example.com": {"10.1.2.3"},
+		"mixed.example.com":    {"93.184.216.34", "fd12:3456::1"},
+	})
+	const key = "LEAKCANARY0123456789LEAKCANARY01"
+	surrogate := "a string in the body holds a lone surrogate escape (\\ud800 to \\udfff not in a pair)"
+	tests := []struct {
+		name, body, wantCode, wantMessage string
+	}{
+		{"http", body("http://shop.example.com", key), "base_url_must_be_https", "base_url must be https"},
+		{"private address", body("https://10.1.2.3", key), "base_url_not_allowed", "base_url not allowed: 10.1.2.3 is a special-purpose address"},
+		{"loopback in decimal", body("https://2130706433", key), "base_url_not_allowed", "base_url not allowed: 127.0.0.1 is a special-purpose address"},
+		{"unique local IPv6", body("https://[fd12:3456::1]", key), "base_url_not_allowed", "base_url not allowed: fd12:3456::1 is a special-purpose address"},
+		{"port", body("https://shop.example.com:22", key), "base_url_not_allowed", "base_url not allowed: port 22 (shops may use 443, 8443)"},
+		{"internal name space", body("https://shop.internal", key), "base_url_not_allowed", "base_url not allowed: .internal is an internal name space"},
+		{"name resolving to a private address", body("https://intranet.example.com", key), "base_url_not_allowed", "base_url resolves to an address that is not allowed"},
+		{"name with one private address", body("https://mixed.example.com", key), "base_url_not_allowed", "base_url resolves to an address that is not allowed"},
+		{"key as user info", body("https://"+key+"@shop.example.com", key), "invalid_base_url", "invalid base_url: base_url must not contain user info; send the key as ws_key"},
+		{"key too long", body("https://shop.example.com", strings.Repeat(key, 9)), "invalid_body", "ws_key is too long"},
+		{"key as a property name", `{"base_url":"https://shop.example.com","ws_key":"x","` + key + `":1}`, "invalid_body", "unknown property in the body; allowed: base_url, ws_key"},
+		{"key twice", `{"base_url":"https://shop.example.com","ws_key":"` + key + `","ws_key":"` + key + `"}`, "invalid_body", "a property appears twice in the body"},
+		{"key with a lone surrogate", `{"base_url":"https://shop.example.com","ws_key":"` + key + `\ud800"}`, "invalid_body", surrogate},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, env := svc.post(t, tt.body)
+			if status != http.StatusBadRequest || env.Error == nil || env.Error.Code != tt.wantCode || env.Error.Message != tt.wantMessage {
+				t.Fatalf("POST %s = %d %+v, want 400 %s %q", tt.name, status, env.Error, tt.wantCode, tt.wantMessage)
+			}
+			if strings.Contains(env.Error.Message, key) {
+				t.Errorf("error message %q names the key", env.Error.Message)
 			}
 		})
 	}

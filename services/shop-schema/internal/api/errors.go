@@ -32,8 +32,9 @@ var shopStatus = map[prestashop.Kind]struct {
 }
 
 // writeError is the service's one error-to-HTTP mapper. It returns the
-// error code it answered. Messages are fixed phrases: never the shop's
-// body or headers, the request URL or the key.
+// error code it answered. Messages are fixed phrases that at most name the
+// IP address or port written in base_url: never the key, the rest of
+// base_url, an address a name resolved to, or what the shop answered.
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID string) string {
 	if errors.Is(err, errBodyTooLarge) {
 		const code = "payload_too_large"

@@ -34,7 +34,8 @@ func (t Target) IsIP() bool { return t.Addr.IsValid() }
 // ParseBaseURL validates raw as a shop address and applies the parts of the
 // policy that need no DNS: scheme, syntax, literal addresses, port, and host
 // names that can only be internal. Errors wrap ErrInvalid, ErrNotHTTPS or
-// ErrNotAllowed, and never repeat raw (it may hold a secret in user info).
+// ErrNotAllowed, and never repeat raw (it may hold a secret in user info);
+// they may name the IP address (in canonical form) or the port raw holds.
 func (g *Guard) ParseBaseURL(raw string) (Target, error) {
 	raw = strings.TrimSpace(raw)
 	if raw == "" {
@@ -48,7 +49,7 @@ func (g *Guard) ParseBaseURL(raw string) (Target, error) {
 		return Target{}, fmt.Errorf("%w: base_url is not a URL", ErrInvalid)
 	}
 	if u.Scheme != "" && u.Scheme != "https" {
-		return Target{}, fmt.Errorf("%w: base_url must use https", ErrNotHTTPS)
+		return Target{}, ErrNotHTTPS // the sentinel's text says it all
 	}
 	if u.Scheme == "" || u.Opaque != "" || u.Host == "" {
 		return Target{}, fmt.Errorf("%w: base_url must be an absolute URL such as https://shop.example", ErrInvalid)
@@ -173,7 +174,7 @@ func (g *Guard) checkHostname(host string, port uint16) (Target, error) {
 		return t, nil
 	}
 	if !g.portAllowed(port) {
-		return Target{}, fmt.Errorf("%w: port %d is not allowed", ErrNotAllowed, port)
+		return Target{}, g.portError(port)
 	}
 	if !strings.Contains(host, ".") || host == "localhost" {
 		return Target{}, fmt.Errorf("%w: single-label host names are internal", ErrNotAllowed)

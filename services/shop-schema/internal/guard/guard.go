@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"code.dny.dev/ssrf"
@@ -93,7 +94,7 @@ func (g *Guard) CheckAddr(ip netip.Addr, port uint16) error {
 		return nil
 	}
 	if !slices.Contains(g.ports, port) {
-		return fmt.Errorf("%w: port %d is not allowed", ErrNotAllowed, port)
+		return g.portError(port)
 	}
 	if ip.Zone() != "" {
 		return fmt.Errorf("%w: scoped address", ErrNotAllowed)
@@ -124,3 +125,13 @@ func (g *Guard) allowedByList(ip netip.Addr) bool {
 // portAllowed reports whether port may be used with host without an
 // allow-list entry.
 func (g *Guard) portAllowed(port uint16) bool { return slices.Contains(g.ports, port) }
+
+// portError refuses port and names the ports a shop may use: they are no
+// secret (the README lists the default), and they say what to fix.
+func (g *Guard) portError(port uint16) error {
+	allowed := make([]string, len(g.ports))
+	for i, p := range g.ports {
+		allowed[i] = strconv.Itoa(int(p))
+	}
+	return fmt.Errorf("%w: port %d (shops may use %s)", ErrNotAllowed, port, strings.Join(allowed, ", "))
+}

@@ -26,7 +26,8 @@ const (
 )
 
 // InputError is a request the service refuses before calling the shop. Its
-// message is fixed text: it never repeats base_url or ws_key.
+// message is fixed text that at most names the IP address or port written
+// in base_url; it never repeats base_url or ws_key.
 type InputError struct {
 	Code    string
 	Message string
@@ -107,6 +108,9 @@ func inputError(err error) *InputError {
 func resolveError(err error) error {
 	switch {
 	case errors.Is(err, guard.ErrNotAllowed):
+		// Not guard's message, which names the address: it came from our
+		// DNS, not from the client, and would map internal names for a
+		// stranger.
 		return &InputError{CodeNotAllowed, "base_url resolves to an address that is not allowed"}
 	case errors.Is(err, guard.ErrUnresolvable):
 		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name does not resolve"}
