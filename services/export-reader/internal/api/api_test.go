@@ -56,8 +56,13 @@ func TestListParameters(t *testing.T) {
 		{"?updated_after=2000-01-01T02:00:00.5%2B02:00", 200, "", []string{"a", "b"}, ""},
 		{"?updated_after=2000-01-01T02:00:00+02:00", 200, "", []string{"a", "b"}, ""}, // unencoded + arrives as a space
 		{"?updated_after=2999-01-01T00:00:00Z", 200, "", []string{}, ""},
-		{"?updated_after=2026-01-01", 400, "invalid_updated_after", nil, "updated_after"},
-		{"?updated_after=2026-01-01T00:00:00", 400, "invalid_updated_after", nil, "updated_after"},
+		{"?updated_after=2000-01-01t00:00:00z", 200, "", []string{"a", "b"}, ""},
+		{"?updated_after=2000-01-01T00:00:00." + strings.Repeat("9", 300) + "Z", 200, "", []string{"a", "b"}, ""},
+		{"?updated_after=2000-01-01T00:00:00%2B24:00", 400, "invalid_updated_after", nil, "-23:59 to +23:59"},
+		{"?updated_after=2000-01-01T00:00:00%2B05:60", 400, "invalid_updated_after", nil, "-23:59 to +23:59"},
+		{"?updated_after=2000-01-01T00:00:00,5Z", 400, "invalid_updated_after", nil, "2026-10-15T08:30:00.123456Z"},
+		{"?updated_after=2026-01-01", 400, "invalid_updated_after", nil, "not a date alone"},
+		{"?updated_after=2026-01-01T00:00:00", 400, "invalid_updated_after", nil, "needs a time offset"},
 		{"?updated_after=1700000000", 400, "invalid_updated_after", nil, "updated_after"},
 		{"?updated_after=", 400, "invalid_updated_after", nil, "updated_after"},
 		{"?cursor=", 400, "invalid_cursor", nil, "cursor"},
@@ -102,6 +107,33 @@ func TestUpdatedAfterIsStrict(t *testing.T) {
 	for _, it := range r.items(t) {
 		if it["id"] == "a" || it["updated_at"].(string) <= ua {
 			t.Errorf("GET updated_after=%s returned %v updated %v, want only items strictly after", ua, it["id"], it["updated_at"])
+		}
+	}
+}
+
+// updated_after is cut to microseconds, never rounded up, so an item stamped
+// one microsecond later than the cut value is not lost.
+func TestUpdatedAfterCutNotRounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("a", "active", "A"))
+	if _, err := e.pool.Exec(context.Background(), `UPDATE export_items SET updated_at = '2026-11-21 17:23:37.000002+00'
+		WHERE owner_id = $1`, owner); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		after string
+		want  int
+	}{
+		{"2026-11-21T17:23:37.0000019999Z", 1},
+		{"2026-11-21T19:23:37.000001999999999999999+02:00", 1},
+		{"2026-11-21T17:23:37.000002Z", 0},
+		{"2026-11-21T17:23:37.0000020001Z", 0},
+	} {
+		r := e.get(t, owner, "/v1/export/items?updated_after="+url.QueryEscape(tt.after))
+		if got := len(r.items(t)); r.status != 200 || got != tt.want {
+			t.Errorf("GET updated_after=%s = %d with %d items, want 200 with %d (item stamped .000002)", tt.after, r.status, got, tt.want)
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/coinexport/export/services/export-reader/internal/export"
 )
@@ -118,24 +117,6 @@ func parseLimit(v string) (int, error) {
 		return 0, err
 	}
 	return n, nil
-}
-
-// parseUpdatedAfter reads an RFC 3339 date-time with a time offset (Z or
-// ±hh:mm), with any number of fractional digits. A '+' of the offset sent
-// unencoded arrives as a space; that one space is read as '+', since the
-// value cannot mean anything else. The value is truncated to microseconds,
-// PostgreSQL's precision: truncating (never rounding up) keeps "strictly
-// after" exact for every stored timestamp.
-func parseUpdatedAfter(v string) (time.Time, error) {
-	if len(v) > 6 && v[len(v)-6] == ' ' {
-		v = v[:len(v)-6] + "+" + v[len(v)-5:]
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil || len(v) > 64 {
-		return time.Time{}, &paramError{"invalid_updated_after",
-			"updated_after must be an RFC 3339 date-time with a time offset, e.g. 2026-10-15T08:30:00.123456Z"}
-	}
-	return t.Truncate(time.Microsecond).UTC(), nil
 }
 
 // parseItem validates the item route's parameters: lang only.

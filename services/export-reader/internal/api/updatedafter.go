@@ -1,0 +1,118 @@
+package api
+
+import (
+	"strings"
+	"time"
+)
+
+// updatedAfterExample ends every refusal of updated_after, so the client sees
+// the accepted form.
+const updatedAfterExample = "e.g. 2026-10-15T08:30:00.123456Z or 2026-10-15T10:30:00+02:00"
+
+var (
+	errUpdatedAfter = &paramError{"invalid_updated_after",
+		"updated_after must be an RFC 3339 date-time with a time offset, " + updatedAfterExample}
+	errUpdatedAfterDate = &paramError{"invalid_updated_after",
+		"updated_after must be a date-time, not a date alone (whose start depends on the zone), " + updatedAfterExample}
+	errUpdatedAfterNoOffset = &paramError{"invalid_updated_after",
+		"updated_after needs a time offset, Z or ±hh:mm (a time without one is ambiguous), " + updatedAfterExample}
+	errUpdatedAfterOffset = &paramError{"invalid_updated_after",
+		"updated_after has an invalid time offset: Z or ±hh:mm from -23:59 to +23:59, " + updatedAfterExample}
+)
+
+// parseUpdatedAfter reads an RFC 3339 date-time (section 5.6): the T and Z
+// in either case, any number of fractional digits, an offset Z or ±hh:mm
+// with hh 00–23 and mm 00–59. A date alone or a time without an offset is
+// refused: taking it as UTC would silently skip items for a client in
+// another zone.
+//
+// The fraction is cut to microseconds, PostgreSQL's precision, never rounded
+// up: for a stored stamp s, s > t exactly when s > t cut to microseconds, so
+// "strictly after" stays exact. A leap second (second 60) is read as the last
+// microsecond before the next minute, the same direction: nothing stamped
+// after it is skipped (PostgreSQL never stamps a second 60).
+//
+// A '+' of the offset sent unencoded arrives as a space; that one space is
+// read as '+', since the value cannot mean anything else.
+func parseUpdatedAfter(v string) (time.Time, error) {
+	const dateTime = "dddd-dd-ddTdd:dd:dd"
+	if len(v) < len(dateTime) {
+		if hasShape(v, "dddd-dd-dd") {
+			return time.Time{}, errUpdatedAfterDate
+		}
+		return time.Time{}, errUpdatedAfter
+	}
+	head := []byte(v[:len(dateTime)])
+	if head[10] == 't' {
+		head[10] = 'T'
+	}
+	if !hasShape(string(head), dateTime) {
+		return time.Time{}, errUpdatedAfter
+	}
+	leap := string(head[17:]) == "60"
+	if leap {
+		head[17], head[18] = '5', '9'
+	}
+	rest := v[len(dateTime):]
+	frac := ""
+	if strings.HasPrefix(rest, ".") {
+		n := 1
+		for n < len(rest) && '0' <= rest[n] && rest[n] <= '9' {
+			n++
+		}
+		if n == 1 {
+			return time.Time{}, errUpdatedAfter
+		}
+		frac, rest = rest[:min(n, len(".000000"))], rest[n:]
+	}
+	if leap {
+		frac = ".999999"
+	}
+	offset, err := parseOffset(rest)
+	if err != nil {
+		return time.Time{}, err
+	}
+	// Every field now has the shape of RFC3339Nano, so the parse only
+	// checks the ranges (month, day of the month, hour, minute, second).
+	t, err := time.Parse(time.RFC3339Nano, string(head)+frac+offset)
+	if err != nil {
+		return time.Time{}, errUpdatedAfter
+	}
+	return t.UTC(), nil
+}
+
+// parseOffset checks an RFC 3339 time offset and returns it as time.Parse
+// takes it.
+func parseOffset(s string) (string, error) {
+	switch {
+	case s == "":
+		return "", errUpdatedAfterNoOffset
+	case s == "Z" || s == "z":
+		return "Z", nil
+	case s[0] == 'Z' || s[0] == 'z':
+		return "", errUpdatedAfterOffset
+	case s[0] == ' ' && len(s) == len("+hh:mm"):
+		s = "+" + s[1:] // an unencoded '+'
+	}
+	if s[0] != '+' && s[0] != '-' {
+		return "", errUpdatedAfter
+	}
+	if !hasShape(s[1:], "dd:dd") || s[1:3] > "23" || s[4:] > "59" {
+		return "", errUpdatedAfterOffset
+	}
+	return s, nil
+}
+
+// hasShape reports whether s matches shape, where 'd' stands for an ASCII
+// digit and any other byte for itself.
+func hasShape(s, shape string) bool {
+	if len(s) != len(shape) {
+		return false
+	}
+	for i := range len(s) {
+		if shape[i] == 'd' && (s[i] < '0' || s[i] > '9') || shape[i] != 'd' && s[i] != shape[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,87 @@
+package api
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseUpdatedAfter(t *testing.T) {
+	t.Parallel()
+	many := strings.Repeat("9", 200)
+	for _, tt := range []struct {
+		in, want string // want: the instant in UTC, or "" for a 400
+		message  string // a substring of the 400's message
+	}{
+		{"2026-11-21T17:23:37Z", "2026-11-21T17:23:37Z", ""},
+		{"2026-11-21t17:23:37z", "2026-11-21T17:23:37Z", ""},
+		{"2026-11-21T17:23:37z", "2026-11-21T17:23:37Z", ""},
+		{"2026-11-21t19:23:37+02:00", "2026-11-21T17:23:37Z", ""},
+		{"2026-11-21T17:23:37.5Z", "2026-11-21T17:23:37.5Z", ""},
+		{"2026-11-21T17:23:37.123456Z", "2026-11-21T17:23:37.123456Z", ""},
+		// Cut to microseconds, never rounded up: an item stamped .000002
+		// is after .0000019999.
+		{"2026-11-21T17:23:37.0000019999Z", "2026-11-21T17:23:37.000001Z", ""},
+		{"2026-11-21T17:23:37.0000014999Z", "2026-11-21T17:23:37.000001Z", ""},
+		{"2026-11-21T17:23:37." + many + "Z", "2026-11-21T17:23:37.999999Z", ""},
+		{"2026-11-21T17:23:37." + strings.Repeat("0", 500) + "1Z", "2026-11-21T17:23:37Z", ""},
+		// Before the epoch too, the cut goes toward the past.
+		{"1969-12-31T23:59:59.9999999Z", "1969-12-31T23:59:59.999999Z", ""},
+		{"0000-01-01T00:00:00.0000009Z", "0000-01-01T00:00:00Z", ""},
+		{"9999-12-31T23:59:59.999999999+23:59", "9999-12-31T00:00:59.999999Z", ""},
+		{"2026-11-21T17:23:37+23:59", "2026-11-20T17:24:37Z", ""},
+		{"2026-11-21T17:23:37-23:59", "2026-11-22T17:22:37Z", ""},
+		{"2026-11-21T17:23:37-00:00", "2026-11-21T17:23:37Z", ""},
+		{"2026-11-21T17:23:37 02:00", "2026-11-21T15:23:37Z", ""}, // unencoded "+" arrives as a space
+		{"2024-02-29T00:00:00Z", "2024-02-29T00:00:00Z", ""},
+		// A leap second is read as the last microsecond of the second before it.
+		{"2016-12-31T23:59:60Z", "2016-12-31T23:59:59.999999Z", ""},
+		{"2016-12-31T23:59:60.5Z", "2016-12-31T23:59:59.999999Z", ""},
+		{"2017-01-01T01:59:60.5+02:00", "2016-12-31T23:59:59.999999Z", ""},
+
+		{"2026-11-21T17:23:37+24:00", "", "invalid time offset"},
+		{"2026-11-21T17:23:37-24:00", "", "invalid time offset"},
+		{"2026-11-21T17:23:37+05:60", "", "invalid time offset"},
+		{"2026-11-21T17:23:37+0500", "", "invalid time offset"},
+		{"2026-11-21T17:23:37+05", "", "invalid time offset"},
+		{"2026-11-21T17:23:37+5:00", "", "invalid time offset"},
+		{"2026-11-21T17:23:37-0a:00", "", "invalid time offset"},
+		{"2026-11-21T17:23:37Zz", "", "invalid time offset"},
+		{"2026-11-21T17:23:37UTC", "", "must be an RFC 3339"},
+		{"2026-11-21", "", "date alone"},
+		{"2026-11-21T17:23:37", "", "without one is ambiguous"},
+		{"2026-11-21T17:23:37.123", "", "without one is ambiguous"},
+		{"2026-11-21T17:23", "", "must be an RFC 3339"},
+		{"2026-11-21T17:23Z", "", "must be an RFC 3339"},
+		{"2026-11-21 17:23:37Z", "", "must be an RFC 3339"},
+		{"2026-11-21T17:23:37.Z", "", "must be an RFC 3339"},
+		{"2026-11-21T17:23:37,5Z", "", "must be an RFC 3339"},
+		{"2026-11-21T7:23:37Z", "", "must be an RFC 3339"},
+		{"2026-11-21T24:00:00Z", "", "must be an RFC 3339"},
+		{"2026-11-21T17:60:00Z", "", "must be an RFC 3339"},
+		{"2026-11-21T17:23:61Z", "", "must be an RFC 3339"},
+		{"2026-02-29T00:00:00Z", "", "must be an RFC 3339"},
+		{"2026-13-01T00:00:00Z", "", "must be an RFC 3339"},
+		{"2026-00-01T00:00:00Z", "", "must be an RFC 3339"},
+		{"+2026-11-21T17:23:37Z", "", "must be an RFC 3339"},
+		{"20261121T172337Z", "", "must be an RFC 3339"},
+		{"2026-11-21T17:23:37.12x4Z", "", "must be an RFC 3339"},
+		{"2026-11-21T17:23:37\u00a0Z", "", "must be an RFC 3339"},
+		{"1700000000", "", "must be an RFC 3339"},
+		{"", "", "must be an RFC 3339"},
+	} {
+		got, err := parseUpdatedAfter(tt.in)
+		if tt.want == "" {
+			var pe *paramError
+			if !errors.As(err, &pe) || pe.Code != "invalid_updated_after" || !strings.Contains(pe.Message, tt.message) ||
+				!strings.Contains(pe.Message, "2026-10-15T08:30:00.123456Z") {
+				t.Errorf("parseUpdatedAfter(%q) = %v, %v; want invalid_updated_after saying %q and showing the form", tt.in, got, err, tt.message)
+			}
+			continue
+		}
+		if err != nil || got.Format(time.RFC3339Nano) != tt.want || got.Location() != time.UTC {
+			t.Errorf("parseUpdatedAfter(%q) = %s, %v; want %s", tt.in, got.Format(time.RFC3339Nano), err, tt.want)
+		}
+	}
+}
