@@ -12,8 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/coinexport/export/services/sales-writer/sales"
-	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Limits of spec 8 and of this service.
@@ -138,10 +138,10 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 func parseBody(body []byte) (string, int, error) {
 	// encoding/json reads invalid UTF-8 and a lone surrogate escape as
 	// U+FFFD, so "\ud800" and "\udfff" would name the same order; jsontext
-	// refuses both, and duplicate names and data after the value too. The
+	// refuses both (strictjson), and duplicate names and data after the value too. The
 	// walk below can then rely on a well-formed body.
-	if !jsontext.Value(body).IsValid() {
-		return "", 0, invalidJSON(body)
+	if fault := strictjson.CheckObject(body); fault != nil {
+		return "", 0, invalidJSON(fault)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -175,28 +175,13 @@ func parseBody(body []byte) (string, int, error) {
 	return *orderID, quantity, nil
 }
 
-// invalidJSON says why jsontext refused body. It runs only for refused
-// bodies, so it may read the body again.
-func invalidJSON(body []byte) error {
-	dec := jsontext.NewDecoder(bytes.NewReader(body))
-	if dec.PeekKind() != '{' {
-		return badRequest(codeInvalidBody, "the body must be a JSON object")
+// invalidJSON answers a body strictjson refused; a sale's property names
+// hold no secret, so a repeated one is named.
+func invalidJSON(fault *strictjson.Fault) error {
+	if fault.Duplicate != "" {
+		return badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(fault.Duplicate)))
 	}
-	_, err := dec.ReadValue()
-	var syntax *jsontext.SyntacticError
-	switch {
-	case err == nil:
-		return badRequest(codeInvalidBody, "unexpected data after the JSON object")
-	case errors.Is(err, jsontext.ErrDuplicateName) && errors.As(err, &syntax):
-		return badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(syntax.JSONPointer.LastToken())))
-	case !utf8.Valid(body):
-		return badRequest(codeInvalidBody, "the body is not valid UTF-8")
-	case jsontext.Value(body).IsValid(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true)):
-		// Valid UTF-8 that is valid JSON only when strings may be mangled:
-		// an escape names half of a surrogate pair.
-		return badRequest(codeInvalidBody, "a string in the body holds a lone surrogate escape (\\ud800 to \\udfff not in a pair)")
-	}
-	return badRequest(codeInvalidBody, "the body is not valid JSON")
+	return badRequest(codeInvalidBody, fault.Message)
 }
 
 // nextProperty reads one name and its raw value.

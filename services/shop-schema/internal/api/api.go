@@ -11,11 +11,10 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
-	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
-	"github.com/go-json-experiment/json/jsontext"
+	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
@@ -143,39 +142,17 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 func parseObject(raw []byte) (map[string]json.RawMessage, error) {
 	// encoding/json keeps the last of two equal names, and reads invalid
 	// UTF-8 and lone surrogate escapes as U+FFFD, so the shop would get
-	// another key or address than the one sent. jsontext refuses all three.
-	if !jsontext.Value(raw).IsValid() {
-		return nil, invalidJSON(raw)
+	// another key or address than the one sent. strictjson refuses all three.
+	if fault := strictjson.CheckObject(raw); fault != nil {
+		// Fixed phrases only: a property name may be anything, the key
+		// included, so a repeated one is not named.
+		return nil, invalidBody(fault.Message)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil { // fields is nil for null
 		return nil, invalidBody("the body must be a JSON object")
 	}
 	return fields, nil
-}
-
-// invalidJSON says why jsontext refused raw, in fixed phrases: a property
-// name may be anything, the key included, so none is quoted. It runs only
-// for refused bodies, so it may read the body again.
-func invalidJSON(raw []byte) error {
-	dec := jsontext.NewDecoder(bytes.NewReader(raw))
-	if dec.PeekKind() != '{' {
-		return invalidBody("the body must be a JSON object")
-	}
-	_, err := dec.ReadValue()
-	switch {
-	case err == nil:
-		return invalidBody("the body must hold one JSON object only")
-	case errors.Is(err, jsontext.ErrDuplicateName):
-		return invalidBody("a property appears twice in the body")
-	case !utf8.Valid(raw):
-		return invalidBody("the body is not valid UTF-8")
-	case jsontext.Value(raw).IsValid(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true)):
-		// Valid UTF-8 that is valid JSON only when strings may be mangled:
-		// an escape names half of a surrogate pair.
-		return invalidBody("a string in the body holds a lone surrogate escape (\\ud800 to \\udfff not in a pair)")
-	}
-	return invalidBody("the body is not valid JSON")
 }
 
 // stringField decodes an optional string; absent and null give "".

@@ -1,0 +1,65 @@
+// Package strictjson checks a request body before encoding/json reads it:
+// exactly one JSON object, valid UTF-8, no lone surrogate escape, no name
+// twice in an object, nothing after it. encoding/json would keep the last of
+// two equal names and read invalid UTF-8 and lone surrogate escapes as
+// U+FFFD, so two different bodies could name the same order, key or
+// address. The checks are jsontext's (github.com/go-json-experiment/json,
+// RFC 8259 and RFC 7493 strictly); this package only says which one failed.
+package strictjson
+
+import (
+	"bytes"
+	"errors"
+	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
+)
+
+// Fault says which rule a body breaks.
+type Fault struct {
+	// Message is a fixed phrase naming the rule; it quotes nothing of the
+	// body.
+	Message string
+	// Duplicate is the name that appears twice, when that is the fault.
+	// A caller quotes it only where a name cannot hold a secret.
+	Duplicate string
+}
+
+// CheckObject returns nil when body is exactly one valid JSON object, and
+// otherwise the rule it breaks. A valid body costs one pass of jsontext's
+// validator and no allocation.
+func CheckObject(body []byte) *Fault {
+	if jsontext.Value(body).IsValid() && startsObject(body) {
+		return nil
+	}
+	return diagnose(body)
+}
+
+// diagnose reads a refused body again to name its fault.
+func diagnose(body []byte) *Fault {
+	if !startsObject(body) {
+		return &Fault{Message: "the body must be a JSON object"}
+	}
+	_, err := jsontext.NewDecoder(bytes.NewReader(body)).ReadValue()
+	var syntax *jsontext.SyntacticError
+	switch {
+	case err == nil:
+		return &Fault{Message: "unexpected data after the JSON object"}
+	case errors.Is(err, jsontext.ErrDuplicateName) && errors.As(err, &syntax):
+		return &Fault{Message: "a property appears twice in the body", Duplicate: syntax.JSONPointer.LastToken()}
+	case !utf8.Valid(body):
+		return &Fault{Message: "the body is not valid UTF-8"}
+	case jsontext.Value(body).IsValid(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true)):
+		// Valid UTF-8 that is valid JSON only when strings may be mangled:
+		// an escape names half of a surrogate pair.
+		return &Fault{Message: `a string in the body holds a lone surrogate escape (\ud800 to \udfff not in a pair)`}
+	}
+	return &Fault{Message: "the body is not valid JSON"}
+}
+
+// startsObject reports whether the first byte after white space opens an
+// object.
+func startsObject(body []byte) bool {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	return len(trimmed) > 0 && trimmed[0] == '{'
+}
