@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/coinexport/export/services/sales-writer/sales"
@@ -20,7 +21,6 @@ import (
 const (
 	maxIdempotencyKey  = 128
 	maxExternalOrderID = 128
-	maxItemID          = 128      // export_items.id
 	maxBodyBytes       = 16 << 10 // a valid body is well under 1 KiB
 	maxNameInMessage   = 64
 )
@@ -216,7 +216,7 @@ func externalOrderID(value json.RawMessage) (string, error) {
 // validItemID reports whether id could be a stored item id.
 func validItemID(id string) bool {
 	n := utf8.RuneCountInString(id)
-	return n >= 1 && n <= maxItemID && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
+	return n >= 1 && n <= catalog.MaxItemIDLen && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
 }
 
 // clip shortens a client-supplied name quoted back in a message.
