@@ -64,15 +64,9 @@ func (g *Gateway) answerUnknownMethods(app *fiber.App, unmatched fiber.Handler) 
 	}
 }
 
-// knownMethod reports whether Fiber routes method (its DefaultMethods).
-func knownMethod(method []byte) bool {
-	for _, known := range fiber.DefaultMethods {
-		if string(method) == known {
-			return true
-		}
-	}
-	return false
-}
+// knownMethod reports whether Fiber routes method (the app sets no
+// RequestMethods of its own, so Fiber's DefaultMethods).
+func knownMethod(method []byte) bool { return stableMethod(string(method)) != methodOther }
 
 // handler wraps every request the same way: a server span whose trace id is
 // the request id, panic recovery, the one error mapper, then headers, the
@@ -98,9 +92,9 @@ func (g *Gateway) handler(rt route) fiber.Handler {
 // all the same.
 func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 	rq := g.begin(c, "unrouted")
-	// fasthttp hands these errors over with the request reset or partly
-	// read: its method and path are then its defaults (GET /), not the
-	// client's.
+	// fasthttp hands most of these errors over with the request reset or
+	// partly read, so its method and path are then its defaults (GET /),
+	// not the client's; the few that were read whole are not told apart.
 	rq.method, rq.path = methodOther, ""
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)

@@ -145,10 +145,12 @@ func (g *Gateway) endSpan(rq *request, status int) {
 	attrs = append(attrs,
 		semconv.HTTPRequestMethodKey.String(rq.method),
 		semconv.HTTPRoute(rq.route),
-		semconv.URLPath(rq.path),
 		semconv.ClientAddress(rq.clientIP),
 		attrRequestID.String(rq.id),
 		semconv.HTTPResponseStatusCode(status))
+	if rq.path != "" { // empty when the request could not be read
+		attrs = append(attrs, semconv.URLPath(rq.path))
+	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, attrOwnerID.String(rq.key.OwnerID), attrKeyID.String(rq.key.ID),
 			attrPlatformID.String(rq.key.PlatformID))

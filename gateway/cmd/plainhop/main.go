@@ -63,7 +63,8 @@ func answerError(c *fiber.Ctx, err error) error {
 	id := newRequestID()
 	c.Set(fiber.HeaderContentType, envelope.ContentType)
 	c.Set(envelope.RequestIDHeader, id)
-	return c.Status(status).Send(envelope.ErrorBytes(code, "plainhop: "+err.Error(), id))
+	// A fixed message: the error names internal addresses.
+	return c.Status(status).Send(envelope.ErrorBytes(code, "plainhop: the request could not be relayed", id))
 }
 
 // newRequestID returns 16 random bytes in hex, the form of the stack's

@@ -184,7 +184,7 @@ func (u cpuUsage) record(client time.Duration, units float64, figures map[string
 		}
 		figures[cpuFigurePrefix+name] = float64(d) / float64(time.Microsecond) / units
 	}
-	if client > 0 {
+	if client > 0 && len(u.parts) > 0 { // without parts there is no CPU table to fill
 		figures[cpuFigurePrefix+clientPart] = float64(client) / float64(time.Microsecond) / units
 	}
 	slices.Sort(leftOut)

@@ -137,9 +137,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 // external order id and the quantity with its default applied.
 func parseBody(body []byte) (string, int, error) {
 	// encoding/json reads invalid UTF-8 and a lone surrogate escape as
-	// U+FFFD, so "\ud800" and "\udfff" would name the same order; jsontext
-	// refuses both (strictjson), and duplicate names and data after the value too. The
-	// walk below can then rely on a well-formed body.
+	// U+FFFD, so "\ud800" and "\udfff" would name the same order.
+	// strictjson.CheckObject refuses both, and duplicate names and data
+	// after the object, so the walk below can rely on a well-formed object.
 	if fault := strictjson.CheckObject(body); fault != nil {
 		return "", 0, invalidJSON(fault)
 	}

@@ -433,3 +433,27 @@ func TestItemIDWithSlash(t *testing.T) {
 		t.Fatalf("GET lot%%2F7 = %d %s, want 200 with item lot/7", r.status, r.body)
 	}
 }
+
+// A HEAD answer is never compressed, so it keeps its Content-Length (a
+// compressed one would have neither it nor chunking, and the gateway's
+// client would drop the connection after it).
+func TestHeadIsNotCompressed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	if _, err := catalog.Seed(context.Background(), e.pool, owner, 30, 1); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodHead, e.srv.URL+"/v1/export/items?limit=30", nil)
+	e.sign(owner)(req)
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || resp.ContentLength <= 0 {
+		t.Errorf("HEAD = %d, Content-Encoding %q, Content-Length %d; want 200, none, the page's length",
+			resp.StatusCode, resp.Header.Get("Content-Encoding"), resp.ContentLength)
+	}
+}

@@ -61,7 +61,10 @@ func writeJSON(w http.ResponseWriter, r *http.Request, requestID string, body []
 	h.Add("Vary", "Accept-Encoding")
 	// One owner's catalog: no shared cache may keep it.
 	h.Set("Cache-Control", "private, no-store")
-	if len(body) < minGzip || !acceptsGzip(r.Header.Values("Accept-Encoding")) {
+	// A HEAD answer is never compressed: net/http would send it without a
+	// Content-Length, and a client (the gateway's fasthttp) would then read
+	// "body until close" and drop the connection.
+	if len(body) < minGzip || r.Method == http.MethodHead || !acceptsGzip(r.Header.Values("Accept-Encoding")) {
 		h.Set("Content-Length", strconv.Itoa(len(body)))
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(body)
