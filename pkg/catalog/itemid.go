@@ -46,3 +46,17 @@ func ValidItemID(id string) error {
 	}
 	return nil
 }
+
+// StorableItemID reports whether id could be the id of a stored item: 1 to
+// MaxItemIDLen characters of valid UTF-8 without NUL, what the item_id
+// column can hold. Readers call it to answer an id that cannot exist as not
+// found without asking the database, which would only turn bad bytes into a
+// database error.
+//
+// It is looser than ValidItemID on purpose: rows stored before that rule
+// may hold ids it refuses ("/", surrounding spaces, control characters), and
+// those items must still be readable and sellable.
+func StorableItemID(id string) bool {
+	return id != "" && utf8.ValidString(id) && utf8.RuneCountInString(id) <= MaxItemIDLen &&
+		!strings.ContainsRune(id, 0)
+}

@@ -52,3 +52,36 @@ func TestValidItemID(t *testing.T) {
 		}
 	}
 }
+
+func TestStorableItemID(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		id   string
+		want bool
+	}{
+		{"coin-1", true},
+		{"Талер-1780", true},
+		{"a?b#c%d e", true},
+		{strings.Repeat("é", catalog.MaxItemIDLen), true},
+		// Refused by ValidItemID, yet rows stored before it may hold them.
+		{"x/y", true},
+		{`x\y`, true},
+		{"..", true},
+		{" a ", true},
+		{" ", true},
+		{"a\nb", true},
+		{"a\x7fb", true},
+		// No stored row can hold these.
+		{"", false},
+		{strings.Repeat("x", catalog.MaxItemIDLen+1), false},
+		{strings.Repeat("é", catalog.MaxItemIDLen+1), false},
+		{"\xff", false},
+		{"a\xc3", false},
+		{"a\x00b", false},
+		{"\x00", false},
+	} {
+		if got := catalog.StorableItemID(tt.id); got != tt.want {
+			t.Errorf("StorableItemID(%q) = %v, want %v", tt.id, got, tt.want)
+		}
+	}
+}

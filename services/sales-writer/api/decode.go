@@ -55,8 +55,7 @@ func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.R
 		return sales.Request{}, err
 	}
 	itemID := r.PathValue("item_id")
-	if !validItemID(itemID) {
-		// No stored item can have this id.
+	if !catalog.StorableItemID(itemID) {
 		return sales.Request{}, sales.ErrNotFound
 	}
 	return sales.Request{
@@ -211,12 +210,6 @@ func externalOrderID(value json.RawMessage) (string, error) {
 		return "", badRequest(codeInvalidBody, "external_order_id must not contain NUL characters")
 	}
 	return s, nil
-}
-
-// validItemID reports whether id could be a stored item id.
-func validItemID(id string) bool {
-	n := utf8.RuneCountInString(id)
-	return n >= 1 && n <= catalog.MaxItemIDLen && utf8.ValidString(id) && !strings.ContainsRune(id, 0)
 }
 
 // clip shortens a client-supplied name quoted back in a message.

@@ -8,9 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
@@ -215,9 +213,7 @@ func (r *Reader) AppendItem(ctx context.Context, dst []byte, ownerID, itemID, la
 	if err != nil {
 		return dst, fmt.Errorf("export: %w", err)
 	}
-	// Ids the database could not hold cannot exist; asking would only turn
-	// bad bytes into a database error.
-	if itemID == "" || utf8.RuneCountInString(itemID) > catalog.MaxItemIDLen || !utf8.ValidString(itemID) || strings.ContainsRune(itemID, 0) {
+	if !catalog.StorableItemID(itemID) {
 		return dst, ErrNotFound
 	}
 	rows, err := r.pool.Query(ctx, itemStatements[langIndex(lang)], owner, itemID)
