@@ -12,10 +12,10 @@ import (
 	"unicode/utf8"
 )
 
-// Field limits. IDs match the database checks; the text limits keep one
-// rendered item well under a page's worth of bytes.
+// Field limits. Every id (item, coin, image) has MaxItemIDLen, the database
+// check on item ids; the text limits keep one rendered item well under a
+// page's worth of bytes.
 const (
-	maxIDLen          = 128
 	maxTitleLen       = 500
 	maxDescriptionLen = 20000
 	maxURLLen         = 2048
@@ -54,6 +54,27 @@ func checkText(s string, maxLen int, multiline bool) string {
 	return ""
 }
 
+// checkID returns why s cannot be an id (an item's, a coin's or an
+// image's), or "": the one rule every id follows, so the import and
+// ValidItemID cannot drift apart. The reasons are meant to follow the
+// field's name.
+func checkID(s string) string {
+	switch {
+	case strings.TrimSpace(s) == "":
+		return "must not be empty"
+	case !utf8.ValidString(s):
+		// Only ValidItemID meets this: JSON decoding has replaced bad bytes.
+		return "must be valid UTF-8"
+	}
+	if reason := checkText(s, MaxItemIDLen, false); reason != "" {
+		return reason
+	}
+	if s != strings.TrimSpace(s) {
+		return "must not start or end with white space"
+	}
+	return ""
+}
+
 func parseID(raw json.RawMessage, required bool) (string, string) {
 	if isNull(raw) {
 		if required {
@@ -65,13 +86,7 @@ func parseID(raw json.RawMessage, required bool) (string, string) {
 	if !ok {
 		return "", "must be a string"
 	}
-	if strings.TrimSpace(s) == "" {
-		return "", "must not be empty"
-	}
-	if s != strings.TrimSpace(s) {
-		return "", "must not start or end with white space"
-	}
-	return s, checkText(s, maxIDLen, false)
+	return s, checkID(s)
 }
 
 // parseItemID reads the item id, the one id that travels in URLs.

@@ -2,9 +2,7 @@ package catalog
 
 import (
 	"errors"
-	"fmt"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -25,20 +23,10 @@ const MaxItemIDLen = 128
 // the rule may break it, so readers looking an id up must not use it to
 // refuse one.
 func ValidItemID(id string) error {
-	switch {
-	case strings.TrimSpace(id) == "":
-		return errors.New("must not be empty")
-	case !utf8.ValidString(id):
-		return errors.New("must be valid UTF-8")
-	}
-	if n := utf8.RuneCountInString(id); n > MaxItemIDLen {
-		return fmt.Errorf("must be at most %d characters, got %d", MaxItemIDLen, n)
+	if reason := checkID(id); reason != "" {
+		return errors.New(reason)
 	}
 	switch {
-	case strings.IndexFunc(id, unicode.IsControl) >= 0:
-		return errors.New("must not contain control characters")
-	case id != strings.TrimSpace(id):
-		return errors.New("must not start or end with white space")
 	case strings.ContainsAny(id, `/\`):
 		return errors.New(`must not contain "/" or "\" (an item id is one URL path segment)`)
 	case id == "." || id == "..":
