@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/coinexport/export/services/sales-writer/sales"
@@ -119,13 +119,12 @@ func idempotencyKey(values []string) (string, error) {
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
+	body, err := httpserver.ReadBody(w, r, maxBodyBytes)
+	switch {
+	case errors.Is(err, httpserver.ErrBodyTooLarge):
 		return nil, &requestError{http.StatusRequestEntityTooLarge, "payload_too_large",
 			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes)}
-	}
-	if err != nil {
+	case err != nil:
 		return nil, badRequest(codeInvalidBody, "the body could not be read")
 	}
 	return body, nil

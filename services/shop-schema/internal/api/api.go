@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -93,9 +92,12 @@ type body struct {
 // most once, nothing after it. Any Content-Type is accepted: spec 4.2 names
 // none for this route (README, "Request").
 func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) {
-	raw, err := readBody(w, r)
-	if err != nil {
-		return shopschema.Request{}, err
+	raw, err := httpserver.ReadBody(w, r, maxBodyBytes)
+	switch {
+	case errors.Is(err, httpserver.ErrBodyTooLarge):
+		return shopschema.Request{}, err // writeError answers 413
+	case err != nil:
+		return shopschema.Request{}, invalidBody("the body could not be read")
 	}
 	fields, err := parseObject(raw)
 	if err != nil {
@@ -120,22 +122,6 @@ func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) 
 		return req, &shopschema.InputError{Code: shopschema.CodeMissingWSKey, Message: "ws_key must be a non-empty string"}
 	}
 	return req, nil
-}
-
-// errBodyTooLarge is a body over maxBodyBytes: 413, as the sales routes
-// answer it.
-var errBodyTooLarge = errors.New("the body is too large")
-
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		return nil, errBodyTooLarge
-	}
-	if err != nil {
-		return nil, invalidBody("the body could not be read")
-	}
-	return raw, nil
 }
 
 // parseObject returns the properties of the body's one JSON object.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 
 	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
@@ -36,7 +37,8 @@ var shopStatus = map[prestashop.Kind]struct {
 // IP address or port written in base_url: never the key, the rest of
 // base_url, an address a name resolved to, or what the shop answered.
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID string) string {
-	if errors.Is(err, errBodyTooLarge) {
+	if errors.Is(err, httpserver.ErrBodyTooLarge) {
+		// 413, as the sales routes answer it.
 		const code = "payload_too_large"
 		envelope.WriteError(w, http.StatusRequestEntityTooLarge, code,
 			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
