@@ -101,13 +101,7 @@ func (rs records) getFigure(name string) string {
 
 // ratioRow compares figure of name with figure of base against a minimum.
 func (rs records) ratioRow(label, name, figure, base, baseFigure string, minRatio float64, baseText string) row {
-	r := row{Scenario: label, Baseline: baseText, Target: fmt.Sprintf("≥ %.2f×", minRatio)}
-	switch {
-	case strings.HasPrefix(name, "sync") || name == "scan":
-		r.Figure = rs.syncFigure(name)
-	default:
-		r.Figure = rs.getFigure(name)
-	}
+	r := row{Scenario: label, Figure: rs.scenarioFigure(name), Baseline: baseText, Target: fmt.Sprintf("≥ %.2f×", minRatio)}
 	v, ok1 := rs.get(name, figure)
 	b, ok2 := rs.get(base, baseFigure)
 	if !ok1 || !ok2 || b == 0 {
@@ -115,11 +109,8 @@ func (rs records) ratioRow(label, name, figure, base, baseFigure string, minRati
 		return r
 	}
 	ratio := v / b
-	// Truncated, not rounded: a shown ratio never overstates the measured
-	// one, so "0.85×" cannot appear beside a miss of a 0.85× target.
-	r.Ratio = fmt.Sprintf("%.2f×", math.Floor(ratio*100)/100)
-	r.Result = verdict(ratio >= minRatio)
-	r.Result = rs.errorsNote(name, rs.errorsNote(base, r.Result))
+	r.Ratio = shownRatio(ratio)
+	r.Result = rs.errorsNote(name, rs.errorsNote(base, verdict(ratio >= minRatio)))
 	return r
 }
 
@@ -129,13 +120,27 @@ func (rs records) ran(name string) bool { _, ok := rs[name]; return ok }
 // referenceRow compares GET scenario name with base by rps, without a
 // target: a figure that tells what the targets are measured against.
 func (rs records) referenceRow(label, name, base string) row {
-	r := row{Scenario: label, Figure: rs.getFigure(name), Baseline: rs.getFigure(base), Ratio: "—", Target: "—", Result: "—"}
+	r := row{Scenario: label, Figure: rs.scenarioFigure(name), Baseline: rs.scenarioFigure(base), Ratio: "—", Target: "—",
+		Result: rs.errorsNote(name, "—")}
 	if v, b := rs.rps(name), rs.rps(base); v > 0 && b > 0 {
-		r.Ratio = fmt.Sprintf("%.2f×", math.Floor(v/b*100)/100)
+		r.Ratio = shownRatio(v / b)
 	}
-	r.Result = rs.errorsNote(name, r.Result)
 	return r
 }
+
+// scenarioFigure is the figure column of a compared scenario: items per
+// second for the scan and the syncs, rps and latency for a GET run.
+func (rs records) scenarioFigure(name string) string {
+	if strings.HasPrefix(name, "sync") || name == "scan" {
+		return rs.syncFigure(name)
+	}
+	return rs.getFigure(name)
+}
+
+// shownRatio is the ratio column. Truncated, not rounded: a shown ratio
+// never overstates the measured one, so "0.85×" cannot appear beside a miss
+// of a 0.85× target.
+func shownRatio(ratio float64) string { return fmt.Sprintf("%.2f×", math.Floor(ratio*100)/100) }
 
 // rps is a scenario's rps, 0 if it did not run.
 func (rs records) rps(name string) float64 { v, _ := rs.get(name, "rps"); return v }

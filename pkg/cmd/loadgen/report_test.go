@@ -71,6 +71,47 @@ func TestBuildRowsReferenceOnlyWhenRun(t *testing.T) {
 	}
 }
 
+// The plain hop's row shows its figure and the nginx baseline as the GET
+// rows do, a ratio when both ran, and no target.
+func TestBuildRowsReferenceRow(t *testing.T) {
+	const label = "GET item by id, 64 conns, plain Fiber proxy hop (reference)"
+	plain := func(figures map[string]float64) records {
+		rs := fullRecords()
+		rs["get_plainhop_64"] = Record{Figures: figures}
+		return rs
+	}
+	tests := []struct {
+		name string
+		rs   records
+		want row
+	}{
+		{"measured", plain(map[string]float64{"rps": 16800, "p50_ms": 3, "p99_ms": 12.5, "errors": 0}),
+			row{label, "16,800 rps, p50 3.00 ms, p99 12.5 ms", "20,000 rps, p50 2.00 ms, p99 9.00 ms", "0.84×", "—", "—"}},
+		{"failed requests", plain(map[string]float64{"rps": 16800, "p50_ms": 3, "p99_ms": 12, "errors": 5}),
+			row{label, "16,800 rps, p50 3.00 ms, p99 12.0 ms", "20,000 rps, p50 2.00 ms, p99 9.00 ms", "0.84×", "—", "—; get_plainhop_64 had 5 failed requests"}},
+		{"no rps", plain(map[string]float64{"errors": 0}),
+			row{label, "not run", "20,000 rps, p50 2.00 ms, p99 9.00 ms", "—", "—", "—"}},
+		{"zero rps", plain(map[string]float64{"rps": 0, "p50_ms": 0, "p99_ms": 0}),
+			row{label, "0 rps, p50 0.00 ms, p99 0.00 ms", "20,000 rps, p50 2.00 ms, p99 9.00 ms", "—", "—", "—"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got *row
+			for _, r := range buildRows(tt.rs, []int{64}) {
+				if r.Scenario == label {
+					got = &r
+				}
+			}
+			if got == nil {
+				t.Fatalf("buildRows() has no row %q", label)
+			}
+			if diff := cmp.Diff(tt.want, *got); diff != "" {
+				t.Errorf("buildRows() reference row (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestBuildRowsMissingScenario(t *testing.T) {
 	rs := fullRecords()
 	delete(rs, "scan")
