@@ -30,17 +30,11 @@ func main() {
 }
 
 func run(args []string) error {
-	fs := flag.NewFlagSet("plainhop", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:18085", "address to listen on")
-	upstream := fs.String("upstream", "", "upstream base URL, e.g. http://127.0.0.1:18081")
-	if err := fs.Parse(args); err != nil {
+	cfg, err := parseFlags(args)
+	if err != nil {
 		return err
 	}
-	if *upstream == "" {
-		return errors.New("--upstream is required")
-	}
-	app := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: answerError})
-	app.Use(func(c *fiber.Ctx) error { return proxy.Do(c, *upstream+c.OriginalURL()) })
+	app := newApp(cfg.upstream)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -48,7 +42,36 @@ func run(args []string) error {
 		<-ctx.Done()
 		_ = app.Shutdown()
 	}()
-	return app.Listen(*listen)
+	return app.Listen(cfg.listen)
+}
+
+// config is plainhop's command line.
+type config struct {
+	listen   string // address to listen on
+	upstream string // base URL every request is relayed to
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("plainhop", flag.ContinueOnError)
+	var cfg config
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:18085", "address to listen on")
+	fs.StringVar(&cfg.upstream, "upstream", "", "upstream base URL, e.g. http://127.0.0.1:18081")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if cfg.upstream == "" {
+		return config{}, errors.New("--upstream is required")
+	}
+	return cfg, nil
+}
+
+// newApp is the whole hop, as run serves it and the tests drive it: every
+// request relayed to upstream with its path and query, failures answered by
+// answerError.
+func newApp(upstream string) *fiber.App {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: answerError})
+	app.Use(func(c *fiber.Ctx) error { return proxy.Do(c, upstream+c.OriginalURL()) })
+	return app
 }
 
 // answerError answers a failed hop with the API's error envelope and a

@@ -1,31 +1,44 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"testing"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/gofiber/fiber/v2"
-	"github.com/gofiber/fiber/v2/middleware/proxy"
 )
+
+// The hop relays the request's method, path and query to the upstream and
+// hands back its answer.
+func TestHopRelaysToTheUpstream(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, r.Method+" "+r.URL.RequestURI())
+	}))
+	defer upstream.Close()
+
+	resp, err := newApp(upstream.URL).Test(httptest.NewRequest("GET", "/v1/export/items/a%3Fb?lang=ENG", nil), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if want := "GET /v1/export/items/a%3Fb?lang=ENG"; resp.StatusCode != fiber.StatusOK || string(body) != want {
+		t.Errorf("GET through the hop = %d %q, want 200 %q", resp.StatusCode, body, want)
+	}
+}
 
 // A hop whose upstream refuses the connection answers 502 with the error
 // envelope, and its request id is in meta and in X-Request-Id.
 func TestFailedHopAnswersTheEnvelopeWithARequestID(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := "http://" + ln.Addr().String()
-	ln.Close() // nothing listens there now
-
-	app := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: answerError})
-	app.Use(func(c *fiber.Ctx) error { return proxy.Do(c, refused+c.OriginalURL()) })
-	resp, err := app.Test(httptest.NewRequest("GET", "/v1/export/items/x", nil), -1)
+	resp, err := newApp(refusedUpstream(t)).Test(httptest.NewRequest("GET", "/v1/export/items/x", nil), -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,18 +67,55 @@ func TestFailedHopAnswersTheEnvelopeWithARequestID(t *testing.T) {
 	}
 }
 
-// A client error Fiber raises keeps its 4xx status.
+// A client error Fiber raises (here a body over its 4 MB default limit)
+// keeps its 4xx status, in the envelope. Fiber raises it while reading the
+// request, before any handler, so the hop is served on a real listener.
 func TestClientErrorsKeepTheirStatus(t *testing.T) {
-	app := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: answerError})
-	app.Use(func(c *fiber.Ctx) error { return fiber.NewError(fiber.StatusRequestEntityTooLarge, "too large") })
-	resp, err := app.Test(httptest.NewRequest("POST", "/", nil), -1)
+	app := newApp(refusedUpstream(t))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	go app.Listener(ln)
+	t.Cleanup(func() { _ = app.Shutdown() })
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The declared length alone is over the limit: no body needs sending.
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: plainhop\r\nContent-Length: %d\r\n\r\n", fiber.DefaultBodyLimit+1)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
 	if resp.StatusCode != fiber.StatusRequestEntityTooLarge {
 		t.Errorf("status = %d, want 413", resp.StatusCode)
 	}
 	if resp.Header.Get(envelope.RequestIDHeader) == "" {
 		t.Error("no request id on a client error")
 	}
+	if got := resp.Header.Get(fiber.HeaderContentType); got != envelope.ContentType {
+		t.Errorf("Content-Type = %q, want the envelope's %q", got, envelope.ContentType)
+	}
+}
+
+func TestUpstreamIsRequired(t *testing.T) {
+	if _, err := parseFlags([]string{"--listen", "127.0.0.1:0"}); err == nil {
+		t.Error("parseFlags without --upstream = nil error, want one")
+	}
+}
+
+// refusedUpstream returns the base URL of an address nothing listens on.
+func refusedUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
 }
