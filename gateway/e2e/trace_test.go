@@ -19,6 +19,7 @@ import (
 
 // fixture is one owner with seeded items, a read key and a write key.
 type fixture struct {
+	owner             string
 	readKey, writeKey string
 }
 
@@ -49,7 +50,7 @@ func newFixture(t *testing.T, pool *pgxpool.Pool) fixture {
 		return secret
 	}
 	platform := "e2e-market"
-	return fixture{readKey: key(nil, "export:read"), writeKey: key(&platform, "sales:write")}
+	return fixture{owner: owner, readKey: key(nil, "export:read"), writeKey: key(&platform, "sales:write")}
 }
 
 // call sends one request and returns the status and decoded envelope.
