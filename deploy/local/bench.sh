@@ -11,8 +11,9 @@
 #   BENCH_ROUNDS   interleaved rounds of the GET comparisons, and rounds of
 #                  the sales run; best kept (default 3; 2 quick)
 #   BENCH_REPEAT   timed runs of each full sync and scan, fastest kept (default 3)
-#   BENCH_PROFILE=1  perf CPU profiles of gateway and export-reader during
-#                  the two full syncs, summaries in .run/bench/profile/
+#   BENCH_PROFILE=1  perf CPU profiles of the gateway and the service under
+#                  load (sync, GET, sales) and of the whole machine,
+#                  summaries in .run/bench/profile/
 #   BENCH_RESEED=1 drop the seeded database and seed again
 #   BENCH_LOG_LEVEL  LOG_LEVEL of the stack (default warn: nginx logs no
 #                  access lines either)

@@ -9,29 +9,33 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/gofiber/fiber/v2"
 )
 
-// The hop relays the request's method, path and query to the upstream and
-// hands back its answer.
+// The hop relays the request's method, path, query and body to the
+// upstream and hands back its answer. POST, not GET: GET is what a request
+// that lost its method would become.
 func TestHopRelaysToTheUpstream(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "text/plain")
-		io.WriteString(w, r.Method+" "+r.URL.RequestURI())
+		io.WriteString(w, r.Method+" "+r.URL.RequestURI()+" "+string(body))
 	}))
 	defer upstream.Close()
 
-	resp, err := newApp(upstream.URL).Test(httptest.NewRequest("GET", "/v1/export/items/a%3Fb?lang=ENG", nil), -1)
+	req := httptest.NewRequest("POST", "/v1/export/items/a%3Fb/sales/confirm?lang=ENG", strings.NewReader(`{"n":1}`))
+	resp, err := newApp(upstream.URL).Test(req, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	if want := "GET /v1/export/items/a%3Fb?lang=ENG"; resp.StatusCode != fiber.StatusOK || string(body) != want {
-		t.Errorf("GET through the hop = %d %q, want 200 %q", resp.StatusCode, body, want)
+	if want := `POST /v1/export/items/a%3Fb/sales/confirm?lang=ENG {"n":1}`; resp.StatusCode != fiber.StatusOK || string(body) != want {
+		t.Errorf("POST through the hop = %d %q, want 200 %q", resp.StatusCode, body, want)
 	}
 }
 
