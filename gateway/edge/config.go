@@ -37,6 +37,9 @@ type Config struct {
 	UpstreamDownFor        time.Duration // UPSTREAM_DOWN_FOR (2s)
 	UpstreamProbeInterval  time.Duration // UPSTREAM_PROBE_INTERVAL (2s)
 	UpstreamMaxConns       int           // UPSTREAM_MAX_CONNS (512)
+	// UpstreamResolveInterval, when not 0, resolves each upstream URL's host
+	// name that often and makes every address an instance (upstream.Discover).
+	UpstreamResolveInterval time.Duration // UPSTREAM_RESOLVE_INTERVAL (0: off)
 
 	KeyCacheTTL        time.Duration // KEY_CACHE_TTL (30s)
 	KeyCacheUnheardTTL time.Duration // KEY_CACHE_UNHEARD_TTL (1s)
@@ -90,12 +93,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		SalesWriterURLs:  r.List("SALES_WRITER_URLS", "http://127.0.0.1:8082"),
 		ShopSchemaURLs:   r.List("SHOP_SCHEMA_URLS", "http://127.0.0.1:8083"),
 
-		UpstreamConnectTimeout: timeout("UPSTREAM_CONNECT_TIMEOUT", time.Second),
-		UpstreamReadTimeout:    timeout("UPSTREAM_READ_TIMEOUT", 30*time.Second),
-		UpstreamWriteTimeout:   timeout("UPSTREAM_WRITE_TIMEOUT", 10*time.Second),
-		UpstreamDownFor:        timeout("UPSTREAM_DOWN_FOR", 2*time.Second),
-		UpstreamProbeInterval:  timeout("UPSTREAM_PROBE_INTERVAL", 2*time.Second),
-		UpstreamMaxConns:       r.Int("UPSTREAM_MAX_CONNS", 512, 1, 100_000),
+		UpstreamConnectTimeout:  timeout("UPSTREAM_CONNECT_TIMEOUT", time.Second),
+		UpstreamReadTimeout:     timeout("UPSTREAM_READ_TIMEOUT", 30*time.Second),
+		UpstreamWriteTimeout:    timeout("UPSTREAM_WRITE_TIMEOUT", 10*time.Second),
+		UpstreamDownFor:         timeout("UPSTREAM_DOWN_FOR", 2*time.Second),
+		UpstreamProbeInterval:   timeout("UPSTREAM_PROBE_INTERVAL", 2*time.Second),
+		UpstreamMaxConns:        r.Int("UPSTREAM_MAX_CONNS", 512, 1, 100_000),
+		UpstreamResolveInterval: r.Duration("UPSTREAM_RESOLVE_INTERVAL", 0, 0, time.Hour),
 
 		KeyCacheTTL:        timeout("KEY_CACHE_TTL", 30*time.Second),
 		KeyCacheUnheardTTL: timeout("KEY_CACHE_UNHEARD_TTL", time.Second),
@@ -112,6 +116,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
+		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}
@@ -137,6 +143,7 @@ func (c Config) LogValue() []any {
 		"trust_traceparent", c.TrustTraceparent, "proxy_header", c.ProxyHeader, "trusted_proxies", c.TrustedProxies,
 		"export_reader_urls", c.ExportReaderURLs, "sales_writer_urls", c.SalesWriterURLs, "shop_schema_urls", c.ShopSchemaURLs,
 		"upstream_connect_timeout", c.UpstreamConnectTimeout, "upstream_read_timeout", c.UpstreamReadTimeout,
+		"upstream_resolve_interval", c.UpstreamResolveInterval,
 		"key_cache_ttl", c.KeyCacheTTL, "key_cache_size", c.KeyCacheSize,
 		"rate_limit_enabled", c.RateLimitEnabled,
 		"rate_export_read", c.RateExportRead.Formatted, "rate_sales_write", c.RateSalesWrite.Formatted,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -510,5 +511,29 @@ func TestClientChosenMethodsStayOutOfLogs(t *testing.T) {
 	}
 	if n := strings.Count(logs, `"method":"_OTHER"`); n != 3 {
 		t.Errorf("%d access lines with method _OTHER, want 3 (the unknown method and the two unreadable requests):\n%s", n, logs)
+	}
+}
+
+// With UPSTREAM_RESOLVE_INTERVAL set, the gateway resolves an upstream's
+// host name and sends to the addresses it resolves to, logging the change;
+// requests keep being served throughout. (upstream's tests cover several
+// replicas behind one name; the system resolver maps localhost to
+// 127.0.0.1 here.)
+func TestUpstreamNamesAreResolvedWhenAsked(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	port := reader.Listener.Addr().(*net.TCPAddr).Port
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS":        fmt.Sprintf("http://localhost:%d", port),
+		"UPSTREAM_RESOLVE_INTERVAL": "100ms"})
+	want := fmt.Sprintf(`"instances":["http://127.0.0.1:%d"]`, port)
+	waitFor(t, 5*time.Second, func() bool { return strings.Contains(gw.Logs.String(), want) })
+	if changes := grep([]byte(gw.Logs.String()), `"msg":"upstream instances changed"`); !strings.Contains(changes, `"upstream":"export-reader"`) {
+		t.Errorf("no log of the change for export-reader; logs of changes:\n%s", changes)
+	}
+	for range 3 {
+		if r := do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+			t.Fatalf("GET through the resolved instance = %d %s, want 200", r.Status, r.Body)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -201,6 +202,24 @@ func (g *Gateway) buildUpstreams() error {
 	return nil
 }
 
+// lookupIP resolves a host name with the system's resolver.
+func lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+}
+
+// logDiscovery logs a change in an upstream's instances, or a name that
+// did not resolve (its instances are kept).
+func (g *Gateway) logDiscovery(ev upstream.DiscoveryEvent) {
+	if ev.Err != nil {
+		g.log.Warn("upstream name did not resolve; its instances are kept", "upstream", ev.Upstream,
+			"hosts", ev.Failed, "error", ev.Err)
+	}
+	if ev.Added+ev.Removed > 0 {
+		g.log.Info("upstream instances changed", "upstream", ev.Upstream, "instances", ev.Instances,
+			"added", ev.Added, "removed", ev.Removed)
+	}
+}
+
 func (g *Gateway) onRedisState(err error) {
 	if err != nil {
 		g.metrics.rateDegraded.Set(1)
@@ -218,6 +237,11 @@ func (g *Gateway) startBackground(store *keystore.Store) {
 	g.goBg(func() { store.Listen(bgCtx, g.log) })
 	for _, u := range g.upstreams {
 		g.goBg(func() { u.Probe(bgCtx, g.cfg.UpstreamProbeInterval) })
+		if g.cfg.UpstreamResolveInterval > 0 {
+			g.goBg(func() {
+				u.Discover(bgCtx, g.cfg.UpstreamResolveInterval, lookupIP, g.logDiscovery)
+			})
+		}
 	}
 	g.health.check(bgCtx, g.pool, g.redis)
 	g.goBg(func() { g.health.watch(bgCtx, g.pool, g.redis) })

@@ -258,10 +258,17 @@ func TestLoadConfig(t *testing.T) {
 		!cfg.RateLimitEnabled || cfg.RateExportRead.Limit != 6000 || len(cfg.ExportReaderURLs) != 1 {
 		t.Errorf("LoadConfig(minimal) = %+v, want the documented defaults", cfg)
 	}
+	if cfg.UpstreamResolveInterval != 0 {
+		t.Errorf("UpstreamResolveInterval = %v by default, want 0 (each URL one instance)", cfg.UpstreamResolveInterval)
+	}
+	if cfg, err := LoadConfig(getenv(map[string]string{"UPSTREAM_RESOLVE_INTERVAL": "5s"})); err != nil || cfg.UpstreamResolveInterval != 5*time.Second {
+		t.Errorf("LoadConfig(UPSTREAM_RESOLVE_INTERVAL=5s) = %v, %v; want 5s", cfg.UpstreamResolveInterval, err)
+	}
 	for name, value := range map[string]string{
 		"DATABASE_URL": "", "IDENTITY_SECRET": "short", "GATEWAY_MAX_HEADER_BYTES": "100",
 		"UPSTREAM_MAX_CONNS": "0", "KEY_CACHE_TTL": "-1s", "RATE_LIMIT_ENABLED": "perhaps",
 		"RATE_LIMIT_EXPORT_READ": "0-M", "RATE_LIMIT_SALES_WRITE": "lots",
+		"UPSTREAM_RESOLVE_INTERVAL": "50ms",
 	} {
 		_, err := LoadConfig(getenv(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {

@@ -107,7 +107,7 @@ func TestAffinityRetriesARefusingInstanceElsewhere(t *testing.T) {
 			t.Fatalf("key-%d landed on %q; want the live instance", i, got)
 		}
 	}
-	if u.instances[0].upAt(time.Now().UnixNano()) {
+	if u.current()[0].upAt(time.Now().UnixNano()) {
 		t.Error("the refusing instance is not marked down")
 	}
 }

@@ -19,7 +19,7 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		for _, inst := range u.instances {
+		for _, inst := range u.current() {
 			if inst.alive(interval) {
 				inst.downUntil.Store(0)
 			} else {

@@ -71,8 +71,17 @@ type Instance struct {
 
 // Upstream is a service with one or more instances.
 type Upstream struct {
-	Name      string
-	instances []*Instance
+	Name string
+	// sources are the configured URLs; with discovery (Discover) each one
+	// whose host is a name stands for every address the name resolves to.
+	sources []*url.URL
+	// resolved holds, per source, the bases it stood for after the last
+	// round of discovery (the source itself before any): a source that
+	// fails to resolve keeps them. Only Discover's goroutine uses it.
+	resolved [][]string
+	// instances is replaced whole when discovery changes the set, so a
+	// request reads one consistent set without a lock.
+	instances atomic.Pointer[[]*Instance]
 	next      atomic.Uint64
 	opts      Options
 }
@@ -83,28 +92,40 @@ func New(name string, urls []string, opts Options) (*Upstream, error) {
 		return nil, fmt.Errorf("upstream %s: no instance URL", name)
 	}
 	u := &Upstream{Name: name, opts: opts}
+	instances := make([]*Instance, 0, len(urls))
 	for _, raw := range urls {
-		inst, err := newInstance(raw, opts)
+		p, err := parseInstanceURL(raw)
 		if err != nil {
 			return nil, fmt.Errorf("upstream %s: %w", name, err)
 		}
-		u.instances = append(u.instances, inst)
+		u.sources = append(u.sources, p)
+		u.resolved = append(u.resolved, []string{baseOf(p)})
+		instances = append(instances, newInstance(p, opts))
 	}
+	u.instances.Store(&instances)
 	return u, nil
 }
 
-func newInstance(raw string, opts Options) (*Instance, error) {
+// parseInstanceURL reads http(s)://host:port, without a path.
+func parseInstanceURL(raw string) (*url.URL, error) {
 	p, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || (p.Path != "" && p.Path != "/") {
 		return nil, fmt.Errorf("invalid instance URL %q: want http(s)://host:port", raw)
 	}
+	return p, nil
+}
+
+// current is the set of instances requests are sent to now.
+func (u *Upstream) current() []*Instance { return *u.instances.Load() }
+
+func newInstance(p *url.URL, opts Options) *Instance {
 	addr := p.Host
 	if p.Port() == "" {
 		addr = net.JoinHostPort(p.Hostname(), map[string]string{"http": "80", "https": "443"}[p.Scheme])
 	}
 	connect := opts.ConnectTimeout
 	dial := func(addr string) (net.Conn, error) {
-		c, err := fasthttp.DialTimeout(addr, connect)
+		c, err := fasthttp.DialDualStackTimeout(addr, connect) // IPv6 too: fasthttp.Dial is IPv4 only
 		if err != nil {
 			return nil, dialError{err}
 		}
@@ -120,7 +141,7 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 		}
 		return lazydeadline.Wrap(c, tick), nil
 	}
-	base := p.Scheme + "://" + p.Host
+	base := baseOf(p)
 	return &Instance{
 		base: base,
 		seed: xxhash.Sum64String(base),
@@ -148,7 +169,7 @@ func newInstance(raw string, opts Options) (*Instance, error) {
 			DisablePathNormalizing:    true,
 			NoDefaultUserAgentHeader:  true,
 		},
-	}, nil
+	}
 }
 
 // dialError marks an error of the connect step: the request never left.
@@ -253,10 +274,11 @@ func (u *Upstream) pick(not *Instance, affinity string) *Instance {
 		return u.rendezvous(not, affinity)
 	}
 	now := time.Now().UnixNano()
-	n := uint64(len(u.instances))
+	instances := u.current()
+	n := uint64(len(instances))
 	start := u.next.Add(1)
 	for i := uint64(0); i < n; i++ {
-		inst := u.instances[(start+i)%n]
+		inst := instances[(start+i)%n]
 		if inst != not && inst.upAt(now) {
 			return inst
 		}
@@ -277,7 +299,7 @@ func (u *Upstream) rendezvous(not *Instance, affinity string) *Instance {
 	h := xxhash.Sum64String(affinity)
 	var best *Instance
 	var bestWeight uint64
-	for _, inst := range u.instances {
+	for _, inst := range u.current() {
 		if inst == not || !inst.upAt(now) {
 			continue
 		}
@@ -308,13 +330,14 @@ func (inst *Instance) markDown(d time.Duration) {
 // State is the health of an upstream as /v1/health reports it.
 func (u *Upstream) State() string {
 	now, up := time.Now().UnixNano(), 0
-	for _, inst := range u.instances {
+	instances := u.current()
+	for _, inst := range instances {
 		if inst.upAt(now) {
 			up++
 		}
 	}
 	switch up {
-	case len(u.instances):
+	case len(instances):
 		return "ok"
 	case 0:
 		return "down"
