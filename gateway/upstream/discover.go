@@ -38,17 +38,20 @@ type DiscoveryEvent struct {
 //
 // A URL whose host is an IP address stays one instance, and so does an
 // https:// URL: its certificate names the host, not the addresses. A name
-// that fails to resolve, or resolves to nothing, keeps the instances it
-// had, so a DNS outage never empties an upstream. Instances that stay keep
-// their connections and their health; removed ones have their idle
-// connections closed. report, if not nil, is called for each round that
-// changed something or failed.
+// that fails to resolve, or resolves to no usable address, keeps the
+// instances it had, so a DNS outage never empties an upstream. Instances
+// that stay keep their connections and their health; removed ones have
+// their idle connections closed (those that requests in flight give back
+// later are closed by fasthttp after 30 s idle). report, if not nil, is
+// called for each round that changed something or failed.
 func (u *Upstream) Discover(ctx context.Context, interval time.Duration, resolve Resolver, report func(DiscoveryEvent)) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	timeout := min(interval, maxResolveTime)
 	for {
-		if ev := u.discoverOnce(ctx, interval, resolve); report != nil && (ev.Added+ev.Removed > 0 || len(ev.Failed) > 0) {
-			report(ev)
+		ev := u.discoverOnce(ctx, timeout, resolve)
+		if report != nil && ctx.Err() == nil && (ev.Added+ev.Removed > 0 || len(ev.Failed) > 0) {
+			report(ev) // not on the way out: a lookup cut short by ctx is no DNS failure
 		}
 		select {
 		case <-ctx.Done():
@@ -59,12 +62,15 @@ func (u *Upstream) Discover(ctx context.Context, interval time.Duration, resolve
 }
 
 // discoverOnce resolves every source once and installs the resulting set.
-// Only Discover's goroutine calls it: it alone touches u.resolved.
-func (u *Upstream) discoverOnce(ctx context.Context, interval time.Duration, resolve Resolver) DiscoveryEvent {
+// Rounds are serialized (discoverMu), so u.resolved and the set they
+// replace are never written by two at once.
+func (u *Upstream) discoverOnce(ctx context.Context, timeout time.Duration, resolve Resolver) DiscoveryEvent {
+	u.discoverMu.Lock()
+	defer u.discoverMu.Unlock()
 	ev := DiscoveryEvent{Upstream: u.Name}
 	var bases []string
 	for i, src := range u.sources {
-		resolved, err := resolveSource(ctx, min(interval, maxResolveTime), src, resolve)
+		resolved, err := resolveSource(ctx, timeout, src, resolve)
 		if err != nil {
 			ev.Failed = append(ev.Failed, src.Hostname())
 			if ev.Err == nil {
@@ -110,13 +116,16 @@ func resolveSource(ctx context.Context, timeout time.Duration, src *url.URL, res
 	if err != nil {
 		return nil, err
 	}
-	if len(addrs) == 0 {
-		return nil, &net.DNSError{Err: "no address", Name: host, IsNotFound: true}
-	}
 	port := portOf(src)
 	bases := make([]string, 0, len(addrs))
 	for _, a := range addrs {
+		if a.Zone() != "" {
+			continue // a link-local address with a zone: no URL for it, and no other host could use it
+		}
 		bases = append(bases, "http://"+netip.AddrPortFrom(a.Unmap(), port).String())
+	}
+	if len(bases) == 0 {
+		return nil, &net.DNSError{Err: "no usable address", Name: host, IsNotFound: true}
 	}
 	return bases, nil
 }

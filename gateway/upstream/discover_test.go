@@ -136,8 +136,8 @@ func TestDiscoveryFollowsTheReplicasOfAName(t *testing.T) {
 	}
 }
 
-// A name that fails to resolve, or resolves to nothing, keeps the instances
-// it had: a DNS outage must not empty an upstream.
+// A name that fails to resolve, or resolves to no usable address, keeps
+// the instances it had: a DNS outage must not empty an upstream.
 func TestFailedResolutionKeepsTheInstances(t *testing.T) {
 	u, err := New("svc", []string{"http://reader.svc.test:8081"}, opts())
 	if err != nil {
@@ -149,13 +149,15 @@ func TestFailedResolutionKeepsTheInstances(t *testing.T) {
 	before := u.discoverOnce(ctx, time.Second, dns.resolve).Instances
 
 	for _, tt := range []struct {
-		name string
-		err  error
+		name  string
+		err   error
+		addrs []netip.Addr
 	}{
-		{"lookup error", errors.New("server misbehaving")},
-		{"no address", nil},
+		{"lookup error", errors.New("server misbehaving"), nil},
+		{"no address", nil, nil},
+		{"only a zoned link-local address", nil, []netip.Addr{netip.MustParseAddr("fe80::1%eth0")}},
 	} {
-		dns.set(tt.err)
+		dns.set(tt.err, tt.addrs...)
 		ev := u.discoverOnce(ctx, time.Second, dns.resolve)
 		if !slices.Equal(ev.Instances, before) || ev.Added+ev.Removed != 0 {
 			t.Errorf("%s: instances %v (+%d −%d), want %v unchanged", tt.name, ev.Instances, ev.Added, ev.Removed, before)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,8 +78,9 @@ type Upstream struct {
 	sources []*url.URL
 	// resolved holds, per source, the bases it stood for after the last
 	// round of discovery (the source itself before any): a source that
-	// fails to resolve keeps them. Only Discover's goroutine uses it.
-	resolved [][]string
+	// fails to resolve keeps them. discoverMu serializes the rounds.
+	resolved   [][]string
+	discoverMu sync.Mutex
 	// instances is replaced whole when discovery changes the set, so a
 	// request reads one consistent set without a lock.
 	instances atomic.Pointer[[]*Instance]
@@ -337,10 +339,10 @@ func (u *Upstream) State() string {
 		}
 	}
 	switch up {
+	case 0: // first: no instance at all is down too
+		return "down"
 	case len(instances):
 		return "ok"
-	case 0:
-		return "down"
 	default:
 		return "degraded"
 	}

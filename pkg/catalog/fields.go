@@ -89,14 +89,12 @@ func parseID(raw json.RawMessage, required bool) (string, string) {
 	return s, checkID(s)
 }
 
-// parseItemID reads the item id, the one id that travels in URLs.
+// parseItemID reads the item id, the one id that travels in URLs: an id,
+// and one ValidItemID accepts.
 func parseItemID(raw json.RawMessage) (string, string) {
-	if isNull(raw) {
-		return "", "required"
-	}
-	s, ok := jsonString(raw)
-	if !ok {
-		return "", "must be a string"
+	s, reason := parseID(raw, true)
+	if reason != "" {
+		return "", reason
 	}
 	if err := ValidItemID(s); err != nil {
 		return "", err.Error()

@@ -135,7 +135,7 @@ func parseObject(raw []byte) (map[string]json.RawMessage, error) {
 		return nil, invalidBody(fault.Message)
 	}
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil { // fields is nil for null
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil { // a guard: CheckObject refused all but objects
 		return nil, invalidBody("the body must be a JSON object")
 	}
 	return fields, nil
