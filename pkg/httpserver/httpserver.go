@@ -91,14 +91,23 @@ func (s *Server) Run(ctx context.Context) error {
 			ReadHeaderTimeout: 5 * time.Second,
 		})
 	}
-	errs := make(chan error, len(servers))
+	// Every address is taken before any is served: a second one that is
+	// taken already must not leave the first serving after Run returned.
+	listeners := make([]net.Listener, 0, len(servers))
 	for _, srv := range servers {
 		ln, err := net.Listen("tcp", srv.Addr)
 		if err != nil {
+			for _, open := range listeners {
+				open.Close()
+			}
 			return fmt.Errorf("httpserver: listen %s: %w", srv.Addr, err)
 		}
-		s.cfg.Log.Info("listening", "addr", ln.Addr().String())
-		go func() { errs <- srv.Serve(ln) }()
+		listeners = append(listeners, ln)
+	}
+	errs := make(chan error, len(servers))
+	for i, srv := range servers {
+		s.cfg.Log.Info("listening", "addr", listeners[i].Addr().String())
+		go func() { errs <- srv.Serve(listeners[i]) }()
 	}
 	select {
 	case err := <-errs:

@@ -2,9 +2,11 @@ package httpserver
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -216,4 +218,30 @@ func TestServerSpans(t *testing.T) {
 			t.Errorf("span %d status = %v for HTTP %d", i, sp.Status(), wantStatus)
 		}
 	}
+}
+
+// When the admin address is taken, Run fails and leaves nothing serving:
+// the main address it had taken first is free again.
+func TestRunWithATakenAddressServesNothing(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	main := free.Addr().String()
+	free.Close()
+	srv := New(Config{Service: "test", Addr: main, AdminAddr: taken.Addr().String(),
+		Log: slog.New(slog.DiscardHandler)}, http.NewServeMux())
+	if err := srv.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Fatalf("Run = %v, want the admin address's listen error", err)
+	}
+	ln, err := net.Listen("tcp", main)
+	if err != nil {
+		t.Fatalf("the main address is still taken after Run failed: %v", err)
+	}
+	ln.Close()
 }

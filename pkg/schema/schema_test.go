@@ -2,13 +2,17 @@ package schema_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/testenv"
 )
 
@@ -81,4 +85,51 @@ func count(t *testing.T, pool *pgxpool.Pool, query string) int {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
+}
+
+// A database behind the build fails the check, and a service's readiness
+// with it, until it is migrated; then both pass.
+func TestCheckNamesTheMissingVersionsUntilMigrated(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	ready := schema.NewReadiness(pool, slog.New(slog.DiscardHandler))
+	if err := schema.Check(ctx, pool); err != nil {
+		t.Fatalf("migrated database: %v", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(pool), os.DirFS("migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := provider.ListSources()[len(provider.ListSources())-1].Version
+	for _, to := range []int64{latest - 1, 0} {
+		if _, err := provider.DownTo(ctx, to); err != nil {
+			t.Fatalf("down to %d: %v", to, err)
+		}
+		want := fmt.Sprintf("the database is at version %d, this build needs %d: run exportctl migrate", to, latest)
+		if err := schema.Check(ctx, pool); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("at version %d: Check = %v, want an error saying %q", to, err, want)
+		}
+		if err := ready.Ready(ctx); err == nil {
+			t.Errorf("at version %d: Ready = nil, want the schema's error", to)
+		}
+	}
+	if err := schema.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("after the migration: Ready = %v", err)
+	}
+}
+
+// A database that was never migrated has no version table: the check says
+// so and what to run.
+func TestCheckOfADatabaseNeverMigrated(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	if _, err := pool.Exec(ctx, "DROP TABLE goose_db_version"); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.Check(ctx, pool); err == nil || !strings.Contains(err.Error(), "run exportctl migrate") {
+		t.Errorf("Check = %v, want an error telling to run exportctl migrate", err)
+	}
 }

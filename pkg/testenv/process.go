@@ -2,9 +2,14 @@ package testenv
 
 import (
 	"bytes"
+	"encoding/json"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
 )
 
 // FreeAddr returns a loopback address with a port free at the time of the
@@ -37,4 +42,30 @@ func (o *Output) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.buf.String()
+}
+
+// Health polls url (a service's /healthz) until its server answers, and
+// returns the status and, for an error envelope, its code.
+func Health(t testing.TB, url string) (status int, code string) {
+	t.Helper()
+	var resp *http.Response
+	var err error
+	for range 100 {
+		if resp, err = http.Get(url); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("testenv: %s never answered: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var body envelope.Parsed
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("testenv: %s: %v", url, err)
+	}
+	if body.Error != nil {
+		code = body.Error.Code
+	}
+	return resp.StatusCode, code
 }

@@ -277,3 +277,33 @@ func waitFor(d time.Duration, ok func() bool) bool {
 	}
 	return ok()
 }
+
+// ForgetLatestMigration makes the database at dsn look one migration behind
+// the build: goose's record of the latest migration is deleted (the schema
+// itself is left as it is). The returned function puts the record back.
+func ForgetLatestMigration(t testing.TB, dsn string) (restore func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("testenv: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	var version int64
+	err = conn.QueryRow(ctx, `DELETE FROM goose_db_version WHERE id = (SELECT max(id) FROM goose_db_version)
+		RETURNING version_id`).Scan(&version)
+	if err != nil {
+		t.Fatalf("testenv: forget the latest migration: %v", err)
+	}
+	return func() {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatalf("testenv: connect: %v", err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)", version); err != nil {
+			t.Fatalf("testenv: restore migration %d: %v", version, err)
+		}
+	}
+}

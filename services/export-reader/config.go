@@ -11,7 +11,7 @@ import (
 // Config is everything the export reader reads from its environment.
 type Config struct {
 	Addr           string        // EXPORT_READER_ADDR
-	AdminAddr      string        // EXPORT_READER_ADMIN_ADDR; "" disables /metrics
+	AdminAddr      string        // EXPORT_READER_ADMIN_ADDR: /metrics and /debug/pprof
 	DatabaseURL    string        // READ_DATABASE_URL, else DATABASE_URL (secret: may hold a password)
 	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS
 	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT

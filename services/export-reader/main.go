@@ -16,6 +16,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/export-reader/internal/api"
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
@@ -65,13 +66,19 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	reader := export.NewReader(pool, cursors, cfg.readAhead())
 	mux := http.NewServeMux()
 	api.New(reader, log, cfg.QueryTimeout).Register(mux)
+	// A build newer than the database's schema waits, unready, for the
+	// migration (schema.Readiness).
+	readiness := schema.NewReadiness(pool, log)
+	if err := readiness.Ready(ctx); err != nil {
+		log.Warn("not ready until the database answers and is migrated", "err", err)
+	}
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
 		AdminAddr: cfg.AdminAddr,
 		Log:       log,
 		Signer:    signer,
-		Ready:     pool.Ping,
+		Ready:     readiness.Ready,
 	}, mux)
 	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
 	srv.Registry().MustRegister(reader.Collectors()...)

@@ -71,7 +71,7 @@ func TestRun(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
-			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": ""}), &out)
+			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
 	})
 	signer, _ := identity.NewSigner(secret)
 	var resp *http.Response
@@ -101,5 +101,33 @@ func TestRun(t *testing.T) {
 	}
 	if runErr != nil {
 		t.Errorf("run() = %v after cancel, want nil", runErr)
+	}
+}
+
+// A reader built for a newer schema than the database's stays unready, and
+// says what to run, until the migration is there.
+func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	migrated := testenv.ForgetLatestMigration(t, dsn)
+	addr := testenv.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
+			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
+	}()
+	defer func() { cancel(); <-done }()
+	health := "http://" + addr + "/healthz"
+	if status, code := testenv.Health(t, health); status != 503 || code != "not_ready" {
+		t.Errorf("/healthz with the schema behind = %d %q, want 503 not_ready", status, code)
+	}
+	if !strings.Contains(out.String(), "run exportctl migrate") {
+		t.Errorf("the log does not say what to run:\n%s", out.String())
+	}
+	migrated()
+	if status, code := testenv.Health(t, health); status != 200 {
+		t.Errorf("/healthz once migrated = %d %q, want 200", status, code)
 	}
 }

@@ -10,7 +10,7 @@ import (
 // Config is everything the sales writer reads from its environment.
 type Config struct {
 	Addr                 string        // SALES_WRITER_ADDR
-	AdminAddr            string        // SALES_WRITER_ADMIN_ADDR; "" disables /metrics
+	AdminAddr            string        // SALES_WRITER_ADMIN_ADDR: /metrics and /debug/pprof
 	DatabaseURL          string        // DATABASE_URL (secret: may hold a password)
 	DBMaxConns           int           // SALES_WRITER_DB_MAX_CONNS
 	IdentitySecret       string        // IDENTITY_SECRET (secret)

@@ -18,6 +18,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/sales-writer/api"
 	"github.com/coinexport/export/services/sales-writer/sales"
@@ -65,13 +66,19 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	writer := sales.NewWriter(pool, cfg.IdempotencyRetention)
 	mux := http.NewServeMux()
+	// A build newer than the database's schema waits, unready, for the
+	// migration (schema.Readiness).
+	readiness := schema.NewReadiness(pool, log)
+	if err := readiness.Ready(ctx); err != nil {
+		log.Warn("not ready until the database answers and is migrated", "err", err)
+	}
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
 		AdminAddr: cfg.AdminAddr,
 		Log:       log,
 		Signer:    signer,
-		Ready:     pool.Ping,
+		Ready:     readiness.Ready,
 	}, mux)
 	api.Routes(mux, writer, log, srv.Registry())
 	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
