@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,9 +45,34 @@ func (o *Output) String() string {
 	return o.buf.String()
 }
 
-// Health polls url (a service's /healthz) until its server answers, and
+// WantUnreadyUntilMigrated checks a service's readiness against the schema:
+// start runs the service's binary on a database one migration behind the
+// build, listening on addr and logging to logs, and returns the function
+// that stops it. Its /healthz must answer 503 not_ready, with a log line
+// saying what to run, until the migration is there, and 200 after.
+func WantUnreadyUntilMigrated(t *testing.T, start func(dsn, addr string, logs *Output) (stop func())) {
+	t.Helper()
+	dsn := PostgresURL(t)
+	migrated := forgetLatestMigration(t, dsn)
+	addr := FreeAddr(t)
+	var out Output
+	defer start(dsn, addr, &out)()
+	url := "http://" + addr + "/healthz"
+	if status, code := health(t, url); status != http.StatusServiceUnavailable || code != "not_ready" {
+		t.Errorf("/healthz with the schema behind = %d %q, want 503 not_ready", status, code)
+	}
+	if !strings.Contains(out.String(), "run exportctl migrate") {
+		t.Errorf("the log does not say what to run:\n%s", out.String())
+	}
+	migrated()
+	if status, code := health(t, url); status != http.StatusOK {
+		t.Errorf("/healthz once migrated = %d %q, want 200", status, code)
+	}
+}
+
+// health polls url (a service's /healthz) until its server answers, and
 // returns the status and, for an error envelope, its code.
-func Health(t testing.TB, url string) (status int, code string) {
+func health(t testing.TB, url string) (status int, code string) {
 	t.Helper()
 	var resp *http.Response
 	var err error

@@ -278,10 +278,10 @@ func waitFor(d time.Duration, ok func() bool) bool {
 	return ok()
 }
 
-// ForgetLatestMigration makes the database at dsn look one migration behind
+// forgetLatestMigration makes the database at dsn look one migration behind
 // the build: goose's record of the latest migration is deleted (the schema
 // itself is left as it is). The returned function puts the record back.
-func ForgetLatestMigration(t testing.TB, dsn string) (restore func()) {
+func forgetLatestMigration(t testing.TB, dsn string) (restore func()) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dsn)

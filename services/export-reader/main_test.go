@@ -108,26 +108,13 @@ func TestRun(t *testing.T) {
 // says what to run, until the migration is there.
 func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 	t.Parallel()
-	dsn := testenv.PostgresURL(t)
-	migrated := testenv.ForgetLatestMigration(t, dsn)
-	addr := testenv.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
-			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
-	}()
-	defer func() { cancel(); <-done }()
-	health := "http://" + addr + "/healthz"
-	if status, code := testenv.Health(t, health); status != 503 || code != "not_ready" {
-		t.Errorf("/healthz with the schema behind = %d %q, want 503 not_ready", status, code)
-	}
-	if !strings.Contains(out.String(), "run exportctl migrate") {
-		t.Errorf("the log does not say what to run:\n%s", out.String())
-	}
-	migrated()
-	if status, code := testenv.Health(t, health); status != 200 {
-		t.Errorf("/healthz once migrated = %d %q, want 200", status, code)
-	}
+	testenv.WantUnreadyUntilMigrated(t, func(dsn, addr string, logs *testenv.Output) func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret,
+				"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs)
+		}()
+		return func() { cancel(); <-done }
+	})
 }
