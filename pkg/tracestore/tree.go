@@ -40,7 +40,7 @@ func WriteTree(w io.Writer, spans []Span) {
 // interesting picks the attributes an SRE reads first.
 func interesting(attrs map[string]string) string {
 	var parts []string
-	for _, k := range []string{"http.response.status_code", "http.status_code", "owner.id", "platform.id", "item.id", "error.code", "db.operation.name"} {
+	for _, k := range []string{"http.response.status_code", "http.status_code", "owner.id", "platform.id", "item.id", "error.code", "db.operation.name", "export.read_ahead"} {
 		if v, ok := attrs[k]; ok {
 			parts = append(parts, k+"="+v)
 		}

@@ -1,8 +1,8 @@
 // Package cursor makes the opaque meta.next_cursor of the export list: the
-// last (updated_at, id) of a page, signed with HMAC-SHA256 together with the
-// query it belongs to (owner, status, updated_after), so a tampered cursor or
-// one replayed against another owner or other filters is refused instead of
-// silently restarting or leaking a position.
+// last (updated_at, id) of a page and the sync it belongs to, signed with
+// HMAC-SHA256 together with the query (owner, status, updated_after), so a
+// tampered cursor or one replayed against another owner or other filters is
+// refused instead of silently restarting or leaking a position.
 package cursor
 
 import (
@@ -16,11 +16,17 @@ import (
 )
 
 // version is the first byte of every cursor; a new layout takes a new one,
-// and cursors of an unknown version are refused.
-const version byte = 1
+// and cursors of an unknown version are refused. Version 1 had no sync; its
+// cursors, issued before version 2, are still read (as Sync 0) so that the
+// syncs under way during an upgrade carry on.
+const (
+	version       byte = 2
+	versionNoSync byte = 1
+)
 
-// MaxLen bounds the encoded cursor we try to decode: a version, a timestamp,
-// an id of at most 128 characters (512 bytes of UTF-8) and the MAC.
+// MaxLen bounds the encoded cursor we try to decode: a version, a sync, a
+// timestamp, an id of at most 128 characters (512 bytes of UTF-8) and the
+// MAC.
 const MaxLen = 1024
 
 const macLen = 32
@@ -30,10 +36,16 @@ const macLen = 32
 // apart would only help someone probing for other owners' cursors.
 var ErrInvalid = errors.New("cursor: invalid")
 
-// Position is where the next page starts: strictly after this (updated_at, id).
+// Position is where the next page starts: strictly after this (updated_at,
+// id), and the sync whose page ended there.
 type Position struct {
 	UpdatedAt time.Time // microsecond precision, as PostgreSQL keeps it
 	ID        string
+	// Sync tells one sync (the pages that follow one first page) from
+	// another with the same filters: the reader draws it for each first
+	// page and keeps it in every cursor after. Pages read ahead answer only
+	// their own sync (see export.ReadAhead). 0 on a version 1 cursor.
+	Sync uint64
 }
 
 // Binding is the query a cursor belongs to. lang and limit may change between
@@ -73,8 +85,9 @@ func New(secret string, previous ...string) (*Codec, error) {
 
 // Encode returns the cursor for the page after p.
 func (c *Codec) Encode(p Position, b Binding) string {
-	buf := make([]byte, 0, 1+8+binary.MaxVarintLen64+len(p.ID)+macLen)
+	buf := make([]byte, 0, 1+8+8+binary.MaxVarintLen64+len(p.ID)+macLen)
 	buf = append(buf, version)
+	buf = binary.BigEndian.AppendUint64(buf, p.Sync)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.UpdatedAt.UnixMicro()))
 	buf = binary.AppendUvarint(buf, uint64(len(p.ID)))
 	buf = append(buf, p.ID...)
@@ -88,19 +101,35 @@ func (c *Codec) Decode(s string, b Binding) (Position, error) {
 		return Position{}, ErrInvalid
 	}
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
-	if err != nil || len(raw) < 1+8+1+macLen || raw[0] != version {
+	if err != nil || len(raw) < 1+macLen {
+		return Position{}, ErrInvalid
+	}
+	var pos Position
+	fields := 1 // where the fields after the sync start
+	switch raw[0] {
+	case version:
+		fields += 8
+	case versionNoSync:
+	default:
+		return Position{}, ErrInvalid
+	}
+	if len(raw) < fields+8+1+macLen {
 		return Position{}, ErrInvalid
 	}
 	body, sum := raw[:len(raw)-macLen], raw[len(raw)-macLen:]
 	if !c.signed(body, sum, b) {
 		return Position{}, ErrInvalid
 	}
-	micros := int64(binary.BigEndian.Uint64(body[1:9]))
-	n, k := binary.Uvarint(body[9:])
-	if k <= 0 || n != uint64(len(body)-9-k) {
+	if fields > 1 {
+		pos.Sync = binary.BigEndian.Uint64(body[1:fields])
+	}
+	micros := int64(binary.BigEndian.Uint64(body[fields : fields+8]))
+	n, k := binary.Uvarint(body[fields+8:])
+	if k <= 0 || n != uint64(len(body)-fields-8-k) {
 		return Position{}, ErrInvalid
 	}
-	return Position{UpdatedAt: time.UnixMicro(micros).UTC(), ID: string(body[9+k:])}, nil
+	pos.UpdatedAt, pos.ID = time.UnixMicro(micros).UTC(), string(body[fields+8+k:])
+	return pos, nil
 }
 
 // signed reports whether sum is the MAC of body and b under the current

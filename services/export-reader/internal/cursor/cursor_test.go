@@ -1,6 +1,7 @@
 package cursor_test
 
 import (
+	"encoding/base64"
 	"errors"
 	"testing"
 	"time"
@@ -22,8 +23,9 @@ func TestRoundTrip(t *testing.T) {
 		pos cursor.Position
 		b   cursor.Binding
 	}{
-		{cursor.Position{UpdatedAt: time.Date(2026, 10, 15, 8, 30, 0, 123456000, time.UTC), ID: "coin-1"}, cursor.Binding{OwnerID: "o1"}},
-		{cursor.Position{UpdatedAt: time.Date(1999, 1, 1, 0, 0, 0, 0, time.UTC), ID: "Монета/ü?&=#"}, cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &after}},
+		{cursor.Position{UpdatedAt: time.Date(2026, 10, 15, 8, 30, 0, 123456000, time.UTC), ID: "coin-1", Sync: 1}, cursor.Binding{OwnerID: "o1"}},
+		{cursor.Position{UpdatedAt: time.Date(1999, 1, 1, 0, 0, 0, 0, time.UTC), ID: "Монета/ü?&=#", Sync: 1<<64 - 1}, cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &after}},
+		{cursor.Position{UpdatedAt: time.Date(2026, 10, 15, 8, 30, 0, 0, time.UTC), ID: "x"}, cursor.Binding{OwnerID: "o1"}},
 	} {
 		s := c.Encode(tt.pos, tt.b)
 		got, err := c.Decode(s, tt.b)
@@ -33,6 +35,22 @@ func TestRoundTrip(t *testing.T) {
 		if diff := cmp.Diff(tt.pos, got); diff != "" {
 			t.Errorf("Decode(Encode(%v)) (-want +got):\n%s", tt.pos, diff)
 		}
+	}
+}
+
+// A cursor of version 1, issued before cursors carried their sync, still
+// reads (Sync 0), so the syncs under way during the upgrade carry on.
+func TestDecodeReadsVersion1(t *testing.T) {
+	t.Parallel()
+	c, _ := cursor.New(secret)
+	const issuedByVersion1 = "AQAGXdzafbRABmNvaW4tMQWvnP71oBwqDdmvz8C_Q6B0SwSvl-IzKiCvyIF2Rz9e"
+	want := cursor.Position{UpdatedAt: time.Date(2026, 10, 15, 8, 30, 0, 123456000, time.UTC), ID: "coin-1"}
+	got, err := c.Decode(issuedByVersion1, cursor.Binding{OwnerID: "o1"})
+	if err != nil || got != want {
+		t.Errorf("Decode(version 1 cursor) = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := c.Decode(issuedByVersion1, cursor.Binding{OwnerID: "o2"}); !errors.Is(err, cursor.ErrInvalid) {
+		t.Errorf("Decode(version 1 cursor, other owner) error = %v, want ErrInvalid", err)
 	}
 }
 
@@ -58,6 +76,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"no status", s, cursor.Binding{OwnerID: "o1", UpdatedAfter: &after}},
 		{"other updated_after", s, cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &later}},
 		{"no updated_after", s, cursor.Binding{OwnerID: "o1", Status: "active"}},
+		{"other sync", otherSync(t, s), b},
+		{"unknown version", withVersion(t, s, 3), b},
+		{"version 1 read as 2", withVersion(t, s, 1), b},
 	} {
 		if _, err := c.Decode(tt.s, tt.b); !errors.Is(err, cursor.ErrInvalid) {
 			t.Errorf("%s: Decode() error = %v, want ErrInvalid", tt.name, err)
@@ -97,4 +118,26 @@ func TestRotation(t *testing.T) {
 	if _, err := cursor.New(newSecret, "short"); err == nil {
 		t.Error("New(secret, short previous) error = nil, want an error")
 	}
+}
+
+// otherSync returns s with its sync changed, its MAC kept.
+func otherSync(t *testing.T, s string) string {
+	t.Helper()
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[1] ^= 1
+	return base64.RawURLEncoding.EncodeToString(raw)
+}
+
+// withVersion returns s with its version byte set to v, its MAC kept.
+func withVersion(t *testing.T, s string, v byte) string {
+	t.Helper()
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[0] = v
+	return base64.RawURLEncoding.EncodeToString(raw)
 }

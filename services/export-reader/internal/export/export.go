@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
@@ -73,6 +74,12 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		}
 		after = &pos
 	}
+	// A first page starts a sync, and so does a cursor of version 1 (from
+	// before cursors carried their sync).
+	syncID := newSync()
+	if after != nil && after.Sync != 0 {
+		syncID = after.Sync
+	}
 	issued := true
 	if after != nil && r.ahead.enabled() {
 		var served bool
@@ -86,6 +93,7 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	if err != nil || next == nil {
 		return dst, "", err
 	}
+	next.Sync = syncID
 	nextCursor := r.cursors.Encode(*next, binding)
 	if r.ahead.enabled() {
 		r.readAheadFrom(ctx, q, owner, binding, *next, nextCursor, issued)
@@ -119,7 +127,8 @@ func (r *Reader) fromReadAhead(ctx context.Context, dst []byte, q Query) (out []
 
 // readAheadFrom starts reading the page after pos, whose cursor the request
 // just issued, or only marks the cursor when the request's own cursor came
-// from elsewhere.
+// from elsewhere. The cursors of the pages read carry pos's sync, so they
+// answer only requests of that sync.
 func (r *Reader) readAheadFrom(ctx context.Context, q Query, owner pgtype.UUID, binding cursor.Binding, pos position, posCursor string, issued bool) {
 	if !issued {
 		r.ahead.mark(aheadKey{posCursor, q.Lang, q.Limit})
@@ -129,9 +138,12 @@ func (r *Reader) readAheadFrom(ctx context.Context, q Query, owner pgtype.UUID, 
 		fetch: func(ctx context.Context, after position, n int) ([]scannedPage, error) {
 			return r.scanPages(ctx, q, owner, &after, n, newPageBuffer)
 		},
-		cursor: func(p position) string { return r.cursors.Encode(p, binding) },
-		lang:   q.Lang,
-		limit:  q.Limit,
+		cursor: func(p position) string {
+			p.Sync = pos.Sync
+			return r.cursors.Encode(p, binding)
+		},
+		lang:  q.Lang,
+		limit: q.Limit,
 	}, pos, posCursor)
 }
 
@@ -233,6 +245,15 @@ func (r *Reader) AppendItem(ctx context.Context, dst []byte, ownerID, itemID, la
 		return dst, fmt.Errorf("export: item: %w", err)
 	}
 	return catalog.Compose(dst, statusOf(status), updated, doc), nil
+}
+
+// newSync draws the id of a new sync (never 0, which stands for none).
+func newSync() uint64 {
+	for {
+		if id := rand.Uint64(); id != 0 {
+			return id
+		}
+	}
 }
 
 // statusOf maps the driver's bytes to a constant without allocating a string

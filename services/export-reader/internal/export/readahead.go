@@ -31,7 +31,11 @@ import (
 // it: the same as a slightly faster client would have seen. Every item that
 // changes afterwards moves behind the client's position (updated_at moves
 // forward) and arrives later in the same sync, so nothing is missed; a page
-// older than TTL is read again instead.
+// older than TTL is read again instead. That reasoning needs the snapshot to
+// be younger than the sync, so pages answer only the sync that caused their
+// read: cursors carry the sync's id (cursor.Position.Sync), and entries are
+// keyed by cursor. A sync that starts over, or another client with the same
+// filters, reads its own pages.
 type ReadAhead struct {
 	// Pages bounds the pages held at once (each in a recycled buffer of at
 	// least 128 KB); the oldest is dropped first. 0 turns read-ahead off.

@@ -136,6 +136,29 @@ func TestReadAheadNeverHidesAChange(t *testing.T) {
 	}
 }
 
+// A sync that starts after a change must see it, even when another sync
+// with the same filters (an earlier attempt that failed and is repeated, as
+// spec 4.8 asks, or another client of the owner) left pages read ahead
+// before the change under the same positions: those answer only their own
+// sync. Served to the new one, its last page would end the sync without the
+// change, and the checkpoint taken at its start would hide it for good.
+func TestReadAheadServesOnlyItsOwnSync(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 50)
+	r := newTestReader(t, pool, readAheadFor(time.Minute))
+	q := Query{OwnerID: owner, Lang: "ENG", Limit: 10}
+	first := &pageReader{t: t, q: q}
+	first.next(r) // page 1, then the client gives up; pages 2 and on are read ahead
+	waitReadAhead(t, r, first.q)
+
+	changeItem(t, pool, owner, 12) // an item of page 2 moves to the end
+	again := readAll(t, r, q)      // the sync starts over, after the change
+	fresh := readAll(t, newTestReader(t, pool, ReadAhead{}), q)
+	if diff := cmp.Diff(fresh, again); diff != "" {
+		t.Errorf("a sync started after the change differs from the database (-database +sync):\n%s", diff)
+	}
+}
+
 func TestReadAheadReadsAgainWhenStale(t *testing.T) {
 	pool := testenv.Postgres(t)
 	owner := seededOwner(t, pool, 30)
