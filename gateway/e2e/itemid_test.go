@@ -75,3 +75,27 @@ func importItems(t *testing.T, pool *pgxpool.Pool, owner string, ids []string) {
 		t.Fatal(err)
 	}
 }
+
+// A path whose encoded slashes and dots would decode into another route
+// reaches the service as sent, so the service serves the route the gateway
+// authorized: an item id that exists nowhere, not the list or another item.
+func TestEncodedDotSegmentsStayInTheItemID(t *testing.T) {
+	pool := testenv.Postgres(t)
+	fx := newFixture(t, pool)
+	importItems(t, pool, fx.owner, []string{"coin-a", "coin-b"})
+	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t))
+	for _, path := range []string{"/export/items/a%2F..%2F..%2Fitems", "/export/items/x%2F..%2Fcoin-a", "/export/items/..%2F..%2F..%2Fhealthz"} {
+		if status, got, _ := call(t, "GET", s.baseURL+path, fx.readKey, "", nil); status != 404 || got.Error == nil {
+			t.Errorf("GET %s = %d %.100s, want 404 (an item id that does not exist)", path, status, got.Data)
+		}
+	}
+	sale := s.baseURL + "/export/items/x%2F..%2Fcoin-b/sales/confirm"
+	key := map[string]string{"Idempotency-Key": "e2e-dots"}
+	if status, got, _ := call(t, "POST", sale, fx.writeKey, `{"external_order_id":"o-dots"}`, key); status != 404 {
+		t.Errorf("POST %s = %d %s, want 404", sale, status, got.Data)
+	}
+	status, got, _ := call(t, "GET", s.baseURL+"/export/items/coin-b", fx.readKey, "", nil)
+	if status != 200 || !strings.Contains(string(got.Data), `"status":"active"`) {
+		t.Errorf("coin-b after the confirm of x/../coin-b = %d %s, want it still active", status, got.Data)
+	}
+}

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -114,6 +115,30 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 	return g.serve(c, rq, rt)
 }
 
+// checkPath refuses the raw paths that the services would read otherwise
+// than the gateway's routing did: like Go's ServeMux behind it, the routing
+// matches raw segments (so "a%2Fb" is one), but the mux cleans a "." or ".."
+// segment away with a redirect, and Go's HTTP server refuses a "%" without
+// two hex digits with a bare 400. No item id is "." or "..", and none needs
+// a broken escape.
+func checkPath(path []byte) error {
+	for segment := range bytes.SplitSeq(path, []byte("/")) {
+		if string(segment) == "." || string(segment) == ".." {
+			return errNotFound
+		}
+	}
+	for i, ch := range path {
+		if ch == '%' && (i+2 >= len(path) || !isHex(path[i+1]) || !isHex(path[i+2])) {
+			return errBadPathEscape
+		}
+	}
+	return nil
+}
+
+func isHex(ch byte) bool {
+	return '0' <= ch && ch <= '9' || 'a' <= ch && ch <= 'f' || 'A' <= ch && ch <= 'F'
+}
+
 // serve runs the route's steps.
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	// The body as received (not decoded: no decompression of untrusted
@@ -126,6 +151,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 			return errMethodNotAllowed(strings.Join(allow, ", "))
 		}
 		return errNotFound
+	}
+	if err := checkPath(c.Request().URI().PathOriginal()); err != nil {
+		return err
 	}
 	if keyInQuery(c) {
 		// Refused everywhere, so a key never travels on in a URL.

@@ -1,6 +1,7 @@
 package edge_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -536,4 +537,77 @@ func TestUpstreamNamesAreResolvedWhenAsked(t *testing.T) {
 			t.Fatalf("GET through the resolved instance = %d %s, want 200", r.Status, r.Body)
 		}
 	}
+}
+
+// The service is asked for the path and query the client sent, raw, so it
+// serves the route the gateway authorized: fasthttp's rebuilt URI turned
+// "a%2F..%2F..%2Fitems" (the item route here) into the list there. Paths
+// the services' mux would clean or refuse are answered here.
+func TestForwardedPathIsTheRoutedPath(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	reader := echoUpstream(t, "reader", &hits)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	tests := []struct {
+		target string
+		status int
+		code   string // of an error
+	}{
+		{"/v1/export/items/a%2F..%2F..%2Fitems?limit=1", 200, ""},
+		{"/v1/export/items/..%2F..%2F..%2Fhealthz", 200, ""},
+		{"/v1/export/items/coin%2D1?lang=%ZZ&limit=%2B5", 200, ""},
+		{"/v1/export/items/..", 404, "not_found"},
+		{"/v1/export/items/.", 404, "not_found"},
+		{"/v1/export/items/..?limit=1", 404, "not_found"},
+		{"/v1/export/items/%ZZ", 400, "invalid_path"},
+		{"/v1/export/items/coin%2", 400, "invalid_path"},
+	}
+	for _, tt := range tests {
+		before := hits.Load()
+		r := doRaw(t, gw.URL, "GET", tt.target, map[string]string{"X-API-Key": k.read})
+		checkEnvelope(t, r)
+		if tt.status != 200 {
+			if r.Status != tt.status || r.Env.Error == nil || r.Env.Error.Code != tt.code {
+				t.Errorf("GET %s = %d %s, want %d %s", tt.target, r.Status, r.Body, tt.status, tt.code)
+			}
+			if hits.Load() != before {
+				t.Errorf("GET %s reached the service", tt.target)
+			}
+			continue
+		}
+		if s := decodeSeen(t, r); r.Status != 200 || s.Path != tt.target {
+			t.Errorf("GET %s = %d, the service was asked for %q; want 200 and the path as sent", tt.target, r.Status, s.Path)
+		}
+	}
+}
+
+// doRaw sends one request with target written into the request line as it
+// is (Go's client would refuse or re-encode some of them).
+func doRaw(t *testing.T, baseURL, method, target string, headers map[string]string) response {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(baseURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var req strings.Builder
+	fmt.Fprintf(&req, "%s %s HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n", method, target)
+	for k, v := range headers {
+		fmt.Fprintf(&req, "%s: %s\r\n", k, v)
+	}
+	req.WriteString("\r\n")
+	if _, err := conn.Write([]byte(req.String())); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, target, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	r := response{Status: resp.StatusCode, Header: resp.Header, Body: b}
+	if err := json.Unmarshal(b, &r.Env); err != nil {
+		t.Fatalf("%s %s: body is not an envelope: %q", method, target, b)
+	}
+	return r
 }

@@ -36,6 +36,8 @@ var (
 		Message: "this route needs an API key bound to a platform"}
 	errNotFound = &apiError{Status: http.StatusNotFound, Code: "not_found",
 		Message: "route not found"}
+	errBadPathEscape = &apiError{Status: http.StatusBadRequest, Code: "invalid_path",
+		Message: "the path has a % not followed by two hexadecimal digits"}
 	errTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large",
 		Message: "the request body exceeds 64 KiB"}
 	errHeadersTooLarge = &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Code: "headers_too_large",

@@ -73,7 +73,7 @@ var proxySpanNames = map[string]string{
 func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()
-	uri := string(req.RequestURI()) // original path and query, copied
+	uri := receivedRequestURI(req.URI())
 	repeat := upstream.Repeat{
 		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,
 		IfClosed: rt.safe(),
@@ -109,6 +109,21 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	c.Response().Header.Del(fiber.HeaderConnection)
 	return nil
+}
+
+// receivedRequestURI is the path and query as the client sent them, copied:
+// the services route on the same raw segments as the gateway did (checkPath
+// keeps out what they would read otherwise). Not req.RequestURI(), which
+// fasthttp rebuilds from the decoded, dot-resolved path once the URI is
+// parsed: "a%2F..%2F..%2Fitems" matched the item route here and reached the
+// list there.
+func receivedRequestURI(u *fasthttp.URI) string {
+	var buf [256]byte // longer ones spill to the heap
+	b := append(buf[:0], u.PathOriginal()...)
+	if query := u.QueryString(); len(query) > 0 {
+		b = append(append(b, '?'), query...)
+	}
+	return string(b)
 }
 
 // addTraceContext adds the W3C trace context of sc (traceparent, and
