@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // scan it whole as it fills, until autovacuum analyzes it again.
 func TestMigrationsLeaveEmptyTablesUnanalyzed(t *testing.T) {
 	pool := testenv.Postgres(t)
-	for _, table := range []string{"export_items", "sales", "idempotency_records"} {
+	for _, table := range []string{"export_items", "sales", "idempotency_records", "idempotency_refusals"} {
 		var reltuples float64
 		if err := pool.QueryRow(context.Background(), "SELECT reltuples FROM pg_class WHERE oid = $1::regclass", table).
 			Scan(&reltuples); err != nil {

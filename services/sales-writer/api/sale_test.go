@@ -395,3 +395,49 @@ func TestExpiredKeyCanBeReused(t *testing.T) {
 		t.Errorf("new record expires in %v, want about 24h", until)
 	}
 }
+
+// Spec 4.7 rule 3 holds after a refusal too: a refused request stores no
+// result, so its identical retry runs again (and may succeed once the cause
+// is gone), but its key is bound to it, and a different request with the key
+// is a conflict that changes nothing.
+func TestKeyOfARefusedRequestStaysBound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.addItem(t, f.owner, "coin-2", true)
+	confirmed(t, f, "key-1") // coin-1 sold by market-a, order-1
+	steps := []struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string // "" for a sale executed, not replayed
+	}{
+		{"sold item", call{op: "confirm", item: "coin-1", key: "key-2", body: order1}, 409, "item_already_sold"},
+		{"its key, another item", call{op: "confirm", item: "coin-2", key: "key-2", body: order1}, 409, "idempotency_conflict"},
+		{"its key, the same request", call{op: "confirm", item: "coin-1", key: "key-2", body: order1}, 409, "item_already_sold"},
+		{"unknown item", call{op: "confirm", item: "nope", key: "key-3", body: order1}, 404, "not_found"},
+		{"its key, an item that exists", call{op: "confirm", item: "coin-2", key: "key-3", body: order1}, 409, "idempotency_conflict"},
+		{"no sale to cancel", call{op: "cancel", item: "coin-2", key: "key-4", body: order1}, 409, "sale_not_cancelable"},
+		{"its key, a confirm", call{op: "confirm", item: "coin-2", key: "key-4", body: order1}, 409, "idempotency_conflict"},
+		{"the sale canceled", call{op: "cancel", item: "coin-1", key: "key-5", body: order1}, 200, ""},
+		{"key-2's request again, now sellable", call{op: "confirm", item: "coin-1", key: "key-2", body: order1}, 200, ""},
+	}
+	for _, s := range steps {
+		c := s.c
+		c.id = f.writer("market-a")
+		rec, env := f.do(t, c)
+		executed := rec.Code == 200 && result(t, env)["idempotent_replay"] == false
+		if rec.Code != s.wantStatus || errorCode(env) != s.wantCode || (s.wantStatus == 200 && !executed) {
+			t.Errorf("%s: %s %s with %s = %d %q %s, want %d %q", s.name, c.op, c.item, c.key, rec.Code, errorCode(env), rec.Body, s.wantStatus, s.wantCode)
+		}
+	}
+	if st := f.item(t, f.owner, "coin-2"); st.Sold {
+		t.Errorf("coin-2 = %+v, want unsold: no conflicting request may sell it", st)
+	}
+	// A binding past its retention no longer holds the key.
+	f.exec(t, "UPDATE idempotency_refusals SET expires_at = now() - interval '1 second'")
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "key-3", body: order1})
+	if rec.Code != 200 {
+		t.Errorf("confirm coin-2 with key-3 after its binding expired = %d %q, want 200", rec.Code, errorCode(env))
+	}
+}

@@ -10,21 +10,24 @@ import (
 // purgeBatch bounds the records one purge statement deletes.
 const purgeBatch = 5000
 
-// Purge deletes every expired idempotency record, in short transactions, and
-// returns how many it deleted. Expired records are already ignored by
-// Execute; purging only keeps the table small.
+// Purge deletes every expired idempotency record and refusal, in short
+// transactions, and returns how many it deleted. Expired ones are already
+// ignored by Execute; purging only keeps the tables small.
 func (w *Writer) Purge(ctx context.Context) (int64, error) {
 	var total int64
-	for {
-		tag, err := w.db.Exec(ctx, purgeSQL, purgeBatch)
-		if err != nil {
-			return total, fmt.Errorf("sales: purge: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < purgeBatch {
-			return total, nil
+	for _, purge := range []string{purgeSQL, purgeRefusalsSQL} {
+		for {
+			tag, err := w.db.Exec(ctx, purge, purgeBatch)
+			if err != nil {
+				return total, fmt.Errorf("sales: purge: %w", err)
+			}
+			total += tag.RowsAffected()
+			if tag.RowsAffected() < purgeBatch {
+				break
+			}
 		}
 	}
+	return total, nil
 }
 
 // RunPurge purges expired records every interval until ctx is done. Several

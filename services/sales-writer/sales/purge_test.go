@@ -35,10 +35,25 @@ func TestPurgeDeletesOnlyExpiredRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// And refusals (one expired, one live), purged the same way.
+	_, err = db.Exec(ctx, `
+		INSERT INTO idempotency_refusals (owner_id, platform_id, idempotency_key, fingerprint, expires_at)
+		VALUES ($1, 'p', 'old-refused', '\x00', now() - interval '1 minute'), ($1, 'p', 'new-refused', '\x00', now() + interval '1 hour')`,
+		owner)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w := NewWriter(db, time.Hour)
 	n, err := w.Purge(ctx)
-	if err != nil || n != expired {
-		t.Errorf("Purge() = %d, %v, want %d, nil", n, err, expired)
+	if err != nil || n != expired+1 {
+		t.Errorf("Purge() = %d, %v, want %d, nil", n, err, expired+1)
+	}
+	var refusals []string
+	if err := db.QueryRow(ctx, "SELECT array_agg(idempotency_key) FROM idempotency_refusals").Scan(&refusals); err != nil {
+		t.Fatal(err)
+	}
+	if len(refusals) != 1 || refusals[0] != "new-refused" {
+		t.Errorf("refusals after Purge = %v, want [new-refused]", refusals)
 	}
 	var left int
 	if err := db.QueryRow(ctx, "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE 'new-%'").Scan(&left); err != nil {

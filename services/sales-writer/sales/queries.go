@@ -11,6 +11,9 @@ import "github.com/coinexport/export/pkg/catalog"
 //   - live is the key's unexpired idempotency record, if one was committed
 //     before the statement started. When there is one, nothing is changed:
 //     the caller replays it or reports a conflict.
+//   - bound is the fingerprint of the key's refused first request, if any
+//     (migration 00006). A request with another fingerprint changes
+//     nothing, and explain reports the conflict.
 //   - Otherwise the item (and the sale) are changed under their row locks;
 //     an UPDATE's WHERE is re-checked on the newest row version after
 //     waiting for a concurrent writer (READ COMMITTED), so of two calls
@@ -26,10 +29,13 @@ import "github.com/coinexport/export/pkg/catalog"
 // explainSQL afterwards (see outcome.decide): the common path pays for no
 // reads it does not need.
 
-// liveAndItem starts both statements.
+// liveAndItem starts the three statements.
 const liveAndItem = `
 WITH live AS (
     SELECT fingerprint, response FROM idempotency_records
+    WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
+), bound AS (
+    SELECT fingerprint FROM idempotency_refusals
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
 )`
 
@@ -62,6 +68,7 @@ var confirmSQL = liveAndItem + `
     UPDATE export_items SET sold = true, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
       AND NOT EXISTS (SELECT FROM live)
+      AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6)
       AND EXISTS (SELECT FROM platforms WHERE id = $2)
     RETURNING status, updated_at
 ), sale AS (
@@ -92,6 +99,7 @@ var cancelSQL = liveAndItem + `
     WHERE owner_id = $1 AND item_id = $4 AND canceled_at IS NULL
       AND platform_id = $2 AND external_order_id = $5
       AND NOT EXISTS (SELECT FROM live)
+      AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6)
     RETURNING confirmed_at, canceled_at
 ), item AS (
     UPDATE export_items SET sold = false, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
@@ -112,12 +120,13 @@ var cancelSQL = liveAndItem + `
 
 // explainSQL reads, in a snapshot taken after a write statement that changed
 // nothing, what explains that: the key's record (committed meanwhile by an
-// identical request, perhaps), the item's state, and whether this platform
-// and order have an open sale of it, and whether the platform exists.
-// Parameters $1 to $5 as above.
+// identical request, perhaps) or refused request, the item's state, and
+// whether this platform and order have an open sale of it, and whether the
+// platform exists. Parameters $1 to $5 as above.
 const explainSQL = liveAndItem + `
 SELECT live.fingerprint,
        live.response::text,
+       (SELECT fingerprint FROM bound),
        it.id IS NOT NULL,
        coalesce(it.listed_active AND NOT it.sold, false),
        coalesce(it.sold, false),
@@ -135,9 +144,27 @@ const dropExpiredSQL = `
 DELETE FROM idempotency_records
 WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at <= now()`
 
-// purgeSQL deletes at most $1 expired idempotency records, so that each
-// purge transaction stays short.
-const purgeSQL = `
+// bindRefusedSQL binds the key ($1 owner, $2 platform, $3 key) to the
+// refused request ($4 its fingerprint; $5 the retention in seconds) unless
+// an unexpired binding holds it already, and returns the fingerprint the key
+// is bound to.
+const bindRefusedSQL = `
+INSERT INTO idempotency_refusals AS r (owner_id, platform_id, idempotency_key, fingerprint, expires_at)
+VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 second')
+ON CONFLICT (owner_id, platform_id, idempotency_key) DO UPDATE
+SET fingerprint = CASE WHEN r.expires_at > now() THEN r.fingerprint ELSE excluded.fingerprint END,
+    expires_at = CASE WHEN r.expires_at > now() THEN r.expires_at ELSE excluded.expires_at END
+RETURNING fingerprint`
+
+// purgeSQL deletes at most $1 expired idempotency records, and purgeRefusalsSQL
+// at most $1 expired refusals, so that each purge transaction stays short.
+const (
+	purgeSQL = `
 DELETE FROM idempotency_records
 WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM idempotency_records WHERE expires_at <= now() LIMIT $1))`
+	purgeRefusalsSQL = `
+DELETE FROM idempotency_refusals
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idempotency_refusals WHERE expires_at <= now() LIMIT $1))`
+)

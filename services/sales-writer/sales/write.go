@@ -142,17 +142,45 @@ func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, e
 	var o outcome
 	err := w.db.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID).
-		Scan(&o.recordFingerprint, &o.stored, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
+		Scan(&o.recordFingerprint, &o.stored, &o.boundFingerprint, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
 	if err != nil {
 		return Result{}, classify(err)
 	}
-	return o.decide(req.Operation, fp)
+	res, err := o.decide(req.Operation, fp)
+	if refused(err) {
+		return res, w.bindRefused(ctx, req, fp, err)
+	}
+	return res, err
+}
+
+// refused reports whether err refuses the request for the state of the item
+// or sale, which binds the key to the request (spec 4.7 rule 3).
+func refused(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrAlreadySold) || errors.Is(err, ErrNotAvailable) ||
+		errors.Is(err, ErrNotCancelable)
+}
+
+// bindRefused binds the key to req, refused with refusal, and returns the
+// refusal; or the conflict, when another request bound the key first (it
+// raced this one).
+func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error) error {
+	var bound []byte
+	err := w.db.QueryRow(ctx, bindRefusedSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds()).
+		Scan(&bound)
+	switch {
+	case err != nil:
+		return classify(err)
+	case !bytes.Equal(bound, fp):
+		return ErrIdempotencyConflict
+	}
+	return refusal
 }
 
 // outcome is what explainSQL reports.
 type outcome struct {
 	recordFingerprint []byte // of the key's live record; nil when none
 	stored            []byte // response in that record
+	boundFingerprint  []byte // of the key's refused first request; nil when none
 	itemFound         bool
 	sellable          bool // listed and not sold
 	sold              bool
@@ -189,6 +217,8 @@ func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 	switch {
 	case o.recordFingerprint != nil:
 		return replay(o.recordFingerprint, o.stored, fp)
+	case o.boundFingerprint != nil && !bytes.Equal(o.boundFingerprint, fp):
+		return Result{}, ErrIdempotencyConflict
 	case !o.itemFound, op == Confirm && !o.platformFound:
 		// A signed identity of a platform not in the database (one that
 		// was removed) sells nothing; it has no sale to cancel either,
