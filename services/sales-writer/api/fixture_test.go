@@ -115,8 +115,9 @@ type call struct {
 	item        string
 	key         string
 	body        string
-	contentType string      // application/json when empty; "-" sends none
-	header      http.Header // extra headers, set last
+	contentType string          // application/json when empty; "-" sends none
+	header      http.Header     // extra headers, set last
+	ctx         context.Context // the request's; nil for a live one
 }
 
 func (f *fixture) do(t testing.TB, c call) (*httptest.ResponseRecorder, envelope.Parsed) {
@@ -142,6 +143,9 @@ func serve(t testing.TB, h http.Handler, signer *identity.Signer, c call) (*http
 	}
 	for name, values := range c.header {
 		req.Header[name] = values
+	}
+	if c.ctx != nil {
+		req = req.WithContext(c.ctx)
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)

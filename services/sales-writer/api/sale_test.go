@@ -441,3 +441,19 @@ func TestKeyOfARefusedRequestStaysBound(t *testing.T) {
 		t.Errorf("confirm coin-2 with key-3 after its binding expired = %d %q, want 200", rec.Code, errorCode(env))
 	}
 }
+
+// A call whose caller hung up (the gateway past its timeout) is not this
+// service's failure: 499, not 500, in the log, the metrics and the span, and
+// a retry with the key tells whether it was applied.
+func TestAbandonedCallIsNotAFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	gone, hangUp := context.WithCancel(context.Background())
+	hangUp()
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1, ctx: gone})
+	if rec.Code != 499 || errorCode(env) != "client_closed_request" {
+		t.Errorf("confirm whose caller hung up = %d %q, want 499 client_closed_request", rec.Code, errorCode(env))
+	}
+	confirmed(t, f, "key-1") // not applied here: the retry executes it
+}
