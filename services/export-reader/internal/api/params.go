@@ -109,10 +109,12 @@ func parseLang(v string) (string, error) {
 
 func parseLimit(v string) (int, error) {
 	err := &paramError{"invalid_limit", fmt.Sprintf("limit must be an integer from 1 to %d", maxLimit)}
-	if v == "" || len(v) > 3 || strings.Trim(v, "0123456789") != "" {
+	// Leading zeros are allowed, however many ("0005" is 5, as "05" is).
+	digits := strings.TrimLeft(v, "0")
+	if v == "" || len(digits) > 3 || strings.Trim(v, "0123456789") != "" {
 		return 0, err
 	}
-	n, _ := strconv.Atoi(v)
+	n, _ := strconv.Atoi(digits)
 	if n < 1 || n > maxLimit {
 		return 0, err
 	}
