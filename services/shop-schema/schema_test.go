@@ -3,15 +3,12 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -477,26 +474,12 @@ func TestSchemaInput(t *testing.T) {
 	}
 }
 
-// mapResolver answers from a map, so no DNS query leaves the process.
-type mapResolver map[string][]string
-
-func (m mapResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	var out []netip.Addr
-	for _, a := range m[host] {
-		out = append(out, netip.MustParseAddr(a))
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no such host")
-	}
-	return out, nil
-}
-
 // TestInputErrorMessages pins what a refusal says. A message may name the IP
 // address or port written in base_url: the client sent it, and it says what
 // to fix. It never names ws_key, and never an address a host name resolved
 // to, which would tell a stranger what our DNS knows of internal names.
 func TestInputErrorMessages(t *testing.T) {
-	svc := startServiceWith(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""}, mapResolver{
+	svc := startServiceWith(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""}, fakeshop.Resolver{
 		"intranet.example.com": {"10.1.2.3"},
 		"mixed.example.com":    {"93.184.216.34", "fd12:3456::1"},
 	})

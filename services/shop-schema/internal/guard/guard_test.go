@@ -3,9 +3,10 @@ package guard
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
 )
 
 func newGuard(t *testing.T, allow ...string) *Guard {
@@ -194,23 +195,9 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
-// mapResolver answers from a map; nothing leaves the process.
-type mapResolver map[string][]string
-
-func (m mapResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	var out []netip.Addr
-	for _, s := range m[host] {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no such host")
-	}
-	return out, nil
-}
-
 func TestCheckResolved(t *testing.T) {
 	g := newGuard(t)
-	r := mapResolver{
+	r := fakeshop.Resolver{
 		"shop.example.com":    {"93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"},
 		"rebind.example.com":  {"93.184.216.34", "127.0.0.1"},
 		"private.example.com": {"10.0.0.5"},
