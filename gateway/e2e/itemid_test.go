@@ -77,8 +77,8 @@ func importItems(t *testing.T, pool *pgxpool.Pool, owner string, ids []string) {
 }
 
 // A path whose encoded slashes and dots would decode into another route
-// reaches the service as sent, so the service serves the route the gateway
-// authorized: an item id that exists nowhere, not the list or another item.
+// reaches the service as sent, so the service answers it as the route the
+// gateway authorized names nothing (404), never as the list or another item.
 func TestEncodedDotSegmentsStayInTheItemID(t *testing.T) {
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool)
@@ -86,7 +86,7 @@ func TestEncodedDotSegmentsStayInTheItemID(t *testing.T) {
 	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t))
 	for _, path := range []string{"/export/items/a%2F..%2F..%2Fitems", "/export/items/x%2F..%2Fcoin-a", "/export/items/..%2F..%2F..%2Fhealthz"} {
 		if status, got, _ := call(t, "GET", s.baseURL+path, fx.readKey, "", nil); status != 404 || got.Error == nil {
-			t.Errorf("GET %s = %d %.100s, want 404 (an item id that does not exist)", path, status, got.Data)
+			t.Errorf("GET %s = %d %.100s, want 404 (the item route the gateway authorized, which names no item)", path, status, got.Data)
 		}
 	}
 	sale := s.baseURL + "/export/items/x%2F..%2Fcoin-b/sales/confirm"

@@ -117,10 +117,10 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 
 // checkPath refuses the raw paths that the services would read otherwise
 // than the gateway's routing did: like Go's ServeMux behind it, the routing
-// matches raw segments (so "a%2Fb" is one), but the mux cleans a "." or ".."
-// segment away with a redirect, and Go's HTTP server refuses a "%" without
-// two hex digits with a bare 400. No item id is "." or "..", and none needs
-// a broken escape.
+// matches raw segments (so "a%2Fb" is one), but a "." or ".." segment names
+// no route there (pkg/httpserver answers an unclean path 404), and Go's HTTP
+// server refuses a "%" without two hex digits with a bare 400, no envelope.
+// No item id is "." or "..", and none needs a broken escape.
 func checkPath(path []byte) error {
 	for segment := range bytes.SplitSeq(path, []byte("/")) {
 		if string(segment) == "." || string(segment) == ".." {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,11 +29,16 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("schema: locker: %w", err)
 	}
-	provider, cleanup, err := newProvider(pool, goose.WithSessionLocker(locker))
+	files, err := fs.Sub(migrations, "migrations")
 	if err != nil {
-		return err
+		return fmt.Errorf("schema: %w", err)
 	}
-	defer cleanup()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("schema: %w", err)
+	}
 	results, err := provider.Up(ctx)
 	if err != nil {
 		return fmt.Errorf("schema: migrate up: %w", err)
@@ -43,22 +49,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 		}
 	}
 	return nil
-}
-
-// newProvider returns a goose provider of the embedded migrations on pool,
-// and the function that releases it.
-func newProvider(pool *pgxpool.Pool, opts ...goose.ProviderOption) (*goose.Provider, func(), error) {
-	files, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return nil, nil, fmt.Errorf("schema: %w", err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, opts...)
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("schema: %w", err)
-	}
-	return provider, func() { db.Close() }, nil
 }
 
 // Version identifies the set of migrations (a hash of their contents), so
@@ -76,28 +66,54 @@ func Version() string {
 
 // Check returns nil when the database holds every migration this build
 // embeds, and otherwise an error naming the version it is at and the one
-// the build needs. It reads only, and takes no lock, so it can run on a
+// the build needs. It only reads goose's version table, with no lock (goose's
+// own HasPending would create that table when missing), so it can run on a
 // replica and as often as a readiness probe asks.
 func Check(ctx context.Context, pool *pgxpool.Pool) error {
-	provider, cleanup, err := newProvider(pool)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	pending, err := provider.HasPending(ctx)
+	// goose appends a row per migration applied or rolled back; a version
+	// is applied when its latest row says so.
+	var applied []int64
+	err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(version_id ORDER BY version_id), '{}') FROM (
+		    SELECT DISTINCT ON (version_id) version_id, is_applied
+		    FROM goose_db_version ORDER BY version_id, id DESC) latest
+		WHERE is_applied`).Scan(&applied)
 	if err != nil {
 		return fmt.Errorf("schema: reading the applied migrations (run exportctl migrate): %w", err)
 	}
-	if !pending {
-		return nil
-	}
-	at, err := provider.GetDBVersion(ctx)
+	needed, err := embeddedVersions()
 	if err != nil {
-		return fmt.Errorf("schema: reading the database's version: %w", err)
+		return err
 	}
-	sources := provider.ListSources()
-	return fmt.Errorf("schema: the database is at version %d, this build needs %d: run exportctl migrate",
-		at, sources[len(sources)-1].Version)
+	at := int64(0)
+	if len(applied) > 0 {
+		at = applied[len(applied)-1]
+	}
+	for _, v := range needed {
+		if !slices.Contains(applied, v) {
+			return fmt.Errorf("schema: the database is at version %d, this build needs %d: run exportctl migrate",
+				at, needed[len(needed)-1])
+		}
+	}
+	return nil
+}
+
+// embeddedVersions are the versions of the embedded migrations, in order.
+func embeddedVersions() ([]int64, error) {
+	entries, err := migrations.ReadDir("migrations")
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	var versions []int64
+	for _, e := range entries {
+		v, err := goose.NumericComponent(e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("schema: migration %s: %w", e.Name(), err)
+		}
+		versions = append(versions, v)
+	}
+	slices.Sort(versions)
+	return versions, nil
 }
 
 // Readiness is a service's readiness check: PostgreSQL answers and its
@@ -112,10 +128,14 @@ type Readiness struct {
 	current atomic.Bool
 }
 
-// NewReadiness returns the check for pool, logging when the schema becomes
-// current.
-func NewReadiness(pool *pgxpool.Pool, log *slog.Logger) *Readiness {
-	return &Readiness{pool: pool, log: log}
+// NewReadiness returns the check for pool. It checks once at once, warning
+// when the service starts unready, and logs when the schema becomes current.
+func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) *Readiness {
+	r := &Readiness{pool: pool, log: log}
+	if err := r.Ready(ctx); err != nil {
+		log.Warn("not ready until the database answers and is migrated", "err", err)
+	}
+	return r
 }
 
 // Ready is the check, for httpserver.Config.Ready.

@@ -68,10 +68,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	mux := http.NewServeMux()
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness).
-	readiness := schema.NewReadiness(pool, log)
-	if err := readiness.Ready(ctx); err != nil {
-		log.Warn("not ready until the database answers and is migrated", "err", err)
-	}
+	readiness := schema.NewReadiness(ctx, pool, log)
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,

@@ -46,7 +46,7 @@ func (w *Writer) RunPurge(ctx context.Context, interval time.Duration, log *slog
 				continue
 			}
 			if n > 0 {
-				log.InfoContext(ctx, "idempotency records purged", "count", n)
+				log.InfoContext(ctx, "idempotency records and refusals purged", "count", n)
 			}
 		}
 	}

@@ -29,8 +29,8 @@ import "github.com/coinexport/export/pkg/catalog"
 // explainSQL afterwards (see outcome.decide): the common path pays for no
 // reads it does not need.
 
-// liveAndItem starts the three statements.
-const liveAndItem = `
+// keyState starts the three statements: what the key already holds.
+const keyState = `
 WITH live AS (
     SELECT fingerprint, response FROM idempotency_records
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
@@ -63,7 +63,7 @@ LEFT JOIN result ON true`
 // same instant. It never moves backwards: if the clock stepped back below
 // the row's last stamp, the row gets that stamp plus a microsecond (see
 // catalog.NextUpdatedAt).
-var confirmSQL = liveAndItem + `
+var confirmSQL = keyState + `
 , item AS (
     UPDATE export_items SET sold = true, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
@@ -93,7 +93,7 @@ var confirmSQL = liveAndItem + `
 // re-checks canceled_at IS NULL on the newest version and finds it closed.
 // canceled_at is never before confirmed_at, even if the clock stepped back
 // since the confirm (migration 00005: this statement is what keeps that rule).
-var cancelSQL = liveAndItem + `
+var cancelSQL = keyState + `
 , sale AS (
     UPDATE sales SET canceled_at = greatest(clock_timestamp(), confirmed_at)
     WHERE owner_id = $1 AND item_id = $4 AND canceled_at IS NULL
@@ -123,7 +123,7 @@ var cancelSQL = liveAndItem + `
 // identical request, perhaps) or refused request, the item's state, and
 // whether this platform and order have an open sale of it, and whether the
 // platform exists. Parameters $1 to $5 as above.
-const explainSQL = liveAndItem + `
+const explainSQL = keyState + `
 SELECT live.fingerprint,
        live.response::text,
        (SELECT fingerprint FROM bound),

@@ -45,9 +45,19 @@ var (
 const maxAttempts = 3
 
 // Execute runs req at most once per idempotency key and returns the result,
-// or replays the stored result of an earlier identical request.
+// or replays the stored result of an earlier identical request. A refusal
+// binds the key to req (spec 4.7 rule 3).
 func (w *Writer) Execute(ctx context.Context, req Request) (Result, error) {
 	fp := Fingerprint(req)
+	res, err := w.attempts(ctx, req, fp)
+	if refused(err) {
+		return res, w.bindRefused(ctx, req, fp, err)
+	}
+	return res, err
+}
+
+// attempts runs req until one run settles it.
+func (w *Writer) attempts(ctx context.Context, req Request, fp []byte) (Result, error) {
 	var last error
 	for range maxAttempts {
 		res, err := w.once(ctx, req, fp)
@@ -146,11 +156,7 @@ func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, e
 	if err != nil {
 		return Result{}, classify(err)
 	}
-	res, err := o.decide(req.Operation, fp)
-	if refused(err) {
-		return res, w.bindRefused(ctx, req, fp, err)
-	}
-	return res, err
+	return o.decide(req.Operation, fp)
 }
 
 // refused reports whether err refuses the request for the state of the item

@@ -76,9 +76,12 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	}
 	// A first page starts a sync, and so does a cursor of version 1 (from
 	// before cursors carried their sync).
-	syncID := newSync()
-	if after != nil && after.Sync != 0 {
+	var syncID uint64
+	if after != nil {
 		syncID = after.Sync
+	}
+	if syncID == 0 {
+		syncID = newSync()
 	}
 	issued := true
 	if after != nil && r.ahead.enabled() {
