@@ -15,15 +15,34 @@ import (
 
 // FreeAddr returns a loopback address with a port free at the time of the
 // call, for a server the test starts itself (a binary's run, a process).
+// It never returns one address twice in a test binary: the kernel may hand
+// a port just closed to the next caller, and two servers of one stack were
+// then given the same one.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	givenMu.Lock()
+	defer givenMu.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !given[addr] {
+			given[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("testenv: no loopback port that was not handed out already")
+	return ""
 }
+
+// given holds the addresses FreeAddr returned.
+var (
+	givenMu sync.Mutex
+	given   = map[string]bool{}
+)
 
 // Output collects what a server under test writes (its logs) while the
 // test reads it: writes and reads may come from different goroutines.

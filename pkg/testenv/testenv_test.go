@@ -81,3 +81,14 @@ func TestFreeAddrAndOutput(t *testing.T) {
 		t.Errorf("Output holds %d lines after 8 concurrent writes, want 8", got)
 	}
 }
+
+func TestFreeAddrNeverRepeats(t *testing.T) {
+	seen := map[string]bool{}
+	for range 200 {
+		addr := FreeAddr(t)
+		if seen[addr] {
+			t.Fatalf("FreeAddr returned %s twice", addr)
+		}
+		seen[addr] = true
+	}
+}
