@@ -11,13 +11,11 @@ import (
 	"syscall"
 
 	"github.com/coinexport/export/gateway/edge"
-	"github.com/coinexport/export/pkg/gcdefaults"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	gcdefaults.Apply(os.Getenv) // unless GOGC / GOMEMLIMIT are set
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)

@@ -1,10 +1,12 @@
 package edge
 
 import (
+	"log/slog"
 	"net/url"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/ulule/limiter/v3"
 )
@@ -53,6 +55,8 @@ type Config struct {
 	RateAnonymous         limiter.Rate  // RATE_LIMIT_ANONYMOUS (600-M) per client IP
 	RateShopSchema        limiter.Rate  // RATE_LIMIT_SHOP_SCHEMA (30-M) per client IP
 	RateAuthFailures      limiter.Rate  // RATE_LIMIT_AUTH_FAILURES (60-M) per client IP
+
+	GC gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
 }
 
 // BodyLimit is the largest request body accepted (413 above it).
@@ -113,6 +117,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		RateAnonymous:         rate(r, "RATE_LIMIT_ANONYMOUS", "600-M"),
 		RateShopSchema:        rate(r, "RATE_LIMIT_SHOP_SCHEMA", "30-M"),
 		RateAuthFailures:      rate(r, "RATE_LIMIT_AUTH_FAILURES", "60-M"),
+
+		GC: gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
@@ -134,25 +140,30 @@ func rate(r *envconfig.Reader, name, def string) limiter.Rate {
 	return rate
 }
 
-// LogValue lists the configuration for the start-up log, secrets masked.
-func (c Config) LogValue() []any {
-	return []any{
-		"addr", c.Addr, "admin_addr", c.AdminAddr,
-		"database_url", postgres.Redact(c.DatabaseURL), "redis_url", maskURL(c.RedisURL),
-		"identity_secret", "***", "log_level", c.LogLevel,
-		"trust_traceparent", c.TrustTraceparent, "proxy_header", c.ProxyHeader, "trusted_proxies", c.TrustedProxies,
-		"export_reader_urls", c.ExportReaderURLs, "sales_writer_urls", c.SalesWriterURLs, "shop_schema_urls", c.ShopSchemaURLs,
-		"upstream_connect_timeout", c.UpstreamConnectTimeout, "upstream_read_timeout", c.UpstreamReadTimeout,
-		"upstream_resolve_interval", c.UpstreamResolveInterval,
-		"key_cache_ttl", c.KeyCacheTTL, "key_cache_size", c.KeyCacheSize,
-		"rate_limit_enabled", c.RateLimitEnabled,
-		"rate_export_read", c.RateExportRead.Formatted, "rate_sales_write", c.RateSalesWrite.Formatted,
-		"rate_anonymous", c.RateAnonymous.Formatted, "rate_shop_schema", c.RateShopSchema.Formatted,
-		"rate_auth_failures", c.RateAuthFailures.Formatted,
-	}
+// LogValue describes the configuration for the start-up log, secrets
+// masked (slog calls it for a Config given as a value).
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
+		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis_url", maskURL(c.RedisURL)),
+		slog.String("identity_secret", "***"), slog.String("log_level", c.LogLevel),
+		slog.Bool("trust_traceparent", c.TrustTraceparent), slog.String("proxy_header", c.ProxyHeader),
+		slog.Any("trusted_proxies", c.TrustedProxies),
+		slog.Any("export_reader_urls", c.ExportReaderURLs), slog.Any("sales_writer_urls", c.SalesWriterURLs),
+		slog.Any("shop_schema_urls", c.ShopSchemaURLs),
+		slog.String("upstream_connect_timeout", c.UpstreamConnectTimeout.String()),
+		slog.String("upstream_read_timeout", c.UpstreamReadTimeout.String()),
+		slog.String("upstream_resolve_interval", c.UpstreamResolveInterval.String()),
+		slog.String("key_cache_ttl", c.KeyCacheTTL.String()), slog.Int("key_cache_size", c.KeyCacheSize),
+		slog.Bool("rate_limit_enabled", c.RateLimitEnabled),
+		slog.String("rate_export_read", c.RateExportRead.Formatted), slog.String("rate_sales_write", c.RateSalesWrite.Formatted),
+		slog.String("rate_anonymous", c.RateAnonymous.Formatted), slog.String("rate_shop_schema", c.RateShopSchema.Formatted),
+		slog.String("rate_auth_failures", c.RateAuthFailures.Formatted),
+		slog.Any("gc", c.GC),
+	)
 }
 
-// maskDSN shows where the database is, never its password.
+// maskURL shows where Redis is, never its password.
 func maskURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {

@@ -70,13 +70,15 @@ type Gateway struct {
 	stopErr    error
 }
 
-// Run starts the gateway from the environment and serves until ctx ends,
-// then drains in-flight requests.
+// Run starts the gateway from the environment (with the collector's
+// defaults, gcdefaults) and serves until ctx ends, then drains in-flight
+// requests.
 func Run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := LoadConfig(getenv)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
+	cfg.GC.Apply()
 	g, err := Start(ctx, cfg, getenv, stdout)
 	if err != nil {
 		return err
@@ -105,7 +107,7 @@ func Start(ctx context.Context, cfg Config, getenv func(string) string, stdout i
 func start(ctx context.Context, cfg Config, getenv func(string) string, stdout io.Writer, hook func(*Gateway)) (_ *Gateway, err error) {
 	g := &Gateway{cfg: cfg, log: logging.New(stdout, cfg.LogLevel, "gateway"), metrics: newMetrics(),
 		served: make(chan error, 2), limitDone: make(chan struct{})}
-	g.log.Info("starting", cfg.LogValue()...)
+	g.log.Info("starting", "config", cfg)
 	cleanup := []func(){}
 	defer func() {
 		if err != nil {

@@ -8,7 +8,10 @@
 // heap all the same (the collector works harder as it nears the limit).
 package gcdefaults
 
-import "runtime/debug"
+import (
+	"log/slog"
+	"runtime/debug"
+)
 
 // The defaults, used unless GOGC or GOMEMLIMIT are set.
 const (
@@ -16,13 +19,39 @@ const (
 	MemoryLimit = 100 << 20
 )
 
-// Apply sets the defaults the environment (read through getenv) leaves
-// unset.
-func Apply(getenv func(string) string) {
-	if getenv("GOGC") == "" {
+// Settings are GOGC and GOMEMLIMIT as the environment gives them, empty
+// where unset. The runtime applies what is set by itself; Apply adds the
+// defaults for the rest. A binary's Config holds them, so that its start-up
+// log shows them.
+type Settings struct {
+	GOGC, GOMEMLIMIT string
+}
+
+// Read takes the settings from the environment.
+func Read(getenv func(string) string) Settings {
+	return Settings{GOGC: getenv("GOGC"), GOMEMLIMIT: getenv("GOMEMLIMIT")}
+}
+
+// Apply sets the defaults the environment left unset.
+func (s Settings) Apply() {
+	if s.GOGC == "" {
 		debug.SetGCPercent(GCPercent)
 	}
-	if getenv("GOMEMLIMIT") == "" {
+	if s.GOMEMLIMIT == "" {
 		debug.SetMemoryLimit(MemoryLimit)
 	}
+}
+
+// LogValue shows each setting in force, and whether it is the default.
+func (s Settings) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("gogc", orDefault(s.GOGC, "400 (default)")),
+		slog.String("gomemlimit", orDefault(s.GOMEMLIMIT, "100MiB (default)")))
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
 }

@@ -10,7 +10,7 @@ func TestApply(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 
-	Apply(func(string) string { return "" })
+	Read(func(string) string { return "" }).Apply()
 	if got := debug.SetGCPercent(100); got != GCPercent {
 		t.Errorf("GC percent = %d, want %d", got, GCPercent)
 	}
@@ -19,11 +19,26 @@ func TestApply(t *testing.T) {
 	}
 
 	// Set by the operator: the runtime already applied them; leave them be.
-	Apply(func(string) string { return "set" })
+	Read(func(string) string { return "set" }).Apply()
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Errorf("GC percent with GOGC set = %d, want untouched 100", got)
 	}
 	if got := debug.SetMemoryLimit(math.MaxInt64); got != math.MaxInt64 {
 		t.Errorf("memory limit with GOMEMLIMIT set = %d, want untouched", got)
+	}
+}
+
+func TestLogValueSaysWhichAreDefaults(t *testing.T) {
+	tests := []struct {
+		s    Settings
+		want string
+	}{
+		{Settings{}, "[gogc=400 (default) gomemlimit=100MiB (default)]"},
+		{Settings{GOGC: "off", GOMEMLIMIT: "1GiB"}, "[gogc=off gomemlimit=1GiB]"},
+	}
+	for _, tt := range tests {
+		if got := tt.s.LogValue().String(); got != tt.want {
+			t.Errorf("%+v.LogValue() = %s, want %s", tt.s, got, tt.want)
+		}
 	}
 }

@@ -1,9 +1,12 @@
 package postgres
 
 import (
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // WithPoolSize returns dsn with pool_max_conns set to size, in whichever of
@@ -24,21 +27,32 @@ func WithPoolSize(dsn string, size int) string {
 	return dsn + " pool_max_conns=" + n
 }
 
-// Redact hides the password of a connection string, for start-up logs.
-func Redact(dsn string) string {
-	if isURL(dsn) {
-		if u, err := url.Parse(dsn); err == nil {
-			return u.Redacted()
-		}
-		return "***"
+// Describe says where a connection string leads, for start-up logs: user,
+// hosts and database as pgx reads them, and nothing else, so no password
+// can show whichever way it was written (quoted, with spaces around "=", in
+// a URL's user info or its query). Editing the string to hide the password
+// missed the last three.
+func Describe(dsn string) string {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return "(unparsable)" // not quoted: it may hold the password
 	}
-	fields := strings.Fields(dsn)
-	for i, f := range fields {
-		if strings.HasPrefix(f, "password=") {
-			fields[i] = "password=xxxxx"
+	cc := cfg.ConnConfig
+	hosts := []string{hostPort(cc.Host, cc.Port)}
+	for _, fb := range cc.Fallbacks {
+		if hp := hostPort(fb.Host, fb.Port); hp != hosts[len(hosts)-1] {
+			hosts = append(hosts, hp)
 		}
 	}
-	return strings.Join(fields, " ")
+	return cc.User + "@" + strings.Join(hosts, ",") + "/" + cc.Database
+}
+
+// hostPort joins a TCP host and port; a Unix socket directory stays as it is.
+func hostPort(host string, port uint16) string {
+	if strings.HasPrefix(host, "/") {
+		return host
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
 func isURL(dsn string) bool {

@@ -1,18 +1,41 @@
 package postgres
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
-func TestWithPoolSizeAndRedact(t *testing.T) {
-	tests := []struct{ dsn, wantPool, wantRedacted string }{
-		{"postgres://u:pw@db:5432/x?sslmode=disable", "postgres://u:pw@db:5432/x?pool_max_conns=8&sslmode=disable", "postgres://u:xxxxx@db:5432/x?sslmode=disable"},
-		{"host=/run/pg user=u password=pw dbname=x", "host=/run/pg user=u password=pw dbname=x pool_max_conns=8", "host=/run/pg user=u password=xxxxx dbname=x"},
+func TestWithPoolSize(t *testing.T) {
+	tests := []struct{ dsn, want string }{
+		{"postgres://u:pw@db:5432/x?sslmode=disable", "postgres://u:pw@db:5432/x?pool_max_conns=8&sslmode=disable"},
+		{"host=/run/pg user=u password=pw dbname=x", "host=/run/pg user=u password=pw dbname=x pool_max_conns=8"},
 	}
 	for _, tt := range tests {
-		if got := WithPoolSize(tt.dsn, 8); got != tt.wantPool {
-			t.Errorf("WithPoolSize(%q, 8) = %q, want %q", tt.dsn, got, tt.wantPool)
+		if got := WithPoolSize(tt.dsn, 8); got != tt.want {
+			t.Errorf("WithPoolSize(%q, 8) = %q, want %q", tt.dsn, got, tt.want)
 		}
-		if got := Redact(tt.dsn); got != tt.wantRedacted {
-			t.Errorf("Redact(%q) = %q, want %q", tt.dsn, got, tt.wantRedacted)
+	}
+}
+
+func TestDescribeShowsNoPassword(t *testing.T) {
+	tests := []struct{ dsn, want string }{
+		{"postgres://u:s3cret@db:5432/x?sslmode=disable", "u@db:5432/x"},
+		{"postgres://u@db/x?sslmode=disable&password=s3cret", "u@db:5432/x"},
+		{"postgresql://u:s3cret@db1:5433,db2/x?sslmode=disable", "u@db1:5433,db2:5432/x"},
+		{"host=/run/pg user=u password=s3cret dbname=x", "u@/run/pg/x"},
+		{"host=db user=u password='s3cr et' dbname=x sslmode=disable", "u@db:5432/x"},
+		{"host=db user=u password = s3cret dbname=x sslmode=disable", "u@db:5432/x"},
+		{"host=db user=u password=s3cret dbname=x pool_max_conns=8 sslmode=disable", "u@db:5432/x"},
+		{"postgres://u:s3cret@db:notaport/x", "(unparsable)"},
+		{"host=db password='s3cret", "(unparsable)"},
+	}
+	for _, tt := range tests {
+		got := Describe(tt.dsn)
+		if got != tt.want {
+			t.Errorf("Describe(%q) = %q, want %q", tt.dsn, got, tt.want)
+		}
+		if strings.Contains(got, "s3cr") {
+			t.Errorf("Describe(%q) = %q shows the password", tt.dsn, got)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
@@ -56,16 +57,17 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-// logAttrs describes the configuration for the start-up log, secrets masked.
-func (c Config) logAttrs() []any {
-	return []any{
-		"addr", c.Addr, "admin_addr", c.AdminAddr,
-		"database_url", postgres.Redact(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
-		"query_timeout", c.QueryTimeout.String(),
-		"read_ahead_pages", c.ReadAheadPages, "read_ahead_ttl", c.ReadAheadTTL.String(),
-		"cursor_secret", "***", "cursor_secrets_previous", len(c.CursorPrevious), "identity_secret", "***",
-		"log_level", c.LogLevel,
-	}
+// LogValue describes the configuration for the start-up log, secrets
+// masked (slog calls it for a Config given as a value).
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
+		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
+		slog.String("query_timeout", c.QueryTimeout.String()),
+		slog.Int("read_ahead_pages", c.ReadAheadPages), slog.String("read_ahead_ttl", c.ReadAheadTTL.String()),
+		slog.String("cursor_secret", "***"), slog.Int("cursor_secrets_previous", len(c.CursorPrevious)),
+		slog.String("identity_secret", "***"), slog.String("log_level", c.LogLevel),
+	)
 }
 
 // readAhead is the list read-ahead: a quarter of the pool at most reads

@@ -41,7 +41,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
-	log.Info("starting", cfg.logAttrs()...)
+	log.Info("starting", "config", cfg)
 
 	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName)
 	if err != nil {

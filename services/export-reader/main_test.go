@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -37,9 +36,9 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil || len(cfg.CursorPrevious) != 2 || cfg.CursorPrevious[0] != secret+"-old1" {
 		t.Errorf("loadConfig(two previous secrets) = %q, %v; want both, trimmed", cfg.CursorPrevious, err)
 	}
-	logged := fmt.Sprint(cfg.logAttrs()...)
+	logged := cfg.LogValue().String()
 	if strings.Contains(logged, "pw") || strings.Contains(logged, secret) {
-		t.Errorf("logAttrs() = %s, leaks a secret", logged)
+		t.Errorf("LogValue() = %s, leaks a secret", logged)
 	}
 	cfg, _ = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://primary/x", "READ_DATABASE_URL": "postgres://replica/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret}))
 	if !strings.Contains(cfg.DatabaseURL, "replica") {

@@ -1,22 +1,25 @@
 package main
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
 )
 
 // Config is everything the sales writer reads from its environment.
 type Config struct {
-	Addr                 string        // SALES_WRITER_ADDR
-	AdminAddr            string        // SALES_WRITER_ADMIN_ADDR: /metrics and /debug/pprof
-	DatabaseURL          string        // DATABASE_URL (secret: may hold a password)
-	DBMaxConns           int           // SALES_WRITER_DB_MAX_CONNS
-	IdentitySecret       string        // IDENTITY_SECRET (secret)
-	IdempotencyRetention time.Duration // IDEMPOTENCY_RETENTION
-	PurgeInterval        time.Duration // IDEMPOTENCY_PURGE_INTERVAL
-	LogLevel             string        // LOG_LEVEL
+	Addr                 string              // SALES_WRITER_ADDR
+	AdminAddr            string              // SALES_WRITER_ADMIN_ADDR: /metrics and /debug/pprof
+	DatabaseURL          string              // DATABASE_URL (secret: may hold a password)
+	DBMaxConns           int                 // SALES_WRITER_DB_MAX_CONNS
+	IdentitySecret       string              // IDENTITY_SECRET (secret)
+	IdempotencyRetention time.Duration       // IDEMPOTENCY_RETENTION
+	PurgeInterval        time.Duration       // IDEMPOTENCY_PURGE_INTERVAL
+	LogLevel             string              // LOG_LEVEL
+	GC                   gcdefaults.Settings // GOGC, GOMEMLIMIT
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -31,6 +34,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
 		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),
 		LogLevel:             r.String("LOG_LEVEL", "info"),
+		GC:                   gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
@@ -40,14 +44,15 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-// logAttrs describes the configuration for the start-up log, secrets masked.
-func (c Config) logAttrs() []any {
-	return []any{
-		"addr", c.Addr, "admin_addr", c.AdminAddr,
-		"database_url", postgres.Redact(c.DatabaseURL), "db_max_conns", c.DBMaxConns,
-		"identity_secret", "***",
-		"idempotency_retention", c.IdempotencyRetention.String(),
-		"idempotency_purge_interval", c.PurgeInterval.String(),
-		"log_level", c.LogLevel,
-	}
+// LogValue describes the configuration for the start-up log, secrets
+// masked (slog calls it for a Config given as a value).
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
+		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
+		slog.String("identity_secret", "***"),
+		slog.String("idempotency_retention", c.IdempotencyRetention.String()),
+		slog.String("idempotency_purge_interval", c.PurgeInterval.String()),
+		slog.String("log_level", c.LogLevel), slog.Any("gc", c.GC),
+	)
 }

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
@@ -29,7 +28,6 @@ const serviceName = "sales-writer"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	gcdefaults.Apply(os.Getenv) // unless GOGC / GOMEMLIMIT are set
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
@@ -42,8 +40,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	cfg.GC.Apply() // the collector's defaults, unless GOGC / GOMEMLIMIT are set
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
-	log.Info("starting", cfg.logAttrs()...)
+	log.Info("starting", "config", cfg)
 
 	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName)
 	if err != nil {
