@@ -133,9 +133,16 @@ func (l *Limiter) take(op Op) result {
 		l.pending.Put(p)
 		return l.takeLocally(op)
 	}
-	r := <-p.reply
-	l.pending.Put(p)
-	return r
+	select {
+	case r := <-p.reply:
+		l.pending.Put(p)
+		return r
+	case <-l.done:
+		// Run stopped: it drained the queue, but p may have been queued
+		// after that, and then no answer comes. p is not reused, as a late
+		// answer may still land in its reply channel.
+		return l.takeLocally(op)
+	}
 }
 
 func (l *Limiter) takeLocally(op Op) result {

@@ -311,3 +311,37 @@ func TestDecisionsSayWhenTheyAskedRedis(t *testing.T) {
 		t.Errorf("AskedRedis of 8 decisions = %v, want %v", asked, want)
 	}
 }
+
+// Requests still in flight when the gateway stops its limiter (a drain that
+// ran past its timeout) must get a decision: a decision queued after Run
+// drained its queue used to wait for an answer that never came.
+func TestDecisionsAfterRunStopsAreLocal(t *testing.T) {
+	l := New(NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)), Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { l.Run(ctx); close(stopped) }()
+	rate := mustRate(t, "1000-M")
+	if d := l.Take("k", rate); !d.Allowed || d.Local {
+		t.Fatalf("Take while running = %+v, want allowed by Redis", d)
+	}
+	cancel()
+	<-stopped
+
+	decided := make(chan Decision)
+	for i := range 50 {
+		key := "k" + string(rune('a'+i%26)) // new keys: no lease to serve them
+		go func() { decided <- l.Peek(key, rate) }()
+		go func() { decided <- l.Take(key, rate) }()
+	}
+	timeout := time.After(5 * time.Second)
+	for i := range 100 {
+		select {
+		case d := <-decided:
+			if !d.Local {
+				t.Errorf("decision after Run stopped = %+v, want a local one", d)
+			}
+		case <-timeout:
+			t.Fatalf("%d of 100 decisions after Run stopped never came", 100-i)
+		}
+	}
+}
