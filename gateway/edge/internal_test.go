@@ -177,7 +177,7 @@ func TestEachRequestIsOneNewTrace(t *testing.T) {
 			}
 			attrs := map[string]string{}
 			for _, a := range server.Attributes() {
-				attrs[string(a.Key)] = a.Value.Emit()
+				attrs[string(a.Key)] = a.Value.String()
 			}
 			for k, v := range map[string]string{"request.id": requestID, "owner.id": "o1", "api_key.id": "k1", "http.response.status_code": "200"} {
 				if attrs[k] != v {

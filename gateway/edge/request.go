@@ -222,6 +222,8 @@ func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
 func (c headerCarrier) Set(key, value string) { c.h.Set(key, value) }
 func (c headerCarrier) Keys() []string {
 	var keys []string
-	c.h.VisitAll(func(k, _ []byte) { keys = append(keys, string(k)) })
+	for k := range c.h.All() {
+		keys = append(keys, string(k))
+	}
 	return keys
 }

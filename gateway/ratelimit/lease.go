@@ -32,7 +32,6 @@ type lease struct {
 	remaining    int64 // Redis' remaining at the last fetch
 	reset        time.Time
 	refusedUntil time.Time
-	retryAfter   time.Duration
 	used         time.Time // last use, for the sweep
 }
 

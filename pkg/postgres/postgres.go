@@ -27,7 +27,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 	// for a connection still shows, as the gap before the statement's span
 	// in a trace and in pgxpool_acquire_wait_seconds_total and
 	// pgxpool_empty_acquire_total on /metrics.
-	cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTrimSQLInSpanName(), otelpgx.WithDisableAcquireTracer())
+	cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithDisableAcquireTracer())
 	setDefault(cfg.ConnConfig.RuntimeParams, "jit", "off")
 	for _, opt := range opts {
 		opt(cfg.ConnConfig.RuntimeParams)

@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
 )
@@ -28,12 +28,12 @@ func spanText(s sdktrace.ReadOnlySpan) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s|%s|%s|", s.Name(), s.Status().Code, s.Status().Description)
 	for _, a := range s.Attributes() {
-		fmt.Fprintf(&b, "%s=%s|", a.Key, a.Value.Emit())
+		fmt.Fprintf(&b, "%s=%s|", a.Key, a.Value.String())
 	}
 	for _, e := range s.Events() {
 		fmt.Fprintf(&b, "event %s|", e.Name)
 		for _, a := range e.Attributes {
-			fmt.Fprintf(&b, "%s=%s|", a.Key, a.Value.Emit())
+			fmt.Fprintf(&b, "%s=%s|", a.Key, a.Value.String())
 		}
 	}
 	return b.String()
@@ -136,7 +136,7 @@ func TestDNSRebindingRefusedAtConnect(t *testing.T) {
 	}
 	logs := &testenv.Output{}
 	resolver := &rebindResolver{}
-	srv, err := newServer(cfg, logging.New(logs, "info", "shop-schema"), trace.NewNoopTracerProvider(), resolver)
+	srv, err := newServer(cfg, logging.New(logs, "info", "shop-schema"), noop.NewTracerProvider(), resolver)
 	if err != nil {
 		t.Fatal(err)
 	}
