@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,5 +172,19 @@ func waitFor(t *testing.T, ok func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestNextBackoffStartsOverOnceListening(t *testing.T) {
+	var waits []time.Duration
+	last := time.Duration(0)
+	for _, listened := range []bool{false, false, false, false, false, false, false, true, false} {
+		last = nextBackoff(last, listened)
+		waits = append(waits, last)
+	}
+	want := []time.Duration{firstBackoff, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond,
+		1600 * time.Millisecond, 3200 * time.Millisecond, longestBackoff, firstBackoff, 200 * time.Millisecond}
+	if !slices.Equal(waits, want) {
+		t.Errorf("waits = %v, want %v", waits, want)
 	}
 }

@@ -16,10 +16,10 @@ const RevocationChannel = "api_key_revoked"
 // (re)connects it empties the cache, since anything sent while it was away
 // is lost; while it is away, cached keys are trusted for UnheardTTL only.
 func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
-	backoff := 100 * time.Millisecond
+	var backoff time.Duration
 	for ctx.Err() == nil {
 		err := s.listenOnce(ctx)
-		s.listening.Store(false)
+		backoff = nextBackoff(backoff, s.listening.Swap(false))
 		if ctx.Err() != nil {
 			return
 		}
@@ -29,8 +29,26 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// Reconnection waits: doubling from the first to the longest while the
+// attempts fail.
+const (
+	firstBackoff   = 100 * time.Millisecond
+	longestBackoff = 5 * time.Second
+)
+
+// nextBackoff is the wait before the next attempt, after one that waited
+// last and did or did not get to listen. An attempt that listened starts
+// the doubling over: otherwise a gateway that lost the connection a few
+// times in its life would wait the longest after every later drop, with
+// each cache miss going to the database meanwhile.
+func nextBackoff(last time.Duration, listened bool) time.Duration {
+	if listened || last == 0 {
+		return firstBackoff
+	}
+	return min(last*2, longestBackoff)
 }
 
 func (s *Store) listenOnce(ctx context.Context) error {
