@@ -30,9 +30,11 @@ const (
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
 )
 
-// Error is a failed shop call. Its text is built from fixed phrases, the
-// resource name and the status code only: never the shop's body, its
-// headers, the request URL or the key.
+// Error is a failed shop call. What a client is shown (Resource and Reason)
+// is fixed phrases and the resource name only: never the shop's body, its
+// headers, the request URL or the key. Error() adds the status code and the
+// transport error, whose text holds the request URL (it carries no secret:
+// the key travels in the Authorization header), for the log only.
 type Error struct {
 	Kind     Kind
 	Resource string // categories, product_features, ...
