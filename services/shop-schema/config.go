@@ -20,6 +20,7 @@ type Config struct {
 	Timeout        time.Duration // SHOP_SCHEMA_TIMEOUT
 	ConnectTimeout time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT
 	MaxBytes       int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES
+	MaxCallBytes   int64         // SHOP_SCHEMA_MAX_CALL_BYTES
 	PageSize       int           // SHOP_SCHEMA_PAGE_SIZE
 	MaxRows        int           // SHOP_SCHEMA_MAX_ROWS
 	MaxConcurrent  int           // SHOP_SCHEMA_MAX_CONCURRENT
@@ -40,6 +41,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		Timeout:        r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, time.Millisecond, time.Hour),
 		ConnectTimeout: r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, time.Millisecond, time.Hour),
 		MaxBytes:       int64(r.Int("SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)),
+		MaxCallBytes:   int64(r.Int("SHOP_SCHEMA_MAX_CALL_BYTES", 32<<20, 1<<10, 1<<34)),
 		PageSize:       r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
 		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
@@ -64,6 +66,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("allow_hosts", c.AllowHosts), slog.String("ca_file", c.CAFile),
 		slog.Any("ports", c.Ports), slog.String("timeout", c.Timeout.String()),
 		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxBytes),
+		slog.Int64("max_call_bytes", c.MaxCallBytes),
 		slog.Int("page_size", c.PageSize), slog.Int("max_rows", c.MaxRows),
 		slog.Int("max_concurrent", c.MaxConcurrent),
 	)

@@ -334,6 +334,9 @@ func TestSchemaShopErrors(t *testing.T) {
 		{"no webservice at all", func(s *fakeshop.Shop) { s.Prefix = "/elsewhere" }, "", nil, 502, "shop_not_found"},
 		{"slow shop", func(s *fakeshop.Shop) { s.Delay = 3 * time.Second }, "", map[string]string{"SHOP_SCHEMA_TIMEOUT": "300ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "300ms"}, 504, "shop_timeout"},
 		{"oversized answer", func(s *fakeshop.Shop) { s.Oversize = 200 << 10 }, "", map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536"}, 502, "shop_too_large"},
+		// Each answer under its cap (64 KiB), four of them over the call's.
+		{"answers too large together", func(s *fakeshop.Shop) { s.Oversize = 40 << 10 }, "",
+			map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536", "SHOP_SCHEMA_MAX_CALL_BYTES": "100000"}, 502, "shop_too_large"},
 		{"too many rows", nil, "", map[string]string{"SHOP_SCHEMA_MAX_ROWS": "3", "SHOP_SCHEMA_PAGE_SIZE": "2"}, 502, "shop_too_large"},
 		{"redirect to http", func(s *fakeshop.Shop) {
 			s.Redirect = func(r *http.Request) string { return "http://127.0.0.1:1/api/x" }

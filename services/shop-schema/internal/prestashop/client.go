@@ -29,6 +29,7 @@ type Config struct {
 	RootCAs        *x509.CertPool       // trusted roots; nil means the system roots
 	ConnectTimeout time.Duration        // per TCP connect
 	MaxBytes       int64                // cap on one answer's body
+	MaxCallBytes   int64                // cap on all answers of one schema read together
 	PageSize       int                  // rows per page
 	MaxRows        int                  // cap on rows of one resource
 	TracerProvider trace.TracerProvider // nil means the global one
@@ -37,10 +38,11 @@ type Config struct {
 // Client reads a shop's schema. It is safe for concurrent use; each call
 // carries its own base URL and key, and nothing of them is kept.
 type Client struct {
-	http     *http.Client
-	maxBytes int64
-	pageSize int
-	maxRows  int
+	http         *http.Client
+	maxBytes     int64
+	maxCallBytes int64
+	pageSize     int
+	maxRows      int
 }
 
 // NewClient builds the client: no proxy from the environment (through a
@@ -75,9 +77,10 @@ func NewClient(cfg Config) *Client {
 			Transport:     otelhttp.NewTransport(transport, opts...),
 			CheckRedirect: cfg.Guard.CheckRedirect,
 		},
-		maxBytes: cfg.MaxBytes,
-		pageSize: cfg.PageSize,
-		maxRows:  cfg.MaxRows,
+		maxBytes:     cfg.MaxBytes,
+		maxCallBytes: cfg.MaxCallBytes,
+		pageSize:     cfg.PageSize,
+		maxRows:      cfg.MaxRows,
 	}
 }
 
@@ -89,6 +92,11 @@ type call struct {
 	dispatcher atomic.Bool // the shop has no /api rewrite rule
 	fullFields atomic.Bool // the shop refused a display=[...] field list
 	version    atomic.Value
+	// bytesLeft is what the shop may still send in this call: the rows
+	// read are held until the answer is written, so the per-answer cap
+	// alone would let a shop that pages slowly fill the memory of the
+	// process (MaxRows allows 100,000 rows of every resource).
+	bytesLeft atomic.Int64
 }
 
 // resourceURL builds the address of one list request. The query is written
@@ -147,6 +155,10 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 	if int64(len(body)) > cl.maxBytes {
 		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,
 			Reason: fmt.Sprintf("the shop's answer is larger than %d bytes", cl.maxBytes)}
+	}
+	if c.bytesLeft.Add(-int64(len(body))) < 0 {
+		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,
+			Reason: fmt.Sprintf("the shop's answers together are larger than %d bytes", cl.maxCallBytes)}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, statusError(resource, resp.StatusCode, body, !looksLikeJSON(body))

@@ -34,6 +34,7 @@ type Schema struct {
 // reads and is returned as an *Error.
 func (cl *Client) ReadSchema(ctx context.Context, base *url.URL, key string) (*Schema, error) {
 	c := &call{base: base, key: key}
+	c.bytesLeft.Store(cl.maxCallBytes)
 	s := &Schema{}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
