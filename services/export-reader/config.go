@@ -11,19 +11,19 @@ import (
 
 // Config is everything the export reader reads from its environment.
 type Config struct {
-	Addr           string        // EXPORT_READER_ADDR
-	AdminAddr      string        // EXPORT_READER_ADMIN_ADDR: /metrics and /debug/pprof
-	DatabaseURL    string        // READ_DATABASE_URL, else DATABASE_URL (secret: may hold a password)
-	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS
-	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT
-	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES; 0 turns read-ahead off
-	ReadAheadTTL   time.Duration // EXPORT_READER_READ_AHEAD_TTL
-	CursorSecret   string        // CURSOR_SECRET (secret)
+	Addr           string        // EXPORT_READER_ADDR (127.0.0.1:8081)
+	AdminAddr      string        // EXPORT_READER_ADMIN_ADDR (127.0.0.1:9081): /metrics and /debug/pprof
+	DatabaseURL    string        // READ_DATABASE_URL, else DATABASE_URL (required; secret: may hold a password)
+	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS (8)
+	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT (10s)
+	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES (256); 0 turns read-ahead off
+	ReadAheadTTL   time.Duration // EXPORT_READER_READ_AHEAD_TTL (2s)
+	CursorSecret   string        // CURSOR_SECRET (required, ≥32 bytes; secret)
 	// CursorPrevious are secrets being rotated out: cursors they signed are
 	// still accepted (CURSOR_SECRET_PREVIOUS, comma-separated; secret).
 	CursorPrevious []string
-	IdentitySecret string // IDENTITY_SECRET (secret)
-	LogLevel       string // LOG_LEVEL
+	IdentitySecret string // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	LogLevel       string // LOG_LEVEL (info)
 }
 
 // loadConfig reads the environment, applies the defaults and validates.

@@ -11,15 +11,15 @@ import (
 
 // Config is everything the sales writer reads from its environment.
 type Config struct {
-	Addr                 string              // SALES_WRITER_ADDR
-	AdminAddr            string              // SALES_WRITER_ADMIN_ADDR: /metrics and /debug/pprof
-	DatabaseURL          string              // DATABASE_URL (secret: may hold a password)
-	DBMaxConns           int                 // SALES_WRITER_DB_MAX_CONNS
-	IdentitySecret       string              // IDENTITY_SECRET (secret)
-	IdempotencyRetention time.Duration       // IDEMPOTENCY_RETENTION
-	PurgeInterval        time.Duration       // IDEMPOTENCY_PURGE_INTERVAL
-	LogLevel             string              // LOG_LEVEL
-	GC                   gcdefaults.Settings // GOGC, GOMEMLIMIT
+	Addr                 string              // SALES_WRITER_ADDR (127.0.0.1:8082)
+	AdminAddr            string              // SALES_WRITER_ADMIN_ADDR (127.0.0.1:9082): /metrics and /debug/pprof
+	DatabaseURL          string              // DATABASE_URL (required; secret: may hold a password)
+	DBMaxConns           int                 // SALES_WRITER_DB_MAX_CONNS (8)
+	IdentitySecret       string              // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	IdempotencyRetention time.Duration       // IDEMPOTENCY_RETENTION (24h)
+	PurgeInterval        time.Duration       // IDEMPOTENCY_PURGE_INTERVAL (5m)
+	LogLevel             string              // LOG_LEVEL (info)
+	GC                   gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
 }
 
 // loadConfig reads the environment, applies the defaults and validates.

@@ -10,20 +10,20 @@ import (
 
 // Config is every setting of the binary, read from the environment once.
 type Config struct {
-	Addr           string        // SHOP_SCHEMA_ADDR
-	AdminAddr      string        // SHOP_SCHEMA_ADMIN_ADDR
-	IdentitySecret string        // IDENTITY_SECRET (secret)
-	LogLevel       string        // LOG_LEVEL
+	Addr           string        // SHOP_SCHEMA_ADDR (127.0.0.1:8083)
+	AdminAddr      string        // SHOP_SCHEMA_ADMIN_ADDR (127.0.0.1:9083): /metrics and /debug/pprof
+	IdentitySecret string        // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	LogLevel       string        // LOG_LEVEL (info)
 	AllowHosts     []string      // SHOP_SCHEMA_ALLOW_HOSTS (tests only)
 	CAFile         string        // SHOP_SCHEMA_CA_FILE (tests only)
-	Ports          []uint16      // SHOP_SCHEMA_PORTS
-	Timeout        time.Duration // SHOP_SCHEMA_TIMEOUT
-	ConnectTimeout time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT
-	MaxBytes       int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES
-	MaxCallBytes   int64         // SHOP_SCHEMA_MAX_CALL_BYTES
-	PageSize       int           // SHOP_SCHEMA_PAGE_SIZE
-	MaxRows        int           // SHOP_SCHEMA_MAX_ROWS
-	MaxConcurrent  int           // SHOP_SCHEMA_MAX_CONCURRENT
+	Ports          []uint16      // SHOP_SCHEMA_PORTS (443,8443)
+	Timeout        time.Duration // SHOP_SCHEMA_TIMEOUT (20s)
+	ConnectTimeout time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT (5s)
+	MaxBytes       int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
+	MaxCallBytes   int64         // SHOP_SCHEMA_MAX_CALL_BYTES (32 MiB)
+	PageSize       int           // SHOP_SCHEMA_PAGE_SIZE (250)
+	MaxRows        int           // SHOP_SCHEMA_MAX_ROWS (100000)
+	MaxConcurrent  int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
 }
 
 // loadConfig reads the environment through getenv, applies defaults and
