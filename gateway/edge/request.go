@@ -2,8 +2,6 @@ package edge
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"math"
 	"strconv"
@@ -13,6 +11,7 @@ import (
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel"
@@ -75,7 +74,7 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	if tid := rq.span.SpanContext().TraceID(); tid.IsValid() {
 		rq.id = tid.String()
 	} else {
-		rq.id = randomID()
+		rq.id = httpserver.RandomRequestID() // if tracing ever yields no trace id
 	}
 	return rq
 }
@@ -107,13 +106,6 @@ func stableMethod(m string) string {
 // http.request.method does.
 const methodOther = "_OTHER"
 
-// randomID stands in for a trace id if tracing ever yields none.
-func randomID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // end sets the headers every answer carries, then records the request.
 func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 	resp := &c.Response().Header
@@ -123,7 +115,7 @@ func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 		d := &rq.rate
 		resp.SetBytesV("X-RateLimit-Limit", strconv.AppendInt(buf[:0], d.Limit, 10))
 		resp.SetBytesV("X-RateLimit-Remaining", strconv.AppendInt(buf[:0], d.Remaining, 10))
-		resp.SetBytesV("X-RateLimit-Reset", strconv.AppendInt(buf[:0], ceilUnix(d.Reset), 10))
+		resp.SetBytesV("X-RateLimit-Reset", strconv.AppendInt(buf[:0], d.ResetUnix(), 10))
 	}
 	status := c.Response().StatusCode()
 	elapsed := time.Since(rq.start)
@@ -205,14 +197,6 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 // never early.
 func retryAfterSeconds(d time.Duration) int64 {
 	return max(int64(math.Ceil(d.Seconds())), 1)
-}
-
-func ceilUnix(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
 }
 
 // headerCarrier adapts fasthttp request headers to OTel propagation.

@@ -99,6 +99,10 @@ func New(store *SlidingStore, opts Options) *Limiter {
 	return l
 }
 
+// ResetUnix is Reset in Unix seconds, rounded up: a client that waits
+// until then is never early.
+func (d Decision) ResetUnix() int64 { return ceilUnix(d.Reset) }
+
 // Degraded reports whether decisions are being made in-process because
 // Redis is unusable.
 func (l *Limiter) Degraded() bool { return l.degraded.Load() }

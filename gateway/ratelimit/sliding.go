@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -192,9 +191,7 @@ func (s *SlidingStore) takeMany(ctx context.Context, ops []Op) ([]Taken, error) 
 	return out, nil
 }
 
-func isNoScript(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "NOSCRIPT")
-}
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 func parseTaken(res []int64) (Taken, error) {
 	if len(res) != 5 {

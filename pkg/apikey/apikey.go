@@ -16,6 +16,8 @@ import (
 	"math/big"
 	"slices"
 	"strings"
+
+	"github.com/coinexport/export/pkg/identity"
 )
 
 const (
@@ -53,7 +55,7 @@ func Generate(scopes []string) (secret, prefix string, err error) {
 }
 
 func tagFor(scopes []string) string {
-	read, write := slices.Contains(scopes, "export:read"), slices.Contains(scopes, "sales:write")
+	read, write := slices.Contains(scopes, identity.ScopeExportRead), slices.Contains(scopes, identity.ScopeSalesWrite)
 	switch {
 	case read && write:
 		return TagAll

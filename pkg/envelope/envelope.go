@@ -67,17 +67,26 @@ func WriteDataJSON(w http.ResponseWriter, status int, appendData func(dst []byte
 	body := make([]byte, 0, 384)
 	body = append(body, `{"data":`...)
 	body = appendData(body)
-	body = appendMeta(body, meta)
+	next := ""
+	if meta.NextCursor != nil {
+		next = *meta.NextCursor
+	}
+	body = AppendMeta(body, meta.RequestID, false, next)
 	writeBody(w, status, append(body, '}'), meta.RequestID)
 }
 
-// appendMeta appends the meta member as WriteData writes it.
-func appendMeta(dst []byte, m Meta) []byte {
+// AppendMeta appends the envelope's "meta" member: request_id and, for a
+// list, next_cursor, the cursor or null on the last page (always present,
+// so a client can test it). The caller closes the envelope.
+func AppendMeta(dst []byte, requestID string, list bool, nextCursor string) []byte {
 	dst = append(dst, `,"meta":{"request_id":`...)
-	dst = jsonw.String(dst, m.RequestID)
-	if m.NextCursor != nil {
+	dst = jsonw.String(dst, requestID)
+	switch {
+	case nextCursor != "":
 		dst = append(dst, `,"next_cursor":`...)
-		dst = jsonw.String(dst, *m.NextCursor)
+		dst = jsonw.String(dst, nextCursor)
+	case list:
+		dst = append(dst, `,"next_cursor":null`...)
 	}
 	return append(dst, '}')
 }

@@ -31,6 +31,12 @@ func RequestID(r *http.Request) string {
 		return sc.TraceID().String()
 	}
 	// Untraced paths (the health probe) still get a unique id.
+	return RandomRequestID()
+}
+
+// RandomRequestID is a unique request id, shaped like a trace id, for a
+// request that has no trace id to use.
+func RandomRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])

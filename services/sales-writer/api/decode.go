@@ -146,7 +146,6 @@ func parseBody(body []byte) (string, int, error) {
 		return "", 0, badRequest(codeInvalidBody, "the body must be a JSON object")
 	}
 	var orderID *string
-	quantity := sales.DefaultQuantity
 	for dec.More() {
 		name, value, err := nextProperty(dec)
 		if err != nil {
@@ -160,6 +159,7 @@ func parseBody(body []byte) (string, int, error) {
 			}
 			orderID = &s
 		case "quantity":
+			// Spec 2.4: "only value 1 is allowed; default 1".
 			if !bytes.Equal(value, []byte("1")) {
 				return "", 0, badRequest(codeInvalidBody, "quantity must be the integer 1")
 			}
@@ -170,7 +170,7 @@ func parseBody(body []byte) (string, int, error) {
 	if orderID == nil {
 		return "", 0, badRequest(codeInvalidBody, "external_order_id is required")
 	}
-	return *orderID, quantity, nil
+	return *orderID, sales.DefaultQuantity, nil
 }
 
 // invalidJSON answers a body strictjson refused; a sale's property names

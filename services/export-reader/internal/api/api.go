@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/services/export-reader/internal/export"
@@ -58,7 +59,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	requestID := httpserver.RequestID(r)
-	body = appendMeta(append(body, ']'), requestID, true, next)
+	body = append(envelope.AppendMeta(append(body, ']'), requestID, true, next), '}')
 	buf.b = body
 	writeJSON(w, r, requestID, body)
 }
@@ -85,7 +86,7 @@ func (a *API) item(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	requestID := httpserver.RequestID(r)
-	body = appendMeta(body, requestID, false, "")
+	body = append(envelope.AppendMeta(body, requestID, false, ""), '}')
 	buf.b = body
 	writeJSON(w, r, requestID, body)
 }

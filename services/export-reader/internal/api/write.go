@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -32,24 +31,6 @@ var gzipWriters = sync.Pool{New: func() any {
 	w, _ := gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	return w
 }}
-
-// appendMeta closes the envelope: meta.request_id and, for a list,
-// meta.next_cursor as a string or null (always present, so a client can test
-// it).
-func appendMeta(dst []byte, requestID string, list bool, next string) []byte {
-	dst = append(dst, `,"meta":{"request_id":`...)
-	id, _ := json.Marshal(requestID)
-	dst = append(dst, id...)
-	if next != "" {
-		// A cursor is base64url: nothing in it needs escaping.
-		dst = append(dst, `,"next_cursor":"`...)
-		dst = append(dst, next...)
-		dst = append(dst, '"')
-	} else if list {
-		dst = append(dst, `,"next_cursor":null`...)
-	}
-	return append(dst, "}}"...)
-}
 
 // writeJSON sends a complete 200 body, gzipped when the client accepts it.
 // The body is whole before the first byte is written, so a failure half-way
