@@ -159,7 +159,7 @@ func parseBody(body []byte) (string, int, error) {
 			}
 			orderID = &s
 		case "quantity":
-			// Spec 2.4: "only value 1 is allowed; default 1".
+			// Spec 2.5: "only value 1 is allowed; default 1".
 			if !bytes.Equal(value, []byte("1")) {
 				return "", 0, badRequest(codeInvalidBody, "quantity must be the integer 1")
 			}
