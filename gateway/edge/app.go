@@ -155,9 +155,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := checkPath(c.Request().URI().PathOriginal()); err != nil {
 		return err
 	}
-	if keyInQuery(c) {
+	if rq.keyInPath || keyInQuery(c) {
 		// Refused everywhere, so a key never travels on in a URL.
-		return g.authFailed(c, rq, errUnauthenticated)
+		return g.authFailed(c, rq, errKeyInURL)
 	}
 	if rt.Scope == "" {
 		if err := g.limit(rq, rt.Class, "ip:", rq.clientIP); err != nil {

@@ -52,6 +52,7 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"unknown key", "GET", items, map[string]string{"X-API-Key": k.unknown}, "", 401, "unauthenticated"},
 		{"revoked key", "GET", items, map[string]string{"X-API-Key": k.revoked}, "", 401, "unauthenticated"},
 		{"key in query", "GET", items + "?api_key=" + k.read, nil, "", 401, "unauthenticated"},
+		{"key in path", "GET", items + "/" + k.read, map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
 		{"read key on a sales route", "POST", confirm, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
 		{"sales key without platform", "POST", confirm, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
 		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
@@ -89,9 +90,11 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 			}
 		})
 	}
-	// Every 401 has the same body but for the request id.
+	// Every 401 of a key that did not pass has the same body but for the
+	// request id: none tells a malformed key from an unknown or revoked one.
+	// (A key in the URL is told why: its owner must revoke it.)
 	var bodies []string
-	for _, tt := range tests[:5] {
+	for _, tt := range tests[:4] {
 		r := do(t, tt.method, tt.url, tt.headers, nil)
 		bodies = append(bodies, strings.Replace(string(r.Body), r.Env.Meta.RequestID, "ID", 1))
 	}

@@ -28,6 +28,8 @@ func (e *apiError) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Code
 var (
 	errUnauthenticated = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "missing, invalid or revoked API key"}
+	errKeyInURL = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
+		Message: "API keys are accepted in the X-API-Key header only, never in the URL; a key sent in a URL is exposed: revoke it and use a new one"}
 	errSeveralKeys = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "send one X-API-Key header, not several"}
 	errForbidden = &apiError{Status: http.StatusForbidden, Code: "forbidden",

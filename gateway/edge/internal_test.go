@@ -310,3 +310,36 @@ func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 		t.Fatalf("GET through an instance that cut its answer = %d %+v %+v, want 502 bad_gateway with a request id", resp.StatusCode, env.Error, env.Meta)
 	}
 }
+
+// A key a client puts in the path is refused like one in the query, and no
+// span records it: spans carry url.path.
+func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {
+	g, sr, logs := startInternal(t, nil, fakeKeys{})
+	key := wellFormedKey(t)
+	// Answers without a route (404, or 405 for the GET of a POST route) come
+	// before any key is looked at; their spans are checked all the same.
+	for path, want := range map[string]int{
+		"/v1/export/items/" + key:                    401,
+		"/v1/export/items/" + key + "/sales/confirm": 405,
+		"/v1/nope/" + key:                            404,
+	} {
+		resp, env := get(t, "http://"+g.Addr()+path, map[string]string{"X-API-Key": wellFormedKey(t)})
+		if resp.StatusCode != want || env.Error == nil {
+			t.Errorf("GET %s = %d %+v, want %d", strings.Replace(path, key, "<key>", 1), resp.StatusCode, env.Error, want)
+		}
+	}
+	spans := sr.Ended()
+	if len(spans) == 0 {
+		t.Fatal("no span recorded")
+	}
+	for _, s := range spans {
+		for _, a := range s.Attributes() {
+			if strings.Contains(a.Value.String(), key) {
+				t.Errorf("span %q attribute %s holds the key", s.Name(), a.Key)
+			}
+		}
+	}
+	if strings.Contains(logs.String(), key) {
+		t.Error("the key is in the logs")
+	}
+}

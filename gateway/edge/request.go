@@ -10,6 +10,7 @@ import (
 
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/ratelimit"
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
@@ -31,8 +32,10 @@ type request struct {
 	// point into buffers that the proxy rewrites or that are reused after
 	// the handler, and spans outlive both.
 	method, path, clientIP string
-	start                  time.Time
-	key                    keystore.Key
+	// keyInPath: a path segment was an API key (path has it redacted).
+	keyInPath bool
+	start     time.Time
+	key       keystore.Key
 	// rate is the decision whose X-RateLimit-* headers the answer carries
 	// (when hasRate).
 	rate    ratelimit.Decision
@@ -63,8 +66,9 @@ const maxServerSpanAttrs = 9
 // an id chosen by an internet client would let it forge request ids. The
 // span's attributes are set once, when it ends (end).
 func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
-	rq := &request{route: routeName, method: stableMethod(c.Method()), path: strings.Clone(c.Path()),
-		clientIP: g.clientIP(c), start: time.Now()}
+	path, keyInPath := apikey.RedactPath(c.Path())
+	rq := &request{route: routeName, method: stableMethod(c.Method()), path: strings.Clone(path),
+		keyInPath: keyInPath, clientIP: g.clientIP(c), start: time.Now()}
 	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {
 		parent = otel.GetTextMapPropagator().Extract(parent, headerCarrier{&c.Request().Header})

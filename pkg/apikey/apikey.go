@@ -84,6 +84,33 @@ func WellFormed(s string) bool {
 	return checksum(s[:Len-checksumLen]) == s[Len-checksumLen:]
 }
 
+// RedactPath returns path with every segment that is a well-formed key
+// replaced by "[key]", and whether there was one. Spans record request
+// paths, and a key a client put in one must not reach them (spec 5: keys
+// never in URLs or logs). A path without one is returned as it is, without
+// an allocation.
+func RedactPath(path string) (string, bool) {
+	if len(path) < Len || !hasKeySegment(path) {
+		return path, false
+	}
+	segments := strings.Split(path, "/")
+	for i, segment := range segments {
+		if WellFormed(segment) {
+			segments[i] = "[key]"
+		}
+	}
+	return strings.Join(segments, "/"), true
+}
+
+func hasKeySegment(path string) bool {
+	for segment := range strings.SplitSeq(path, "/") {
+		if WellFormed(segment) {
+			return true
+		}
+	}
+	return false
+}
+
 // HashOf returns the stored form of secret.
 func HashOf(secret string) Hash {
 	return sha256.Sum256([]byte(secret))

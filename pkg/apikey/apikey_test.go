@@ -79,3 +79,30 @@ func hex(b []byte) string {
 	}
 	return string(out)
 }
+
+func TestRedactPath(t *testing.T) {
+	key, _, _ := Generate([]string{"export:read"})
+	other, _, _ := Generate([]string{"sales:write"})
+	lookalike := key[:Len-1] + "0" // wrong checksum (unless it happened to be "0")
+	if lookalike == key {
+		lookalike = key[:Len-1] + "1"
+	}
+	tests := []struct {
+		path, want string
+		found      bool
+	}{
+		{"/v1/export/items/coin-1", "/v1/export/items/coin-1", false},
+		{"/v1/export/items/" + key, "/v1/export/items/[key]", true},
+		{"/v1/export/items/" + other + "/sales/confirm", "/v1/export/items/[key]/sales/confirm", true},
+		{"/" + key + "/" + other, "/[key]/[key]", true},
+		{"/v1/export/items/" + lookalike, "/v1/export/items/" + lookalike, false},
+		{"/v1/export/items/x" + key, "/v1/export/items/x" + key, false},
+		{"", "", false},
+	}
+	for _, tt := range tests {
+		got, found := RedactPath(tt.path)
+		if got != tt.want || found != tt.found {
+			t.Errorf("RedactPath(%q) = %q, %v; want %q, %v", tt.path, got, found, tt.want, tt.found)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package httpserver
 import (
 	"net/http"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -42,10 +43,18 @@ func (s *Server) traced(next http.Handler) http.Handler {
 func requestAttrs(r *http.Request) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{
 		semconv.HTTPRequestMethodKey.String(r.Method),
-		semconv.URLPath(r.URL.Path),
+		semconv.URLPath(redactedPath(r.URL.Path)),
 	}
 	if ua := r.UserAgent(); ua != "" {
 		attrs = append(attrs, semconv.UserAgentOriginal(ua))
 	}
 	return attrs
+}
+
+// redactedPath is path without any API key a client put in it (the gateway
+// refuses such requests; this keeps one sent straight to a service out of
+// its spans too).
+func redactedPath(path string) string {
+	redacted, _ := apikey.RedactPath(path)
+	return redacted
 }
