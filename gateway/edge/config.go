@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
@@ -83,7 +84,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		DatabaseURL:      r.String("DATABASE_URL", ""),
 		RedisURL:         r.String("REDIS_URL", "redis://127.0.0.1:6379/0"),
 		IdentitySecret:   getenv("IDENTITY_SECRET"),
-		LogLevel:         r.String("LOG_LEVEL", "info"),
+		LogLevel:         r.LogLevel(),
 		TrustTraceparent: r.Bool("GATEWAY_TRUST_TRACEPARENT", false),
 		ProxyHeader:      r.String("GATEWAY_PROXY_HEADER", ""),
 		TrustedProxies:   r.List("GATEWAY_TRUSTED_PROXIES", ""),
@@ -124,10 +125,25 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
 	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
 		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")
+	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
+	checkInstanceURLs(r, "SALES_WRITER_URLS", cfg.SalesWriterURLs)
+	checkInstanceURLs(r, "SHOP_SCHEMA_URLS", cfg.ShopSchemaURLs)
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// checkInstanceURLs records a problem unless urls, the list read from
+// name, holds at least one instance and every one is well formed.
+func checkInstanceURLs(r *envconfig.Reader, name string, urls []string) {
+	for _, raw := range urls {
+		if _, err := upstream.ParseInstanceURL(raw); err != nil {
+			r.Failf("%s must list http(s)://host[:port] URLs, separated by commas, without credentials, path or query", name)
+			return
+		}
+	}
+	r.Check(len(urls) > 0, name+" must list at least one URL")
 }
 
 // rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>", limit ≥ 1).

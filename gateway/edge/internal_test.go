@@ -268,12 +268,25 @@ func TestLoadConfig(t *testing.T) {
 		"DATABASE_URL": "", "IDENTITY_SECRET": "short", "GATEWAY_MAX_HEADER_BYTES": "100",
 		"UPSTREAM_MAX_CONNS": "0", "KEY_CACHE_TTL": "-1s", "RATE_LIMIT_ENABLED": "perhaps",
 		"RATE_LIMIT_EXPORT_READ": "0-M", "RATE_LIMIT_SALES_WRITE": "lots",
-		"UPSTREAM_RESOLVE_INTERVAL": "50ms",
+		"UPSTREAM_RESOLVE_INTERVAL": "50ms", "LOG_LEVEL": "verbose",
+		"EXPORT_READER_URLS": "http://user:s3cretpw@127.0.0.1:8081", "SALES_WRITER_URLS": "127.0.0.1:8082",
+		"SHOP_SCHEMA_URLS": "http://127.0.0.1:8083/x?y=1",
 	} {
 		_, err := LoadConfig(getenv(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("LoadConfig(%s=%q) error = %v, want one naming %s", name, value, err, name)
+		} else if strings.Contains(err.Error(), "s3cretpw") {
+			t.Errorf("LoadConfig(%s=%q) error = %v quotes the password", name, value, err)
 		}
+	}
+	if _, err := LoadConfig(getenv(map[string]string{"EXPORT_READER_URLS": " , "})); err == nil {
+		t.Error("LoadConfig(EXPORT_READER_URLS without a URL) = nil error")
+	}
+	// The start-up log shows durations as durations, and no secret.
+	cfg, _ = LoadConfig(getenv(map[string]string{"DATABASE_URL": "postgres://u:dbpw@db/x"}))
+	logged := cfg.LogValue().String()
+	if !strings.Contains(logged, "upstream_read_timeout=30s") || strings.Contains(logged, "dbpw") || strings.Contains(logged, testSecret) {
+		t.Errorf("LogValue() = %s, want durations like 30s and no secret", logged)
 	}
 }
 

@@ -153,7 +153,7 @@ func (u *Upstream) reuse(old []*Instance, bases []string) (next []*Instance, add
 			next = append(next, old[i])
 			continue
 		}
-		p, err := parseInstanceURL(base)
+		p, err := ParseInstanceURL(base)
 		if err != nil {
 			continue // cannot happen: bases are built from parsed URLs
 		}

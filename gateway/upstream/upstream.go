@@ -96,7 +96,7 @@ func New(name string, urls []string, opts Options) (*Upstream, error) {
 	u := &Upstream{Name: name, opts: opts}
 	instances := make([]*Instance, 0, len(urls))
 	for _, raw := range urls {
-		p, err := parseInstanceURL(raw)
+		p, err := ParseInstanceURL(raw)
 		if err != nil {
 			return nil, fmt.Errorf("upstream %s: %w", name, err)
 		}
@@ -108,11 +108,18 @@ func New(name string, urls []string, opts Options) (*Upstream, error) {
 	return u, nil
 }
 
-// parseInstanceURL reads http(s)://host:port, without a path.
-func parseInstanceURL(raw string) (*url.URL, error) {
+// ErrInstanceURL is a malformed instance URL. Its text never quotes the
+// URL, which may hold credentials.
+var ErrInstanceURL = errors.New("upstream: an instance URL must be http(s)://host[:port], without credentials, path or query")
+
+// ParseInstanceURL reads http(s)://host[:port]: no user info (the services
+// authenticate the gateway by the signed identity, and a password here
+// would reach logs), no path, no query.
+func ParseInstanceURL(raw string) (*url.URL, error) {
 	p, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || (p.Path != "" && p.Path != "/") {
-		return nil, fmt.Errorf("invalid instance URL %q: want http(s)://host:port", raw)
+	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.User != nil ||
+		(p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" {
+		return nil, ErrInstanceURL
 	}
 	return p, nil
 }

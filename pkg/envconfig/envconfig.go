@@ -8,6 +8,7 @@ package envconfig
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,21 @@ func (r *Reader) String(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// OneOf returns the variable, lower-cased, if it is one of allowed (in any
+// case), def when unset.
+func (r *Reader) OneOf(name, def string, allowed ...string) string {
+	v := strings.ToLower(r.String(name, def))
+	if !slices.Contains(allowed, v) {
+		r.Failf("%s must be one of %s", name, strings.Join(allowed, ", "))
+	}
+	return v
+}
+
+// LogLevel reads LOG_LEVEL, which every binary has.
+func (r *Reader) LogLevel() string {
+	return r.OneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error")
 }
 
 // Int returns the variable as an integer from min to max, def when unset.

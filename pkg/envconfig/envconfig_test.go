@@ -11,11 +11,11 @@ import (
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestDefaultsAndValues(t *testing.T) {
-	r := New(env(map[string]string{"N": " 7 ", "D": "3s", "L": " a, ,b ,", "S": " x "}))
+	r := New(env(map[string]string{"N": " 7 ", "D": "3s", "L": " a, ,b ,", "S": " x ", "LOG_LEVEL": "WARN"}))
 	got := []any{r.String("S", "d"), r.String("UNSET", "d"), r.Int("N", 1, 0, 10), r.Int("UNSET", 1, 0, 10),
 		r.Duration("D", time.Second, 0, time.Minute), r.Duration("UNSET", time.Second, 0, time.Minute),
-		r.List("L", ""), r.List("UNSET", "p,q"), r.Bool("UNSET", true)}
-	want := []any{"x", "d", 7, 1, 3 * time.Second, time.Second, []string{"a", "b"}, []string{"p", "q"}, true}
+		r.List("L", ""), r.List("UNSET", "p,q"), r.Bool("UNSET", true), r.LogLevel(), r.OneOf("UNSET", "b", "a", "b")}
+	want := []any{"x", "d", 7, 1, 3 * time.Second, time.Second, []string{"a", "b"}, []string{"p", "q"}, true, "warn", "b"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("values (-want +got):\n%s", diff)
 	}
@@ -25,8 +25,9 @@ func TestDefaultsAndValues(t *testing.T) {
 }
 
 func TestEveryProblemNamedWithoutItsValue(t *testing.T) {
-	r := New(env(map[string]string{"N": "secret-ish", "BIG": "11", "D": "soon", "NEG": "-1s", "B": "maybe"}))
+	r := New(env(map[string]string{"N": "secret-ish", "BIG": "11", "D": "soon", "NEG": "-1s", "B": "maybe", "LOG_LEVEL": "verbose"}))
 	r.Bool("B", false)
+	r.LogLevel()
 	r.Int("N", 1, 0, 10)
 	r.Int("BIG", 1, 0, 10)
 	r.Duration("D", time.Second, time.Millisecond, time.Minute)
@@ -37,12 +38,12 @@ func TestEveryProblemNamedWithoutItsValue(t *testing.T) {
 	if err == nil {
 		t.Fatal("Err() = nil, want every problem")
 	}
-	for _, name := range []string{"N must", "BIG must", "D must", "NEG must", "B must", "X is required"} {
+	for _, name := range []string{"N must", "BIG must", "D must", "NEG must", "B must", "LOG_LEVEL must be one of debug, info, warn, error", "X is required"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("Err() = %q, lacks %q", err, name)
 		}
 	}
-	if strings.Contains(err.Error(), "secret-ish") || strings.Contains(err.Error(), "never reported") {
+	if strings.Contains(err.Error(), "secret-ish") || strings.Contains(err.Error(), "verbose") || strings.Contains(err.Error(), "never reported") {
 		t.Errorf("Err() = %q, quotes a value or a passed check", err)
 	}
 }

@@ -40,7 +40,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		CursorSecret:   getenv("CURSOR_SECRET"),
 		CursorPrevious: r.List("CURSOR_SECRET_PREVIOUS", ""),
 		IdentitySecret: getenv("IDENTITY_SECRET"),
-		LogLevel:       r.String("LOG_LEVEL", "info"),
+		LogLevel:       r.LogLevel(),
 	}
 	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
 	r.Check(len(cfg.CursorSecret) >= 32, "CURSOR_SECRET must be at least 32 bytes")

@@ -33,7 +33,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		IdentitySecret:       getenv("IDENTITY_SECRET"),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
 		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),
-		LogLevel:             r.String("LOG_LEVEL", "info"),
+		LogLevel:             r.LogLevel(),
 		GC:                   gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")

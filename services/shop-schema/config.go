@@ -34,7 +34,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		Addr:           r.String("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
 		AdminAddr:      r.String("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
 		IdentitySecret: getenv("IDENTITY_SECRET"),
-		LogLevel:       r.String("LOG_LEVEL", "info"),
+		LogLevel:       r.LogLevel(),
 		AllowHosts:     r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
 		CAFile:         r.String("SHOP_SCHEMA_CA_FILE", ""),
 		Ports:          ports(r, "SHOP_SCHEMA_PORTS", "443,8443"),
