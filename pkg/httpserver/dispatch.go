@@ -61,6 +61,10 @@ func (s *Server) dispatch() http.Handler {
 
 		if r.URL.Path == healthPath {
 			route = healthPath
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				methodNotAllowed(rec, r, "GET, HEAD")
+				return
+			}
 			s.health(rec, r)
 			return
 		}
@@ -81,7 +85,7 @@ func (s *Server) dispatch() http.Handler {
 		}
 		handler, pattern := s.routes.Handler(r)
 		if pattern == "" {
-			s.noRoute(rec, r, handler)
+			noRoute(rec, r, handler)
 			return
 		}
 		route = pattern
@@ -112,16 +116,20 @@ func annotate(r *http.Request, id identity.Identity) {
 // method with 405 and Allow, both as envelopes. ServeMux's own fallback
 // handler tells the two apart; it runs against a recorder so that only its
 // status and Allow header are kept, never its text body.
-func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, fallback http.Handler) {
+func noRoute(w http.ResponseWriter, r *http.Request, fallback http.Handler) {
 	probe := &headerProbe{header: http.Header{}}
 	fallback.ServeHTTP(probe, r)
 	if probe.status == http.StatusMethodNotAllowed {
-		w.Header().Set("Allow", probe.header.Get("Allow"))
-		envelope.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed",
-			fmt.Sprintf("method %s is not allowed on this route", r.Method), RequestID(r))
+		methodNotAllowed(w, r, probe.header.Get("Allow"))
 		return
 	}
 	envelope.WriteError(w, http.StatusNotFound, "not_found", "route not found", RequestID(r))
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	envelope.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+		fmt.Sprintf("method %s is not allowed on this route", r.Method), RequestID(r))
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

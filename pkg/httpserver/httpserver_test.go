@@ -114,6 +114,14 @@ func TestHealthNeedsNoIdentity(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("GET /healthz = %d, want 200", resp.StatusCode)
 	}
+	resp, err = http.Post(ts.URL+"/healthz", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST /healthz = %d (Allow %q), want 405 with Allow GET, HEAD", resp.StatusCode, resp.Header.Get("Allow"))
+	}
 }
 
 func TestAdminHandlerServesMetricsAndProfiles(t *testing.T) {
@@ -244,4 +252,42 @@ func TestRunWithATakenAddressServesNothing(t *testing.T) {
 		t.Fatalf("the main address is still taken after Run failed: %v", err)
 	}
 	ln.Close()
+}
+
+// The admin listener answers its own formats, and every error as the
+// envelope.
+func TestAdminErrorsAreEnvelopes(t *testing.T) {
+	ts := httptest.NewServer(AdminHandler(prometheus.NewRegistry()))
+	t.Cleanup(ts.Close)
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"GET", "/metrics", 200, ""},
+		{"GET", "/debug/pprof/heap?debug=1", 200, ""},
+		{"GET", "/debug/pprof/cmdline", 200, ""},
+		{"GET", "/nope", 404, "not_found"},
+		{"POST", "/metrics", 405, "method_not_allowed"},
+		{"GET", "/debug/pprof/nonexistent", 404, "not_found"},
+	} {
+		req, _ := http.NewRequest(tt.method, ts.URL+tt.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s %s = %d, want %d", tt.method, tt.path, resp.StatusCode, tt.status)
+			continue
+		}
+		if tt.code == "" {
+			continue
+		}
+		var env envelope.Parsed
+		if err := json.Unmarshal(body, &env); err != nil || env.Error == nil || env.Error.Code != tt.code || env.Meta.RequestID == "" {
+			t.Errorf("%s %s = %s, want an envelope with code %s and a request id", tt.method, tt.path, body, tt.code)
+		}
+	}
 }
