@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -632,5 +633,51 @@ func TestConcurrencyLimit(t *testing.T) {
 	close(shop.Hold)
 	if got := <-first; got != http.StatusOK {
 		t.Errorf("first POST schema = %d, want 200", got)
+	}
+}
+
+// A caller that hangs up (the gateway past its upstream timeout) cancels
+// the shop's requests: that is reported as client_closed_request, not as a
+// shop timeout that would send operators after the shop.
+func TestAbandonedReadIsNotAShopTimeout(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Delay = 3 * time.Second
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	ctx, hangUp := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer hangUp()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, svc.url+"/v1/sync/prestashop/schema",
+		strings.NewReader(body(shop.URL(), fakeshop.Key)))
+	for _, h := range svc.signer.Sign(identity.Identity{RequestID: "req-abandoned"}, time.Now()) {
+		req.Header.Set(h.Name, h.Value)
+	}
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("POST answered %d before the client hung up", resp.StatusCode)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(svc.logs.String(), `"msg":"shop schema refused"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no outcome logged:\n%s", svc.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	logs := svc.logs.String()
+	if !strings.Contains(logs, `"code":"client_closed_request"`) || strings.Contains(logs, "shop_timeout") {
+		t.Errorf("logs = %s, want the read logged as client_closed_request, never shop_timeout", logs)
+	}
+}
+
+// A shop URL whose port speaks plain HTTP is a TLS failure, as the README
+// says, not an unreachable shop.
+func TestSchemaPortWithoutTLS(t *testing.T) {
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "plain http", http.StatusOK)
+	}))
+	t.Cleanup(plain.Close)
+	svc := startService(t, nil, nil)
+	status, env := svc.post(t, body(strings.Replace(plain.URL, "http://", "https://", 1), fakeshop.Key))
+	if status != http.StatusBadGateway || errCode(env) != "shop_tls_error" {
+		t.Errorf("POST schema to a plain-HTTP port = %d %s, want 502 shop_tls_error", status, errCode(env))
 	}
 }

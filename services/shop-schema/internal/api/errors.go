@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,12 @@ import (
 
 	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
+)
+
+// A request whose caller hung up before the answer: nginx's status 499.
+const (
+	statusClientClosed = 499
+	codeClientClosed   = "client_closed_request"
 )
 
 // shopStatus maps each kind of shop failure to its answer. Problems the
@@ -48,6 +55,15 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	if errors.As(err, &inputErr) {
 		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
 		return inputErr.Code
+	}
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		// The caller (the gateway, past its upstream timeout) hung up, which
+		// cancelled the shop's requests: the shop is not at fault, and no one
+		// reads this answer (499, as nginx names a request its client
+		// closed). Reported as a shop timeout, it sent operators after the
+		// shop.
+		envelope.WriteError(w, statusClientClosed, codeClientClosed, "the caller closed the request", requestID)
+		return codeClientClosed
 	}
 	var shopErr *prestashop.Error
 	if errors.As(err, &shopErr) {

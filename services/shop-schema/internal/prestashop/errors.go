@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
@@ -105,6 +106,9 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		e.Kind, e.Reason = KindBadResponse, "the shop redirected to an unusable address"
 	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
+	case errors.Is(err, http.ErrSchemeMismatch):
+		// net/http's name for a TLS record header that reads "HTTP/".
+		e.Kind, e.Reason = KindTLS, "the shop's port does not speak TLS (plain HTTP answered)"
 	case errors.As(err, &certErr), errors.As(err, &unknownAuth), errors.As(err, &hostErr),
 		errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
 		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (certificate not trusted, expired or for another name)"
