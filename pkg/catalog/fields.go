@@ -135,7 +135,7 @@ func checkStock(status string, raw json.RawMessage) string {
 		want = "1"
 	}
 	if string(raw) != want {
-		return fmt.Sprintf("must be %s for a %s item, or left out (stock is derived from status)", want, status)
+		return fmt.Sprintf("must be %s when status is %s, or left out (stock is derived from status)", want, status)
 	}
 	return ""
 }

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"unicode/utf8"
+	"strings"
+
+	"github.com/coinexport/export/pkg/strictjson"
 )
 
 // MaxLineBytes bounds one import line, so a file without newlines cannot
@@ -81,12 +83,18 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 
 // parseLine validates one line; a non-empty reason rejects it.
 func parseLine(line []byte) (Item, string) {
-	if !utf8.Valid(line) {
-		return Item{}, "not valid UTF-8"
+	// As strict as the API's bodies: encoding/json would keep the last of
+	// two equal names and read a lone surrogate escape or invalid UTF-8 as
+	// U+FFFD, so a line could store other data than it shows.
+	if fault := strictjson.CheckObject(line); fault != nil {
+		if fault.Duplicate != "" {
+			return Item{}, fmt.Sprintf("the name %q appears twice in one object", fault.Duplicate)
+		}
+		return Item{}, strings.ReplaceAll(fault.Message, "the body", "the line")
 	}
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(line, &fields); err != nil || fields == nil {
-		return Item{}, "not a JSON object"
+	if err := json.Unmarshal(line, &fields); err != nil {
+		return Item{}, "the line must be a JSON object"
 	}
 	for name := range fields {
 		if reason, bad := forbiddenFields[name]; bad {

@@ -31,10 +31,13 @@ func TestParseJSONLRejects(t *testing.T) {
 	tests := []struct {
 		name, line, reason string
 	}{
-		{"not json", `{"id":`, "not a JSON object"},
-		{"array", `[1]`, "not a JSON object"},
-		{"trailing data", good + ` {}`, "not a JSON object"},
-		{"invalid utf8", "{\"id\":\"\xff\"}", "not valid UTF-8"},
+		{"not json", `{"id":`, "the line is not valid JSON"},
+		{"array", `[1]`, "the line must be a JSON object"},
+		{"trailing data", good + ` {}`, "unexpected data after the JSON object"},
+		{"invalid utf8", "{\"id\":\"\xff\"}", "the line is not valid UTF-8"},
+		{"duplicate id", `{"id":"a","id":"b"}`, `the name "id" appears twice in one object`},
+		{"duplicate nested name", with("texts", `{"ENG":{"title":"T","title":"U"}}`), `the name "title" appears twice in one object`},
+		{"lone surrogate", with("coin_id", `"k\udfff"`), `a string in the line holds a lone surrogate escape (\ud800 to \udfff not in a pair)`},
 		{"unknown field", with("colour", `"red"`), "colour: unknown field"},
 		{"title at top", with("title", `"x"`), "title: not allowed here; put it in texts.<LANG>.title"},
 		{"updated_at", with("updated_at", `"2026-01-01T00:00:00Z"`), "updated_at: not allowed; the server sets it on every change"},
@@ -64,7 +67,7 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"missing currency", with("currency", ""), "currency: required"},
 		{"bad currency", with("currency", `"eur"`), "currency: must be an ISO 4217 currency code such as EUR or UAH"},
 		{"unknown currency", with("currency", `"ABC"`), "currency: must be an ISO 4217 currency code such as EUR or UAH"},
-		{"stock mismatch", with("stock_quantity", `0`), "stock_quantity: must be 1 for a active item, or left out (stock is derived from status)"},
+		{"stock mismatch", with("stock_quantity", `0`), "stock_quantity: must be 1 when status is active, or left out (stock is derived from status)"},
 		{"category array", with("category", `[]`), "category: must be an object or null"},
 		{"characteristics null", with("characteristics", `null`), "characteristics: must be an object"},
 		{"characteristics NUL", with("characteristics", `{"a":"\u0000"}`), "characteristics: must not contain the NUL character"},
