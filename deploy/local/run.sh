@@ -66,9 +66,11 @@ if [ ! -f "$demo" ]; then
   printf 'DEMO_OWNER_ID=%s\nDEMO_READ_KEY=%s\nDEMO_WRITE_KEY=%s\n' "$owner" "$read_key" "$write_key" >"$demo"
   umask 022
 fi
-. "$demo"
 
-printf 'DATABASE_URL=%q\nREDIS_URL=%q\nBASE_URL=%q\n' "$DATABASE_URL" "$REDIS_URL" "$BASE_URL" >"$state/env"
+# Exported, so that `. .run/env` serves exportctl and any other child; each
+# value single-quoted (none holds a quote), which POSIX shells read alike.
+printf "export DATABASE_URL='%s'\nexport REDIS_URL='%s'\nexport BASE_URL='%s'\n" \
+  "$DATABASE_URL" "$REDIS_URL" "$BASE_URL" >"$state/env"
 
 start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1
