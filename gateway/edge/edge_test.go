@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -197,6 +198,16 @@ func TestRateLimits(t *testing.T) {
 		// The key must stay cached however slow the machine is: the test is
 		// about a cached key passing while its IP is over the failure budget.
 		"KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"})
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" { // the gateway's probe
+			envelope.WriteData(w, http.StatusOK, map[string]string{"status": "ok"}, envelope.Meta{})
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		envelope.WriteError(w, http.StatusTooManyRequests, "rate_limited", "too many shop schema reads in progress", "")
+	}))
+	t.Cleanup(shop.Close)
+	busy := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL})
 	items := gw.URL + "/v1/export/items"
 	for i := 0; i < 3; i++ {
 		r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil)
@@ -242,6 +253,14 @@ func TestRateLimits(t *testing.T) {
 	}
 	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil); r.Status != 200 {
 		t.Errorf("cached key from an IP over its failure budget = %d, want 200", r.Status)
+	}
+	// A service's own 429 (shop-schema's reads in flight) carries its
+	// Retry-After and none of the gateway's X-RateLimit-* headers, whose
+	// Remaining would contradict it.
+	if r := do(t, "POST", busy.URL+"/v1/sync/prestashop/schema", nil, strings.NewReader("{}")); r.Status != 429 ||
+		r.Header.Get("Retry-After") != "1" || r.Header.Get("X-Ratelimit-Remaining") != "" {
+		t.Errorf("service's 429 = %d with Retry-After %q and X-RateLimit-Remaining %q, want 429, 1 and none",
+			r.Status, r.Header.Get("Retry-After"), r.Header.Get("X-Ratelimit-Remaining"))
 	}
 	// Health is limited per IP, separately.
 	if r := do(t, "GET", gw.URL+"/v1/health", nil, nil); r.Status != 200 || r.Header.Get("X-Ratelimit-Limit") != "100" {

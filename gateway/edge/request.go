@@ -114,14 +114,16 @@ const methodOther = "_OTHER"
 func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 	resp := &c.Response().Header
 	resp.Set(envelope.RequestIDHeader, rq.id)
-	if rq.hasRate {
+	status := c.Response().StatusCode()
+	// A 429 of a service's own (shop-schema's reads in flight) is not this
+	// limit's: its X-RateLimit-Remaining would contradict the refusal.
+	if rq.hasRate && (status != fiber.StatusTooManyRequests || !rq.rate.Allowed) {
 		var buf [20]byte
 		d := &rq.rate
 		resp.SetBytesV("X-RateLimit-Limit", strconv.AppendInt(buf[:0], d.Limit, 10))
 		resp.SetBytesV("X-RateLimit-Remaining", strconv.AppendInt(buf[:0], d.Remaining, 10))
 		resp.SetBytesV("X-RateLimit-Reset", strconv.AppendInt(buf[:0], d.ResetUnix(), 10))
 	}
-	status := c.Response().StatusCode()
 	elapsed := time.Since(rq.start)
 	rm.observe(status, elapsed)
 	g.endSpan(rq, status)
