@@ -73,7 +73,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"bad rate", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
 			"RATE_LIMIT_EXPORT_READ": "6000/min"}, "RATE_LIMIT_EXPORT_READ"},
 		{"bad upstream", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
-			"GATEWAY_ADDR": "127.0.0.1:0", "EXPORT_READER_URLS": "ftp://x"}, "export-reader"},
+			"GATEWAY_ADDR": "127.0.0.1:0", "EXPORT_READER_URLS": "ftp://x"}, "EXPORT_READER_URLS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -76,7 +76,7 @@ type Gateway struct {
 func Run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := LoadConfig(getenv)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return err // "config: " and every bad variable
 	}
 	cfg.GC.Apply()
 	g, err := Start(ctx, cfg, getenv, stdout)
