@@ -68,9 +68,16 @@ if [ ! -f "$demo" ]; then
 fi
 
 # Exported, so that `. .run/env` serves exportctl and any other child; each
-# value single-quoted (none holds a quote), which POSIX shells read alike.
-printf "export DATABASE_URL='%s'\nexport REDIS_URL='%s'\nexport BASE_URL='%s'\n" \
-  "$DATABASE_URL" "$REDIS_URL" "$BASE_URL" >"$state/env"
+# value single-quoted (a quote inside written '\''), which POSIX shells read
+# alike; readable by you only, as a DATABASE_URL given may hold a password.
+shell_quote() { local q="'\\''"; printf "'%s'" "${1//\'/$q}"; }
+umask 077
+{
+  echo "export DATABASE_URL=$(shell_quote "$DATABASE_URL")"
+  echo "export REDIS_URL=$(shell_quote "$REDIS_URL")"
+  echo "export BASE_URL=$(shell_quote "$BASE_URL")"
+} >"$state/env"
+umask 022
 
 start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1

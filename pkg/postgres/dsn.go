@@ -44,6 +44,13 @@ func Describe(dsn string) string {
 			hosts = append(hosts, hp)
 		}
 	}
+	// A URL with an unescaped "@" or "/" in its password parses, but
+	// splits the password into the user or a host name.
+	for _, part := range append(hosts, cc.User, cc.Database) {
+		if strings.Contains(part, "@") || !strings.HasPrefix(part, "/") && strings.Contains(part, "/") {
+			return "(unparsable)"
+		}
+	}
 	return cc.User + "@" + strings.Join(hosts, ",") + "/" + cc.Database
 }
 

@@ -28,6 +28,8 @@ func TestDescribeShowsNoPassword(t *testing.T) {
 		{"host=db user=u password=s3cret dbname=x pool_max_conns=8 sslmode=disable", "u@db:5432/x"},
 		{"postgres://u:s3cret@db:notaport/x", "(unparsable)"},
 		{"host=db password='s3cret", "(unparsable)"},
+		{"postgres://u:s3cr@t@db/x", "(unparsable)"},
+		{"postgres://u:1234/s3cret@db/x", "(unparsable)"},
 	}
 	for _, tt := range tests {
 		got := Describe(tt.dsn)

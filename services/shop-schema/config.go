@@ -41,7 +41,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		Timeout:        r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, time.Millisecond, time.Hour),
 		ConnectTimeout: r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, time.Millisecond, time.Hour),
 		MaxBytes:       int64(r.Int("SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)),
-		MaxCallBytes:   int64(r.Int("SHOP_SCHEMA_MAX_CALL_BYTES", 32<<20, 1<<10, 1<<34)),
+		MaxCallBytes:   int64(r.Int("SHOP_SCHEMA_MAX_CALL_BYTES", 32<<20, 1<<10, 1<<30)),
 		PageSize:       r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
 		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -148,17 +149,17 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 		return nil, transportError(ctx, resource, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, cl.maxBytes+1))
+	body, err := io.ReadAll(io.LimitReader(chargedReader{resp.Body, &c.bytesLeft}, cl.maxBytes+1))
+	if errors.Is(err, errCallBytesSpent) {
+		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,
+			Reason: fmt.Sprintf("the shop's answers together are larger than %d bytes", cl.maxCallBytes)}
+	}
 	if err != nil {
 		return nil, transportError(ctx, resource, err)
 	}
 	if int64(len(body)) > cl.maxBytes {
 		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,
 			Reason: fmt.Sprintf("the shop's answer is larger than %d bytes", cl.maxBytes)}
-	}
-	if c.bytesLeft.Add(-int64(len(body))) < 0 {
-		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,
-			Reason: fmt.Sprintf("the shop's answers together are larger than %d bytes", cl.maxCallBytes)}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, statusError(resource, resp.StatusCode, body, !looksLikeJSON(body))
@@ -172,6 +173,25 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 		c.version.Store(v)
 	}
 	return body, nil
+}
+
+// chargedReader charges every byte read to the call's budget as it comes,
+// and fails once the budget is spent: the resources are fetched at once,
+// and charged only after each whole answer they could together hold four
+// answers beyond it.
+type chargedReader struct {
+	r    io.Reader
+	left *atomic.Int64
+}
+
+var errCallBytesSpent = errors.New("prestashop: the call's byte budget is spent")
+
+func (cr chargedReader) Read(p []byte) (int, error) {
+	n, err := cr.r.Read(p)
+	if cr.left.Add(-int64(n)) < 0 {
+		return n, errCallBytesSpent
+	}
+	return n, err
 }
 
 // listAll reads every row of a resource, page by page, sorted by id so that
