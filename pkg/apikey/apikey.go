@@ -38,6 +38,14 @@ const (
 	TagAll   = "cxa_"
 )
 
+// inAlphabet tells the bytes of alphabet, for WellFormed's scan.
+var inAlphabet = func() (in [256]bool) {
+	for i := range len(alphabet) {
+		in[alphabet[i]] = true
+	}
+	return in
+}()
+
 // Hash is the stored form of a key.
 type Hash [sha256.Size]byte
 
@@ -50,7 +58,8 @@ func Generate(scopes []string) (secret, prefix string, err error) {
 	}
 	tag := tagFor(scopes)
 	body := base62(raw, bodyLen)
-	secret = tag + body + checksum(tag+body)
+	sum := checksum(tag + body)
+	secret = tag + body + string(sum[:])
 	return secret, secret[:displayLen], nil
 }
 
@@ -77,11 +86,12 @@ func WellFormed(s string) bool {
 		return false
 	}
 	for i := tagLen; i < Len; i++ {
-		if strings.IndexByte(alphabet, s[i]) < 0 {
+		if !inAlphabet[s[i]] {
 			return false
 		}
 	}
-	return checksum(s[:Len-checksumLen]) == s[Len-checksumLen:]
+	sum := checksum(s[:Len-checksumLen])
+	return string(sum[:]) == s[Len-checksumLen:]
 }
 
 // RedactPath returns path with every segment that is a well-formed key
@@ -116,11 +126,24 @@ func HashOf(secret string) Hash {
 	return sha256.Sum256([]byte(secret))
 }
 
-func checksum(s string) string {
-	var n [4]byte
-	c := crc32.ChecksumIEEE([]byte(s))
-	n[0], n[1], n[2], n[3] = byte(c>>24), byte(c>>16), byte(c>>8), byte(c)
-	return base62(n[:], checksumLen)
+// checksum is the CRC-32 of a key's tag and body in base62, left-padded to
+// checksumLen. It neither allocates nor uses big.Int: WellFormed runs on
+// every path segment of a key's length that a client sends (RedactPath),
+// before any rate limit, so it must cost next to nothing.
+func checksum(s string) [checksumLen]byte {
+	// crc32.ChecksumIEEE over s, read as a string: its []byte would
+	// escape to the heap.
+	c := ^uint32(0)
+	for i := 0; i < len(s); i++ {
+		c = crc32.IEEETable[byte(c)^s[i]] ^ c>>8
+	}
+	c = ^c
+	var out [checksumLen]byte
+	for i := checksumLen - 1; i >= 0; i-- {
+		out[i] = alphabet[c%62]
+		c /= 62
+	}
+	return out
 }
 
 // base62 encodes b as a big-endian number, left-padded with zeros to width.

@@ -1,6 +1,7 @@
 package apikey
 
 import (
+	"hash/crc32"
 	"strings"
 	"testing"
 )
@@ -103,6 +104,17 @@ func TestRedactPath(t *testing.T) {
 		got, found := RedactPath(tt.path)
 		if got != tt.want || found != tt.found {
 			t.Errorf("RedactPath(%q) = %q, %v; want %q, %v", tt.path, got, found, tt.want, tt.found)
+		}
+	}
+}
+
+// Keys issued before the checksum divided a uint32 must stay well formed.
+func TestChecksumMatchesBase62(t *testing.T) {
+	for _, s := range []string{"", "a", "cxr_abc", "cxw_0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefg"} {
+		c := crc32.ChecksumIEEE([]byte(s))
+		sum := checksum(s)
+		if got, want := string(sum[:]), base62([]byte{byte(c >> 24), byte(c >> 16), byte(c >> 8), byte(c)}, checksumLen); got != want {
+			t.Errorf("checksum(%q) = %s, want %s", s, got, want)
 		}
 	}
 }
