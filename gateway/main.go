@@ -11,18 +11,46 @@ import (
 	"syscall"
 
 	"github.com/coinexport/export/gateway/edge"
+	"github.com/coinexport/export/pkg/logging"
 )
+
+const serviceName = "gateway"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
+		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
 	}
 }
 
-// run serves until ctx ends; tests call it with their own getenv.
+// run starts the gateway from the environment and serves until ctx ends or
+// a listener fails, then drains in-flight requests for at most
+// GATEWAY_SHUTDOWN_TIMEOUT. Tests call it with their own getenv.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	return edge.Run(ctx, getenv, stdout)
+	cfg, err := edge.LoadConfig(getenv)
+	if err != nil {
+		return err // "config: " and every bad variable
+	}
+	cfg.GC.Apply() // GOGC and GOMEMLIMIT, with the gateway's defaults (gcdefaults)
+	log := logging.New(stdout, cfg.LogLevel, serviceName)
+	log.Info("starting", "config", cfg)
+	routeRedisLogs(log)
+
+	gw, err := edge.Start(ctx, cfg, log, getenv)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-gw.Failed():
+		log.Error("listener failed", "error", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if serr := gw.Shutdown(sctx); serr != nil && err == nil {
+		err = serr
+	}
+	return err
 }

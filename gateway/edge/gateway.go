@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,7 +20,6 @@ import (
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
-	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/coinexport/export/pkg/telemetry"
@@ -70,44 +68,18 @@ type Gateway struct {
 	stopErr    error
 }
 
-// Run starts the gateway from the environment (with the collector's
-// defaults, gcdefaults) and serves until ctx ends, then drains in-flight
-// requests.
-func Run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := LoadConfig(getenv)
-	if err != nil {
-		return err // "config: " and every bad variable
-	}
-	cfg.GC.Apply()
-	g, err := Start(ctx, cfg, getenv, stdout)
-	if err != nil {
-		return err
-	}
-	routeRedisLogs(g.log)
-	select {
-	case <-ctx.Done():
-	case err = <-g.served:
-		g.log.Error("listener failed", "error", err)
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if serr := g.Shutdown(sctx); serr != nil && err == nil {
-		err = serr
-	}
-	return err
-}
-
-// Start connects to the dependencies, starts the listeners and the
-// background work, and returns at once. getenv feeds the OTEL_* variables.
-func Start(ctx context.Context, cfg Config, getenv func(string) string, stdout io.Writer) (*Gateway, error) {
-	return start(ctx, cfg, getenv, stdout, nil)
+// Start connects to the dependencies (telemetry, PostgreSQL, Redis, the
+// upstreams), starts the listeners and the background work, and returns at
+// once; the binary's run and the tests share it. getenv feeds the OTEL_*
+// variables.
+func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string) (*Gateway, error) {
+	return start(ctx, cfg, log, getenv, nil)
 }
 
 // start is Start with a hook tests use to replace parts before serving.
-func start(ctx context.Context, cfg Config, getenv func(string) string, stdout io.Writer, hook func(*Gateway)) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, log: logging.New(stdout, cfg.LogLevel, "gateway"), metrics: newMetrics(),
+func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
+	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(),
 		served: make(chan error, 2), limitDone: make(chan struct{})}
-	g.log.Info("starting", "config", cfg)
 	cleanup := []func(){}
 	defer func() {
 		if err != nil {
@@ -278,6 +250,10 @@ func (g *Gateway) startServing() {
 		}
 	}()
 }
+
+// Failed delivers the error of a listener that stopped serving on its own;
+// the binary then shuts the gateway down.
+func (g *Gateway) Failed() <-chan error { return g.served }
 
 // Addr is the public listener's address.
 func (g *Gateway) Addr() string { return g.listener.Addr().String() }

@@ -18,6 +18,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -65,7 +66,7 @@ func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gatewa
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	logs := &testenv.Output{}
-	g, err := start(context.Background(), cfg, getenv, logs, func(g *Gateway) {
+	g, err := start(context.Background(), cfg, logging.New(logs, cfg.LogLevel, "gateway"), getenv, func(g *Gateway) {
 		g.keys = keys
 		g.tracer = tp.Tracer("test")
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/edge"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
 )
 
@@ -55,7 +56,7 @@ func Start(t testing.TB, env map[string]string) *Server {
 		t.Fatalf("gatewaytest: config: %v", err)
 	}
 	logs := &testenv.Output{}
-	g, err := edge.Start(context.Background(), cfg, getenv, logs)
+	g, err := edge.Start(context.Background(), cfg, logging.New(logs, cfg.LogLevel, "gateway"), getenv)
 	if err != nil {
 		t.Fatalf("gatewaytest: start: %v", err)
 	}

@@ -1,4 +1,4 @@
-package edge
+package main
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 }
 
 // routeRedisLogs installs redisLogger. go-redis keeps its logger in a
-// package variable, so only the binary's Run does this, once.
+// package variable, so only run does this, once.
 func routeRedisLogs(log *slog.Logger) {
 	redis.SetLogger(redisLogger{log})
 }
