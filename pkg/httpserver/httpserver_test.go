@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +147,17 @@ func TestAdminHandlerServesMetricsAndProfiles(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
 			t.Errorf("GET %s: %d, body lacks %q", path, resp.StatusCode, want)
 		}
+	}
+	// go tool pprof symbolizes with a POST of "+"-separated addresses.
+	pc := reflect.ValueOf(AdminHandler).Pointer()
+	resp, err := http.Post(srv.URL+"/debug/pprof/symbol", "text/plain", strings.NewReader(fmt.Sprintf("%#x", pc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "httpserver.AdminHandler") {
+		t.Errorf("POST /debug/pprof/symbol = %d %q, want 200 naming httpserver.AdminHandler", resp.StatusCode, body)
 	}
 }
 
