@@ -175,6 +175,27 @@ func waitFor(t *testing.T, ok func() bool) {
 	}
 }
 
+// A connection dropped right after LISTEN is retried with growing waits,
+// like one that never got there; one that listened a while starts over.
+func TestListenedSteadily(t *testing.T) {
+	start := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		since, end time.Time
+		want       bool
+	}{
+		{time.Time{}, start, false},
+		{start, start.Add(time.Millisecond), false},
+		{start, start.Add(steadyListen - time.Nanosecond), false},
+		{start, start.Add(steadyListen), true},
+		{start, start.Add(time.Hour), true},
+	}
+	for _, tt := range tests {
+		if got := listenedSteadily(tt.since, tt.end); got != tt.want {
+			t.Errorf("listenedSteadily(%v, %v) = %v, want %v", tt.since, tt.end, got, tt.want)
+		}
+	}
+}
+
 func TestNextBackoffStartsOverOnceListening(t *testing.T) {
 	var waits []time.Duration
 	last := time.Duration(0)

@@ -18,8 +18,9 @@ const RevocationChannel = "api_key_revoked"
 func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 	var backoff time.Duration
 	for ctx.Err() == nil {
-		err := s.listenOnce(ctx)
-		backoff = nextBackoff(backoff, s.listening.Swap(false))
+		since, err := s.listenOnce(ctx)
+		s.listening.Store(false)
+		backoff = nextBackoff(backoff, listenedSteadily(since, time.Now()))
 		if ctx.Err() != nil {
 			return
 		}
@@ -33,36 +34,48 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 }
 
 // Reconnection waits: doubling from the first to the longest while the
-// attempts fail.
+// attempts fail. An attempt counts as a success once it has listened for
+// steadyListen: a connection that a server or proxy drops right after
+// LISTEN would otherwise be retried every 100 ms for ever.
 const (
 	firstBackoff   = 100 * time.Millisecond
 	longestBackoff = 5 * time.Second
+	steadyListen   = 10 * time.Second
 )
 
 // nextBackoff is the wait before the next attempt, after one that waited
-// last and did or did not get to listen. An attempt that listened starts
-// the doubling over: otherwise a gateway that lost the connection a few
-// times in its life would wait the longest after every later drop, with
-// each cache miss going to the database meanwhile.
-func nextBackoff(last time.Duration, listened bool) time.Duration {
-	if listened || last == 0 {
+// last and did or did not listen steadily. One that did starts the
+// doubling over: otherwise a gateway that lost the connection a few times
+// in its life would wait the longest after every later drop, with each
+// cache miss going to the database meanwhile.
+func nextBackoff(last time.Duration, steady bool) time.Duration {
+	if steady || last == 0 {
 		return firstBackoff
 	}
 	return min(last*2, longestBackoff)
 }
 
-func (s *Store) listenOnce(ctx context.Context) error {
+// listenedSteadily reports whether an attempt that started to listen at
+// since (zero if it never did) and ended at end listened for steadyListen.
+func listenedSteadily(since, end time.Time) bool {
+	return !since.IsZero() && end.Sub(since) >= steadyListen
+}
+
+// listenOnce listens on one connection until it fails, and returns when
+// it started to listen (zero if it never did).
+func (s *Store) listenOnce(ctx context.Context) (since time.Time, _ error) {
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return since, err
 	}
 	conn := pc.Hijack()
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+RevocationChannel); err != nil {
-		return err
+		return since, err
 	}
 	s.ForgetAll()
 	s.listening.Store(true)
+	since = time.Now()
 	for {
 		// A connection that died without a TCP reset would wait forever, so
 		// wake up now and then and make sure the server still answers.
@@ -77,10 +90,10 @@ func (s *Store) listenOnce(ctx context.Context) error {
 			err = conn.Ping(pctx)
 			cancel()
 			if err != nil {
-				return err
+				return since, err
 			}
 		default:
-			return err
+			return since, err
 		}
 	}
 }
