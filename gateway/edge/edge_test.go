@@ -18,6 +18,7 @@ import (
 
 	"github.com/coinexport/export/gateway/gatewaytest"
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
@@ -370,6 +371,50 @@ func TestListRequestsOfOneKeyStickToOneInstance(t *testing.T) {
 	}
 	if len(items) != 3 {
 		t.Errorf("6 item requests landed on instances %v; want all 3 (round-robin)", items)
+	}
+}
+
+// A sale repeated on another instance carries an identity signed again,
+// after the first instance failed, not the first attempt's: with a long
+// UPSTREAM_READ_TIMEOUT the old signature would be too old for the service.
+func TestRepeatedSaleIsSignedAgain(t *testing.T) {
+	dsn, _, k := seed(t)
+	type drop struct{ signedAt, droppedAt int64 }
+	drops := make(chan drop, 8)
+	slowBroken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		signedAt, _ := strconv.ParseInt(r.Header.Get(identity.HeaderTime), 10, 64)
+		time.Sleep(20 * time.Millisecond)
+		drops <- drop{signedAt, time.Now().UnixMilli()}
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(slowBroken.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SALES_WRITER_URLS": slowBroken.URL + "," + echoUpstream(t, "good", nil).URL})
+	confirm := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	repeated := 0
+	for i := range 4 {
+		r := do(t, "POST", confirm, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "k" + strconv.Itoa(i)}, strings.NewReader("{}"))
+		if r.Status != 200 {
+			t.Fatalf("confirm %d = %d %s, want 200 (repeated on the good instance)", i+1, r.Status, r.Body)
+		}
+		select {
+		case d := <-drops:
+			repeated++
+			renewed, _ := strconv.ParseInt(http.Header(decodeSeen(t, r).Headers).Get(identity.HeaderTime), 10, 64)
+			if d.signedAt >= d.droppedAt || renewed < d.droppedAt {
+				t.Errorf("confirm %d: signed at %d, first instance dropped it at %d, repeat signed at %d; want the repeat signed after the drop",
+					i+1, d.signedAt, d.droppedAt, renewed)
+			}
+		default:
+		}
+	}
+	if repeated == 0 {
+		t.Fatal("no confirm reached the failing instance first; the test proved nothing")
 	}
 }
 

@@ -77,6 +77,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	repeat := upstream.Repeat{
 		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,
 		IfClosed: rt.safe(),
+		Renew:    g.renewIdentity,
 	}
 	// Once scrubbed, the request holds none of the headers set below, so
 	// they are added, without the search for one to replace that Set does.
@@ -109,6 +110,19 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	c.Response().Header.Del(fiber.HeaderConnection)
 	return nil
+}
+
+// renewIdentity signs again, at the time of a repeat, the identity proxy
+// signed: a sale repeated after a whole UPSTREAM_READ_TIMEOUT would
+// otherwise reach the second instance with a signature the service may
+// find too old (identity.MaxSkew), and the client would get a 401 for a
+// valid key.
+func (g *Gateway) renewIdentity(h *fasthttp.RequestHeader) {
+	get := func(name string) string { return string(h.Peek(name)) }
+	if err := g.signer.Renew(get, h.SetBytesV, time.Now()); err != nil {
+		// Only if the headers were not the ones proxy signed: a bug.
+		g.log.Error("could not renew the identity of a repeated request", "error", err)
+	}
 }
 
 // receivedRequestURI is the path and query as the client sent them, copied:

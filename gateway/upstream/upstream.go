@@ -198,6 +198,10 @@ type Repeat struct {
 	// kept-alive connection to a restarted instance. A timeout is never
 	// repeated, so a slow service is not sent twice the load.
 	IfClosed bool
+	// Renew, if set, is called on the request's headers before it is sent
+	// again, for what must not age: the gateway signs the identity with
+	// the time, and a repeat may come a whole UPSTREAM_READ_TIMEOUT later.
+	Renew func(*fasthttp.RequestHeader)
 }
 
 // Do sends req to one instance and fills resp (its body read whole or
@@ -233,6 +237,9 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		second = first
 	}
 	resp.Reset()
+	if repeat.Renew != nil {
+		repeat.Renew(&req.Header)
+	}
 	return true, u.send(second, req, resp, requestURI)
 }
 

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,5 +135,41 @@ func TestLoneInstanceRestartIsRetriedOnANewConnection(t *testing.T) {
 		if _, status, err := send(u, Repeat{IfClosed: true}); err != nil || status != 200 {
 			t.Fatalf("GET #%d after the restart = %d, %v; want 200", i+1, status, err)
 		}
+	}
+}
+
+// A request sent again is renewed first (the gateway signs its identity
+// again): the second instance sees the renewed header, the first did not.
+func TestRepeatIsRenewed(t *testing.T) {
+	stamps := make(chan string, 4)
+	var calls atomic.Int64
+	// Whichever instance is asked first is too slow; the other answers.
+	firstIsSlow := func() *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			stamps <- r.Header.Get("X-Stamp")
+			if calls.Add(1) == 1 {
+				time.Sleep(500 * time.Millisecond) // past opts' ReadTimeout
+			}
+		}))
+	}
+	a, b := firstIsSlow(), firstIsSlow()
+	defer a.Close()
+	defer b.Close()
+	u, err := New("svc", []string{a.URL, b.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := func(h *fasthttp.RequestHeader) { h.Set("X-Stamp", "renewed") }
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("POST")
+	req.Header.Set("X-Stamp", "first")
+	retried, err := u.Do(req, resp, "/v1/x", Repeat{Always: true, Renew: renew}, "")
+	if err != nil || !retried || resp.StatusCode() != 200 {
+		t.Fatalf("Do(sale, slow first instance) = retried %v, %d, %v; want retried, 200", retried, resp.StatusCode(), err)
+	}
+	if first, second := <-stamps, <-stamps; first != "first" || second != "renewed" {
+		t.Errorf("instances saw X-Stamp %q then %q, want \"first\" then \"renewed\"", first, second)
 	}
 }

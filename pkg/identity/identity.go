@@ -178,23 +178,47 @@ func (st *signingState) sum256(text []byte) []byte {
 // Verify reads the signed identity through get (a header getter) and checks
 // its signature and age.
 func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, error) {
+	id, signedAt, err := s.verifySignature(get)
+	if err != nil {
+		return Identity{}, err
+	}
+	if age := now.Sub(signedAt); age > MaxSkew || age < -MaxSkew {
+		return Identity{}, ErrUnsigned
+	}
+	return id, nil
+}
+
+// Renew signs again, at now, the identity that get reads, passing each
+// header to set, as SignInto does. Only an identity this Signer signed is
+// renewed, whatever its age; anything else is ErrUnsigned. The gateway
+// renews a request it sends again to another instance after waiting on the
+// first, so that it never arrives with a stale signature.
+func (s *Signer) Renew(get func(name string) string, set func(name string, value []byte), now time.Time) error {
+	id, _, err := s.verifySignature(get)
+	if err != nil {
+		return err
+	}
+	s.SignInto(set, id, now)
+	return nil
+}
+
+// verifySignature reads the signed identity through get and checks its
+// signature, and returns it with the time it was signed at.
+func (s *Signer) verifySignature(get func(name string) string) (Identity, time.Time, error) {
 	owner, platform, keyID := get(HeaderOwner), get(HeaderPlatform), get(HeaderKeyID)
 	scopes, requestID, ts := get(HeaderScopes), get(HeaderRequestID), get(HeaderTime)
 	if !s.validMAC(get(HeaderSignature), owner, platform, keyID, scopes, requestID, ts) {
-		return Identity{}, ErrUnsigned
+		return Identity{}, time.Time{}, ErrUnsigned
 	}
 	ms, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil {
-		return Identity{}, ErrUnsigned
-	}
-	if age := now.Sub(time.UnixMilli(ms)); age > MaxSkew || age < -MaxSkew {
-		return Identity{}, ErrUnsigned
+		return Identity{}, time.Time{}, ErrUnsigned
 	}
 	id := Identity{OwnerID: owner, PlatformID: platform, KeyID: keyID, RequestID: requestID}
 	if scopes != "" {
 		id.Scopes = strings.Split(scopes, ",")
 	}
-	return id, nil
+	return id, time.UnixMilli(ms), nil
 }
 
 // validMAC reports whether sig signs the fields (scopes as sent: joined).

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -68,6 +69,35 @@ func TestVerifyRefuses(t *testing.T) {
 				t.Errorf("Verify = %v, want ErrUnsigned", err)
 			}
 		})
+	}
+}
+
+// Renew gives a stale identity a fresh signature and keeps every field;
+// it renews only what the same secret signed.
+func TestRenew(t *testing.T) {
+	s, _ := NewSigner(testSecret)
+	other, _ := NewSigner(testSecret + "x")
+	now := time.Now()
+	id := Identity{OwnerID: "o1", PlatformID: "p1", KeyID: "k1", Scopes: []string{ScopeExportRead, ScopeSalesWrite}, RequestID: "r1"}
+	h := signedHeader(t, s, id, now.Add(-10*time.Minute))
+	if _, err := s.Verify(h.Get, now); err != ErrUnsigned {
+		t.Fatalf("Verify(signed 10 min ago) = %v, want ErrUnsigned", err)
+	}
+	if err := s.Renew(h.Get, func(name string, v []byte) { h.Set(name, string(v)) }, now); err != nil {
+		t.Fatalf("Renew = %v, want nil", err)
+	}
+	got, err := s.Verify(h.Get, now)
+	if err != nil || !reflect.DeepEqual(got, id) {
+		t.Errorf("Verify(renewed) = %+v, %v; want %+v", got, err, id)
+	}
+
+	forged := signedHeader(t, other, id, now)
+	forged.Set(HeaderOwner, "o2")
+	for name, h := range map[string]http.Header{"other secret": signedHeader(t, other, id, now), "tampered": forged} {
+		set := func(string, []byte) { t.Errorf("Renew(%s) set a header", name) }
+		if err := s.Renew(h.Get, set, now); err != ErrUnsigned {
+			t.Errorf("Renew(%s) = %v, want ErrUnsigned", name, err)
+		}
 	}
 }
 
