@@ -464,6 +464,10 @@ func TestSchemaInput(t *testing.T) {
 		{"ws_key empty", `{"base_url":"https://shop.example.com","ws_key":""}`, "missing_ws_key"},
 		{"ws_key blank", `{"base_url":"https://shop.example.com","ws_key":"  "}`, "missing_ws_key"},
 		{"ws_key number", `{"base_url":"https://shop.example.com","ws_key":12}`, "missing_ws_key"},
+		// base_url is checked first, whatever is wrong with ws_key.
+		{"http, ws_key missing", `{"base_url":"http://shop.example.com"}`, "base_url_must_be_https"},
+		{"http, ws_key number", `{"base_url":"http://shop.example.com","ws_key":12}`, "base_url_must_be_https"},
+		{"private, ws_key array", `{"base_url":"https://10.0.0.1","ws_key":["k"]}`, "base_url_not_allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -118,8 +118,11 @@ func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) 
 	if !stringField(b.BaseURL, &req.BaseURL) {
 		return req, &shopschema.InputError{Code: shopschema.CodeInvalidBaseURL, Message: "base_url must be a string"}
 	}
+	// A ws_key that is not a string counts as missing, and is reported
+	// as such after base_url's checks (shopschema.Service.Read), in the
+	// same order as an absent one.
 	if !stringField(b.WSKey, &req.WSKey) {
-		return req, &shopschema.InputError{Code: shopschema.CodeMissingWSKey, Message: "ws_key must be a non-empty string"}
+		req.WSKey = ""
 	}
 	return req, nil
 }

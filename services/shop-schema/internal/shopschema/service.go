@@ -68,7 +68,7 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	}
 	key := strings.TrimSpace(req.WSKey)
 	if key == "" {
-		return nil, &InputError{CodeMissingWSKey, "ws_key is required"}
+		return nil, &InputError{CodeMissingWSKey, "ws_key is required: a non-empty string"}
 	}
 	if len(key) > maxKeyLength {
 		return nil, &InputError{CodeInvalidBody, "ws_key is too long"}
