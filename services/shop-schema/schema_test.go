@@ -299,6 +299,11 @@ func TestSchemaValueCap(t *testing.T) {
 	for i := 0; i < 5003; i++ {
 		shop.Values = append(shop.Values, fakeshop.Value{ID: 1000 + i, FeatureID: 5, Names: map[int]string{1: fmt.Sprint("v", i)}})
 	}
+	// Feature 2 gets exactly the limit: one shared value of the sample's
+	// and 4999 more (its custom value is not shared and does not count).
+	for i := 0; i < 4999; i++ {
+		shop.Values = append(shop.Values, fakeshop.Value{ID: 10000 + i, FeatureID: 2, Names: map[int]string{1: fmt.Sprint("c", i)}})
+	}
 	shop.Start(t.Cleanup)
 	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1000"})
 	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
@@ -312,6 +317,9 @@ func TestSchemaValueCap(t *testing.T) {
 	}
 	if got.Features[0].ValuesTruncated {
 		t.Errorf("feature 1 values_truncated = true, want false")
+	}
+	if f := got.Features[1]; f.ID != 2 || len(f.Values) != 5000 || f.ValuesTruncated {
+		t.Errorf("feature %d: %d values, truncated %v, want feature 2 with all 5000, truncated false", f.ID, len(f.Values), f.ValuesTruncated)
 	}
 }
 
