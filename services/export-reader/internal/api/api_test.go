@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -215,6 +216,50 @@ func TestPaginationEachItemOnce(t *testing.T) {
 		if wantPages := (want + 6) / 7; pages != wantPages && !(want%7 == 0 && pages == wantPages) {
 			t.Errorf("status=%q: %d pages for %d items, want %d", status, pages, want, wantPages)
 		}
+	}
+}
+
+// Page sizes at their edges: the default is 25 (spec 8), and a last page
+// that is exactly full has next_cursor null, with no empty page after it.
+func TestPageSizes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	if _, err := catalog.Seed(context.Background(), e.pool, owner, 60, 5); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		limit string // "" for none
+		want  []int  // the items on each page
+	}{
+		{"", []int{25, 25, 10}},
+		{"20", []int{20, 20, 20}},
+		{"60", []int{60}},
+		{"59", []int{59, 1}},
+		{"100", []int{60}},
+	}
+	for _, tt := range tests {
+		t.Run("limit="+tt.limit, func(t *testing.T) {
+			q := url.Values{}
+			if tt.limit != "" {
+				q.Set("limit", tt.limit)
+			}
+			var got []int
+			for len(got) <= len(tt.want) { // one page more than wanted ends the loop too
+				r := e.get(t, owner, "/v1/export/items?"+q.Encode())
+				if r.status != 200 {
+					t.Fatalf("page %d = %d %s", len(got)+1, r.status, r.body)
+				}
+				got = append(got, len(r.items(t)))
+				if r.env.Meta.NextCursor == nil {
+					break
+				}
+				q.Set("cursor", *r.env.Meta.NextCursor)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("pages of limit=%q hold %v items, want %v (the last with next_cursor null)", tt.limit, got, tt.want)
+			}
+		})
 	}
 }
 
