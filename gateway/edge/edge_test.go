@@ -60,6 +60,9 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
 		{"unknown route", "GET", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
 		{"unknown deep route", "GET", items + "/a/b", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
+		// Spec 4.2: the platform segment "is written exactly as given".
+		{"shop platform in other case", "POST", gw.URL + "/v1/sync/PrestaShop/schema", nil, "{}", 404, "not_found"},
+		{"route in other case", "GET", gw.URL + "/v1/Export/items", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
 		{"wrong method", "DELETE", items + "/coin-1", nil, "", 405, "method_not_allowed"},
 		{"unknown method", "FOO", items + "/coin-1", nil, "", 405, "method_not_allowed"},
 		{"method in lower case", "get", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
@@ -266,6 +269,47 @@ func TestRateLimits(t *testing.T) {
 	// Health is limited per IP, separately.
 	if r := do(t, "GET", gw.URL+"/v1/health", nil, nil); r.Status != 200 || r.Header.Get("X-Ratelimit-Limit") != "100" {
 		t.Errorf("health = %d with X-RateLimit-Limit %q, want 200 with 100", r.Status, r.Header.Get("X-Ratelimit-Limit"))
+	}
+}
+
+// Each class of route counts against its own limit: running out of one
+// (the shop schema route's, a write key's) leaves the others untouched.
+func TestEachClassHasItsOwnLimit(t *testing.T) {
+	dsn, _, k := seed(t)
+	echo := echoUpstream(t, "any", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS": echo.URL, "SALES_WRITER_URLS": echo.URL, "SHOP_SCHEMA_URLS": echo.URL,
+		"RATE_LIMIT_ANONYMOUS": "2-M", "RATE_LIMIT_SHOP_SCHEMA": "1-M", "RATE_LIMIT_SALES_WRITE": "1-M",
+		"RATE_LIMIT_EXPORT_READ": "100-M"})
+	schema := func() int {
+		return do(t, "POST", gw.URL+"/v1/sync/prestashop/schema", nil, strings.NewReader("{}")).Status
+	}
+	health := func() int { return do(t, "GET", gw.URL+"/v1/health", nil, nil).Status }
+	confirm := func(key string) int {
+		return do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm",
+			map[string]string{"X-API-Key": key, "Idempotency-Key": "k1"}, strings.NewReader("{}")).Status
+	}
+	read := func() int {
+		return do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil).Status
+	}
+	steps := []struct {
+		name string
+		call func() int
+		want int
+	}{
+		{"shop schema 1 of 1", schema, 200},
+		{"shop schema 2 of 1", schema, 429},
+		{"health 1 of 2 after the shop schema's limit", health, 200},
+		{"health 2 of 2", health, 200},
+		{"health 3 of 2", health, 429},
+		{"confirm 1 of 1", func() int { return confirm(k.write) }, 200},
+		{"confirm 2 of 1", func() int { return confirm(k.write) }, 429},
+		{"read after the write key's limit", read, 200},
+	}
+	for _, st := range steps {
+		if got := st.call(); got != st.want {
+			t.Errorf("%s = %d, want %d", st.name, got, st.want)
+		}
 	}
 }
 
