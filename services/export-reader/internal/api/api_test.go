@@ -32,7 +32,13 @@ func TestListParameters(t *testing.T) {
 		wantText string // a substring of error.message
 	}{
 		{"", 200, "", []string{"a", "b"}, ""},
-		{"?lang=ENG&lang2=x&foo=bar", 200, "", []string{"a", "b"}, ""},
+		{"?lang=ENG&", 200, "", []string{"a", "b"}, ""},
+		{"?lang=ENG&lang2=x", 400, "invalid_parameter", nil, `unknown query parameter "lang2"; this route reads only lang, cursor, limit, updated_after, status`},
+		{"?LIMIT=1", 400, "invalid_parameter", nil, `"LIMIT"`},
+		{"?updatedAfter=2000-01-01T00:00:00Z", 400, "invalid_parameter", nil, `"updatedAfter"`},
+		{"?foo", 400, "invalid_parameter", nil, `"foo"`},
+		{"?%zz=1", 400, "invalid_parameter", nil, "name is not valid percent-encoding"},
+		{"?cxr_" + strings.Repeat("A", 40) + "=1", 400, "invalid_parameter", nil, "unknown query parameter a parameter;"},
 		{"?lang=RUS", 200, "", []string{"a", "b"}, ""},
 		{"?lang=UKR", 200, "", []string{"a", "b"}, ""},
 		{"?lang=eng", 400, "invalid_lang", nil, "lang"},
@@ -386,6 +392,10 @@ func TestItem(t *testing.T) {
 	}
 	if r := e.get(t, owner, "/v1/export/items/coin-1?lang=xx"); r.status != 400 || r.env.Error.Code != "invalid_lang" {
 		t.Errorf("GET item lang=xx = %d %s, want 400 invalid_lang", r.status, r.body)
+	}
+	if r := e.get(t, owner, "/v1/export/items/coin-1?limit=1"); r.status != 400 || r.env.Error.Code != "invalid_parameter" ||
+		!strings.Contains(r.env.Error.Message, "reads only lang ") {
+		t.Errorf("GET item limit=1 = %d %s, want 400 invalid_parameter naming lang", r.status, r.body)
 	}
 	// The list of the other owner holds only its own item.
 	r := e.get(t, other, "/v1/export/items")

@@ -22,17 +22,42 @@ const (
 	maxLimit     = 100
 )
 
-// listParams are the query parameters the list route reads; any other
-// parameter is ignored (spec: unknown parameters do not fail a request).
-var listParams = map[string]string{
-	"lang": "invalid_lang", "limit": "invalid_limit", "cursor": "invalid_cursor",
-	"updated_after": "invalid_updated_after", "status": "invalid_status",
+// routeParams are the query parameters a route reads, each with the
+// error.code its bad values get, in the spec's order.
+type routeParams []struct{ name, code string }
+
+// code returns the parameter's error.code, or false for a name the route
+// does not read.
+func (rp routeParams) code(name string) (string, bool) {
+	for _, p := range rp {
+		if p.name == name {
+			return p.code, true
+		}
+	}
+	return "", false
 }
 
-// readParams splits a raw query into the known parameters. A known parameter
-// given twice, or whose value is not valid percent-encoding, is refused with
-// its own code; an unknown or undecodable name is ignored.
-func readParams(rawQuery string, known map[string]string) (map[string]string, error) {
+func (rp routeParams) names() string {
+	names := make([]string, len(rp))
+	for i, p := range rp {
+		names[i] = p.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// The parameters of spec 4.3 and 4.4.
+var (
+	listParams = routeParams{{"lang", "invalid_lang"}, {"cursor", "invalid_cursor"}, {"limit", "invalid_limit"},
+		{"updated_after", "invalid_updated_after"}, {"status", "invalid_status"}}
+	itemParams = routeParams{{"lang", "invalid_lang"}}
+)
+
+// readParams splits a raw query into the route's parameters. Every other
+// name is refused (invalid_parameter): a misspelt updated_after or a
+// "Lang" would otherwise be a silent full sync or a page in English. A
+// parameter given twice, or whose value is not valid percent-encoding, is
+// refused with its own code.
+func readParams(rawQuery string, known routeParams) (map[string]string, error) {
 	params := map[string]string{}
 	for pair := range strings.SplitSeq(rawQuery, "&") {
 		if pair == "" {
@@ -41,11 +66,11 @@ func readParams(rawQuery string, known map[string]string) (map[string]string, er
 		rawKey, rawValue, _ := strings.Cut(pair, "=")
 		key, err := url.QueryUnescape(rawKey)
 		if err != nil {
-			continue
+			return nil, &paramError{"invalid_parameter", "a query parameter name is not valid percent-encoding"}
 		}
-		code, ok := known[key]
+		code, ok := known.code(key)
 		if !ok {
-			continue
+			return nil, &paramError{"invalid_parameter", unknownParamMessage(key, known)}
 		}
 		if _, dup := params[key]; dup {
 			return nil, &paramError{code, key + " must be given at most once"}
@@ -57,6 +82,17 @@ func readParams(rawQuery string, known map[string]string) (map[string]string, er
 		params[key] = value
 	}
 	return params, nil
+}
+
+// unknownParamMessage names the unknown parameter when it looks like a
+// name (a long or odd one is not repeated: it could be anything, a key
+// included) and lists the route's parameters.
+func unknownParamMessage(name string, known routeParams) string {
+	quoted := "a parameter"
+	if len(name) <= 32 && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == "" {
+		quoted = fmt.Sprintf("%q", name)
+	}
+	return "unknown query parameter " + quoted + "; this route reads only " + known.names() + " (names in lower case)"
 }
 
 // parseList validates the list route's parameters into a query (without the
@@ -123,7 +159,7 @@ func parseLimit(v string) (int, error) {
 
 // parseItem validates the item route's parameters: lang only.
 func parseItem(rawQuery string) (string, error) {
-	p, err := readParams(rawQuery, map[string]string{"lang": "invalid_lang"})
+	p, err := readParams(rawQuery, itemParams)
 	if err != nil {
 		return "", err
 	}
