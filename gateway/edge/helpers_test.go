@@ -225,6 +225,12 @@ func checkEnvelope(t *testing.T, r response) {
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 		t.Errorf("Content-Type = %q, want application/json", ct)
 	}
+	if r.Env.Error != nil && r.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("error %d: Cache-Control = %q, want no-store", r.Status, r.Header.Get("Cache-Control"))
+	}
+	if r.Status == http.StatusUnauthorized && !strings.HasPrefix(r.Header.Get("WWW-Authenticate"), "APIKey ") {
+		t.Errorf("401: WWW-Authenticate = %q, want an APIKey challenge", r.Header.Get("WWW-Authenticate"))
+	}
 }
 
 func decodeSeen(t *testing.T, r response) seen {

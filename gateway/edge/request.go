@@ -205,6 +205,11 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	resp.Reset()
 	resp.SetStatusCode(ae.Status)
 	resp.Header.SetContentType(envelope.ContentType)
+	resp.Header.Set(fiber.HeaderCacheControl, envelope.ErrorCacheControl)
+	if ae.Status == fiber.StatusUnauthorized {
+		// RFC 9110 15.5.2: a 401 names how to authenticate.
+		resp.Header.Set(fiber.HeaderWWWAuthenticate, wwwAuthenticate)
+	}
 	if ae.RetryAfter > 0 {
 		resp.Header.Set(fiber.HeaderRetryAfter, strconv.FormatInt(retryAfterSeconds(ae.RetryAfter), 10))
 	}
@@ -213,6 +218,10 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	}
 	resp.SetBody(envelope.ErrorBytes(ae.Code, ae.Message, rq.id))
 }
+
+// wwwAuthenticate is the challenge of every 401: an API key in the
+// X-API-Key header (no registered scheme fits one).
+const wwwAuthenticate = `APIKey realm="export", header="X-API-Key"`
 
 // retryAfterSeconds rounds up, so a client that waits exactly that long is
 // never early.

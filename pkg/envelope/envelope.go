@@ -91,10 +91,16 @@ func AppendMeta(dst []byte, requestID string, list bool, nextCursor string) []by
 	return append(dst, '}')
 }
 
-// WriteError writes an error envelope with the given status.
+// WriteError writes an error envelope with the given status. No cache may
+// keep it (a 404 is cacheable by default, and the item may exist a moment
+// later).
 func WriteError(w http.ResponseWriter, status int, code, message, requestID string) {
+	w.Header().Set("Cache-Control", ErrorCacheControl)
 	writeBody(w, status, ErrorBytes(code, message, requestID), requestID)
 }
+
+// ErrorCacheControl is the Cache-Control of every error envelope.
+const ErrorCacheControl = "no-store"
 
 func writeBody(w http.ResponseWriter, status int, body []byte, requestID string) {
 	h := w.Header()

@@ -48,3 +48,17 @@ func TestWriteDataJSONMatchesWriteData(t *testing.T) {
 		}
 	}
 }
+
+// An error envelope is never kept by a cache: a 404 is cacheable by default,
+// and the item may exist a moment later.
+func TestWriteErrorIsNotStored(t *testing.T) {
+	w := httptest.NewRecorder()
+	WriteError(w, http.StatusNotFound, "not_found", "export item not found", "r1")
+	if got := w.Header().Get("Cache-Control"); got != "no-store" {
+		t.Errorf("WriteError: Cache-Control = %q, want no-store", got)
+	}
+	var p Parsed
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != 404 || p.Error == nil || p.Error.Code != "not_found" || p.Meta.RequestID != "r1" {
+		t.Errorf("WriteError = %d %s (%v), want 404 not_found with request id r1", w.Code, w.Body, err)
+	}
+}
