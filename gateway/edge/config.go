@@ -122,6 +122,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		GC: gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
+	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
 	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
 		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")

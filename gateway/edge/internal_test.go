@@ -271,7 +271,7 @@ func TestLoadConfig(t *testing.T) {
 		"RATE_LIMIT_EXPORT_READ": "0-M", "RATE_LIMIT_SALES_WRITE": "lots",
 		"UPSTREAM_RESOLVE_INTERVAL": "50ms", "LOG_LEVEL": "verbose",
 		"EXPORT_READER_URLS": "http://user:s3cretpw@127.0.0.1:8081", "SALES_WRITER_URLS": "127.0.0.1:8082",
-		"SHOP_SCHEMA_URLS": "http://127.0.0.1:8083/x?y=1",
+		"SHOP_SCHEMA_URLS": "http://127.0.0.1:8083/x?y=1", "GOGC": "abc",
 	} {
 		_, err := LoadConfig(getenv(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {

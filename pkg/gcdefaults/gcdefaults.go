@@ -11,6 +11,7 @@ package gcdefaults
 import (
 	"log/slog"
 	"runtime/debug"
+	"strconv"
 )
 
 // The defaults, used unless GOGC or GOMEMLIMIT are set.
@@ -30,6 +31,21 @@ type Settings struct {
 // Read takes the settings from the environment.
 func Read(getenv func(string) string) Settings {
 	return Settings{GOGC: getenv("GOGC"), GOMEMLIMIT: getenv("GOMEMLIMIT")}
+}
+
+// GOGCProblem says what is wrong with GOGC, "" if nothing: the runtime
+// reads "off" or a whole number, and takes anything else as 100 without a
+// word, neither the value meant nor this package's default. (A malformed
+// GOMEMLIMIT needs no check here: the runtime stops the binary with
+// "malformed GOMEMLIMIT" before main runs.)
+func (s Settings) GOGCProblem() string {
+	if s.GOGC == "" || s.GOGC == "off" {
+		return ""
+	}
+	if n, err := strconv.ParseInt(s.GOGC, 10, 32); err != nil || n < 0 {
+		return "GOGC must be off or a whole number (the heap growth in percent, e.g. 400)"
+	}
+	return ""
 }
 
 // Apply sets the defaults the environment left unset.

@@ -42,3 +42,14 @@ func TestLogValueSaysWhichAreDefaults(t *testing.T) {
 		}
 	}
 }
+
+func TestGOGCProblem(t *testing.T) {
+	for v, wantProblem := range map[string]bool{
+		"": false, "off": false, "0": false, "400": false, "2147483647": false,
+		"abc": true, "-1": true, "4e2": true, "400%": true, " 400": true, "OFF": true, "2147483648": true,
+	} {
+		if got := (Settings{GOGC: v}).GOGCProblem(); (got != "") != wantProblem {
+			t.Errorf("GOGCProblem(GOGC=%q) = %q, want a problem: %v", v, got, wantProblem)
+		}
+	}
+}

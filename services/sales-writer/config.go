@@ -37,6 +37,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		GC:                   gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
+	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
 	if err := r.Err(); err != nil {
 		return Config{}, err

@@ -33,6 +33,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"negative retention", "IDEMPOTENCY_RETENTION", "-1h", "IDEMPOTENCY_RETENTION"},
 		{"bad purge interval", "IDEMPOTENCY_PURGE_INTERVAL", "0s", "IDEMPOTENCY_PURGE_INTERVAL"},
 		{"bad pool size", "SALES_WRITER_DB_MAX_CONNS", "0", "SALES_WRITER_DB_MAX_CONNS"},
+		{"bad GOGC", "GOGC", "abc", "GOGC"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
