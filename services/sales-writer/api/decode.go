@@ -107,13 +107,16 @@ func idempotencyKey(values []string) (string, error) {
 		return "", badRequest(codeInvalidKey, "the Idempotency-Key header is required")
 	case len(values) > 1:
 		return "", badRequest(codeInvalidKey, "send exactly one Idempotency-Key header")
-	case len(values[0]) > maxIdempotencyKey:
-		return "", badRequest(codeInvalidKey, "Idempotency-Key must be at most 128 characters")
 	}
+	// The characters first: 128 Cyrillic letters are 256 bytes, and "at
+	// most 128 characters" would not say what is wrong with them.
 	for i := 0; i < len(values[0]); i++ {
 		if c := values[0][i]; c < 0x20 || c > 0x7e {
 			return "", badRequest(codeInvalidKey, "Idempotency-Key must be printable ASCII")
 		}
+	}
+	if len(values[0]) > maxIdempotencyKey {
+		return "", badRequest(codeInvalidKey, "Idempotency-Key must be at most 128 characters")
 	}
 	return values[0], nil
 }

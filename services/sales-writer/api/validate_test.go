@@ -35,6 +35,7 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"empty key", call{body: good, header: http.Header{"Idempotency-Key": {""}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"key of 129 characters", call{key: strings.Repeat("k", 129), body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"key not ASCII", call{key: "clé-1", body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"key of 128 Cyrillic letters", call{key: strings.Repeat("я", 128), body: good}, 400, "invalid_idempotency_key", "printable ASCII"},
 		{"key with a tab", call{key: "a\tb", body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"two keys", call{body: good, header: http.Header{"Idempotency-Key": {"k1", "k2"}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type"},
