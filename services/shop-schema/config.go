@@ -47,7 +47,9 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
 	r.Check(len(c.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
-	r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
+	if r.Err() == nil { // compared only once both are valid: a bad one is reported alone
+		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
+	}
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}

@@ -43,6 +43,12 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("loadConfig(%v) = nil error, want an error", kv)
 		}
 	}
+	// A bad timeout is reported alone, not also as shorter than the
+	// connect timeout left at its default.
+	_, err = loadConfig(env("SHOP_SCHEMA_TIMEOUT", "0s"))
+	if err == nil || !strings.Contains(err.Error(), "SHOP_SCHEMA_TIMEOUT must be") || strings.Contains(err.Error(), "CONNECT_TIMEOUT") {
+		t.Errorf("loadConfig(SHOP_SCHEMA_TIMEOUT=0s) = %v, want one error, about SHOP_SCHEMA_TIMEOUT only", err)
+	}
 }
 
 func TestRunMasksSecretAndStops(t *testing.T) {
