@@ -15,6 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
+
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -55,12 +58,12 @@ func New(out io.Writer, limit int) *Store {
 // ServeHTTP implements the OTLP/HTTP traces endpoint.
 func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" {
-		http.Error(w, "OTLP/HTTP traces only: POST /v1/traces", http.StatusNotFound)
+		writeError(w, http.StatusNotFound, "not_found", "OTLP/HTTP traces only: POST /v1/traces")
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
 	if err != nil {
-		http.Error(w, "read error", http.StatusBadRequest)
+		writeError(w, http.StatusBadRequest, "bad_request", "the body could not be read")
 		return
 	}
 	var req collectortrace.ExportTraceServiceRequest
@@ -70,13 +73,20 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = proto.Unmarshal(body, &req)
 	}
 	if err != nil {
-		http.Error(w, "bad OTLP payload", http.StatusBadRequest)
+		writeError(w, http.StatusBadRequest, "bad_request", "not an OTLP ExportTraceServiceRequest (protobuf, or JSON with Content-Type application/json)")
 		return
 	}
 	s.add(flatten(&req))
 	resp, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = w.Write(resp)
+}
+
+// writeError answers with the envelope, as every process of the stack does;
+// a request to the collector has no request id of the stack's, so it gets
+// one of its own.
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	envelope.WriteError(w, status, code, message, httpserver.RandomRequestID())
 }
 
 func (s *Store) add(spans []Span) {

@@ -3,10 +3,13 @@ package tracestore
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -48,5 +51,31 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	}
 	if got := strings.Count(file.String(), "\n"); got != 2 {
 		t.Errorf("file has %d lines, want 2", got)
+	}
+}
+
+// The collector answers what it cannot take with the stack's envelope.
+func TestErrorsAreEnvelopes(t *testing.T) {
+	srv := httptest.NewServer(New(nil, 0))
+	defer srv.Close()
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{"GET", "/nope", "", 404},
+		{"POST", "/v1/traces", "not protobuf", 400},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env envelope.Parsed
+		err = json.NewDecoder(resp.Body).Decode(&env)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status || env.Error == nil || env.Meta.RequestID == "" ||
+			resp.Header.Get("Content-Type") != envelope.ContentType {
+			t.Errorf("%s %s = %d %+v (%v), want %d with an error envelope", tc.method, tc.path, resp.StatusCode, env, err, tc.status)
+		}
 	}
 }
