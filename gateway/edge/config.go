@@ -2,13 +2,13 @@ package edge
 
 import (
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/ulule/limiter/v3"
 )
 
@@ -162,7 +162,7 @@ func rate(r *envconfig.Reader, name, def string) limiter.Rate {
 func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
-		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis_url", maskURL(c.RedisURL)),
+		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis", redisclient.Describe(c.RedisURL)),
 		slog.String("identity_secret", "***"), slog.String("log_level", c.LogLevel),
 		slog.Bool("trust_traceparent", c.TrustTraceparent), slog.String("proxy_header", c.ProxyHeader),
 		slog.Any("trusted_proxies", c.TrustedProxies),
@@ -178,16 +178,4 @@ func (c Config) LogValue() slog.Value {
 		slog.String("rate_auth_failures", c.RateAuthFailures.Formatted),
 		slog.Any("gc", c.GC),
 	)
-}
-
-// maskURL shows where Redis is, never its password.
-func maskURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable)"
-	}
-	if u.User != nil {
-		u.User = url.UserPassword(u.User.Username(), "***")
-	}
-	return u.Redacted()
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"math"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -67,7 +66,7 @@ const maxServerSpanAttrs = 9
 // an id chosen by an internet client would let it forge request ids. The
 // span's attributes are set once, when it ends (end).
 func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
-	path, keyInPath := redactKeys(c.Path())
+	path, keyInPath := apikey.RedactPath(c.Path()) // raw: Fiber leaves it escaped
 	rq := &request{route: routeName, method: stableMethod(c.Method()), path: strings.Clone(path),
 		keyInPath: keyInPath, clientIP: g.clientIP(c), start: time.Now()}
 	parent, opts := context.Background(), serverSpanNewRoot
@@ -82,20 +81,6 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 		rq.id = httpserver.RandomRequestID() // if tracing ever yields no trace id
 	}
 	return rq
-}
-
-// redactKeys is the path (raw: Fiber leaves it escaped) with any segment
-// that is an API key replaced, and whether there was one; the segments are
-// read decoded too, so that escaping a letter does not hide a key.
-func redactKeys(path string) (string, bool) {
-	if strings.IndexByte(path, '%') >= 0 {
-		if decoded, err := url.PathUnescape(path); err == nil {
-			if redacted, found := apikey.RedactPath(decoded); found {
-				return redacted, true
-			}
-		}
-	}
-	return apikey.RedactPath(path)
 }
 
 // clientIP is the caller's address, as a string of its own.

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/big"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -97,7 +98,9 @@ func WellFormed(s string) bool {
 // RedactPath returns path with every segment that is a well-formed key
 // replaced by "[key]", and whether there was one. Spans record request
 // paths, and a key a client put in one must not reach them (spec 5: keys
-// never in URLs or logs). A path without one is returned as it is, without
+// never in URLs or logs). Each segment is read as sent and with its
+// %-escapes decoded, so that an escaped letter hides no key, whatever the
+// rest of the path holds. A path without one is returned as it is, without
 // an allocation.
 func RedactPath(path string) (string, bool) {
 	if len(path) < Len || !hasKeySegment(path) {
@@ -105,7 +108,7 @@ func RedactPath(path string) (string, bool) {
 	}
 	segments := strings.Split(path, "/")
 	for i, segment := range segments {
-		if WellFormed(segment) {
+		if isKeySegment(segment) {
 			segments[i] = "[key]"
 		}
 	}
@@ -114,11 +117,23 @@ func RedactPath(path string) (string, bool) {
 
 func hasKeySegment(path string) bool {
 	for segment := range strings.SplitSeq(path, "/") {
-		if WellFormed(segment) {
+		if isKeySegment(segment) {
 			return true
 		}
 	}
 	return false
+}
+
+// isKeySegment reports whether a path segment is a key, as sent or decoded.
+func isKeySegment(segment string) bool {
+	if WellFormed(segment) {
+		return true
+	}
+	if len(segment) <= Len || strings.IndexByte(segment, '%') < 0 {
+		return false // an escape makes a segment longer than the key it spells
+	}
+	decoded, err := url.PathUnescape(segment)
+	return err == nil && WellFormed(decoded)
 }
 
 // HashOf returns the stored form of secret.

@@ -1,6 +1,7 @@
 package apikey
 
 import (
+	"fmt"
 	"hash/crc32"
 	"strings"
 	"testing"
@@ -84,6 +85,7 @@ func hex(b []byte) string {
 func TestRedactPath(t *testing.T) {
 	key, _, _ := Generate([]string{"export:read"})
 	other, _, _ := Generate([]string{"sales:write"})
+	escaped := fmt.Sprintf("%%%02X", key[0]) + key[1:]
 	lookalike := key[:Len-1] + "0" // wrong checksum (unless it happened to be "0")
 	if lookalike == key {
 		lookalike = key[:Len-1] + "1"
@@ -98,6 +100,11 @@ func TestRedactPath(t *testing.T) {
 		{"/" + key + "/" + other, "/[key]/[key]", true},
 		{"/v1/export/items/" + lookalike, "/v1/export/items/" + lookalike, false},
 		{"/v1/export/items/x" + key, "/v1/export/items/x" + key, false},
+		// An escaped letter hides nothing, even beside a broken escape.
+		{"/v1/export/items/" + escaped, "/v1/export/items/[key]", true},
+		{"/v1/%zz/" + escaped, "/v1/%zz/[key]", true},
+		{"/v1/export/items/" + escaped + "/%zz", "/v1/export/items/[key]/%zz", true},
+		{"/v1/export/items/" + escaped + "%zz", "/v1/export/items/" + escaped + "%zz", false},
 		{"", "", false},
 	}
 	for _, tt := range tests {

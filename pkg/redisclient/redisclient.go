@@ -4,12 +4,31 @@ package redisclient
 
 import (
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 )
+
+// Describe shows where a Redis URL points (network, address, database),
+// for logs: never the user or the password. A URL whose password holds an
+// unescaped "#", "?" or "/" parses with part of the password elsewhere (in
+// the port, the database, the query), so it is "(unparsable)", as is one
+// go-redis refuses.
+func Describe(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Fragment != "" || strings.Contains(u.RawQuery, "@") || strings.Contains(u.Path, "@") {
+		return "(unparsable)"
+	}
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return fmt.Sprintf("%s %s db %d", opts.Network, opts.Addr, opts.DB)
+}
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with
 // tight timeouts, no retries and context deadlines honoured, traced with

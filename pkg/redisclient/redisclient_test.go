@@ -60,3 +60,27 @@ func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {
 		t.Errorf("Open error %q: want a message without the password", got)
 	}
 }
+
+// Describe says where Redis is and never any part of a password, also when
+// an unescaped character moved part of the password elsewhere in the URL.
+func TestDescribe(t *testing.T) {
+	tests := []struct{ url, want string }{
+		{"redis://127.0.0.1:6379/0", "tcp 127.0.0.1:6379 db 0"},
+		{"redis://default:s3cret@redis:6379/2", "tcp redis:6379 db 2"},
+		{"rediss://:s3cret@redis.example.com:6380", "tcp redis.example.com:6380 db 0"},
+		{"unix:///run/redis/redis.sock?db=1", "unix /run/redis/redis.sock db 1"},
+		{"redis://:1234#s3cret@redis:6379/0", "(unparsable)"},
+		{"redis://default:2024/s3cret@redis:6379/0", "(unparsable)"},
+		{"redis://default:12?s3cret@redis:6379/0", "(unparsable)"},
+		{"not a url s3cret", "(unparsable)"},
+	}
+	for _, tt := range tests {
+		got := Describe(tt.url)
+		if got != tt.want {
+			t.Errorf("Describe(%q) = %q, want %q", tt.url, got, tt.want)
+		}
+		if strings.Contains(got, "s3cret") || strings.Contains(got, "1234") || strings.Contains(got, "2024") {
+			t.Errorf("Describe(%q) = %q shows part of the password", tt.url, got)
+		}
+	}
+}
