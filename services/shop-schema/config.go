@@ -26,6 +26,14 @@ type Config struct {
 	MaxConcurrent  int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
 }
 
+// The range of SHOP_SCHEMA_TIMEOUT and SHOP_SCHEMA_CONNECT_TIMEOUT.
+const (
+	minTimeout = time.Millisecond
+	maxTimeout = time.Hour
+)
+
+func validTimeout(d time.Duration) bool { return minTimeout <= d && d <= maxTimeout }
+
 // loadConfig reads the environment through getenv, applies defaults and
 // validates.
 func loadConfig(getenv func(string) string) (Config, error) {
@@ -38,8 +46,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		AllowHosts:     r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
 		CAFile:         r.String("SHOP_SCHEMA_CA_FILE", ""),
 		Ports:          ports(r, "SHOP_SCHEMA_PORTS", "443,8443"),
-		Timeout:        r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, time.Millisecond, time.Hour),
-		ConnectTimeout: r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, time.Millisecond, time.Hour),
+		Timeout:        r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, minTimeout, maxTimeout),
+		ConnectTimeout: r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, minTimeout, maxTimeout),
 		MaxBytes:       int64(r.Int("SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)),
 		MaxCallBytes:   int64(r.Int("SHOP_SCHEMA_MAX_CALL_BYTES", 32<<20, 1<<10, 1<<30)),
 		PageSize:       r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
@@ -47,7 +55,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
 	r.Check(len(c.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
-	if r.Err() == nil { // compared only once both are valid: a bad one is reported alone
+	// Compared only when both are valid: a bad one is reported alone.
+	if validTimeout(c.Timeout) && validTimeout(c.ConnectTimeout) {
 		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
 	}
 	if err := r.Err(); err != nil {

@@ -49,6 +49,11 @@ func TestLoadConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "SHOP_SCHEMA_TIMEOUT must be") || strings.Contains(err.Error(), "CONNECT_TIMEOUT") {
 		t.Errorf("loadConfig(SHOP_SCHEMA_TIMEOUT=0s) = %v, want one error, about SHOP_SCHEMA_TIMEOUT only", err)
 	}
+	// Every bad variable is named at once, the cross-check too.
+	_, err = loadConfig(env("IDENTITY_SECRET", "short", "SHOP_SCHEMA_TIMEOUT", "1s", "SHOP_SCHEMA_CONNECT_TIMEOUT", "2s"))
+	if err == nil || !strings.Contains(err.Error(), "IDENTITY_SECRET") || !strings.Contains(err.Error(), "must not exceed") {
+		t.Errorf("loadConfig(short secret, connect timeout > timeout) = %v, want both named", err)
+	}
 }
 
 func TestRunMasksSecretAndStops(t *testing.T) {
