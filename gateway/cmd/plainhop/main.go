@@ -8,8 +8,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/proxy"
 )
@@ -83,17 +82,10 @@ func answerError(c *fiber.Ctx, err error) error {
 	if errors.As(err, &fe) && fe.Code < 500 {
 		status, code = fe.Code, "bad_request"
 	}
-	id := newRequestID()
+	id := httpserver.RandomRequestID()
 	c.Set(fiber.HeaderContentType, envelope.ContentType)
+	c.Set(fiber.HeaderCacheControl, envelope.ErrorCacheControl)
 	c.Set(envelope.RequestIDHeader, id)
 	// A fixed message: the error names internal addresses.
 	return c.Status(status).Send(envelope.ErrorBytes(code, "plainhop: the request could not be relayed", id))
-}
-
-// newRequestID returns 16 random bytes in hex, the form of the stack's
-// request ids (trace ids).
-func newRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

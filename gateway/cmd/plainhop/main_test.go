@@ -66,6 +66,9 @@ func TestFailedHopAnswersTheEnvelopeWithARequestID(t *testing.T) {
 	if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(env.Meta.RequestID) {
 		t.Errorf("meta.request_id = %q, want 32 hex digits", env.Meta.RequestID)
 	}
+	if got := resp.Header.Get("Cache-Control"); got != envelope.ErrorCacheControl {
+		t.Errorf("Cache-Control = %q, want %q", got, envelope.ErrorCacheControl)
+	}
 	if got := resp.Header.Get(envelope.RequestIDHeader); got != env.Meta.RequestID {
 		t.Errorf("%s = %q, want meta.request_id %q", envelope.RequestIDHeader, got, env.Meta.RequestID)
 	}
