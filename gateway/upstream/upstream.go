@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -128,10 +129,7 @@ func ParseInstanceURL(raw string) (*url.URL, error) {
 func (u *Upstream) current() []*Instance { return *u.instances.Load() }
 
 func newInstance(p *url.URL, opts Options) *Instance {
-	addr := p.Host
-	if p.Port() == "" {
-		addr = net.JoinHostPort(p.Hostname(), map[string]string{"http": "80", "https": "443"}[p.Scheme])
-	}
+	addr := net.JoinHostPort(p.Hostname(), strconv.Itoa(int(portOf(p))))
 	connect := opts.ConnectTimeout
 	dial := func(addr string) (net.Conn, error) {
 		c, err := fasthttp.DialDualStackTimeout(addr, connect) // IPv6 too: fasthttp.Dial is IPv4 only

@@ -13,10 +13,11 @@ const MaxItemIDLen = 128
 // ValidItemID returns nil when id may be issued as an export item id, or an
 // error whose text is the reason ("must not …", meant to follow the field's
 // name). Clients address an item by its id as one path segment
-// (/v1/export/items/{item_id}, …/sales/confirm), and the gateway routes on
-// the decoded path (%2F becomes "/", dot segments are removed) while some
-// clients turn "\" into "/": an id with "/" or "\", or equal to "." or "..",
-// could be listed but never read nor sold. The other rules keep what
+// (/v1/export/items/{item_id}, …/sales/confirm), and many clients and
+// proxies decode %2F to "/" or resolve dot segments before they send, and
+// some turn "\" into "/" (the gateway answers a "." or ".." segment 404):
+// an id with "/" or "\", or equal to "." or "..", could be listed but
+// never read nor sold. The other rules keep what
 // PostgreSQL and consumers can take.
 //
 // Every writer of new items calls it (ParseJSONL, Import); ids stored before

@@ -9,6 +9,7 @@
 package gcdefaults
 
 import (
+	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"strconv"
@@ -61,8 +62,8 @@ func (s Settings) Apply() {
 // LogValue shows each setting in force, and whether it is the default.
 func (s Settings) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("gogc", orDefault(s.GOGC, "400 (default)")),
-		slog.String("gomemlimit", orDefault(s.GOMEMLIMIT, "100MiB (default)")))
+		slog.String("gogc", orDefault(s.GOGC, fmt.Sprintf("%d (default)", GCPercent))),
+		slog.String("gomemlimit", orDefault(s.GOMEMLIMIT, fmt.Sprintf("%dMiB (default)", MemoryLimit>>20))))
 }
 
 func orDefault(v, def string) string {

@@ -13,8 +13,9 @@ import (
 )
 
 // AdminHandler serves a process's admin listener: Prometheus /metrics and
-// the Go profiler under /debug/pprof/, in their own formats; every error
-// (no such path or profile, another method) is the envelope. The admin address is private (loopback
+// the Go profiler under /debug/pprof/, in their own formats; every routing
+// error (no such path or profile, another method) is the envelope (pprof's
+// own errors, such as a second CPU profile at once, stay its text). The admin address is private (loopback
 // by default, a pod port no Service exposes in Kubernetes), so profiles of a
 // live process are one `go tool pprof` away without a restart.
 func AdminHandler(g prometheus.Gatherer) http.Handler {
