@@ -21,6 +21,14 @@ import (
 // healthPath answers the gateway's health probe without an identity.
 const healthPath = "/healthz"
 
+// A request whose caller hung up before the answer gets nginx's status 499
+// and this code: nobody reads it, but logs, metrics and spans then tell it
+// from a failure of the service.
+const (
+	StatusClientClosed = 499
+	CodeClientClosed   = "client_closed_request"
+)
+
 // RequestID returns the request id of the request in ctx: the one the gateway
 // signed, or the current trace id when there is none.
 func RequestID(r *http.Request) string {

@@ -18,10 +18,6 @@ type requestError struct {
 	message string
 }
 
-// statusClientClosed is nginx's status for a request whose client closed the
-// connection before the answer; it is not an error of this service.
-const statusClientClosed = 499
-
 func (e *requestError) Error() string { return e.message }
 
 func badRequest(code, message string) error {
@@ -64,8 +60,8 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// and the span say so rather than report a failure (499, as nginx
 		// names a request its client closed; no one reads the answer).
 		h.log.InfoContext(r.Context(), "sale call abandoned by the caller: it may have been applied; a retry with the same Idempotency-Key replays it if so", "err", err)
-		envelope.WriteError(w, statusClientClosed, "client_closed_request", "the caller closed the request; the sale may have been applied", requestID)
-		return "client_closed_request"
+		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request; the sale may have been applied", requestID)
+		return httpserver.CodeClientClosed
 	}
 	h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)

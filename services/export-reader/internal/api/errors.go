@@ -33,9 +33,10 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		a.log.ErrorContext(r.Context(), "export read timed out", "err", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store did not answer in time; retry with backoff", requestID)
 	case r.Context().Err() != nil:
-		// The client went away; nobody reads this answer.
+		// The caller (the gateway, after UPSTREAM_READ_TIMEOUT) went away:
+		// nobody reads this answer, and it is no failure of the reader's.
 		a.log.InfoContext(r.Context(), "client canceled", "err", err)
-		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
+		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request", requestID)
 	default:
 		a.log.ErrorContext(r.Context(), "export read failed", "err", err)
 		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)

@@ -13,12 +13,6 @@ import (
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
-// A request whose caller hung up before the answer: nginx's status 499.
-const (
-	statusClientClosed = 499
-	codeClientClosed   = "client_closed_request"
-)
-
 // shopStatus maps each kind of shop failure to its answer. Problems the
 // caller can fix (the key, the address) are 400, as spec 4.2 lists; the
 // shop misbehaving is 502, or 504 when it is too slow.
@@ -62,8 +56,8 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 		// reads this answer (499, as nginx names a request its client
 		// closed). Reported as a shop timeout, it sent operators after the
 		// shop.
-		envelope.WriteError(w, statusClientClosed, codeClientClosed, "the caller closed the request", requestID)
-		return codeClientClosed
+		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request", requestID)
+		return httpserver.CodeClientClosed
 	}
 	var shopErr *prestashop.Error
 	if errors.As(err, &shopErr) {

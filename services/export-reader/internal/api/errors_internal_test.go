@@ -1,0 +1,45 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/coinexport/export/pkg/envelope"
+)
+
+// A read whose caller hung up is answered 499 client_closed_request, not
+// counted as the reader's failure (500); a failure while the caller still
+// waits stays a 500.
+func TestFailTellsAHangUpFromAFailure(t *testing.T) {
+	a := New(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), 0)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	tests := []struct {
+		name       string
+		ctx        context.Context
+		err        error
+		wantStatus int
+		wantCode   string
+	}{
+		{"caller hung up", gone, context.Canceled, 499, "client_closed_request"},
+		{"database failed", context.Background(), errors.New("connection reset"), 500, "internal_error"},
+	}
+	for _, tt := range tests {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/v1/export/items", nil).WithContext(tt.ctx)
+		a.fail(rec, req, tt.err)
+		var env envelope.Parsed
+		if err := json.Unmarshal(rec.Body.Bytes(), &env); err != nil || env.Error == nil {
+			t.Fatalf("%s: body %s is not an error envelope (%v)", tt.name, rec.Body, err)
+		}
+		if rec.Code != tt.wantStatus || env.Error.Code != tt.wantCode {
+			t.Errorf("%s: fail = %d %s, want %d %s", tt.name, rec.Code, env.Error.Code, tt.wantStatus, tt.wantCode)
+		}
+	}
+}
