@@ -13,9 +13,9 @@ import (
 )
 
 // AdminHandler serves a process's admin listener: Prometheus /metrics and
-// the Go profiler under /debug/pprof/, in their own formats; every routing
-// error (no such path or profile, another method) is the envelope (pprof's
-// own errors, such as a second CPU profile at once, stay its text). The admin address is private (loopback
+// the Go profiler under /debug/pprof/, in their own formats; every error
+// (no such path or profile, another method, a bad parameter, a second CPU
+// profile at once) is the envelope. The admin address is private (loopback
 // by default, a pod port no Service exposes in Kubernetes), so profiles of a
 // live process are one `go tool pprof` away without a restart.
 func AdminHandler(g prometheus.Gatherer) http.Handler {
@@ -36,9 +36,77 @@ func AdminHandler(g prometheus.Gatherer) http.Handler {
 		case pattern == profileIndex && unknownProfile(r.URL.Path):
 			envelope.WriteError(w, http.StatusNotFound, "not_found", "no such profile", RequestID(r))
 		default:
-			handler.ServeHTTP(w, r)
+			serveWithErrorEnvelope(handler, w, r)
 		}
 	})
+}
+
+// serveWithErrorEnvelope serves r with h, but answers an error h writes as
+// its own text (pprof's bad parameters, a CPU profile while another runs)
+// as the envelope instead: the status is kept, the text becomes the
+// message (pprof's texts are fixed strings, never the request's input).
+func serveWithErrorEnvelope(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	held := &errorHolder{ResponseWriter: w}
+	h.ServeHTTP(held, r)
+	if held.status == 0 {
+		return
+	}
+	// Left by pprof for the profile it meant to send.
+	w.Header().Del("Content-Disposition")
+	w.Header().Del("X-Go-Pprof")
+	envelope.WriteError(w, held.status, adminErrorCode(held.status), adminErrorMessage(held.text), RequestID(r))
+}
+
+// errorHolder passes a success through as it is written, and holds back an
+// error status (400 or more) with the text that follows it.
+type errorHolder struct {
+	http.ResponseWriter
+	status int // the error status held back; 0 if none
+	text   []byte
+}
+
+// maxAdminErrorText bounds the text kept for an error's message.
+const maxAdminErrorText = 200
+
+func (e *errorHolder) WriteHeader(status int) {
+	if status >= 400 && e.status == 0 {
+		e.status = status
+		return
+	}
+	e.ResponseWriter.WriteHeader(status)
+}
+
+func (e *errorHolder) Write(b []byte) (int, error) {
+	if e.status == 0 {
+		return e.ResponseWriter.Write(b)
+	}
+	if room := maxAdminErrorText - len(e.text); room > 0 {
+		e.text = append(e.text, b[:min(len(b), room)]...)
+	}
+	return len(b), nil
+}
+
+// Unwrap lets http.ResponseController reach the connection: pprof extends
+// the write deadline of a long profile through it.
+func (e *errorHolder) Unwrap() http.ResponseWriter { return e.ResponseWriter }
+
+func adminErrorCode(status int) string {
+	switch {
+	case status == http.StatusNotFound:
+		return "not_found"
+	case status == http.StatusRequestTimeout:
+		return "request_timeout"
+	case status >= 500:
+		return "internal_error"
+	}
+	return "invalid_parameter"
+}
+
+func adminErrorMessage(text []byte) string {
+	if msg := strings.TrimSpace(string(text)); msg != "" {
+		return msg
+	}
+	return "the request could not be served"
 }
 
 // profileIndex is pprof's index, which also serves each named profile.

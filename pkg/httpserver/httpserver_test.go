@@ -283,6 +283,9 @@ func TestAdminErrorsAreEnvelopes(t *testing.T) {
 		{"GET", "/nope", 404, "not_found"},
 		{"POST", "/metrics", 405, "method_not_allowed"},
 		{"GET", "/debug/pprof/nonexistent", 404, "not_found"},
+		// pprof's own errors, written as its text, answered as envelopes.
+		{"GET", "/debug/pprof/heap?seconds=abc", 400, "invalid_parameter"},
+		{"GET", "/debug/pprof/allocs?seconds=1&debug=1", 400, "invalid_parameter"},
 	} {
 		req, _ := http.NewRequest(tt.method, ts.URL+tt.path, nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -302,5 +305,56 @@ func TestAdminErrorsAreEnvelopes(t *testing.T) {
 		if err := json.Unmarshal(body, &env); err != nil || env.Error == nil || env.Error.Code != tt.code || env.Meta.RequestID == "" {
 			t.Errorf("%s %s = %s, want an envelope with code %s and a request id", tt.method, tt.path, body, tt.code)
 		}
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+			t.Errorf("%s %s: Content-Type %q, want JSON", tt.method, tt.path, ct)
+		}
+	}
+}
+
+// A second CPU profile while one runs is refused by pprof; the refusal is
+// an envelope that says why. Two are asked for at once: one runs, the
+// other is refused, whichever comes second.
+func TestAdminProfileInUseIsAnEnvelope(t *testing.T) {
+	ts := httptest.NewServer(AdminHandler(prometheus.NewRegistry()))
+	t.Cleanup(ts.Close)
+	type answer struct {
+		status int
+		header http.Header
+		body   []byte
+		err    error
+	}
+	answers := make(chan answer, 2)
+	for range 2 {
+		go func() {
+			resp, err := http.Get(ts.URL + "/debug/pprof/profile?seconds=2")
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers <- answer{resp.StatusCode, resp.Header, body, err}
+		}()
+	}
+	var refused []answer
+	for range 2 {
+		a := <-answers
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		if a.status != http.StatusOK {
+			refused = append(refused, a)
+		}
+	}
+	if len(refused) != 1 {
+		t.Fatalf("%d of two CPU profiles at once were refused, want 1", len(refused))
+	}
+	var env envelope.Parsed
+	if err := json.Unmarshal(refused[0].body, &env); err != nil || env.Error == nil ||
+		env.Error.Code != "internal_error" || !strings.Contains(env.Error.Message, "CPU profiling") || env.Meta.RequestID == "" {
+		t.Errorf("refused CPU profile = %d %s, want an internal_error envelope naming CPU profiling", refused[0].status, refused[0].body)
+	}
+	if cd := refused[0].header.Get("Content-Disposition"); cd != "" {
+		t.Errorf("the refusal still says it is an attachment: %q", cd)
 	}
 }
