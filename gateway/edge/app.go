@@ -43,7 +43,28 @@ func (g *Gateway) newApp() *fiber.App {
 	unmatched := g.handler(route{Method: "*", Path: "unmatched"})
 	app.Use(unmatched)
 	g.answerUnknownMethods(app, unmatched)
+	g.refuseLargeBodiesBeforeContinue(app)
 	return app
+}
+
+// refuseLargeBodiesBeforeContinue answers a request that asks
+// "Expect: 100-continue" for a body over BodyLimit with the 413 envelope at
+// once, instead of the 100 Continue that would have the client send up to
+// a megabyte only to be refused after it. fasthttp then calls no handler
+// and closes the connection (the client may send the body anyway); the
+// envelope is written into the response it sends.
+func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
+	app.Server().ExpectHandler = func(rctx *fasthttp.RequestCtx) int {
+		if rctx.Request.Header.ContentLength() <= BodyLimit {
+			return fasthttp.StatusContinue
+		}
+		c := app.AcquireCtx(rctx)
+		defer app.ReleaseCtx(c)
+		rq := g.begin(c, "unrouted")
+		defer g.end(c, rq, g.unroutedMetrics)
+		g.writeError(c, rq, errTooLarge)
+		return fasthttp.StatusRequestEntityTooLarge
+	}
 }
 
 // answerUnknownMethods gives a request whose method Fiber does not know

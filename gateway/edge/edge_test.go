@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/gateway/gatewaytest"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
@@ -721,4 +722,69 @@ func doRaw(t *testing.T, baseURL, method, target string, headers map[string]stri
 		t.Fatalf("%s %s: body is not an envelope: %q", method, target, b)
 	}
 	return r
+}
+
+// A service's 401 means it refused the identity the gateway signed (the
+// key was already checked): the client gets a 502 that says the fault is
+// the gateway's, not a 401 that would send it to rotate a valid key, and
+// the cause is logged for the SRE.
+func TestServiceRefusingTheIdentityIsNotTheClientsFault(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil) // checks gatewaytest.IdentitySecret
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"IDENTITY_SECRET": "another-identity-secret-0123456789abcdefgh"})
+	r := do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil)
+	checkEnvelope(t, r)
+	if r.Status != http.StatusBadGateway || r.Env.Error == nil || r.Env.Error.Code != "bad_gateway" {
+		t.Fatalf("GET with a secret the service does not share = %d %s, want 502 bad_gateway", r.Status, r.Body)
+	}
+	if r.Header.Get("WWW-Authenticate") != "" {
+		t.Errorf("the 502 carries a 401's challenge: %q", r.Header.Get("WWW-Authenticate"))
+	}
+	waitFor(t, 2*time.Second, func() bool { return strings.Contains(gw.Logs.String(), "IDENTITY_SECRET differs") })
+	if got := grep(scrape(t, gw.AdminURL), `kind="identity_refused"`); !strings.Contains(got, "} 1") {
+		t.Errorf("upstream errors metric: %q, want one identity_refused", got)
+	}
+}
+
+// A client that asks "Expect: 100-continue" before a body over the limit
+// gets the 413 envelope instead of the go-ahead, so it does not send the
+// body only to see it refused; one within the limit gets 100 Continue and
+// is served.
+func TestExpectContinueIsRefusedForABodyOverTheLimit(t *testing.T) {
+	dsn, _, k := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SALES_WRITER_URLS": echoUpstream(t, "writer", nil).URL})
+	confirm := "/v1/export/items/coin-1/sales/confirm"
+	headers := map[string]string{"X-API-Key": k.write, "Content-Type": "application/json",
+		"Expect": "100-continue", "Content-Length": strconv.Itoa(edge.BodyLimit + 1)}
+	r := doRaw(t, gw.URL, "POST", confirm, headers) // fails on a 100: it is no envelope
+	if r.Status != http.StatusRequestEntityTooLarge || r.Env.Error == nil || r.Env.Error.Code != "payload_too_large" ||
+		r.Env.Meta.RequestID == "" || r.Header.Get("X-Request-Id") != r.Env.Meta.RequestID {
+		t.Errorf("Expect: 100-continue with %d bytes = %d %s, want a 413 payload_too_large envelope", edge.BodyLimit+1, r.Status, r.Body)
+	}
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"platform_sale_id":"s-1"}`
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\nX-API-Key: %s\r\n"+
+		"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", confirm, k.write, len(body))
+	br := bufio.NewReader(conn)
+	interim, err := http.ReadResponse(br, nil)
+	if err != nil || interim.StatusCode != http.StatusContinue {
+		t.Fatalf("Expect: 100-continue with %d bytes: %v, %v; want 100 Continue", len(body), interim, err)
+	}
+	io.WriteString(conn, body)
+	final, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer final.Body.Close()
+	if final.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(final.Body)
+		t.Errorf("after 100 Continue and the body: %d %s, want the writer's 200", final.StatusCode, b)
+	}
 }

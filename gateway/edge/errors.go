@@ -56,6 +56,8 @@ var (
 		Message: "the service is temporarily unavailable; retry later"}
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service could not be reached; retry later"}
+	errGatewayRefused = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
+		Message: "the service refused the gateway's request; the fault is ours: quote the request id"}
 	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
 		Message: "the service did not answer in time"}
 )
@@ -85,6 +87,8 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		return errUpstreamTimeout, true
 	case errors.Is(err, upstream.ErrUnreachable), errors.Is(err, upstream.ErrClosed), errors.Is(err, upstream.ErrBadResponse):
 		return errBadGateway, true
+	case errors.Is(err, errIdentityRefused):
+		return errGatewayRefused, true
 	case errors.Is(err, errKeyLookup):
 		return errAuthUnavailable, true
 	case errors.As(err, &fe):

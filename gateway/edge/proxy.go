@@ -103,6 +103,9 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	if retried {
 		g.metrics.upstreamRetries.WithLabelValues(rt.Upstream).Inc()
 	}
+	if err == nil && c.Response().StatusCode() == fiber.StatusUnauthorized {
+		err = errIdentityRefused
+	}
 	if err != nil {
 		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(err)).Inc()
 		span.SetStatus(codes.Error, errorKind(err))
@@ -111,6 +114,13 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	c.Response().Header.Del(fiber.HeaderConnection)
 	return nil
 }
+
+// errIdentityRefused is a service's 401. The gateway has already checked
+// the key, so the service refused the identity the gateway signed: the
+// fault is ours, and relaying the 401 would send the client to rotate a
+// valid key.
+var errIdentityRefused = errors.New("the service refused the gateway's signed identity: " +
+	"IDENTITY_SECRET differs between the gateway and the service, or their clocks differ by more than identity.MaxSkew")
 
 // renewIdentity signs again, at the time of a repeat, the identity proxy
 // signed: a sale repeated after a whole UPSTREAM_READ_TIMEOUT would
@@ -216,6 +226,8 @@ func errorKind(err error) string {
 		return "timeout"
 	case errors.Is(err, upstream.ErrClosed):
 		return "closed"
+	case errors.Is(err, errIdentityRefused):
+		return "identity_refused"
 	default:
 		return "bad_response"
 	}
