@@ -195,6 +195,11 @@ func checkTrace(t *testing.T, spans []tracestore.Span, requestID, service string
 	if roots != 1 || root.Service != "gateway" || root.Kind != "SPAN_KIND_SERVER" {
 		t.Fatalf("trace %s has %d roots (first %+v), want exactly one: the gateway's server span", requestID, roots, root)
 	}
+	// Only sales keys are bound to a platform; a read's span names none
+	// rather than an empty one.
+	if _, named := root.Attributes["platform.id"]; named != (service == "sales-writer") {
+		t.Errorf("gateway span of a request to %s: platform.id present = %v, attributes %v", service, named, root.Attributes)
+	}
 	if serviceSpan == nil {
 		t.Fatalf("trace %s has no server span of %s: %v", requestID, service, names(spans))
 	}

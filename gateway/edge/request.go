@@ -150,8 +150,10 @@ func (g *Gateway) endSpan(rq *request, status int) {
 		attrs = append(attrs, semconv.URLPath(rq.path))
 	}
 	if rq.key.ID != "" {
-		attrs = append(attrs, attrOwnerID.String(rq.key.OwnerID), attrKeyID.String(rq.key.ID),
-			attrPlatformID.String(rq.key.PlatformID))
+		attrs = append(attrs, attrOwnerID.String(rq.key.OwnerID), attrKeyID.String(rq.key.ID))
+	}
+	if rq.key.PlatformID != "" { // read keys have none
+		attrs = append(attrs, attrPlatformID.String(rq.key.PlatformID))
 	}
 	span.SetAttributes(attrs...)
 	if status >= 500 {
