@@ -14,7 +14,7 @@ pg_bin_dir() {
   return 1
 }
 
-# ensure_packages installs redis-server (and PostgreSQL's server binaries)
+# ensure_packages installs redis-server, PostgreSQL (server and client) and curl
 # when missing: with apt-get as root, else it says exactly what to install.
 ensure_packages() {
   local missing=()
