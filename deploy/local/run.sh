@@ -21,6 +21,7 @@ fi
 set -a; . "$state/secrets"; set +a
 
 pids=()
+declare -A names # pid → name, to say which process exited
 stopping=
 stop_all() {
   trap - INT TERM EXIT
@@ -83,7 +84,7 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1
   [ -x "bin/$name" ] || { log "bin/$name not built: skipped"; return 0; }
   "bin/$name" >>"$state/logs/$name.log" 2>&1 &
-  pids+=($!)
+  pids+=($!); names[$!]=$name
   log "$name started (pid $!, log .run/logs/$name.log)"
 }
 # Local trace view: every binary exports its spans to tracestore, which
@@ -91,7 +92,7 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
 # An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
   "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
-  pids+=($!)
+  pids+=($!); names[$!]=tracestore
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
 fi
@@ -129,5 +130,7 @@ cat <<MSG
 MSG
 
 # Stay in the foreground until a process dies or the user presses Ctrl-C.
-wait -n "${pids[@]}" 2>/dev/null || true
-[ -n "$stopping" ] || log "a process exited: see .run/logs/ (stopping the rest)"
+exited= status=0
+wait -n -p exited "${pids[@]}" 2>/dev/null || status=$?
+name=${exited:+${names[$exited]:-}}
+[ -n "$stopping" ] || log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
