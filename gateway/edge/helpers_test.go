@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -168,16 +167,7 @@ func slowUpstream(t *testing.T, delay time.Duration) *httptest.Server {
 }
 
 // closedURL is an http URL nothing listens on.
-func closedURL(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
-}
+func closedURL(t *testing.T) string { return "http://" + testenv.FreeAddr(t) }
 
 // response is a decoded gateway answer.
 type response struct {

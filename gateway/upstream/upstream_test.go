@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/valyala/fasthttp"
 )
 
@@ -28,15 +29,8 @@ func TestNewRejectsBadURLs(t *testing.T) {
 	}
 }
 
-func closedAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
-}
+// closedAddr is an http URL nothing listens on.
+func closedAddr(t *testing.T) string { return "http://" + testenv.FreeAddr(t) }
 
 func send(u *Upstream, repeat Repeat) (bool, int, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()

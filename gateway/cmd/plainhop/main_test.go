@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/gofiber/fiber/v2"
 )
 
@@ -116,13 +117,4 @@ func TestUpstreamIsRequired(t *testing.T) {
 }
 
 // refusedUpstream returns the base URL of an address nothing listens on.
-func refusedUpstream(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return "http://" + addr
-}
+func refusedUpstream(t *testing.T) string { return "http://" + testenv.FreeAddr(t) }
