@@ -44,7 +44,9 @@ func AdminHandler(g prometheus.Gatherer) http.Handler {
 // serveWithErrorEnvelope serves r with h, but answers an error h writes as
 // its own text (pprof's bad parameters, a CPU profile while another runs)
 // as the envelope instead: the status is kept, the text becomes the
-// message (pprof's texts are fixed strings, never the request's input).
+// message. pprof's texts are fixed strings, never the request's input;
+// promhttp's 500 names the collector that failed, which is what the
+// operator on this private port needs.
 func serveWithErrorEnvelope(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	held := &errorHolder{ResponseWriter: w}
 	h.ServeHTTP(held, r)

@@ -8,6 +8,7 @@ package tracestore
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"sort"
@@ -55,13 +56,21 @@ func New(out io.Writer, limit int) *Store {
 	return &Store{out: out, limit: limit}
 }
 
+// maxExportBytes bounds one export request (the SDKs' batches are far
+// smaller).
+const maxExportBytes = 32 << 20
+
 // ServeHTTP implements the OTLP/HTTP traces endpoint.
 func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" {
 		writeError(w, http.StatusNotFound, "not_found", "OTLP/HTTP traces only: POST /v1/traces")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 32<<20))
+	body, err := httpserver.ReadBody(w, r, maxExportBytes)
+	if errors.Is(err, httpserver.ErrBodyTooLarge) {
+		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", "an export over 32 MiB: send smaller batches")
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad_request", "the body could not be read")
 		return

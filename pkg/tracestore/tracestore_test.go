@@ -64,6 +64,7 @@ func TestErrorsAreEnvelopes(t *testing.T) {
 	}{
 		{"GET", "/nope", "", 404},
 		{"POST", "/v1/traces", "not protobuf", 400},
+		{"POST", "/v1/traces", strings.Repeat("x", maxExportBytes+1), 413},
 	} {
 		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
 		resp, err := http.DefaultClient.Do(req)
