@@ -131,6 +131,10 @@ MSG
 
 # Stay in the foreground until a process dies or the user presses Ctrl-C.
 exited= status=0
-wait -n -p exited "${pids[@]}" 2>/dev/null || status=$?
+if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then
+  wait -n -p exited "${pids[@]}" || status=$?
+else # wait -p is bash 5.1's: without it, which process exited is not known
+  wait -n "${pids[@]}" || status=$?
+fi
 name=${exited:+${names[$exited]:-}}
 [ -n "$stopping" ] || log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
