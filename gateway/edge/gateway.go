@@ -101,7 +101,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	if err = g.buildUpstreams(); err != nil {
 		return nil, err
 	}
-	if g.pool, err = postgres.Open(ctx, cfg.DatabaseURL); err != nil {
+	if g.pool, err = postgres.Open(ctx, postgres.WithPoolSize(cfg.DatabaseURL, keyStorePoolSize)); err != nil {
 		return nil, err
 	}
 	cleanup = append(cleanup, g.pool.Close)
@@ -142,6 +142,12 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	g.log.Info("serving", "addr", g.Addr(), "admin_addr", g.AdminAddr())
 	return g, nil
 }
+
+// keyStorePoolSize is the gateway's PostgreSQL pool: only key-cache misses
+// and health checks use it (the revocation listener has a connection of
+// its own), and pgx's default (one per CPU of the node) would count against
+// max_connections for nothing (deploy/k8s sums the connections).
+const keyStorePoolSize = 4
 
 // readWholeUpTo is, per upstream, the size up to which its answers are read
 // whole before they are relayed (upstream.Options.ReadWholeUpTo): far above
