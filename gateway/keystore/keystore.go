@@ -21,8 +21,9 @@ import (
 // key alike, so a caller cannot tell them apart.
 var ErrUnauthenticated = errors.New("keystore: unauthenticated")
 
-// ErrThrottled is returned when a key is not cached and mayFetch refused the
-// database lookup (the caller is over its failed-authentication budget).
+// ErrThrottled is returned when a key is not known to be valid and mayFetch
+// refused the database lookup (the caller is over its failed-authentication
+// budget).
 var ErrThrottled = errors.New("keystore: lookup throttled")
 
 // Key is what a valid API key grants.
@@ -78,7 +79,8 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 
 // Lookup returns the key for secret, or ErrUnauthenticated. On a cache miss
 // it asks mayFetch (if not nil) before going to the database, and returns
-// ErrThrottled if refused. Any other error means the key could not be
+// ErrThrottled if refused; not for a key whose aged entry says it was
+// valid, which is looked up again in any case. Any other error means the key could not be
 // checked (PostgreSQL unreachable).
 //
 // The cache is asked first: only well-formed keys are ever cached, so a hit
@@ -88,15 +90,21 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool) (Key, error) {
 	hash := apikey.HashOf(secret)
 	now := time.Now()
-	if e, ok := s.cached(hash, now); ok {
+	last, fresh := s.cached(hash, now)
+	if fresh {
 		s.opts.OnLookup(true)
-		return e.result()
+		return last.result()
 	}
 	if !apikey.WellFormed(secret) {
 		return Key{}, ErrUnauthenticated
 	}
 	s.opts.OnLookup(false)
-	if mayFetch != nil && !mayFetch() {
+	// A key that was valid when last looked up is checked again whatever
+	// mayFetch says: that is no guess, and refusing it would lock a client
+	// out, each time its entry ages, for the failures of another client
+	// behind the same address (one NAT, one egress proxy). Such lookups are
+	// bounded by the valid keys in use, one per key per TTL.
+	if !last.valid && mayFetch != nil && !mayFetch() {
 		return Key{}, ErrThrottled
 	}
 	epoch := s.epoch.Load()
@@ -116,6 +124,8 @@ func (e entry) result() (Key, error) {
 	return e.key, nil
 }
 
+// cached returns the key's entry, if any (the zero entry, not valid, if
+// none), and whether it is still fresh.
 func (s *Store) cached(hash apikey.Hash, now time.Time) (entry, bool) {
 	s.mu.RLock()
 	e, ok := s.entries[hash]

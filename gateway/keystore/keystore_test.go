@@ -102,6 +102,29 @@ func TestLookupAsksBeforeFetching(t *testing.T) {
 	}
 }
 
+// A valid key whose entry has aged is looked up again even when mayFetch
+// refuses (its client's address is over the failure budget because of
+// another client behind it); an unknown one is not.
+func TestLookupOfAKeyThatWasValidIsNotThrottled(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	unknown, _, _ := apikey.Generate([]string{"export:read"})
+	store := New(pool, Options{TTL: time.Millisecond, UnheardTTL: time.Millisecond, MaxEntries: 100})
+	ctx := context.Background()
+	for _, s := range []string{secret, unknown} {
+		store.Lookup(ctx, s, nil)
+	}
+	time.Sleep(5 * time.Millisecond) // both entries age
+	refuse := func() bool { return false }
+	if got, err := store.Lookup(ctx, secret, refuse); err != nil || got.ID != id {
+		t.Errorf("Lookup(aged valid key, mayFetch refusing) = %+v, %v, want key %s", got, err, id)
+	}
+	if _, err := store.Lookup(ctx, unknown, refuse); !errors.Is(err, ErrThrottled) {
+		t.Errorf("Lookup(aged unknown key, mayFetch refusing) = %v, want ErrThrottled", err)
+	}
+}
+
 func TestCacheIsBounded(t *testing.T) {
 	pool := testenv.Postgres(t)
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 10})
