@@ -93,7 +93,17 @@ func (s *service) post(t *testing.T, body string) (int, envelope.Parsed) {
 // postAs is post with another Content-Type; "" sends none.
 func (s *service) postAs(t *testing.T, contentType, body string) (int, envelope.Parsed) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/sync/prestashop/schema", strings.NewReader(body))
+	return s.postWithQuery(t, contentType, "", body)
+}
+
+// postWithQuery is postAs with a query string ("" for none) in the URL.
+func (s *service) postWithQuery(t *testing.T, contentType, query, body string) (int, envelope.Parsed) {
+	t.Helper()
+	target := s.url + "/v1/sync/prestashop/schema"
+	if query != "" {
+		target += "?" + query
+	}
+	req, _ := http.NewRequest(http.MethodPost, target, strings.NewReader(body))
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
@@ -246,6 +256,26 @@ func TestSchemaShopQuirks(t *testing.T) {
 				t.Errorf("schema mismatch (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A query parameter is refused before anything else, and the shop is not
+// called: the route reads none, and a ws_key there belongs in the body.
+func TestSchemaRefusesQueryParameters(t *testing.T) {
+	shop := fakeshop.Sample("1.7", false)
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	for _, query := range []string{"ws_key=" + fakeshop.Key, "dry_run=1", "x"} {
+		status, env := svc.postWithQuery(t, "application/json", query, body(shop.URL(), fakeshop.Key))
+		if status != http.StatusBadRequest || errCode(env) != "invalid_parameter" {
+			t.Errorf("POST schema?%s = %d %s, want 400 invalid_parameter", query, status, errCode(env))
+		}
+		if env.Error != nil && (!strings.Contains(env.Error.Message, "JSON body") || strings.Contains(env.Error.Message, fakeshop.Key)) {
+			t.Errorf("error message %q: want it to point at the JSON body, without the key", env.Error.Message)
+		}
+	}
+	if n := shop.Connections(); n != 0 {
+		t.Errorf("shop accepted %d connections, want 0", n)
 	}
 }
 

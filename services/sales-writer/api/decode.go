@@ -30,14 +30,22 @@ const (
 	codeInvalidBody        = "invalid_body"
 	codeInvalidKey         = "invalid_idempotency_key"
 	codeInvalidContentType = "invalid_content_type"
+	codeInvalidParameter   = "invalid_parameter"
 )
 
 // decode validates everything about the call before any of it is written:
-// the caller's identity, the headers, the body, the item id.
+// the caller's identity, the query (none), the headers, the body, the item
+// id.
 func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.Request, error) {
 	id, err := caller(r)
 	if err != nil {
 		return sales.Request{}, err
+	}
+	if r.URL.RawQuery != "" {
+		// Read by no one, a parameter would be ignored: "?dry_run=1" would
+		// sell the item for real.
+		return sales.Request{}, badRequest(codeInvalidParameter,
+			"the sale routes read no query parameters; the request is the JSON body")
 	}
 	if err := contentType(r.Header.Get("Content-Type")); err != nil {
 		return sales.Request{}, err

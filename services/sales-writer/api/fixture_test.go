@@ -113,6 +113,7 @@ type call struct {
 	id          identity.Identity
 	op          string
 	item        string
+	query       string // after "?" in the URL; none when empty
 	key         string
 	body        string
 	contentType string          // application/json when empty; "-" sends none
@@ -127,7 +128,11 @@ func (f *fixture) do(t testing.TB, c call) (*httptest.ResponseRecorder, envelope
 
 func serve(t testing.TB, h http.Handler, signer *identity.Signer, c call) (*httptest.ResponseRecorder, envelope.Parsed) {
 	t.Helper()
-	req := httptest.NewRequest(http.MethodPost, "/v1/export/items/"+c.item+"/sales/"+c.op, strings.NewReader(c.body))
+	target := "/v1/export/items/" + c.item + "/sales/" + c.op
+	if c.query != "" {
+		target += "?" + c.query
+	}
+	req := httptest.NewRequest(http.MethodPost, target, strings.NewReader(c.body))
 	switch c.contentType {
 	case "":
 		req.Header.Set("Content-Type", "application/json")

@@ -31,6 +31,8 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		wantCode   string
 		wantInMsg  string // the message names the field
 	}{
+		{"a query parameter", call{key: "k", body: good, query: "dry_run=1"}, 400, "invalid_parameter", "query"},
+		{"a bare query name", call{key: "k", body: good, query: "x"}, 400, "invalid_parameter", "query"},
 		{"no key header", call{body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"empty key", call{body: good, header: http.Header{"Idempotency-Key": {""}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"key of 129 characters", call{key: strings.Repeat("k", 129), body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},

@@ -92,6 +92,13 @@ type body struct {
 // most once, nothing after it. Any Content-Type is accepted: spec 4.2 names
 // none for this route (README, "Request").
 func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) {
+	if r.URL.RawQuery != "" {
+		// Read by no one, a parameter would be ignored, and a ws_key sent
+		// there (and so in every URL log on the way) would be answered
+		// missing_ws_key without a word on where it belongs.
+		return shopschema.Request{}, &shopschema.InputError{Code: shopschema.CodeInvalidParam,
+			Message: "this route reads no query parameters; base_url and ws_key go in the JSON body, never in a URL"}
+	}
 	raw, err := httpserver.ReadBody(w, r, maxBodyBytes)
 	switch {
 	case errors.Is(err, httpserver.ErrBodyTooLarge):

@@ -21,6 +21,7 @@ const (
 	CodeNotAllowed      = "base_url_not_allowed"
 	CodeMissingWSKey    = "missing_ws_key"
 	CodeInvalidBody     = "invalid_body"
+	CodeInvalidParam    = "invalid_parameter"
 	maxValuesPerFeature = 5000 // spec 8
 	maxKeyLength        = 256
 )
