@@ -1,6 +1,7 @@
 package api
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
@@ -11,20 +12,22 @@ const updatedAfterExample = "e.g. 2026-10-15T08:30:00.123456Z or 2026-10-15T10:3
 
 var (
 	errUpdatedAfter = &paramError{"invalid_updated_after",
-		"updated_after must be an RFC 3339 date-time with a time offset, " + updatedAfterExample}
+		"updated_after must be an ISO 8601 date-time with a time offset (RFC 3339), " + updatedAfterExample}
 	errUpdatedAfterDate = &paramError{"invalid_updated_after",
 		"updated_after must be a date-time, not a date alone (whose start depends on the zone), " + updatedAfterExample}
 	errUpdatedAfterNoOffset = &paramError{"invalid_updated_after",
 		"updated_after needs a time offset, Z or ±hh:mm (a time without one is ambiguous), " + updatedAfterExample}
 	errUpdatedAfterOffset = &paramError{"invalid_updated_after",
-		"updated_after has an invalid time offset: Z or ±hh:mm from -23:59 to +23:59, " + updatedAfterExample}
+		"updated_after has an invalid time offset: Z, ±hh:mm, ±hhmm or ±hh from -23:59 to +23:59, " + updatedAfterExample}
 )
 
 // parseUpdatedAfter reads an RFC 3339 date-time (section 5.6): the T and Z
 // in either case, any number of fractional digits, an offset Z or ±hh:mm
-// with hh 00–23 and mm 00–59. A date alone or a time without an offset is
-// refused: taking it as UTC would silently skip items for a client in
-// another zone.
+// with hh 00–23 and mm 00–59. Spec 4.3 says ISO 8601, so its other common
+// spellings of the same instant are read too: a fraction after a comma,
+// and an offset ±hhmm or ±hh (PHP's DATE_ISO8601 and Java's "Z" pattern
+// write +0200). A date alone or a time without an offset is refused: taking
+// it as UTC would silently skip items for a client in another zone.
 //
 // The fraction is cut to microseconds, PostgreSQL's precision, never rounded
 // up: for a stored stamp s, s > t exactly when s > t cut to microseconds, so
@@ -55,7 +58,7 @@ func parseUpdatedAfter(v string) (time.Time, error) {
 	}
 	rest := v[len(dateTime):]
 	frac := ""
-	if strings.HasPrefix(rest, ".") {
+	if strings.HasPrefix(rest, ".") || strings.HasPrefix(rest, ",") {
 		n := 1
 		for n < len(rest) && '0' <= rest[n] && rest[n] <= '9' {
 			n++
@@ -63,7 +66,7 @@ func parseUpdatedAfter(v string) (time.Time, error) {
 		if n == 1 {
 			return time.Time{}, errUpdatedAfter
 		}
-		frac, rest = rest[:min(n, len(".000000"))], rest[n:]
+		frac, rest = "."+rest[1:min(n, len(".000000"))], rest[n:]
 	}
 	if leap {
 		frac = ".999999"
@@ -81,8 +84,8 @@ func parseUpdatedAfter(v string) (time.Time, error) {
 	return t.UTC(), nil
 }
 
-// parseOffset checks an RFC 3339 time offset and returns it as time.Parse
-// takes it.
+// parseOffset checks a time offset (Z, ±hh:mm, ±hhmm or ±hh) and returns
+// it as time.Parse takes it (Z or ±hh:mm).
 func parseOffset(s string) (string, error) {
 	switch {
 	case s == "":
@@ -91,16 +94,26 @@ func parseOffset(s string) (string, error) {
 		return "Z", nil
 	case s[0] == 'Z' || s[0] == 'z':
 		return "", errUpdatedAfterOffset
-	case s[0] == ' ' && len(s) == len("+hh:mm"):
+	case s[0] == ' ' && slices.Contains([]int{len("+hh:mm"), len("+hhmm"), len("+hh")}, len(s)):
 		s = "+" + s[1:] // an unencoded '+'
 	}
 	if s[0] != '+' && s[0] != '-' {
 		return "", errUpdatedAfter
 	}
-	if !hasShape(s[1:], "dd:dd") || s[1:3] > "23" || s[4:] > "59" {
+	sign, hhmm := s[:1], s[1:]
+	switch {
+	case hasShape(hhmm, "dd:dd"):
+	case hasShape(hhmm, "dddd"):
+		hhmm = hhmm[:2] + ":" + hhmm[2:]
+	case hasShape(hhmm, "dd"):
+		hhmm += ":00"
+	default:
 		return "", errUpdatedAfterOffset
 	}
-	return s, nil
+	if hhmm[:2] > "23" || hhmm[3:] > "59" {
+		return "", errUpdatedAfterOffset
+	}
+	return sign + hhmm, nil
 }
 
 // hasShape reports whether s matches shape, where 'd' stands for an ASCII
