@@ -7,6 +7,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/sales-writer/sales"
 )
 
@@ -62,6 +63,14 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		h.log.InfoContext(r.Context(), "sale call abandoned by the caller: it may have been applied; a retry with the same Idempotency-Key replays it if so", "err", err)
 		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request; the sale may have been applied", requestID)
 		return httpserver.CodeClientClosed
+	}
+	if postgres.Unreachable(err) {
+		// An outage, not a bug. The connection may have broken after the
+		// commit, so the answer says how to find out safely.
+		h.log.ErrorContext(r.Context(), "sale store unreachable", "err", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the sale store is unreachable; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
+		return "unavailable"
 	}
 	h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)

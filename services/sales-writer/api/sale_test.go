@@ -2,10 +2,13 @@ package api
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -456,4 +459,20 @@ func TestAbandonedCallIsNotAFailure(t *testing.T) {
 		t.Errorf("confirm whose caller hung up = %d %q, want 499 client_closed_request", rec.Code, errorCode(env))
 	}
 	confirmed(t, f, "key-1") // not applied here: the retry executes it
+}
+
+// A sale while PostgreSQL is out of reach is 503 unavailable, and says how
+// to retry safely: not the 500 of a bug.
+func TestStoreOutageIsUnavailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	down := newHandler(t, openPool(t, "postgres://postgres@"+testenv.FreeAddr(t)+"/postgres?connect_timeout=2"), defaultRetention)
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := serve(t, down, f.signer, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+			!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+			t.Errorf("%s with PostgreSQL down = %d %q %q, want 503 unavailable naming the retry", op, rec.Code, errorCode(env), env.Error.Message)
+		}
+	}
 }

@@ -16,7 +16,9 @@ import (
 
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestListParameters(t *testing.T) {
@@ -432,6 +434,29 @@ func TestAccess(t *testing.T) {
 			if r.status != tt.status || (tt.code != "" && r.env.Error.Code != tt.code) {
 				t.Errorf("%s: GET %s = %d %s, want %d %s", tt.name, path, r.status, r.body, tt.status, tt.code)
 			}
+		}
+	}
+}
+
+// With PostgreSQL out of reach both routes answer 503 unavailable, an
+// outage to retry, not the 500 of a bug.
+func TestStoreOutageIsUnavailable(t *testing.T) {
+	t.Parallel()
+	signer, err := identity.NewSigner(identitySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.FreeAddr(t)+"/postgres?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e := serve(t, pool, signer)
+	owner := "00000000-0000-4000-8000-000000000001"
+	for _, path := range []string{"/v1/export/items", "/v1/export/items/x"} {
+		r := e.get(t, owner, path)
+		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
+			t.Errorf("GET %s with PostgreSQL down = %d %s, want 503 unavailable", path, r.status, r.body)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 )
 
@@ -37,6 +38,11 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// nobody reads this answer, and it is no failure of the reader's.
 		a.log.InfoContext(r.Context(), "client canceled", "err", err)
 		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request", requestID)
+	case postgres.Unreachable(err):
+		// An outage, not a bug: the client retries, and the on-call
+		// engineer looks at PostgreSQL rather than at this code.
+		a.log.ErrorContext(r.Context(), "export store unreachable", "err", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store is unreachable; retry with backoff", requestID)
 	default:
 		a.log.ErrorContext(r.Context(), "export read failed", "err", err)
 		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)

@@ -6,16 +6,18 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"syscall"
 	"testing"
 
 	"github.com/coinexport/export/pkg/envelope"
 )
 
 // A read whose caller hung up is answered 499 client_closed_request, not
-// counted as the reader's failure (500); a failure while the caller still
-// waits stays a 500.
+// counted as the reader's failure (500); PostgreSQL out of reach is 503
+// unavailable; any other failure while the caller still waits is a 500.
 func TestFailTellsAHangUpFromAFailure(t *testing.T) {
 	a := New(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), 0)
 	gone, cancel := context.WithCancel(context.Background())
@@ -28,7 +30,8 @@ func TestFailTellsAHangUpFromAFailure(t *testing.T) {
 		wantCode   string
 	}{
 		{"caller hung up", gone, context.Canceled, 499, "client_closed_request"},
-		{"database failed", context.Background(), errors.New("connection reset"), 500, "internal_error"},
+		{"database unreachable", context.Background(), &net.OpError{Op: "write", Net: "unix", Err: syscall.EPIPE}, 503, "unavailable"},
+		{"a bug", context.Background(), errors.New("scan: wrong number of columns"), 500, "internal_error"},
 	}
 	for _, tt := range tests {
 		rec := httptest.NewRecorder()
