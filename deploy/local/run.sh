@@ -27,8 +27,14 @@ stop_all() {
   trap - INT TERM EXIT
   stopping=1
   log "stopping"
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # Newest first, one at a time: the gateway drains while the services still
+  # answer, and tracestore, started first, stops last, so the spans the others
+  # flush as they stop are kept (stopped together, their last batch was lost).
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
   redis_stop "$state/redis"
   pg_stop "$state/pg"
   log "stopped"

@@ -352,6 +352,25 @@ func TestRedisOutage(t *testing.T) {
 	}
 }
 
+// Every upstream's error and retry series exist at 0 from the start, so an
+// alert on their rate has a series before the first failure.
+func TestUpstreamSeriesStartAtZero(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	metrics := scrape(t, gw.AdminURL)
+	for _, up := range []string{"export-reader", "sales-writer", "shop-schema"} {
+		for _, series := range []string{
+			`gateway_upstream_errors_total{kind="timeout",upstream="` + up + `"} 0`,
+			`gateway_upstream_errors_total{kind="identity_refused",upstream="` + up + `"} 0`,
+			`gateway_upstream_retries_total{upstream="` + up + `"} 0`,
+		} {
+			if !bytes.Contains(metrics, []byte(series)) {
+				t.Errorf("metrics lack %s:\n%s", series, grep(metrics, "gateway_upstream"))
+			}
+		}
+	}
+}
+
 func TestHealth(t *testing.T) {
 	dsn, _, _ := seed(t)
 	reader := echoUpstream(t, "reader", nil)

@@ -89,7 +89,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		}
 	}()
 
-	if g.shutdownTP, err = telemetry.Setup(ctx, getenv, "gateway"); err != nil {
+	if g.shutdownTP, err = telemetry.Setup(ctx, getenv, "gateway", log); err != nil {
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { _ = g.shutdownTP(context.Background()) })

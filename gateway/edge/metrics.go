@@ -47,7 +47,7 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_errors_total",
-			Help: "Failed proxy hops by upstream and kind (unavailable, unreachable, timeout, bad_response).",
+			Help: "Failed proxy hops by upstream and kind (unavailable, unreachable, timeout, closed, identity_refused, bad_response).",
 		}, []string{"upstream", "kind"}),
 		upstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_retries_total", Help: "Requests sent a second time to another instance.",
@@ -133,6 +133,18 @@ func backendLabel(local bool) string {
 		return "local"
 	}
 	return "redis"
+}
+
+// forUpstreams creates every upstream's error and retry series at 0, so an
+// alert on their rate sees a series before the first failure (a series
+// that does not exist yet has no rate: the alert would stay silent).
+func (m *metrics) forUpstreams(upstreams []string) {
+	for _, up := range upstreams {
+		for _, kind := range upstreamErrorKinds {
+			m.upstreamErrors.WithLabelValues(up, kind)
+		}
+		m.upstreamRetries.WithLabelValues(up)
+	}
 }
 
 // countKeyLookup returns the key cache's OnLookup: it counts hits and

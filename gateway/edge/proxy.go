@@ -216,6 +216,10 @@ func appendLower(dst, b []byte) []byte {
 	return dst
 }
 
+// upstreamErrorKinds are the values errorKind returns.
+var upstreamErrorKinds = []string{"unavailable", "unreachable", "timeout", "closed", "identity_refused", "bad_response"}
+
+// errorKind names err's kind in gateway_upstream_errors_total.
 func errorKind(err error) string {
 	switch {
 	case errors.Is(err, upstream.ErrUnavailable):

@@ -1,12 +1,15 @@
 package keystore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,7 +172,8 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	store, _, misses := counting(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
+	var logged lockedBuffer
+	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(&logged, nil))); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, store.Listening)
 	store.Lookup(ctx, secret, nil)
@@ -185,6 +189,30 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	if misses.Load() != before+1 {
 		t.Error("a key cached before the listener reconnected was still served from the cache")
 	}
+	// The log says when revocations are heard again, not only when they stop.
+	if got := logged.String(); strings.Count(got, "revocation listener listening") != 2 ||
+		!strings.Contains(got, "revocation listener disconnected") {
+		t.Errorf("log = %q, want the disconnect and both times the listener listened", got)
+	}
+}
+
+// lockedBuffer is a log destination that the test reads while the
+// listener's goroutine writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func waitFor(t *testing.T, ok func() bool) {

@@ -18,7 +18,11 @@ const RevocationChannel = "api_key_revoked"
 func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 	var backoff time.Duration
 	for ctx.Err() == nil {
-		since, err := s.listenOnce(ctx)
+		since, err := s.listenOnce(ctx, func() {
+			// The pair of the disconnect's warning: revocations apply at
+			// once again, and cached keys are looked up anew.
+			log.InfoContext(ctx, "revocation listener listening; key cache emptied")
+		})
 		s.listening.Store(false)
 		backoff = nextBackoff(backoff, listenedSteadily(since, time.Now()))
 		if ctx.Err() != nil {
@@ -62,8 +66,9 @@ func listenedSteadily(since, end time.Time) bool {
 }
 
 // listenOnce listens on one connection until it fails, and returns when
-// it started to listen (zero if it never did).
-func (s *Store) listenOnce(ctx context.Context) (since time.Time, _ error) {
+// it started to listen (zero if it never did). onListen is called once it
+// listens.
+func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Time, _ error) {
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return since, err
@@ -74,6 +79,7 @@ func (s *Store) listenOnce(ctx context.Context) (since time.Time, _ error) {
 		return since, err
 	}
 	s.ForgetAll()
+	onListen()
 	s.listening.Store(true)
 	since = time.Now()
 	for {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -17,8 +18,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 )
 
-// Setup installs a global tracer provider and the W3C trace-context
-// propagator, and returns a function that flushes and stops it.
+// Setup installs a global tracer provider, the W3C trace-context
+// propagator and an error handler that logs to log, and returns a function
+// that flushes and stops the provider.
 //
 // Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (protocol from
@@ -32,7 +34,13 @@ import (
 // idsOnlyProvider: they still carry trace ids, so request ids exist and
 // propagate, flagged as not sampled. (The SDK reads OTEL_TRACES_SAMPLER
 // from the process environment itself: getenv is os.Getenv outside tests.)
-func Setup(ctx context.Context, getenv func(string) string, serviceName string) (func(context.Context) error, error) {
+func Setup(ctx context.Context, getenv func(string) string, serviceName string, log *slog.Logger) (func(context.Context) error, error) {
+	// The SDK reports what it could not do (an export that failed, a span
+	// dropped) through this handler; its default writes plain text with the
+	// standard log package, a line no JSON log pipeline reads.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("tracing: spans could not be exported or recorded", "error", err)
+	}))
 	if name := getenv("OTEL_SERVICE_NAME"); name != "" {
 		serviceName = name
 	}

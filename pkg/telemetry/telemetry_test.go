@@ -1,7 +1,11 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
 	"os"
 	"testing"
 
@@ -29,7 +33,7 @@ func TestSetupRecordsOnlyWhatCanBeExported(t *testing.T) {
 			for _, k := range []string{"OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
 				t.Setenv(k, tc.env[k])
 			}
-			shutdown, err := Setup(context.Background(), os.Getenv, "test")
+			shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatalf("Setup() error = %v", err)
 			}
@@ -42,5 +46,23 @@ func TestSetupRecordsOnlyWhatCanBeExported(t *testing.T) {
 				t.Errorf("span context = trace %s sampled %v, want a valid trace id, sampled %v", sc.TraceID(), sc.IsSampled(), tc.wantRecording)
 			}
 		})
+	}
+}
+
+// What the SDK could not do (an export that failed) reaches the binary's
+// JSON log, not a plain-text line of the standard log package.
+func TestSDKErrorsAreLogged(t *testing.T) {
+	var buf bytes.Buffer
+	shutdown, err := Setup(context.Background(), func(string) string { return "" }, "test", slog.New(slog.NewJSONHandler(&buf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = shutdown(context.Background()) })
+	otel.Handle(errors.New("traces export: connection refused"))
+	var line struct {
+		Level, Msg, Error string
+	}
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line.Level != "WARN" || line.Error != "traces export: connection refused" {
+		t.Errorf("log after an SDK error = %q (%v), want one JSON WARN line with the error", buf.String(), err)
 	}
 }

@@ -43,7 +43,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
 
-	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName)
+	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName, log)
 	if err != nil {
 		return err
 	}
