@@ -30,6 +30,8 @@ stop_all() {
   # Newest first, one at a time: the gateway drains while the services still
   # answer, and tracestore, started first, stops last, so the spans the others
   # flush as they stop are kept (stopped together, their last batch was lost).
+  # After a Ctrl-C the others are stopping already: the terminal signalled
+  # them; not tracestore, which has a session of its own.
   local i
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     kill -TERM "${pids[i]}" 2>/dev/null || true
@@ -96,8 +98,12 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
 # Local trace view: every binary exports its spans to tracestore, which
 # appends them to .run/traces.jsonl (make trace ID=<request_id> prints one).
 # An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
+# It runs in a session of its own, like PostgreSQL and Redis: Ctrl-C signals
+# the terminal's whole process group at once, and tracestore must outlive
+# the others to receive the spans they flush as they stop (stop_all stops it
+# last).
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
-  "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
+  $(command -v setsid || true) "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
   pids+=($!); names[$!]=tracestore
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
