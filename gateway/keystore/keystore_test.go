@@ -1,7 +1,6 @@
 package keystore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,7 +170,7 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	store, _, misses := counting(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var logged lockedBuffer
+	var logged testenv.Output // written by the listener's goroutine
 	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(&logged, nil))); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, store.Listening)
@@ -194,25 +192,6 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 		!strings.Contains(got, "revocation listener disconnected") {
 		t.Errorf("log = %q, want the disconnect and both times the listener listened", got)
 	}
-}
-
-// lockedBuffer is a log destination that the test reads while the
-// listener's goroutine writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func waitFor(t *testing.T, ok func() bool) {
