@@ -9,12 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
@@ -366,5 +368,16 @@ func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), key) {
 		t.Error("the key is in the logs")
+	}
+}
+
+// Every kind errorKind returns has its series created at start
+// (upstreamErrorKinds), so none appears only with its first failure.
+func TestErrorKindsAreAllListed(t *testing.T) {
+	for _, err := range []error{upstream.ErrUnavailable, upstream.ErrUnreachable, upstream.ErrTimeout,
+		upstream.ErrClosed, upstream.ErrBadResponse, errIdentityRefused, fmt.Errorf("wrapped: %w", upstream.ErrTimeout)} {
+		if kind := errorKind(err); !slices.Contains(upstreamErrorKinds, kind) {
+			t.Errorf("errorKind(%v) = %q, not in upstreamErrorKinds %v", err, kind, upstreamErrorKinds)
+		}
 	}
 }

@@ -103,7 +103,9 @@ func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool)
 	// mayFetch says: that is no guess, and refusing it would lock a client
 	// out, each time its entry ages, for the failures of another client
 	// behind the same address (one NAT, one egress proxy). Such lookups are
-	// bounded by the valid keys in use, one per key per TTL.
+	// bounded by the valid keys in use (one per key per TTL, times the
+	// requests that miss the aged entry together), and the database still
+	// decides: a key revoked meanwhile is refused.
 	if !last.valid && mayFetch != nil && !mayFetch() {
 		return Key{}, ErrThrottled
 	}

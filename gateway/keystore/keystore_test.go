@@ -110,16 +110,25 @@ func TestLookupOfAKeyThatWasValidIsNotThrottled(t *testing.T) {
 	pool := testenv.Postgres(t)
 	owner := newOwner(t, pool)
 	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	revoked, revokedID := insertKey(t, pool, owner, []string{"export:read"})
 	unknown, _, _ := apikey.Generate([]string{"export:read"})
 	store := New(pool, Options{TTL: time.Millisecond, UnheardTTL: time.Millisecond, MaxEntries: 100})
 	ctx := context.Background()
-	for _, s := range []string{secret, unknown} {
+	for _, s := range []string{secret, revoked, unknown} {
 		store.Lookup(ctx, s, nil)
 	}
-	time.Sleep(5 * time.Millisecond) // both entries age
+	// Revoked while cached, and no listener here to hear it: only the
+	// lookup that the aged entry brings about can find out.
+	if _, err := pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, revokedID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // every entry ages
 	refuse := func() bool { return false }
 	if got, err := store.Lookup(ctx, secret, refuse); err != nil || got.ID != id {
 		t.Errorf("Lookup(aged valid key, mayFetch refusing) = %+v, %v, want key %s", got, err, id)
+	}
+	if _, err := store.Lookup(ctx, revoked, refuse); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("Lookup(aged key revoked since, mayFetch refusing) = %v, want ErrUnauthenticated", err)
 	}
 	if _, err := store.Lookup(ctx, unknown, refuse); !errors.Is(err, ErrThrottled) {
 		t.Errorf("Lookup(aged unknown key, mayFetch refusing) = %v, want ErrThrottled", err)

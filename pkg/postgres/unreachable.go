@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -10,12 +11,20 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Unreachable reports whether err says that PostgreSQL could not be reached
-// or that the connection was lost (the server is down, restarting, or out
-// of reach), rather than an answer of the server to the statement. The
+// Unreachable reports whether err says that PostgreSQL could not be reached,
+// had no connection to give, or that the connection was lost (the server is
+// down, restarting, full or out of reach), rather than an answer of the
+// server to the statement. The
 // services answer it 503 unavailable, a condition to retry, not the 500 of
 // a bug.
 func Unreachable(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		// The caller's deadline or hang-up, whatever the connection's state
+		// (a context error is a net.Error too): the caller tells those apart.
+		return false
+	}
+	// A server error first: a connection refused by the server itself
+	// (unknown database, wrong password) is a ConnectError holding one.
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return unreachableCode(pgErr.Code)
@@ -27,9 +36,13 @@ func Unreachable(err error) bool {
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
-// unreachableCode: SQLSTATE class 08 (connection exception), and the
-// server shutting down (57P01 admin_shutdown, 57P02 crash_shutdown) or
-// not yet accepting connections (57P03 cannot_connect_now).
+// unreachableCode: SQLSTATE class 08 (connection exception) but 08P01
+// (protocol_violation: what the server says of a client's malformed
+// message, a bug), the server shutting down (57P01 admin_shutdown, 57P02
+// crash_shutdown) or not yet accepting connections (57P03
+// cannot_connect_now), and no connection slot left (53300
+// too_many_connections).
 func unreachableCode(code string) bool {
-	return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
+	return strings.HasPrefix(code, "08") && code != "08P01" ||
+		code == "57P01" || code == "57P02" || code == "57P03" || code == "53300"
 }

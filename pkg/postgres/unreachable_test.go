@@ -27,6 +27,11 @@ func TestUnreachableClassifiesErrors(t *testing.T) {
 		{"connection reset", fmt.Errorf("x: %w", syscall.ECONNRESET), true},
 		{"cut short", fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), true},
 		{"closed by pgx", pgconn.ErrConnClosed, true},
+		{"no connection slot", &pgconn.PgError{Code: "53300"}, true},
+		{"protocol violation (a client bug)", &pgconn.PgError{Code: "08P01"}, false},
+		{"caller's deadline", context.DeadlineExceeded, false},
+		{"caller's deadline, wrapped", fmt.Errorf("read: %w", context.DeadlineExceeded), false},
+		{"caller hung up", context.Canceled, false},
 		{"unique violation", &pgconn.PgError{Code: "23505"}, false},
 		{"deadlock", &pgconn.PgError{Code: "40P01"}, false},
 		{"query canceled", &pgconn.PgError{Code: "57014"}, false},
@@ -51,6 +56,16 @@ func TestUnreachableOnRealFailures(t *testing.T) {
 	}
 	if !postgres.Unreachable(err) {
 		t.Errorf("Unreachable(connect to a closed port: %v) = false, want true", err)
+	}
+
+	// The server answered the connection: the database does not exist. A
+	// configuration error, not an outage.
+	unknown := testenv.PostgresURL(t) + " dbname=no_such_database"
+	if conn, err := pgconn.Connect(ctx, unknown); err == nil {
+		conn.Close(ctx)
+		t.Error("connected to a database that does not exist")
+	} else if postgres.Unreachable(err) {
+		t.Errorf("Unreachable(connect to an unknown database: %v) = true, want false", err)
 	}
 
 	pool := testenv.Postgres(t)

@@ -36,10 +36,10 @@ import (
 // from the process environment itself: getenv is os.Getenv outside tests.)
 func Setup(ctx context.Context, getenv func(string) string, serviceName string, log *slog.Logger) (func(context.Context) error, error) {
 	// The SDK reports what it could not do (an export that failed, a span
-	// dropped) through this handler; its default writes plain text with the
+	// dropped, a bad setting) through this handler; its default writes plain text with the
 	// standard log package, a line no JSON log pipeline reads.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("tracing: spans could not be exported or recorded", "error", err)
+		log.Warn("opentelemetry error (spans may be lost)", "error", err)
 	}))
 	if name := getenv("OTEL_SERVICE_NAME"); name != "" {
 		serviceName = name

@@ -12,7 +12,7 @@ const updatedAfterExample = "e.g. 2026-10-15T08:30:00.123456Z or 2026-10-15T10:3
 
 var (
 	errUpdatedAfter = &paramError{"invalid_updated_after",
-		"updated_after must be an ISO 8601 date-time with a time offset (RFC 3339), " + updatedAfterExample}
+		"updated_after must be an RFC 3339 date-time with a time offset (±hhmm, ±hh and a ',' before the fraction are read too), " + updatedAfterExample}
 	errUpdatedAfterDate = &paramError{"invalid_updated_after",
 		"updated_after must be a date-time, not a date alone (whose start depends on the zone), " + updatedAfterExample}
 	errUpdatedAfterNoOffset = &paramError{"invalid_updated_after",
@@ -23,10 +23,10 @@ var (
 
 // parseUpdatedAfter reads an RFC 3339 date-time (section 5.6): the T and Z
 // in either case, any number of fractional digits, an offset Z or ±hh:mm
-// with hh 00–23 and mm 00–59. Spec 4.3 says ISO 8601, so its other common
-// spellings of the same instant are read too: a fraction after a comma,
+// with hh 00–23 and mm 00–59. Spec 4.3 says ISO 8601, so the variants of
+// it that client libraries write are read too: a fraction after a comma,
 // and an offset ±hhmm or ±hh (PHP's DATE_ISO8601 and Java's "Z" pattern
-// write +0200). A date alone or a time without an offset is refused: taking
+// write +0200, mixing ISO's basic and extended forms). A date alone or a time without an offset is refused: taking
 // it as UTC would silently skip items for a client in another zone.
 //
 // The fraction is cut to microseconds, PostgreSQL's precision, never rounded
