@@ -41,12 +41,35 @@ type Client struct {
 	Limit   int           // default 100
 	Overlap time.Duration // default DefaultOverlap; negative means none
 	Now     func() time.Time
+	// Retries is how many times one page is asked for again after a 429
+	// (once its Retry-After has passed), a 5xx or a network error, before
+	// the sync gives up: a sync of a large catalog meets the rate limit
+	// (10,000 pages for 1,000,000 items), and starting it over would meet
+	// it again. Default DefaultRetries; negative means none.
+	Retries int
+	// Wait sleeps for d, or until ctx ends; nil sleeps for real (tests
+	// record the waits instead).
+	Wait func(ctx context.Context, d time.Duration) error
 }
+
+// DefaultRetries is Client.Retries when unset.
+const DefaultRetries = 8
+
+// The waits between attempts: Retry-After when the answer has one (at most
+// maxRetryAfter), else doubling from firstBackoff to longestBackoff.
+const (
+	firstBackoff   = 500 * time.Millisecond
+	longestBackoff = 30 * time.Second
+	maxRetryAfter  = 5 * time.Minute
+)
 
 // Sync reads every item updated after checkpoint (all items when checkpoint
 // is zero) and passes each to upsert, following meta.next_cursor. On success
 // it returns the next checkpoint: the time the sync started (spec 4.8 step
-// 1). On any failure the caller keeps its previous checkpoint and repeats.
+// 1). A page that fails for a reason that passes (429, 5xx, the network) is
+// asked for again, with the same cursor (Retries). On any other failure,
+// or once the retries are spent, the caller keeps its previous checkpoint
+// and repeats the run.
 func (c *Client) Sync(ctx context.Context, checkpoint time.Time, upsert func(Item) error) (time.Time, int, error) {
 	now := time.Now
 	if c.Now != nil {
@@ -59,7 +82,7 @@ func (c *Client) Sync(ctx context.Context, checkpoint time.Time, upsert func(Ite
 	}
 	n := 0
 	for {
-		page, err := c.page(ctx, q)
+		page, err := c.pageWithRetries(ctx, q)
 		if err != nil {
 			return time.Time{}, n, err
 		}
@@ -93,6 +116,51 @@ type pageBody struct {
 	} `json:"meta"`
 }
 
+// pageWithRetries asks for the page of q until it comes, a failure that
+// will not pass by waiting comes, or the retries are spent.
+func (c *Client) pageWithRetries(ctx context.Context, q url.Values) (pageBody, error) {
+	for attempt := 0; ; attempt++ {
+		page, err := c.page(ctx, q)
+		if err == nil {
+			return page, nil
+		}
+		delay, passes := retryDelay(err, attempt)
+		if !passes || attempt >= c.retries() || ctx.Err() != nil {
+			return pageBody{}, err
+		}
+		if werr := c.wait(ctx, delay); werr != nil {
+			return pageBody{}, err
+		}
+	}
+}
+
+// statusError is an answer other than 200.
+type statusError struct {
+	status     int
+	retryAfter time.Duration // from Retry-After; 0 when absent
+	detail     string
+}
+
+func (e *statusError) Error() string { return e.detail }
+
+// retryDelay says whether err may pass by waiting, and how long to wait
+// before attempt+1: a 429 or a 5xx, or no answer at all (the network, an
+// answer cut short). A 4xx other than 429 will not pass: the request is
+// wrong (a cursor refused, a key revoked).
+func retryDelay(err error, attempt int) (time.Duration, bool) {
+	backoff := min(firstBackoff<<min(attempt, 16), longestBackoff)
+	se, ok := err.(*statusError)
+	switch {
+	case !ok:
+		return backoff, true
+	case se.status == http.StatusTooManyRequests && se.retryAfter > 0:
+		return min(se.retryAfter, maxRetryAfter), true
+	case se.status == http.StatusTooManyRequests || se.status >= 500:
+		return backoff, true
+	}
+	return 0, false
+}
+
 func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.BaseURL+"/export/items?"+q.Encode(), nil)
 	if err != nil {
@@ -111,17 +179,44 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	}
 	defer resp.Body.Close()
 	var page pageBody
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&page); err != nil {
-		return pageBody{}, fmt.Errorf("syncclient: status %d: %w", resp.StatusCode, err)
-	}
-	if resp.StatusCode != http.StatusOK || page.Error != nil {
+	decodeErr := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&page)
+	if resp.StatusCode != http.StatusOK {
 		code := ""
 		if page.Error != nil {
 			code = page.Error.Code + ": " + page.Error.Message
 		}
-		return pageBody{}, fmt.Errorf("syncclient: status %d %s (request %s)", resp.StatusCode, code, page.Meta.RequestID)
+		retryAfter, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		return pageBody{}, &statusError{status: resp.StatusCode, retryAfter: time.Duration(retryAfter) * time.Second,
+			detail: fmt.Sprintf("syncclient: status %d %s (request %s)", resp.StatusCode, code, page.Meta.RequestID)}
+	}
+	if decodeErr != nil {
+		return pageBody{}, fmt.Errorf("syncclient: status 200: %w", decodeErr)
 	}
 	return page, nil
+}
+
+func (c *Client) retries() int {
+	switch {
+	case c.Retries < 0:
+		return 0
+	case c.Retries == 0:
+		return DefaultRetries
+	}
+	return c.Retries
+}
+
+func (c *Client) wait(ctx context.Context, d time.Duration) error {
+	if c.Wait != nil {
+		return c.Wait(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func (c *Client) lang() string {

@@ -1,0 +1,98 @@
+package syncclient
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// answers serves one scripted answer per request: a status, with
+// "Retry-After: N" when retryAfter is set; a 200 is a page of one item and
+// no next cursor.
+type answer struct {
+	status     int
+	retryAfter string
+}
+
+func scripted(t *testing.T, answers ...answer) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a := answers[min(int(calls.Add(1))-1, len(answers)-1)]
+		if a.retryAfter != "" {
+			w.Header().Set("Retry-After", a.retryAfter)
+		}
+		w.WriteHeader(a.status)
+		if a.status == http.StatusOK {
+			fmt.Fprint(w, `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r","next_cursor":null}}`)
+			return
+		}
+		fmt.Fprintf(w, `{"error":{"code":"e%d","message":"m"},"meta":{"request_id":"r"}}`, a.status)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}
+
+// A page refused for a reason that passes is asked for again, after
+// Retry-After when the answer has one, else after a doubling backoff; a
+// refusal that will not pass ends the sync at once.
+func TestSyncRetriesWhatPasses(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		answers   []answer
+		retries   int
+		wantErr   string // "" for success
+		wantWaits []time.Duration
+	}{
+		{"rate limited twice", []answer{{429, "7"}, {429, "61"}, {200, ""}}, 0, "",
+			[]time.Duration{7 * time.Second, 61 * time.Second}},
+		{"rate limited without Retry-After", []answer{{429, ""}, {200, ""}}, 0, "", []time.Duration{firstBackoff}},
+		{"Retry-After bounded", []answer{{429, "86400"}, {200, ""}}, 0, "", []time.Duration{maxRetryAfter}},
+		{"service unavailable, then bad gateway", []answer{{503, ""}, {502, ""}, {200, ""}}, 0, "",
+			[]time.Duration{firstBackoff, 2 * firstBackoff}},
+		{"cursor refused", []answer{{400, ""}}, 0, "status 400 e400", nil},
+		{"key revoked", []answer{{401, ""}}, 0, "status 401", nil},
+		{"down for good", []answer{{503, ""}}, 3, "status 503",
+			[]time.Duration{firstBackoff, 2 * firstBackoff, 4 * firstBackoff}},
+		{"no retries", []answer{{429, "1"}}, -1, "status 429", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, calls := scripted(t, tc.answers...)
+			var waits []time.Duration
+			c := &Client{BaseURL: srv.URL + "/v1", Retries: tc.retries,
+				Wait: func(_ context.Context, d time.Duration) error { waits = append(waits, d); return nil }}
+			mirror := Mirror{}
+			_, n, err := c.Sync(context.Background(), time.Time{}, mirror.Upsert)
+			switch {
+			case tc.wantErr == "" && (err != nil || n != 1):
+				t.Errorf("Sync = %d items, %v; want 1 item", n, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("Sync error = %v, want one saying %q", err, tc.wantErr)
+			}
+			if !slices.Equal(waits, tc.wantWaits) {
+				t.Errorf("waits = %v, want %v", waits, tc.wantWaits)
+			}
+			if want := int64(len(tc.wantWaits) + 1); calls.Load() != want {
+				t.Errorf("requests = %d, want %d", calls.Load(), want)
+			}
+		})
+	}
+}
+
+// A sync whose context ends while it waits to retry stops at once.
+func TestSyncStopsWaitingWithItsContext(t *testing.T) {
+	srv, _ := scripted(t, answer{429, "3600"})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := (&Client{BaseURL: srv.URL + "/v1"}).Sync(ctx, time.Time{}, Mirror{}.Upsert)
+	if err == nil || time.Since(start) > 10*time.Second {
+		t.Errorf("Sync = %v after %s, want an error as soon as the context ends", err, time.Since(start))
+	}
+}
