@@ -195,15 +195,7 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	return page, nil
 }
 
-func (c *Client) retries() int {
-	switch {
-	case c.Retries < 0:
-		return 0
-	case c.Retries == 0:
-		return DefaultRetries
-	}
-	return c.Retries
-}
+func (c *Client) retries() int { return setting(c.Retries, DefaultRetries) }
 
 func (c *Client) wait(ctx context.Context, d time.Duration) error {
 	if c.Wait != nil {
@@ -233,14 +225,18 @@ func (c *Client) limit() int {
 	return c.Limit
 }
 
-func (c *Client) overlap() time.Duration {
+func (c *Client) overlap() time.Duration { return setting(c.Overlap, DefaultOverlap) }
+
+// setting is a Client field's value in force: def when unset (zero), none
+// (zero) when negative.
+func setting[T int | time.Duration](v, def T) T {
 	switch {
-	case c.Overlap < 0:
+	case v < 0:
 		return 0
-	case c.Overlap == 0:
-		return DefaultOverlap
+	case v == 0:
+		return def
 	}
-	return c.Overlap
+	return v
 }
 
 // Mirror is an in-memory destination: the newest version of each item.
