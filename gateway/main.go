@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/coinexport/export/gateway/edge"
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/logging"
 )
 
@@ -19,6 +20,10 @@ const serviceName = "gateway"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The collector's settings belong to the process, so they are set here
+	// and not in run, which tests call in their own process. run's config
+	// still reads and checks GOGC and GOMEMLIMIT, and logs them.
+	gcdefaults.Read(os.Getenv).Apply()
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
@@ -33,7 +38,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err // "config: " and every bad variable
 	}
-	cfg.GC.Apply() // GOGC and GOMEMLIMIT, with the gateway's defaults (gcdefaults)
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
 	routeRedisLogs(log)

@@ -1,8 +1,11 @@
 package httpserver
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -53,3 +56,28 @@ func TestReadBodyUnreadable(t *testing.T) {
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+// Only a cancellation after the caller left is the caller's doing; any
+// other error stays a failure of the service, hang-up or not.
+func TestCallerGone(t *testing.T) {
+	gone, hangUp := context.WithCancel(context.Background())
+	hangUp()
+	tests := []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"hung up, cancelled", gone, context.Canceled, true},
+		{"hung up, cancellation wrapped", gone, fmt.Errorf("query: %w", context.Canceled), true},
+		{"hung up, another failure", gone, errors.New("scan: wrong number of columns"), false},
+		{"still waiting, cancelled by something else", context.Background(), context.Canceled, false},
+		{"still waiting, a deadline", context.Background(), context.DeadlineExceeded, false},
+	}
+	for _, tt := range tests {
+		r := httptest.NewRequest(http.MethodGet, "/", nil).WithContext(tt.ctx)
+		if got := CallerGone(r, tt.err); got != tt.want {
+			t.Errorf("%s: CallerGone = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

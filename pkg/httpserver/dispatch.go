@@ -1,8 +1,10 @@
 package httpserver
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -28,6 +30,14 @@ const (
 	StatusClientClosed = 499
 	CodeClientClosed   = "client_closed_request"
 )
+
+// CallerGone reports whether err is what the caller hanging up caused: the
+// request's context is done and err is its cancellation. A failure of any
+// other kind is itself even after a hang-up, so that a bug does not pass
+// for a client that left.
+func CallerGone(r *http.Request, err error) bool {
+	return r.Context().Err() != nil && errors.Is(err, context.Canceled)
+}
 
 // RequestID returns the request id of the request in ctx: the one the gateway
 // signed, or the current trace id when there is none.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
@@ -28,6 +29,10 @@ const serviceName = "sales-writer"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The collector's settings belong to the process, so they are set here
+	// and not in run, which tests call in their own process. run's config
+	// still reads and checks GOGC and GOMEMLIMIT, and logs them.
+	gcdefaults.Read(os.Getenv).Apply()
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
@@ -40,7 +45,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	cfg.GC.Apply() // the collector's defaults, unless GOGC / GOMEMLIMIT are set
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
 

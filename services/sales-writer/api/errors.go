@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"net/http"
 
@@ -55,7 +54,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			return m.code
 		}
 	}
-	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+	if httpserver.CallerGone(r, err) {
 		// The caller (the gateway, past its upstream timeout) hung up. The
 		// statement either was cancelled or committed: the log, the metrics
 		// and the span say so rather than report a failure (499, as nginx

@@ -33,7 +33,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, context.DeadlineExceeded):
 		a.log.ErrorContext(r.Context(), "export read timed out", "err", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store did not answer in time; retry with backoff", requestID)
-	case r.Context().Err() != nil:
+	case httpserver.CallerGone(r, err):
 		// The caller (the gateway, after UPSTREAM_READ_TIMEOUT) went away:
 		// nobody reads this answer, and it is no failure of the reader's.
 		a.log.InfoContext(r.Context(), "client canceled", "err", err)

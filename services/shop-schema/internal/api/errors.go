@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -50,7 +49,7 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
 		return inputErr.Code
 	}
-	if errors.Is(r.Context().Err(), context.Canceled) {
+	if httpserver.CallerGone(r, err) {
 		// The caller (the gateway, past its upstream timeout) hung up, which
 		// cancelled the shop's requests: the shop is not at fault, and no one
 		// reads this answer (499, as nginx names a request its client
