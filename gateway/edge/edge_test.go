@@ -91,6 +91,9 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 			if strings.Contains(string(r.Body), "127.0.0.1") || strings.Contains(string(r.Body), "dial") {
 				t.Errorf("body %s shows an internal address or a raw error", r.Body)
 			}
+			if tt.status == 503 && r.Header.Get("Retry-After") != "1" {
+				t.Errorf("Retry-After = %q, want 1", r.Header.Get("Retry-After"))
+			}
 			if tt.status == 405 && r.Header.Get("Allow") != "GET, HEAD" {
 				t.Errorf("Allow = %q, want GET, HEAD", r.Header.Get("Allow"))
 			}

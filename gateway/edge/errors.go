@@ -8,6 +8,7 @@ import (
 
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/upstream"
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/gofiber/fiber/v2"
 )
 
@@ -17,7 +18,8 @@ type apiError struct {
 	Status  int
 	Code    string
 	Message string
-	// RetryAfter, for 429, is when a request would pass.
+	// RetryAfter, for 429, is when a request would pass; for 503, when a
+	// retry is first worth it.
 	RetryAfter time.Duration
 	// Allow, for 405, lists the route's methods.
 	Allow string
@@ -51,9 +53,9 @@ var (
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
 		Message: "internal error"}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
-		Message: "the API key could not be checked; retry later"}
+		Message: "the API key could not be checked; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
-		Message: "the service is temporarily unavailable; retry later"}
+		Message: "the service is temporarily unavailable; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service could not be reached; retry later"}
 	errGatewayRefused = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",

@@ -5,6 +5,8 @@ package envelope
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/coinexport/export/pkg/jsonw"
 )
@@ -96,8 +98,19 @@ func AppendMeta(dst []byte, requestID string, list bool, nextCursor string) []by
 // later).
 func WriteError(w http.ResponseWriter, status int, code, message, requestID string) {
 	w.Header().Set("Cache-Control", ErrorCacheControl)
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", UnavailableRetryAfterSeconds)
+	}
 	writeBody(w, status, ErrorBytes(code, message, requestID), requestID)
 }
+
+// UnavailableRetryAfter is the Retry-After of every 503 (RFC 9110 10.2.3):
+// the earliest a retry is worth it, so that a client that honours the
+// header does not retry at once, into an outage; it backs off from there.
+const UnavailableRetryAfter = time.Second
+
+// UnavailableRetryAfterSeconds is UnavailableRetryAfter as the header says it.
+var UnavailableRetryAfterSeconds = strconv.Itoa(int(UnavailableRetryAfter / time.Second))
 
 // ErrorCacheControl is the Cache-Control of every error envelope.
 const ErrorCacheControl = "no-store"

@@ -62,3 +62,29 @@ func TestWriteErrorIsNotStored(t *testing.T) {
 		t.Errorf("WriteError = %d %s (%v), want 404 not_found with request id r1", w.Code, w.Body, err)
 	}
 }
+
+// A 503 says when a retry is first worth it; a Retry-After the caller set
+// stays, and other errors get none.
+func TestWriteErrorSaysWhenToRetryAnOutage(t *testing.T) {
+	tests := []struct {
+		name   string
+		status int
+		preset string
+		want   string
+	}{
+		{"503", http.StatusServiceUnavailable, "", "1"},
+		{"503 with its own Retry-After", http.StatusServiceUnavailable, "30", "30"},
+		{"500", http.StatusInternalServerError, "", ""},
+		{"404", http.StatusNotFound, "", ""},
+	}
+	for _, tt := range tests {
+		w := httptest.NewRecorder()
+		if tt.preset != "" {
+			w.Header().Set("Retry-After", tt.preset)
+		}
+		WriteError(w, tt.status, "code", "message", "r1")
+		if got := w.Header().Get("Retry-After"); got != tt.want {
+			t.Errorf("%s: Retry-After = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}

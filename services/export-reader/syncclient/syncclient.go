@@ -55,8 +55,9 @@ type Client struct {
 // DefaultRetries is Client.Retries when unset.
 const DefaultRetries = 8
 
-// The waits between attempts: Retry-After when the answer has one (at most
-// maxRetryAfter), else doubling from firstBackoff to longestBackoff.
+// The waits between attempts: a 429's Retry-After when it has one (at most
+// maxRetryAfter), else doubling from firstBackoff to longestBackoff, and
+// never less than a 5xx's Retry-After.
 const (
 	firstBackoff   = 500 * time.Millisecond
 	longestBackoff = 30 * time.Second
@@ -155,8 +156,12 @@ func retryDelay(err error, attempt int) (time.Duration, bool) {
 		return backoff, true
 	case se.status == http.StatusTooManyRequests && se.retryAfter > 0:
 		return min(se.retryAfter, maxRetryAfter), true
-	case se.status == http.StatusTooManyRequests || se.status >= 500:
+	case se.status == http.StatusTooManyRequests:
 		return backoff, true
+	case se.status >= 500:
+		// An outage's Retry-After (1 s from this service) is the least
+		// wait, not the wait: the backoff grows past it.
+		return max(backoff, min(se.retryAfter, maxRetryAfter)), true
 	}
 	return 0, false
 }

@@ -474,5 +474,8 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 			!strings.Contains(env.Error.Message, "same Idempotency-Key") {
 			t.Errorf("%s with PostgreSQL down = %d %q %q, want 503 unavailable naming the retry", op, rec.Code, errorCode(env), env.Error.Message)
 		}
+		if got := rec.Header().Get("Retry-After"); got != "1" {
+			t.Errorf("%s with PostgreSQL down: Retry-After = %q, want 1", op, got)
+		}
 	}
 }

@@ -458,6 +458,9 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
 			t.Errorf("GET %s with PostgreSQL down = %d %s, want 503 unavailable", path, r.status, r.body)
 		}
+		if got := r.header.Get("Retry-After"); got != "1" {
+			t.Errorf("GET %s with PostgreSQL down: Retry-After = %q, want 1", path, got)
+		}
 	}
 }
 
