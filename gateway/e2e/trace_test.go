@@ -129,6 +129,10 @@ func TestOneTracePerRequestWhoseIDIsTheRequestID(t *testing.T) {
 	if status != 400 || shop.Error == nil || shop.Error.Code != "base_url_not_allowed" {
 		t.Fatalf("shop schema with a private address = %d %+v, want 400 base_url_not_allowed\n%s", status, shop.Error, s.logs["shop-schema"])
 	}
+	status, refused, refusedHdr := call(t, "GET", s.baseURL+"/export/items", "cxr_not-a-key", "", nil)
+	if status != 401 || refusedHdr.Get("X-Error-Code") != "unauthenticated" {
+		t.Fatalf("GET with a bad key = %d, X-Error-Code %q; want 401 unauthenticated", status, refusedHdr.Get("X-Error-Code"))
+	}
 
 	if hdr.Get("X-Request-Id") != list.Meta.RequestID {
 		t.Errorf("X-Request-Id = %q, meta.request_id = %q; want equal", hdr.Get("X-Request-Id"), list.Meta.RequestID)
@@ -161,8 +165,19 @@ func TestOneTracePerRequestWhoseIDIsTheRequestID(t *testing.T) {
 			}
 		}
 	}
-	checkAccessLog(t, s.logs["gateway"].String(), list.Meta.RequestID)
-	checkAccessLog(t, s.logs["export-reader"].String(), list.Meta.RequestID)
+	checkAccessLog(t, s.logs["gateway"].String(), list.Meta.RequestID, "")
+	checkAccessLog(t, s.logs["export-reader"].String(), list.Meta.RequestID, "")
+	// A failed call found by its request id says why it failed: the code
+	// of the service's answer in both access lines and server spans, and
+	// the gateway's own refusal in its line.
+	checkAccessLog(t, s.logs["gateway"].String(), shop.Meta.RequestID, "base_url_not_allowed")
+	checkAccessLog(t, s.logs["shop-schema"].String(), shop.Meta.RequestID, "base_url_not_allowed")
+	for _, sp := range waitForTrace(s, shop.Meta.RequestID, "gateway", "shop-schema") {
+		if sp.Kind == "SPAN_KIND_SERVER" && sp.Attributes["error.type"] != "base_url_not_allowed" {
+			t.Errorf("server span of %s for the refused shop call: error.type = %v, want base_url_not_allowed", sp.Service, sp.Attributes["error.type"])
+		}
+	}
+	checkAccessLog(t, s.logs["gateway"].String(), refused.Meta.RequestID, "unauthenticated")
 }
 
 // checkTrace asserts the shape of one request's trace: the gateway's server
@@ -229,8 +244,9 @@ func names(spans []tracestore.Span) []string {
 	return out
 }
 
-// checkAccessLog finds the access line of the request in a JSON log.
-func checkAccessLog(t *testing.T, logs, requestID string) {
+// checkAccessLog finds the access line of the request in a JSON log, with
+// errorCode as its error_code ("": none).
+func checkAccessLog(t *testing.T, logs, requestID, errorCode string) {
 	t.Helper()
 	for _, line := range strings.Split(logs, "\n") {
 		var rec map[string]any
@@ -240,6 +256,9 @@ func checkAccessLog(t *testing.T, logs, requestID string) {
 		if rec["msg"] == "request" && rec["request_id"] == requestID {
 			if rec["status"] == nil || rec["route"] == nil || rec["duration_ms"] == nil {
 				t.Errorf("access line %s lacks status, route or duration", line)
+			}
+			if got, _ := rec["error_code"].(string); got != errorCode {
+				t.Errorf("access line %s: error_code %q, want %q", line, got, errorCode)
 			}
 			return
 		}

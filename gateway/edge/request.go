@@ -59,7 +59,7 @@ var (
 )
 
 // maxServerSpanAttrs is how many attributes endSpan sets at most.
-const maxServerSpanAttrs = 9
+const maxServerSpanAttrs = 10
 
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
@@ -126,15 +126,19 @@ func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 	}
 	elapsed := time.Since(rq.start)
 	rm.observe(status, elapsed)
-	g.endSpan(rq, status)
-	g.logAccess(rq, status, elapsed)
+	var errorCode []byte // the gateway's own, or the service's it relays
+	if status >= 400 {
+		errorCode = resp.Peek(envelope.ErrorCodeHeader)
+	}
+	g.endSpan(rq, status, errorCode)
+	g.logAccess(rq, status, errorCode, elapsed)
 	rq.span.End()
 }
 
 // endSpan gives the server span all its attributes in one call (each call
 // grows the span's attribute list); none are built for a span that is not
 // recorded (sampled out).
-func (g *Gateway) endSpan(rq *request, status int) {
+func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	span := rq.span
 	if !span.IsRecording() {
 		return
@@ -155,6 +159,9 @@ func (g *Gateway) endSpan(rq *request, status int) {
 	if rq.key.PlatformID != "" { // read keys have none
 		attrs = append(attrs, attrPlatformID.String(rq.key.PlatformID))
 	}
+	if len(errorCode) > 0 {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(errorCode)))
+	}
 	span.SetAttributes(attrs...)
 	if status >= 500 {
 		span.SetStatus(codes.Error, strconv.Itoa(status))
@@ -163,13 +170,16 @@ func (g *Gateway) endSpan(rq *request, status int) {
 
 // logAccess writes the access line, if the level lets it through; the
 // fields are not even built otherwise.
-func (g *Gateway) logAccess(rq *request, status int, elapsed time.Duration) {
+func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed time.Duration) {
 	if !g.log.Enabled(rq.ctx, slog.LevelInfo) {
 		return
 	}
 	attrs := []slog.Attr{
 		slog.String("method", rq.method), slog.String("route", rq.route), slog.Int("status", status),
 		slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000), slog.String("client_ip", rq.clientIP),
+	}
+	if len(errorCode) > 0 {
+		attrs = append(attrs, slog.String("error_code", string(errorCode)))
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))
@@ -193,6 +203,7 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	resp.SetStatusCode(ae.Status)
 	resp.Header.SetContentType(envelope.ContentType)
 	resp.Header.Set(fiber.HeaderCacheControl, envelope.ErrorCacheControl)
+	resp.Header.Set(envelope.ErrorCodeHeader, ae.Code)
 	if ae.Status == fiber.StatusUnauthorized {
 		// RFC 9110 15.5.2: a 401 names how to authenticate.
 		resp.Header.Set(fiber.HeaderWWWAuthenticate, wwwAuthenticate)

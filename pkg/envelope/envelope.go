@@ -39,6 +39,13 @@ const ContentType = "application/json; charset=utf-8"
 // RequestIDHeader repeats meta.request_id on every response.
 const RequestIDHeader = "X-Request-Id"
 
+// ErrorCodeHeader repeats error.code on every error response. The access
+// lines and server spans of the services and of the gateway (which relays
+// the services' answers unread) take the code from it, so that a failed
+// call found by its request id says why it failed; and the answer to a
+// HEAD, which has no body, still says it.
+const ErrorCodeHeader = "X-Error-Code"
+
 // DataBytes encodes a success envelope.
 func DataBytes(data any, meta Meta) ([]byte, error) {
 	return json.Marshal(dataEnvelope{Data: data, Meta: meta})
@@ -98,6 +105,7 @@ func AppendMeta(dst []byte, requestID string, list bool, nextCursor string) []by
 // later).
 func WriteError(w http.ResponseWriter, status int, code, message, requestID string) {
 	w.Header().Set("Cache-Control", ErrorCacheControl)
+	w.Header().Set(ErrorCodeHeader, code)
 	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", UnavailableRetryAfterSeconds)
 	}

@@ -57,6 +57,9 @@ func TestWriteErrorIsNotStored(t *testing.T) {
 	if got := w.Header().Get("Cache-Control"); got != "no-store" {
 		t.Errorf("WriteError: Cache-Control = %q, want no-store", got)
 	}
+	if got := w.Header().Get("X-Error-Code"); got != "not_found" {
+		t.Errorf("WriteError: X-Error-Code = %q, want the error's code", got)
+	}
 	var p Parsed
 	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != 404 || p.Error == nil || p.Error.Code != "not_found" || p.Meta.RequestID != "r1" {
 		t.Errorf("WriteError = %d %s (%v), want 404 not_found with request id r1", w.Code, w.Body, err)

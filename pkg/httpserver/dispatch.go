@@ -74,7 +74,7 @@ func (s *Server) dispatch() http.Handler {
 					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", "internal error", RequestID(r))
 				}
 			}
-			s.observe(r, route, rec.status, time.Since(start))
+			s.observe(r, route, rec, time.Since(start))
 		}()
 
 		if r.URL.Path == healthPath {
@@ -162,13 +162,21 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	envelope.WriteData(w, http.StatusOK, map[string]string{"status": "ok", "service": s.cfg.Service}, envelope.Meta{RequestID: requestID})
 }
 
-func (s *Server) observe(r *http.Request, route string, status int, d time.Duration) {
+func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d time.Duration) {
+	status := rec.status
 	s.metrics.observe(route, r.Method, status, d)
 	if route == healthPath {
 		return
 	}
+	errorCode := ""
+	if status >= 400 {
+		errorCode = rec.Header().Get(envelope.ErrorCodeHeader)
+	}
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		if errorCode != "" {
+			span.SetAttributes(semconv.ErrorTypeKey.String(errorCode))
+		}
 		if status >= 500 {
 			span.SetStatus(codes.Error, http.StatusText(status))
 		}
@@ -177,6 +185,9 @@ func (s *Server) observe(r *http.Request, route string, status int, d time.Durat
 		return // the line's fields are not even built
 	}
 	attrs := []any{"method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
+	if errorCode != "" {
+		attrs = append(attrs, "error_code", errorCode)
+	}
 	if id, ok := identity.FromContext(r.Context()); ok && id.OwnerID != "" {
 		attrs = append(attrs, "owner_id", id.OwnerID)
 	}
