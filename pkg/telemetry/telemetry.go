@@ -56,7 +56,7 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, sdktrace.WithBatcher(exporter))
+		opts = append(opts, sdktrace.WithBatcher(validUTF8Exporter{exporter}))
 	} else if getenv("OTEL_TRACES_SAMPLER") == "" {
 		otel.SetTracerProvider(idsOnlyProvider{})
 		return func(context.Context) error { return nil }, nil
