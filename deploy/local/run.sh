@@ -18,7 +18,14 @@ if [ ! -f "$state/secrets" ]; then
   { echo "IDENTITY_SECRET=$(random_secret)"; echo "CURSOR_SECRET=$(random_secret)"; } >"$state/secrets"
   umask 022
 fi
-set -a; . "$state/secrets"; set +a
+# They fill in only what the environment leaves unset: a secret given to
+# make run (CURSOR_SECRET with CURSOR_SECRET_PREVIOUS, to try a rotation)
+# wins, as every other setting does.
+while IFS= read -r line; do
+  [[ $line == *=* ]] || continue
+  name=${line%%=*}
+  [ -n "${!name:-}" ] || export "$name=${line#*=}"
+done <"$state/secrets"
 
 pids=()
 declare -A names # pid → name, to say which process exited
