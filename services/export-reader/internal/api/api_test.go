@@ -40,7 +40,7 @@ func TestListParameters(t *testing.T) {
 		{"?updatedAfter=2000-01-01T00:00:00Z", 400, "invalid_parameter", nil, `"updatedAfter"`},
 		{"?foo", 400, "invalid_parameter", nil, `"foo"`},
 		{"?%zz=1", 400, "invalid_parameter", nil, "name is not valid percent-encoding"},
-		{"?cxr_" + strings.Repeat("A", 40) + "=1", 400, "invalid_parameter", nil, "unknown query parameter a parameter;"},
+		{"?cxr_" + strings.Repeat("A", 40) + "=1", 400, "invalid_parameter", nil, "an unknown query parameter;"},
 		{"?lang=RUS", 200, "", []string{"a", "b"}, ""},
 		{"?lang=UKR", 200, "", []string{"a", "b"}, ""},
 		{"?lang=eng", 400, "invalid_lang", nil, "lang"},

@@ -88,11 +88,11 @@ func readParams(rawQuery string, known routeParams) (map[string]string, error) {
 // name (a long or odd one is not repeated: it could be anything, a key
 // included) and lists the route's parameters.
 func unknownParamMessage(name string, known routeParams) string {
-	quoted := "a parameter"
+	unknown := "an unknown query parameter"
 	if len(name) <= 32 && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == "" {
-		quoted = fmt.Sprintf("%q", name)
+		unknown = fmt.Sprintf("unknown query parameter %q", name)
 	}
-	return "unknown query parameter " + quoted + "; this route reads only " + known.names() + " (names in lower case)"
+	return unknown + "; this route reads only " + known.names() + " (names in lower case)"
 }
 
 // parseList validates the list route's parameters into a query (without the
