@@ -71,6 +71,8 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"body too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 65<<10), 413, "payload_too_large"},
 		{"body far too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 2<<20), 413, "payload_too_large"},
 		{"upstream drops the connection", "POST", confirm, map[string]string{"X-API-Key": k.write}, "{}", 502, "bad_gateway"},
+		{"compressed body", "POST", confirm, map[string]string{"X-API-Key": k.write, "Content-Encoding": "gzip"}, "\x1f\x8b", 415, "unsupported_content_encoding"},
+		{"identity body", "POST", confirm, map[string]string{"X-API-Key": k.write, "Content-Encoding": "Identity"}, "{}", 502, "bad_gateway"},
 		{"upstream down", "GET", down.URL + "/v1/export/items", map[string]string{"X-API-Key": k.read}, "", 503, "upstream_unavailable"},
 		{"upstream too slow", "POST", gw.URL + "/v1/sync/prestashop/schema", nil, "{}", 504, "upstream_timeout"},
 	}
@@ -90,6 +92,9 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 			}
 			if strings.Contains(string(r.Body), "127.0.0.1") || strings.Contains(string(r.Body), "dial") {
 				t.Errorf("body %s shows an internal address or a raw error", r.Body)
+			}
+			if tt.status == 415 && r.Header.Get("Accept-Encoding") != "identity" {
+				t.Errorf("Accept-Encoding = %q, want identity", r.Header.Get("Accept-Encoding"))
 			}
 			if tt.status == 503 && r.Header.Get("Retry-After") != "1" {
 				t.Errorf("Retry-After = %q, want 1", r.Header.Get("Retry-After"))

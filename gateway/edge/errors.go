@@ -44,6 +44,12 @@ var (
 		Message: "the path has a % not followed by two hexadecimal digits"}
 	errTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large",
 		Message: "the request body exceeds 64 KiB"}
+	// Bodies are read as sent, never decompressed (no inflating of untrusted
+	// input, and the 64 KiB limit means what it says), so a compressed one
+	// is refused by name rather than failing as malformed JSON at the
+	// service.
+	errEncodedBody = &apiError{Status: http.StatusUnsupportedMediaType, Code: "unsupported_content_encoding",
+		Message: "request bodies are accepted uncompressed only: send no Content-Encoding (or identity)"}
 	errHeadersTooLarge = &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Code: "headers_too_large",
 		Message: "the request headers are too large"}
 	errRequestTimeout = &apiError{Status: http.StatusRequestTimeout, Code: "request_timeout",

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"encoding/hex"
 	"errors"
 	"time"
@@ -73,6 +74,9 @@ var proxySpanNames = map[string]string{
 func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()
+	if ce := req.Header.Peek(fiber.HeaderContentEncoding); len(ce) > 0 && !bytes.EqualFold(ce, []byte("identity")) {
+		return errEncodedBody
+	}
 	uri := receivedRequestURI(req.URI())
 	repeat := upstream.Repeat{
 		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,

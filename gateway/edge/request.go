@@ -208,6 +208,10 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 		// RFC 9110 15.5.2: a 401 names how to authenticate.
 		resp.Header.Set(fiber.HeaderWWWAuthenticate, wwwAuthenticate)
 	}
+	if ae.Status == fiber.StatusUnsupportedMediaType {
+		// RFC 9110 15.5.16: the codings that would have been accepted.
+		resp.Header.Set(fiber.HeaderAcceptEncoding, "identity")
+	}
 	if ae.RetryAfter > 0 {
 		resp.Header.Set(fiber.HeaderRetryAfter, strconv.FormatInt(retryAfterSeconds(ae.RetryAfter), 10))
 	}
