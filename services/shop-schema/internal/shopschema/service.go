@@ -115,6 +115,10 @@ func resolveError(err error) error {
 		return &InputError{CodeNotAllowed, "base_url resolves to an address that is not allowed"}
 	case errors.Is(err, guard.ErrUnresolvable):
 		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name does not resolve"}
+	case errors.Is(err, context.Canceled):
+		// The caller hung up during the lookup: kept as it is, so that it is
+		// answered as such (httpserver.CallerGone), not as a slow shop.
+		return err
 	}
 	return &prestashop.Error{Kind: prestashop.KindTimeout, Resource: "host", Reason: "the shop's host name did not resolve in time"}
 }
