@@ -21,8 +21,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// The collector's settings belong to the process, so they are set here
-	// and not in run, which tests call in their own process. run's config
-	// still reads and checks GOGC and GOMEMLIMIT, and logs them.
+	// and not in run, which tests call inside the test binary. run's config
+	// reads GOGC and GOMEMLIMIT again, to check and log them.
 	gcdefaults.Read(os.Getenv).Apply()
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)

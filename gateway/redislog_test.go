@@ -22,6 +22,8 @@ func TestRedisMessagesAreLoggedAtMostOncePerInterval(t *testing.T) {
 		now = now.Add(250 * time.Millisecond)
 	}
 	l.Printf(context.Background(), "redis: failed to dial after %d attempts", 40)
+	// Another kind of message is not held back by the dial failures.
+	l.Printf(context.Background(), "redis: connection pool: %s", "other")
 
 	type logLine struct {
 		Msg     string `json:"msg"`
@@ -35,8 +37,8 @@ func TestRedisMessagesAreLoggedAtMostOncePerInterval(t *testing.T) {
 		}
 		lines = append(lines, line)
 	}
-	if len(lines) != 2 || lines[0].Skipped != 0 || lines[1].Skipped != 39 ||
-		lines[1].Msg != "redis: failed to dial after 40 attempts" {
-		t.Errorf("log = %+v, want 2 lines: the first message, then the one 10 s later counting 39 skipped", lines)
+	if len(lines) != 3 || lines[0].Skipped != 0 || lines[1].Skipped != 39 ||
+		lines[1].Msg != "redis: failed to dial after 40 attempts" || lines[2].Msg != "redis: connection pool: other" {
+		t.Errorf("log = %+v, want 3 lines: the first dial failure, the one 10 s later counting 39 skipped, the other kind", lines)
 	}
 }

@@ -21,9 +21,11 @@ fi
 # They fill in only what the environment leaves unset: a secret given to
 # make run (CURSOR_SECRET with CURSOR_SECRET_PREVIOUS, to try a rotation)
 # wins, as every other setting does.
-while IFS= read -r line; do
-  [[ $line == *=* ]] || continue
+# The file is NAME=value lines, as this script writes it (not sourced: no
+# quotes, no export).
+while IFS= read -r line || [ -n "$line" ]; do
   name=${line%%=*}
+  [[ $line == *=* && $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die ".run/secrets: a line is not NAME=value"
   [ -n "${!name:-}" ] || export "$name=${line#*=}"
 done <"$state/secrets"
 

@@ -172,10 +172,20 @@ func TestOneTracePerRequestWhoseIDIsTheRequestID(t *testing.T) {
 	// the gateway's own refusal in its line.
 	checkAccessLog(t, s.logs["gateway"].String(), shop.Meta.RequestID, "base_url_not_allowed")
 	checkAccessLog(t, s.logs["shop-schema"].String(), shop.Meta.RequestID, "base_url_not_allowed")
+	servers := 0
 	for _, sp := range waitForTrace(s, shop.Meta.RequestID, "gateway", "shop-schema") {
-		if sp.Kind == "SPAN_KIND_SERVER" && sp.Attributes["error.type"] != "base_url_not_allowed" {
-			t.Errorf("server span of %s for the refused shop call: error.type = %v, want base_url_not_allowed", sp.Service, sp.Attributes["error.type"])
+		if sp.Kind != "SPAN_KIND_SERVER" {
+			continue
 		}
+		servers++
+		// error.type is for failures: a 400 is the client's.
+		if sp.Attributes["app.error_code"] != "base_url_not_allowed" || sp.Attributes["error.type"] != "" {
+			t.Errorf("server span of %s for the refused shop call: app.error_code = %q, error.type = %q; want base_url_not_allowed and none",
+				sp.Service, sp.Attributes["app.error_code"], sp.Attributes["error.type"])
+		}
+	}
+	if servers != 2 {
+		t.Errorf("refused shop call: %d server spans, want the gateway's and shop-schema's", servers)
 	}
 	checkAccessLog(t, s.logs["gateway"].String(), refused.Meta.RequestID, "unauthenticated")
 }

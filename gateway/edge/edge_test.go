@@ -73,6 +73,7 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"upstream drops the connection", "POST", confirm, map[string]string{"X-API-Key": k.write}, "{}", 502, "bad_gateway"},
 		{"compressed body", "POST", confirm, map[string]string{"X-API-Key": k.write, "Content-Encoding": "gzip"}, "\x1f\x8b", 415, "unsupported_content_encoding"},
 		{"identity body", "POST", confirm, map[string]string{"X-API-Key": k.write, "Content-Encoding": "Identity"}, "{}", 502, "bad_gateway"},
+		{"compressed, no body", "GET", down.URL + "/v1/export/items", map[string]string{"X-API-Key": k.read, "Content-Encoding": "gzip"}, "", 503, "upstream_unavailable"},
 		{"upstream down", "GET", down.URL + "/v1/export/items", map[string]string{"X-API-Key": k.read}, "", 503, "upstream_unavailable"},
 		{"upstream too slow", "POST", gw.URL + "/v1/sync/prestashop/schema", nil, "{}", 504, "upstream_timeout"},
 	}
@@ -92,6 +93,9 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 			}
 			if strings.Contains(string(r.Body), "127.0.0.1") || strings.Contains(string(r.Body), "dial") {
 				t.Errorf("body %s shows an internal address or a raw error", r.Body)
+			}
+			if got := r.Header.Get("X-Error-Code"); got != tt.code {
+				t.Errorf("X-Error-Code = %q, want %q", got, tt.code)
 			}
 			if tt.status == 415 && r.Header.Get("Accept-Encoding") != "identity" {
 				t.Errorf("Accept-Encoding = %q, want identity", r.Header.Get("Accept-Encoding"))

@@ -74,9 +74,6 @@ var proxySpanNames = map[string]string{
 func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()
-	if ce := req.Header.Peek(fiber.HeaderContentEncoding); len(ce) > 0 && !bytes.EqualFold(ce, []byte("identity")) {
-		return errEncodedBody
-	}
 	uri := receivedRequestURI(req.URI())
 	repeat := upstream.Repeat{
 		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,
@@ -85,7 +82,9 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	// Once scrubbed, the request holds none of the headers set below, so
 	// they are added, without the search for one to replace that Set does.
-	scrubHeaders(&req.Header)
+	if encoded := scrubHeaders(&req.Header); encoded && len(req.Body()) > 0 {
+		return errEncodedBody
+	}
 	req.Header.Add(fiber.HeaderXForwardedFor, rq.clientIP)
 	g.signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
 		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, time.Now())
@@ -183,18 +182,23 @@ const (
 	headerTracestate  = "tracestate"
 )
 
-// scrubHeaders deletes every header outside forwardedHeaders, and cookies.
+// scrubHeaders deletes every header outside forwardedHeaders, and cookies,
+// and reports whether a Content-Encoding other than identity was sent (it
+// visits every header anyway, so the check costs no search of its own).
 // The names to drop are gathered first (fasthttp's headers cannot change
 // while visited) into one buffer, without an allocation per header.
-func scrubHeaders(h *fasthttp.RequestHeader) {
+func scrubHeaders(h *fasthttp.RequestHeader) (encoded bool) {
 	var (
 		lowerBuf [64]byte
 		namesBuf [256]byte
 		ends     [16]int
 	)
 	names, drop := namesBuf[:0], ends[:0]
-	for k := range h.All() {
+	for k, v := range h.All() {
 		lower := appendLower(lowerBuf[:0], k)
+		if string(lower) == "content-encoding" && !bytes.EqualFold(v, []byte("identity")) {
+			encoded = true // each of the header's lines is seen here
+		}
 		if !forwardedHeaders[string(lower)] {
 			names = append(names, k...)
 			drop = append(drop, len(names))
@@ -207,6 +211,7 @@ func scrubHeaders(h *fasthttp.RequestHeader) {
 	}
 	// Cookies are kept apart from the other headers by fasthttp.
 	h.DelAllCookies()
+	return encoded
 }
 
 // appendLower appends ASCII-lowercased b to dst.

@@ -48,6 +48,7 @@ const (
 	attrOwnerID    = attribute.Key("owner.id")
 	attrPlatformID = attribute.Key("platform.id")
 	attrKeyID      = attribute.Key("api_key.id")
+	attrErrorCode  = httpserver.AttrErrorCode // the services' key too
 )
 
 // Span start options, built once: each option is an interface value, and
@@ -160,10 +161,13 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 		attrs = append(attrs, attrPlatformID.String(rq.key.PlatformID))
 	}
 	if len(errorCode) > 0 {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(string(errorCode)))
+		attrs = append(attrs, attrErrorCode.String(string(errorCode)))
 	}
 	span.SetAttributes(attrs...)
 	if status >= 500 {
+		if len(errorCode) > 0 { // error.type marks a failure, which a 4xx is not for a server
+			span.SetAttributes(semconv.ErrorTypeKey.String(string(errorCode)))
+		}
 		span.SetStatus(codes.Error, strconv.Itoa(status))
 	}
 }

@@ -5,7 +5,6 @@ package envelope
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/coinexport/export/pkg/jsonw"
@@ -117,8 +116,9 @@ func WriteError(w http.ResponseWriter, status int, code, message, requestID stri
 // header does not retry at once, into an outage; it backs off from there.
 const UnavailableRetryAfter = time.Second
 
-// UnavailableRetryAfterSeconds is UnavailableRetryAfter as the header says it.
-var UnavailableRetryAfterSeconds = strconv.Itoa(int(UnavailableRetryAfter / time.Second))
+// UnavailableRetryAfterSeconds is UnavailableRetryAfter as the header says
+// it (TestUnavailableRetryAfterAgrees ties the two).
+const UnavailableRetryAfterSeconds = "1"
 
 // ErrorCacheControl is the Cache-Control of every error envelope.
 const ErrorCacheControl = "no-store"

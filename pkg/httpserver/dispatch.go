@@ -31,6 +31,11 @@ const (
 	CodeClientClosed   = "client_closed_request"
 )
 
+// AttrErrorCode is the span attribute holding the error.code of an error
+// answer (the access line's error_code). OpenTelemetry's error.type is set
+// too, to the same code, on a 5xx only: for a server a 4xx is no failure.
+const AttrErrorCode = attribute.Key("app.error_code")
+
 // CallerGone reports whether err is what the caller hanging up caused: the
 // request's context is done and err is its cancellation. A failure of any
 // other kind is itself even after a hang-up, so that a bug does not pass
@@ -173,10 +178,14 @@ func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d t
 		errorCode = rec.Header().Get(envelope.ErrorCodeHeader)
 	}
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
-		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		attrs := []attribute.KeyValue{semconv.HTTPResponseStatusCode(status)}
 		if errorCode != "" {
-			span.SetAttributes(semconv.ErrorTypeKey.String(errorCode))
+			attrs = append(attrs, AttrErrorCode.String(errorCode))
+			if status >= 500 { // error.type marks a failure, which a 4xx is not for a server
+				attrs = append(attrs, semconv.ErrorTypeKey.String(errorCode))
+			}
 		}
+		span.SetAttributes(attrs...)
 		if status >= 500 {
 			span.SetStatus(codes.Error, http.StatusText(status))
 		}

@@ -18,7 +18,7 @@ import (
 // invalid UTF-8"): one request with %FF in its path erased the spans of
 // every other request exported with it, other tenants' included. Each
 // invalid byte sequence becomes U+FFFD here, in one place for every
-// attribute of every process, present and future. Spans that are valid
+// attribute of every process (strings at any depth of a value), present and future. Spans that are valid
 // already (all but a hostile few) are passed on as they are.
 type validUTF8Exporter struct {
 	sdktrace.SpanExporter
@@ -57,21 +57,33 @@ func spanIsValidUTF8(s sdktrace.ReadOnlySpan) bool {
 
 func attrsAreValidUTF8(attrs []attribute.KeyValue) bool {
 	for _, kv := range attrs {
-		if !utf8.ValidString(string(kv.Key)) {
+		if !utf8.ValidString(string(kv.Key)) || !valueIsValidUTF8(kv.Value) {
 			return false
 		}
-		switch kv.Value.Type() {
-		case attribute.STRING:
-			if !utf8.ValidString(kv.Value.AsString()) {
+	}
+	return true
+}
+
+// valueIsValidUTF8 looks into every kind of value that holds strings,
+// slices and maps of values included.
+func valueIsValidUTF8(v attribute.Value) bool {
+	switch v.Type() {
+	case attribute.STRING:
+		return utf8.ValidString(v.AsString())
+	case attribute.STRINGSLICE:
+		for _, s := range v.AsStringSlice() {
+			if !utf8.ValidString(s) {
 				return false
 			}
-		case attribute.STRINGSLICE:
-			for _, v := range kv.Value.AsStringSlice() {
-				if !utf8.ValidString(v) {
-					return false
-				}
+		}
+	case attribute.SLICE:
+		for _, e := range v.AsSlice() {
+			if !valueIsValidUTF8(e) {
+				return false
 			}
 		}
+	case attribute.MAP:
+		return attrsAreValidUTF8(v.AsMap())
 	}
 	return true
 }
@@ -91,7 +103,9 @@ func (s validUTF8Span) Status() sdktrace.Status {
 	return st
 }
 
-func (s validUTF8Span) Attributes() []attribute.KeyValue { return validAttrs(s.ReadOnlySpan.Attributes()) }
+func (s validUTF8Span) Attributes() []attribute.KeyValue {
+	return validAttrs(s.ReadOnlySpan.Attributes())
+}
 
 func (s validUTF8Span) Events() []sdktrace.Event {
 	events := append([]sdktrace.Event(nil), s.ReadOnlySpan.Events()...)
@@ -113,21 +127,32 @@ func (s validUTF8Span) Links() []sdktrace.Link {
 func validAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 	out := make([]attribute.KeyValue, len(attrs))
 	for i, kv := range attrs {
-		key := attribute.Key(validString(string(kv.Key)))
-		switch kv.Value.Type() {
-		case attribute.STRING:
-			out[i] = key.String(validString(kv.Value.AsString()))
-		case attribute.STRINGSLICE:
-			vs := append([]string(nil), kv.Value.AsStringSlice()...)
-			for j := range vs {
-				vs[j] = validString(vs[j])
-			}
-			out[i] = key.StringSlice(vs)
-		default:
-			out[i] = attribute.KeyValue{Key: key, Value: kv.Value}
-		}
+		out[i] = attribute.KeyValue{Key: attribute.Key(validString(string(kv.Key))), Value: validValue(kv.Value)}
 	}
 	return out
+}
+
+func validValue(v attribute.Value) attribute.Value {
+	switch v.Type() {
+	case attribute.STRING:
+		return attribute.StringValue(validString(v.AsString()))
+	case attribute.STRINGSLICE:
+		ss := slices.Clone(v.AsStringSlice())
+		for i := range ss {
+			ss[i] = validString(ss[i])
+		}
+		return attribute.StringSliceValue(ss)
+	case attribute.SLICE:
+		vs := v.AsSlice()
+		out := make([]attribute.Value, len(vs))
+		for i, e := range vs {
+			out[i] = validValue(e)
+		}
+		return attribute.SliceValue(out...)
+	case attribute.MAP:
+		return attribute.MapValue(validAttrs(v.AsMap())...)
+	}
+	return v
 }
 
 func validString(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }

@@ -30,17 +30,24 @@ func TestSpansWithInvalidUTF8AreExportedWithTheirBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	tracer := otel.GetTracerProvider().Tracer("test")
+	var link []trace.Link
 	end := func(name string, attrs ...attribute.KeyValue) trace.SpanContext {
-		_, span := tracer.Start(context.Background(), name, trace.WithAttributes(attrs...))
+		_, span := tracer.Start(context.Background(), name, trace.WithAttributes(attrs...), trace.WithLinks(link...))
 		span.AddEvent("event \xff", trace.WithAttributes(attribute.String("e", "\xfe")))
 		span.SetStatus(codes.Error, "bad \xc3")
 		span.End()
 		return span.SpanContext()
 	}
 	before := end("before", attribute.String("url.path", "/v1/export/items/ok"))
+	// Strings at every place a span holds them, each of which alone made
+	// the exporter refuse the batch.
+	link = []trace.Link{{SpanContext: before, Attributes: []attribute.KeyValue{attribute.String("l", "\xff")}}}
 	hostile := end("GET \xff", attribute.String("url.path", "/v1/export/items/\xff"),
 		attribute.String("user_agent.original", "\xff\xfe"), attribute.StringSlice("list", []string{"a", "\xff"}),
-		attribute.Int("n", 7))
+		attribute.String("key \xff", "v"), attribute.Int("n", 7),
+		attribute.Slice("slice", attribute.StringValue("\xff")),
+		attribute.Map("map", attribute.String("k \xff", "\xff")))
+	link = nil
 	after := end("after", attribute.String("url.path", "/v1/export/items/ok"))
 	if err := shutdown(context.Background()); err != nil { // flushes the batch
 		t.Fatalf("shutdown = %v", err)
@@ -57,7 +64,7 @@ func TestSpansWithInvalidUTF8AreExportedWithTheirBatch(t *testing.T) {
 	}
 	sp := got[0]
 	if sp.Name != "GET \uFFFD" || sp.Attributes["url.path"] != "/v1/export/items/\uFFFD" ||
-		sp.Attributes["user_agent.original"] != "\uFFFD" || sp.Attributes["n"] != "7" {
+		sp.Attributes["user_agent.original"] != "\uFFFD" || sp.Attributes["key \uFFFD"] != "v" || sp.Attributes["n"] != "7" {
 		t.Errorf("exported span = %q %v, want the invalid bytes as U+FFFD and the rest unchanged", sp.Name, sp.Attributes)
 	}
 	for k, v := range sp.Attributes {
