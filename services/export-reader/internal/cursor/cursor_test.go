@@ -120,6 +120,40 @@ func TestRotation(t *testing.T) {
 	}
 }
 
+// The README's rolling rotation: at every step, a pod of the step before
+// and a pod of the step after read each other's cursors; a single rollout
+// straight to the swap does not (an old pod refuses the new pods' cursors).
+func TestRollingRotation(t *testing.T) {
+	t.Parallel()
+	oldSecret, newSecret := secret, secret+"-rotated"
+	codec := func(s string, previous ...string) *cursor.Codec {
+		c, err := cursor.New(s, previous...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	b := cursor.Binding{OwnerID: "o1"}
+	pos := cursor.Position{UpdatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), ID: "x"}
+	steps := []*cursor.Codec{
+		codec(oldSecret),            // before
+		codec(oldSecret, newSecret), // 1: the new secret accepted
+		codec(newSecret, oldSecret), // 2: swapped
+		codec(newSecret),            // 3: the old one dropped
+	}
+	for i := 1; i < len(steps); i++ {
+		for _, pair := range [][2]int{{i - 1, i}, {i, i - 1}} {
+			issued := steps[pair[0]].Encode(pos, b)
+			if _, err := steps[pair[1]].Decode(issued, b); err != nil {
+				t.Errorf("cursor of step %d read by a pod of step %d: %v", pair[0], pair[1], err)
+			}
+		}
+	}
+	if _, err := steps[0].Decode(steps[2].Encode(pos, b), b); !errors.Is(err, cursor.ErrInvalid) {
+		t.Errorf("skipping step 1: a pod not yet replaced read a new pod's cursor (%v); the README's warning would be wrong", err)
+	}
+}
+
 // otherSync returns s with its sync changed, its MAC kept.
 func otherSync(t *testing.T, s string) string {
 	t.Helper()
