@@ -413,12 +413,36 @@ func TestConnectionRefusedIsRetriedOnAnotherInstance(t *testing.T) {
 		"UPSTREAM_PROBE_INTERVAL": "1h"})
 	a.Close() // refused from now on; only the proxy itself can notice
 	for i := 0; i < 4; i++ {
-		if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+		// By id: round-robin, so one of the first two goes to a (a list
+		// request might stick to b, by its key, and never meet a).
+		if r := do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
 			t.Fatalf("GET %d with one of two instances refusing = %d %s, want 200", i+1, r.Status, r.Body)
 		}
 	}
 	if hitsB.Load() != 4 {
 		t.Errorf("instance b served %d, want 4", hitsB.Load())
+	}
+	// The client saw nothing, the operator sees all: the covered failure
+	// counted, and which instance went down, once.
+	metrics := scrape(t, gw.AdminURL)
+	for _, series := range []string{
+		`gateway_upstream_errors_total{kind="unreachable",upstream="export-reader"} 1`,
+		`gateway_upstream_retries_total{upstream="export-reader"} 1`,
+	} {
+		if !bytes.Contains(metrics, []byte(series)) {
+			t.Errorf("metrics lack %s:\n%s", series, grep(metrics, "gateway_upstream"))
+		}
+	}
+	logs := gw.Logs.String()
+	downs := 0
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, `"msg":"upstream instance marked down"`) && strings.Contains(line, `"instance":"`+a.URL+`"`) {
+			downs++
+		}
+	}
+	if downs != 1 || !strings.Contains(logs, `"msg":"upstream attempt failed; sent again to another instance"`) ||
+		!strings.Contains(logs, "upstream: unreachable: "+a.URL) {
+		t.Errorf("logs do not name the refusing instance %s once as down and in the failed attempt:\n%s", a.URL, logs)
 	}
 }
 

@@ -165,6 +165,7 @@ func (g *Gateway) buildUpstreams() error {
 	opts := upstream.Options{
 		ConnectTimeout: g.cfg.UpstreamConnectTimeout, ReadTimeout: g.cfg.UpstreamReadTimeout,
 		WriteTimeout: g.cfg.UpstreamWriteTimeout, DownFor: g.cfg.UpstreamDownFor, MaxConns: g.cfg.UpstreamMaxConns,
+		OnStateChange: g.logInstanceState,
 	}
 	g.upstreams = map[string]*upstream.Upstream{}
 	for name, urls := range map[string][]string{
@@ -198,6 +199,16 @@ func (g *Gateway) logDiscovery(ev upstream.DiscoveryEvent) {
 		g.log.Info("upstream instances changed", "upstream", ev.Upstream, "instances", ev.Instances,
 			"added", ev.Added, "removed", ev.Removed)
 	}
+}
+
+// logInstanceState logs an instance taken out or put back, naming it: the
+// health endpoint says only that some instance of the upstream is down.
+func (g *Gateway) logInstanceState(ch upstream.StateChange) {
+	if ch.Up {
+		g.log.Info("upstream instance up again", "upstream", ch.Upstream, "instance", ch.Instance, "reason", ch.Reason)
+		return
+	}
+	g.log.Warn("upstream instance marked down", "upstream", ch.Upstream, "instance", ch.Instance, "reason", ch.Reason)
 }
 
 func (g *Gateway) onRedisState(err error) {

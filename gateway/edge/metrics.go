@@ -47,7 +47,7 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_errors_total",
-			Help: "Failed proxy hops by upstream and kind (unavailable, unreachable, timeout, closed, identity_refused, bad_response).",
+			Help: "Failed proxy hops by upstream and kind (unavailable, unreachable, timeout, closed, identity_refused, bad_response), also those that a repeat to another instance covered.",
 		}, []string{"upstream", "kind"}),
 		upstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_retries_total", Help: "Requests sent a second time to another instance.",

@@ -102,9 +102,15 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	if rt.StickyByKey {
 		affinity = rq.key.ID
 	}
-	retried, err := up.Do(req, c.Response(), uri, repeat, affinity)
-	if retried {
+	repeated, err := up.Do(req, c.Response(), uri, repeat, affinity)
+	if repeated != nil {
+		// Covered by the repeat, and still a failed hop: counted and logged
+		// (with the instance), or an instance that fails every other
+		// request would show nowhere.
 		g.metrics.upstreamRetries.WithLabelValues(rt.Upstream).Inc()
+		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(repeated)).Inc()
+		g.log.WarnContext(rq.ctx, "upstream attempt failed; sent again to another instance",
+			"upstream", rt.Upstream, "kind", errorKind(repeated), "error", repeated.Error())
 	}
 	if err == nil && c.Response().StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused

@@ -75,7 +75,7 @@ func TestAffinityMovesOnWhileItsInstanceIsDown(t *testing.T) {
 	u := namedInstances(t, 3)
 	home := landsOn(t, u, "key-a")
 	homeInst := u.rendezvous(nil, "key-a")
-	homeInst.markDown(u.opts.DownFor)
+	u.markDown(homeInst, u.opts.DownFor, "test")
 	away := landsOn(t, u, "key-a")
 	if away == home {
 		t.Fatalf("key-a landed on its instance %s while it was down", home)
@@ -85,7 +85,7 @@ func TestAffinityMovesOnWhileItsInstanceIsDown(t *testing.T) {
 			t.Fatalf("key-a landed on %s, then %s while its instance was down; want one stand-in", away, got)
 		}
 	}
-	homeInst.downUntil.Store(0) // what the prober does once it answers again
+	u.markUp(homeInst) // what the prober does once it answers again
 	if got := landsOn(t, u, "key-a"); got != home {
 		t.Errorf("key-a landed on %s once its instance %s was back; want %s", got, home, home)
 	}

@@ -21,9 +21,9 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	for {
 		for _, inst := range u.current() {
 			if inst.alive(interval) {
-				inst.downUntil.Store(0)
+				u.markUp(inst)
 			} else {
-				inst.markDown(interval + u.opts.DownFor)
+				u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
 			}
 		}
 		select {

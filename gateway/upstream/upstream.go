@@ -48,12 +48,25 @@ type Options struct {
 	DownFor time.Duration
 	// MaxConns bounds the connections to one instance.
 	MaxConns int
+	// OnStateChange, if set, hears of an instance marked down (it refused a
+	// connection, or its health probe failed) and of one whose probe
+	// answers again: once per change, on the goroutine that saw it, which
+	// it must not hold up.
+	OnStateChange func(StateChange)
 	// ReadWholeUpTo, when above zero, makes every answer be read whole
 	// before the first byte goes to the client, and bounds it: an instance
 	// that fails halfway through an answer, or sends more, then gets the
 	// client a 502 envelope instead of an answer cut short. Zero streams
 	// answers of any size through.
 	ReadWholeUpTo int
+}
+
+// StateChange is an instance marked down, or up again.
+type StateChange struct {
+	Upstream string
+	Instance string // scheme://host:port, for operators only
+	Up       bool
+	Reason   string
 }
 
 // Instance is one address of a service.
@@ -66,6 +79,10 @@ type Instance struct {
 	// taken out under load or for long after a restart.
 	probe     *fasthttp.HostClient
 	downUntil atomic.Int64 // Unix ns; 0 = up
+	// reportedDown is whether the last change told (OnStateChange) was a
+	// down: a dead instance is marked down again on every probe and every
+	// refused connection, and told once.
+	reportedDown atomic.Bool
 	// seed is the instance's own hash for rendezvous hashing: derived from
 	// its address, so every gateway ranks the instances alike.
 	seed uint64
@@ -208,21 +225,25 @@ type Repeat struct {
 // sent once more to another one; one that may have reached one only as
 // repeat allows. requestURI is the original path and query.
 //
+// repeated is the first attempt's error when the request was sent again
+// (nil otherwise), so that a failure the repeat covered is still counted;
+// err is the outcome. Both name the instance that failed.
+//
 // affinity, when not empty, chooses the instance by rendezvous hashing of
 // it instead of round-robin: requests with the same affinity go to the
 // same instance while it is up, and to the same next one when it is not.
-func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (retried bool, err error) {
+func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (repeated, err error) {
 	first := u.pick(nil, affinity)
 	if first == nil {
-		return false, ErrUnavailable
+		return nil, ErrUnavailable
 	}
 	err = u.send(first, req, resp, requestURI)
 	if err == nil {
-		return false, nil
+		return nil, nil
 	}
 	again := errors.Is(err, ErrUnreachable) || repeat.Always || (repeat.IfClosed && errors.Is(err, ErrClosed))
 	if !again {
-		return false, err
+		return nil, err
 	}
 	second := u.pick(first, affinity)
 	if second == nil {
@@ -230,7 +251,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		// restarted) is asked again, on a new connection: send has
 		// already closed the idle ones from before the restart.
 		if !errors.Is(err, ErrClosed) {
-			return false, err
+			return nil, err
 		}
 		second = first
 	}
@@ -238,7 +259,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header)
 	}
-	return true, u.send(second, req, resp, requestURI)
+	return err, u.send(second, req, resp, requestURI)
 }
 
 func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string) error {
@@ -252,14 +273,16 @@ func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Re
 	kind := classify(err)
 	switch {
 	case errors.As(err, new(dialError)):
-		inst.markDown(u.opts.DownFor)
+		u.markDown(inst, u.opts.DownFor, "it refused a connection")
 	case errors.Is(kind, ErrClosed):
 		// One dropped kept-alive connection means the others idle since
 		// the same moment are dead too; reusing them would fail one
 		// request each.
 		inst.client.CloseIdleConnections()
 	}
-	return fmt.Errorf("%w: %w", kind, err)
+	// The instance's address is for the gateway's log; no client sees
+	// an error's text.
+	return fmt.Errorf("%w: %s: %w", kind, inst.base, err)
 }
 
 // classify names the kind of a client error.
@@ -337,8 +360,26 @@ func mix64(x uint64) uint64 {
 // upAt reports whether the instance is not marked down at now (Unix ns).
 func (inst *Instance) upAt(now int64) bool { return inst.downUntil.Load() <= now }
 
-func (inst *Instance) markDown(d time.Duration) {
+// markDown skips inst for d, and tells of it if it was up.
+func (u *Upstream) markDown(inst *Instance, d time.Duration, reason string) {
 	inst.downUntil.Store(time.Now().Add(d).UnixNano())
+	if inst.reportedDown.CompareAndSwap(false, true) {
+		u.tell(inst, false, reason)
+	}
+}
+
+// markUp takes inst back at once, and tells of it if it was down.
+func (u *Upstream) markUp(inst *Instance) {
+	inst.downUntil.Store(0)
+	if inst.reportedDown.CompareAndSwap(true, false) {
+		u.tell(inst, true, "its health probe answers")
+	}
+}
+
+func (u *Upstream) tell(inst *Instance, up bool, reason string) {
+	if u.opts.OnStateChange != nil {
+		u.opts.OnStateChange(StateChange{Upstream: u.Name, Instance: inst.base, Up: up, Reason: reason})
+	}
 }
 
 // State is the health of an upstream as /v1/health reports it.

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -37,8 +38,8 @@ func send(u *Upstream, repeat Repeat) (bool, int, error) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod("GET")
-	retried, err := u.Do(req, resp, "/v1/x", repeat, "")
-	return retried, resp.StatusCode(), err
+	repeated, err := u.Do(req, resp, "/v1/x", repeat, "")
+	return repeated != nil, resp.StatusCode(), err
 }
 
 func TestRefusedInstanceIsSkippedThenUnavailable(t *testing.T) {
@@ -159,11 +160,60 @@ func TestRepeatIsRenewed(t *testing.T) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod("POST")
 	req.Header.Set("X-Stamp", "first")
-	retried, err := u.Do(req, resp, "/v1/x", Repeat{Always: true, Renew: renew}, "")
-	if err != nil || !retried || resp.StatusCode() != 200 {
-		t.Fatalf("Do(sale, slow first instance) = retried %v, %d, %v; want retried, 200", retried, resp.StatusCode(), err)
+	repeated, err := u.Do(req, resp, "/v1/x", Repeat{Always: true, Renew: renew}, "")
+	if err != nil || !errors.Is(repeated, ErrTimeout) || resp.StatusCode() != 200 {
+		t.Fatalf("Do(sale, slow first instance) = repeated after %v, %d, %v; want repeated after a timeout, 200", repeated, resp.StatusCode(), err)
 	}
 	if first, second := <-stamps, <-stamps; first != "first" || second != "renewed" {
 		t.Errorf("instances saw X-Stamp %q then %q, want \"first\" then \"renewed\"", first, second)
+	}
+}
+
+// An instance's changes are told once each: down when it refuses (however
+// often it is marked down again after that, by failed probes), up when its
+// probe answers again.
+func TestStateChangesAreToldOnceEach(t *testing.T) {
+	addr := testenv.FreeAddr(t)
+	changes := make(chan StateChange, 16)
+	o := opts()
+	o.OnStateChange = func(c StateChange) { changes <- c }
+	u, err := New("svc", []string{"http://" + addr}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		_, _, _ = send(u, Repeat{})
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go u.Probe(ctx, 20*time.Millisecond)
+	time.Sleep(150 * time.Millisecond) // failed probes mark it down again
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	srv.Listener = l
+	srv.Start()
+	defer srv.Close()
+
+	want := []StateChange{
+		{Upstream: "svc", Instance: "http://" + addr, Up: false, Reason: "it refused a connection"},
+		{Upstream: "svc", Instance: "http://" + addr, Up: true, Reason: "its health probe answers"},
+	}
+	for _, w := range want {
+		select {
+		case got := <-changes:
+			if got != w {
+				t.Errorf("change told = %+v, want %+v", got, w)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no change told, want %+v", w)
+		}
+	}
+	stop()
+	time.Sleep(50 * time.Millisecond)
+	if len(changes) != 0 {
+		t.Errorf("%d more changes told, want none: %+v", len(changes), <-changes)
 	}
 }
