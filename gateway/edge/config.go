@@ -20,6 +20,7 @@ type Config struct {
 	DatabaseURL      string        // DATABASE_URL (required; secret)
 	RedisURL         string        // REDIS_URL (redis://127.0.0.1:6379/0; secret)
 	IdentitySecret   string        // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	IdentityPrevious []string      // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
 	LogLevel         string        // LOG_LEVEL (info)
 	TrustTraceparent bool          // GATEWAY_TRUST_TRACEPARENT (false)
 	ProxyHeader      string        // GATEWAY_PROXY_HEADER (""): client IP header set by a trusted proxy
@@ -83,7 +84,6 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		AdminAddr:        r.String("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
 		DatabaseURL:      r.String("DATABASE_URL", ""),
 		RedisURL:         r.String("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		IdentitySecret:   getenv("IDENTITY_SECRET"),
 		LogLevel:         r.LogLevel(),
 		TrustTraceparent: r.Bool("GATEWAY_TRUST_TRACEPARENT", false),
 		ProxyHeader:      r.String("GATEWAY_PROXY_HEADER", ""),
@@ -123,7 +123,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
-	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
 		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
@@ -163,7 +163,8 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis", redisclient.Describe(c.RedisURL)),
-		slog.String("identity_secret", "***"), slog.String("log_level", c.LogLevel),
+		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.String("log_level", c.LogLevel),
 		slog.Bool("trust_traceparent", c.TrustTraceparent), slog.String("proxy_header", c.ProxyHeader),
 		slog.Any("trusted_proxies", c.TrustedProxies),
 		slog.Any("export_reader_urls", c.ExportReaderURLs), slog.Any("sales_writer_urls", c.SalesWriterURLs),

@@ -77,6 +77,23 @@ func (r *Reader) List(name, def string) []string {
 	return out
 }
 
+// Secret reads the required secret name (at least 32 bytes) and name_PREVIOUS,
+// the comma-separated secrets accepted besides it while it is rotated (each
+// at least 32 bytes): what they signed is still read, and what is signed
+// uses name alone.
+func (r *Reader) Secret(name string) (current string, previous []string) {
+	current = r.getenv(name)
+	r.Check(len(current) >= 32, name+" must be at least 32 bytes")
+	previous = r.List(name+"_PREVIOUS", "")
+	for _, p := range previous {
+		if len(p) < 32 {
+			r.Failf("every secret in %s_PREVIOUS must be at least 32 bytes", name)
+			break
+		}
+	}
+	return current, previous
+}
+
 // Check records msg as a problem unless ok: for rules across variables or
 // beyond a type's range (required values, secret lengths).
 func (r *Reader) Check(ok bool, msg string) {

@@ -47,3 +47,23 @@ func TestEveryProblemNamedWithoutItsValue(t *testing.T) {
 		t.Errorf("Err() = %q, quotes a value or a passed check", err)
 	}
 }
+
+func TestSecret(t *testing.T) {
+	long := strings.Repeat("s", 32)
+	r := New(env(map[string]string{"K": long, "K_PREVIOUS": " " + long + "1 , " + long + "2 "}))
+	current, previous := r.Secret("K")
+	if current != long || !cmp.Equal(previous, []string{long + "1", long + "2"}) || r.Err() != nil {
+		t.Errorf("Secret(K) = %q, %q, %v; want the secret, both previous ones, no error", current, previous, r.Err())
+	}
+	r = New(env(map[string]string{"K": "short-secret", "K_PREVIOUS": long + ",short-previous"}))
+	r.Secret("K")
+	err := r.Err()
+	for _, want := range []string{"K must be at least 32 bytes", "every secret in K_PREVIOUS must be at least 32 bytes"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Err() = %v, lacks %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "short-") {
+		t.Errorf("Err() = %q quotes a secret", err)
+	}
+}

@@ -63,13 +63,18 @@ func (id Identity) Anonymous() bool { return id.OwnerID == "" }
 // HasScope reports whether the key holds scope.
 func (id Identity) HasScope(scope string) bool { return slices.Contains(id.Scopes, scope) }
 
-// Signer signs and verifies identities with one shared secret.
+// Signer signs identities with one shared secret, and verifies those signed
+// with it or with one of the secrets it is rotating from or to.
 type Signer struct {
 	// states recycles HMACs and their buffers: a reused HMAC restores the
 	// keyed state saved at its first Reset instead of hashing the key
 	// again, and what goes through the hash interface would otherwise be
 	// allocated on every request of the gateway's hot path.
 	states sync.Pool // of *signingState
+	// accepted verify only (IDENTITY_SECRET_PREVIOUS): while the secret is
+	// rotated, gateways and services of both sides of a rolling deploy
+	// must read each other (README, "Rotating IDENTITY_SECRET").
+	accepted []*Signer
 }
 
 type signingState struct {
@@ -79,8 +84,24 @@ type signingState struct {
 	sig  []byte // the MAC in base64
 }
 
-// NewSigner returns a Signer. The secret must be at least 32 bytes.
-func NewSigner(secret string) (*Signer, error) {
+// NewSigner returns a Signer that signs with secret and also accepts what
+// the previous secrets signed. Each must be at least 32 bytes.
+func NewSigner(secret string, previous ...string) (*Signer, error) {
+	s, err := newSigner(secret)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range previous {
+		ps, err := newSigner(p)
+		if err != nil {
+			return nil, err
+		}
+		s.accepted = append(s.accepted, ps)
+	}
+	return s, nil
+}
+
+func newSigner(secret string) (*Signer, error) {
 	if len(secret) < 32 {
 		return nil, fmt.Errorf("identity: secret must be at least 32 bytes, got %d", len(secret))
 	}
@@ -221,8 +242,22 @@ func (s *Signer) verifySignature(get func(name string) string) (Identity, time.T
 	return id, time.UnixMilli(ms), nil
 }
 
-// validMAC reports whether sig signs the fields (scopes as sent: joined).
+// validMAC reports whether sig signs the fields (scopes as sent: joined)
+// with the secret or one of the accepted ones.
 func (s *Signer) validMAC(sig, owner, platform, keyID, scopes, requestID, ts string) bool {
+	if s.signedBy(sig, owner, platform, keyID, scopes, requestID, ts) {
+		return true
+	}
+	for _, a := range s.accepted {
+		if a.signedBy(sig, owner, platform, keyID, scopes, requestID, ts) {
+			return true
+		}
+	}
+	return false
+}
+
+// signedBy reports whether sig signs the fields with s's own secret.
+func (s *Signer) signedBy(sig, owner, platform, keyID, scopes, requestID, ts string) bool {
 	st := s.states.Get().(*signingState)
 	defer s.put(st)
 	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts))

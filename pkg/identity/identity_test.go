@@ -154,3 +154,46 @@ func TestSignIntoReusesStateWithoutAllocating(t *testing.T) {
 		t.Errorf("SignInto allocates %.0f times per call, want 0 (it runs on every proxied request)", n)
 	}
 }
+
+// The README's rolling rotation of IDENTITY_SECRET: at every step, a gateway
+// of the step before and a service of the step after (and the reverse)
+// understand each other; a single rollout straight to the swap does not.
+func TestRollingRotation(t *testing.T) {
+	oldSecret, newSecret := testSecret, testSecret+"-rotated"
+	signer := func(secret string, previous ...string) *Signer {
+		s, err := NewSigner(secret, previous...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	steps := []*Signer{
+		signer(oldSecret),            // before
+		signer(oldSecret, newSecret), // 1: the new secret accepted
+		signer(newSecret, oldSecret), // 2: swapped
+		signer(newSecret),            // 3: the old one dropped
+	}
+	now := time.Now()
+	id := Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{ScopeExportRead}, RequestID: "r1"}
+	for i := 1; i < len(steps); i++ {
+		for _, pair := range [][2]int{{i - 1, i}, {i, i - 1}} {
+			if _, err := steps[pair[1]].Verify(signedHeader(t, steps[pair[0]], id, now).Get, now); err != nil {
+				t.Errorf("identity signed at step %d, verified at step %d: %v", pair[0], pair[1], err)
+			}
+		}
+	}
+	if _, err := steps[0].Verify(signedHeader(t, steps[2], id, now).Get, now); err == nil {
+		t.Error("skipping step 1: a service not yet replaced accepted a new gateway's signature; the README's warning would be wrong")
+	}
+	// Renewing reads an accepted signature and signs with the current secret.
+	h := signedHeader(t, steps[1], id, now)
+	if err := steps[2].Renew(h.Get, func(name string, v []byte) { h.Set(name, string(v)) }, now); err != nil {
+		t.Fatalf("Renew of an identity signed with the accepted secret = %v", err)
+	}
+	if _, err := steps[3].Verify(h.Get, now); err != nil {
+		t.Errorf("renewed identity is not signed with the current secret: %v", err)
+	}
+	if _, err := NewSigner(newSecret, "short"); err == nil {
+		t.Error("NewSigner(secret, short previous) = nil error, want one")
+	}
+}

@@ -19,11 +19,13 @@ type Config struct {
 	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES (256); 0 turns read-ahead off
 	ReadAheadTTL   time.Duration // EXPORT_READER_READ_AHEAD_TTL (2s)
 	CursorSecret   string        // CURSOR_SECRET (required, ≥32 bytes; secret)
-	// CursorPrevious are secrets being rotated out: cursors they signed are
-	// still accepted (CURSOR_SECRET_PREVIOUS, comma-separated; secret).
+	// CursorPrevious are the secrets accepted besides it while it is
+	// rotated (CURSOR_SECRET_PREVIOUS, comma-separated; secret).
 	CursorPrevious []string
 	IdentitySecret string // IDENTITY_SECRET (required, ≥32 bytes; secret)
-	LogLevel       string // LOG_LEVEL (info)
+	// IdentityPrevious: IDENTITY_SECRET_PREVIOUS, likewise (secret).
+	IdentityPrevious []string
+	LogLevel         string // LOG_LEVEL (info)
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -37,20 +39,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
 		ReadAheadPages: r.Int("EXPORT_READER_READ_AHEAD_PAGES", 256, 0, 8192), // 8192 pages ≈ 1 GB
 		ReadAheadTTL:   r.Duration("EXPORT_READER_READ_AHEAD_TTL", 2*time.Second, time.Millisecond, time.Minute),
-		CursorSecret:   getenv("CURSOR_SECRET"),
-		CursorPrevious: r.List("CURSOR_SECRET_PREVIOUS", ""),
-		IdentitySecret: getenv("IDENTITY_SECRET"),
 		LogLevel:       r.LogLevel(),
 	}
 	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
-	r.Check(len(cfg.CursorSecret) >= 32, "CURSOR_SECRET must be at least 32 bytes")
-	for _, previous := range cfg.CursorPrevious {
-		if len(previous) < 32 {
-			r.Failf("every secret in CURSOR_SECRET_PREVIOUS must be at least 32 bytes")
-			break
-		}
-	}
-	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	cfg.CursorSecret, cfg.CursorPrevious = r.Secret("CURSOR_SECRET")
+	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}
@@ -66,7 +59,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("query_timeout", c.QueryTimeout.String()),
 		slog.Int("read_ahead_pages", c.ReadAheadPages), slog.String("read_ahead_ttl", c.ReadAheadTTL.String()),
 		slog.String("cursor_secret", "***"), slog.Int("cursor_secrets_previous", len(c.CursorPrevious)),
-		slog.String("identity_secret", "***"), slog.String("log_level", c.LogLevel),
+		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.String("log_level", c.LogLevel),
 	)
 }
 

@@ -55,7 +55,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer pool.Close()
 
-	signer, err := identity.NewSigner(cfg.IdentitySecret)
+	signer, err := identity.NewSigner(cfg.IdentitySecret, cfg.IdentityPrevious...)
 	if err != nil {
 		return err
 	}

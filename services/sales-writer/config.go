@@ -16,6 +16,7 @@ type Config struct {
 	DatabaseURL          string              // DATABASE_URL (required; secret: may hold a password)
 	DBMaxConns           int                 // SALES_WRITER_DB_MAX_CONNS (8)
 	IdentitySecret       string              // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	IdentityPrevious     []string            // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
 	IdempotencyRetention time.Duration       // IDEMPOTENCY_RETENTION (24h)
 	PurgeInterval        time.Duration       // IDEMPOTENCY_PURGE_INTERVAL (5m)
 	LogLevel             string              // LOG_LEVEL (info)
@@ -30,7 +31,6 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		AdminAddr:            r.String("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
 		DatabaseURL:          getenv("DATABASE_URL"),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
-		IdentitySecret:       getenv("IDENTITY_SECRET"),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
 		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),
 		LogLevel:             r.LogLevel(),
@@ -38,7 +38,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
-	r.Check(len(cfg.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}
@@ -51,7 +51,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
-		slog.String("identity_secret", "***"),
+		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
 		slog.String("idempotency_retention", c.IdempotencyRetention.String()),
 		slog.String("idempotency_purge_interval", c.PurgeInterval.String()),
 		slog.String("log_level", c.LogLevel), slog.Any("gc", c.GC),

@@ -13,12 +13,13 @@ const secret = "0123456789abcdef0123456789abcdef"
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestLoadConfigDefaults(t *testing.T) {
-	got, err := loadConfig(env(map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": secret}))
+	got, err := loadConfig(env(map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": secret,
+		"IDENTITY_SECRET_PREVIOUS": secret + "-old"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Addr: "127.0.0.1:8082", AdminAddr: "127.0.0.1:9082", DatabaseURL: "host=/tmp", DBMaxConns: 8,
-		IdentitySecret: secret, IdempotencyRetention: 24 * time.Hour, PurgeInterval: 5 * time.Minute, LogLevel: "info"}
+		IdentitySecret: secret, IdentityPrevious: []string{secret + "-old"}, IdempotencyRetention: 24 * time.Hour, PurgeInterval: 5 * time.Minute, LogLevel: "info"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("loadConfig mismatch (-want +got):\n%s", diff)
 	}
@@ -29,6 +30,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 	tests := []struct{ name, key, value, wantInErr string }{
 		{"no database", "DATABASE_URL", "", "DATABASE_URL"},
 		{"short secret", "IDENTITY_SECRET", "short", "IDENTITY_SECRET"},
+		{"short previous secret", "IDENTITY_SECRET_PREVIOUS", "short", "IDENTITY_SECRET_PREVIOUS"},
 		{"bad retention", "IDEMPOTENCY_RETENTION", "a day", "IDEMPOTENCY_RETENTION"},
 		{"negative retention", "IDEMPOTENCY_RETENTION", "-1h", "IDEMPOTENCY_RETENTION"},
 		{"bad purge interval", "IDEMPOTENCY_PURGE_INTERVAL", "0s", "IDEMPOTENCY_PURGE_INTERVAL"},

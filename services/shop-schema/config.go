@@ -10,20 +10,22 @@ import (
 
 // Config is every setting of the binary, read from the environment once.
 type Config struct {
-	Addr           string        // SHOP_SCHEMA_ADDR (127.0.0.1:8083)
-	AdminAddr      string        // SHOP_SCHEMA_ADMIN_ADDR (127.0.0.1:9083): /metrics and /debug/pprof
-	IdentitySecret string        // IDENTITY_SECRET (required, ≥32 bytes; secret)
-	LogLevel       string        // LOG_LEVEL (info)
-	AllowHosts     []string      // SHOP_SCHEMA_ALLOW_HOSTS (tests only)
-	CAFile         string        // SHOP_SCHEMA_CA_FILE (tests only)
-	Ports          []uint16      // SHOP_SCHEMA_PORTS (443,8443)
-	Timeout        time.Duration // SHOP_SCHEMA_TIMEOUT (20s)
-	ConnectTimeout time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT (5s)
-	MaxBytes       int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
-	MaxCallBytes   int64         // SHOP_SCHEMA_MAX_CALL_BYTES (32 MiB)
-	PageSize       int           // SHOP_SCHEMA_PAGE_SIZE (250)
-	MaxRows        int           // SHOP_SCHEMA_MAX_ROWS (100000)
-	MaxConcurrent  int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
+	Addr           string // SHOP_SCHEMA_ADDR (127.0.0.1:8083)
+	AdminAddr      string // SHOP_SCHEMA_ADMIN_ADDR (127.0.0.1:9083): /metrics and /debug/pprof
+	IdentitySecret string // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	// IdentityPrevious: IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret).
+	IdentityPrevious []string
+	LogLevel         string        // LOG_LEVEL (info)
+	AllowHosts       []string      // SHOP_SCHEMA_ALLOW_HOSTS (tests only)
+	CAFile           string        // SHOP_SCHEMA_CA_FILE (tests only)
+	Ports            []uint16      // SHOP_SCHEMA_PORTS (443,8443)
+	Timeout          time.Duration // SHOP_SCHEMA_TIMEOUT (20s)
+	ConnectTimeout   time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT (5s)
+	MaxBytes         int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
+	MaxCallBytes     int64         // SHOP_SCHEMA_MAX_CALL_BYTES (32 MiB)
+	PageSize         int           // SHOP_SCHEMA_PAGE_SIZE (250)
+	MaxRows          int           // SHOP_SCHEMA_MAX_ROWS (100000)
+	MaxConcurrent    int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
 }
 
 // The range of SHOP_SCHEMA_TIMEOUT and SHOP_SCHEMA_CONNECT_TIMEOUT.
@@ -41,7 +43,6 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	c := Config{
 		Addr:           r.String("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
 		AdminAddr:      r.String("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
-		IdentitySecret: getenv("IDENTITY_SECRET"),
 		LogLevel:       r.LogLevel(),
 		AllowHosts:     r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
 		CAFile:         r.String("SHOP_SCHEMA_CA_FILE", ""),
@@ -54,7 +55,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
-	r.Check(len(c.IdentitySecret) >= 32, "IDENTITY_SECRET must be at least 32 bytes")
+	c.IdentitySecret, c.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	// Compared only when both are valid: a bad one is reported alone.
 	if validTimeout(c.Timeout) && validTimeout(c.ConnectTimeout) {
 		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
@@ -73,7 +74,8 @@ func (c Config) LogValue() slog.Value {
 	}
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
-		slog.String("identity_secret", secret), slog.String("log_level", c.LogLevel),
+		slog.String("identity_secret", secret), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.String("log_level", c.LogLevel),
 		slog.Any("allow_hosts", c.AllowHosts), slog.String("ca_file", c.CAFile),
 		slog.Any("ports", c.Ports), slog.String("timeout", c.Timeout.String()),
 		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxBytes),
