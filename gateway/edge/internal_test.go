@@ -381,3 +381,37 @@ func TestErrorKindsAreAllListed(t *testing.T) {
 		}
 	}
 }
+
+// A request sent again to another instance says so in its trace: the proxy
+// span, which then holds two attempts' server spans, has an event naming
+// the first attempt's failure.
+func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteData(w, 200, "ok", envelope.Meta{})
+	}))
+	t.Cleanup(good.Close)
+	gone := httptest.NewServer(http.NotFoundHandler())
+	g, sr, _ := startInternal(t, map[string]string{
+		"EXPORT_READER_URLS": gone.URL + "," + good.URL, "UPSTREAM_PROBE_INTERVAL": "1h"}, fakeKeys{})
+	gone.Close() // after the first probe found it up: only a request can notice
+	for range 2 { // round-robin: one of the two meets the refusing instance first
+		if resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/coin-1", map[string]string{"X-API-Key": wellFormedKey(t)}); resp.StatusCode != 200 {
+			t.Fatalf("GET = %d %+v, want 200", resp.StatusCode, env.Error)
+		}
+	}
+	events := 0
+	for _, s := range sr.Ended() {
+		for _, ev := range s.Events() {
+			if ev.Name != "sent again to another instance" {
+				continue
+			}
+			events++
+			if s.Name() != "proxy export-reader" || len(ev.Attributes) != 1 || ev.Attributes[0].Value.AsString() != "unreachable" {
+				t.Errorf("event %q on span %q with %v, want it on the proxy span with kind unreachable", ev.Name, s.Name(), ev.Attributes)
+			}
+		}
+	}
+	if events != 1 {
+		t.Errorf("%d repeat events, want 1", events)
+	}
+}

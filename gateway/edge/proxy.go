@@ -111,6 +111,9 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(repeated)).Inc()
 		g.log.WarnContext(rq.ctx, "upstream attempt failed; sent again to another instance",
 			"upstream", rt.Upstream, "kind", errorKind(repeated), "error", repeated.Error())
+		// The trace shows the two attempts' server spans under one proxy
+		// span; this says why there are two.
+		span.AddEvent("sent again to another instance", trace.WithAttributes(attrFailedAttemptKind.String(errorKind(repeated))))
 	}
 	if err == nil && c.Response().StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused

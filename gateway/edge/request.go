@@ -49,6 +49,8 @@ const (
 	attrPlatformID = attribute.Key("platform.id")
 	attrKeyID      = attribute.Key("api_key.id")
 	attrErrorCode  = httpserver.AttrErrorCode // the services' key too
+	// attrFailedAttemptKind is the error kind of an attempt sent again.
+	attrFailedAttemptKind = attribute.Key("upstream.failed_attempt.kind")
 )
 
 // Span start options, built once: each option is an interface value, and
