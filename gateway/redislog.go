@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,41 +18,20 @@ import (
 // skipped ones of its kind counts them.
 type redisLogger struct {
 	log      *slog.Logger
-	interval time.Duration
-	now      func() time.Time
-
-	mu    sync.Mutex
-	kinds map[string]*redisLogKind // by format: go-redis has a handful
-}
-
-type redisLogKind struct {
-	last    time.Time
-	skipped int
+	throttle *logging.Throttle
 }
 
 // redisLogInterval is how often at most a go-redis message is logged.
 const redisLogInterval = 10 * time.Second
 
 func newRedisLogger(log *slog.Logger) *redisLogger {
-	return &redisLogger{log: log, interval: redisLogInterval, now: time.Now, kinds: map[string]*redisLogKind{}}
+	return &redisLogger{log: log, throttle: &logging.Throttle{Interval: redisLogInterval}}
 }
 
 func (l *redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.mu.Lock()
-	now := l.now()
-	k := l.kinds[format]
-	if k == nil {
-		k = &redisLogKind{}
-		l.kinds[format] = k
-	} else if now.Sub(k.last) < l.interval {
-		k.skipped++
-		l.mu.Unlock()
-		return
+	if ok, skipped := l.throttle.Allow(format); ok {
+		l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis", "skipped_since_last", skipped)
 	}
-	skipped := k.skipped
-	k.last, k.skipped = now, 0
-	l.mu.Unlock()
-	l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis", "skipped_since_last", skipped)
 }
 
 // routeRedisLogs installs redisLogger. go-redis keeps its logger in a

@@ -16,7 +16,7 @@ func TestRedisMessagesAreLoggedAtMostOncePerInterval(t *testing.T) {
 	var buf bytes.Buffer
 	l := newRedisLogger(slog.New(slog.NewJSONHandler(&buf, nil)))
 	now := time.Unix(1000, 0)
-	l.now = func() time.Time { return now }
+	l.throttle.Now = func() time.Time { return now }
 	for i := 0; i < 40; i++ { // 4 a second for 10 s
 		l.Printf(context.Background(), "redis: failed to dial after %d attempts", i)
 		now = now.Add(250 * time.Millisecond)

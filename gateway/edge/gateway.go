@@ -20,6 +20,7 @@ import (
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/coinexport/export/pkg/telemetry"
@@ -49,6 +50,10 @@ type Gateway struct {
 	limiter   *ratelimit.Limiter // nil when rate limiting is off
 	rates     map[string]limiter.Rate
 	upstreams map[string]*upstream.Upstream
+	// repeatLog lets through one "sent again" warning per upstream and
+	// kind every repeatLogInterval: a saturated or slow instance makes
+	// every request repeat, when the gateway is busiest.
+	repeatLog logging.Throttle
 	health    healthState
 
 	unroutedMetrics *routeMetrics
@@ -78,7 +83,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 
 // start is Start with a hook tests use to replace parts before serving.
 func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(),
+	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
 		served: make(chan error, 2), limitDone: make(chan struct{})}
 	cleanup := []func(){}
 	defer func() {

@@ -133,6 +133,32 @@ func echoUpstream(t *testing.T, name string, hits *atomic.Int64) *httptest.Serve
 	return srv
 }
 
+// probed wraps h so that the returned channel is closed once the gateway's
+// prober has asked for /healthz: a test that then takes the server away
+// knows the first probe found it up, and only a request can notice.
+func probed(h http.Handler) (http.Handler, <-chan struct{}) {
+	seen := make(chan struct{})
+	var once sync.Once
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			once.Do(func() { close(seen) })
+		}
+		h.ServeHTTP(w, r)
+	}), seen
+}
+
+// closed reports whether ch is closed, for waitFor.
+func closed(ch <-chan struct{}) func() bool {
+	return func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
 // brokenUpstream answers /healthz but drops every API request after
 // reading it, so the request may have been acted on.
 func brokenUpstream(t *testing.T, hits *atomic.Int64) *httptest.Server {

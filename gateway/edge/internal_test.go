@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -382,7 +383,7 @@ func TestErrorKindsAreAllListed(t *testing.T) {
 	}
 }
 
-// A request sent again to another instance says so in its trace: the proxy
+// A request sent again says so in its trace: the proxy
 // span, which then holds two attempts' server spans, has an event naming
 // the first attempt's failure.
 func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
@@ -390,10 +391,19 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 		envelope.WriteData(w, 200, "ok", envelope.Meta{})
 	}))
 	t.Cleanup(good.Close)
-	gone := httptest.NewServer(http.NotFoundHandler())
+	firstProbe := make(chan struct{})
+	var once sync.Once
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(firstProbe) }) // only the prober calls it
+	}))
 	g, sr, _ := startInternal(t, map[string]string{
 		"EXPORT_READER_URLS": gone.URL + "," + good.URL, "UPSTREAM_PROBE_INTERVAL": "1h"}, fakeKeys{})
-	gone.Close() // after the first probe found it up: only a request can notice
+	select {
+	case <-firstProbe:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the prober never asked the instance")
+	}
+	gone.Close()  // after the first probe found it up: only a request can notice
 	for range 2 { // round-robin: one of the two meets the refusing instance first
 		if resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/coin-1", map[string]string{"X-API-Key": wellFormedKey(t)}); resp.StatusCode != 200 {
 			t.Fatalf("GET = %d %+v, want 200", resp.StatusCode, env.Error)
@@ -402,7 +412,7 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 	events := 0
 	for _, s := range sr.Ended() {
 		for _, ev := range s.Events() {
-			if ev.Name != "sent again to another instance" {
+			if ev.Name != "sent again" {
 				continue
 			}
 			events++

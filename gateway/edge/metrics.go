@@ -47,11 +47,12 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_errors_total",
-			Help: "Failed proxy hops by upstream and kind (unavailable, unreachable, timeout, closed, identity_refused, bad_response), also those that a repeat to another instance covered.",
+			Help: "Proxied requests that failed, by upstream and the kind of the last attempt's failure (unavailable, unreachable, timeout, closed, identity_refused, bad_response).",
 		}, []string{"upstream", "kind"}),
 		upstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gateway_upstream_retries_total", Help: "Requests sent a second time to another instance.",
-		}, []string{"upstream"}),
+			Name: "gateway_upstream_retries_total",
+			Help: "Requests sent a second time, by upstream and the kind of the first attempt's failure: failures a client did not see.",
+		}, []string{"upstream", "kind"}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
 		}),
@@ -142,8 +143,8 @@ func (m *metrics) forUpstreams(upstreams []string) {
 	for _, up := range upstreams {
 		for _, kind := range upstreamErrorKinds {
 			m.upstreamErrors.WithLabelValues(up, kind)
+			m.upstreamRetries.WithLabelValues(up, kind)
 		}
-		m.upstreamRetries.WithLabelValues(up)
 	}
 }
 

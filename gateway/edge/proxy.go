@@ -104,16 +104,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	repeated, err := up.Do(req, c.Response(), uri, repeat, affinity)
 	if repeated != nil {
-		// Covered by the repeat, and still a failed hop: counted and logged
-		// (with the instance), or an instance that fails every other
-		// request would show nowhere.
-		g.metrics.upstreamRetries.WithLabelValues(rt.Upstream).Inc()
-		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(repeated)).Inc()
-		g.log.WarnContext(rq.ctx, "upstream attempt failed; sent again to another instance",
-			"upstream", rt.Upstream, "kind", errorKind(repeated), "error", repeated.Error())
-		// The trace shows the two attempts' server spans under one proxy
-		// span; this says why there are two.
-		span.AddEvent("sent again to another instance", trace.WithAttributes(attrFailedAttemptKind.String(errorKind(repeated))))
+		g.noteRepeat(rq, span, rt.Upstream, repeated)
 	}
 	if err == nil && c.Response().StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
@@ -125,6 +116,26 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	c.Response().Header.Del(fiber.HeaderConnection)
 	return nil
+}
+
+// repeatLogInterval is how often at most a "sent again" warning is logged
+// per upstream and kind.
+const repeatLogInterval = 10 * time.Second
+
+// noteRepeat records a request sent a second time after its first attempt
+// failed with err: a failure no client saw, so shown to the operator
+// (counted by kind, logged with the instance, at most once per interval)
+// and in the trace, whose proxy span then holds two attempts' server spans.
+// The second attempt may go to the same instance (a lone one that dropped
+// a kept-alive connection).
+func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, err error) {
+	kind := errorKind(err)
+	g.metrics.upstreamRetries.WithLabelValues(up, kind).Inc()
+	if ok, skipped := g.repeatLog.Allow(up + "/" + kind); ok {
+		g.log.WarnContext(rq.ctx, "upstream attempt failed; request sent again",
+			"upstream", up, "kind", kind, "error", err.Error(), "skipped_since_last", skipped)
+	}
+	span.AddEvent("sent again", trace.WithAttributes(attrFailedAttemptKind.String(kind)))
 }
 
 // errIdentityRefused is a service's 401. The gateway has already checked

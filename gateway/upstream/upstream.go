@@ -50,8 +50,9 @@ type Options struct {
 	MaxConns int
 	// OnStateChange, if set, hears of an instance marked down (it refused a
 	// connection, or its health probe failed) and of one whose probe
-	// answers again: once per change, on the goroutine that saw it, which
-	// it must not hold up.
+	// answers again: once per change, in the order of the changes, on the
+	// goroutine that saw it and under the instance's state lock, so it
+	// must return quickly.
 	OnStateChange func(StateChange)
 	// ReadWholeUpTo, when above zero, makes every answer be read whole
 	// before the first byte goes to the client, and bounds it: an instance
@@ -78,11 +79,16 @@ type Instance struct {
 	// instance dropped when it restarted, or a healthy instance would be
 	// taken out under load or for long after a restart.
 	probe     *fasthttp.HostClient
-	downUntil atomic.Int64 // Unix ns; 0 = up
-	// reportedDown is whether the last change told (OnStateChange) was a
+	downUntil atomic.Int64 // Unix ns; 0 = up; read by pick without a lock
+	// stateMu orders the changes of downUntil that are told with the
+	// telling, so that the last change told is the state in force: a
+	// request that saw a refusal and the prober that saw an answer may
+	// race. Only failures and the prober take it.
+	stateMu sync.Mutex
+	// toldDown is whether the last change told (OnStateChange) was a
 	// down: a dead instance is marked down again on every probe and every
 	// refused connection, and told once.
-	reportedDown atomic.Bool
+	toldDown bool
 	// seed is the instance's own hash for rendezvous hashing: derived from
 	// its address, so every gateway ranks the instances alike.
 	seed uint64
@@ -259,7 +265,8 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header)
 	}
-	return err, u.send(second, req, resp, requestURI)
+	firstErr := err
+	return firstErr, u.send(second, req, resp, requestURI)
 }
 
 func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string) error {
@@ -362,16 +369,22 @@ func (inst *Instance) upAt(now int64) bool { return inst.downUntil.Load() <= now
 
 // markDown skips inst for d, and tells of it if it was up.
 func (u *Upstream) markDown(inst *Instance, d time.Duration, reason string) {
+	inst.stateMu.Lock()
+	defer inst.stateMu.Unlock()
 	inst.downUntil.Store(time.Now().Add(d).UnixNano())
-	if inst.reportedDown.CompareAndSwap(false, true) {
+	if !inst.toldDown {
+		inst.toldDown = true
 		u.tell(inst, false, reason)
 	}
 }
 
 // markUp takes inst back at once, and tells of it if it was down.
 func (u *Upstream) markUp(inst *Instance) {
+	inst.stateMu.Lock()
+	defer inst.stateMu.Unlock()
 	inst.downUntil.Store(0)
-	if inst.reportedDown.CompareAndSwap(true, false) {
+	if inst.toldDown {
+		inst.toldDown = false
 		u.tell(inst, true, "its health probe answers")
 	}
 }

@@ -211,8 +211,8 @@ func TestStateChangesAreToldOnceEach(t *testing.T) {
 			t.Fatalf("no change told, want %+v", w)
 		}
 	}
+	time.Sleep(150 * time.Millisecond) // probes that find it up again, untold
 	stop()
-	time.Sleep(50 * time.Millisecond)
 	if len(changes) != 0 {
 		t.Errorf("%d more changes told, want none: %+v", len(changes), <-changes)
 	}

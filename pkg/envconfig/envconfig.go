@@ -81,9 +81,17 @@ func (r *Reader) List(name, def string) []string {
 // the comma-separated secrets accepted besides it while it is rotated (each
 // at least 32 bytes): what they signed is still read, and what is signed
 // uses name alone.
+//
+// A rotation moves a value from one variable to the other, so a value must
+// read the same in both: the list's entries are trimmed, and the current
+// secret, read as it is (an older release did so), is refused if it would
+// not survive that (surrounding whitespace, such as the newline a secret
+// made from a file may end with, or a comma).
 func (r *Reader) Secret(name string) (current string, previous []string) {
 	current = r.getenv(name)
 	r.Check(len(current) >= 32, name+" must be at least 32 bytes")
+	r.Check(len(current) < 32 || (current == strings.TrimSpace(current) && !strings.Contains(current, ",")),
+		name+" must not begin or end with whitespace nor hold a comma: moved to "+name+"_PREVIOUS when rotated, it would read differently")
 	previous = r.List(name+"_PREVIOUS", "")
 	for _, p := range previous {
 		if len(p) < 32 {

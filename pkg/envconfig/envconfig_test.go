@@ -66,4 +66,20 @@ func TestSecret(t *testing.T) {
 	if err != nil && strings.Contains(err.Error(), "short-") {
 		t.Errorf("Err() = %q quotes a secret", err)
 	}
+	// A value that would read differently once moved to K_PREVIOUS.
+	for _, bad := range []string{long + "\n", " " + long, long[:16] + "," + long[16:]} {
+		r = New(env(map[string]string{"K": bad}))
+		r.Secret("K")
+		if err := r.Err(); err == nil || !strings.Contains(err.Error(), "K must not begin or end with whitespace nor hold a comma") {
+			t.Errorf("Secret(K=%q): Err() = %v, want the value refused", bad, err)
+		}
+	}
+	// What is accepted as K reads the same as an entry of K_PREVIOUS.
+	r = New(env(map[string]string{"K": long + "-new", "K_PREVIOUS": long}))
+	_, previous = r.Secret("K")
+	moved := New(env(map[string]string{"K": previous[0], "K_PREVIOUS": long + "-new"}))
+	current, previous = moved.Secret("K")
+	if current != long || previous[0] != long+"-new" || moved.Err() != nil {
+		t.Errorf("after the swap: K = %q, K_PREVIOUS = %q, %v; want the two values unchanged", current, previous, moved.Err())
+	}
 }

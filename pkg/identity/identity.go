@@ -209,9 +209,10 @@ func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, 
 	return id, nil
 }
 
-// Renew signs again, at now, the identity that get reads, passing each
-// header to set, as SignInto does. Only an identity this Signer signed is
-// renewed, whatever its age; anything else is ErrUnsigned. The gateway
+// Renew signs again, at now and with the current secret, the identity that
+// get reads, passing each header to set, as SignInto does. Only an identity
+// this Signer signed or accepts (a previous secret) is renewed, whatever its
+// age; anything else is ErrUnsigned. The gateway
 // renews a request it sends again to another instance after waiting on the
 // first, so that it never arrives with a stale signature.
 func (s *Signer) Renew(get func(name string) string, set func(name string, value []byte), now time.Time) error {

@@ -69,8 +69,11 @@ func TestRun(t *testing.T) {
 	var runErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		// Mid-rotation (README, "Rotating IDENTITY_SECRET"): the request
+		// below is signed with the previous secret.
 		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
-			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
+			"IDENTITY_SECRET": secret + "-rotated", "IDENTITY_SECRET_PREVIOUS": secret,
+			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
 	})
 	signer, _ := identity.NewSigner(secret)
 	var resp *http.Response

@@ -43,9 +43,13 @@ func TestRunServesAndStops(t *testing.T) {
 	}
 
 	addr, admin := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	// Mid-rotation (README, "Rotating IDENTITY_SECRET"): the requests below
+	// are signed with the previous secret, as a gateway not yet replaced
+	// signs them.
+	newSecret := secret + "-rotated"
 	vars := map[string]string{
-		"DATABASE_URL": dsn + " password=not-a-real-password", "IDENTITY_SECRET": secret,
-		"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": admin,
+		"DATABASE_URL": dsn + " password=not-a-real-password", "IDENTITY_SECRET": newSecret,
+		"IDENTITY_SECRET_PREVIOUS": secret, "SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": admin,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var out testenv.Output
@@ -56,7 +60,8 @@ func TestRunServesAndStops(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Errorf("run() = %v, want nil after a clean stop", err)
 		}
-		if strings.Contains(out.String(), "not-a-real-password") || strings.Contains(out.String(), secret) {
+		if strings.Contains(out.String(), "not-a-real-password") || strings.Contains(out.String(), secret) ||
+			strings.Contains(out.String(), newSecret) {
 			t.Errorf("logs contain a secret:\n%s", out.String())
 		}
 	}()

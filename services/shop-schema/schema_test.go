@@ -282,7 +282,10 @@ func TestSchemaRefusesQueryParameters(t *testing.T) {
 func TestSchemaEmptyShop(t *testing.T) {
 	shop := &fakeshop.Shop{Version: "9", Languages: []fakeshop.Lang{{ID: 1, ISO: "en", Active: true}}}
 	shop.Start(t.Cleanup)
-	svc := startService(t, shop, nil)
+	// Mid-rotation (README, "Rotating IDENTITY_SECRET"): the request is
+	// signed with the previous secret (svc.signer), as a gateway not yet
+	// replaced signs it.
+	svc := startService(t, shop, map[string]string{"IDENTITY_SECRET": testSecret + "-rotated", "IDENTITY_SECRET_PREVIOUS": testSecret})
 	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
 	if status != http.StatusOK {
 		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
