@@ -85,12 +85,15 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 // key: by name, or by a value of a key's shape.
 func keyInQuery(c *fiber.Ctx) bool {
 	for k, v := range c.Request().URI().QueryArgs().All() {
-		if keyParamName(k) || (len(v) == apikey.Len && apikey.WellFormed(string(v))) {
+		if keyParamName(k) || isKey(v) || isKey(k) { // "?<key>" is a name alone
 			return true
 		}
 	}
 	return false
 }
+
+// isKey reports whether b has the shape and checksum of an API key.
+func isKey(b []byte) bool { return len(b) == apikey.Len && apikey.WellFormed(string(b)) }
 
 // keyParamNames are the parameter names refused as carrying a key.
 var keyParamNames = []string{"api_key", "apikey", "x-api-key", "x_api_key", "key"}

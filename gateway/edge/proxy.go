@@ -216,7 +216,7 @@ func scrubHeaders(h *fasthttp.RequestHeader) (encoded bool) {
 	names, drop := namesBuf[:0], ends[:0]
 	for k, v := range h.All() {
 		lower := appendLower(lowerBuf[:0], k)
-		if string(lower) == "content-encoding" && !bytes.EqualFold(v, []byte("identity")) {
+		if string(lower) == "content-encoding" && !noCoding(v) {
 			encoded = true // each of the header's lines is seen here
 		}
 		if !forwardedHeaders[string(lower)] {
@@ -232,6 +232,13 @@ func scrubHeaders(h *fasthttp.RequestHeader) (encoded bool) {
 	// Cookies are kept apart from the other headers by fasthttp.
 	h.DelAllCookies()
 	return encoded
+}
+
+// noCoding reports whether a Content-Encoding value names no coding:
+// identity, or nothing.
+func noCoding(v []byte) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) == 0 || bytes.EqualFold(v, []byte("identity"))
 }
 
 // appendLower appends ASCII-lowercased b to dst.

@@ -320,7 +320,16 @@ func (u *Upstream) pick(not *Instance, affinity string) *Instance {
 	now := time.Now().UnixNano()
 	instances := u.current()
 	n := uint64(len(instances))
-	start := u.next.Add(1)
+	// A repeat (not set) looks on from the first attempt's turn without
+	// taking one: taking it would hand the next request the same first
+	// instance, so one that answers its probe but drops requests would be
+	// every request's first attempt.
+	var start uint64
+	if not == nil {
+		start = u.next.Add(1)
+	} else {
+		start = u.next.Load()
+	}
 	for i := uint64(0); i < n; i++ {
 		inst := instances[(start+i)%n]
 		if inst != not && inst.upAt(now) {

@@ -217,3 +217,32 @@ func TestStateChangesAreToldOnceEach(t *testing.T) {
 		t.Errorf("%d more changes told, want none: %+v", len(changes), <-changes)
 	}
 }
+
+// A repeat takes no round-robin turn: with an instance that answers its
+// probe but drops every request, requests still alternate their first
+// attempt, instead of every one meeting the broken instance first.
+func TestRepeatTakesNoTurn(t *testing.T) {
+	var brokenHits atomic.Int64
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		brokenHits.Add(1)
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			conn.Close()
+		}
+	}))
+	defer broken.Close()
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer good.Close()
+	u, err := New("svc", []string{good.URL, broken.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for i := 0; i < n; i++ {
+		if _, status, err := send(u, Repeat{Always: true}); err != nil || status != 200 {
+			t.Fatalf("request %d = %d, %v; want 200 after a repeat when needed", i, status, err)
+		}
+	}
+	if got := brokenHits.Load(); got != n/2 {
+		t.Errorf("the broken instance was the first attempt of %d requests of %d, want %d", got, n, n/2)
+	}
+}
