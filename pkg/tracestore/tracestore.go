@@ -37,6 +37,14 @@ type Span struct {
 	DurationMS float64           `json:"duration_ms"`
 	StatusCode string            `json:"status,omitempty"`
 	Attributes map[string]string `json:"attributes,omitempty"`
+	Events     []Event           `json:"events,omitempty"`
+}
+
+// Event is one event of a span (the gateway's "sent again", an error
+// recorded), flattened.
+type Event struct {
+	Name       string            `json:"name"`
+	Attributes map[string]string `json:"attributes,omitempty"`
 }
 
 // Store receives and keeps spans.
@@ -140,9 +148,10 @@ func flatten(req *collectortrace.ExportTraceServiceRequest) []Span {
 		service := attrValue(rs.GetResource().GetAttributes(), "service.name")
 		for _, ss := range rs.GetScopeSpans() {
 			for _, sp := range ss.GetSpans() {
-				attrs := map[string]string{}
-				for _, kv := range sp.GetAttributes() {
-					attrs[kv.GetKey()] = anyString(kv.GetValue())
+				attrs := flattenAttrs(sp.GetAttributes())
+				var events []Event
+				for _, ev := range sp.GetEvents() {
+					events = append(events, Event{Name: ev.GetName(), Attributes: flattenAttrs(ev.GetAttributes())})
 				}
 				start := time.Unix(0, int64(sp.GetStartTimeUnixNano()))
 				out = append(out, Span{
@@ -156,11 +165,20 @@ func flatten(req *collectortrace.ExportTraceServiceRequest) []Span {
 					DurationMS: float64(sp.GetEndTimeUnixNano()-sp.GetStartTimeUnixNano()) / 1e6,
 					StatusCode: sp.GetStatus().GetCode().String(),
 					Attributes: attrs,
+					Events:     events,
 				})
 			}
 		}
 	}
 	return out
+}
+
+func flattenAttrs(kvs []*commonpb.KeyValue) map[string]string {
+	attrs := map[string]string{}
+	for _, kv := range kvs {
+		attrs[kv.GetKey()] = anyString(kv.GetValue())
+	}
+	return attrs
 }
 
 func attrValue(kvs []*commonpb.KeyValue, key string) string {

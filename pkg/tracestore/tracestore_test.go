@@ -10,10 +10,12 @@ import (
 	"testing"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
@@ -31,7 +33,8 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("svc"))))
 	tracer := tp.Tracer("test")
 	ctx, parent := tracer.Start(ctx, "parent")
-	_, child := tracer.Start(ctx, "child")
+	_, child := tracer.Start(ctx, "child", trace.WithAttributes(attribute.String("app.error_code", "not_found")))
+	child.AddEvent("sent again", trace.WithAttributes(attribute.String("upstream.failed_attempt.kind", "closed")))
 	child.End()
 	parent.End()
 	if err := tp.Shutdown(context.Background()); err != nil {
@@ -46,8 +49,9 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	var tree bytes.Buffer
 	WriteTree(&tree, spans)
 	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") {
-		t.Errorf("WriteTree =\n%s\nwant parent then indented child, service svc", tree.String())
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") ||
+		!strings.Contains(lines[1], "app.error_code=not_found") || lines[2] != "    · sent again upstream.failed_attempt.kind=closed" {
+		t.Errorf("WriteTree =\n%s\nwant parent, then the indented child with its error code, then its event", tree.String())
 	}
 	if got := strings.Count(file.String(), "\n"); got != 2 {
 		t.Errorf("file has %d lines, want 2", got)

@@ -26,6 +26,9 @@ func WriteTree(w io.Writer, spans []Span) {
 	walk = func(sp Span, depth int) {
 		fmt.Fprintf(w, "%s%-*s %-14s %-8s %8.2f ms %s\n", strings.Repeat("  ", depth), 48-2*depth, sp.Name,
 			sp.Service, strings.TrimPrefix(sp.Kind, "SPAN_KIND_"), sp.DurationMS, interesting(sp.Attributes))
+		for _, ev := range sp.Events {
+			fmt.Fprintf(w, "%s  · %s %s\n", strings.Repeat("  ", depth), ev.Name, allAttrs(ev.Attributes))
+		}
 		kids := children[sp.SpanID]
 		sort.SliceStable(kids, func(i, j int) bool { return kids[i].Start.Before(kids[j].Start) })
 		for _, k := range kids {
@@ -40,10 +43,24 @@ func WriteTree(w io.Writer, spans []Span) {
 // interesting picks the attributes an SRE reads first.
 func interesting(attrs map[string]string) string {
 	var parts []string
-	for _, k := range []string{"http.response.status_code", "http.status_code", "owner.id", "platform.id", "item.id", "error.code", "db.operation.name", "export.read_ahead"} {
+	for _, k := range []string{"http.response.status_code", "http.status_code", "app.error_code", "error.type", "owner.id", "platform.id", "item.id", "db.operation.name", "export.read_ahead"} {
 		if v, ok := attrs[k]; ok {
 			parts = append(parts, k+"="+v)
 		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// allAttrs shows an event's attributes, sorted by key.
+func allAttrs(attrs map[string]string) string {
+	keys := make([]string, 0, len(attrs))
+	for k := range attrs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + attrs[k]
 	}
 	return strings.Join(parts, " ")
 }
