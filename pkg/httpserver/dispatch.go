@@ -93,6 +93,7 @@ func (s *Server) dispatch() http.Handler {
 		}
 		id, err := s.cfg.Signer.Verify(r.Header.Get, time.Now())
 		if err != nil {
+			s.logRefused(r)
 			envelope.WriteError(rec, http.StatusUnauthorized, "unauthenticated",
 				"the request did not come through the gateway", RequestID(r))
 			return
@@ -118,6 +119,17 @@ func (s *Server) dispatch() http.Handler {
 		}
 		s.routes.ServeHTTP(rec, r)
 	})
+}
+
+// logRefused says why a request was refused, at most once per interval:
+// during a secret rotation done in one step instead of two, this line on
+// the service's side names the cause the gateway's 502 cannot.
+func (s *Server) logRefused(r *http.Request) {
+	if ok, skipped := s.refusedLog.Allow("identity"); ok {
+		s.cfg.Log.WarnContext(r.Context(), "request refused: its identity is unsigned, signed with a secret other than "+
+			"IDENTITY_SECRET and IDENTITY_SECRET_PREVIOUS, or older than identity.MaxSkew (clocks apart)",
+			"skipped_since_last", skipped, "signed", r.Header.Get(identity.HeaderSignature) != "")
+	}
 }
 
 func annotate(r *http.Request, id identity.Identity) {

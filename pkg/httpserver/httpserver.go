@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel"
@@ -46,7 +47,14 @@ type Server struct {
 	metrics  *httpMetrics
 	tracer   trace.Tracer
 	handler  http.Handler
+	// refusedLog lets through one "identity refused" warning per interval:
+	// every request of a gateway whose secret differs is refused, and so
+	// is anything that reaches the port without the gateway.
+	refusedLog *logging.Throttle
 }
+
+// refusedLogInterval is how often at most a refused identity is logged.
+const refusedLogInterval = 10 * time.Second
 
 // New wraps routes. Register every route of the service on routes before
 // calling Handler or Run; patterns use Go 1.22 syntax ("GET /v1/x/{id}").
@@ -61,7 +69,8 @@ func New(cfg Config, routes *http.ServeMux) *Server {
 		tp = otel.GetTracerProvider()
 	}
 	s := &Server{cfg: cfg, routes: routes, registry: reg, metrics: newHTTPMetrics(reg),
-		tracer: tp.Tracer("github.com/coinexport/export/pkg/httpserver")}
+		tracer:     tp.Tracer("github.com/coinexport/export/pkg/httpserver"),
+		refusedLog: &logging.Throttle{Interval: refusedLogInterval}}
 	s.handler = s.traced(s.dispatch())
 	return s
 }

@@ -104,6 +104,13 @@ func TestDispatch(t *testing.T) {
 	if !strings.Contains(logs.String(), `"route":"GET /v1/things/{id}"`) || strings.Count(logs.String(), `"msg":"panic"`) != 1 {
 		t.Errorf("logs lack the route of the access line or the single panic line:\n%s", logs.String())
 	}
+	// Refused again within the interval: still one line saying why.
+	if resp, err := http.Get(ts.URL + "/v1/things/1"); err == nil {
+		resp.Body.Close()
+	}
+	if n := strings.Count(logs.String(), `"msg":"request refused: its identity is unsigned`); n != 1 {
+		t.Errorf("%d lines saying why an identity was refused, want 1:\n%s", n, logs.String())
+	}
 }
 
 func TestHealthNeedsNoIdentity(t *testing.T) {
