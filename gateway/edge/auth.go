@@ -82,7 +82,7 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 }
 
 // keyInQuery reports a query parameter that looks like it carries an API
-// key: by name, or by a value of a key's shape.
+// key: by its name, or by a value or a name of a key's shape.
 func keyInQuery(c *fiber.Ctx) bool {
 	for k, v := range c.Request().URI().QueryArgs().All() {
 		if keyParamName(k) || isKey(v) || isKey(k) { // "?<key>" is a name alone
