@@ -115,6 +115,17 @@ func RedactPath(path string) (string, bool) {
 	return strings.Join(segments, "/"), true
 }
 
+// ContainsKey reports whether s holds a well-formed key anywhere in it, for
+// free text a client sends (a User-Agent) that spans record.
+func ContainsKey(s string) bool {
+	for i := 0; i+Len <= len(s); i++ {
+		if s[i] == TagRead[0] && WellFormed(s[i:i+Len]) { // every tag begins with "cx"
+			return true
+		}
+	}
+	return false
+}
+
 func hasKeySegment(path string) bool {
 	for segment := range strings.SplitSeq(path, "/") {
 		if isKeySegment(segment) {

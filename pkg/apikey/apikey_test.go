@@ -125,3 +125,30 @@ func TestChecksumMatchesBase62(t *testing.T) {
 		}
 	}
 }
+
+func TestContainsKey(t *testing.T) {
+	key, _, err := Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := "A" // the checksum's last character changed
+	if key[Len-1] == 'A' {
+		other = "B"
+	}
+	broken := key[:Len-1] + other
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{key, true},
+		{"sync/1.0 (" + key + ")", true},
+		{"x" + key, true},
+		{"sync/1.0", false},
+		{key[:Len-1], false},
+		{"sync/1.0 (" + broken + ")", false},
+	} {
+		if got := ContainsKey(tc.s); got != tc.want {
+			t.Errorf("ContainsKey(%q) = %v, want %v", tc.s, got, tc.want)
+		}
+	}
+}

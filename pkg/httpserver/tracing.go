@@ -46,6 +46,9 @@ func requestAttrs(r *http.Request) []attribute.KeyValue {
 		semconv.URLPath(redactedPath(r.URL.Path)),
 	}
 	if ua := r.UserAgent(); ua != "" {
+		if apikey.ContainsKey(ua) { // forwarded by the gateway as clients send it
+			ua = "[holds an API key]"
+		}
 		attrs = append(attrs, semconv.UserAgentOriginal(ua))
 	}
 	return attrs

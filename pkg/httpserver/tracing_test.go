@@ -15,9 +15,13 @@ func TestSpanPathHoldsNoKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := httptest.NewRequest("GET", "/v1/export/items/"+key, nil)
+	r.Header.Set("User-Agent", "sync/1.0 ("+key+")")
 	for _, a := range requestAttrs(r) {
 		if a.Key == "url.path" && a.Value.AsString() != "/v1/export/items/[key]" {
 			t.Errorf("url.path = %q, want the key redacted", a.Value.AsString())
+		}
+		if a.Key == "user_agent.original" && a.Value.AsString() != "[holds an API key]" {
+			t.Errorf("user_agent.original = %q, want it replaced", a.Value.AsString())
 		}
 		if strings.Contains(a.Value.String(), key) {
 			t.Errorf("attribute %s holds the key", a.Key)
