@@ -28,13 +28,10 @@ func (g *Gateway) newApp() *fiber.App {
 		StrictRouting: true,
 		BodyLimit:     bodyReadLimit, // BodyLimit is enforced in serve
 
-		ReadBufferSize:          g.cfg.MaxHeaderBytes,
-		ReadTimeout:             g.cfg.ReadTimeout,
-		WriteTimeout:            g.cfg.WriteTimeout,
-		IdleTimeout:             g.cfg.IdleTimeout,
-		ProxyHeader:             g.cfg.ProxyHeader,
-		EnableTrustedProxyCheck: len(g.cfg.TrustedProxies) > 0,
-		TrustedProxies:          g.cfg.TrustedProxies,
+		ReadBufferSize: g.cfg.MaxHeaderBytes,
+		ReadTimeout:    g.cfg.ReadTimeout,
+		WriteTimeout:   g.cfg.WriteTimeout,
+		IdleTimeout:    g.cfg.IdleTimeout,
 		// Errors Fiber raises before a handler runs (413, 431, 408, 400).
 		ErrorHandler: g.serverError,
 	})

@@ -1,7 +1,9 @@
 package edge
 
 import (
+	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
@@ -15,21 +17,21 @@ import (
 // Config is everything the gateway reads from its environment. Each field's
 // variable and default are beside it; README.md has the same table.
 type Config struct {
-	Addr             string        // GATEWAY_ADDR (127.0.0.1:8080)
-	AdminAddr        string        // GATEWAY_ADMIN_ADDR (127.0.0.1:9080): /metrics, /debug/pprof
-	DatabaseURL      string        // DATABASE_URL (required; secret)
-	RedisURL         string        // REDIS_URL (redis://127.0.0.1:6379/0; secret)
-	IdentitySecret   string        // IDENTITY_SECRET (required, ≥32 bytes; secret)
-	IdentityPrevious []string      // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
-	LogLevel         string        // LOG_LEVEL (info)
-	TrustTraceparent bool          // GATEWAY_TRUST_TRACEPARENT (false)
-	ProxyHeader      string        // GATEWAY_PROXY_HEADER (""): client IP header set by a trusted proxy
-	TrustedProxies   []string      // GATEWAY_TRUSTED_PROXIES (""): comma-separated IPs/CIDRs allowed to set it
-	MaxHeaderBytes   int           // GATEWAY_MAX_HEADER_BYTES (8192)
-	ReadTimeout      time.Duration // GATEWAY_READ_TIMEOUT (15s)
-	WriteTimeout     time.Duration // GATEWAY_WRITE_TIMEOUT (60s)
-	IdleTimeout      time.Duration // GATEWAY_IDLE_TIMEOUT (60s)
-	ShutdownTimeout  time.Duration // GATEWAY_SHUTDOWN_TIMEOUT (15s)
+	Addr             string         // GATEWAY_ADDR (127.0.0.1:8080)
+	AdminAddr        string         // GATEWAY_ADMIN_ADDR (127.0.0.1:9080): /metrics, /debug/pprof
+	DatabaseURL      string         // DATABASE_URL (required; secret)
+	RedisURL         string         // REDIS_URL (redis://127.0.0.1:6379/0; secret)
+	IdentitySecret   string         // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	IdentityPrevious []string       // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
+	LogLevel         string         // LOG_LEVEL (info)
+	TrustTraceparent bool           // GATEWAY_TRUST_TRACEPARENT (false)
+	ProxyHeader      string         // GATEWAY_PROXY_HEADER (""): client IP header set by a trusted proxy
+	TrustedProxies   []netip.Prefix // GATEWAY_TRUSTED_PROXIES (""): comma-separated IPs/CIDRs allowed to set it; required with ProxyHeader
+	MaxHeaderBytes   int            // GATEWAY_MAX_HEADER_BYTES (8192)
+	ReadTimeout      time.Duration  // GATEWAY_READ_TIMEOUT (15s)
+	WriteTimeout     time.Duration  // GATEWAY_WRITE_TIMEOUT (60s)
+	IdleTimeout      time.Duration  // GATEWAY_IDLE_TIMEOUT (60s)
+	ShutdownTimeout  time.Duration  // GATEWAY_SHUTDOWN_TIMEOUT (15s)
 
 	ExportReaderURLs []string // EXPORT_READER_URLS (http://127.0.0.1:8081)
 	SalesWriterURLs  []string // SALES_WRITER_URLS (http://127.0.0.1:8082)
@@ -87,7 +89,6 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		LogLevel:         r.LogLevel(),
 		TrustTraceparent: r.Bool("GATEWAY_TRUST_TRACEPARENT", false),
 		ProxyHeader:      r.String("GATEWAY_PROXY_HEADER", ""),
-		TrustedProxies:   r.List("GATEWAY_TRUSTED_PROXIES", ""),
 		MaxHeaderBytes:   r.Int("GATEWAY_MAX_HEADER_BYTES", 8192, 1024, 1<<20),
 		ReadTimeout:      timeout("GATEWAY_READ_TIMEOUT", 15*time.Second),
 		WriteTimeout:     timeout("GATEWAY_WRITE_TIMEOUT", 60*time.Second),
@@ -124,6 +125,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
+	trusted, err := parseTrustedProxies(r.List("GATEWAY_TRUSTED_PROXIES", ""))
+	r.Check(err == nil, fmt.Sprint(err))
+	cfg.TrustedProxies = trusted
+	// A proxy header believed from anyone is the client's own claim: it
+	// would pick its per-IP rate-limit bucket and its logged address.
+	r.Check(cfg.ProxyHeader == "" || len(cfg.TrustedProxies) > 0,
+		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
 	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
 		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)

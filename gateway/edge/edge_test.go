@@ -848,3 +848,33 @@ func TestExpectContinueIsRefusedForABodyOverTheLimit(t *testing.T) {
 		t.Errorf("after 100 Continue and the body: %d %s, want the writer's 200", final.StatusCode, b)
 	}
 }
+
+// Behind a trusted proxy the client IP is the right-most address it did not
+// append itself; what the client wrote into X-Forwarded-For is not believed,
+// and from an untrusted peer the header is ignored.
+func TestClientIPBehindATrustedProxy(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	for _, tc := range []struct {
+		name, trusted, want string
+	}{
+		{"loopback trusted", "127.0.0.1", "198.51.100.4"},
+		{"loopback not trusted", "10.0.0.0/8", "127.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+				"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": tc.trusted})
+			r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read,
+				"X-Forwarded-For": "1.1.1.1, 198.51.100.4"}, nil)
+			if r.Status != 200 {
+				t.Fatalf("GET = %d %s, want 200", r.Status, r.Body)
+			}
+			if got := http.Header(decodeSeen(t, r).Headers).Get("X-Forwarded-For"); got != tc.want {
+				t.Errorf("the service was told the client is %q, want %q", got, tc.want)
+			}
+			if !strings.Contains(gw.Logs.String(), `"client_ip":"`+tc.want+`"`) {
+				t.Errorf("access line lacks client_ip %s:\n%s", tc.want, gw.Logs.String())
+			}
+		})
+	}
+}

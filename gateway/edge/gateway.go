@@ -50,6 +50,9 @@ type Gateway struct {
 	limiter   *ratelimit.Limiter // nil when rate limiting is off
 	rates     map[string]limiter.Rate
 	upstreams map[string]*upstream.Upstream
+	// clientAddr reads the client IP (GATEWAY_PROXY_HEADER, only from
+	// GATEWAY_TRUSTED_PROXIES).
+	clientAddr clientAddress
 	// repeatLog lets through one "sent again" warning per upstream and
 	// kind every repeatLogInterval: a saturated or slow instance makes
 	// every request repeat, when the gateway is busiest.
@@ -84,7 +87,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 // start is Start with a hook tests use to replace parts before serving.
 func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
 	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
-		served: make(chan error, 2), limitDone: make(chan struct{})}
+		clientAddr: clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
+		served:     make(chan error, 2), limitDone: make(chan struct{})}
 	cleanup := []func(){}
 	defer func() {
 		if err != nil {

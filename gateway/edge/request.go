@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -88,12 +89,12 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 
 // clientIP is the caller's address, as a string of its own.
 func (g *Gateway) clientIP(c *fiber.Ctx) string {
-	ip := c.IP()
-	if g.cfg.ProxyHeader != "" {
-		// Then it is a header value, in a buffer Fiber reuses.
-		ip = strings.Clone(ip)
+	peer := c.Context().RemoteIP()
+	if g.clientAddr.header == "" {
+		return peer.String()
 	}
-	return ip
+	addr, _ := netip.AddrFromSlice(peer)
+	return g.clientAddr.of(addr.Unmap(), c.Request().Header.PeekAll(g.clientAddr.header)).String()
 }
 
 // stableMethod returns m as a constant (m points into a buffer that is

@@ -1,0 +1,93 @@
+package edge
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// clientAddress finds a request's client IP, for the per-IP limits, logs,
+// spans and the X-Forwarded-For the services get.
+//
+// Without a proxy header (GATEWAY_PROXY_HEADER) it is the connection's
+// peer. With one, the header is read only from a peer in
+// GATEWAY_TRUSTED_PROXIES: from anyone else it is the client's own claim,
+// and would let it pick its rate-limit bucket. The header may list
+// addresses, each proxy appending the one it saw (X-Forwarded-For), and a
+// client may send it already filled: the client is the right-most address
+// that is not a trusted proxy, as nginx's real_ip_recursive reads it; what
+// lies left of it was written by the client or by proxies not trusted.
+type clientAddress struct {
+	header  string
+	trusted []netip.Prefix
+}
+
+// of returns the client IP of a request from peer whose proxy header has
+// the lines values (fasthttp's PeekAll, in order).
+func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
+	if a.header == "" || !a.isTrusted(peer) {
+		return peer
+	}
+	client := peer
+	for line := len(values) - 1; line >= 0; line-- {
+		rest := values[line]
+		for len(rest) > 0 {
+			field := rest
+			if i := bytes.LastIndexByte(rest, ','); i >= 0 {
+				field, rest = rest[i+1:], rest[:i]
+			} else {
+				rest = nil
+			}
+			addr, ok := parseForwardedAddr(field)
+			if !ok {
+				return client // what lies left of a malformed entry is not trusted
+			}
+			client = addr
+			if !a.isTrusted(addr) {
+				return addr
+			}
+		}
+	}
+	return client
+}
+
+func (a clientAddress) isTrusted(addr netip.Addr) bool {
+	for _, p := range a.trusted {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseForwardedAddr reads one entry of a forwarding header: an IP, or an
+// IP with a port as some proxies write it.
+func parseForwardedAddr(field []byte) (netip.Addr, bool) {
+	s := strings.TrimSpace(string(field))
+	if addr, err := netip.ParseAddr(s); err == nil {
+		return addr.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// parseTrustedProxies reads GATEWAY_TRUSTED_PROXIES' entries: IPs or CIDRs.
+func parseTrustedProxies(entries []string) ([]netip.Prefix, error) {
+	prefixes := make([]netip.Prefix, 0, len(entries))
+	for _, e := range entries {
+		if p, err := netip.ParsePrefix(e); err == nil {
+			prefixes = append(prefixes, p.Masked())
+			continue
+		}
+		addr, err := netip.ParseAddr(e)
+		if err != nil {
+			return nil, fmt.Errorf("GATEWAY_TRUSTED_PROXIES must list IPs or CIDRs, comma-separated")
+		}
+		addr = addr.Unmap()
+		prefixes = append(prefixes, netip.PrefixFrom(addr, addr.BitLen()))
+	}
+	return prefixes, nil
+}
