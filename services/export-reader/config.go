@@ -34,7 +34,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		Addr:           r.String("EXPORT_READER_ADDR", "127.0.0.1:8081"),
 		AdminAddr:      r.String("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
-		DatabaseURL:    r.String("READ_DATABASE_URL", getenv("DATABASE_URL")),
+		DatabaseURL:    r.String("READ_DATABASE_URL", r.String("DATABASE_URL", "")),
 		DBMaxConns:     r.Int("EXPORT_READER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
 		ReadAheadPages: r.Int("EXPORT_READER_READ_AHEAD_PAGES", 256, 0, 8192), // 8192 pages ≈ 1 GB

@@ -46,6 +46,8 @@ func TestLoadConfig(t *testing.T) {
 	}
 	for _, bad := range []map[string]string{
 		{"CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
+		{"DATABASE_URL": "   ", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "IDENTITY_SECRET_PREVIOUS": "short"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": "short", "IDENTITY_SECRET": secret},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_DB_MAX_CONNS": "0"},

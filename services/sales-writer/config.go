@@ -29,7 +29,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		Addr:                 r.String("SALES_WRITER_ADDR", "127.0.0.1:8082"),
 		AdminAddr:            r.String("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
-		DatabaseURL:          getenv("DATABASE_URL"),
+		DatabaseURL:          r.String("DATABASE_URL", ""),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
 		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),

@@ -29,6 +29,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": secret}
 	tests := []struct{ name, key, value, wantInErr string }{
 		{"no database", "DATABASE_URL", "", "DATABASE_URL"},
+		{"blank database", "DATABASE_URL", "   ", "DATABASE_URL"},
 		{"short secret", "IDENTITY_SECRET", "short", "IDENTITY_SECRET"},
 		{"short previous secret", "IDENTITY_SECRET_PREVIOUS", "short", "IDENTITY_SECRET_PREVIOUS"},
 		{"bad retention", "IDEMPOTENCY_RETENTION", "a day", "IDEMPOTENCY_RETENTION"},
