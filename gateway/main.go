@@ -20,11 +20,7 @@ const serviceName = "gateway"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// The collector's settings belong to the process, so they are set here
-	// and not in run, which tests call inside the test binary. run's config
-	// reads GOGC and GOMEMLIMIT again, to check and log them.
-	gcdefaults.Read(os.Getenv).Apply()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	if err := run(ctx, os.Getenv, os.Stdout, gcdefaults.Settings.Apply); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
 	}
@@ -33,10 +29,15 @@ func main() {
 // run starts the gateway from the environment and serves until ctx ends or
 // a listener fails, then drains in-flight requests for at most
 // GATEWAY_SHUTDOWN_TIMEOUT. Tests call it with their own getenv.
-func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer, applyGC func(gcdefaults.Settings)) error {
 	cfg, err := edge.LoadConfig(getenv)
 	if err != nil {
 		return err // "config: " and every bad variable
+	}
+	// The collector's settings belong to the process: main applies them,
+	// tests (which call run inside the test binary) pass nil.
+	if applyGC != nil {
+		applyGC(cfg.GC)
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)

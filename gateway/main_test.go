@@ -26,7 +26,7 @@ func TestRunServesAndDrains(t *testing.T) {
 	defer cancel()
 	var out testenv.Output
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out) }()
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -77,7 +77,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := run(context.Background(), func(k string) string { return tt.env[k] }, &bytes.Buffer{})
+			err := run(context.Background(), func(k string) string { return tt.env[k] }, &bytes.Buffer{}, nil)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("run(%v) = %v, want an error naming %s", tt.env, err, tt.want)
 			}

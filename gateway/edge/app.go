@@ -16,7 +16,7 @@ func (g *Gateway) newApp() *fiber.App {
 	g.unroutedMetrics = g.metrics.forRoute("unrouted")
 	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
 		classShopSchema, classAuthFailures})
-	g.metrics.forUpstreams(upstreamNames)
+	g.metrics.forUpstreams(g.upstreams)
 	app := fiber.New(fiber.Config{
 		AppName:               "gateway",
 		DisableStartupMessage: true,

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"bytes"
-	"fmt"
 	"net/netip"
 	"strings"
 )
@@ -74,8 +73,9 @@ func parseForwardedAddr(field []byte) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// parseTrustedProxies reads GATEWAY_TRUSTED_PROXIES' entries: IPs or CIDRs.
-func parseTrustedProxies(entries []string) ([]netip.Prefix, error) {
+// parseTrustedProxies reads GATEWAY_TRUSTED_PROXIES' entries: IPs or CIDRs;
+// false if one is neither.
+func parseTrustedProxies(entries []string) ([]netip.Prefix, bool) {
 	prefixes := make([]netip.Prefix, 0, len(entries))
 	for _, e := range entries {
 		if p, err := netip.ParsePrefix(e); err == nil {
@@ -84,10 +84,10 @@ func parseTrustedProxies(entries []string) ([]netip.Prefix, error) {
 		}
 		addr, err := netip.ParseAddr(e)
 		if err != nil {
-			return nil, fmt.Errorf("GATEWAY_TRUSTED_PROXIES must list IPs or CIDRs, comma-separated")
+			return nil, false
 		}
 		addr = addr.Unmap()
 		prefixes = append(prefixes, netip.PrefixFrom(addr, addr.BitLen()))
 	}
-	return prefixes, nil
+	return prefixes, true
 }

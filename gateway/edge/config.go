@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -22,7 +21,6 @@ type Config struct {
 	DatabaseURL      string         // DATABASE_URL (required; secret)
 	RedisURL         string         // REDIS_URL (redis://127.0.0.1:6379/0; secret)
 	IdentitySecret   string         // IDENTITY_SECRET (required, ≥32 bytes; secret)
-	IdentityPrevious []string       // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
 	LogLevel         string         // LOG_LEVEL (info)
 	TrustTraceparent bool           // GATEWAY_TRUST_TRACEPARENT (false)
 	ProxyHeader      string         // GATEWAY_PROXY_HEADER (""): client IP header set by a trusted proxy
@@ -124,9 +122,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
-	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
-	trusted, err := parseTrustedProxies(r.List("GATEWAY_TRUSTED_PROXIES", ""))
-	r.Check(err == nil, fmt.Sprint(err))
+	// Only signed with here: IDENTITY_SECRET_PREVIOUS is for the services.
+	cfg.IdentitySecret = r.SigningSecret("IDENTITY_SECRET")
+	trusted, ok := parseTrustedProxies(r.List("GATEWAY_TRUSTED_PROXIES", ""))
+	r.Check(ok, "GATEWAY_TRUSTED_PROXIES must list IPs or CIDRs, comma-separated")
 	cfg.TrustedProxies = trusted
 	// A proxy header believed from anyone is the client's own claim: it
 	// would pick its per-IP rate-limit bucket and its logged address.
@@ -171,7 +170,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis", redisclient.Describe(c.RedisURL)),
-		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.String("identity_secret", "***"),
 		slog.String("log_level", c.LogLevel),
 		slog.Bool("trust_traceparent", c.TrustTraceparent), slog.String("proxy_header", c.ProxyHeader),
 		slog.Any("trusted_proxies", c.TrustedProxies), slog.Int("max_header_bytes", c.MaxHeaderBytes),

@@ -104,7 +104,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	cleanup = append(cleanup, func() { _ = g.shutdownTP(context.Background()) })
 	// Keep this provider's tracer even if another Setup replaces the global.
 	g.tracer = otel.GetTracerProvider().Tracer("github.com/coinexport/export/gateway")
-	if g.signer, err = identity.NewSigner(cfg.IdentitySecret, cfg.IdentityPrevious...); err != nil {
+	if g.signer, err = identity.NewSigner(cfg.IdentitySecret); err != nil {
 		return nil, err
 	}
 	if err = g.buildUpstreams(); err != nil {

@@ -383,6 +383,12 @@ func TestErrorKindsAreAllListed(t *testing.T) {
 			t.Errorf("errorKind(%v) = %q, not in upstreamErrorKinds %v", err, kind, upstreamErrorKinds)
 		}
 	}
+	// Every kind upstream.Do repeats after has its retry series.
+	for _, err := range []error{upstream.ErrUnreachable, upstream.ErrTimeout, upstream.ErrClosed, upstream.ErrBadResponse} {
+		if kind := errorKind(err); !slices.Contains(repeatedErrorKinds, kind) {
+			t.Errorf("errorKind(%v) = %q, not in repeatedErrorKinds %v", err, kind, repeatedErrorKinds)
+		}
+	}
 }
 
 // A request sent again says so in its trace: the proxy

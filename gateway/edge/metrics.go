@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/coinexport/export/gateway/upstream"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -139,10 +141,12 @@ func backendLabel(local bool) string {
 // forUpstreams creates every upstream's error and retry series at 0, so an
 // alert on their rate sees a series before the first failure (a series
 // that does not exist yet has no rate: the alert would stay silent).
-func (m *metrics) forUpstreams(upstreams []string) {
-	for _, up := range upstreams {
+func (m *metrics) forUpstreams(upstreams map[string]*upstream.Upstream) {
+	for up := range upstreams {
 		for _, kind := range upstreamErrorKinds {
 			m.upstreamErrors.WithLabelValues(up, kind)
+		}
+		for _, kind := range repeatedErrorKinds {
 			m.upstreamRetries.WithLabelValues(up, kind)
 		}
 	}

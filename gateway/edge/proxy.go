@@ -255,6 +255,11 @@ func appendLower(dst, b []byte) []byte {
 // upstreamErrorKinds are the values errorKind returns.
 var upstreamErrorKinds = []string{"unavailable", "unreachable", "timeout", "closed", "identity_refused", "bad_response"}
 
+// repeatedErrorKinds are those after which upstream.Do may send a request
+// again (nothing was sent after "unavailable", and a refused identity is
+// not repeated).
+var repeatedErrorKinds = []string{"unreachable", "timeout", "closed", "bad_response"}
+
 // errorKind names err's kind in gateway_upstream_errors_total.
 func errorKind(err error) string {
 	switch {

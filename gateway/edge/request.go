@@ -63,7 +63,7 @@ var (
 )
 
 // maxServerSpanAttrs is how many attributes endSpan sets at most.
-const maxServerSpanAttrs = 10
+const maxServerSpanAttrs = 11
 
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
@@ -165,12 +165,12 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, attrErrorCode.String(string(errorCode)))
+		if status >= 500 { // error.type marks a failure, which a 4xx is not for a server
+			attrs = append(attrs, semconv.ErrorTypeKey.String(string(errorCode)))
+		}
 	}
 	span.SetAttributes(attrs...)
 	if status >= 500 {
-		if len(errorCode) > 0 { // error.type marks a failure, which a 4xx is not for a server
-			span.SetAttributes(semconv.ErrorTypeKey.String(string(errorCode)))
-		}
 		span.SetStatus(codes.Error, strconv.Itoa(status))
 	}
 }

@@ -16,9 +16,6 @@ const (
 	upstreamShopSchema   = "shop-schema"
 )
 
-// upstreamNames are all of them.
-var upstreamNames = []string{upstreamExportReader, upstreamSalesWriter, upstreamShopSchema}
-
 // Rate-limit classes: each has its own limit and its own Redis keys.
 const (
 	classExportRead   = "export_read"

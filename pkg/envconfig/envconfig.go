@@ -88,10 +88,7 @@ func (r *Reader) List(name, def string) []string {
 // not survive that (surrounding whitespace, such as the newline a secret
 // made from a file may end with, or a comma).
 func (r *Reader) Secret(name string) (current string, previous []string) {
-	current = r.getenv(name)
-	r.Check(len(current) >= 32, name+" must be at least 32 bytes")
-	r.Check(len(current) < 32 || (current == strings.TrimSpace(current) && !strings.Contains(current, ",")),
-		name+" must not begin or end with whitespace nor hold a comma: moved to "+name+"_PREVIOUS when rotated, it would read differently")
+	current = r.SigningSecret(name)
 	previous = r.List(name+"_PREVIOUS", "")
 	for _, p := range previous {
 		if len(p) < 32 {
@@ -100,6 +97,17 @@ func (r *Reader) Secret(name string) (current string, previous []string) {
 		}
 	}
 	return current, previous
+}
+
+// SigningSecret reads the required secret name alone, for a binary that
+// only signs with it (the gateway): at least 32 bytes, and, by Secret's
+// rule, a value that reads the same once listed in name_PREVIOUS.
+func (r *Reader) SigningSecret(name string) string {
+	secret := r.getenv(name)
+	r.Check(len(secret) >= 32, name+" must be at least 32 bytes")
+	r.Check(len(secret) < 32 || (secret == strings.TrimSpace(secret) && !strings.Contains(secret, ",")),
+		name+" must not begin or end with whitespace nor hold a comma: moved to "+name+"_PREVIOUS when rotated, it would read differently")
+	return secret
 }
 
 // Check records msg as a problem unless ok: for rules across variables or

@@ -5,6 +5,7 @@ package envelope
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/coinexport/export/pkg/jsonw"
@@ -99,14 +100,15 @@ func AppendMeta(dst []byte, requestID string, list bool, nextCursor string) []by
 	return append(dst, '}')
 }
 
-// WriteError writes an error envelope with the given status. No cache may
-// keep it (a 404 is cacheable by default, and the item may exist a moment
-// later).
+// WriteError writes an error envelope with the given status, its code also
+// in X-Error-Code, and a 503 with Retry-After unless one is set. No cache
+// may keep it (a 404 is cacheable by default, and the item may exist a
+// moment later).
 func WriteError(w http.ResponseWriter, status int, code, message, requestID string) {
 	w.Header().Set("Cache-Control", ErrorCacheControl)
 	w.Header().Set(ErrorCodeHeader, code)
 	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", UnavailableRetryAfterSeconds)
+		w.Header().Set("Retry-After", unavailableRetryAfterSeconds)
 	}
 	writeBody(w, status, ErrorBytes(code, message, requestID), requestID)
 }
@@ -116,9 +118,8 @@ func WriteError(w http.ResponseWriter, status int, code, message, requestID stri
 // header does not retry at once, into an outage; it backs off from there.
 const UnavailableRetryAfter = time.Second
 
-// UnavailableRetryAfterSeconds is UnavailableRetryAfter as the header says
-// it (TestUnavailableRetryAfterAgrees ties the two).
-const UnavailableRetryAfterSeconds = "1"
+// unavailableRetryAfterSeconds is UnavailableRetryAfter as the header says it.
+var unavailableRetryAfterSeconds = strconv.Itoa(int(UnavailableRetryAfter / time.Second))
 
 // ErrorCacheControl is the Cache-Control of every error envelope.
 const ErrorCacheControl = "no-store"

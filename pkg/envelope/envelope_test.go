@@ -5,9 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
-	"strconv"
 	"testing"
-	"time"
 )
 
 // WriteDataJSON answers what WriteData answers for the same data, status,
@@ -91,11 +89,5 @@ func TestWriteErrorSaysWhenToRetryAnOutage(t *testing.T) {
 		if got := w.Header().Get("Retry-After"); got != tt.want {
 			t.Errorf("%s: Retry-After = %q, want %q", tt.name, got, tt.want)
 		}
-	}
-}
-
-func TestUnavailableRetryAfterAgrees(t *testing.T) {
-	if want := strconv.Itoa(int(UnavailableRetryAfter / time.Second)); UnavailableRetryAfterSeconds != want {
-		t.Errorf("UnavailableRetryAfterSeconds = %q, want %q (UnavailableRetryAfter)", UnavailableRetryAfterSeconds, want)
 	}
 }

@@ -29,21 +29,22 @@ const serviceName = "sales-writer"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// The collector's settings belong to the process, so they are set here
-	// and not in run, which tests call inside the test binary. run's config
-	// reads GOGC and GOMEMLIMIT again, to check and log them.
-	gcdefaults.Read(os.Getenv).Apply()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	if err := run(ctx, os.Getenv, os.Stdout, gcdefaults.Settings.Apply); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
 	}
 }
 
 // run starts the service and serves until ctx is done.
-func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer, applyGC func(gcdefaults.Settings)) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
 		return err
+	}
+	// The collector's settings belong to the process: main applies them,
+	// tests (which call run inside the test binary) pass nil.
+	if applyGC != nil {
+		applyGC(cfg.GC)
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)

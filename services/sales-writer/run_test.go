@@ -54,7 +54,7 @@ func TestRunServesAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out testenv.Output
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, env(vars), &out) }()
+	go func() { done <- run(ctx, env(vars), &out, nil) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -148,7 +148,7 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {
 			done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
-				"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs)
+				"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs, nil)
 		}()
 		return func() { cancel(); <-done }
 	})

@@ -9,8 +9,10 @@ package syncclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -150,10 +152,13 @@ func (e *statusError) Error() string { return e.detail }
 // wrong (a cursor refused, a key revoked).
 func retryDelay(err error, attempt int) (time.Duration, bool) {
 	backoff := min(firstBackoff<<min(attempt, 16), longestBackoff)
+	if errors.As(err, new(transientError)) {
+		return backoff, true
+	}
 	se, ok := err.(*statusError)
 	switch {
 	case !ok:
-		return backoff, true
+		return 0, false // no answer for a reason of the caller's (a malformed BaseURL, a scheme not spoken)
 	case se.status == http.StatusTooManyRequests && se.retryAfter > 0:
 		return min(se.retryAfter, maxRetryAfter), true
 	case se.status == http.StatusTooManyRequests:
@@ -180,6 +185,9 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
+		if noAnswer(err) {
+			err = transientError{err}
+		}
 		return pageBody{}, fmt.Errorf("syncclient: %w", err)
 	}
 	defer resp.Body.Close()
@@ -194,10 +202,27 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 		return pageBody{}, &statusError{status: resp.StatusCode, retryAfter: time.Duration(retryAfter) * time.Second,
 			detail: fmt.Sprintf("syncclient: status %d %s (request %s)", resp.StatusCode, code, page.Meta.RequestID)}
 	}
-	if decodeErr != nil {
-		return pageBody{}, fmt.Errorf("syncclient: status 200: %w", decodeErr)
+	if decodeErr != nil { // an answer cut short, most likely
+		return pageBody{}, fmt.Errorf("syncclient: status 200: %w", transientError{decodeErr})
 	}
 	return page, nil
+}
+
+// transientError is a failure that may pass by asking again: no answer
+// from the network, or an answer cut short.
+type transientError struct{ error }
+
+func (e transientError) Unwrap() error { return e.error }
+
+// noAnswer reports whether err from http.Client.Do is the network's: a
+// connection refused, reset or timed out, or closed before an answer.
+func noAnswer(err error) bool {
+	var ue *url.Error // a net.Error itself, whatever it wraps: look inside
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func (c *Client) retries() int { return setting(c.Retries, DefaultRetries) }

@@ -3,6 +3,7 @@ package syncclient
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -97,5 +98,34 @@ func TestSyncStopsWaitingWithItsContext(t *testing.T) {
 	_, _, err := (&Client{BaseURL: srv.URL + "/v1"}).Sync(ctx, time.Time{}, Mirror{}.Upsert)
 	if err == nil || time.Since(start) > 10*time.Second {
 		t.Errorf("Sync = %v after %s, want an error as soon as the context ends", err, time.Since(start))
+	}
+}
+
+// No answer from the network is asked for again; a request that cannot be
+// made (a malformed BaseURL, a scheme not spoken) ends the run at once.
+func TestSyncRetriesOnlyWhatMayPass(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + l.Addr().String() + "/v1"
+	l.Close() // refused from now on
+	for _, tc := range []struct {
+		name, baseURL string
+		wantWaits     int
+	}{
+		{"connection refused", closed, 2},
+		{"scheme not spoken", "ftp://127.0.0.1/v1", 0},
+		{"malformed URL", "http://[::1/v1", 0},
+	} {
+		var waits int
+		c := &Client{BaseURL: tc.baseURL, Retries: 2,
+			Wait: func(context.Context, time.Duration) error { waits++; return nil }}
+		if _, _, err := c.Sync(context.Background(), time.Time{}, Mirror{}.Upsert); err == nil {
+			t.Errorf("%s: Sync = nil error, want one", tc.name)
+		}
+		if waits != tc.wantWaits {
+			t.Errorf("%s: %d retries, want %d", tc.name, waits, tc.wantWaits)
+		}
 	}
 }

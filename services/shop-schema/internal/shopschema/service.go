@@ -61,7 +61,8 @@ func New(g *guard.Guard, r guard.Resolver, shop Shop, timeout time.Duration) *Se
 }
 
 // Read validates req, reads the shop and returns the schema. Errors are
-// *InputError or *prestashop.Error.
+// *InputError, *prestashop.Error, or the cancellation of a caller that hung
+// up during the shop's DNS lookup.
 func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	target, err := s.guard.ParseBaseURL(req.BaseURL)
 	if err != nil {
