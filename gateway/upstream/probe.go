@@ -2,6 +2,8 @@ package upstream
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -12,19 +14,30 @@ import (
 // the route is not taken out.
 const HealthPath = "/healthz"
 
+// unansweredProbesBeforeDown is how many probes in a row an instance may
+// leave unanswered before it is taken out. One slow answer is weak
+// evidence: a service busy with work still answers requests, and taking
+// its only instance out would turn load into an outage. A dead one is
+// taken out at once all the same, as its connection is refused (the
+// kernel accepts connections for a process however busy it is), and one
+// that answers 5xx says itself that it cannot serve. Kubernetes' probes
+// and HAProxy's checks count failures in a row the same way, and take
+// three by default.
+const unansweredProbesBeforeDown = 3
+
+var reasonUnanswered = fmt.Sprintf("its health probe went unanswered %d times in a row", unansweredProbesBeforeDown)
+
 // Probe checks every instance each interval until ctx ends: one that
-// answers is put back at once, one that does not is skipped until the next
-// probe, so the proxy stops sending to it.
+// answers is put back at once; one that refuses the connection or answers
+// 5xx is skipped until the next probe, so the proxy stops sending to it;
+// one that leaves its probe unanswered (in interval, at most a second) is
+// skipped once it has done so unansweredProbesBeforeDown times in a row.
 func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		for _, inst := range u.current() {
-			if inst.alive(interval) {
-				u.markUp(inst)
-			} else {
-				u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
-			}
+			u.judge(inst, inst.probeOnce(interval), interval)
 		}
 		select {
 		case <-ctx.Done():
@@ -34,7 +47,30 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	}
 }
 
-func (inst *Instance) alive(timeout time.Duration) bool {
+// probeVerdict is what one probe found.
+type probeVerdict int
+
+const (
+	probeAnswered   probeVerdict = iota // an answer below 500
+	probeRefused                        // no connection, or an answer of 5xx
+	probeUnanswered                     // connected, but no answer in time
+)
+
+func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration) {
+	switch {
+	case v == probeAnswered:
+		inst.unansweredProbes = 0
+		u.markUp(inst)
+	case v == probeRefused:
+		u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
+	default:
+		if inst.unansweredProbes++; inst.unansweredProbes >= unansweredProbesBeforeDown {
+			u.markDown(inst, interval+u.opts.DownFor, reasonUnanswered)
+		}
+	}
+}
+
+func (inst *Instance) probeOnce(timeout time.Duration) probeVerdict {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -44,8 +80,14 @@ func (inst *Instance) alive(timeout time.Duration) bool {
 	// is now, never for a connection from before its restart.
 	req.SetConnectionClose()
 	resp.SkipBody = true
-	if err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second)); err != nil {
-		return false
+	err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second))
+	switch {
+	case errors.As(err, new(dialError)):
+		return probeRefused
+	case err != nil:
+		return probeUnanswered
+	case resp.StatusCode() >= 500:
+		return probeRefused
 	}
-	return resp.StatusCode() < 500
+	return probeAnswered
 }

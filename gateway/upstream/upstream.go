@@ -89,6 +89,9 @@ type Instance struct {
 	// down: a dead instance is marked down again on every probe and every
 	// refused connection, and told once.
 	toldDown bool
+	// unansweredProbes counts the probes in a row the instance left
+	// unanswered; only the prober's goroutine touches it.
+	unansweredProbes int
 	// seed is the instance's own hash for rendezvous hashing: derived from
 	// its address, so every gateway ranks the instances alike.
 	seed uint64

@@ -246,3 +246,62 @@ func TestRepeatTakesNoTurn(t *testing.T) {
 		t.Errorf("the broken instance was the first attempt of %d requests of %d, want %d", got, n, n/2)
 	}
 }
+
+// probeServer answers /healthz after delay with status.
+func probeServer(t *testing.T, delay *atomic.Int64, status *atomic.Int64) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Duration(delay.Load()))
+		w.WriteHeader(int(status.Load()))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A probe left unanswered takes an instance out only when it is the third
+// in a row (a busy instance still serves); a 5xx answer or a refused
+// connection takes it out at once.
+func TestProbeJudgesSlowApartFromFailed(t *testing.T) {
+	const interval = 50 * time.Millisecond // the probe waits this long for an answer
+	var delay, status atomic.Int64
+	status.Store(200)
+	u, err := New("svc", []string{probeServer(t, &delay, &status), closedAddr(t)}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, dead := u.current()[0], u.current()[1]
+	probe := func(inst *Instance) bool {
+		u.judge(inst, inst.probeOnce(interval), interval)
+		return inst.upAt(time.Now().UnixNano())
+	}
+
+	if probe(dead) {
+		t.Error("an instance refusing the connection is up after one probe, want down")
+	}
+	delay.Store(int64(4 * interval))
+	for i := 1; i < unansweredProbesBeforeDown; i++ {
+		if !probe(busy) {
+			t.Fatalf("down after %d unanswered probes, want up until %d", i, unansweredProbesBeforeDown)
+		}
+	}
+	delay.Store(0)
+	if !probe(busy) {
+		t.Fatal("down after an answered probe")
+	}
+	delay.Store(int64(4 * interval))
+	for i := 1; i < unansweredProbesBeforeDown; i++ {
+		if !probe(busy) {
+			t.Fatalf("down after an answer and %d unanswered probes, want the count started over", i)
+		}
+	}
+	if probe(busy) {
+		t.Errorf("up after %d unanswered probes in a row, want down", unansweredProbesBeforeDown)
+	}
+	delay.Store(0)
+	if !probe(busy) {
+		t.Fatal("still down after an answered probe, want up")
+	}
+	status.Store(503)
+	if probe(busy) {
+		t.Error("up after a probe answered 503, want down at once")
+	}
+}

@@ -170,7 +170,15 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	requestID := RequestID(r)
 	if s.cfg.Ready != nil {
+		start := time.Now()
 		if err := s.cfg.Ready(r.Context()); err != nil {
+			if CallerGone(r, err) {
+				// Slow, not failed: the prober stopped waiting (the
+				// gateway's waits at most a second).
+				s.cfg.Log.WarnContext(r.Context(), "readiness check outlasted the prober's wait",
+					"elapsed", time.Since(start).Round(time.Millisecond).String())
+				return
+			}
 			s.cfg.Log.WarnContext(r.Context(), "not ready", "err", err)
 			envelope.WriteError(w, http.StatusServiceUnavailable, "not_ready", "service not ready", requestID)
 			return

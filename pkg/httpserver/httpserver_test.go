@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -364,4 +365,44 @@ func TestAdminProfileInUseIsAnEnvelope(t *testing.T) {
 	if cd := refused[0].header.Get("Content-Disposition"); cd != "" {
 		t.Errorf("the refusal still says it is an attachment: %q", cd)
 	}
+}
+
+// A probe that hangs up before the readiness check ends is logged as a
+// slow check, not as the service being unready.
+func TestHealthCheckOutlastingItsProber(t *testing.T) {
+	var logs syncBuffer
+	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Ready: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}, http.NewServeMux())
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	client := &http.Client{Timeout: 100 * time.Millisecond}
+	if resp, err := client.Get(ts.URL + "/healthz"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("GET /healthz = %d, want the client to give up", resp.StatusCode)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "outlasted") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := logs.String(); !strings.Contains(got, "readiness check outlasted the prober's wait") || strings.Contains(got, "not ready") {
+		t.Errorf("logs = %s, want the slow check named, and no not-ready line", got)
+	}
+}
+
+// syncBuffer is a log sink a handler may write while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -110,7 +111,10 @@ func TestCheckNamesTheMissingVersionsUntilMigrated(t *testing.T) {
 			t.Errorf("at version %d: Check = %v, want an error saying %q", to, err, want)
 		}
 		if ready == nil {
-			ready = schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler))
+			if ready, err = schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+				t.Fatal(err)
+			}
+			defer ready.Close()
 		}
 		if err := ready.Ready(ctx); err == nil {
 			t.Errorf("at version %d: Ready = nil, want the schema's error", to)
@@ -139,5 +143,31 @@ func TestCheckOfADatabaseNeverMigrated(t *testing.T) {
 	var table *string
 	if err := pool.QueryRow(ctx, "SELECT to_regclass('goose_db_version')::text").Scan(&table); err != nil || table != nil {
 		t.Errorf("after Check, goose_db_version = %v (%v), want still missing", table, err)
+	}
+}
+
+// The check does not queue behind the service's statements: with every
+// connection of the service's pool taken, it still answers at once.
+func TestReadinessAnswersWhileThePoolIsSaturated(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL(t)+" pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ready, err := schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ready.Close()
+	busy, err := pool.Acquire(ctx) // the service's only connection, held by a long statement
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	probeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := ready.Ready(probeCtx); err != nil {
+		t.Errorf("Ready with the pool saturated = %v, want nil", err)
 	}
 }

@@ -68,7 +68,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	api.New(reader, log, cfg.QueryTimeout).Register(mux)
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness).
-	readiness := schema.NewReadiness(ctx, pool, log)
+	readiness, err := schema.NewReadiness(ctx, pool, log)
+	if err != nil {
+		return err
+	}
+	defer readiness.Close()
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
