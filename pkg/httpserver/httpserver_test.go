@@ -12,12 +12,12 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -370,7 +370,7 @@ func TestAdminProfileInUseIsAnEnvelope(t *testing.T) {
 // A probe that hangs up before the readiness check ends is logged as a
 // slow check, not as the service being unready.
 func TestHealthCheckOutlastingItsProber(t *testing.T) {
-	var logs syncBuffer
+	var logs testenv.Output
 	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
 		Ready: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}, http.NewServeMux())
 	ts := httptest.NewServer(srv.Handler())
@@ -387,22 +387,4 @@ func TestHealthCheckOutlastingItsProber(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "readiness check outlasted the prober's wait") || strings.Contains(got, "not ready") {
 		t.Errorf("logs = %s, want the slow check named, and no not-ready line", got)
 	}
-}
-
-// syncBuffer is a log sink a handler may write while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
