@@ -38,8 +38,9 @@ type Key struct {
 type Options struct {
 	// TTL is how long a lookup is cached while revocations are being heard.
 	TTL time.Duration
-	// UnheardTTL is how long a lookup is trusted while the revocation
-	// listener is disconnected; it bounds how late a revocation can apply.
+	// UnheardTTL is how long a lookup is trusted once the revocation
+	// listener is disconnected (from the disconnect, or from the lookup if
+	// later); it bounds how late a revocation can apply.
 	UnheardTTL time.Duration
 	// MaxEntries bounds the cache.
 	MaxEntries int
@@ -66,6 +67,10 @@ type Store struct {
 	// revocation does not cache what it read before it.
 	epoch     atomic.Uint64
 	listening atomic.Bool
+	// lostAt is when the listener last stopped listening (Unix ns; 0 if it
+	// never listened): every revocation made before it was heard, so an
+	// entry is current as of then, whenever it was fetched.
+	lostAt atomic.Int64
 }
 
 // New returns a Store over pool.
@@ -135,11 +140,31 @@ func (s *Store) cached(hash apikey.Hash, now time.Time) (entry, bool) {
 	if !ok {
 		return entry{}, false
 	}
-	ttl := s.opts.UnheardTTL
-	if s.listening.Load() {
-		ttl = s.opts.TTL
+	return e, s.opts.fresh(e.fetched, now, s.listening.Load(), time.Unix(0, s.lostAt.Load()))
+}
+
+// fresh reports whether an entry fetched at fetched may be trusted at now:
+// for TTL while the listener hears revocations, and while it does not, for
+// UnheardTTL more from the later of the fetch and the moment it stopped
+// hearing them (lost), as of which the entry was current. A listener that
+// drops for a moment (a PostgreSQL restart) then costs no valid key a
+// refusal, and a revocation made while it is away still applies within
+// UnheardTTL.
+func (o Options) fresh(fetched, now time.Time, listening bool, lost time.Time) bool {
+	if now.Sub(fetched) >= o.TTL {
+		return false
 	}
-	return e, now.Sub(e.fetched) < ttl
+	if listening {
+		return true
+	}
+	return now.Before(later(fetched, lost).Add(o.UnheardTTL))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 const lookupSQL = `SELECT id, owner_id, platform_id, scopes, revoked_at FROM api_keys WHERE hash = $1`

@@ -190,6 +190,9 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return !store.Listening() })
+	if lost := time.Unix(0, store.lostAt.Load()); time.Since(lost) > 10*time.Second {
+		t.Errorf("the disconnect was recorded at %v, want the moment it happened", lost)
+	}
 	waitFor(t, store.Listening)
 	before := misses.Load()
 	store.Lookup(ctx, secret, nil)
@@ -246,5 +249,35 @@ func TestNextBackoffStartsOverOnceListening(t *testing.T) {
 		1600 * time.Millisecond, 3200 * time.Millisecond, longestBackoff, firstBackoff, 200 * time.Millisecond}
 	if !slices.Equal(waits, want) {
 		t.Errorf("waits = %v, want %v", waits, want)
+	}
+}
+
+// While the listener is away an entry is trusted for UnheardTTL from the
+// later of its fetch and the disconnect (revocations up to the disconnect
+// were heard), and never past TTL.
+func TestFreshness(t *testing.T) {
+	o := Options{TTL: 30 * time.Second, UnheardTTL: time.Second}
+	t0 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	never := time.Unix(0, 0) // the listener never listened
+	tests := []struct {
+		name               string
+		fetched, now, lost time.Time
+		listening          bool
+		want               bool
+	}{
+		{"listening, young", t0, t0.Add(29 * time.Second), never, true, true},
+		{"listening, aged", t0, t0.Add(30 * time.Second), never, true, false},
+		{"never listened, within UnheardTTL", t0, t0.Add(999 * time.Millisecond), never, false, true},
+		{"never listened, past UnheardTTL", t0, t0.Add(time.Second), never, false, false},
+		{"fetched 20 s before a disconnect, just after it", t0, t0.Add(20*time.Second + 10*time.Millisecond), t0.Add(20 * time.Second), false, true},
+		{"fetched 20 s before a disconnect, UnheardTTL after it", t0, t0.Add(21 * time.Second), t0.Add(20 * time.Second), false, false},
+		{"fetched after the disconnect", t0.Add(5 * time.Second), t0.Add(5*time.Second + 500*time.Millisecond), t0, false, true},
+		{"fetched after the disconnect, past UnheardTTL", t0.Add(5 * time.Second), t0.Add(6 * time.Second), t0, false, false},
+		{"disconnect after TTL ran out", t0, t0.Add(30 * time.Second), t0.Add(29*time.Second + 500*time.Millisecond), false, false},
+	}
+	for _, tt := range tests {
+		if got := o.fresh(tt.fetched, tt.now, tt.listening, tt.lost); got != tt.want {
+			t.Errorf("%s: fresh = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

@@ -14,7 +14,8 @@ const RevocationChannel = "api_key_revoked"
 // Listen hears revocations until ctx ends, on a connection taken out of the
 // pool for good so its LISTEN never leaks to other queries. Whenever it
 // (re)connects it empties the cache, since anything sent while it was away
-// is lost; while it is away, cached keys are trusted for UnheardTTL only.
+// is lost; while it is away, cached keys are trusted for UnheardTTL more
+// (Options.fresh).
 func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 	var backoff time.Duration
 	for ctx.Err() == nil {
@@ -23,7 +24,10 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 			// once again, and cached keys are looked up anew.
 			log.InfoContext(ctx, "revocation listener listening; key cache emptied")
 		})
-		s.listening.Store(false)
+		if s.listening.Load() { // only this goroutine changes it
+			s.lostAt.Store(time.Now().UnixNano()) // before listening reads false
+			s.listening.Store(false)
+		}
 		backoff = nextBackoff(backoff, listenedSteadily(since, time.Now()))
 		if ctx.Err() != nil {
 			return
