@@ -82,18 +82,15 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 }
 
 // keyInQuery reports a query parameter that looks like it carries an API
-// key: by its name, or by a value or a name of a key's shape.
+// key: by its name, or by a value or a name that holds one.
 func keyInQuery(c *fiber.Ctx) bool {
 	for k, v := range c.Request().URI().QueryArgs().All() {
-		if keyParamName(k) || isKey(v) || isKey(k) { // "?<key>" is a name alone
+		if keyParamName(k) || apikey.ContainsKey(v) || apikey.ContainsKey(k) { // "?<key>" is a name alone
 			return true
 		}
 	}
 	return false
 }
-
-// isKey reports whether b has the shape and checksum of an API key.
-func isKey(b []byte) bool { return len(b) == apikey.Len && apikey.WellFormed(string(b)) }
 
 // keyParamNames are the parameter names refused as carrying a key.
 var keyParamNames = []string{"api_key", "apikey", "x-api-key", "x_api_key", "key"}

@@ -57,6 +57,8 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"key in query", "GET", items + "?api_key=" + k.read, nil, "", 401, "unauthenticated"},
 		{"key in path", "GET", items + "/" + k.read, map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
 		{"key as a bare query name", "GET", items + "?" + k.write, map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
+		{"key inside a path segment", "GET", items + "/x" + k.read + ".json", map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
+		{"key inside a query value", "GET", items + "?updated_after=x" + k.read, map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
 		{"read key on a sales route", "POST", confirm, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
 		{"sales key without platform", "POST", confirm, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
 		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/big"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -95,56 +94,82 @@ func WellFormed(s string) bool {
 	return string(sum[:]) == s[Len-checksumLen:]
 }
 
-// RedactPath returns path with every segment that is a well-formed key
-// replaced by "[key]", and whether there was one. Spans record request
-// paths, and a key a client put in one must not reach them (spec 5: keys
-// never in URLs or logs). Each segment is read as sent and with its
-// %-escapes decoded, so that an escaped letter hides no key, whatever the
-// rest of the path holds. A path without one is returned as it is, without
-// an allocation.
+// RedactPath returns path with every segment that holds a well-formed key
+// (the whole segment or part of it: "x<key>", "<key>.json") replaced by
+// "[key]", and whether there was one. Spans record request paths, and a key
+// a client put in one must not reach them (spec 5: keys never in URLs or
+// logs). Each segment is read as sent and with its %-escapes decoded, so
+// that an escaped letter hides no key, whatever the rest of the path holds.
+// A path without one is returned as it is, without an allocation.
 func RedactPath(path string) (string, bool) {
-	if len(path) < Len || !hasKeySegment(path) {
+	if len(path) < Len || (!ContainsKey(path) && strings.IndexByte(path, '%') < 0) {
 		return path, false
 	}
 	segments := strings.Split(path, "/")
+	found := false
 	for i, segment := range segments {
-		if isKeySegment(segment) {
-			segments[i] = "[key]"
+		if segmentHoldsKey(segment) {
+			segments[i], found = "[key]", true
 		}
+	}
+	if !found {
+		return path, false
 	}
 	return strings.Join(segments, "/"), true
 }
 
 // ContainsKey reports whether s holds a well-formed key anywhere in it, for
-// free text a client sends (a User-Agent) that spans record.
-func ContainsKey(s string) bool {
+// free text a client sends (a User-Agent, a path, a query) that spans or
+// logs could record.
+func ContainsKey[T string | []byte](s T) bool {
 	for i := 0; i+Len <= len(s); i++ {
-		if s[i] == TagRead[0] && WellFormed(s[i:i+Len]) { // every tag begins with "cx"
+		if s[i] == TagRead[0] && s[i+1] == TagRead[1] && WellFormed(string(s[i:i+Len])) { // every tag begins with "cx"
 			return true
 		}
 	}
 	return false
 }
 
-func hasKeySegment(path string) bool {
-	for segment := range strings.SplitSeq(path, "/") {
-		if isKeySegment(segment) {
-			return true
-		}
-	}
-	return false
-}
-
-// isKeySegment reports whether a path segment is a key, as sent or decoded.
-func isKeySegment(segment string) bool {
-	if WellFormed(segment) {
+// segmentHoldsKey reports whether a path segment holds a key, as sent or
+// decoded.
+func segmentHoldsKey(segment string) bool {
+	if ContainsKey(segment) {
 		return true
 	}
 	if len(segment) <= Len || strings.IndexByte(segment, '%') < 0 {
 		return false // an escape makes a segment longer than the key it spells
 	}
-	decoded, err := url.PathUnescape(segment)
-	return err == nil && WellFormed(decoded)
+	return ContainsKey(unescapeLeniently(segment))
+}
+
+// unescapeLeniently decodes every valid %-escape of s and keeps the rest as
+// it is: a broken escape elsewhere in a segment must not hide a key (the
+// gateway refuses such a path, and its span still records it).
+func unescapeLeniently(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+			i += 2
+			continue
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }
 
 // HashOf returns the stored form of secret.

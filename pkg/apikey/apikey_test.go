@@ -99,12 +99,18 @@ func TestRedactPath(t *testing.T) {
 		{"/v1/export/items/" + other + "/sales/confirm", "/v1/export/items/[key]/sales/confirm", true},
 		{"/" + key + "/" + other, "/[key]/[key]", true},
 		{"/v1/export/items/" + lookalike, "/v1/export/items/" + lookalike, false},
-		{"/v1/export/items/x" + key, "/v1/export/items/x" + key, false},
+		// A key inside a segment is one too.
+		{"/v1/export/items/x" + key, "/v1/export/items/[key]", true},
+		{"/v1/export/items/" + key + ".json", "/v1/export/items/[key]", true},
+		{"/v1/export/items/a%2F" + key + "/sales/confirm", "/v1/export/items/[key]/sales/confirm", true},
+		{"/v1/nothing/x" + escaped, "/v1/nothing/[key]", true},
 		// An escaped letter hides nothing, even beside a broken escape.
 		{"/v1/export/items/" + escaped, "/v1/export/items/[key]", true},
 		{"/v1/%zz/" + escaped, "/v1/%zz/[key]", true},
 		{"/v1/export/items/" + escaped + "/%zz", "/v1/export/items/[key]/%zz", true},
-		{"/v1/export/items/" + escaped + "%zz", "/v1/export/items/" + escaped + "%zz", false},
+		{"/v1/export/items/" + escaped + "%zz", "/v1/export/items/[key]", true},
+		{"/v1/export/items/%zz" + escaped + "%4", "/v1/export/items/[key]", true},
+		{"/v1/export/items/%2" + key[1:], "/v1/export/items/%2" + key[1:], false},
 		{"", "", false},
 	}
 	for _, tt := range tests {
