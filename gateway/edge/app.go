@@ -137,6 +137,30 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 	return g.serve(c, rq, rt)
 }
 
+// ambiguousFraming reports a request whose length two parsers could read
+// differently: chunked, and with a Content-Length too (fasthttp frames it
+// by the chunks and drops the length), or chunked in HTTP/1.0, which has
+// no chunks. A proxy in front that framed it by the length would take the
+// rest of the body for another request: request smuggling. RFC 9112 6.1
+// allows refusing it and requires closing the connection after the
+// answer either way; errAmbiguousFraming does both. Only a chunked
+// request pays for the scan of its raw headers.
+func ambiguousFraming(h *fasthttp.RequestHeader) bool {
+	if h.ContentLength() != -1 { // -1: chunked
+		return false
+	}
+	if !h.IsHTTP11() {
+		return true
+	}
+	for line := range bytes.SplitSeq(h.RawHeaders(), []byte("\n")) {
+		name, _, found := bytes.Cut(line, []byte(":"))
+		if found && bytes.EqualFold(bytes.TrimSpace(name), []byte("content-length")) {
+			return true
+		}
+	}
+	return false
+}
+
 // checkPath refuses the raw paths that the services would read otherwise
 // than the gateway's routing did: like Go's ServeMux behind it, the routing
 // matches raw segments (so "a%2Fb" is one), but a "." or ".." segment names
@@ -163,6 +187,9 @@ func isHex(ch byte) bool {
 
 // serve runs the route's steps.
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
+	if ambiguousFraming(&c.Request().Header) {
+		return errAmbiguousFraming
+	}
 	// The body as received (not decoded: no decompression of untrusted
 	// input here).
 	if len(c.Request().Body()) > BodyLimit {

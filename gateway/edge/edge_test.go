@@ -880,3 +880,65 @@ func TestClientIPBehindATrustedProxy(t *testing.T) {
 		})
 	}
 }
+
+// A chunked request that also carries Content-Length, or is chunked in
+// HTTP/1.0, is refused and its connection closed: a proxy in front that
+// framed it by the length would take the bytes after it for another
+// request (request smuggling). What follows on the connection is never
+// answered.
+func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
+	dsn, _, k := seed(t)
+	writer := echoUpstream(t, "writer", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SALES_WRITER_URLS": writer.URL})
+	smuggled := "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n"
+	head := "POST /v1/export/items/coin-1/sales/confirm %s\r\nHost: gateway\r\nX-API-Key: " + k.write + "\r\n%s"
+	chunked := "2\r\n{}\r\n0\r\n\r\n"
+	tests := []struct {
+		name, proto, headers string
+		refused              bool
+	}{
+		{"chunked and a length", "HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", true},
+		{"a length, then chunked", "HTTP/1.1", "Transfer-Encoding: chunked\r\ncontent-length: 50\r\n", true},
+		{"chunked in HTTP/1.0", "HTTP/1.0", "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n", true},
+		{"chunked alone", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			req := fmt.Sprintf(head, tt.proto, tt.headers) + "\r\n" + chunked + smuggled
+			if _, err := conn.Write([]byte(req)); err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !tt.refused {
+				if resp.StatusCode != 200 {
+					t.Fatalf("first answer = %d %s, want the sale relayed (200)", resp.StatusCode, body)
+				}
+				if next, err := http.ReadResponse(br, nil); err != nil || next.StatusCode != 200 {
+					t.Errorf("the next request on the connection was not answered 200: %v", err)
+				}
+				return
+			}
+			var env struct {
+				Error struct{ Code string } `json:"error"`
+			}
+			if resp.StatusCode != 400 || json.Unmarshal(body, &env) != nil || env.Error.Code != "bad_request" || !resp.Close {
+				t.Errorf("answer = %d (close %v) %s, want 400 bad_request and the connection closed", resp.StatusCode, resp.Close, body)
+			}
+			if rest, _ := io.ReadAll(br); len(rest) > 0 {
+				t.Errorf("after the refusal the connection carried %q, want nothing", rest)
+			}
+		})
+	}
+}

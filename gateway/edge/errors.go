@@ -23,6 +23,9 @@ type apiError struct {
 	RetryAfter time.Duration
 	// Allow, for 405, lists the route's methods.
 	Allow string
+	// Close ends the connection after the answer: what follows on it
+	// cannot be trusted to be a request of its own.
+	Close bool
 }
 
 func (e *apiError) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Code) }
@@ -56,6 +59,9 @@ var (
 		Message: "the request was not received in time"}
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request could not be read"}
+	errAmbiguousFraming = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "a request carries Content-Length or Transfer-Encoding, not both, and HTTP/1.0 no Transfer-Encoding",
+		Close:   true}
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
 		Message: "internal error"}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",

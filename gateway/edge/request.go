@@ -225,6 +225,9 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	if ae.Allow != "" {
 		resp.Header.Set(fiber.HeaderAllow, ae.Allow)
 	}
+	if ae.Close {
+		resp.SetConnectionClose()
+	}
 	resp.SetBody(envelope.ErrorBytes(ae.Code, ae.Message, rq.id))
 }
 
