@@ -189,7 +189,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d time.Duration) {
 	status := rec.status
-	s.metrics.observe(route, r.Method, status, d)
+	s.metrics.observe(route, stableMethod(r.Method), status, d)
 	if route == healthPath {
 		return
 	}
@@ -213,7 +213,7 @@ func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d t
 	if !s.cfg.Log.Enabled(r.Context(), slog.LevelInfo) {
 		return // the line's fields are not even built
 	}
-	attrs := []any{"method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
+	attrs := []any{"method", stableMethod(r.Method), "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
 	if errorCode != "" {
 		attrs = append(attrs, "error_code", errorCode)
 	}
@@ -261,3 +261,16 @@ type headerProbe struct {
 func (p *headerProbe) Header() http.Header         { return p.header }
 func (p *headerProbe) Write(b []byte) (int, error) { return len(b), nil }
 func (p *headerProbe) WriteHeader(code int)        { p.status = code }
+
+// stableMethod returns m if it is a method of RFC 9110 or PATCH, and
+// "_OTHER" for any other token, as OpenTelemetry's http.request.method
+// does: the caller chooses the token, and metric labels, span attributes
+// and log fields must not take on any value it sends.
+func stableMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace, http.MethodPatch:
+		return m
+	}
+	return "_OTHER"
+}

@@ -91,13 +91,17 @@ func (s *Server) Run(ctx context.Context) error {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    32 << 10,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelWarn),
+		// "OPTIONS *" goes to the handler too (an envelope), not to
+		// net/http's own empty 200.
+		DisableGeneralOptionsHandler: true,
 	}
 	servers := []*http.Server{main}
 	if s.cfg.AdminAddr != "" {
 		servers = append(servers, &http.Server{
-			Addr:              s.cfg.AdminAddr,
-			Handler:           AdminHandler(s.registry),
-			ReadHeaderTimeout: 5 * time.Second,
+			Addr:                         s.cfg.AdminAddr,
+			Handler:                      AdminHandler(s.registry),
+			ReadHeaderTimeout:            5 * time.Second,
+			DisableGeneralOptionsHandler: true,
 		})
 	}
 	// Every address is taken before any is served: a second one that is

@@ -1,6 +1,7 @@
 package httpserver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -386,5 +387,65 @@ func TestHealthCheckOutlastingItsProber(t *testing.T) {
 	}
 	if got := logs.String(); !strings.Contains(got, "readiness check outlasted the prober's wait") || strings.Contains(got, "not ready") {
 		t.Errorf("logs = %s, want the slow check named, and no not-ready line", got)
+	}
+}
+
+// A method token the caller made up reaches no metric label or log field
+// as sent ("_OTHER"), and "OPTIONS *" gets an envelope on both listeners,
+// not net/http's empty 200.
+func TestCallerChosenMethodsAndOptionsStar(t *testing.T) {
+	addrs := make([]string, 2)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = ln.Addr().String()
+		ln.Close()
+	}
+	var logs testenv.Output
+	srv := New(Config{Service: "test", Addr: addrs[0], AdminAddr: addrs[1],
+		Log: slog.New(slog.NewJSONHandler(&logs, nil))}, http.NewServeMux())
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { stop(); <-done }()
+
+	raw := func(addr, request string) string {
+		t.Helper()
+		var conn net.Conn
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if conn, err = net.Dial("tcp", addr); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := conn.Write([]byte(request)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Sprintf("%d %s", resp.StatusCode, body)
+	}
+	for _, addr := range addrs {
+		if got := raw(addr, "OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); !strings.Contains(got, `"error":{"code":`) {
+			t.Errorf("OPTIONS * on %s = %s, want an error envelope", addr, got)
+		}
+	}
+	raw(addrs[0], "ABC1 /v1/things HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	metrics := raw(addrs[1], "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if strings.Contains(metrics, "ABC1") || !strings.Contains(metrics, `method="_OTHER"`) {
+		t.Errorf("metrics after a request with method ABC1 lack method=\"_OTHER\" or show ABC1:\n%s", metrics)
+	}
+	if strings.Contains(logs.String(), "ABC1") {
+		t.Errorf("logs show the made-up method: %s", logs.String())
 	}
 }

@@ -61,7 +61,8 @@ func serve(ctx context.Context, addr, file string) error {
 		return err
 	}
 	defer f.Close()
-	srv := &http.Server{Addr: addr, Handler: tracestore.New(f, 1), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: addr, Handler: tracestore.New(f, 1), ReadHeaderTimeout: 5 * time.Second,
+		DisableGeneralOptionsHandler: true} // "OPTIONS *" gets the handler's answer too
 	go func() {
 		<-ctx.Done()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
