@@ -206,6 +206,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	if rq.keyInPath || keyInQuery(c) {
 		// Refused everywhere, so a key never travels on in a URL.
+		rq.authFailure = authFailureKeyInURL
 		return g.authFailed(c, rq, errKeyInURL)
 	}
 	if rt.Scope == "" {

@@ -26,6 +26,7 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	if len(c.Request().Header.PeekAll(APIKeyHeader)) > 1 {
 		// Which one would count is anybody's guess (proxies keep the first
 		// or the last); the caller has to send one.
+		rq.authFailure = authFailureSeveralKeys
 		return g.authFailed(c, rq, errSeveralKeys)
 	}
 	// The key store checks the key's form (and checksum) itself, on a cache
@@ -36,6 +37,10 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		return errRateLimited(rq.rate.RetryAfter)
 	case errors.Is(err, keystore.ErrUnauthenticated):
+		rq.authFailure = authFailureOf(err)
+		if errors.Is(err, keystore.ErrRevokedKey) {
+			rq.key = key // names the revoked key in the access line and the span
+		}
 		return g.authFailed(c, rq, errUnauthenticated)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
@@ -48,6 +53,29 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 		return errPlatformRequired
 	}
 	return nil
+}
+
+// Why a key did not pass (request.authFailure).
+const (
+	authFailureMissing     = "missing"
+	authFailureMalformed   = "malformed"
+	authFailureUnknown     = "unknown"
+	authFailureRevoked     = "revoked"
+	authFailureSeveralKeys = "several keys"
+	authFailureKeyInURL    = "key in URL"
+)
+
+// authFailureOf names the cause of a keystore.ErrUnauthenticated.
+func authFailureOf(err error) string {
+	switch {
+	case errors.Is(err, keystore.ErrMissingKey):
+		return authFailureMissing
+	case errors.Is(err, keystore.ErrMalformedKey):
+		return authFailureMalformed
+	case errors.Is(err, keystore.ErrRevokedKey):
+		return authFailureRevoked
+	}
+	return authFailureUnknown
 }
 
 // authFailed records a failed authentication against the client IP and

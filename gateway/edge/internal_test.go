@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -431,5 +432,72 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 	}
 	if events != 1 {
 		t.Errorf("%d repeat events, want 1", events)
+	}
+}
+
+// refusingKeys refuses every key, for the cause in err (and names the key
+// when it is revoked, as keystore does).
+type refusingKeys struct{ err error }
+
+func (r refusingKeys) Lookup(context.Context, string, func() bool) (keystore.Key, error) {
+	if errors.Is(r.err, keystore.ErrRevokedKey) {
+		return keystore.Key{ID: "k-revoked", OwnerID: "o1", Scopes: []string{identity.ScopeExportRead}}, r.err
+	}
+	return keystore.Key{}, r.err
+}
+
+// Every 401 reads alike to the client, but its access line and span say
+// why, and a revoked key is named: an operator asked "why does this
+// marketplace get 401?" finds the answer by the request id.
+func TestAuthFailuresSayWhy(t *testing.T) {
+	tests := []struct {
+		cause     error
+		reason    string
+		keyID     string
+		headerKey string
+	}{
+		{keystore.ErrRevokedKey, "revoked", "k-revoked", wellFormedKey(t)},
+		{keystore.ErrUnknownKey, "unknown", "", wellFormedKey(t)},
+		{keystore.ErrMalformedKey, "malformed", "", "cxr_nope"},
+		{keystore.ErrMissingKey, "missing", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.reason, func(t *testing.T) {
+			g, sr, logs := startInternal(t, nil, refusingKeys{tt.cause})
+			headers := map[string]string{}
+			if tt.headerKey != "" {
+				headers["X-API-Key"] = tt.headerKey
+			}
+			resp, env := get(t, "http://"+g.Addr()+"/v1/export/items", headers)
+			if resp.StatusCode != 401 || env.Error == nil || env.Error.Message != errUnauthenticated.Message {
+				t.Fatalf("GET = %d %+v, want the one 401 of every cause", resp.StatusCode, env.Error)
+			}
+			requestID := resp.Header.Get("X-Request-Id")
+			var server sdktrace.ReadOnlySpan
+			for _, s := range sr.Ended() {
+				if s.SpanKind() == trace.SpanKindServer {
+					server = s
+				}
+			}
+			if server == nil {
+				t.Fatal("no server span")
+			}
+			attrs := map[string]string{}
+			for _, a := range server.Attributes() {
+				attrs[string(a.Key)] = a.Value.String()
+			}
+			if attrs["app.auth_failure"] != tt.reason || attrs["api_key.id"] != tt.keyID {
+				t.Errorf("span app.auth_failure = %q, api_key.id = %q; want %q, %q", attrs["app.auth_failure"], attrs["api_key.id"], tt.reason, tt.keyID)
+			}
+			var line string
+			for l := range strings.SplitSeq(logs.String(), "\n") {
+				if strings.Contains(l, requestID) && strings.Contains(l, `"msg":"request"`) {
+					line = l
+				}
+			}
+			if !strings.Contains(line, `"auth_failure":"`+tt.reason+`"`) || (tt.keyID != "") != strings.Contains(line, `"key_id":"`+tt.keyID+`"`) {
+				t.Errorf("access line = %s, want auth_failure %q and key_id %q", line, tt.reason, tt.keyID)
+			}
+		})
 	}
 }

@@ -35,8 +35,11 @@ type request struct {
 	method, path, clientIP string
 	// keyInPath: a path segment was an API key (path has it redacted).
 	keyInPath bool
-	start     time.Time
-	key       keystore.Key
+	// authFailure is why the request's key did not pass (authFailures),
+	// for the access line and the span only: every 401 reads alike.
+	authFailure string
+	start       time.Time
+	key         keystore.Key
 	// rate is the decision whose X-RateLimit-* headers the answer carries
 	// (when hasRate).
 	rate    ratelimit.Decision
@@ -45,11 +48,12 @@ type request struct {
 
 // Span attribute keys of our own.
 const (
-	attrRequestID  = attribute.Key("request.id")
-	attrOwnerID    = attribute.Key("owner.id")
-	attrPlatformID = attribute.Key("platform.id")
-	attrKeyID      = attribute.Key("api_key.id")
-	attrErrorCode  = httpserver.AttrErrorCode // the services' key too
+	attrRequestID   = attribute.Key("request.id")
+	attrOwnerID     = attribute.Key("owner.id")
+	attrPlatformID  = attribute.Key("platform.id")
+	attrKeyID       = attribute.Key("api_key.id")
+	attrErrorCode   = httpserver.AttrErrorCode // the services' key too
+	attrAuthFailure = attribute.Key("app.auth_failure")
 	// attrFailedAttemptKind is the error kind of an attempt sent again.
 	attrFailedAttemptKind = attribute.Key("upstream.failed_attempt.kind")
 )
@@ -63,7 +67,7 @@ var (
 )
 
 // maxServerSpanAttrs is how many attributes endSpan sets at most.
-const maxServerSpanAttrs = 11
+const maxServerSpanAttrs = 12
 
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
@@ -163,6 +167,9 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.key.PlatformID != "" { // read keys have none
 		attrs = append(attrs, attrPlatformID.String(rq.key.PlatformID))
 	}
+	if rq.authFailure != "" {
+		attrs = append(attrs, attrAuthFailure.String(rq.authFailure))
+	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, attrErrorCode.String(string(errorCode)))
 		if status >= 500 { // error.type marks a failure, which a 4xx is not for a server
@@ -187,6 +194,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, slog.String("error_code", string(errorCode)))
+	}
+	if rq.authFailure != "" {
+		attrs = append(attrs, slog.String("auth_failure", rq.authFailure))
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))

@@ -17,9 +17,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ErrUnauthenticated is returned for a missing, malformed, unknown or revoked
-// key alike, so a caller cannot tell them apart.
+// ErrUnauthenticated is what a missing, malformed, unknown or revoked key
+// is: the client is answered alike for each, so it cannot tell them apart.
+// Which one it was is told by the error (errors.Is with the four below),
+// for the operator's log and trace only.
 var ErrUnauthenticated = errors.New("keystore: unauthenticated")
+
+// The causes of ErrUnauthenticated.
+var (
+	ErrMissingKey   = fmt.Errorf("%w: no key", ErrUnauthenticated)
+	ErrMalformedKey = fmt.Errorf("%w: malformed key", ErrUnauthenticated)
+	ErrUnknownKey   = fmt.Errorf("%w: unknown key", ErrUnauthenticated)
+	// ErrRevokedKey comes with the revoked key (its id, owner and
+	// platform), so that the refusal can name it.
+	ErrRevokedKey = fmt.Errorf("%w: revoked key", ErrUnauthenticated)
+)
 
 // ErrThrottled is returned when a key is not known to be valid and mayFetch
 // refused the database lookup (the caller is over its failed-authentication
@@ -82,7 +94,8 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 		entries: make(map[apikey.Hash]entry), byID: make(map[string]apikey.Hash)}
 }
 
-// Lookup returns the key for secret, or ErrUnauthenticated. On a cache miss
+// Lookup returns the key for secret, or ErrUnauthenticated (one of its four
+// causes; with the key, when revoked). On a cache miss
 // it asks mayFetch (if not nil) before going to the database, and returns
 // ErrThrottled if refused; not for a key whose aged entry says it was
 // valid, which is looked up again in any case. Any other error means the key could not be
@@ -101,7 +114,10 @@ func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool)
 		return last.result()
 	}
 	if !apikey.WellFormed(secret) {
-		return Key{}, ErrUnauthenticated
+		if secret == "" {
+			return Key{}, ErrMissingKey
+		}
+		return Key{}, ErrMalformedKey
 	}
 	s.opts.OnLookup(false)
 	// A key that was valid when last looked up is checked again whatever
@@ -125,10 +141,13 @@ func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool)
 }
 
 func (e entry) result() (Key, error) {
-	if !e.valid {
-		return Key{}, ErrUnauthenticated
+	switch {
+	case e.valid:
+		return e.key, nil
+	case e.key.ID != "": // found, revoked
+		return e.key, ErrRevokedKey
 	}
-	return e.key, nil
+	return Key{}, ErrUnknownKey
 }
 
 // cached returns the key's entry, if any (the zero entry, not valid, if

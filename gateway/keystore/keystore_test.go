@@ -76,9 +76,17 @@ func TestLookup(t *testing.T) {
 	if err != nil || !cmp.Equal(got, want) {
 		t.Fatalf("Lookup(valid) = %+v, %v, want %+v", got, err, want)
 	}
-	for _, tt := range []struct{ name, secret string }{{"revoked", revoked}, {"unknown", unknown}, {"malformed", "cxr_x"}, {"empty", ""}} {
-		if _, err := store.Lookup(ctx, tt.secret, nil); !errors.Is(err, ErrUnauthenticated) {
-			t.Errorf("Lookup(%s) = %v, want ErrUnauthenticated", tt.name, err)
+	for _, tt := range []struct {
+		name, secret string
+		cause        error
+		keyID        string // named with the refusal
+	}{
+		{"revoked", revoked, ErrRevokedKey, revokedID}, {"unknown", unknown, ErrUnknownKey, ""},
+		{"malformed", "cxr_x", ErrMalformedKey, ""}, {"empty", "", ErrMissingKey, ""},
+	} {
+		key, err := store.Lookup(ctx, tt.secret, nil)
+		if !errors.Is(err, ErrUnauthenticated) || !errors.Is(err, tt.cause) || key.ID != tt.keyID {
+			t.Errorf("Lookup(%s) = %+v, %v; want ErrUnauthenticated, as %v, with key id %q", tt.name, key, err, tt.cause, tt.keyID)
 		}
 	}
 	// Malformed keys never reach the cache or the database: 3 misses so far.
