@@ -72,6 +72,10 @@ var commands = map[string]command{
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout io.Writer) error {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		_, err := fmt.Fprintln(stdout, usage) // asked for: on stdout, and no error
+		return err
+	}
 	name, rest, err := commandName(args)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,4 +180,18 @@ func countItems(t *testing.T, dsn, owner string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Asking for help prints the usage and is no error, without a database.
+func TestHelpIsNoError(t *testing.T) {
+	for _, arg := range []string{"-h", "--help", "help"} {
+		var stdout bytes.Buffer
+		err := run(context.Background(), []string{arg}, func(string) string { return "" }, strings.NewReader(""), &stdout)
+		if err != nil || !strings.Contains(stdout.String(), "usage: exportctl") {
+			t.Errorf("exportctl %s = %v, printed %q; want the usage and no error", arg, err, stdout.String())
+		}
+	}
+	if err := run(context.Background(), []string{"--nope"}, func(string) string { return "" }, strings.NewReader(""), io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("exportctl --nope = %v, want a usage error", err)
+	}
 }
