@@ -61,8 +61,8 @@ const (
 	authFailureMalformed   = "malformed"
 	authFailureUnknown     = "unknown"
 	authFailureRevoked     = "revoked"
-	authFailureSeveralKeys = "several keys"
-	authFailureKeyInURL    = "key in URL"
+	authFailureSeveralKeys = "several_keys"
+	authFailureKeyInURL    = "key_in_url"
 )
 
 // authFailureOf names the cause of a keystore.ErrUnauthenticated.

@@ -79,10 +79,15 @@ type Store struct {
 	// revocation does not cache what it read before it.
 	epoch     atomic.Uint64
 	listening atomic.Bool
-	// lostAt is when the listener last stopped listening (Unix ns; 0 if it
-	// never listened): every revocation made before it was heard, so an
-	// entry is current as of then, whenever it was fetched.
-	lostAt atomic.Int64
+	// heardAt is the last moment the listener was known to hear
+	// revocations (LISTEN, a notification, an answered ping, the server
+	// closing the connection; Unix ns), and
+	// lostAt its value when the listener was found lost (0 if it never
+	// listened): every revocation made before lostAt was heard, so an
+	// entry is current as of then, whenever it was fetched. A connection
+	// that died silently is found lost up to idleCheck and a ping later,
+	// and lostAt is still the moment it last answered.
+	heardAt, lostAt atomic.Int64
 }
 
 // New returns a Store over pool.

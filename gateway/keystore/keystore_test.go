@@ -193,13 +193,15 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	waitFor(t, store.Listening)
 	store.Lookup(ctx, secret, nil)
 	// Kill the listener's backend, as a failover or network cut would.
+	terminated := time.Now()
 	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return !store.Listening() })
-	if lost := time.Unix(0, store.lostAt.Load()); time.Since(lost) > 10*time.Second {
-		t.Errorf("the disconnect was recorded at %v, want the moment it happened", lost)
+	// The server closed the connection: everything before was heard.
+	if lost := time.Unix(0, store.lostAt.Load()); lost.Before(terminated) {
+		t.Errorf("the listener was recorded as last hearing at %v, before the server closed it (%v)", lost, terminated)
 	}
 	waitFor(t, store.Listening)
 	before := misses.Load()

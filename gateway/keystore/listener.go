@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"time"
 )
 
@@ -25,7 +26,7 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 			log.InfoContext(ctx, "revocation listener listening; key cache emptied")
 		})
 		if s.listening.Load() { // only this goroutine changes it
-			s.lostAt.Store(time.Now().UnixNano()) // before listening reads false
+			s.lostAt.Store(s.heardAt.Load()) // before listening reads false
 			s.listening.Store(false)
 		}
 		backoff = nextBackoff(backoff, listenedSteadily(since, time.Now()))
@@ -84,8 +85,9 @@ func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Tim
 	}
 	s.ForgetAll()
 	onListen()
-	s.listening.Store(true)
 	since = time.Now()
+	s.heard(since)
+	s.listening.Store(true)
 	for {
 		// A connection that died without a TCP reset would wait forever, so
 		// wake up now and then and make sure the server still answers.
@@ -95,14 +97,18 @@ func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Tim
 		switch {
 		case err == nil:
 			s.Forget(n.Payload)
+			s.heard(time.Now())
 		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
 			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			err = conn.Ping(pctx)
 			cancel()
 			if err != nil {
+				s.heardUntilClosed(err)
 				return since, err
 			}
+			s.heard(time.Now()) // notifications sent before it came first
 		default:
+			s.heardUntilClosed(err)
 			return since, err
 		}
 	}
@@ -110,3 +116,20 @@ func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Tim
 
 // idleCheck is how long the listener waits in silence before it pings.
 const idleCheck = 20 * time.Second
+
+// heard records that the listener was hearing revocations at t: every one
+// made before t has been applied.
+func (s *Store) heard(t time.Time) { s.heardAt.Store(t.UnixNano()) }
+
+// heardUntilClosed records, for a connection that failed with err, that it
+// was hearing until now if the server closed it (a restart, a terminated
+// backend): the close came after everything sent before it. A connection
+// that went silent (a ping that timed out) was last heard when it last
+// answered.
+func (s *Store) heardUntilClosed(err error) {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return
+	}
+	s.heard(time.Now())
+}

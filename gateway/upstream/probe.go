@@ -57,11 +57,11 @@ const (
 )
 
 func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration) {
-	switch {
-	case v == probeAnswered:
+	switch v {
+	case probeAnswered:
 		inst.unansweredProbes = 0
 		u.markUp(inst)
-	case v == probeRefused:
+	case probeRefused:
 		u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
 	default:
 		if inst.unansweredProbes++; inst.unansweredProbes >= unansweredProbesBeforeDown {

@@ -247,61 +247,69 @@ func TestRepeatTakesNoTurn(t *testing.T) {
 	}
 }
 
-// probeServer answers /healthz after delay with status.
-func probeServer(t *testing.T, delay *atomic.Int64, status *atomic.Int64) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Duration(delay.Load()))
-		w.WriteHeader(int(status.Load()))
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
-
 // A probe left unanswered takes an instance out only when it is the third
-// in a row (a busy instance still serves); a 5xx answer or a refused
-// connection takes it out at once.
-func TestProbeJudgesSlowApartFromFailed(t *testing.T) {
-	const interval = 50 * time.Millisecond // the probe waits this long for an answer
-	var delay, status atomic.Int64
-	status.Store(200)
-	u, err := New("svc", []string{probeServer(t, &delay, &status), closedAddr(t)}, opts())
+// in a row (a busy instance still serves); a refusal (no connection, or a
+// 5xx answer) takes it out at once, and an answer puts it back.
+func TestJudgeCountsUnansweredProbesInARow(t *testing.T) {
+	u, err := New("svc", []string{closedAddr(t)}, opts())
 	if err != nil {
 		t.Fatal(err)
 	}
-	busy, dead := u.current()[0], u.current()[1]
-	probe := func(inst *Instance) bool {
-		u.judge(inst, inst.probeOnce(interval), interval)
-		return inst.upAt(time.Now().UnixNano())
+	inst := u.current()[0]
+	steps := []struct {
+		verdict probeVerdict
+		up      bool
+	}{
+		{probeUnanswered, true}, {probeUnanswered, true},
+		{probeAnswered, true}, // the count starts over
+		{probeUnanswered, true}, {probeUnanswered, true}, {probeUnanswered, false},
+		{probeAnswered, true},
+		{probeRefused, false},
+		{probeAnswered, true},
 	}
+	for i, step := range steps {
+		u.judge(inst, step.verdict, time.Second)
+		if got := inst.upAt(time.Now().UnixNano()); got != step.up {
+			t.Fatalf("after step %d (verdict %d): up = %v, want %v", i+1, step.verdict, got, step.up)
+		}
+	}
+}
 
-	if probe(dead) {
-		t.Error("an instance refusing the connection is up after one probe, want down")
+// probeOnce tells an answer, a refusal (no connection, a 5xx) and a probe
+// left unanswered apart.
+func TestProbeOnceClassifies(t *testing.T) {
+	server := func(h http.HandlerFunc) string {
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		return srv.URL
 	}
-	delay.Store(int64(4 * interval))
-	for i := 1; i < unansweredProbesBeforeDown; i++ {
-		if !probe(busy) {
-			t.Fatalf("down after %d unanswered probes, want up until %d", i, unansweredProbesBeforeDown)
+	never := make(chan struct{})
+	hung := server(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-never:
+		case <-r.Context().Done():
+		}
+	})
+	tests := []struct {
+		name    string
+		url     string
+		timeout time.Duration
+		want    probeVerdict
+	}{
+		{"answered 200", server(func(w http.ResponseWriter, r *http.Request) {}), 5 * time.Second, probeAnswered},
+		{"answered 404", server(http.NotFound), 5 * time.Second, probeAnswered},
+		{"answered 503", server(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }), 5 * time.Second, probeRefused},
+		{"connection refused", closedAddr(t), 5 * time.Second, probeRefused},
+		{"never answers", hung, 100 * time.Millisecond, probeUnanswered},
+	}
+	for _, tt := range tests {
+		u, err := New("svc", []string{tt.url}, opts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := u.current()[0].probeOnce(tt.timeout); got != tt.want {
+			t.Errorf("%s: probeOnce = %d, want %d", tt.name, got, tt.want)
 		}
 	}
-	delay.Store(0)
-	if !probe(busy) {
-		t.Fatal("down after an answered probe")
-	}
-	delay.Store(int64(4 * interval))
-	for i := 1; i < unansweredProbesBeforeDown; i++ {
-		if !probe(busy) {
-			t.Fatalf("down after an answer and %d unanswered probes, want the count started over", i)
-		}
-	}
-	if probe(busy) {
-		t.Errorf("up after %d unanswered probes in a row, want down", unansweredProbesBeforeDown)
-	}
-	delay.Store(0)
-	if !probe(busy) {
-		t.Fatal("still down after an answered probe, want up")
-	}
-	status.Store(503)
-	if probe(busy) {
-		t.Error("up after a probe answered 503, want down at once")
-	}
+	close(never)
 }

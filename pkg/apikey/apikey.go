@@ -77,11 +77,12 @@ func tagFor(scopes []string) string {
 
 // WellFormed reports whether s has the shape and checksum of a key. It says
 // nothing of whether the key exists.
-func WellFormed(s string) bool {
+// It takes bytes too, without copying them (ContainsKey scans requests).
+func WellFormed[T string | []byte](s T) bool {
 	if len(s) != Len {
 		return false
 	}
-	tag := s[:tagLen]
+	tag := string(s[:tagLen]) // compared only: no copy
 	if tag != TagRead && tag != TagWrite && tag != TagAll {
 		return false
 	}
@@ -91,7 +92,7 @@ func WellFormed(s string) bool {
 		}
 	}
 	sum := checksum(s[:Len-checksumLen])
-	return string(sum[:]) == s[Len-checksumLen:]
+	return string(sum[:]) == string(s[Len-checksumLen:])
 }
 
 // RedactPath returns path with every segment that holds a well-formed key
@@ -123,7 +124,7 @@ func RedactPath(path string) (string, bool) {
 // logs could record.
 func ContainsKey[T string | []byte](s T) bool {
 	for i := 0; i+Len <= len(s); i++ {
-		if s[i] == TagRead[0] && s[i+1] == TagRead[1] && WellFormed(string(s[i:i+Len])) { // every tag begins with "cx"
+		if s[i] == TagRead[0] && s[i+1] == TagRead[1] && WellFormed(s[i:i+Len]) { // every tag begins with "cx"
 			return true
 		}
 	}
@@ -139,8 +140,24 @@ func segmentHoldsKey(segment string) bool {
 	if len(segment) <= Len || strings.IndexByte(segment, '%') < 0 {
 		return false // an escape makes a segment longer than the key it spells
 	}
-	return ContainsKey(unescapeLeniently(segment))
+	// Decoded again while it changes: "%2563" is "%63" is "c", and a
+	// service that decodes twice would see the key. A segment still
+	// changing after maxUnescapes rounds is taken for one that hides a key:
+	// no client needs that many, and the rounds stay bounded.
+	for range maxUnescapes {
+		decoded := unescapeLeniently(segment)
+		if decoded == segment {
+			return false
+		}
+		if ContainsKey(decoded) {
+			return true
+		}
+		segment = decoded
+	}
+	return true
 }
+
+const maxUnescapes = 4
 
 // unescapeLeniently decodes every valid %-escape of s and keeps the rest as
 // it is: a broken escape elsewhere in a segment must not hide a key (the
@@ -181,9 +198,9 @@ func HashOf(secret string) Hash {
 // checksumLen. It neither allocates nor uses big.Int: WellFormed runs on
 // every path segment of a key's length that a client sends (RedactPath),
 // before any rate limit, so it must cost next to nothing.
-func checksum(s string) [checksumLen]byte {
-	// crc32.ChecksumIEEE over s, read as a string: its []byte would
-	// escape to the heap.
+func checksum[T string | []byte](s T) [checksumLen]byte {
+	// crc32.ChecksumIEEE over s, read in place: a []byte made of a string
+	// would escape to the heap.
 	c := ^uint32(0)
 	for i := 0; i < len(s); i++ {
 		c = crc32.IEEETable[byte(c)^s[i]] ^ c>>8

@@ -111,6 +111,10 @@ func TestRedactPath(t *testing.T) {
 		{"/v1/export/items/" + escaped + "%zz", "/v1/export/items/[key]", true},
 		{"/v1/export/items/%zz" + escaped + "%4", "/v1/export/items/[key]", true},
 		{"/v1/export/items/%2" + key[1:], "/v1/export/items/%2" + key[1:], false},
+		// Encoded twice, or more often than any client needs.
+		{"/v1/a/%25" + escaped[1:], "/v1/a/[key]", true},
+		{"/v1/a/%25252525" + "41" + strings.Repeat("x", Len), "/v1/a/[key]", true}, // "A" encoded 5 times
+		{"/v1/a/%2541" + strings.Repeat("x", Len), "/v1/a/%2541" + strings.Repeat("x", Len), false},
 		{"", "", false},
 	}
 	for _, tt := range tests {
@@ -156,5 +160,14 @@ func TestContainsKey(t *testing.T) {
 		if got := ContainsKey(tc.s); got != tc.want {
 			t.Errorf("ContainsKey(%q) = %v, want %v", tc.s, got, tc.want)
 		}
+	}
+}
+
+// The query check runs on every request before any limit: bytes full of
+// tag-like "cx" must not cost an allocation each.
+func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {
+	junk := []byte(strings.Repeat("cxr_", 2000))
+	if allocs := testing.AllocsPerRun(10, func() { ContainsKey(junk) }); allocs != 0 {
+		t.Errorf("ContainsKey(8 KB of cxr_) = %v allocations, want 0", allocs)
 	}
 }

@@ -171,15 +171,18 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	requestID := RequestID(r)
 	if s.cfg.Ready != nil {
 		start := time.Now()
-		if err := s.cfg.Ready(r.Context()); err != nil {
-			if CallerGone(r, err) {
-				// Slow, not failed: the prober stopped waiting (the
-				// gateway's waits at most a second).
-				s.cfg.Log.WarnContext(r.Context(), "readiness check outlasted the prober's wait",
-					"elapsed", time.Since(start).Round(time.Millisecond).String())
-				return
-			}
+		err := s.cfg.Ready(r.Context())
+		switch {
+		case r.Context().Err() != nil:
+			// Slow, whatever the outcome: the prober stopped waiting (the
+			// gateway's waits at most a second). The 503 below reaches no
+			// one but keeps the health route's metrics true.
+			s.cfg.Log.WarnContext(r.Context(), "readiness check outlasted the prober's wait",
+				"elapsed", time.Since(start).Round(time.Millisecond).String())
+		case err != nil:
 			s.cfg.Log.WarnContext(r.Context(), "not ready", "err", err)
+		}
+		if err != nil || r.Context().Err() != nil {
 			envelope.WriteError(w, http.StatusServiceUnavailable, "not_ready", "service not ready", requestID)
 			return
 		}

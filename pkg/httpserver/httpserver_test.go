@@ -388,21 +388,32 @@ func TestHealthCheckOutlastingItsProber(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "readiness check outlasted the prober's wait") || strings.Contains(got, "not ready") {
 		t.Errorf("logs = %s, want the slow check named, and no not-ready line", got)
 	}
+	// The probe got no answer: the route's metrics must not count a 200.
+	admin := httptest.NewServer(AdminHandler(srv.Registry()))
+	defer admin.Close()
+	const abandoned = `http_requests_total{method="GET",route="/healthz",status_class="5xx"} 1`
+	var metrics []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get(admin.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(metrics), `route="/healthz"`) { // recorded once the handler returned
+			break
+		}
+	}
+	if !strings.Contains(string(metrics), abandoned) {
+		t.Errorf("metrics lack the abandoned probe as a 5xx:\n%s", metrics)
+	}
 }
 
 // A method token the caller made up reaches no metric label or log field
 // as sent ("_OTHER"), and "OPTIONS *" gets an envelope on both listeners,
 // not net/http's empty 200.
 func TestCallerChosenMethodsAndOptionsStar(t *testing.T) {
-	addrs := make([]string, 2)
-	for i := range addrs {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs[i] = ln.Addr().String()
-		ln.Close()
-	}
+	addrs := []string{testenv.FreeAddr(t), testenv.FreeAddr(t)}
 	var logs testenv.Output
 	srv := New(Config{Service: "test", Addr: addrs[0], AdminAddr: addrs[1],
 		Log: slog.New(slog.NewJSONHandler(&logs, nil))}, http.NewServeMux())

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -158,8 +159,16 @@ func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*R
 // Close releases the check's connection.
 func (r *Readiness) Close() { r.conn.Close() }
 
+// readyTimeout bounds one check. The check does not end with its caller:
+// a prober that hangs up mid-ping would make pgx close the check's
+// connection, and the next probe would pay for a new one (TLS, SCRAM) on
+// a database that is already slow.
+const readyTimeout = 5 * time.Second
+
 // Ready is the check, for httpserver.Config.Ready.
 func (r *Readiness) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
+	defer cancel()
 	if err := r.conn.Ping(ctx); err != nil {
 		return err
 	}

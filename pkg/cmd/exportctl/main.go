@@ -72,7 +72,7 @@ var commands = map[string]command{
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout io.Writer) error {
-	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+	if wantsHelp(args) {
 		_, err := fmt.Fprintln(stdout, usage) // asked for: on stdout, and no error
 		return err
 	}
@@ -90,6 +90,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	defer pool.Close()
 	return commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest)
+}
+
+// wantsHelp reports "exportctl help", or -h or --help anywhere (before a
+// "--"), as "exportctl key create -h": the usage is printed whatever
+// else is given, and without a database.
+func wantsHelp(args []string) bool {
+	if len(args) == 1 && args[0] == "help" {
+		return true
+	}
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 func commandName(args []string) (string, []string, error) {

@@ -184,11 +184,11 @@ func countItems(t *testing.T, dsn, owner string) int {
 
 // Asking for help prints the usage and is no error, without a database.
 func TestHelpIsNoError(t *testing.T) {
-	for _, arg := range []string{"-h", "--help", "help"} {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"key", "create", "-h"}, {"items", "seed", "--owner", "x", "--help"}} {
 		var stdout bytes.Buffer
-		err := run(context.Background(), []string{arg}, func(string) string { return "" }, strings.NewReader(""), &stdout)
+		err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout)
 		if err != nil || !strings.Contains(stdout.String(), "usage: exportctl") {
-			t.Errorf("exportctl %s = %v, printed %q; want the usage and no error", arg, err, stdout.String())
+			t.Errorf("exportctl %v = %v, printed %q; want the usage and no error", args, err, stdout.String())
 		}
 	}
 	if err := run(context.Background(), []string{"--nope"}, func(string) string { return "" }, strings.NewReader(""), io.Discard); !errors.Is(err, errUsage) {
