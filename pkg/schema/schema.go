@@ -130,7 +130,10 @@ func embeddedVersions() ([]int64, error) {
 // gateway's gives up after a second) and be taken out of rotation, which
 // turns load into an outage. Seen in the sales bench when a pause of the
 // machine queued the 32 workers' statements behind the pool's 8
-// connections for over a second.
+// connections for over a second. The price: a service whose own pool is
+// wedged (connections leaked or stuck) stays ready while its requests time
+// out; pgxpool_acquire_wait_seconds_total and pgxpool_empty_acquire_total
+// on /metrics show that state, and are what to alert on.
 type Readiness struct {
 	conn    *pgxpool.Pool // a pool of one, opened on first use
 	log     *slog.Logger
