@@ -131,11 +131,19 @@ const repeatLogInterval = 10 * time.Second
 func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, err error) {
 	kind := errorKind(err)
 	g.metrics.upstreamRetries.WithLabelValues(up, kind).Inc()
-	if ok, skipped := g.repeatLog.Allow(up + "/" + kind); ok {
-		g.log.WarnContext(rq.ctx, "upstream attempt failed; request sent again",
-			"upstream", up, "kind", kind, "error", err.Error(), "skipped_since_last", skipped)
+	failedAt := time.Now()
+	var attempt *upstream.FailedAttempt
+	if errors.As(err, &attempt) {
+		failedAt = attempt.At
 	}
-	span.AddEvent("sent again", trace.WithAttributes(attrFailedAttemptKind.String(kind)))
+	if ok, skipped := g.repeatLog.Allow(up + "/" + kind); ok {
+		// Logged once the repeat is done; failed_at says when the first
+		// attempt failed (the line's time may be a read timeout later).
+		g.log.WarnContext(rq.ctx, "upstream attempt failed; request sent again",
+			"upstream", up, "kind", kind, "error", err.Error(), "failed_at", failedAt.UTC().Format(time.RFC3339Nano),
+			"skipped_since_last", skipped)
+	}
+	span.AddEvent("sent again", trace.WithTimestamp(failedAt), trace.WithAttributes(attrFailedAttemptKind.String(kind)))
 }
 
 // errIdentityRefused is a service's 401. The gateway has already checked

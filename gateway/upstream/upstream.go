@@ -234,7 +234,7 @@ type Repeat struct {
 // sent once more to another one; one that may have reached one only as
 // repeat allows. requestURI is the original path and query.
 //
-// repeated is the first attempt's error when the request was sent again
+// repeated is the first attempt's error (a *FailedAttempt) when the request was sent again
 // (nil otherwise), so that a failure the repeat covered is still counted;
 // err is the outcome. Both name the instance that failed.
 //
@@ -268,9 +268,21 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header)
 	}
-	firstErr := err
+	firstErr := &FailedAttempt{Err: err, At: time.Now()}
 	return firstErr, u.send(second, req, resp, requestURI)
 }
+
+// FailedAttempt is the first attempt's failure of a request that was sent
+// again, and when it failed: Do returns once the repeat is done, maybe a
+// whole read timeout later, and whoever logs or traces the failure then
+// can still place it in time.
+type FailedAttempt struct {
+	Err error
+	At  time.Time
+}
+
+func (f *FailedAttempt) Error() string { return f.Err.Error() }
+func (f *FailedAttempt) Unwrap() error { return f.Err }
 
 func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string) error {
 	var uri [512]byte // longer ones spill to the heap

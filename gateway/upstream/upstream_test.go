@@ -313,3 +313,42 @@ func TestProbeOnceClassifies(t *testing.T) {
 	}
 	close(never)
 }
+
+// A repeated request's first failure says when it happened: before the
+// second attempt reached its instance, not when Do returned.
+func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
+	arrived := make(chan time.Time, 1)
+	second := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- time.Now()
+		time.Sleep(200 * time.Millisecond)
+	}))
+	defer second.Close()
+	u, err := New("svc", []string{closedAddr(t), second.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // round-robin: one of the two meets the closed instance first
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		req.Header.SetMethod("POST")
+		repeated, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+		returned := time.Now()
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := <-arrived
+		if repeated == nil {
+			continue
+		}
+		var attempt *FailedAttempt
+		if !errors.As(repeated, &attempt) || !errors.Is(repeated, ErrUnreachable) {
+			t.Fatalf("repeated = %v, want a *FailedAttempt of ErrUnreachable", repeated)
+		}
+		if attempt.At.After(at) || returned.Sub(attempt.At) < 150*time.Millisecond {
+			t.Errorf("failure stamped %v, second attempt arrived %v, Do returned %v: want the stamp before the arrival", attempt.At, at, returned)
+		}
+		return
+	}
+	t.Fatal("no request met the closed instance")
+}
