@@ -159,6 +159,19 @@ func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*R
 	return r, nil
 }
 
+// ping pings PostgreSQL, twice if the first fails on the check's idle
+// connection: after a PostgreSQL restart that connection is dead, and pgx
+// finds out only by using it (and then drops it), so the first probe after
+// every restart would fail, and the gateway would take a service out that
+// can serve, until its next probe.
+func (r *Readiness) ping(ctx context.Context) error {
+	err := r.conn.Ping(ctx)
+	if err != nil && ctx.Err() == nil {
+		err = r.conn.Ping(ctx)
+	}
+	return err
+}
+
 // Close releases the check's connection.
 func (r *Readiness) Close() { r.conn.Close() }
 
@@ -172,7 +185,7 @@ const readyTimeout = 5 * time.Second
 func (r *Readiness) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 	defer cancel()
-	if err := r.conn.Ping(ctx); err != nil {
+	if err := r.ping(ctx); err != nil {
 		return err
 	}
 	if r.current.Load() {

@@ -171,3 +171,27 @@ func TestReadinessAnswersWhileThePoolIsSaturated(t *testing.T) {
 		t.Errorf("Ready with the pool saturated = %v, want nil", err)
 	}
 }
+
+// After PostgreSQL dropped the check's idle connection (a restart), the
+// next check still passes: the first probe after every restart must not
+// take a service out that can serve.
+func TestReadinessSurvivesADroppedConnection(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	ready, err := schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ready.Close()
+	if err := ready.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var dropped int
+	if err := pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&dropped); err != nil || dropped == 0 {
+		t.Fatalf("terminated %d backends (%v), want the check's", dropped, err)
+	}
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready after its connection was dropped = %v, want nil", err)
+	}
+}
