@@ -138,27 +138,42 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 }
 
 // ambiguousFraming reports a request whose length two parsers could read
-// differently: chunked, and with a Content-Length too (fasthttp frames it
-// by the chunks and drops the length), or chunked in HTTP/1.0, which has
-// no chunks. A proxy in front that framed it by the length would take the
+// differently: one with a Transfer-Encoding and a Content-Length (fasthttp
+// frames it by the chunks), or with a Transfer-Encoding in HTTP/1.0, which
+// has none. A proxy in front that framed it by the length would take the
 // rest of the body for another request: request smuggling. RFC 9112 6.1
-// allows refusing it and requires closing the connection after the
-// answer either way; errAmbiguousFraming does both. Only a chunked
-// request pays for the scan of its raw headers.
+// allows refusing it and requires closing the connection after the answer
+// either way; errAmbiguousFraming does both. The raw headers are read, not
+// fasthttp's parsed ones: after an empty chunked body fasthttp sets the
+// length to 0 and keeps no trace of the chunks. The scan looks only at the
+// first letter of most lines.
 func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	if h.ContentLength() != -1 { // -1: chunked
-		return false
-	}
-	if !h.IsHTTP11() {
-		return true
-	}
-	for line := range bytes.SplitSeq(h.RawHeaders(), []byte("\n")) {
-		name, _, found := bytes.Cut(line, []byte(":"))
-		if found && bytes.EqualFold(bytes.TrimSpace(name), []byte("content-length")) {
-			return true
+	var coded, sized bool
+	raw := h.RawHeaders()
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) == 0 {
+			continue
+		}
+		switch line[0] | 0x20 { // ASCII lower case
+		case 't':
+			coded = coded || headerNamed(line, "transfer-encoding")
+		case 'c':
+			sized = sized || headerNamed(line, "content-length")
 		}
 	}
-	return false
+	return coded && (sized || !h.IsHTTP11())
+}
+
+// headerNamed reports whether a raw header line has the name, in any case.
+func headerNamed(line []byte, name string) bool {
+	n, _, found := bytes.Cut(line, []byte(":"))
+	return found && bytes.EqualFold(bytes.TrimSpace(n), []byte(name))
 }
 
 // checkPath refuses the raw paths that the services would read otherwise

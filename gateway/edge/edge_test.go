@@ -892,15 +892,20 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SALES_WRITER_URLS": writer.URL})
 	smuggled := "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n"
 	head := "POST /v1/export/items/coin-1/sales/confirm %s\r\nHost: gateway\r\nX-API-Key: " + k.write + "\r\n%s"
-	chunked := "2\r\n{}\r\n0\r\n\r\n"
+	chunked, empty := "2\r\n{}\r\n0\r\n\r\n", "0\r\n\r\n"
 	tests := []struct {
-		name, proto, headers string
-		refused              bool
+		name, proto, headers, body string
+		refused                    bool
 	}{
-		{"chunked and a length", "HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", true},
-		{"a length, then chunked", "HTTP/1.1", "Transfer-Encoding: chunked\r\ncontent-length: 50\r\n", true},
-		{"chunked in HTTP/1.0", "HTTP/1.0", "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n", true},
-		{"chunked alone", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", false},
+		{"chunked and a length", "HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", chunked, true},
+		// fasthttp sets the length of an empty chunked body to 0.
+		{"empty chunks and a length", "HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", empty, true},
+		{"a length, then chunked", "HTTP/1.1", "Transfer-Encoding: chunked\r\ncontent-length: 50\r\n", chunked, true},
+		{"identity coding and a length", "HTTP/1.1", "Transfer-Encoding: identity\r\nContent-Length: 2\r\n", "{}", true},
+		{"chunked in HTTP/1.0", "HTTP/1.0", "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n", chunked, true},
+		{"empty chunks in HTTP/1.0", "HTTP/1.0", "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n", empty, true},
+		{"chunked alone", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", chunked, false},
+		{"a length alone", "HTTP/1.1", "Content-Length: 2\r\n", "{}", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -909,7 +914,7 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			req := fmt.Sprintf(head, tt.proto, tt.headers) + "\r\n" + chunked + smuggled
+			req := fmt.Sprintf(head, tt.proto, tt.headers) + "\r\n" + tt.body + smuggled
 			if _, err := conn.Write([]byte(req)); err != nil {
 				t.Fatal(err)
 			}

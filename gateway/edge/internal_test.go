@@ -24,6 +24,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -499,5 +500,21 @@ func TestAuthFailuresSayWhy(t *testing.T) {
 				t.Errorf("access line = %s, want auth_failure %q and key_id %q", line, tt.reason, tt.keyID)
 			}
 		})
+	}
+}
+
+// BenchmarkAmbiguousFraming is the check's cost on a usual GET, which every
+// request pays.
+func BenchmarkAmbiguousFraming(b *testing.B) {
+	var h fasthttp.RequestHeader
+	raw := "GET /v1/export/items/coin-1 HTTP/1.1\r\nHost: gateway\r\nUser-Agent: wrk\r\nAccept: application/json\r\n" +
+		"Accept-Encoding: gzip\r\nX-API-Key: cxr_0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ012345\r\nConnection: keep-alive\r\n\r\n"
+	if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if ambiguousFraming(&h) {
+			b.Fatal("a plain GET found ambiguous")
+		}
 	}
 }
