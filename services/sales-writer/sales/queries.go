@@ -147,14 +147,24 @@ WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at
 // bindRefusedSQL binds the key ($1 owner, $2 platform, $3 key) to the
 // refused request ($4 its fingerprint; $5 the retention in seconds) unless
 // an unexpired binding holds it already, and returns the fingerprint the key
-// is bound to.
+// is bound to. A live record of another request with the key wins over the
+// refusal and nothing is bound: that request raced this one, executed, and
+// committed after this one's statement took its snapshot, so the key is
+// that request's (spec 4.7 rule 3), and the refusal is a conflict.
 const bindRefusedSQL = `
-INSERT INTO idempotency_refusals AS r (owner_id, platform_id, idempotency_key, fingerprint, expires_at)
-VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 second')
-ON CONFLICT (owner_id, platform_id, idempotency_key) DO UPDATE
-SET fingerprint = CASE WHEN r.expires_at > now() THEN r.fingerprint ELSE excluded.fingerprint END,
-    expires_at = CASE WHEN r.expires_at > now() THEN r.expires_at ELSE excluded.expires_at END
-RETURNING fingerprint`
+WITH executed AS (
+    SELECT fingerprint FROM idempotency_records
+    WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
+), bound AS (
+    INSERT INTO idempotency_refusals AS r (owner_id, platform_id, idempotency_key, fingerprint, expires_at)
+    SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 second'
+    WHERE NOT EXISTS (SELECT FROM executed WHERE fingerprint <> $4)
+    ON CONFLICT (owner_id, platform_id, idempotency_key) DO UPDATE
+    SET fingerprint = CASE WHEN r.expires_at > now() THEN r.fingerprint ELSE excluded.fingerprint END,
+        expires_at = CASE WHEN r.expires_at > now() THEN r.expires_at ELSE excluded.expires_at END
+    RETURNING fingerprint
+)
+SELECT coalesce((SELECT fingerprint FROM bound), (SELECT fingerprint FROM executed))`
 
 // purgeSQL deletes at most $1 expired idempotency records, and purgeRefusalsSQL
 // at most $1 expired refusals, so that each purge transaction stays short.
