@@ -57,13 +57,16 @@ type Client struct {
 // DefaultRetries is Client.Retries when unset.
 const DefaultRetries = 8
 
-// The waits between attempts: a 429's Retry-After when it has one (at most
-// maxRetryAfter), else doubling from firstBackoff to longestBackoff, and
-// never less than a 5xx's Retry-After.
+// The waits between attempts: a 429's Retry-After when it has one, else
+// doubling from firstBackoff to longestBackoff, and never less than a 5xx's
+// Retry-After. maxRetryAfter only guards against a nonsensical header: the
+// gateway's longest limit window is a day (RATE_LIMIT_* "N-D"), and a sync
+// held by a daily or hourly limit must wait its Retry-After out rather than
+// give up and start over into the same limit.
 const (
 	firstBackoff   = 500 * time.Millisecond
 	longestBackoff = 30 * time.Second
-	maxRetryAfter  = 5 * time.Minute
+	maxRetryAfter  = 25 * time.Hour
 )
 
 // Sync reads every item updated after checkpoint (all items when checkpoint
@@ -147,9 +150,10 @@ type statusError struct {
 func (e *statusError) Error() string { return e.detail }
 
 // retryDelay says whether err may pass by waiting, and how long to wait
-// before attempt+1: a 429 or a 5xx, or no answer at all (the network, an
-// answer cut short). A 4xx other than 429 will not pass: the request is
-// wrong (a cursor refused, a key revoked).
+// before attempt+1: a 429, a 408 (the request was not received in time:
+// the network), a 5xx, or no answer at all (the network, an answer cut
+// short). Any other 4xx will not pass: the request is wrong (a cursor
+// refused, a key revoked).
 func retryDelay(err error, attempt int) (time.Duration, bool) {
 	backoff := min(firstBackoff<<min(attempt, 16), longestBackoff)
 	if errors.As(err, new(transientError)) {
@@ -161,7 +165,7 @@ func retryDelay(err error, attempt int) (time.Duration, bool) {
 		return 0, false // no answer for a reason of the caller's (a malformed BaseURL, a scheme not spoken)
 	case se.status == http.StatusTooManyRequests && se.retryAfter > 0:
 		return min(se.retryAfter, maxRetryAfter), true
-	case se.status == http.StatusTooManyRequests:
+	case se.status == http.StatusTooManyRequests, se.status == http.StatusRequestTimeout:
 		return backoff, true
 	case se.status >= 500:
 		// An outage's Retry-After (1 s from this service) is the least

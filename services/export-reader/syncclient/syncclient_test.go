@@ -54,7 +54,11 @@ func TestSyncRetriesWhatPasses(t *testing.T) {
 		{"rate limited twice", []answer{{429, "7"}, {429, "61"}, {200, ""}}, 0, "",
 			[]time.Duration{7 * time.Second, 61 * time.Second}},
 		{"rate limited without Retry-After", []answer{{429, ""}, {200, ""}}, 0, "", []time.Duration{firstBackoff}},
-		{"Retry-After bounded", []answer{{429, "86400"}, {200, ""}}, 0, "", []time.Duration{maxRetryAfter}},
+		// An hourly or daily limit is waited out, not given up on.
+		{"rate limited for an hour", []answer{{429, "3621"}, {200, ""}}, 0, "", []time.Duration{3621 * time.Second}},
+		{"rate limited for a day", []answer{{429, "86400"}, {200, ""}}, 0, "", []time.Duration{24 * time.Hour}},
+		{"Retry-After bounded", []answer{{429, "31536000"}, {200, ""}}, 0, "", []time.Duration{maxRetryAfter}},
+		{"request timeout", []answer{{408, ""}, {200, ""}}, 0, "", []time.Duration{firstBackoff}},
 		{"service unavailable, then bad gateway", []answer{{503, ""}, {502, ""}, {200, ""}}, 0, "",
 			[]time.Duration{firstBackoff, 2 * firstBackoff}},
 		{"unavailable with Retry-After: the longer of it and the backoff",
