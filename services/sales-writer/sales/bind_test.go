@@ -18,13 +18,7 @@ func TestRefusalLosesTheKeyToARequestThatExecuted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	var owner string
-	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('p')"); err != nil {
-		t.Fatal(err)
-	}
+	owner := ownerWithPlatformP(t, db)
 	w := NewWriter(db, time.Hour)
 	executed := Request{Operation: Confirm, OwnerID: owner, PlatformID: "p", IdempotencyKey: "k", ItemID: "y", ExternalOrderID: "o", Quantity: 1}
 	refused := executed

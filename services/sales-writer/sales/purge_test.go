@@ -9,23 +9,33 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// ownerWithPlatformP creates an owner and the platform "p" in db, and
+// returns the owner's id.
+func ownerWithPlatformP(t *testing.T, db *pgxpool.Pool) string {
+	t.Helper()
+	ctx := context.Background()
+	var owner string
+	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('p')"); err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
 
 func TestPurgeDeletesOnlyExpiredRecords(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	var owner string
-	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
+	owner := ownerWithPlatformP(t, db)
 	// More expired records than one purge statement deletes.
 	const expired, live = 2*purgeBatch + 7, 5
-	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('p')"); err != nil {
-		t.Fatal(err)
-	}
 	_, err := db.Exec(ctx, `
 		INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
 		SELECT $1::uuid, 'p', 'old-' || g, '\x00'::bytea, '{}'::jsonb, now() - interval '1 minute' FROM generate_series(1, $2::int) g
