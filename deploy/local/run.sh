@@ -32,6 +32,26 @@ done <"$state/secrets"
 pids=()
 declare -A names # pid → name, to say which process exited
 stopping=
+# stop_one PID: TERM, then wait; a process still there after stop_grace
+# (longer than any binary's own drain, 10 s) is killed, so that Ctrl-C always
+# ends make run (once, under heavy load, tracestore was seen to outlive its
+# TERM and make run waited for ever).
+stop_grace=20
+stop_one() {
+  local pid=$1 t state
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((t = 0; t < stop_grace * 10; t++)); do
+    # Gone, or exited and not yet reaped (a zombie): stopped.
+    { read -r _ _ state _ <"/proc/$pid/stat"; } 2>/dev/null || break
+    [ "$state" != Z ] || break
+    sleep 0.1
+  done
+  if [ "$t" -ge $((stop_grace * 10)) ]; then
+    log "${names[$pid]:-pid $pid} did not stop within ${stop_grace}s of TERM: killed"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
+}
 stop_all() {
   trap - INT TERM EXIT
   stopping=1
@@ -43,8 +63,7 @@ stop_all() {
   # them; not tracestore, which has a session of its own.
   local i
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[i]}" 2>/dev/null || true
-    wait "${pids[i]}" 2>/dev/null || true
+    stop_one "${pids[i]}"
   done
   redis_stop "$state/redis"
   pg_stop "$state/pg"
