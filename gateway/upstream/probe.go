@@ -27,16 +27,29 @@ const unansweredProbesBeforeDown = 3
 
 var reasonUnanswered = fmt.Sprintf("its health probe went unanswered %d times in a row", unansweredProbesBeforeDown)
 
-// Probe checks every instance each interval until ctx ends: one that
-// answers is put back at once; one that refuses the connection or answers
-// 5xx is skipped until the next probe, so the proxy stops sending to it;
-// one that leaves its probe unanswered (in interval, at most a second) is
-// skipped once it has done so unansweredProbesBeforeDown times in a row.
+// downRecheck is how often an instance that is out is probed again. An
+// outage every instance shares (PostgreSQL restarting: every service's
+// readiness answers 503) takes them all out, and probed only each
+// interval, they would stay out up to a whole interval after the cause had
+// passed.
+const downRecheck = 250 * time.Millisecond
+
+// Probe checks every instance each interval until ctx ends, and one that is
+// out every downRecheck: one that answers is put back at once; one that
+// refuses the connection or answers 5xx is skipped until a probe finds it
+// answering, so the proxy stops sending to it; one that leaves its probe
+// unanswered (in interval, at most a second) is skipped once it has done
+// so unansweredProbesBeforeDown times in a row.
 func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
-	tick := time.NewTicker(interval)
+	tick := time.NewTicker(min(interval, downRecheck))
 	defer tick.Stop()
 	for {
 		for _, inst := range u.current() {
+			now := time.Now()
+			if inst.upAt(now.UnixNano()) && now.Before(inst.nextProbe) {
+				continue
+			}
+			inst.nextProbe = now.Add(interval)
 			u.judge(inst, inst.probeOnce(interval), interval)
 		}
 		select {

@@ -90,8 +90,10 @@ type Instance struct {
 	// refused connection, and told once.
 	toldDown bool
 	// unansweredProbes counts the probes in a row the instance left
-	// unanswered; only the prober's goroutine touches it.
+	// unanswered, and nextProbe is when an instance that is up is probed
+	// next; only the prober's goroutine touches them.
 	unansweredProbes int
+	nextProbe        time.Time
 	// seed is the instance's own hash for rendezvous hashing: derived from
 	// its address, so every gateway ranks the instances alike.
 	seed uint64

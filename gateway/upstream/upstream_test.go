@@ -352,3 +352,40 @@ func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
 	}
 	t.Fatal("no request met the closed instance")
 }
+
+// An instance taken out by a 5xx probe (its service not ready: PostgreSQL
+// restarting) is put back within a recheck of answering again, not a whole
+// probe interval later; one that is up is probed only each interval.
+func TestInstanceOutIsProbedAgainSoon(t *testing.T) {
+	var status atomic.Int64
+	var probes atomic.Int64
+	status.Store(503)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		probes.Add(1)
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	u, err := New("svc", []string{srv.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go u.Probe(ctx, time.Hour)
+	waitUntil := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5 s (the probe interval is an hour)", what)
+			}
+		}
+	}
+	waitUntil("taken out by its 503", func() bool { return u.State() == "down" })
+	status.Store(200)
+	waitUntil("put back once it answers", func() bool { return u.State() == "ok" })
+	settled := probes.Load()
+	time.Sleep(4 * downRecheck)
+	if extra := probes.Load() - settled; extra != 0 {
+		t.Errorf("%d probes of an instance that is up within %v, want none before the interval", extra, 4*downRecheck)
+	}
+}
