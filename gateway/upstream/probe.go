@@ -65,7 +65,7 @@ type probeVerdict int
 
 const (
 	probeAnswered   probeVerdict = iota // an answer below 500
-	probeRefused                        // no connection, or an answer of 5xx
+	probeFailed                         // no connection, or an answer of 5xx
 	probeUnanswered                     // connected, but no answer in time
 )
 
@@ -74,7 +74,7 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration)
 	case probeAnswered:
 		inst.unansweredProbes = 0
 		u.markUp(inst)
-	case probeRefused:
+	case probeFailed:
 		u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
 	default:
 		if inst.unansweredProbes++; inst.unansweredProbes >= unansweredProbesBeforeDown {
@@ -96,11 +96,11 @@ func (inst *Instance) probeOnce(timeout time.Duration) probeVerdict {
 	err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second))
 	switch {
 	case errors.As(err, new(dialError)):
-		return probeRefused
+		return probeFailed
 	case err != nil:
 		return probeUnanswered
 	case resp.StatusCode() >= 500:
-		return probeRefused
+		return probeFailed
 	}
 	return probeAnswered
 }

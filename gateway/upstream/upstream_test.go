@@ -264,7 +264,7 @@ func TestJudgeCountsUnansweredProbesInARow(t *testing.T) {
 		{probeAnswered, true}, // the count starts over
 		{probeUnanswered, true}, {probeUnanswered, true}, {probeUnanswered, false},
 		{probeAnswered, true},
-		{probeRefused, false},
+		{probeFailed, false},
 		{probeAnswered, true},
 	}
 	for i, step := range steps {
@@ -298,8 +298,8 @@ func TestProbeOnceClassifies(t *testing.T) {
 	}{
 		{"answered 200", server(func(w http.ResponseWriter, r *http.Request) {}), 5 * time.Second, probeAnswered},
 		{"answered 404", server(http.NotFound), 5 * time.Second, probeAnswered},
-		{"answered 503", server(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }), 5 * time.Second, probeRefused},
-		{"connection refused", closedAddr(t), 5 * time.Second, probeRefused},
+		{"answered 503", server(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }), 5 * time.Second, probeFailed},
+		{"connection refused", closedAddr(t), 5 * time.Second, probeFailed},
 		{"never answers", hung, 100 * time.Millisecond, probeUnanswered},
 	}
 	for _, tt := range tests {

@@ -101,7 +101,8 @@ func WellFormed[T string | []byte](s T) bool {
 // a client put in one must not reach them (spec 5: keys never in URLs or
 // logs). Each segment is read as sent and with its %-escapes decoded, so
 // that an escaped letter hides no key, whatever the rest of the path holds.
-// A path without one is returned as it is, without an allocation.
+// A path without one is returned as it is, and one without a key or a '%'
+// also without an allocation (every request's path is read here).
 func RedactPath(path string) (string, bool) {
 	if len(path) < Len || (!ContainsKey(path) && strings.IndexByte(path, '%') < 0) {
 		return path, false
