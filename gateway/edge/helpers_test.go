@@ -113,7 +113,7 @@ func echoUpstream(t *testing.T, name string, hits *atomic.Int64) *httptest.Serve
 		envelope.WriteData(w, http.StatusOK, map[string]string{"status": "ok"}, envelope.Meta{})
 	})
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		id, err := signer.Verify(r.Header.Get, time.Now())
+		id, err := signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now())
 		if err != nil {
 			envelope.WriteError(w, http.StatusUnauthorized, "unauthenticated",
 				"the request did not come through the gateway", httpserver.RandomRequestID())

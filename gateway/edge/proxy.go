@@ -76,7 +76,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	req := c.Request()
 	uri := receivedRequestURI(req.URI())
 	repeat := upstream.Repeat{
-		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek("Idempotency-Key")) > 0,
+		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek(idempotencyKeyHeader)) > 0,
 		IfClosed: rt.safe(),
 		Renew:    g.renewIdentity,
 	}
@@ -87,7 +87,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	req.Header.Add(fiber.HeaderXForwardedFor, rq.clientIP)
 	g.signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
-		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, time.Now())
+		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, signedRequest(rq.method, &req.Header, uri), time.Now())
 
 	// The client span only where the trace is recorded: otherwise it would
 	// be one more span that goes nowhere, and the service continues the
@@ -153,14 +153,32 @@ func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, err error)
 var errIdentityRefused = errors.New("the service refused the gateway's signed identity: " +
 	"IDENTITY_SECRET differs between the gateway and the service, or their clocks differ by more than identity.MaxSkew")
 
+// signedRequest is the request the identity is signed for: method as sent
+// (proxy passes rq.method, which stableMethod keeps as a constant: only a
+// routed method is proxied), requestURI as upstream.Do sends it
+// (the service reads the same bytes as its RequestURI) and the
+// Idempotency-Key, so that the signature opens no other request.
+func signedRequest(method string, h *fasthttp.RequestHeader, requestURI string) identity.Request {
+	if method == methodOther { // never proxied; the bytes as sent, all the same
+		method = string(h.Method())
+	}
+	r := identity.Request{Method: method, Target: requestURI}
+	if key := h.Peek(idempotencyKeyHeader); len(key) > 0 {
+		r.IdempotencyKey = string(key)
+	}
+	return r
+}
+
+const idempotencyKeyHeader = "Idempotency-Key"
+
 // renewIdentity signs again, at the time of a repeat, the identity proxy
 // signed: a sale repeated after a whole UPSTREAM_READ_TIMEOUT would
 // otherwise reach the second instance with a signature the service may
 // find too old (identity.MaxSkew), and the client would get a 401 for a
 // valid key.
-func (g *Gateway) renewIdentity(h *fasthttp.RequestHeader) {
+func (g *Gateway) renewIdentity(h *fasthttp.RequestHeader, requestURI string) {
 	get := func(name string) string { return string(h.Peek(name)) }
-	if err := g.signer.Renew(get, h.SetBytesV, time.Now()); err != nil {
+	if err := g.signer.Renew(get, signedRequest(string(h.Method()), h, requestURI), h.SetBytesV, time.Now()); err != nil {
 		// Only if the headers were not the ones proxy signed: a bug.
 		g.log.Error("could not renew the identity of a repeated request", "error", err)
 	}

@@ -224,10 +224,11 @@ type Repeat struct {
 	// kept-alive connection to a restarted instance. A timeout is never
 	// repeated, so a slow service is not sent twice the load.
 	IfClosed bool
-	// Renew, if set, is called on the request's headers before it is sent
+	// Renew, if set, is called on the request's headers, with the
+	// request's path and query as sent (Do's requestURI), before it is sent
 	// again, for what must not age: the gateway signs the identity with
 	// the time, and a repeat may come a whole UPSTREAM_READ_TIMEOUT later.
-	Renew func(*fasthttp.RequestHeader)
+	Renew func(h *fasthttp.RequestHeader, requestURI string)
 }
 
 // Do sends req to one instance and fills resp (its body read whole or
@@ -268,7 +269,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	}
 	resp.Reset()
 	if repeat.Renew != nil {
-		repeat.Renew(&req.Header)
+		repeat.Renew(&req.Header, requestURI)
 	}
 	firstErr := &FailedAttempt{Err: err, At: time.Now()}
 	return firstErr, u.send(second, req, resp, requestURI)

@@ -154,7 +154,7 @@ func TestRepeatIsRenewed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	renew := func(h *fasthttp.RequestHeader) { h.Set("X-Stamp", "renewed") }
+	renew := func(h *fasthttp.RequestHeader, requestURI string) { h.Set("X-Stamp", "renewed "+requestURI) }
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -164,8 +164,8 @@ func TestRepeatIsRenewed(t *testing.T) {
 	if err != nil || !errors.Is(repeated, ErrTimeout) || resp.StatusCode() != 200 {
 		t.Fatalf("Do(sale, slow first instance) = repeated after %v, %d, %v; want repeated after a timeout, 200", repeated, resp.StatusCode(), err)
 	}
-	if first, second := <-stamps, <-stamps; first != "first" || second != "renewed" {
-		t.Errorf("instances saw X-Stamp %q then %q, want \"first\" then \"renewed\"", first, second)
+	if first, second := <-stamps, <-stamps; first != "first" || second != "renewed /v1/x" {
+		t.Errorf("instances saw X-Stamp %q then %q, want \"first\" then \"renewed /v1/x\"", first, second)
 	}
 }
 

@@ -91,7 +91,7 @@ func (s *Server) dispatch() http.Handler {
 			s.health(rec, r)
 			return
 		}
-		id, err := s.cfg.Signer.Verify(r.Header.Get, time.Now())
+		id, err := s.cfg.Signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now())
 		if err != nil {
 			s.logRefused(r)
 			envelope.WriteError(rec, http.StatusUnauthorized, "unauthenticated",

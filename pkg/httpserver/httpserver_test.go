@@ -73,7 +73,7 @@ func TestDispatch(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			req, _ := http.NewRequest(tt.method, ts.URL+tt.path, nil)
 			if tt.sign {
-				for _, h := range signer.Sign(signed, time.Now()) {
+				for _, h := range signer.Sign(signed, identity.RequestOf(req), time.Now()) {
 					req.Header.Set(h.Name, h.Value)
 				}
 			}
@@ -199,7 +199,7 @@ func TestServerSpans(t *testing.T) {
 	signed := identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead}, RequestID: traceID}
 	for _, path := range []string{"/v1/things/1", "/v1/things/broken", "/healthz"} {
 		req, _ := http.NewRequest("GET", ts.URL+path, nil)
-		for _, h := range signer.Sign(signed, time.Now()) {
+		for _, h := range signer.Sign(signed, identity.RequestOf(req), time.Now()) {
 			req.Header.Set(h.Name, h.Value)
 		}
 		req.Header.Set("Traceparent", "00-"+traceID+"-"+parentID+"-01")

@@ -1,8 +1,10 @@
 // Package identity carries the caller's identity from the gateway to the
 // services. The gateway resolves the API key once and sends owner, platform,
 // key id, scopes and request id as headers signed with HMAC-SHA256 over a
-// shared secret and a timestamp; a service trusts nothing else, so a service
-// port reached by mistake exposes nothing.
+// shared secret and a timestamp, together with the request they are for
+// (method, request-target, Idempotency-Key); a service trusts nothing else,
+// so a service port reached by mistake exposes nothing, and a set of
+// identity headers captured inside the network opens no other request.
 package identity
 
 import (
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,27 +117,47 @@ func newSigner(secret string) (*Signer, error) {
 	return s, nil
 }
 
+// Request is the request a signature is for. It is signed with the
+// identity, so that identity headers captured on their way to a service
+// cannot be replayed on another route, item, query or Idempotency-Key: at
+// most the same request again, within MaxSkew, which for a sale replays its
+// stored answer. Target is the request-target as sent on the wire, path and
+// query byte for byte (a service reads it as http.Request.RequestURI).
+type Request struct {
+	Method, Target, IdempotencyKey string
+}
+
+// RequestOf is the Request r is: on a server, the request-target as
+// received (r.RequestURI); on a client, the one net/http will send.
+func RequestOf(r *http.Request) Request {
+	target := r.RequestURI
+	if target == "" {
+		target = r.URL.RequestURI()
+	}
+	return Request{Method: r.Method, Target: target, IdempotencyKey: r.Header.Get("Idempotency-Key")}
+}
+
 // Header is one header to set on the upstream request.
 type Header struct {
 	Name, Value string
 }
 
-// Sign returns the headers that carry id, signed at now.
-func (s *Signer) Sign(id Identity, now time.Time) []Header {
+// Sign returns the headers that carry id for req, signed at now.
+func (s *Signer) Sign(id Identity, req Request, now time.Time) []Header {
 	headers := make([]Header, 0, 7)
-	s.SignInto(func(name string, value []byte) { headers = append(headers, Header{name, string(value)}) }, id, now)
+	s.SignInto(func(name string, value []byte) { headers = append(headers, Header{name, string(value)}) }, id, req, now)
 	return headers
 }
 
-// SignInto passes each header that carries id, signed at now, to set,
-// without allocating: the values point into a buffer reused once SignInto
-// returns, so set must copy them (as fasthttp's SetBytesV does).
-func (s *Signer) SignInto(set func(name string, value []byte), id Identity, now time.Time) {
+// SignInto passes each header that carries id for req, signed at now, to
+// set, without allocating: the values point into a buffer reused once
+// SignInto returns, so set must copy them (as fasthttp's SetBytesV does).
+func (s *Signer) SignInto(set func(name string, value []byte), id Identity, req Request, now time.Time) {
 	st := s.states.Get().(*signingState)
 	defer s.put(st)
 	var tsBuf [20]byte
 	ts := strconv.AppendInt(tsBuf[:0], now.UnixMilli(), 10)
-	text, fields := appendSignedText(st.text[:0], id.OwnerID, id.PlatformID, id.KeyID, id.Scopes, id.RequestID, ts)
+	text, fields := appendSignedText(st.text[:0], id.OwnerID, id.PlatformID, id.KeyID, id.Scopes, id.RequestID, ts, req)
 	st.text = text
 	st.sig = base64.RawURLEncoding.AppendEncode(st.sig[:0], st.sum256(text))
 	for i, name := range signedHeaders {
@@ -146,13 +169,14 @@ func (s *Signer) SignInto(set func(name string, value []byte), id Identity, now 
 // signedHeaders are the signed fields' headers, in signing order.
 var signedHeaders = [...]string{HeaderOwner, HeaderPlatform, HeaderKeyID, HeaderScopes, HeaderRequestID, HeaderTime}
 
-// appendSignedText appends the text the MAC covers and returns each field's
-// bytes within it. The fields are joined by a separator that cannot occur in
-// any of them (header values cannot hold a newline), so no two identities
-// share an input.
-func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string, requestID string, ts []byte) ([]byte, [len(signedHeaders)][]byte) {
+// appendSignedText appends the text the MAC covers and returns each signed
+// header's bytes within it. The fields are joined by a separator that cannot
+// occur in any of them (neither header values nor a request line can hold a
+// newline), so no two identities or requests share an input. The request's
+// fields come last: they are not headers, the service has them already.
+func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string, requestID string, ts []byte, req Request) ([]byte, [len(signedHeaders)][]byte) {
 	var at [len(signedHeaders) + 1]int
-	dst = append(dst, "identity-v1"...)
+	dst = append(dst, "identity-v2"...)
 	field := 0
 	next := func() { dst = append(dst, '\n'); at[field] = len(dst); field++ }
 	next()
@@ -172,7 +196,10 @@ func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string
 	dst = append(dst, requestID...)
 	next()
 	dst = append(dst, ts...)
-	at[field] = len(dst) + 1 // as if a separator followed
+	at[field] = len(dst) + 1 // the separator that follows
+	for _, v := range [...]string{req.Method, req.Target, req.IdempotencyKey} {
+		dst = append(append(dst, '\n'), v...)
+	}
 	var fields [len(signedHeaders)][]byte
 	for i := range fields {
 		fields[i] = dst[at[i] : at[i+1]-1 : at[i+1]-1]
@@ -197,9 +224,9 @@ func (st *signingState) sum256(text []byte) []byte {
 }
 
 // Verify reads the signed identity through get (a header getter) and checks
-// its signature and age.
-func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, error) {
-	id, signedAt, err := s.verifySignature(get)
+// its signature, for req, and its age.
+func (s *Signer) Verify(get func(name string) string, req Request, now time.Time) (Identity, error) {
+	id, signedAt, err := s.verifySignature(get, req)
 	if err != nil {
 		return Identity{}, err
 	}
@@ -210,26 +237,26 @@ func (s *Signer) Verify(get func(name string) string, now time.Time) (Identity, 
 }
 
 // Renew signs again, at now and with the current secret, the identity that
-// get reads, passing each header to set, as SignInto does. Only an identity
-// this Signer signed or accepts (a previous secret) is renewed, whatever its
-// age; anything else is ErrUnsigned. The gateway
+// get reads for req, passing each header to set, as SignInto does. Only an
+// identity this Signer signed or accepts (a previous secret) for req is
+// renewed, whatever its age; anything else is ErrUnsigned. The gateway
 // renews a request it sends again to another instance after waiting on the
 // first, so that it never arrives with a stale signature.
-func (s *Signer) Renew(get func(name string) string, set func(name string, value []byte), now time.Time) error {
-	id, _, err := s.verifySignature(get)
+func (s *Signer) Renew(get func(name string) string, req Request, set func(name string, value []byte), now time.Time) error {
+	id, _, err := s.verifySignature(get, req)
 	if err != nil {
 		return err
 	}
-	s.SignInto(set, id, now)
+	s.SignInto(set, id, req, now)
 	return nil
 }
 
 // verifySignature reads the signed identity through get and checks its
-// signature, and returns it with the time it was signed at.
-func (s *Signer) verifySignature(get func(name string) string) (Identity, time.Time, error) {
+// signature for req, and returns it with the time it was signed at.
+func (s *Signer) verifySignature(get func(name string) string, req Request) (Identity, time.Time, error) {
 	owner, platform, keyID := get(HeaderOwner), get(HeaderPlatform), get(HeaderKeyID)
 	scopes, requestID, ts := get(HeaderScopes), get(HeaderRequestID), get(HeaderTime)
-	if !s.validMAC(get(HeaderSignature), owner, platform, keyID, scopes, requestID, ts) {
+	if !s.validMAC(get(HeaderSignature), owner, platform, keyID, scopes, requestID, ts, req) {
 		return Identity{}, time.Time{}, ErrUnsigned
 	}
 	ms, err := strconv.ParseInt(ts, 10, 64)
@@ -244,24 +271,24 @@ func (s *Signer) verifySignature(get func(name string) string) (Identity, time.T
 }
 
 // validMAC reports whether sig signs the fields (scopes as sent: joined)
-// with the secret or one of the accepted ones.
-func (s *Signer) validMAC(sig, owner, platform, keyID, scopes, requestID, ts string) bool {
-	if s.signedBy(sig, owner, platform, keyID, scopes, requestID, ts) {
+// and req with the secret or one of the accepted ones.
+func (s *Signer) validMAC(sig, owner, platform, keyID, scopes, requestID, ts string, req Request) bool {
+	if s.signedBy(sig, owner, platform, keyID, scopes, requestID, ts, req) {
 		return true
 	}
 	for _, a := range s.accepted {
-		if a.signedBy(sig, owner, platform, keyID, scopes, requestID, ts) {
+		if a.signedBy(sig, owner, platform, keyID, scopes, requestID, ts, req) {
 			return true
 		}
 	}
 	return false
 }
 
-// signedBy reports whether sig signs the fields with s's own secret.
-func (s *Signer) signedBy(sig, owner, platform, keyID, scopes, requestID, ts string) bool {
+// signedBy reports whether sig signs the fields and req with s's own secret.
+func (s *Signer) signedBy(sig, owner, platform, keyID, scopes, requestID, ts string, req Request) bool {
 	st := s.states.Get().(*signingState)
 	defer s.put(st)
-	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts))
+	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts), req)
 	st.text = text
 	want := base64.RawURLEncoding.AppendEncode(nil, st.sum256(text))
 	return hmac.Equal([]byte(sig), want)

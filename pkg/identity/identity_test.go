@@ -14,10 +14,13 @@ import (
 
 const testSecret = "0123456789abcdef0123456789abcdef"
 
+// testRequest is the request the tests sign for, unless they say otherwise.
+var testRequest = Request{Method: "POST", Target: "/v1/export/items/a%2Fb/sales/confirm?x=1", IdempotencyKey: "order-1"}
+
 func signedHeader(t *testing.T, s *Signer, id Identity, at time.Time) http.Header {
 	t.Helper()
 	h := http.Header{}
-	for _, kv := range s.Sign(id, at) {
+	for _, kv := range s.Sign(id, testRequest, at) {
 		h.Set(kv.Name, kv.Value)
 	}
 	return h
@@ -30,7 +33,7 @@ func TestSignVerifyRoundTrip(t *testing.T) {
 	}
 	now := time.Now()
 	want := Identity{OwnerID: "o1", PlatformID: "p1", KeyID: "k1", Scopes: []string{ScopeExportRead, ScopeSalesWrite}, RequestID: "r1"}
-	got, err := s.Verify(signedHeader(t, s, want, now).Get, now)
+	got, err := s.Verify(signedHeader(t, s, want, now).Get, testRequest, now)
 	if err != nil {
 		t.Fatalf("Verify = %v, want nil", err)
 	}
@@ -65,10 +68,39 @@ func TestVerifyRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := s.Verify(tt.header().Get, now); err != ErrUnsigned {
+			if _, err := s.Verify(tt.header().Get, testRequest, now); err != ErrUnsigned {
 				t.Errorf("Verify = %v, want ErrUnsigned", err)
 			}
 		})
+	}
+}
+
+// A signature opens only the request it was made for: identity headers
+// captured on their way to a service, replayed on another method, route,
+// item, query or Idempotency-Key, are refused.
+func TestVerifyRefusesAnotherRequest(t *testing.T) {
+	s, _ := NewSigner(testSecret)
+	now := time.Now()
+	id := Identity{OwnerID: "o1", PlatformID: "p1", KeyID: "k1", Scopes: []string{ScopeSalesWrite}, RequestID: "r1"}
+	h := signedHeader(t, s, id, now)
+	if _, err := s.Verify(h.Get, testRequest, now); err != nil {
+		t.Fatalf("Verify(the signed request) = %v, want nil", err)
+	}
+	others := map[string]Request{
+		"method":          {Method: "PUT", Target: testRequest.Target, IdempotencyKey: testRequest.IdempotencyKey},
+		"route":           {Method: "POST", Target: "/v1/export/items/a%2Fb/sales/cancel?x=1", IdempotencyKey: testRequest.IdempotencyKey},
+		"item":            {Method: "POST", Target: "/v1/export/items/a/b/sales/confirm?x=1", IdempotencyKey: testRequest.IdempotencyKey},
+		"query":           {Method: "POST", Target: "/v1/export/items/a%2Fb/sales/confirm", IdempotencyKey: testRequest.IdempotencyKey},
+		"idempotency key": {Method: "POST", Target: testRequest.Target, IdempotencyKey: "order-2"},
+		"no key":          {Method: "POST", Target: testRequest.Target},
+		// The fields are separated: moving bytes from one to the next
+		// makes another input.
+		"shifted": {Method: "POST\n/v1/export/items/a%2Fb/sales/confirm?x=1", Target: "order-1"},
+	}
+	for name, req := range others {
+		if _, err := s.Verify(h.Get, req, now); err != ErrUnsigned {
+			t.Errorf("Verify(another %s) = %v, want ErrUnsigned", name, err)
+		}
 	}
 }
 
@@ -80,13 +112,13 @@ func TestRenew(t *testing.T) {
 	now := time.Now()
 	id := Identity{OwnerID: "o1", PlatformID: "p1", KeyID: "k1", Scopes: []string{ScopeExportRead, ScopeSalesWrite}, RequestID: "r1"}
 	h := signedHeader(t, s, id, now.Add(-10*time.Minute))
-	if _, err := s.Verify(h.Get, now); err != ErrUnsigned {
+	if _, err := s.Verify(h.Get, testRequest, now); err != ErrUnsigned {
 		t.Fatalf("Verify(signed 10 min ago) = %v, want ErrUnsigned", err)
 	}
-	if err := s.Renew(h.Get, func(name string, v []byte) { h.Set(name, string(v)) }, now); err != nil {
+	if err := s.Renew(h.Get, testRequest, func(name string, v []byte) { h.Set(name, string(v)) }, now); err != nil {
 		t.Fatalf("Renew = %v, want nil", err)
 	}
-	got, err := s.Verify(h.Get, now)
+	got, err := s.Verify(h.Get, testRequest, now)
 	if err != nil || !reflect.DeepEqual(got, id) {
 		t.Errorf("Verify(renewed) = %+v, %v; want %+v", got, err, id)
 	}
@@ -95,7 +127,7 @@ func TestRenew(t *testing.T) {
 	forged.Set(HeaderOwner, "o2")
 	for name, h := range map[string]http.Header{"other secret": signedHeader(t, other, id, now), "tampered": forged} {
 		set := func(string, []byte) { t.Errorf("Renew(%s) set a header", name) }
-		if err := s.Renew(h.Get, set, now); err != ErrUnsigned {
+		if err := s.Renew(h.Get, testRequest, set, now); err != ErrUnsigned {
 			t.Errorf("Renew(%s) = %v, want ErrUnsigned", name, err)
 		}
 	}
@@ -117,7 +149,8 @@ func TestSignatureFormat(t *testing.T) {
 	at := time.UnixMilli(1763700000123)
 	id := Identity{OwnerID: "o1", PlatformID: "p1", KeyID: "k1", Scopes: []string{ScopeExportRead, ScopeSalesWrite}, RequestID: "r1"}
 	m := hmac.New(sha256.New, []byte(testSecret))
-	m.Write([]byte("identity-v1\no1\np1\nk1\nexport:read,sales:write\nr1\n1763700000123"))
+	m.Write([]byte("identity-v2\no1\np1\nk1\nexport:read,sales:write\nr1\n1763700000123" +
+		"\nPOST\n/v1/export/items/a%2Fb/sales/confirm?x=1\norder-1"))
 	want := base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 	if got := signedHeader(t, s, id, at).Get(HeaderSignature); got != want {
 		t.Errorf("Sign(%+v).%s = %q, want %q", id, HeaderSignature, got, want)
@@ -139,8 +172,8 @@ func TestSignIntoReusesStateWithoutAllocating(t *testing.T) {
 	for range 2 { // the second round from reused states
 		for _, want := range ids {
 			h := http.Header{}
-			s.SignInto(func(name string, value []byte) { h.Set(name, string(value)) }, want, now)
-			got, err := s.Verify(h.Get, now)
+			s.SignInto(func(name string, value []byte) { h.Set(name, string(value)) }, want, testRequest, now)
+			got, err := s.Verify(h.Get, testRequest, now)
 			if err != nil {
 				t.Fatalf("Verify(SignInto(%+v)) error = %v", want, err)
 			}
@@ -150,7 +183,7 @@ func TestSignIntoReusesStateWithoutAllocating(t *testing.T) {
 		}
 	}
 	discard := func(string, []byte) {}
-	if n := testing.AllocsPerRun(100, func() { s.SignInto(discard, ids[0], now) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { s.SignInto(discard, ids[0], testRequest, now) }); n != 0 {
 		t.Errorf("SignInto allocates %.0f times per call, want 0 (it runs on every proxied request)", n)
 	}
 }
@@ -177,20 +210,20 @@ func TestRollingRotation(t *testing.T) {
 	id := Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{ScopeExportRead}, RequestID: "r1"}
 	for i := 1; i < len(steps); i++ {
 		for _, pair := range [][2]int{{i - 1, i}, {i, i - 1}} {
-			if _, err := steps[pair[1]].Verify(signedHeader(t, steps[pair[0]], id, now).Get, now); err != nil {
+			if _, err := steps[pair[1]].Verify(signedHeader(t, steps[pair[0]], id, now).Get, testRequest, now); err != nil {
 				t.Errorf("identity signed at step %d, verified at step %d: %v", pair[0], pair[1], err)
 			}
 		}
 	}
-	if _, err := steps[0].Verify(signedHeader(t, steps[2], id, now).Get, now); err == nil {
+	if _, err := steps[0].Verify(signedHeader(t, steps[2], id, now).Get, testRequest, now); err == nil {
 		t.Error("skipping step 1: a service not yet replaced accepted a new gateway's signature; the README's warning would be wrong")
 	}
 	// Renewing reads an accepted signature and signs with the current secret.
 	h := signedHeader(t, steps[1], id, now)
-	if err := steps[2].Renew(h.Get, func(name string, v []byte) { h.Set(name, string(v)) }, now); err != nil {
+	if err := steps[2].Renew(h.Get, testRequest, func(name string, v []byte) { h.Set(name, string(v)) }, now); err != nil {
 		t.Fatalf("Renew of an identity signed with the accepted secret = %v", err)
 	}
-	if _, err := steps[3].Verify(h.Get, now); err != nil {
+	if _, err := steps[3].Verify(h.Get, testRequest, now); err != nil {
 		t.Errorf("renewed identity is not signed with the current secret: %v", err)
 	}
 	if _, err := NewSigner(newSecret, "short"); err == nil {

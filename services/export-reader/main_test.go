@@ -81,7 +81,7 @@ func TestRun(t *testing.T) {
 	var resp *http.Response
 	for range 400 { // until the listener is up
 		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
-		for _, h := range signer.Sign(identity.Identity{OwnerID: "7b1f7a8e-5f5b-4c3e-9a55-2b8f1b0c9d10", Scopes: []string{identity.ScopeExportRead}, RequestID: "r1"}, time.Now()) {
+		for _, h := range signer.Sign(identity.Identity{OwnerID: "7b1f7a8e-5f5b-4c3e-9a55-2b8f1b0c9d10", Scopes: []string{identity.ScopeExportRead}, RequestID: "r1"}, identity.RequestOf(req), time.Now()) {
 			req.Header.Set(h.Name, h.Value)
 		}
 		var err error

@@ -125,7 +125,7 @@ func post(t *testing.T, signer *identity.Signer, url string, id identity.Identit
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"external_order_id":"o-1"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "k-1")
-	for _, h := range signer.Sign(id, time.Now()) {
+	for _, h := range signer.Sign(id, identity.RequestOf(req), time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
 	resp, err := http.DefaultClient.Do(req)

@@ -107,7 +107,7 @@ func (s *service) postWithQuery(t *testing.T, contentType, query, body string) (
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	for _, h := range s.signer.Sign(identity.Identity{RequestID: "req-" + t.Name()}, time.Now()) {
+	for _, h := range s.signer.Sign(identity.Identity{RequestID: "req-" + t.Name()}, identity.RequestOf(req), time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -594,7 +594,8 @@ func TestUnreadableBody(t *testing.T) {
 	}
 	defer conn.Close()
 	req := "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: shop-schema\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-	for _, h := range svc.signer.Sign(identity.Identity{RequestID: "req-unreadable"}, time.Now()) {
+	for _, h := range svc.signer.Sign(identity.Identity{RequestID: "req-unreadable"},
+		identity.Request{Method: http.MethodPost, Target: "/v1/sync/prestashop/schema"}, time.Now()) {
 		req += h.Name + ": " + h.Value + "\r\n"
 	}
 	req += "\r\n5\r\n{\"bas\r\nzz\r\n" // "zz" is no chunk size
@@ -657,7 +658,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	go func() {
 		// Not svc.post: t.Fatal must not run outside the test goroutine.
 		req, _ := http.NewRequest(http.MethodPost, svc.url+"/v1/sync/prestashop/schema", strings.NewReader(body(shop.URL(), fakeshop.Key)))
-		for _, h := range svc.signer.Sign(identity.Identity{RequestID: "first"}, time.Now()) {
+		for _, h := range svc.signer.Sign(identity.Identity{RequestID: "first"}, identity.RequestOf(req), time.Now()) {
 			req.Header.Set(h.Name, h.Value)
 		}
 		resp, err := http.DefaultClient.Do(req)
@@ -693,7 +694,7 @@ func TestAbandonedReadIsNotAShopTimeout(t *testing.T) {
 	defer hangUp()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, svc.url+"/v1/sync/prestashop/schema",
 		strings.NewReader(body(shop.URL(), fakeshop.Key)))
-	for _, h := range svc.signer.Sign(identity.Identity{RequestID: "req-abandoned"}, time.Now()) {
+	for _, h := range svc.signer.Sign(identity.Identity{RequestID: "req-abandoned"}, identity.RequestOf(req), time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
 	if resp, err := http.DefaultClient.Do(req); err == nil {

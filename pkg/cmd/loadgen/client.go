@@ -69,24 +69,30 @@ func retryIfSafe(req *fasthttp.Request, _ int, _ error) (resetTimeout, retry boo
 	return false, req.Header.IsGet() || len(req.Header.Peek("Idempotency-Key")) > 0
 }
 
-// authenticator puts credentials on a request.
-type authenticator func(h *fasthttp.RequestHeader)
+// authenticator puts credentials on a request whose method and URI are set.
+type authenticator func(req *fasthttp.Request)
 
 // byAPIKey authenticates like a real client, through the gateway.
 func byAPIKey(key string) authenticator {
-	return func(h *fasthttp.RequestHeader) { h.Set("X-API-Key", key) }
+	return func(req *fasthttp.Request) { req.Header.Set("X-API-Key", key) }
 }
 
 // bySignedIdentity signs the identity the gateway would send, for calls that
-// bypass it (direct to a service, or through the nginx baseline proxy). Each
-// request gets its own request id, unique within the run and across runs.
+// bypass it (direct to a service, or through the nginx baseline proxy), for
+// the request as the client will send it (the signature binds method,
+// request-target and Idempotency-Key). Each request gets its own request
+// id, unique within the run and across runs.
 func bySignedIdentity(signer *identity.Signer, id identity.Identity) authenticator {
 	prefix := "lg-" + randomHex(8) + "-"
 	var n atomic.Uint64
-	return func(h *fasthttp.RequestHeader) {
+	return func(req *fasthttp.Request) {
 		id := id
 		id.RequestID = prefix + strconv.FormatUint(n.Add(1), 10)
-		signer.SignInto(h.SetBytesV, id, time.Now())
+		uri := req.URI()
+		uri.DisablePathNormalizing = true // as newHTTPClient sends it: ids are escaped by us
+		signed := identity.Request{Method: string(req.Header.Method()), Target: string(uri.RequestURI()),
+			IdempotencyKey: string(req.Header.Peek("Idempotency-Key"))}
+		signer.SignInto(req.Header.SetBytesV, id, signed, time.Now())
 	}
 }
 

@@ -3,9 +3,12 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/coinexport/export/pkg/identity"
 )
@@ -62,8 +65,8 @@ func TestNewHTTPClientRejectsBadBase(t *testing.T) {
 	}
 }
 
-// The signed headers must verify as the services verify them, with a fresh
-// request id per request.
+// The signed headers must verify as the services verify them, for the
+// request they were signed for only, with a fresh request id per request.
 func TestSignedIdentityVerifies(t *testing.T) {
 	signer, err := identity.NewSigner(strings.Repeat("s", 32))
 	if err != nil {
@@ -71,21 +74,63 @@ func TestSignedIdentityVerifies(t *testing.T) {
 	}
 	want := identity.Identity{OwnerID: "owner-1", KeyID: "bench", Scopes: []string{identity.ScopeExportRead}}
 	auth := bySignedIdentity(signer, want)
-	first, second := headersOf(auth), headersOf(auth)
-	got, err := signer.Verify(first.Get, time.Now())
+	const target = "/v1/export/items/a%2Fb?lang=ENG"
+	first, second := headersOf(auth, "GET", target), headersOf(auth, "GET", target)
+	got, err := signer.Verify(first.Get, identity.Request{Method: "GET", Target: target}, time.Now())
 	if err != nil {
 		t.Fatalf("Verify(signed headers) error %v; headers %v", err, first)
 	}
 	if got.OwnerID != want.OwnerID || got.KeyID != want.KeyID || !got.HasScope(identity.ScopeExportRead) {
 		t.Errorf("Verify() = %+v, want %+v", got, want)
 	}
+	if _, err := signer.Verify(first.Get, identity.Request{Method: "GET", Target: "/v1/export/items/a%2Fc?lang=ENG"}, time.Now()); err == nil {
+		t.Error("Verify(headers signed for another target) = nil error, want ErrUnsigned")
+	}
 	if a, b := first.Get(identity.HeaderRequestID), second.Get(identity.HeaderRequestID); a == "" || a == b {
 		t.Errorf("request ids %q and %q, want two different non-empty ones", a, b)
 	}
 }
 
+// What the sync client signs is what it sends: a service verifying the
+// request-target it receives accepts it, escaped ids and cursors included.
+func TestSignedRequestsReachAServiceIntact(t *testing.T) {
+	signer, err := identity.NewSigner(strings.Repeat("s", 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now()); err != nil {
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+		seen = append(seen, r.RequestURI)
+	}))
+	defer srv.Close()
+	client, err := newHTTPClient(srv.URL+"/v1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := bySignedIdentity(signer, identity.Identity{OwnerID: "owner-1", Scopes: []string{identity.ScopeExportRead}})
+	for _, target := range []string{
+		"/v1/export/items?limit=100&lang=ENG&cursor=eyJ1IjoxfQ.c2ln-_",
+		"/v1/export/items/a%2F..%2Fb",
+		"/v1/export/items/%D0%BA%20x?q=%2B+",
+	} {
+		var req fasthttp.Request
+		var resp fasthttp.Response
+		req.SetRequestURI(srv.URL + target)
+		auth(&req)
+		if err := client.do(&req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode() != http.StatusOK {
+			t.Errorf("GET %s, signed: status %d, want 200 (the service saw %q)", target, resp.StatusCode(), seen[len(seen)-1])
+		}
+	}
+}
+
 func TestHeadersOfAPIKey(t *testing.T) {
-	got := headersOf(byAPIKey("secret-key"))
+	got := headersOf(byAPIKey("secret-key"), "GET", "/v1/export/items/1")
 	if want := (http.Header{"X-Api-Key": {"secret-key"}}); len(got) != 1 || got.Get("X-Api-Key") != "secret-key" {
 		t.Errorf("headersOf(byAPIKey) = %v, want %v", got, want)
 	}

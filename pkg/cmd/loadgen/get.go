@@ -159,14 +159,29 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	if _, err := parts.sample(); err != nil { // fail before the runs, not after them
 		return fmt.Errorf("%s: %w", *name, err)
 	}
-	run := getRun{URL: *target, PathPrefix: *prefix, IDsFile: *ids, Script: script, Threads: *threads, Conns: *conns}
+	run := getRun{URL: *target, PathPrefix: *prefix, Script: script, Threads: *threads, Conns: *conns}
+	// authorize gives the run its credentials, fresh: a signature ages.
+	authorize := func() error {
+		if *auth != "signed" {
+			run.IDsFile, run.Headers = *ids, headersOf(a, fasthttp.MethodGet, *prefix)
+			return nil
+		}
+		run.IDsFile = filepath.Join(dir, "signed-requests")
+		return writeSignedRequests(run.IDsFile, a, *prefix, *ids)
+	}
 	if *warmup > 0 {
-		run.Duration, run.Headers = *warmup, headersOf(a)
+		run.Duration = *warmup
+		if err := authorize(); err != nil {
+			return fmt.Errorf("%s: %w", *name, err)
+		}
 		if _, err := run.exec(ctx); err != nil {
 			return fmt.Errorf("%s: warm-up: %w", *name, err)
 		}
 	}
-	run.Duration, run.Headers = *duration, headersOf(a)
+	run.Duration = *duration
+	if err := authorize(); err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
+	}
 	window, err := parts.start()
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
@@ -198,13 +213,43 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	return appendRecord(cfg.Results, rec, stdout)
 }
 
-// headersOf captures the headers a authenticator sets, signed now.
-func headersOf(a authenticator) http.Header {
-	var set fasthttp.RequestHeader
-	a(&set)
+// headersOf captures the headers a sets on a request of method for target
+// (path and query), signed now.
+func headersOf(a authenticator, method, target string) http.Header {
+	var req fasthttp.Request
+	req.Header.SetMethod(method)
+	req.SetRequestURI(target) // a path: the request has no Host header to capture
+	a(&req)
 	h := http.Header{}
-	for name, value := range set.All() {
+	for name, value := range req.Header.All() {
 		h.Add(string(name), string(value))
 	}
 	return h
+}
+
+// writeSignedRequests writes to path, for each id of idsFile, a line of the
+// id and the headers a signs for GET prefix+id, tab-separated, for wrk.lua:
+// a signature binds the request-target, so each id needs its own (signing
+// 10,000 takes milliseconds; the file is written again for each run, as
+// signatures age).
+func writeSignedRequests(path string, a authenticator, prefix, idsFile string) error {
+	ids, err := os.ReadFile(idsFile)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	for id := range strings.Lines(string(ids)) {
+		id = strings.TrimRight(id, "\r\n")
+		if id == "" {
+			continue
+		}
+		out.WriteString(id)
+		for name, values := range headersOf(a, fasthttp.MethodGet, prefix+id) {
+			for _, v := range values {
+				out.WriteString("\t" + name + ": " + v)
+			}
+		}
+		out.WriteByte('\n')
+	}
+	return os.WriteFile(path, out.Bytes(), 0o600)
 }

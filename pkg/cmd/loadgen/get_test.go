@@ -2,12 +2,16 @@ package main
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/coinexport/export/pkg/identity"
 )
 
 func TestParseWrk(t *testing.T) {
@@ -44,5 +48,47 @@ func TestGetRunKeepsHeadersOffTheCommandLine(t *testing.T) {
 	}
 	if got, want := g.args()[:6], []string{"-t", "2", "-c", "64", "-d", "10s"}; !slices.Equal(got, want) {
 		t.Errorf("args()[:6] = %q, want %q", got, want)
+	}
+}
+
+// Each line of the signed requests file is an id and the identity headers
+// signed for that id's own target, which verify for it and for no other.
+func TestWriteSignedRequests(t *testing.T) {
+	dir := t.TempDir()
+	ids := filepath.Join(dir, "ids")
+	if err := os.WriteFile(ids, []byte("a%2Fb\ns1-2\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := identity.NewSigner(strings.Repeat("s", 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "signed")
+	const prefix = "/v1/export/items/"
+	if err := writeSignedRequests(out, bySignedIdentity(signer, identity.Identity{OwnerID: "o1"}), prefix, ids); err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(text), "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want one per id (2):\n%s", len(lines), text)
+	}
+	for i, line := range lines {
+		id, headers, _ := strings.Cut(line, "\t")
+		h := http.Header{}
+		for _, field := range strings.Split(headers, "\t") {
+			name, value, _ := strings.Cut(field, ": ")
+			h.Add(name, value)
+		}
+		if _, err := signer.Verify(h.Get, identity.Request{Method: "GET", Target: prefix + id}, time.Now()); err != nil {
+			t.Errorf("line %d (%s): its headers do not verify for its own target: %v", i, id, err)
+		}
+		other := strings.Split(lines[1-i], "\t")[0]
+		if _, err := signer.Verify(h.Get, identity.Request{Method: "GET", Target: prefix + other}, time.Now()); err == nil {
+			t.Errorf("line %d (%s): its headers verify for %s too", i, id, other)
+		}
 	}
 }

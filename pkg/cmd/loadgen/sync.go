@@ -71,7 +71,7 @@ func (s *syncer) page(q syncQuery, cursor string) (page, error) {
 	s.uri = q.appendURI(append(s.uri[:0], s.client.base...), cursor)
 	s.req.Reset()
 	s.req.SetRequestURIBytes(s.uri)
-	s.auth(&s.req.Header)
+	s.auth(&s.req)
 	if err := s.client.do(&s.req, &s.resp); err != nil {
 		return page{}, err
 	}

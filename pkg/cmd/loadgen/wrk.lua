@@ -1,7 +1,9 @@
 -- wrk script of "loadgen get": GET PREFIX..id with an id picked at random
 -- from WRK_IDS_FILE, the headers in WRK_HEADERS ("Name: value" lines; kept
--- in the environment so secrets never reach a command line), and one
--- WRK_JSON line of results for loadgen to parse.
+-- in the environment so secrets never reach a command line) and those that
+-- follow the id on its line ("id<TAB>Name: value<TAB>..."; the identity
+-- signed for that id's request), and one WRK_JSON line of results for
+-- loadgen to parse.
 local requests = {}
 local threads = 0
 
@@ -18,8 +20,15 @@ function init(args)
   local prefix = os.getenv("WRK_PATH_PREFIX") or "/"
   -- Requests are formatted once: request() then costs a table lookup.
   for line in io.lines(os.getenv("WRK_IDS_FILE")) do
-    if #line > 0 then
-      requests[#requests + 1] = wrk.format("GET", prefix .. line, headers)
+    local id, own = line:match("^([^\t]*)\t?(.*)$")
+    if #id > 0 then
+      local h = headers
+      if #own > 0 then
+        h = {}
+        for name, value in pairs(headers) do h[name] = value end
+        for name, value in string.gmatch(own, "([^:\t]+): ([^\t]*)") do h[name] = value end
+      end
+      requests[#requests + 1] = wrk.format("GET", prefix .. id, h)
     end
   end
   math.randomseed(os.time() * 100 + (thread_id or 0))

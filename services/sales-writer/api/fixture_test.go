@@ -143,11 +143,12 @@ func serve(t testing.TB, h http.Handler, signer *identity.Signer, c call) (*http
 	if c.key != "" {
 		req.Header.Set("Idempotency-Key", c.key)
 	}
-	for _, h := range signer.Sign(c.id, time.Now()) {
-		req.Header.Set(h.Name, h.Value)
-	}
 	for name, values := range c.header {
 		req.Header[name] = values
+	}
+	// Signed as the gateway signs what it forwards (the first Idempotency-Key).
+	for _, h := range signer.Sign(c.id, identity.RequestOf(req), time.Now()) {
+		req.Header.Set(h.Name, h.Value)
 	}
 	if c.ctx != nil {
 		req = req.WithContext(c.ctx)

@@ -78,7 +78,7 @@ func (e *env) sign(owner string, scopes ...string) func(*http.Request) {
 	}
 	return func(r *http.Request) {
 		id := identity.Identity{OwnerID: owner, KeyID: "k1", Scopes: scopes, RequestID: "req-" + owner}
-		for _, h := range e.signer.Sign(id, time.Now()) {
+		for _, h := range e.signer.Sign(id, identity.RequestOf(r), time.Now()) {
 			r.Header.Set(h.Name, h.Value)
 		}
 	}
