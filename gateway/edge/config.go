@@ -48,6 +48,7 @@ type Config struct {
 	KeyCacheTTL        time.Duration // KEY_CACHE_TTL (30s)
 	KeyCacheUnheardTTL time.Duration // KEY_CACHE_UNHEARD_TTL (1s)
 	KeyCacheSize       int           // KEY_CACHE_SIZE (100000)
+	KeyLookupTimeout   time.Duration // KEY_LOOKUP_TIMEOUT (2s)
 
 	RateLimitEnabled      bool          // RATE_LIMIT_ENABLED (true)
 	RateLimitRedisTimeout time.Duration // RATE_LIMIT_REDIS_TIMEOUT (50ms)
@@ -108,6 +109,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		KeyCacheTTL:        timeout("KEY_CACHE_TTL", 30*time.Second),
 		KeyCacheUnheardTTL: timeout("KEY_CACHE_UNHEARD_TTL", time.Second),
 		KeyCacheSize:       r.Int("KEY_CACHE_SIZE", 100_000, 1, 100_000_000),
+		KeyLookupTimeout:   timeout("KEY_LOOKUP_TIMEOUT", 2*time.Second),
 
 		RateLimitEnabled:      r.Bool("RATE_LIMIT_ENABLED", true),
 		RateLimitRedisTimeout: timeout("RATE_LIMIT_REDIS_TIMEOUT", 50*time.Millisecond),
@@ -186,7 +188,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("upstream_max_conns", c.UpstreamMaxConns),
 		slog.String("upstream_resolve_interval", c.UpstreamResolveInterval.String()),
 		slog.String("key_cache_ttl", c.KeyCacheTTL.String()), slog.String("key_cache_unheard_ttl", c.KeyCacheUnheardTTL.String()),
-		slog.Int("key_cache_size", c.KeyCacheSize),
+		slog.Int("key_cache_size", c.KeyCacheSize), slog.String("key_lookup_timeout", c.KeyLookupTimeout.String()),
 		slog.Bool("rate_limit_enabled", c.RateLimitEnabled),
 		slog.String("rate_limit_redis_timeout", c.RateLimitRedisTimeout.String()),
 		slog.String("rate_limit_key_prefix", c.RateLimitKeyPrefix),

@@ -119,7 +119,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	}
 	cleanup = append(cleanup, func() { g.redis.Close() })
 	store := keystore.New(g.pool, keystore.Options{
-		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize,
+		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize, LookupTimeout: cfg.KeyLookupTimeout,
 		OnLookup: g.metrics.countKeyLookup(),
 	})
 	g.keys = store

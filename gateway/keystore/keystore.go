@@ -56,6 +56,12 @@ type Options struct {
 	UnheardTTL time.Duration
 	// MaxEntries bounds the cache.
 	MaxEntries int
+	// LookupTimeout, when above zero, bounds a lookup in the database,
+	// waiting for a connection included: a PostgreSQL that stalls (a lock
+	// queued behind a long migration, packets dropped) then gets the
+	// request a prompt error instead of holding it for as long as the
+	// client waits, and every later miss with it.
+	LookupTimeout time.Duration
 	// OnLookup is told whether each lookup was a cache hit. It must not block.
 	OnLookup func(hit bool)
 }
@@ -200,6 +206,11 @@ func (s *Store) fetch(ctx context.Context, hash apikey.Hash) (entry, error) {
 		scopes    []string
 		revoked   *time.Time
 	)
+	if s.opts.LookupTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.opts.LookupTimeout)
+		defer cancel()
+	}
 	err := s.pool.QueryRow(ctx, lookupSQL, hash[:]).Scan(&id, &owner, &platform, &scopes, &revoked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return entry{}, nil

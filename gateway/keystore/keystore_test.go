@@ -111,6 +111,37 @@ func TestLookupAsksBeforeFetching(t *testing.T) {
 	}
 }
 
+// A lookup that PostgreSQL does not answer (api_keys locked, as by a
+// migration waiting for its lock) fails within LookupTimeout, as an error
+// that is no refusal of the key, instead of waiting for the lock.
+func TestLookupGivesUpAfterLookupTimeout(t *testing.T) {
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 200 * time.Millisecond})
+	secret, _, _ := apikey.Generate([]string{"export:read"})
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.Lookup(ctx, secret, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("Lookup(api_keys locked) = %v, want an error that is not a refusal of the key", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lookup(api_keys locked) still waiting after 10 s; LookupTimeout is 200 ms")
+	}
+}
+
 // A valid key whose entry has aged is looked up again even when mayFetch
 // refuses (its client's address is over the failure budget because of
 // another client behind it); an unknown one is not.

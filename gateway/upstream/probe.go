@@ -46,11 +46,12 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	for {
 		for _, inst := range u.current() {
 			now := time.Now()
-			if inst.upAt(now.UnixNano()) && now.Before(inst.nextProbe) {
+			up := inst.upAt(now.UnixNano())
+			if up && now.Before(inst.nextProbe) {
 				continue
 			}
 			inst.nextProbe = now.Add(interval)
-			u.judge(inst, inst.probeOnce(interval), interval)
+			u.judge(inst, inst.probeOnce(interval), interval, !up)
 		}
 		select {
 		case <-ctx.Done():
@@ -69,7 +70,9 @@ const (
 	probeUnanswered                     // connected, but no answer in time
 )
 
-func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration) {
+// judge acts on what a probe of inst found; wasOut is whether inst was out
+// when the probe was sent.
+func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration, wasOut bool) {
 	switch v {
 	case probeAnswered:
 		inst.unansweredProbes = 0
@@ -77,7 +80,11 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration)
 	case probeFailed:
 		u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
 	default:
-		if inst.unansweredProbes++; inst.unansweredProbes >= unansweredProbesBeforeDown {
+		// Three in a row take an instance that is up out; one that was out
+		// when probed (refused, 5xx) stays out until a probe is answered,
+		// not only until its downUntil passes.
+		inst.unansweredProbes++
+		if inst.unansweredProbes >= unansweredProbesBeforeDown || wasOut {
 			u.markDown(inst, interval+u.opts.DownFor, reasonUnanswered)
 		}
 	}

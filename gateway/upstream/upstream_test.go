@@ -268,10 +268,36 @@ func TestJudgeCountsUnansweredProbesInARow(t *testing.T) {
 		{probeAnswered, true},
 	}
 	for i, step := range steps {
-		u.judge(inst, step.verdict, time.Second)
+		u.judge(inst, step.verdict, time.Second, !inst.upAt(time.Now().UnixNano()))
 		if got := inst.upAt(time.Now().UnixNano()); got != step.up {
 			t.Fatalf("after step %d (verdict %d): up = %v, want %v", i+1, step.verdict, got, step.up)
 		}
+	}
+}
+
+// An instance out for a refusal or a 5xx stays out while its probes go
+// unanswered, even once the time it was taken out for has passed (a probe
+// left unanswered takes up to a second): only an answer puts it back.
+func TestInstanceOutStaysOutUntilAProbeIsAnswered(t *testing.T) {
+	o := opts()
+	o.DownFor = time.Millisecond
+	u, err := New("svc", []string{closedAddr(t)}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := u.current()[0]
+	const interval = time.Millisecond
+	u.judge(inst, probeFailed, interval, false)
+	for i := range 2 { // fewer than unansweredProbesBeforeDown
+		time.Sleep(5 * time.Millisecond) // the probe took longer than the instance was out for
+		u.judge(inst, probeUnanswered, interval, true)
+		if inst.upAt(time.Now().UnixNano()) {
+			t.Fatalf("after unanswered probe %d of an instance that was out: up, want out", i+1)
+		}
+	}
+	u.judge(inst, probeAnswered, interval, true)
+	if !inst.upAt(time.Now().UnixNano()) {
+		t.Error("after an answered probe: out, want up")
 	}
 }
 
