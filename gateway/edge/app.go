@@ -220,9 +220,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		return err
 	}
 	if rq.keyInPath || keyInQuery(c) {
-		// Refused everywhere, so a key never travels on in a URL.
-		rq.authFailure = authFailureKeyInURL
-		return g.authFailed(c, rq, errKeyInURL)
+		if err := g.refuseKeyInURL(c, rq, rt); err != nil {
+			return err
+		}
 	}
 	if rt.Scope == "" {
 		if err := g.limit(rq, rt.Class, "ip:", rq.clientIP); err != nil {

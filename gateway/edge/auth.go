@@ -94,6 +94,25 @@ func (g *Gateway) authFailed(c *fiber.Ctx, rq *request, answer *apiError) error 
 	return answer
 }
 
+// refuseKeyInURL answers a request with an API key in its URL, so that a
+// key never travels on in one. On a route that takes a key it is a failed
+// login (401, counted against the address's budget) whose message tells the
+// owner to revoke the key. On the routes that take none (spec 5: health,
+// shop schema) it is no login attempt, and counting it would let a monitor
+// behind a shared address lock real clients out: health reads no query and
+// is served (nil), the shop schema route, which reads none either, is
+// answered the 400 it would give.
+func (g *Gateway) refuseKeyInURL(c *fiber.Ctx, rq *request, rt route) error {
+	switch {
+	case rt.Scope != "":
+		rq.authFailure = authFailureKeyInURL
+		return g.authFailed(c, rq, errKeyInURL)
+	case rt.Upstream != "":
+		return errKeyInQueryOfKeylessRoute
+	}
+	return nil
+}
+
 // authBudgetLeft reports whether the client IP may still fail to
 // authenticate; asked before a database lookup of an uncached key.
 func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {

@@ -289,6 +289,36 @@ func TestRateLimits(t *testing.T) {
 	}
 }
 
+// A key in the URL of a route that takes no key (spec 5: health, shop
+// schema) is no failed login: health is served, the shop schema route is
+// answered 400 invalid_parameter without being proxied (the key travels no
+// further), and neither counts against the address's failure budget, which
+// a monitor behind a shared address would otherwise use up for everyone.
+func TestKeyInURLOfARouteWithoutKey(t *testing.T) {
+	dsn, _, k := seed(t)
+	var shopHits atomic.Int64
+	echo := echoUpstream(t, "any", &shopHits)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS": echo.URL, "SHOP_SCHEMA_URLS": echo.URL, "RATE_LIMIT_AUTH_FAILURES": "1-M"})
+	for i := range 3 {
+		if r := do(t, "GET", gw.URL+"/v1/health?key="+k.read, nil, nil); r.Status != 200 {
+			t.Fatalf("health with a key in its query, %d = %d %s, want 200", i+1, r.Status, r.Body)
+		}
+	}
+	r := do(t, "POST", gw.URL+"/v1/sync/prestashop/schema?api_key="+k.read, map[string]string{"Content-Type": "application/json"}, strings.NewReader("{}"))
+	checkEnvelope(t, r)
+	if r.Status != 400 || r.Env.Error.Code != "invalid_parameter" || shopHits.Load() != 0 {
+		t.Errorf("shop schema with a key in its query = %d %s (proxied %d times), want 400 invalid_parameter, not proxied",
+			r.Status, r.Body, shopHits.Load())
+	}
+	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.readB}, nil); r.Status != 200 {
+		t.Errorf("a key not yet cached, after those = %d %s, want 200 (no failed login was counted)", r.Status, r.Body)
+	}
+	if r := do(t, "GET", gw.URL+"/v1/export/items?key="+k.read, nil, nil); r.Status != 401 {
+		t.Errorf("a route that takes a key, with one in its query = %d, want 401", r.Status)
+	}
+}
+
 // Each class of route counts against its own limit: running out of one
 // (the shop schema route's, a write key's) leaves the others untouched.
 func TestEachClassHasItsOwnLimit(t *testing.T) {

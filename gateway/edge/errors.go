@@ -35,6 +35,8 @@ var (
 		Message: "missing, invalid or revoked API key"}
 	errKeyInURL = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "API keys are accepted in the X-API-Key header only, never in the URL; a key sent in a URL is exposed: revoke it and use a new one"}
+	errKeyInQueryOfKeylessRoute = &apiError{Status: http.StatusBadRequest, Code: "invalid_parameter",
+		Message: "this route reads no query parameters and takes no API key; a key sent in a URL is exposed: revoke it and use a new one"}
 	errSeveralKeys = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "send one X-API-Key header, not several"}
 	errForbidden = &apiError{Status: http.StatusForbidden, Code: "forbidden",
