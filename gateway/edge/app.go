@@ -225,7 +225,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		}
 	}
 	if rt.Scope == "" {
-		if err := g.limit(rq, rt.Class, "ip:", rq.clientIP); err != nil {
+		if err := g.limit(rq, rt.Class, "ip:", addressBucket(rq.clientIP)); err != nil {
 			return err
 		}
 		if rt.Upstream == "" {

@@ -85,7 +85,7 @@ func (g *Gateway) authFailed(c *fiber.Ctx, rq *request, answer *apiError) error 
 		return answer
 	}
 	start := time.Now()
-	d := g.limiter.Take(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
+	d := g.limiter.Take(classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d)
 	g.recordDecision(rq, classAuthFailures, d)
 	if !d.Allowed {
@@ -120,7 +120,7 @@ func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
 		return true
 	}
 	start := time.Now()
-	d := g.limiter.Peek(classAuthFailures+":ip:"+rq.clientIP, g.rates[classAuthFailures])
+	d := g.limiter.Peek(classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d)
 	if !d.Allowed {
 		g.recordDecision(rq, classAuthFailures, d)

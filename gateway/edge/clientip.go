@@ -91,3 +91,17 @@ func parseTrustedProxies(entries []string) ([]netip.Prefix, bool) {
 	}
 	return prefixes, true
 }
+
+// addressBucket is what the per-address limits (anonymous routes, failed
+// logins) count a client address as: an IPv4 address whole, an IPv6
+// address by its /64. A subscriber or a host of a provider holds a whole
+// /64 and could take a fresh address for every request, each with a fresh
+// budget (RFC 6177; the masks nginx and Cloudflare limit by too). Logs,
+// spans and X-Forwarded-For keep the whole address.
+func addressBucket(ip string) string {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil || !addr.Is6() || addr.Is4In6() {
+		return ip
+	}
+	return netip.PrefixFrom(addr.WithZone(""), 64).Masked().String()
+}

@@ -47,3 +47,21 @@ func TestClientAddress(t *testing.T) {
 		t.Error("parseTrustedProxies(a host name) = ok, want it refused")
 	}
 }
+
+// Per-address limits count an IPv6 client by its /64, which one subscriber
+// holds whole, and an IPv4 client by its address.
+func TestAddressBucket(t *testing.T) {
+	for ip, want := range map[string]string{
+		"203.0.113.9":                      "203.0.113.9",
+		"2001:db8:1:2:aaaa:bbbb:cccc:dddd": "2001:db8:1:2::/64",
+		"2001:db8:1:2::1":                  "2001:db8:1:2::/64", // the same subscriber
+		"2001:db8:1:3::1":                  "2001:db8:1:3::/64", // another one
+		"fe80::1%eth0":                     "fe80::/64",
+		"::ffff:192.0.2.1":                 "::ffff:192.0.2.1",
+		"not an address":                   "not an address",
+	} {
+		if got := addressBucket(ip); got != want {
+			t.Errorf("addressBucket(%q) = %q, want %q", ip, got, want)
+		}
+	}
+}
