@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -20,7 +21,7 @@ import (
 
 // Setup installs a global tracer provider, the W3C trace-context
 // propagator and an error handler that logs to log, and returns a function
-// that flushes and stops the provider.
+// that flushes and stops the provider, for flushTimeout at most.
 //
 // Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (protocol from
@@ -63,8 +64,19 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	otel.SetTracerProvider(tp)
-	return tp.Shutdown, nil
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+		defer cancel()
+		return tp.Shutdown(ctx)
+	}, nil
 }
+
+// flushTimeout bounds the last flush of spans when a process stops: with a
+// collector that does not answer, the exporter's own timeout (30 s) would
+// hold the exit past a Kubernetes grace period (30 s, the HTTP drain
+// included), and the pod would be killed before its "stopped" line. The
+// spans still queued then are lost, and the SDK says so in the log.
+var flushTimeout = 5 * time.Second // a variable for the test only
 
 func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
 	protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")

@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 )
@@ -64,5 +67,40 @@ func TestSDKErrorsAreLogged(t *testing.T) {
 	}
 	if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line.Level != "WARN" || line.Error != "traces export: connection refused" {
 		t.Errorf("log after an SDK error = %q (%v), want one JSON WARN line with the error", buf.String(), err)
+	}
+}
+
+// Stopping gives up on a collector that does not answer after
+// flushTimeout, rather than holding the process's exit for the exporter's
+// own 30 s.
+func TestShutdownIsBounded(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { // accepts, reads, never answers
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			go io.Copy(io.Discard, c)
+		}
+	}()
+	defer func(d time.Duration) { flushTimeout = d }(flushTimeout)
+	flushTimeout = 300 * time.Millisecond
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+l.Addr().String()) // the exporter reads the process's environment
+	shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := otel.Tracer("test").Start(context.Background(), "op")
+	span.End()
+	start := time.Now()
+	_ = shutdown(context.Background())
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("shutdown with a silent collector took %s, want about flushTimeout (300ms)", took)
 	}
 }
