@@ -97,11 +97,14 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		return ae, false
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return errUnauthenticated, false
-	case errors.Is(err, upstream.ErrUnavailable):
+	case errors.Is(err, upstream.ErrUnavailable), errors.Is(err, upstream.ErrUnreachable):
+		// Nothing was sent (every instance out, refused, or no connection
+		// free): a retry cannot apply anything twice, and Retry-After says
+		// when it is worth it.
 		return errUpstreamUnavailable, true
 	case errors.Is(err, upstream.ErrTimeout):
 		return errUpstreamTimeout, true
-	case errors.Is(err, upstream.ErrUnreachable), errors.Is(err, upstream.ErrClosed), errors.Is(err, upstream.ErrBadResponse):
+	case errors.Is(err, upstream.ErrClosed), errors.Is(err, upstream.ErrBadResponse):
 		return errBadGateway, true
 	case errors.Is(err, errIdentityRefused):
 		return errGatewayRefused, true

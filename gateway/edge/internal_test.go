@@ -518,3 +518,27 @@ func BenchmarkAmbiguousFraming(b *testing.B) {
 		}
 	}
 }
+
+// What the gateway answers for each way an upstream call fails: nothing
+// sent (503 with Retry-After, a retry applies nothing twice) apart from
+// sent and lost (502, 504: the call may have been applied).
+func TestUpstreamFailureAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		err        error
+		status     int
+		code       string
+		retryAfter bool
+	}{
+		{upstream.ErrUnavailable, 503, "upstream_unavailable", true},
+		{fmt.Errorf("%w: http://10.0.0.1:8082: dial tcp: connection refused", upstream.ErrUnreachable), 503, "upstream_unavailable", true},
+		{upstream.ErrClosed, 502, "bad_gateway", false},
+		{upstream.ErrBadResponse, 502, "bad_gateway", false},
+		{upstream.ErrTimeout, 504, "upstream_timeout", false},
+	} {
+		ae, logged := toAPIError(tt.err)
+		if ae.Status != tt.status || ae.Code != tt.code || (ae.RetryAfter > 0) != tt.retryAfter || !logged {
+			t.Errorf("toAPIError(%v) = %d %s (Retry-After %s, logged %v), want %d %s, Retry-After %v, logged",
+				tt.err, ae.Status, ae.Code, ae.RetryAfter, logged, tt.status, tt.code, tt.retryAfter)
+		}
+	}
+}
