@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -118,6 +119,46 @@ func TestImportUpsert(t *testing.T) {
 	// RUS falls back to ENG for a, and is its own for b.
 	if !strings.Contains(a2.DocRUS, `"title":"Thaler"`) || !strings.Contains(b1.DocRUS, `"title":"Гривна"`) {
 		t.Errorf("doc_rus = %s / %s, want ENG fallback for a and the RUS title for b", a2.DocRUS, b1.DocRUS)
+	}
+}
+
+// A large import is written and committed ImportChunk items at a time (so
+// none of them waits long between its stamp and its commit, nor holds its
+// row lock for the whole import), and counts across chunks like one.
+func TestImportCommitsChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	n := 2*catalog.ImportChunk + catalog.ImportChunk/2
+	lines := make([]string, n)
+	for i := range lines {
+		lines[i] = fmt.Sprintf(`{"id":"c%05d","status":"active","currency":"EUR","price":%d,"texts":{"ENG":{"title":"Coin"}}}`, i, i)
+	}
+	got, err := catalog.Import(ctx, pool, owner, mustParse(t, lines...))
+	if err != nil {
+		t.Fatalf("Import(%d items) error = %v", n, err)
+	}
+	if diff := cmp.Diff(catalog.ImportResult{Inserted: n}, got); diff != "" {
+		t.Errorf("Import(new) result (-want +got):\n%s", diff)
+	}
+	var transactions, items int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text), count(*) FROM export_items WHERE owner_id = $1`, owner).
+		Scan(&transactions, &items); err != nil {
+		t.Fatal(err)
+	}
+	if want := (n + catalog.ImportChunk - 1) / catalog.ImportChunk; transactions != want || items != n {
+		t.Errorf("%d items written by %d transactions, want %d items by %d (one per chunk)", items, transactions, n, want)
+	}
+	// Changes in every chunk, counted once each.
+	for _, i := range []int{0, catalog.ImportChunk + 1, n - 1} {
+		lines[i] = strings.Replace(lines[i], `"price":`, `"price":1`, 1)
+	}
+	if got, err = catalog.Import(ctx, pool, owner, mustParse(t, lines...)); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(catalog.ImportResult{Updated: 3, Unchanged: n - 3}, got); diff != "" {
+		t.Errorf("Import(3 changed) result (-want +got):\n%s", diff)
 	}
 }
 
