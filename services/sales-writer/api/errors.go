@@ -31,6 +31,7 @@ var saleErrors = []struct {
 	code   string
 }{
 	{sales.ErrNotFound, http.StatusNotFound, "not_found"},
+	{sales.ErrAlreadySoldToThisOrder, http.StatusConflict, "item_already_sold"}, // before ErrAlreadySold, which it wraps
 	{sales.ErrAlreadySold, http.StatusConflict, "item_already_sold"},
 	{sales.ErrNotAvailable, http.StatusConflict, "item_not_available"},
 	{sales.ErrNotCancelable, http.StatusConflict, "sale_not_cancelable"},

@@ -143,16 +143,27 @@ func TestConfirmSoldItemConflicts(t *testing.T) {
 	f.addItem(t, f.owner, "coin-1", true)
 	confirmed(t, f, "confirm-1")
 	sold := f.item(t, f.owner, "coin-1")
-	others := []call{
-		{id: f.writer("market-a"), key: "confirm-2", body: order1},
-		{id: f.writer("market-a"), key: "confirm-3", body: `{"external_order_id":"order-2"}`},
-		{id: f.writer("market-b"), key: "confirm-1", body: order1}, // same key, other platform: its own scope
+	// Only the platform whose order holds the sale is told so (a confirm
+	// it sent again under a new key); the others learn only that it is sold.
+	const own = "to this platform under this external_order_id"
+	others := []struct {
+		call
+		toldOwn bool
+	}{
+		{call{id: f.writer("market-a"), key: "confirm-2", body: order1}, true},
+		{call{id: f.writer("market-a"), key: "confirm-3", body: `{"external_order_id":"order-2"}`}, false},
+		{call{id: f.writer("market-b"), key: "confirm-1", body: order1}, false}, // same key, other platform: its own scope
+		{call{id: f.writer("market-b"), key: "confirm-4", body: order1}, false},
 	}
-	for _, c := range others {
+	for _, o := range others {
+		c := o.call
 		c.op, c.item = "confirm", "coin-1"
 		rec, env := f.do(t, c)
 		if rec.Code != 409 || errorCode(env) != "item_already_sold" {
 			t.Errorf("confirm by %s with key %s = %d %q, want 409 item_already_sold", c.id.PlatformID, c.key, rec.Code, errorCode(env))
+		}
+		if msg := env.Error.Message; strings.Contains(msg, own) != o.toldOwn {
+			t.Errorf("confirm by %s with key %s: message %q, want it to say the sale is its own: %v", c.id.PlatformID, c.key, msg, o.toldOwn)
 		}
 	}
 	if got := f.item(t, f.owner, "coin-1"); got != sold {

@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -63,6 +64,13 @@ var (
 	ErrNotFound = errors.New("export item not found")
 	// ErrAlreadySold: confirm of an item with an open sale (any platform).
 	ErrAlreadySold = errors.New("item is already sold")
+	// ErrAlreadySoldToThisOrder is ErrAlreadySold when the open sale is
+	// the caller's own, of this platform and external order: a confirm
+	// that succeeded, sent again under a new Idempotency-Key (the first
+	// one lost). The platform can tell it from another's sale without
+	// canceling to find out; it learns nothing of other platforms' sales.
+	ErrAlreadySoldToThisOrder = fmt.Errorf("%w, to this platform under this external_order_id: "+
+		"a confirm of this order has already succeeded", ErrAlreadySold)
 	// ErrNotAvailable: confirm of an item its owner has deactivated.
 	ErrNotAvailable = errors.New("item is not available for sale")
 	// ErrNotCancelable: cancel without an open sale of this platform and order.

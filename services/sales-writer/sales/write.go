@@ -234,6 +234,8 @@ func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 		return Result{}, errRetry
 	case op == Cancel:
 		return Result{}, ErrNotCancelable
+	case o.sold && o.openSale:
+		return Result{}, ErrAlreadySoldToThisOrder
 	case o.sold:
 		return Result{}, ErrAlreadySold
 	default:
