@@ -220,7 +220,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		return err
 	}
 	if rq.keyInPath || keyInQuery(c) {
-		if err := g.refuseKeyInURL(c, rq, rt); err != nil {
+		if err := g.refuseKeyInURL(rq, rt); err != nil {
 			return err
 		}
 	}

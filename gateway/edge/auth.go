@@ -27,12 +27,12 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 		// Which one would count is anybody's guess (proxies keep the first
 		// or the last); the caller has to send one.
 		rq.authFailure = authFailureSeveralKeys
-		return g.authFailed(c, rq, errSeveralKeys)
+		return g.authFailed(rq, errSeveralKeys)
 	}
 	// The key store checks the key's form (and checksum) itself, on a cache
 	// miss only: a cached key is one that was well formed.
 	secret := c.Get(APIKeyHeader)
-	key, err := g.keys.Lookup(rq.ctx, secret, func() bool { return g.authBudgetLeft(c, rq) })
+	key, err := g.keys.Lookup(rq.ctx, secret, func() bool { return g.authBudgetLeft(rq) })
 	switch {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		return errRateLimited(rq.rate.RetryAfter)
@@ -41,7 +41,7 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 		if errors.Is(err, keystore.ErrRevokedKey) {
 			rq.key = key // names the revoked key in the access line and the span
 		}
-		return g.authFailed(c, rq, errUnauthenticated)
+		return g.authFailed(rq, errUnauthenticated)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
 	}
@@ -80,7 +80,7 @@ func authFailureOf(err error) string {
 
 // authFailed records a failed authentication against the client IP and
 // answers answer (a 401), or 429 once the IP has failed too often.
-func (g *Gateway) authFailed(c *fiber.Ctx, rq *request, answer *apiError) error {
+func (g *Gateway) authFailed(rq *request, answer *apiError) error {
 	if g.limiter == nil {
 		return answer
 	}
@@ -102,11 +102,11 @@ func (g *Gateway) authFailed(c *fiber.Ctx, rq *request, answer *apiError) error 
 // behind a shared address lock real clients out: health reads no query and
 // is served (nil), the shop schema route, which reads none either, is
 // answered the 400 it would give.
-func (g *Gateway) refuseKeyInURL(c *fiber.Ctx, rq *request, rt route) error {
+func (g *Gateway) refuseKeyInURL(rq *request, rt route) error {
 	switch {
 	case rt.Scope != "":
 		rq.authFailure = authFailureKeyInURL
-		return g.authFailed(c, rq, errKeyInURL)
+		return g.authFailed(rq, errKeyInURL)
 	case rt.Upstream != "":
 		return errKeyInQueryOfKeylessRoute
 	}
@@ -115,7 +115,7 @@ func (g *Gateway) refuseKeyInURL(c *fiber.Ctx, rq *request, rt route) error {
 
 // authBudgetLeft reports whether the client IP may still fail to
 // authenticate; asked before a database lookup of an uncached key.
-func (g *Gateway) authBudgetLeft(c *fiber.Ctx, rq *request) bool {
+func (g *Gateway) authBudgetLeft(rq *request) bool {
 	if g.limiter == nil {
 		return true
 	}

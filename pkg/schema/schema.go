@@ -135,7 +135,7 @@ func embeddedVersions() ([]int64, error) {
 // out; pgxpool_acquire_wait_seconds_total and pgxpool_empty_acquire_total
 // on /metrics show that state, and are what to alert on.
 type Readiness struct {
-	conn    *pgxpool.Pool // a pool of one, opened on first use
+	conn    *pgxpool.Pool // a pool of one connection, its own (NewReadiness opens it)
 	log     *slog.Logger
 	current atomic.Bool
 }
