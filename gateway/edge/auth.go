@@ -35,7 +35,8 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	key, err := g.keys.Lookup(rq.ctx, secret, func() bool { return g.authBudgetLeft(rq) })
 	switch {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
-		return errRateLimited(rq.rate.RetryAfter)
+		rq.authFailure = authFailureThrottled
+		return errAuthThrottled(rq.rate.RetryAfter)
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		rq.authFailure = authFailureOf(err)
 		if errors.Is(err, keystore.ErrRevokedKey) {
@@ -63,6 +64,9 @@ const (
 	authFailureRevoked     = "revoked"
 	authFailureSeveralKeys = "several_keys"
 	authFailureKeyInURL    = "key_in_url"
+	// authFailureThrottled: not looked up, the client's address being over
+	// its failed-authentication budget (the key itself may be valid).
+	authFailureThrottled = "throttled"
 )
 
 // authFailureOf names the cause of a keystore.ErrUnauthenticated.

@@ -268,9 +268,19 @@ func TestRateLimits(t *testing.T) {
 	}
 	// Over its failure budget, the IP's unknown keys are not looked up, but a
 	// key already cached still works.
-	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.unknown}, nil); r.Status != 429 || r.Header.Get("Retry-After") == "" {
+	r = do(t, "GET", items, map[string]string{"X-API-Key": k.unknown}, nil)
+	if r.Status != 429 || r.Header.Get("Retry-After") == "" {
 		t.Errorf("unknown key from an IP over its failure budget = %d (Retry-After %q), want 429 with Retry-After",
 			r.Status, r.Header.Get("Retry-After"))
+	}
+	// Such a 429 says why, to the client and in the access line: the key
+	// was not checked, its address being over the failed-login budget.
+	if r.Env.Error == nil || !strings.Contains(r.Env.Error.Message, "failed authentications from this address") {
+		t.Errorf("429 of a key not looked up: %s, want a message that names the failed-authentication budget", r.Body)
+	}
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"auth_failure":"throttled"`) ||
+		!strings.Contains(line, `"rate_limit_class":"auth_failures"`) {
+		t.Errorf("access line of that 429 = %s, want auth_failure throttled and rate_limit_class auth_failures", line)
 	}
 	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil); r.Status != 200 {
 		t.Errorf("cached key from an IP over its failure budget = %d, want 200", r.Status)
@@ -976,4 +986,14 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// accessLine is the gateway's access line of the request, from its logs.
+func accessLine(logs, requestID string) string {
+	for l := range strings.SplitSeq(logs, "\n") {
+		if strings.Contains(l, requestID) && strings.Contains(l, `"msg":"request"`) {
+			return l
+		}
+	}
+	return ""
 }

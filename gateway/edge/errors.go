@@ -83,6 +83,16 @@ func errRateLimited(retryAfter time.Duration) *apiError {
 		Message: "rate limit exceeded; retry after the time in Retry-After", RetryAfter: retryAfter}
 }
 
+// errAuthThrottled is the 429 of a key that was not even looked up: its
+// client's address is over the failed-authentication budget. It says so,
+// as a valid key refused this way would otherwise look limited for no
+// reason (its X-RateLimit-* are that budget's, not the key's).
+func errAuthThrottled(retryAfter time.Duration) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
+		Message: "too many failed authentications from this address; this key was not checked: retry after the time in Retry-After",
+		RetryAfter: retryAfter}
+}
+
 func errMethodNotAllowed(allow string) *apiError {
 	return &apiError{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
 		Message: "method not allowed on this route", Allow: allow}

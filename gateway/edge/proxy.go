@@ -48,7 +48,7 @@ func (g *Gateway) recordDecision(rq *request, class string, d ratelimit.Decision
 	} else {
 		g.metrics.rateDecisions.WithLabelValues(class, decisionLabel(d.Allowed), backendLabel(d.Local)).Inc()
 	}
-	rq.rate, rq.hasRate = d, true
+	rq.rate, rq.hasRate, rq.rateClass = d, true, class
 }
 
 // forwardedHeaders are the only client headers a service receives; every

@@ -44,6 +44,9 @@ type request struct {
 	// (when hasRate).
 	rate    ratelimit.Decision
 	hasRate bool
+	// rateClass is the limit rate was decided by (a route class, or
+	// auth_failures), named on a 429's access line and span.
+	rateClass string
 }
 
 // Span attribute keys of our own.
@@ -54,6 +57,7 @@ const (
 	attrKeyID       = attribute.Key("api_key.id")
 	attrErrorCode   = httpserver.AttrErrorCode // the services' key too
 	attrAuthFailure = attribute.Key("app.auth_failure")
+	attrRateClass   = attribute.Key("app.rate_limit.class")
 	// attrFailedAttemptKind is the error kind of an attempt sent again.
 	attrFailedAttemptKind = attribute.Key("upstream.failed_attempt.kind")
 )
@@ -170,6 +174,9 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.authFailure != "" {
 		attrs = append(attrs, attrAuthFailure.String(rq.authFailure))
 	}
+	if status == fiber.StatusTooManyRequests && rq.rateClass != "" {
+		attrs = append(attrs, attrRateClass.String(rq.rateClass))
+	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, attrErrorCode.String(string(errorCode)))
 		if status >= 500 { // error.type marks a failure, which a 4xx is not for a server
@@ -197,6 +204,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	}
 	if rq.authFailure != "" {
 		attrs = append(attrs, slog.String("auth_failure", rq.authFailure))
+	}
+	if status == fiber.StatusTooManyRequests && rq.rateClass != "" {
+		attrs = append(attrs, slog.String("rate_limit_class", rq.rateClass))
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))
