@@ -110,7 +110,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	if err = g.buildUpstreams(); err != nil {
 		return nil, err
 	}
-	if g.pool, err = postgres.Open(ctx, postgres.WithPoolSize(cfg.DatabaseURL, keyStorePoolSize)); err != nil {
+	if g.pool, err = postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, keyStorePoolSize), log); err != nil {
 		return nil, err
 	}
 	cleanup = append(cleanup, g.pool.Close)

@@ -1,9 +1,20 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
@@ -43,4 +54,87 @@ func TestOpenSessionDefaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A service started before its database waits for it: OpenWhenReached
+// keeps trying while PostgreSQL refuses connections (here a loopback port
+// that starts forwarding to it only later), and returns the pool once it
+// answers, having said in the log why it waited.
+func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr)
+	l.Close() // refused until the forwarder below listens
+	go func() {
+		time.Sleep(700 * time.Millisecond)
+		fwd, err := net.Listen("tcp", addr.String())
+		if err != nil {
+			t.Errorf("forwarder: %v", err)
+			return
+		}
+		t.Cleanup(func() { fwd.Close() })
+		for {
+			c, err := fwd.Accept()
+			if err != nil {
+				return
+			}
+			go forward(c, socket)
+		}
+	}()
+	var logs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tcpDSN := fmt.Sprintf("%s host=127.0.0.1 port=%d", dsn, addr.Port)
+	pool, err := postgres.OpenWhenReached(ctx, tcpDSN, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatalf("OpenWhenReached(database reachable after 0.7 s) = %v", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		t.Errorf("Ping after OpenWhenReached: %v", err)
+	}
+	if !strings.Contains(logs.String(), "PostgreSQL not reached") {
+		t.Errorf("log = %q, want the wait explained", logs.String())
+	}
+}
+
+// It stops trying when ctx ends (the process is told to stop), and an
+// invalid DSN is no reason to wait.
+func TestOpenWhenReachedGivesUp(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = postgres.OpenWhenReached(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres connect_timeout=1", port), log)
+	if !errors.Is(err, postgres.ErrNotReached) || time.Since(start) > 10*time.Second {
+		t.Errorf("OpenWhenReached(nothing listening, ctx of 0.6 s) = %v after %s, want ErrNotReached soon after ctx ends", err, time.Since(start))
+	}
+	if _, err := postgres.OpenWhenReached(context.Background(), "host=::bad:: port=x", log); err == nil || errors.Is(err, postgres.ErrNotReached) {
+		t.Errorf("OpenWhenReached(invalid DSN) = %v, want the DSN refused at once", err)
+	}
+}
+
+func forward(c net.Conn, socket string) {
+	defer c.Close()
+	s, err := net.Dial("unix", socket)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	go io.Copy(s, c)
+	io.Copy(c, s)
 }

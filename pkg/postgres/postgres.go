@@ -3,7 +3,9 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -40,13 +42,45 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres: ping: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
 	if err := otelpgx.RecordStats(pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: pool metrics: %w", err)
 	}
 	return pool, nil
+}
+
+// ErrNotReached is Open's error when PostgreSQL did not answer its ping.
+var ErrNotReached = errors.New("postgres: ping")
+
+// OpenWhenReached is Open for a long-running service: while PostgreSQL
+// cannot be reached (a failover, or a database that starts after the
+// service), it tries again, with a back-off up to 5 s, logging the failure
+// every 10 s at most, until it is reached or ctx ends. Exiting instead put
+// a Kubernetes pod into CrashLoopBackOff, whose back-off could keep it out
+// for minutes after the database was back; waiting, it is unready (its
+// listener not up yet), then serves. Any other error of Open (an invalid
+// DSN) is returned at once.
+func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*pgxpool.Pool, error) {
+	delay := 250 * time.Millisecond
+	var logged time.Time
+	for {
+		pool, err := Open(ctx, dsn, opts...)
+		if !errors.Is(err, ErrNotReached) || ctx.Err() != nil {
+			return pool, err
+		}
+		if time.Since(logged) >= 10*time.Second {
+			log.Warn("PostgreSQL not reached; trying again until it is", "error", err.Error(), "retry_in", delay.String())
+			logged = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
 }
 
 // Option sets defaults for the pool's sessions; a setting in the DSN wins.

@@ -49,7 +49,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer stopTelemetry(context.Background())
 
-	pool, err := postgres.Open(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns))
+	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log)
 	if err != nil {
 		return err
 	}

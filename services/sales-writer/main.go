@@ -58,7 +58,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	// Every statement of the writer reaches its rows through an index; see
 	// IndexScansOnly for what plans made on a sales table analyzed while
 	// empty cost.
-	pool, err := postgres.Open(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), postgres.IndexScansOnly())
+	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log, postgres.IndexScansOnly())
 	if err != nil {
 		return err
 	}
