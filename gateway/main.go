@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/gcdefaults"
@@ -49,6 +51,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	}
 	select {
 	case <-ctx.Done():
+		err = serveOn(gw, cfg.ShutdownDelay, log)
 	case err = <-gw.Failed():
 		log.Error("listener failed", "error", err)
 	}
@@ -58,4 +61,23 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		err = serr
 	}
 	return err
+}
+
+// serveOn keeps serving for delay after the stop signal, before draining:
+// a load balancer or ingress goes on sending new requests to a stopping
+// instance until it hears of the stop (Kubernetes: seconds after the pod
+// is marked terminating), and those would find the listener closed (an
+// ingress does not retry a refused POST: the client gets its 502).
+func serveOn(gw *edge.Gateway, delay time.Duration, log *slog.Logger) error {
+	if delay <= 0 {
+		return nil
+	}
+	log.Info("stop signal: serving on while load balancers stop sending here (GATEWAY_SHUTDOWN_DELAY)", "delay", delay.String())
+	select {
+	case <-time.After(delay):
+		return nil
+	case err := <-gw.Failed():
+		log.Error("listener failed", "error", err)
+		return err
+	}
 }

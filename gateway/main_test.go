@@ -62,6 +62,53 @@ func TestRunServesAndDrains(t *testing.T) {
 	}
 }
 
+// With GATEWAY_SHUTDOWN_DELAY the gateway goes on serving for that long
+// after the stop signal, so requests a load balancer still sends it are
+// answered, then drains and stops.
+func TestRunServesOnForTheShutdownDelay(t *testing.T) {
+	addr := testenv.FreeAddr(t)
+	env := map[string]string{
+		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
+		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
+		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef", "GATEWAY_SHUTDOWN_DELAY": "1500ms",
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
+	health := func() int {
+		resp, err := http.Get("http://" + addr + "/v1/health")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for deadline := time.Now().Add(10 * time.Second); health() != 200; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not answering /v1/health:\n%s", out.String())
+		}
+	}
+	cancel()
+	stopped := time.Now()
+	time.Sleep(300 * time.Millisecond)
+	if got := health(); got != 200 {
+		t.Errorf("/v1/health 0.3 s after the stop signal (delay 1.5 s) = %d, want 200", got)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run() = %v, want nil", err)
+		}
+		if took := time.Since(stopped); took < 1500*time.Millisecond {
+			t.Errorf("run() returned %s after the stop signal, want after the 1.5 s delay", took)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run() did not return after the delay")
+	}
+}
+
 func TestRunRejectsBadConfig(t *testing.T) {
 	tests := []struct {
 		name string

@@ -30,6 +30,7 @@ type Config struct {
 	WriteTimeout     time.Duration  // GATEWAY_WRITE_TIMEOUT (60s)
 	IdleTimeout      time.Duration  // GATEWAY_IDLE_TIMEOUT (60s)
 	ShutdownTimeout  time.Duration  // GATEWAY_SHUTDOWN_TIMEOUT (15s)
+	ShutdownDelay    time.Duration  // GATEWAY_SHUTDOWN_DELAY (0s): serving on after the stop signal
 
 	ExportReaderURLs []string // EXPORT_READER_URLS (http://127.0.0.1:8081)
 	SalesWriterURLs  []string // SALES_WRITER_URLS (http://127.0.0.1:8082)
@@ -93,6 +94,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		WriteTimeout:     timeout("GATEWAY_WRITE_TIMEOUT", 60*time.Second),
 		IdleTimeout:      timeout("GATEWAY_IDLE_TIMEOUT", 60*time.Second),
 		ShutdownTimeout:  timeout("GATEWAY_SHUTDOWN_TIMEOUT", 15*time.Second),
+		ShutdownDelay:    r.Duration("GATEWAY_SHUTDOWN_DELAY", 0, 0, time.Minute),
 
 		ExportReaderURLs: r.List("EXPORT_READER_URLS", "http://127.0.0.1:8081"),
 		SalesWriterURLs:  r.List("SALES_WRITER_URLS", "http://127.0.0.1:8082"),
@@ -178,6 +180,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("trusted_proxies", c.TrustedProxies), slog.Int("max_header_bytes", c.MaxHeaderBytes),
 		slog.String("read_timeout", c.ReadTimeout.String()), slog.String("write_timeout", c.WriteTimeout.String()),
 		slog.String("idle_timeout", c.IdleTimeout.String()), slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
+		slog.String("shutdown_delay", c.ShutdownDelay.String()),
 		slog.Any("export_reader_urls", c.ExportReaderURLs), slog.Any("sales_writer_urls", c.SalesWriterURLs),
 		slog.Any("shop_schema_urls", c.ShopSchemaURLs),
 		slog.String("upstream_connect_timeout", c.UpstreamConnectTimeout.String()),
