@@ -121,6 +121,10 @@ func TestRunRejectsBadConfig(t *testing.T) {
 			"RATE_LIMIT_EXPORT_READ": "6000/min"}, "RATE_LIMIT_EXPORT_READ"},
 		{"bad upstream", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
 			"GATEWAY_ADDR": "127.0.0.1:0", "EXPORT_READER_URLS": "ftp://x"}, "EXPORT_READER_URLS"},
+		{"bad address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+			"GATEWAY_ADDR": "notanaddr"}, "GATEWAY_ADDR must be host:port"},
+		{"bad database url", map[string]string{"DATABASE_URL": "notaurl", "IDENTITY_SECRET": strings.Repeat("s", 32)},
+			"DATABASE_URL must be a PostgreSQL connection string"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

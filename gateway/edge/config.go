@@ -82,8 +82,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return r.Duration(name, def, time.Millisecond, time.Hour)
 	}
 	cfg := Config{
-		Addr:             r.String("GATEWAY_ADDR", "127.0.0.1:8080"),
-		AdminAddr:        r.String("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
+		Addr:             r.Addr("GATEWAY_ADDR", "127.0.0.1:8080"),
+		AdminAddr:        r.Addr("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
 		DatabaseURL:      r.String("DATABASE_URL", ""),
 		RedisURL:         r.String("REDIS_URL", "redis://127.0.0.1:6379/0"),
 		LogLevel:         r.LogLevel(),
@@ -125,6 +125,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		GC: gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
+	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	// Only signed with here: IDENTITY_SECRET_PREVIOUS is for the services.
 	cfg.IdentitySecret = r.SigningSecret("IDENTITY_SECRET")

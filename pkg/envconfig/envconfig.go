@@ -8,6 +8,7 @@ package envconfig
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +64,18 @@ func (r *Reader) Duration(name string, def, min, max time.Duration) time.Duratio
 		r.Failf("%s must be a duration from %s to %s, such as %s", name, min, max, def)
 	}
 	return d
+}
+
+// Addr returns the variable as a listening address, host:port (the host
+// may be empty: every interface), checked here so that a typo is reported
+// by name with the other problems, not by the listener after the start.
+func (r *Reader) Addr(name, def string) string {
+	addr := r.String(name, def)
+	_, port, err := net.SplitHostPort(addr)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+		r.Failf("%s must be host:port, such as %s", name, def)
+	}
+	return addr
 }
 
 // List returns the comma-separated variable's non-blank items, trimmed;

@@ -83,3 +83,26 @@ func TestSecret(t *testing.T) {
 		t.Errorf("after the swap: K = %q, K_PREVIOUS = %q, %v; want the two values unchanged", current, previous, moved.Err())
 	}
 }
+
+// A listening address is checked when read, and a bad one named.
+func TestAddr(t *testing.T) {
+	r := New(env(map[string]string{"OK": "0.0.0.0:8080", "ANY": ":9000", "V6": "[::1]:80",
+		"NOPORT": "notanaddr", "BADPORT": "127.0.0.1:http", "BIG": "127.0.0.1:70000"}))
+	for name, want := range map[string]string{"OK": "0.0.0.0:8080", "ANY": ":9000", "V6": "[::1]:80", "UNSET": "127.0.0.1:1"} {
+		if got := r.Addr(name, "127.0.0.1:1"); got != want {
+			t.Errorf("Addr(%s) = %q, want %q", name, got, want)
+		}
+	}
+	if err := r.Err(); err != nil {
+		t.Fatalf("Err() after good addresses = %v", err)
+	}
+	for _, name := range []string{"NOPORT", "BADPORT", "BIG"} {
+		r.Addr(name, "127.0.0.1:1")
+	}
+	err := r.Err()
+	for _, name := range []string{"NOPORT", "BADPORT", "BIG"} {
+		if err == nil || !strings.Contains(err.Error(), name+" must be host:port") {
+			t.Errorf("Err() = %v, want %s named", err, name)
+		}
+	}
+}

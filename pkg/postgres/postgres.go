@@ -51,6 +51,14 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 	return pool, nil
 }
 
+// ValidDSN reports whether dsn reads as a connection string (a URL or
+// key=value pairs), for a binary's configuration to name the variable that
+// holds a bad one: Open's own error cannot quote it (a password).
+func ValidDSN(dsn string) bool {
+	_, err := pgxpool.ParseConfig(dsn)
+	return err == nil
+}
+
 // ErrNotReached is Open's error when PostgreSQL did not answer its ping.
 var ErrNotReached = errors.New("postgres: ping")
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
@@ -32,8 +33,8 @@ type Config struct {
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
 	cfg := Config{
-		Addr:           r.String("EXPORT_READER_ADDR", "127.0.0.1:8081"),
-		AdminAddr:      r.String("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
+		Addr:           r.Addr("EXPORT_READER_ADDR", "127.0.0.1:8081"),
+		AdminAddr:      r.Addr("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
 		DatabaseURL:    r.String("READ_DATABASE_URL", r.String("DATABASE_URL", "")),
 		DBMaxConns:     r.Int("EXPORT_READER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
@@ -42,6 +43,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		LogLevel:       r.LogLevel(),
 	}
 	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
+	dsnVar := "DATABASE_URL"
+	if strings.TrimSpace(getenv("READ_DATABASE_URL")) != "" { // as r.String reads it
+		dsnVar = "READ_DATABASE_URL"
+	}
+	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), dsnVar+" must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	cfg.CursorSecret, cfg.CursorPrevious = r.Secret("CURSOR_SECRET")
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	if err := r.Err(); err != nil {

@@ -27,8 +27,8 @@ type Config struct {
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
 	cfg := Config{
-		Addr:                 r.String("SALES_WRITER_ADDR", "127.0.0.1:8082"),
-		AdminAddr:            r.String("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
+		Addr:                 r.Addr("SALES_WRITER_ADDR", "127.0.0.1:8082"),
+		AdminAddr:            r.Addr("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
 		DatabaseURL:          r.String("DATABASE_URL", ""),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
@@ -37,6 +37,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		GC:                   gcdefaults.Read(getenv),
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
+	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	if err := r.Err(); err != nil {

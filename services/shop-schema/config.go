@@ -41,8 +41,8 @@ func validTimeout(d time.Duration) bool { return minTimeout <= d && d <= maxTime
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
 	c := Config{
-		Addr:           r.String("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
-		AdminAddr:      r.String("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
+		Addr:           r.Addr("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
+		AdminAddr:      r.Addr("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
 		LogLevel:       r.LogLevel(),
 		AllowHosts:     r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
 		CAFile:         r.String("SHOP_SCHEMA_CA_FILE", ""),
