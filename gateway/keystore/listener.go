@@ -33,7 +33,7 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.WarnContext(ctx, "revocation listener disconnected; retrying", "error", err, "retry_in", backoff)
+		log.WarnContext(ctx, "revocation listener disconnected; retrying", "error", err, "retry_in", backoff.String())
 		select {
 		case <-ctx.Done():
 			return

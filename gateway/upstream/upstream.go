@@ -247,7 +247,7 @@ type Repeat struct {
 func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (repeated, err error) {
 	first := u.pick(nil, affinity)
 	if first == nil {
-		return nil, ErrUnavailable
+		return nil, fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
 	}
 	err = u.send(first, req, resp, requestURI)
 	if err == nil {

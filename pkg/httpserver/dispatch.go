@@ -180,7 +180,11 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 			s.cfg.Log.WarnContext(r.Context(), "readiness check outlasted the prober's wait",
 				"elapsed", time.Since(start).Round(time.Millisecond).String())
 		case err != nil:
-			s.cfg.Log.WarnContext(r.Context(), "not ready", "err", err)
+			// Every gateway probes every instance 4 times a second while
+			// it is out: one line per interval says it, not each probe.
+			if ok, skipped := s.refusedLog.Allow("not ready"); ok {
+				s.cfg.Log.WarnContext(r.Context(), "not ready", "err", err, "skipped_since_last", skipped)
+			}
 		}
 		if err != nil || r.Context().Err() != nil {
 			envelope.WriteError(w, http.StatusServiceUnavailable, "not_ready", "service not ready", requestID)

@@ -47,9 +47,11 @@ type Server struct {
 	metrics  *httpMetrics
 	tracer   trace.Tracer
 	handler  http.Handler
-	// refusedLog lets through one "identity refused" warning per interval:
-	// every request of a gateway whose secret differs is refused, and so
-	// is anything that reaches the port without the gateway.
+	// refusedLog lets through one "identity refused" and one "not ready"
+	// warning per interval: every request of a gateway whose secret
+	// differs is refused, and so is anything that reaches the port without
+	// the gateway; every gateway probes an instance that is out 4 times a
+	// second.
 	refusedLog *logging.Throttle
 }
 

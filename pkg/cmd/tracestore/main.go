@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -78,8 +79,11 @@ func serve(ctx context.Context, addr, file string) error {
 var traceIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 func show(w io.Writer, file, requestID string) error {
+	// A request id quoted in a ticket often comes back upper-cased, or
+	// with the spaces a copy picked up; hex reads the same either way.
+	requestID = strings.ToLower(strings.TrimSpace(requestID))
 	if !traceIDPattern.MatchString(requestID) {
-		return fmt.Errorf("%q is not a request id (32 lowercase hex characters)", requestID)
+		return fmt.Errorf("%q is not a request id (32 hex characters)", requestID)
 	}
 	f, err := os.Open(file)
 	if err != nil {
