@@ -446,6 +446,19 @@ func TestHealth(t *testing.T) {
 	}
 	if got.Version != "1.3.1" || got.Status != "degraded" {
 		t.Errorf("health = %+v, want version 1.3.1, status degraded", got)
+	}	// /metrics counts each upstream's instances up and out, for alerts
+	// that must know which upstream is losing instances.
+	metrics := scrape(t, gw.AdminURL)
+	for _, series := range []string{
+		`gateway_upstream_instances{state="up",upstream="export-reader"} 1`,
+		`gateway_upstream_instances{state="out",upstream="export-reader"} 0`,
+		`gateway_upstream_instances{state="up",upstream="sales-writer"} 1`,
+		`gateway_upstream_instances{state="out",upstream="sales-writer"} 1`,
+		`gateway_upstream_instances{state="out",upstream="shop-schema"} 1`,
+	} {
+		if !bytes.Contains(metrics, []byte(series)) {
+			t.Errorf("metrics lack %s:\n%s", series, grep(metrics, "gateway_upstream_instances"))
+		}
 	}
 }
 

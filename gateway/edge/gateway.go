@@ -188,6 +188,7 @@ func (g *Gateway) buildUpstreams() error {
 			return err
 		}
 		g.upstreams[name] = u
+		g.metrics.watchInstances(u)
 	}
 	return nil
 }

@@ -66,6 +66,25 @@ func newMetrics() *metrics {
 }
 
 // statusClass turns 404 into "4xx".
+// watchInstances exports how many of u's instances are up and out, read at
+// each scrape: what to alert on before every instance is out (and /v1/health
+// says degraded), and which upstream it is.
+func (m *metrics) watchInstances(u *upstream.Upstream) {
+	for _, state := range []string{"up", "out"} {
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "gateway_upstream_instances",
+			Help:        "Instances of an upstream, by state: up, or out (marked down: refused, 5xx or unanswered probes).",
+			ConstLabels: prometheus.Labels{"upstream": u.Name, "state": state},
+		}, func() float64 {
+			up, all := u.Instances()
+			if state == "up" {
+				return float64(up)
+			}
+			return float64(all - up)
+		}))
+	}
+}
+
 func statusClass(status int) string {
 	return strconv.Itoa(status/100) + "xx"
 }

@@ -422,19 +422,25 @@ func (u *Upstream) tell(inst *Instance, up bool, reason string) {
 	}
 }
 
-// State is the health of an upstream as /v1/health reports it.
-func (u *Upstream) State() string {
-	now, up := time.Now().UnixNano(), 0
+// Instances counts the upstream's instances, and those of them that are up
+// (not marked down), now.
+func (u *Upstream) Instances() (up, all int) {
+	now := time.Now().UnixNano()
 	instances := u.current()
 	for _, inst := range instances {
 		if inst.upAt(now) {
 			up++
 		}
 	}
-	switch up {
+	return up, len(instances)
+}
+
+// State is the health of an upstream as /v1/health reports it.
+func (u *Upstream) State() string {
+	switch up, all := u.Instances(); up {
 	case 0: // first: no instance at all is down too
 		return "down"
-	case len(instances):
+	case all:
 		return "ok"
 	default:
 		return "degraded"
