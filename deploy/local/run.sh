@@ -177,4 +177,10 @@ else # wait -p is bash 5.1's: without it, which process exited is not known
   wait -n "${pids[@]}" || status=$?
 fi
 name=${exited:+${names[$exited]:-}}
-[ -n "$stopping" ] || log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
+# Ctrl-C reaches every process at once, and one may end (status 0) before
+# our own trap runs: that is a stop, not a crash, and reads as one.
+if [ -z "$stopping" ] && [ "$status" = 0 ]; then
+  log "${name:-a process} stopped; stopping the rest"
+elif [ -z "$stopping" ]; then
+  log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
+fi

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/coinexport/export/pkg/apikey"
 	"mime"
 	"net/http"
 	"strings"
@@ -175,7 +176,7 @@ func parseBody(body []byte) (string, int, error) {
 				return "", 0, badRequest(codeInvalidBody, "quantity must be the integer 1")
 			}
 		default:
-			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("unknown property %q", clip(name)))
+			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("unknown property %q", clip(redactKey(name))))
 		}
 	}
 	if orderID == nil {
@@ -223,6 +224,16 @@ func externalOrderID(value json.RawMessage) (string, error) {
 }
 
 // clip shortens a client-supplied name quoted back in a message.
+// redactKey stands for a property name that holds an API key (pasted into
+// the body by mistake): an answer quoting it would copy the key into
+// whatever logs the client's answers.
+func redactKey(name string) string {
+	if apikey.ContainsKey(name) {
+		return "[holds an API key]"
+	}
+	return name
+}
+
 func clip(s string) string {
 	if utf8.RuneCountInString(s) <= maxNameInMessage {
 		return s

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/identity"
 )
 
@@ -174,5 +175,25 @@ func TestUnusableItemIDsAreNotFound(t *testing.T) {
 		if rec.Code != 404 || errorCode(env) != "not_found" {
 			t.Errorf("confirm item %q = %d %q, want 404 not_found", item, rec.Code, errorCode(env))
 		}
+	}
+}
+
+// A property named with an API key (pasted into the body by mistake) is
+// refused without the answer quoting the key.
+func TestUnknownPropertyHoldingAKeyIsNotQuoted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	secret, _, err := apikey.Generate([]string{identity.ScopeSalesWrite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k",
+		body: `{"external_order_id":"o","` + secret + `":1}`})
+	if rec.Code != 400 || errorCode(env) != "invalid_body" {
+		t.Fatalf("confirm with a key as a property name = %d %q, want 400 invalid_body", rec.Code, errorCode(env))
+	}
+	if strings.Contains(rec.Body.String(), secret) || !strings.Contains(env.Error.Message, "[holds an API key]") {
+		t.Errorf("answer %s quotes the key, or does not say it held one", rec.Body.String())
 	}
 }
