@@ -140,7 +140,7 @@ type readAhead struct {
 }
 
 func newReadAhead(cfg ReadAhead) *readAhead {
-	return &readAhead{
+	ra := &readAhead{
 		cfg:   cfg,
 		slots: make(chan struct{}, max(cfg.Reads, 0)),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -149,6 +149,12 @@ func newReadAhead(cfg ReadAhead) *readAhead {
 		}, []string{"result"}),
 		pages: map[aheadKey]*aheadPage{},
 	}
+	// Every outcome's series exists from the start, at 0: an alert on a
+	// rate or a ratio has its series before the first such request.
+	for _, result := range []string{"hit", "stale", "failed", "unread", "miss"} {
+		ra.results.WithLabelValues(result)
+	}
+	return ra
 }
 
 func (ra *readAhead) enabled() bool { return ra.cfg.Pages > 0 && ra.cfg.Reads > 0 }

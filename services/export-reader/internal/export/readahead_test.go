@@ -267,3 +267,12 @@ func changeItem(t *testing.T, pool *pgxpool.Pool, owner string, offset int) stri
 	}
 	return id
 }
+
+// Every outcome's series is exported from the start, at 0, so an alert on
+// it has a series before the first such request.
+func TestReadAheadSeriesStartAtZero(t *testing.T) {
+	ra := newReadAhead(ReadAhead{Pages: 3, TTL: time.Minute, Timeout: time.Second})
+	if n := testutil.CollectAndCount(ra.results); n != 5 {
+		t.Errorf("%d read-ahead series before any request, want 5 (hit, stale, failed, unread, miss)", n)
+	}
+}
