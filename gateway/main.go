@@ -4,7 +4,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/coinexport/export/pkg/postgres"
 	"io"
 	"log/slog"
 	"os"
@@ -46,6 +48,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	routeRedisLogs(log)
 
 	gw, err := edge.Start(ctx, cfg, log, getenv)
+	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
+		log.Info("stopped before PostgreSQL was reached")
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -109,6 +109,33 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 	}
 }
 
+// Told to stop while it waits for a PostgreSQL not there yet, the gateway
+// stops cleanly (no error, so exit status 0): a stop, not a crash.
+func TestRunStoppedWhileWaitingForPostgres(t *testing.T) {
+	env := map[string]string{
+		"GATEWAY_ADDR": testenv.FreeAddr(t), "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
+		"DATABASE_URL": "host=" + t.TempDir() + "/not-yet user=postgres", "REDIS_URL": testenv.RedisURL(t),
+		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
+	time.Sleep(700 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run() stopped while waiting for PostgreSQL = %v, want nil", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run() did not return after the stop")
+	}
+	if !strings.Contains(out.String(), "stopped before PostgreSQL was reached") {
+		t.Errorf("logs lack the stop:\n%s", out.String())
+	}
+}
+
 func TestRunRejectsBadConfig(t *testing.T) {
 	tests := []struct {
 		name string

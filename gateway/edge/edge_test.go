@@ -446,7 +446,7 @@ func TestHealth(t *testing.T) {
 	}
 	if got.Version != "1.3.1" || got.Status != "degraded" {
 		t.Errorf("health = %+v, want version 1.3.1, status degraded", got)
-	}	// /metrics counts each upstream's instances up and out, for alerts
+	} // /metrics counts each upstream's instances up and out, for alerts
 	// that must know which upstream is losing instances.
 	metrics := scrape(t, gw.AdminURL)
 	for _, series := range []string{

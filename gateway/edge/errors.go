@@ -71,7 +71,7 @@ var (
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
 		Message: "the service is temporarily unavailable; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
-		Message: "the service could not be reached; retry later"}
+		Message: "the service failed to answer; a write may have been applied: retry it with the same Idempotency-Key"}
 	errGatewayRefused = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service refused the gateway's request; the fault is ours: quote the request id"}
 	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
@@ -89,7 +89,7 @@ func errRateLimited(retryAfter time.Duration) *apiError {
 // reason (its X-RateLimit-* are that budget's, not the key's).
 func errAuthThrottled(retryAfter time.Duration) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
-		Message: "too many failed authentications from this address; this key was not checked: retry after the time in Retry-After",
+		Message:    "too many failed authentications from this address; this key was not checked: retry after the time in Retry-After",
 		RetryAfter: retryAfter}
 }
 

@@ -65,7 +65,6 @@ func newMetrics() *metrics {
 	return m
 }
 
-// statusClass turns 404 into "4xx".
 // watchInstances exports how many of u's instances are up and out, read at
 // each scrape: what to alert on before every instance is out (and /v1/health
 // says degraded), and which upstream it is.
@@ -85,6 +84,7 @@ func (m *metrics) watchInstances(u *upstream.Upstream) {
 	}
 }
 
+// statusClass turns 404 into "4xx".
 func statusClass(status int) string {
 	return strconv.Itoa(status/100) + "xx"
 }

@@ -151,7 +151,9 @@ func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, err error)
 // fault is ours, and relaying the 401 would send the client to rotate a
 // valid key.
 var errIdentityRefused = errors.New("the service refused the gateway's signed identity: " +
-	"IDENTITY_SECRET differs between the gateway and the service, or their clocks differ by more than identity.MaxSkew")
+	"IDENTITY_SECRET differs between the gateway and the service, their clocks differ by more than identity.MaxSkew, " +
+	"something between them rewrote the request's method, path, query or Idempotency-Key, " +
+	"or the service is of a build before identity-v2 (upgrade services first: README, Upgrading to identity-v2)")
 
 // signedRequest is the request the identity is signed for: method as sent
 // (proxy passes rq.method, which stableMethod keeps as a constant: only a

@@ -174,7 +174,7 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.authFailure != "" {
 		attrs = append(attrs, attrAuthFailure.String(rq.authFailure))
 	}
-	if status == fiber.StatusTooManyRequests && rq.rateClass != "" {
+	if status == fiber.StatusTooManyRequests && rq.hasRate && !rq.rate.Allowed {
 		attrs = append(attrs, attrRateClass.String(rq.rateClass))
 	}
 	if len(errorCode) > 0 {
@@ -205,7 +205,7 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	if rq.authFailure != "" {
 		attrs = append(attrs, slog.String("auth_failure", rq.authFailure))
 	}
-	if status == fiber.StatusTooManyRequests && rq.rateClass != "" {
+	if status == fiber.StatusTooManyRequests && rq.hasRate && !rq.rate.Allowed {
 		attrs = append(attrs, slog.String("rate_limit_class", rq.rateClass))
 	}
 	if rq.key.ID != "" {

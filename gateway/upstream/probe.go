@@ -36,10 +36,11 @@ const downRecheck = 250 * time.Millisecond
 
 // Probe checks every instance each interval until ctx ends, and one that is
 // out every downRecheck: one that answers is put back at once; one that
-// refuses the connection or answers 5xx is skipped until a probe finds it
-// answering, so the proxy stops sending to it; one that leaves its probe
-// unanswered (in interval, at most a second) is skipped once it has done
-// so unansweredProbesBeforeDown times in a row.
+// refuses the connection or answers 5xx is skipped for interval +
+// Options.DownFor, and again each time a probe finds it so, so the proxy
+// stops sending to it; one that leaves its probe unanswered (in interval,
+// at most a second) is skipped once it has done so
+// unansweredProbesBeforeDown times in a row.
 func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	tick := time.NewTicker(min(interval, downRecheck))
 	defer tick.Stop()
@@ -51,7 +52,7 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 				continue
 			}
 			inst.nextProbe = now.Add(interval)
-			u.judge(inst, inst.probeOnce(interval), interval, !up)
+			u.judge(inst, inst.probeOnce(interval), interval)
 		}
 		select {
 		case <-ctx.Done():
@@ -70,9 +71,8 @@ const (
 	probeUnanswered                     // connected, but no answer in time
 )
 
-// judge acts on what a probe of inst found; wasOut is whether inst was out
-// when the probe was sent.
-func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration, wasOut bool) {
+// judge acts on what a probe of inst found.
+func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration) {
 	switch v {
 	case probeAnswered:
 		inst.unansweredProbes = 0
@@ -80,11 +80,14 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration,
 	case probeFailed:
 		u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
 	default:
-		// Three in a row take an instance that is up out; one that was out
-		// when probed (refused, 5xx) stays out until a probe is answered,
-		// not only until its downUntil passes.
+		// Three in a row take an instance out. One already out (refused,
+		// 5xx) is not kept out by a probe left unanswered: a readiness
+		// check slowed by a database coming back is no refusal, and
+		// keeping every instance out for it would turn the slowness into
+		// an outage. It returns when its time out ends, and a refusal or a
+		// 5xx takes it out again at once.
 		inst.unansweredProbes++
-		if inst.unansweredProbes >= unansweredProbesBeforeDown || wasOut {
+		if inst.unansweredProbes >= unansweredProbesBeforeDown {
 			u.markDown(inst, interval+u.opts.DownFor, reasonUnanswered)
 		}
 	}

@@ -272,7 +272,14 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		repeat.Renew(&req.Header, requestURI)
 	}
 	firstErr := &FailedAttempt{Err: err, At: time.Now()}
-	return firstErr, u.send(second, req, resp, requestURI)
+	err2 := u.send(second, req, resp, requestURI)
+	if errors.Is(err2, ErrUnreachable) && !errors.Is(err, ErrUnreachable) {
+		// The repeat never left, but the first attempt was sent and may
+		// have been applied: the outcome is the first's (a 504 or 502
+		// says so), not "nothing was sent".
+		return firstErr, fmt.Errorf("%w; sent again: %v", err, err2)
+	}
+	return firstErr, err2
 }
 
 // FailedAttempt is the first attempt's failure of a request that was sent

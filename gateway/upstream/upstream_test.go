@@ -169,6 +169,29 @@ func TestRepeatIsRenewed(t *testing.T) {
 	}
 }
 
+// A request sent again whose repeat finds the next instance refusing
+// fails as its first attempt did (a timeout: it may have been applied),
+// not as "unreachable", which says nothing was sent.
+func TestRepeatRefusedKeepsTheFirstFailure(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(500 * time.Millisecond) // past opts' ReadTimeout
+	}))
+	defer slow.Close()
+	// Round-robin starts at the second instance: the slow one is asked first.
+	u, err := New("svc", []string{closedAddr(t), slow.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("POST")
+	repeated, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+	if !errors.Is(repeated, ErrTimeout) || !errors.Is(err, ErrTimeout) || errors.Is(err, ErrUnreachable) {
+		t.Errorf("Do(slow, then refused) = repeated after %v, %v; want a timeout both, not unreachable", repeated, err)
+	}
+}
+
 // An instance's changes are told once each: down when it refuses (however
 // often it is marked down again after that, by failed probes), up when its
 // probe answers again.
@@ -268,17 +291,17 @@ func TestJudgeCountsUnansweredProbesInARow(t *testing.T) {
 		{probeAnswered, true},
 	}
 	for i, step := range steps {
-		u.judge(inst, step.verdict, time.Second, !inst.upAt(time.Now().UnixNano()))
+		u.judge(inst, step.verdict, time.Second)
 		if got := inst.upAt(time.Now().UnixNano()); got != step.up {
 			t.Fatalf("after step %d (verdict %d): up = %v, want %v", i+1, step.verdict, got, step.up)
 		}
 	}
 }
 
-// An instance out for a refusal or a 5xx stays out while its probes go
-// unanswered, even once the time it was taken out for has passed (a probe
-// left unanswered takes up to a second): only an answer puts it back.
-func TestInstanceOutStaysOutUntilAProbeIsAnswered(t *testing.T) {
+// An instance out for a refusal or a 5xx is not kept out by probes left
+// unanswered (a slow readiness check, as while a database comes back): it
+// returns when its time out ends; a refusal takes it out again.
+func TestUnansweredProbesDoNotKeepAnInstanceOut(t *testing.T) {
 	o := opts()
 	o.DownFor = time.Millisecond
 	u, err := New("svc", []string{closedAddr(t)}, o)
@@ -287,17 +310,18 @@ func TestInstanceOutStaysOutUntilAProbeIsAnswered(t *testing.T) {
 	}
 	inst := u.current()[0]
 	const interval = time.Millisecond
-	u.judge(inst, probeFailed, interval, false)
-	for i := range 2 { // fewer than unansweredProbesBeforeDown
-		time.Sleep(5 * time.Millisecond) // the probe took longer than the instance was out for
-		u.judge(inst, probeUnanswered, interval, true)
-		if inst.upAt(time.Now().UnixNano()) {
-			t.Fatalf("after unanswered probe %d of an instance that was out: up, want out", i+1)
-		}
+	u.judge(inst, probeFailed, interval)
+	if inst.upAt(time.Now().UnixNano()) {
+		t.Fatal("after a failed probe: up, want out")
 	}
-	u.judge(inst, probeAnswered, interval, true)
+	u.judge(inst, probeUnanswered, interval)
+	time.Sleep(5 * time.Millisecond) // past interval + DownFor
 	if !inst.upAt(time.Now().UnixNano()) {
-		t.Error("after an answered probe: out, want up")
+		t.Error("an unanswered probe kept the instance out past its time out")
+	}
+	u.judge(inst, probeFailed, interval)
+	if inst.upAt(time.Now().UnixNano()) {
+		t.Error("after another failed probe: up, want out")
 	}
 }
 

@@ -78,6 +78,8 @@ type Signer struct {
 	// rotated, gateways and services of both sides of a rolling deploy
 	// must read each other (README, "Rotating IDENTITY_SECRET").
 	accepted []*Signer
+	// acceptUnbound: identity-v1 signatures are accepted too (AcceptUnbound).
+	acceptUnbound bool
 }
 
 type signingState struct {
@@ -157,7 +159,7 @@ func (s *Signer) SignInto(set func(name string, value []byte), id Identity, req 
 	defer s.put(st)
 	var tsBuf [20]byte
 	ts := strconv.AppendInt(tsBuf[:0], now.UnixMilli(), 10)
-	text, fields := appendSignedText(st.text[:0], id.OwnerID, id.PlatformID, id.KeyID, id.Scopes, id.RequestID, ts, req)
+	text, fields := appendSignedText(st.text[:0], id.OwnerID, id.PlatformID, id.KeyID, id.Scopes, id.RequestID, ts, req, false)
 	st.text = text
 	st.sig = base64.RawURLEncoding.AppendEncode(st.sig[:0], st.sum256(text))
 	for i, name := range signedHeaders {
@@ -174,9 +176,17 @@ var signedHeaders = [...]string{HeaderOwner, HeaderPlatform, HeaderKeyID, Header
 // occur in any of them (neither header values nor a request line can hold a
 // newline), so no two identities or requests share an input. The request's
 // fields come last: they are not headers, the service has them already.
-func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string, requestID string, ts []byte, req Request) ([]byte, [len(signedHeaders)][]byte) {
+//
+// unbound builds the text of identity-v1 instead, which held no request:
+// what gateways of builds before identity-v2 signed, read only while
+// AcceptUnbound says so.
+func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string, requestID string, ts []byte, req Request, unbound bool) ([]byte, [len(signedHeaders)][]byte) {
 	var at [len(signedHeaders) + 1]int
-	dst = append(dst, "identity-v2"...)
+	if unbound {
+		dst = append(dst, "identity-v1"...)
+	} else {
+		dst = append(dst, "identity-v2"...)
+	}
 	field := 0
 	next := func() { dst = append(dst, '\n'); at[field] = len(dst); field++ }
 	next()
@@ -198,6 +208,9 @@ func appendSignedText(dst []byte, owner, platform, keyID string, scopes []string
 	dst = append(dst, ts...)
 	at[field] = len(dst) + 1 // the separator that follows
 	for _, v := range [...]string{req.Method, req.Target, req.IdempotencyKey} {
+		if unbound {
+			break
+		}
 		dst = append(append(dst, '\n'), v...)
 	}
 	var fields [len(signedHeaders)][]byte
@@ -273,22 +286,45 @@ func (s *Signer) verifySignature(get func(name string) string, req Request) (Ide
 // validMAC reports whether sig signs the fields (scopes as sent: joined)
 // and req with the secret or one of the accepted ones.
 func (s *Signer) validMAC(sig, owner, platform, keyID, scopes, requestID, ts string, req Request) bool {
-	if s.signedBy(sig, owner, platform, keyID, scopes, requestID, ts, req) {
-		return true
-	}
-	for _, a := range s.accepted {
-		if a.signedBy(sig, owner, platform, keyID, scopes, requestID, ts, req) {
+	for _, unbound := range [...]bool{false, true} {
+		if unbound && !s.acceptUnbound {
+			break
+		}
+		if s.signedBy(sig, owner, platform, keyID, scopes, requestID, ts, req, unbound) {
 			return true
+		}
+		for _, a := range s.accepted {
+			if a.signedBy(sig, owner, platform, keyID, scopes, requestID, ts, req, unbound) {
+				return true
+			}
 		}
 	}
 	return false
 }
 
+// NewServiceSigner is the Signer a service verifies identities with: those
+// signed with secret or one of previous, and, if acceptUnbound
+// (IDENTITY_ACCEPT_UNBOUND), identity-v1 ones as well (AcceptUnbound).
+func NewServiceSigner(secret string, previous []string, acceptUnbound bool) (*Signer, error) {
+	s, err := NewSigner(secret, previous...)
+	if err == nil && acceptUnbound {
+		s.AcceptUnbound()
+	}
+	return s, err
+}
+
+// AcceptUnbound makes s accept, besides its own signatures, identity-v1
+// ones, which bind no request: what gateways of builds before identity-v2
+// send. Only for the upgrade of a running deployment, services first
+// (IDENTITY_ACCEPT_UNBOUND, README "Upgrading to identity-v2"): while it is
+// on, captured identity headers open any call again for MaxSkew.
+func (s *Signer) AcceptUnbound() { s.acceptUnbound = true }
+
 // signedBy reports whether sig signs the fields and req with s's own secret.
-func (s *Signer) signedBy(sig, owner, platform, keyID, scopes, requestID, ts string, req Request) bool {
+func (s *Signer) signedBy(sig, owner, platform, keyID, scopes, requestID, ts string, req Request, unbound bool) bool {
 	st := s.states.Get().(*signingState)
 	defer s.put(st)
-	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts), req)
+	text, _ := appendSignedText(st.text[:0], owner, platform, keyID, []string{scopes}, requestID, []byte(ts), req, unbound)
 	st.text = text
 	want := base64.RawURLEncoding.AppendEncode(nil, st.sum256(text))
 	return hmac.Equal([]byte(sig), want)

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -228,5 +229,42 @@ func TestRollingRotation(t *testing.T) {
 	}
 	if _, err := NewSigner(newSecret, "short"); err == nil {
 		t.Error("NewSigner(secret, short previous) = nil error, want one")
+	}
+}
+
+// An identity-v1 signature (no request bound: a gateway of a build before
+// identity-v2) is refused, unless the service accepts unbound ones for an
+// upgrade; then from the current secret and the previous ones alike.
+func TestUnboundSignaturesOnlyWhileAccepted(t *testing.T) {
+	at := time.Now()
+	v1 := func(secret string) http.Header {
+		ts := strconv.FormatInt(at.UnixMilli(), 10)
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write([]byte("identity-v1\no1\np1\nk1\nsales:write\nr1\n" + ts))
+		return http.Header{HeaderOwner: {"o1"}, HeaderPlatform: {"p1"}, HeaderKeyID: {"k1"}, HeaderScopes: {"sales:write"},
+			HeaderRequestID: {"r1"}, HeaderTime: {ts}, HeaderSignature: {base64.RawURLEncoding.EncodeToString(m.Sum(nil))}}
+	}
+	previous := testSecret + "-previous"
+	strict, _ := NewSigner(testSecret, previous)
+	upgrading, _ := NewSigner(testSecret, previous)
+	upgrading.AcceptUnbound()
+	for _, secret := range []string{testSecret, previous} {
+		if _, err := strict.Verify(v1(secret).Get, testRequest, at); err != ErrUnsigned {
+			t.Errorf("Verify(identity-v1) by a service not upgrading = %v, want ErrUnsigned", err)
+		}
+		if id, err := upgrading.Verify(v1(secret).Get, testRequest, at); err != nil || id.OwnerID != "o1" {
+			t.Errorf("Verify(identity-v1) by a service upgrading = %+v, %v; want o1", id, err)
+		}
+	}
+	if _, err := upgrading.Verify(v1(testSecret+"x").Get, testRequest, at); err != ErrUnsigned {
+		t.Errorf("Verify(identity-v1 of another secret) by a service upgrading = %v, want ErrUnsigned", err)
+	}
+	// Its own bound signatures still verify, for their request only.
+	h := signedHeader(t, upgrading, Identity{OwnerID: "o1"}, at)
+	if _, err := upgrading.Verify(h.Get, testRequest, at); err != nil {
+		t.Errorf("Verify(identity-v2) by a service upgrading = %v", err)
+	}
+	if _, err := upgrading.Verify(h.Get, Request{Method: "GET", Target: "/v1/export/items"}, at); err != ErrUnsigned {
+		t.Errorf("Verify(identity-v2 for another request) by a service upgrading = %v, want ErrUnsigned", err)
 	}
 }

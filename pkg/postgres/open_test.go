@@ -107,7 +107,7 @@ func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
 }
 
 // It stops trying when ctx ends (the process is told to stop), and an
-// invalid DSN is no reason to wait.
+// invalid DSN or a server that refuses the client is no reason to wait.
 func TestOpenWhenReachedGivesUp(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -120,8 +120,15 @@ func TestOpenWhenReachedGivesUp(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err = postgres.OpenWhenReached(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres connect_timeout=1", port), log)
-	if !errors.Is(err, postgres.ErrNotReached) || time.Since(start) > 10*time.Second {
-		t.Errorf("OpenWhenReached(nothing listening, ctx of 0.6 s) = %v after %s, want ErrNotReached soon after ctx ends", err, time.Since(start))
+	if !errors.Is(err, postgres.ErrStopped) || time.Since(start) > 10*time.Second {
+		t.Errorf("OpenWhenReached(nothing listening, ctx of 0.6 s) = %v after %s, want ErrStopped soon after ctx ends", err, time.Since(start))
+	}
+	// A server that answers and refuses this client (here: no such
+	// database) is a configuration to fix, not a wait.
+	start = time.Now()
+	_, err = postgres.OpenWhenReached(context.Background(), testenv.PostgresURL(t)+" dbname=no_such_database_here", log)
+	if err == nil || errors.Is(err, postgres.ErrStopped) || time.Since(start) > 5*time.Second {
+		t.Errorf("OpenWhenReached(unknown database) = %v after %s, want the refusal at once", err, time.Since(start))
 	}
 	if _, err := postgres.OpenWhenReached(context.Background(), "host=::bad:: port=x", log); err == nil || errors.Is(err, postgres.ErrNotReached) {
 		t.Errorf("OpenWhenReached(invalid DSN) = %v, want the DSN refused at once", err)

@@ -68,14 +68,21 @@ var ErrNotReached = errors.New("postgres: ping")
 // every 10 s at most, until it is reached or ctx ends. Exiting instead put
 // a Kubernetes pod into CrashLoopBackOff, whose back-off could keep it out
 // for minutes after the database was back; waiting, it is unready (its
-// listener not up yet), then serves. Any other error of Open (an invalid
-// DSN) is returned at once.
+// listener not up yet), then serves. Any other error (an invalid DSN, a
+// server that refuses this client: a wrong password, an unknown database)
+// is returned at once, and ErrStopped if ctx ends first.
 func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*pgxpool.Pool, error) {
 	delay := 250 * time.Millisecond
 	var logged time.Time
 	for {
 		pool, err := Open(ctx, dsn, opts...)
-		if !errors.Is(err, ErrNotReached) || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			if pool != nil {
+				pool.Close()
+			}
+			return nil, fmt.Errorf("%w before PostgreSQL was reached", ErrStopped)
+		}
+		if !errors.Is(err, ErrNotReached) || !notReachedYet(err) {
 			return pool, err
 		}
 		if time.Since(logged) >= 10*time.Second {
@@ -84,11 +91,24 @@ func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, fmt.Errorf("%w before PostgreSQL was reached", ErrStopped)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// ErrStopped is OpenWhenReached's error when ctx ended (the process was
+// told to stop) while it waited: a stop, which the binary exits 0 for.
+var ErrStopped = errors.New("postgres: stopped")
+
+// notReachedYet tells a database that is not there yet (refused, no
+// socket, starting up, the ping timing out) from one that answered and
+// refused this client (a wrong password, an unknown database, pg_hba): only
+// waiting mends the first; the second is a configuration to fix, reported
+// at once.
+func notReachedYet(err error) bool {
+	return Unreachable(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Option sets defaults for the pool's sessions; a setting in the DSN wins.

@@ -26,7 +26,10 @@ type Config struct {
 	IdentitySecret string // IDENTITY_SECRET (required, ≥32 bytes; secret)
 	// IdentityPrevious: IDENTITY_SECRET_PREVIOUS, likewise (secret).
 	IdentityPrevious []string
-	LogLevel         string // LOG_LEVEL (info)
+	// IdentityAcceptUnbound: IDENTITY_ACCEPT_UNBOUND (false), identity-v1
+	// signatures accepted too, while gateways of an older build remain.
+	IdentityAcceptUnbound bool
+	LogLevel              string // LOG_LEVEL (info)
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -50,6 +53,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), dsnVar+" must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	cfg.CursorSecret, cfg.CursorPrevious = r.Secret("CURSOR_SECRET")
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
+	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}
@@ -66,6 +70,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("read_ahead_pages", c.ReadAheadPages), slog.String("read_ahead_ttl", c.ReadAheadTTL.String()),
 		slog.String("cursor_secret", "***"), slog.Int("cursor_secrets_previous", len(c.CursorPrevious)),
 		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.Bool("identity_accept_unbound", c.IdentityAcceptUnbound),
 		slog.String("log_level", c.LogLevel),
 	)
 }

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,12 +51,16 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer stopTelemetry(context.Background())
 
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log)
+	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
+		log.Info("stopped before PostgreSQL was reached")
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	signer, err := identity.NewSigner(cfg.IdentitySecret, cfg.IdentityPrevious...)
+	signer, err := identity.NewServiceSigner(cfg.IdentitySecret, cfg.IdentityPrevious, cfg.IdentityAcceptUnbound)
 	if err != nil {
 		return err
 	}

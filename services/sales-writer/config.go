@@ -11,16 +11,17 @@ import (
 
 // Config is everything the sales writer reads from its environment.
 type Config struct {
-	Addr                 string              // SALES_WRITER_ADDR (127.0.0.1:8082)
-	AdminAddr            string              // SALES_WRITER_ADMIN_ADDR (127.0.0.1:9082): /metrics and /debug/pprof
-	DatabaseURL          string              // DATABASE_URL (required; secret: may hold a password)
-	DBMaxConns           int                 // SALES_WRITER_DB_MAX_CONNS (8)
-	IdentitySecret       string              // IDENTITY_SECRET (required, ≥32 bytes; secret)
-	IdentityPrevious     []string            // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
-	IdempotencyRetention time.Duration       // IDEMPOTENCY_RETENTION (24h)
-	PurgeInterval        time.Duration       // IDEMPOTENCY_PURGE_INTERVAL (5m)
-	LogLevel             string              // LOG_LEVEL (info)
-	GC                   gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
+	Addr                  string              // SALES_WRITER_ADDR (127.0.0.1:8082)
+	AdminAddr             string              // SALES_WRITER_ADMIN_ADDR (127.0.0.1:9082): /metrics and /debug/pprof
+	DatabaseURL           string              // DATABASE_URL (required; secret: may hold a password)
+	DBMaxConns            int                 // SALES_WRITER_DB_MAX_CONNS (8)
+	IdentitySecret        string              // IDENTITY_SECRET (required, ≥32 bytes; secret)
+	IdentityPrevious      []string            // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
+	IdentityAcceptUnbound bool                // IDENTITY_ACCEPT_UNBOUND (false): identity-v1 accepted too, while upgrading
+	IdempotencyRetention  time.Duration       // IDEMPOTENCY_RETENTION (24h)
+	PurgeInterval         time.Duration       // IDEMPOTENCY_PURGE_INTERVAL (5m)
+	LogLevel              string              // LOG_LEVEL (info)
+	GC                    gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -40,6 +41,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
+	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}
@@ -53,6 +55,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
 		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.Bool("identity_accept_unbound", c.IdentityAcceptUnbound),
 		slog.String("idempotency_retention", c.IdempotencyRetention.String()),
 		slog.String("idempotency_purge_interval", c.PurgeInterval.String()),
 		slog.String("log_level", c.LogLevel), slog.Any("gc", c.GC),

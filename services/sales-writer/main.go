@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -59,12 +60,16 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	// IndexScansOnly for what plans made on a sales table analyzed while
 	// empty cost.
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log, postgres.IndexScansOnly())
+	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
+		log.Info("stopped before PostgreSQL was reached")
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	signer, err := identity.NewSigner(cfg.IdentitySecret, cfg.IdentityPrevious...)
+	signer, err := identity.NewServiceSigner(cfg.IdentitySecret, cfg.IdentityPrevious, cfg.IdentityAcceptUnbound)
 	if err != nil {
 		return err
 	}

@@ -15,17 +15,20 @@ type Config struct {
 	IdentitySecret string // IDENTITY_SECRET (required, ≥32 bytes; secret)
 	// IdentityPrevious: IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret).
 	IdentityPrevious []string
-	LogLevel         string        // LOG_LEVEL (info)
-	AllowHosts       []string      // SHOP_SCHEMA_ALLOW_HOSTS (tests only)
-	CAFile           string        // SHOP_SCHEMA_CA_FILE (tests only)
-	Ports            []uint16      // SHOP_SCHEMA_PORTS (443,8443)
-	Timeout          time.Duration // SHOP_SCHEMA_TIMEOUT (20s)
-	ConnectTimeout   time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT (5s)
-	MaxBytes         int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
-	MaxCallBytes     int64         // SHOP_SCHEMA_MAX_CALL_BYTES (32 MiB)
-	PageSize         int           // SHOP_SCHEMA_PAGE_SIZE (250)
-	MaxRows          int           // SHOP_SCHEMA_MAX_ROWS (100000)
-	MaxConcurrent    int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
+	// IdentityAcceptUnbound: IDENTITY_ACCEPT_UNBOUND (false), identity-v1
+	// signatures accepted too, while gateways of an older build remain.
+	IdentityAcceptUnbound bool
+	LogLevel              string        // LOG_LEVEL (info)
+	AllowHosts            []string      // SHOP_SCHEMA_ALLOW_HOSTS (tests only)
+	CAFile                string        // SHOP_SCHEMA_CA_FILE (tests only)
+	Ports                 []uint16      // SHOP_SCHEMA_PORTS (443,8443)
+	Timeout               time.Duration // SHOP_SCHEMA_TIMEOUT (20s)
+	ConnectTimeout        time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT (5s)
+	MaxBytes              int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
+	MaxCallBytes          int64         // SHOP_SCHEMA_MAX_CALL_BYTES (32 MiB)
+	PageSize              int           // SHOP_SCHEMA_PAGE_SIZE (250)
+	MaxRows               int           // SHOP_SCHEMA_MAX_ROWS (100000)
+	MaxConcurrent         int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
 }
 
 // The range of SHOP_SCHEMA_TIMEOUT and SHOP_SCHEMA_CONNECT_TIMEOUT.
@@ -56,6 +59,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
 	c.IdentitySecret, c.IdentityPrevious = r.Secret("IDENTITY_SECRET")
+	c.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
 	// Compared only when both are valid: a bad one is reported alone.
 	if validTimeout(c.Timeout) && validTimeout(c.ConnectTimeout) {
 		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
@@ -75,6 +79,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("identity_secret", secret), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
+		slog.Bool("identity_accept_unbound", c.IdentityAcceptUnbound),
 		slog.String("log_level", c.LogLevel),
 		slog.Any("allow_hosts", c.AllowHosts), slog.String("ca_file", c.CAFile),
 		slog.Any("ports", c.Ports), slog.String("timeout", c.Timeout.String()),

@@ -67,7 +67,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 // newServer wires the service: guard, PrestaShop client, logic, routes.
 // tp is the tracer provider of outbound spans (nil: the global one).
 func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver guard.Resolver) (*httpserver.Server, error) {
-	signer, err := identity.NewSigner(cfg.IdentitySecret, cfg.IdentityPrevious...)
+	signer, err := identity.NewServiceSigner(cfg.IdentitySecret, cfg.IdentityPrevious, cfg.IdentityAcceptUnbound)
 	if err != nil {
 		return nil, err
 	}

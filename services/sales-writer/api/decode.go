@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/coinexport/export/pkg/apikey"
 	"mime"
 	"net/http"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
@@ -223,7 +223,6 @@ func externalOrderID(value json.RawMessage) (string, error) {
 	return s, nil
 }
 
-// clip shortens a client-supplied name quoted back in a message.
 // redactKey stands for a property name that holds an API key (pasted into
 // the body by mistake): an answer quoting it would copy the key into
 // whatever logs the client's answers.
@@ -234,6 +233,7 @@ func redactKey(name string) string {
 	return name
 }
 
+// clip shortens a client-supplied name quoted back in a message.
 func clip(s string) string {
 	if utf8.RuneCountInString(s) <= maxNameInMessage {
 		return s
