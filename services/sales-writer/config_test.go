@@ -55,3 +55,20 @@ func TestLoadConfigRefuses(t *testing.T) {
 		})
 	}
 }
+
+// IDENTITY_ACCEPT_UNBOUND (off by default) is read, for the upgrade to
+// identity-v2 (README), and refused unless a boolean.
+func TestLoadConfigAcceptUnbound(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": secret}
+	if cfg, err := loadConfig(env(base)); err != nil || cfg.IdentityAcceptUnbound {
+		t.Errorf("loadConfig() accept unbound = %v, %v; want false by default", cfg.IdentityAcceptUnbound, err)
+	}
+	base["IDENTITY_ACCEPT_UNBOUND"] = "true"
+	if cfg, err := loadConfig(env(base)); err != nil || !cfg.IdentityAcceptUnbound {
+		t.Errorf("loadConfig(IDENTITY_ACCEPT_UNBOUND=true) = %v, %v; want true", cfg.IdentityAcceptUnbound, err)
+	}
+	base["IDENTITY_ACCEPT_UNBOUND"] = "maybe"
+	if _, err := loadConfig(env(base)); err == nil || !strings.Contains(err.Error(), "IDENTITY_ACCEPT_UNBOUND") {
+		t.Errorf("loadConfig(IDENTITY_ACCEPT_UNBOUND=maybe) = %v, want an error naming it", err)
+	}
+}
