@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/coinexport/export/pkg/httpserver"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1009,4 +1011,29 @@ func accessLine(logs, requestID string) string {
 		}
 	}
 	return ""
+}
+
+// The gateway signs its health probes, so a service that would refuse
+// every request's identity (another IDENTITY_SECRET) fails its probe: it is
+// taken out and /v1/health shows it down, instead of looking healthy while
+// every call through it is a 502.
+func TestServiceWithAnotherSecretIsShownDown(t *testing.T) {
+	dsn, _, _ := seed(t)
+	verify := func(secret string) string {
+		signer, err := identity.NewSigner(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httpserver.New(httpserver.Config{Service: "reader", Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Signer: signer},
+			http.NewServeMux())
+		ts := httptest.NewServer(srv.Handler())
+		t.Cleanup(ts.Close)
+		return ts.URL
+	}
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "UPSTREAM_PROBE_INTERVAL": "100ms",
+		"EXPORT_READER_URLS": verify(gatewaytest.IdentitySecret), "SALES_WRITER_URLS": verify(gatewaytest.IdentitySecret + "-other")})
+	waitFor(t, 5*time.Second, func() bool { return healthCheck(t, gw.URL, "sales-writer") == "down" })
+	if got := healthCheck(t, gw.URL, "export-reader"); got != "ok" {
+		t.Errorf("health of a service with the same secret = %q, want ok", got)
+	}
 }

@@ -175,6 +175,7 @@ func (g *Gateway) buildUpstreams() error {
 		ConnectTimeout: g.cfg.UpstreamConnectTimeout, ReadTimeout: g.cfg.UpstreamReadTimeout,
 		WriteTimeout: g.cfg.UpstreamWriteTimeout, DownFor: g.cfg.UpstreamDownFor, MaxConns: g.cfg.UpstreamMaxConns,
 		OnStateChange: g.logInstanceState,
+		SignProbe:     g.signProbe,
 	}
 	g.upstreams = map[string]*upstream.Upstream{}
 	for name, urls := range map[string][]string{

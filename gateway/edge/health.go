@@ -5,10 +5,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
 	"github.com/gofiber/fiber/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
 )
 
 // ContractVersion is the API contract version the gateway serves.
@@ -77,6 +80,15 @@ func (g *Gateway) healthReport() healthData {
 		}
 	}
 	return healthData{Status: status, Version: ContractVersion, Checks: checks}
+}
+
+// signProbe signs an anonymous identity for an instance's health probe: a
+// service whose IDENTITY_SECRET differs answers it 503, and is taken out
+// and shown down in /v1/health, rather than refusing every request while
+// it looks healthy.
+func (g *Gateway) signProbe(h *fasthttp.RequestHeader) {
+	g.signer.SignInto(h.SetBytesV, identity.Identity{RequestID: "health-probe"},
+		identity.Request{Method: fasthttp.MethodGet, Target: upstream.HealthPath}, time.Now())
 }
 
 func (g *Gateway) serveHealth(c *fiber.Ctx, rq *request) error {

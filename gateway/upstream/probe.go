@@ -102,6 +102,9 @@ func (inst *Instance) probeOnce(timeout time.Duration) probeVerdict {
 	// A fresh connection each time: a probe answers for the instance as it
 	// is now, never for a connection from before its restart.
 	req.SetConnectionClose()
+	if inst.signProbe != nil {
+		inst.signProbe(&req.Header)
+	}
 	resp.SkipBody = true
 	err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second))
 	switch {

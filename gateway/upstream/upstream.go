@@ -54,6 +54,11 @@ type Options struct {
 	// goroutine that saw it and under the instance's state lock, so it
 	// must return quickly.
 	OnStateChange func(StateChange)
+	// SignProbe, if set, adds headers to each health probe: the gateway
+	// signs its identity there, so that an instance that would refuse
+	// every request's identity (another IDENTITY_SECRET) fails its probe
+	// and is taken out, instead of looking healthy.
+	SignProbe func(h *fasthttp.RequestHeader)
 	// ReadWholeUpTo, when above zero, makes every answer be read whole
 	// before the first byte goes to the client, and bounds it: an instance
 	// that fails halfway through an answer, or sends more, then gets the
@@ -79,7 +84,8 @@ type Instance struct {
 	// instance dropped when it restarted, or a healthy instance would be
 	// taken out under load or for long after a restart.
 	probe     *fasthttp.HostClient
-	downUntil atomic.Int64 // Unix ns; 0 = up; read by pick without a lock
+	signProbe func(h *fasthttp.RequestHeader) // Options.SignProbe
+	downUntil atomic.Int64                    // Unix ns; 0 = up; read by pick without a lock
 	// stateMu orders the changes of downUntil that are told with the
 	// telling, so that the last change told is the state in force: a
 	// request that saw a refusal and the prober that saw an answer may
@@ -178,8 +184,9 @@ func newInstance(p *url.URL, opts Options) *Instance {
 	}
 	base := baseOf(p)
 	return &Instance{
-		base: base,
-		seed: xxhash.Sum64String(base),
+		base:      base,
+		seed:      xxhash.Sum64String(base),
+		signProbe: opts.SignProbe,
 		probe: &fasthttp.HostClient{
 			Addr:                      addr,
 			IsTLS:                     p.Scheme == "https",

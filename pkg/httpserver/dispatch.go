@@ -171,6 +171,18 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	requestID := RequestID(r)
+	// The gateway signs its probes: one this service cannot verify means
+	// every request of that gateway would be refused too (another
+	// IDENTITY_SECRET, clocks apart), so the instance is not healthy for
+	// it. An unsigned probe (Kubernetes') is answered on readiness alone.
+	if r.Header.Get(identity.HeaderSignature) != "" {
+		if _, err := s.cfg.Signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now()); err != nil {
+			s.logRefused(r)
+			envelope.WriteError(w, http.StatusServiceUnavailable, "identity_refused",
+				"the prober's signed identity is refused: IDENTITY_SECRET differs from the gateway's, or the clocks do", requestID)
+			return
+		}
+	}
 	if s.cfg.Ready != nil {
 		start := time.Now()
 		err := s.cfg.Ready(r.Context())

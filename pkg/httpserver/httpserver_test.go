@@ -135,6 +135,37 @@ func TestHealthNeedsNoIdentity(t *testing.T) {
 	}
 }
 
+// A probe signed by the gateway is healthy only if its identity verifies:
+// a gateway with another IDENTITY_SECRET, whose every request this service
+// would refuse, sees the instance unhealthy (503) and takes it out.
+func TestSignedProbeMustVerify(t *testing.T) {
+	ts, signer := newTestServer(t, io.Discard)
+	other, err := identity.NewSigner(secret + "-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name   string
+		signer *identity.Signer
+		want   int
+	}{{"same secret", signer, 200}, {"another secret", other, 503}} {
+		req, _ := http.NewRequest("GET", ts.URL+"/healthz", nil)
+		for _, h := range tt.signer.Sign(identity.Identity{RequestID: "health-probe"}, identity.RequestOf(req), time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body envelope.Parsed
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.want || (tt.want == 503 && (body.Error == nil || body.Error.Code != "identity_refused")) {
+			t.Errorf("probe signed with %s = %d %+v, want %d", tt.name, resp.StatusCode, body.Error, tt.want)
+		}
+	}
+}
+
 func TestAdminHandlerServesMetricsAndProfiles(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	hits := prometheus.NewCounter(prometheus.CounterOpts{Name: "admin_test_hits_total", Help: "test"})
