@@ -130,7 +130,8 @@ func (s *Server) logRefused(r *http.Request) {
 			"IDENTITY_SECRET and IDENTITY_SECRET_PREVIOUS, older than identity.MaxSkew (clocks apart), signed for "+
 			"another request (a proxy between gateway and service rewrote it), or identity-v1 from a gateway of an "+
 			"older build (IDENTITY_ACCEPT_UNBOUND=true while upgrading)",
-			"skipped_since_last", skipped, "signed", r.Header.Get(identity.HeaderSignature) != "")
+			"skipped_since_last", skipped, "signed", r.Header.Get(identity.HeaderSignature) != "",
+			"method", stableMethod(r.Method), "path", redactedPath(r.URL.Path))
 	}
 }
 
