@@ -5,6 +5,7 @@ import (
 	"net/http/pprof"
 	runtimepprof "runtime/pprof"
 	"strings"
+	"sync"
 
 	"github.com/coinexport/export/pkg/envelope"
 
@@ -15,7 +16,7 @@ import (
 // AdminHandler serves a process's admin listener: Prometheus /metrics and
 // the Go profiler under /debug/pprof/, in their own formats; every error
 // (no such path or profile, another method, a bad parameter, a second CPU
-// profile at once) is the envelope. The admin address is private (loopback
+// profile at once: 409 profile_in_use) is the envelope. The admin address is private (loopback
 // by default, a pod port no Service exposes in Kubernetes), so profiles of a
 // live process are one `go tool pprof` away without a restart.
 func AdminHandler(g prometheus.Gatherer) http.Handler {
@@ -23,11 +24,11 @@ func AdminHandler(g prometheus.Gatherer) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc(profileIndex, pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/profile", oneAtATime(pprof.Profile, "a CPU profile"))
 	// go tool pprof asks for symbols with a POST of addresses.
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("POST /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /debug/pprof/trace", oneAtATime(pprof.Trace, "an execution trace"))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handler, pattern := mux.Handler(r)
 		switch {
@@ -59,8 +60,9 @@ func serveWithErrorEnvelope(h http.Handler, w http.ResponseWriter, r *http.Reque
 	envelope.WriteError(w, held.status, adminErrorCode(held.status), adminErrorMessage(held.text), RequestID(r))
 }
 
-// errorHolder passes a success through as it is written, and holds back an
-// error status (400 or more) with the text that follows it.
+// errorHolder passes a success (or an envelope) through as it is written,
+// and holds back an error status (400 or more) with the text that follows
+// it.
 type errorHolder struct {
 	http.ResponseWriter
 	status int // the error status held back; 0 if none
@@ -71,7 +73,9 @@ type errorHolder struct {
 const maxAdminErrorText = 200
 
 func (e *errorHolder) WriteHeader(status int) {
-	if status >= 400 && e.status == 0 {
+	// An envelope already (oneAtATime's refusal) passes as it is.
+	alreadyEnvelope := e.Header().Get("Content-Type") == envelope.ContentType
+	if status >= 400 && e.status == 0 && !alreadyEnvelope {
 		e.status = status
 		return
 	}
@@ -109,6 +113,24 @@ func adminErrorMessage(text []byte) string {
 		return msg
 	}
 	return "the request could not be served"
+}
+
+// oneAtATime serves h to one request at a time and answers any other that
+// comes meanwhile 409 profile_in_use: the runtime records one CPU profile
+// and one execution trace at a time, and pprof would answer the second
+// with a 500, which reads as a broken process to the operator (or the
+// alert) that sees it.
+func oneAtATime(h http.HandlerFunc, what string) http.HandlerFunc {
+	var running sync.Mutex
+	message := what + " is being recorded already; retry when it ends"
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !running.TryLock() {
+			envelope.WriteError(w, http.StatusConflict, "profile_in_use", message, RequestID(r))
+			return
+		}
+		defer running.Unlock()
+		h(w, r)
+	}
 }
 
 // profileIndex is pprof's index, which also serves each named profile.

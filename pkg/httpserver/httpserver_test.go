@@ -351,32 +351,57 @@ func TestAdminErrorsAreEnvelopes(t *testing.T) {
 	}
 }
 
-// A second CPU profile while one runs is refused by pprof; the refusal is
-// an envelope that says why. Two are asked for at once: one runs, the
+// A second CPU profile (or execution trace) while one runs is refused, 409
+// and not pprof's 500: the process is fine, the profiler busy; the refusal
+// is an envelope that says why. Two are asked for at once: one runs, the
 // other is refused, whichever comes second.
 func TestAdminProfileInUseIsAnEnvelope(t *testing.T) {
-	ts := httptest.NewServer(AdminHandler(prometheus.NewRegistry()))
-	t.Cleanup(ts.Close)
-	type answer struct {
-		status int
-		header http.Header
-		body   []byte
-		err    error
+	for path, what := range map[string]string{
+		"/debug/pprof/profile?seconds=2": "CPU profile",
+		"/debug/pprof/trace?seconds=2":   "execution trace",
+	} {
+		t.Run(what, func(t *testing.T) {
+			ts := httptest.NewServer(AdminHandler(prometheus.NewRegistry()))
+			t.Cleanup(ts.Close)
+			refused := refusedOfTwoAtOnce(t, ts.URL+path)
+			var env envelope.Parsed
+			if err := json.Unmarshal(refused.body, &env); err != nil || env.Error == nil ||
+				refused.status != http.StatusConflict || env.Error.Code != "profile_in_use" ||
+				!strings.Contains(env.Error.Message, what) || env.Meta.RequestID == "" {
+				t.Errorf("refused %s = %d %s, want a 409 profile_in_use envelope naming it", what, refused.status, refused.body)
+			}
+			if cd := refused.header.Get("Content-Disposition"); cd != "" {
+				t.Errorf("the refusal still says it is an attachment: %q", cd)
+			}
+		})
 	}
-	answers := make(chan answer, 2)
+}
+
+type adminAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+// refusedOfTwoAtOnce asks for url twice at once and returns the one answer
+// that is not a 200; it fails the test unless exactly one is.
+func refusedOfTwoAtOnce(t *testing.T, url string) adminAnswer {
+	t.Helper()
+	answers := make(chan adminAnswer, 2)
 	for range 2 {
 		go func() {
-			resp, err := http.Get(ts.URL + "/debug/pprof/profile?seconds=2")
+			resp, err := http.Get(url)
 			if err != nil {
-				answers <- answer{err: err}
+				answers <- adminAnswer{err: err}
 				return
 			}
 			body, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			answers <- answer{resp.StatusCode, resp.Header, body, err}
+			answers <- adminAnswer{resp.StatusCode, resp.Header, body, err}
 		}()
 	}
-	var refused []answer
+	var refused []adminAnswer
 	for range 2 {
 		a := <-answers
 		if a.err != nil {
@@ -387,16 +412,9 @@ func TestAdminProfileInUseIsAnEnvelope(t *testing.T) {
 		}
 	}
 	if len(refused) != 1 {
-		t.Fatalf("%d of two CPU profiles at once were refused, want 1", len(refused))
+		t.Fatalf("%d of two at once were refused, want 1", len(refused))
 	}
-	var env envelope.Parsed
-	if err := json.Unmarshal(refused[0].body, &env); err != nil || env.Error == nil ||
-		env.Error.Code != "internal_error" || !strings.Contains(env.Error.Message, "CPU profiling") || env.Meta.RequestID == "" {
-		t.Errorf("refused CPU profile = %d %s, want an internal_error envelope naming CPU profiling", refused[0].status, refused[0].body)
-	}
-	if cd := refused[0].header.Get("Content-Disposition"); cd != "" {
-		t.Errorf("the refusal still says it is an attachment: %q", cd)
-	}
+	return refused[0]
 }
 
 // A probe that hangs up before the readiness check ends is logged as a
