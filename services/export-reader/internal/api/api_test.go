@@ -526,26 +526,46 @@ func TestItemIDWithSlash(t *testing.T) {
 	}
 }
 
-// A HEAD answer is never compressed, so it keeps its Content-Length (a
-// compressed one would have neither it nor chunking, and the gateway's
-// client would drop the connection after it).
-func TestHeadIsNotCompressed(t *testing.T) {
+// A HEAD answer has its GET's headers (RFC 9110 9.3.2), compressed or
+// not: the same Content-Encoding and the Content-Length of the body the
+// GET sends, so that the gateway's client, and any other, knows there is
+// no body to wait for.
+func TestHeadHasTheHeadersOfItsGet(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	owner := e.owner(t)
 	if _, err := catalog.Seed(context.Background(), e.pool, owner, 30, 1); err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest(http.MethodHead, e.srv.URL+"/v1/export/items?limit=30", nil)
-	e.sign(owner)(req)
-	req.Header.Set("Accept-Encoding", "gzip")
-	resp, err := e.srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || resp.ContentLength <= 0 {
-		t.Errorf("HEAD = %d, Content-Encoding %q, Content-Length %d; want 200, none, the page's length",
-			resp.StatusCode, resp.Header.Get("Content-Encoding"), resp.ContentLength)
+	for _, encoding := range []string{"gzip", "identity"} {
+		answer := func(method string) (*http.Response, []byte) {
+			req, _ := http.NewRequest(method, e.srv.URL+"/v1/export/items?limit=30", nil)
+			e.sign(owner)(req)
+			req.Header.Set("Accept-Encoding", encoding) // set by hand: the client leaves the body as sent
+			resp, err := e.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp, body
+		}
+		get, getBody := answer(http.MethodGet)
+		head, headBody := answer(http.MethodHead)
+		if get.StatusCode != http.StatusOK || get.ContentLength != int64(len(getBody)) {
+			t.Fatalf("Accept-Encoding %q: GET = %d, Content-Length %d for a body of %d bytes", encoding, get.StatusCode, get.ContentLength, len(getBody))
+		}
+		if head.StatusCode != http.StatusOK || len(headBody) != 0 || head.ContentLength != get.ContentLength ||
+			head.Header.Get("Content-Encoding") != get.Header.Get("Content-Encoding") {
+			t.Errorf("Accept-Encoding %q: HEAD = %d, Content-Encoding %q, Content-Length %d, %d body bytes; GET had %q, %d",
+				encoding, head.StatusCode, head.Header.Get("Content-Encoding"), head.ContentLength, len(headBody),
+				get.Header.Get("Content-Encoding"), get.ContentLength)
+		}
+		if wantGzip := encoding == "gzip"; (get.Header.Get("Content-Encoding") == "gzip") != wantGzip {
+			t.Errorf("Accept-Encoding %q: GET's Content-Encoding %q", encoding, get.Header.Get("Content-Encoding"))
+		}
 	}
 }

@@ -42,22 +42,38 @@ func writeJSON(w http.ResponseWriter, r *http.Request, requestID string, body []
 	h.Add("Vary", "Accept-Encoding")
 	// One owner's catalog: no shared cache may keep it.
 	h.Set("Cache-Control", "private, no-store")
-	// A HEAD answer is never compressed: net/http would send it without a
-	// Content-Length, and a client (the gateway's fasthttp) would then read
-	// "body until close" and drop the connection.
-	if len(body) < minGzip || r.Method == http.MethodHead || !acceptsGzip(r.Header.Values("Accept-Encoding")) {
-		h.Set("Content-Length", strconv.Itoa(len(body)))
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(body)
+	if len(body) < minGzip || !acceptsGzip(r.Header.Values("Accept-Encoding")) {
+		writeWhole(w, body)
 		return
 	}
+	// Compressed whole before it is sent, so that it goes with its
+	// Content-Length like any other answer, and a HEAD gets the same
+	// headers as its GET (RFC 9110 9.3.2): the compressed length, without
+	// the body. (Left to net/http, a compressed HEAD answer had no length
+	// at all, and the gateway's client then read "until close".)
 	h.Set("Content-Encoding", "gzip")
-	w.WriteHeader(http.StatusOK)
+	compressed := getBuffer()
+	defer putBuffer(compressed)
 	gz := gzipWriters.Get().(*gzip.Writer)
-	gz.Reset(w)
+	gz.Reset(compressed)
 	_, _ = gz.Write(body)
 	_ = gz.Close()
 	gzipWriters.Put(gz)
+	writeWhole(w, compressed.b)
+}
+
+// writeWhole sends a 200 with body and its length; net/http leaves the
+// body out of a HEAD answer.
+func writeWhole(w http.ResponseWriter, body []byte) {
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+// Write appends p, so that a buffer is gzip's destination.
+func (b *buffer) Write(p []byte) (int, error) {
+	b.b = append(b.b, p...)
+	return len(p), nil
 }
 
 // acceptsGzip reads Accept-Encoding: gzip (or *) with a non-zero q value.
