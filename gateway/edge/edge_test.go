@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/coinexport/export/pkg/httpserver"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coinexport/export/pkg/httpserver"
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/gateway/gatewaytest"
@@ -73,6 +74,7 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"unknown method", "FOO", items + "/coin-1", nil, "", 405, "method_not_allowed"},
 		{"method in lower case", "get", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
 		{"headers too large", "GET", items, map[string]string{"X-Padding": strings.Repeat("p", 9000)}, "", 431, "headers_too_large"},
+		{"URL too long", "GET", items + "?lang=" + strings.Repeat("u", 9000), nil, "", 431, "headers_too_large"},
 		{"body too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 65<<10), 413, "payload_too_large"},
 		{"body far too large", "POST", confirm, map[string]string{"X-API-Key": k.write}, strings.Repeat("x", 2<<20), 413, "payload_too_large"},
 		{"upstream drops the connection", "POST", confirm, map[string]string{"X-API-Key": k.write}, "{}", 502, "bad_gateway"},

@@ -55,8 +55,11 @@ var (
 	// service.
 	errEncodedBody = &apiError{Status: http.StatusUnsupportedMediaType, Code: "unsupported_content_encoding",
 		Message: "request bodies are accepted uncompressed only: send no Content-Encoding (or identity)"}
+	// fasthttp reads the request line and the headers into one buffer and
+	// cannot say which overflowed it, so a long URL gets this 431 too, not
+	// a 414; the message says so.
 	errHeadersTooLarge = &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Code: "headers_too_large",
-		Message: "the request headers are too large"}
+		Message: "the request line (with its URL) and headers are too large together"}
 	errRequestTimeout = &apiError{Status: http.StatusRequestTimeout, Code: "request_timeout",
 		Message: "the request was not received in time"}
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
