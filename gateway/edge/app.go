@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 )
@@ -89,7 +90,9 @@ func (g *Gateway) answerUnknownMethods(app *fiber.App, unmatched fiber.Handler) 
 
 // knownMethod reports whether Fiber routes method (the app sets no
 // RequestMethods of its own, so Fiber's DefaultMethods).
-func knownMethod(method []byte) bool { return stableMethod(string(method)) != methodOther }
+func knownMethod(method []byte) bool {
+	return httpserver.StableMethod(string(method)) != httpserver.MethodOther
+}
 
 // handler wraps every request the same way: a server span whose trace id is
 // the request id, panic recovery, the one error mapper, then headers, the
@@ -118,7 +121,7 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 	// fasthttp hands most of these errors over with the request reset or
 	// partly read, so its method and path are then its defaults (GET /),
 	// not the client's; the few that were read whole are not told apart.
-	rq.method, rq.path = methodOther, ""
+	rq.method, rq.path = httpserver.MethodOther, ""
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 	return nil

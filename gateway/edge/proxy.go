@@ -8,6 +8,7 @@ import (
 
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -156,12 +157,12 @@ var errIdentityRefused = errors.New("the service refused the gateway's signed id
 	"or the service is of a build before identity-v2 (upgrade services first: README, Upgrading to identity-v2)")
 
 // signedRequest is the request the identity is signed for: method as sent
-// (proxy passes rq.method, which stableMethod keeps as a constant: only a
+// (proxy passes rq.method, which httpserver.StableMethod keeps as a constant: only a
 // routed method is proxied), requestURI as upstream.Do sends it
 // (the service reads the same bytes as its RequestURI) and the
 // Idempotency-Key, so that the signature opens no other request.
 func signedRequest(method string, h *fasthttp.RequestHeader, requestURI string) identity.Request {
-	if method == methodOther { // never proxied; the bytes as sent, all the same
+	if method == httpserver.MethodOther { // never proxied; the bytes as sent, all the same
 		method = string(h.Method())
 	}
 	r := identity.Request{Method: method, Target: requestURI}

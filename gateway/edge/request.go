@@ -79,7 +79,7 @@ const maxServerSpanAttrs = 12
 // span's attributes are set once, when it ends (end).
 func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	path, keyInPath := apikey.RedactPath(c.Path()) // raw: Fiber leaves it escaped
-	rq := &request{route: routeName, method: stableMethod(c.Method()), path: strings.Clone(path),
+	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(path),
 		keyInPath: keyInPath, clientIP: g.clientIP(c), start: time.Now()}
 	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {
@@ -104,23 +104,6 @@ func (g *Gateway) clientIP(c *fiber.Ctx) string {
 	addr, _ := netip.AddrFromSlice(peer)
 	return g.clientAddr.of(addr.Unmap(), c.Request().Header.PeekAll(g.clientAddr.header)).String()
 }
-
-// stableMethod returns m as a constant (m points into a buffer that is
-// reused): one of the methods Fiber routes, or methodOther for any other
-// token, which the client chose and which must not reach logs and spans
-// as it came.
-func stableMethod(m string) string {
-	for _, known := range fiber.DefaultMethods {
-		if m == known {
-			return known
-		}
-	}
-	return methodOther
-}
-
-// methodOther stands for a method outside the known ones, as OpenTelemetry's
-// http.request.method does.
-const methodOther = "_OTHER"
 
 // end sets the headers every answer carries, then records the request.
 func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {

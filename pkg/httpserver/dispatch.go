@@ -131,7 +131,7 @@ func (s *Server) logRefused(r *http.Request) {
 			"another request (a proxy between gateway and service rewrote it), or identity-v1 from a gateway of an "+
 			"older build (IDENTITY_ACCEPT_UNBOUND=true while upgrading)",
 			"skipped_since_last", skipped, "signed", r.Header.Get(identity.HeaderSignature) != "",
-			"method", stableMethod(r.Method), "path", redactedPath(r.URL.Path))
+			"method", StableMethod(r.Method), "path", redactedPath(r.URL.Path))
 	}
 }
 
@@ -211,7 +211,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d time.Duration) {
 	status := rec.status
-	s.metrics.observe(route, stableMethod(r.Method), status, d)
+	s.metrics.observe(route, StableMethod(r.Method), status, d)
 	if route == healthPath {
 		return
 	}
@@ -235,7 +235,7 @@ func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d t
 	if !s.cfg.Log.Enabled(r.Context(), slog.LevelInfo) {
 		return // the line's fields are not even built
 	}
-	attrs := []any{"method", stableMethod(r.Method), "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
+	attrs := []any{"method", StableMethod(r.Method), "route", route, "status", status, "duration_ms", float64(d.Microseconds()) / 1000}
 	if errorCode != "" {
 		attrs = append(attrs, "error_code", errorCode)
 	}
@@ -283,16 +283,3 @@ type headerProbe struct {
 func (p *headerProbe) Header() http.Header         { return p.header }
 func (p *headerProbe) Write(b []byte) (int, error) { return len(b), nil }
 func (p *headerProbe) WriteHeader(code int)        { p.status = code }
-
-// stableMethod returns m if it is a method of RFC 9110 or PATCH, and
-// "_OTHER" for any other token, as OpenTelemetry's http.request.method
-// does: the caller chooses the token, and metric labels, span attributes
-// and log fields must not take on any value it sends.
-func stableMethod(m string) string {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete,
-		http.MethodConnect, http.MethodOptions, http.MethodTrace, http.MethodPatch:
-		return m
-	}
-	return "_OTHER"
-}

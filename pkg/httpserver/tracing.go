@@ -42,7 +42,7 @@ func (s *Server) traced(next http.Handler) http.Handler {
 // requestAttrs are the server span's attributes known before routing.
 func requestAttrs(r *http.Request) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{
-		semconv.HTTPRequestMethodKey.String(stableMethod(r.Method)),
+		semconv.HTTPRequestMethodKey.String(StableMethod(r.Method)),
 		semconv.URLPath(redactedPath(r.URL.Path)),
 	}
 	if ua := r.UserAgent(); ua != "" {
