@@ -60,6 +60,25 @@ func TestKeyNeverLeaks(t *testing.T) {
 		{"wrong shop", fakeshop.Key, func(s *fakeshop.Shop) { s.WrongShop = true }, "shop_403"},
 		{"server error", fakeshop.Key, func(s *fakeshop.Shop) { s.ServerError = true }, "shop_unavailable"},
 		{"no rewrite", fakeshop.Key, func(s *fakeshop.Shop) { s.NoRewrite = true }, ""},
+		// A shop's redirect is the shop's to write: one that puts the key
+		// into the Location must not have it copied into our error chain
+		// (logged) or the next hop's url.full.
+		{"redirect with the key in the query, followed", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string {
+				if r.URL.Query().Has("ws_key") {
+					return ""
+				}
+				return s.URL() + strings.TrimPrefix(r.URL.RequestURI(), s.Prefix) + "&ws_key=" + fakeshop.Key
+			}
+		}, ""},
+		// 10.0.0.1 is refused before any connection (TestRedirectToLoopbackRefused
+		// shows the check happens before the dial).
+		{"redirect with the key in the query, refused", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "https://10.0.0.1/api/categories?x=1&ws_key=" + fakeshop.Key }
+		}, "base_url_not_allowed"},
+		{"redirect with the key in the path, refused", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "https://10.0.0.1/" + fakeshop.Key + "/api/categories" }
+		}, "base_url_not_allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,7 +92,12 @@ func TestKeyNeverLeaks(t *testing.T) {
 			if errCode(env) != tt.wantCode && !(tt.wantCode == "" && env.Error == nil) {
 				t.Fatalf("POST schema = %s, want %q", errCode(env), tt.wantCode)
 			}
-			if got := shop.Keys(); len(got) == 0 || got[0] != tt.key {
+			// A refused redirect comes before the shop reads the key.
+			refusedRedirect := tt.wantCode == "base_url_not_allowed"
+			if len(shop.Requests()) == 0 {
+				t.Fatal("the shop received no request")
+			}
+			if got := shop.Keys(); len(got) == 0 && !refusedRedirect || len(got) > 0 && got[0] != tt.key {
 				t.Fatalf("shop received keys %q, want %q as Basic user", got, tt.key)
 			}
 			spans := svc.spans.Ended()

@@ -113,9 +113,13 @@ func (g *Guard) CheckAddr(ip netip.Addr, port uint16) error {
 	return nil
 }
 
+// allowedByList reports whether ip itself is on the allow-list. An
+// IPv4-mapped spelling of a listed IPv4 address is not (nor the other way
+// round): like 127.1 for 127.0.0.1, it is a disguise the list does not
+// cover, and the guard judges it as any other address (refused).
 func (g *Guard) allowedByList(ip netip.Addr) bool {
 	for _, p := range g.allowPrefixes {
-		if p.Contains(ip) || p.Contains(ip.Unmap()) {
+		if p.Contains(ip) {
 			return true
 		}
 	}

@@ -75,7 +75,7 @@ func NewClient(cfg Config) *Client {
 	}
 	return &Client{
 		http: &http.Client{
-			Transport:     otelhttp.NewTransport(transport, opts...),
+			Transport:     otelhttp.NewTransport(redactingTransport{transport}, opts...),
 			CheckRedirect: cfg.Guard.CheckRedirect,
 		},
 		maxBytes:     cfg.MaxBytes,
@@ -136,7 +136,7 @@ const reasonNotJSON = "the shop's answer is not JSON"
 
 // get performs one request and classifies the answer.
 func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	req, err := http.NewRequestWithContext(withKey(ctx, c.key), http.MethodGet, target, nil)
 	if err != nil {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "cannot build the request"}
 	}
@@ -146,6 +146,7 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 	req.Header.Set("Accept", "application/json")
 	resp, err := cl.http.Do(req)
 	if err != nil {
+		redactErrorURL(err, c.key)
 		return nil, transportError(ctx, resource, err)
 	}
 	defer resp.Body.Close()
@@ -162,7 +163,7 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 			Reason: fmt.Sprintf("the shop's answer is larger than %d bytes", cl.maxBytes)}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, statusError(resource, resp.StatusCode, body, !looksLikeJSON(body))
+		return nil, statusError(resource, resp.StatusCode, body)
 	}
 	// Judged by the body, not Content-Type: a front-office page starts with
 	// "<", while some hosts relabel the webservice's JSON.

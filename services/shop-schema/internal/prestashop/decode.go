@@ -3,6 +3,7 @@ package prestashop
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
 	"strconv"
 	"strings"
@@ -211,17 +212,43 @@ func decodeList[T any](body []byte, resource string) ([]T, error) {
 // shopErrors decodes {"errors":[{"code":..,"message":..}]} and returns the
 // codes; the messages are never used, since they are the shop's words.
 func shopErrors(body []byte) []int {
+	body = bytes.TrimSpace(bytes.TrimPrefix(body, utf8BOM))
+	if bytes.HasPrefix(body, []byte("<")) {
+		return shopErrorsXML(body)
+	}
 	var e struct {
 		Errors []struct {
 			Code Int `json:"code"`
 		} `json:"errors"`
 	}
-	if err := json.Unmarshal(bytes.TrimPrefix(body, utf8BOM), &e); err != nil {
+	if err := json.Unmarshal(body, &e); err != nil {
 		return nil
 	}
 	codes := make([]int, 0, len(e.Errors))
 	for _, x := range e.Errors {
 		codes = append(codes, int(x.Code))
+	}
+	return codes
+}
+
+// shopErrorsXML reads the codes of PrestaShop's XML error answer
+// (<prestashop><errors><error><code><![CDATA[20]]></code>...), which a shop
+// sends when it answers before reading output_format: a wrong key is still
+// a wrong key, whatever the format says it.
+func shopErrorsXML(body []byte) []int {
+	var e struct {
+		Errors []struct {
+			Code string `xml:"code"`
+		} `xml:"errors>error"`
+	}
+	if err := xml.Unmarshal(body, &e); err != nil {
+		return nil
+	}
+	var codes []int
+	for _, x := range e.Errors {
+		if c, err := strconv.Atoi(strings.TrimSpace(x.Code)); err == nil {
+			codes = append(codes, c)
+		}
 	}
 	return codes
 }

@@ -90,27 +90,39 @@ func TestDecodeList(t *testing.T) {
 }
 
 func TestStatusError(t *testing.T) {
+	const (
+		notReceived = "did not receive the key"
+		rejected    = "rejected the key"
+		noGet       = "no GET permission"
+	)
 	tests := []struct {
 		status int
 		body   string
 		want   Kind
+		reason string // a part of the reason, if it matters
 	}{
-		{401, `401 Unauthorized`, KindUnauthorized},
-		{401, `{"errors":[{"code":20,"message":"a"},{"code":21,"message":"b"}]}`, KindUnauthorized},
-		{403, `{"errors":[{"code":132,"message":"a"}]}`, KindForbidden},
-		{503, `{"errors":[{"code":22,"message":"a"}]}`, KindDisabled},
-		{503, `Service Unavailable`, KindUnavailable},
-		{500, `{"errors":[{"code":2,"message":"[PHP Warning #2]"}]}`, KindUnavailable},
-		{404, ``, KindNotFound},
-		{400, `{"errors":[{"code":35,"message":"a"}]}`, KindBadResponse},
-		{429, `slow down`, KindBadResponse},
+		{401, `401 Unauthorized`, KindUnauthorized, notReceived},
+		{401, `<html><body>Authorization Required</body></html>`, KindUnauthorized, notReceived},
+		{401, `{"errors":[{"code":20,"message":"a"},{"code":21,"message":"b"}]}`, KindUnauthorized, rejected},
+		{401, `{"errors":[{"code":26,"message":"a"}]}`, KindUnauthorized, noGet},
+		// The same errors in XML: the shop read the key all the same.
+		{401, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop xmlns:xlink=\"http://www.w3.org/1999/xlink\">\n<errors>\n<error>\n<code><![CDATA[20]]></code>\n<message><![CDATA[Authentification key is not active]]></message>\n</error>\n<error>\n<code><![CDATA[21]]></code>\n<message><![CDATA[No permission for this authentication key]]></message>\n</error>\n</errors>\n</prestashop>", KindUnauthorized, rejected},
+		{401, `<prestashop><errors><error><code><![CDATA[26]]></code><message><![CDATA[Resource of type "categories" is not allowed]]></message></error></errors></prestashop>`, KindUnauthorized, noGet},
+		{403, `{"errors":[{"code":132,"message":"a"}]}`, KindForbidden, ""},
+		{503, `{"errors":[{"code":22,"message":"a"}]}`, KindDisabled, ""},
+		{503, `<prestashop><errors><error><code><![CDATA[22]]></code></error></errors></prestashop>`, KindDisabled, ""},
+		{503, `Service Unavailable`, KindUnavailable, ""},
+		{500, `{"errors":[{"code":2,"message":"[PHP Warning #2]"}]}`, KindUnavailable, ""},
+		{404, ``, KindNotFound, ""},
+		{400, `{"errors":[{"code":35,"message":"a"}]}`, KindBadResponse, ""},
+		{429, `slow down`, KindBadResponse, ""},
 	}
 	for _, tt := range tests {
-		got := statusError("categories", tt.status, []byte(tt.body), !looksLikeJSON([]byte(tt.body)))
-		if got.Kind != tt.want {
-			t.Errorf("statusError(%d, %q).Kind = %d, want %d", tt.status, tt.body, got.Kind, tt.want)
+		got := statusError("categories", tt.status, []byte(tt.body))
+		if got.Kind != tt.want || !strings.Contains(got.Reason, tt.reason) {
+			t.Errorf("statusError(%d, %q) = kind %d, %q; want kind %d, a reason with %q", tt.status, tt.body, got.Kind, got.Reason, tt.want, tt.reason)
 		}
-		if got.Error() == "" || containsAny(got.Error(), "PHP Warning", "Unauthorized") {
+		if got.Error() == "" || containsAny(got.Error(), "PHP Warning", "Unauthorized", "not active") {
 			t.Errorf("statusError(%d, %q).Error() = %q, want fixed text only", tt.status, tt.body, got.Error())
 		}
 	}

@@ -63,11 +63,14 @@ func (e *Error) Unwrap() error { return e.err }
 func (e *Error) HasCode(c int) bool { return slices.Contains(e.Codes, c) }
 
 // statusError classifies a non-2xx answer.
-func statusError(resource string, status int, body []byte, plainText bool) *Error {
+func statusError(resource string, status int, body []byte) *Error {
 	e := &Error{Resource: resource, Status: status, Codes: shopErrors(body)}
 	switch {
-	case status == 401 && plainText:
-		e.Kind, e.Reason = KindUnauthorized, "the shop did not receive the key (is the Authorization header forwarded to PHP?)"
+	case status == 401 && len(e.Codes) == 0:
+		// PrestaShop answers a request without a key with a bare
+		// "401 Unauthorized" (not JSON, not XML): the header was lost on
+		// the way to PHP, or a password in front of the shop asked first.
+		e.Kind, e.Reason = KindUnauthorized, "the shop did not receive the key (is the Authorization header forwarded to PHP, or is the shop behind a password of its own?)"
 	case status == 401 && e.HasCode(26):
 		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource"
 	case status == 401:

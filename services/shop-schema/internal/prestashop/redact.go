@@ -1,0 +1,87 @@
+package prestashop
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The key travels only in the Authorization header, so the URLs this client
+// writes carry no secret. A shop's redirect can: its Location is the shop's
+// to choose, and one that puts ws_key (or the key anywhere) into it would
+// have it copied into the error chain we log and into the client span's
+// url.full. Every URL that leaves this package for a log or a span goes
+// through redactURL first.
+
+// sentParams are the query parameters this client writes; their values are
+// its own. Any other parameter is the shop's.
+var sentParams = map[string]bool{
+	"url": true, "output_format": true, "display": true, "sort": true, "limit": true, "filter[custom]": true,
+}
+
+// redacted replaces what is not shown, as OpenTelemetry's semantic
+// conventions write it for url.full.
+const redacted = "REDACTED"
+
+// redactURL returns raw without user info or fragment, each query parameter
+// that this client did not write replaced by REDACTED (name and value: a
+// name can be the secret too), and the key, wherever it still appears,
+// replaced as well.
+func redactURL(raw, key string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return redacted
+	}
+	u.User, u.Fragment, u.RawFragment = nil, "", ""
+	if u.RawQuery != "" {
+		params := strings.Split(u.RawQuery, "&")
+		for i, p := range params {
+			name, _, _ := strings.Cut(p, "=")
+			if unescaped, err := url.QueryUnescape(name); err != nil || !sentParams[unescaped] {
+				params[i] = redacted
+			}
+		}
+		u.RawQuery = strings.Join(params, "&")
+	}
+	s := u.String()
+	if key != "" {
+		s = strings.ReplaceAll(s, key, redacted)
+	}
+	return s
+}
+
+// redactErrorURL rewrites the URL of the *url.Error in err's chain (the
+// one http.Client.Do returns, which quotes the URL it failed on) with
+// redactURL.
+func redactErrorURL(err error, key string) {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = redactURL(ue.URL, key)
+	}
+}
+
+type keyInContext struct{}
+
+// withKey lets redactingTransport know the call's key on every hop, also
+// after a redirect to another host, which drops the Authorization header.
+func withKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, keyInContext{}, key)
+}
+
+// redactingTransport sits inside otelhttp's transport and overwrites the
+// url.full that otelhttp gave the hop's span (from the URL as requested,
+// a redirect's included) with its redacted form.
+type redactingTransport struct{ next http.RoundTripper }
+
+func (t redactingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		key, _ := r.Context().Value(keyInContext{}).(string)
+		span.SetAttributes(attribute.String("url.full", redactURL(r.URL.String(), key)))
+	}
+	return t.next.RoundTrip(r)
+}
