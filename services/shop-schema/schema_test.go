@@ -380,6 +380,9 @@ func TestSchemaShopErrors(t *testing.T) {
 		{"answers too large together", func(s *fakeshop.Shop) { s.Oversize = 40 << 10 }, "",
 			map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536", "SHOP_SCHEMA_MAX_CALL_BYTES": "100000"}, 502, "shop_too_large"},
 		{"too many rows", nil, "", map[string]string{"SHOP_SCHEMA_MAX_ROWS": "3", "SHOP_SCHEMA_PAGE_SIZE": "2"}, 502, "shop_too_large"},
+		// Reached, and answered badly: not shop_unreachable, which sends the
+		// merchant to check DNS and firewalls.
+		{"answer headers over 64 KiB", func(s *fakeshop.Shop) { s.HeaderPadding = 100 << 10 }, "", nil, 502, "shop_too_large"},
 		{"redirect to http", func(s *fakeshop.Shop) {
 			s.Redirect = func(r *http.Request) string { return "http://127.0.0.1:1/api/x" }
 		}, "", nil, 502, "shop_bad_response"},

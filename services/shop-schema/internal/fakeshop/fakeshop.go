@@ -81,6 +81,7 @@ type Shop struct {
 	HTML             bool                         // answers an HTML page with 200
 	DropAuth         bool                         // CGI without forwarding: PHP never sees Authorization
 	Redirect         func(r *http.Request) string // a redirect target, or ""
+	HeaderPadding    int                          // an answer header of this many bytes
 
 	// Hold, when set, makes every answer wait until it is closed.
 	Hold chan struct{}
@@ -161,6 +162,9 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		}
+	}
+	if s.HeaderPadding > 0 {
+		w.Header().Set("X-Padding", strings.Repeat("p", s.HeaderPadding))
 	}
 	if s.Redirect != nil {
 		if target := s.Redirect(r); target != "" {

@@ -182,7 +182,7 @@ func TestAllowList(t *testing.T) {
 		{"https://shop.test:1234/", "ok"},
 		{"https://127.0.0.2/", "refused"},
 		{"https://10.2.0.1/", "refused"},
-		{"https://127.1:34567/", "invalid"}, // allowed address, disguised spelling
+		{"https://127.1:34567/", "invalid"},              // allowed address, disguised spelling
 		{"https://[::ffff:127.0.0.1]:34567/", "refused"}, // the same, IPv4-mapped
 		{"https://[::ffff:7f00:1]:34567/", "refused"},
 		{"http://127.0.0.1:34567/", "https"},

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
@@ -89,6 +90,11 @@ func statusError(resource string, status int, body []byte) *Error {
 	return e
 }
 
+// headersTooLarge is in the text of net/http's error for an answer whose
+// headers exceed the transport's MaxResponseHeaderBytes, which has no
+// sentinel error; TestSchemaShopErrors fails if a Go release rewords it.
+const headersTooLarge = "server response headers exceeded"
+
 // transportError classifies an error from http.Client.Do or reading the
 // body.
 func transportError(ctx context.Context, resource string, err error) *Error {
@@ -117,6 +123,8 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (certificate not trusted, expired or for another name)"
 	case errors.As(err, &netErr) && netErr.Timeout():
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
+	case strings.Contains(err.Error(), headersTooLarge):
+		e.Kind, e.Reason = KindTooLarge, "the shop's answer headers are larger than 64 KiB"
 	default:
 		e.Kind, e.Reason = KindUnreachable, "the shop could not be reached"
 	}
