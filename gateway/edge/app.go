@@ -142,16 +142,20 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 
 // ambiguousFraming reports a request whose length two parsers could read
 // differently: one with a Transfer-Encoding and a Content-Length (fasthttp
-// frames it by the chunks), or with a Transfer-Encoding in HTTP/1.0, which
-// has none. A proxy in front that framed it by the length would take the
-// rest of the body for another request: request smuggling. RFC 9112 6.1
-// allows refusing it and requires closing the connection after the answer
+// frames it by the chunks), with a Transfer-Encoding in HTTP/1.0, which
+// has none, or with a Transfer-Encoding other than one "chunked" (fasthttp
+// reads no body after "identity", and takes the body for the next
+// request). A proxy in front that framed it otherwise would take the rest
+// of the body for another request, or the other way round: request
+// smuggling. RFC 9112 6.1 allows refusing the first two, requires a 400
+// for the third, and requires closing the connection after the answer
 // either way; errAmbiguousFraming does both. The raw headers are read, not
 // fasthttp's parsed ones: after an empty chunked body fasthttp sets the
 // length to 0 and keeps no trace of the chunks. The scan looks only at the
 // first letter of most lines.
 func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	var coded, sized bool
+	var codings, sized int
+	var chunked bool
 	raw := h.RawHeaders()
 	for len(raw) > 0 {
 		line := raw
@@ -165,12 +169,59 @@ func ambiguousFraming(h *fasthttp.RequestHeader) bool {
 		}
 		switch line[0] | 0x20 { // ASCII lower case
 		case 't':
-			coded = coded || headerNamed(line, "transfer-encoding")
+			if value, ok := headerValue(line, "transfer-encoding"); ok {
+				codings++
+				chunked = bytes.EqualFold(value, []byte("chunked"))
+			}
 		case 'c':
-			sized = sized || headerNamed(line, "content-length")
+			if headerNamed(line, "content-length") {
+				sized++
+			}
 		}
 	}
-	return coded && (sized || !h.IsHTTP11())
+	if codings == 0 {
+		return false
+	}
+	return codings > 1 || !chunked || sized > 0 || !h.IsHTTP11() || hasTrailerFields(h)
+}
+
+// hasTrailerFields reports whether a chunked request brought fields after
+// its last chunk. fasthttp merges them into the headers, where the key
+// lookup, the Idempotency-Key and whatever reads headers would take them
+// for fields of the header section, which anything in front (a WAF, an
+// edge rule) inspected without them; RFC 9110 6.5.1 forbids that merge,
+// and no route here has a use for trailers, so they are refused. Trailer
+// fields can only add to the parsed headers, so the request has some when
+// the parsed ones outnumber the raw header lines. Content-Length and
+// Transfer-Encoding are left out of both counts: fasthttp adds a length to
+// an empty chunked body, and refuses both in a trailer.
+func hasTrailerFields(h *fasthttp.RequestHeader) bool {
+	var parsed, received int
+	for key := range h.All() {
+		if !framingField(key) {
+			parsed++
+		}
+	}
+	for key := range h.AllInOrder() { // the raw header lines, re-read
+		if !framingField(key) {
+			received++
+		}
+	}
+	return parsed > received
+}
+
+func framingField(key []byte) bool {
+	return bytes.EqualFold(key, []byte("Content-Length")) || bytes.EqualFold(key, []byte("Transfer-Encoding"))
+}
+
+// headerValue returns the value of a raw header line with the name (in any
+// case), trimmed, and whether the line has that name.
+func headerValue(line []byte, name string) ([]byte, bool) {
+	n, v, found := bytes.Cut(line, []byte(":"))
+	if !found || !bytes.EqualFold(bytes.TrimSpace(n), []byte(name)) {
+		return nil, false
+	}
+	return bytes.TrimSpace(v), true
 }
 
 // headerNamed reports whether a raw header line has the name, in any case.

@@ -938,11 +938,11 @@ func TestClientIPBehindATrustedProxy(t *testing.T) {
 	}
 }
 
-// A chunked request that also carries Content-Length, or is chunked in
-// HTTP/1.0, is refused and its connection closed: a proxy in front that
-// framed it by the length would take the bytes after it for another
-// request (request smuggling). What follows on the connection is never
-// answered.
+// A chunked request that also carries Content-Length, is chunked in
+// HTTP/1.0, has another transfer coding or fields after its chunks, is
+// refused and its connection closed: a proxy in front that framed it
+// otherwise would take the bytes after it for another request (request
+// smuggling). What follows on the connection is never answered.
 func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 	dsn, _, k := seed(t)
 	writer := echoUpstream(t, "writer", nil)
@@ -961,6 +961,15 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 		{"identity coding and a length", "HTTP/1.1", "Transfer-Encoding: identity\r\nContent-Length: 2\r\n", "{}", true},
 		{"chunked in HTTP/1.0", "HTTP/1.0", "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n", chunked, true},
 		{"empty chunks in HTTP/1.0", "HTTP/1.0", "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n", empty, true},
+		// fasthttp reads no body after "identity": the body would be the
+		// next request.
+		{"identity coding alone", "HTTP/1.1", "Transfer-Encoding: identity\r\n", "{}", true},
+		{"gzip coding", "HTTP/1.1", "Transfer-Encoding: gzip\r\n", "{}", true},
+		{"chunked twice", "HTTP/1.1", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", chunked, true},
+		// Fields after the last chunk would be merged into the headers,
+		// a key among them.
+		{"a trailer field", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", "2\r\n{}\r\n0\r\nX-Note: 1\r\n\r\n", true},
+		{"chunked in upper case", "HTTP/1.1", "Transfer-Encoding: CHUNKED\r\n", chunked, false},
 		{"chunked alone", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", chunked, false},
 		{"a length alone", "HTTP/1.1", "Content-Length: 2\r\n", "{}", false},
 	}

@@ -65,7 +65,7 @@ var (
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request could not be read"}
 	errAmbiguousFraming = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
-		Message: "a request carries Content-Length or Transfer-Encoding, not both, and HTTP/1.0 no Transfer-Encoding",
+		Message: "the request's length is ambiguous: send Content-Length or Transfer-Encoding: chunked, not both (HTTP/1.0: no Transfer-Encoding), and no trailer fields after the chunks",
 		Close:   true}
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
 		Message: "internal error"}

@@ -542,3 +542,31 @@ func TestUpstreamFailureAnswers(t *testing.T) {
 		}
 	}
 }
+
+// hasTrailerFields finds fields after the chunks, and none in requests
+// without them, whatever their header section holds (specials fasthttp
+// parses apart, repeats, cookies, an empty body it gives a length).
+func TestHasTrailerFields(t *testing.T) {
+	head := "POST /v1/x HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n"
+	for _, tt := range []struct {
+		name, headers, body string
+		want                bool
+	}{
+		{"none", "", "2\r\n{}\r\n0\r\n\r\n", false},
+		{"empty body", "", "0\r\n\r\n", false},
+		{"specials and repeats", "Content-Type: application/json\r\nUser-Agent: a\r\nCookie: a=1; b=2\r\nCookie: c=3\r\n" +
+			"Connection: keep-alive\r\nX-A: 1\r\nX-A: 2\r\nTrailer: X-B\r\nAccept: */*\r\n", "2\r\n{}\r\n0\r\n\r\n", false},
+		{"one field", "", "2\r\n{}\r\n0\r\nX-API-Key: k\r\n\r\n", true},
+		{"a repeat of a header", "X-A: 1\r\n", "2\r\n{}\r\n0\r\nX-A: 2\r\n\r\n", true},
+		{"declared", "Trailer: X-B\r\n", "0\r\nX-B: 1\r\n\r\n", true},
+	} {
+		var req fasthttp.Request
+		br := bufio.NewReader(strings.NewReader(head + tt.headers + "\r\n" + tt.body))
+		if err := req.Read(br); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if got := hasTrailerFields(&req.Header); got != tt.want {
+			t.Errorf("%s: hasTrailerFields = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
