@@ -1047,4 +1047,8 @@ func TestServiceWithAnotherSecretIsShownDown(t *testing.T) {
 	if got := healthCheck(t, gw.URL, "export-reader"); got != "ok" {
 		t.Errorf("health of a service with the same secret = %q, want ok", got)
 	}
+	// The log says why, so on-call looks at the secret, not the database.
+	if !strings.Contains(gw.Logs.String(), `"reason":"its health probe was answered 503 identity_refused"`) {
+		t.Errorf("no log line names the identity refusal:\n%s", gw.Logs.String())
+	}
 }

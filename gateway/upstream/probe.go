@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/valyala/fasthttp"
 )
 
@@ -52,7 +54,8 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 				continue
 			}
 			inst.nextProbe = now.Add(interval)
-			u.judge(inst, inst.probeOnce(interval), interval)
+			verdict, failure := inst.probeOnce(interval)
+			u.judge(inst, verdict, failure, interval)
 		}
 		select {
 		case <-ctx.Done():
@@ -71,14 +74,15 @@ const (
 	probeUnanswered                     // connected, but no answer in time
 )
 
-// judge acts on what a probe of inst found.
-func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration) {
+// judge acts on what a probe of inst found; failure says why a failed
+// probe failed.
+func (u *Upstream) judge(inst *Instance, v probeVerdict, failure string, interval time.Duration) {
 	switch v {
 	case probeAnswered:
 		inst.unansweredProbes = 0
 		u.markUp(inst)
 	case probeFailed:
-		u.markDown(inst, interval+u.opts.DownFor, "its health probe failed")
+		u.markDown(inst, interval+u.opts.DownFor, failure)
 	default:
 		// Three in a row take an instance out. One already out (refused,
 		// 5xx) is not kept out by a probe left unanswered: a readiness
@@ -93,7 +97,13 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, interval time.Duration)
 	}
 }
 
-func (inst *Instance) probeOnce(timeout time.Duration) probeVerdict {
+// probeOnce probes inst once. For a failed probe it also says why, as the
+// log of the instance taken out will: the refused connection, or the 5xx
+// with the error code the service sent in X-Error-Code (a service with
+// another IDENTITY_SECRET answers 503 identity_refused, one whose database
+// is unreachable 503 unavailable), which is what on-call needs to tell
+// the two apart.
+func (inst *Instance) probeOnce(timeout time.Duration) (probeVerdict, string) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -109,11 +119,30 @@ func (inst *Instance) probeOnce(timeout time.Duration) probeVerdict {
 	err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second))
 	switch {
 	case errors.As(err, new(dialError)):
-		return probeFailed
+		return probeFailed, reasonRefused
 	case err != nil:
-		return probeUnanswered
+		return probeUnanswered, ""
 	case resp.StatusCode() >= 500:
-		return probeFailed
+		failure := "its health probe was answered " + strconv.Itoa(resp.StatusCode())
+		if code := resp.Header.Peek(envelope.ErrorCodeHeader); plainCode(code) {
+			failure += " " + string(code)
+		}
+		return probeFailed, failure
 	}
-	return probeAnswered
+	return probeAnswered, ""
+}
+
+// plainCode reports whether an error code from a service's header is one
+// to quote in the log as it is: a short snake_case word, as every code of
+// this project is.
+func plainCode(code []byte) bool {
+	if len(code) == 0 || len(code) > 40 {
+		return false
+	}
+	for _, c := range code {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return false
+		}
+	}
+	return true
 }

@@ -94,7 +94,8 @@ type Instance struct {
 	// toldDown is whether the last change told (OnStateChange) was a
 	// down: a dead instance is marked down again on every probe and every
 	// refused connection, and told once.
-	toldDown bool
+	toldDown   bool
+	toldReason string // why, when toldDown
 	// unansweredProbes counts the probes in a row the instance left
 	// unanswered, and nextProbe is when an instance that is up is probed
 	// next; only the prober's goroutine touches them.
@@ -312,7 +313,7 @@ func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Re
 	kind := classify(err)
 	switch {
 	case errors.As(err, new(dialError)):
-		u.markDown(inst, u.opts.DownFor, "it refused a connection")
+		u.markDown(inst, u.opts.DownFor, reasonRefused)
 	case errors.Is(kind, ErrClosed):
 		// One dropped kept-alive connection means the others idle since
 		// the same moment are dead too; reusing them would fail one
@@ -408,13 +409,20 @@ func mix64(x uint64) uint64 {
 // upAt reports whether the instance is not marked down at now (Unix ns).
 func (inst *Instance) upAt(now int64) bool { return inst.downUntil.Load() <= now }
 
-// markDown skips inst for d, and tells of it if it was up.
+// reasonRefused is why an instance that refused a connection, to a
+// request or a probe alike, was taken out.
+const reasonRefused = "it refused a connection"
+
+// markDown skips inst for d, and tells of it if it was up, or out for
+// another reason (a killed instance restarted with the wrong secret goes
+// from refusing connections to answering 503 identity_refused, and that
+// change is what on-call needs to see).
 func (u *Upstream) markDown(inst *Instance, d time.Duration, reason string) {
 	inst.stateMu.Lock()
 	defer inst.stateMu.Unlock()
 	inst.downUntil.Store(time.Now().Add(d).UnixNano())
-	if !inst.toldDown {
-		inst.toldDown = true
+	if !inst.toldDown || inst.toldReason != reason {
+		inst.toldDown, inst.toldReason = true, reason
 		u.tell(inst, false, reason)
 	}
 }
@@ -425,7 +433,7 @@ func (u *Upstream) markUp(inst *Instance) {
 	defer inst.stateMu.Unlock()
 	inst.downUntil.Store(0)
 	if inst.toldDown {
-		inst.toldDown = false
+		inst.toldDown, inst.toldReason = false, ""
 		u.tell(inst, true, "its health probe answers")
 	}
 }

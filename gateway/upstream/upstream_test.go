@@ -3,9 +3,11 @@ package upstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -291,7 +293,7 @@ func TestJudgeCountsUnansweredProbesInARow(t *testing.T) {
 		{probeAnswered, true},
 	}
 	for i, step := range steps {
-		u.judge(inst, step.verdict, time.Second)
+		u.judge(inst, step.verdict, "its health probe was answered 503", time.Second)
 		if got := inst.upAt(time.Now().UnixNano()); got != step.up {
 			t.Fatalf("after step %d (verdict %d): up = %v, want %v", i+1, step.verdict, got, step.up)
 		}
@@ -310,28 +312,37 @@ func TestUnansweredProbesDoNotKeepAnInstanceOut(t *testing.T) {
 	}
 	inst := u.current()[0]
 	const interval = time.Millisecond
-	u.judge(inst, probeFailed, interval)
+	u.judge(inst, probeFailed, "its health probe was answered 503", interval)
 	if inst.upAt(time.Now().UnixNano()) {
 		t.Fatal("after a failed probe: up, want out")
 	}
-	u.judge(inst, probeUnanswered, interval)
+	u.judge(inst, probeUnanswered, "", interval)
 	time.Sleep(5 * time.Millisecond) // past interval + DownFor
 	if !inst.upAt(time.Now().UnixNano()) {
 		t.Error("an unanswered probe kept the instance out past its time out")
 	}
-	u.judge(inst, probeFailed, interval)
+	u.judge(inst, probeFailed, "its health probe was answered 503", interval)
 	if inst.upAt(time.Now().UnixNano()) {
 		t.Error("after another failed probe: up, want out")
 	}
 }
 
 // probeOnce tells an answer, a refusal (no connection, a 5xx) and a probe
-// left unanswered apart.
+// left unanswered apart, and says why a failed one failed, quoting the
+// service's error code when it is a plain one.
 func TestProbeOnceClassifies(t *testing.T) {
 	server := func(h http.HandlerFunc) string {
 		srv := httptest.NewServer(h)
 		t.Cleanup(srv.Close)
 		return srv.URL
+	}
+	answer := func(status int, code string) string {
+		return server(func(w http.ResponseWriter, r *http.Request) {
+			if code != "" {
+				w.Header().Set("X-Error-Code", code)
+			}
+			w.WriteHeader(status)
+		})
 	}
 	never := make(chan struct{})
 	hung := server(func(w http.ResponseWriter, r *http.Request) {
@@ -341,27 +352,60 @@ func TestProbeOnceClassifies(t *testing.T) {
 		}
 	})
 	tests := []struct {
-		name    string
-		url     string
-		timeout time.Duration
-		want    probeVerdict
+		name        string
+		url         string
+		timeout     time.Duration
+		want        probeVerdict
+		wantFailure string
 	}{
-		{"answered 200", server(func(w http.ResponseWriter, r *http.Request) {}), 5 * time.Second, probeAnswered},
-		{"answered 404", server(http.NotFound), 5 * time.Second, probeAnswered},
-		{"answered 503", server(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }), 5 * time.Second, probeFailed},
-		{"connection refused", closedAddr(t), 5 * time.Second, probeFailed},
-		{"never answers", hung, 100 * time.Millisecond, probeUnanswered},
+		{"answered 200", answer(200, ""), 5 * time.Second, probeAnswered, ""},
+		{"answered 404", server(http.NotFound), 5 * time.Second, probeAnswered, ""},
+		{"answered 503", answer(503, ""), 5 * time.Second, probeFailed, "its health probe was answered 503"},
+		{"answered 503 with a code", answer(503, "identity_refused"), 5 * time.Second, probeFailed,
+			"its health probe was answered 503 identity_refused"},
+		{"answered 500 with an odd code", answer(500, "x\"y"), 5 * time.Second, probeFailed, "its health probe was answered 500"},
+		{"connection refused", closedAddr(t), 5 * time.Second, probeFailed, "it refused a connection"},
+		{"never answers", hung, 100 * time.Millisecond, probeUnanswered, ""},
 	}
 	for _, tt := range tests {
 		u, err := New("svc", []string{tt.url}, opts())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := u.current()[0].probeOnce(tt.timeout); got != tt.want {
-			t.Errorf("%s: probeOnce = %d, want %d", tt.name, got, tt.want)
+		if got, failure := u.current()[0].probeOnce(tt.timeout); got != tt.want || failure != tt.wantFailure {
+			t.Errorf("%s: probeOnce = %d, %q; want %d, %q", tt.name, got, failure, tt.want, tt.wantFailure)
 		}
 	}
 	close(never)
+}
+
+// An instance that is out is told again when the reason changes: a killed
+// instance restarted with another IDENTITY_SECRET goes from refusing
+// connections to failing its probe with 503 identity_refused, and only the
+// second says what to fix. The same reason again is not told.
+func TestANewReasonToBeOutIsTold(t *testing.T) {
+	var told []StateChange
+	o := opts()
+	o.OnStateChange = func(c StateChange) { told = append(told, c) }
+	u, err := New("svc", []string{closedAddr(t)}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := u.current()[0]
+	const identity = "its health probe was answered 503 identity_refused"
+	u.judge(inst, probeFailed, reasonRefused, time.Second)
+	u.judge(inst, probeFailed, reasonRefused, time.Second)
+	u.judge(inst, probeFailed, identity, time.Second)
+	u.judge(inst, probeFailed, identity, time.Second)
+	u.judge(inst, probeAnswered, "", time.Second)
+	var reasons []string
+	for _, c := range told {
+		reasons = append(reasons, fmt.Sprintf("%v %s", c.Up, c.Reason))
+	}
+	want := []string{"false " + reasonRefused, "false " + identity, "true its health probe answers"}
+	if !slices.Equal(reasons, want) {
+		t.Errorf("told %q, want %q", reasons, want)
+	}
 }
 
 // A repeated request's first failure says when it happened: before the
