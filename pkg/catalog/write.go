@@ -144,9 +144,13 @@ func NextUpdatedAt(table string) string {
 // and the last id read. An item whose stored form is identical is skipped
 // by the WHERE, so it is neither counted nor re-stamped. Rows are locked in
 // id order, so two imports of overlapping files cannot deadlock each other.
+// The owner's shared sync lock (WriterLock, barrier.go) is taken before
+// the first row is read, so before any stamp.
 // (A var: it is built with NextUpdatedAt.)
-var upsertChunk = `WITH chunk AS (
-SELECT * FROM import_items WHERE id > $2 ORDER BY id LIMIT $3
+var upsertChunk = `WITH barrier AS (
+SELECT ` + WriterLock("$1::uuid") + `
+), chunk AS (
+SELECT * FROM import_items WHERE id > $2 AND EXISTS (SELECT FROM barrier) ORDER BY id LIMIT $3
 ), written AS (
 INSERT INTO export_items AS e (owner_id, id, coin_id, listed_active, price, currency,
     category, characteristics, images, texts, doc_eng, doc_rus, doc_ukr, updated_at)

@@ -39,6 +39,16 @@ WITH live AS (
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
 )`
 
+// writerLock takes the owner's shared sync lock (catalog.WriterLock) for
+// the transaction. Each write statement requires it (EXISTS) in its first
+// row-changing step, so it is taken before any row lock and before
+// updated_at is stamped: a sync that starts meanwhile waits for this
+// commit instead of missing the change (catalog's barrier.go says why).
+// Taken first, it cannot close a cycle of waits with a sync's barrier,
+// which holds nothing else.
+var writerLock = `
+, barrier AS (SELECT ` + catalog.WriterLock("$1::uuid") + `)`
+
 // savedAndReport ends both statements: it stores the response and reports
 // the record seen and the change made.
 const savedAndReport = `
@@ -63,10 +73,11 @@ LEFT JOIN result ON true`
 // same instant. It never moves backwards: if the clock stepped back below
 // the row's last stamp, the row gets that stamp plus a microsecond (see
 // catalog.NextUpdatedAt).
-var confirmSQL = keyState + `
+var confirmSQL = keyState + writerLock + `
 , item AS (
     UPDATE export_items SET sold = true, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
+      AND EXISTS (SELECT FROM barrier)
       AND NOT EXISTS (SELECT FROM live)
       AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6)
       AND EXISTS (SELECT FROM platforms WHERE id = $2)
@@ -93,11 +104,12 @@ var confirmSQL = keyState + `
 // re-checks canceled_at IS NULL on the newest version and finds it closed.
 // canceled_at is never before confirmed_at, even if the clock stepped back
 // since the confirm (migration 00005: this statement is what keeps that rule).
-var cancelSQL = keyState + `
+var cancelSQL = keyState + writerLock + `
 , sale AS (
     UPDATE sales SET canceled_at = greatest(clock_timestamp(), confirmed_at)
     WHERE owner_id = $1 AND item_id = $4 AND canceled_at IS NULL
       AND platform_id = $2 AND external_order_id = $5
+      AND EXISTS (SELECT FROM barrier)
       AND NOT EXISTS (SELECT FROM live)
       AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6)
     RETURNING confirmed_at, canceled_at

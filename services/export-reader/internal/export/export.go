@@ -73,6 +73,10 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 			return dst, "", ErrInvalidCursor
 		}
 		after = &pos
+	} else if err := catalog.SyncBarrier(ctx, r.pool, owner); err != nil {
+		// A sync starts: changes stamped before now are committed before
+		// its first query (catalog's barrier.go).
+		return dst, "", fmt.Errorf("export: list: %w", err)
 	}
 	// A first page starts a sync, and so does a cursor of version 1 (from
 	// before cursors carried their sync).

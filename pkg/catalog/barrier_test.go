@@ -1,0 +1,129 @@
+package catalog_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// returnsWithin runs f and reports whether it returned within d; f keeps
+// running (and is waited for at cleanup) if it did not.
+func returnsWithin(t *testing.T, d time.Duration, f func() error) (returned bool, wait func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return true, func() error { return err }
+	case <-time.After(d):
+		return false, func() error {
+			select {
+			case err := <-done:
+				return err
+			case <-time.After(10 * time.Second):
+				t.Fatal("still waiting 10 s after the lock was released")
+				return nil
+			}
+		}
+	}
+}
+
+func ownerUUID(t *testing.T, id string) pgtype.UUID {
+	t.Helper()
+	u, err := catalog.ParseOwnerID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// A sync's barrier waits for a writer of its owner that has stamped a row
+// and not committed yet, and then sees the row; it does not wait for a
+// writer of another owner.
+func TestSyncBarrierWaitsForWritersInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner, other := ownerWithItems(t, pool, lineA), newOwner(t, pool)
+
+	// A writer, as every writer of export_items does: the shared lock
+	// first, then the stamp, then (later) the commit.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
+		t.Fatal(err)
+	}
+	var stamped time.Time
+	if err := tx.QueryRow(ctx, `UPDATE export_items SET updated_at = clock_timestamp() WHERE owner_id = $1 AND id = 'a' RETURNING updated_at`,
+		owner).Scan(&stamped); err != nil {
+		t.Fatal(err)
+	}
+
+	if returned, wait := returnsWithin(t, 5*time.Second, func() error { return catalog.SyncBarrier(ctx, pool, ownerUUID(t, other)) }); !returned {
+		t.Error("the barrier of another owner waited for this owner's writer")
+		_ = wait
+	}
+	returned, wait := returnsWithin(t, 300*time.Millisecond, func() error { return catalog.SyncBarrier(ctx, pool, ownerUUID(t, owner)) })
+	if returned {
+		t.Fatal("the barrier returned while a writer of its owner had a stamped row uncommitted")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	// What the sync's first query then reads has the change.
+	if got := stored(t, pool, owner, "a").UpdatedAt; !got.Equal(stamped) {
+		t.Errorf("after the barrier the item reads updated_at %v, want the writer's %v", got, stamped)
+	}
+}
+
+// holdBarrier takes the owner's sync lock exclusively, as a sync's barrier
+// does for an instant, and holds it until release is called.
+func holdBarrier(t *testing.T, pool *pgxpool.Pool, owner string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The barrier's statement, held open in a transaction.
+	if err := catalog.SyncBarrier(ctx, tx, ownerUUID(t, owner)); err != nil {
+		t.Fatal(err)
+	}
+	return func() { _ = tx.Rollback(ctx) }
+}
+
+// An import takes its owner's shared sync lock before it stamps a row: it
+// waits while a barrier holds the lock, and writes once it is released.
+func TestImportTakesTheWriterLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	release := holdBarrier(t, pool, owner)
+	returned, wait := returnsWithin(t, 300*time.Millisecond, func() error {
+		_, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA))
+		return err
+	})
+	if returned {
+		release()
+		t.Fatal("Import wrote while the owner's sync barrier held the lock")
+	}
+	release()
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(t, pool, owner, "a"); got.DocENG == "" {
+		t.Error("the import wrote nothing after the barrier was released")
+	}
+}
