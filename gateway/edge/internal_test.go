@@ -570,3 +570,18 @@ func TestHasTrailerFields(t *testing.T) {
 		}
 	}
 }
+
+// Route names (metric labels, span names) write a parameter as the
+// services do, {item_id}, so one query matches a route in every process.
+func TestRouteNamesMatchTheServices(t *testing.T) {
+	want := map[string]bool{
+		"GET /v1/health": true, "POST /v1/sync/prestashop/schema": true, "GET /v1/export/items": true,
+		"GET /v1/export/items/{item_id}": true, "POST /v1/export/items/{item_id}/sales/confirm": true,
+		"POST /v1/export/items/{item_id}/sales/cancel": true,
+	}
+	for _, rt := range routes {
+		if !want[rt.Name()] {
+			t.Errorf("route %s %s is named %q, not one of the services' names", rt.Method, rt.Path, rt.Name())
+		}
+	}
+}

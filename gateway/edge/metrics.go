@@ -32,7 +32,10 @@ func newMetrics() *metrics {
 		}, []string{"route", "status_class"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "gateway_http_request_duration_seconds", Help: "Time to the response headers, by route and status class.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+			// Up to a minute: a call may take UPSTREAM_READ_TIMEOUT (30 s)
+			// and the shop schema route SHOP_SCHEMA_TIMEOUT (20 s), and a
+			// p99 must not stop at the last bucket below them.
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60},
 		}, []string{"route", "status_class"}),
 		rateDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_ratelimit_decisions_total",

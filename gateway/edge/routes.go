@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 
@@ -46,8 +47,15 @@ type route struct {
 	StickyByKey bool
 }
 
-// Name labels metrics, spans and log lines.
-func (r route) Name() string { return r.Method + " " + r.Path }
+// Name labels metrics, spans and log lines. A parameter is written
+// {item_id}, as the services' routes (Go's ServeMux patterns) and
+// OpenTelemetry's http.route write it, not Fiber's :item_id, so one query
+// matches a route in every process's metrics.
+func (r route) Name() string {
+	return r.Method + " " + fiberParam.ReplaceAllString(r.Path, "{$1}")
+}
+
+var fiberParam = regexp.MustCompile(`:([a-z_]+)`)
 
 // routes is the whole public surface of the API (spec 4).
 var routes = []route{

@@ -20,9 +20,11 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Help: "Requests served, by route, method and status class.",
 		}, []string{"route", "method", "status_class"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "http_request_duration_seconds",
-			Help:    "Time to serve a request, by route, method and status class.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+			Name: "http_request_duration_seconds",
+			Help: "Time to serve a request, by route, method and status class.",
+			// Up to the longest call a service may serve (the shop schema
+			// route's 20 s), so that a p99 does not stop at the last bucket.
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20, 30},
 		}, []string{"route", "method", "status_class"}),
 	}
 	reg.MustRegister(m.requests, m.duration)
