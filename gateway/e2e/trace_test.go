@@ -232,6 +232,11 @@ func checkTrace(t *testing.T, spans []tracestore.Span, requestID, service string
 	if !ok || proxy.Service != "gateway" || proxy.Kind != "SPAN_KIND_CLIENT" {
 		t.Errorf("parent of the %s server span = %+v, want the gateway's proxy client span", service, proxy)
 	}
+	// The proxy span names the instance it reached, and its answer.
+	if proxy.Attributes["server.address"] == "" || proxy.Attributes["server.port"] == "" ||
+		proxy.Attributes["http.response.status_code"] == "" {
+		t.Errorf("proxy span attributes %v, want server.address, server.port and http.response.status_code", proxy.Attributes)
+	}
 	if sql == 0 {
 		t.Errorf("trace %s has no SQL span of %s: %v", requestID, service, names(spans))
 	}

@@ -1052,3 +1052,18 @@ func TestServiceWithAnotherSecretIsShownDown(t *testing.T) {
 		t.Errorf("no log line names the identity refusal:\n%s", gw.Logs.String())
 	}
 }
+
+// The access line names the upstream instance that answered: with several
+// instances of a service, a slow 200 is otherwise tied to none of them.
+func TestAccessLineNamesTheInstance(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	r := do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil)
+	if r.Status != 200 {
+		t.Fatalf("GET = %d %s", r.Status, r.Body)
+	}
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"upstream_instance":"`+reader.URL+`"`) {
+		t.Errorf("access line = %s, want upstream_instance %s", line, reader.URL)
+	}
+}

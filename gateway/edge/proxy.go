@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.21.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -103,9 +104,14 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	if rt.StickyByKey {
 		affinity = rq.key.ID
 	}
-	repeated, err := up.Do(req, c.Response(), uri, repeat, affinity)
-	if repeated != nil {
-		g.noteRepeat(rq, span, rt.Upstream, repeated)
+	out, err := up.Do(req, c.Response(), uri, repeat, affinity)
+	rq.instance = out.Instance
+	if out.Instance != "" && span.IsRecording() {
+		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port),
+			semconv.HTTPResponseStatusCode(c.Response().StatusCode()))
+	}
+	if out.Repeated != nil {
+		g.noteRepeat(rq, span, rt.Upstream, out.Repeated)
 	}
 	if err == nil && c.Response().StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused

@@ -47,6 +47,10 @@ type request struct {
 	// rateClass is the limit rate was decided by (a route class, or
 	// auth_failures), named on a 429's access line and span.
 	rateClass string
+	// instance is the upstream instance (scheme://host:port) whose answer
+	// or failure the request got, for the access line: with several
+	// instances, which one served a slow 200 is otherwise nowhere.
+	instance string
 }
 
 // Span attribute keys of our own.
@@ -196,6 +200,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 		if rq.key.PlatformID != "" {
 			attrs = append(attrs, slog.String("platform_id", rq.key.PlatformID))
 		}
+	}
+	if rq.instance != "" {
+		attrs = append(attrs, slog.String("upstream_instance", rq.instance))
 	}
 	g.log.LogAttrs(rq.ctx, slog.LevelInfo, "request", attrs...)
 }

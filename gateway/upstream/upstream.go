@@ -78,6 +78,8 @@ type StateChange struct {
 // Instance is one address of a service.
 type Instance struct {
 	base   string // scheme://host:port, never shown to clients
+	host   string // base's host and port, apart, for spans (server.address, server.port)
+	port   int
 	client *fasthttp.HostClient
 	// probe is the health probe's own client: the probe must not queue
 	// behind a saturated proxy pool, nor draw a kept-alive connection the
@@ -186,6 +188,8 @@ func newInstance(p *url.URL, opts Options) *Instance {
 	base := baseOf(p)
 	return &Instance{
 		base:      base,
+		host:      p.Hostname(),
+		port:      int(portOf(p)),
 		seed:      xxhash.Sum64String(base),
 		signProbe: opts.SignProbe,
 		probe: &fasthttp.HostClient{
@@ -239,31 +243,45 @@ type Repeat struct {
 	Renew func(h *fasthttp.RequestHeader, requestURI string)
 }
 
+// Outcome is what Do did, besides the answer it put in resp.
+type Outcome struct {
+	// Instance is the base (scheme://host:port) of the instance whose
+	// answer or failure is the outcome, "" if none was tried; Host and
+	// Port are its parts. For operators (logs, spans) only.
+	Instance string
+	Host     string
+	Port     int
+	// Repeated is the first attempt's error (a *FailedAttempt) when the
+	// request was sent again (nil otherwise), so that a failure the repeat
+	// covered is still counted. It names the instance that failed.
+	Repeated error
+}
+
+func (o *Outcome) from(inst *Instance) { o.Instance, o.Host, o.Port = inst.base, inst.host, inst.port }
+
 // Do sends req to one instance and fills resp (its body read whole or
 // streamed, as Options.ReadWholeUpTo says). A
 // request that never reached an instance (refused, no free connection) is
 // sent once more to another one; one that may have reached one only as
-// repeat allows. requestURI is the original path and query.
-//
-// repeated is the first attempt's error (a *FailedAttempt) when the request was sent again
-// (nil otherwise), so that a failure the repeat covered is still counted;
-// err is the outcome. Both name the instance that failed.
+// repeat allows. requestURI is the original path and query. err is the
+// outcome's error, naming the instance that failed.
 //
 // affinity, when not empty, chooses the instance by rendezvous hashing of
 // it instead of round-robin: requests with the same affinity go to the
 // same instance while it is up, and to the same next one when it is not.
-func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (repeated, err error) {
+func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (out Outcome, err error) {
 	first := u.pick(nil, affinity)
 	if first == nil {
-		return nil, fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
+		return out, fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
 	}
+	out.from(first)
 	err = u.send(first, req, resp, requestURI)
 	if err == nil {
-		return nil, nil
+		return out, nil
 	}
 	again := errors.Is(err, ErrUnreachable) || repeat.Always || (repeat.IfClosed && errors.Is(err, ErrClosed))
 	if !again {
-		return nil, err
+		return out, err
 	}
 	second := u.pick(first, affinity)
 	if second == nil {
@@ -271,7 +289,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		// restarted) is asked again, on a new connection: send has
 		// already closed the idle ones from before the restart.
 		if !errors.Is(err, ErrClosed) {
-			return nil, err
+			return out, err
 		}
 		second = first
 	}
@@ -279,15 +297,16 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header, requestURI)
 	}
-	firstErr := &FailedAttempt{Err: err, At: time.Now()}
+	out.Repeated = &FailedAttempt{Err: err, At: time.Now()}
 	err2 := u.send(second, req, resp, requestURI)
 	if errors.Is(err2, ErrUnreachable) && !errors.Is(err, ErrUnreachable) {
 		// The repeat never left, but the first attempt was sent and may
 		// have been applied: the outcome is the first's (a 504 or 502
 		// says so), not "nothing was sent".
-		return firstErr, fmt.Errorf("%w; sent again: %v", err, err2)
+		return out, fmt.Errorf("%w; sent again: %v", err, err2)
 	}
-	return firstErr, err2
+	out.from(second)
+	return out, err2
 }
 
 // FailedAttempt is the first attempt's failure of a request that was sent

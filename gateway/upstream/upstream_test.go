@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,8 +42,8 @@ func send(u *Upstream, repeat Repeat) (bool, int, error) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod("GET")
-	repeated, err := u.Do(req, resp, "/v1/x", repeat, "")
-	return repeated != nil, resp.StatusCode(), err
+	out, err := u.Do(req, resp, "/v1/x", repeat, "")
+	return out.Repeated != nil, resp.StatusCode(), err
 }
 
 func TestRefusedInstanceIsSkippedThenUnavailable(t *testing.T) {
@@ -162,9 +164,9 @@ func TestRepeatIsRenewed(t *testing.T) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod("POST")
 	req.Header.Set("X-Stamp", "first")
-	repeated, err := u.Do(req, resp, "/v1/x", Repeat{Always: true, Renew: renew}, "")
-	if err != nil || !errors.Is(repeated, ErrTimeout) || resp.StatusCode() != 200 {
-		t.Fatalf("Do(sale, slow first instance) = repeated after %v, %d, %v; want repeated after a timeout, 200", repeated, resp.StatusCode(), err)
+	out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true, Renew: renew}, "")
+	if err != nil || !errors.Is(out.Repeated, ErrTimeout) || resp.StatusCode() != 200 {
+		t.Fatalf("Do(sale, slow first instance) = repeated after %v, %d, %v; want repeated after a timeout, 200", out.Repeated, resp.StatusCode(), err)
 	}
 	if first, second := <-stamps, <-stamps; first != "first" || second != "renewed /v1/x" {
 		t.Errorf("instances saw X-Stamp %q then %q, want \"first\" then \"renewed /v1/x\"", first, second)
@@ -188,9 +190,9 @@ func TestRepeatRefusedKeepsTheFirstFailure(t *testing.T) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod("POST")
-	repeated, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
-	if !errors.Is(repeated, ErrTimeout) || !errors.Is(err, ErrTimeout) || errors.Is(err, ErrUnreachable) {
-		t.Errorf("Do(slow, then refused) = repeated after %v, %v; want a timeout both, not unreachable", repeated, err)
+	out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+	if !errors.Is(out.Repeated, ErrTimeout) || !errors.Is(err, ErrTimeout) || errors.Is(err, ErrUnreachable) {
+		t.Errorf("Do(slow, then refused) = repeated after %v, %v; want a timeout both, not unreachable", out.Repeated, err)
 	}
 }
 
@@ -424,7 +426,7 @@ func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
 	for range 2 { // round-robin: one of the two meets the closed instance first
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		req.Header.SetMethod("POST")
-		repeated, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+		out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
 		returned := time.Now()
 		fasthttp.ReleaseRequest(req)
 		fasthttp.ReleaseResponse(resp)
@@ -432,12 +434,12 @@ func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
 			t.Fatal(err)
 		}
 		at := <-arrived
-		if repeated == nil {
+		if out.Repeated == nil {
 			continue
 		}
 		var attempt *FailedAttempt
-		if !errors.As(repeated, &attempt) || !errors.Is(repeated, ErrUnreachable) {
-			t.Fatalf("repeated = %v, want a *FailedAttempt of ErrUnreachable", repeated)
+		if !errors.As(out.Repeated, &attempt) || !errors.Is(out.Repeated, ErrUnreachable) {
+			t.Fatalf("repeated = %v, want a *FailedAttempt of ErrUnreachable", out.Repeated)
 		}
 		if attempt.At.After(at) || returned.Sub(attempt.At) < 150*time.Millisecond {
 			t.Errorf("failure stamped %v, second attempt arrived %v, Do returned %v: want the stamp before the arrival", attempt.At, at, returned)
@@ -481,5 +483,43 @@ func TestInstanceOutIsProbedAgainSoon(t *testing.T) {
 	time.Sleep(4 * downRecheck)
 	if extra := probes.Load() - settled; extra != 0 {
 		t.Errorf("%d probes of an instance that is up within %v, want none before the interval", extra, 4*downRecheck)
+	}
+}
+
+// The outcome names the instance whose answer (or failure) it is: the one
+// that answered after another refused, and the one that failed when none
+// answered; none when every instance is out.
+func TestOutcomeNamesTheInstance(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer ok.Close()
+	refusing := closedAddr(t)
+	u, err := New("svc", []string{refusing, ok.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func() (Outcome, error) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		return u.Do(req, resp, "/v1/x", Repeat{}, "")
+	}
+	okHost, okPort, _ := net.SplitHostPort(strings.TrimPrefix(ok.URL, "http://"))
+	for i := range 3 { // the refusing one is tried first once, then skipped
+		out, err := do()
+		if err != nil || out.Instance != ok.URL || out.Host != okHost || strconv.Itoa(out.Port) != okPort {
+			t.Fatalf("Do #%d = %+v, %v; want the answering instance %s", i+1, out, err, ok.URL)
+		}
+	}
+	ok.Close()
+	u2, err := New("svc", []string{refusing}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u = u2
+	if out, err := do(); err == nil || out.Instance != refusing {
+		t.Errorf("Do to a refusing instance = %+v, %v; want its failure, naming it", out, err)
+	}
+	if out, err := do(); !errors.Is(err, ErrUnavailable) || out.Instance != "" {
+		t.Errorf("Do with every instance out = %+v, %v; want ErrUnavailable naming none", out, err)
 	}
 }
