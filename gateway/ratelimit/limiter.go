@@ -149,9 +149,15 @@ func (l *Limiter) take(op Op) result {
 	}
 }
 
+// takeLocally decides op in process. Local decisions are per request (a
+// lease taken locally is not kept: see refill), so a lease refill is
+// charged as the one request it serves: charging its size would count
+// requests that never come. Nothing is left for later waiters, so the
+// remaining shown is the window's, after this request.
 func (l *Limiter) takeLocally(op Op) result {
+	op.Cost = min(op.Cost, 1)
 	t := l.local.Take(op, l.opts.Now())
-	r := share(op, t, t.Admitted, t.Admitted)
+	r := share(op, t, t.Admitted, 0)
 	r.local = true
 	return r
 }

@@ -345,3 +345,26 @@ func TestDecisionsAfterRunStopsAreLocal(t *testing.T) {
 		}
 	}
 }
+
+// In a Redis outage each request counts once in the fallback, and the
+// remaining it shows is after that request: the first local decision
+// shows Limit-1, then one less each. (The fallback was charged a whole
+// lease for the request whose lease refill met the outage, and showed
+// each request's own unit as still remaining.)
+func TestFallbackCountsEachRequestOnce(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	l := startLimiter(t, srv.URL, Options{})
+	rate := mustRate(t, "600-M") // leases of up to 6
+	for i := range 7 {           // leases of 1, 2 and 4, used up: the next asks for 6
+		if d := l.Take("k", rate); !d.Allowed || d.Local {
+			t.Fatalf("Take #%d with Redis up = %+v", i+1, d)
+		}
+	}
+	srv.Stop()
+	for i, want := range []int64{599, 598, 597} {
+		d := l.Take("k", rate)
+		if !d.Allowed || !d.Local || d.Remaining != want {
+			t.Errorf("Take #%d with Redis down = %+v, want allowed locally with %d remaining", i+1, d, want)
+		}
+	}
+}
