@@ -104,6 +104,8 @@ func (g *Gateway) handler(rt route) fiber.Handler {
 	}
 	rm := g.metrics.forRoute(name)
 	return func(c *fiber.Ctx) error {
+		g.inFlight.Add(1)
+		defer g.inFlight.Add(-1)
 		rq := g.begin(c, name)
 		defer g.end(c, rq, rm)
 		if err := g.guardedServe(c, rq, rt); err != nil {

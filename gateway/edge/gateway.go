@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
@@ -39,8 +40,11 @@ type keyLookup interface {
 
 // Gateway is a running gateway.
 type Gateway struct {
-	cfg       Config
-	log       *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// inFlight counts the requests in the handler, for the shutdown's log
+	// lines: how many a drain waits for, and how many it cut off.
+	inFlight  atomic.Int64
 	tracer    trace.Tracer
 	metrics   *metrics
 	signer    *identity.Signer // signs the identity sent upstream
@@ -306,8 +310,13 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 }
 
 func (g *Gateway) shutdown(ctx context.Context) error {
-	g.log.Info("draining")
+	g.log.Info("draining", "in_flight", g.inFlight.Load())
 	err := g.app.ShutdownWithContext(ctx)
+	if err != nil {
+		// Their clients saw the connection close without an answer, and
+		// no access line will be written for them.
+		g.log.Warn("drain timed out: requests cut off", "cut_off", g.inFlight.Load(), "error", err)
+	}
 	_ = g.admin.Shutdown(ctx)
 	g.stopLimit()
 	<-g.limitDone

@@ -224,7 +224,7 @@ func keysOf(m map[string]sdktrace.ReadOnlySpan) []string {
 }
 
 func TestShutdownDrainsInFlightRequests(t *testing.T) {
-	g, _, _ := startInternal(t, nil, fakeKeys{})
+	g, _, logs := startInternal(t, nil, fakeKeys{})
 	url := "http://" + g.Addr() + "/v1/export/items?slow=1"
 	key := wellFormedKey(t)
 	status := make(chan int, 1)
@@ -250,6 +250,31 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + g.Addr() + "/v1/health"); err == nil {
 		t.Error("a new request after shutdown was served, want connection refused")
+	}
+	if !logLine(logs.String(), `"msg":"draining"`, `"in_flight":1`) || strings.Contains(logs.String(), "cut off") {
+		t.Errorf("logs = %s, want draining with in_flight 1 and nothing cut off", logs.String())
+	}
+}
+
+// A drain that runs out of time says how many requests it cut off: their
+// clients saw the connection close, and they get no access line.
+func TestShutdownSaysWhatItCutOff(t *testing.T) {
+	g, _, logs := startInternal(t, nil, fakeKeys{})
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+g.Addr()+"/v1/export/items?slow=1", nil)
+		req.Header.Set("X-API-Key", wellFormedKey(t))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := g.Shutdown(ctx); err == nil {
+		t.Error("Shutdown() = nil with a request still in flight at its deadline, want an error")
+	}
+	if !logLine(logs.String(), `"msg":"drain timed out: requests cut off"`, `"cut_off":1`) {
+		t.Errorf("logs = %s, want a drain timed out line with cut_off 1", logs.String())
 	}
 }
 
@@ -584,4 +609,18 @@ func TestRouteNamesMatchTheServices(t *testing.T) {
 			t.Errorf("route %s %s is named %q, not one of the services' names", rt.Method, rt.Path, rt.Name())
 		}
 	}
+}
+
+// logLine reports whether one line of logs holds every part.
+func logLine(logs string, parts ...string) bool {
+	for line := range strings.SplitSeq(logs, "\n") {
+		found := true
+		for _, p := range parts {
+			found = found && strings.Contains(line, p)
+		}
+		if found {
+			return true
+		}
+	}
+	return false
 }

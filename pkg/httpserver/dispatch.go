@@ -68,6 +68,8 @@ func RandomRequestID() string {
 // dispatch verifies the caller, routes, and records the outcome.
 func (s *Server) dispatch() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inFlight.Add(1)
+		defer s.inFlight.Add(-1)
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		route := "unmatched"

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/coinexport/export/pkg/identity"
@@ -53,6 +54,9 @@ type Server struct {
 	// the gateway; every gateway probes an instance that is out 4 times a
 	// second.
 	refusedLog *logging.Throttle
+	// inFlight counts the requests being served, for the shutdown's log
+	// lines: how many a drain waits for, and how many it cut off.
+	inFlight atomic.Int64
 }
 
 // refusedLogInterval is how often at most a refused identity is logged.
@@ -131,6 +135,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	case <-ctx.Done():
 	}
+	// Said at once: a drain may take the whole ShutdownTimeout, and a log
+	// silent until "stopped" reads as a hung process.
+	s.cfg.Log.Info("draining", "in_flight", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var firstErr error
@@ -138,6 +145,11 @@ func (s *Server) Run(ctx context.Context) error {
 		if err := srv.Shutdown(shutdownCtx); err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("httpserver: shutdown: %w", err)
 		}
+	}
+	if firstErr != nil {
+		// Their clients saw the connection close without an answer, and
+		// no access line will be written for them.
+		s.cfg.Log.Warn("drain timed out: requests cut off", "cut_off", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
 	}
 	s.cfg.Log.Info("stopped")
 	return firstErr

@@ -509,3 +509,59 @@ func TestCallerChosenMethodsAndOptionsStar(t *testing.T) {
 		t.Errorf("logs show the made-up method: %s", logs.String())
 	}
 }
+
+// A stop says at once that the server drains and how many requests it
+// waits for, and a drain that runs out of time says how many it cut off:
+// their clients saw the connection close, and they get no access line.
+func TestShutdownSaysWhatItDrainsAndCutsOff(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+	})
+	var logs testenv.Output
+	addr := testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Signer: signer,
+		ShutdownTimeout: 200 * time.Millisecond}, mux)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	waitListening(t, addr)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
+		for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
+			RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-entered
+	stop()
+	if err := <-ran; err == nil {
+		t.Error("Run = nil after a drain that timed out, want its error")
+	}
+	out := logs.String()
+	if !strings.Contains(out, `"msg":"draining","in_flight":1`) || !strings.Contains(out, `"msg":"drain timed out: requests cut off","cut_off":1`) {
+		t.Errorf("logs = %s, want draining with in_flight 1 and a drain timed out line with cut_off 1", out)
+	}
+}
+
+// waitListening waits until addr accepts connections.
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return
+		}
+	}
+	t.Fatalf("%s never listened", addr)
+}
