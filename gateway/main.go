@@ -78,6 +78,7 @@ func serveOn(gw *edge.Gateway, delay time.Duration, log *slog.Logger) error {
 	if delay <= 0 {
 		return nil
 	}
+	gw.Drain() // /v1/health now answers 503: health checks take this instance out
 	log.Info("stop signal: serving on while load balancers stop sending here (GATEWAY_SHUTDOWN_DELAY)", "delay", delay.String())
 	select {
 	case <-time.After(delay):

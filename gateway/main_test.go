@@ -64,7 +64,8 @@ func TestRunServesAndDrains(t *testing.T) {
 
 // With GATEWAY_SHUTDOWN_DELAY the gateway goes on serving for that long
 // after the stop signal, so requests a load balancer still sends it are
-// answered, then drains and stops.
+// answered, while /v1/health answers 503 so that its health checks take the
+// instance out; then it drains and stops.
 func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 	addr := testenv.FreeAddr(t)
 	env := map[string]string{
@@ -93,8 +94,14 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 	cancel()
 	stopped := time.Now()
 	time.Sleep(300 * time.Millisecond)
-	if got := health(); got != 200 {
-		t.Errorf("/v1/health 0.3 s after the stop signal (delay 1.5 s) = %d, want 200", got)
+	// Still serving, but health checks are told to take it out.
+	if got := health(); got != 503 {
+		t.Errorf("/v1/health 0.3 s after the stop signal (delay 1.5 s) = %d, want 503", got)
+	}
+	if resp, err := http.Get("http://" + addr + "/v1/export/items"); err != nil || resp.StatusCode != 401 {
+		t.Errorf("a request 0.3 s after the stop signal = %v, %v; want it served (401 without a key)", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	select {
 	case err := <-done:

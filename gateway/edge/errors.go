@@ -69,6 +69,8 @@ var (
 		Close:   true}
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
 		Message: "internal error"}
+	errDraining = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Message: "this gateway instance is shutting down; other instances answer", RetryAfter: envelope.UnavailableRetryAfter}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "the API key could not be checked; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",

@@ -45,6 +45,7 @@ type Gateway struct {
 	// inFlight counts the requests in the handler, for the shutdown's log
 	// lines: how many a drain waits for, and how many it cut off.
 	inFlight  atomic.Int64
+	draining  atomic.Bool // Drain was called: /v1/health answers 503
 	tracer    trace.Tracer
 	metrics   *metrics
 	signer    *identity.Signer // signs the identity sent upstream

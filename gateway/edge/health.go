@@ -92,6 +92,9 @@ func (g *Gateway) signProbe(h *fasthttp.RequestHeader) {
 }
 
 func (g *Gateway) serveHealth(c *fiber.Ctx, rq *request) error {
+	if g.draining.Load() {
+		return errDraining
+	}
 	body, err := envelope.DataBytes(g.healthReport(), envelope.Meta{RequestID: rq.id})
 	if err != nil {
 		return err
@@ -100,3 +103,9 @@ func (g *Gateway) serveHealth(c *fiber.Ctx, rq *request) error {
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.Status(fiber.StatusOK).Send(body)
 }
+
+// Drain makes /v1/health answer 503 while the gateway serves on: called at
+// the stop signal, before GATEWAY_SHUTDOWN_DELAY, so that a load balancer
+// whose health check reads /v1/health (Kubernetes' readiness probe, or any
+// other) stops sending here during the delay, as the delay means it to.
+func (g *Gateway) Drain() { g.draining.Store(true) }
