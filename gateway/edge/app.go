@@ -281,11 +281,18 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		}
 	}
 	if rt.Scope == "" {
-		if err := g.limit(rq, rt.Class, "ip:", addressBucket(rq.clientIP)); err != nil {
+		address := addressBucket(rq.clientIP)
+		if err := g.limit(rq, rt.Class, "ip:", address); err != nil {
 			return err
 		}
 		if rt.Upstream == "" {
 			return g.serveHealth(c, rq)
+		}
+		if rt.Class == classShopSchema {
+			if !g.shopSlots.acquire(address) {
+				return errTooManyInFlight(g.shopSlots.limit)
+			}
+			defer g.shopSlots.release(address)
 		}
 		return g.proxy(c, rq, rt)
 	}

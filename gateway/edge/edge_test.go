@@ -1067,3 +1067,54 @@ func TestAccessLineNamesTheInstance(t *testing.T) {
 		t.Errorf("access line = %s, want upstream_instance %s", line, reader.URL)
 	}
 }
+
+// A client address may have RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT shop schema
+// calls in flight, and no more: one address pointing the route at a shop
+// that never answers cannot hold every slot of shop-schema. Another
+// address is not affected, and a slot freed is taken again.
+func TestShopSchemaCallsInFlightPerAddress(t *testing.T) {
+	dsn, _, _ := seed(t)
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		arrived.Add(1)
+		select { // bounded, so that a gateway letting a call too many through fails the test rather than hanging it
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
+	}))
+	t.Cleanup(shop.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
+		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "2", "RATE_LIMIT_SHOP_SCHEMA": "1000-M",
+		"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": "127.0.0.1/32"})
+	url := gw.URL + "/v1/sync/prestashop/schema"
+	from := func(ip string) map[string]string {
+		return map[string]string{"X-Forwarded-For": ip, "Content-Type": "application/json"}
+	}
+	answers := make(chan int, 3)
+	for range 2 {
+		go func() { answers <- do(t, "POST", url, from("203.0.113.7"), strings.NewReader(`{}`)).Status }()
+	}
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 2 })
+	r := do(t, "POST", url, from("203.0.113.7"), strings.NewReader(`{}`))
+	if r.Status != 429 || r.Env.Error == nil || r.Env.Error.Code != "rate_limited" || r.Header.Get("Retry-After") == "" ||
+		!strings.Contains(r.Env.Error.Message, "at most 2") {
+		t.Errorf("third call in flight from one address = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
+			r.Status, r.Body, r.Header.Get("Retry-After"))
+	}
+	go func() { answers <- do(t, "POST", url, from("198.51.100.9"), strings.NewReader(`{}`)).Status }()
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 3 })
+	close(release)
+	for range 3 {
+		if got := <-answers; got != 200 {
+			t.Errorf("a call within its address's slots = %d, want 200", got)
+		}
+	}
+	if r := do(t, "POST", url, from("203.0.113.7"), strings.NewReader(`{}`)); r.Status != 200 {
+		t.Errorf("a call after the slots were freed = %d %s, want 200", r.Status, r.Body)
+	}
+}

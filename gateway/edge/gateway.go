@@ -44,8 +44,10 @@ type Gateway struct {
 	log *slog.Logger
 	// inFlight counts the requests in the handler, for the shutdown's log
 	// lines: how many a drain waits for, and how many it cut off.
-	inFlight  atomic.Int64
-	draining  atomic.Bool // Drain was called: /v1/health answers 503
+	inFlight atomic.Int64
+	draining atomic.Bool // Drain was called: /v1/health answers 503
+	// shopSlots bounds each client address's shop schema calls in flight.
+	shopSlots *addressSlots
 	tracer    trace.Tracer
 	metrics   *metrics
 	signer    *identity.Signer // signs the identity sent upstream
@@ -92,6 +94,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 // start is Start with a hook tests use to replace parts before serving.
 func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
 	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
+		shopSlots:  newAddressSlots(cfg.ShopSchemaInFlight),
 		clientAddr: clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		served:     make(chan error, 2), limitDone: make(chan struct{})}
 	cleanup := []func(){}
