@@ -87,14 +87,30 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	return build(schema), nil
 }
 
-// Host returns the ASCII host of a base_url, for logs; "" when invalid.
+// Host returns the host of a base_url, for logs: the ASCII host of a URL
+// the guard accepts, and for one it refuses the host as sent, so that an
+// operator sees which address a refused call aimed at (a private address,
+// a host off the allow-list). "" when there is none to tell, or when the
+// URL carries user info: PrestaShop takes the key as a Basic user, and a
+// host parsed around it could hold part of one.
 func (s *Service) Host(baseURL string) string {
-	t, err := s.guard.ParseBaseURL(baseURL)
-	if err != nil {
+	if t, err := s.guard.ParseBaseURL(baseURL); err == nil {
+		return t.Host
+	}
+	u, err := url.Parse(strings.TrimSpace(baseURL))
+	if err != nil || u.User != nil || strings.Contains(u.Host, "@") {
 		return ""
 	}
-	return t.Host
+	host := u.Hostname()
+	if len(host) > maxLoggedHost {
+		host = strings.ToValidUTF8(host[:maxLoggedHost], "") + "…"
+	}
+	return host
 }
+
+// maxLoggedHost bounds a refused host in a log line (a DNS name is at most
+// 253 bytes; anything longer was not one).
+const maxLoggedHost = 253
 
 func inputError(err error) *InputError {
 	msg := err.Error()

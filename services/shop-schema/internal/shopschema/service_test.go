@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +42,31 @@ func TestStuckLookupIsTheCallersOrTheShops(t *testing.T) {
 	_, err = New(g, stuckResolver{}, nil, 20*time.Millisecond).Read(context.Background(), req)
 	if !errors.As(err, &shopErr) || shopErr.Kind != prestashop.KindTimeout {
 		t.Errorf("lookup past the read's timeout: error %v, want a shop timeout", err)
+	}
+}
+
+// The log line of a refused call names the host it aimed at, so that an
+// operator sees which address was refused; never a host parsed around user
+// info, which may hold a key.
+func TestHostNamesTheHostOfARefusedURL(t *testing.T) {
+	g, err := guard.New([]uint16{443}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := New(g, stuckResolver{}, nil, time.Minute)
+	for _, tc := range []struct{ baseURL, want string }{
+		{"https://shop.example/", "shop.example"},
+		{"https://10.0.0.1/", "10.0.0.1"},                  // a private address: refused
+		{"http://shop.example", "shop.example"},            // not https: refused
+		{"https://[fd00::1]:8443/", "fd00::1"},             // private, port not allowed
+		{"https://shop.example/?ws_key=x", "shop.example"}, // a query: refused
+		{"https://user:KEY@10.0.0.1/", ""},
+		{"https://KEY@shop.example/", ""},
+		{"::not a url", ""},
+		{"https://" + strings.Repeat("a", 300) + ".example/", strings.Repeat("a", 253) + "…"},
+	} {
+		if got := svc.Host(tc.baseURL); got != tc.want {
+			t.Errorf("Host(%q) = %q, want %q", tc.baseURL, got, tc.want)
+		}
 	}
 }
