@@ -21,7 +21,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 )
 
-const usage = `usage: exportctl COMMAND [flags]   (every command takes --json)
+const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; before or after the command)
 
   migrate
   owner create --name NAME
@@ -110,7 +110,14 @@ func wantsHelp(args []string) bool {
 	return false
 }
 
+// commandName finds the command in args and returns its flags. A --json
+// written before the command (as a global flag, "exportctl --json key
+// list") is handed to the command like one written after it.
 func commandName(args []string) (string, []string, error) {
+	if len(args) >= 1 && (args[0] == "--json" || args[0] == "-json") {
+		name, rest, err := commandName(args[1:])
+		return name, append([]string{args[0]}, rest...), err
+	}
 	if len(args) >= 1 && commands[args[0]] != nil {
 		return args[0], args[1:], nil
 	}

@@ -73,6 +73,14 @@ func TestKeyRoundTrip(t *testing.T) {
 	if err := cli(t, dsn, "", &listed, "key", "list", "--owner", owner.ID); err != nil || len(listed) != 2 {
 		t.Fatalf("key list = %d keys, %v; want 2", len(listed), err)
 	}
+	var before bytes.Buffer // --json before the command, as a global flag
+	if err := run(context.Background(), []string{"--json", "key", "list", "--owner", owner.ID},
+		func(string) string { return dsn }, strings.NewReader(""), &before); err != nil {
+		t.Fatalf("exportctl --json key list = %v", err)
+	}
+	if err := json.Unmarshal(before.Bytes(), &listed); err != nil || len(listed) != 2 {
+		t.Errorf("exportctl --json key list printed %q (%v), want the 2 keys as JSON", before.String(), err)
+	}
 	raw, _ := json.Marshal(listed)
 	if strings.Contains(string(raw), read.Key) || strings.Contains(string(raw), write.Key) {
 		t.Errorf("key list shows a secret: %s", raw)
