@@ -6,13 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/coinexport/export/pkg/postgres"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/postgres"
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/gcdefaults"
@@ -45,6 +47,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
+	// The process's own environment, whatever getenv a test passes: a
+	// variable no one reads has no other way to be seen.
+	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
 	routeRedisLogs(log)
 
 	gw, err := edge.Start(ctx, cfg, log, getenv)

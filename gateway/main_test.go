@@ -22,6 +22,9 @@ func TestRunServesAndDrains(t *testing.T) {
 		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": secret,
 	}
+	// A setting written wrong in the process's environment is named, with
+	// the setting meant, and its value is not logged.
+	t.Setenv("RATE_LIMIT_EXPORT_RAED", "100-M-misspelt-value")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out testenv.Output
@@ -55,7 +58,11 @@ func TestRunServesAndDrains(t *testing.T) {
 	if strings.Contains(logs, secret) {
 		t.Error("the identity secret appears in the logs")
 	}
-	for _, want := range []string{`"msg":"starting"`, `"identity_secret":"***"`, `"msg":"stopped"`} {
+	if strings.Contains(logs, "misspelt-value") {
+		t.Error("the value of a misspelt variable appears in the logs")
+	}
+	for _, want := range []string{`"msg":"starting"`, `"identity_secret":"***"`, `"msg":"stopped"`,
+		`"name":"RATE_LIMIT_EXPORT_RAED","did_you_mean":"RATE_LIMIT_EXPORT_READ"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s", want)
 		}

@@ -62,6 +62,9 @@ type Config struct {
 	RateAuthFailures      limiter.Rate  // RATE_LIMIT_AUTH_FAILURES (60-M) per client IP
 
 	GC gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
+	// Settings names every variable read, so that run can warn of one set
+	// with a name close to them (envconfig.Misspelt).
+	Settings []string
 }
 
 // BodyLimit is the largest request body accepted (413 above it).
@@ -143,6 +146,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
 	checkInstanceURLs(r, "SALES_WRITER_URLS", cfg.SalesWriterURLs)
 	checkInstanceURLs(r, "SHOP_SCHEMA_URLS", cfg.ShopSchemaURLs)
+	cfg.Settings = r.Names()
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}

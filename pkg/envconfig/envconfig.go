@@ -19,10 +19,23 @@ import (
 type Reader struct {
 	getenv func(string) string
 	errs   []error
+	names  []string // every variable read, for Misspelt
 }
 
 // New returns a Reader over getenv (os.Getenv, or a map in tests).
-func New(getenv func(string) string) *Reader { return &Reader{getenv: getenv} }
+func New(getenv func(string) string) *Reader {
+	r := &Reader{}
+	r.getenv = func(name string) string {
+		r.names = append(r.names, name)
+		return getenv(name)
+	}
+	return r
+}
+
+// Names is every variable read so far, in order, each once.
+func (r *Reader) Names() []string {
+	return slices.Compact(slices.Sorted(slices.Values(r.names)))
+}
 
 // String returns the variable, trimmed, or def when it is unset or blank.
 func (r *Reader) String(name, def string) string {

@@ -30,6 +30,9 @@ type Config struct {
 	// signatures accepted too, while gateways of an older build remain.
 	IdentityAcceptUnbound bool
 	LogLevel              string // LOG_LEVEL (info)
+	// Settings names every variable read, so that run can warn of one set
+	// with a name close to them (envconfig.Misspelt).
+	Settings []string
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -54,6 +57,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg.CursorSecret, cfg.CursorPrevious = r.Secret("CURSOR_SECRET")
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
+	cfg.Settings = r.Names()
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
@@ -43,6 +44,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
+	// The process's own environment, whatever getenv a test passes: a
+	// variable no one reads has no other way to be seen.
+	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
 
 	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName, log)
 	if err != nil {

@@ -22,6 +22,9 @@ type Config struct {
 	PurgeInterval         time.Duration       // IDEMPOTENCY_PURGE_INTERVAL (5m)
 	LogLevel              string              // LOG_LEVEL (info)
 	GC                    gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
+	// Settings names every variable read, so that run can warn of one set
+	// with a name close to them (envconfig.Misspelt).
+	Settings []string
 }
 
 // loadConfig reads the environment, applies the defaults and validates.
@@ -42,6 +45,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
+	cfg.Settings = r.Names()
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}

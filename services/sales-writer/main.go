@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
@@ -49,6 +50,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
+	// The process's own environment, whatever getenv a test passes: a
+	// variable no one reads has no other way to be seen.
+	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
 
 	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName, log)
 	if err != nil {

@@ -29,6 +29,9 @@ type Config struct {
 	PageSize              int           // SHOP_SCHEMA_PAGE_SIZE (250)
 	MaxRows               int           // SHOP_SCHEMA_MAX_ROWS (100000)
 	MaxConcurrent         int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
+	// Settings names every variable read, so that run can warn of one set
+	// with a name close to them (envconfig.Misspelt).
+	Settings []string
 }
 
 // The range of SHOP_SCHEMA_TIMEOUT and SHOP_SCHEMA_CONNECT_TIMEOUT.
@@ -64,6 +67,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if validTimeout(c.Timeout) && validTimeout(c.ConnectTimeout) {
 		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
 	}
+	c.Settings = r.Names()
 	if err := r.Err(); err != nil {
 		return Config{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
@@ -45,6 +46,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	log := logging.New(stdout, cfg.LogLevel, "shop-schema")
 	log.Info("starting", "config", cfg)
+	// The process's own environment, whatever getenv a test passes: a
+	// variable no one reads has no other way to be seen.
+	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
 	if len(cfg.AllowHosts) > 0 || cfg.CAFile != "" {
 		log.Warn("test-only settings active: SHOP_SCHEMA_ALLOW_HOSTS or SHOP_SCHEMA_CA_FILE let the service reach addresses or trust CAs it otherwise would not")
 	}

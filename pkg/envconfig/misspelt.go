@@ -1,0 +1,74 @@
+package envconfig
+
+import (
+	"log/slog"
+	"strings"
+
+	"github.com/agnivade/levenshtein"
+)
+
+// Misspelling is a variable of the environment that no setting reads and
+// whose name is close to one that is read: most likely a setting written
+// wrong, which would otherwise be ignored without a word while its default
+// applies (RATE_LIMIT_EXPORT_RAED=100-M leaves the limit at 6000-M).
+type Misspelling struct {
+	Name  string // as set
+	Meant string // the setting it is close to
+}
+
+// Misspelt returns the misspellings in environ ("NAME=value" entries, as
+// os.Environ) of the settings named in read. A name is close when it is
+// the same but for letter case, or at most two edits away and at least
+// minNameLength long (short names are that close to unrelated ones). No
+// two settings of the project's binaries are within two edits of each
+// other, so a setting meant for another binary that shares the
+// environment (make run, a Compose env file) is not reported.
+func Misspelt(environ, read []string) []Misspelling {
+	known := make(map[string]bool, len(read))
+	for _, name := range read {
+		known[name] = true
+	}
+	var found []Misspelling
+	for _, entry := range environ {
+		name, _, _ := strings.Cut(entry, "=")
+		if known[name] {
+			continue
+		}
+		if meant, ok := closest(name, read); ok {
+			found = append(found, Misspelling{Name: name, Meant: meant})
+		}
+	}
+	return found
+}
+
+// minNameLength is the shortest name compared by edits.
+const minNameLength = 8
+
+// maxEdits is how far a misspelling may be from its setting.
+const maxEdits = 2
+
+func closest(name string, read []string) (string, bool) {
+	upper := strings.ToUpper(name)
+	best, bestEdits := "", maxEdits+1
+	for _, setting := range read {
+		if upper == setting {
+			return setting, true
+		}
+		if len(name) < minNameLength || len(setting) < minNameLength {
+			continue
+		}
+		if d := levenshtein.ComputeDistance(upper, setting); d < bestEdits {
+			best, bestEdits = setting, d
+		}
+	}
+	return best, best != ""
+}
+
+// LogMisspelt warns of each misspelling in environ of the settings read,
+// naming the variable and the setting meant, never the value (it may be a
+// secret).
+func LogMisspelt(log *slog.Logger, environ, read []string) {
+	for _, m := range Misspelt(environ, read) {
+		log.Warn("environment variable ignored: no setting has this name", "name", m.Name, "did_you_mean", m.Meant)
+	}
+}

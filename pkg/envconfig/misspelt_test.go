@@ -1,0 +1,41 @@
+package envconfig
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// A setting written wrong is reported with the one it is close to; a
+// setting read, a name far from every setting, another binary's setting
+// and a short name are not.
+func TestMisspeltNamesTheSettingMeant(t *testing.T) {
+	r := New(env(map[string]string{}))
+	r.String("RATE_LIMIT_EXPORT_READ", "6000-M")
+	r.String("GATEWAY_TRUSTED_PROXIES", "")
+	r.Int("KEY_CACHE_SIZE", 1, 0, 10)
+	r.String("RATE_LIMIT_EXPORT_READ", "6000-M") // read twice, named once
+	r.String("ADDR", "")
+	if diff := cmp.Diff([]string{"ADDR", "GATEWAY_TRUSTED_PROXIES", "KEY_CACHE_SIZE", "RATE_LIMIT_EXPORT_READ"}, r.Names()); diff != "" {
+		t.Errorf("Names() (-want +got):\n%s", diff)
+	}
+	environ := []string{
+		"RATE_LIMIT_EXPORT_READ=100-M",      // read
+		"RATE_LIMIT_EXPORT_RAED=100-M",      // two edits
+		"GATEWAY_TRUSTED_PROXIE=10.0.0.0/8", // one edit
+		"key_cache_size=5",                  // letter case
+		"KEY_CACHE_TTL=1s",                  // another setting, far
+		"SHOP_SCHEMA_PORTS=443",             // another binary's
+		"ADRR=:1",                           // short: two edits from ADDR, not compared
+		"PATH=/usr/bin",
+		"NO_EQUALS_SIGN",
+	}
+	want := []Misspelling{
+		{Name: "RATE_LIMIT_EXPORT_RAED", Meant: "RATE_LIMIT_EXPORT_READ"},
+		{Name: "GATEWAY_TRUSTED_PROXIE", Meant: "GATEWAY_TRUSTED_PROXIES"},
+		{Name: "key_cache_size", Meant: "KEY_CACHE_SIZE"},
+	}
+	if diff := cmp.Diff(want, Misspelt(environ, r.Names())); diff != "" {
+		t.Errorf("Misspelt (-want +got):\n%s", diff)
+	}
+}
