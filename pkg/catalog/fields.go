@@ -157,7 +157,23 @@ func parsePrice(raw json.RawMessage) (*json.Number, string) {
 		return nil, reason
 	}
 	n := json.Number(canonicalDecimal(r))
+	if significantDigits(string(n)) > maxPriceDigits {
+		return nil, fmt.Sprintf("must have at most %d significant digits, so that a client reading JSON numbers as doubles (JavaScript, most JSON libraries) gets the same price back", maxPriceDigits)
+	}
 	return &n, ""
+}
+
+// maxPriceDigits is how many significant decimal digits every float64
+// holds exactly: any decimal of 15 digits or fewer survives the round trip
+// through a double, one of 16 may not (1234567890123.4567 comes back as
+// 1234567890123.4568). numeric(18,4) would store up to 18.
+const maxPriceDigits = 15
+
+// significantDigits counts the digits of a canonical decimal from its
+// first non-zero one ("0.0012" has 2, "1200" has 4).
+func significantDigits(decimal string) int {
+	digits := strings.TrimLeft(strings.Replace(decimal, ".", "", 1), "0")
+	return len(digits)
 }
 
 // canonicalDecimal writes r with at most 4 fractional digits and no trailing

@@ -20,7 +20,8 @@
 //   - status: active or inactive (the owner's listing switch; a sold item
 //     stays inactive). stock_quantity may be given only as the matching 1 or 0.
 //   - currency: ISO 4217 code. price: number ≥ 0, below 10^14, at most 4
-//     decimals, or null/absent. coin_id: string or null/absent.
+//     decimals and 15 significant digits (a double holds it exactly), or
+//     null/absent. coin_id: string or null/absent.
 //   - category: object or null/absent. characteristics: object, {} when absent.
 //   - images: array (≤ 100) of {id, url (absolute https, no user info),
 //     position (0–1000000, unique), type (obverse, reverse, edge, gallery)},

@@ -64,6 +64,7 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"price string", with("price", `"12"`), "price: must be a non-negative number"},
 		{"price 5 decimals", with("price", `1.00001`), "price: must be a non-negative number with at most 4 decimal places and below 10^14, or null"},
 		{"price too big", with("price", `1e14`), "price: must be a non-negative number with at most 4 decimal places and below 10^14, or null"},
+		{"price 16 digits", with("price", `1234567890123.4567`), "price: must have at most 15 significant digits, so that a client reading JSON numbers as doubles (JavaScript, most JSON libraries) gets the same price back"},
 		{"missing currency", with("currency", ""), "currency: required"},
 		{"bad currency", with("currency", `"eur"`), "currency: must be an ISO 4217 currency code such as EUR or UAH"},
 		{"unknown currency", with("currency", `"ABC"`), "currency: must be an ISO 4217 currency code such as EUR or UAH"},
@@ -159,5 +160,31 @@ func TestParseJSONLCanonical(t *testing.T) {
 	}
 	if got := items[0]; string(got.Characteristics) != "{}" || got.Images == nil || got.Price != nil || got.Category != nil || got.CoinID != nil {
 		t.Errorf("ParseJSONL(minimal) = %+v, want {} characteristics, empty images, null price/category/coin_id", got)
+	}
+}
+
+// A price keeps at most 15 significant digits, which a double holds
+// exactly; the digits are counted once the price is written canonically.
+func TestPriceDigits(t *testing.T) {
+	for _, tc := range []struct {
+		raw, want string // want "" when refused
+	}{
+		{"12345678901.2345", "12345678901.2345"}, // 15 digits
+		{"99999999999999.9", "99999999999999.9"}, // 15
+		{"99999999999999", "99999999999999"},
+		{"0.0001", "0.0001"},
+		{"1.50000", "1.5"},        // trailing zeros are no digits of the price
+		{"123456789012.3456", ""}, // 16
+		{"1234567890123.4567", ""},
+		{"99999999999999.99", ""},
+	} {
+		items, err := catalog.ParseJSONL(strings.NewReader(with("price", tc.raw)))
+		got := ""
+		if err == nil && items[0].Price != nil {
+			got = string(*items[0].Price)
+		}
+		if got != tc.want || (tc.want == "") != (err != nil) {
+			t.Errorf("price %s = %q, %v; want %q", tc.raw, got, err, tc.want)
+		}
 	}
 }
