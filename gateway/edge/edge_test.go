@@ -418,6 +418,10 @@ func TestUpstreamSeriesStartAtZero(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
 	metrics := scrape(t, gw.AdminURL)
+	// The key store's pool is measured as the services' pools are.
+	if got := grep(metrics, `pgxpool_max_conns{pool="postgres"}`); !strings.HasSuffix(got, " 4") {
+		t.Errorf("pool size series = %q, want the key store's 4", got)
+	}
 	for _, up := range []string{"export-reader", "sales-writer", "shop-schema"} {
 		for _, series := range []string{
 			`gateway_upstream_errors_total{kind="timeout",upstream="` + up + `"} 0`,

@@ -122,6 +122,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		return nil, err
 	}
 	cleanup = append(cleanup, g.pool.Close)
+	// The pool's series are the services' (and the dashboard's panels'):
+	// key-cache misses waiting for a connection show here first.
+	httpserver.RegisterPool(g.metrics.registry, "postgres", g.pool)
 	if g.redis, err = redisclient.Open(cfg.RedisURL); err != nil {
 		return nil, err
 	}
