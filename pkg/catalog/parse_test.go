@@ -39,6 +39,7 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"duplicate nested name", with("texts", `{"ENG":{"title":"T","title":"U"}}`), `the name "title" appears twice in one object`},
 		{"lone surrogate", with("coin_id", `"k\udfff"`), `a string in the line holds a lone surrogate escape (\ud800 to \udfff not in a pair)`},
 		{"unknown field", with("colour", `"red"`), "colour: unknown field"},
+		{"byte order mark", "\xEF\xBB\xBF" + good, "the line starts with a byte order mark; send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)"},
 		{"title at top", with("title", `"x"`), "title: not allowed here; put it in texts.<LANG>.title"},
 		{"updated_at", with("updated_at", `"2026-01-01T00:00:00Z"`), "updated_at: not allowed; the server sets it on every change"},
 		{"missing id", with("id", ""), "id: required"},

@@ -37,6 +37,9 @@ func CheckObject(body []byte) *Fault {
 
 // diagnose reads a refused body again to name its fault.
 func diagnose(body []byte) *Fault {
+	if fault := encodingFault(body); fault != nil {
+		return fault
+	}
 	if !startsObject(body) {
 		return &Fault{Message: "the body must be a JSON object"}
 	}
@@ -55,6 +58,25 @@ func diagnose(body []byte) *Fault {
 		return &Fault{Message: `a string in the body holds a lone surrogate escape (\ud800 to \udfff not in a pair)`}
 	}
 	return &Fault{Message: "the body is not valid JSON"}
+}
+
+// encodingFault names a body sent in another encoding than UTF-8, or with
+// a byte order mark, which RFC 8259 (8.1) rules out for JSON on a network:
+// "must be a JSON object" would send its sender looking at its JSON, when
+// its HTTP client or serializer (.NET, PowerShell) is what to change.
+func encodingFault(body []byte) *Fault {
+	const useUTF8 = "; send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)"
+	switch {
+	case bytes.HasPrefix(body, []byte{0xEF, 0xBB, 0xBF}):
+		return &Fault{Message: "the body starts with a byte order mark" + useUTF8}
+	case bytes.HasPrefix(body, []byte{0xFE, 0xFF}), bytes.HasPrefix(body, []byte{0xFF, 0xFE}):
+		return &Fault{Message: "the body is UTF-16 (it starts with a byte order mark)" + useUTF8}
+	case len(body) >= 2 && (body[0] == 0 || body[1] == 0):
+		// JSON starts with an ASCII character; a NUL beside it is the
+		// other half of a UTF-16 or UTF-32 code unit.
+		return &Fault{Message: "the body is UTF-16 or UTF-32 (NUL bytes around its first character)" + useUTF8}
+	}
+	return nil
 }
 
 // startsObject reports whether the first byte after white space opens an
