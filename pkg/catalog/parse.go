@@ -28,33 +28,68 @@ func (e *LineError) Error() string { return fmt.Sprintf("line %d: %s", e.Line, e
 // ignored) and validates all of it before returning: the first bad line is
 // returned as a *LineError and no item is returned with it. The items come
 // back canonical (sorted images, compact JSON objects with sorted keys).
+// It holds the whole file's items; ImportJSONL streams a file instead.
 func ParseJSONL(r io.Reader) ([]Item, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
+	lines := NewLineReader(r)
 	var items []Item
-	seen := map[string]int{}
-	for n := 1; ; n++ {
-		line, err := readLine(br)
-		if err != nil && !errors.Is(err, io.EOF) {
-			if errors.Is(err, errLineTooLong) {
-				return nil, &LineError{Line: n, Reason: err.Error()}
-			}
-			return nil, fmt.Errorf("catalog: read line %d: %w", n, err)
-		}
-		if len(bytes.TrimSpace(line)) > 0 {
-			it, reason := parseLine(line)
-			if reason != "" {
-				return nil, &LineError{Line: n, Reason: reason}
-			}
-			if first, dup := seen[it.ID]; dup {
-				return nil, &LineError{Line: n, Reason: fmt.Sprintf("id: %q already appears on line %d", it.ID, first)}
-			}
-			seen[it.ID] = n
-			items = append(items, it)
-		}
+	for {
+		it, err := lines.Next()
 		if errors.Is(err, io.EOF) {
 			return items, nil
 		}
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, it)
 	}
+}
+
+// LineReader reads the items of a JSON Lines import file one at a time,
+// validating each line and that no id repeats an earlier line's. It keeps
+// only the ids it has seen, so a catalog of a million items is read in
+// tens of megabytes.
+type LineReader struct {
+	br   *bufio.Reader
+	line int            // the last line read, 1-based
+	seen map[string]int // id → the line it was on
+}
+
+// NewLineReader reads the file r.
+func NewLineReader(r io.Reader) *LineReader {
+	return &LineReader{br: bufio.NewReaderSize(r, 64<<10), seen: map[string]int{}}
+}
+
+// Next returns the next item, a *LineError for a bad line, io.EOF after
+// the last item, or the reader's own error.
+func (lr *LineReader) Next() (Item, error) {
+	for {
+		lr.line++
+		line, err := readLine(lr.br)
+		if err != nil && !errors.Is(err, io.EOF) {
+			if errors.Is(err, errLineTooLong) {
+				return Item{}, &LineError{Line: lr.line, Reason: err.Error()}
+			}
+			return Item{}, fmt.Errorf("catalog: read line %d: %w", lr.line, err)
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			return lr.item(line)
+		}
+		if errors.Is(err, io.EOF) {
+			return Item{}, io.EOF
+		}
+	}
+}
+
+func (lr *LineReader) item(line []byte) (Item, error) {
+	it, reason := parseLine(line)
+	if reason != "" {
+		return Item{}, &LineError{Line: lr.line, Reason: reason}
+	}
+	if first, dup := lr.seen[it.ID]; dup {
+		return Item{}, &LineError{Line: lr.line, Reason: fmt.Sprintf("id: %q already appears on line %d", it.ID, first)}
+	}
+	lr.seen[it.ID] = lr.line
+	return it, nil
 }
 
 var errLineTooLong = fmt.Errorf("line longer than %d bytes", MaxLineBytes)

@@ -342,3 +342,50 @@ func checkExportItem(t *testing.T, doc []byte) exportItem {
 	}
 	return it
 }
+
+// ImportJSONL streams a file into the catalog: every item is written, and
+// a bad line anywhere (the last one here, after 2,500 good ones: more than
+// two chunks) writes nothing and names its line, as ParseJSONL would.
+func TestImportJSONLWritesAllOrNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	var file strings.Builder
+	for i := range 2500 {
+		fmt.Fprintf(&file, `{"id":"c%05d","status":"active","currency":"EUR","price":%d,"texts":{"ENG":{"title":"Coin"}}}`+"\n", i, i)
+	}
+	good := file.String()
+	count := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM export_items WHERE owner_id = $1`, owner).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for name, tail := range map[string]string{
+		"bad line":     "\n" + `{"id":"late","status":"sold"}` + "\n",
+		"repeated id":  `{"id":"c00007","status":"active","currency":"EUR","texts":{"ENG":{"title":"Coin"}}}`,
+		"no JSON line": "not json",
+	} {
+		_, err := catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(good+tail))
+		var bad *catalog.LineError
+		if !errors.As(err, &bad) || bad.Line < 2501 {
+			t.Errorf("ImportJSONL(%s at the end) error = %v, want a *LineError after line 2,500", name, err)
+		}
+		if n := count(); n != 0 {
+			t.Fatalf("ImportJSONL(%s at the end) wrote %d items, want none", name, n)
+		}
+	}
+	res, err := catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(good))
+	if err != nil || res != (catalog.ImportResult{Inserted: 2500}) || count() != 2500 {
+		t.Fatalf("ImportJSONL(2,500 items) = %+v, %v, %d stored; want 2,500 inserted", res, err, count())
+	}
+	if got := stored(t, pool, owner, "c02499").DocENG; !strings.Contains(got, `"price":2499,`) {
+		t.Errorf("last item's document = %s, want price 2499", got)
+	}
+	res, err = catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(good))
+	if err != nil || res != (catalog.ImportResult{Unchanged: 2500}) {
+		t.Errorf("ImportJSONL(same file again) = %+v, %v; want 2,500 unchanged", res, err)
+	}
+}

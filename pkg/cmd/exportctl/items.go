@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,16 +31,17 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	defer closeIn()
 	// The whole file is validated before anything is written: one bad line
 	// rejects the file.
-	items, err := catalog.ParseJSONL(in)
-	if err != nil {
+	res, err := catalog.ImportJSONL(ctx, e.pool, *owner, in)
+	var bad *catalog.LineError
+	if errors.As(err, &bad) {
 		return fmt.Errorf("%s: nothing imported: %w", *file, err)
 	}
-	res, err := catalog.Import(ctx, e.pool, *owner, items)
 	if err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
+	total := res.Inserted + res.Updated + res.Unchanged
 	return emit(e.out, *asJSON, map[string]int{"inserted": res.Inserted, "updated": res.Updated, "unchanged": res.Unchanged},
-		fmt.Sprintf("imported %d items: %d inserted, %d updated, %d unchanged", len(items), res.Inserted, res.Updated, res.Unchanged))
+		fmt.Sprintf("imported %d items: %d inserted, %d updated, %d unchanged", total, res.Inserted, res.Updated, res.Unchanged))
 }
 
 func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {
