@@ -6,6 +6,7 @@ package shopschema
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -90,9 +91,10 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 // Host returns the host of a base_url, for logs: the ASCII host of a URL
 // the guard accepts, and for one it refuses the host as sent, so that an
 // operator sees which address a refused call aimed at (a private address,
-// a host off the allow-list). "" when there is none to tell, or when the
-// URL carries user info: PrestaShop takes the key as a Basic user, and a
-// host parsed around it could hold part of one.
+// a host off the allow-list). "" when there is none to tell, when the URL
+// carries user info (PrestaShop takes the key as a Basic user, and a host
+// parsed around it could hold part of one), or when the host is not a
+// plain name or address (it could hold anything, a key included).
 func (s *Service) Host(baseURL string) string {
 	if t, err := s.guard.ParseBaseURL(baseURL); err == nil {
 		return t.Host
@@ -102,15 +104,31 @@ func (s *Service) Host(baseURL string) string {
 		return ""
 	}
 	host := u.Hostname()
-	if len(host) > maxLoggedHost {
-		host = strings.ToValidUTF8(host[:maxLoggedHost], "") + "…"
+	if !plainHost(host) {
+		// url.Parse lets "&ws_key=…" or a zone ("%25…") into a host: a
+		// client that wrote & for ? would have its key logged.
+		return ""
 	}
 	return host
 }
 
-// maxLoggedHost bounds a refused host in a log line (a DNS name is at most
-// 253 bytes; anything longer was not one).
-const maxLoggedHost = 253
+// plainHost reports whether host is an IP address without a zone, or a
+// DNS name of letters, digits, dots and hyphens (at most 253 bytes), the
+// only hosts a refused URL's log line names.
+func plainHost(host string) bool {
+	if addr, err := netip.ParseAddr(host); err == nil {
+		return addr.Zone() == ""
+	}
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	for _, c := range host {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 func inputError(err error) *InputError {
 	msg := err.Error()
