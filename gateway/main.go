@@ -38,7 +38,9 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer, applyGC func(gcdefaults.Settings)) error {
 	cfg, err := edge.LoadConfig(getenv)
 	if err != nil {
-		return err // "config: " and every bad variable
+		// "config: " and every bad variable, and any variable set that is
+		// close to a setting's name: a typo is often why one is missing.
+		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
 	}
 	// The collector's settings belong to the process: main applies them,
 	// tests (which call run inside the test binary) pass nil.

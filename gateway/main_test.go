@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -174,5 +175,18 @@ func TestRunRejectsBadConfig(t *testing.T) {
 				t.Fatalf("run(%v) = %v, want an error naming %s", tt.env, err, tt.want)
 			}
 		})
+	}
+}
+
+// A config error names a variable set under a name close to a setting's:
+// a required setting reported missing is most often one misspelt.
+func TestConfigErrorNamesAMisspeltVariable(t *testing.T) {
+	t.Setenv("DATABSE_URL", "host=/tmp/misspelt-value")
+	env := map[string]string{"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef"}
+	err := run(context.Background(), func(k string) string { return env[k] }, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") ||
+		!strings.Contains(err.Error(), "DATABSE_URL is set: did you mean DATABASE_URL?") ||
+		strings.Contains(err.Error(), "misspelt-value") {
+		t.Errorf("run() without DATABASE_URL = %v, want the config error with a hint naming DATABSE_URL, not its value", err)
 	}
 }

@@ -146,9 +146,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
 	checkInstanceURLs(r, "SALES_WRITER_URLS", cfg.SalesWriterURLs)
 	checkInstanceURLs(r, "SHOP_SCHEMA_URLS", cfg.ShopSchemaURLs)
-	cfg.Settings = r.Names()
+	cfg.Settings = append(r.Names(), gcdefaults.Names...)
 	if err := r.Err(); err != nil {
-		return Config{}, err
+		return Config{Settings: r.Names()}, err // for run's misspelling hint
 	}
 	return cfg, nil
 }

@@ -1076,7 +1076,15 @@ func TestAccessLineNamesTheInstance(t *testing.T) {
 // calls in flight, and no more: one address pointing the route at a shop
 // that never answers cannot hold every slot of shop-schema. Another
 // address is not affected, and a slot freed is taken again.
+// The cap holds with RATE_LIMIT_ENABLED=false too: it guards
+// shop-schema's slots, not a budget.
 func TestShopSchemaCallsInFlightPerAddress(t *testing.T) {
+	for _, limits := range []string{"true", "false"} {
+		t.Run("RATE_LIMIT_ENABLED="+limits, func(t *testing.T) { testShopSchemaCallsInFlight(t, limits) })
+	}
+}
+
+func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 	dsn, _, _ := seed(t)
 	release := make(chan struct{})
 	var arrived atomic.Int64
@@ -1093,7 +1101,7 @@ func TestShopSchemaCallsInFlightPerAddress(t *testing.T) {
 	}))
 	t.Cleanup(shop.Close)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
-		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "2", "RATE_LIMIT_SHOP_SCHEMA": "1000-M",
+		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "2", "RATE_LIMIT_SHOP_SCHEMA": "1000-M", "RATE_LIMIT_ENABLED": limits,
 		"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": "127.0.0.1/32"})
 	url := gw.URL + "/v1/sync/prestashop/schema"
 	from := func(ip string) map[string]string {

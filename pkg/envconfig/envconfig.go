@@ -32,7 +32,7 @@ func New(getenv func(string) string) *Reader {
 	return r
 }
 
-// Names is every variable read so far, in order, each once.
+// Names is every variable read so far, sorted, each once.
 func (r *Reader) Names() []string {
 	return slices.Compact(slices.Sorted(slices.Values(r.names)))
 }

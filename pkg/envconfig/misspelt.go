@@ -1,6 +1,7 @@
 package envconfig
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 
@@ -71,4 +72,19 @@ func LogMisspelt(log *slog.Logger, environ, read []string) {
 	for _, m := range Misspelt(environ, read) {
 		log.Warn("environment variable ignored: no setting has this name", "name", m.Name, "did_you_mean", m.Meant)
 	}
+}
+
+// WithMisspelt adds to a config error the misspellings in environ of the
+// settings read: a required setting reported missing is most often one set
+// under a wrong name. Names only, never values.
+func WithMisspelt(err error, environ, read []string) error {
+	found := Misspelt(environ, read)
+	if len(found) == 0 {
+		return err
+	}
+	hints := make([]string, len(found))
+	for i, m := range found {
+		hints[i] = fmt.Sprintf("%s is set: did you mean %s?", m.Name, m.Meant)
+	}
+	return fmt.Errorf("%w\n%s", err, strings.Join(hints, "\n"))
 }

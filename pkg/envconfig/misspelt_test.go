@@ -1,14 +1,15 @@
 package envconfig
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 )
 
 // A setting written wrong is reported with the one it is close to; a
-// setting read, a name far from every setting, another binary's setting
-// and a short name are not.
+// setting read, names far from every setting read and a short name are
+// not.
 func TestMisspeltNamesTheSettingMeant(t *testing.T) {
 	r := New(env(map[string]string{}))
 	r.String("RATE_LIMIT_EXPORT_READ", "6000-M")
@@ -25,7 +26,7 @@ func TestMisspeltNamesTheSettingMeant(t *testing.T) {
 		"GATEWAY_TRUSTED_PROXIE=10.0.0.0/8", // one edit
 		"key_cache_size=5",                  // letter case
 		"KEY_CACHE_TTL=1s",                  // another setting, far
-		"SHOP_SCHEMA_PORTS=443",             // another binary's
+		"SHOP_SCHEMA_PORTS=443",             // far from every setting read here
 		"ADRR=:1",                           // short: two edits from ADDR, not compared
 		"PATH=/usr/bin",
 		"NO_EQUALS_SIGN",
@@ -37,5 +38,19 @@ func TestMisspeltNamesTheSettingMeant(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, Misspelt(environ, r.Names())); diff != "" {
 		t.Errorf("Misspelt (-want +got):\n%s", diff)
+	}
+}
+
+// A config error carries the misspellings, names only; without one it is
+// the error as it was.
+func TestWithMisspelt(t *testing.T) {
+	base := errors.New("config: DATABASE_URL is required")
+	read := []string{"DATABASE_URL", "REDIS_URL"}
+	err := WithMisspelt(base, []string{"DATABSE_URL=postgres://secret@db", "HOME=/root"}, read)
+	if !errors.Is(err, base) || err.Error() != "config: DATABASE_URL is required\nDATABSE_URL is set: did you mean DATABASE_URL?" {
+		t.Errorf("WithMisspelt = %q, want the error and the hint", err)
+	}
+	if err := WithMisspelt(base, []string{"HOME=/root"}, read); err != base {
+		t.Errorf("WithMisspelt without a misspelling = %v, want the error itself", err)
 	}
 }

@@ -29,6 +29,10 @@ type Settings struct {
 	GOGC, GOMEMLIMIT string
 }
 
+// Names are the variables Read reads, for a binary's list of settings
+// (envconfig.Misspelt).
+var Names = []string{"GOGC", "GOMEMLIMIT"}
+
 // Read takes the settings from the environment.
 func Read(getenv func(string) string) Settings {
 	return Settings{GOGC: getenv("GOGC"), GOMEMLIMIT: getenv("GOMEMLIMIT")}

@@ -69,6 +69,8 @@ func encodingFault(body []byte) *Fault {
 	switch {
 	case bytes.HasPrefix(body, []byte{0xEF, 0xBB, 0xBF}):
 		return &Fault{Message: "the body starts with a byte order mark" + useUTF8}
+	case bytes.HasPrefix(body, []byte{0xFF, 0xFE, 0, 0}), bytes.HasPrefix(body, []byte{0, 0, 0xFE, 0xFF}):
+		return &Fault{Message: "the body is UTF-32 (it starts with a byte order mark)" + useUTF8}
 	case bytes.HasPrefix(body, []byte{0xFE, 0xFF}), bytes.HasPrefix(body, []byte{0xFF, 0xFE}):
 		return &Fault{Message: "the body is UTF-16 (it starts with a byte order mark)" + useUTF8}
 	case len(body) >= 2 && (body[0] == 0 || body[1] == 0):

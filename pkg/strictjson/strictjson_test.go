@@ -29,6 +29,8 @@ func TestCheckObject(t *testing.T) {
 		{"UTF-8 byte order mark", "\xEF\xBB\xBF{\"a\":1}", "the body starts with a byte order mark; send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
 		{"UTF-16 LE with its mark", "\xFF\xFE{\x00}\x00", "the body is UTF-16 (it starts with a byte order mark); send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
 		{"UTF-16 BE with its mark", "\xFE\xFF\x00{\x00}", "the body is UTF-16 (it starts with a byte order mark); send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
+		{"UTF-32 LE with its mark", "\xFF\xFE\x00\x00{\x00\x00\x00}\x00\x00\x00", "the body is UTF-32 (it starts with a byte order mark); send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
+		{"UTF-32 BE with its mark", "\x00\x00\xFE\xFF\x00\x00\x00{\x00\x00\x00}", "the body is UTF-32 (it starts with a byte order mark); send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
 		{"UTF-16 LE without a mark", "{\x00}\x00", "the body is UTF-16 or UTF-32 (NUL bytes around its first character); send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
 		{"UTF-32 BE without a mark", "\x00\x00\x00{\x00\x00\x00}", "the body is UTF-16 or UTF-32 (NUL bytes around its first character); send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)", ""},
 		{"one byte", "{", "the body is not valid JSON", ""},

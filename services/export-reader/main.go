@@ -40,7 +40,7 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
-		return err
+		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
 	}
 	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)

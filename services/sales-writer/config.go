@@ -45,9 +45,9 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
-	cfg.Settings = r.Names()
+	cfg.Settings = append(r.Names(), gcdefaults.Names...)
 	if err := r.Err(); err != nil {
-		return Config{}, err
+		return Config{Settings: r.Names()}, err // for run's misspelling hint
 	}
 	return cfg, nil
 }

@@ -41,7 +41,7 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer, applyGC func(gcdefaults.Settings)) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
-		return err
+		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
 	}
 	// The collector's settings belong to the process: main applies them,
 	// tests (which call run inside the test binary) pass nil.

@@ -114,7 +114,7 @@ func wantsHelp(args []string) bool {
 // written before the command (as a global flag, "exportctl --json key
 // list") is handed to the command like one written after it.
 func commandName(args []string) (string, []string, error) {
-	if len(args) >= 1 && (args[0] == "--json" || args[0] == "-json") {
+	if len(args) >= 1 && isJSONFlag(args[0]) {
 		name, rest, err := commandName(args[1:])
 		return name, append([]string{args[0]}, rest...), err
 	}
@@ -125,6 +125,13 @@ func commandName(args []string) (string, []string, error) {
 		return args[0] + " " + args[1], args[2:], nil
 	}
 	return "", nil, fmt.Errorf("%w: unknown command %q", errUsage, strings.Join(args, " "))
+}
+
+// isJSONFlag reports --json in any of the flag package's spellings
+// (-json, --json, --json=true, …).
+func isJSONFlag(arg string) bool {
+	name, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(arg, "-"), "-"), "=")
+	return strings.HasPrefix(arg, "-") && name == "json"
 }
 
 // flags parses args, allowing positional arguments between flags, and

@@ -74,7 +74,7 @@ func TestKeyRoundTrip(t *testing.T) {
 		t.Fatalf("key list = %d keys, %v; want 2", len(listed), err)
 	}
 	var before bytes.Buffer // --json before the command, as a global flag
-	if err := run(context.Background(), []string{"--json", "key", "list", "--owner", owner.ID},
+	if err := run(context.Background(), []string{"-json=true", "key", "list", "--owner", owner.ID},
 		func(string) string { return dsn }, strings.NewReader(""), &before); err != nil {
 		t.Fatalf("exportctl --json key list = %v", err)
 	}
