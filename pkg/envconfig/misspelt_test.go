@@ -2,6 +2,9 @@ package envconfig
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -52,5 +55,41 @@ func TestWithMisspelt(t *testing.T) {
 	}
 	if err := WithMisspelt(base, []string{"HOME=/root"}, read); err != base {
 		t.Errorf("WithMisspelt without a misspelling = %v, want the error itself", err)
+	}
+}
+
+// Misspelt stays quiet on a setting meant for another binary only while no
+// two settings of the project's binaries are within maxEdits of each other:
+// this reads the names from their configs' sources and checks every pair,
+// so that a new setting too close to another fails here rather than warn
+// in a shared environment.
+func TestNoTwoSettingsAreClose(t *testing.T) {
+	files, _ := filepath.Glob("../../services/*/config.go")
+	files = append(files, "../../gateway/edge/config.go")
+	name := regexp.MustCompile(`"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"`)
+	owner := map[string]string{} // setting → the file that reads it
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range name.FindAllStringSubmatch(string(src), -1) {
+			owner[m[1]] = f
+		}
+	}
+	if len(files) != 4 || len(owner) < 50 {
+		t.Fatalf("read %d settings from %v, want the four binaries' (more than 50)", len(owner), files)
+	}
+	for a := range owner {
+		others := []string{}
+		for b := range owner {
+			if b != a {
+				others = append(others, b)
+			}
+		}
+		if meant, close := closest(a, others); close {
+			t.Errorf("%s (%s) is within %d edits of %s (%s): each would be reported as a misspelling of the other",
+				a, owner[a], maxEdits, meant, owner[meant])
+		}
 	}
 }
