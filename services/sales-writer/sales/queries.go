@@ -49,6 +49,24 @@ WITH live AS (
 var writerLock = `
 , barrier AS (SELECT ` + catalog.WriterLock("$1::uuid") + `)`
 
+// keyLock takes, until the transaction ends, an advisory lock of its own
+// on the idempotency key ($1 owner, $2 platform, $3 key). Every statement
+// that writes under a key (confirmSQL, cancelSQL, bindRefusedSQL) runs in
+// a transaction that took it first, in a statement of its own, so that its
+// snapshot is taken once the lock is held: two different requests sent
+// with one key at once are then judged one after the other, each seeing
+// what the other committed (spec 4.7 rule 3). Before, a request refused
+// (its item sold, no sale to cancel) bound the key while another request
+// under the key was executing, and both held the key (a probe: 22 of 30
+// races). Keys whose hashes collide share a lock, which costs a wait,
+// never a wrong answer. It is taken before the owner's sync lock
+// (writerLock), in every transaction that takes both.
+const keyLock = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1::text || '/' || $2::text || '/' || $3::text))`
+
+// keyLockClass is the first key of keyLock: a namespace apart from the
+// owner's sync lock (catalog.WriterLock) and any other advisory lock.
+const keyLockClass = "1801812339" // "keys" in ASCII
+
 // savedAndReport ends both statements: it stores the response and reports
 // the record seen and the change made.
 const savedAndReport = `

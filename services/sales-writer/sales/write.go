@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -91,9 +92,11 @@ func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, erro
 		stmt = cancelSQL
 	}
 	var wr written
-	err := w.db.QueryRow(ctx, stmt, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
-		req.ExternalOrderID, fp, w.retention.Seconds()).
-		Scan(&wr.recordFingerprint, &wr.stored, &wr.status, &wr.confirmedAt, &wr.canceledAt)
+	err := w.underKeyLock(ctx, req, stmt, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+		req.ExternalOrderID, fp, w.retention.Seconds()},
+		func(row pgx.Row) error {
+			return row.Scan(&wr.recordFingerprint, &wr.stored, &wr.status, &wr.confirmedAt, &wr.canceledAt)
+		})
 	switch {
 	case err != nil:
 		return Result{}, classify(err)
@@ -171,8 +174,8 @@ func refused(err error) bool {
 // raced this one).
 func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error) error {
 	var bound []byte
-	err := w.db.QueryRow(ctx, bindRefusedSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds()).
-		Scan(&bound)
+	err := w.underKeyLock(ctx, req, bindRefusedSQL, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds()},
+		func(row pgx.Row) error { return row.Scan(&bound) })
 	switch {
 	case err != nil:
 		return classify(err)
@@ -180,6 +183,18 @@ func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusa
 		return ErrIdempotencyConflict
 	}
 	return refusal
+}
+
+// underKeyLock runs stmt (one row, read by scan) in a transaction that
+// first takes req's key lock (keyLock) in a statement of its own, so that
+// stmt's snapshot is taken once the lock is held. One batch, one round
+// trip: the statements before its one Sync form one implicit transaction,
+// committed at the Sync.
+func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, args []any, scan func(pgx.Row) error) error {
+	batch := &pgx.Batch{}
+	batch.Queue(keyLock, req.OwnerID, req.PlatformID, req.IdempotencyKey)
+	batch.Queue(stmt, args...).QueryRow(scan)
+	return w.db.SendBatch(ctx, batch).Close()
 }
 
 // outcome is what explainSQL reports.
