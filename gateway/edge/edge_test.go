@@ -1130,3 +1130,37 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 		t.Errorf("a call after the slots were freed = %d %s, want 200", r.Status, r.Body)
 	}
 }
+
+// A shop schema read changes nothing, so, as a GET, it is sent again when
+// its connection was found closed before any answer: the usual fate of a
+// kept-alive connection to a shop-schema instance that restarted (an ops
+// probe got a 502 from 5 of 6 restarts with another instance up). Its 502
+// does not speak of a write; a sale's tells the client to retry under the
+// same Idempotency-Key.
+func TestShopSchemaReadIsRepeatedWhenItsConnectionClosed(t *testing.T) {
+	dsn, _, k := seed(t)
+	var broken, good atomic.Int64
+	brokenURL := brokenUpstream(t, &broken).URL
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SHOP_SCHEMA_URLS": brokenURL + "," + echoUpstream(t, "good", &good).URL})
+	json := map[string]string{"Content-Type": "application/json"}
+	for i := range 4 {
+		if r := do(t, "POST", gw.URL+"/v1/sync/prestashop/schema", json, strings.NewReader(`{}`)); r.Status != 200 {
+			t.Fatalf("shop schema read %d = %d %s, want 200 (sent again to the good instance)", i+1, r.Status, r.Body)
+		}
+	}
+	if broken.Load() == 0 {
+		t.Fatal("no read reached the broken instance first; the test proved nothing")
+	}
+
+	only := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": brokenURL, "SALES_WRITER_URLS": brokenURL})
+	r := do(t, "POST", only.URL+"/v1/sync/prestashop/schema", json, strings.NewReader(`{}`))
+	if r.Status != 502 || r.Env.Error == nil || strings.Contains(r.Env.Error.Message, "Idempotency-Key") {
+		t.Errorf("shop schema read whose every instance closed = %d %s, want 502 saying nothing of a write", r.Status, r.Body)
+	}
+	r = do(t, "POST", only.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+		"Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"o"}`))
+	if r.Status != 502 || r.Env.Error == nil || !strings.Contains(r.Env.Error.Message, "the sale may have been applied: retry it with the same Idempotency-Key") {
+		t.Errorf("sale whose instance closed = %d %s, want 502 saying the sale may have been applied", r.Status, r.Body)
+	}
+}

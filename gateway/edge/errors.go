@@ -76,11 +76,15 @@ var (
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
 		Message: "the service is temporarily unavailable; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
-		Message: "the service failed to answer; a write may have been applied: retry it with the same Idempotency-Key"}
+		Message: "the service failed to answer; retry later"}
+	errSaleBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
+		Message: "the service failed to answer; the sale may have been applied: retry it with the same Idempotency-Key"}
 	errGatewayRefused = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service refused the gateway's request; the fault is ours: quote the request id"}
 	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
 		Message: "the service did not answer in time"}
+	errSaleTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
+		Message: "the service did not answer in time; the sale may have been applied: retry it with the same Idempotency-Key"}
 )
 
 func errRateLimited(retryAfter time.Duration) *apiError {
@@ -117,6 +121,10 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		// free): a retry cannot apply anything twice, and Retry-After says
 		// when it is worth it.
 		return errUpstreamUnavailable, true
+	case errors.Is(err, errSaleMayBeApplied) && errors.Is(err, upstream.ErrTimeout):
+		return errSaleTimeout, true
+	case errors.Is(err, errSaleMayBeApplied):
+		return errSaleBadGateway, true
 	case errors.Is(err, upstream.ErrTimeout):
 		return errUpstreamTimeout, true
 	case errors.Is(err, upstream.ErrClosed), errors.Is(err, upstream.ErrBadResponse):

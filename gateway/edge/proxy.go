@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/coinexport/export/gateway/ratelimit"
@@ -107,8 +108,10 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	out, err := up.Do(req, c.Response(), uri, repeat, affinity)
 	rq.instance = out.Instance
 	if out.Instance != "" && span.IsRecording() {
-		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port),
-			semconv.HTTPResponseStatusCode(c.Response().StatusCode()))
+		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port))
+		if err == nil { // else no answer came, and the response's status is fasthttp's default 200
+			span.SetAttributes(semconv.HTTPResponseStatusCode(c.Response().StatusCode()))
+		}
 	}
 	if out.Repeated != nil {
 		g.noteRepeat(rq, span, rt.Upstream, out.Repeated)
@@ -119,6 +122,9 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	if err != nil {
 		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(err)).Inc()
 		span.SetStatus(codes.Error, errorKind(err))
+		if rt.RepeatWithIdempotencyKey && mayHaveArrived(err) {
+			err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
+		}
 		return err
 	}
 	c.Response().Header.Del(fiber.HeaderConnection)
@@ -285,6 +291,18 @@ func appendLower(dst, b []byte) []byte {
 		dst = append(dst, ch)
 	}
 	return dst
+}
+
+// errSaleMayBeApplied marks the failure of a sale that may have reached
+// the writer: its answer tells the client to retry with the same
+// Idempotency-Key, which no other route has.
+var errSaleMayBeApplied = errors.New("the sale may have been applied")
+
+// mayHaveArrived reports whether the request may have reached the
+// instance before err: it timed out, or the connection closed or the answer
+// was unreadable after it was sent.
+func mayHaveArrived(err error) bool {
+	return errors.Is(err, upstream.ErrTimeout) || errors.Is(err, upstream.ErrClosed) || errors.Is(err, upstream.ErrBadResponse)
 }
 
 // upstreamErrorKinds are the values errorKind returns.

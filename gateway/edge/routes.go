@@ -41,6 +41,9 @@ type route struct {
 	// RepeatWithIdempotencyKey: a request carrying an Idempotency-Key may
 	// be sent again after a failure that happened once it may have arrived.
 	RepeatWithIdempotencyKey bool
+	// ReadOnly: the route changes nothing, whatever its method (the shop
+	// schema POST reads a shop), so it is repeated as a GET is.
+	ReadOnly bool
 	// StickyByKey: the instance is chosen by the caller's key id
 	// (rendezvous hashing) instead of round-robin, so every page of one
 	// key's sync reaches the instance that read ahead the next page.
@@ -60,7 +63,7 @@ var fiberParam = regexp.MustCompile(`:([a-z_]+)`)
 // routes is the whole public surface of the API (spec 4).
 var routes = []route{
 	{Method: "GET", Path: "/v1/health", Class: classAnonymous},
-	{Method: "POST", Path: "/v1/sync/prestashop/schema", Upstream: upstreamShopSchema, Class: classShopSchema},
+	{Method: "POST", Path: "/v1/sync/prestashop/schema", Upstream: upstreamShopSchema, Class: classShopSchema, ReadOnly: true},
 	{Method: "GET", Path: "/v1/export/items", Upstream: upstreamExportReader,
 		Scope: identity.ScopeExportRead, Class: classExportRead, StickyByKey: true},
 	{Method: "GET", Path: "/v1/export/items/:item_id", Upstream: upstreamExportReader,
@@ -88,9 +91,11 @@ func withHead(rs []route) []route {
 	return out
 }
 
-// safe reports whether the route's method is GET or HEAD, which may be
-// repeated without harm.
-func (r route) safe() bool { return r.Method == fiber.MethodGet || r.Method == fiber.MethodHead }
+// safe reports whether the route may be repeated without harm: its
+// method is GET or HEAD, or it changes nothing (ReadOnly).
+func (r route) safe() bool {
+	return r.Method == fiber.MethodGet || r.Method == fiber.MethodHead || r.ReadOnly
+}
 
 // allowedMethods lists the methods of the routes whose pattern matches path;
 // none means the path is unknown (404), some means 405 with Allow.
