@@ -48,7 +48,7 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	rq.key = key // also the server span's owner, key and platform attributes (endSpan)
 	if !slices.Contains(key.Scopes, rt.Scope) {
-		return errForbidden
+		return errMissingScope(rt.Scope, key.Scopes)
 	}
 	if rt.NeedsPlatform && key.PlatformID == "" {
 		return errPlatformRequired

@@ -1164,3 +1164,16 @@ func TestShopSchemaReadIsRepeatedWhenItsConnectionClosed(t *testing.T) {
 		t.Errorf("sale whose instance closed = %d %s, want 502 saying the sale may have been applied", r.Status, r.Body)
 	}
 }
+
+// A 403 names the scope the route needs and the key's, so that a client
+// holding a read key and a write key sees which one it sent.
+func TestForbiddenNamesTheScopes(t *testing.T) {
+	dsn, _, k := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.read,
+		"Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"o"}`))
+	want := "this route needs an API key with the sales:write scope; this key has export:read"
+	if r.Status != 403 || r.Env.Error == nil || r.Env.Error.Message != want {
+		t.Errorf("confirm with a read key = %d %s, want 403 %q", r.Status, r.Body, want)
+	}
+}

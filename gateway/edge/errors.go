@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
@@ -39,8 +40,6 @@ var (
 		Message: "this route reads no query parameters and takes no API key; a key sent in a URL is exposed: revoke it and use a new one"}
 	errSeveralKeys = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "send one X-API-Key header, not several"}
-	errForbidden = &apiError{Status: http.StatusForbidden, Code: "forbidden",
-		Message: "the API key lacks the scope this route needs"}
 	errPlatformRequired = &apiError{Status: http.StatusForbidden, Code: "platform_required",
 		Message: "this route needs an API key bound to a platform"}
 	errNotFound = &apiError{Status: http.StatusNotFound, Code: "not_found",
@@ -100,6 +99,14 @@ func errAuthThrottled(retryAfter time.Duration) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
 		Message:    "too many failed authentications from this address; this key was not checked: retry after the time in Retry-After",
 		RetryAfter: retryAfter}
+}
+
+// errMissingScope is the 403 of a key without the route's scope; it names
+// the scope needed and the key's, so that a client holding a read key and
+// a write key sees which one it sent.
+func errMissingScope(needed string, has []string) *apiError {
+	return &apiError{Status: http.StatusForbidden, Code: "forbidden",
+		Message: fmt.Sprintf("this route needs an API key with the %s scope; this key has %s", needed, strings.Join(has, ", "))}
 }
 
 func errMethodNotAllowed(allow string) *apiError {
