@@ -2,7 +2,10 @@ package edge
 
 import (
 	"log/slog"
+	"net"
 	"net/netip"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
@@ -155,14 +158,35 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 
 // checkInstanceURLs records a problem unless urls, the list read from
 // name, holds at least one instance and every one is well formed.
+//
+// An address listed twice is refused: it would be two instances of one
+// process, sent twice its share of requests and counted twice in health.
 func checkInstanceURLs(r *envconfig.Reader, name string, urls []string) {
+	seen := map[string]bool{}
 	for _, raw := range urls {
-		if _, err := upstream.ParseInstanceURL(raw); err != nil {
+		p, err := upstream.ParseInstanceURL(raw)
+		if err != nil {
 			r.Failf("%s must list http(s)://host[:port] URLs, separated by commas, without credentials, path or query", name)
 			return
 		}
+		address := instanceAddress(p)
+		if seen[address] {
+			r.Failf("%s lists %s twice: each instance once", name, address)
+			return
+		}
+		seen[address] = true
 	}
 	r.Check(len(urls) > 0, name+" must list at least one URL")
+}
+
+// instanceAddress is an instance URL's scheme, host (in lower case) and
+// port (the scheme's when none is written).
+func instanceAddress(p *url.URL) string {
+	port := p.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[p.Scheme]
+	}
+	return p.Scheme + "://" + net.JoinHostPort(strings.ToLower(p.Hostname()), port)
 }
 
 // rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>", limit ≥ 1).

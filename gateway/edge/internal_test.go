@@ -322,6 +322,15 @@ func TestLoadConfig(t *testing.T) {
 	if _, err := LoadConfig(getenv(map[string]string{"EXPORT_READER_URLS": " , "})); err == nil {
 		t.Error("LoadConfig(EXPORT_READER_URLS without a URL) = nil error")
 	}
+	for _, twice := range []string{"http://127.0.0.1:18281,http://127.0.0.1:18281", "http://Reader:80,http://reader/"} {
+		_, err := LoadConfig(getenv(map[string]string{"EXPORT_READER_URLS": twice}))
+		if err == nil || !strings.Contains(err.Error(), "EXPORT_READER_URLS lists") || !strings.Contains(err.Error(), "twice") {
+			t.Errorf("LoadConfig(EXPORT_READER_URLS=%s) error = %v, want one naming the address listed twice", twice, err)
+		}
+	}
+	if _, err := LoadConfig(getenv(map[string]string{"EXPORT_READER_URLS": "http://127.0.0.1:1,http://127.0.0.1:2,https://127.0.0.1:1"})); err != nil {
+		t.Errorf("LoadConfig(three instances) = %v, want nil", err)
+	}
 	// The start-up log shows durations as durations, and no secret.
 	cfg, _ = LoadConfig(getenv(map[string]string{"DATABASE_URL": "postgres://u:dbpw@db/x"}))
 	logged := cfg.LogValue().String()
