@@ -244,7 +244,22 @@ func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d t
 	if id, ok := identity.FromContext(r.Context()); ok && id.OwnerID != "" {
 		attrs = append(attrs, "owner_id", id.OwnerID)
 	}
+	attrs = append(attrs, rec.notes...)
 	s.cfg.Log.InfoContext(r.Context(), "request", attrs...)
+}
+
+// Annotate adds key=value to the request's access line ("request") and, as
+// app.<key>, to its server span: what a handler learned of the request that
+// an operator who traces it by its request id needs (a sale's
+// external_order_id). w is the writer the handler was given. Never a
+// secret: access lines and spans are read by many.
+func Annotate(w http.ResponseWriter, r *http.Request, key, value string) {
+	if rec, ok := w.(*statusRecorder); ok {
+		rec.notes = append(rec.notes, key, value)
+	}
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		span.SetAttributes(attribute.String("app."+key, value))
+	}
 }
 
 // statusRecorder remembers the status written through it. Unwrap lets
@@ -254,6 +269,7 @@ type statusRecorder struct {
 	http.ResponseWriter
 	status      int
 	wroteHeader bool
+	notes       []any // Annotate's key-value pairs, for the access line
 }
 
 func (s *statusRecorder) WriteHeader(code int) {

@@ -46,6 +46,10 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
 			return
 		}
+		// A platform's support quotes a request id; what it must reconcile
+		// is the order, and which call a key was bound to.
+		httpserver.Annotate(w, r, "external_order_id", req.ExternalOrderID)
+		httpserver.Annotate(w, r, "idempotency_key", req.IdempotencyKey)
 		res, err := h.writer.Execute(r.Context(), req)
 		if err != nil {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
