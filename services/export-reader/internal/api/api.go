@@ -13,6 +13,7 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 )
 
@@ -21,12 +22,20 @@ type API struct {
 	reader       *export.Reader
 	log          *slog.Logger
 	queryTimeout time.Duration
+	// signatureLog holds back cursor-signature warnings to one per
+	// interval: a reader with the wrong secret refuses every cursor
+	// another reader signed.
+	signatureLog logging.Throttle
 }
+
+// signatureLogInterval is how often at most a cursor-signature warning is
+// logged.
+const signatureLogInterval = 10 * time.Second
 
 // New returns the API over reader. queryTimeout bounds each request's
 // database work.
 func New(reader *export.Reader, log *slog.Logger, queryTimeout time.Duration) *API {
-	return &API{reader: reader, log: log, queryTimeout: queryTimeout}
+	return &API{reader: reader, log: log, queryTimeout: queryTimeout, signatureLog: logging.Throttle{Interval: signatureLogInterval}}
 }
 
 // Register lists every route of the service (spec 4.3, 4.4). The gateway

@@ -17,6 +17,7 @@ import (
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -567,5 +568,32 @@ func TestHeadHasTheHeadersOfItsGet(t *testing.T) {
 		if wantGzip := encoding == "gzip"; (get.Header.Get("Content-Encoding") == "gzip") != wantGzip {
 			t.Errorf("Accept-Encoding %q: GET's Content-Encoding %q", encoding, get.Header.Get("Content-Encoding"))
 		}
+	}
+}
+
+// A cursor signed with another secret is refused as any bad cursor is, and
+// the reader's log says, once per interval, that a signature did not match:
+// the one trace of readers holding different CURSOR_SECRETs (an ops probe
+// found only INFO access lines). A malformed cursor says nothing of it.
+func TestCursorOfAnotherSecretIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("a", "active", "A"))
+	if r := e.get(t, owner, "/v1/export/items?cursor=abc"); r.status != 400 || strings.Contains(e.logs.String(), "cursor refused") {
+		t.Fatalf("malformed cursor = %d, logs %s; want 400 and no signature warning", r.status, e.logs.String())
+	}
+	other, err := cursor.New(cursorSecret + "-of-another-reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := other.Encode(cursor.Position{UpdatedAt: time.Now(), ID: "a", Sync: 7}, cursor.Binding{OwnerID: owner})
+	for range 2 {
+		if r := e.get(t, owner, "/v1/export/items?cursor="+foreign); r.status != 400 || r.env.Error == nil || r.env.Error.Code != "invalid_cursor" {
+			t.Fatalf("cursor of another secret = %d %s, want 400 invalid_cursor", r.status, r.body)
+		}
+	}
+	if got := strings.Count(e.logs.String(), `"level":"WARN","msg":"cursor refused: its signature does not match CURSOR_SECRET`); got != 1 {
+		t.Errorf("signature warnings = %d, want 1 (the second held back):\n%s", got, e.logs.String())
 	}
 }

@@ -36,6 +36,7 @@ type env struct {
 	pool   *pgxpool.Pool
 	srv    *httptest.Server
 	signer *identity.Signer
+	logs   *testenv.Output // the service's log lines
 }
 
 func newEnv(t testing.TB) *env {
@@ -54,12 +55,13 @@ func serve(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &testenv.Output{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
 	api.New(export.NewReader(pool, cursors, testReadAhead), log, 10*time.Second).Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
-	return &env{pool: pool, srv: srv, signer: signer}
+	return &env{pool: pool, srv: srv, signer: signer, logs: logs}
 }
 
 func (e *env) owner(t testing.TB) string {

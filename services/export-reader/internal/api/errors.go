@@ -21,6 +21,9 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &pe):
 		envelope.WriteError(w, http.StatusBadRequest, pe.Code, pe.Message, requestID)
 	case errors.Is(err, export.ErrInvalidCursor):
+		if errors.Is(err, export.ErrCursorSignature) {
+			a.warnCursorSignature(r)
+		}
 		envelope.WriteError(w, http.StatusBadRequest, "invalid_cursor",
 			"cursor is invalid or belongs to another query; pass meta.next_cursor unchanged with the same status and updated_after", requestID)
 	case errors.Is(err, export.ErrNotFound):
@@ -46,5 +49,19 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	default:
 		a.log.ErrorContext(r.Context(), "export read failed", "err", err)
 		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
+	}
+}
+
+// warnCursorSignature says, at most once per interval, that a well-formed
+// cursor failed its signature. A client that changed its filters or owner
+// mid-sync does that too, but a run of them is the mark of readers signing
+// with different CURSOR_SECRETs (a rotation done in one step instead of
+// two), which answers every sync moved between them 400 invalid_cursor
+// while every health check is green.
+func (a *API) warnCursorSignature(r *http.Request) {
+	if ok, skipped := a.signatureLog.Allow("cursor signature"); ok {
+		a.log.WarnContext(r.Context(), "cursor refused: its signature does not match CURSOR_SECRET nor CURSOR_SECRET_PREVIOUS: "+
+			"a client sent it with other filters or for another owner, or another reader signed it with another secret "+
+			"(every reader must accept every secret in use; see the README's rotation)", "skipped_since_last", skipped)
 	}
 }

@@ -36,6 +36,13 @@ const macLen = 32
 // apart would only help someone probing for other owners' cursors.
 var ErrInvalid = errors.New("cursor: invalid")
 
+// ErrSignature is ErrInvalid for a cursor well formed but whose MAC does
+// not match: another query's or another owner's cursor, a tampered one, or
+// one signed by a reader whose CURSOR_SECRET differs from this one's (and
+// from its CURSOR_SECRET_PREVIOUS), which only the operator can fix. The
+// client is told no more than ErrInvalid; the reader's log says it.
+var ErrSignature = fmt.Errorf("%w: its signature does not match", ErrInvalid)
+
 // Position is where the next page starts: strictly after this (updated_at,
 // id), and the sync whose page ended there.
 type Position struct {
@@ -118,7 +125,7 @@ func (c *Codec) Decode(s string, b Binding) (Position, error) {
 	}
 	body, sum := raw[:len(raw)-macLen], raw[len(raw)-macLen:]
 	if !c.signed(body, sum, b) {
-		return Position{}, ErrInvalid
+		return Position{}, ErrSignature
 	}
 	if fields > 1 {
 		pos.Sync = binary.BigEndian.Uint64(body[1:fields])

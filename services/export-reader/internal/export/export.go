@@ -24,6 +24,9 @@ import (
 var (
 	ErrNotFound      = errors.New("export: item not found")
 	ErrInvalidCursor = errors.New("export: invalid cursor")
+	// ErrCursorSignature is ErrInvalidCursor for a well-formed cursor
+	// whose signature does not match (cursor.ErrSignature).
+	ErrCursorSignature = fmt.Errorf("%w: signature", ErrInvalidCursor)
 )
 
 // Query is one list request, already validated.
@@ -69,6 +72,9 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	var after *position
 	if q.Cursor != "" {
 		pos, err := r.cursors.Decode(q.Cursor, binding)
+		if errors.Is(err, cursor.ErrSignature) {
+			return dst, "", ErrCursorSignature
+		}
 		if err != nil {
 			return dst, "", ErrInvalidCursor
 		}
