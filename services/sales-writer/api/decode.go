@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -172,7 +174,7 @@ func parseBody(body []byte) (string, int, error) {
 			orderID = &s
 		case "quantity":
 			// Spec 2.5: "only value 1 is allowed; default 1".
-			if !bytes.Equal(value, []byte("1")) {
+			if !isOne(value) {
 				return "", 0, badRequest(codeInvalidBody, "quantity must be the integer 1")
 			}
 		default:
@@ -183,6 +185,25 @@ func parseBody(body []byte) (string, int, error) {
 		return "", 0, badRequest(codeInvalidBody, "external_order_id is required")
 	}
 	return *orderID, sales.DefaultQuantity, nil
+}
+
+// isOne reports whether a JSON value is the number 1, however it is
+// written: 1.0 and 1e0 are the integer 1 too (JSON Schema's "integer" is
+// any number without a fractional part), and a client holding quantities
+// as floats (PHP, Python's json.dumps(1.0)) writes them so. A string,
+// null or any other number is not.
+func isOne(value json.RawMessage) bool {
+	if len(value) == 0 || value[0] < '0' || value[0] > '9' {
+		return false
+	}
+	// ParseFloat first: it bounds the exponent (1e999999999 is +Inf), which
+	// big.Rat would expand into a number of a billion digits. Then the
+	// exact check: 1.0000000000000000001 parses to the float 1.
+	if f, err := strconv.ParseFloat(string(value), 64); err != nil || f != 1 {
+		return false
+	}
+	n, ok := new(big.Rat).SetString(string(value))
+	return ok && n.Cmp(big.NewRat(1, 1)) == 0
 }
 
 // invalidJSON answers a body strictjson refused; a sale's property names

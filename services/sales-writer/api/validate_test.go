@@ -78,7 +78,11 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"quantity 2", call{key: "k", body: `{"external_order_id":"o","quantity":2}`}, 400, "invalid_body", "quantity"},
 		{"quantity 0", call{key: "k", body: `{"external_order_id":"o","quantity":0}`}, 400, "invalid_body", "quantity"},
 		{"quantity -1", call{key: "k", body: `{"external_order_id":"o","quantity":-1}`}, 400, "invalid_body", "quantity"},
-		{"quantity 1.0", call{key: "k", body: `{"external_order_id":"o","quantity":1.0}`}, 400, "invalid_body", "quantity"},
+		{"quantity 1.01", call{key: "k", body: `{"external_order_id":"o","quantity":1.01}`}, 400, "invalid_body", "quantity"},
+		{"quantity 1e1", call{key: "k", body: `{"external_order_id":"o","quantity":1e1}`}, 400, "invalid_body", "quantity"},
+		{"quantity 1 and a bit", call{key: "k", body: `{"external_order_id":"o","quantity":1.0000000000000000001}`}, 400, "invalid_body", "quantity"},
+		{"quantity of a huge exponent", call{key: "k", body: `{"external_order_id":"o","quantity":1e999999999}`}, 400, "invalid_body", "quantity"},
+		{"quantity 0x1", call{key: "k", body: `{"external_order_id":"o","quantity":0x1}`}, 400, "invalid_body", "JSON"},
 		{"quantity 1.5", call{key: "k", body: `{"external_order_id":"o","quantity":1.5}`}, 400, "invalid_body", "quantity"},
 		{"quantity string", call{key: "k", body: `{"external_order_id":"o","quantity":"1"}`}, 400, "invalid_body", "quantity"},
 		{"quantity null", call{key: "k", body: `{"external_order_id":"o","quantity":null}`}, 400, "invalid_body", "quantity"},
@@ -195,5 +199,26 @@ func TestUnknownPropertyHoldingAKeyIsNotQuoted(t *testing.T) {
 	}
 	if strings.Contains(rec.Body.String(), secret) || !strings.Contains(env.Error.Message, "[holds an API key]") {
 		t.Errorf("answer %s quotes the key, or does not say it held one", rec.Body.String())
+	}
+}
+
+// quantity is the number 1 however it is written (1, 1.0, 1e0, 100e-2),
+// and every spelling is the same request as the one without it: a retry
+// with another spelling replays.
+func TestQuantityOneInAnySpelling(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	w := f.writer("market-a")
+	first := `{"external_order_id":"o-1"}`
+	if rec, env := f.do(t, call{id: w, op: "confirm", item: "coin-1", key: "q", body: first}); rec.Code != 200 {
+		t.Fatalf("confirm without quantity = %d %+v", rec.Code, env.Error)
+	}
+	for _, q := range []string{"1", "1.0", "1e0", "100e-2", "1.000"} {
+		body := `{"external_order_id":"o-1","quantity":` + q + `}`
+		rec, env := f.do(t, call{id: w, op: "confirm", item: "coin-1", key: "q", body: body})
+		if rec.Code != 200 || result(t, env)["idempotent_replay"] != true {
+			t.Errorf("confirm with quantity %s under the same key = %d %s, want 200 replayed", q, rec.Code, rec.Body)
+		}
 	}
 }
