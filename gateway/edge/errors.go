@@ -106,7 +106,14 @@ func errAuthThrottled(retryAfter time.Duration) *apiError {
 // a write key sees which one it sent.
 func errMissingScope(needed string, has []string) *apiError {
 	return &apiError{Status: http.StatusForbidden, Code: "forbidden",
-		Message: fmt.Sprintf("this route needs an API key with the %s scope; this key has %s", needed, strings.Join(has, ", "))}
+		Message: fmt.Sprintf("this route needs an API key with the %s scope; this key has %s", needed, scopeList(has))}
+}
+
+func scopeList(scopes []string) string {
+	if len(scopes) == 0 {
+		return "none"
+	}
+	return strings.Join(scopes, ", ")
 }
 
 func errMethodNotAllowed(allow string) *apiError {

@@ -48,8 +48,10 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		}
 		// A platform's support quotes a request id; what it must reconcile
 		// is the order, and which call a key was bound to.
-		httpserver.Annotate(w, r, "external_order_id", req.ExternalOrderID)
-		httpserver.Annotate(w, r, "idempotency_key", req.IdempotencyKey)
+		// redactKey: a client that pasted its API key into either would
+		// otherwise have it in every log store and trace.
+		httpserver.Annotate(w, r, "external_order_id", redactKey(req.ExternalOrderID))
+		httpserver.Annotate(w, r, "idempotency_key", redactKey(req.IdempotencyKey))
 		res, err := h.writer.Execute(r.Context(), req)
 		if err != nil {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()

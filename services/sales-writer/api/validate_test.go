@@ -82,6 +82,7 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"quantity 1e1", call{key: "k", body: `{"external_order_id":"o","quantity":1e1}`}, 400, "invalid_body", "quantity"},
 		{"quantity 1 and a bit", call{key: "k", body: `{"external_order_id":"o","quantity":1.0000000000000000001}`}, 400, "invalid_body", "quantity"},
 		{"quantity of a huge exponent", call{key: "k", body: `{"external_order_id":"o","quantity":1e999999999}`}, 400, "invalid_body", "quantity"},
+		{"quantity 1 spelt long", call{key: "k", body: `{"external_order_id":"o","quantity":0.` + strings.Repeat("0", 9999) + `1e10000}`}, 400, "invalid_body", "quantity"},
 		{"quantity 0x1", call{key: "k", body: `{"external_order_id":"o","quantity":0x1}`}, 400, "invalid_body", "JSON"},
 		{"quantity 1.5", call{key: "k", body: `{"external_order_id":"o","quantity":1.5}`}, 400, "invalid_body", "quantity"},
 		{"quantity string", call{key: "k", body: `{"external_order_id":"o","quantity":"1"}`}, 400, "invalid_body", "quantity"},

@@ -86,12 +86,14 @@ func TestARefusalRacingAnExecutionUnderItsKeyIsAConflict(t *testing.T) {
 		waitForLockWaiters(t, db, 1) // A holds its key and waits for the item's row
 		answered := make(chan error, 1)
 		go func() { _, err := w.Execute(ctx, refused); answered <- err }()
-		var early error
+		// B waits for A's key: a second backend waiting for a lock, which
+		// it never is without the key's lock (it answers at once).
+		waitForLockWaiters(t, db, 2)
 		select {
-		case early = <-answered:
+		case early := <-answered:
 			t.Errorf("%s under A's key answered %v while A was executing, want it to wait for A", name, early)
 			answered <- early
-		case <-time.After(300 * time.Millisecond):
+		default:
 		}
 		_ = tx.Rollback(ctx)
 		if err := <-executed; err != nil {

@@ -6,7 +6,8 @@ import "github.com/coinexport/export/pkg/catalog"
 // cancelSQL: $1 owner id, $2 platform id, $3 idempotency key, $4 item id,
 // $5 external order id, $6 request fingerprint, $7 retention in seconds.
 //
-// Each is one statement, so one round trip and one transaction:
+// Each is one statement, run in one round trip and one transaction after
+// the key's lock (keyLock, Writer.underKeyLock):
 //
 //   - live is the key's unexpired idempotency record, if one was committed
 //     before the statement started. When there is one, nothing is changed:
@@ -60,7 +61,10 @@ var writerLock = `
 // under the key was executing, and both held the key (a probe: 22 of 30
 // races). Keys whose hashes collide share a lock, which costs a wait,
 // never a wrong answer. It is taken before the owner's sync lock
-// (writerLock), in every transaction that takes both.
+// (writerLock), in every transaction that takes both. It relies on READ
+// COMMITTED, PostgreSQL's default and the writer's (a snapshot per
+// statement): under REPEATABLE READ the lock's statement would fix the
+// transaction's snapshot before the wait.
 const keyLock = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1::text || '/' || $2::text || '/' || $3::text))`
 
 // keyLockClass is the first key of keyLock: a namespace apart from the

@@ -14,7 +14,8 @@ import (
 )
 
 // Writer executes confirm and cancel calls against PostgreSQL, each as one
-// statement (see queries.go for why that is safe).
+// statement after the key's lock, in one round trip (see queries.go for why
+// that is safe).
 //
 // "Sold at most once" rests on the item's row lock: a confirm updates the item
 // only WHERE NOT sold, so of two confirms racing for an item one waits for the
