@@ -34,7 +34,8 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	tracer := tp.Tracer("test")
 	ctx, parent := tracer.Start(ctx, "parent")
 	_, child := tracer.Start(ctx, "child", trace.WithAttributes(attribute.String("app.error_code", "unauthenticated"),
-		attribute.String("app.auth_failure", "revoked"), attribute.String("api_key.id", "k1")))
+		attribute.String("app.auth_failure", "revoked"), attribute.String("api_key.id", "k1"),
+		attribute.String("app.external_order_id", "o-7"), attribute.String("app.idempotency_key", "k-7")))
 	child.AddEvent("sent again", trace.WithAttributes(attribute.String("upstream.failed_attempt.kind", "closed")))
 	child.End()
 	parent.End()
@@ -51,7 +52,7 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	WriteTree(&tree, spans)
 	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") ||
-		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked api_key.id=k1") || lines[2] != "    · sent again upstream.failed_attempt.kind=closed" {
+		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked api_key.id=k1 app.external_order_id=o-7 app.idempotency_key=k-7") || lines[2] != "    · sent again upstream.failed_attempt.kind=closed" {
 		t.Errorf("WriteTree =\n%s\nwant parent, then the indented child with its error code, auth failure and key, then its event", tree.String())
 	}
 	if got := strings.Count(file.String(), "\n"); got != 2 {

@@ -43,7 +43,7 @@ func WriteTree(w io.Writer, spans []Span) {
 // interesting picks the attributes an SRE reads first.
 func interesting(attrs map[string]string) string {
 	var parts []string
-	for _, k := range []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure", "error.type", "owner.id", "api_key.id", "platform.id", "item.id", "db.operation.name", "export.read_ahead"} {
+	for _, k := range []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure", "error.type", "owner.id", "api_key.id", "platform.id", "item.id", "app.external_order_id", "app.idempotency_key", "db.operation.name", "export.read_ahead"} {
 		if v, ok := attrs[k]; ok {
 			parts = append(parts, k+"="+v)
 		}
