@@ -182,10 +182,12 @@ func TestRunRejectsBadConfig(t *testing.T) {
 // a required setting reported missing is most often one misspelt.
 func TestConfigErrorNamesAMisspeltVariable(t *testing.T) {
 	t.Setenv("DATABSE_URL", "host=/tmp/misspelt-value")
+	t.Setenv("GOMEMLIMT", "64MiB") // a setting read outside the Reader (gcdefaults) is named too
 	env := map[string]string{"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef"}
 	err := run(context.Background(), func(k string) string { return env[k] }, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL") ||
 		!strings.Contains(err.Error(), "DATABSE_URL is set: did you mean DATABASE_URL?") ||
+		!strings.Contains(err.Error(), "GOMEMLIMT is set: did you mean GOMEMLIMIT?") ||
 		strings.Contains(err.Error(), "misspelt-value") {
 		t.Errorf("run() without DATABASE_URL = %v, want the config error with a hint naming DATABSE_URL, not its value", err)
 	}

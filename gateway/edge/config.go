@@ -151,7 +151,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	checkInstanceURLs(r, "SHOP_SCHEMA_URLS", cfg.ShopSchemaURLs)
 	cfg.Settings = append(r.Names(), gcdefaults.Names...)
 	if err := r.Err(); err != nil {
-		return Config{Settings: r.Names()}, err // for run's misspelling hint
+		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}
 	return cfg, nil
 }

@@ -59,7 +59,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
 	cfg.Settings = r.Names()
 	if err := r.Err(); err != nil {
-		return Config{Settings: r.Names()}, err // for run's misspelling hint
+		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}
 	return cfg, nil
 }

@@ -69,7 +69,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	c.Settings = r.Names()
 	if err := r.Err(); err != nil {
-		return Config{Settings: r.Names()}, err // for run's misspelling hint
+		return Config{Settings: c.Settings}, err // only the names, for run's misspelling hint
 	}
 	return c, nil
 }
