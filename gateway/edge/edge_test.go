@@ -412,6 +412,32 @@ func TestRedisOutage(t *testing.T) {
 	}
 }
 
+// The admin port's net/http answers a request it cannot read with the
+// envelope too, and logs its request id.
+func TestAdminUnreadableRequestIsAnEnvelope(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.AdminURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /metrics HTTP/1.1\r\n\r\n")); err != nil { // no Host
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var env envelope.Parsed
+	if err := json.Unmarshal(body, &env); err != nil || resp.StatusCode != 400 || env.Error == nil || env.Error.Code != "bad_request" {
+		t.Fatalf("admin GET without Host = %d %s, want 400 with a bad_request envelope", resp.StatusCode, body)
+	}
+	waitFor(t, 5*time.Second, func() bool { return strings.Contains(gw.Logs.String(), env.Meta.RequestID) })
+}
+
 // Every upstream's error and retry series exist at 0 from the start, so an
 // alert on their rate has a series before the first failure.
 func TestUpstreamSeriesStartAtZero(t *testing.T) {

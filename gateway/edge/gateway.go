@@ -282,9 +282,11 @@ func (g *Gateway) startServing() {
 			g.served <- err
 		}
 	}()
-	g.admin = &http.Server{Handler: httpserver.AdminHandler(g.metrics.registry), ReadHeaderTimeout: 5 * time.Second}
+	g.admin = &http.Server{Handler: httpserver.AdminHandler(g.metrics.registry), ReadHeaderTimeout: 5 * time.Second,
+		MaxHeaderBytes: 32 << 10}
+	adminLn := httpserver.UnreadAsEnvelope(g.adminLn, httpserver.LogUnread(g.log))
 	go func() {
-		if err := g.admin.Serve(g.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := g.admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			g.served <- err
 		}
 	}()

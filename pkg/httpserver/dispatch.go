@@ -137,6 +137,18 @@ func (s *Server) logRefused(r *http.Request) {
 	}
 }
 
+// unreadRoute is the route label of requests net/http answered before
+// routing (UnreadAsEnvelope).
+const unreadRoute = "unread"
+
+// unread counts an answer net/http gave before any handler ran and logs
+// it (only a caller beside the gateway can send such a request: the
+// gateway refuses each of them itself).
+func (s *Server) unread(status int, reason, requestID string) {
+	s.metrics.observe(unreadRoute, MethodOther, status, 0)
+	s.logUnread(status, reason, requestID)
+}
+
 func annotate(r *http.Request, id identity.Identity) {
 	span := trace.SpanFromContext(r.Context())
 	if !span.IsRecording() {

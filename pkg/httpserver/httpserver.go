@@ -54,6 +54,8 @@ type Server struct {
 	// the gateway; every gateway probes an instance that is out 4 times a
 	// second.
 	refusedLog *logging.Throttle
+	// logUnread logs the answers net/http gave before routing (unread).
+	logUnread UnreadFunc
 	// inFlight counts the requests being served, for the shutdown's log
 	// lines: how many a drain waits for, and how many it cut off.
 	inFlight atomic.Int64
@@ -76,7 +78,7 @@ func New(cfg Config, routes *http.ServeMux) *Server {
 	}
 	s := &Server{cfg: cfg, routes: routes, registry: reg, metrics: newHTTPMetrics(reg),
 		tracer:     tp.Tracer("github.com/coinexport/export/pkg/httpserver"),
-		refusedLog: &logging.Throttle{Interval: refusedLogInterval}}
+		refusedLog: &logging.Throttle{Interval: refusedLogInterval}, logUnread: LogUnread(cfg.Log)}
 	s.handler = s.traced(s.dispatch())
 	return s
 }
@@ -107,6 +109,7 @@ func (s *Server) Run(ctx context.Context) error {
 			Addr:                         s.cfg.AdminAddr,
 			Handler:                      AdminHandler(s.registry),
 			ReadHeaderTimeout:            5 * time.Second,
+			MaxHeaderBytes:               32 << 10,
 			DisableGeneralOptionsHandler: true,
 		})
 	}
@@ -121,7 +124,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("httpserver: listen %s: %w", srv.Addr, err)
 		}
-		listeners = append(listeners, ln)
+		listeners = append(listeners, UnreadAsEnvelope(ln, s.unread))
 	}
 	errs := make(chan error, len(servers))
 	for i, srv := range servers {

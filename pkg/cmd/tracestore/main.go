@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -22,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/tracestore"
 )
 
@@ -70,7 +72,12 @@ func serve(ctx context.Context, addr, file string) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdownCtx)
 	}()
-	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	// Its answers are envelopes, net/http's own included.
+	if err := srv.Serve(httpserver.UnreadAsEnvelope(ln, nil)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -1,0 +1,157 @@
+package httpserver
+
+import (
+	"bytes"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/logging"
+)
+
+// Go's HTTP server answers a few requests itself, before any handler runs,
+// in plain text: one it cannot read (400, some with a reason: "missing
+// required Host header", "invalid header name"), headers over
+// MaxHeaderBytes (431), an unknown Transfer-Encoding (501), an HTTP version
+// it does not speak (505), and an Expect other than 100-continue (417, no
+// body). net/http has no hook for them. Each is written as one Write of the
+// whole answer on the connection, in a shape no handler here writes: a
+// handler's answer carries Date and the envelope's headers, and its JSON
+// body cannot hold a raw CR or LF. UnreadAsEnvelope's connections recognise
+// those writes and send the same status as the envelope instead, so that
+// every answer of every process is the envelope, with a request id.
+
+// netHTTPErrorHeaders follows the status line of net/http's own plain-text
+// answers (conn.serve's errorHeaders, unchanged since Go 1.6;
+// TestNetHTTPAnswersBecomeEnvelopes fails if a Go release changes it).
+const netHTTPErrorHeaders = "Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+
+// UnreadFunc is told of each answer UnreadAsEnvelope rewrote: its status,
+// net/http's reason (a constant of net/http, never the request's bytes;
+// empty when it gives none) and the request id the envelope carries.
+type UnreadFunc func(status int, reason, requestID string)
+
+// UnreadAsEnvelope returns ln, whose connections send net/http's own
+// plain-text answers as envelopes. unread, if not nil, is told of each.
+func UnreadAsEnvelope(ln net.Listener, unread UnreadFunc) net.Listener {
+	return &unreadListener{Listener: ln, unread: unread}
+}
+
+// LogUnread returns an UnreadFunc that logs each answer with its request
+// id, at most once per interval and status: a flood of them is a line
+// every so often.
+func LogUnread(log *slog.Logger) UnreadFunc {
+	throttle := &logging.Throttle{Interval: refusedLogInterval}
+	return func(status int, reason, requestID string) {
+		if ok, skipped := throttle.Allow(strconv.Itoa(status)); ok {
+			log.Warn("request refused before routing: net/http could not read it",
+				"request_id", requestID, "status", status, "reason", reason, "skipped_since_last", skipped)
+		}
+	}
+}
+
+type unreadListener struct {
+	net.Listener
+	unread UnreadFunc
+}
+
+func (l *unreadListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &unreadConn{Conn: c, unread: l.unread}, nil
+}
+
+type unreadConn struct {
+	net.Conn
+	unread UnreadFunc
+}
+
+// Write sends b, or the envelope for it when b is one of net/http's own
+// answers. It reports all of b written: net/http only checks the error.
+func (c *unreadConn) Write(b []byte) (int, error) {
+	status, reason, ok := netHTTPAnswer(b)
+	if !ok {
+		return c.Conn.Write(b)
+	}
+	requestID := RandomRequestID()
+	if c.unread != nil {
+		c.unread(status, reason, requestID)
+	}
+	if _, err := c.Conn.Write(unreadAnswer(status, reason, requestID)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// CloseWrite keeps net/http's half-close after a 431 (closeWriteAndWait),
+// which it finds by this method.
+func (c *unreadConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// netHTTPAnswer reports whether b is one of net/http's own answers, and
+// its status and reason.
+func netHTTPAnswer(b []byte) (status int, reason string, ok bool) {
+	rest, found := bytes.CutPrefix(b, []byte("HTTP/1.1 "))
+	if !found || len(rest) < 4 || rest[3] != ' ' {
+		return 0, "", false
+	}
+	status, err := strconv.Atoi(string(rest[:3]))
+	if err != nil || status < 400 {
+		return 0, "", false
+	}
+	line, rest, found := bytes.Cut(rest, []byte("\r\n"))
+	switch {
+	case !found:
+		return 0, "", false
+	case bytes.HasPrefix(rest, []byte(netHTTPErrorHeaders)):
+		// The body repeats the status line, with ": reason" when there is one.
+		_, reason, _ := bytes.Cut(rest[len(netHTTPErrorHeaders):], []byte(": "))
+		return status, string(reason), true
+	case string(line) == "417 Expectation Failed":
+		return status, "", true
+	}
+	return 0, "", false
+}
+
+// unreadAnswer is the envelope sent for net/http's answer of status.
+func unreadAnswer(status int, reason, requestID string) []byte {
+	code, message := unreadError(status, reason)
+	body := envelope.ErrorBytes(code, message, requestID)
+	var b bytes.Buffer
+	b.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\n")
+	b.WriteString("Content-Type: " + envelope.ContentType + "\r\n")
+	b.WriteString("Cache-Control: " + envelope.ErrorCacheControl + "\r\n")
+	b.WriteString(envelope.RequestIDHeader + ": " + requestID + "\r\n")
+	b.WriteString(envelope.ErrorCodeHeader + ": " + code + "\r\n")
+	b.WriteString("Connection: close\r\n")
+	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n")
+	b.Write(body)
+	return b.Bytes()
+}
+
+// unreadError names each of net/http's answers as the gateway names the
+// same refusals.
+func unreadError(status int, reason string) (code, message string) {
+	switch status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		return "headers_too_large", "the request line (with its URL) and headers are too large together"
+	case http.StatusNotImplemented:
+		return "unsupported_transfer_encoding", "the request's Transfer-Encoding is not supported: send Content-Length, or Transfer-Encoding: chunked"
+	case http.StatusHTTPVersionNotSupported:
+		return "http_version_not_supported", "send HTTP/1.1 or HTTP/1.0"
+	case http.StatusExpectationFailed:
+		return "expectation_failed", "the only Expect understood is 100-continue"
+	}
+	if reason != "" {
+		return "bad_request", "the request could not be read: " + reason
+	}
+	return "bad_request", "the request could not be read"
+}
