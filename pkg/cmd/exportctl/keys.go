@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/identity"
 )
 
@@ -54,8 +56,16 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if slices.Contains(scopes, identity.ScopeSalesWrite) && *platform == "" {
+	switch sales := slices.Contains(scopes, identity.ScopeSalesWrite); {
+	case sales && *platform == "":
 		return fmt.Errorf("%w: a sales:write key is bound to one platform: --platform is required", errUsage)
+	case !sales && *platform != "":
+		// Accepted, it would bind a read key to a platform that no read
+		// route looks at: a mistake for a sales key, most likely.
+		return fmt.Errorf("%w: --platform binds a sales:write key; an export:read key is bound to its owner only", errUsage)
+	}
+	if _, err := catalog.ParseOwnerID(*owner); err != nil {
+		return fmt.Errorf("%w: --owner %q is not an owner id (a UUID)", errUsage, *owner)
 	}
 	secret, prefix, err := apikey.Generate(scopes)
 	if err != nil {
@@ -71,9 +81,25 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id::text`,
 		*owner, k.PlatformID, *name, prefix, hash[:], scopes).Scan(&k.ID)
 	if err != nil {
-		return fmt.Errorf("create key: %w", err)
+		return fmt.Errorf("create key: %w", keyCreateError(err, *owner, *platform))
 	}
 	return emit(e.out, *asJSON, k, fmt.Sprintf("key %s (%s)\n%s\nThis secret is shown once: store it now.", k.ID, strings.Join(scopes, ","), secret))
+}
+
+// keyCreateError names the owner or platform that does not exist instead
+// of the foreign key that says so.
+func keyCreateError(err error, owner, platform string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23503" { // foreign_key_violation
+		return err
+	}
+	switch pgErr.ConstraintName {
+	case "api_keys_owner_id_fkey":
+		return fmt.Errorf("no owner with id %q (exportctl owner create makes one)", owner)
+	case "api_keys_platform_id_fkey":
+		return fmt.Errorf("no platform with id %q (exportctl platform create --id %s makes it)", platform, platform)
+	}
+	return err
 }
 
 func parseScopes(list string) ([]string, error) {
@@ -124,6 +150,9 @@ func keyList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if err := required(map[string]string{"owner": *owner}); err != nil {
+		return err
+	}
+	if err := ownerExists(ctx, e, *owner); err != nil {
 		return err
 	}
 	rows, err := e.pool.Query(ctx, `

@@ -203,3 +203,49 @@ func TestHelpIsNoError(t *testing.T) {
 		t.Errorf("exportctl --nope = %v, want a usage error", err)
 	}
 }
+
+// An administrator's mistake is named in their terms (the owner, the
+// platform, the id's rule), never as a constraint or an SQLSTATE, and a
+// read key is not bound to a platform.
+func TestMistakesAreNamed(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	if err := cli(t, dsn, "", nil, "migrate"); err != nil {
+		t.Fatalf("migrate = %v", err)
+	}
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
+		t.Fatal(err)
+	}
+	const unknownOwner = "00000000-0000-0000-0000-000000000000"
+	for _, tc := range []struct {
+		args  []string
+		usage bool
+		want  string
+	}{
+		{[]string{"key", "create", "--owner", unknownOwner, "--scope", "export:read"}, false, `no owner with id "` + unknownOwner + `"`},
+		{[]string{"key", "create", "--owner", "not-a-uuid", "--scope", "export:read"}, true, `--owner "not-a-uuid" is not an owner id (a UUID)`},
+		{[]string{"key", "create", "--owner", owner.ID, "--scope", "sales:write", "--platform", "nope"}, false, `no platform with id "nope"`},
+		{[]string{"key", "create", "--owner", owner.ID, "--scope", "export:read", "--platform", "market-1"}, true, "an export:read key is bound to its owner only"},
+		{[]string{"platform", "create", "--id", "market-1"}, false, `platform "market-1" exists already`},
+		{[]string{"platform", "create", "--id", "bad/id"}, false, `platform id "bad/id": 1 to 64 letters, digits`},
+		{[]string{"key", "list", "--owner", unknownOwner}, false, `no owner with id "` + unknownOwner + `"`},
+		{[]string{"key", "list", "--owner", "zz"}, true, `--owner "zz" is not an owner id`},
+	} {
+		err := cli(t, dsn, "", nil, tc.args...)
+		switch {
+		case err == nil:
+			t.Errorf("exportctl %v = nil, want an error saying %q", tc.args, tc.want)
+		case !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SQLSTATE"):
+			t.Errorf("exportctl %v = %v, want it to say %q (and no SQLSTATE)", tc.args, err, tc.want)
+		case errors.Is(err, errUsage) != tc.usage:
+			t.Errorf("exportctl %v = %v: usage error %v, want %v", tc.args, err, errors.Is(err, errUsage), tc.usage)
+		}
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 0 {
+		t.Errorf("keys after the refused creations = %+v, %v; want none", keys, err)
+	}
+}

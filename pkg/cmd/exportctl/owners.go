@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 
+	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/schema"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func migrate(ctx context.Context, e *env, args []string) error {
@@ -50,7 +53,38 @@ func platformCreate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if _, err := e.pool.Exec(ctx, "INSERT INTO platforms (id, name) VALUES ($1, $2)", *id, *name); err != nil {
-		return fmt.Errorf("create platform: %w", err)
+		return fmt.Errorf("create platform: %w", platformCreateError(err, *id))
 	}
 	return emit(e.out, *asJSON, map[string]string{"id": *id, "name": *name}, "platform "+*id)
+}
+
+// platformCreateError says which rule a platform id broke instead of the
+// constraint's name.
+func platformCreateError(err error, id string) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.As(err, &pgErr):
+		return err
+	case pgErr.Code == "23505": // unique_violation
+		return fmt.Errorf("platform %q exists already", id)
+	case pgErr.Code == "23514": // check_violation
+		return fmt.Errorf("platform id %q: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+	}
+	return err
+}
+
+// ownerExists is nil when owner is the id of an owner, and otherwise says
+// what it is not.
+func ownerExists(ctx context.Context, e *env, owner string) error {
+	if _, err := catalog.ParseOwnerID(owner); err != nil {
+		return fmt.Errorf("%w: --owner %q is not an owner id (a UUID)", errUsage, owner)
+	}
+	var found bool
+	if err := e.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM owners WHERE id = $1::uuid)", owner).Scan(&found); err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("no owner with id %q", owner)
+	}
+	return nil
 }
