@@ -178,9 +178,12 @@ else # wait -p is bash 5.1's: without it, which process exited is not known
 fi
 name=${exited:+${names[$exited]:-}}
 # Ctrl-C reaches every process at once, and one may end (status 0) before
-# our own trap runs: that is a stop, not a crash, and reads as one.
+# our own trap runs; bash then drops the SIGINT (the child handled it), so
+# the trap never runs and a Ctrl-C cannot be told from a kill of that one
+# process. The binaries end with status 0 only when signalled: the line says
+# so, a stop and not a crash.
 if [ -z "$stopping" ] && [ "$status" = 0 ]; then
-  log "${name:-a process} stopped; stopping the rest"
+  log "${name:-a process} stopped on a signal (Ctrl-C, or a kill); stopping the rest"
 elif [ -z "$stopping" ]; then
   log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
 fi
