@@ -1,7 +1,6 @@
 package httpserver
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -462,37 +461,10 @@ func TestHealthCheckOutlastingItsProber(t *testing.T) {
 // as sent ("_OTHER"), and "OPTIONS *" gets an envelope on both listeners,
 // not net/http's empty 200.
 func TestCallerChosenMethodsAndOptionsStar(t *testing.T) {
-	addrs := []string{testenv.FreeAddr(t), testenv.FreeAddr(t)}
-	var logs testenv.Output
-	srv := New(Config{Service: "test", Addr: addrs[0], AdminAddr: addrs[1],
-		Log: slog.New(slog.NewJSONHandler(&logs, nil))}, http.NewServeMux())
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() { stop(); <-done }()
-
+	addrs, logs := runOnTwoAddrs(t)
 	raw := func(addr, request string) string {
 		t.Helper()
-		var conn net.Conn
-		var err error
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if conn, err = net.Dial("tcp", addr); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := conn.Write([]byte(request)); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
+		resp, body := rawExchange(t, addr, request)
 		return fmt.Sprintf("%d %s", resp.StatusCode, body)
 	}
 	for _, addr := range addrs {
@@ -508,6 +480,24 @@ func TestCallerChosenMethodsAndOptionsStar(t *testing.T) {
 	if strings.Contains(logs.String(), "ABC1") {
 		t.Errorf("logs show the made-up method: %s", logs.String())
 	}
+}
+
+// runOnTwoAddrs runs a Server with no routes of its own on a main and an
+// admin address until the test ends, and returns them (main first) and
+// its log.
+func runOnTwoAddrs(t *testing.T) ([]string, *testenv.Output) {
+	t.Helper()
+	addrs := []string{testenv.FreeAddr(t), testenv.FreeAddr(t)}
+	logs := &testenv.Output{}
+	srv := New(Config{Service: "test", Addr: addrs[0], AdminAddr: addrs[1],
+		Log: slog.New(slog.NewJSONHandler(logs, nil))}, http.NewServeMux())
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitListening(t, addrs[0])
+	waitListening(t, addrs[1])
+	return addrs, logs
 }
 
 // A stop says at once that the server drains and how many requests it

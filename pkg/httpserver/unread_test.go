@@ -2,10 +2,8 @@ package httpserver
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -13,23 +11,13 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
-	"github.com/coinexport/export/pkg/testenv"
 )
 
 // The requests net/http answers itself, before any handler runs, are
 // answered with the envelope on both listeners, each with a request id that
 // the service's log names.
 func TestNetHTTPAnswersBecomeEnvelopes(t *testing.T) {
-	addrs := []string{testenv.FreeAddr(t), testenv.FreeAddr(t)}
-	var logs testenv.Output
-	srv := New(Config{Service: "test", Addr: addrs[0], AdminAddr: addrs[1],
-		Log: slog.New(slog.NewJSONHandler(&logs, nil))}, http.NewServeMux())
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() { stop(); <-done }()
-	waitListening(t, addrs[0])
-	waitListening(t, addrs[1])
+	addrs, logs := runOnTwoAddrs(t)
 
 	cases := []struct {
 		name, request string
