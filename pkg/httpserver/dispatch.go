@@ -11,7 +11,9 @@ import (
 	"path"
 	"runtime/debug"
 	"time"
+	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"go.opentelemetry.io/otel/attribute"
@@ -71,7 +73,8 @@ func (s *Server) dispatch() http.Handler {
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK,
+			keepNotes: s.cfg.Log.Enabled(r.Context(), slog.LevelInfo)}
 		route := "unmatched"
 		defer func() {
 			if p := recover(); p != nil {
@@ -266,12 +269,35 @@ func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d t
 // external_order_id). w is the writer the handler was given. Never a
 // secret: access lines and spans are read by many.
 func Annotate(w http.ResponseWriter, r *http.Request, key, value string) {
-	if rec, ok := w.(*statusRecorder); ok {
+	if rec, ok := w.(*statusRecorder); ok && rec.keepNotes {
 		rec.notes = append(rec.notes, key, value)
 	}
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		span.SetAttributes(attribute.String("app."+key, value))
 	}
+}
+
+// AnnotateClientValue is Annotate for a value the client chose (an item
+// id, an order id, an Idempotency-Key): one holding something shaped like
+// an API key is replaced, since a client that pasted its key there would
+// otherwise have it in every log store and trace, and one longer than
+// maxClientValue characters is cut (the contract's ids are at most 128).
+func AnnotateClientValue(w http.ResponseWriter, r *http.Request, key, value string) {
+	Annotate(w, r, key, LoggableClientValue(value))
+}
+
+// maxClientValue is the longest client-chosen value a log line keeps whole.
+const maxClientValue = 128
+
+// LoggableClientValue is value as AnnotateClientValue records it.
+func LoggableClientValue(value string) string {
+	if apikey.ContainsKey(value) {
+		return "[holds an API key]"
+	}
+	if utf8.RuneCountInString(value) > maxClientValue {
+		return string([]rune(value)[:maxClientValue]) + "…"
+	}
+	return value
 }
 
 // statusRecorder remembers the status written through it. Unwrap lets
@@ -282,6 +308,7 @@ type statusRecorder struct {
 	status      int
 	wroteHeader bool
 	notes       []any // Annotate's key-value pairs, for the access line
+	keepNotes   bool  // the access line is written (info enabled): notes are kept
 }
 
 func (s *statusRecorder) WriteHeader(code int) {

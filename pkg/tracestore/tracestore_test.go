@@ -35,7 +35,9 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	ctx, parent := tracer.Start(ctx, "parent")
 	_, child := tracer.Start(ctx, "child", trace.WithAttributes(attribute.String("app.error_code", "unauthenticated"),
 		attribute.String("app.auth_failure", "revoked"), attribute.String("api_key.id", "k1"),
-		attribute.String("app.external_order_id", "o-7"), attribute.String("app.idempotency_key", "k-7")))
+		attribute.String("app.item_id", "coin-7"), attribute.String("app.external_order_id", "o-7"),
+		attribute.String("app.idempotency_key", "k-7"), attribute.String("app.idempotent_replay", "true"),
+		attribute.String("server.address", "10.1.2.3"), attribute.String("server.port", "8082")))
 	child.AddEvent("sent again", trace.WithAttributes(attribute.String("upstream.failed_attempt.kind", "closed")))
 	child.End()
 	parent.End()
@@ -52,7 +54,8 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	WriteTree(&tree, spans)
 	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") ||
-		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked api_key.id=k1 app.external_order_id=o-7 app.idempotency_key=k-7") || lines[2] != "    · sent again upstream.failed_attempt.kind=closed" {
+		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked api_key.id=k1 app.item_id=coin-7 app.external_order_id=o-7 "+
+			"app.idempotency_key=k-7 app.idempotent_replay=true server.address=10.1.2.3 server.port=8082") || lines[2] != "    · sent again upstream.failed_attempt.kind=closed" {
 		t.Errorf("WriteTree =\n%s\nwant parent, then the indented child with its error code, auth failure and key, then its event", tree.String())
 	}
 	if got := strings.Count(file.String(), "\n"); got != 2 {
@@ -83,6 +86,23 @@ func TestErrorsAreEnvelopes(t *testing.T) {
 		if err != nil || resp.StatusCode != tc.status || env.Error == nil || env.Meta.RequestID == "" ||
 			resp.Header.Get("Content-Type") != envelope.ContentType {
 			t.Errorf("%s %s = %d %+v (%v), want %d with an error envelope", tc.method, tc.path, resp.StatusCode, env, err, tc.status)
+		}
+	}
+}
+
+// A server span that matched no route shows its path: its name is only
+// the method then. A routed span's path is its route, a client's its URL.
+func TestUnroutedServerSpanShowsItsPath(t *testing.T) {
+	for _, tc := range []struct {
+		sp   Span
+		want bool
+	}{
+		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope"}}, true},
+		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope", "http.route": "/v1/{x}"}}, false},
+		{Span{Kind: "SPAN_KIND_CLIENT", Attributes: map[string]string{"url.path": "/v1/nope"}}, false},
+	} {
+		if got := strings.Contains(interesting(tc.sp), "url.path=/v1/nope"); got != tc.want {
+			t.Errorf("interesting(%+v) = %q: shows the path %v, want %v", tc.sp, interesting(tc.sp), got, tc.want)
 		}
 	}
 }

@@ -25,7 +25,7 @@ func WriteTree(w io.Writer, spans []Span) {
 	var walk func(sp Span, depth int)
 	walk = func(sp Span, depth int) {
 		fmt.Fprintf(w, "%s%-*s %-14s %-8s %8.2f ms %s\n", strings.Repeat("  ", depth), 48-2*depth, sp.Name,
-			sp.Service, strings.TrimPrefix(sp.Kind, "SPAN_KIND_"), sp.DurationMS, interesting(sp.Attributes))
+			sp.Service, strings.TrimPrefix(sp.Kind, "SPAN_KIND_"), sp.DurationMS, interesting(sp))
 		for _, ev := range sp.Events {
 			fmt.Fprintf(w, "%s  · %s %s\n", strings.Repeat("  ", depth), ev.Name, allAttrs(ev.Attributes))
 		}
@@ -40,13 +40,28 @@ func WriteTree(w io.Writer, spans []Span) {
 	}
 }
 
-// interesting picks the attributes an SRE reads first.
-func interesting(attrs map[string]string) string {
+// interestingAttrs are the attributes an SRE reads first, in the order
+// shown: the outcome and why, who called, what the call was about (item,
+// order, key, replay), which limit refused it, which instance answered
+// (server.*, on proxy and client spans) and, on a client span, the URL it
+// called (never secret: the shop's key goes in a header).
+var interestingAttrs = []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure",
+	"error.type", "app.rate_limit.class", "owner.id", "api_key.id", "platform.id", "app.item_id",
+	"app.external_order_id", "app.idempotency_key", "app.idempotent_replay", "server.address", "server.port",
+	"url.full", "db.operation.name", "export.read_ahead"}
+
+// interesting picks sp's interestingAttrs, and the path of a server span
+// that matched no route (its name says only the method then).
+func interesting(sp Span) string {
 	var parts []string
-	for _, k := range []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure", "error.type", "owner.id", "api_key.id", "platform.id", "item.id", "app.external_order_id", "app.idempotency_key", "db.operation.name", "export.read_ahead"} {
-		if v, ok := attrs[k]; ok {
+	for _, k := range interestingAttrs {
+		if v, ok := sp.Attributes[k]; ok {
 			parts = append(parts, k+"="+v)
 		}
+	}
+	_, routed := sp.Attributes["http.route"]
+	if path := sp.Attributes["url.path"]; sp.Kind == "SPAN_KIND_SERVER" && !routed && path != "" {
+		parts = append(parts, "url.path="+path)
 	}
 	return strings.Join(parts, " ")
 }

@@ -92,7 +92,7 @@ func TestRunServesAndStops(t *testing.T) {
 	// The access lines name the order and the key of each sale call, so
 	// that a request id quoted by a platform leads to its order.
 	deadline := time.Now().Add(5 * time.Second)
-	for strings.Count(out.String(), `"external_order_id":"o-1","idempotency_key":"k-1"`) < 2 {
+	for strings.Count(out.String(), `"item_id":"coin-1","idempotency_key":"k-1","external_order_id":"o-1"`) < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("access lines lack the order and the key of both calls:\n%s", out.String())
 		}

@@ -41,17 +41,17 @@ type handler struct {
 // serve decodes and validates the call, executes it and encodes the result.
 func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A platform's support quotes a request id; what it must reconcile
+		// is the item and the order, and which call a key was bound to:
+		// each is in the access line and the span as soon as it is read,
+		// so a refused call names them too (decode adds the key).
+		httpserver.AnnotateClientValue(w, r, "item_id", r.PathValue("item_id"))
 		req, err := decode(w, r, op)
 		if err != nil {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
 			return
 		}
-		// A platform's support quotes a request id; what it must reconcile
-		// is the order, and which call a key was bound to.
-		// redactKey: a client that pasted its API key into either would
-		// otherwise have it in every log store and trace.
-		httpserver.Annotate(w, r, "external_order_id", redactKey(req.ExternalOrderID))
-		httpserver.Annotate(w, r, "idempotency_key", redactKey(req.IdempotencyKey))
+		httpserver.AnnotateClientValue(w, r, "external_order_id", req.ExternalOrderID)
 		res, err := h.writer.Execute(r.Context(), req)
 		if err != nil {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
@@ -60,6 +60,8 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		envelope.WriteDataJSON(w, http.StatusOK, res.AppendJSON, envelope.Meta{RequestID: httpserver.RequestID(r)})
 		outcome := "executed"
 		if res.IdempotentReplay {
+			// A replayed 200 reads like a fresh one everywhere else.
+			httpserver.Annotate(w, r, "idempotent_replay", "true")
 			outcome = "replayed"
 		}
 		h.outcomes.WithLabelValues(string(op), outcome).Inc()

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
@@ -56,6 +55,7 @@ func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.R
 	if err != nil {
 		return sales.Request{}, err
 	}
+	httpserver.AnnotateClientValue(w, r, "idempotency_key", key)
 	body, err := readBody(w, r)
 	if err != nil {
 		return sales.Request{}, err
@@ -177,7 +177,7 @@ func parseBody(body []byte) (string, int, error) {
 				return "", 0, badRequest(codeInvalidBody, "quantity must be the integer 1")
 			}
 		default:
-			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("unknown property %q", clip(redactKey(name))))
+			return "", 0, badRequest(codeInvalidBody, fmt.Sprintf("unknown property %q", clip(httpserver.LoggableClientValue(name))))
 		}
 	}
 	if orderID == nil {
@@ -241,16 +241,6 @@ func externalOrderID(value json.RawMessage) (string, error) {
 		return "", badRequest(codeInvalidBody, "external_order_id must not contain NUL characters")
 	}
 	return s, nil
-}
-
-// redactKey stands for a property name that holds an API key (pasted into
-// the body by mistake): an answer quoting it would copy the key into
-// whatever logs the client's answers.
-func redactKey(name string) string {
-	if apikey.ContainsKey(name) {
-		return "[holds an API key]"
-	}
-	return name
 }
 
 // clip shortens a client-supplied name quoted back in a message.

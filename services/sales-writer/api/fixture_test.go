@@ -62,11 +62,17 @@ func openPool(t testing.TB, url string) *pgxpool.Pool {
 // newHandler builds the service as run does, without the listeners.
 func newHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration) http.Handler {
 	t.Helper()
+	return newLoggedHandler(t, db, retention, io.Discard)
+}
+
+// newLoggedHandler is newHandler logging to logs, at info.
+func newLoggedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.Writer) http.Handler {
+	t.Helper()
 	signer, err := identity.NewSigner(testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
 	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
 	Routes(mux, sales.NewWriter(db, retention), log, srv.Registry())

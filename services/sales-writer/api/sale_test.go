@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
@@ -488,5 +490,48 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 		if got := rec.Header().Get("Retry-After"); got != "1" {
 			t.Errorf("%s with PostgreSQL down: Retry-After = %q, want 1", op, got)
 		}
+	}
+}
+
+// A call traced by its request id names its item, its Idempotency-Key as
+// soon as the header is read (a 400 of the body too), its order, and
+// whether its 200 was a replay; an API key pasted into any of them is
+// not recorded.
+func TestAccessLinesNameTheCall(t *testing.T) {
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs)
+	apiKey, _, err := apikey.Generate([]string{identity.ScopeSalesWrite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := []struct {
+		call call
+		want string
+	}{
+		{call{op: "confirm", item: "coin-1", key: "k-1", body: order1},
+			`"item_id":"coin-1","idempotency_key":"k-1","external_order_id":"order-1"}`},
+		{call{op: "confirm", item: "coin-1", key: "k-1", body: order1},
+			`"item_id":"coin-1","idempotency_key":"k-1","external_order_id":"order-1","idempotent_replay":"true"}`},
+		{call{op: "confirm", item: "nope", key: "k-404", body: order1},
+			`"error_code":"not_found","owner_id":"` + f.owner + `","item_id":"nope","idempotency_key":"k-404","external_order_id":"order-1"}`},
+		{call{op: "confirm", item: "coin-1", key: "k-400", body: `{"external_order_id":""}`},
+			`"error_code":"invalid_body","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"k-400"}`},
+		{call{op: "confirm", item: "coin-1", key: apiKey, body: `{"external_order_id":"` + apiKey + `"}`},
+			`"item_id":"coin-1","idempotency_key":"[holds an API key]","external_order_id":"[holds an API key]"}`},
+	}
+	for _, c := range calls {
+		c.call.id = f.writer("market-a")
+		f.do(t, c.call)
+		// This logger adds no request id: the call's line is the last one.
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		line := lines[len(lines)-1]
+		if !strings.HasSuffix(line, c.want) {
+			t.Errorf("access line of %s %s with key %.8s… = %s\nwant it to end with %s", c.call.op, c.call.item, c.call.key, line, c.want)
+		}
+	}
+	if strings.Contains(logs.String(), apiKey) {
+		t.Errorf("the log holds the API key:\n%s", logs.String())
 	}
 }

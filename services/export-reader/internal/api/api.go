@@ -79,6 +79,8 @@ func (a *API) item(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	// A 404 traced by its request id says which item was missing.
+	httpserver.AnnotateClientValue(w, r, "item_id", r.PathValue("item_id"))
 	lang, err := parseItem(r.URL.RawQuery)
 	if err != nil {
 		a.fail(w, r, err)

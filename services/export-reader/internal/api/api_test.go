@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
@@ -595,5 +596,32 @@ func TestCursorOfAnotherSecretIsWarnedOf(t *testing.T) {
 	}
 	if got := strings.Count(e.logs.String(), `"level":"WARN","msg":"cursor refused: its signature does not match CURSOR_SECRET`); got != 1 {
 		t.Errorf("signature warnings = %d, want 1 (the second held back):\n%s", got, e.logs.String())
+	}
+}
+
+// A GET by id traced by its request id names the item asked for: a 404
+// says which one was missing. A key pasted as an id is not recorded.
+func TestItemAccessLineNamesTheItem(t *testing.T) {
+	e := newEnv(t)
+	owner := e.owner(t)
+	apiKey, _, err := apikey.Generate([]string{identity.ScopeExportRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ id, want string }{
+		{"no-such-coin", `"item_id":"no-such-coin"`},
+		{"caf%C3%A9", `"item_id":"café"`},
+		{apiKey, `"item_id":"[holds an API key]"`},
+	} {
+		if r := e.get(t, owner, "/v1/export/items/"+tc.id); r.status != 404 {
+			t.Fatalf("GET %s = %d, want 404", tc.id, r.status)
+		}
+		lines := strings.Split(strings.TrimSpace(e.logs.String()), "\n")
+		if last := lines[len(lines)-1]; !strings.Contains(last, `"error_code":"not_found"`) || !strings.Contains(last, tc.want) {
+			t.Errorf("access line of GET %.12s… = %s, want not_found and %s", tc.id, last, tc.want)
+		}
+	}
+	if strings.Contains(e.logs.String(), apiKey) {
+		t.Errorf("the log holds the API key:\n%s", e.logs.String())
 	}
 }
