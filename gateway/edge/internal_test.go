@@ -410,6 +410,31 @@ func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {
 	}
 }
 
+// A key mistyped or cut short in the path is no key: the request is served
+// (here: the item is looked up, and the fake upstream is not there), but no
+// span or log records that much of a secret.
+func TestNearMissKeyInThePathIsServedAndNotTraced(t *testing.T) {
+	g, sr, logs := startInternal(t, nil, fakeKeys{})
+	key := wellFormedKey(t)
+	mistyped := key[:20] + string(key[20]^1) + key[21:]
+	for _, id := range []string{mistyped, key[:30]} {
+		resp, _ := get(t, "http://"+g.Addr()+"/v1/export/items/"+id, map[string]string{"X-API-Key": wellFormedKey(t)})
+		if resp.StatusCode == 401 {
+			t.Errorf("GET with a near-miss key %.8s… as item id = 401, want it served like any id", id)
+		}
+	}
+	for _, s := range sr.Ended() {
+		for _, a := range s.Attributes() {
+			if strings.Contains(a.Value.String(), key[4:20]) {
+				t.Errorf("span %q attribute %s = %q holds most of a key", s.Name(), a.Key, a.Value.String())
+			}
+		}
+	}
+	if strings.Contains(logs.String(), key[4:20]) {
+		t.Errorf("the logs hold most of a key:\n%s", logs.String())
+	}
+}
+
 // Every kind errorKind returns has its series created at start
 // (upstreamErrorKinds), so none appears only with its first failure.
 func TestErrorKindsAreAllListed(t *testing.T) {

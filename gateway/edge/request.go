@@ -82,8 +82,11 @@ const maxServerSpanAttrs = 12
 // an id chosen by an internet client would let it forge request ids. The
 // span's attributes are set once, when it ends (end).
 func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
-	path, keyInPath := apikey.RedactPath(c.Path()) // raw: Fiber leaves it escaped
-	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(path),
+	raw := c.Path() // Fiber leaves it escaped
+	// A whole key in the path is refused (keyInPath); what is recorded
+	// also hides one mistyped or cut short, which is no key to refuse.
+	_, keyInPath := apikey.RedactPath(raw)
+	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(apikey.RedactKeyLikePath(raw)),
 		keyInPath: keyInPath, clientIP: g.clientIP(c), start: time.Now()}
 	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {

@@ -97,20 +97,45 @@ func WellFormed[T string | []byte](s T) bool {
 
 // RedactPath returns path with every segment that holds a well-formed key
 // (the whole segment or part of it: "x<key>", "<key>.json") replaced by
-// "[key]", and whether there was one. Spans record request paths, and a key
-// a client put in one must not reach them (spec 5: keys never in URLs or
-// logs). Each segment is read as sent and with its %-escapes decoded, so
-// that an escaped letter hides no key, whatever the rest of the path holds.
-// A path without one is returned as it is, and one without a key or a '%'
-// also without an allocation (every request's path is read here).
+// "[key]", and whether there was one. The gateway refuses such a path
+// (spec 5: keys never in URLs); what spans and logs record goes through
+// RedactKeyLikePath. Each segment is read as sent and with its %-escapes
+// decoded, so that an escaped letter hides no key, whatever the rest of
+// the path holds. A path without one is returned as it is, and one without
+// a key or a '%' also without an allocation (every request's path is read
+// here).
 func RedactPath(path string) (string, bool) {
-	if len(path) < Len || (!ContainsKey(path) && strings.IndexByte(path, '%') < 0) {
+	return redactPath(path, wellFormedKeys)
+}
+
+// RedactKeyLikePath is RedactPath for what spans and logs record: it
+// replaces the segments that hold anything ContainsKeyLike finds, a key
+// mistyped or cut short included.
+func RedactKeyLikePath(path string) string {
+	redacted, _ := redactPath(path, keyLikeText)
+	return redacted
+}
+
+// keyFinder finds keys in text: holds reports one, and minLen is the
+// shortest text it can find one in.
+type keyFinder struct {
+	holds  func(string) bool
+	minLen int
+}
+
+var (
+	wellFormedKeys = keyFinder{holds: ContainsKey[string], minLen: Len}
+	keyLikeText    = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun}
+)
+
+func redactPath(path string, keys keyFinder) (string, bool) {
+	if len(path) < keys.minLen || (!keys.holds(path) && strings.IndexByte(path, '%') < 0) {
 		return path, false
 	}
 	segments := strings.Split(path, "/")
 	found := false
 	for i, segment := range segments {
-		if segmentHoldsKey(segment) {
+		if segmentHoldsKey(segment, keys) {
 			segments[i], found = "[key]", true
 		}
 	}
@@ -121,8 +146,8 @@ func RedactPath(path string) (string, bool) {
 }
 
 // ContainsKey reports whether s holds a well-formed key anywhere in it, for
-// free text a client sends (a User-Agent, a path, a query) that spans or
-// logs could record.
+// free text a client sends (a path, a query) that the gateway refuses to
+// forward when it does.
 func ContainsKey[T string | []byte](s T) bool {
 	for i := 0; i+Len <= len(s); i++ {
 		if s[i] == TagRead[0] && s[i+1] == TagRead[1] && WellFormed(s[i:i+Len]) { // every tag begins with "cx"
@@ -132,13 +157,39 @@ func ContainsKey[T string | []byte](s T) bool {
 	return false
 }
 
+// minKeyLikeRun is how many characters of the keys' alphabet after a tag
+// make text look like a key to ContainsKeyLike: 16 of them are 95 bits,
+// most of a key's secret (it has 256), far more than any guess.
+const minKeyLikeRun = 16
+
+// ContainsKeyLike reports whether s holds a key's tag followed by at least
+// minKeyLikeRun characters of its alphabet: a key, or one mistyped (its
+// checksum fails) or cut short. Such text is no key the gateway refuses,
+// but most of a secret all the same, to be kept out of spans and logs
+// (a client's User-Agent, an id it chose). Only for what is recorded: an
+// item id that merely looks like a key is still served.
+func ContainsKeyLike[T string | []byte](s T) bool {
+	for i := 0; i+tagLen+minKeyLikeRun <= len(s); i++ {
+		if s[i] != 'c' || s[i+1] != 'x' || s[i+3] != '_' || (s[i+2] != 'r' && s[i+2] != 'w' && s[i+2] != 'a') {
+			continue
+		}
+		run := 0
+		for j := i + tagLen; j < len(s) && inAlphabet[s[j]]; j++ {
+			if run++; run >= minKeyLikeRun {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // segmentHoldsKey reports whether a path segment holds a key, as sent or
 // decoded.
-func segmentHoldsKey(segment string) bool {
-	if ContainsKey(segment) {
+func segmentHoldsKey(segment string, keys keyFinder) bool {
+	if keys.holds(segment) {
 		return true
 	}
-	if len(segment) <= Len || strings.IndexByte(segment, '%') < 0 {
+	if len(segment) <= keys.minLen || strings.IndexByte(segment, '%') < 0 {
 		return false // an escape makes a segment longer than the key it spells
 	}
 	// Decoded again while it changes: "%2563" is "%63" is "c", and a
@@ -150,7 +201,7 @@ func segmentHoldsKey(segment string) bool {
 		if decoded == segment {
 			return false
 		}
-		if ContainsKey(decoded) {
+		if keys.holds(decoded) {
 			return true
 		}
 		segment = decoded

@@ -171,3 +171,39 @@ func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {
 		t.Errorf("ContainsKey(8 KB of cxr_) = %v allocations, want 0", allocs)
 	}
 }
+
+// Text that looks like a key, whole, mistyped or cut short, is found for
+// redaction; a tag with a few characters after it, or none, is not.
+func TestContainsKeyLike(t *testing.T) {
+	key, _, err := Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mistyped := key[:20] + string(key[20]^1) + key[21:]
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{key, true},
+		{"ua (" + mistyped + ")", true},
+		{key[:tagLen+minKeyLikeRun], true},
+		{"x" + key[:30] + "-", true},
+		{key[:tagLen+minKeyLikeRun-1], false},
+		{"cxr_coin-17", false},
+		{"cxq_" + key[tagLen:], false},
+		{"", false},
+	} {
+		if got := ContainsKeyLike(tc.s); got != tc.want {
+			t.Errorf("ContainsKeyLike(%.24q) = %v, want %v", tc.s, got, tc.want)
+		}
+	}
+	if ContainsKey(mistyped) {
+		t.Errorf("ContainsKey(mistyped key) = true: the gateway would refuse a request for a near miss")
+	}
+	if got := RedactKeyLikePath("/v1/export/items/" + mistyped + "/sales"); got != "/v1/export/items/[key]/sales" {
+		t.Errorf("RedactKeyLikePath(near miss) = %q", got)
+	}
+	if got := RedactKeyLikePath("/v1/export/items/cxr_coin-17"); got != "/v1/export/items/cxr_coin-17" {
+		t.Errorf("RedactKeyLikePath(an id with a tag) = %q, want it unchanged", got)
+	}
+}

@@ -278,10 +278,11 @@ func Annotate(w http.ResponseWriter, r *http.Request, key, value string) {
 }
 
 // AnnotateClientValue is Annotate for a value the client chose (an item
-// id, an order id, an Idempotency-Key): one holding something shaped like
-// an API key is replaced, since a client that pasted its key there would
-// otherwise have it in every log store and trace, and one longer than
-// maxClientValue characters is cut (the contract's ids are at most 128).
+// id, an order id, an Idempotency-Key): one holding something like an API
+// key (apikey.ContainsKeyLike: whole, mistyped or cut short) is replaced,
+// since a client that pasted its key there would otherwise have it in
+// every log store and trace, and one longer than maxClientValue characters
+// is cut (the contract's ids are at most 128).
 func AnnotateClientValue(w http.ResponseWriter, r *http.Request, key, value string) {
 	Annotate(w, r, key, LoggableClientValue(value))
 }
@@ -291,7 +292,7 @@ const maxClientValue = 128
 
 // LoggableClientValue is value as AnnotateClientValue records it.
 func LoggableClientValue(value string) string {
-	if apikey.ContainsKey(value) {
+	if apikey.ContainsKeyLike(value) {
 		return "[holds an API key]"
 	}
 	if utf8.RuneCountInString(value) > maxClientValue {

@@ -46,18 +46,15 @@ func requestAttrs(r *http.Request) []attribute.KeyValue {
 		semconv.URLPath(redactedPath(r.URL.Path)),
 	}
 	if ua := r.UserAgent(); ua != "" {
-		if apikey.ContainsKey(ua) { // forwarded by the gateway as clients send it
-			ua = "[holds an API key]"
-		}
-		attrs = append(attrs, semconv.UserAgentOriginal(ua))
+		// forwarded by the gateway as clients send it
+		attrs = append(attrs, semconv.UserAgentOriginal(LoggableClientValue(ua)))
 	}
 	return attrs
 }
 
-// redactedPath is path without any API key a client put in it (the gateway
-// refuses such requests; this keeps one sent straight to a service out of
-// its spans too).
+// redactedPath is path without any API key a client put in it, whole,
+// mistyped or cut short (the gateway refuses a path with a whole key; this
+// keeps the rest, and one sent straight to a service, out of its spans).
 func redactedPath(path string) string {
-	redacted, _ := apikey.RedactPath(path)
-	return redacted
+	return apikey.RedactKeyLikePath(path)
 }

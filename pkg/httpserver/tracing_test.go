@@ -14,17 +14,20 @@ func TestSpanPathHoldsNoKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := httptest.NewRequest("GET", "/v1/export/items/"+key, nil)
-	r.Header.Set("User-Agent", "sync/1.0 ("+key+")")
-	for _, a := range requestAttrs(r) {
-		if a.Key == "url.path" && a.Value.AsString() != "/v1/export/items/[key]" {
-			t.Errorf("url.path = %q, want the key redacted", a.Value.AsString())
-		}
-		if a.Key == "user_agent.original" && a.Value.AsString() != "[holds an API key]" {
-			t.Errorf("user_agent.original = %q, want it replaced", a.Value.AsString())
-		}
-		if strings.Contains(a.Value.String(), key) {
-			t.Errorf("attribute %s holds the key", a.Key)
+	mistyped := key[:20] + string(key[20]^1) + key[21:] // its checksum fails
+	for _, k := range []string{key, mistyped, key[:30]} {
+		r := httptest.NewRequest("GET", "/v1/export/items/"+k, nil)
+		r.Header.Set("User-Agent", "sync/1.0 ("+k+")")
+		for _, a := range requestAttrs(r) {
+			if a.Key == "url.path" && a.Value.AsString() != "/v1/export/items/[key]" {
+				t.Errorf("url.path = %q, want the key redacted", a.Value.AsString())
+			}
+			if a.Key == "user_agent.original" && a.Value.AsString() != "[holds an API key]" {
+				t.Errorf("user_agent.original = %q, want it replaced", a.Value.AsString())
+			}
+			if strings.Contains(a.Value.String(), k[:20]) {
+				t.Errorf("attribute %s holds the key %.8s…", a.Key, k)
+			}
 		}
 	}
 }
