@@ -12,24 +12,23 @@ import (
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
-// shopStatus maps each kind of shop failure to its answer. Problems the
-// caller can fix (the key, the address) are 400, as spec 4.2 lists; the
-// shop misbehaving is 502, or 504 when it is too slow.
-var shopStatus = map[prestashop.Kind]struct {
-	status int
-	code   string
-}{
-	prestashop.KindUnauthorized: {http.StatusBadRequest, "shop_401"},
-	prestashop.KindForbidden:    {http.StatusBadRequest, "shop_403"},
-	prestashop.KindNotAllowed:   {http.StatusBadRequest, shopschema.CodeNotAllowed},
-	prestashop.KindUnreachable:  {http.StatusBadGateway, "shop_unreachable"},
-	prestashop.KindTLS:          {http.StatusBadGateway, "shop_tls_error"},
-	prestashop.KindTimeout:      {http.StatusGatewayTimeout, "shop_timeout"},
-	prestashop.KindBadResponse:  {http.StatusBadGateway, "shop_bad_response"},
-	prestashop.KindTooLarge:     {http.StatusBadGateway, "shop_too_large"},
-	prestashop.KindDisabled:     {http.StatusBadGateway, "shop_webservice_disabled"},
-	prestashop.KindUnavailable:  {http.StatusBadGateway, "shop_unavailable"},
-	prestashop.KindNotFound:     {http.StatusBadGateway, "shop_not_found"},
+// shopStatus maps each kind of shop failure to its HTTP status; its error
+// code is the kind's (prestashop.Kind.Code), which also names the failure
+// in the shop request's span. Problems the caller can fix (the key, the
+// address) are 400, as spec 4.2 lists; the shop misbehaving is 502, or 504
+// when it is too slow.
+var shopStatus = map[prestashop.Kind]int{
+	prestashop.KindUnauthorized: http.StatusBadRequest,
+	prestashop.KindForbidden:    http.StatusBadRequest,
+	prestashop.KindNotAllowed:   http.StatusBadRequest,
+	prestashop.KindUnreachable:  http.StatusBadGateway,
+	prestashop.KindTLS:          http.StatusBadGateway,
+	prestashop.KindTimeout:      http.StatusGatewayTimeout,
+	prestashop.KindBadResponse:  http.StatusBadGateway,
+	prestashop.KindTooLarge:     http.StatusBadGateway,
+	prestashop.KindDisabled:     http.StatusBadGateway,
+	prestashop.KindUnavailable:  http.StatusBadGateway,
+	prestashop.KindNotFound:     http.StatusBadGateway,
 }
 
 // writeError is the service's one error-to-HTTP mapper. It returns the
@@ -60,12 +59,13 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	}
 	var shopErr *prestashop.Error
 	if errors.As(err, &shopErr) {
-		if m, ok := shopStatus[shopErr.Kind]; ok {
+		if status, ok := shopStatus[shopErr.Kind]; ok {
+			code := shopErr.Kind.Code()
 			// The full error holds the transport error (with the request URL,
 			// which carries no secret) for whoever debugs the shop.
-			h.log.WarnContext(r.Context(), "shop call failed", "code", m.code, "err", shopErr.Error())
-			envelope.WriteError(w, m.status, m.code, shopErr.Resource+": "+shopErr.Reason, requestID)
-			return m.code
+			h.log.WarnContext(r.Context(), "shop call failed", "code", code, "err", shopErr.Error())
+			envelope.WriteError(w, status, code, shopErr.Resource+": "+shopErr.Reason, requestID)
+			return code
 		}
 	}
 	h.log.ErrorContext(r.Context(), "shop schema read failed", "err", err)

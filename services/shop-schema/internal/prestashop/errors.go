@@ -32,6 +32,38 @@ const (
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
 )
 
+// Code is the route's error code for a failure of kind k (README,
+// "Errors"), and the error.type of the span of the shop request that
+// failed so: one vocabulary for answers, logs, metrics and traces. It is
+// "" for a kind it does not know.
+func (k Kind) Code() string {
+	switch k {
+	case KindUnauthorized:
+		return "shop_401"
+	case KindForbidden:
+		return "shop_403"
+	case KindNotAllowed:
+		return "base_url_not_allowed" // shopschema.CodeNotAllowed, as a refused base_url
+	case KindUnreachable:
+		return "shop_unreachable"
+	case KindTLS:
+		return "shop_tls_error"
+	case KindTimeout:
+		return "shop_timeout"
+	case KindBadResponse:
+		return "shop_bad_response"
+	case KindTooLarge:
+		return "shop_too_large"
+	case KindDisabled:
+		return "shop_webservice_disabled"
+	case KindUnavailable:
+		return "shop_unavailable"
+	case KindNotFound:
+		return "shop_not_found"
+	}
+	return ""
+}
+
 // Error is a failed shop call. What a client is shown (Resource and Reason)
 // is fixed phrases and the resource name only: never the shop's body, its
 // headers, the request URL or the key. Error() adds the status code and the
