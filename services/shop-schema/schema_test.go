@@ -21,6 +21,7 @@ import (
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -72,7 +73,9 @@ func startServiceWith(t *testing.T, shop *fakeshop.Shop, env map[string]string, 
 	}
 	logs := &testenv.Output{}
 	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	// Sampled whatever the server span is: a test that ran the service's
+	// run has left a global provider whose spans are not.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	srv, err := newServer(cfg, logging.New(logs, cfg.LogLevel, "shop-schema"), tp, resolver)
 	if err != nil {
 		t.Fatal(err)
@@ -411,6 +414,17 @@ func TestSchemaShopErrors(t *testing.T) {
 			if env.Error != nil && strings.Contains(env.Error.Message, "Webservice") {
 				t.Errorf("error message %q echoes the shop's body", env.Error.Message)
 			}
+			spans := clientSpans(svc.spans.Ended())
+			checkSpanVocabulary(t, spans)
+			// Too many rows is a fact of the whole resource, not of one
+			// request: no shop request failed.
+			named := tt.name == "too many rows"
+			for _, s := range spans {
+				named = named || s.errorType == tt.wantCode
+			}
+			if !named {
+				t.Errorf("no span has error.type %s: %+v", tt.wantCode, spans)
+			}
 		})
 	}
 }
@@ -714,6 +728,16 @@ func TestAbandonedReadIsNotAShopTimeout(t *testing.T) {
 	logs := svc.logs.String()
 	if !strings.Contains(logs, `"code":"client_closed_request"`) || strings.Contains(logs, "shop_timeout") {
 		t.Errorf("logs = %s, want the read logged as client_closed_request, never shop_timeout", logs)
+	}
+	// Nor do the shop's spans blame the shop.
+	spans := clientSpans(svc.spans.Ended())
+	if len(spans) == 0 {
+		t.Fatal("no client span recorded")
+	}
+	for _, s := range spans {
+		if want := (clientSpan{url: s.url, errorType: "canceled", cancelReason: "caller_left", status: codes.Unset}); s != want {
+			t.Errorf("span of a request the caller abandoned = %+v, want %+v", s, want)
+		}
 	}
 }
 

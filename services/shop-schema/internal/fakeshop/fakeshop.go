@@ -85,6 +85,9 @@ type Shop struct {
 
 	// Hold, when set, makes every answer wait until it is closed.
 	Hold chan struct{}
+	// Stall lists resources whose requests get no answer until the client
+	// gives up on them.
+	Stall map[string]bool
 
 	srv     *httptest.Server
 	conns   atomic.Int64
@@ -173,6 +176,10 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	resource, ok := s.route(r)
+	if ok && s.Stall[resource] {
+		<-r.Context().Done()
+		return
+	}
 	if !ok || s.HTML {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		if !s.HTML {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
@@ -67,15 +68,15 @@ func NewClient(cfg Config) *Client {
 		IdleConnTimeout:        30 * time.Second,
 		MaxResponseHeaderBytes: 64 << 10,
 	}
-	opts := []otelhttp.Option{
-		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "prestashop " + r.Method }),
-	}
-	if cfg.TracerProvider != nil {
-		opts = append(opts, otelhttp.WithTracerProvider(cfg.TracerProvider))
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
 	}
 	return &Client{
 		http: &http.Client{
-			Transport:     otelhttp.NewTransport(redactingTransport{transport}, opts...),
+			Transport: otelhttp.NewTransport(redactingTransport{transport},
+				otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "prestashop " + r.Method }),
+				otelhttp.WithTracerProvider(scopedTracerProvider{tp})),
 			CheckRedirect: cfg.Guard.CheckRedirect,
 		},
 		maxBytes:     cfg.MaxBytes,
@@ -134,8 +135,17 @@ func notWebservice(err error) bool {
 
 const reasonNotJSON = "the shop's answer is not JSON"
 
-// get performs one request and classifies the answer.
+// get performs one request and classifies the answer, and names a failure
+// in the request's span.
 func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]byte, error) {
+	body, err := cl.do(ctx, c, resource, target)
+	if err != nil {
+		spanScopeOf(ctx).fail(ctx, err)
+	}
+	return body, err
+}
+
+func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(withKey(ctx, c.key), http.MethodGet, target, nil)
 	if err != nil {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "cannot build the request"}
@@ -229,8 +239,11 @@ func listAll[T any](ctx context.Context, cl *Client, c *call, resource, fields, 
 
 // listPage reads one page. It asks for the fields the service uses; a shop
 // that rejects the field list (400) is asked for display=full instead, for
-// this and every later request of the call.
+// this and every later request of the call. The client spans of its
+// requests end when it returns, each with its outcome named.
 func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields, extra string, offset int) ([]T, error) {
+	ctx, spans := withSpanScope(ctx)
+	defer spans.end()
 	limit := "&sort=[id_ASC]&limit=" + strconv.Itoa(offset) + "," + strconv.Itoa(cl.pageSize) + extra
 	display := fields
 	if c.fullFields.Load() || fields == "" {
@@ -246,7 +259,9 @@ func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields,
 	}
 	rows, err := decodeList[T](body, resource)
 	if err != nil {
-		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "the shop's answer has an unexpected shape"}
+		err := &Error{Kind: KindBadResponse, Resource: resource, Reason: "the shop's answer has an unexpected shape"}
+		spans.fail(ctx, err)
+		return nil, err
 	}
 	return rows, nil
 }
