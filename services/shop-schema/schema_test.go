@@ -414,6 +414,9 @@ func TestSchemaShopErrors(t *testing.T) {
 			if env.Error != nil && strings.Contains(env.Error.Message, "Webservice") {
 				t.Errorf("error message %q echoes the shop's body", env.Error.Message)
 			}
+			if got := logLine(t, svc.logs, "shop call failed")["shop_host"]; got != "127.0.0.1" {
+				t.Errorf(`"shop call failed" shop_host = %v, want 127.0.0.1`, got)
+			}
 			spans := clientSpans(svc.spans.Ended())
 			checkSpanVocabulary(t, spans)
 			// Too many rows is a fact of the whole resource, not of one
@@ -441,6 +444,38 @@ func TestSchemaUnreachable(t *testing.T) {
 	if status != http.StatusBadGateway || errCode(env) != "shop_unreachable" {
 		t.Errorf("POST schema to a closed port = %d %s, want 502 shop_unreachable", status, errCode(env))
 	}
+	if got := logLine(t, svc.logs, "shop call failed")["shop_host"]; got != "127.0.0.1" {
+		t.Errorf(`"shop call failed" shop_host = %v, want 127.0.0.1`, got)
+	}
+}
+
+// TestSchemaUnresolvable: a name that does not resolve is shop_unreachable,
+// and the warning that says why names the host as the guard spelled it
+// (ASCII), as the outcome line does.
+func TestSchemaUnresolvable(t *testing.T) {
+	svc := startServiceWith(t, nil, nil, fakeshop.Resolver{}) // resolves nothing, asks no DNS server
+	status, env := svc.post(t, body("https://bücher.example.com/shop", fakeshop.Key))
+	if status != http.StatusBadGateway || errCode(env) != "shop_unreachable" {
+		t.Fatalf("POST schema for a name that does not resolve = %d %s, want 502 shop_unreachable", status, errCode(env))
+	}
+	for _, msg := range []string{"shop call failed", "shop schema refused"} {
+		if got := logLine(t, svc.logs, msg)["shop_host"]; got != "xn--bcher-kva.example.com" {
+			t.Errorf("%q shop_host = %v, want xn--bcher-kva.example.com", msg, got)
+		}
+	}
+}
+
+// logLine returns the first JSON log line whose msg is msg.
+func logLine(t *testing.T, logs *testenv.Output, msg string) map[string]any {
+	t.Helper()
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var fields map[string]any
+		if json.Unmarshal([]byte(line), &fields) == nil && fields["msg"] == msg {
+			return fields
+		}
+	}
+	t.Fatalf("no log line %q in:\n%s", msg, logs.String())
+	return nil
 }
 
 // TestGuardRefusesLoopback: with an empty allow-list, a running shop on

@@ -75,9 +75,10 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	code := h.writeError(w, r, err, requestID)
+	host := h.svc.Host(req.BaseURL)
+	code := h.writeError(w, r, err, requestID, host)
 	h.reads.WithLabelValues(code).Inc()
-	h.log.InfoContext(r.Context(), "shop schema refused", "shop_host", h.svc.Host(req.BaseURL),
+	h.log.InfoContext(r.Context(), "shop schema refused", "shop_host", host,
 		"code", code, "duration_ms", time.Since(start).Milliseconds())
 }
 

@@ -35,7 +35,8 @@ var shopStatus = map[prestashop.Kind]int{
 // error code it answered. Messages are fixed phrases that at most name the
 // IP address or port written in base_url: never the key, the rest of
 // base_url, an address a name resolved to, or what the shop answered.
-func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID string) string {
+// host is the shop's host as the log may name it (shopschema.Service.Host).
+func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID, host string) string {
 	if errors.Is(err, httpserver.ErrBodyTooLarge) {
 		// 413, as the sales routes answer it.
 		const code = "payload_too_large"
@@ -63,7 +64,7 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 			code := shopErr.Kind.Code()
 			// The full error holds the transport error (with the request URL,
 			// which carries no secret) for whoever debugs the shop.
-			h.log.WarnContext(r.Context(), "shop call failed", "code", code, "err", shopErr.Error())
+			h.log.WarnContext(r.Context(), "shop call failed", "shop_host", host, "code", code, "err", shopErr.Error())
 			envelope.WriteError(w, status, code, shopErr.Resource+": "+shopErr.Reason, requestID)
 			return code
 		}
