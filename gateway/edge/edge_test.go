@@ -1098,6 +1098,37 @@ func TestAccessLineNamesTheInstance(t *testing.T) {
 	}
 }
 
+// A sale whose first instance timed out and that was sent again to
+// another (its Idempotency-Key makes that safe) names on its access line
+// the instance that timed out, and the kind, beside the one that answered:
+// the "sent again" warning is throttled, and without them the read timeout
+// the request spent would be tied to the instance that did not spend it.
+func TestAccessLineNamesTheInstanceThatFailedARepeatedRequest(t *testing.T) {
+	dsn, _, k := seed(t)
+	hanging, good := slowUpstream(t, time.Second), echoUpstream(t, "good", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "UPSTREAM_READ_TIMEOUT": "300ms",
+		"SALES_WRITER_URLS": hanging.URL + "," + good.URL})
+	for i := range 2 { // round-robin: one of the two meets the hanging instance first
+		r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+			"Idempotency-Key": "k" + strconv.Itoa(i)}, strings.NewReader("{}"))
+		if r.Status != 200 {
+			t.Fatalf("confirm %d = %d %s, want 200 (sent again to the good instance)", i+1, r.Status, r.Body)
+		}
+		line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID)
+		if !strings.Contains(line, `"upstream_failed_instance"`) {
+			continue
+		}
+		for _, want := range []string{`"upstream_failed_instance":"` + hanging.URL + `"`, `"upstream_failed_kind":"timeout"`,
+			`"upstream_instance":"` + good.URL + `"`} {
+			if !strings.Contains(line, want) {
+				t.Errorf("access line = %s, want %s", line, want)
+			}
+		}
+		return
+	}
+	t.Fatalf("no confirm's access line names a failed instance:\n%s", gw.Logs.String())
+}
+
 // A client address may have RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT shop schema
 // calls in flight, and no more: one address pointing the route at a shop
 // that never answers cannot hold every slot of shop-schema. Another

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -452,9 +453,11 @@ func TestErrorKindsAreAllListed(t *testing.T) {
 	}
 }
 
-// A request sent again says so in its trace: the proxy
+// A request sent again says so in its trace and its access line: the proxy
 // span, which then holds two attempts' server spans, has an event naming
-// the first attempt's failure.
+// the first attempt's failure and the instance that failed, and the access
+// line names that instance beside the one that answered (the "sent again"
+// warning is throttled, so it cannot be relied on for a given request).
 func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		envelope.WriteData(w, 200, "ok", envelope.Meta{})
@@ -465,18 +468,21 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		once.Do(func() { close(firstProbe) }) // only the prober calls it
 	}))
-	g, sr, _ := startInternal(t, map[string]string{
+	g, sr, logs := startInternal(t, map[string]string{
 		"EXPORT_READER_URLS": gone.URL + "," + good.URL, "UPSTREAM_PROBE_INTERVAL": "1h"}, fakeKeys{})
 	select {
 	case <-firstProbe:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the prober never asked the instance")
 	}
-	gone.Close()  // after the first probe found it up: only a request can notice
+	gone.Close() // after the first probe found it up: only a request can notice
+	var requestIDs []string
 	for range 2 { // round-robin: one of the two meets the refusing instance first
-		if resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/coin-1", map[string]string{"X-API-Key": wellFormedKey(t)}); resp.StatusCode != 200 {
+		resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/coin-1", map[string]string{"X-API-Key": wellFormedKey(t)})
+		if resp.StatusCode != 200 {
 			t.Fatalf("GET = %d %+v, want 200", resp.StatusCode, env.Error)
 		}
+		requestIDs = append(requestIDs, resp.Header.Get("X-Request-Id"))
 	}
 	events := 0
 	for _, s := range sr.Ended() {
@@ -485,13 +491,40 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 				continue
 			}
 			events++
-			if s.Name() != "proxy export-reader" || len(ev.Attributes) != 1 || ev.Attributes[0].Value.AsString() != "unreachable" {
-				t.Errorf("event %q on span %q with %v, want it on the proxy span with kind unreachable", ev.Name, s.Name(), ev.Attributes)
+			attrs := map[string]string{}
+			for _, a := range ev.Attributes {
+				attrs[string(a.Key)] = a.Value.Emit()
+			}
+			want := map[string]string{"upstream.failed_attempt.kind": "unreachable", "upstream.failed_attempt.instance": gone.URL}
+			if s.Name() != "proxy export-reader" || !maps.Equal(attrs, want) {
+				t.Errorf("event %q on span %q with %v, want it on the proxy span with %v", ev.Name, s.Name(), attrs, want)
 			}
 		}
 	}
 	if events != 1 {
 		t.Errorf("%d repeat events, want 1", events)
+	}
+	repeated := 0
+	for _, id := range requestIDs {
+		line := ""
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, id) && strings.Contains(l, `"msg":"request"`) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, `"upstream_failed_instance"`) {
+			continue
+		}
+		repeated++
+		for _, want := range []string{`"upstream_failed_instance":"` + gone.URL + `"`, `"upstream_failed_kind":"unreachable"`,
+			`"upstream_instance":"` + good.URL + `"`} {
+			if !strings.Contains(line, want) {
+				t.Errorf("access line of the repeated request = %s, want %s", line, want)
+			}
+		}
+	}
+	if repeated != 1 {
+		t.Errorf("%d access lines name a failed instance, want 1:\n%s", repeated, logs.String())
 	}
 }
 

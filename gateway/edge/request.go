@@ -11,6 +11,7 @@ import (
 
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/ratelimit"
+	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
@@ -51,6 +52,12 @@ type request struct {
 	// or failure the request got, for the access line: with several
 	// instances, which one served a slow 200 is otherwise nowhere.
 	instance string
+	// failed is the first attempt of a request sent again, which names
+	// the instance that failed it (as instance is written): the "sent
+	// again" warning is throttled, so without it a request's access line
+	// would hide that instance and the time it cost (a whole read
+	// timeout). A pointer, not its fields: every request carries it.
+	failed *upstream.FailedAttempt
 }
 
 // Span attribute keys of our own.
@@ -62,8 +69,10 @@ const (
 	attrErrorCode   = httpserver.AttrErrorCode // the services' key too
 	attrAuthFailure = attribute.Key("app.auth_failure")
 	attrRateClass   = attribute.Key("app.rate_limit.class")
-	// attrFailedAttemptKind is the error kind of an attempt sent again.
-	attrFailedAttemptKind = attribute.Key("upstream.failed_attempt.kind")
+	// attrFailedAttemptKind and attrFailedAttemptInstance are the error
+	// kind and the instance (scheme://host:port) of an attempt sent again.
+	attrFailedAttemptKind     = attribute.Key("upstream.failed_attempt.kind")
+	attrFailedAttemptInstance = attribute.Key("upstream.failed_attempt.instance")
 )
 
 // Span start options, built once: each option is an interface value, and
@@ -206,6 +215,10 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	}
 	if rq.instance != "" {
 		attrs = append(attrs, slog.String("upstream_instance", rq.instance))
+	}
+	if rq.failed != nil {
+		attrs = append(attrs, slog.String("upstream_failed_instance", rq.failed.Instance),
+			slog.String("upstream_failed_kind", errorKind(rq.failed)))
 	}
 	g.log.LogAttrs(rq.ctx, slog.LevelInfo, "request", attrs...)
 }

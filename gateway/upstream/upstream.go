@@ -253,7 +253,7 @@ type Outcome struct {
 	Port     int
 	// Repeated is the first attempt's error (a *FailedAttempt) when the
 	// request was sent again (nil otherwise), so that a failure the repeat
-	// covered is still counted. It names the instance that failed.
+	// covered is still counted, and tied to the instance that failed.
 	Repeated error
 }
 
@@ -297,7 +297,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header, requestURI)
 	}
-	out.Repeated = &FailedAttempt{Err: err, At: time.Now()}
+	out.Repeated = &FailedAttempt{Err: err, At: time.Now(), Instance: first.base}
 	err2 := u.send(second, req, resp, requestURI)
 	if errors.Is(err2, ErrUnreachable) && !errors.Is(err, ErrUnreachable) {
 		// The repeat never left, but the first attempt was sent and may
@@ -310,12 +310,16 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 }
 
 // FailedAttempt is the first attempt's failure of a request that was sent
-// again, and when it failed: Do returns once the repeat is done, maybe a
-// whole read timeout later, and whoever logs or traces the failure then
-// can still place it in time.
+// again, when it failed and on which instance: Do returns once the repeat
+// is done, maybe a whole read timeout later, and whoever logs or traces
+// the failure then can still place it in time, and tie the time it cost
+// to the instance that failed (the outcome names the one that answered).
 type FailedAttempt struct {
 	Err error
 	At  time.Time
+	// Instance is the base (scheme://host:port) of the instance that
+	// failed, as Outcome.Instance writes it. For operators only.
+	Instance string
 }
 
 func (f *FailedAttempt) Error() string { return f.Err.Error() }

@@ -449,6 +449,42 @@ func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
 	t.Fatal("no request met the closed instance")
 }
 
+// A repeated request's first failure names the instance that failed, in
+// the form of Outcome.Instance, while the outcome names the one that
+// answered: the time a timeout cost is tied to the instance that spent it.
+func TestFailedAttemptNamesItsInstance(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(500 * time.Millisecond) // past opts' ReadTimeout
+	}))
+	defer slow.Close()
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer good.Close()
+	u, err := New("svc", []string{slow.URL, good.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // round-robin: one of the two meets the slow instance first
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		req.Header.SetMethod("POST")
+		out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Repeated == nil {
+			continue
+		}
+		var attempt *FailedAttempt
+		if !errors.As(out.Repeated, &attempt) || attempt.Instance != slow.URL || out.Instance != good.URL {
+			t.Errorf("Do(slow, then good) = failed attempt %+v, answered by %q; want failed on %s, answered by %s",
+				attempt, out.Instance, slow.URL, good.URL)
+		}
+		return
+	}
+	t.Fatal("no request met the slow instance")
+}
+
 // An instance taken out by a 5xx probe (its service not ready: PostgreSQL
 // restarting) is put back within a recheck of answering again, not a whole
 // probe interval later; one that is up is probed only each interval.
