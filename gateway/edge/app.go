@@ -17,6 +17,7 @@ func (g *Gateway) newApp() *fiber.App {
 	g.unroutedMetrics = g.metrics.forRoute("unrouted")
 	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
 		classShopSchema, classAuthFailures})
+	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
 	g.metrics.forUpstreams(g.upstreams)
 	app := fiber.New(fiber.Config{
 		AppName:               "gateway",
@@ -289,8 +290,8 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 			return g.serveHealth(c, rq)
 		}
 		if rt.Class == classShopSchema {
-			if !g.shopSlots.acquire(address) {
-				return errTooManyInFlight(g.shopSlots.limit)
+			if err := g.takeShopSlot(rq, address); err != nil {
+				return err
 			}
 			defer g.shopSlots.release(address)
 		}

@@ -1175,6 +1175,14 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 		t.Errorf("third call in flight from one address = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
 			r.Status, r.Body, r.Header.Get("Retry-After"))
 	}
+	// Named as every limit's 429 is, in its access line and its decisions.
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"shop_schema_in_flight"`) {
+		t.Errorf("access line of the 429 = %s, want rate_limit_class shop_schema_in_flight", line)
+	}
+	limited := `gateway_ratelimit_decisions_total{backend="process",class="shop_schema_in_flight",decision="limited"} 1`
+	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(limited)) {
+		t.Errorf("metrics lack %s:\n%s", limited, grep(metrics, "gateway_ratelimit_decisions_total"))
+	}
 	go func() { answers <- do(t, "POST", url, from("198.51.100.9"), strings.NewReader(`{}`)).Status }()
 	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 3 })
 	close(release)

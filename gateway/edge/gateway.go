@@ -46,17 +46,19 @@ type Gateway struct {
 	// lines: how many a drain waits for, and how many it cut off.
 	inFlight atomic.Int64
 	draining atomic.Bool // Drain was called: /v1/health answers 503
-	// shopSlots bounds each client address's shop schema calls in flight.
-	shopSlots *addressSlots
-	tracer    trace.Tracer
-	metrics   *metrics
-	signer    *identity.Signer // signs the identity sent upstream
-	pool      *pgxpool.Pool
-	redis     *redis.Client
-	keys      keyLookup
-	limiter   *ratelimit.Limiter // nil when rate limiting is off
-	rates     map[string]limiter.Rate
-	upstreams map[string]*upstream.Upstream
+	// shopSlots bounds each client address's shop schema calls in flight;
+	// shopSlotDecisions counts what it decided.
+	shopSlots         *addressSlots
+	shopSlotDecisions slotDecisions
+	tracer            trace.Tracer
+	metrics           *metrics
+	signer            *identity.Signer // signs the identity sent upstream
+	pool              *pgxpool.Pool
+	redis             *redis.Client
+	keys              keyLookup
+	limiter           *ratelimit.Limiter // nil when rate limiting is off
+	rates             map[string]limiter.Rate
+	upstreams         map[string]*upstream.Upstream
 	// clientAddr reads the client IP (GATEWAY_PROXY_HEADER, only from
 	// GATEWAY_TRUSTED_PROXIES).
 	clientAddr clientAddress

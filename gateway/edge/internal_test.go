@@ -528,6 +528,60 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 	}
 }
 
+// The 429 of the cap on shop schema calls in flight names its limit on
+// the server span, as every limit's 429 does.
+func TestShopSchemaInFlightRefusalNamesItsLimitOnTheSpan(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		arrived <- struct{}{}
+		select { // bounded, so that a missing refusal fails the test rather than hanging it
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	t.Cleanup(shop.Close)
+	g, sr, _ := startInternal(t, map[string]string{"SHOP_SCHEMA_URLS": shop.URL, "RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "1"}, fakeKeys{})
+	url := "http://" + g.Addr() + "/v1/sync/prestashop/schema"
+	held := make(chan error, 1)
+	go func() {
+		resp, err := http.Post(url, "application/json", strings.NewReader("{}"))
+		if err == nil {
+			resp.Body.Close()
+		}
+		held <- err
+	}()
+	<-arrived
+	resp, err := http.Post(url, "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 429 {
+		t.Fatalf("second call in flight = %d, want 429", resp.StatusCode)
+	}
+	requestID := resp.Header.Get("X-Request-Id")
+	for _, s := range sr.Ended() {
+		attrs := map[string]string{}
+		for _, a := range s.Attributes() {
+			attrs[string(a.Key)] = a.Value.Emit()
+		}
+		if s.SpanKind() == trace.SpanKindServer && attrs["request.id"] == requestID {
+			if got := attrs["app.rate_limit.class"]; got != "shop_schema_in_flight" {
+				t.Errorf("server span of the 429: app.rate_limit.class = %q, want shop_schema_in_flight", got)
+			}
+			return
+		}
+	}
+	t.Fatal("no server span of the 429")
+}
+
 // refusingKeys refuses every key, for the cause in err (and names the key
 // when it is revoked, as keystore does).
 type refusingKeys struct{ err error }

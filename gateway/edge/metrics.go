@@ -39,7 +39,7 @@ func newMetrics() *metrics {
 		}, []string{"route", "status_class"}),
 		rateDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_ratelimit_decisions_total",
-			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback).",
+			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight).",
 		}, []string{"class", "decision", "backend"}),
 		rateDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gateway_ratelimit_degraded", Help: "1 while Redis is unusable and the in-process limiter decides.",
@@ -144,6 +144,21 @@ func (m *metrics) forDecisions(classes []string) decisionMetrics {
 		}
 	}
 	return dm
+}
+
+// slotDecisions are the decision counters of a cap on calls in flight
+// (addressSlots), whose count lives in the gateway process by design: its
+// backend is "process", apart from "local", which says Redis failed.
+type slotDecisions struct{ allowed, limited prometheus.Counter }
+
+// backendProcess is the backend label of a cap counted in the process.
+const backendProcess = "process"
+
+func (m *metrics) forSlots(class string) slotDecisions {
+	return slotDecisions{
+		allowed: m.rateDecisions.WithLabelValues(class, decisionLabel(true), backendProcess),
+		limited: m.rateDecisions.WithLabelValues(class, decisionLabel(false), backendProcess),
+	}
 }
 
 func decisionLabel(allowed bool) string {

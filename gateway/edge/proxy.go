@@ -51,7 +51,10 @@ func (g *Gateway) recordDecision(rq *request, class string, d ratelimit.Decision
 	} else {
 		g.metrics.rateDecisions.WithLabelValues(class, decisionLabel(d.Allowed), backendLabel(d.Local)).Inc()
 	}
-	rq.rate, rq.hasRate, rq.rateClass = d, true, class
+	rq.rate, rq.hasRate, rq.limitedBy = d, true, ""
+	if !d.Allowed {
+		rq.limitedBy = class
+	}
 }
 
 // forwardedHeaders are the only client headers a service receives; every

@@ -45,9 +45,11 @@ type request struct {
 	// (when hasRate).
 	rate    ratelimit.Decision
 	hasRate bool
-	// rateClass is the limit rate was decided by (a route class, or
-	// auth_failures), named on a 429's access line and span.
-	rateClass string
+	// limitedBy is the class of the limit that refused the request (a
+	// route class, auth_failures, or the shop schema cap on calls in
+	// flight), named on a 429's access line and span; empty when the last
+	// limit asked let it through.
+	limitedBy string
 	// instance is the upstream instance (scheme://host:port) whose answer
 	// or failure the request got, for the access line: with several
 	// instances, which one served a slow 200 is otherwise nowhere.
@@ -173,8 +175,8 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.authFailure != "" {
 		attrs = append(attrs, attrAuthFailure.String(rq.authFailure))
 	}
-	if status == fiber.StatusTooManyRequests && rq.hasRate && !rq.rate.Allowed {
-		attrs = append(attrs, attrRateClass.String(rq.rateClass))
+	if status == fiber.StatusTooManyRequests && rq.limitedBy != "" {
+		attrs = append(attrs, attrRateClass.String(rq.limitedBy))
 	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, attrErrorCode.String(string(errorCode)))
@@ -204,8 +206,8 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	if rq.authFailure != "" {
 		attrs = append(attrs, slog.String("auth_failure", rq.authFailure))
 	}
-	if status == fiber.StatusTooManyRequests && rq.hasRate && !rq.rate.Allowed {
-		attrs = append(attrs, slog.String("rate_limit_class", rq.rateClass))
+	if status == fiber.StatusTooManyRequests && rq.limitedBy != "" {
+		attrs = append(attrs, slog.String("rate_limit_class", rq.limitedBy))
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))

@@ -24,6 +24,10 @@ const (
 	classAnonymous    = "anonymous"
 	classShopSchema   = "shop_schema"
 	classAuthFailures = "auth_failures"
+	// classShopSchemaInFlight is the cap on an address's shop schema calls
+	// in flight (addressSlots): no window and no Redis keys, but a limit
+	// whose 429 is named like the others'.
+	classShopSchemaInFlight = "shop_schema_in_flight"
 )
 
 // route is one line of the routing table.

@@ -48,6 +48,20 @@ func (s *addressSlots) release(addr string) {
 	s.held[addr]--
 }
 
+// takeShopSlot takes one of address's shop schema slots for rq, or refuses
+// it 429 naming the cap as the limit that refused it (access line, span,
+// decisions metric), as every 429 of a limit is named: the slot is given
+// back by the caller, once the call ends.
+func (g *Gateway) takeShopSlot(rq *request, address string) error {
+	if !g.shopSlots.acquire(address) {
+		g.shopSlotDecisions.limited.Inc()
+		rq.limitedBy = classShopSchemaInFlight
+		return errTooManyInFlight(g.shopSlots.limit)
+	}
+	g.shopSlotDecisions.allowed.Inc()
+	return nil
+}
+
 // errTooManyInFlight is the 429 of a call over its address's slots; a
 // retry is worth it once one of its calls ends.
 func errTooManyInFlight(limit int) *apiError {
