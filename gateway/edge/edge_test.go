@@ -1200,8 +1200,8 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 // its connection was found closed before any answer: the usual fate of a
 // kept-alive connection to a shop-schema instance that restarted (an ops
 // probe got a 502 from 5 of 6 restarts with another instance up). Its 502
-// does not speak of a write; a sale's tells the client to retry under the
-// same Idempotency-Key.
+// does not speak of a write; that of a sale sent with an Idempotency-Key
+// tells the client to retry under the same key.
 func TestShopSchemaReadIsRepeatedWhenItsConnectionClosed(t *testing.T) {
 	dsn, _, k := seed(t)
 	var broken, good atomic.Int64
@@ -1224,9 +1224,42 @@ func TestShopSchemaReadIsRepeatedWhenItsConnectionClosed(t *testing.T) {
 		t.Errorf("shop schema read whose every instance closed = %d %s, want 502 saying nothing of a write", r.Status, r.Body)
 	}
 	r = do(t, "POST", only.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
-		"Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"o"}`))
+		"Content-Type": "application/json", "Idempotency-Key": "k1"}, strings.NewReader(`{"external_order_id":"o"}`))
 	if r.Status != 502 || r.Env.Error == nil || !strings.Contains(r.Env.Error.Message, "the sale may have been applied: retry it with the same Idempotency-Key") {
 		t.Errorf("sale whose instance closed = %d %s, want 502 saying the sale may have been applied", r.Status, r.Body)
+	}
+}
+
+// A sale's 502 or 504 tells the client to retry with the same
+// Idempotency-Key only when the sale was sent with one: without a key
+// there is nothing to retry with (and the writer refuses a keyless sale
+// 400 anyway), so the answer is the generic one.
+func TestSaleFailureAdviceNeedsAnIdempotencyKey(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	broken := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SALES_WRITER_URLS": brokenUpstream(t, &hits).URL})
+	slow := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "UPSTREAM_READ_TIMEOUT": "300ms",
+		"SALES_WRITER_URLS": slowUpstream(t, time.Second).URL})
+	const advice = "the sale may have been applied: retry it with the same Idempotency-Key"
+	for _, tt := range []struct {
+		name, base, idempotencyKey string
+		status                     int
+		advised                    bool
+	}{
+		{"dropped, with a key", broken.URL, "k1", 502, true},
+		{"dropped, without a key", broken.URL, "", 502, false},
+		{"timed out, with a key", slow.URL, "k2", 504, true},
+		{"timed out, without a key", slow.URL, "", 504, false},
+	} {
+		headers := map[string]string{"X-API-Key": k.write, "Content-Type": "application/json"}
+		if tt.idempotencyKey != "" {
+			headers["Idempotency-Key"] = tt.idempotencyKey
+		}
+		r := do(t, "POST", tt.base+"/v1/export/items/coin-1/sales/confirm", headers, strings.NewReader(`{"external_order_id":"o"}`))
+		checkEnvelope(t, r)
+		if r.Status != tt.status || r.Env.Error == nil || strings.Contains(r.Env.Error.Message, advice) != tt.advised {
+			t.Errorf("%s: confirm = %d %s, want %d with the Idempotency-Key advice %v", tt.name, r.Status, r.Body, tt.status, tt.advised)
+		}
 	}
 }
 

@@ -81,8 +81,11 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()
 	uri := receivedRequestURI(req.URI())
+	// A sale with an Idempotency-Key is safe to send again, by us or by the
+	// client; one without is neither (the writer refuses it 400 anyway).
+	idempotentSale := rt.RepeatWithIdempotencyKey && len(req.Header.Peek(idempotencyKeyHeader)) > 0
 	repeat := upstream.Repeat{
-		Always:   rt.RepeatWithIdempotencyKey && len(req.Header.Peek(idempotencyKeyHeader)) > 0,
+		Always:   idempotentSale,
 		IfClosed: rt.safe(),
 		Renew:    g.renewIdentity,
 	}
@@ -125,7 +128,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	if err != nil {
 		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(err)).Inc()
 		span.SetStatus(codes.Error, errorKind(err))
-		if rt.RepeatWithIdempotencyKey && mayHaveArrived(err) {
+		if idempotentSale && mayHaveArrived(err) {
 			err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
 		}
 		return err
@@ -299,9 +302,10 @@ func appendLower(dst, b []byte) []byte {
 	return dst
 }
 
-// errSaleMayBeApplied marks the failure of a sale that may have reached
-// the writer: its answer tells the client to retry with the same
-// Idempotency-Key, which no other route has.
+// errSaleMayBeApplied marks the failure of a sale sent with an
+// Idempotency-Key that may have reached the writer: its answer tells the
+// client to retry with the same key. A sale sent without one gets the
+// generic answer: there is no key to retry with.
 var errSaleMayBeApplied = errors.New("the sale may have been applied")
 
 // mayHaveArrived reports whether the request may have reached the
