@@ -15,6 +15,10 @@ import (
 // and a catch-all that answers 404 or 405.
 func (g *Gateway) newApp() *fiber.App {
 	g.unroutedMetrics = g.metrics.forRoute("unrouted")
+	g.routeMetrics = map[string]*routeMetrics{}
+	for _, name := range routeNames() {
+		g.routeMetrics[name] = g.metrics.forRoute(name)
+	}
 	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
 		classShopSchema, classAuthFailures})
 	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
@@ -40,9 +44,9 @@ func (g *Gateway) newApp() *fiber.App {
 	for _, rt := range servedRoutes {
 		app.Add(rt.Method, rt.Path, g.handler(rt))
 	}
-	unmatched := g.handler(route{Method: "*", Path: "unmatched"})
-	app.Use(unmatched)
-	g.answerUnknownMethods(app, unmatched)
+	serveUnmatched := g.unmatchedHandler()
+	app.Use(serveUnmatched)
+	g.answerUnknownMethods(app, serveUnmatched)
 	g.refuseLargeBodiesBeforeContinue(app)
 	return app
 }
@@ -75,7 +79,7 @@ func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
 // route lacks: 405 with Allow on a known path, 404 elsewhere. Fiber itself
 // would answer it with a bare text 400 before any handler runs, without an
 // envelope or a request id.
-func (g *Gateway) answerUnknownMethods(app *fiber.App, unmatched fiber.Handler) {
+func (g *Gateway) answerUnknownMethods(app *fiber.App, serveUnmatched fiber.Handler) {
 	server := app.Server()
 	serve := server.Handler
 	server.Handler = func(rctx *fasthttp.RequestCtx) {
@@ -85,7 +89,7 @@ func (g *Gateway) answerUnknownMethods(app *fiber.App, unmatched fiber.Handler) 
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		_ = unmatched(c) // the handler answers every error itself
+		_ = serveUnmatched(c) // the handler answers every error itself
 	}
 }
 
@@ -95,24 +99,40 @@ func knownMethod(method []byte) bool {
 	return httpserver.StableMethod(string(method)) != httpserver.MethodOther
 }
 
-// handler wraps every request the same way: a server span whose trace id is
-// the request id, panic recovery, the one error mapper, then headers, the
-// access log line and metrics.
+// handler serves the route's requests (serveAs), named after it.
 func (g *Gateway) handler(rt route) fiber.Handler {
 	name := rt.Name()
-	if rt.Path == "unmatched" {
-		name = "unmatched"
-	}
-	rm := g.metrics.forRoute(name)
+	rm := g.routeMetrics[name]
 	return func(c *fiber.Ctx) error {
-		g.inFlight.Add(1)
-		defer g.inFlight.Add(-1)
-		rq := g.begin(c, name)
-		defer g.end(c, rq, rm)
-		if err := g.guardedServe(c, rq, rt); err != nil {
-			g.writeError(c, rq, err)
-		}
+		g.serveAs(c, rt, name, rm)
 		return nil
+	}
+}
+
+// unmatched stands for every route the routing table lacks.
+var unmatched = route{Method: "*", Path: unmatchedName}
+
+// unmatchedHandler answers what no route serves: 404, or 405 on a known
+// path. A 405 is named after its path (routeNameOf), so that its access
+// line, span and metrics say which path was sent the wrong method.
+func (g *Gateway) unmatchedHandler() fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		name := routeNameOf(c.Method(), c.Path())
+		g.serveAs(c, unmatched, name, g.routeMetrics[name])
+		return nil
+	}
+}
+
+// serveAs wraps every request the same way: a server span whose trace id
+// is the request id, panic recovery, the one error mapper, then headers,
+// the access log line and metrics, under the name given.
+func (g *Gateway) serveAs(c *fiber.Ctx, rt route, name string, rm *routeMetrics) {
+	g.inFlight.Add(1)
+	defer g.inFlight.Add(-1)
+	rq := g.begin(c, name)
+	defer g.end(c, rq, rm)
+	if err := g.guardedServe(c, rq, rt); err != nil {
+		g.writeError(c, rq, err)
 	}
 }
 
@@ -267,7 +287,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if len(c.Request().Body()) > BodyLimit {
 		return errTooLarge
 	}
-	if rt.Path == "unmatched" {
+	if rt == unmatched {
 		if allow := allowedMethods(c.Path()); len(allow) > 0 {
 			return errMethodNotAllowed(strings.Join(allow, ", "))
 		}

@@ -776,6 +776,30 @@ func TestClientChosenMethodsStayOutOfLogs(t *testing.T) {
 	}
 }
 
+// A 405 is named after the path it was sent to, the pattern alone (no
+// method: it is none of the path's routes), in its access line and
+// metrics, and a 404 unmatched: the label tells which known path is sent
+// a wrong method.
+func TestMethodNotAllowedIsNamedAfterItsPath(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	for _, tt := range []struct{ method, path, route string }{
+		{"GET", "/v1/export/items/coin-1/sales/confirm", "/v1/export/items/{item_id}/sales/confirm"},
+		{"FOO", "/v1/health", "/v1/health"},
+		{"GET", "/v1/nothing", "unmatched"},
+	} {
+		r := do(t, tt.method, gw.URL+tt.path, nil, nil)
+		checkEnvelope(t, r)
+		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"route":"`+tt.route+`"`) {
+			t.Errorf("%s %s = %d, access line %s; want route %q", tt.method, tt.path, r.Status, line, tt.route)
+		}
+		series := `gateway_http_requests_total{route="` + tt.route + `",status_class="4xx"} 1`
+		if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(series)) {
+			t.Errorf("%s %s: metrics lack %s:\n%s", tt.method, tt.path, series, grep(metrics, "gateway_http_requests_total"))
+		}
+	}
+}
+
 // With UPSTREAM_RESOLVE_INTERVAL set, the gateway resolves an upstream's
 // host name and sends to the addresses it resolves to, logging the change;
 // requests keep being served throughout. (upstream's tests cover several

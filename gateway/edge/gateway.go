@@ -69,6 +69,9 @@ type Gateway struct {
 	health    healthState
 
 	unroutedMetrics *routeMetrics
+	// routeMetrics are the series of every name a request is given
+	// (routeNames), made at start.
+	routeMetrics    map[string]*routeMetrics
 	decisionMetrics decisionMetrics
 
 	app        *fiber.App

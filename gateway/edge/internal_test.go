@@ -732,6 +732,26 @@ func TestRouteNamesMatchTheServices(t *testing.T) {
 	}
 }
 
+// A request no route serves is named as the routing table would name it:
+// a 405 after its path (the pattern alone, no method), a 404 unmatched.
+func TestRouteNameOf(t *testing.T) {
+	for _, tt := range []struct{ method, path, want string }{
+		{"GET", "/v1/export/items/coin-1", "GET /v1/export/items/{item_id}"},
+		{"HEAD", "/v1/export/items", "HEAD /v1/export/items"},
+		{"POST", "/v1/export/items/coin-1/sales/confirm", "POST /v1/export/items/{item_id}/sales/confirm"},
+		{"GET", "/v1/export/items/coin-1/sales/confirm", "/v1/export/items/{item_id}/sales/confirm"},
+		{"DELETE", "/v1/export/items/coin-1", "/v1/export/items/{item_id}"},
+		{"FOO", "/v1/health", "/v1/health"},
+		{"get", "/v1/health", "/v1/health"},
+		{"GET", "/v1/nothing", "unmatched"},
+		{"GET", "/v1/export/items//sales/confirm", "unmatched"},
+	} {
+		if got := routeNameOf(tt.method, tt.path); got != tt.want {
+			t.Errorf("routeNameOf(%q, %q) = %q, want %q", tt.method, tt.path, got, tt.want)
+		}
+	}
+}
+
 // logLine reports whether one line of logs holds every part.
 func logLine(logs string, parts ...string) bool {
 	for line := range strings.SplitSeq(logs, "\n") {

@@ -64,6 +64,50 @@ func (r route) Name() string {
 
 var fiberParam = regexp.MustCompile(`:([a-z_]+)`)
 
+// pathName labels a request to the route's path with a method no route
+// of that path serves (405): the path's pattern alone, without a method,
+// so that such requests name the path they were sent to without mixing
+// into the series of a route that serves it.
+func (r route) pathName() string {
+	return fiberParam.ReplaceAllString(r.Path, "{$1}")
+}
+
+// unmatchedName labels a request to a path no route has (404).
+const unmatchedName = "unmatched"
+
+// routeNameOf names a request to method and path as the routing table
+// would: the name of the route that serves it, the path's name if only
+// other methods are served there (405), or unmatchedName (404). For the
+// requests no route's handler serves; never on the hot path.
+func routeNameOf(method, path string) string {
+	name := unmatchedName
+	for _, r := range servedRoutes {
+		if !matchPath(r.Path, path) {
+			continue
+		}
+		if r.Method == method {
+			return r.Name()
+		}
+		name = r.pathName()
+	}
+	return name
+}
+
+// routeNames are every name routeNameOf returns, for the metric series
+// made at start.
+func routeNames() []string {
+	names := []string{unmatchedName}
+	for _, r := range servedRoutes {
+		if !slices.Contains(names, r.Name()) {
+			names = append(names, r.Name())
+		}
+		if !slices.Contains(names, r.pathName()) {
+			names = append(names, r.pathName())
+		}
+	}
+	return names
+}
+
 // routes is the whole public surface of the API (spec 4).
 var routes = []route{
 	{Method: "GET", Path: "/v1/health", Class: classAnonymous},
