@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -56,7 +57,9 @@ func (g *Gateway) newApp() *fiber.App {
 // once, instead of the 100 Continue that would have the client send up to
 // a megabyte only to be refused after it. fasthttp then calls no handler
 // and closes the connection (the client may send the body anyway); the
-// envelope is written into the response it sends. fasthttp's doc says the
+// envelope is written into the response it sends, and the request is named
+// after the route its headers ask for, as the same 413 is when the body
+// comes without Expect. fasthttp's doc says the
 // handler must not modify the response; as of v1.73 it sends it as left
 // here, and TestExpectContinueIsRefusedForABodyOverTheLimit fails (no
 // envelope) if an upgrade changes that.
@@ -67,8 +70,9 @@ func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		rq := g.begin(c, "unrouted")
-		defer g.end(c, rq, g.unroutedMetrics)
+		name := routeNameOf(c.Method(), c.Path())
+		rq := g.begin(c, name)
+		defer g.end(c, rq, g.routeMetrics[name])
 		g.writeError(c, rq, errTooLarge)
 		return fasthttp.StatusRequestEntityTooLarge
 	}
@@ -140,14 +144,31 @@ func (g *Gateway) serveAs(c *fiber.Ctx, rt route, name string, rm *routeMetrics)
 // large, headers too large, read timeout); the request gets its own trace
 // all the same.
 func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
+	if bodyTooLarge(err) {
+		// Refused on its declared length once its headers were read whole:
+		// named after its route, as the 413 of a smaller body over the
+		// limit is (refused in the handler) and as one with Expect is.
+		name := routeNameOf(c.Method(), c.Path())
+		rq := g.begin(c, name)
+		defer g.end(c, rq, g.routeMetrics[name])
+		g.writeError(c, rq, err)
+		return nil
+	}
 	rq := g.begin(c, "unrouted")
-	// fasthttp hands most of these errors over with the request reset or
+	// fasthttp hands the other errors over with the request reset or
 	// partly read, so its method and path are then its defaults (GET /),
-	// not the client's; the few that were read whole are not told apart.
+	// not the client's.
 	rq.method, rq.path = httpserver.MethodOther, ""
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 	return nil
+}
+
+// bodyTooLarge reports Fiber's 413, which fasthttp raises only after the
+// request's headers were read whole (ErrBodyTooLarge).
+func bodyTooLarge(err error) bool {
+	var fe *fiber.Error
+	return errors.As(err, &fe) && fe.Code == fiber.StatusRequestEntityTooLarge
 }
 
 // guardedServe serves the route, turning a panic into errInternal, logged

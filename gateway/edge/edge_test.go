@@ -962,6 +962,34 @@ func TestExpectContinueIsRefusedForABodyOverTheLimit(t *testing.T) {
 	}
 }
 
+// A 413 is named after the route it was sent to however it was refused:
+// in the handler (a body over the limit, read whole), before the body with
+// Expect: 100-continue, or by the server on a declared length over what it
+// reads at all.
+func TestBodyTooLargeIsNamedAfterItsRoute(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	confirm := "/v1/export/items/coin-1/sales/confirm"
+	const route = `"method":"POST","route":"POST /v1/export/items/{item_id}/sales/confirm","status":413`
+	json := map[string]string{"Content-Type": "application/json"}
+	answers := map[string]response{
+		"read whole": do(t, "POST", gw.URL+confirm, json, strings.NewReader(strings.Repeat(" ", edge.BodyLimit+1))),
+		"Expect: 100-continue": doRaw(t, gw.URL, "POST", confirm, map[string]string{"Content-Type": "application/json",
+			"Expect": "100-continue", "Content-Length": strconv.Itoa(edge.BodyLimit + 1)}),
+		"over what is read at all": doRaw(t, gw.URL, "POST", confirm, map[string]string{"Content-Type": "application/json",
+			"Content-Length": strconv.Itoa(4 << 20)}),
+	}
+	for how, r := range answers {
+		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 413 || !strings.Contains(line, route) {
+			t.Errorf("%s: %d, access line %s; want 413 with %s", how, r.Status, line, route)
+		}
+	}
+	series := `gateway_http_requests_total{route="POST /v1/export/items/{item_id}/sales/confirm",status_class="4xx"} 3`
+	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(series)) {
+		t.Errorf("metrics lack %s:\n%s", series, grep(metrics, "gateway_http_requests_total"))
+	}
+}
+
 // Behind a trusted proxy the client IP is the right-most address it did not
 // append itself; what the client wrote into X-Forwarded-For is not believed,
 // and from an untrusted peer the header is ignored.
