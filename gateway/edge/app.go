@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
@@ -159,9 +160,25 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 	// partly read, so its method and path are then its defaults (GET /),
 	// not the client's.
 	rq.method, rq.path = httpserver.MethodOther, ""
+	rq.start = readStart(c.Context(), rq.start)
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 	return nil
+}
+
+// readStart is when the server began to read a request it could not read,
+// if that is known: the start of its connection when it was the
+// connection's first (fasthttp counts a request only once read whole), so
+// that a 408 reads as the whole wait its client made it, not as the
+// moment it took to answer. fasthttp keeps no record of when a later
+// request on a kept-alive connection began (its read timeout runs from
+// that request's first byte), so that one keeps otherwise, when the
+// answer began.
+func readStart(rctx *fasthttp.RequestCtx, otherwise time.Time) time.Time {
+	if rctx.ConnRequestNum() == 0 && !rctx.ConnTime().IsZero() {
+		return rctx.ConnTime()
+	}
+	return otherwise
 }
 
 // bodyTooLarge reports Fiber's 413, which fasthttp raises only after the

@@ -990,6 +990,42 @@ func TestBodyTooLargeIsNamedAfterItsRoute(t *testing.T) {
 	}
 }
 
+// A request not received within GATEWAY_READ_TIMEOUT on a new connection
+// is logged with the time its client held the connection, from the
+// connection's start, not the moment the 408 took to write: its
+// duration_ms is at least the read timeout (a deadline never fires early).
+func TestRequestTimeoutIsTimedFromTheConnectionsStart(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "GATEWAY_READ_TIMEOUT": "300ms"})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n"); err != nil { // never ended
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("an unfinished request = %d, want 408", resp.StatusCode)
+	}
+	var line struct {
+		Method     string  `json:"method"`
+		Route      string  `json:"route"`
+		DurationMS float64 `json:"duration_ms"`
+	}
+	if err := json.Unmarshal([]byte(accessLine(gw.Logs.String(), resp.Header.Get("X-Request-Id"))), &line); err != nil {
+		t.Fatalf("access line of the 408: %v\n%s", err, gw.Logs.String())
+	}
+	if line.DurationMS < 300 || line.Method != "_OTHER" || line.Route != "unrouted" {
+		t.Errorf("access line of the 408 = %+v, want method _OTHER, route unrouted, duration_ms at least the 300 ms read timeout", line)
+	}
+}
+
 // Behind a trusted proxy the client IP is the right-most address it did not
 // append itself; what the client wrote into X-Forwarded-For is not believed,
 // and from an untrusted peer the header is ignored.
