@@ -148,7 +148,7 @@ const unreadRoute = "unread"
 // it (only a caller beside the gateway can send such a request: the
 // gateway refuses each of them itself).
 func (s *Server) unread(status int, reason, requestID string) {
-	s.metrics.observe(unreadRoute, MethodOther, status, 0)
+	s.metrics.count(unreadRoute, MethodOther, status)
 	s.logUnread(status, reason, requestID)
 }
 

@@ -32,10 +32,17 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 }
 
 func (m *httpMetrics) observe(route, method string, status int, d time.Duration) {
-	class := strconv.Itoa(status/100) + "xx"
-	m.requests.WithLabelValues(route, method, class).Inc()
-	m.duration.WithLabelValues(route, method, class).Observe(d.Seconds())
+	m.count(route, method, status)
+	m.duration.WithLabelValues(route, method, statusClass(status)).Observe(d.Seconds())
 }
+
+// count counts a request whose duration is not known (one net/http
+// answered before routing), so that it does not pull the histogram down.
+func (m *httpMetrics) count(route, method string, status int) {
+	m.requests.WithLabelValues(route, method, statusClass(status)).Inc()
+}
+
+func statusClass(status int) string { return strconv.Itoa(status/100) + "xx" }
 
 // RegisterPool exports the pgx pool's statistics as gauges and counters.
 func RegisterPool(reg prometheus.Registerer, name string, pool *pgxpool.Pool) {

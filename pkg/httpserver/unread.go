@@ -17,11 +17,17 @@ import (
 // MaxHeaderBytes (431), an unknown Transfer-Encoding (501), an HTTP version
 // it does not speak (505), and an Expect other than 100-continue (417, no
 // body). net/http has no hook for them. Each is written as one Write of the
-// whole answer on the connection, in a shape no handler here writes: a
-// handler's answer carries Date and the envelope's headers, and its JSON
-// body cannot hold a raw CR or LF. UnreadAsEnvelope's connections recognise
-// those writes and send the same status as the envelope instead, so that
-// every answer of every process is the envelope, with a request id.
+// whole answer on the connection, in a shape no handler here writes: the
+// four plain-text ones with no Date and a body that repeats the status
+// line, the 417 with only Connection, Date and a zero Content-Length.
+// UnreadAsEnvelope's connections recognise those writes, byte for byte,
+// and send the same status as the envelope instead, so that every answer
+// of every process is the envelope, with a request id.
+//
+// Wrap a plain TCP listener: under TLS the wrapper would see only
+// ciphertext, and wrapping a TLS listener hides the *tls.Conn net/http
+// looks for. The wrapper also hides *net.TCPConn's ReadFrom, so a handler
+// that copies a file out would lose sendfile; none here serves files.
 
 // netHTTPErrorHeaders follows the status line of net/http's own plain-text
 // answers (conn.serve's errorHeaders, unchanged since Go 1.6;
@@ -97,27 +103,52 @@ func (c *unreadConn) CloseWrite() error {
 }
 
 // netHTTPAnswer reports whether b is one of net/http's own answers, and
-// its status and reason.
+// its status and reason. Only a write that is the whole answer, byte for
+// byte as net/http writes it, is taken for one: a handler's answer reaches
+// the connection through a 4 KiB buffer, so a write may begin anywhere in
+// its body, and a body (chunked, or text) may hold CRLFs.
 func netHTTPAnswer(b []byte) (status int, reason string, ok bool) {
 	// Every answer a handler writes passes here first: the common case,
 	// a 2xx or 3xx, is told apart by its first digit, without parsing.
 	rest, found := bytes.CutPrefix(b, []byte("HTTP/1.1 "))
+	if !found {
+		rest, found = bytes.CutPrefix(b, []byte("HTTP/1.0 ")) // a 417 answers in the request's version
+	}
 	if !found || len(rest) < 4 || rest[0] < '4' || rest[0] > '5' || !isDigit(rest[1]) || !isDigit(rest[2]) || rest[3] != ' ' {
 		return 0, "", false
 	}
 	status = int(rest[0]-'0')*100 + int(rest[1]-'0')*10 + int(rest[2]-'0')
-	line, rest, found := bytes.Cut(rest, []byte("\r\n"))
-	switch {
-	case !found:
-		return 0, "", false
-	case bytes.HasPrefix(rest, []byte(netHTTPErrorHeaders)):
-		// The body repeats the status line, with ": reason" when there is one.
-		_, reason, _ := bytes.Cut(rest[len(netHTTPErrorHeaders):], []byte(": "))
-		return status, string(reason), true
-	case string(line) == "417 Expectation Failed":
+	line, rest, _ := bytes.Cut(rest, []byte("\r\n"))
+	if isExpectationFailed(b[:len("HTTP/1.1")], line, rest) {
 		return status, "", true
 	}
-	return 0, "", false
+	body, found := bytes.CutPrefix(rest, []byte(netHTTPErrorHeaders))
+	if !found || b[len("HTTP/1.")] != '1' {
+		return 0, "", false
+	}
+	// conn.serve repeats the status line as the body ("400 Bad Request",
+	// "400 Bad Request: missing required Host header"), but for a 501.
+	switch {
+	case status == http.StatusNotImplemented && string(body) == netHTTPUnsupportedTE:
+		return status, "", true
+	case !bytes.Equal(body, line):
+		return 0, "", false
+	}
+	_, after, _ := bytes.Cut(line, []byte(": "))
+	return status, string(after), true
+}
+
+// netHTTPUnsupportedTE is the body of net/http's 501.
+const netHTTPUnsupportedTE = "Unsupported transfer encoding"
+
+// isExpectationFailed reports whether proto, status line and rest are the
+// 417 net/http writes for an Expect other than 100-continue: through the
+// response path, with its Date (29 bytes, http.TimeFormat), and no body.
+func isExpectationFailed(proto, line, rest []byte) bool {
+	const head, tail = "Connection: close\r\nDate: ", "\r\nContent-Length: 0\r\n\r\n"
+	return string(line) == "417 Expectation Failed" && len(rest) == len(head)+len(http.TimeFormat)+len(tail) &&
+		string(rest[:len(head)]) == head && string(rest[len(head)+len(http.TimeFormat):]) == tail &&
+		(string(proto) == "HTTP/1.1" || string(proto) == "HTTP/1.0")
 }
 
 // unreadAnswer is the envelope sent for net/http's answer of status.

@@ -2,15 +2,20 @@ package httpserver
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
 )
 
 // The requests net/http answers itself, before any handler runs, are
@@ -37,6 +42,8 @@ func TestNetHTTPAnswersBecomeEnvelopes(t *testing.T) {
 		{"HTTP/2.0 on the HTTP/1 port", "GET /v1/x HTTP/2.0\r\nHost: x\r\n\r\n",
 			505, "http_version_not_supported", "send HTTP/1.1 or HTTP/1.0"},
 		{"unknown Expect", "GET /v1/x HTTP/1.1\r\nHost: x\r\nExpect: tea\r\n\r\n",
+			417, "expectation_failed", "the only Expect understood is 100-continue"},
+		{"unknown Expect, HTTP/1.0", "GET /v1/x HTTP/1.0\r\nHost: x\r\nExpect: tea\r\n\r\n",
 			417, "expectation_failed", "the only Expect understood is 100-continue"},
 	}
 	for _, addr := range addrs {
@@ -72,8 +79,9 @@ func TestNetHTTPAnswersBecomeEnvelopes(t *testing.T) {
 		t.Errorf("logs = %s, want the refusal with its request id, status and reason", out)
 	}
 	_, metrics := rawExchange(t, addrs[1], "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-	if !strings.Contains(string(metrics), `http_requests_total{method="_OTHER",route="unread",status_class="5xx"} 5`) {
-		t.Errorf("metrics lack the five 5xx answered before routing:\n%s", metrics)
+	if !strings.Contains(string(metrics), `http_requests_total{method="_OTHER",route="unread",status_class="5xx"} 5`) ||
+		strings.Contains(string(metrics), `http_request_duration_seconds_count{method="_OTHER",route="unread"`) {
+		t.Errorf("metrics lack the five 5xx answered before routing, or time them:\n%s", metrics)
 	}
 }
 
@@ -86,6 +94,11 @@ func TestHandlerAnswersAreNotNetHTTPs(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n200 OK",
 		`{"error":{"code":"x"}}HTTP/1.1 400 Bad Request` + "\r\n" + netHTTPErrorHeaders,
 		"HTTP/1.1 417 Expectation Failed but not quite\r\n\r\n",
+		"HTTP/1.1 417 Expectation Failed\r\nX: y\r\n\r\n",
+		"HTTP/1.1 417 Expectation Failed",
+		"HTTP/1.1 400 Bad Request\r\n" + netHTTPErrorHeaders + "400 Bad Request and more",
+		"HTTP/1.1 400 Bad Request\r\n" + netHTTPErrorHeaders,
+		"HTTP/1.0 400 Bad Request\r\n" + netHTTPErrorHeaders + "400 Bad Request",
 		"HTTP/1.1 4",
 	} {
 		if status, _, ok := netHTTPAnswer([]byte(answer)); ok {
@@ -124,5 +137,48 @@ func BenchmarkNetHTTPAnswerOfAHandlersAnswer(b *testing.B) {
 		if _, _, ok := netHTTPAnswer(answer); ok {
 			b.Fatal("a handler's answer taken for net/http's")
 		}
+	}
+}
+
+// A handler's answer whose body holds something like one of net/http's
+// own answers reaches the client whole, even where a write on the
+// connection begins with it (net/http's buffer may start a write anywhere
+// in a body; here a flush puts it there).
+func TestAHandlersBodyIsNeverRewritten(t *testing.T) {
+	head := strings.Repeat("x", 100)
+	tail := "HTTP/1.1 400 Bad Request\r\n" + netHTTPErrorHeaders + "400 Bad Request, quoted in a text"
+	body := head + tail
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/text", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = io.WriteString(w, head)
+		_ = http.NewResponseController(w).Flush()
+		_, _ = io.WriteString(w, tail)
+	})
+	addr := testenv.FreeAddr(t)
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer}, mux)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { stop(); <-done }()
+	waitListening(t, addr)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/text", nil)
+	for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
+		RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
+		req.Header.Set(h.Name, h.Value)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 || string(got) != body {
+		t.Errorf("GET /v1/text = %d, %d bytes (%v); want 200 and the handler's %d bytes", resp.StatusCode, len(got), err, len(body))
 	}
 }

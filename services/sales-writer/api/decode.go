@@ -205,11 +205,11 @@ func isOne(value json.RawMessage) bool {
 // maxQuantityLen bounds the spelling of a quantity isOne reads.
 const maxQuantityLen = 16
 
-// invalidJSON answers a body strictjson refused; a sale's property names
-// hold no secret, so a repeated one is named.
+// invalidJSON answers a body strictjson refused, naming a repeated
+// property (unless it holds something like an API key).
 func invalidJSON(fault *strictjson.Fault) error {
 	if fault.Duplicate != "" {
-		return badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(fault.Duplicate)))
+		return badRequest(codeInvalidBody, fmt.Sprintf("property %q appears twice", clip(httpserver.LoggableClientValue(fault.Duplicate))))
 	}
 	return badRequest(codeInvalidBody, fault.Message)
 }
