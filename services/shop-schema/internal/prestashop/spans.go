@@ -70,9 +70,13 @@ func (s *spanScope) fail(ctx context.Context, err error) {
 		return
 	}
 	last.named = true
-	// A transport error under a cancelled (not timed out) context is our
-	// doing: transportError has no other cause to give it.
-	if e.err != nil && errors.Is(ctx.Err(), context.Canceled) {
+	// A request that ended because its context was cancelled (not timed
+	// out) is our doing. Its own error must say so (Go's client returns the
+	// context's cause, or context.Canceled without one): when a shop
+	// refuses every connection, the fetches fail together, and one whose
+	// failure is named after errgroup cancelled the rest failed all the same.
+	if e.err != nil && errors.Is(ctx.Err(), context.Canceled) &&
+		(errors.Is(e.err, context.Canceled) || errors.Is(e.err, context.Cause(ctx))) {
 		why := []attribute.KeyValue{attrCancelReason.String("caller_left")}
 		var sibling *Error // errgroup cancels with the first failure as the cause
 		if errors.As(context.Cause(ctx), &sibling) {
@@ -99,7 +103,10 @@ func (s *spanScope) end() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, h := range s.spans {
-		if h.failed && !h.named {
+		h.mu.Lock()
+		failed := h.failed
+		h.mu.Unlock()
+		if failed && !h.named {
 			h.Span.SetAttributes(semconv.ErrorTypeOther)
 			h.Span.SetStatus(codes.Error, "")
 		}
