@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/coinexport/export/pkg/apikey"
-	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/identity"
 )
 
@@ -64,7 +63,7 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 		// route looks at: a mistake for a sales key, most likely.
 		return fmt.Errorf("%w: --platform binds a sales:write key; an export:read key is bound to its owner only", errUsage)
 	}
-	if _, err := catalog.ParseOwnerID(*owner); err != nil {
+	if !isOwnerID(*owner) {
 		return fmt.Errorf("%w: --owner %q is not an owner id (a UUID)", errUsage, *owner)
 	}
 	secret, prefix, err := apikey.Generate(scopes)
@@ -157,7 +156,7 @@ func keyList(ctx context.Context, e *env, args []string) error {
 	}
 	rows, err := e.pool.Query(ctx, `
 		SELECT id::text, prefix, name, owner_id::text, platform_id, scopes, created_at, revoked_at
-		FROM api_keys WHERE owner_id::text = $1 ORDER BY created_at, id`, *owner)
+		FROM api_keys WHERE owner_id = $1::uuid ORDER BY created_at, id`, *owner)
 	if err != nil {
 		return fmt.Errorf("list keys: %w", err)
 	}

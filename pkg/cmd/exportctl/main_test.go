@@ -233,6 +233,7 @@ func TestMistakesAreNamed(t *testing.T) {
 		{[]string{"platform", "create", "--id", "bad/id"}, false, `platform id "bad/id": 1 to 64 letters, digits`},
 		{[]string{"key", "list", "--owner", unknownOwner}, false, `no owner with id "` + unknownOwner + `"`},
 		{[]string{"key", "list", "--owner", "zz"}, true, `--owner "zz" is not an owner id`},
+		{[]string{"key", "list", "--owner", strings.Replace(unknownOwner, "-", "x", 1)}, true, "is not an owner id"},
 	} {
 		err := cli(t, dsn, "", nil, tc.args...)
 		switch {
@@ -247,5 +248,12 @@ func TestMistakesAreNamed(t *testing.T) {
 	var keys []listedKey
 	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 0 {
 		t.Errorf("keys after the refused creations = %+v, %v; want none", keys, err)
+	}
+	// An owner id in capitals names the same owner.
+	if err := cli(t, dsn, "", nil, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", strings.ToUpper(owner.ID)); err != nil || len(keys) != 1 {
+		t.Errorf("key list with the owner id in capitals = %+v, %v; want the owner's key", keys, err)
 	}
 }
