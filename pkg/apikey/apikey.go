@@ -159,28 +159,46 @@ func ContainsKey[T string | []byte](s T) bool {
 
 // minKeyLikeRun is how many characters of the keys' alphabet after a tag
 // make text look like a key to ContainsKeyLike: 16 of them are 95 bits,
-// most of a key's secret (it has 256), far more than any guess.
-const minKeyLikeRun = 16
+// most of a key's secret (it has 256), far more than any guess. They are
+// counted within keyLikeWindow bytes, so a typo or two between them (a
+// dash, a space) does not hide the rest.
+const (
+	minKeyLikeRun = 16
+	keyLikeWindow = 24
+)
 
-// ContainsKeyLike reports whether s holds a key's tag followed by at least
-// minKeyLikeRun characters of its alphabet: a key, or one mistyped (its
+// ContainsKeyLike reports whether s holds a key's tag, in any case and
+// with '_', '-' or ' ' after it, followed by minKeyLikeRun characters of
+// its alphabet within keyLikeWindow bytes: a key, or one mistyped (its
 // checksum fails) or cut short. Such text is no key the gateway refuses,
 // but most of a secret all the same, to be kept out of spans and logs
 // (a client's User-Agent, an id it chose). Only for what is recorded: an
-// item id that merely looks like a key is still served.
+// item id that merely looks like a key is still served. A key stripped of
+// its tag is not found: 49 characters of base62 cannot be told from a
+// client's random id or Idempotency-Key, which the logs must keep.
 func ContainsKeyLike[T string | []byte](s T) bool {
 	for i := 0; i+tagLen+minKeyLikeRun <= len(s); i++ {
-		if s[i] != 'c' || s[i+1] != 'x' || s[i+3] != '_' || (s[i+2] != 'r' && s[i+2] != 'w' && s[i+2] != 'a') {
+		if !isKeyTag(s[i], s[i+1], s[i+2], s[i+3]) {
 			continue
 		}
-		run := 0
-		for j := i + tagLen; j < len(s) && inAlphabet[s[j]]; j++ {
-			if run++; run >= minKeyLikeRun {
-				return true
+		alphabetic := 0
+		for j := i + tagLen; j < len(s) && j < i+tagLen+keyLikeWindow; j++ {
+			if inAlphabet[s[j]] {
+				if alphabetic++; alphabetic >= minKeyLikeRun {
+					return true
+				}
 			}
 		}
 	}
 	return false
+}
+
+// isKeyTag reports whether a, b, c, d spell a tag ("cxr_", "cxw_", "cxa_")
+// in any case, with '-' or ' ' for its '_'.
+func isKeyTag(a, b, c, d byte) bool {
+	const lower = 0x20
+	a, b, c = a|lower, b|lower, c|lower
+	return a == 'c' && b == 'x' && (c == 'r' || c == 'w' || c == 'a') && (d == '_' || d == '-' || d == ' ')
 }
 
 // segmentHoldsKey reports whether a path segment holds a key, as sent or
