@@ -106,3 +106,18 @@ func TestUnroutedServerSpanShowsItsPath(t *testing.T) {
 		}
 	}
 }
+
+// A value a client chose is printed on one line, its control characters
+// escaped: an item id decoded from %0A%1B[2J forges no line of the tree
+// and clears no terminal.
+func TestTreeEscapesControlCharacters(t *testing.T) {
+	var tree bytes.Buffer
+	WriteTree(&tree, []Span{{SpanID: "1", Name: "POST", Service: "sales-writer", Kind: "SPAN_KIND_SERVER",
+		Attributes: map[string]string{"app.item_id": "a\n\x1b[2Jforged", "url.path": "/v1/x\ny"},
+		Events:     []Event{{Name: "e", Attributes: map[string]string{"k": "v\rw"}}}}})
+	out := tree.String()
+	if strings.Count(out, "\n") != 2 || strings.ContainsAny(out, "\x1b\r") ||
+		!strings.Contains(out, `app.item_id="a\n\x1b[2Jforged"`) || !strings.Contains(out, `url.path="/v1/x\ny"`) {
+		t.Errorf("tree =\n%q\nwant two lines, the values quoted with their control characters escaped", out)
+	}
+}

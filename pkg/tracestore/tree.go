@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode"
 )
 
 // WriteTree prints spans as an indented tree, children under their parent.
@@ -56,12 +58,12 @@ func interesting(sp Span) string {
 	var parts []string
 	for _, k := range interestingAttrs {
 		if v, ok := sp.Attributes[k]; ok {
-			parts = append(parts, k+"="+v)
+			parts = append(parts, k+"="+shown(v))
 		}
 	}
 	_, routed := sp.Attributes["http.route"]
 	if path := sp.Attributes["url.path"]; sp.Kind == "SPAN_KIND_SERVER" && !routed && path != "" {
-		parts = append(parts, "url.path="+path)
+		parts = append(parts, "url.path="+shown(path))
 	}
 	return strings.Join(parts, " ")
 }
@@ -75,7 +77,21 @@ func allAttrs(attrs map[string]string) string {
 	sort.Strings(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = k + "=" + attrs[k]
+		parts[i] = k + "=" + shown(attrs[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+// shown is an attribute's value as the tree prints it: quoted, with its
+// control characters escaped, when it holds any, since a client
+// chooses some values (an item id decoded from %0A or %1B) and the tree is
+// read on an operator's terminal, where a raw newline would forge a line
+// and an escape sequence would drive the terminal.
+func shown(v string) string {
+	for _, r := range v {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(v)
+		}
+	}
+	return v
 }
