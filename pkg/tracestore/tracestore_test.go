@@ -121,3 +121,17 @@ func TestTreeEscapesControlCharacters(t *testing.T) {
 		t.Errorf("tree =\n%q\nwant two lines, the values quoted with their control characters escaped", out)
 	}
 }
+
+// A proxy span names the instance it reached; a SQL span does not repeat
+// the one database every SQL span reaches.
+func TestServerAddressOnlyOutsideSQLSpans(t *testing.T) {
+	proxy := Span{Kind: "SPAN_KIND_CLIENT", Attributes: map[string]string{"server.address": "10.0.0.7", "server.port": "8082"}}
+	sql := Span{Kind: "SPAN_KIND_CLIENT", Attributes: map[string]string{"server.address": "/run/pg", "server.port": "5432",
+		"db.system.name": "postgresql", "db.operation.name": "SELECT"}}
+	if got := interesting(proxy); got != "server.address=10.0.0.7 server.port=8082" {
+		t.Errorf("interesting(proxy span) = %q, want its instance", got)
+	}
+	if got := interesting(sql); got != "db.operation.name=SELECT" {
+		t.Errorf("interesting(SQL span) = %q, want only its operation", got)
+	}
+}

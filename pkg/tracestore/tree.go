@@ -56,7 +56,11 @@ var interestingAttrs = []string{"http.response.status_code", "http.status_code",
 // that matched no route (its name says only the method then).
 func interesting(sp Span) string {
 	var parts []string
+	_, database := sp.Attributes["db.system.name"]
 	for _, k := range interestingAttrs {
+		if database && (k == "server.address" || k == "server.port") {
+			continue // the one database of every SQL span: noise
+		}
 		if v, ok := sp.Attributes[k]; ok {
 			parts = append(parts, k+"="+shown(v))
 		}
