@@ -46,6 +46,15 @@ func send(u *Upstream, repeat Repeat) (bool, int, error) {
 	return out.Repeated != nil, resp.StatusCode(), err
 }
 
+// post sends one POST that may always be repeated, and returns its outcome.
+func post(u *Upstream) (Outcome, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("POST")
+	return u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+}
+
 func TestRefusedInstanceIsSkippedThenUnavailable(t *testing.T) {
 	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer ok.Close()
@@ -186,11 +195,7 @@ func TestRepeatRefusedKeepsTheFirstFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod("POST")
-	out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+	out, err := post(u)
 	if !errors.Is(out.Repeated, ErrTimeout) || !errors.Is(err, ErrTimeout) || errors.Is(err, ErrUnreachable) {
 		t.Errorf("Do(slow, then refused) = repeated after %v, %v; want a timeout both, not unreachable", out.Repeated, err)
 	}
@@ -424,12 +429,8 @@ func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // round-robin: one of the two meets the closed instance first
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		req.Header.SetMethod("POST")
-		out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
+		out, err := post(u)
 		returned := time.Now()
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -464,11 +465,7 @@ func TestFailedAttemptNamesItsInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // round-robin: one of the two meets the slow instance first
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		req.Header.SetMethod("POST")
-		out, err := u.Do(req, resp, "/v1/x", Repeat{Always: true}, "")
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
+		out, err := post(u)
 		if err != nil {
 			t.Fatal(err)
 		}
