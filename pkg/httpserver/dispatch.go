@@ -215,7 +215,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 			// Every gateway probes every instance 4 times a second while
 			// it is out: one line per interval says it, not each probe.
 			if ok, skipped := s.refusedLog.Allow("not ready"); ok {
-				s.cfg.Log.WarnContext(r.Context(), "not ready", "err", err, "skipped_since_last", skipped)
+				s.cfg.Log.WarnContext(r.Context(), "not ready", "error", err, "skipped_since_last", skipped)
 			}
 		}
 		if err != nil || r.Context().Err() != nil {

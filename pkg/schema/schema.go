@@ -154,7 +154,7 @@ func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*R
 	}
 	r := &Readiness{conn: conn, log: log}
 	if err := r.Ready(ctx); err != nil {
-		log.Warn("not ready until the database answers and is migrated", "err", err)
+		log.Warn("not ready until the database answers and is migrated", "error", err)
 	}
 	return r, nil
 }

@@ -58,7 +58,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer func() {
 		if err := shutdown(context.Background()); err != nil {
-			log.Warn("telemetry shutdown", "err", err)
+			log.Warn("telemetry shutdown", "error", err)
 		}
 	}()
 	srv, err := newServer(cfg, log, nil, net.DefaultResolver)

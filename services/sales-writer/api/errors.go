@@ -60,19 +60,19 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// statement either was cancelled or committed: the log, the metrics
 		// and the span say so rather than report a failure (499, as nginx
 		// names a request its client closed; no one reads the answer).
-		h.log.InfoContext(r.Context(), "sale call abandoned by the caller: it may have been applied; a retry with the same Idempotency-Key replays it if so", "err", err)
+		h.log.InfoContext(r.Context(), "sale call abandoned by the caller: it may have been applied; a retry with the same Idempotency-Key replays it if so", "error", err)
 		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request; the sale may have been applied", requestID)
 		return httpserver.CodeClientClosed
 	}
 	if postgres.Unreachable(err) {
 		// An outage, not a bug. The connection may have broken after the
 		// commit, so the answer says how to find out safely.
-		h.log.ErrorContext(r.Context(), "sale store unreachable", "err", err)
+		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store is unreachable; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
 	}
-	h.log.ErrorContext(r.Context(), "sale call failed", "err", err)
+	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	return "internal_error"
 }

@@ -42,7 +42,7 @@ func (w *Writer) RunPurge(ctx context.Context, interval time.Duration, log *slog
 		case <-ticker.C:
 			n, err := w.Purge(ctx)
 			if err != nil && ctx.Err() == nil {
-				log.WarnContext(ctx, "idempotency purge failed", "err", err)
+				log.WarnContext(ctx, "idempotency purge failed", "error", err)
 				continue
 			}
 			if n > 0 {

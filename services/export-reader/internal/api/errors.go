@@ -34,20 +34,20 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, errNoScope):
 		envelope.WriteError(w, http.StatusForbidden, "forbidden", "the API key lacks the export:read scope", requestID)
 	case errors.Is(err, context.DeadlineExceeded):
-		a.log.ErrorContext(r.Context(), "export read timed out", "err", err)
+		a.log.ErrorContext(r.Context(), "export read timed out", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store did not answer in time; retry with backoff", requestID)
 	case httpserver.CallerGone(r, err):
 		// The caller (the gateway, after UPSTREAM_READ_TIMEOUT) went away:
 		// nobody reads this answer, and it is no failure of the reader's.
-		a.log.InfoContext(r.Context(), "client canceled", "err", err)
+		a.log.InfoContext(r.Context(), "client canceled", "error", err)
 		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request", requestID)
 	case postgres.Unreachable(err):
 		// An outage, not a bug: the client retries, and the on-call
 		// engineer looks at PostgreSQL rather than at this code.
-		a.log.ErrorContext(r.Context(), "export store unreachable", "err", err)
+		a.log.ErrorContext(r.Context(), "export store unreachable", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store is unreachable; retry with backoff", requestID)
 	default:
-		a.log.ErrorContext(r.Context(), "export read failed", "err", err)
+		a.log.ErrorContext(r.Context(), "export read failed", "error", err)
 		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	}
 }

@@ -64,12 +64,12 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 			code := shopErr.Kind.Code()
 			// The full error holds the transport error (with the request URL,
 			// which carries no secret) for whoever debugs the shop.
-			h.log.WarnContext(r.Context(), "shop call failed", "shop_host", host, "code", code, "err", shopErr.Error())
+			h.log.WarnContext(r.Context(), "shop call failed", "shop_host", host, "code", code, "error", shopErr.Error())
 			envelope.WriteError(w, status, code, shopErr.Resource+": "+shopErr.Reason, requestID)
 			return code
 		}
 	}
-	h.log.ErrorContext(r.Context(), "shop schema read failed", "err", err)
+	h.log.ErrorContext(r.Context(), "shop schema read failed", "error", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	return "internal_error"
 }
