@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/exaring/otelpgx"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -129,6 +131,27 @@ type Option func(runtimeParams map[string]string)
 // jit_above_cost if a DSN turns JIT on: EXPLAIN new statements.
 func IndexScansOnly() Option {
 	return func(params map[string]string) { setDefault(params, "enable_seqscan", "off") }
+}
+
+// StatementTimeout has PostgreSQL cancel any statement of the pool that
+// runs longer than d (statement_timeout), unless the DSN sets one: a
+// statement waiting on a lock is then rolled back by the server, and its
+// error (SQLSTATE 57014, QueryCanceled) says so. A deadline on the
+// client's context alone does not do that: pgx closes the connection, and
+// the server goes on waiting, then runs the statement and commits it, for
+// a caller long gone.
+func StatementTimeout(d time.Duration) Option {
+	return func(params map[string]string) {
+		setDefault(params, "statement_timeout", strconv.FormatInt(d.Milliseconds(), 10))
+	}
+}
+
+// QueryCanceled reports whether err is PostgreSQL's cancel of a statement
+// (statement_timeout, or an operator's pg_cancel_backend): it was rolled
+// back.
+func QueryCanceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
 // setDefault sets params[name] unless the DSN already did.

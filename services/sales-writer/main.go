@@ -63,7 +63,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	// Every statement of the writer reaches its rows through an index; see
 	// IndexScansOnly for what plans made on a sales table analyzed while
 	// empty cost.
-	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log, postgres.IndexScansOnly())
+	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
+		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout))
 	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
 		log.Info("stopped before PostgreSQL was reached")
 		return nil
@@ -94,7 +95,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		Signer:    signer,
 		Ready:     readiness.Ready,
 	}, mux)
-	api.Routes(mux, writer, log, srv.Registry())
+	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
 	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
 
 	// The purge stops before the pool closes.

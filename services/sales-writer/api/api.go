@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
@@ -20,22 +21,34 @@ type Writer interface {
 }
 
 // Routes registers every route of the service on mux and its outcome counter
-// on reg.
-func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.Registerer) {
+// on reg. queryTimeout is the pool's statement_timeout
+// (postgres.StatementTimeout): a statement that waits longer (its item
+// locked by a long transaction, the database overloaded) is rolled back by
+// PostgreSQL and the call answered 503 well before the gateway's
+// UPSTREAM_READ_TIMEOUT, instead of holding its caller, and the gateway's
+// repeat of it to another instance, for the whole of both. The call's
+// context ends queryTimeoutGrace later, for a server that does not answer
+// at all.
+func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.Registerer, queryTimeout time.Duration) {
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sales_writer_outcomes_total",
 		Help: "Sale calls by operation and outcome: executed, replayed, or the error code answered.",
 	}, []string{"operation", "outcome"})
 	reg.MustRegister(outcomes)
-	h := &handler{writer: writer, log: log, outcomes: outcomes}
+	h := &handler{writer: writer, log: log, outcomes: outcomes, queryTimeout: queryTimeout}
 	mux.HandleFunc("POST /v1/export/items/{item_id}/sales/confirm", h.serve(sales.Confirm))
 	mux.HandleFunc("POST /v1/export/items/{item_id}/sales/cancel", h.serve(sales.Cancel))
 }
 
+// queryTimeoutGrace is how long past the statement timeout a call waits
+// for PostgreSQL's own cancel before it gives up on the server.
+const queryTimeoutGrace = 2 * time.Second
+
 type handler struct {
-	writer   Writer
-	log      *slog.Logger
-	outcomes *prometheus.CounterVec
+	writer       Writer
+	log          *slog.Logger
+	outcomes     *prometheus.CounterVec
+	queryTimeout time.Duration
 }
 
 // serve decodes and validates the call, executes it and encodes the result.
@@ -52,7 +65,9 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 			return
 		}
 		httpserver.AnnotateClientValue(w, r, "external_order_id", req.ExternalOrderID)
-		res, err := h.writer.Execute(r.Context(), req)
+		ctx, cancel := context.WithTimeout(r.Context(), h.queryTimeout+queryTimeoutGrace)
+		defer cancel()
+		res, err := h.writer.Execute(ctx, req)
 		if err != nil {
 			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
 			return

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -54,6 +55,16 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			envelope.WriteError(w, m.status, m.code, m.err.Error(), requestID)
 			return m.code
 		}
+	}
+	if postgres.QueryCanceled(err) || errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+		// SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL cancelled the
+		// statement and rolled it back (QueryCanceled), or the server did
+		// not answer within the grace after it, when a commit may have
+		// raced the end. A retry with the key settles it either way.
+		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the sale store did not answer in time; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
+		return "unavailable"
 	}
 	if httpserver.CallerGone(r, err) {
 		// The caller (the gateway, past its upstream timeout) hung up. The

@@ -68,6 +68,12 @@ func newHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration) http.Ha
 // newLoggedHandler is newHandler logging to logs, at info.
 func newLoggedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.Writer) http.Handler {
 	t.Helper()
+	return newTimedHandler(t, db, retention, logs, 10*time.Second)
+}
+
+// newTimedHandler is newLoggedHandler giving each call queryTimeout.
+func newTimedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.Writer, queryTimeout time.Duration) http.Handler {
+	t.Helper()
 	signer, err := identity.NewSigner(testSecret)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +81,7 @@ func newLoggedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, l
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
 	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
-	Routes(mux, sales.NewWriter(db, retention), log, srv.Registry())
+	Routes(mux, sales.NewWriter(db, retention), log, srv.Registry(), queryTimeout)
 	return srv.Handler()
 }
 

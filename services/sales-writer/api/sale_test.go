@@ -10,6 +10,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
@@ -533,5 +534,53 @@ func TestAccessLinesNameTheCall(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), apiKey) {
 		t.Errorf("the log holds the API key:\n%s", logs.String())
+	}
+}
+
+// A sale that waits in the database past SALES_WRITER_QUERY_TIMEOUT (its
+// item locked by a long transaction) is answered 503 with the advice to
+// retry under the same key, not held until the gateway gives up; once
+// the lock is gone the retry sells it, once.
+func TestSaleLockedPastTheQueryTimeoutIsA503(t *testing.T) {
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	var logs testenv.Output
+	ctx := context.Background()
+	const timeout = 300 * time.Millisecond
+	timed, err := postgres.Open(ctx, f.url, postgres.StatementTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer timed.Close()
+	f.handler = newTimedHandler(t, timed, defaultRetention, &logs, timeout)
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT FROM export_items WHERE id = 'coin-1' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	sale := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k-locked", body: order1}
+	rec, env := f.do(t, sale)
+	if rec.Code != 503 || env.Error == nil || env.Error.Code != "unavailable" ||
+		!strings.Contains(env.Error.Message, "retry with backoff and the same Idempotency-Key") || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("confirm of a locked item = %d %+v (Retry-After %q), want 503 unavailable with the advice to retry under the key",
+			rec.Code, env.Error, rec.Header().Get("Retry-After"))
+	}
+	// PostgreSQL itself cancelled the statement (57014), which rolls it
+	// back; a client-side deadline alone leaves the server waiting.
+	if !strings.Contains(logs.String(), "SALES_WRITER_QUERY_TIMEOUT") || !strings.Contains(logs.String(), "57014") {
+		t.Errorf("no log line names the timeout and PostgreSQL's cancel (57014):\n%s", logs.String())
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, env := f.do(t, sale); rec.Code != 200 || result(t, env)["idempotent_replay"] != false {
+		t.Fatalf("retry once the lock is gone = %d %+v, want 200, executed now", rec.Code, env.Error)
+	}
+	var sales int
+	if err := f.db.QueryRow(ctx, "SELECT count(*) FROM sales WHERE item_id = 'coin-1'").Scan(&sales); err != nil || sales != 1 {
+		t.Errorf("sales of coin-1 = %d, %v; want 1", sales, err)
 	}
 }
