@@ -78,6 +78,7 @@ func (s *Server) dispatch() http.Handler {
 		route := "unmatched"
 		defer func() {
 			if p := recover(); p != nil {
+				s.metrics.panics.Inc()
 				s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
 				if !rec.wroteHeader {
@@ -235,6 +236,9 @@ func (s *Server) observe(r *http.Request, route string, rec *statusRecorder, d t
 	errorCode := ""
 	if status >= 400 {
 		errorCode = rec.Header().Get(envelope.ErrorCodeHeader)
+		if errorCode != "" {
+			s.metrics.errors.WithLabelValues(route, errorCode).Inc()
+		}
 	}
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		attrs := []attribute.KeyValue{semconv.HTTPResponseStatusCode(status)}

@@ -19,6 +19,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -554,4 +555,44 @@ func waitListening(t *testing.T, addr string) {
 		}
 	}
 	t.Fatalf("%s never listened", addr)
+}
+
+// Error answers are counted by their code, and recovered panics on their
+// own: an alert can tell a run of invalid_cursor, or a bug, from other
+// 4xx and 5xx.
+func TestErrorsAreCountedByCode(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/boom", func(w http.ResponseWriter, r *http.Request) { panic("boom") })
+	srv := New(Config{Service: "test", Log: slog.New(slog.DiscardHandler), Signer: signer}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	for _, c := range []struct{ method, path string }{{"POST", "/v1/boom"}, {"GET", "/v1/nope"}, {"GET", "/v1/nope"}} {
+		req, _ := http.NewRequest(c.method, ts.URL+c.path, nil)
+		for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
+			RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	for _, c := range []struct {
+		got  prometheus.Collector
+		want float64
+		name string
+	}{
+		{srv.metrics.panics, 1, "http_panics_total"},
+		{srv.metrics.errors.WithLabelValues("POST /v1/boom", "internal_error"), 1, "http_errors_total{internal_error}"},
+		{srv.metrics.errors.WithLabelValues("unmatched", "not_found"), 2, "http_errors_total{not_found}"},
+	} {
+		if got := testutil.ToFloat64(c.got); got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, got, c.want)
+		}
+	}
 }

@@ -11,6 +11,8 @@ import (
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+	panics   prometheus.Counter
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -27,7 +29,17 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20, 30},
 		}, []string{"route", "method", "status_class"}),
 	}
-	reg.MustRegister(m.requests, m.duration)
+	// By error code: a status class cannot tell a sync restarted by an
+	// invalid_cursor (readers with different CURSOR_SECRETs) from any
+	// other 400. The codes are the services' own constants, a few dozen.
+	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "http_errors_total",
+		Help: "Error answers, by route and error code (the answer's error.code).",
+	}, []string{"route", "code"})
+	m.panics = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "http_panics_total", Help: "Panics recovered while serving a request (answered 500; the stack is logged).",
+	})
+	reg.MustRegister(m.requests, m.duration, m.errors, m.panics)
 	return m
 }
 
