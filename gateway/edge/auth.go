@@ -17,8 +17,9 @@ import (
 const APIKeyHeader = "X-API-Key"
 
 // authenticate resolves the key and checks it against the route. Failed
-// authentications count against the client IP's budget; past it, the
-// client gets 429 and unknown keys are not even looked up.
+// authentications (but a revoked key's) count against the client IP's
+// budget; past it, the client gets 429 and unknown keys are not even
+// looked up.
 //
 // It has no span of its own: nearly every lookup is a cache hit in memory,
 // and a miss shows in the trace as the key store's SQL span.
@@ -37,11 +38,19 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		rq.authFailure = authFailureThrottled
 		return errAuthThrottled(rq.rate.RetryAfter)
+	case errors.Is(err, keystore.ErrRevokedKey):
+		// A revoked key is no guess: it was a real key, and the client
+		// using it is one a rotation left behind (spec 5: rotate and
+		// revoke at once). It is answered 401 without taking from its
+		// address's failure budget, which its stale workers would
+		// otherwise spend in seconds, refusing 429 the new key's first
+		// call from the same address, and every other tenant's behind it.
+		// It costs no lookup: a revoked key stays cached as revoked.
+		rq.authFailure = authFailureRevoked
+		rq.key = key // names the revoked key in the access line and the span
+		return errUnauthenticated
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		rq.authFailure = authFailureOf(err)
-		if errors.Is(err, keystore.ErrRevokedKey) {
-			rq.key = key // names the revoked key in the access line and the span
-		}
 		return g.authFailed(rq, errUnauthenticated)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
