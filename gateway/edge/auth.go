@@ -17,8 +17,9 @@ import (
 const APIKeyHeader = "X-API-Key"
 
 // authenticate resolves the key and checks it against the route. Failed
-// authentications (but a revoked key's) count against the client IP's
-// budget; past it, the client gets 429 and unknown keys are not even
+// authentications count against the client IP's budget; past it, the
+// client gets 429. Guesses (unknown or malformed keys) also count against
+// a budget of their own, and past that one uncached keys are not even
 // looked up.
 //
 // It has no span of its own: nearly every lookup is a cache hit in memory,
@@ -38,19 +39,11 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		rq.authFailure = authFailureThrottled
 		return errAuthThrottled(rq.rate.RetryAfter)
-	case errors.Is(err, keystore.ErrRevokedKey):
-		// A revoked key is no guess: it was a real key, and the client
-		// using it is one a rotation left behind (spec 5: rotate and
-		// revoke at once). It is answered 401 without taking from its
-		// address's failure budget, which its stale workers would
-		// otherwise spend in seconds, refusing 429 the new key's first
-		// call from the same address, and every other tenant's behind it.
-		// It costs no lookup: a revoked key stays cached as revoked.
-		rq.authFailure = authFailureRevoked
-		rq.key = key // names the revoked key in the access line and the span
-		return errUnauthenticated
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		rq.authFailure = authFailureOf(err)
+		if errors.Is(err, keystore.ErrRevokedKey) {
+			rq.key = key // names the revoked key in the access line and the span
+		}
 		return g.authFailed(rq, errUnauthenticated)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
@@ -92,10 +85,16 @@ func authFailureOf(err error) string {
 }
 
 // authFailed records a failed authentication against the client IP and
-// answers answer (a 401), or 429 once the IP has failed too often.
+// answers answer (a 401), or 429 once the IP has failed too often. Every
+// failure answers alike, whatever its cause (keystore.ErrUnauthenticated):
+// the same headers, the same budget. A guess (an unknown or malformed key)
+// is also taken from the address's guess budget (authBudgetLeft).
 func (g *Gateway) authFailed(rq *request, answer *apiError) error {
 	if g.limiter == nil {
 		return answer
+	}
+	if rq.authFailure == authFailureUnknown || rq.authFailure == authFailureMalformed {
+		g.limiter.Take(guessBudgetKey(rq), g.rates[classAuthFailures])
 	}
 	start := time.Now()
 	d := g.limiter.Take(classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
@@ -126,14 +125,20 @@ func (g *Gateway) refuseKeyInURL(rq *request, rt route) error {
 	return nil
 }
 
-// authBudgetLeft reports whether the client IP may still fail to
-// authenticate; asked before a database lookup of an uncached key.
+// authBudgetLeft reports whether the client IP may still guess keys;
+// asked before a database lookup of an uncached key. Only guesses spend
+// this budget (authFailed): a revoked key is no guess, and after a
+// rotation a platform's workers still on the old key spent the address's
+// whole failure budget in seconds, so that the new key's first call from
+// that address, and every other tenant's behind it, was refused 429 for
+// up to a minute (a probe: 10 stale workers). Nor does a request without
+// any key (a monitor's).
 func (g *Gateway) authBudgetLeft(rq *request) bool {
 	if g.limiter == nil {
 		return true
 	}
 	start := time.Now()
-	d := g.limiter.Peek(classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
+	d := g.limiter.Peek(guessBudgetKey(rq), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d)
 	if !d.Allowed {
 		g.recordDecision(rq, classAuthFailures, d)
@@ -173,4 +178,10 @@ func rateClasses(cfg Config) map[string]limiter.Rate {
 		classShopSchema:   cfg.RateShopSchema,
 		classAuthFailures: cfg.RateAuthFailures,
 	}
+}
+
+// guessBudgetKey is the limiter key of the client address's guesses: the
+// same rate as its failures (RATE_LIMIT_AUTH_FAILURES), counted apart.
+func guessBudgetKey(rq *request) string {
+	return classAuthFailures + ":guesses:ip:" + addressBucket(rq.clientIP)
 }

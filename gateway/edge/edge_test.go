@@ -303,29 +303,32 @@ func TestRateLimits(t *testing.T) {
 	}
 }
 
-// A revoked key is answered 401 however often it is sent, and spends none
-// of its address's failed-authentication budget: after a rotation, workers
-// still on the old key do not get the new key's first call from the same
-// address refused 429 (a probe: 10 stale workers locked a new key out for
-// 61 s). Guesses still do.
-func TestRevokedKeySpendsNoFailureBudget(t *testing.T) {
+// A revoked key is answered as any failed authentication (401, then 429
+// past the address's budget: no client can tell it from an unknown one),
+// but it is no guess: it spends none of the address's guess budget, so
+// after a rotation, workers still on the old key do not get the new key's
+// first call from the same address refused 429 (a probe: 10 stale workers
+// locked a new key out for 61 s). Guesses still do.
+func TestRevokedKeyIsNoGuess(t *testing.T) {
 	dsn, _, k := seed(t)
 	reader := echoUpstream(t, "reader", nil)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
 		"RATE_LIMIT_AUTH_FAILURES": "2-M"})
 	items := gw.URL + "/v1/export/items"
-	for i := range 5 {
-		if r := do(t, "GET", items, map[string]string{"X-API-Key": k.revoked}, nil); r.Status != 401 {
-			t.Fatalf("revoked key, call %d = %d, want 401", i+1, r.Status)
+	for i, want := range []int{401, 401, 429, 429, 429} {
+		if r := do(t, "GET", items, map[string]string{"X-API-Key": k.revoked}, nil); r.Status != want {
+			t.Fatalf("revoked key, call %d = %d, want %d", i+1, r.Status, want)
 		}
 	}
 	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
 		t.Fatalf("a new, uncached key after the revoked one's calls = %d %s, want 200", r.Status, r.Body)
 	}
-	for i, want := range []int{401, 401, 429} {
-		if r := do(t, "GET", items, map[string]string{"X-API-Key": k.unknown}, nil); r.Status != want {
-			t.Errorf("unknown key, call %d = %d, want %d", i+1, r.Status, want)
-		}
+	for range 2 {
+		do(t, "GET", items, map[string]string{"X-API-Key": k.unknown}, nil)
+	}
+	r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil)
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 429 || !strings.Contains(line, `"auth_failure":"throttled"`) {
+		t.Errorf("an uncached key after two guesses = %d (%s), want 429 throttled: not looked up", r.Status, line)
 	}
 }
 
