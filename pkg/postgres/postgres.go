@@ -134,12 +134,13 @@ func IndexScansOnly() Option {
 }
 
 // StatementTimeout has PostgreSQL cancel any statement of the pool that
-// runs longer than d (statement_timeout), unless the DSN sets one: a
-// statement waiting on a lock is then rolled back by the server, and its
-// error (SQLSTATE 57014, QueryCanceled) says so. A deadline on the
-// client's context alone does not do that: pgx closes the connection, and
-// the server goes on waiting, then runs the statement and commits it, for
-// a caller long gone.
+// runs longer than d (statement_timeout, counted per statement), unless
+// the DSN sets one: a statement waiting on a lock is then rolled back by
+// the server itself, and its error (SQLSTATE 57014, QueryCanceled) says
+// so, before the work is committed. A deadline on the client's context
+// ends the call too, but pgx then sends a cancel request that races the
+// statement and drops the connection, and the caller cannot tell whether
+// the work committed.
 func StatementTimeout(d time.Duration) Option {
 	return func(params map[string]string) {
 		setDefault(params, "statement_timeout", strconv.FormatInt(d.Milliseconds(), 10))

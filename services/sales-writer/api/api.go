@@ -26,9 +26,12 @@ type Writer interface {
 // locked by a long transaction, the database overloaded) is rolled back by
 // PostgreSQL and the call answered 503 well before the gateway's
 // UPSTREAM_READ_TIMEOUT, instead of holding its caller, and the gateway's
-// repeat of it to another instance, for the whole of both. The call's
-// context ends queryTimeoutGrace later, for a server that does not answer
-// at all.
+// repeat of it to another instance, for the whole of both. The timeout
+// counts per statement, and a call runs a few (the key's lock, the sale,
+// perhaps an explanation and a run again), so the call's context ends
+// queryTimeoutGrace past one timeout: a call waiting statement after
+// statement, or on a server that does not answer, ends there, answered
+// the same 503 (the sale may then have been applied).
 func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.Registerer, queryTimeout time.Duration) {
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sales_writer_outcomes_total",
