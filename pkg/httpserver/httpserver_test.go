@@ -526,10 +526,7 @@ func TestShutdownSaysWhatItDrainsAndCutsOff(t *testing.T) {
 	waitListening(t, addr)
 	go func() {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
-		for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
-			RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
-			req.Header.Set(h.Name, h.Value)
-		}
+		signAsReader(signer, req)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 		}
@@ -572,10 +569,7 @@ func TestErrorsAreCountedByCode(t *testing.T) {
 	defer ts.Close()
 	for _, c := range []struct{ method, path string }{{"POST", "/v1/boom"}, {"GET", "/v1/nope"}, {"GET", "/v1/nope"}} {
 		req, _ := http.NewRequest(c.method, ts.URL+c.path, nil)
-		for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
-			RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
-			req.Header.Set(h.Name, h.Value)
-		}
+		signAsReader(signer, req)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

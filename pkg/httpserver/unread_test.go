@@ -168,10 +168,7 @@ func TestAHandlersBodyIsNeverRewritten(t *testing.T) {
 	defer func() { stop(); <-done }()
 	waitListening(t, addr)
 	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/text", nil)
-	for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
-		RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
-		req.Header.Set(h.Name, h.Value)
-	}
+	signAsReader(signer, req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -180,5 +177,13 @@ func TestAHandlersBodyIsNeverRewritten(t *testing.T) {
 	got, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != 200 || string(got) != body {
 		t.Errorf("GET /v1/text = %d, %d bytes (%v); want 200 and the handler's %d bytes", resp.StatusCode, len(got), err, len(body))
+	}
+}
+
+// signAsReader signs req as the gateway would for a read key.
+func signAsReader(signer *identity.Signer, req *http.Request) {
+	for _, h := range signer.Sign(identity.Identity{OwnerID: "o1", KeyID: "k1", Scopes: []string{identity.ScopeExportRead},
+		RequestID: "4bf92f3577b34da6a3ce929d0e0e4736"}, identity.RequestOf(req), time.Now()) {
+		req.Header.Set(h.Name, h.Value)
 	}
 }
