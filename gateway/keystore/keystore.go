@@ -151,11 +151,14 @@ func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool)
 	return e.result()
 }
 
+// revoked reports an entry of a key found in the database, revoked.
+func (e entry) revoked() bool { return !e.valid && e.key.ID != "" }
+
 func (e entry) result() (Key, error) {
 	switch {
 	case e.valid:
 		return e.key, nil
-	case e.key.ID != "": // found, revoked
+	case e.revoked():
 		return e.key, ErrRevokedKey
 	}
 	return Key{}, ErrUnknownKey
@@ -169,6 +172,13 @@ func (s *Store) cached(hash apikey.Hash, now time.Time) (entry, bool) {
 	s.mu.RUnlock()
 	if !ok {
 		return entry{}, false
+	}
+	if e.revoked() {
+		// Revocation is final (no path clears revoked_at: exportctl keeps
+		// the first revocation time), so a revoked key needs no second
+		// look: workers a rotation left behind cost no lookups, however
+		// many, for as long as the entry is not evicted.
+		return e, true
 	}
 	return e, s.opts.fresh(e.fetched, now, s.listening.Load(), time.Unix(0, s.lostAt.Load()))
 }

@@ -322,3 +322,28 @@ func TestFreshness(t *testing.T) {
 		}
 	}
 }
+
+// A revoked key stays cached past its TTL: revocation is final, and the
+// workers a rotation left behind on the old key cost no lookups. An
+// unknown key is looked up again once aged (it may have been created since).
+func TestRevokedKeyStaysCached(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	revoked, revokedID := insertKey(t, pool, owner, []string{"export:read"})
+	if _, err := pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, revokedID); err != nil {
+		t.Fatal(err)
+	}
+	unknown, _, _ := apikey.Generate([]string{"export:read"})
+	store, _, misses := counting(pool, Options{TTL: time.Millisecond, UnheardTTL: time.Millisecond, MaxEntries: 100})
+	ctx := context.Background()
+	store.Lookup(ctx, revoked, nil)
+	store.Lookup(ctx, unknown, nil)
+	time.Sleep(5 * time.Millisecond) // both entries age
+	if _, err := store.Lookup(ctx, revoked, func() bool { t.Error("mayFetch asked for a revoked key"); return true }); !errors.Is(err, ErrRevokedKey) {
+		t.Errorf("Lookup(aged revoked key) = %v, want ErrRevokedKey", err)
+	}
+	store.Lookup(ctx, unknown, nil)
+	if got := misses.Load(); got != 3 {
+		t.Errorf("misses = %d, want 3: the unknown key looked up again, the revoked one not", got)
+	}
+}
