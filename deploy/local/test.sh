@@ -24,7 +24,7 @@ done
 # The alert rules are code too: promtool checks them and runs their unit
 # tests (deploy/prometheus/alerts_test.yml). It comes with Debian's
 # prometheus package (.ci/run installs it); without it the rules are
-# skipped and said so, unless REQUIRE_PROMTOOL=1 (CI), which fails.
+# skipped and said so, unless REQUIRE_PROMTOOL=1, which fails.
 if command -v promtool >/dev/null 2>&1; then
   log "promtool test rules deploy/prometheus/alerts_test.yml"
   { promtool check rules deploy/prometheus/alerts.yml && promtool test rules deploy/prometheus/alerts_test.yml; } || status=1
