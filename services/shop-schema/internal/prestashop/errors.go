@@ -32,6 +32,11 @@ const (
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
 )
 
+// CodeNotAllowed is the error code of an address the guard refuses, as a
+// base_url (shopschema) or as a redirect's target here: one code, one
+// place.
+const CodeNotAllowed = "base_url_not_allowed"
+
 // Code is the route's error code for a failure of kind k (README,
 // "Errors"), and the error.type of the span of the shop request that
 // failed so: one vocabulary for answers, logs, metrics and traces. It is
@@ -43,7 +48,7 @@ func (k Kind) Code() string {
 	case KindForbidden:
 		return "shop_403"
 	case KindNotAllowed:
-		return "base_url_not_allowed" // shopschema.CodeNotAllowed, as a refused base_url
+		return CodeNotAllowed
 	case KindUnreachable:
 		return "shop_unreachable"
 	case KindTLS:

@@ -19,7 +19,7 @@ import (
 const (
 	CodeInvalidBaseURL  = "invalid_base_url"
 	CodeMustBeHTTPS     = "base_url_must_be_https"
-	CodeNotAllowed      = "base_url_not_allowed"
+	CodeNotAllowed      = prestashop.CodeNotAllowed
 	CodeMissingWSKey    = "missing_ws_key"
 	CodeInvalidBody     = "invalid_body"
 	CodeInvalidParam    = "invalid_parameter"
