@@ -96,9 +96,8 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	raw := c.Path() // Fiber leaves it escaped
 	// A whole key in the path is refused (keyInPath); what is recorded
 	// also hides one mistyped or cut short, which is no key to refuse.
-	_, keyInPath := apikey.RedactPath(raw)
 	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(apikey.RedactKeyLikePath(raw)),
-		keyInPath: keyInPath, clientIP: g.clientIP(c), start: time.Now()}
+		keyInPath: apikey.PathHoldsKey(raw), clientIP: g.clientIP(c), start: time.Now()}
 	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {
 		parent = otel.GetTextMapPropagator().Extract(parent, headerCarrier{&c.Request().Header})

@@ -108,6 +108,14 @@ func RedactPath(path string) (string, bool) {
 	return redactPath(path, wellFormedKeys)
 }
 
+// PathHoldsKey reports whether a segment of path holds a well-formed key,
+// as RedactPath finds one: a request the gateway refuses (spec 5). It
+// builds no string unless it finds one.
+func PathHoldsKey(path string) bool {
+	_, found := RedactPath(path)
+	return found
+}
+
 // RedactKeyLikePath is RedactPath for what spans and logs record: it
 // replaces the segments that hold anything ContainsKeyLike finds, a key
 // mistyped or cut short included.
