@@ -94,6 +94,7 @@ type Shop struct {
 	mu      sync.Mutex
 	reqLog  []string
 	authLog []string
+	traces  []string
 }
 
 // Start serves the shop over HTTPS on 127.0.0.1 and stops it at cleanup.
@@ -141,6 +142,14 @@ func (s *Shop) Keys() []string {
 	return slices.Clone(s.authLog)
 }
 
+// Traceparents lists the traceparent header of every request received
+// ("" for none).
+func (s *Shop) Traceparents() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.traces)
+}
+
 // Requests lists "path?query" of every request received.
 func (s *Shop) Requests() []string {
 	s.mu.Lock()
@@ -151,6 +160,7 @@ func (s *Shop) Requests() []string {
 func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.reqLog = append(s.reqLog, r.URL.RequestURI())
+	s.traces = append(s.traces, r.Header.Get("traceparent"))
 	s.mu.Unlock()
 	if s.Hold != nil {
 		select {

@@ -17,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
@@ -49,8 +48,8 @@ type Client struct {
 
 // NewClient builds the client: no proxy from the environment (through a
 // proxy only the proxy's address would be checked), the guard's dialer and
-// redirect check, TLS verified against RootCAs, and an otelhttp transport
-// so that each shop request is a client span.
+// redirect check, TLS verified against RootCAs, and a client span for each
+// hop of a shop request (spans.go).
 func NewClient(cfg Config) *Client {
 	resolver := cfg.Resolver
 	if resolver == nil {
@@ -74,9 +73,7 @@ func NewClient(cfg Config) *Client {
 	}
 	return &Client{
 		http: &http.Client{
-			Transport: otelhttp.NewTransport(redactingTransport{transport},
-				otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "prestashop " + r.Method }),
-				otelhttp.WithTracerProvider(scopedTracerProvider{tp})),
+			Transport:     tracingTransport{next: transport, tracer: tp.Tracer("github.com/coinexport/export/services/shop-schema/internal/prestashop")},
 			CheckRedirect: cfg.Guard.CheckRedirect,
 		},
 		maxBytes:     cfg.MaxBytes,

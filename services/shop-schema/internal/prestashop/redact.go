@@ -3,12 +3,8 @@ package prestashop
 import (
 	"context"
 	"errors"
-	"net/http"
 	"net/url"
 	"strings"
-
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // The key travels only in the Authorization header, so the URLs this client
@@ -67,21 +63,8 @@ func redactErrorURL(err error, key string) {
 
 type keyInContext struct{}
 
-// withKey lets redactingTransport know the call's key on every hop, also
+// withKey lets tracingTransport know the call's key on every hop, also
 // after a redirect to another host, which drops the Authorization header.
 func withKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyInContext{}, key)
-}
-
-// redactingTransport sits inside otelhttp's transport and overwrites the
-// url.full that otelhttp gave the hop's span (from the URL as requested,
-// a redirect's included) with its redacted form.
-type redactingTransport struct{ next http.RoundTripper }
-
-func (t redactingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
-		key, _ := r.Context().Value(keyInContext{}).(string)
-		span.SetAttributes(attribute.String("url.full", redactURL(r.URL.String(), key)))
-	}
-	return t.next.RoundTrip(r)
 }

@@ -3,24 +3,26 @@ package prestashop
 import (
 	"context"
 	"errors"
-	"sync"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Each shop request is an otelhttp client span, and otelhttp names a
-// failure by the Go type of the error (*prestashop.Error for a request that
-// was only cancelled because another fetch of the call failed first) or by
-// the status code, marks a request we cancelled ourselves as failed, and
-// ends the span when the body is read to EOF, before this client has read
-// what the answer says. So the spans it starts for a page read are held in
-// a spanScope: otelhttp's error.type and Error status are kept off them, and
-// they end when the page read ends, once its outcome is named (README,
-// "PrestaShop client").
+// Each hop of a shop request (each redirect followed is a hop of its own)
+// is a client span, started by tracingTransport. What a hop's outcome was
+// is known only once this client has read what the answer says (not JSON,
+// too large, wrong shape), so the spans of a page read are held in a
+// spanScope until the page read ends and are named by the client, in the
+// route's vocabulary; each still ends at the time its answer was read, so
+// durations are those of the requests (README, "PrestaShop client").
 
 // Attributes of a shop request that this client gave up on. The request
 // did not fail: it was cancelled because another fetch of the same schema
@@ -31,11 +33,78 @@ const (
 	errorTypeCancel  = "canceled"
 )
 
+// tracingTransport starts a client span for each hop and sends the shop
+// the span's trace context.
+type tracingTransport struct {
+	next   http.RoundTripper
+	tracer trace.Tracer
+}
+
+func (t tracingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	scope := spanScopeOf(r.Context())
+	if scope == nil { // not reached: listPage makes every request in a scope
+		return t.next.RoundTrip(r)
+	}
+	ctx, span := t.tracer.Start(r.Context(), "prestashop "+r.Method,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(requestAttrs(r)...))
+	h := scope.add(span)
+	r = r.Clone(ctx)
+	// The trace id is the request id the caller already has (meta.request_id):
+	// the shop learns nothing new, and can be asked about a request by it.
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(r.Header))
+	resp, err := t.next.RoundTrip(r)
+	if err != nil {
+		h.stop()
+		return nil, err
+	}
+	_, version, _ := strings.Cut(resp.Proto, "/")
+	span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode), semconv.NetworkProtocolVersion(version))
+	resp.Body = answerBody{resp.Body, h}
+	return resp, nil
+}
+
+// requestAttrs describe a hop as otelhttp did, with the URL redacted (a
+// redirect's is the shop's to write) and the port only when not 443.
+func requestAttrs(r *http.Request) []attribute.KeyValue {
+	key, _ := r.Context().Value(keyInContext{}).(string)
+	attrs := []attribute.KeyValue{
+		semconv.HTTPRequestMethodKey.String(r.Method),
+		semconv.URLFull(redactURL(r.URL.String(), key)),
+		semconv.ServerAddress(r.URL.Hostname()),
+	}
+	if port, err := strconv.Atoi(r.URL.Port()); err == nil && port != 443 {
+		attrs = append(attrs, semconv.ServerPort(port))
+	}
+	return attrs
+}
+
+// answerBody notes when the client is done with a hop's answer: it closes
+// the body after reading it, and before following a redirect.
+type answerBody struct {
+	io.ReadCloser
+	hop *hop
+}
+
+func (b answerBody) Close() error {
+	b.hop.stop()
+	return b.ReadCloser.Close()
+}
+
 // spanScope holds the client spans of one page read: one per hop, counting
-// redirects, the dispatcher.php fallback and the display=full retry.
-type spanScope struct {
-	mu    sync.Mutex
-	spans []*hopSpan
+// redirects, the dispatcher.php fallback and the display=full retry. A page
+// read is sequential, so it needs no lock.
+type spanScope struct{ hops []*hop }
+
+type hop struct {
+	span    trace.Span
+	named   bool      // fail named its outcome
+	stopped time.Time // when its answer was read or its request failed
+}
+
+func (h *hop) stop() {
+	if h.stopped.IsZero() {
+		h.stopped = time.Now()
+	}
 }
 
 type scopeInContext struct{}
@@ -51,21 +120,22 @@ func spanScopeOf(ctx context.Context) *spanScope {
 	return s
 }
 
+func (s *spanScope) add(span trace.Span) *hop {
+	h := &hop{span: span}
+	s.hops = append(s.hops, h)
+	return h
+}
+
 // fail names err as the outcome of the scope's last request, unless it
 // already has one: the route's error code as error.type with status
 // Error, or, for a request this client cancelled, canceled and why,
 // without Error. err is the *Error of a request or of its answer.
 func (s *spanScope) fail(ctx context.Context, err error) {
 	var e *Error
-	if s == nil || !errors.As(err, &e) {
+	if s == nil || len(s.hops) == 0 || !errors.As(err, &e) {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.spans) == 0 {
-		return
-	}
-	last := s.spans[len(s.spans)-1]
+	last := s.hops[len(s.hops)-1]
 	if last.named {
 		return
 	}
@@ -82,11 +152,11 @@ func (s *spanScope) fail(ctx context.Context, err error) {
 		if errors.As(context.Cause(ctx), &sibling) {
 			why = []attribute.KeyValue{attrCancelReason.String("sibling_failed"), attrCancelCause.String(errorType(sibling.Kind))}
 		}
-		last.Span.SetAttributes(append(why, semconv.ErrorTypeKey.String(errorTypeCancel))...)
+		last.span.SetAttributes(append(why, semconv.ErrorTypeKey.String(errorTypeCancel))...)
 		return
 	}
-	last.Span.SetAttributes(semconv.ErrorTypeKey.String(errorType(e.Kind)))
-	last.Span.SetStatus(codes.Error, e.Reason)
+	last.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(e.Kind)))
+	last.span.SetStatus(codes.Error, e.Reason)
 }
 
 func errorType(k Kind) string {
@@ -96,102 +166,10 @@ func errorType(k Kind) string {
 	return semconv.ErrorTypeOther.Value.AsString()
 }
 
-// end ends every span of the scope, at the time otelhttp ended it. A span
-// otelhttp saw fail whose outcome was not named gets _OTHER, so that no
-// failure passes for a success.
+// end ends every span of the scope, at the time its hop stopped.
 func (s *spanScope) end() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, h := range s.spans {
-		h.mu.Lock()
-		failed := h.failed
-		h.mu.Unlock()
-		if failed && !h.named {
-			h.Span.SetAttributes(semconv.ErrorTypeOther)
-			h.Span.SetStatus(codes.Error, "")
-		}
-		h.release()
+	for _, h := range s.hops {
+		h.stop() // an answer never closed: now
+		h.span.End(trace.WithTimestamp(h.stopped))
 	}
-}
-
-// hopSpan is a client span otelhttp started inside a scope.
-type hopSpan struct {
-	trace.Span
-	named bool // the scope named its outcome (guarded by the scope's mu)
-
-	mu       sync.Mutex
-	failed   bool // otelhttp saw the request fail
-	endOpts  []trace.SpanEndOption
-	ended    bool // otelhttp ended it
-	released bool // the scope ended it
-}
-
-// SetAttributes keeps otelhttp's error.type off the span.
-func (h *hopSpan) SetAttributes(kv ...attribute.KeyValue) {
-	kept := kv[:0:0]
-	for _, a := range kv {
-		if a.Key == semconv.ErrorTypeKey {
-			h.mu.Lock()
-			h.failed = true
-			h.mu.Unlock()
-			continue
-		}
-		kept = append(kept, a)
-	}
-	h.Span.SetAttributes(kept...)
-}
-
-// SetStatus keeps otelhttp's Error status off the span.
-func (h *hopSpan) SetStatus(code codes.Code, description string) {
-	if code == codes.Error {
-		h.mu.Lock()
-		h.failed = true
-		h.mu.Unlock()
-		return
-	}
-	h.Span.SetStatus(code, description)
-}
-
-// End notes when otelhttp ended the span; the scope ends it.
-func (h *hopSpan) End(opts ...trace.SpanEndOption) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.released {
-		h.Span.End(opts...)
-		return
-	}
-	if !h.ended {
-		h.ended = true
-		h.endOpts = append([]trace.SpanEndOption{trace.WithTimestamp(time.Now())}, opts...)
-	}
-}
-
-func (h *hopSpan) release() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.released = true
-	h.Span.End(h.endOpts...)
-}
-
-// scopedTracerProvider gives otelhttp a tracer whose spans, when started
-// inside a spanScope, are hopSpans of that scope.
-type scopedTracerProvider struct{ trace.TracerProvider }
-
-func (p scopedTracerProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
-	return scopedTracer{p.TracerProvider.Tracer(name, opts...)}
-}
-
-type scopedTracer struct{ trace.Tracer }
-
-func (t scopedTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	ctx, span := t.Tracer.Start(ctx, name, opts...)
-	s := spanScopeOf(ctx)
-	if s == nil {
-		return ctx, span
-	}
-	h := &hopSpan{Span: span}
-	s.mu.Lock()
-	s.spans = append(s.spans, h)
-	s.mu.Unlock()
-	return trace.ContextWithSpan(ctx, h), h
 }
