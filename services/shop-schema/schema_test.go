@@ -341,7 +341,9 @@ func TestSchemaValueCap(t *testing.T) {
 		shop.Values = append(shop.Values, fakeshop.Value{ID: 10000 + i, FeatureID: 2, Names: map[int]string{1: fmt.Sprint("c", i)}})
 	}
 	shop.Start(t.Cleanup)
-	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1000"})
+	// ~10,000 values take 0.6 s, but 5 s (startService's timeout) under
+	// -race on two busy cores: this test is not about the timeout.
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1000", "SHOP_SCHEMA_TIMEOUT": "60s"})
 	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
 	if status != http.StatusOK {
 		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))

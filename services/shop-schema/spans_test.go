@@ -287,4 +287,8 @@ func TestSpanNamesAWrongShape(t *testing.T) {
 	if !named {
 		t.Errorf("no span of a 200 has error.type shop_bad_response: %+v", clientSpans(spans))
 	}
+	// The log says what the shape lacked, which the client is not told.
+	if got, _ := logLine(t, svc.logs, "shop call failed")["error"].(string); !strings.Contains(got, "answer lacks the") {
+		t.Errorf("shop call failed error = %q, want it to name the missing member", got)
+	}
 }
