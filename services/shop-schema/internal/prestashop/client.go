@@ -256,8 +256,9 @@ func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields,
 	}
 	rows, err := decodeList[T](body, resource)
 	if err != nil {
-		// The decoder's words (a type or a member name, never a value)
-		// go to the log, so that the line says what the shape lacked.
+		// The decoder's words (types, member names, at most a stray
+		// character or number of the body; the key is never in a body) go
+		// to the log only, so that the line says what the shape lacked.
 		err := &Error{Kind: KindBadResponse, Resource: resource, Reason: "the shop's answer has an unexpected shape", err: err}
 		spans.fail(ctx, err)
 		return nil, err
