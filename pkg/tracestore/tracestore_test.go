@@ -90,15 +90,20 @@ func TestErrorsAreEnvelopes(t *testing.T) {
 	}
 }
 
-// A server span that matched no route shows its path: its name is only
-// the method then. A routed span's path is its route, a client's its URL.
+// A server span that matched no route shows its path: a service's has no
+// http.route then, the gateway's the placeholder "unmatched" (404) or
+// "unrouted" (a request it could not read). A routed span's path is its
+// route, a client's its URL.
 func TestUnroutedServerSpanShowsItsPath(t *testing.T) {
 	for _, tc := range []struct {
 		sp   Span
 		want bool
 	}{
 		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope"}}, true},
+		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope", "http.route": "unmatched"}}, true},
+		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope", "http.route": "unrouted"}}, true},
 		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope", "http.route": "/v1/{x}"}}, false},
+		{Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"url.path": "/v1/nope", "http.route": "GET /v1/{x}"}}, false},
 		{Span{Kind: "SPAN_KIND_CLIENT", Attributes: map[string]string{"url.path": "/v1/nope"}}, false},
 	} {
 		if got := strings.Contains(interesting(tc.sp), "url.path=/v1/nope"); got != tc.want {

@@ -53,7 +53,9 @@ var interestingAttrs = []string{"http.response.status_code", "http.status_code",
 	"url.full", "db.operation.name", "export.read_ahead"}
 
 // interesting picks sp's interestingAttrs, and the path of a server span
-// that matched no route (its name says only the method then).
+// that matched no route: a service's has no http.route then, the gateway's
+// a placeholder ("unmatched", "unrouted") that names no path; every real
+// route is a path pattern.
 func interesting(sp Span) string {
 	var parts []string
 	_, database := sp.Attributes["db.system.name"]
@@ -65,7 +67,7 @@ func interesting(sp Span) string {
 			parts = append(parts, k+"="+shown(v))
 		}
 	}
-	_, routed := sp.Attributes["http.route"]
+	routed := strings.Contains(sp.Attributes["http.route"], "/")
 	if path := sp.Attributes["url.path"]; sp.Kind == "SPAN_KIND_SERVER" && !routed && path != "" {
 		parts = append(parts, "url.path="+shown(path))
 	}
