@@ -50,6 +50,9 @@ as_pg_user() {
 # stay on); crash recovery may replay more WAL.
 pg_wal_opts="-c max_wal_size=4GB -c checkpoint_timeout=15min"
 
+# pg_socket_opts keep the Unix socket to the server's user (and root).
+pg_socket_opts="-c unix_socket_permissions=0700"
+
 # pg_wal_compression is lz4 when the server was built with it (Debian's
 # is), else pglz, which every build has: an unknown method stops the server.
 pg_wal_compression() {
@@ -57,7 +60,13 @@ pg_wal_compression() {
 }
 
 # pg_start DIR starts (creating on first use) a cluster in DIR/data that
-# listens only on a Unix socket in DIR.
+# listens only on a Unix socket in DIR. The cluster trusts whoever connects
+# (initdb -A trust) as the superuser, so the socket is its owner's alone
+# (pg_socket_opts): DIR must be traversable (as root, the server runs as
+# postgres and the clients as root), and PostgreSQL's default socket mode,
+# 0777, let every local account connect, mint API keys for any owner and run
+# programs as the server's user (COPY ... TO PROGRAM). Redis's socket is 0700
+# for the same reason.
 pg_start() {
   local dir=$1 bin
   bin=$(pg_bin_dir) || die "PostgreSQL server binaries not found"
@@ -69,7 +78,7 @@ pg_start() {
   fi
   if as_pg_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then return 0; fi
   as_pg_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-c listen_addresses='' -k $dir -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} $pg_wal_opts -c wal_compression=$(pg_wal_compression "$bin") ${PG_EXTRA_OPTS:-}" start >/dev/null \
+    -o "-c listen_addresses='' -k $dir $pg_socket_opts -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} $pg_wal_opts -c wal_compression=$(pg_wal_compression "$bin") ${PG_EXTRA_OPTS:-}" start >/dev/null \
     || { tail -20 "$dir/server.log" >&2; die "PostgreSQL did not start"; }
 }
 

@@ -202,7 +202,9 @@ func startPostgres() (string, error) {
 	if out, err := runAs(asUser, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
 		return "", fmt.Errorf("initdb: %v: %s", err, out)
 	}
-	opts := fmt.Sprintf("-c listen_addresses='' -k %s -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", dir)
+	// The cluster trusts whoever connects: its socket is the server
+	// user's alone (deploy/local/lib.sh, pg_start).
+	opts := fmt.Sprintf("-c listen_addresses='' -k %s -c unix_socket_permissions=0700 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", dir)
 	if out, err := runAs(asUser, filepath.Join(bin, "pg_ctl"), "-D", data, "-l", filepath.Join(dir, "log"), "-w", "-o", opts, "start"); err != nil {
 		return "", fmt.Errorf("pg_ctl start: %v: %s", err, out)
 	}

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -90,5 +92,27 @@ func TestFreeAddrNeverRepeats(t *testing.T) {
 			t.Fatalf("FreeAddr returned %s twice", addr)
 		}
 		seen[addr] = true
+	}
+}
+
+// TestPostgresSocketIsPrivate: the clusters of make run, make test and
+// testenv trust whoever connects as the superuser, so their Unix socket
+// must be closed to other local accounts (before, it was 0777: any account
+// on a shared machine could mint API keys or run programs as postgres).
+func TestPostgresSocketIsPrivate(t *testing.T) {
+	cfg, err := pgx.ParseConfig(adminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(cfg.Host, "/") {
+		t.Skipf("TEST_DATABASE_URL names no Unix socket (host %q)", cfg.Host)
+	}
+	socket := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	info, err := os.Stat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := info.Mode().Perm(); perm&0o077 != 0 {
+		t.Errorf("mode of %s = %v, want no access for group and others", socket, perm)
 	}
 }
