@@ -2,6 +2,7 @@ package prestashop
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"net/url"
 	"strings"
@@ -27,19 +28,30 @@ const redacted = "REDACTED"
 // redactURL returns raw without user info or fragment, each query parameter
 // that this client did not write replaced by REDACTED (name and value: a
 // name can be the secret too), and the key, wherever it still appears,
-// replaced as well.
+// replaced as well. "Wherever" includes the forms a shop that writes a
+// redirect's URL could give it: %-encoded (%41%42…, which url.String
+// keeps as written), in another letter case (PrestaShop's keys are upper
+// case, and a lower-case copy is the key all the same), or as the Basic
+// credential it was sent as; a host, path segment or parameter value that
+// holds it in any of these forms is replaced whole.
 func redactURL(raw, key string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return redacted
 	}
 	u.User, u.Fragment, u.RawFragment = nil, "", ""
+	if holdsKey(u.Host, key) {
+		u.Host = redacted
+	}
+	redactPath(u, key)
 	if u.RawQuery != "" {
 		params := strings.Split(u.RawQuery, "&")
 		for i, p := range params {
-			name, _, _ := strings.Cut(p, "=")
+			name, value, _ := strings.Cut(p, "=")
 			if unescaped, err := url.QueryUnescape(name); err != nil || !sentParams[unescaped] {
 				params[i] = redacted
+			} else if v, err := url.QueryUnescape(value); err != nil || holdsKey(v, key) {
+				params[i] = name + "=" + redacted
 			}
 		}
 		u.RawQuery = strings.Join(params, "&")
@@ -49,6 +61,38 @@ func redactURL(raw, key string) string {
 		s = strings.ReplaceAll(s, key, redacted)
 	}
 	return s
+}
+
+// redactPath replaces each segment of u's path that holds the key, decoded,
+// with REDACTED; the whole path, if the key spans segments (a key with a
+// '/' in it).
+func redactPath(u *url.URL, key string) {
+	if !holdsKey(u.Path, key) {
+		return
+	}
+	segments := strings.Split(u.EscapedPath(), "/")
+	for i, s := range segments {
+		if decoded, err := url.PathUnescape(s); err != nil || holdsKey(decoded, key) {
+			segments[i] = redacted
+		}
+	}
+	escaped := strings.Join(segments, "/")
+	if path, err := url.PathUnescape(escaped); err == nil && !holdsKey(path, key) {
+		u.Path, u.RawPath = path, escaped
+		return
+	}
+	u.Path, u.RawPath = "/"+redacted, ""
+}
+
+// holdsKey reports whether decoded text s holds the key, in any letter
+// case, or the Basic credential it is sent as (base64 of "key:").
+func holdsKey(s, key string) bool {
+	if key == "" {
+		return false
+	}
+	lower := strings.ToLower(s)
+	basic := base64.StdEncoding.EncodeToString([]byte(key + ":"))
+	return strings.Contains(lower, strings.ToLower(key)) || strings.Contains(lower, strings.ToLower(basic))
 }
 
 // redactErrorURL rewrites the URL of the *url.Error in err's chain (the

@@ -1,6 +1,11 @@
 package prestashop
 
-import "testing"
+import (
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"testing"
+)
 
 func TestRedactURL(t *testing.T) {
 	const key = "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"
@@ -15,9 +20,43 @@ func TestRedactURL(t *testing.T) {
 		"https://shop.example/api/categories?display=" + key:                                                                "https://shop.example/api/categories?display=REDACTED",
 		"https://shop.example/api/categories?output_format=JSON&ws%5Fkey=" + key:                                            "https://shop.example/api/categories?output_format=JSON&REDACTED",
 		"://not a url": "REDACTED",
+		// A redirect's URL is the shop's to write: the key %-encoded, in
+		// lower case or as its Basic credential is the key all the same.
+		"https://shop.example/" + percentEncoded(key) + "/api/categories":                     "https://shop.example/REDACTED/api/categories",
+		"https://shop.example/api/x" + strings.ToLower(key) + "y":                             "https://shop.example/api/REDACTED",
+		"https://shop.example/api/categories?url=" + percentEncoded(key):                      "https://shop.example/api/categories?url=REDACTED",
+		"https://shop.example/api/categories?display=" + strings.ToLower(key) + "&limit=0,10": "https://shop.example/api/categories?display=REDACTED&limit=0,10",
+		"https://" + strings.ToLower(key) + ".shop.example/api/categories":                    "https://REDACTED/api/categories",
+		"https://shop.example/api/" + basicCredential(key):                                    "https://shop.example/api/REDACTED",
 	} {
 		if got := redactURL(raw, key); got != want {
 			t.Errorf("redactURL(%q)\n = %q\nwant %q", raw, got, want)
 		}
 	}
 }
+
+// A key with a '/' in it: %-encoded, it is within one segment, which is
+// replaced; written as it is, it spans segments, and the whole path is.
+func TestRedactURLKeyWithASlash(t *testing.T) {
+	const key = "ABCDEFGHIJKLMNOP/QRSTUVWXYZ123456"
+	for raw, want := range map[string]string{
+		"https://shop.example/api/ABCDEFGHIJKLMNOP%2FQRSTUVWXYZ123456/x": "https://shop.example/api/REDACTED/x",
+		"https://shop.example/api/" + key + "/x":                         "https://shop.example/REDACTED",
+	} {
+		if got := redactURL(raw, key); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
+
+// percentEncoded writes every byte of s as %XX.
+func percentEncoded(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		fmt.Fprintf(&b, "%%%02X", s[i])
+	}
+	return b.String()
+}
+
+// basicCredential is s as an Authorization: Basic header carries it.
+func basicCredential(s string) string { return base64.StdEncoding.EncodeToString([]byte(s + ":")) }
