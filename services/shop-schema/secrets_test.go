@@ -79,6 +79,24 @@ func TestKeyNeverLeaks(t *testing.T) {
 		{"redirect with the key in the path, refused", fakeshop.Key, func(s *fakeshop.Shop) {
 			s.Redirect = func(r *http.Request) string { return "https://10.0.0.1/" + fakeshop.Key + "/api/categories" }
 		}, "base_url_not_allowed"},
+		// The same key %-encoded, or in lower case, is the key all the same
+		// (127.0.0.2 is not allow-listed: refused before any connection).
+		{"redirect with the key %-encoded in the path, refused", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string {
+				return "https://127.0.0.2/" + percentEncoded(fakeshop.Key) + "/api?url=" + percentEncoded(fakeshop.Key)
+			}
+		}, "base_url_not_allowed"},
+		{"redirect with the key in lower case in the host, refused", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "https://" + strings.ToLower(fakeshop.Key) + ".localhost/api" }
+		}, "base_url_not_allowed"},
+		// net/http quotes a malformed status line in its error, which is
+		// logged: a shop that writes the key back there.
+		{"status line echoing the key", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string { return "HTTP/1.1 " + key }
+		}, "shop_unreachable"},
+		{"status line echoing the key %-encoded", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string { return "HTTP/1.1 " + percentEncoded(key) }
+		}, "shop_unreachable"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,7 +131,7 @@ func TestKeyNeverLeaks(t *testing.T) {
 				all.WriteString(env.Error.Message)
 			}
 			basic := strings.TrimPrefix(basicHeader(tt.key), "Basic ")
-			for _, secret := range []string{tt.key, basic} {
+			for _, secret := range []string{tt.key, basic, strings.ToLower(tt.key), percentEncoded(tt.key)} {
 				if strings.Contains(all.String(), secret) {
 					t.Errorf("logs, spans or the answer contain the key (%q)", secret)
 				}
@@ -176,4 +194,13 @@ func TestDNSRebindingRefusedAtConnect(t *testing.T) {
 	if n := shop.Connections(); n != 0 {
 		t.Errorf("shop accepted %d connections, want 0", n)
 	}
+}
+
+// percentEncoded writes every byte of s as %XX.
+func percentEncoded(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		fmt.Fprintf(&b, "%%%02X", s[i])
+	}
+	return b.String()
 }

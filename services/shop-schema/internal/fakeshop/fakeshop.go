@@ -82,6 +82,10 @@ type Shop struct {
 	DropAuth         bool                         // CGI without forwarding: PHP never sees Authorization
 	Redirect         func(r *http.Request) string // a redirect target, or ""
 	HeaderPadding    int                          // an answer header of this many bytes
+	// StatusLine, when set, is written as the whole answer, the status
+	// line of a broken shop, made from the key received (the connection is
+	// then closed): a shop may answer garbage, even the key sent back.
+	StatusLine func(key string) string
 
 	// Hold, when set, makes every answer wait until it is closed.
 	Hold chan struct{}
@@ -185,6 +189,10 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if s.StatusLine != nil {
+		s.writeRaw(w, r)
+		return
+	}
 	resource, ok := s.route(r)
 	if ok && s.Stall[resource] {
 		<-r.Context().Done()
@@ -202,6 +210,19 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Access-Time", strconv.FormatInt(time.Now().Unix(), 10))
 	w.Header().Set("Execution-Time", "0.012")
 	s.answer(w, r, resource)
+}
+
+// writeRaw writes StatusLine's line as the answer and closes the
+// connection.
+func (s *Shop) writeRaw(w http.ResponseWriter, r *http.Request) {
+	key, _ := s.key(r)
+	conn, buf, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		panic(fmt.Sprintf("fakeshop: hijack: %v", err))
+	}
+	defer conn.Close()
+	buf.WriteString(s.StatusLine(key) + "\r\n\r\n")
+	buf.Flush()
 }
 
 // route finds the resource of an /api/<res> or dispatcher.php?url=<res>

@@ -153,8 +153,7 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	req.Header.Set("Accept", "application/json")
 	resp, err := cl.http.Do(req)
 	if err != nil {
-		redactErrorURL(err, c.key)
-		return nil, transportError(ctx, resource, err)
+		return nil, transportError(ctx, resource, keyFree(err, c.key))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(chargedReader{resp.Body, &c.bytesLeft}, cl.maxBytes+1))
@@ -163,7 +162,7 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 			Reason: fmt.Sprintf("the shop's answers together are larger than %d bytes", cl.maxCallBytes)}
 	}
 	if err != nil {
-		return nil, transportError(ctx, resource, err)
+		return nil, transportError(ctx, resource, keyFree(err, c.key))
 	}
 	if int64(len(body)) > cl.maxBytes {
 		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/url"
+	"regexp"
 	"strings"
 )
 
@@ -91,9 +92,11 @@ func holdsKey(s, key string) bool {
 		return false
 	}
 	lower := strings.ToLower(s)
-	basic := base64.StdEncoding.EncodeToString([]byte(key + ":"))
-	return strings.Contains(lower, strings.ToLower(key)) || strings.Contains(lower, strings.ToLower(basic))
+	return strings.Contains(lower, strings.ToLower(key)) || strings.Contains(lower, strings.ToLower(basicCredential(key)))
 }
+
+// basicCredential is the key as its Authorization: Basic header carries it.
+func basicCredential(key string) string { return base64.StdEncoding.EncodeToString([]byte(key + ":")) }
 
 // redactErrorURL rewrites the URL of the *url.Error in err's chain (the
 // one http.Client.Do returns, which quotes the URL it failed on) with
@@ -103,6 +106,45 @@ func redactErrorURL(err error, key string) {
 	if errors.As(err, &ue) {
 		ue.URL = redactURL(ue.URL, key)
 	}
+}
+
+// keyFree returns err with the key taken out of its text, which is logged
+// (the WARN line "shop call failed"): the URL of its *url.Error is
+// redacted as redactURL does, and the text is searched again, since a
+// transport error can quote what the shop sent (net/http quotes a
+// malformed status line, "malformed HTTP status code \"<bytes>\""), where a
+// shop could write back the key it received. The chain is kept for
+// errors.Is and errors.As.
+func keyFree(err error, key string) error {
+	redactErrorURL(err, key)
+	return &keyFreeError{text: redactText(err.Error(), key), err: err}
+}
+
+// keyFreeError is an error whose text was freed of the key (keyFree).
+type keyFreeError struct {
+	text string
+	err  error
+}
+
+func (e *keyFreeError) Error() string { return e.text }
+func (e *keyFreeError) Unwrap() error { return e.err }
+
+// redactText replaces the key in free text, in any letter case, and its
+// Basic credential, with REDACTED; if the text still holds the key once
+// %-decoded, none of it is kept.
+func redactText(s, key string) string {
+	if key == "" {
+		return s
+	}
+	for _, secret := range []string{key, basicCredential(key)} {
+		s = regexp.MustCompile("(?i)"+regexp.QuoteMeta(secret)).ReplaceAllLiteralString(s, redacted)
+	}
+	// A text that cannot be %-decoded (a '%' without two hex digits after
+	// it) might hide the key behind that '%': withheld too.
+	if decoded, err := url.PathUnescape(s); err != nil || holdsKey(decoded, key) {
+		return "the error's text is withheld: it may hold the shop key"
+	}
+	return s
 }
 
 type keyInContext struct{}

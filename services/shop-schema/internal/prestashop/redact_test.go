@@ -1,7 +1,7 @@
 package prestashop
 
 import (
-	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -58,5 +58,24 @@ func percentEncoded(s string) string {
 	return b.String()
 }
 
-// basicCredential is s as an Authorization: Basic header carries it.
-func basicCredential(s string) string { return base64.StdEncoding.EncodeToString([]byte(s + ":")) }
+func TestKeyFree(t *testing.T) {
+	const key = "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"
+	for text, want := range map[string]string{
+		// net/http quotes a malformed status line: the shop wrote it.
+		`Get "https://shop.example/api/languages": net/http: HTTP/1.x transport connection broken: malformed HTTP status code "` + key + `"`: `Get "https://shop.example/api/languages": net/http: HTTP/1.x transport connection broken: malformed HTTP status code "REDACTED"`,
+		`malformed HTTP response "` + strings.ToLower(key) + `"`:                                                                             `malformed HTTP response "REDACTED"`,
+		`malformed HTTP response "Basic ` + basicCredential(key) + `"`:                                                                       `malformed HTTP response "Basic REDACTED"`,
+		`malformed HTTP response "` + percentEncoded(key) + `"`:                                                                              "the error's text is withheld: it may hold the shop key",
+		`malformed HTTP response "100%"`:                                                                                                     "the error's text is withheld: it may hold the shop key",
+		`dial tcp 203.0.113.7:443: connect: connection refused`:                                                                              `dial tcp 203.0.113.7:443: connect: connection refused`,
+	} {
+		err := keyFree(errors.New(text), key)
+		if got := err.Error(); got != want {
+			t.Errorf("keyFree(%q) = %q, want %q", text, got, want)
+		}
+	}
+	cause := errors.New("cause")
+	if err := keyFree(cause, key); !errors.Is(err, cause) {
+		t.Errorf("errors.Is(keyFree(cause), cause) = false, want true")
+	}
+}
