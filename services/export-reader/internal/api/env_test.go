@@ -51,6 +51,12 @@ func newEnv(t testing.TB) *env {
 // serve starts the service's handler over pool on a loopback server.
 func serve(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer) *env {
 	t.Helper()
+	return serveWith(t, pool, signer, testReadAhead)
+}
+
+// serveWith is serve with the read-ahead ahead.
+func serveWith(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer, ahead export.ReadAhead) *env {
+	t.Helper()
 	cursors, err := cursor.New(cursorSecret)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +64,7 @@ func serve(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer) *env {
 	logs := &testenv.Output{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
-	api.New(export.NewReader(pool, cursors, testReadAhead), log, 10*time.Second).Register(mux)
+	api.New(export.NewReader(pool, cursors, ahead), log, 10*time.Second).Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
 	return &env{pool: pool, srv: srv, signer: signer, logs: logs}
