@@ -79,6 +79,7 @@ type aheadKey struct {
 // aheadPage is one page read (or being read) ahead.
 type aheadPage struct {
 	chain   *chain
+	seq     uint64 // set by add, under readAhead.mu
 	after   position
 	started time.Time
 	ready   chan struct{} // closed once body, next, nextCursor and err are set
@@ -136,7 +137,17 @@ type readAhead struct {
 
 	mu    sync.Mutex
 	pages map[aheadKey]*aheadPage
-	order []aheadKey // oldest first
+	order []entered // oldest first
+	seq   uint64    // of the last entry
+}
+
+// entered is an entry of readAhead.order: the key and the seq of the page
+// entered under it. A key entered again (its entry spent) has one slot per
+// entry; only the slot of the page still held under it counts, so an old
+// slot neither drops the new page nor stays in order with it.
+type entered struct {
+	key aheadKey
+	seq uint64
 }
 
 func newReadAhead(cfg ReadAhead) *readAhead {
@@ -194,25 +205,38 @@ func (ra *readAhead) add(key aheadKey, p *aheadPage) bool {
 	if old, ok := ra.pages[key]; ok && !old.spent(ra.cfg.TTL) {
 		return false
 	}
+	ra.seq++
+	p.seq = ra.seq
 	ra.pages[key] = p
-	ra.order = append(ra.order, key)
+	ra.order = append(ra.order, entered{key, p.seq})
 	for len(ra.pages) > ra.cfg.Pages && len(ra.order) > 0 {
-		delete(ra.pages, ra.order[0])
+		if e := ra.order[0]; ra.held(e) {
+			delete(ra.pages, e.key)
+		}
 		ra.order = ra.order[1:]
 	}
-	// Taken entries leave their key in order; compact once it is mostly
-	// such keys, so order stays proportional to the entries held.
+	// Taken and replaced entries leave their slot in order; compact once
+	// it is mostly such slots, so order stays proportional to the entries
+	// held. (A client asking again and again with one cursor replaces the
+	// same spent entry each time.)
 	if len(ra.order) > 2*ra.cfg.Pages+16 {
 		live := ra.order[:0]
-		for _, k := range ra.order {
-			if _, ok := ra.pages[k]; ok {
-				live = append(live, k)
+		for _, e := range ra.order {
+			if ra.held(e) {
+				live = append(live, e)
 			}
 		}
 		clear(ra.order[len(live):])
 		ra.order = live
 	}
 	return true
+}
+
+// held reports whether e's page is still the entry under its key.
+// ra.mu is held.
+func (ra *readAhead) held(e entered) bool {
+	p, ok := ra.pages[e.key]
+	return ok && p.seq == e.seq
 }
 
 // spent reports whether p can no longer answer its request: read (or

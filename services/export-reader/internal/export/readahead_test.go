@@ -222,6 +222,32 @@ func TestReadAheadKeepsAtMostPagesEntries(t *testing.T) {
 	}
 }
 
+// A key entered again once its entry is spent (a client asking again and
+// again with one cursor marks the same next cursor each time) is as new: it
+// holds one slot of the order, and the slot it left does not drop it.
+func TestReadAheadEntersAKeyAgainAsNew(t *testing.T) {
+	key := func(c string) aheadKey { return aheadKey{cursor: c, lang: "ENG", limit: 10} }
+	ra := newReadAhead(ReadAhead{Pages: 3, TTL: time.Minute, Timeout: time.Second})
+	for range 1000 {
+		ra.mark(key("again"))
+	}
+	if len(ra.pages) != 1 || len(ra.order) > 2*3+16 {
+		t.Errorf("one key marked 1000 times: %d entries, %d keys in order; want 1 entry, at most %d keys",
+			len(ra.pages), len(ra.order), 2*3+16)
+	}
+
+	ra = newReadAhead(ReadAhead{Pages: 2, TTL: time.Minute, Timeout: time.Second})
+	ra.mark(key("a"))
+	ra.mark(key("b"))
+	ra.mark(key("a")) // spent (a mark), entered again: now the newest
+	ra.mark(key("c")) // over the bound: the oldest, b, goes
+	for c, want := range map[string]bool{"a": true, "b": false, "c": true} {
+		if _, got := ra.take(key(c)); got != want {
+			t.Errorf("after a, b, a, c with room for 2: entry %s held = %v, want %v", c, got, want)
+		}
+	}
+}
+
 // waitReadAhead waits until the page after the client's position has been
 // read ahead, so a test can change data after it for certain.
 func waitReadAhead(t *testing.T, r *Reader, q Query) {
