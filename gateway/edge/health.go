@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,11 +48,27 @@ func (h *healthState) watch(ctx context.Context, pool *pgxpool.Pool, rdb *redis.
 	}
 }
 
+// healthPingTimeout bounds each ping of a check.
+const healthPingTimeout = 500 * time.Millisecond
+
+// check pings PostgreSQL and Redis at once, each within its own
+// healthPingTimeout. With one deadline for both, one after the other, a
+// PostgreSQL that stalled (frozen, partitioned away) used it up and a
+// healthy Redis was reported degraded too, sending an SRE after the wrong
+// store.
 func (h *healthState) check(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) {
-	pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	defer cancel()
-	h.postgresOK.Store(pool.Ping(pctx) == nil)
-	h.redisOK.Store(rdb.Ping(pctx).Err() == nil)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		pctx, cancel := context.WithTimeout(ctx, healthPingTimeout)
+		defer cancel()
+		h.postgresOK.Store(pool.Ping(pctx) == nil)
+	})
+	wg.Go(func() {
+		pctx, cancel := context.WithTimeout(ctx, healthPingTimeout)
+		defer cancel()
+		h.redisOK.Store(rdb.Ping(pctx).Err() == nil)
+	})
+	wg.Wait()
 }
 
 // healthData is the data of GET /v1/health.

@@ -1,0 +1,68 @@
+package edge
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/coinexport/export/pkg/redisclient"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// stalledPostgres returns the address of a server that accepts connections
+// and never answers: a PostgreSQL frozen or partitioned away.
+func stalledPostgres(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A stalled PostgreSQL is down, and Redis, which answers, stays ok: the
+// PostgreSQL ping must not use up the Redis ping's time.
+func TestHealthCheckOfRedisIgnoresAStalledPostgres(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+stalledPostgres(t)+"/exportsvc?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rdb, err := redisclient.Open(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+
+	var h healthState
+	h.check(context.Background(), pool, rdb)
+	if h.postgresOK.Load() {
+		t.Error("check with a stalled PostgreSQL: postgres ok, want down")
+	}
+	if !h.redisOK.Load() {
+		t.Error("check with a stalled PostgreSQL and a Redis that answers: redis degraded, want ok")
+	}
+}
