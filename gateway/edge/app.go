@@ -334,6 +334,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := checkPath(c.Request().URI().PathOriginal()); err != nil {
 		return err
 	}
+	if rt.RepeatWithIdempotencyKey { // the sale routes
+		rq.noteSale(c)
+	}
 	if rq.keyInPath || keyInQuery(c) {
 		if err := g.refuseKeyInURL(rq, rt); err != nil {
 			return err

@@ -1380,6 +1380,44 @@ func TestSaleFailureAdviceNeedsAnIdempotencyKey(t *testing.T) {
 	}
 }
 
+// A sale the gateway answers itself (here its writer closed the
+// connection: "the sale may have been applied") leaves no access line in
+// the writer, which would name its item and Idempotency-Key: the
+// gateway's line names them, so that the request id a platform quotes
+// still leads to the sale to reconcile. The item id is decoded, as the
+// writer reads it, and a value holding an API key is not recorded.
+func TestSaleTheGatewayAnswersNamesItsItemAndKey(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SALES_WRITER_URLS": brokenUpstream(t, &hits).URL})
+	for _, tt := range []struct {
+		path, idempotencyKey string
+		want, notWant        []string
+	}{
+		{"/v1/export/items/coin%201/sales/confirm", "order-7-confirm",
+			[]string{`"item_id":"coin 1"`, `"idempotency_key":"order-7-confirm"`}, nil},
+		{"/v1/export/items/coin-1/sales/cancel", "pasted " + k.write,
+			[]string{`"item_id":"coin-1"`, `"idempotency_key":"[holds an API key]"`}, []string{k.write}},
+	} {
+		r := do(t, "POST", gw.URL+tt.path, map[string]string{"X-API-Key": k.write, "Content-Type": "application/json",
+			"Idempotency-Key": tt.idempotencyKey}, strings.NewReader(`{"external_order_id":"o"}`))
+		if r.Status != 502 {
+			t.Fatalf("POST %s to a writer that closes = %d %s, want 502", tt.path, r.Status, r.Body)
+		}
+		line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID)
+		for _, want := range tt.want {
+			if !strings.Contains(line, want) {
+				t.Errorf("POST %s: access line %s, want %s in it", tt.path, line, want)
+			}
+		}
+		for _, notWant := range tt.notWant {
+			if strings.Contains(line, notWant) {
+				t.Errorf("POST %s: access line %s holds the API key", tt.path, line)
+			}
+		}
+	}
+}
+
 // A 403 names the scope the route needs and the key's, so that a client
 // holding a read key and a write key sees which one it sent.
 func TestForbiddenNamesTheScopes(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -60,6 +61,29 @@ type request struct {
 	// would hide that instance and the time it cost (a whole read
 	// timeout). A pointer, not its fields: every request carries it.
 	failed *upstream.FailedAttempt
+	// sale names a sale request's item and Idempotency-Key, as the
+	// writer's access line does (nil on other routes): a sale the gateway
+	// answers itself (the writer out, or killed mid-call: "the sale may
+	// have been applied") leaves no line of the writer's, and its request
+	// id must still lead to the item and key to reconcile.
+	sale *saleNames
+}
+
+// saleNames are a sale request's item id (decoded, as the writer reads
+// it) and Idempotency-Key, as httpserver.LoggableClientValue records them.
+type saleNames struct {
+	itemID, idempotencyKey string
+}
+
+// noteSale records the sale's item and Idempotency-Key (request.sale).
+// Fiber's strings point into buffers reused after the handler: copied.
+func (rq *request) noteSale(c *fiber.Ctx) {
+	item := strings.Clone(c.Params("item_id")) // raw: Fiber leaves the path escaped
+	if decoded, err := url.PathUnescape(item); err == nil {
+		item = decoded
+	}
+	rq.sale = &saleNames{itemID: httpserver.LoggableClientValue(item),
+		idempotencyKey: httpserver.LoggableClientValue(string(c.Request().Header.Peek(idempotencyKeyHeader)))}
 }
 
 // Span attribute keys of our own.
@@ -71,6 +95,10 @@ const (
 	attrErrorCode   = httpserver.AttrErrorCode // the services' key too
 	attrAuthFailure = attribute.Key("app.auth_failure")
 	attrRateClass   = attribute.Key("app.rate_limit.class")
+	// attrItemID and attrIdempotencyKey name a sale's item and key, under
+	// the writer's keys.
+	attrItemID         = attribute.Key("app.item_id")
+	attrIdempotencyKey = attribute.Key("app.idempotency_key")
 	// attrFailedAttemptKind and attrFailedAttemptInstance are the error
 	// kind and the instance (scheme://host:port) of an attempt sent again.
 	attrFailedAttemptKind     = attribute.Key("upstream.failed_attempt.kind")
@@ -86,7 +114,7 @@ var (
 )
 
 // maxServerSpanAttrs is how many attributes endSpan sets at most.
-const maxServerSpanAttrs = 12
+const maxServerSpanAttrs = 15
 
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
@@ -171,6 +199,12 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.key.PlatformID != "" { // read keys have none
 		attrs = append(attrs, attrPlatformID.String(rq.key.PlatformID))
 	}
+	if rq.sale != nil {
+		attrs = append(attrs, attrItemID.String(rq.sale.itemID))
+		if rq.sale.idempotencyKey != "" {
+			attrs = append(attrs, attrIdempotencyKey.String(rq.sale.idempotencyKey))
+		}
+	}
 	if rq.authFailure != "" {
 		attrs = append(attrs, attrAuthFailure.String(rq.authFailure))
 	}
@@ -212,6 +246,12 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))
 		if rq.key.PlatformID != "" {
 			attrs = append(attrs, slog.String("platform_id", rq.key.PlatformID))
+		}
+	}
+	if rq.sale != nil {
+		attrs = append(attrs, slog.String("item_id", rq.sale.itemID))
+		if rq.sale.idempotencyKey != "" {
+			attrs = append(attrs, slog.String("idempotency_key", rq.sale.idempotencyKey))
 		}
 	}
 	if rq.instance != "" {
