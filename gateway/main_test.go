@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/testenv"
 )
 
@@ -124,30 +126,78 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 	}
 }
 
-// Told to stop while it waits for a PostgreSQL not there yet, the gateway
-// stops cleanly (no error, so exit status 0): a stop, not a crash.
-func TestRunStoppedWhileWaitingForPostgres(t *testing.T) {
+// A gateway started while PostgreSQL cannot be reached serves at once (a
+// rollout during an outage must not leave clients an ingress's HTML page):
+// /v1/health says postgres down, a keyed request gets the 503 envelope
+// (never 401: the key may be valid), and a stop is a clean exit.
+func TestRunServesWhilePostgresIsOutOfReach(t *testing.T) {
+	addr := testenv.FreeAddr(t)
 	env := map[string]string{
-		"GATEWAY_ADDR": testenv.FreeAddr(t), "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
+		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
 		"DATABASE_URL": "host=" + t.TempDir() + "/not-yet user=postgres", "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	var out testenv.Output
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
-	time.Sleep(700 * time.Millisecond)
+	var health *http.Response
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if health, err = http.Get("http://" + addr + "/v1/health"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not listening with PostgreSQL out of reach: %v\n%s", err, out.String())
+		}
+	}
+	var report struct {
+		Data struct{ Checks map[string]string }
+	}
+	decodeBody(t, health, &report)
+	if health.StatusCode != 200 || report.Data.Checks["postgres"] != "down" {
+		t.Errorf("/v1/health = %d, checks %v; want 200 with postgres down", health.StatusCode, report.Data.Checks)
+	}
+	key, _, err := apikey.Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusal struct {
+		Error struct{ Code string }
+		Meta  struct {
+			RequestID string `json:"request_id"`
+		}
+	}
+	decodeBody(t, resp, &refusal)
+	if resp.StatusCode != 503 || refusal.Error.Code != "unavailable" || refusal.Meta.RequestID == "" {
+		t.Errorf("a keyed request = %d %+v, want the 503 unavailable envelope", resp.StatusCode, refusal)
+	}
 	cancel()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Errorf("run() stopped while waiting for PostgreSQL = %v, want nil", err)
+			t.Errorf("run() stopped with PostgreSQL out of reach = %v, want nil", err)
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(20 * time.Second):
 		t.Fatal("run() did not return after the stop")
 	}
-	if !strings.Contains(out.String(), "stopped before PostgreSQL was reached") {
-		t.Errorf("logs lack the stop:\n%s", out.String())
+	if !strings.Contains(out.String(), "PostgreSQL not reached") {
+		t.Errorf("logs lack the unreached database:\n%s", out.String())
+	}
+}
+
+func decodeBody(t *testing.T, resp *http.Response, into any) {
+	t.Helper()
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
+		t.Fatalf("%s: body is not the envelope: %v", resp.Request.URL, err)
 	}
 }
 

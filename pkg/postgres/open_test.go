@@ -75,19 +75,7 @@ func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
 	l.Close() // refused until the forwarder below listens
 	go func() {
 		time.Sleep(700 * time.Millisecond)
-		fwd, err := net.Listen("tcp", addr.String())
-		if err != nil {
-			t.Errorf("forwarder: %v", err)
-			return
-		}
-		t.Cleanup(func() { fwd.Close() })
-		for {
-			c, err := fwd.Accept()
-			if err != nil {
-				return
-			}
-			go forward(c, socket)
-		}
+		forwardFrom(t, addr.String(), socket)
 	}()
 	var logs bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -132,6 +120,75 @@ func TestOpenWhenReachedGivesUp(t *testing.T) {
 	}
 	if _, err := postgres.OpenWhenReached(context.Background(), "host=::bad:: port=x", log); err == nil || errors.Is(err, postgres.ErrNotReached) {
 		t.Errorf("OpenWhenReached(invalid DSN) = %v, want the DSN refused at once", err)
+	}
+}
+
+// A gateway started while PostgreSQL cannot be reached serves at once:
+// OpenServing returns the pool unreached, having said so in the log, and
+// the pool connects once PostgreSQL answers (here a loopback port that
+// starts forwarding to it only after). What waiting cannot mend is still
+// refused at once, and a stop during its check is a stop.
+func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr)
+	l.Close() // refused: nothing listens there yet
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := postgres.OpenServing(ctx, fmt.Sprintf("%s host=127.0.0.1 port=%d", dsn, addr.Port), log)
+	if err != nil {
+		t.Fatalf("OpenServing(nothing listening) = %v, want the pool, unreached", err)
+	}
+	defer pool.Close()
+	if !strings.Contains(logs.String(), "PostgreSQL not reached") {
+		t.Errorf("log = %q, want the unreached database said", logs.String())
+	}
+	go forwardFrom(t, addr.String(), socket)
+	for err = pool.Ping(ctx); err != nil && ctx.Err() == nil; err = pool.Ping(ctx) {
+		time.Sleep(50 * time.Millisecond) // the forwarder's listener may not be up yet
+	}
+	if err != nil {
+		t.Errorf("Ping once the database is there: %v", err)
+	}
+
+	if _, err := postgres.OpenServing(context.Background(), dsn+" dbname=no_such_database_here", log); err == nil || errors.Is(err, postgres.ErrStopped) {
+		t.Errorf("OpenServing(unknown database) = %v, want the refusal", err)
+	}
+	if _, err := postgres.OpenServing(context.Background(), "host=::bad:: port=x", log); err == nil || errors.Is(err, postgres.ErrNotReached) {
+		t.Errorf("OpenServing(invalid DSN) = %v, want the DSN refused", err)
+	}
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err := postgres.OpenServing(stopped, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", addr.Port+1), log); !errors.Is(err, postgres.ErrStopped) {
+		t.Errorf("OpenServing(ctx ended) = %v, want ErrStopped", err)
+	}
+}
+
+// forwardFrom forwards the connections made to addr to the Unix socket
+// of a PostgreSQL, until the test ends.
+func forwardFrom(t *testing.T, addr, socket string) {
+	fwd, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Errorf("forwarder: %v", err)
+		return
+	}
+	t.Cleanup(func() { fwd.Close() })
+	for {
+		c, err := fwd.Accept()
+		if err != nil {
+			return
+		}
+		go forward(c, socket)
 	}
 }
 

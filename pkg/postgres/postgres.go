@@ -21,6 +21,20 @@ import (
 // column's type changed, say) PostgreSQL's JIT spends 100-200 ms compiling a
 // statement that runs in under a millisecond, on every execution.
 func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error) {
+	pool, err := newPool(ctx, dsn, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := ping(ctx, pool, 10*time.Second); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// newPool is Open without the check: pgxpool connects when a connection is
+// first asked for.
+func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// The parse error may quote the DSN, which can hold a password.
@@ -40,18 +54,55 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("%w: %w", ErrNotReached, err)
-	}
 	if err := otelpgx.RecordStats(pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: pool metrics: %w", err)
 	}
 	return pool, nil
 }
+
+// ping checks that pool reaches PostgreSQL within timeout.
+func ping(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+	pingCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotReached, err)
+	}
+	return nil
+}
+
+// OpenServing is Open for a process with answers to give while PostgreSQL
+// cannot be reached (the gateway: its 503 envelopes, /v1/health, the shop
+// schema route): it returns the pool at once, reached or not, and the pool
+// connects when a connection is next asked for. Waiting, as OpenWhenReached
+// does, left a gateway started during an outage (a rollout, a node drained)
+// with no listener, so that once every gateway pod was such a one clients got
+// an ingress's HTML page instead of the envelope. It still refuses at once
+// what waiting would not mend (an invalid DSN, a server that refuses this
+// client), and returns ErrStopped if ctx ends during its one check.
+func OpenServing(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*pgxpool.Pool, error) {
+	pool, err := newPool(ctx, dsn, opts...)
+	if err != nil {
+		return nil, err
+	}
+	err = ping(ctx, pool, startCheckTimeout)
+	switch {
+	case err == nil:
+		return pool, nil
+	case ctx.Err() != nil:
+		pool.Close()
+		return nil, fmt.Errorf("%w before PostgreSQL was reached", ErrStopped)
+	case notReachedYet(err):
+		log.Warn("PostgreSQL not reached; serving meanwhile, connecting again on each use", "error", err.Error())
+		return pool, nil
+	}
+	pool.Close()
+	return nil, err
+}
+
+// startCheckTimeout bounds OpenServing's check: a PostgreSQL that does not
+// answer (a network cut) must not keep the listener down for long.
+const startCheckTimeout = 3 * time.Second
 
 // ValidDSN reports whether dsn reads as a connection string (a URL or
 // key=value pairs), for a binary's configuration to name the variable that
