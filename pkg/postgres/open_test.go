@@ -61,26 +61,14 @@ func TestOpenSessionDefaults(t *testing.T) {
 // that starts forwarding to it only later), and returns the pool once it
 // answers, having said in the log why it waited.
 func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
-	dsn := testenv.PostgresURL(t)
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().(*net.TCPAddr)
-	l.Close() // refused until the forwarder below listens
+	_, tcpDSN, addr, socket := postgresBehindAClosedPort(t)
 	go func() {
 		time.Sleep(700 * time.Millisecond)
-		forwardFrom(t, addr.String(), socket)
+		forwardFrom(t, addr, socket)
 	}()
 	var logs bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	tcpDSN := fmt.Sprintf("%s host=127.0.0.1 port=%d", dsn, addr.Port)
 	pool, err := postgres.OpenWhenReached(ctx, tcpDSN, slog.New(slog.NewJSONHandler(&logs, nil)))
 	if err != nil {
 		t.Fatalf("OpenWhenReached(database reachable after 0.7 s) = %v", err)
@@ -129,23 +117,12 @@ func TestOpenWhenReachedGivesUp(t *testing.T) {
 // starts forwarding to it only after). What waiting cannot mend is still
 // refused at once, and a stop during its check is a stop.
 func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
-	dsn := testenv.PostgresURL(t)
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().(*net.TCPAddr)
-	l.Close() // refused: nothing listens there yet
+	dsn, tcpDSN, addr, socket := postgresBehindAClosedPort(t)
 	var logs bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := postgres.OpenServing(ctx, fmt.Sprintf("%s host=127.0.0.1 port=%d", dsn, addr.Port), log)
+	pool, err := postgres.OpenServing(ctx, tcpDSN, log)
 	if err != nil {
 		t.Fatalf("OpenServing(nothing listening) = %v, want the pool, unreached", err)
 	}
@@ -153,7 +130,7 @@ func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
 	if !strings.Contains(logs.String(), "PostgreSQL not reached") {
 		t.Errorf("log = %q, want the unreached database said", logs.String())
 	}
-	go forwardFrom(t, addr.String(), socket)
+	go forwardFrom(t, addr, socket)
 	for err = pool.Ping(ctx); err != nil && ctx.Err() == nil; err = pool.Ping(ctx) {
 		time.Sleep(50 * time.Millisecond) // the forwarder's listener may not be up yet
 	}
@@ -169,9 +146,28 @@ func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
 	}
 	stopped, stop := context.WithCancel(context.Background())
 	stop()
-	if _, err := postgres.OpenServing(stopped, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", addr.Port+1), log); !errors.Is(err, postgres.ErrStopped) {
+	if _, err := postgres.OpenServing(stopped, tcpDSN, log); !errors.Is(err, postgres.ErrStopped) {
 		t.Errorf("OpenServing(ctx ended) = %v, want ErrStopped", err)
 	}
+}
+
+// postgresBehindAClosedPort returns the test database's DSN, the same on a
+// loopback address that refuses connections until forwardFrom(t, addr,
+// socket) forwards them to the database's socket, and those two.
+func postgresBehindAClosedPort(t *testing.T) (dsn, tcpDSN, addr, socket string) {
+	dsn = testenv.PostgresURL(t)
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket = filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close() // refused from now on, until forwardFrom listens
+	return dsn, fmt.Sprintf("%s host=127.0.0.1 port=%d", dsn, port), l.Addr().String(), socket
 }
 
 // forwardFrom forwards the connections made to addr to the Unix socket

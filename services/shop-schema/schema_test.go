@@ -229,15 +229,7 @@ func TestSchemaShopQuirks(t *testing.T) {
 		{"field lists refused: display=full fallback", func(s *fakeshop.Shop) { s.RejectFieldLists = true }, nil},
 		{"small pages", func(s *fakeshop.Shop) {}, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1"}},
 		{"shop ignores limit", func(s *fakeshop.Shop) { s.IgnoreLimit = true }, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "2"}},
-		{"redirect within the shop", func(s *fakeshop.Shop) {
-			s.Prefix = "/new"
-			s.Redirect = func(r *http.Request) string {
-				if strings.HasPrefix(r.URL.Path, "/old/") {
-					return "/new/" + strings.TrimPrefix(r.URL.RequestURI(), "/old/")
-				}
-				return ""
-			}
-		}, nil},
+		{"redirect within the shop", moveShop, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -789,5 +781,17 @@ func TestSchemaPortWithoutTLS(t *testing.T) {
 	status, env := svc.post(t, body(strings.Replace(plain.URL, "http://", "https://", 1), fakeshop.Key))
 	if status != http.StatusBadGateway || errCode(env) != "shop_tls_error" {
 		t.Errorf("POST schema to a plain-HTTP port = %d %s, want 502 shop_tls_error", status, errCode(env))
+	}
+}
+
+// moveShop serves the shop under /new and redirects what is asked under
+// /old there, as a shop moved to another path does.
+func moveShop(s *fakeshop.Shop) {
+	s.Prefix = "/new"
+	s.Redirect = func(r *http.Request) string {
+		if strings.HasPrefix(r.URL.Path, "/old/") {
+			return "/new/" + strings.TrimPrefix(r.URL.RequestURI(), "/old/")
+		}
+		return ""
 	}
 }

@@ -145,15 +145,7 @@ func TestHopSpans(t *testing.T) {
 		base  func(s *fakeshop.Shop) string
 		want  []hopSpan // of the categories request
 	}{
-		{"redirect followed", func(s *fakeshop.Shop) {
-			s.Prefix = "/new"
-			s.Redirect = func(r *http.Request) string {
-				if strings.HasPrefix(r.URL.Path, "/old/") {
-					return "/new/" + strings.TrimPrefix(r.URL.RequestURI(), "/old/")
-				}
-				return ""
-			}
-		}, func(s *fakeshop.Shop) string { return strings.Replace(s.URL(), "/new", "/old", 1) }, []hopSpan{
+		{"redirect followed", moveShop, func(s *fakeshop.Shop) string { return strings.Replace(s.URL(), "/new", "/old", 1) }, []hopSpan{
 			{path: "/old/api/categories", display: fields, status: 302},
 			{path: "/new/api/categories", display: fields, status: 200},
 		}},

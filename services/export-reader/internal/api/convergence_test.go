@@ -155,22 +155,5 @@ func cancel(ctx context.Context, pool *pgxpool.Pool, owner, id string) error {
 // dbItems composes every item of owner from the database, in ENG.
 func dbItems(t *testing.T, pool *pgxpool.Pool, owner string) map[string]string {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, status, updated_at, doc_eng FROM export_items WHERE owner_id = $1`, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var id, status, doc string
-		var updated time.Time
-		if err := rows.Scan(&id, &status, &updated, &doc); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = string(catalog.Compose(nil, status, updated, []byte(doc)))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return dbItemsIn(t, pool, owner, "ENG")
 }
