@@ -89,6 +89,11 @@ func TestKeyNeverLeaks(t *testing.T) {
 		{"redirect with the key in lower case in the host, refused", fakeshop.Key, func(s *fakeshop.Shop) {
 			s.Redirect = func(r *http.Request) string { return "https://" + strings.ToLower(fakeshop.Key) + ".localhost/api" }
 		}, "base_url_not_allowed"},
+		// A public name passes the redirect check and is looked up at the
+		// dial (here, noDNS fails it): the hop's span is started first.
+		{"redirect with the key in a public host name, followed", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "https://" + fakeshop.Key + ".example.com/api/categories" }
+		}, "shop_unreachable"},
 		// net/http quotes a malformed status line in its error, which is
 		// logged: a shop that writes the key back there.
 		{"status line echoing the key", fakeshop.Key, func(s *fakeshop.Shop) {
@@ -105,17 +110,18 @@ func TestKeyNeverLeaks(t *testing.T) {
 				tt.setup(shop)
 			}
 			shop.Start(t.Cleanup)
-			svc := startService(t, shop, nil)
+			svc := startServiceWith(t, shop, nil, noDNS{})
 			_, env := svc.post(t, body(shop.URL(), tt.key))
 			if errCode(env) != tt.wantCode && !(tt.wantCode == "" && env.Error == nil) {
 				t.Fatalf("POST schema = %s, want %q", errCode(env), tt.wantCode)
 			}
-			// A refused redirect comes before the shop reads the key.
-			refusedRedirect := tt.wantCode == "base_url_not_allowed"
+			// A redirect away from the shop that fails (refused, or not
+			// resolved) comes before the shop reads the key.
+			redirectedAway := shop.Redirect != nil && tt.wantCode != ""
 			if len(shop.Requests()) == 0 {
 				t.Fatal("the shop received no request")
 			}
-			if got := shop.Keys(); len(got) == 0 && !refusedRedirect || len(got) > 0 && got[0] != tt.key {
+			if got := shop.Keys(); len(got) == 0 && !redirectedAway || len(got) > 0 && got[0] != tt.key {
 				t.Fatalf("shop received keys %q, want %q as Basic user", got, tt.key)
 			}
 			spans := svc.spans.Ended()
@@ -141,6 +147,14 @@ func TestKeyNeverLeaks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// noDNS finds no name: the shop is at an address, and a redirect to a
+// name fails at the dial, without the network.
+type noDNS struct{}
+
+func (noDNS) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	return nil, errors.New("no such host")
 }
 
 func basicHeader(key string) string {

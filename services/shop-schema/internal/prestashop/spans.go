@@ -63,14 +63,20 @@ func (t tracingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// requestAttrs describe a hop as otelhttp did, with the URL redacted (a
-// redirect's is the shop's to write) and the port only when not 443.
+// requestAttrs describe a hop as otelhttp did, with the URL and the host
+// redacted (a redirect's is the shop's to write, and the guard lets a
+// public name such as <key>.example.com through to the dial) and the port
+// only when not 443.
 func requestAttrs(r *http.Request) []attribute.KeyValue {
 	key, _ := r.Context().Value(keyInContext{}).(string)
+	host := r.URL.Hostname()
+	if holdsKey(host, key) {
+		host = redacted
+	}
 	attrs := []attribute.KeyValue{
 		semconv.HTTPRequestMethodKey.String(r.Method),
 		semconv.URLFull(redactURL(r.URL.String(), key)),
-		semconv.ServerAddress(r.URL.Hostname()),
+		semconv.ServerAddress(host),
 	}
 	if port, err := strconv.Atoi(r.URL.Port()); err == nil && port != 443 {
 		attrs = append(attrs, semconv.ServerPort(port))
