@@ -102,6 +102,17 @@ func TestKeyNeverLeaks(t *testing.T) {
 		{"status line echoing the key %-encoded", fakeshop.Key, func(s *fakeshop.Shop) {
 			s.StatusLine = func(key string) string { return "HTTP/1.1 " + percentEncoded(key) }
 		}, "shop_unreachable"},
+		// The decoder's error, which is logged, quotes a string where an
+		// integer belongs: a shop that writes the key back there.
+		{"body echoing the key as an id", fakeshop.Key, func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string {
+				var lists []string
+				for _, resource := range []string{"languages", "categories", "product_features", "product_feature_values"} {
+					lists = append(lists, fmt.Sprintf(`%q:[{"id":%q}]`, resource, key))
+				}
+				return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{" + strings.Join(lists, ",") + "}"
+			}
+		}, "shop_bad_response"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -255,10 +255,11 @@ func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields,
 	}
 	rows, err := decodeList[T](body, resource)
 	if err != nil {
-		// The decoder's words (types, member names, at most a stray
-		// character or number of the body; the key is never in a body) go
-		// to the log only, so that the line says what the shape lacked.
-		err := &Error{Kind: KindBadResponse, Resource: resource, Reason: "the shop's answer has an unexpected shape", err: err}
+		// The decoder's words go to the log only, so that the line says
+		// what the shape lacked. They can quote the body (a string where an
+		// integer belongs), where a shop could write back the key it
+		// received: freed of it as a transport error is.
+		err := &Error{Kind: KindBadResponse, Resource: resource, Reason: "the shop's answer has an unexpected shape", err: keyFree(err, c.key)}
 		spans.fail(ctx, err)
 		return nil, err
 	}

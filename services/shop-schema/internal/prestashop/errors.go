@@ -72,15 +72,15 @@ func (k Kind) Code() string {
 // Error is a failed shop call. What a client is shown (Resource and Reason)
 // is fixed phrases and the resource name only: never the shop's body, its
 // headers, the request URL or the key. Error() adds the status code and the
-// transport error, whose text holds the request URL (it carries no secret:
-// the key travels in the Authorization header), for the log only.
+// underlying error (a transport error, whose text holds the request URL, or
+// the decoder's), freed of the key (keyFree), for the log only.
 type Error struct {
 	Kind     Kind
 	Resource string // categories, product_features, ...
 	Status   int    // HTTP status of the shop's answer, 0 when there was none
 	Codes    []int  // PrestaShop error codes of the answer
 	Reason   string // safe, fixed text
-	err      error  // underlying transport error, for logs
+	err      error  // underlying transport or decoding error, for logs
 }
 
 func (e *Error) Error() string {
