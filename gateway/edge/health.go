@@ -58,17 +58,18 @@ const healthPingTimeout = 500 * time.Millisecond
 // store.
 func (h *healthState) check(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) {
 	var wg sync.WaitGroup
+	wg.Go(func() { h.postgresOK.Store(pingWithin(ctx, pool.Ping) == nil) })
 	wg.Go(func() {
-		pctx, cancel := context.WithTimeout(ctx, healthPingTimeout)
-		defer cancel()
-		h.postgresOK.Store(pool.Ping(pctx) == nil)
-	})
-	wg.Go(func() {
-		pctx, cancel := context.WithTimeout(ctx, healthPingTimeout)
-		defer cancel()
-		h.redisOK.Store(rdb.Ping(pctx).Err() == nil)
+		h.redisOK.Store(pingWithin(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }) == nil)
 	})
 	wg.Wait()
+}
+
+// pingWithin runs ping with healthPingTimeout.
+func pingWithin(ctx context.Context, ping func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, healthPingTimeout)
+	defer cancel()
+	return ping(ctx)
 }
 
 // healthData is the data of GET /v1/health.
