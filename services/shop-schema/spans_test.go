@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -33,22 +34,25 @@ type clientSpan struct {
 func clientSpans(spans []sdktrace.ReadOnlySpan) []clientSpan {
 	var out []clientSpan
 	for _, s := range spans {
-		cs := clientSpan{status: s.Status().Code}
-		for _, a := range s.Attributes() {
-			switch a.Key {
-			case "url.full":
-				cs.url = a.Value.AsString()
-			case "error.type":
-				cs.errorType = a.Value.AsString()
-			case "app.cancel_reason":
-				cs.cancelReason = a.Value.AsString()
-			case "app.cancel_cause":
-				cs.cancelCause = a.Value.AsString()
-			}
-		}
-		out = append(out, cs)
+		out = append(out, clientSpan{
+			url:          attrOf(s, "url.full").AsString(),
+			errorType:    attrOf(s, "error.type").AsString(),
+			cancelReason: attrOf(s, "app.cancel_reason").AsString(),
+			cancelCause:  attrOf(s, "app.cancel_cause").AsString(),
+			status:       s.Status().Code,
+		})
 	}
 	return out
+}
+
+// attrOf is the span's attribute key, the empty Value if it has none.
+func attrOf(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
+	for _, a := range s.Attributes() {
+		if a.Key == key {
+			return a.Value
+		}
+	}
+	return attribute.Value{}
 }
 
 // checkSpanVocabulary checks that every shop request span names its
@@ -117,19 +121,9 @@ type hopSpan struct {
 }
 
 func hopSpanOf(s sdktrace.ReadOnlySpan) hopSpan {
-	h := hopSpan{code: s.Status().Code}
-	for _, a := range s.Attributes() {
-		switch a.Key {
-		case "url.full":
-			u, _ := url.Parse(a.Value.AsString())
-			h.path, h.display = u.Path, u.Query().Get("display")
-		case "http.response.status_code":
-			h.status = a.Value.AsInt64()
-		case "error.type":
-			h.errorType = a.Value.AsString()
-		}
-	}
-	return h
+	u, _ := url.Parse(spanURL(s))
+	return hopSpan{path: u.Path, display: u.Query().Get("display"), status: attrOf(s, "http.response.status_code").AsInt64(),
+		errorType: attrOf(s, "error.type").AsString(), code: s.Status().Code}
 }
 
 // TestHopSpans: each hop of a shop request (a redirect, the dispatcher.php
@@ -229,14 +223,7 @@ func checkHopAttributes(t *testing.T, shop *fakeshop.Shop, spans []sdktrace.Read
 	}
 }
 
-func spanURL(s sdktrace.ReadOnlySpan) string {
-	for _, a := range s.Attributes() {
-		if a.Key == "url.full" {
-			return a.Value.AsString()
-		}
-	}
-	return ""
-}
+func spanURL(s sdktrace.ReadOnlySpan) string { return attrOf(s, "url.full").AsString() }
 
 // holdUntilAllFetchesAsked holds the shop's answers until the four
 // resources' first requests have arrived, so that each fetch meets a quirk
