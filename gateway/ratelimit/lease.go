@@ -21,11 +21,15 @@ const LeaseDivisor = 100
 // Bound: units are recorded when leased, at or before their use, and an
 // instance holds at most maxLease-1 unused units per key at any time. Since
 // Redis admits at most Limit recorded units in any rolling window, at most
-// Limit + instances×(maxLease-1) requests pass in any rolling window.
+// Limit + instances×(maxLease-1) requests pass in any rolling window. Units
+// that expired unused are given back to Redis with the next fetch: they were
+// never served, so uncounting them keeps the bound, and a client is not
+// charged for them (X-RateLimit-Remaining, which counts them, stays true).
 type lease struct {
 	mu           sync.Mutex
 	units        int64     // leased, not yet used
 	expires      time.Time // unused units are dropped then
+	bucket       int64     // the Redis bucket the units were recorded in
 	size         int64     // next lease size, adapted to demand
 	waiters      int64     // requests waiting for the fetch in flight
 	fetching     chan struct{}
@@ -93,12 +97,13 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 		ls.size = 1
 	}
 	size := min(max(ls.size, ls.waiters+1), top)
+	op := Op{Key: key, Rate: rate, Cost: size, Back: ls.units, BackBucket: ls.bucket}
 	ls.units, ls.waiters = 0, 0
 	done := make(chan struct{})
 	ls.fetching = done
 	ls.mu.Unlock()
 
-	r := l.take(Op{Key: key, Rate: rate, Cost: size})
+	r := l.take(op)
 
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -118,6 +123,7 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 	if !r.local {
 		ls.units = r.admitted - 1
 		ls.expires = now.Add(leaseTTL(rate))
+		ls.bucket = r.bucket
 	}
 	return Decision{Allowed: true, Limit: rate.Limit, Remaining: r.remaining + ls.units, Reset: r.reset, Local: r.local,
 		AskedRedis: true}
@@ -170,15 +176,17 @@ func (l *Limiter) leaseFor(key string) *lease {
 }
 
 // sweepLeases forgets leases unused for a while, so memory follows the
-// set of active keys. Their leased units are dropped (they stay counted
-// in Redis, so this only ever under-admits).
+// set of active keys. One still holding units is kept until they have left
+// the window: forgotten, they could not be given back, and the client
+// would be charged for them.
 func (l *Limiter) sweepLeases(now time.Time, idle time.Duration) {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
 		for k, ls := range sh.leases {
 			ls.mu.Lock()
-			stale := ls.fetching == nil && now.Sub(ls.used) > idle && now.After(ls.refusedUntil)
+			stale := ls.fetching == nil && now.Sub(ls.used) > idle && now.After(ls.refusedUntil) &&
+				(ls.units == 0 || now.After(ls.reset))
 			ls.mu.Unlock()
 			if stale {
 				delete(sh.leases, k)

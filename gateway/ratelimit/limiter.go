@@ -70,6 +70,7 @@ type result struct {
 	remaining  int64
 	retryAfter time.Duration // set when fewer than asked were admitted
 	reset      time.Time
+	bucket     int64 // where Redis recorded the admitted units
 	local      bool
 }
 
@@ -251,6 +252,10 @@ func groupOps(batch []*pending) []*group {
 	index := make(map[gkey]int, len(batch))
 	groups := make([]*group, 0, len(batch))
 	for _, p := range batch {
+		if p.op.Back > 0 { // its units go back to one bucket: a run of its own
+			groups = append(groups, &group{op: p.op, waiters: []*pending{p}})
+			continue
+		}
 		k := gkey{p.op.Key, p.op.Cost == 0}
 		i, ok := index[k]
 		if !ok {
@@ -267,7 +272,8 @@ func groupOps(batch []*pending) []*group {
 // share is op's part of script run t: admitted units, with left units
 // admitted for later waiters shown as remaining.
 func share(op Op, t Taken, admitted, left int64) result {
-	r := result{admitted: admitted, remaining: t.Remaining + left, reset: t.Now.Add(t.ResetAfter)}
+	r := result{admitted: admitted, remaining: t.Remaining + left, reset: t.Now.Add(t.ResetAfter),
+		bucket: bucketOf(t.Now, op.Rate.Period)}
 	if admitted < op.Cost || (op.Cost == 0 && r.remaining == 0) {
 		r.retryAfter = t.RetryAfter
 	}

@@ -368,3 +368,101 @@ func TestFallbackCountsEachRequestOnce(t *testing.T) {
 		}
 	}
 }
+
+// A lease's units that expire unused were recorded in Redis; they are given
+// back with the next lease fetch, so X-RateLimit-Remaining is what a client
+// is then admitted even after a pause. (They stayed counted for the rest of
+// the window: a 600-M client shown 592 remaining got 587 after a pause of 2
+// s, and lost 5 of its 600.)
+func TestExpiredLeaseUnitsAreGivenBack(t *testing.T) {
+	var clk clock
+	clk.set(time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC))
+	store := NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)).WithClock(clk.now)
+	l := New(store, Options{Timeout: 5 * time.Second, Now: clk.now})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	rate := mustRate(t, "600-M") // leases of up to 6, usable for 1 s
+	var d Decision
+	for i := range 8 { // leases of 1, 2 and 4, used up, then one of 6
+		if d = l.Take("k", rate); !d.Allowed || d.Local {
+			t.Fatalf("Take #%d = %+v, want allowed by Redis", i+1, d)
+		}
+	}
+	if d.Remaining != 592 {
+		t.Fatalf("Remaining after 8 Take on 600-M = %d, want 592", d.Remaining)
+	}
+	clk.add(2 * time.Second) // the lease of 6 expires with 5 unused
+	var admitted int64
+	for l.Take("k", rate).Allowed {
+		admitted++
+	}
+	if admitted != d.Remaining {
+		t.Errorf("Take after a pause of 2 s admitted %d, want the %d remaining shown before it", admitted, d.Remaining)
+	}
+}
+
+// The sweep keeps an idle lease until its unused units have left the
+// window, so that they can still be given back.
+func TestSweepKeepsUnitsToGiveBack(t *testing.T) {
+	var clk clock
+	clk.set(time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC))
+	store := NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)).WithClock(clk.now)
+	l := New(store, Options{Timeout: 5 * time.Second, Now: clk.now})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	rate := mustRate(t, "600-M")
+	for range 8 { // the last lease, of 6, keeps 5 units
+		l.Take("k", rate)
+	}
+	clk.add(20 * time.Second)
+	l.sweepLeases(clk.now(), 10*time.Second)
+	if d := l.Take("k", rate); d.Remaining != 592-1 {
+		t.Errorf("Take after 20 s idle and a sweep: Remaining = %d, want 591 (the 5 unused units given back)", d.Remaining)
+	}
+	clk.add(2 * time.Minute)
+	l.sweepLeases(clk.now(), 10*time.Second)
+	if n := len(l.shards[fnv32("k")%leaseShards].leases); n != 0 {
+		t.Errorf("leases after 2 min idle and a sweep = %d, want 0", n)
+	}
+}
+
+// Giving units back frees only what the bucket holds: a bucket with fewer
+// (gone from the window, or a Redis that lost its data) is left alone.
+func TestGivingBackFreesNoMoreThanRecorded(t *testing.T) {
+	var clk clock
+	clk.set(time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC))
+	store := NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)).WithClock(clk.now)
+	rate := mustRate(t, "10-M")
+	bucket := bucketOf(clk.now(), rate.Period)
+	take := func(op Op) Taken {
+		t.Helper()
+		got, err := store.Take(context.Background(), op)
+		if err != nil {
+			t.Fatalf("Take(%+v) error = %v", op, err)
+		}
+		return got
+	}
+	take(Op{Key: "k", Rate: rate, Cost: 3})
+	tests := []struct {
+		name string
+		op   Op
+		want int64 // remaining after it
+	}{
+		{"more than the bucket holds", Op{Key: "k", Rate: rate, Back: 4, BackBucket: bucket}, 7},
+		{"a bucket never written", Op{Key: "k", Rate: rate, Back: 1, BackBucket: bucket - 5}, 7},
+		{"part of the bucket", Op{Key: "k", Rate: rate, Back: 2, BackBucket: bucket}, 9},
+		{"the rest of it", Op{Key: "k", Rate: rate, Back: 1, BackBucket: bucket}, 10},
+		{"from a bucket now empty", Op{Key: "k", Rate: rate, Back: 1, BackBucket: bucket}, 10},
+	}
+	for _, tt := range tests {
+		if got := take(tt.op); got.Remaining != tt.want {
+			t.Errorf("%s: Take(%+v).Remaining = %d, want %d", tt.name, tt.op, got.Remaining, tt.want)
+		}
+	}
+}

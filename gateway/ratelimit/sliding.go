@@ -29,16 +29,29 @@ const Buckets = 60
 // of admitted requests in that bucket. It admits up to ARGV[4] requests,
 // records them, and answers how many it admitted, how many remain, and when
 // (in ms from now) the next request would pass and the window would be empty.
+// First it takes back ARGV[6] units from bucket ARGV[7]: a lease's units that
+// expired unused, never served. A bucket holding fewer than that (gone, or a
+// Redis that lost its data) is left alone, so nothing is freed that was used.
 //
 // KEYS[1] window hash
 // ARGV[1] window ms, ARGV[2] bucket width ms, ARGV[3] limit, ARGV[4] cost
-// (0 = only look), ARGV[5] now in ms (0 = Redis TIME, so all gateways agree).
+// (0 = only look), ARGV[5] now in ms (0 = Redis TIME, so all gateways agree),
+// ARGV[6] units given back (0 = none), ARGV[7] their bucket.
 const slidingScript = `
 local window = tonumber(ARGV[1])
 local width = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local now = tonumber(ARGV[5])
+local back = tonumber(ARGV[6])
+if back > 0 then
+  local held = tonumber(redis.call('HGET', KEYS[1], ARGV[7]))
+  if held == back then
+    redis.call('HDEL', KEYS[1], ARGV[7])
+  elseif held and held > back then
+    redis.call('HINCRBY', KEYS[1], ARGV[7], -back)
+  end
+end
 if now == 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -107,6 +120,10 @@ type Op struct {
 	Key  string
 	Rate limiter.Rate
 	Cost int64
+	// Back units, recorded in bucket BackBucket and never used (a lease
+	// that expired), are uncounted before the decision.
+	Back       int64
+	BackBucket int64
 }
 
 // SlidingStore is a sliding-window implementation of ulule/limiter's Store
@@ -143,7 +160,13 @@ func (s *SlidingStore) args(op Op) []any {
 	if s.now != nil {
 		now = s.now().UnixMilli()
 	}
-	return []any{op.Rate.Period.Milliseconds(), bucketWidth(op.Rate.Period), op.Rate.Limit, op.Cost, now}
+	return []any{op.Rate.Period.Milliseconds(), bucketWidth(op.Rate.Period), op.Rate.Limit, op.Cost, now,
+		op.Back, op.BackBucket}
+}
+
+// bucketOf is the bucket the script records units in at t.
+func bucketOf(t time.Time, period time.Duration) int64 {
+	return t.UnixMilli() / bucketWidth(period)
 }
 
 // Take runs one decision.
