@@ -466,3 +466,35 @@ func TestGivingBackFreesNoMoreThanRecorded(t *testing.T) {
 		}
 	}
 }
+
+// The in-process window outlives a recovery: what an instance admitted
+// locally still counts if Redis goes again within the window, so an
+// instance admits at most Limit locally in any window however often Redis
+// comes and goes (the README's bound across an outage rests on it).
+func TestFallbackCountsSurviveRecovery(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	var clk clock
+	clk.set(time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC))
+	l := startLimiter(t, srv.URL, Options{Now: clk.now})
+	rate := mustRate(t, "3-M")
+	srv.Stop()
+	for i := range 3 {
+		if d := l.Take("k", rate); !d.Allowed || !d.Local {
+			t.Fatalf("Take #%d with Redis down = %+v, want allowed locally", i+1, d)
+		}
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Degraded() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if l.Degraded() {
+		t.Fatal("limiter still degraded 10s after Redis came back")
+	}
+	srv.Stop()
+	if d := l.Take("k", rate); d.Allowed {
+		t.Errorf("Take with Redis gone again, 3 admitted locally in the window = %+v, want refused", d)
+	}
+}
