@@ -86,14 +86,31 @@ func redactPath(u *url.URL, key string) {
 }
 
 // holdsKey reports whether decoded text s holds the key, in any letter
-// case, or the Basic credential it is sent as (base64 of "key:").
+// case, or the Basic credential it is sent as (base64 of "key:"), also
+// once s is %-decoded again: a shop can encode the key more than once
+// (%2541 is %41 is A). Text that still decodes after maxDecodings more is
+// taken to hold it: only a shop hiding something writes that.
 func holdsKey(s, key string) bool {
 	if key == "" {
 		return false
 	}
-	lower := strings.ToLower(s)
-	return strings.Contains(lower, strings.ToLower(key)) || strings.Contains(lower, strings.ToLower(basicCredential(key)))
+	secrets := []string{strings.ToLower(key), strings.ToLower(basicCredential(key))}
+	for range maxDecodings + 1 {
+		lower := strings.ToLower(s)
+		if strings.Contains(lower, secrets[0]) || strings.Contains(lower, secrets[1]) {
+			return true
+		}
+		decoded, err := url.PathUnescape(s)
+		if err != nil || decoded == s {
+			return false
+		}
+		s = decoded
+	}
+	return true
 }
+
+// maxDecodings is how many more times holdsKey %-decodes a text.
+const maxDecodings = 3
 
 // basicCredential is the key as its Authorization: Basic header carries it.
 func basicCredential(key string) string { return base64.StdEncoding.EncodeToString([]byte(key + ":")) }

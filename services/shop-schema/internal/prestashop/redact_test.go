@@ -28,6 +28,10 @@ func TestRedactURL(t *testing.T) {
 		"https://shop.example/api/categories?display=" + strings.ToLower(key) + "&limit=0,10": "https://shop.example/api/categories?display=REDACTED&limit=0,10",
 		"https://" + strings.ToLower(key) + ".shop.example/api/categories":                    "https://REDACTED/api/categories",
 		"https://shop.example/api/" + basicCredential(key):                                    "https://shop.example/api/REDACTED",
+		// Encoded twice (%2541 is %41 is A), in a path segment and a kept
+		// parameter's value.
+		"https://shop.example/" + strings.ReplaceAll(percentEncoded(key), "%", "%25") + "/api/categories": "https://shop.example/REDACTED/api/categories",
+		"https://shop.example/api/categories?url=" + strings.ReplaceAll(percentEncoded(key), "%", "%25"):  "https://shop.example/api/categories?url=REDACTED",
 	} {
 		if got := redactURL(raw, key); got != want {
 			t.Errorf("redactURL(%q)\n = %q\nwant %q", raw, got, want)
@@ -66,6 +70,8 @@ func TestKeyFree(t *testing.T) {
 		`malformed HTTP response "` + strings.ToLower(key) + `"`:                                                                             `malformed HTTP response "REDACTED"`,
 		`malformed HTTP response "Basic ` + basicCredential(key) + `"`:                                                                       `malformed HTTP response "Basic REDACTED"`,
 		`malformed HTTP response "` + percentEncoded(key) + `"`:                                                                              "the error's text is withheld: it may hold the shop key",
+		`malformed HTTP response "` + strings.ReplaceAll(percentEncoded(key), "%", "%25") + `"`:                                              "the error's text is withheld: it may hold the shop key",
+		`malformed HTTP response "%` + strings.Repeat("25", 5) + `41"`:                                                                       "the error's text is withheld: it may hold the shop key",
 		`malformed HTTP response "100%"`:                                                                                                     "the error's text is withheld: it may hold the shop key",
 		`dial tcp 203.0.113.7:443: connect: connection refused`:                                                                              `dial tcp 203.0.113.7:443: connect: connection refused`,
 	} {
