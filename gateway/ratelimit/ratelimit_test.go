@@ -375,14 +375,7 @@ func TestFallbackCountsEachRequestOnce(t *testing.T) {
 // the window: a 600-M client shown 592 remaining got 587 after a pause of 2
 // s, and lost 5 of its 600.)
 func TestExpiredLeaseUnitsAreGivenBack(t *testing.T) {
-	var clk clock
-	clk.set(time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC))
-	store := NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)).WithClock(clk.now)
-	l := New(store, Options{Timeout: 5 * time.Second, Now: clk.now})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { l.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	l, clk := runningOnAClock(t)
 
 	rate := mustRate(t, "600-M") // leases of up to 6, usable for 1 s
 	var d Decision
@@ -404,10 +397,10 @@ func TestExpiredLeaseUnitsAreGivenBack(t *testing.T) {
 	}
 }
 
-// The sweep keeps an idle lease until its unused units have left the
-// window, so that they can still be given back.
-func TestSweepKeepsUnitsToGiveBack(t *testing.T) {
-	var clk clock
+// runningOnAClock is a running Limiter on Redis whose clock, and the
+// store's, is the returned one, which only the test moves.
+func runningOnAClock(t *testing.T) (*Limiter, *clock) {
+	clk := &clock{}
 	clk.set(time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC))
 	store := NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)).WithClock(clk.now)
 	l := New(store, Options{Timeout: 5 * time.Second, Now: clk.now})
@@ -415,6 +408,13 @@ func TestSweepKeepsUnitsToGiveBack(t *testing.T) {
 	done := make(chan struct{})
 	go func() { l.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return l, clk
+}
+
+// The sweep keeps an idle lease until its unused units have left the
+// window, so that they can still be given back.
+func TestSweepKeepsUnitsToGiveBack(t *testing.T) {
+	l, clk := runningOnAClock(t)
 
 	rate := mustRate(t, "600-M")
 	for range 8 { // the last lease, of 6, keeps 5 units
