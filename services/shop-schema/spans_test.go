@@ -13,7 +13,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/attribute"
@@ -156,7 +155,7 @@ func TestHopSpans(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			shop := fakeshop.Sample("8", false)
 			tt.setup(shop)
-			holdUntilAllFetchesAsked(t, shop)
+			shop.HoldUntil = 4 // each fetch meets the shop's quirk itself, before another found it for the call
 			shop.Start(t.Cleanup)
 			svc := startService(t, shop, nil)
 			base := shop.URL()
@@ -224,20 +223,6 @@ func checkHopAttributes(t *testing.T, shop *fakeshop.Shop, spans []sdktrace.Read
 }
 
 func spanURL(s sdktrace.ReadOnlySpan) string { return attrOf(s, "url.full").AsString() }
-
-// holdUntilAllFetchesAsked holds the shop's answers until the four
-// resources' first requests have arrived, so that each fetch meets a quirk
-// of the shop itself, before another fetch has found it for the call.
-func holdUntilAllFetchesAsked(t *testing.T, shop *fakeshop.Shop) {
-	shop.Hold = make(chan struct{})
-	deadline := time.Now().Add(5 * time.Second)
-	go func() {
-		for len(shop.Requests()) < 4 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		close(shop.Hold)
-	}()
-}
 
 // TestSpanNamesAWrongShape: a failure found in the body of a 200 is named
 // on the span of the request that brought it.

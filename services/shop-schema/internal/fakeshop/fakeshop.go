@@ -89,16 +89,21 @@ type Shop struct {
 
 	// Hold, when set, makes every answer wait until it is closed.
 	Hold chan struct{}
+	// HoldUntil, when above 0, makes the answers wait until that many
+	// requests have arrived, so that fetches sent at once each meet the
+	// shop as it is before any of them is answered.
+	HoldUntil int
 	// Stall lists resources whose requests get no answer until the client
 	// gives up on them.
 	Stall map[string]bool
 
-	srv     *httptest.Server
-	conns   atomic.Int64
-	mu      sync.Mutex
-	reqLog  []string
-	authLog []string
-	traces  []string
+	released chan struct{} // closed once HoldUntil requests have arrived
+	srv      *httptest.Server
+	conns    atomic.Int64
+	mu       sync.Mutex
+	reqLog   []string
+	authLog  []string
+	traces   []string
 }
 
 // Start serves the shop over HTTPS on 127.0.0.1 and stops it at cleanup.
@@ -165,7 +170,21 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.reqLog = append(s.reqLog, r.URL.RequestURI())
 	s.traces = append(s.traces, r.Header.Get("traceparent"))
+	if s.HoldUntil > 0 && s.released == nil {
+		s.released = make(chan struct{})
+	}
+	if s.HoldUntil > 0 && len(s.reqLog) == s.HoldUntil {
+		close(s.released)
+	}
+	released := s.released
 	s.mu.Unlock()
+	if released != nil {
+		select {
+		case <-released:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	if s.Hold != nil {
 		select {
 		case <-s.Hold:
