@@ -3,15 +3,11 @@ package api_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/services/export-reader/syncclient"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestSyncConverges runs a writer (sales confirmed and canceled the way
@@ -42,7 +38,7 @@ func TestSyncConverges(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var writes int
-	wg.Go(func() { writes = write(t, e.pool, owner, items, stop) })
+	wg.Go(func() { writes = writeLocked(t, e.pool, owner, items, 1, stop) })
 	stopWrites := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	defer stopWrites() // before the pool closes, also when a sync fails
 
@@ -80,7 +76,7 @@ loop:
 		t.Errorf("incremental syncs read %d items, as many as full syncs would; updated_after is not being exercised", incrementalItems)
 	}
 
-	want := dbItems(t, e.pool, owner)
+	want := dbItemsIn(t, e.pool, owner, "ENG")
 	if len(mirror) != len(want) {
 		t.Errorf("mirror holds %d items, database %d", len(mirror), len(want))
 	}
@@ -89,71 +85,4 @@ loop:
 			t.Errorf("mirror[%s] = %s\nwant %s", id, got, doc)
 		}
 	}
-}
-
-// write changes random items until stop: sales confirmed and canceled as
-// sales-writer does (sale row first, updated_at stamped last), and
-// re-imports with new titles and statuses. It returns the number of writes.
-func write(t *testing.T, pool *pgxpool.Pool, owner string, items int, stop <-chan struct{}) int {
-	ctx := context.Background()
-	rnd := rand.New(rand.NewPCG(1, 2))
-	n := 0
-	for {
-		select {
-		case <-stop:
-			return n
-		default:
-		}
-		id := fmt.Sprintf("item-%03d", rnd.IntN(items))
-		var err error
-		switch rnd.IntN(3) {
-		case 0:
-			err = confirm(ctx, pool, owner, id, fmt.Sprintf("order-%d", n))
-		case 1:
-			err = cancel(ctx, pool, owner, id)
-		default:
-			status := []string{"active", "inactive"}[rnd.IntN(2)]
-			parsed, perr := catalog.ParseJSONL(strings.NewReader(itemLine(id, status, fmt.Sprintf("%s v%d", id, n))))
-			if perr != nil {
-				t.Error(perr)
-				return n
-			}
-			_, err = catalog.Import(ctx, pool, owner, parsed)
-		}
-		if err != nil {
-			t.Errorf("write %d: %v", n, err)
-			return n
-		}
-		n++
-	}
-}
-
-// confirm sells id the way sales-writer does: the sale row and the item's
-// state change in one statement, committed as it ends, updated_at stamped
-// last.
-func confirm(ctx context.Context, pool *pgxpool.Pool, owner, id, order string) error {
-	_, err := pool.Exec(ctx, `WITH sale AS (
-		INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
-		SELECT $1, $2, 'market', $3, clock_timestamp() WHERE NOT EXISTS
-			(SELECT 1 FROM sales WHERE owner_id = $1 AND item_id = $2 AND canceled_at IS NULL)
-		RETURNING item_id)
-		UPDATE export_items SET sold = true, updated_at = clock_timestamp()
-		WHERE owner_id = $1 AND id IN (SELECT item_id FROM sale)`, owner, id, order)
-	return err
-}
-
-// cancel restores id the same way.
-func cancel(ctx context.Context, pool *pgxpool.Pool, owner, id string) error {
-	_, err := pool.Exec(ctx, `WITH sale AS (
-		UPDATE sales SET canceled_at = clock_timestamp()
-		WHERE owner_id = $1 AND item_id = $2 AND canceled_at IS NULL RETURNING item_id)
-		UPDATE export_items SET sold = false, updated_at = clock_timestamp()
-		WHERE owner_id = $1 AND id IN (SELECT item_id FROM sale)`, owner, id)
-	return err
-}
-
-// dbItems composes every item of owner from the database, in ENG.
-func dbItems(t *testing.T, pool *pgxpool.Pool, owner string) map[string]string {
-	t.Helper()
-	return dbItemsIn(t, pool, owner, "ENG")
 }
