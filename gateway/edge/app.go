@@ -311,12 +311,20 @@ func checkPath(path []byte) error {
 	return nil
 }
 
+// http1 reports whether a request line's version is HTTP/1.x; fasthttp has
+// checked its shape ("HTTP/", digit, ".", digit). A minor version above 1
+// is read as 1.1, as RFC 9112 (2.3) has it.
+func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5] == '1' }
+
 func isHex(ch byte) bool {
 	return '0' <= ch && ch <= '9' || 'a' <= ch && ch <= 'f' || 'A' <= ch && ch <= 'F'
 }
 
 // serve runs the route's steps.
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
+	if !http1(c.Request().Header.Protocol()) {
+		return errHTTPVersion
+	}
 	if ambiguousFraming(&c.Request().Header) {
 		return errAmbiguousFraming
 	}

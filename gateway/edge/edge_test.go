@@ -1161,6 +1161,70 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 	}
 }
 
+// A request line of another HTTP major version is answered by the gateway,
+// 400 with its own request id in the envelope and X-Request-Id alike, and
+// never relayed: the service's net/http would refuse it 505 under another
+// request id. HTTP/1.0 and HTTP/1.2 (read as 1.1) are served.
+func TestOtherHTTPVersionsAreRefusedAtTheGateway(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	reader := echoUpstream(t, "reader", &hits)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	tests := []struct {
+		proto, target string
+		refused       bool
+	}{
+		{"HTTP/2.0", "/v1/export/items?limit=1", true},
+		{"HTTP/0.9", "/v1/export/items?limit=1", true},
+		{"HTTP/5.1", "/v1/export/items?limit=1", true},
+		{"HTTP/2.0", "/v1/health", true},
+		{"HTTP/1.0", "/v1/export/items?limit=1", false},
+		{"HTTP/1.2", "/v1/export/items?limit=1", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.proto+" "+tt.target, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			before := hits.Load()
+			req := "GET " + tt.target + " " + tt.proto + "\r\nHost: gateway\r\nX-API-Key: " + k.read + "\r\n\r\n"
+			if _, err := conn.Write([]byte(req)); err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !tt.refused {
+				if resp.StatusCode != 200 || hits.Load() != before+1 {
+					t.Errorf("answer = %d %s (relayed %d), want 200 relayed once", resp.StatusCode, body, hits.Load()-before)
+				}
+				return
+			}
+			var env struct {
+				Error struct{ Code string } `json:"error"`
+				Meta  struct {
+					RequestID string `json:"request_id"`
+				} `json:"meta"`
+			}
+			if resp.StatusCode != 400 || json.Unmarshal(body, &env) != nil || env.Error.Code != "http_version_not_supported" || !resp.Close {
+				t.Errorf("answer = %d (close %v) %s, want 400 http_version_not_supported and the connection closed", resp.StatusCode, resp.Close, body)
+			}
+			if id := resp.Header.Get("X-Request-Id"); id == "" || id != env.Meta.RequestID {
+				t.Errorf("X-Request-Id %q, meta.request_id %q: want one id in both", id, env.Meta.RequestID)
+			}
+			if hits.Load() != before {
+				t.Errorf("the request was relayed to the reader")
+			}
+		})
+	}
+}
+
 // accessLine is the gateway's access line of the request, from its logs.
 func accessLine(logs, requestID string) string {
 	for l := range strings.SplitSeq(logs, "\n") {

@@ -66,6 +66,13 @@ var (
 	errAmbiguousFraming = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request's length is ambiguous: send Content-Length or Transfer-Encoding: chunked, not both (HTTP/1.0: no Transfer-Encoding), and no trailer fields after the chunks",
 		Close:   true}
+	// fasthttp reads a request line of any HTTP/d.d, and the services'
+	// net/http would refuse one of another major version than 1 with a 505
+	// of its own request id. The gateway answers it, 400: the contract's
+	// action for a request to fix, where a 5xx reads "retry later". The
+	// connection is closed, as its framing cannot be trusted.
+	errHTTPVersion = &apiError{Status: http.StatusBadRequest, Code: "http_version_not_supported",
+		Message: "send HTTP/1.1 or HTTP/1.0", Close: true}
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
 		Message: "internal error"}
 	errDraining = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
