@@ -17,6 +17,19 @@ func TestAcceptsGzip(t *testing.T) {
 		{[]string{"gzip; q=0.0"}, false},
 		{[]string{"identity"}, false},
 		{[]string{"x-gzip2"}, false},
+		{[]string{"x-gzip"}, true},
+		{[]string{"gzip;Q=0"}, false},
+		{[]string{"gzip;q=NaN"}, false},
+		{[]string{"gzip;q=2"}, false},
+		{[]string{"*;q=0"}, false},
+		// "*" stands for the codings not listed: gzip refused by name
+		// stays refused, whatever order (RFC 9110 12.5.3).
+		{[]string{"gzip;q=0, *"}, false},
+		{[]string{"*, gzip;q=0"}, false},
+		{[]string{"*;q=0.5", "gzip; q=0"}, false},
+		{[]string{"gzip;q=0.5, *;q=0"}, true},
+		{[]string{"br, *;q=0.1"}, true},
+		{[]string{"identity, *;q=0"}, false},
 	} {
 		if got := acceptsGzip(tt.in); got != tt.want {
 			t.Errorf("acceptsGzip(%q) = %v, want %v", tt.in, got, tt.want)
