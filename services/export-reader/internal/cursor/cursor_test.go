@@ -159,7 +159,7 @@ func TestRollingRotation(t *testing.T) {
 }
 
 // otherSync returns s with its sync changed, its MAC kept.
-func otherSync(t *testing.T, s string) string {
+func otherSync(t testing.TB, s string) string {
 	t.Helper()
 	raw, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
@@ -170,7 +170,7 @@ func otherSync(t *testing.T, s string) string {
 }
 
 // withVersion returns s with its version byte set to v, its MAC kept.
-func withVersion(t *testing.T, s string, v byte) string {
+func withVersion(t testing.TB, s string, v byte) string {
 	t.Helper()
 	raw, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
@@ -178,4 +178,128 @@ func withVersion(t *testing.T, s string, v byte) string {
 	}
 	raw[0] = v
 	return base64.RawURLEncoding.EncodeToString(raw)
+}
+
+// The range of the stamps a cursor carries: PostgreSQL's timestamptz, far
+// inside what UnixMicro can hold.
+var (
+	minStamp = time.Date(-4713, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	maxStamp = time.Date(294276, 12, 31, 23, 59, 59, 999999000, time.UTC).UnixMicro()
+)
+
+// A cursor a client sends is decoded without a panic, and only one this
+// codec signed for the same query is accepted: garbage, a cursor of
+// another secret or of another query is ErrInvalid, which the API answers
+// 400 invalid_cursor. The seeds are the cursors of the tests above, a
+// version 1 one among them.
+func FuzzDecode(f *testing.F) {
+	c, _ := cursor.New(secret)
+	other, _ := cursor.New(secret + "x")
+	after := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := cursor.Binding{OwnerID: "o1", Status: "active", UpdatedAfter: &after}
+	s := c.Encode(cursor.Position{UpdatedAt: after.Add(time.Hour), ID: "x", Sync: 7}, b)
+	for _, seed := range []string{
+		"", "!!!", "abc", "AAAA", s, s + "A", s[:len(s)-1], s + "=",
+		other.Encode(cursor.Position{UpdatedAt: after, ID: "x"}, b),
+		"AQAGXdzafbRABmNvaW4tMQWvnP71oBwqDdmvz8C_Q6B0SwSvl-IzKiCvyIF2Rz9e", // version 1, owner o1
+		withVersion(f, s, 3), withVersion(f, s, 1), otherSync(f, s),
+	} {
+		f.Add(seed, "o1", "active", after.UnixMicro(), true)
+		f.Add(seed, "o1", "", int64(0), false)
+	}
+	f.Fuzz(func(t *testing.T, s, owner, status string, afterMicros int64, hasAfter bool) {
+		var ua *time.Time
+		if hasAfter {
+			at := time.UnixMicro(afterMicros)
+			ua = &at
+		}
+		b := cursor.Binding{OwnerID: owner, Status: status, UpdatedAfter: ua}
+		pos, err := c.Decode(s, b)
+		if err != nil {
+			if !errors.Is(err, cursor.ErrInvalid) {
+				t.Fatalf("Decode(%q) error = %v, want ErrInvalid", s, err)
+			}
+			return
+		}
+		// Accepted: it can only be a cursor c signed for b, which it
+		// issues again byte for byte (a version 1 one as version 2).
+		if raw, _ := base64.RawURLEncoding.DecodeString(s); raw[0] == 2 && c.Encode(pos, b) != s {
+			t.Fatalf("Decode(%q) = %+v, which encodes as %q", s, pos, c.Encode(pos, b))
+		}
+		if pos.UpdatedAt.Location() != time.UTC {
+			t.Errorf("Decode(%q).UpdatedAt = %v, want UTC", s, pos.UpdatedAt)
+		}
+	})
+}
+
+// Decode(Encode(p)) is p for every position and query, and the cursor
+// opens that query only: the same cursor with a byte changed, cut short or
+// grown, or read for another owner, status or updated_after, is refused.
+func FuzzRoundTrip(f *testing.F) {
+	f.Add("coin-1", uint64(1), int64(1792053000123456), "o1", "", int64(0), false, 0, byte(1), "o2")
+	f.Add("Монета/ü?&=#", uint64(1<<64-1), int64(915148800000000), "o1", "active", int64(1767225600000000), true, 10, byte(0x80), "o1")
+	f.Add("x", uint64(0), int64(0), "o1", "inactive", int64(-1), true, -1, byte(0), "")
+	f.Add("", uint64(0), int64(-62135596800000000), "", "", int64(0), false, 1000, byte(0xff), "o1a")
+	f.Fuzz(func(t *testing.T, id string, sync uint64, micros int64, owner, status string, afterMicros int64, hasAfter bool,
+		at int, flip byte, otherOwner string) {
+		if len(id) > 512 || micros < minStamp || micros > maxStamp {
+			t.Skip() // no item id or stamp PostgreSQL holds
+		}
+		c, _ := cursor.New(secret)
+		var ua *time.Time
+		if hasAfter {
+			after := time.UnixMicro(afterMicros)
+			ua = &after
+		}
+		b := cursor.Binding{OwnerID: owner, Status: status, UpdatedAfter: ua}
+		want := cursor.Position{UpdatedAt: time.UnixMicro(micros).UTC(), ID: id, Sync: sync}
+		s := c.Encode(want, b)
+		if got, err := c.Decode(s, b); err != nil || got != want {
+			t.Fatalf("Decode(Encode(%+v)) = %+v, %v", want, got, err)
+		}
+
+		tampered := []byte(s)
+		switch {
+		case at >= 0 && at < len(s) && flip != 0:
+			tampered[at] ^= flip
+		case at < 0 && -at <= len(s):
+			tampered = tampered[:len(s)+at]
+		default:
+			tampered = append(tampered, flip)
+		}
+		if _, err := c.Decode(string(tampered), b); !errors.Is(err, cursor.ErrInvalid) {
+			t.Errorf("Decode(%q, %q tampered) error = %v, want ErrInvalid", tampered, s, err)
+		}
+
+		others := []cursor.Binding{
+			{OwnerID: otherOwner, Status: status, UpdatedAfter: ua},
+			{OwnerID: owner, Status: otherOwner, UpdatedAfter: ua},
+			{OwnerID: owner + status, UpdatedAfter: ua}, // the boundary moved
+		}
+		if hasAfter {
+			later := ua.Add(time.Microsecond)
+			others = append(others, cursor.Binding{OwnerID: owner, Status: status},
+				cursor.Binding{OwnerID: owner, Status: status, UpdatedAfter: &later})
+		} else {
+			zero := time.UnixMicro(0)
+			others = append(others, cursor.Binding{OwnerID: owner, Status: status, UpdatedAfter: &zero})
+		}
+		for _, o := range others {
+			if sameQuery(o, b) {
+				continue
+			}
+			if _, err := c.Decode(s, o); !errors.Is(err, cursor.ErrSignature) {
+				t.Errorf("Decode(cursor of %+v) for %+v error = %v, want ErrSignature", b, o, err)
+			}
+		}
+	})
+}
+
+// sameQuery reports whether a and b are one query (updated_after counts to
+// the microsecond, as the reader reads it).
+func sameQuery(a, b cursor.Binding) bool {
+	if a.OwnerID != b.OwnerID || a.Status != b.Status || (a.UpdatedAfter == nil) != (b.UpdatedAfter == nil) {
+		return false
+	}
+	return a.UpdatedAfter == nil || a.UpdatedAfter.UnixMicro() == b.UpdatedAfter.UnixMicro()
 }
