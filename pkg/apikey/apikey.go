@@ -118,22 +118,25 @@ func PathHoldsKey(path string) bool {
 
 // RedactKeyLikePath is RedactPath for what spans and logs record: it
 // replaces the segments that hold anything ContainsKeyLike finds, a key
-// mistyped or cut short included.
+// mistyped or cut short included, and, when such text runs across
+// segments, every segment from the first with a tag on.
 func RedactKeyLikePath(path string) string {
 	redacted, _ := redactPath(path, keyLikeText)
 	return redacted
 }
 
 // keyFinder finds keys in text: holds reports one, and minLen is the
-// shortest text it can find one in.
+// shortest text it can find one in. acrossSegments: what it finds may run
+// across a '/' (key-like text is counted past a typo; a key has no '/').
 type keyFinder struct {
-	holds  func(string) bool
-	minLen int
+	holds          func(string) bool
+	minLen         int
+	acrossSegments bool
 }
 
 var (
 	wellFormedKeys = keyFinder{holds: ContainsKey[string], minLen: Len}
-	keyLikeText    = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun}
+	keyLikeText    = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun, acrossSegments: true}
 )
 
 func redactPath(path string, keys keyFinder) (string, bool) {
@@ -147,10 +150,25 @@ func redactPath(path string, keys keyFinder) (string, bool) {
 			segments[i], found = "[key]", true
 		}
 	}
-	if !found {
-		return path, false
+	// Key-like text may run across segments, where none holds it alone: a
+	// '/' typed into a key ("cxr_abcd/efgh…"), or a tag before segments
+	// replaced by "[key]". Every segment from the first that holds a tag
+	// goes then.
+	redacted := path // as long as no segment was replaced
+	if found {
+		redacted = strings.Join(segments, "/")
 	}
-	return strings.Join(segments, "/"), true
+	if keys.acrossSegments && holdsDecoded(redacted, keys.holds) {
+		tagged := false
+		for i, segment := range segments {
+			tagged = tagged || holdsDecoded(segment, holdsKeyTag)
+			if tagged && segment != "" {
+				segments[i], found = "[key]", true
+			}
+		}
+		redacted = strings.Join(segments, "/")
+	}
+	return redacted, found
 }
 
 // ContainsKey reports whether s holds a well-formed key anywhere in it, for
@@ -209,6 +227,32 @@ func isKeyTag(a, b, c, d byte) bool {
 	return a == 'c' && b == 'x' && (c == 'r' || c == 'w' || c == 'a') && (d == '_' || d == '-' || d == ' ')
 }
 
+// holdsKeyTag reports whether s holds a key's tag as isKeyTag reads one.
+func holdsKeyTag(s string) bool {
+	for i := 0; i+tagLen <= len(s); i++ {
+		if isKeyTag(s[i], s[i+1], s[i+2], s[i+3]) {
+			return true
+		}
+	}
+	return false
+}
+
+// holdsDecoded reports whether holds finds something in s as sent or
+// decoded, up to maxUnescapes times.
+func holdsDecoded(s string, holds func(string) bool) bool {
+	for range maxUnescapes + 1 {
+		if holds(s) {
+			return true
+		}
+		decoded := unescapeLeniently(s)
+		if decoded == s {
+			return false
+		}
+		s = decoded
+	}
+	return false
+}
+
 // segmentHoldsKey reports whether a path segment holds a key, as sent or
 // decoded.
 func segmentHoldsKey(segment string, keys keyFinder) bool {
@@ -240,17 +284,28 @@ const maxUnescapes = 4
 // unescapeLeniently decodes every valid %-escape of s and keeps the rest as
 // it is: a broken escape elsewhere in a segment must not hide a key (the
 // gateway refuses such a path, and its span still records it).
+// s itself comes back, not a copy, when it has none.
 func unescapeLeniently(s string) string {
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
-			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+	escape := func(i int) bool { return s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) }
+	first := 0
+	for first < len(s) && !escape(first) {
+		first++
+	}
+	if first == len(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	b.WriteString(s[:first])
+	for i := first; i < len(s); i++ {
+		if escape(i) {
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
 			i += 2
 			continue
 		}
-		b = append(b, s[i])
+		b.WriteByte(s[i])
 	}
-	return string(b)
+	return b.String()
 }
 
 func isHex(c byte) bool {

@@ -3,6 +3,7 @@ package apikey
 import (
 	"fmt"
 	"hash/crc32"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -210,7 +211,154 @@ func TestContainsKeyLike(t *testing.T) {
 	if got := RedactKeyLikePath("/v1/export/items/" + mistyped + "/sales"); got != "/v1/export/items/[key]/sales" {
 		t.Errorf("RedactKeyLikePath(near miss) = %q", got)
 	}
+	// A '/' typed into a key leaves a run across two segments, and "[key]"s
+	// beside a tag make one up: what follows the tag goes too.
+	for path, want := range map[string]string{
+		"/v1/export/items/" + key[:12] + "/" + key[12:] + "/sales":               "/v1/export/items/[key]/[key]/[key]",
+		"/v1/export/items/CXA /00000000000000000":                                "/v1/export/items/[key]/[key]",
+		"/v1/export/items/cxr_/%41%41%41%41%41%41%41%41%41%41%41%41%41%41%41%41": "/v1/export/items/[key]/[key]",
+		"/v1/cxr_abcdefghij/-" + key + "/-" + key:                                "/v1/[key]/[key]/[key]",
+	} {
+		if got := RedactKeyLikePath(path); got != want {
+			t.Errorf("RedactKeyLikePath(%q) = %q, want %q", path, got, want)
+		}
+	}
 	if got := RedactKeyLikePath("/v1/export/items/cxr_coin-17"); got != "/v1/export/items/cxr_coin-17" {
 		t.Errorf("RedactKeyLikePath(an id with a tag) = %q, want it unchanged", got)
 	}
+}
+
+// keyOf is the key a tag and 32 bytes make, as Generate makes one, for
+// seeds and fuzz targets that need keys of their choosing.
+func keyOf(tag string, raw []byte) string {
+	raw = append(raw[:len(raw):len(raw)], make([]byte, 32)...)[:32]
+	body := tag + base62(raw, bodyLen)
+	sum := checksum(body)
+	return body + string(sum[:])
+}
+
+// ContainsKey finds a key wherever it is, in a string as in bytes, and is
+// what the plain definition says: a well-formed key begins at some byte.
+// WellFormed's checksum is the CRC-32 in base62 that big.Int writes.
+func FuzzContainsKey(f *testing.F) {
+	key := keyOf(TagRead, []byte("seed"))
+	for _, s := range []string{
+		key, "sync/1.0 (" + key + ")", "x" + key, "sync/1.0", key[:Len-1], key[:Len-1] + "A", key[:Len-1] + "B",
+		strings.Repeat("cxr_", 20), keyOf(TagWrite, nil), keyOf(TagAll, []byte{0xff}) + keyOf(TagRead, []byte{1}),
+		strings.ToUpper(key[:4]) + key[4:], key[:20] + "-" + key[21:], "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want := false
+		for i := 0; i+Len <= len(s); i++ {
+			tag, rest := s[i:i+tagLen], s[i+tagLen:i+Len]
+			c := crc32.ChecksumIEEE([]byte(s[i : i+Len-checksumLen]))
+			sum := base62([]byte{byte(c >> 24), byte(c >> 16), byte(c >> 8), byte(c)}, checksumLen)
+			if (tag == TagRead || tag == TagWrite || tag == TagAll) && strings.Trim(rest, alphabet) == "" &&
+				strings.HasSuffix(rest, sum) {
+				want = true
+			}
+		}
+		if got := ContainsKey(s); got != want {
+			t.Fatalf("ContainsKey(%q) = %v, want %v", s, got, want)
+		}
+		if got := ContainsKey([]byte(s)); got != want {
+			t.Fatalf("ContainsKey([]byte(%q)) = %v, want %v", s, got, want)
+		}
+		if want && !ContainsKeyLike(s) {
+			t.Fatalf("ContainsKeyLike(%q) = false, but it holds a key", s)
+		}
+		if got := WellFormed(s); got != (want && len(s) == Len) {
+			t.Fatalf("WellFormed(%q) = %v, want %v", s, got, !got)
+		}
+	})
+}
+
+// A key placed anywhere in a path, its characters %-encoded once or
+// several times, is found (PathHoldsKey) whenever decoding the segment
+// that holds it, up to maxUnescapes times as url.PathUnescape does, shows
+// it; and neither redaction leaves a key in its output, as sent or
+// decoded.
+func FuzzPathHoldsKey(f *testing.F) {
+	for _, path := range []string{"/v1/export/items/", "/v1/export/items//sales/confirm", "/v1/%zz/", "/v1/a/%25", "/v1/a/%2", "/x/%"} {
+		for at, mask := range []uint64{0, 1, 1 << 52, 0xffffffffffffffff} {
+			f.Add(path, []byte("seed"), byte(at), mask, uint8(at), len(path)-at)
+		}
+	}
+	f.Add("/v1/export/items/x.json", []byte{}, byte(1), uint64(0), uint8(0), 18)
+	f.Add("/v1/export/items/a%2F/sales/confirm", []byte{0xff}, byte(2), uint64(2), uint8(1), 21)
+	f.Fuzz(func(t *testing.T, path string, raw []byte, tag byte, mask uint64, rounds uint8, at int) {
+		key := keyOf([]string{TagRead, TagWrite, TagAll}[tag%3], raw)
+		var escaped strings.Builder
+		for i := range len(key) {
+			if mask&(1<<(i%64)) == 0 {
+				escaped.WriteByte(key[i])
+				continue
+			}
+			e := fmt.Sprintf("%%%02X", key[i])
+			for range rounds % 6 {
+				e = strings.ReplaceAll(e, "%", "%25")
+			}
+			escaped.WriteString(e)
+		}
+		at = min(max(at, 0), len(path))
+		p := path[:at] + escaped.String() + path[at:]
+
+		want := false
+		for segment := range strings.SplitSeq(p, "/") {
+			for range maxUnescapes + 1 {
+				want = want || ContainsKey(segment)
+				var err error
+				if segment, err = url.PathUnescape(segment); err != nil {
+					break
+				}
+			}
+		}
+		if want && !PathHoldsKey(p) {
+			t.Fatalf("PathHoldsKey(%q) = false; it holds %s", p, key)
+		}
+		redacted, found := RedactPath(p)
+		if found != PathHoldsKey(p) || !found && redacted != p {
+			t.Fatalf("RedactPath(%q) = %q, %v; PathHoldsKey says %v", p, redacted, found, PathHoldsKey(p))
+		}
+		for name, out := range map[string]string{"RedactPath": redacted, "RedactKeyLikePath": RedactKeyLikePath(p)} {
+			for range maxUnescapes + 1 {
+				if ContainsKey(out) {
+					t.Fatalf("%s(%q) = %q, which holds a key", name, p, out)
+				}
+				out = unescapeLeniently(out)
+			}
+		}
+	})
+}
+
+// What RedactKeyLikePath leaves of a path holds nothing ContainsKeyLike
+// finds, as sent or decoded: spans and logs record it.
+func FuzzRedactKeyLikePath(f *testing.F) {
+	key := keyOf(TagRead, []byte("seed"))
+	mistyped := key[:20] + string(key[20]^1) + key[21:]
+	escaped := fmt.Sprintf("%%%02X", key[0]) + key[1:]
+	for _, p := range []string{
+		"/v1/export/items/coin-1", "/v1/export/items/" + key, "/v1/export/items/" + mistyped + "/sales",
+		"/v1/export/items/cxr_coin-17", "/v1/export/items/" + key[:tagLen+minKeyLikeRun], "/v1/export/items/x" + key + ".json",
+		"/v1/export/items/a%2F" + key + "/sales/confirm", "/v1/%zz/" + escaped, "/v1/a/%25" + escaped[1:],
+		"/v1/a/%25252525" + "41" + strings.Repeat("x", Len), "/v1/export/items/cxr-" + key[4:], "/v1/export/items/CXR " + key[4:],
+		"/v1/export/items/" + key[:14] + "-" + key[14:], "/v1/export/items/" + key[:19] + "\n" + key[19:], "",
+	} {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		got := RedactKeyLikePath(p)
+		out := got
+		for range maxUnescapes + 1 {
+			if ContainsKeyLike(out) {
+				t.Fatalf("RedactKeyLikePath(%q) = %q, which holds key-like text %q", p, got, out)
+			}
+			out = unescapeLeniently(out)
+		}
+		if !ContainsKeyLike(p) && !strings.Contains(p, "%") && got != p {
+			t.Fatalf("RedactKeyLikePath(%q) = %q, want it unchanged", p, got)
+		}
+	})
 }
