@@ -4,9 +4,11 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"maps"
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -267,4 +269,96 @@ func TestUnboundSignaturesOnlyWhileAccepted(t *testing.T) {
 	if _, err := upgrading.Verify(h.Get, Request{Method: "GET", Target: "/v1/export/items"}, at); err != ErrUnsigned {
 		t.Errorf("Verify(identity-v2 for another request) by a service upgrading = %v, want ErrUnsigned", err)
 	}
+}
+
+// A signed identity verifies as signed, for its request and within
+// MaxSkew; with any one signed value changed (replaced, cut short, grown,
+// a newline put in to shift the fields), for another request, by another
+// secret or outside MaxSkew, it never does, whether the service accepts
+// identity-v1 signatures or not. Renew renews only what Verify would read.
+func FuzzVerify(f *testing.F) {
+	f.Add("o1", "p1", "k1", "export:read,sales:write", "r1", "POST", testRequest.Target, "order-1", uint8(0), "o2", int64(0))
+	f.Add("o1", "", "k1", "export:read", "r1", "GET", "/v1/export/items?limit=1", "", uint8(3), "export:read,sales:write", int64(-120000))
+	f.Add("", "", "", "", "anonymous", "GET", "/v1/health", "", uint8(6), "", int64(120001))
+	f.Add("o1", "p1", "k1", "sales:write", "r1", "POST\n/v1/export/items/a%2Fb/sales/confirm?x=1", "order-1", "", uint8(7), "PUT", int64(1))
+	f.Add("o1", "p1", "k1", "sales:write", "r1", "POST", "/v1/export/items/a/sales/cancel", "order-1", uint8(11), "1", int64(-1))
+	f.Fuzz(func(t *testing.T, owner, platform, keyID, scopes, requestID, method, target, idempotencyKey string,
+		tamper uint8, value string, ageMillis int64) {
+		for _, v := range []string{owner, platform, keyID, scopes, requestID, method, target, idempotencyKey} {
+			if strings.Contains(v, "\n") {
+				t.Skip() // no header value nor request line holds one
+			}
+		}
+		s, _ := NewSigner(testSecret)
+		upgrading, _ := NewSigner(testSecret)
+		upgrading.AcceptUnbound()
+		other, _ := NewSigner(testSecret + "x")
+		now := time.UnixMilli(1763700000123)
+		id := Identity{OwnerID: owner, PlatformID: platform, KeyID: keyID, RequestID: requestID}
+		if scopes != "" {
+			id.Scopes = strings.Split(scopes, ",")
+		}
+		req := Request{Method: method, Target: target, IdempotencyKey: idempotencyKey}
+		h := map[string]string{}
+		for _, kv := range s.Sign(id, req, now) {
+			h[kv.Name] = kv.Value
+		}
+		get := func(name string) string { return h[name] }
+
+		for _, verifier := range []*Signer{s, upgrading} {
+			got, err := verifier.Verify(get, req, now)
+			if err != nil {
+				t.Fatalf("Verify(Sign(%+v, %+v)) error = %v", id, req, err)
+			}
+			if diff := cmp.Diff(id, got); diff != "" {
+				t.Fatalf("Verify(Sign(%+v)) (-signed +verified):\n%s", id, diff)
+			}
+		}
+		if _, err := other.Verify(get, req, now); err != ErrUnsigned {
+			t.Fatalf("Verify by another secret = %v, want ErrUnsigned", err)
+		}
+		age := time.Duration(ageMillis) * time.Millisecond
+		if _, err := s.Verify(get, req, now.Add(age)); (err == nil) != (-MaxSkew <= age && age <= MaxSkew) {
+			t.Fatalf("Verify %v after signing = %v", age, err)
+		}
+
+		// One value changed: a header (by name, as sent) or a field of
+		// the request.
+		names := append(signedHeaders[:], HeaderSignature)
+		forged, forgedReq := maps.Clone(h), req
+		fields := append([]*string{}, &forgedReq.Method, &forgedReq.Target, &forgedReq.IdempotencyKey)
+		var old string
+		var set func(string)
+		if i := int(tamper>>2) % (len(names) + len(fields)); i < len(names) {
+			old, set = forged[names[i]], func(v string) { forged[names[i]] = v }
+		} else {
+			p := fields[i-len(names)]
+			old, set = *p, func(v string) { *p = v }
+		}
+		switch tamper % 4 {
+		case 0:
+			set(value)
+		case 1:
+			set(old[:min(len(value), len(old))]) // cut short
+		case 2:
+			set(old + value)
+		case 3:
+			set(value + old)
+		}
+		changed := !maps.Equal(forged, h) || forgedReq != req
+		forgedGet := func(name string) string { return forged[name] }
+		for _, verifier := range []*Signer{s, upgrading} {
+			_, err := verifier.Verify(forgedGet, forgedReq, now)
+			if changed && err != ErrUnsigned || !changed && err != nil {
+				t.Fatalf("Verify(%q for %+v, signed as %q for %+v) = %v, want it refused exactly when changed (%v)",
+					forged, forgedReq, h, req, err, changed)
+			}
+			// Renew renews only what verifies, whatever its age.
+			renewed := false
+			err = verifier.Renew(forgedGet, forgedReq, func(string, []byte) { renewed = true }, now.Add(time.Hour))
+			if (err == nil) != !changed || renewed != !changed {
+				t.Fatalf("Renew(%q for %+v) = %v (renewed: %v), want it only when unchanged (%v)", forged, forgedReq, err, renewed, !changed)
+			}
+		}
+	})
 }
