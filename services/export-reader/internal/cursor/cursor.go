@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -104,7 +105,9 @@ func (c *Codec) Encode(p Position, b Binding) string {
 
 // Decode checks s against b and returns its position.
 func (c *Codec) Decode(s string, b Binding) (Position, error) {
-	if len(s) == 0 || len(s) > MaxLen {
+	// The decoder skips CR and LF even when Strict, so a cursor with them
+	// added would read as the one sent: refused, as any other change is.
+	if len(s) == 0 || len(s) > MaxLen || strings.ContainsAny(s, "\r\n") {
 		return Position{}, ErrInvalid
 	}
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)

@@ -72,6 +72,10 @@ func TestDecodeRejects(t *testing.T) {
 	}{
 		{"empty", "", b, false},
 		{"not base64", "!!!", b, false},
+		// base64's decoder skips CR and LF: without a check of its own,
+		// these read as s.
+		{"a line feed inside", s[:5] + "\n" + s[5:], b, false},
+		{"a carriage return at the end", s + "\r", b, false},
 		{"too long", s + string(make([]byte, cursor.MaxLen)), b, false},
 		{"other secret", other.Encode(cursor.Position{UpdatedAt: after, ID: "x"}, b), b, true},
 		{"other owner", s, cursor.Binding{OwnerID: "o2", Status: "active", UpdatedAfter: &after}, true},
@@ -240,6 +244,7 @@ func FuzzRoundTrip(f *testing.F) {
 	f.Add("Монета/ü?&=#", uint64(1<<64-1), int64(915148800000000), "o1", "active", int64(1767225600000000), true, 10, byte(0x80), "o1")
 	f.Add("x", uint64(0), int64(0), "o1", "inactive", int64(-1), true, -1, byte(0), "")
 	f.Add("", uint64(0), int64(-62135596800000000), "", "", int64(0), false, 1000, byte(0xff), "o1a")
+	f.Add("coin-2", uint64(7), int64(1792053000123456), "o1", "", int64(0), false, 1000, byte('\n'), "o2") // grown by a newline
 	f.Fuzz(func(t *testing.T, id string, sync uint64, micros int64, owner, status string, afterMicros int64, hasAfter bool,
 		at int, flip byte, otherOwner string) {
 		if len(id) > 512 || micros < minStamp || micros > maxStamp {
