@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -443,20 +444,34 @@ func TestSchemaUnreachable(t *testing.T) {
 	}
 }
 
-// TestSchemaUnresolvable: a name that does not resolve is shop_unreachable,
-// and the warning that says why names the host as the guard spelled it
-// (ASCII), as the outcome line does.
+// TestSchemaUnresolvable: a name DNS says does not exist is the caller's
+// address to fix (400 invalid_base_url); a lookup that fails otherwise is
+// shop_unreachable, and the warning that says why names the host as the
+// guard spelled it (ASCII), as the outcome line does.
 func TestSchemaUnresolvable(t *testing.T) {
 	svc := startServiceWith(t, nil, nil, fakeshop.Resolver{}) // resolves nothing, asks no DNS server
-	status, env := svc.post(t, body("https://bücher.example.com/shop", fakeshop.Key))
+	status, env := svc.post(t, body("https://nxdomain.example.com/shop", fakeshop.Key))
+	if status != http.StatusBadRequest || errCode(env) != "invalid_base_url" {
+		t.Errorf("POST schema for a name that does not exist = %d %s, want 400 invalid_base_url", status, errCode(env))
+	}
+
+	svc = startServiceWith(t, nil, nil, failingDNS{})
+	status, env = svc.post(t, body("https://bücher.example.com/shop", fakeshop.Key))
 	if status != http.StatusBadGateway || errCode(env) != "shop_unreachable" {
-		t.Fatalf("POST schema for a name that does not resolve = %d %s, want 502 shop_unreachable", status, errCode(env))
+		t.Fatalf("POST schema while DNS fails = %d %s, want 502 shop_unreachable", status, errCode(env))
 	}
 	for _, msg := range []string{"shop call failed", "shop schema refused"} {
 		if got := logLine(t, svc.logs, msg)["shop_host"]; got != "xn--bcher-kva.example.com" {
 			t.Errorf("%q shop_host = %v, want xn--bcher-kva.example.com", msg, got)
 		}
 	}
+}
+
+// failingDNS fails every lookup as a DNS server that does not answer well.
+type failingDNS struct{}
+
+func (failingDNS) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return nil, &net.DNSError{Err: "server misbehaving", Name: host, IsTemporary: true}
 }
 
 // logLine returns the first JSON log line whose msg is msg.

@@ -2,7 +2,7 @@ package fakeshop
 
 import (
 	"context"
-	"errors"
+	"net"
 	"net/netip"
 )
 
@@ -18,7 +18,7 @@ func (r Resolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, 
 		out = append(out, netip.MustParseAddr(a))
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no such host")
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true} // as net.Resolver says it
 	}
 	return out, nil
 }

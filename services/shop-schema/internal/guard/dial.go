@@ -33,6 +33,9 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if noSuchHost(err) {
+			return fmt.Errorf("%w: %s", ErrNoSuchHost, t.Host)
+		}
 		return fmt.Errorf("%w: %s", ErrUnresolvable, t.Host)
 	}
 	for _, a := range addrs {
@@ -41,6 +44,14 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 		}
 	}
 	return nil
+}
+
+// noSuchHost reports whether a lookup's error says the name does not exist
+// (NXDOMAIN, or a name with no address records); no error with no address
+// reads the same.
+func noSuchHost(err error) bool {
+	var dnsErr *net.DNSError
+	return err == nil || errors.As(err, &dnsErr) && dnsErr.IsNotFound
 }
 
 // Control is the net.Dialer Control hook: it runs after DNS resolution, once

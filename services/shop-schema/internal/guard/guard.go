@@ -27,7 +27,11 @@ var (
 	// ErrNotAllowed means the host, an address it resolves to, or the port
 	// is refused (base_url_not_allowed).
 	ErrNotAllowed = errors.New("base_url not allowed")
-	// ErrUnresolvable means the host name has no address.
+	// ErrNoSuchHost means DNS says the host name does not exist: the
+	// caller's address is wrong (invalid_base_url), not the shop down.
+	ErrNoSuchHost = errors.New("host name does not exist")
+	// ErrUnresolvable means the host name's lookup failed otherwise (a DNS
+	// server failing or refusing): the shop may be reached later.
 	ErrUnresolvable = errors.New("host does not resolve")
 )
 

@@ -3,6 +3,8 @@ package guard
 import (
 	"context"
 	"errors"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -29,6 +31,8 @@ func outcome(err error) string {
 		return "refused"
 	case errors.Is(err, ErrInvalid):
 		return "invalid"
+	case errors.Is(err, ErrNoSuchHost):
+		return "no such host"
 	case errors.Is(err, ErrUnresolvable):
 		return "unresolvable"
 	}
@@ -214,7 +218,7 @@ func TestCheckResolved(t *testing.T) {
 		{"https://meta.example.com/", "refused"},
 		{"https://mapped.example.com/", "refused"},
 		{"https://ula.example.com/", "refused"},
-		{"https://nxdomain.example.com/", "unresolvable"},
+		{"https://nxdomain.example.com/", "no such host"},
 	}
 	for _, tt := range tests {
 		target, err := g.ParseBaseURL(tt.in)
@@ -225,6 +229,32 @@ func TestCheckResolved(t *testing.T) {
 			t.Errorf("CheckResolved(%q) = %s (%v), want %s", tt.in, outcome(err), err, tt.want)
 		}
 	}
+	// A lookup that failed otherwise says nothing of the name: the shop
+	// may be reached later.
+	target, _ := g.ParseBaseURL("https://shop.example.com/")
+	for _, r := range []Resolver{failingDNS{}, noAddresses{}} {
+		want := "unresolvable"
+		if _, empty := r.(noAddresses); empty {
+			want = "no such host"
+		}
+		if err := g.CheckResolved(context.Background(), r, target); outcome(err) != want {
+			t.Errorf("CheckResolved with %T = %s (%v), want %s", r, outcome(err), err, want)
+		}
+	}
+}
+
+// failingDNS fails every lookup as a DNS server that does not answer well.
+type failingDNS struct{}
+
+func (failingDNS) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return nil, &net.DNSError{Err: "server misbehaving", Name: host, IsTemporary: true}
+}
+
+// noAddresses answers every lookup with no address and no error.
+type noAddresses struct{}
+
+func (noAddresses) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	return nil, nil
 }
 
 func TestControl(t *testing.T) {

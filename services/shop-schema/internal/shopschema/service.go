@@ -148,8 +148,12 @@ func resolveError(err error) error {
 		// DNS, not from the client, and would map internal names for a
 		// stranger.
 		return &InputError{CodeNotAllowed, "base_url resolves to an address that is not allowed"}
+	case errors.Is(err, guard.ErrNoSuchHost):
+		// The caller can fix it (spec 4.2's 400): a 5xx would tell it to
+		// retry an address that names no host.
+		return &InputError{CodeInvalidBaseURL, "base_url's host name does not exist (DNS: no such host)"}
 	case errors.Is(err, guard.ErrUnresolvable):
-		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name does not resolve"}
+		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name could not be resolved (DNS failed)"}
 	case errors.Is(err, context.Canceled):
 		// The caller hung up during the lookup: kept as it is, so that it is
 		// answered as such (httpserver.CallerGone), not as a slow shop.
