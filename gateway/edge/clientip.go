@@ -17,6 +17,8 @@ import (
 // client may send it already filled: the client is the right-most address
 // that is not a trusted proxy, as nginx's real_ip_recursive reads it; what
 // lies left of it was written by the client or by proxies not trusted.
+// Empty list elements are skipped wherever they are (RFC 9110 5.6.1), so
+// the header's lines read as the one line they join into (RFC 9110 5.3).
 type clientAddress struct {
 	header  string
 	trusted []netip.Prefix
@@ -37,6 +39,9 @@ func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
 				field, rest = rest[i+1:], rest[:i]
 			} else {
 				rest = nil
+			}
+			if len(bytes.TrimSpace(field)) == 0 {
+				continue
 			}
 			addr, ok := parseForwardedAddr(field)
 			if !ok {
