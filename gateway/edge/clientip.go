@@ -66,14 +66,16 @@ func (a clientAddress) isTrusted(addr netip.Addr) bool {
 }
 
 // parseForwardedAddr reads one entry of a forwarding header: an IP, or an
-// IP with a port as some proxies write it.
+// IP with a port as some proxies write it. An IPv6 zone is dropped: it
+// names an interface of the host that wrote it, not the client, and would
+// carry any text it holds into logs and the services' X-Forwarded-For.
 func parseForwardedAddr(field []byte) (netip.Addr, bool) {
 	s := strings.TrimSpace(string(field))
 	if addr, err := netip.ParseAddr(s); err == nil {
-		return addr.Unmap(), true
+		return addr.Unmap().WithZone(""), true
 	}
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap(), true
+		return ap.Addr().Unmap().WithZone(""), true
 	}
 	return netip.Addr{}, false
 }

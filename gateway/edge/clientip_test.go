@@ -40,6 +40,9 @@ func TestClientAddress(t *testing.T) {
 		{"empty element ending a line", xff, proxy, []string{"198.51.100.4,", "10.0.0.1"}, "198.51.100.4"},
 		{"empty element starting a line", xff, proxy, []string{"198.51.100.4", ",10.0.0.1"}, "198.51.100.4"},
 		{"blank line", xff, proxy, []string{"198.51.100.4", " "}, "198.51.100.4"},
+		// A zone names the writer's interface, and holds any text.
+		{"IPv6 with a zone", xff, proxy, []string{"fe80::1%eth0 <b>\"x\"</b>"}, "fe80::1"},
+		{"IPv6 with a zone and a port", xff, proxy, []string{"[fe80::1%25eth0]:443"}, "fe80::1"},
 	}
 	for _, tt := range tests {
 		var values [][]byte
@@ -157,7 +160,7 @@ func referenceClient(a clientAddress, peer netip.Addr, lines []string) netip.Add
 			}
 			addr = ap.Addr()
 		}
-		client = addr.Unmap()
+		client = addr.Unmap().WithZone("")
 		if !a.isTrusted(client) {
 			return client
 		}
