@@ -205,7 +205,7 @@ func (cr chargedReader) Read(p []byte) (int, error) {
 // pages neither overlap nor skip. It stops at a short or empty page, and
 // also when a page brings no new id (a shop that ignores limit= answers the
 // same rows again), so it always ends.
-func listAll[T any](ctx context.Context, cl *Client, c *call, resource, fields, extra string, id func(T) Int) ([]T, error) {
+func listAll[T row](ctx context.Context, cl *Client, c *call, resource, fields, extra string, id func(T) Int) ([]T, error) {
 	var out []T
 	seen := map[Int]bool{}
 	for offset := 0; ; offset += cl.pageSize {
@@ -237,7 +237,7 @@ func listAll[T any](ctx context.Context, cl *Client, c *call, resource, fields, 
 // that rejects the field list (400) is asked for display=full instead, for
 // this and every later request of the call. The client spans of its
 // requests end when it returns, each with its outcome named.
-func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields, extra string, offset int) ([]T, error) {
+func listPage[T row](ctx context.Context, cl *Client, c *call, resource, fields, extra string, offset int) ([]T, error) {
 	ctx, spans := withSpanScope(ctx)
 	defer spans.end()
 	limit := "&sort=[id_ASC]&limit=" + strconv.Itoa(offset) + "," + strconv.Itoa(cl.pageSize) + extra
@@ -253,7 +253,13 @@ func listPage[T any](ctx context.Context, cl *Client, c *call, resource, fields,
 	if err != nil {
 		return nil, err
 	}
-	rows, err := decodeList[T](body, resource)
+	rows, err := decodeList[T](body, resource, &c.bytesLeft)
+	if errors.Is(err, errCallBytesSpent) {
+		err := &Error{Kind: KindTooLarge, Resource: resource,
+			Reason: fmt.Sprintf("the shop's answers together, with the rows decoded from them, are larger than %d bytes", cl.maxCallBytes)}
+		spans.fail(ctx, err)
+		return nil, err
+	}
 	if err != nil {
 		// The decoder's words go to the log only, so that the line says
 		// what the shape lacked. They can quote the body (a string where an

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"unsafe"
 )
 
 // Int is a PrestaShop integer field. Depending on the version and the PHP
@@ -119,8 +121,8 @@ func (t *Text) UnmarshalJSON(b []byte) error {
 	case len(b) == 0 || bytes.Equal(b, []byte("null")):
 		*t = Text{}
 	case b[0] == '[':
-		var vs []LangValue
-		if err := json.Unmarshal(b, &vs); err != nil {
+		vs, err := decodeLangValues(b)
+		if err != nil {
 			return err
 		}
 		*t = Text{ByLang: vs}
@@ -132,6 +134,42 @@ func (t *Text) UnmarshalJSON(b []byte) error {
 		*t = Text{Plain: string(s), IsPlain: true}
 	}
 	return nil
+}
+
+// maxLangValues bounds the values of one multilingual field. PrestaShop
+// writes one per language of the shop, and no shop has a thousand; a field
+// of more is a shop making each row hold much more than its bytes ({} is a
+// LangValue of 24 bytes), which the call's budget could not stop in time.
+const maxLangValues = 1000
+
+// decodeLangValues decodes the [{"id":..,"value":..}] form of a Text, one
+// value at a time, so that an over-long field is refused before it is held.
+func decodeLangValues(b []byte) ([]LangValue, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if _, err := dec.Token(); err != nil { // [
+		return nil, err
+	}
+	vs := []LangValue{}
+	for dec.More() {
+		if len(vs) == maxLangValues {
+			return nil, fmt.Errorf("prestashop: a multilingual field has more than %d values", maxLangValues)
+		}
+		var v LangValue
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		vs = append(vs, v)
+	}
+	return vs, nil
+}
+
+// heldBytes is about what a decoded Text holds in memory.
+func (t Text) heldBytes() int64 {
+	n := len(t.Plain) + cap(t.ByLang)*int(unsafe.Sizeof(LangValue{}))
+	for _, v := range t.ByLang {
+		n += len(v.Value)
+	}
+	return int64(n)
 }
 
 // Language is an entry of /api/languages.
@@ -170,6 +208,20 @@ type FeatureValue struct {
 	Value     Text `json:"value"`
 }
 
+// row is an entry of a list: heldBytes is about what it holds in memory
+// once decoded, which the call's budget is charged.
+type row interface{ heldBytes() int64 }
+
+func (l Language) heldBytes() int64 {
+	return int64(unsafe.Sizeof(l)) + int64(len(l.Name)+len(l.ISOCode)+len(l.LanguageCode)+len(l.Locale))
+}
+
+func (c Category) heldBytes() int64 { return int64(unsafe.Sizeof(c)) + c.Name.heldBytes() }
+
+func (f Feature) heldBytes() int64 { return int64(unsafe.Sizeof(f)) + f.Name.heldBytes() }
+
+func (v FeatureValue) heldBytes() int64 { return int64(unsafe.Sizeof(v)) + v.Value.heldBytes() }
+
 // utf8BOM is stripped: a stray BOM in a PHP file of the shop precedes every
 // answer, and is otherwise harmless.
 var utf8BOM = []byte("\xef\xbb\xbf")
@@ -181,8 +233,12 @@ func looksLikeJSON(body []byte) bool {
 }
 
 // decodeList decodes a list answer: {"<resource>":[...]} or, for an empty
-// list, a bare [] (PrestaShop's JSON renderer drops the wrapper then).
-func decodeList[T any](body []byte, resource string) ([]T, error) {
+// list, a bare [] (PrestaShop's JSON renderer drops the wrapper then). Each
+// row is charged to budget, what the call may still hold, as it is
+// decoded, and decoding stops with errCallBytesSpent once budget is spent:
+// a row can hold a hundred times its bytes ({} is a Category of 88), so an
+// answer under its byte cap could otherwise fill the memory of the process.
+func decodeList[T row](body []byte, resource string, budget *atomic.Int64) ([]T, error) {
 	body = bytes.TrimSpace(bytes.TrimPrefix(body, utf8BOM))
 	if len(body) > 0 && body[0] == '[' {
 		var raw []json.RawMessage
@@ -194,19 +250,61 @@ func decodeList[T any](body []byte, resource string) ([]T, error) {
 		}
 		return nil, nil
 	}
-	var wrapper map[string]json.RawMessage
-	if err := json.Unmarshal(body, &wrapper); err != nil {
-		return nil, err
+	if !json.Valid(body) {
+		return nil, fmt.Errorf("prestashop: %s answer is not valid JSON", resource)
 	}
-	raw, ok := wrapper[resource]
-	if !ok {
-		return nil, fmt.Errorf("prestashop: %s answer lacks the %q member", resource, resource)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, _ := dec.Token(); tok != json.Delim('{') {
+		return nil, fmt.Errorf("prestashop: %s answer is not a JSON object", resource)
 	}
 	var items []T
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, err
+	found := false
+	for dec.More() {
+		name, _ := dec.Token() // a name, in a valid object
+		if name != resource {
+			var skipped json.RawMessage
+			if err := dec.Decode(&skipped); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		var err error
+		if items, err = decodeRows[T](dec, resource, budget); err != nil {
+			return nil, err
+		}
+		found = true
+	}
+	if !found {
+		return nil, fmt.Errorf("prestashop: %s answer lacks the %q member", resource, resource)
 	}
 	return items, nil
+}
+
+// decodeRows decodes the array of rows (or null) that dec is at, charging
+// each row to budget.
+func decodeRows[T row](dec *json.Decoder, resource string, budget *atomic.Int64) ([]T, error) {
+	switch tok, _ := dec.Token(); tok {
+	case nil:
+		return nil, nil
+	case json.Delim('['):
+	default:
+		return nil, fmt.Errorf("prestashop: the %q member is not an array", resource)
+	}
+	var items []T
+	for dec.More() {
+		var item T
+		if err := dec.Decode(&item); err != nil {
+			return nil, err
+		}
+		// The row's size counts twice: the slice it joins grows by
+		// doubling.
+		if budget.Add(-item.heldBytes()-int64(unsafe.Sizeof(item))) < 0 {
+			return nil, errCallBytesSpent
+		}
+		items = append(items, item)
+	}
+	_, err := dec.Token() // ]
+	return items, err
 }
 
 // shopErrors decodes {"errors":[{"code":..,"message":..}]} and returns the

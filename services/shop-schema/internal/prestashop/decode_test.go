@@ -2,7 +2,12 @@ package prestashop
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -78,7 +83,7 @@ func TestDecodeList(t *testing.T) {
 		{"not JSON", `<html>`, nil, true},
 	}
 	for _, tt := range tests {
-		got, err := decodeList[Feature]([]byte(tt.body), "product_features")
+		got, err := decodeList[Feature]([]byte(tt.body), "product_features", budgetOf(1<<20))
 		if (err != nil) != tt.wantErr {
 			t.Errorf("decodeList(%s) error = %v, want error %v", tt.name, err, tt.wantErr)
 			continue
@@ -135,4 +140,146 @@ func containsAny(s string, subs ...string) bool {
 		}
 	}
 	return false
+}
+
+// budgetOf returns a call's budget of n bytes.
+func budgetOf(n int64) *atomic.Int64 {
+	var b atomic.Int64
+	b.Store(n)
+	return &b
+}
+
+// A shop's answer of a few bytes per row or per language value would be
+// held as a hundred: decoding charges what the rows hold to the call's
+// budget and stops when it is spent, and refuses a multilingual field of
+// more values than any shop has languages.
+func TestDecodeListChargesWhatTheRowsHold(t *testing.T) {
+	const size = 1 << 20
+	tests := []struct {
+		name, body string
+		wantErr    error // nil: any error
+	}{
+		{"empty rows", `{"categories":[` + strings.Repeat(`{},`, size/3) + `{}]}`, errCallBytesSpent},
+		{"null rows", `{"categories":[` + strings.Repeat(`null,`, size/5) + `null]}`, errCallBytesSpent},
+		{"values of a name", `{"categories":[{"id":1,"name":[` + strings.Repeat(`{},`, size/3) + `{}]}]}`, nil},
+	}
+	for _, tt := range tests {
+		budget := budgetOf(size)
+		rows, err := decodeList[Category]([]byte(tt.body), "categories", budget)
+		if err == nil || tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+			t.Errorf("decodeList(%s) = %d rows, %v; want error %v", tt.name, len(rows), err, tt.wantErr)
+		}
+	}
+	body := `{"categories":[{"id":1,"name":[` + strings.Repeat(`{"id":1,"value":"x"},`, maxLangValues-1) + `{}]}]}`
+	budget := budgetOf(size)
+	rows, err := decodeList[Category]([]byte(body), "categories", budget)
+	if err != nil || len(rows) != 1 || len(rows[0].Name.ByLang) != maxLangValues {
+		t.Fatalf("decodeList(a name of %d values) = %d rows, %v; want 1 row with all of them", maxLangValues, len(rows), err)
+	}
+	if charged, held := size-budget.Load(), heldByValue(reflect.ValueOf(rows[0])); charged < held {
+		t.Errorf("decodeList(a name of %d values) charged %d bytes, want at least the %d its row holds", maxLangValues, charged, held)
+	}
+}
+
+// answerSeeds are list and error answers of the shapes PrestaShop sends
+// (docs §3, §4) and of the table tests, and hostile ones.
+var answerSeeds = []string{
+	`[]`, "\xef\xbb\xbf \n[]", `["categories"]`, `<html>`, `{}`, `null`, `{"categories":null}`, `{"categories":{}}`,
+	`{"product_features":[{"id":1,"position":"0","name":"Metal"}]}`,
+	`{"product_features":[{"id":1,"position":3,"name":[{"id":1,"value":"Metal"}]}]}`,
+	`{"product_features":[{"id":1,"position":"0","name":[{"id":"1","value":"Composition"},{"id":"2","value":"Состав"},{"id":"3","value":"Склад"}]}]}`,
+	`{"categories":[{"id":2,"id_parent":"1","level_depth":"1","nb_products_recursive":"19","active":"1","is_root_category":"1","position":"0","name":[{"id":"1","value":"Home"},{"id":"2","value":"Главная"}],"description":[{"id":"1","value":"<p>x<\/p>"}],"associations":{"categories":[{"id":"3"}]}},{"id":9,"id_parent":"3","nb_products_recursive":-1,"active":"1","name":"Tops"}]}`,
+	`{"product_feature_values":[{"id":1,"id_feature":"1","custom":"0","value":[{"id":"1","value":"Polyester"}]},{"id":23,"id_feature":2,"custom":1,"value":"120 x 60 cm"}]}`,
+	`{"languages":[{"id":1,"name":"English (English)","iso_code":"en","locale":"en-US","language_code":"en-us","active":"1"},{"id":2,"iso_code":"ru","active":0}]}`,
+	`{"categories":[{"id":1}]}`, `{"categories":[{"id":1}],"categories":[{"id":2}]}`, `{"categories":[{"id":"x"}]}`,
+	`{"categories":[{"id":1.5}]}`, `{"categories":[{"id":1e300}]}`, `{"categories":[{"id":"9223372036854775808"}]}`,
+	`{"categories":[{"id":[1,2]}]}`, `{"categories":[{"name":[[]]}]}`, `{"categories":[{}]}trailing`,
+	`{"errors":[{"code":22,"message":"x"}]}`, `{"errors":[{"code":"26","message":"a"},{"code":20}]}`, `401 Unauthorized`,
+	"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop><errors><error><code><![CDATA[20]]></code><message><![CDATA[x]]></message></error><error><code><![CDATA[21]]></code></error></errors></prestashop>",
+	`<prestashop><errors><error><code> 26 </code></error></errors></prestashop>`, `<a><a><a>`, `<!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>`,
+}
+
+// FuzzDecodeList decodes whatever a shop may answer as each resource and as
+// an error body: no panic; allocation within a fixed multiple of the
+// answer; every row charged to the budget; no field of more values than
+// maxLangValues; and, for an id the shop wrote as a plain integer, that
+// integer.
+func FuzzDecodeList(f *testing.F) {
+	for _, s := range answerSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		const budget = 1 << 16
+		var rows [4]any
+		var budgets [4]*atomic.Int64
+		before := allocatedBytes()
+		for i, resource := range []string{"languages", "categories", "product_features", "product_feature_values"} {
+			budgets[i] = budgetOf(budget)
+			switch i {
+			case 0:
+				rows[i], _ = decodeList[Language](body, resource, budgets[i])
+			case 1:
+				rows[i], _ = decodeList[Category](body, resource, budgets[i])
+			case 2:
+				rows[i], _ = decodeList[Feature](body, resource, budgets[i])
+			case 3:
+				rows[i], _ = decodeList[FeatureValue](body, resource, budgets[i])
+			}
+		}
+		codes := shopErrors(body)
+		if used, limit := allocatedBytes()-before, 512*uint64(len(body))+1<<20; used > limit {
+			t.Fatalf("decoding %d bytes allocated %d bytes, want at most %d", len(body), used, limit)
+		}
+		for i, r := range rows {
+			v := reflect.ValueOf(r)
+			if charged, held := budget-budgets[i].Load(), heldByValue(v); charged < held {
+				t.Fatalf("decodeList(%q) as %T holds %d bytes, but charged %d", body, r, held, charged)
+			}
+			for j := range v.Len() {
+				if why := wrongRow(v.Index(j)); why != "" {
+					t.Fatalf("decodeList(%q) as %T: row %d %s", body, r, j, why)
+				}
+			}
+		}
+		_ = codes
+	})
+}
+
+// wrongRow says what is wrong with a decoded row, or "".
+func wrongRow(row reflect.Value) string {
+	for i := range row.NumField() {
+		if text, ok := row.Field(i).Interface().(Text); ok && len(text.ByLang) > maxLangValues {
+			return fmt.Sprintf("has a field of %d values", len(text.ByLang))
+		}
+	}
+	return ""
+}
+
+// heldByValue is what v holds in memory: its own size and, behind it,
+// strings and slices (to their capacity), computed from the types alone.
+func heldByValue(v reflect.Value) int64 {
+	switch v.Kind() {
+	case reflect.Slice:
+		n := int64(v.Cap()) * int64(v.Type().Elem().Size())
+		for i := range v.Len() {
+			n += heldByValue(v.Index(i)) - int64(v.Type().Elem().Size())
+		}
+		return n
+	case reflect.String:
+		return int64(v.Type().Size()) + int64(v.Len())
+	case reflect.Struct:
+		n := int64(v.Type().Size())
+		for i := range v.NumField() {
+			n += heldByValue(v.Field(i)) - int64(v.Field(i).Type().Size())
+		}
+		return n
+	}
+	return int64(v.Type().Size())
+}
+
+// allocatedBytes is what the process has allocated so far.
+func allocatedBytes() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.TotalAlloc
 }
