@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -18,6 +19,14 @@ type Int int64
 
 // UnmarshalJSON accepts a number, a numeric string, "", true/false or null.
 func (n *Int) UnmarshalJSON(b []byte) error {
+	if b = bytes.TrimSpace(b); len(b) > 0 && (b[0] == '-' || '0' <= b[0] && b[0] <= '9') {
+		i, err := integer(string(b))
+		if err != nil {
+			return err
+		}
+		*n = Int(i)
+		return nil
+	}
 	var v any
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
@@ -30,11 +39,6 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 		if x {
 			*n = 1
 		}
-	case float64:
-		if x != float64(int64(x)) {
-			return fmt.Errorf("prestashop: %v is not an integer", x)
-		}
-		*n = Int(x)
 	case string:
 		s := strings.TrimSpace(x)
 		if s == "" {
@@ -50,6 +54,25 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("prestashop: an integer field holds %T", v)
 	}
 	return nil
+}
+
+// integer reads a JSON number as an int64, exactly: read through float64,
+// an id beyond 2^53 came back rounded (1000000000001000000 as
+// 1000000000000999936), and two ids as one.
+func integer(s string) (int64, error) {
+	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return i, nil
+	}
+	// 12.0 or 1.2e1 is an integer too. big.Rat writes 10^exp out in full
+	// (1e999999 costs it 40 ms): an integer of int64 written in at most 32
+	// characters has an exponent of at most 32 either way.
+	_, exp, _ := strings.Cut(strings.ToLower(s), "e")
+	if e, err := strconv.Atoi(exp); len(s) <= 32 && (exp == "" || err == nil && -32 <= e && e <= 32) {
+		if r, ok := new(big.Rat).SetString(s); ok && r.IsInt() && r.Num().IsInt64() {
+			return r.Num().Int64(), nil
+		}
+	}
+	return 0, fmt.Errorf("prestashop: %s is not an integer", s)
 }
 
 // Bool is a PrestaShop boolean field: "0"/"1", 0/1, true/false, "" or null.

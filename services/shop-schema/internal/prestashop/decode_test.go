@@ -1,11 +1,14 @@
 package prestashop
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"reflect"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -282,4 +285,74 @@ func allocatedBytes() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.TotalAlloc
+}
+
+// FuzzScalars: an Int the decoder accepts is the integer the shop wrote,
+// exactly (a number, a numeric string, "", null or a boolean), never one
+// rounded on the way; Bool and String take what Int takes, and Text never
+// fails where String succeeds.
+func FuzzScalars(f *testing.F) {
+	for _, s := range []string{`12`, `"12"`, `"0"`, `0`, `-1`, `""`, `null`, `" 7 "`, `"x"`, `1.5`, `[]`, `1.0`, `1e3`,
+		`"1"`, `1`, `true`, `false`, `"Home"`, `"9223372036854775807"`, `1e300`, `-0`, `{}`,
+		`9007199254740993`, `1e999999`, `0.5e1`, `"1e3"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var n Int
+		if err := json.Unmarshal(b, &n); err == nil {
+			if want, ok := exactInteger(b); !ok || n != want {
+				t.Fatalf("Int.UnmarshalJSON(%s) = %d, want %d (an integer: %v)", b, n, want, ok)
+			}
+			var p Bool
+			if err := json.Unmarshal(b, &p); err != nil {
+				t.Fatalf("Bool.UnmarshalJSON(%s) = %v, but Int reads it", b, err)
+			}
+		}
+		var s String
+		if err := json.Unmarshal(b, &s); err == nil {
+			var text Text
+			if err := json.Unmarshal(b, &text); err != nil || !text.IsPlain && !bytes.Equal(bytes.TrimSpace(b), []byte("null")) || text.Plain != string(s) {
+				t.Fatalf("Text.UnmarshalJSON(%s) = %+v, %v, want the plain text %q", b, text, err, s)
+			}
+		}
+	})
+}
+
+// exactInteger is the integer a JSON value denotes for an Int: a number
+// without a fractional part, a string of a decimal integer (spaces
+// around), 0 for "" and null, 0 or 1 for a boolean. ok is false for
+// anything else, or an integer outside int64.
+func exactInteger(b []byte) (Int, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return 0, false
+	}
+	switch x := v.(type) {
+	case nil:
+		return 0, true
+	case bool:
+		if x {
+			return 1, true
+		}
+		return 0, true
+	case string:
+		s := strings.TrimSpace(x)
+		if s == "" {
+			return 0, true
+		}
+		i, err := strconv.ParseInt(s, 10, 64)
+		return Int(i), err == nil
+	case json.Number:
+		if len(x) > 400 { // big.Rat writes out an exponent's digits
+			return 0, false
+		}
+		r, ok := new(big.Rat).SetString(string(x))
+		if !ok || !r.IsInt() || !r.Num().IsInt64() {
+			return 0, false
+		}
+		return Int(r.Num().Int64()), true
+	}
+	return 0, false
 }
