@@ -1,6 +1,9 @@
 package shopschema
 
 import (
+	"encoding/json"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -71,4 +74,59 @@ func TestResolve(t *testing.T) {
 			t.Errorf("resolve(%s) names (-want +got):\n%s", tt.name, diff)
 		}
 	}
+}
+
+// FuzzBuild builds the answer from a shop's features and values of every
+// count and order, ids repeated, custom values mixed in: each feature
+// lists its own shared values, sorted, at most 5000 of them (spec 2.6, 8),
+// the lowest ids when it has more, and says it was cut then.
+func FuzzBuild(f *testing.F) {
+	f.Add(uint64(1), uint8(3), uint16(6000), uint8(10), uint32(7000))
+	f.Add(uint64(2), uint8(1), uint16(5000), uint8(0), uint32(5000))
+	f.Add(uint64(3), uint8(1), uint16(5001), uint8(0), uint32(100000))
+	f.Add(uint64(4), uint8(2), uint16(10002), uint8(50), uint32(3))
+	f.Add(uint64(5), uint8(0), uint16(10), uint8(0), uint32(10))
+	f.Add(uint64(6), uint8(8), uint16(0), uint8(0), uint32(1))
+	f.Add(uint64(7), uint8(1), uint16(16000), uint8(0), uint32(1<<20)) // about 5333 for each of 3 ids
+	f.Add(uint64(8), uint8(1), uint16(16383), uint8(5), uint32(4))     // the same few value ids again and again
+	f.Fuzz(func(t *testing.T, seed uint64, features uint8, values uint16, customPercent uint8, idRange uint32) {
+		r := rand.New(rand.NewPCG(seed, seed>>32))
+		s := &prestashop.Schema{}
+		ids := int(features%9) + 2 // feature ids 0..ids-1: few, so that some have over 5000 values
+		for range features % 9 {
+			s.Features = append(s.Features, prestashop.Feature{ID: prestashop.Int(r.IntN(ids))})
+		}
+		want := map[int64][]int64{} // feature id → ids of its shared values
+		for range values % 16384 {
+			v := prestashop.FeatureValue{ID: prestashop.Int(r.Int64N(int64(idRange) + 1)),
+				FeatureID: prestashop.Int(r.IntN(ids)), Custom: prestashop.Bool(r.IntN(100) < int(customPercent))}
+			s.Values = append(s.Values, v)
+			if !v.Custom {
+				want[int64(v.FeatureID)] = append(want[int64(v.FeatureID)], int64(v.ID))
+			}
+		}
+		got := build(s)
+		if len(got.Features) != len(s.Features) {
+			t.Fatalf("build: %d features, want %d", len(got.Features), len(s.Features))
+		}
+		for i, feat := range got.Features {
+			if i > 0 && got.Features[i-1].ID > feat.ID {
+				t.Fatalf("build: feature %d after feature %d, want them sorted by id", feat.ID, got.Features[i-1].ID)
+			}
+			wantIDs := slices.Sorted(slices.Values(want[feat.ID]))
+			truncated := len(wantIDs) > maxValuesPerFeature
+			wantIDs = wantIDs[:min(len(wantIDs), maxValuesPerFeature)]
+			gotIDs := make([]int64, len(feat.Values))
+			for j, v := range feat.Values {
+				gotIDs[j] = v.ID
+			}
+			if feat.ValuesTruncated != truncated || !slices.Equal(gotIDs, wantIDs) {
+				t.Fatalf("build: feature %d has %d values (truncated %v), want %d (truncated %v): the %d lowest of its shared values",
+					feat.ID, len(feat.Values), feat.ValuesTruncated, len(wantIDs), truncated, maxValuesPerFeature)
+			}
+		}
+		if _, err := json.Marshal(got); err != nil {
+			t.Fatalf("json.Marshal(build()) = %v", err)
+		}
+	})
 }
