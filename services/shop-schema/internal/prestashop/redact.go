@@ -51,15 +51,19 @@ func redactURL(raw, key string) string {
 			name, value, _ := strings.Cut(p, "=")
 			if unescaped, err := url.QueryUnescape(name); err != nil || !sentParams[unescaped] {
 				params[i] = redacted
-			} else if v, err := url.QueryUnescape(value); err != nil || holdsKey(v, key) {
+			} else if v, err := url.QueryUnescape(value); err != nil || holdsKey(v, key) || holdsKey(value, key) {
+				// value as written too: QueryUnescape reads '+' as a space,
+				// which a key or its Basic credential can hold.
 				params[i] = name + "=" + redacted
 			}
 		}
 		u.RawQuery = strings.Join(params, "&")
 	}
-	s := u.String()
-	if key != "" {
-		s = strings.ReplaceAll(s, key, redacted)
+	s := replaceKey(u.String(), key)
+	if holdsKey(s, key) {
+		// A key across parts (host and path: https://AB/CD...) that
+		// String escaped anew, or any form the parts did not show.
+		return redacted
 	}
 	return s
 }
@@ -100,13 +104,41 @@ func holdsKey(s, key string) bool {
 		if strings.Contains(lower, secrets[0]) || strings.Contains(lower, secrets[1]) {
 			return true
 		}
-		decoded, err := url.PathUnescape(s)
-		if err != nil || decoded == s {
+		decoded := percentDecoded(s)
+		if decoded == s {
 			return false
 		}
 		s = decoded
 	}
 	return true
+}
+
+// percentDecoded decodes each %XX of s and keeps any other '%' as it is,
+// where url.PathUnescape fails: a '%' without two hex digits after it
+// (a literal "%zz" beside it) must not hide the key encoded in the rest.
+func percentDecoded(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			i += 2
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }
 
 // maxDecodings is how many more times holdsKey %-decodes a text.
@@ -153,13 +185,23 @@ func redactText(s, key string) string {
 	if key == "" {
 		return s
 	}
-	for _, secret := range []string{key, basicCredential(key)} {
-		s = regexp.MustCompile("(?i)"+regexp.QuoteMeta(secret)).ReplaceAllLiteralString(s, redacted)
-	}
+	s = replaceKey(s, key)
 	// A text that cannot be %-decoded (a '%' without two hex digits after
 	// it) might hide the key behind that '%': withheld too.
 	if decoded, err := url.PathUnescape(s); err != nil || holdsKey(decoded, key) {
 		return "the error's text is withheld: it may hold the shop key"
+	}
+	return s
+}
+
+// replaceKey replaces the key, in any letter case, and its Basic
+// credential, with REDACTED.
+func replaceKey(s, key string) string {
+	if key == "" {
+		return s
+	}
+	for _, secret := range []string{key, basicCredential(key)} {
+		s = regexp.MustCompile("(?i)"+regexp.QuoteMeta(secret)).ReplaceAllLiteralString(s, redacted)
 	}
 	return s
 }

@@ -3,8 +3,11 @@ package prestashop
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestRedactURL(t *testing.T) {
@@ -84,4 +87,218 @@ func TestKeyFree(t *testing.T) {
 	if err := keyFree(cause, key); !errors.Is(err, cause) {
 		t.Errorf("errors.Is(keyFree(cause), cause) = false, want true")
 	}
+}
+
+// The fuzz targets embed a random key in a URL or an error text, in each
+// form a shop could write it (as it is, in another case, %-encoded once
+// or twice, all of it or some bytes, as its Basic credential), between
+// random text, and look for it in what redactURL and keyFree return.
+
+// keyForms is how many forms embedded writes.
+const keyForms = 9
+
+// embedded writes key in the form form%keyForms picks; form/keyForms
+// picks the bytes that form 8 encodes (and '%' always: left as it is
+// before two hex digits, it would read as another escape).
+func embedded(key string, form uint16) string {
+	switch form % keyForms {
+	case 0:
+		return key
+	case 1:
+		return strings.ToLower(key)
+	case 2:
+		return strings.ToUpper(key)
+	case 3:
+		return percentEncoded(key)
+	case 4:
+		return strings.ToLower(percentEncoded(key))
+	case 5:
+		return strings.ReplaceAll(percentEncoded(key), "%", "%25")
+	case 6:
+		return basicCredential(key)
+	case 7:
+		return "Basic " + basicCredential(key)
+	}
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		if form/keyForms&(1<<(i%7)) != 0 || key[i] == '%' {
+			fmt.Fprintf(&b, "%%%02X", key[i])
+		} else {
+			b.WriteByte(key[i])
+		}
+	}
+	return b.String()
+}
+
+// urlPlaces are where a URL can hold the key: E is replaced by the key
+// between the fuzzer's before and after.
+var urlPlaces = []string{
+	"https://shop.example/api/E/categories",
+	"https://E.shop.example/api/categories",
+	"https://shop.example/api/categories?url=E",
+	"https://shop.example/api/categories?output_format=JSON&display=[id,E]&limit=0,10",
+	"https://shop.example/api/categories?x=E",
+	"https://shop.example/api/categories?E=1",
+	"https://E@shop.example/api/",
+	"https://shop.example/api/categories#E",
+	"https://shop.example/E",
+	"E",
+}
+
+// usableKey returns the fuzzer's key as the service would take it, and
+// false for a key the checks cannot look for: empty, shorter than 8 bytes
+// (found in any text), holding NUL, or REDACTED itself.
+func usableKey(raw string) (string, bool) {
+	key := strings.TrimSpace(raw)
+	return key, len(key) >= 8 && len(key) <= 256 && utf8.ValidString(key) && !strings.ContainsRune(key, 0) &&
+		!strings.Contains(strings.ToLower(key), "redacted")
+}
+
+// leak returns the form in which text still holds key, or "": as it is
+// in any case, %-encoded once or twice, as its Basic credential, or any of
+// them once the text is %-decoded up to three times (leniently: a stray
+// '%' does not stop the decoding). REDACTED, which a check could read as
+// part of a key, is taken out first.
+func leak(text, key string) string {
+	text = strings.ReplaceAll(text, redacted, "\x00")
+	forms := map[string]string{
+		"as it is": key, "%-encoded": percentEncoded(key), "%-encoded twice": strings.ReplaceAll(percentEncoded(key), "%", "%25"),
+		"as its Basic credential": basicCredential(key),
+	}
+	for round := range 4 {
+		lower := strings.ToLower(text)
+		for name, form := range forms {
+			if strings.Contains(lower, strings.ToLower(form)) {
+				return fmt.Sprintf("%s (after %d %%-decodings)", name, round)
+			}
+		}
+		text = lenientUnescape(text)
+	}
+	return ""
+}
+
+// lenientUnescape decodes each %XX of s and keeps any other '%'.
+func lenientUnescape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+var redactSeeds = []struct {
+	key    string
+	form   uint16
+	place  uint8
+	before string
+	after  string
+}{
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 0, 0, "", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 1, 1, "", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 3, 2, "", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 6, 3, "", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 7, 9, "malformed HTTP status code \"", "\""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 4, 4, "", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 2, 5, "ws%5Fkey", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 0, 6, "", ":x"},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 0, 7, "", ""},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 8 + 9*0x55, 8, "x", "y"},
+	{"ABCDEFGHIJKLMNOP/QRSTUVWXYZ123456", 0, 0, "", ""},
+	{"ABCDEFGHIJKLMNOP/QRSTUVWXYZ123456", 3, 0, "", ""},
+	{"ab%41cd%42ef", 1, 0, "", ""},
+	{"0123456789abcdef0123456789abcdef", 0, 9, "100%", ""},
+	// Leaked before holdsKey decoded leniently: a '%' without two hex
+	// digits (%zz, or a bare % at the end) stopped url.PathUnescape, and
+	// the key encoded beside it was not looked for.
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 5, 0, "", "/%25zz"},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 5, 2, "", "%25"},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 3, 9, "%zz", ""},
+	// Leaked before a kept parameter's value was looked at as written
+	// too: QueryUnescape reads '+' as a space.
+	{"abc+def+ghi+jkl", 2, 2, "", ""},
+	{"ab~~~cd~~~ef", 6, 2, "", ""}, // its Basic credential holds '+'
+}
+
+func FuzzRedactURL(f *testing.F) {
+	for _, s := range redactSeeds {
+		f.Add(s.key, s.form, s.place, s.before, s.after)
+	}
+	f.Fuzz(func(t *testing.T, rawKey string, form uint16, place uint8, before, after string) {
+		key, ok := usableKey(rawKey)
+		if !ok {
+			return
+		}
+		template := urlPlaces[int(place)%len(urlPlaces)]
+		if leak(strings.Replace(template, "E", before+after, 1), key) != "" {
+			return // the key is in the text around it already
+		}
+		raw := strings.Replace(template, "E", before+embedded(key, form)+after, 1)
+		if got := redactURL(raw, key); leak(got, key) != "" {
+			t.Fatalf("redactURL(%q, %q) = %q, which holds the key %s", raw, key, got, leak(got, key))
+		}
+	})
+}
+
+func FuzzKeyFree(f *testing.F) {
+	for _, s := range redactSeeds {
+		f.Add(s.key, s.form, s.place, s.before, s.after)
+	}
+	f.Fuzz(func(t *testing.T, rawKey string, form uint16, place uint8, before, after string) {
+		key, ok := usableKey(rawKey)
+		if !ok || strings.Contains(withheld, strings.ToLower(key)) {
+			return
+		}
+		template := urlPlaces[int(place)%len(urlPlaces)]
+		if leak(strings.Replace(template, "E", before+after, 1)+before+after, key) != "" {
+			return
+		}
+		text := before + embedded(key, form) + after
+		cause := errors.New("transport: " + text)
+		err := keyFree(&url.Error{Op: "Get", URL: strings.Replace(template, "E", text, 1), Err: cause}, key)
+		if leak(err.Error(), key) != "" {
+			t.Fatalf("keyFree(%q, %q) = %q, which holds the key %s", text, key, err, leak(err.Error(), key))
+		}
+		if !errors.Is(err, cause) {
+			t.Fatalf("keyFree(%q) lost its cause from the chain", text)
+		}
+	})
+}
+
+// joinsEscape reports whether a '%' at the end of before makes an escape
+// with the first characters of e ("%0" and "0%30…" read "%00%30…"): the
+// text then says something else than e, for PHP and browsers too.
+func joinsEscape(before, e string) bool {
+	hex := func(s string, i int) bool {
+		return i < len(s) && strings.IndexByte("0123456789abcdefABCDEF", s[i]) >= 0
+	}
+	n := len(before)
+	return n >= 1 && before[n-1] == '%' && hex(e, 0) && hex(e, 1) ||
+		n >= 2 && before[n-2] == '%' && hex(before, n-1) && hex(e, 0)
+}
+
+// withheld is the text keyFree gives an error that may hold the key.
+const withheld = "the error's text is withheld: it may hold the shop key"
+
+// FuzzHoldsKey: a decoded text holds the key when any form of it is in the
+// text, whatever surrounds it.
+func FuzzHoldsKey(f *testing.F) {
+	for _, s := range redactSeeds {
+		f.Add(s.key, s.form, s.before, s.after)
+	}
+	f.Fuzz(func(t *testing.T, rawKey string, form uint16, before, after string) {
+		key, ok := usableKey(rawKey)
+		if !ok || joinsEscape(before, embedded(key, form)) {
+			return
+		}
+		if text := before + embedded(key, form) + after; !holdsKey(text, key) {
+			t.Fatalf("holdsKey(%q, %q) = false, want true", text, key)
+		}
+	})
 }
