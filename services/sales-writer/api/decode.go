@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -197,6 +198,14 @@ func isOne(value json.RawMessage) bool {
 	// writes 1 in more than a few characters.
 	if len(value) == 0 || len(value) > maxQuantityLen || value[0] < '0' || value[0] > '9' {
 		return false
+	}
+	// Nor a large exponent, which a short value holds as well: 1e999999
+	// cost big.Rat 40 ms and 4 MB. In maxQuantityLen bytes, only an
+	// exponent of at most that much can bring a number to 1.
+	if i := bytes.IndexAny(value, "eE"); i >= 0 {
+		if exp, err := strconv.Atoi(string(value[i+1:])); err != nil || exp < -maxQuantityLen || exp > maxQuantityLen {
+			return false
+		}
 	}
 	n, ok := new(big.Rat).SetString(string(value))
 	return ok && n.Cmp(big.NewRat(1, 1)) == 0

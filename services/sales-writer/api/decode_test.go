@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -56,6 +57,10 @@ var bodySeeds = []string{
 	`{"external_order_id":"o","quantity":null}`, `{"external_order_id":"o","quantity":true}`,
 	`{"external_order_id":"o","quantity":0.1e1}`, `{"external_order_id":"o","quantity":-0}`,
 	"\xEF\xBB\xBF{\"external_order_id\":\"o\"}",
+	// Short, and 10^999999 to big.Rat: 40 ms and 4 MB before isOne
+	// bounded the exponent.
+	`{"external_order_id":"o","quantity":1e999999}`, `{"external_order_id":"o","quantity":0.1e-99999}`,
+	`{"external_order_id":"o","quantity":10e-1}`, `{"external_order_id":"o","quantity":1E+0000}`,
 }
 
 func FuzzParseBody(f *testing.F) {
@@ -63,7 +68,11 @@ func FuzzParseBody(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		before := allocatedBytes()
 		orderID, quantity, err := parseBody(body)
+		if used, limit := allocatedBytes()-before, 32*uint64(len(body))+64<<10; used > limit {
+			t.Fatalf("parseBody(%q) allocated %d bytes, want at most %d", body, used, limit)
+		}
 		wantID, why := referenceBody(body)
 		switch {
 		case err == nil && why != "":
@@ -171,6 +180,13 @@ func FuzzDecode(f *testing.F) {
 				codeInvalidBody, codeInvalidKey, codeInvalidContentType)
 		}
 	})
+}
+
+// allocatedBytes is what the process has allocated so far.
+func allocatedBytes() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.TotalAlloc
 }
 
 // wantRequestError fails t unless err is a request error of the status
