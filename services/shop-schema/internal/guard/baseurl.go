@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/net/idna"
 )
@@ -106,8 +107,11 @@ func (g *Guard) checkHostPort(authority string) (Target, error) {
 	if strings.HasPrefix(host, "[") {
 		return g.checkIPv6Literal(host, port)
 	}
-	// url.Parse has already decoded percent-escapes in the host.
-	if host == "" {
+	// url.Parse has already decoded percent-escapes in the host. Bytes
+	// that are not UTF-8 (%80) idna would take for U+FFFD, which it refuses
+	// written as such: shop.%80.example would become shop.xn--zn7c.example,
+	// a host no one wrote, and that the guard itself refuses.
+	if host == "" || !utf8.ValidString(host) {
 		return Target{}, fmt.Errorf("%w: invalid host", ErrInvalid)
 	}
 	ascii, err := idna.Lookup.ToASCII(host)

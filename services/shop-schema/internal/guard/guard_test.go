@@ -84,6 +84,8 @@ func TestParseBaseURL(t *testing.T) {
 		{"https://1.2.3.4.5", "invalid", ""},
 		{"https://256.1.1.1", "invalid", ""},
 		{"https://0x1g.1", "invalid", ""},
+		{"https://shop.%80.example.com/", "invalid", ""}, // not UTF-8: idna made it U+FFFD, xn--zn7c
+		{"https://0.\x80", "invalid", ""},
 		{"https://134744072/", "invalid", ""}, // 8.8.8.8 in decimal: a disguise
 		{"https://[fe80::1%25eth0]/", "refused", ""},
 		{"https://[::1", "invalid", ""},
