@@ -84,6 +84,11 @@ func TestParseBaseURL(t *testing.T) {
 		{"https://1.2.3.4.5", "invalid", ""},
 		{"https://256.1.1.1", "invalid", ""},
 		{"https://0x1g.1", "invalid", ""},
+		// An IPv4 number too large is an invalid address, not a name.
+		{"https://0x100000000", "invalid", ""},
+		{"https://shop.0x1ffffffff/", "invalid", ""},
+		{"https://1.2.3.0400/", "invalid", ""},
+		{"https://shop.0x/", "invalid", ""}, // "0x" is the number 0, and "shop" no number
 		{"https://shop.%80.example.com/", "invalid", ""}, // not UTF-8: idna made it U+FFFD, xn--zn7c
 		{"https://0.\x80", "invalid", ""},
 		{"https://134744072/", "invalid", ""}, // 8.8.8.8 in decimal: a disguise

@@ -7,18 +7,29 @@ import (
 )
 
 // endsInNumber is the WHATWG URL test that makes a host an IPv4 address:
-// its last label is all digits or parses as an IPv4 number (0x…, 0…).
+// its last label is all digits or is written as an IPv4 number (0x…, 0…),
+// whatever its size: "0x100000000" is an IPv4 address too large, so an
+// invalid host, not a name.
 func endsInNumber(host string) bool {
 	labels := strings.Split(host, ".")
 	last := labels[len(labels)-1]
 	if last == "" {
 		return false
 	}
-	if strings.Trim(last, "0123456789") == "" {
-		return true
+	return strings.Trim(last, "0123456789") == "" || ipv4NumberSyntax(last)
+}
+
+// ipv4NumberSyntax reports whether s is written as an IPv4 number: decimal,
+// 0x and hex digits, or 0 and octal digits.
+func ipv4NumberSyntax(s string) bool {
+	digits := "0123456789"
+	switch {
+	case len(s) >= 2 && (s[:2] == "0x" || s[:2] == "0X"):
+		s, digits = s[2:], "0123456789abcdefABCDEF"
+	case len(s) >= 2 && s[0] == '0':
+		s, digits = s[1:], "01234567"
 	}
-	_, ok := parseIPv4Number(last)
-	return ok
+	return strings.Trim(s, digits) == ""
 }
 
 // parseWHATWGIPv4 decodes host the way browsers and inet_aton do: one to
