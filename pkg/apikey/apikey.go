@@ -151,24 +151,54 @@ func redactPath(path string, keys keyFinder) (string, bool) {
 		}
 	}
 	// Key-like text may run across segments, where none holds it alone: a
-	// '/' typed into a key ("cxr_abcd/efgh…"), or a tag before segments
-	// replaced by "[key]". Every segment from the first that holds a tag
-	// goes then.
-	redacted := path // as long as no segment was replaced
-	if found {
-		redacted = strings.Join(segments, "/")
-	}
-	if keys.acrossSegments && holdsDecoded(redacted, keys.holds) {
+	// '/' typed into a key ("cxr_AbCd/EfGh…"). Every segment from the first
+	// that holds a tag goes then, but for words (routeWord): the route's
+	// own "sales/confirm" would otherwise make an item id with a tag,
+	// "cxr_coin-17", read as most of a key, and hide every sale path of it.
+	if keys.acrossSegments && holdsDecoded(maskWords(segments), keys.holds) {
 		tagged := false
 		for i, segment := range segments {
 			tagged = tagged || holdsDecoded(segment, holdsKeyTag)
-			if tagged && segment != "" {
+			if tagged && segment != "" && !routeWord(segment) {
 				segments[i], found = "[key]", true
 			}
 		}
-		redacted = strings.Join(segments, "/")
 	}
-	return redacted, found
+	if !found {
+		return path, false
+	}
+	return strings.Join(segments, "/"), true
+}
+
+// routeWord reports whether a path segment is a word of lower-case letters,
+// as every literal segment of the API's routes is ("export", "sales",
+// "confirm"). A key's random part is base62: eight of its characters all
+// lower-case letters has odds of about one in a thousand.
+func routeWord(segment string) bool {
+	for i := range len(segment) {
+		if segment[i] < 'a' || segment[i] > 'z' {
+			return false
+		}
+	}
+	return segment != ""
+}
+
+// maskWords joins the segments with each routeWord's letters as dots, for
+// the search of key-like text that runs across segments: a word counts for
+// none of it, but keeps its place, so the path never reads denser than as
+// sent (redactPath's first test, on the path as sent, stays a bound).
+func maskWords(segments []string) string {
+	var b strings.Builder
+	for i, segment := range segments {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		if routeWord(segment) {
+			segment = strings.Repeat(".", len(segment))
+		}
+		b.WriteString(segment)
+	}
+	return b.String()
 }
 
 // ContainsKey reports whether s holds a well-formed key anywhere in it, for

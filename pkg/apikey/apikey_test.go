@@ -212,9 +212,10 @@ func TestContainsKeyLike(t *testing.T) {
 		t.Errorf("RedactKeyLikePath(near miss) = %q", got)
 	}
 	// A '/' typed into a key leaves a run across two segments, and "[key]"s
-	// beside a tag make one up: what follows the tag goes too.
+	// beside a tag make one up: what follows the tag goes too, but for the
+	// routes' words.
 	for path, want := range map[string]string{
-		"/v1/export/items/" + key[:12] + "/" + key[12:] + "/sales":               "/v1/export/items/[key]/[key]/[key]",
+		"/v1/export/items/" + key[:12] + "/" + key[12:] + "/sales":               "/v1/export/items/[key]/[key]/sales",
 		"/v1/export/items/CXA /00000000000000000":                                "/v1/export/items/[key]/[key]",
 		"/v1/export/items/cxr_/%41%41%41%41%41%41%41%41%41%41%41%41%41%41%41%41": "/v1/export/items/[key]/[key]",
 		"/v1/cxr_abcdefghij/-" + key + "/-" + key:                                "/v1/[key]/[key]/[key]",
@@ -223,8 +224,13 @@ func TestContainsKeyLike(t *testing.T) {
 			t.Errorf("RedactKeyLikePath(%q) = %q, want %q", path, got, want)
 		}
 	}
-	if got := RedactKeyLikePath("/v1/export/items/cxr_coin-17"); got != "/v1/export/items/cxr_coin-17" {
-		t.Errorf("RedactKeyLikePath(an id with a tag) = %q, want it unchanged", got)
+	// An item id with a tag is no key, and the route's words after it do
+	// not make one (they did: every sale path of such an item was hidden).
+	for _, path := range []string{"/v1/export/items/cxr_coin-17", "/v1/export/items/cxr_coin-17/sales/confirm",
+		"/v1/export/items/CXR-12345/sales/confirm", "/v1/export/items/cxa-10001/sales/cancel"} {
+		if got := RedactKeyLikePath(path); got != path {
+			t.Errorf("RedactKeyLikePath(%q) = %q, want it unchanged", path, got)
+		}
 	}
 }
 
@@ -341,7 +347,7 @@ func FuzzRedactKeyLikePath(f *testing.F) {
 	escaped := fmt.Sprintf("%%%02X", key[0]) + key[1:]
 	for _, p := range []string{
 		"/v1/export/items/coin-1", "/v1/export/items/" + key, "/v1/export/items/" + mistyped + "/sales",
-		"/v1/export/items/cxr_coin-17", "/v1/export/items/" + key[:tagLen+minKeyLikeRun], "/v1/export/items/x" + key + ".json",
+		"/v1/export/items/cxr_coin-17", "/v1/export/items/cxr_coin-17/sales/confirm", "/v1/export/items/" + key[:tagLen+minKeyLikeRun], "/v1/export/items/x" + key + ".json",
 		"/v1/export/items/a%2F" + key + "/sales/confirm", "/v1/%zz/" + escaped, "/v1/a/%25" + escaped[1:],
 		"/v1/a/%25252525" + "41" + strings.Repeat("x", Len), "/v1/export/items/cxr-" + key[4:], "/v1/export/items/CXR " + key[4:],
 		"/v1/export/items/" + key[:14] + "-" + key[14:], "/v1/export/items/" + key[:19] + "\n" + key[19:], "",
@@ -350,7 +356,16 @@ func FuzzRedactKeyLikePath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, p string) {
 		got := RedactKeyLikePath(p)
-		out := got
+		// The routes' words are kept (routeWord): with them masked, what is
+		// left holds no key-like text.
+		var masked []string
+		for segment := range strings.SplitSeq(got, "/") {
+			if routeWord(segment) {
+				segment = strings.Repeat("#", len(segment))
+			}
+			masked = append(masked, segment)
+		}
+		out := strings.Join(masked, "/")
 		for range maxUnescapes + 1 {
 			if ContainsKeyLike(out) {
 				t.Fatalf("RedactKeyLikePath(%q) = %q, which holds key-like text %q", p, got, out)
