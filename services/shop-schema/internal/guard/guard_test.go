@@ -88,7 +88,7 @@ func TestParseBaseURL(t *testing.T) {
 		{"https://0x100000000", "invalid", ""},
 		{"https://shop.0x1ffffffff/", "invalid", ""},
 		{"https://1.2.3.0400/", "invalid", ""},
-		{"https://shop.0x/", "invalid", ""}, // "0x" is the number 0, and "shop" no number
+		{"https://shop.0x/", "invalid", ""},              // "0x" is the number 0, and "shop" no number
 		{"https://shop.%80.example.com/", "invalid", ""}, // not UTF-8: idna made it U+FFFD, xn--zn7c
 		{"https://0.\x80", "invalid", ""},
 		{"https://134744072/", "invalid", ""}, // 8.8.8.8 in decimal: a disguise

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"io"
 	"math/big"
 	"strconv"
 	"strings"
@@ -264,12 +265,11 @@ func looksLikeJSON(body []byte) bool {
 func decodeList[T row](body []byte, resource string, budget *atomic.Int64) ([]T, error) {
 	body = bytes.TrimSpace(bytes.TrimPrefix(body, utf8BOM))
 	if len(body) > 0 && body[0] == '[' {
-		var raw []json.RawMessage
-		if err := json.Unmarshal(body, &raw); err != nil {
-			return nil, err
-		}
-		if len(raw) != 0 {
-			return nil, fmt.Errorf("prestashop: %s answer is a non-empty bare array", resource)
+		// Only an empty list comes bare. Anything else is refused unread:
+		// decoded, an array of a million 1s would hold a hundred times its
+		// bytes, out of the budget's sight.
+		if !json.Valid(body) || len(bytes.TrimLeft(body[1:], " \t\r\n")) != 1 {
+			return nil, fmt.Errorf("prestashop: %s answer is a bare array that is not empty", resource)
 		}
 		return nil, nil
 	}
@@ -330,24 +330,54 @@ func decodeRows[T row](dec *json.Decoder, resource string, budget *atomic.Int64)
 	return items, err
 }
 
+// maxShopErrors is how many error codes of a shop's answer are read:
+// PrestaShop sends one or two, and an answer of millions would otherwise be
+// held whole to find them.
+const maxShopErrors = 16
+
 // shopErrors decodes {"errors":[{"code":..,"message":..}]} and returns the
-// codes; the messages are never used, since they are the shop's words.
+// codes (the first maxShopErrors); the messages are never used, since they
+// are the shop's words. An answer that is not valid JSON has none.
 func shopErrors(body []byte) []int {
 	body = bytes.TrimSpace(bytes.TrimPrefix(body, utf8BOM))
 	if bytes.HasPrefix(body, []byte("<")) {
 		return shopErrorsXML(body)
 	}
-	var e struct {
-		Errors []struct {
-			Code Int `json:"code"`
-		} `json:"errors"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil {
+	if !json.Valid(body) {
 		return nil
 	}
-	codes := make([]int, 0, len(e.Errors))
-	for _, x := range e.Errors {
-		codes = append(codes, int(x.Code))
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, _ := dec.Token(); tok != json.Delim('{') {
+		return nil
+	}
+	for dec.More() {
+		name, _ := dec.Token() // a name, in a valid object
+		if name == "errors" {
+			return errorCodes(dec)
+		}
+		var skipped json.RawMessage
+		if dec.Decode(&skipped) != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// errorCodes reads the codes of the array of errors dec is at, one error at
+// a time.
+func errorCodes(dec *json.Decoder) []int {
+	if tok, _ := dec.Token(); tok != json.Delim('[') {
+		return nil
+	}
+	var codes []int
+	for dec.More() && len(codes) < maxShopErrors {
+		var e struct {
+			Code Int `json:"code"`
+		}
+		if dec.Decode(&e) != nil {
+			return nil
+		}
+		codes = append(codes, int(e.Code))
 	}
 	return codes
 }
@@ -355,20 +385,37 @@ func shopErrors(body []byte) []int {
 // shopErrorsXML reads the codes of PrestaShop's XML error answer
 // (<prestashop><errors><error><code><![CDATA[20]]></code>...), which a shop
 // sends when it answers before reading output_format: a wrong key is still
-// a wrong key, whatever the format says it.
+// a wrong key, whatever the format says it. The first maxShopErrors are
+// read, an element at a time; malformed XML before them has none.
 func shopErrorsXML(body []byte) []int {
-	var e struct {
-		Errors []struct {
-			Code string `xml:"code"`
-		} `xml:"errors>error"`
-	}
-	if err := xml.Unmarshal(body, &e); err != nil {
-		return nil
-	}
+	dec := xml.NewDecoder(bytes.NewReader(body))
 	var codes []int
-	for _, x := range e.Errors {
-		if c, err := strconv.Atoi(strings.TrimSpace(x.Code)); err == nil {
-			codes = append(codes, c)
+	var open []string // the names of the elements the decoder is in
+	for len(codes) < maxShopErrors {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil
+		}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			if len(open) == 2 && open[1] == "errors" && t.Name.Local == "error" {
+				var e struct {
+					Code string `xml:"code"`
+				}
+				if dec.DecodeElement(&e, &t) != nil {
+					return nil
+				}
+				if c, err := strconv.Atoi(strings.TrimSpace(e.Code)); err == nil {
+					codes = append(codes, c)
+				}
+				continue
+			}
+			open = append(open, t.Name.Local)
+		case xml.EndElement:
+			open = open[:max(len(open)-1, 0)]
 		}
 	}
 	return codes

@@ -184,6 +184,35 @@ func TestDecodeListChargesWhatTheRowsHold(t *testing.T) {
 	}
 }
 
+// An answer the shop makes large is read within a few times its size,
+// whatever its shape: a bare array (only an empty one is a list) and a
+// list of errors (only the first maxShopErrors are read) were decoded
+// whole, at 50 to 80 times their bytes.
+func TestHostileAnswersAreReadWithinMemory(t *testing.T) {
+	const n = 1 << 18
+	for name, body := range map[string]string{
+		"bare array of numbers":  "[" + strings.Repeat("1,", n) + "1]",
+		"bare array of objects":  "[" + strings.Repeat("{},", n) + "{}]",
+		"errors of JSON":         `{"errors":[` + strings.Repeat(`{"code":20},`, n) + `{}]}`,
+		"errors of XML":          "<prestashop><errors>" + strings.Repeat("<error><code>20</code></error>", n) + "</errors></prestashop>",
+		"rows beyond the budget": `{"categories":[` + strings.Repeat(`{},`, n) + `{}]}`,
+	} {
+		before := allocatedBytes()
+		rows, err := decodeList[Category]([]byte(body), "categories", budgetOf(1<<16))
+		codes := shopErrors([]byte(body))
+		used := allocatedBytes() - before
+		if limit := 8*uint64(len(body)) + 1<<20; used > limit {
+			t.Errorf("%s (%d bytes): decoding allocated %d bytes, want at most %d", name, len(body), used, limit)
+		}
+		if err == nil || len(rows) != 0 {
+			t.Errorf("%s: decodeList = %d rows, %v; want it refused", name, len(rows), err)
+		}
+		if strings.Contains(name, "errors") && len(codes) != maxShopErrors {
+			t.Errorf("%s: shopErrors = %d codes, want the first %d", name, len(codes), maxShopErrors)
+		}
+	}
+}
+
 // answerSeeds are list and error answers of the shapes PrestaShop sends
 // (docs §3, §4) and of the table tests, and hostile ones.
 var answerSeeds = []string{
@@ -230,7 +259,9 @@ func FuzzDecodeList(f *testing.F) {
 			}
 		}
 		codes := shopErrors(body)
-		if used, limit := allocatedBytes()-before, 512*uint64(len(body))+1<<20; used > limit {
+		// What a row holds is charged to its budget; the rest is the
+		// decoder's passing work, a few times the answer.
+		if used, limit := allocatedBytes()-before, 16*uint64(len(body))+4*budget+1<<20; used > limit {
 			t.Fatalf("decoding %d bytes allocated %d bytes, want at most %d", len(body), used, limit)
 		}
 		for i, r := range rows {
