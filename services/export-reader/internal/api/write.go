@@ -109,7 +109,7 @@ func weight(params string) float64 {
 			continue
 		}
 		q, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil || q < 0 || q > 1 {
+		if err != nil || !(q >= 0 && q <= 1) { // NaN too
 			return 0
 		}
 		return q

@@ -20,6 +20,7 @@ func TestAcceptsGzip(t *testing.T) {
 		{[]string{"x-gzip"}, true},
 		{[]string{"gzip;Q=0"}, false},
 		{[]string{"gzip;q=NaN"}, false},
+		{[]string{"gzip;q=NaN, *"}, false},
 		{[]string{"gzip;q=2"}, false},
 		{[]string{"*;q=0"}, false},
 		// "*" stands for the codings not listed: gzip refused by name
