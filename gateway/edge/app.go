@@ -313,7 +313,8 @@ func checkPath(path []byte) error {
 
 // http1 reports whether a request line's version is HTTP/1.x; fasthttp has
 // checked its shape ("HTTP/", digit, ".", digit). A minor version above 1
-// is read as 1.1, as RFC 9112 (2.3) has it.
+// is served, with HTTP/1.0's rules (fasthttp reads only "HTTP/1.1" as 1.1):
+// no chunked body, the connection closed after the answer.
 func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5] == '1' }
 
 func isHex(ch byte) bool {
