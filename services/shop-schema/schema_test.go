@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -455,7 +454,7 @@ func TestSchemaUnresolvable(t *testing.T) {
 		t.Errorf("POST schema for a name that does not exist = %d %s, want 400 invalid_base_url", status, errCode(env))
 	}
 
-	svc = startServiceWith(t, nil, nil, failingDNS{})
+	svc = startServiceWith(t, nil, nil, fakeshop.FailingResolver{})
 	status, env = svc.post(t, body("https://bücher.example.com/shop", fakeshop.Key))
 	if status != http.StatusBadGateway || errCode(env) != "shop_unreachable" {
 		t.Fatalf("POST schema while DNS fails = %d %s, want 502 shop_unreachable", status, errCode(env))
@@ -465,13 +464,6 @@ func TestSchemaUnresolvable(t *testing.T) {
 			t.Errorf("%q shop_host = %v, want xn--bcher-kva.example.com", msg, got)
 		}
 	}
-}
-
-// failingDNS fails every lookup as a DNS server that does not answer well.
-type failingDNS struct{}
-
-func (failingDNS) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	return nil, &net.DNSError{Err: "server misbehaving", Name: host, IsTemporary: true}
 }
 
 // logLine returns the first JSON log line whose msg is msg.

@@ -22,3 +22,12 @@ func (r Resolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, 
 	}
 	return out, nil
 }
+
+// FailingResolver fails every lookup as a DNS server that does not answer
+// well (SERVFAIL): the name may resolve later.
+type FailingResolver struct{}
+
+// LookupNetIP is the guard's resolver method.
+func (FailingResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return nil, &net.DNSError{Err: "server misbehaving", Name: host, IsTemporary: true}
+}

@@ -3,7 +3,6 @@ package guard
 import (
 	"context"
 	"errors"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -239,7 +238,7 @@ func TestCheckResolved(t *testing.T) {
 	// A lookup that failed otherwise says nothing of the name: the shop
 	// may be reached later.
 	target, _ := g.ParseBaseURL("https://shop.example.com/")
-	for _, r := range []Resolver{failingDNS{}, noAddresses{}} {
+	for _, r := range []Resolver{fakeshop.FailingResolver{}, noAddresses{}} {
 		want := "unresolvable"
 		if _, empty := r.(noAddresses); empty {
 			want = "no such host"
@@ -248,13 +247,6 @@ func TestCheckResolved(t *testing.T) {
 			t.Errorf("CheckResolved with %T = %s (%v), want %s", r, outcome(err), err, want)
 		}
 	}
-}
-
-// failingDNS fails every lookup as a DNS server that does not answer well.
-type failingDNS struct{}
-
-func (failingDNS) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	return nil, &net.DNSError{Err: "server misbehaving", Name: host, IsTemporary: true}
 }
 
 // noAddresses answers every lookup with no address and no error.
