@@ -65,8 +65,11 @@ func integer(s string) (int64, error) {
 		return i, nil
 	}
 	// 12.0 or 1.2e1 is an integer too. big.Rat writes 10^exp out in full
-	// (1e999999 costs it 40 ms): an integer of int64 written in at most 32
-	// characters has an exponent of at most 32 either way.
+	// (1e999999 costs it 40 ms), so the spelling is bounded first: at most
+	// 32 characters and an exponent of at most 32 either way, limits chosen
+	// wide of any spelling a shop's PHP writes ("12.0", "1.2e1"), not
+	// derived (a few exotic ones within them are refused, "0e99" among
+	// them).
 	_, exp, _ := strings.Cut(strings.ToLower(s), "e")
 	if e, err := strconv.Atoi(exp); len(s) <= 32 && (exp == "" || err == nil && -32 <= e && e <= 32) {
 		if r, ok := new(big.Rat).SetString(s); ok && r.IsInt() && r.Num().IsInt64() {
