@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/percent"
 )
 
 const (
@@ -274,7 +275,7 @@ func holdsDecoded(s string, holds func(string) bool) bool {
 		if holds(s) {
 			return true
 		}
-		decoded := unescapeLeniently(s)
+		decoded := percent.DecodeLeniently(s)
 		if decoded == s {
 			return false
 		}
@@ -297,7 +298,7 @@ func segmentHoldsKey(segment string, keys keyFinder) bool {
 	// changing after maxUnescapes rounds is taken for one that hides a key:
 	// no client needs that many, and the rounds stay bounded.
 	for range maxUnescapes {
-		decoded := unescapeLeniently(segment)
+		decoded := percent.DecodeLeniently(segment)
 		if decoded == segment {
 			return false
 		}
@@ -310,47 +311,6 @@ func segmentHoldsKey(segment string, keys keyFinder) bool {
 }
 
 const maxUnescapes = 4
-
-// unescapeLeniently decodes every valid %-escape of s and keeps the rest as
-// it is: a broken escape elsewhere in a segment must not hide a key (the
-// gateway refuses such a path, and its span still records it).
-// s itself comes back, not a copy, when it has none.
-func unescapeLeniently(s string) string {
-	escape := func(i int) bool { return s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) }
-	first := 0
-	for first < len(s) && !escape(first) {
-		first++
-	}
-	if first == len(s) {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s))
-	b.WriteString(s[:first])
-	for i := first; i < len(s); i++ {
-		if escape(i) {
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
-			i += 2
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case c <= 'F':
-		return c - 'A' + 10
-	}
-	return c - 'a' + 10
-}
 
 // HashOf returns the stored form of secret.
 func HashOf(secret string) Hash {

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+
+	"github.com/coinexport/export/pkg/percent"
 )
 
 // The key travels only in the Authorization header, so the URLs this client
@@ -104,41 +106,13 @@ func holdsKey(s, key string) bool {
 		if strings.Contains(lower, secrets[0]) || strings.Contains(lower, secrets[1]) {
 			return true
 		}
-		decoded := percentDecoded(s)
+		decoded := percent.DecodeLeniently(s)
 		if decoded == s {
 			return false
 		}
 		s = decoded
 	}
 	return true
-}
-
-// percentDecoded decodes each %XX of s and keeps any other '%' as it is,
-// where url.PathUnescape fails: a '%' without two hex digits after it
-// (a literal "%zz" beside it) must not hide the key encoded in the rest.
-func percentDecoded(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
-			i += 2
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case c <= 'F':
-		return c - 'A' + 10
-	}
-	return c - 'a' + 10
 }
 
 // maxDecodings is how many more times holdsKey %-decodes a text.
