@@ -35,6 +35,13 @@ func (g *Gateway) newApp() *fiber.App {
 		CaseSensitive: true,
 		StrictRouting: true,
 		BodyLimit:     bodyReadLimit, // BodyLimit is enforced in serve
+		// A multipart/form-data body is read by its Content-Length like any
+		// other. fasthttp would parse the form while reading it and stop at
+		// its last boundary, as far as its 4 KiB buffer had read, and read
+		// the rest of the body (an epilogue) as the next request: request
+		// smuggling past anything in front (FuzzFraming). No route takes a
+		// form.
+		DisablePreParseMultipartForm: true,
 
 		ReadBufferSize: g.cfg.MaxHeaderBytes,
 		ReadTimeout:    g.cfg.ReadTimeout,
