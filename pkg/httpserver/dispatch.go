@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"path"
 	"runtime/debug"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/apikey"
@@ -286,7 +288,12 @@ func Annotate(w http.ResponseWriter, r *http.Request, key, value string) {
 // key (apikey.ContainsKeyLike: whole, mistyped or cut short) is replaced,
 // since a client that pasted its key there would otherwise have it in
 // every log store and trace, and one longer than maxClientValue characters
-// is cut (the contract's ids are at most 128).
+// is cut (the contract's ids are at most 128). Control characters, line
+// separators and bytes that are not UTF-8 (an item id decoded from %0A or %FF, an
+// Idempotency-Key of obs-text) become U+FFFD: a span holding a string
+// that is not UTF-8 cannot be encoded for OTLP, and its whole export batch
+// was dropped with it; a raw newline or escape sequence would reach any
+// log viewer that shows values as they are.
 func AnnotateClientValue(w http.ResponseWriter, r *http.Request, key, value string) {
 	Annotate(w, r, key, LoggableClientValue(value))
 }
@@ -299,10 +306,25 @@ func LoggableClientValue(value string) string {
 	if apikey.ContainsKeyLike(value) {
 		return "[holds an API key]"
 	}
+	if !utf8.ValidString(value) || strings.ContainsFunc(value, control) {
+		value = strings.Map(func(r rune) rune {
+			if control(r) {
+				return utf8.RuneError
+			}
+			return r
+		}, strings.ToValidUTF8(value, string(utf8.RuneError)))
+	}
 	if utf8.RuneCountInString(value) > maxClientValue {
 		return string([]rune(value)[:maxClientValue]) + "…"
 	}
 	return value
+}
+
+// control reports a control character (C0, DEL, C1 with NEL) or a
+// Unicode line or paragraph separator: what would break or drive the line
+// a value is shown on.
+func control(r rune) bool {
+	return unicode.IsControl(r) || r == '\u2028' || r == '\u2029'
 }
 
 // statusRecorder remembers the status written through it. Unwrap lets

@@ -14,7 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
@@ -589,4 +591,49 @@ func TestErrorsAreCountedByCode(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.name, got, c.want)
 		}
 	}
+}
+
+func TestLoggableClientValue(t *testing.T) {
+	long := strings.Repeat("é", maxClientValue+1)
+	for _, tt := range []struct{ value, want string }{
+		{"coin-1", "coin-1"},
+		{"", ""},
+		{"coin\n1", "coin\uFFFD1"},
+		{"\x1b[2Jcoin", "\uFFFD[2Jcoin"},
+		{"coin\xff\xfe", "coin\uFFFD"},
+		{"a\u0085b\u2028c", "a\uFFFDb\uFFFDc"},
+		{long, long[:2*maxClientValue] + "…"},
+		{"\n" + long, "\uFFFD" + long[:2*(maxClientValue-1)] + "…"},
+	} {
+		if got := LoggableClientValue(tt.value); got != tt.want {
+			t.Errorf("LoggableClientValue(%q) = %q, want %q", tt.value, got, tt.want)
+		}
+	}
+}
+
+// FuzzLoggableClientValue: whatever a client sends, what is logged and
+// put on spans is UTF-8 (OTLP encodes no other string), holds no control
+// character or line separator (no forged log line, no terminal escape) and
+// no key-like text, and is at most maxClientValue characters and "…"; a
+// value with none of those comes back as it was.
+func FuzzLoggableClientValue(f *testing.F) {
+	for _, s := range []string{"coin-1", "", "coin\n1", "\x1b[2Jcoin", "coin\xff\xfe", "a\u0085b\u2028c", "ORDER-2024-0001",
+		"0b9b3c6e-5f7d-4b0e-9a7e-0c1d2e3f4a5b", strings.Repeat("é", maxClientValue+1), strings.Repeat("x", maxClientValue),
+		"cxr_0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ012345", "cxr_0123456789\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJ012345"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		got := LoggableClientValue(value)
+		if !utf8.ValidString(got) || strings.ContainsFunc(got, control) || apikey.ContainsKeyLike(got) {
+			t.Fatalf("LoggableClientValue(%q) = %q, which is not UTF-8, holds a control character or key-like text", value, got)
+		}
+		if n := utf8.RuneCountInString(got); n > maxClientValue+1 || n == maxClientValue+1 && !strings.HasSuffix(got, "…") {
+			t.Fatalf("LoggableClientValue(%q) = %q, %d characters, want at most %d and …", value, got, n, maxClientValue)
+		}
+		plain := utf8.ValidString(value) && !strings.ContainsFunc(value, control) && !apikey.ContainsKeyLike(value) &&
+			utf8.RuneCountInString(value) <= maxClientValue
+		if plain && got != value {
+			t.Fatalf("LoggableClientValue(%q) = %q, want it unchanged", value, got)
+		}
+	})
 }
