@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/http/httptest"
@@ -11,11 +12,14 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/coinexport/export/services/sales-writer/sales"
+	"github.com/google/go-cmp/cmp"
 )
 
 // The fuzz targets below hold decode to the contract (spec 2.5, 4.5, 8)
@@ -306,4 +310,73 @@ func referenceContentType(value string) bool {
 	mediaType, params, err := mime.ParseMediaType(value)
 	cs, ok := params["charset"]
 	return err == nil && mediaType == "application/json" && (!ok || strings.EqualFold(cs, "utf-8"))
+}
+
+// FuzzCaller: whatever identity headers reach the sales writer (signed for
+// an identity of any fields, then one changed, repeated, dropped, or sent
+// under a name in another case), the server's check and caller either
+// refuse the call or yield exactly the identity that was signed, for this
+// request, and only one caller admits (a key with sales:write, bound to a
+// platform and to an owner that is a UUID).
+func FuzzCaller(f *testing.F) {
+	owner := "0b9b3c6e-5f7d-4b0e-9a7e-0c1d2e3f4a5b"
+	for i, tt := range []struct{ owner, platform, scopes string }{
+		{owner, "market-a", "sales:write"}, {owner, "", "sales:write"}, {owner, "market-a", "export:read"},
+		{owner, "market-a", "export:read,sales:write"}, {"", "market-a", "sales:write"}, {"owner-1", "market-a", "sales:write"},
+		{strings.ToUpper(owner), "market-a", "sales:write,"}, {owner, "market-a", " sales:write"},
+	} {
+		f.Add(tt.owner, tt.platform, "key-1", tt.scopes, "req-1", uint8(i), "garbled")
+	}
+	f.Add(owner, "market-a", "key-1", "sales:write", "req-1", uint8(0xff), "")
+	f.Add(owner, "market-a", "key-1", "sales:write", "req-1", uint8(1), "1f0e9d8c-5f7d-4b0e-9a7e-0c1d2e3f4a5b") // admitted
+	signer, _ := identity.NewSigner(testSecret)
+	var got *identity.Identity
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/export/items/{item_id}/sales/confirm", func(w http.ResponseWriter, r *http.Request) {
+		if id, err := caller(r); err == nil {
+			got = &id
+		}
+	})
+	server := httpserver.New(httpserver.Config{Service: "sales-writer", Log: slog.New(slog.DiscardHandler), Signer: signer}, mux)
+	names := []string{identity.HeaderOwner, identity.HeaderPlatform, identity.HeaderKeyID, identity.HeaderScopes,
+		identity.HeaderRequestID, identity.HeaderTime, identity.HeaderSignature, "Idempotency-Key"}
+	f.Fuzz(func(t *testing.T, owner, platform, keyID, scopes, requestID string, garble uint8, value string) {
+		if strings.ContainsAny(owner+platform+keyID+scopes+requestID+value, "\r\n") {
+			t.Skip() // no header value holds one
+		}
+		r := httptest.NewRequest(http.MethodPost, "/v1/export/items/coin-1/sales/confirm", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", "k-1")
+		signed := identity.Identity{OwnerID: owner, PlatformID: platform, KeyID: keyID, RequestID: requestID}
+		if scopes != "" {
+			signed.Scopes = strings.Split(scopes, ",")
+		}
+		for _, h := range signer.Sign(signed, identity.RequestOf(r), time.Now()) {
+			r.Header.Set(h.Name, h.Value)
+		}
+		name := names[int(garble>>2)%len(names)]
+		switch garble % 4 {
+		case 0:
+			r.Header.Set(name, value)
+		case 1:
+			r.Header.Add(name, value) // a second value, after the signed one
+		case 2:
+			r.Header.Del(name)
+		case 3:
+			v := r.Header.Get(name)
+			r.Header.Del(name)
+			r.Header[strings.ToLower(name)] = []string{v}
+		}
+		got = nil
+		server.Handler().ServeHTTP(httptest.NewRecorder(), r)
+		if got == nil {
+			return
+		}
+		if diff := cmp.Diff(signed, *got); diff != "" {
+			t.Fatalf("caller yields an identity other than the signed one (%s garbled %d with %q) (-signed +got):\n%s",
+				name, garble%4, value, diff)
+		}
+		if !got.HasScope(identity.ScopeSalesWrite) || got.PlatformID == "" || !isUUID(got.OwnerID) {
+			t.Fatalf("caller admits %+v", *got)
+		}
+	})
 }
