@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -408,6 +409,36 @@ func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), key) {
 		t.Error("the key is in the logs")
+	}
+}
+
+// fasthttp takes raw bytes that are not UTF-8 in a path; the span records
+// them as U+FFFD, since OTLP cannot encode such a string and would drop the
+// span's whole export batch.
+func TestSpanPathIsUTF8(t *testing.T) {
+	g, sr, _ := startInternal(t, nil, fakeKeys{})
+	conn, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /v1/export/items/coin\xff\xfe HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(conn); err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, s := range sr.Ended() {
+		for _, a := range s.Attributes() {
+			if a.Key == "url.path" {
+				paths = append(paths, a.Value.AsString())
+			}
+		}
+	}
+	if len(paths) == 0 || paths[0] != "/v1/export/items/coin\uFFFD" {
+		t.Errorf("url.path attributes = %q, want the path with U+FFFD for the bytes that are not UTF-8", paths)
 	}
 }
 

@@ -124,7 +124,9 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	raw := c.Path() // Fiber leaves it escaped
 	// A whole key in the path is refused (keyInPath); what is recorded
 	// also hides one mistyped or cut short, which is no key to refuse.
-	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(apikey.RedactKeyLikePath(raw)),
+	// As valid UTF-8: fasthttp takes raw bytes that are not, which OTLP
+	// refuses to encode (the span's whole export batch would be dropped).
+	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(strings.ToValidUTF8(apikey.RedactKeyLikePath(raw), "\uFFFD")),
 		keyInPath: apikey.PathHoldsKey(raw), clientIP: g.clientIP(c), start: time.Now()}
 	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {

@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/coinexport/export/pkg/apikey"
 	"go.opentelemetry.io/otel"
@@ -54,7 +55,9 @@ func requestAttrs(r *http.Request) []attribute.KeyValue {
 
 // redactedPath is path without any API key a client put in it, whole,
 // mistyped or cut short (the gateway refuses a path with a whole key; this
-// keeps the rest, and one sent straight to a service, out of its spans).
+// keeps the rest, and one sent straight to a service, out of its spans),
+// and as valid UTF-8: the path is decoded, so "%FF" is a byte OTLP refuses
+// to encode, which would drop the span's whole export batch.
 func redactedPath(path string) string {
-	return apikey.RedactKeyLikePath(path)
+	return strings.ToValidUTF8(apikey.RedactKeyLikePath(path), "\uFFFD")
 }

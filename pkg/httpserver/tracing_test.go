@@ -9,6 +9,17 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 )
 
+// A path decoded from %FF is not UTF-8, which OTLP cannot encode (the
+// whole export batch would be dropped): the span records U+FFFD instead.
+func TestSpanPathIsUTF8(t *testing.T) {
+	r := httptest.NewRequest("GET", "/v1/export/items/coin%FF%FE", nil)
+	for _, a := range requestAttrs(r) {
+		if a.Key == "url.path" && a.Value.AsString() != "/v1/export/items/coin\uFFFD" {
+			t.Errorf("url.path = %q, want the bytes that are not UTF-8 as U+FFFD", a.Value.AsString())
+		}
+	}
+}
+
 func TestSpanPathHoldsNoKey(t *testing.T) {
 	key, _, err := apikey.Generate([]string{identity.ScopeExportRead})
 	if err != nil {
