@@ -4,7 +4,7 @@ SHELL := /bin/bash
 BINARIES := gateway export-reader sales-writer shop-schema exportctl
 MODULES := pkg gateway services/export-reader services/sales-writer services/shop-schema
 
-.PHONY: help build run test lint bench trace clean
+.PHONY: help build run test fuzz lint bench trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -24,17 +24,9 @@ run: build ## start the whole stack natively (PostgreSQL + Redis under .run/), d
 test: ## run every test of every module against real PostgreSQL and Redis
 	@deploy/local/test.sh
 
-.PHONY: fuzz
 FUZZTIME ?= 30s
 fuzz: ## run every Fuzz target of every module for FUZZTIME each (30s), one at a time: make fuzz FUZZTIME=2m
-	@status=0; for m in $(MODULES); do \
-	  for pkg in $$(cd $$m && go list -f '{{if .TestGoFiles}}{{.ImportPath}}{{else if .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do \
-	    for target in $$(cd $$m && go test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-	      echo "make fuzz: $$pkg $$target ($(FUZZTIME))"; \
-	      (cd $$m && go test -run '^$$' -fuzz "^$$target\$$" -fuzztime=$(FUZZTIME) -parallel=1 $$pkg) || status=1; \
-	    done; \
-	  done; \
-	done; exit $$status
+	@FUZZTIME=$(FUZZTIME) deploy/local/fuzz.sh
 
 lint: ## go vet (and staticcheck when installed) over every module
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
