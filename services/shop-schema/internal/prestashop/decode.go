@@ -276,24 +276,13 @@ func decodeList[T row](body []byte, resource string, budget *atomic.Int64) ([]T,
 		}
 		return nil, nil
 	}
-	if !json.Valid(body) {
-		return nil, fmt.Errorf("prestashop: %s answer is not valid JSON", resource)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, _ := dec.Token(); tok != json.Delim('{') {
-		return nil, fmt.Errorf("prestashop: %s answer is not a JSON object", resource)
+	dec := objectIn(body)
+	if dec == nil {
+		return nil, fmt.Errorf("prestashop: %s answer is not a valid JSON object", resource)
 	}
 	var items []T
 	found := false
-	for dec.More() {
-		name, _ := dec.Token() // a name, in a valid object
-		if name != resource {
-			var skipped json.RawMessage
-			if err := dec.Decode(&skipped); err != nil {
-				return nil, err
-			}
-			continue
-		}
+	for nextMember(dec, resource) { // the last one counts, as in encoding/json
 		var err error
 		if items, err = decodeRows[T](dec, resource, budget); err != nil {
 			return nil, err
@@ -304,6 +293,36 @@ func decodeList[T row](body []byte, resource string, budget *atomic.Int64) ([]T,
 		return nil, fmt.Errorf("prestashop: %s answer lacks the %q member", resource, resource)
 	}
 	return items, nil
+}
+
+// objectIn returns a decoder inside the JSON object body (past its '{'), or
+// nil when body is not valid JSON or not an object. Checked valid first,
+// the members it is then walked through (nextMember) never fail to read.
+func objectIn(body []byte) *json.Decoder {
+	if !json.Valid(body) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, _ := dec.Token(); tok != json.Delim('{') {
+		return nil
+	}
+	return dec
+}
+
+// nextMember moves dec, inside an object from objectIn, past the members
+// not named name to the value of the next one named name, a member at a
+// time (none is held whole but that value); false at the object's end.
+func nextMember(dec *json.Decoder, name string) bool {
+	for dec.More() {
+		if tok, _ := dec.Token(); tok == name {
+			return true
+		}
+		var skipped json.RawMessage
+		if dec.Decode(&skipped) != nil {
+			return false
+		}
+	}
+	return false
 }
 
 // decodeRows decodes the array of rows (or null) that dec is at, charging
@@ -346,22 +365,8 @@ func shopErrors(body []byte) []int {
 	if bytes.HasPrefix(body, []byte("<")) {
 		return shopErrorsXML(body)
 	}
-	if !json.Valid(body) {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, _ := dec.Token(); tok != json.Delim('{') {
-		return nil
-	}
-	for dec.More() {
-		name, _ := dec.Token() // a name, in a valid object
-		if name == "errors" {
-			return errorCodes(dec)
-		}
-		var skipped json.RawMessage
-		if dec.Decode(&skipped) != nil {
-			return nil
-		}
+	if dec := objectIn(body); dec != nil && nextMember(dec, "errors") {
+		return errorCodes(dec)
 	}
 	return nil
 }
