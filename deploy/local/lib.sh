@@ -107,7 +107,7 @@ pg_create_db() {
 redis_start() {
   local dir=$1
   mkdir -p "$dir"
-  if [ -f "$dir/redis.pid" ] && kill -0 "$(cat "$dir/redis.pid")" 2>/dev/null; then return 0; fi
+  if [ -f "$dir/redis.pid" ] && running "$(cat "$dir/redis.pid")"; then return 0; fi
   redis-server --port 0 --unixsocket "$dir/redis.sock" --unixsocketperm 700 --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null \
     || die "redis-server did not start"
@@ -117,10 +117,25 @@ redis_start() {
 }
 
 redis_stop() {
-  local dir=$1
+  local dir=$1 pid i
   [ -f "$dir/redis.pid" ] || return 0
-  kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+  pid=$(cat "$dir/redis.pid")
+  kill "$pid" 2>/dev/null || true
+  # Waited for: redis-server writes its log and removes its socket as it
+  # exits, and a caller removing the folder meanwhile failed with
+  # "Directory not empty" (make test's clean-up, after every test passed).
+  for i in $(seq 100); do running "$pid" || break; sleep 0.05; done
   rm -f "$dir/redis.pid"
+}
+
+# running PID: the process has not exited. An exited one not yet reaped (a
+# zombie: redis-server daemonizes, and its new parent may reap it late)
+# counts as exited; kill -0 would say it runs.
+running() {
+  [ -r "/proc/$1/stat" ] || return 1
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$state" ] && [ "$state" != Z ]
 }
 
 # random_secret prints 48 random url-safe characters.
