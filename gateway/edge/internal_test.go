@@ -524,7 +524,7 @@ func TestRepeatIsAnEventOfTheProxySpan(t *testing.T) {
 			events++
 			attrs := map[string]string{}
 			for _, a := range ev.Attributes {
-				attrs[string(a.Key)] = a.Value.Emit()
+				attrs[string(a.Key)] = a.Value.String()
 			}
 			want := map[string]string{"upstream.failed_attempt.kind": "unreachable", "upstream.failed_attempt.instance": gone.URL}
 			if s.Name() != "proxy export-reader" || !maps.Equal(attrs, want) {
@@ -601,7 +601,7 @@ func TestShopSchemaInFlightRefusalNamesItsLimitOnTheSpan(t *testing.T) {
 	for _, s := range sr.Ended() {
 		attrs := map[string]string{}
 		for _, a := range s.Attributes() {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if s.SpanKind() == trace.SpanKindServer && attrs["request.id"] == requestID {
 			if got := attrs["app.rate_limit.class"]; got != "shop_schema_in_flight" {

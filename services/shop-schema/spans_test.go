@@ -206,7 +206,7 @@ func checkHopAttributes(t *testing.T, shop *fakeshop.Shop, spans []sdktrace.Read
 		got := map[string]string{}
 		for _, a := range s.Attributes() {
 			if _, ok := want[string(a.Key)]; ok {
-				got[string(a.Key)] = a.Value.Emit()
+				got[string(a.Key)] = a.Value.String()
 			}
 		}
 		if diff := cmp.Diff(want, got); diff != "" {
