@@ -3,8 +3,11 @@
 SHELL := /bin/bash
 BINARIES := gateway export-reader sales-writer shop-schema exportctl
 MODULES := pkg gateway services/export-reader services/sales-writer services/shop-schema
+# go.work names the toolchain (its toolchain line); auto lets the go command
+# fetch it where the machine's Go is older and set to local.
+export GOTOOLCHAIN ?= auto
 
-.PHONY: help build run test fuzz lint bench trace clean
+.PHONY: help build run test fuzz vulncheck lint bench trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -27,6 +30,9 @@ test: ## run every test of every module against real PostgreSQL and Redis
 FUZZTIME ?= 30s
 fuzz: ## run every Fuzz target of every module for FUZZTIME each (30s), one at a time: make fuzz FUZZTIME=2m
 	@FUZZTIME=$(FUZZTIME) deploy/local/fuzz.sh
+
+vulncheck: ## govulncheck over every module: known vulnerabilities the code can reach (VULNDB=module: a pinned offline snapshot)
+	@deploy/local/vulncheck.sh
 
 lint: ## go vet (and staticcheck when installed) over every module
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
