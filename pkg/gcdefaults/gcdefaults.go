@@ -63,6 +63,17 @@ func (s Settings) Apply() {
 	}
 }
 
+// InForce is the settings as they stand once Apply has run: each one the
+// environment left unset is this package's default, written as its
+// variable would be (400, 100MiB). The configuration tests compare a
+// README's documented defaults with it (pkg/envdoc).
+func (s Settings) InForce() Settings {
+	return Settings{
+		GOGC:       orDefault(s.GOGC, strconv.Itoa(GCPercent)),
+		GOMEMLIMIT: orDefault(s.GOMEMLIMIT, fmt.Sprintf("%dMiB", MemoryLimit>>20)),
+	}
+}
+
 // LogValue shows each setting in force, and whether it is the default.
 func (s Settings) LogValue() slog.Value {
 	return slog.GroupValue(

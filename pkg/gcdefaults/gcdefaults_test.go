@@ -53,3 +53,14 @@ func TestGOGCProblem(t *testing.T) {
 		}
 	}
 }
+
+// InForce writes each default as its variable would be, and keeps what is set.
+func TestInForce(t *testing.T) {
+	if got, want := (Settings{}).InForce(), (Settings{GOGC: "400", GOMEMLIMIT: "100MiB"}); got != want {
+		t.Errorf("Settings{}.InForce() = %+v, want %+v", got, want)
+	}
+	set := Settings{GOGC: "off", GOMEMLIMIT: "1GiB"}
+	if got := set.InForce(); got != set {
+		t.Errorf("%+v.InForce() = %+v, want it unchanged", set, got)
+	}
+}
