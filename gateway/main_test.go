@@ -217,6 +217,10 @@ func TestRunRejectsBadConfig(t *testing.T) {
 			"GATEWAY_ADDR": "notanaddr"}, "GATEWAY_ADDR must be host:port"},
 		{"bad database url", map[string]string{"DATABASE_URL": "notaurl", "IDENTITY_SECRET": strings.Repeat("s", 32)},
 			"DATABASE_URL must be a PostgreSQL connection string"},
+		// Without a scheme: refused with the other problems, not once
+		// PostgreSQL was reached, and without quoting the URL.
+		{"bad redis url", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+			"REDIS_URL": "redis-host:6379"}, "REDIS_URL must be a redis://, rediss:// or unix:// URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -30,6 +30,14 @@ func Describe(rawURL string) string {
 	return fmt.Sprintf("%s %s db %d", opts.Network, opts.Addr, opts.DB)
 }
 
+// ValidURL reports whether url reads as a Redis URL (redis://, rediss://
+// or unix://), for a binary's configuration to name the variable that
+// holds a bad one with its other problems, before anything starts.
+func ValidURL(url string) bool {
+	_, err := redis.ParseURL(url)
+	return err == nil
+}
+
 // Open parses url (redis://, rediss:// or unix://) and returns a client with
 // tight timeouts, no retries and context deadlines honoured, traced with
 // redisotel (spans only inside a traced request). Key names are recorded on spans, so callers must never put a

@@ -61,6 +61,17 @@ func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {
 	}
 }
 
+func TestValidURL(t *testing.T) {
+	for url, want := range map[string]bool{
+		"redis://127.0.0.1:6379/0": true, "rediss://user:pw@redis:6380/1": true, "unix:///run/redis.sock": true,
+		"redis-host:6379": false, "http://redis:6379": false, "redis://:s3cret@[bad": false, "": false,
+	} {
+		if got := ValidURL(url); got != want {
+			t.Errorf("ValidURL(%q) = %v, want %v", url, got, want)
+		}
+	}
+}
+
 // Describe says where Redis is and never any part of a password, also when
 // an unescaped character moved part of the password elsewhere in the URL.
 func TestDescribe(t *testing.T) {
