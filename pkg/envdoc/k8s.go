@@ -1,0 +1,263 @@
+package envdoc
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Manifest is what a Kubernetes manifest says of each binary's pods.
+type Manifest struct {
+	// Containers of the Deployments and Jobs, by name (the binary's, or
+	// migrate: exportctl's).
+	Containers map[string]Container
+	Services   map[string]Service // by name
+	// PolicyPorts are, per app label, the ports its NetworkPolicies let in.
+	PolicyPorts map[string][]int
+}
+
+// Container is one binary's container.
+type Container struct {
+	Env        map[string]string // env and envFrom, secrets resolved
+	Ports      []int             // containerPort
+	Probes     map[string]Probe  // by kind: readiness, liveness, startup
+	ScrapePort string            // the pod's prometheus.io/port annotation
+}
+
+// Probe is an httpGet probe.
+type Probe struct {
+	Path string
+	Port int
+}
+
+// Service is a Kubernetes Service: its app selector and ports.
+type Service struct {
+	App   string
+	Ports []ServicePort
+}
+
+// ServicePort is one port of a Service; Target is Port when not given.
+type ServicePort struct{ Port, Target int }
+
+// ReadManifest reads a multi-document Kubernetes manifest. The values of
+// secretKeyRef come from secrets, by key (what an operator puts in the
+// Secret); an optional key secrets lacks leaves its variable unset.
+func ReadManifest(path string, secrets map[string]string) (*Manifest, error) {
+	docs, err := readDocuments(path)
+	if err != nil {
+		return nil, err
+	}
+	configMaps := map[string]map[string]string{}
+	for _, d := range docs {
+		if d.Kind == "ConfigMap" {
+			configMaps[d.Metadata.Name] = d.Data
+		}
+	}
+	m := &Manifest{Containers: map[string]Container{}, Services: map[string]Service{}, PolicyPorts: map[string][]int{}}
+	for _, d := range docs {
+		if err := m.add(d, configMaps, secrets); err != nil {
+			return nil, fmt.Errorf("%s: %s %s: %w", path, d.Kind, d.Metadata.Name, err)
+		}
+	}
+	return m, nil
+}
+
+// object is the part of any Kubernetes object the checks read.
+type object struct {
+	Kind     string
+	Metadata struct {
+		Name string
+	}
+	Data map[string]string // ConfigMap
+	node yaml.Node
+}
+
+func readDocuments(path string) ([]object, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var docs []object
+	dec := yaml.NewDecoder(f)
+	for {
+		var o object
+		if err := dec.Decode(&o.node); errors.Is(err, io.EOF) {
+			return docs, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if err := o.node.Decode(&o); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		docs = append(docs, o)
+	}
+}
+
+func (m *Manifest) add(d object, configMaps map[string]map[string]string, secrets map[string]string) error {
+	switch d.Kind {
+	case "Deployment", "Job": // the same pod template
+		return m.addPods(d, configMaps, secrets)
+	case "Service":
+		var s struct {
+			Spec struct {
+				Selector map[string]string
+				Ports    []struct {
+					Port       int
+					TargetPort int `yaml:"targetPort"`
+				}
+			}
+		}
+		if err := d.node.Decode(&s); err != nil {
+			return err
+		}
+		svc := Service{App: s.Spec.Selector["app"]}
+		for _, p := range s.Spec.Ports {
+			svc.Ports = append(svc.Ports, ServicePort{Port: p.Port, Target: cmp.Or(p.TargetPort, p.Port)})
+		}
+		m.Services[d.Metadata.Name] = svc
+	case "NetworkPolicy":
+		return m.addPolicy(d)
+	}
+	return nil
+}
+
+type httpProbe struct {
+	HTTPGet struct {
+		Path string
+		Port int
+	} `yaml:"httpGet"`
+}
+
+// addPods adds the containers of a pod template.
+func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, secrets map[string]string) error {
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Metadata struct{ Annotations map[string]string }
+				Spec     struct {
+					Containers []struct {
+						Name string
+						Env  []struct {
+							Name      string
+							Value     *string
+							ValueFrom *struct {
+								SecretKeyRef struct {
+									Key      string
+									Optional bool
+								} `yaml:"secretKeyRef"`
+							} `yaml:"valueFrom"`
+						}
+						EnvFrom []struct {
+							ConfigMapRef struct{ Name string } `yaml:"configMapRef"`
+						} `yaml:"envFrom"`
+						Ports []struct {
+							ContainerPort int `yaml:"containerPort"`
+						}
+						ReadinessProbe *httpProbe `yaml:"readinessProbe"`
+						LivenessProbe  *httpProbe `yaml:"livenessProbe"`
+						StartupProbe   *httpProbe `yaml:"startupProbe"`
+					}
+				}
+			}
+		}
+	}
+	if err := d.node.Decode(&dep); err != nil {
+		return err
+	}
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		out := Container{Env: map[string]string{}, Probes: map[string]Probe{},
+			ScrapePort: dep.Spec.Template.Metadata.Annotations["prometheus.io/port"]}
+		for _, from := range c.EnvFrom {
+			data, ok := configMaps[from.ConfigMapRef.Name]
+			if !ok {
+				return fmt.Errorf("container %s: no ConfigMap %s", c.Name, from.ConfigMapRef.Name)
+			}
+			for k, v := range data {
+				out.Env[k] = v
+			}
+		}
+		for _, e := range c.Env { // env wins over envFrom, as in Kubernetes
+			switch {
+			case e.Value != nil:
+				out.Env[e.Name] = *e.Value
+			case e.ValueFrom != nil:
+				v, ok := secrets[e.ValueFrom.SecretKeyRef.Key]
+				if !ok && !e.ValueFrom.SecretKeyRef.Optional {
+					return fmt.Errorf("container %s: %s: no sample value for secret key %s", c.Name, e.Name, e.ValueFrom.SecretKeyRef.Key)
+				}
+				if ok {
+					out.Env[e.Name] = v
+				}
+			}
+		}
+		for _, p := range c.Ports {
+			out.Ports = append(out.Ports, p.ContainerPort)
+		}
+		for kind, p := range map[string]*httpProbe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+			if p != nil {
+				out.Probes[kind] = Probe{Path: p.HTTPGet.Path, Port: p.HTTPGet.Port}
+			}
+		}
+		m.Containers[c.Name] = out
+	}
+	return nil
+}
+
+// addPolicy records the ports a NetworkPolicy lets in, for each app its pod
+// selector names (matchLabels app, or matchExpressions app In).
+func (m *Manifest) addPolicy(d object) error {
+	var p struct {
+		Spec struct {
+			PodSelector struct {
+				MatchLabels      map[string]string `yaml:"matchLabels"`
+				MatchExpressions []struct {
+					Key, Operator string
+					Values        []string
+				} `yaml:"matchExpressions"`
+			} `yaml:"podSelector"`
+			Ingress []struct {
+				Ports []struct{ Port int }
+			}
+		}
+	}
+	if err := d.node.Decode(&p); err != nil {
+		return err
+	}
+	var apps []string
+	if app, ok := p.Spec.PodSelector.MatchLabels["app"]; ok {
+		apps = append(apps, app)
+	}
+	for _, e := range p.Spec.PodSelector.MatchExpressions {
+		if e.Key == "app" && e.Operator == "In" {
+			apps = append(apps, e.Values...)
+		}
+	}
+	for _, rule := range p.Spec.Ingress {
+		for _, port := range rule.Ports {
+			for _, app := range apps {
+				m.PolicyPorts[app] = append(m.PolicyPorts[app], port.Port)
+			}
+		}
+	}
+	return nil
+}
+
+// Port is the port of a listening address such as 0.0.0.0:8080, or -1.
+func Port(hostport string) int {
+	_, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return -1
+	}
+	return n
+}

@@ -1,0 +1,87 @@
+package envdoc
+
+import (
+	"bufio"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// ComposeService is what a Compose file gives one service.
+type ComposeService struct {
+	Env   map[string]string // interpolated
+	Ports []string          // as written: [host:]port:containerPort
+}
+
+// ReadCompose reads a Compose file's services, their environments
+// interpolated from vars (the shell's or the .env file's variables: a
+// ${NAME:?…} that vars lacks is an error, as it stops Compose).
+func ReadCompose(path string, vars map[string]string) (map[string]ComposeService, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var file struct {
+		Services map[string]struct {
+			Environment map[string]string
+			Ports       []string
+		}
+	}
+	if err := yaml.Unmarshal(raw, &file); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[string]ComposeService{}
+	for name, s := range file.Services {
+		svc := ComposeService{Env: map[string]string{}, Ports: s.Ports}
+		for k, v := range s.Environment {
+			if svc.Env[k], err = expand(v, vars); err != nil {
+				return nil, fmt.Errorf("%s: service %s: %s: %w", path, name, k, err)
+			}
+		}
+		out[name] = svc
+	}
+	return out, nil
+}
+
+var (
+	exportLine = regexp.MustCompile(`^\s*export ([A-Za-z_][A-Za-z0-9_]*)=(.*)$`)
+	secretLine = regexp.MustCompile(`echo "([A-Z_][A-Z0-9_]*)=\$\(random_secret\)"`)
+)
+
+// ReadRunScript returns the environment make run's script
+// (deploy/local/run.sh) gives every binary it starts: each `export
+// NAME=value` line, expanded in order with the shell variables in vars
+// (such as state), and each secret it writes to .run/secrets with
+// `echo "NAME=$(random_secret)"`, set to secret. Lines export in the
+// script's order whatever branch they are in: each binary must accept all.
+func ReadRunScript(path string, vars map[string]string, secret string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	env := map[string]string{}
+	known := map[string]string{} // the shell's variables, then the exports so far
+	maps.Copy(known, vars)
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		for _, m := range secretLine.FindAllStringSubmatch(line, -1) {
+			env[m[1]], known[m[1]] = secret, secret
+		}
+		m := exportLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		value := strings.TrimSuffix(strings.TrimPrefix(m[2], `"`), `"`)
+		if env[m[1]], err = expand(value, known); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		known[m[1]] = env[m[1]]
+	}
+	return env, sc.Err()
+}

@@ -1,0 +1,84 @@
+package envdoc
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"testing"
+)
+
+// root is the repository's root, from this package's folder.
+const root = "../.."
+
+// documented are the variables of every configuration table: the root
+// README's and each binary's.
+func documented(t *testing.T) map[string]bool {
+	names := map[string]bool{}
+	for _, readme := range []string{"README.md", "gateway/README.md", "services/export-reader/README.md",
+		"services/sales-writer/README.md", "services/shop-schema/README.md"} {
+		settings, err := ReadTable(filepath.Join(root, readme))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range settings {
+			names[s.Name] = true
+		}
+	}
+	return names
+}
+
+// make run gives its environment to every binary, so no binary's test can
+// tell a variable meant for another from one no binary reads: each one it
+// sets must be in a table (each binary's test holds its table to what it
+// reads, and its values to what it accepts).
+func TestMakeRunSetsDocumentedVariablesOnly(t *testing.T) {
+	env, err := ReadRunScript(filepath.Join(root, RunScriptFile), map[string]string{"state": "/run"}, Secrets["IDENTITY_SECRET"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := documented(t)
+	for name := range env {
+		if f, ok := familyOf(name); ok {
+			name = f.entry
+		}
+		// BASE_URL is the demo's, for the commands make run prints.
+		if !known[name] && name != "BASE_URL" {
+			t.Errorf("%s exports %s, which no configuration table has", RunScriptFile, name)
+		}
+	}
+	if len(env) < 10 {
+		t.Errorf("%s: read %d variables, want the dozen it sets", RunScriptFile, len(env))
+	}
+}
+
+// A setting the root table gives to make run alone is read by its script,
+// with the default the table says.
+func TestMakeRunOnlySettingsAreTheScripts(t *testing.T) {
+	settings, err := ReadTable(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := os.ReadFile(filepath.Join(root, RunScriptFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(settings, func(s Setting) bool { return s.MakeRunOnly })
+	if i < 0 {
+		t.Fatal("the root table has no make-run-only setting (TRACESTORE_ADDR)")
+	}
+	for _, s := range settings[i:] {
+		if !s.MakeRunOnly {
+			continue
+		}
+		uses := regexp.MustCompile(`\$\{`+s.Name+`:-([^}]*)\}`).FindAllStringSubmatch(string(script), -1)
+		if len(uses) == 0 {
+			t.Errorf("README.md:%d: %s is make run's, but %s never reads it", s.Line, s.Name, RunScriptFile)
+		}
+		for _, use := range uses {
+			if use[1] != s.Default {
+				t.Errorf("README.md:%d: %s is make run's with default %s, but %s has %s", s.Line, s.Name, s.Default, RunScriptFile, use[0])
+			}
+		}
+	}
+}
