@@ -46,6 +46,7 @@ func gatewayForDocs(t *testing.T) envdoc.Binary[edge.Config] {
 		Base:       base,
 		Listeners:  func(c edge.Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/v1/health",
+		Settings:   func(c edge.Config) []string { return c.Settings },
 	}
 }
 

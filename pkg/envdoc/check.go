@@ -88,6 +88,9 @@ type Binary[C any] struct {
 	// Listeners are the main and admin listening addresses of a Config.
 	Listeners  func(C) (addr, admin string)
 	HealthPath string // its readiness check, on the main listener
+	// Settings are the names a Config gives its start to warn of a
+	// variable set under a name close to one (envconfig.Misspelt).
+	Settings func(C) []string
 }
 
 // reads reports whether the binary reads name, itself or through the
@@ -143,6 +146,23 @@ func (b Binary[C]) CheckRootTable(table []Setting) []string {
 			problems = append(problems, fmt.Sprintf("line %d: %s reads %s, but the table's binaries (%s) leave it out", s.Line, b.Name, s.Name, strings.Join(s.Binaries, ", ")))
 		case listed:
 			problems = append(problems, b.checkDefault(s)...)
+		}
+	}
+	return problems
+}
+
+// CheckMisspellingHints holds the names the binary's start warns of
+// misspellings of (Settings) to what it reads: each variable but a
+// library's family's, as the root README promises.
+func (b Binary[C]) CheckMisspellingHints() []string {
+	cfg, err := b.Load(mapGetenv(b.Base))
+	if err != nil {
+		return []string{fmt.Sprintf("the base environment does not load: %v", err)}
+	}
+	var problems []string
+	for _, name := range b.Read {
+		if _, inFamily := familyOf(name); !inFamily && !slices.Contains(b.Settings(cfg), name) {
+			problems = append(problems, fmt.Sprintf("%s reads %s, but its Config.Settings lacks it: a misspelling of it would be ignored without a warning", b.Name, name))
 		}
 	}
 	return problems

@@ -106,7 +106,8 @@ func fakeBinary(t *testing.T) Binary[fakeConfig] {
 		t.Fatal(err)
 	}
 	return Binary[fakeConfig]{Name: "gateway", Load: load, Read: rec.Names(), Base: base,
-		Listeners: func(c fakeConfig) (string, string) { return c.Addr, c.AdminAddr }, HealthPath: "/health"}
+		Listeners: func(c fakeConfig) (string, string) { return c.Addr, c.AdminAddr }, HealthPath: "/health",
+		Settings: func(fakeConfig) []string { return []string{"FAKE_ADDR", "FAKE_ADMIN_ADDR", "FAKE_SECRET"} }}
 }
 
 func TestCheckTable(t *testing.T) {
@@ -195,5 +196,13 @@ func TestCheckEnv(t *testing.T) {
 	_, got = b.CheckSharedEnv(map[string]string{"FAKE_SECRET": Secrets["IDENTITY_SECRET"], "FAKE_TIMOUT": "5s", "OTHER_BINARYS_SETTING": "1"})
 	if want := []string{"sets FAKE_TIMOUT, which no binary reads: a misspelling of gateway's FAKE_TIMEOUT?"}; !cmp.Equal(want, got) {
 		t.Errorf("CheckSharedEnv = %q, want %q", got, want)
+	}
+}
+
+func TestCheckMisspellingHints(t *testing.T) {
+	got := fakeBinary(t).CheckMisspellingHints()
+	want := []string{"gateway reads FAKE_TIMEOUT, but its Config.Settings lacks it: a misspelling of it would be ignored without a warning"}
+	if diff := cmp.Diff(want, got); diff != "" { // OTEL_SERVICE_NAME is the SDK's family's
+		t.Errorf("CheckMisspellingHints (-want +got):\n%s", diff)
 	}
 }

@@ -34,7 +34,8 @@ const (
 
 // Test runs every check of the binary, one subtest per file: its own
 // README's table (dir/README.md), the root README's, the Kubernetes
-// manifest, the Compose file and make run's script. root is the
+// manifest, the Compose file and make run's script; and one of the names
+// its start warns of misspellings of. root is the
 // repository's root and dir the binary's folder in it.
 func (b Binary[C]) Test(t *testing.T, root, dir string) {
 	t.Run(filepath.Join(dir, "README.md"), func(t *testing.T) {
@@ -42,6 +43,9 @@ func (b Binary[C]) Test(t *testing.T, root, dir string) {
 	})
 	t.Run("README.md", func(t *testing.T) {
 		report(t, b.CheckRootTable(table(t, filepath.Join(root, "README.md"))))
+	})
+	t.Run("misspelling hints", func(t *testing.T) {
+		report(t, b.CheckMisspellingHints())
 	})
 	t.Run(ManifestFile, func(t *testing.T) {
 		m, err := ReadManifest(filepath.Join(root, ManifestFile), Secrets)

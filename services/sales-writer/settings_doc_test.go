@@ -40,5 +40,6 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Base:       base,
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
+		Settings:   func(c Config) []string { return c.Settings },
 	}
 }
