@@ -32,6 +32,7 @@ type stack struct {
 	baseURL string
 	traces  *tracestore.Store
 	logs    map[string]*testenv.Output
+	admin   map[string]string // each binary's admin listener, which serves /metrics
 }
 
 // build compiles every binary once per test binary run.
@@ -55,9 +56,9 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 	receiver := httptest.NewServer(store)
 	t.Cleanup(receiver.Close)
 
-	addr := map[string]string{}
+	addr, admin := map[string]string{}, map[string]string{}
 	for name := range binaries {
-		addr[name] = testenv.FreeAddr(t)
+		addr[name], admin[name] = testenv.FreeAddr(t), testenv.FreeAddr(t)
 	}
 	common := []string{
 		"PATH=" + os.Getenv("PATH"),
@@ -71,17 +72,17 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 		"LOG_LEVEL=info",
 	}
 	own := map[string][]string{
-		"export-reader": {"EXPORT_READER_ADDR=" + addr["export-reader"], "EXPORT_READER_ADMIN_ADDR=" + testenv.FreeAddr(t)},
-		"sales-writer":  {"SALES_WRITER_ADDR=" + addr["sales-writer"], "SALES_WRITER_ADMIN_ADDR=" + testenv.FreeAddr(t)},
-		"shop-schema":   {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + testenv.FreeAddr(t)},
+		"export-reader": {"EXPORT_READER_ADDR=" + addr["export-reader"], "EXPORT_READER_ADMIN_ADDR=" + admin["export-reader"]},
+		"sales-writer":  {"SALES_WRITER_ADDR=" + addr["sales-writer"], "SALES_WRITER_ADMIN_ADDR=" + admin["sales-writer"]},
+		"shop-schema":   {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + admin["shop-schema"]},
 		"gateway": {
-			"GATEWAY_ADDR=" + addr["gateway"], "GATEWAY_ADMIN_ADDR=" + testenv.FreeAddr(t),
+			"GATEWAY_ADDR=" + addr["gateway"], "GATEWAY_ADMIN_ADDR=" + admin["gateway"],
 			"EXPORT_READER_URLS=http://" + addr["export-reader"],
 			"SALES_WRITER_URLS=http://" + addr["sales-writer"],
 			"SHOP_SCHEMA_URLS=http://" + addr["shop-schema"],
 		},
 	}
-	s := &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: store, logs: map[string]*testenv.Output{}}
+	s := &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: store, logs: map[string]*testenv.Output{}, admin: admin}
 	for _, name := range []string{"export-reader", "sales-writer", "shop-schema", "gateway"} {
 		logs := &testenv.Output{}
 		s.logs[name] = logs

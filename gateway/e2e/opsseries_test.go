@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// The dashboard and the alert rules read only series and labels the four
+// binaries expose. A panel on a series no binary exports shows "No data",
+// an alert on it never fires, and a sum by (...) a label the series lack
+// folds them into one; promtool's rule tests (alerts_test.yml) run on
+// series they make up, so they cannot tell. The binaries are scraped as
+// Prometheus scrapes them: what a labelled series is called and which
+// labels it has shows once it exists, so the test first makes a request
+// of each kind.
+func TestOpsQueriesReadExposedSeries(t *testing.T) {
+	pool := testenv.Postgres(t)
+	fx := newFixture(t, pool)
+	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t))
+	s.serveOneOfEach(t, fx)
+	exposed := s.scrape(t)
+
+	queries := append(dashboardQueries(t, dashboardFile), alertQueries(t, alertsFile)...)
+	for _, q := range queries {
+		for _, p := range checkOpsQuery(exposed, q) {
+			t.Errorf("%s: %s\n\t%s", q.where, p, q.expr)
+		}
+	}
+	// Each metric and label name of each query, misspelt, fails the check:
+	// the check reads every name the files use, none passes unread.
+	for _, q := range queries {
+		for _, name := range namesIn(q.expr) {
+			bad := q
+			bad.expr = q.expr[:name.pos] + name.text + "_misspelt" + q.expr[name.pos+len(name.text):]
+			if len(checkOpsQuery(exposed, bad)) == 0 {
+				t.Errorf("%s: the check passes %s misspelt:\n\t%s", q.where, name.text, bad.expr)
+			}
+		}
+	}
+}
+
+// checkOpsQuery returns what q reads or prints that the binaries do not
+// expose. What it prints is checked once what it reads passes.
+func checkOpsQuery(exposed exposure, q opsQuery) []string {
+	labels, problems := checkQuery(exposed, q.expr)
+	if len(problems) > 0 {
+		return problems
+	}
+	for _, name := range q.shownLabels() {
+		if !labels[name] && !q.own[name] {
+			problems = append(problems, fmt.Sprintf("prints label %s, which its result lacks (its labels: %s)", name, labels))
+		}
+	}
+	return problems
+}
+
+// namesIn returns the tokens of query that name a metric or a label.
+func namesIn(query string) []token {
+	toks, err := lex(query)
+	if err != nil {
+		return nil // the check itself says it cannot parse the query
+	}
+	var names []token
+	for i, tok := range toks {
+		if tok.kind != tokIdent || keywords[tok.text] || strings.EqualFold(tok.text, "inf") || strings.EqualFold(tok.text, "nan") {
+			continue
+		}
+		next := toks[i+1] // the last token is tokEOF
+		calls := next.kind == tokPunct && next.text == "("
+		groups := aggregations[tok.text] && next.kind == tokIdent && (next.text == "by" || next.text == "without")
+		if !calls && !groups {
+			names = append(names, tok)
+		}
+	}
+	return names
+}
+
+// serveOneOfEach makes the requests that create each binary's labelled
+// series: a page of items, a cursor refused, a sale, a shop schema refused.
+func (s *stack) serveOneOfEach(t *testing.T, fx fixture) {
+	t.Helper()
+	status, list, _ := call(t, "GET", s.baseURL+"/export/items?limit=3", fx.readKey, "", nil)
+	if status != 200 {
+		t.Fatalf("GET /export/items = %d %+v, want 200", status, list.Error)
+	}
+	status, refused, _ := call(t, "GET", s.baseURL+"/export/items?cursor=not-a-cursor", fx.readKey, "", nil)
+	if status != 400 || refused.Error == nil || refused.Error.Code != "invalid_cursor" {
+		t.Fatalf("GET /export/items with a forged cursor = %d %+v, want 400 invalid_cursor", status, refused.Error)
+	}
+	var items []struct{ ID string }
+	if err := json.Unmarshal(list.Data, &items); err != nil || len(items) == 0 {
+		t.Fatalf("list data = %s, want items", list.Data)
+	}
+	status, sale, _ := call(t, "POST", s.baseURL+"/export/items/"+items[0].ID+"/sales/confirm", fx.writeKey,
+		`{"external_order_id":"e2e-ops-1"}`, map[string]string{"Idempotency-Key": "e2e-ops-confirm-1"})
+	if status != 200 {
+		t.Fatalf("confirm = %d %+v, want 200", status, sale.Error)
+	}
+	status, shop, _ := call(t, "POST", s.baseURL+"/sync/prestashop/schema", "",
+		`{"base_url":"https://10.0.0.1/shop","ws_key":"WSKEY-e2e-0123456789ABCDEFGHIJKLMN"}`, nil)
+	if status != 400 || shop.Error == nil || shop.Error.Code != "base_url_not_allowed" {
+		t.Fatalf("shop schema with a private address = %d %+v, want 400 base_url_not_allowed", status, shop.Error)
+	}
+}
+
+// scrape reads every binary's /metrics, as Prometheus does.
+func (s *stack) scrape(t *testing.T) exposure {
+	t.Helper()
+	exposed := exposure{}
+	for name, admin := range s.admin {
+		resp, err := http.Get("http://" + admin + "/metrics")
+		if err != nil {
+			t.Fatalf("scrape %s: %v", name, err)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("scrape %s = %d, %v", name, resp.StatusCode, err)
+		}
+		for _, f := range families {
+			exposed.add(f)
+		}
+	}
+	return exposed
+}
