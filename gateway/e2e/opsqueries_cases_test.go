@@ -46,13 +46,13 @@ func TestExpandTemplate(t *testing.T) {
 	}
 }
 
-func TestNamesIn(t *testing.T) {
+func TestWordsIn(t *testing.T) {
 	var got []string
-	for _, tok := range namesIn(`histogram_quantile(0.99, sum by (le, route) (rate(d_bucket{route!="x"}[5m]))) > 2 and on (job) up`) {
-		got = append(got, tok.text)
+	for _, w := range wordsIn("histogram_quantile(0.99, sum by (le, route) (rate(d_bucket{route!=\"x y\", code=~'5..'}[5m] offset 1h))) > 2e3 and on (job) up # `a b` \"c\"\n or nan") {
+		got = append(got, w.text)
 	}
-	want := []string{"le", "route", "d_bucket", "route", "job", "up"}
+	want := []string{"histogram_quantile", "sum", "by", "le", "route", "rate", "d_bucket", "route", "code", "offset", "and", "on", "job", "up", "or", "nan"}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("namesIn = %q (-want +got):\n%s", got, diff)
+		t.Errorf("wordsIn = %q (-want +got):\n%s", got, diff)
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
+	"regexp"
 	"testing"
 
 	"github.com/coinexport/export/pkg/testenv"
@@ -34,13 +34,15 @@ func TestOpsQueriesReadExposedSeries(t *testing.T) {
 		}
 	}
 	// Each metric and label name of each query, misspelt, fails the check:
-	// the check reads every name the files use, none passes unread.
+	// the check reads every name the files use, none passes unread. So does
+	// any other word of the query, a function or a keyword: metricsql
+	// refuses it.
 	for _, q := range queries {
-		for _, name := range namesIn(q.expr) {
+		for _, w := range wordsIn(q.expr) {
 			bad := q
-			bad.expr = q.expr[:name.pos] + name.text + "_misspelt" + q.expr[name.pos+len(name.text):]
+			bad.expr = q.expr[:w.pos] + w.text + "_misspelt" + q.expr[w.pos+len(w.text):]
 			if len(checkOpsQuery(exposed, bad)) == 0 {
-				t.Errorf("%s: the check passes %s misspelt:\n\t%s", q.where, name.text, bad.expr)
+				t.Errorf("%s: the check passes %s misspelt:\n\t%s", q.where, w.text, bad.expr)
 			}
 		}
 	}
@@ -61,25 +63,27 @@ func checkOpsQuery(exposed exposure, q opsQuery) []string {
 	return problems
 }
 
-// namesIn returns the tokens of query that name a metric or a label.
-func namesIn(query string) []token {
-	toks, err := lex(query)
-	if err != nil {
-		return nil // the check itself says it cannot parse the query
-	}
-	var names []token
-	for i, tok := range toks {
-		if tok.kind != tokIdent || keywords[tok.text] || strings.EqualFold(tok.text, "inf") || strings.EqualFold(tok.text, "nan") {
-			continue
+// word is a word of a query, at pos.
+type word struct {
+	text string
+	pos  int
+}
+
+// queryWord matches, in turn, what holds no name (a string, a # comment, a
+// number or a duration) and a word, the identifier of group 1.
+var queryWord = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|` + "`[^`]*`" + `|#.*|[0-9.][0-9a-zA-Z_.]*|([a-zA-Z_:][a-zA-Z0-9_:]*)`)
+
+// wordsIn returns the words of query: metric and label names, functions,
+// keywords. It reads the text apart from the parse, so that a name the
+// parse would drop is still one the check must fail on.
+func wordsIn(query string) []word {
+	var words []word
+	for _, m := range queryWord.FindAllStringSubmatchIndex(query, -1) {
+		if m[2] >= 0 {
+			words = append(words, word{query[m[2]:m[3]], m[2]})
 		}
-		next := toks[i+1] // the last token is tokEOF
-		calls := next.kind == tokPunct && next.text == "("
-		groups := aggregations[tok.text] && next.kind == tokIdent && (next.text == "by" || next.text == "without")
-		if !calls && !groups {
-			names = append(names, tok)
-		}
 	}
-	return names
+	return words
 }
 
 // serveOneOfEach makes the requests that create each binary's labelled

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/VictoriaMetrics/metricsql"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -108,107 +109,120 @@ func (c *queryCheck) problem(format string, args ...any) {
 	c.problems = append(c.problems, fmt.Sprintf(format, args...))
 }
 
-// checkQuery parses and evaluates query; it returns the labels of its
-// result and what it reads that the binaries do not expose.
+// checkQuery parses query and evaluates it; it returns the labels of its
+// result and what it reads that the binaries do not expose. A syntax, a
+// function or an aggregation the check does not know is a problem, never
+// skipped: a query it cannot read fails instead of passing unread.
+//
+// metricsql parses MetricsQL, a superset of PromQL: every query Prometheus
+// reads, and some it would refuse (rate(x) without a range, x[5m] where
+// series go, limit, keep_metric_names, WITH templates...). That is
+// accepted here: the check is about names, promtool checks the alert
+// rules' syntax (make test), and a dashboard query Prometheus refuses
+// shows an error on its panel.
 func checkQuery(exposed exposure, query string) (labelSet, []string) {
-	n, err := parseQuery(query)
+	e, err := metricsql.Parse(query)
 	if err != nil {
 		return nil, []string{"cannot parse: " + err.Error()}
 	}
 	c := &queryCheck{exposed: exposed}
-	return c.eval(n).labels, c.problems
+	return c.eval(e).labels, c.problems
 }
 
-func (c *queryCheck) eval(n node) value {
-	switch n := n.(type) {
-	case *numberNode:
+// eval evaluates e where PromQL wants series or a number.
+func (c *queryCheck) eval(e metricsql.Expr) value {
+	switch e := e.(type) {
+	case *metricsql.NumberExpr:
 		return value{scalar: true}
-	case *stringNode:
-		c.problem("a string (%q) where series or a number go", n.value)
-		return value{scalar: true}
-	case *selectorNode:
-		return c.selector(n)
-	case *rangeNode:
-		return c.eval(n.expr)
-	case *callNode:
-		return c.call(n)
-	case *aggregateNode:
-		return c.aggregate(n)
-	case *binaryNode:
-		return c.binary(n)
+	case *metricsql.MetricExpr:
+		return c.selector(e)
+	case *metricsql.RollupExpr:
+		return c.eval(e.Expr) // x[5m], (expr)[30m:1m], x offset 1h, x @ end()
+	case *metricsql.FuncExpr:
+		return c.call(e)
+	case *metricsql.AggrFuncExpr:
+		return c.aggregate(e)
+	case *metricsql.BinaryOpExpr:
+		return c.binary(e)
 	}
-	panic(fmt.Sprintf("queryCheck: unknown node %T", n))
+	c.problem("%s (%T) where series or a number go", e.AppendString(nil), e)
+	return value{scalar: true}
 }
 
-func (c *queryCheck) selector(s *selectorNode) value {
-	if s.metric == "" || slices.Contains(s.matchers, "__name__") {
-		c.problem("a selector must name its metric before { } to be checked")
-		return value{labels: labelSet{}}
+func (c *queryCheck) selector(s *metricsql.MetricExpr) value {
+	// The parse puts the metric's name first, as a __name__ matcher; more
+	// than one list of matchers is MetricsQL's {a="x" or b="y"}.
+	if len(s.LabelFilterss) != 1 || len(s.LabelFilterss[0]) == 0 || s.LabelFilterss[0][0].Label != "__name__" ||
+		s.LabelFilterss[0][0].IsRegexp || s.LabelFilterss[0][0].IsNegative {
+		c.problem("a selector must be one {...} that names its metric to be checked: %s", s.AppendString(nil))
+		return value{}
 	}
-	labels, ok := c.exposed[s.metric]
+	metric, matchers := s.LabelFilterss[0][0].Value, s.LabelFilterss[0][1:]
+	labels, ok := c.exposed[metric]
 	if !ok {
-		c.problem("no binary exposes %s", s.metric)
-		return value{labels: labelSet{}, unexposed: true}
+		c.problem("no binary exposes %s", metric)
+		return value{unexposed: true}
 	}
 	labels = labels.union(targetLabels)
-	for _, l := range s.matchers {
-		if !labels[l] {
-			c.problem("%s has no label %s (its labels: %s)", s.metric, l, labels)
+	for _, m := range matchers {
+		if !labels[m.Label] {
+			c.problem("%s has no label %s (its labels: %s)", metric, m.Label, labels)
 		}
 	}
 	return value{labels: labels}
 }
 
+// aggregations are PromQL's, with the number of parameters each takes
+// before the series it aggregates.
+var aggregations = map[string]int{
+	"sum": 0, "avg": 0, "count": 0, "min": 0, "max": 0, "group": 0, "stddev": 0, "stdvar": 0,
+	"topk": 1, "bottomk": 1, "quantile": 1, "count_values": 1, "limitk": 1, "limit_ratio": 1,
+}
+
 // aggregate checks that every label of the grouping is one of the
 // aggregated series': grouping by a label they lack gives one series
 // without it.
-func (c *queryCheck) aggregate(a *aggregateNode) value {
-	arity := 1
-	if aggregationParams[a.op] {
-		arity = 2
+func (c *queryCheck) aggregate(a *metricsql.AggrFuncExpr) value {
+	params, known := aggregations[a.Name]
+	if !known {
+		c.problem("the check does not know the aggregation %s", a.Name)
+		return value{}
 	}
-	if len(a.args) != arity {
-		c.problem("%s takes %d argument(s), has %d", a.op, arity, len(a.args))
-		return value{labels: labelSet{}}
+	if len(a.Args) != params+1 {
+		c.problem("%s takes %d argument(s), has %d", a.Name, params+1, len(a.Args))
+		return value{}
 	}
-	if _, isString := a.args[0].(*stringNode); arity == 2 && !isString {
-		c.eval(a.args[0])
+	label, isString := a.Args[0].(*metricsql.StringExpr) // count_values's
+	if params == 1 && !isString {
+		c.eval(a.Args[0])
 	}
-	in := c.eval(a.args[arity-1])
-	clause := "by"
-	if a.without {
-		clause = "without"
-	}
-	for _, l := range a.grouping {
+	in := c.eval(a.Args[params])
+	grouping := a.Modifier.Args
+	for _, l := range grouping {
 		if in.lacks(l) {
 			c.problem("%s %s (%s): %s is no label of the series it aggregates (theirs: %s)",
-				a.op, clause, strings.Join(a.grouping, ", "), l, in.labels)
+				a.Name, a.Modifier.Op, strings.Join(grouping, ", "), l, in.labels)
 		}
 	}
 	out := value{unexposed: in.unexposed}
 	switch {
-	case a.op == "topk" || a.op == "bottomk" || a.op == "limitk" || a.op == "limit_ratio":
+	case a.Name == "topk" || a.Name == "bottomk" || a.Name == "limitk" || a.Name == "limit_ratio":
 		return in // they select series, and keep their labels
-	case a.without:
-		out.labels = in.labels.minus(a.grouping...)
+	case a.Modifier.Op == "without":
+		out.labels = in.labels.minus(grouping...)
 	default:
-		out.labels = setOf(a.grouping...).intersect(in.labels)
+		out.labels = setOf(grouping...).intersect(in.labels)
 	}
-	if s, ok := a.args[0].(*stringNode); ok && a.op == "count_values" {
-		out.labels[s.value] = true
+	if a.Name == "count_values" && isString {
+		out.labels[label.S] = true
 	}
 	return out
 }
 
-// aggregationParams are the aggregations taking a parameter first.
-var aggregationParams = map[string]bool{
-	"topk": true, "bottomk": true, "quantile": true, "count_values": true, "limitk": true, "limit_ratio": true,
-}
-
 // binary checks the labels of on (...), ignoring (...) and group_x (...),
 // and returns the labels PromQL gives the result.
-func (c *queryCheck) binary(b *binaryNode) value {
-	l, r := c.eval(b.lhs), c.eval(b.rhs)
+func (c *queryCheck) binary(b *metricsql.BinaryOpExpr) value {
+	l, r := c.eval(b.Left), c.eval(b.Right)
 	switch {
 	case l.scalar && r.scalar:
 		return value{scalar: true}
@@ -218,23 +232,23 @@ func (c *queryCheck) binary(b *binaryNode) value {
 		return l
 	}
 	out := value{unexposed: l.unexposed || r.unexposed}
-	m := b.matching
-	if m != nil {
-		c.matchingLabels(b.op, m, l, r)
+	match, group := b.GroupModifier, b.JoinModifier
+	if match.Op != "" {
+		c.matchingLabels(b.Op, match, group, l, r)
 	}
 	switch {
-	case b.op == "and" || b.op == "unless":
+	case b.Op == "and" || b.Op == "unless":
 		out.labels = l.labels
-	case b.op == "or" || m == nil:
+	case b.Op == "or" || match.Op == "":
 		out.labels = l.labels.intersect(r.labels)
-	case m.group == "left":
-		out.labels = l.labels.union(setOf(m.include...))
-	case m.group == "right":
-		out.labels = r.labels.union(setOf(m.include...))
-	case m.on: // one-to-one on (...) keeps only those labels
-		out.labels = setOf(m.labels...).intersect(l.labels)
+	case group.Op == "group_left":
+		out.labels = l.labels.union(setOf(group.Args...))
+	case group.Op == "group_right":
+		out.labels = r.labels.union(setOf(group.Args...))
+	case match.Op == "on": // one-to-one on (...) keeps only those labels
+		out.labels = setOf(match.Args...).intersect(l.labels)
 	default:
-		out.labels = l.labels.intersect(r.labels).minus(m.labels...)
+		out.labels = l.labels.intersect(r.labels).minus(match.Args...)
 	}
 	return out
 }
@@ -242,50 +256,24 @@ func (c *queryCheck) binary(b *binaryNode) value {
 // matchingLabels checks that on (...) names labels of both sides, ignoring
 // (...) labels of one side at least, and group_x (...) labels of the other
 // side, which it copies.
-func (c *queryCheck) matchingLabels(op string, m *matching, l, r value) {
-	for _, name := range m.labels {
+func (c *queryCheck) matchingLabels(op string, match, group metricsql.ModifierExpr, l, r value) {
+	for _, name := range match.Args {
 		switch {
-		case m.on && (l.lacks(name) || r.lacks(name)):
+		case match.Op == "on" && (l.lacks(name) || r.lacks(name)):
 			c.problem("%s on (%s): %s is not a label of both sides (left: %s, right: %s)", op, name, name, l.labels, r.labels)
-		case !m.on && l.lacks(name) && r.lacks(name):
+		case match.Op == "ignoring" && l.lacks(name) && r.lacks(name):
 			c.problem("%s ignoring (%s): neither side has %s", op, name, name)
 		}
 	}
 	one := r
-	if m.group == "right" {
+	if group.Op == "group_right" {
 		one = l
 	}
-	for _, name := range m.include {
+	for _, name := range group.Args {
 		if one.lacks(name) {
-			c.problem("%s group_%s (%s): the other side has no label %s (%s)", op, m.group, name, name, one.labels)
+			c.problem("%s %s (%s): the other side has no label %s (%s)", op, group.Op, name, name, one.labels)
 		}
 	}
-}
-
-func (c *queryCheck) call(f *callNode) value {
-	switch {
-	case f.fn == "histogram_quantile":
-		return c.histogramQuantile(f)
-	case f.fn == "absent" || f.fn == "absent_over_time":
-		// Its one series has the labels of the selector's = matchers:
-		// counted as none, which no query here needs.
-		c.vectorArg(f)
-		return value{labels: labelSet{}}
-	case f.fn == "scalar":
-		c.vectorArg(f)
-		return value{scalar: true}
-	case f.fn == "vector":
-		c.args(f)
-		return value{labels: labelSet{}}
-	case f.fn == "time" || f.fn == "pi":
-		return value{scalar: true}
-	case f.fn == "label_replace" || f.fn == "label_join":
-		return c.relabel(f)
-	case labelKeepingFunctions[f.fn]:
-		return c.vectorArg(f)
-	}
-	c.problem("the check does not know the function %s: teach it how its result's labels follow from its arguments", f.fn)
-	return value{labels: labelSet{}}
 }
 
 // labelKeepingFunctions take one series argument (and maybe numbers) and
@@ -298,35 +286,52 @@ var labelKeepingFunctions = setOf(
 	"timestamp", "sort", "sort_desc",
 )
 
-// args evaluates every argument.
-func (c *queryCheck) args(f *callNode) []value {
-	vs := make([]value, len(f.args))
-	for i, a := range f.args {
-		vs[i] = c.eval(a)
+func (c *queryCheck) call(f *metricsql.FuncExpr) value {
+	switch {
+	case f.Name == "histogram_quantile":
+		return c.histogramQuantile(f)
+	case f.Name == "absent" || f.Name == "absent_over_time":
+		// Its one series has the labels of the selector's = matchers:
+		// counted as none, which no query here needs.
+		c.seriesArg(f)
+		return value{}
+	case f.Name == "scalar":
+		c.seriesArg(f)
+		return value{scalar: true}
+	case f.Name == "vector" || f.Name == "time" || f.Name == "pi":
+		for _, a := range f.Args {
+			c.eval(a)
+		}
+		return value{scalar: f.Name != "vector"}
+	case f.Name == "label_replace" || f.Name == "label_join":
+		return c.relabel(f)
+	case labelKeepingFunctions[f.Name]:
+		return c.seriesArg(f)
 	}
-	return vs
+	c.problem("the check does not know the function %q: teach it how its result's labels follow from its arguments", f.Name)
+	return value{}
 }
 
-// vectorArg returns the one series argument among f's arguments.
-func (c *queryCheck) vectorArg(f *callNode) value {
+// seriesArg evaluates f's arguments and returns its one series argument.
+func (c *queryCheck) seriesArg(f *metricsql.FuncExpr) value {
 	var series []value
-	for _, v := range c.args(f) {
-		if !v.scalar {
+	for _, a := range f.Args {
+		if v := c.eval(a); !v.scalar {
 			series = append(series, v)
 		}
 	}
 	if len(series) != 1 {
-		c.problem("%s takes one series argument, has %d", f.fn, len(series))
-		return value{labels: labelSet{}}
+		c.problem("%s takes one series argument, has %d", f.Name, len(series))
+		return value{}
 	}
 	return series[0]
 }
 
 // histogramQuantile checks that the buckets still carry le, which a sum
 // that does not keep it drops (the quantile is then empty).
-func (c *queryCheck) histogramQuantile(f *callNode) value {
-	in := c.vectorArg(f)
-	if len(f.args) == 2 && in.lacks("le") {
+func (c *queryCheck) histogramQuantile(f *metricsql.FuncExpr) value {
+	in := c.seriesArg(f)
+	if len(f.Args) == 2 && in.lacks("le") {
 		c.problem("histogram_quantile over series without le (theirs: %s): keep le in the sum's by (...)", in.labels)
 	}
 	return value{labels: in.labels.minus("le"), unexposed: in.unexposed}
@@ -335,28 +340,28 @@ func (c *queryCheck) histogramQuantile(f *callNode) value {
 // relabel evaluates label_replace(v, dst, replacement, src, regex) and
 // label_join(v, dst, separator, src...): the result has dst besides v's
 // labels, and the sources must be labels of v.
-func (c *queryCheck) relabel(f *callNode) value {
-	if f.fn == "label_replace" && len(f.args) != 5 || len(f.args) < 3 {
-		c.problem("%s: wrong number of arguments (%d)", f.fn, len(f.args))
-		return value{labels: labelSet{}}
+func (c *queryCheck) relabel(f *metricsql.FuncExpr) value {
+	if f.Name == "label_replace" && len(f.Args) != 5 || len(f.Args) < 3 {
+		c.problem("%s: wrong number of arguments (%d)", f.Name, len(f.Args))
+		return value{}
 	}
-	strs := []string{}
-	for _, a := range f.args[1:] {
-		s, ok := a.(*stringNode)
+	var strs []string
+	for _, a := range f.Args[1:] {
+		s, ok := a.(*metricsql.StringExpr)
 		if !ok {
-			c.problem("%s takes strings after its series", f.fn)
-			return value{labels: labelSet{}}
+			c.problem("%s takes strings after its series", f.Name)
+			return value{}
 		}
-		strs = append(strs, s.value)
+		strs = append(strs, s.S)
 	}
-	in := c.eval(f.args[0])
+	in := c.eval(f.Args[0])
 	sources := strs[2:] // label_join's
-	if f.fn == "label_replace" {
+	if f.Name == "label_replace" {
 		sources = strs[2:3]
 	}
 	for _, src := range sources {
 		if in.lacks(src) {
-			c.problem("%s reads %s, which its series lack (theirs: %s)", f.fn, src, in.labels)
+			c.problem("%s reads %s, which its series lack (theirs: %s)", f.Name, src, in.labels)
 		}
 	}
 	return value{labels: in.labels.union(setOf(strs[0])), unexposed: in.unexposed}
