@@ -7,9 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/coinexport/export/pkg/race"
-
 	"github.com/coinexport/export/pkg/percent"
+	"github.com/coinexport/export/pkg/racedetector"
 )
 
 func TestGenerateIsWellFormed(t *testing.T) {
@@ -171,7 +170,7 @@ func TestContainsKey(t *testing.T) {
 // The query check runs on every request before any limit: bytes full of
 // tag-like "cx" must not cost an allocation each.
 func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {
-	if race.Enabled {
+	if racedetector.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector")
 	}
 	junk := []byte(strings.Repeat("cxr_", 2000))

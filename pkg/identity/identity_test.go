@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coinexport/export/pkg/race"
-
+	"github.com/coinexport/export/pkg/racedetector"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -187,7 +186,7 @@ func TestSignIntoReusesStateWithoutAllocating(t *testing.T) {
 			}
 		}
 	}
-	if race.Enabled {
+	if racedetector.Enabled {
 		return // allocation counts mean nothing under the race detector
 	}
 	discard := func(string, []byte) {}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/coinexport/export/pkg/race"
+	"github.com/coinexport/export/pkg/racedetector"
 )
 
 func TestCheckObject(t *testing.T) {
@@ -60,7 +60,7 @@ func TestCheckObject(t *testing.T) {
 }
 
 func TestCheckObjectOfAValidBodyDoesNotAllocate(t *testing.T) {
-	if race.Enabled {
+	if racedetector.Enabled {
 		t.Skip("allocation counts mean nothing under the race detector")
 	}
 	body := []byte(`{"external_order_id":"order-1","quantity":1}`)

@@ -1,6 +1,6 @@
 //go:build race
 
-package race
+package racedetector
 
 // Enabled: this binary was built with -race.
 const Enabled = true
