@@ -10,7 +10,7 @@ export GOTOOLCHAIN ?= auto
 .PHONY: help build run test fuzz vulncheck lint bench trace clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
 build: ## build every binary into bin/
 	@mkdir -p bin
