@@ -108,9 +108,9 @@ func (s *stack) serveOneOfEach(t *testing.T, fx fixture) {
 		t.Fatalf("confirm = %d %+v, want 200", status, sale.Error)
 	}
 	status, shop, _ := call(t, "POST", s.baseURL+"/sync/prestashop/schema", "",
-		`{"base_url":"https://10.0.0.1/shop","ws_key":"WSKEY-e2e-0123456789ABCDEFGHIJKLMN"}`, nil)
+		`{"base_url":"https://127.0.0.1/shop","ws_key":"WSKEY-e2e-0123456789ABCDEFGHIJKLMN"}`, nil)
 	if status != 400 || shop.Error == nil || shop.Error.Code != "base_url_not_allowed" {
-		t.Fatalf("shop schema with a private address = %d %+v, want 400 base_url_not_allowed", status, shop.Error)
+		t.Fatalf("shop schema with a loopback address = %d %+v, want 400 base_url_not_allowed", status, shop.Error)
 	}
 }
 

@@ -125,9 +125,9 @@ func TestOneTracePerRequestWhoseIDIsTheRequestID(t *testing.T) {
 	}
 	const wsKey = "WSKEY-e2e-0123456789ABCDEFGHIJKLMN"
 	status, shop, _ := call(t, "POST", s.baseURL+"/sync/prestashop/schema", "",
-		`{"base_url":"https://10.0.0.1/shop","ws_key":"`+wsKey+`"}`, nil)
+		`{"base_url":"https://127.0.0.1/shop","ws_key":"`+wsKey+`"}`, nil)
 	if status != 400 || shop.Error == nil || shop.Error.Code != "base_url_not_allowed" {
-		t.Fatalf("shop schema with a private address = %d %+v, want 400 base_url_not_allowed\n%s", status, shop.Error, s.logs["shop-schema"])
+		t.Fatalf("shop schema with a loopback address = %d %+v, want 400 base_url_not_allowed\n%s", status, shop.Error, s.logs["shop-schema"])
 	}
 	status, refused, refusedHdr := call(t, "GET", s.baseURL+"/export/items", "cxr_not-a-key", "", nil)
 	if status != 401 || refusedHdr.Get("X-Error-Code") != "unauthenticated" {
