@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -180,7 +181,7 @@ func (b Binary[C]) checkDefault(s Setting) []string {
 	unset := maps.Clone(b.Base)
 	delete(unset, s.Name)
 	if s.Required {
-		if _, err := b.Load(mapGetenv(unset)); err == nil || !strings.Contains(err.Error(), s.Name) {
+		if _, err := b.Load(mapGetenv(unset)); err == nil || !namesSetting(err, s.Name) {
 			return []string{fmt.Sprintf("line %d: %s is documented as required, but %s unset loads (error %v)", s.Line, s.Name, s.Name, err)}
 		}
 		return nil
@@ -349,6 +350,12 @@ func mapGetenv(env map[string]string) func(string) string {
 	return func(name string) string { return env[name] }
 }
 
+// namesSetting reports whether err names the setting as a word of its own:
+// an error about CURSOR_SECRET_PREVIOUS does not name CURSOR_SECRET.
+func namesSetting(err error, name string) bool {
+	return regexp.MustCompile(`\b` + regexp.QuoteMeta(name) + `\b`).MatchString(err.Error())
+}
+
 // fieldDiff names the fields of two structs that differ, "" if none.
 func fieldDiff(want, got any) string {
 	w, g := reflect.ValueOf(want), reflect.ValueOf(got)
@@ -360,9 +367,15 @@ func fieldDiff(want, got any) string {
 	}
 	var diffs []string
 	for i := range w.NumField() {
+		if !w.Type().Field(i).IsExported() {
+			continue // Interface would panic; DeepEqual below sees it
+		}
 		if !reflect.DeepEqual(w.Field(i).Interface(), g.Field(i).Interface()) {
 			diffs = append(diffs, fmt.Sprintf("%s is %v unset, %v with the documented default", w.Type().Field(i).Name, w.Field(i).Interface(), g.Field(i).Interface()))
 		}
+	}
+	if len(diffs) == 0 && !reflect.DeepEqual(want, got) {
+		return "an unexported field differs between unset and the documented default"
 	}
 	return strings.Join(diffs, "; ")
 }

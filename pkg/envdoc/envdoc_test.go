@@ -1,6 +1,7 @@
 package envdoc
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -204,5 +205,23 @@ func TestCheckMisspellingHints(t *testing.T) {
 	want := []string{"gateway reads FAKE_TIMEOUT, but its Config.Settings lacks it: a misspelling of it would be ignored without a warning"}
 	if diff := cmp.Diff(want, got); diff != "" { // OTEL_SERVICE_NAME is the SDK's family's
 		t.Errorf("CheckMisspellingHints (-want +got):\n%s", diff)
+	}
+}
+
+// A required setting is refused by name, not by a longer name that
+// starts with it.
+func TestNamesSetting(t *testing.T) {
+	for _, tt := range []struct {
+		err  string
+		want bool
+	}{
+		{"CURSOR_SECRET is required", true},
+		{"bad settings: CURSOR_SECRET: too short", true},
+		{"CURSOR_SECRET_PREVIOUS: too short", false},
+		{"OLD_CURSOR_SECRET is required", false},
+	} {
+		if got := namesSetting(errors.New(tt.err), "CURSOR_SECRET"); got != tt.want {
+			t.Errorf("namesSetting(%q, CURSOR_SECRET) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }
