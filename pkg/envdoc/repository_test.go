@@ -82,3 +82,29 @@ func TestMakeRunOnlySettingsAreTheScripts(t *testing.T) {
 		}
 	}
 }
+
+// The image builds with go.work's toolchain: the golang image sets
+// GOTOOLCHAIN=local, so an image left behind when the toolchain line moves
+// would build with its own, older Go, and ship the vulnerabilities the
+// move was for (make vulncheck).
+func TestDockerImageIsTheWorkspaceToolchain(t *testing.T) {
+	toolchain := firstMatch(t, "go.work", `(?m)^toolchain go(\S+)$`)
+	image := firstMatch(t, "deploy/docker/Dockerfile", `(?m)^FROM golang:([0-9.]+)-`)
+	if image != toolchain {
+		t.Errorf("deploy/docker/Dockerfile builds with golang:%s, go.work's toolchain is go%s: bump the two together", image, toolchain)
+	}
+}
+
+// firstMatch is the first submatch of pattern in the repository's file.
+func firstMatch(t *testing.T, file, pattern string) string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(pattern).FindSubmatch(text)
+	if m == nil {
+		t.Fatalf("%s: no match for %s", file, pattern)
+	}
+	return string(m[1])
+}
