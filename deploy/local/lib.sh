@@ -1,5 +1,10 @@
 # Shared shell functions for running PostgreSQL and Redis natively (no Docker)
-# under a project-local folder. Sourced by run.sh, test.sh and bench.sh.
+# under a project-local folder. Sourced by run.sh, test.sh, bench.sh and vulncheck.sh.
+
+# go.work's toolchain line is the Go that builds and tests; auto lets the go
+# command fetch it where the machine's Go is older and set to local (as make
+# does), so a script run without make builds with the same Go.
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 
 log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
