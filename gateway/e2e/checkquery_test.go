@@ -8,20 +8,27 @@ import (
 )
 
 // testExposure is a scrape of a counter by route and code, a histogram by
-// route, a gauge by upstream and state, and a plain counter.
+// route, a gauge by upstream and state, and a plain counter. Each series
+// is given as label=value pairs.
 func testExposure() exposure {
-	family := func(name string, typ dto.MetricType, labels ...string) *dto.MetricFamily {
-		m := &dto.Metric{}
-		for _, l := range labels {
-			m.Label = append(m.Label, &dto.LabelPair{Name: &l, Value: new(string)})
+	family := func(name string, typ dto.MetricType, series ...[]string) *dto.MetricFamily {
+		f := &dto.MetricFamily{Name: &name, Type: &typ}
+		for _, pairs := range series {
+			m := &dto.Metric{}
+			for _, pair := range pairs {
+				l, v, _ := strings.Cut(pair, "=")
+				m.Label = append(m.Label, &dto.LabelPair{Name: &l, Value: &v})
+			}
+			f.Metric = append(f.Metric, m)
 		}
-		return &dto.MetricFamily{Name: &name, Type: &typ, Metric: []*dto.Metric{m}}
+		return f
 	}
 	e := exposure{}
-	e.add(family("req_total", dto.MetricType_COUNTER, "route", "code"))
-	e.add(family("dur_seconds", dto.MetricType_HISTOGRAM, "route"))
-	e.add(family("instances", dto.MetricType_GAUGE, "upstream", "state"))
-	e.add(family("panics_total", dto.MetricType_COUNTER))
+	e.add(family("req_total", dto.MetricType_COUNTER,
+		[]string{"route=GET /health", "code=2xx"}, []string{"route=HEAD /health", "code=2xx"}, []string{"route=x", "code=5xx"}))
+	e.add(family("dur_seconds", dto.MetricType_HISTOGRAM, []string{"route=a"}, []string{"route=b"}))
+	e.add(family("instances", dto.MetricType_GAUGE, []string{"upstream=reader", "state=up"}, []string{"upstream=reader", "state=out"}))
+	e.add(family("panics_total", dto.MetricType_COUNTER, nil))
 	return e
 }
 
@@ -39,6 +46,8 @@ func TestCheckQuery(t *testing.T) {
 		{`sum(rate(req_total[5m])) by (route) / on (route) group_left (upstream) max by (route, upstream) (label_replace(instances, "route", "$1", "upstream", "(.*)"))`, ""},
 		{`-sum(rate(req_total[5m] offset 1h)) * 2 ^ 3`, ""},
 		{`avg_over_time(max(instances)[30m:1m])`, ""},
+		{`req_total{route=~"(GET|HEAD) /health|x", code!~"[0-9]xx"}`, ""},
+		{`req_total{route=~".*", job="any", app=~"any|other"}`, ""}, // the scrape's labels: any value
 
 		{`rate(req_totl[1m])`, "no binary exposes req_totl"},
 		{`rate(dur_seconds[1m])`, "no binary exposes dur_seconds"}, // a histogram is its _bucket, _sum, _count
@@ -62,6 +71,19 @@ func TestCheckQuery(t *testing.T) {
 		{`sort_by_label(req_total, "route")`, "does not know the function \"sort_by_label\""},
 		{`median(req_total)`, "does not know the aggregation median"},
 		{`{__name__="req_total", code="5xx"}`, ""},
+
+		// A value no series has selects nothing, or excludes nothing.
+		{`instances{state="ot"}`, `no series has state "ot" (its values: {out, up})`},
+		{`req_total{code!="5xxx"}`, `no series has code "5xxx"`},
+		{`req_total{code=~"5"}`, `no series has a code that 5 matches`}, // anchored
+		{`req_total{route!~"GET /helth"}`, `no series has a route that GET /helth matches`},
+		// Each branch of a regex must match: the others do not hide it.
+		{`dur_seconds_bucket{route!~"a|x y|b"}`, `that x y matches`},
+		{`req_total{route!~"x|(GET|HAED) /health"}`, `that (HAED) /health matches`},
+		{`req_total{route!~"x|(GET|HEAD) /helth"}`, `that (GET) /helth matches`},
+		{`req_total{route=~"(GET|HEAD) /health|x(y)?"}`, ""},
+		{`dur_seconds_bucket{le="1"}`, "does not read the values of le"},
+		{`req_total{route=~"a(b"}`, "missing closing )"},
 		{`{__name__="req_totl"}`, "no binary exposes req_totl"},
 		{`{__name__=~"req_.*"}`, "names its metric"},
 		{`req_total{code="5xx" or route="x"}`, "must be one {...} that names its metric"},

@@ -17,6 +17,8 @@ func TestCheckOpsQueryPrintedLabels(t *testing.T) {
 		{opsQuery{expr: `sum by (route) (rate(req_total[1m]))`, shows: `{{ code }} on {{route}}`}, 1},
 		{opsQuery{expr: `max by (upstream) (instances) > 0`, shows: `{{ $labels.upstream }} {{ $labels.severity }}`, own: setOf("severity")}, 0},
 		{opsQuery{expr: `max(instances) > 0`, shows: `{{ $labels.upstream }}, {{ index $labels "state" }}, {{ $value }}`}, 2},
+		// A misspelt value: the alert never fires, whatever it prints.
+		{opsQuery{expr: `max by (upstream) (instances{state="ot"}) > 0`, shows: `{{ $labels.upstream }}`}, 1},
 	} {
 		if got := checkOpsQuery(testExposure(), tc.q); len(got) != tc.want {
 			t.Errorf("checkOpsQuery(%s, shows %q) = %q, want %d problem(s)", tc.q.expr, tc.q.shows, got, tc.want)

@@ -15,11 +15,12 @@ import (
 // The dashboard and the alert rules read only series and labels the four
 // binaries expose. A panel on a series no binary exports shows "No data",
 // an alert on it never fires, and a sum by (...) a label the series lack
-// folds them into one; promtool's rule tests (alerts_test.yml) run on
-// series they make up, so they cannot tell. The binaries are scraped as
-// Prometheus scrapes them: what a labelled series is called and which
-// labels it has shows once it exists, so the test first makes a request
-// of each kind.
+// folds them into one; a label value no series has (a misspelt code, one
+// branch of a route regex) selects nothing, or excludes nothing. promtool's
+// rule tests (alerts_test.yml) run on series they make up, so they cannot
+// tell. The binaries are scraped as Prometheus scrapes them: what a
+// labelled series is called, which labels it has and their values show
+// once it exists, so the test first makes a request of each kind.
 func TestOpsQueriesReadExposedSeries(t *testing.T) {
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool)
@@ -87,7 +88,8 @@ func wordsIn(query string) []word {
 }
 
 // serveOneOfEach makes the requests that create each binary's labelled
-// series: a page of items, a cursor refused, a sale, a shop schema refused.
+// series and the values the queries match (code="invalid_cursor"): a page
+// of items, a cursor refused, a sale, a shop schema refused.
 func (s *stack) serveOneOfEach(t *testing.T, fx fixture) {
 	t.Helper()
 	status, list, _ := call(t, "GET", s.baseURL+"/export/items?limit=3", fx.readKey, "", nil)

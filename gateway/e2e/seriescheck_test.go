@@ -3,6 +3,8 @@ package e2e
 import (
 	"fmt"
 	"maps"
+	"regexp"
+	"regexp/syntax"
 	"slices"
 	"strings"
 
@@ -10,7 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// labelSet is a set of label names.
+// labelSet is a set of label names, or of the values of one label.
 type labelSet map[string]bool
 
 func setOf(names ...string) labelSet {
@@ -51,30 +53,47 @@ func (s labelSet) String() string { return "{" + strings.Join(slices.Sorted(maps
 
 // exposure is what Prometheus stores of the binaries' scrapes: every
 // series name it can be queried by (a histogram x as x_bucket, x_sum and
-// x_count) and the label names its series carry.
-type exposure map[string]labelSet
+// x_count) and the values of each label its series carry.
+type exposure map[string]labelValues
+
+// labelValues are the values each label takes. Those of le and quantile
+// are not read (nil): Prometheus writes the numbers its own way ("1" may
+// be stored as "1.0").
+type labelValues map[string]labelSet
+
+func (lv labelValues) labels() labelSet { return setOf(slices.Collect(maps.Keys(lv))...) }
 
 // add records a scraped metric family.
 func (e exposure) add(f *dto.MetricFamily) {
-	labels := labelSet{}
+	values := labelValues{}
 	for _, m := range f.GetMetric() {
 		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = true
+			values[l.GetName()] = values[l.GetName()].union(setOf(l.GetValue()))
 		}
 	}
 	name := f.GetName()
-	put := func(series string, l labelSet) { e[series] = l.union(e[series]) }
+	put := func(series string, numbered ...string) {
+		if e[series] == nil {
+			e[series] = labelValues{}
+		}
+		for l, vs := range values {
+			e[series][l] = vs.union(e[series][l])
+		}
+		for _, l := range numbered {
+			e[series][l] = nil
+		}
+	}
 	switch f.GetType() {
 	case dto.MetricType_HISTOGRAM:
-		put(name+"_bucket", labels.union(setOf("le")))
-		put(name+"_sum", labels)
-		put(name+"_count", labels)
+		put(name+"_bucket", "le")
+		put(name + "_sum")
+		put(name + "_count")
 	case dto.MetricType_SUMMARY:
-		put(name, labels.union(setOf("quantile")))
-		put(name+"_sum", labels)
-		put(name+"_count", labels)
+		put(name, "quantile")
+		put(name + "_sum")
+		put(name + "_count")
 	default:
-		put(name, labels)
+		put(name)
 	}
 }
 
@@ -158,18 +177,87 @@ func (c *queryCheck) selector(s *metricsql.MetricExpr) value {
 		return value{}
 	}
 	metric, matchers := s.LabelFilterss[0][0].Value, s.LabelFilterss[0][1:]
-	labels, ok := c.exposed[metric]
+	values, ok := c.exposed[metric]
 	if !ok {
 		c.problem("no binary exposes %s", metric)
 		return value{unexposed: true}
 	}
-	labels = labels.union(targetLabels)
+	labels := values.labels().union(targetLabels)
 	for _, m := range matchers {
-		if !labels[m.Label] {
+		switch {
+		case !labels[m.Label]:
 			c.problem("%s has no label %s (its labels: %s)", metric, m.Label, labels)
+		case !targetLabels[m.Label]: // their values are the scrape's
+			c.matcherValue(metric, m, values[m.Label])
 		}
 	}
 	return value{labels: labels}
+}
+
+// matcherValue checks that m matches a value its label takes on metric,
+// and so does each branch of its regex alone. A value no series has
+// selects nothing with = and =~ (the panel shows "No data", the alert
+// never fires) and excludes nothing with != and !~: misspelt either way.
+func (c *queryCheck) matcherValue(metric string, m metricsql.LabelFilter, values labelSet) {
+	where := fmt.Sprintf("%s{%s}", metric, m.AppendString(nil))
+	switch {
+	case values == nil:
+		c.problem("%s: the check does not read the values of %s", where, m.Label)
+	case !m.IsRegexp && !values[m.Value]:
+		c.problem("%s: no series has %s %q (its values: %s)", where, m.Label, m.Value, values)
+	case m.IsRegexp:
+		branches, err := regexBranches(m.Value)
+		if err != nil {
+			c.problem("%s: %v", where, err)
+		}
+		for _, b := range branches { // anchored, as Prometheus does
+			re := regexp.MustCompile("^(?:" + b.String() + ")$")
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(values)), re.MatchString) {
+				c.problem("%s: no series has a %s that %s matches (its values: %s)", where, m.Label, b, values)
+			}
+		}
+	}
+}
+
+// regexBranches returns pattern once for each branch of each of its
+// alternations, that branch alone in the alternation's place: (a|b)c|d
+// gives ac, bc and d; a pattern without one is its own branch. Go's parse
+// merges branches of one character into a class first (x|y is [xy], and
+// GET /a|GET /b is GET /[ab]): such a class is checked as a whole.
+func regexBranches(pattern string) ([]*syntax.Regexp, error) {
+	re, err := syntax.Parse(pattern, syntax.Perl|syntax.DotNL) // Prometheus's dot matches \n
+	if err != nil {
+		return nil, err
+	}
+	if b := branchesIn(re); len(b) > 0 {
+		return b, nil
+	}
+	return []*syntax.Regexp{re}, nil
+}
+
+// branchesIn returns re once per branch of each alternation within it,
+// none if it has none.
+func branchesIn(re *syntax.Regexp) []*syntax.Regexp {
+	var out []*syntax.Regexp
+	if re.Op == syntax.OpAlternate {
+		for _, sub := range re.Sub {
+			if nested := branchesIn(sub); len(nested) > 0 {
+				out = append(out, nested...)
+			} else {
+				out = append(out, sub)
+			}
+		}
+		return out
+	}
+	for i, sub := range re.Sub {
+		for _, b := range branchesIn(sub) {
+			copied := *re
+			copied.Sub = slices.Clone(re.Sub)
+			copied.Sub[i] = b
+			out = append(out, &copied)
+		}
+	}
+	return out
 }
 
 // aggregations are PromQL's, with the number of parameters each takes
