@@ -20,21 +20,16 @@ func TestSettingsAsDocumentedAndDeployed(t *testing.T) {
 	gatewayForDocs(t).Test(t, "..", "gateway")
 }
 
-// gatewayForDocs learns what the gateway reads by starting it with a
-// recording getenv and a context already done: run reads its config and
-// telemetry's variables, then stops before PostgreSQL is reached.
+// gatewayForDocs is the gateway as envdoc checks it; what it reads is learned
+// by starting it (envdoc.ReadAtStart).
 func gatewayForDocs(t *testing.T) envdoc.Binary[edge.Config] {
 	base := map[string]string{
 		"DATABASE_URL":    envdoc.Secrets["DATABASE_URL"],
 		"IDENTITY_SECRET": envdoc.Secrets["IDENTITY_SECRET"],
 	}
-	rec := &envdoc.Recorder{Env: maps.Clone(base)}
-	rec.Env["GATEWAY_ADDR"], rec.Env["GATEWAY_ADMIN_ADDR"] = "127.0.0.1:0", "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := run(ctx, rec.Getenv, io.Discard, nil); err != nil {
-		t.Fatalf("run() with a stopped context = %v, want nil", err)
-	}
+	read := envdoc.ReadAtStart(t, base, "GATEWAY_ADDR", "GATEWAY_ADMIN_ADDR", func(ctx context.Context, getenv func(string) string) error {
+		return run(ctx, getenv, io.Discard, nil)
+	})
 	return envdoc.Binary[edge.Config]{
 		Name: "gateway",
 		Load: func(getenv func(string) string) (edge.Config, error) {
@@ -42,7 +37,7 @@ func gatewayForDocs(t *testing.T) envdoc.Binary[edge.Config] {
 			cfg.GC = cfg.GC.InForce() // the runtime's settings once main applied the defaults
 			return cfg, err
 		},
-		Read:       rec.Names(),
+		Read:       read,
 		Base:       base,
 		Listeners:  func(c edge.Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/v1/health",

@@ -1,6 +1,7 @@
 package envdoc
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 
 	"github.com/coinexport/export/pkg/envconfig"
 )
@@ -38,6 +40,23 @@ func (r *Recorder) Names() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Sorted(maps.Keys(r.asked))
+}
+
+// ReadAtStart learns what a binary reads: it starts it (start calls the
+// binary's run) with a Recorder over base, its two listeners on loopback
+// port 0, and a context already done, so that run reads its configuration
+// and telemetry's variables, then stops before it reaches PostgreSQL or
+// serves anyone. It returns the names asked for.
+func ReadAtStart(t testing.TB, base map[string]string, addr, adminAddr string, start func(ctx context.Context, getenv func(string) string) error) []string {
+	t.Helper()
+	rec := &Recorder{Env: maps.Clone(base)}
+	rec.Env[addr], rec.Env[adminAddr] = "127.0.0.1:0", "127.0.0.1:0"
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := start(ctx, rec.Getenv); err != nil {
+		t.Fatalf("run() with a stopped context = %v, want nil", err)
+	}
+	return rec.Names()
 }
 
 // runtimeVariables are read by the Go runtime of every binary, whatever its

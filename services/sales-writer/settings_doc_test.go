@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"maps"
 	"testing"
 
 	"github.com/coinexport/export/pkg/envdoc"
@@ -15,20 +14,16 @@ func TestSettingsAsDocumentedAndDeployed(t *testing.T) {
 	forDocs(t).Test(t, "../..", "services/sales-writer")
 }
 
-// forDocs learns what the sales-writer reads by starting it with a recording
-// getenv and a context already done: run reads its config and telemetry's variables, then stops before PostgreSQL is reached.
+// forDocs is the sales-writer as envdoc checks it; what it reads is learned
+// by starting it (envdoc.ReadAtStart).
 func forDocs(t *testing.T) envdoc.Binary[Config] {
 	base := map[string]string{
 		"DATABASE_URL":    envdoc.Secrets["DATABASE_URL"],
 		"IDENTITY_SECRET": envdoc.Secrets["IDENTITY_SECRET"],
 	}
-	rec := &envdoc.Recorder{Env: maps.Clone(base)}
-	rec.Env["SALES_WRITER_ADDR"], rec.Env["SALES_WRITER_ADMIN_ADDR"] = "127.0.0.1:0", "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := run(ctx, rec.Getenv, io.Discard, nil); err != nil {
-		t.Fatalf("run() with a stopped context = %v, want nil", err)
-	}
+	read := envdoc.ReadAtStart(t, base, "SALES_WRITER_ADDR", "SALES_WRITER_ADMIN_ADDR", func(ctx context.Context, getenv func(string) string) error {
+		return run(ctx, getenv, io.Discard, nil)
+	})
 	return envdoc.Binary[Config]{
 		Name: "sales-writer",
 		Load: func(getenv func(string) string) (Config, error) {
@@ -36,7 +31,7 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 			cfg.GC = cfg.GC.InForce() // the runtime's settings once main applied the defaults
 			return cfg, err
 		},
-		Read:       rec.Names(),
+		Read:       read,
 		Base:       base,
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
