@@ -68,7 +68,7 @@ func (g *Gateway) newApp() *fiber.App {
 // envelope is written into the response it sends, and the request is named
 // after the route its headers ask for, as the same 413 is when the body
 // comes without Expect. fasthttp's doc says the
-// handler must not modify the response; as of v1.73 it sends it as left
+// handler must not modify the response; as of v1.78 it sends it as left
 // here, and TestExpectContinueIsRefusedForABodyOverTheLimit fails (no
 // envelope) if an upgrade changes that.
 func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
@@ -254,32 +254,17 @@ func ambiguousFraming(h *fasthttp.RequestHeader) bool {
 }
 
 // hasTrailerFields reports whether a chunked request brought fields after
-// its last chunk. fasthttp merges them into the headers, where the key
-// lookup, the Idempotency-Key and whatever reads headers would take them
-// for fields of the header section, which anything in front (a WAF, an
-// edge rule) inspected without them; RFC 9110 6.5.1 forbids that merge,
-// and no route here has a use for trailers, so they are refused. Trailer
-// fields can only add to the parsed headers, so the request has some when
-// the parsed ones outnumber the raw header lines. Content-Length and
-// Transfer-Encoding are left out of both counts: fasthttp adds a length to
-// an empty chunked body, and refuses both in a trailer.
+// its last chunk. fasthttp keeps them in a trailer section of their own,
+// but Peek and PeekAll read that section after the header section, so the
+// key lookup, the Idempotency-Key and whatever reads headers would take
+// them for fields of the header section, which anything in front (a WAF,
+// an edge rule) inspected without them; RFC 9110 6.5.1 forbids that merge,
+// and no route here has a use for trailers, so they are refused.
+// TrailerHeader writes that section out, one line per field received, and
+// ends it with the blank line; a Trailer field in the header section only
+// announces names and adds none.
 func hasTrailerFields(h *fasthttp.RequestHeader) bool {
-	var parsed, received int
-	for key := range h.All() {
-		if !framingField(key) {
-			parsed++
-		}
-	}
-	for key := range h.AllInOrder() { // the raw header lines, re-read
-		if !framingField(key) {
-			received++
-		}
-	}
-	return parsed > received
-}
-
-func framingField(key []byte) bool {
-	return bytes.EqualFold(key, []byte("Content-Length")) || bytes.EqualFold(key, []byte("Transfer-Encoding"))
+	return len(h.TrailerHeader()) > len("\r\n")
 }
 
 // headerValue returns the value of a raw header line with the name (in any

@@ -720,9 +720,10 @@ func TestUpstreamFailureAnswers(t *testing.T) {
 	}
 }
 
-// hasTrailerFields finds fields after the chunks, and none in requests
-// without them, whatever their header section holds (specials fasthttp
-// parses apart, repeats, cookies, an empty body it gives a length).
+// hasTrailerFields finds fields after the chunks, even empty or announced,
+// and none in requests without them, whatever their header section holds
+// (specials fasthttp parses apart, repeats, cookies, an announcement, an
+// empty body it gives a length).
 func TestHasTrailerFields(t *testing.T) {
 	head := "POST /v1/x HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n"
 	for _, tt := range []struct {
@@ -736,6 +737,8 @@ func TestHasTrailerFields(t *testing.T) {
 		{"one field", "", "2\r\n{}\r\n0\r\nX-API-Key: k\r\n\r\n", true},
 		{"a repeat of a header", "X-A: 1\r\n", "2\r\n{}\r\n0\r\nX-A: 2\r\n\r\n", true},
 		{"declared", "Trailer: X-B\r\n", "0\r\nX-B: 1\r\n\r\n", true},
+		{"declared, none sent", "Trailer: X-B\r\n", "0\r\n\r\n", false},
+		{"an empty value", "", "0\r\nX-B:\r\n\r\n", true},
 	} {
 		var req fasthttp.Request
 		br := bufio.NewReader(strings.NewReader(head + tt.headers + "\r\n" + tt.body))
