@@ -208,49 +208,93 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 	return g.serve(c, rq, rt)
 }
 
-// ambiguousFraming reports a request whose length two parsers could read
-// differently: one with a Transfer-Encoding and a Content-Length (fasthttp
-// frames it by the chunks), with a Transfer-Encoding in HTTP/1.0, which
-// has none, or with a Transfer-Encoding other than one "chunked" (fasthttp
-// reads no body after "identity", and takes the body for the next
-// request). A proxy in front that framed it otherwise would take the rest
-// of the body for another request, or the other way round: request
-// smuggling. RFC 9112 6.1 allows refusing the first two, requires a 400
-// for the third, and requires closing the connection after the answer
-// either way; errAmbiguousFraming does both. The raw headers are read, not
-// fasthttp's parsed ones: after an empty chunked body fasthttp sets the
-// length to 0 and keeps no trace of the chunks. The scan looks only at the
-// first letter of most lines.
-func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	var codings, sized int
-	var chunked bool
+// misreadHead returns the refusal of a header section that a proxy in
+// front could read otherwise than fasthttp did, or nil. Each is refused
+// with a 400 and the connection closed (RFC 9112 6.1 requires the close
+// after a framing refusal; the others get it too, as the bytes after such
+// a head cannot be trusted to start a request):
+//
+//   - a bare LF ending a header line: fasthttp takes it as a line's end
+//     (RFC 9112 2.2 lets it), a proxy that reads it as part of the value
+//     sees one field where fasthttp sees two, so a Content-Length,
+//     Transfer-Encoding or X-API-Key behind it is seen by one and not the
+//     other (errBareLineFeed);
+//   - Transfer_Encoding or Content_Length: fasthttp ignores them for
+//     framing, a proxy that maps "_" to "-" (as CGI-style front ends do)
+//     frames the body by them (errFramingLookalike);
+//   - a length two parsers could read differently (framing.ambiguous).
+//
+// The raw headers are read, not fasthttp's parsed ones: after an empty
+// chunked body fasthttp sets the length to 0 and keeps no trace of the
+// chunks. The scan looks at each line's last byte and only at the first
+// letter of most lines.
+func misreadHead(h *fasthttp.RequestHeader) error {
+	var f framing
 	raw := h.RawHeaders()
 	for len(raw) > 0 {
 		line := raw
 		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
 			line, raw = raw[:i], raw[i+1:]
+			if len(line) == 0 || line[len(line)-1] != '\r' {
+				return errBareLineFeed
+			}
+			line = line[:len(line)-1]
 		} else {
 			raw = nil
 		}
-		if len(line) == 0 {
-			continue
-		}
-		switch line[0] | 0x20 { // ASCII lower case
-		case 't':
-			if value, ok := headerValue(line, "transfer-encoding"); ok {
-				codings++
-				chunked = bytes.EqualFold(value, []byte("chunked"))
-			}
-		case 'c':
-			if headerNamed(line, "content-length") {
-				sized++
-			}
+		if len(line) > 0 && !f.read(line) {
+			return errFramingLookalike
 		}
 	}
-	if codings == 0 {
+	if f.ambiguous(h) {
+		return errAmbiguousFraming
+	}
+	return nil
+}
+
+// framing is what a header section says of the body's length.
+type framing struct {
+	codings, sized int  // Transfer-Encoding and Content-Length lines
+	chunked        bool // the last Transfer-Encoding line is "chunked"
+}
+
+// read counts a raw header line (without its line end) that frames the
+// body, and reports false for a look-alike of a framing field's name. Only
+// lines starting with "t" or "c" are cut at their colon.
+func (f *framing) read(line []byte) bool {
+	if c := line[0] | 0x20; c != 't' && c != 'c' { // ASCII lower case
+		return true
+	}
+	name, value, found := bytes.Cut(line, []byte(":"))
+	if !found {
+		return true
+	}
+	switch name = bytes.TrimSpace(name); {
+	case bytes.EqualFold(name, []byte("transfer-encoding")):
+		f.codings++
+		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
+	case bytes.EqualFold(name, []byte("content-length")):
+		f.sized++
+	case bytes.EqualFold(name, []byte("transfer_encoding")), bytes.EqualFold(name, []byte("content_length")):
 		return false
 	}
-	return codings > 1 || !chunked || sized > 0 || !h.IsHTTP11() || hasTrailerFields(h)
+	return true
+}
+
+// ambiguous reports a request whose length two parsers could read
+// differently: one with a Transfer-Encoding and a Content-Length (fasthttp
+// frames it by the chunks), with a Transfer-Encoding in HTTP/1.0, which
+// has none, or with a Transfer-Encoding other than one "chunked" (fasthttp
+// reads no body after "identity", and takes the body for the next
+// request), or with trailer fields. A proxy in front that framed it
+// otherwise would take the rest of the body for another request, or the
+// other way round: request smuggling. RFC 9112 6.1 allows refusing the
+// first two and requires a 400 for the third.
+func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
+	if f.codings == 0 {
+		return false
+	}
+	return f.codings > 1 || !f.chunked || f.sized > 0 || !h.IsHTTP11() || hasTrailerFields(h)
 }
 
 // hasTrailerFields reports whether a chunked request brought fields after
@@ -265,22 +309,6 @@ func ambiguousFraming(h *fasthttp.RequestHeader) bool {
 // announces names and adds none.
 func hasTrailerFields(h *fasthttp.RequestHeader) bool {
 	return len(h.TrailerHeader()) > len("\r\n")
-}
-
-// headerValue returns the value of a raw header line with the name (in any
-// case), trimmed, and whether the line has that name.
-func headerValue(line []byte, name string) ([]byte, bool) {
-	n, v, found := bytes.Cut(line, []byte(":"))
-	if !found || !bytes.EqualFold(bytes.TrimSpace(n), []byte(name)) {
-		return nil, false
-	}
-	return bytes.TrimSpace(v), true
-}
-
-// headerNamed reports whether a raw header line has the name, in any case.
-func headerNamed(line []byte, name string) bool {
-	n, _, found := bytes.Cut(line, []byte(":"))
-	return found && bytes.EqualFold(bytes.TrimSpace(n), []byte(name))
 }
 
 // checkPath refuses the raw paths that the services would read otherwise
@@ -318,8 +346,8 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if !http1(c.Request().Header.Protocol()) {
 		return errHTTPVersion
 	}
-	if ambiguousFraming(&c.Request().Header) {
-		return errAmbiguousFraming
+	if err := misreadHead(&c.Request().Header); err != nil {
+		return err
 	}
 	// The body as received (not decoded: no decompression of untrusted
 	// input here).

@@ -15,7 +15,7 @@ import (
 
 // FuzzFraming compares two readings of the same bytes from a client: the
 // gateway's (fasthttp's server with the app's settings, then serve's
-// checks: http1, ambiguousFraming) and that of Go's net/http server,
+// checks: http1, misreadHead) and that of Go's net/http server,
 // standing for anything in front of the gateway (a load balancer, a WAF)
 // that frames HTTP/1.1 by RFC 9112 as net/http does and passes the bytes
 // on. Whenever the gateway reads a request it goes on to answer, net/http
@@ -124,7 +124,7 @@ func gatewayReading(raw []byte, chunk int) (reading, []byte, bool) {
 	if err := req.ContinueReadBody(br, bodyReadLimit, false); err != nil {
 		return reading{}, nil, false
 	}
-	if !http1(req.Header.Protocol()) || ambiguousFraming(&req.Header) {
+	if !http1(req.Header.Protocol()) || misreadHead(&req.Header) != nil {
 		return reading{}, nil, false
 	}
 	r := reading{method: string(req.Header.Method()), target: string(req.Header.RequestURI()),

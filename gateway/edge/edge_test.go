@@ -1094,8 +1094,9 @@ func TestClientIPBehindATrustedProxy(t *testing.T) {
 }
 
 // A chunked request that also carries Content-Length, is chunked in
-// HTTP/1.0, has another transfer coding or fields after its chunks, is
-// refused and its connection closed: a proxy in front that framed it
+// HTTP/1.0, has another transfer coding or fields after its chunks, or a
+// header section with a bare LF or a Transfer_Encoding or Content_Length,
+// is refused and its connection closed: a proxy in front that framed it
 // otherwise would take the bytes after it for another request (request
 // smuggling). What follows on the connection is never answered.
 func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
@@ -1127,6 +1128,17 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 		// Fields after the last chunk would be merged into the headers,
 		// a key among them.
 		{"a trailer field", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", "2\r\n{}\r\n0\r\nX-Note: 1\r\n\r\n", true},
+		// A proxy that reads a bare LF as part of a value sees no
+		// Content-Length or Transfer-Encoding here, and takes the body for
+		// the next request.
+		{"a bare LF before the length", "HTTP/1.1", "X-Note: a\nContent-Length: 2\r\n", "{}", true},
+		{"a bare LF after the length", "HTTP/1.1", "Content-Length: 2\nX-Note: 1\r\n", "{}", true},
+		{"a bare LF after chunked", "HTTP/1.1", "Transfer-Encoding: chunked\nX-Note: 1\r\n", chunked, true},
+		{"a bare LF between other fields", "HTTP/1.1", "Content-Length: 2\r\nX-Note: a\nX-Other: b\r\n", "{}", true},
+		// fasthttp frames by neither; a proxy that maps "_" to "-" does.
+		{"Transfer_Encoding", "HTTP/1.1", "Transfer_Encoding: chunked\r\n", chunked, true},
+		{"Content_Length", "HTTP/1.1", "content_length: 2\r\n", "{}", true},
+		{"a field named like them", "HTTP/1.1", "Content-Length: 2\r\nTransfer_Encodings: x\r\nContent_Lengthy: 1\r\n", "{}", false},
 		{"chunked in upper case", "HTTP/1.1", "Transfer-Encoding: CHUNKED\r\n", chunked, false},
 		{"chunked alone", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", chunked, false},
 		{"a length alone", "HTTP/1.1", "Content-Length: 2\r\n", "{}", false},
