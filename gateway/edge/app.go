@@ -219,9 +219,10 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 //     sees one field where fasthttp sees two, so a Content-Length,
 //     Transfer-Encoding or X-API-Key behind it is seen by one and not the
 //     other (errBareLineFeed);
-//   - Transfer_Encoding or Content_Length: fasthttp ignores them for
-//     framing, a proxy that maps "_" to "-" (as CGI-style front ends do)
-//     frames the body by them (errFramingLookalike);
+//   - Transfer_Encoding or Content_Length, or with a space for the "-":
+//     fasthttp ignores them for framing, a proxy that maps "_" to "-" (as
+//     CGI-style front ends do), or reads a space there, frames the body by
+//     them (errFramingLookalike);
 //   - a length two parsers could read differently (framing.ambiguous).
 //
 // The raw headers are read, not fasthttp's parsed ones: after an empty
@@ -275,8 +276,29 @@ func (f *framing) read(line []byte) bool {
 		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
 	case bytes.EqualFold(name, []byte("content-length")):
 		f.sized++
-	case bytes.EqualFold(name, []byte("transfer_encoding")), bytes.EqualFold(name, []byte("content_length")):
+	case lookalike(name, "transfer-encoding"), lookalike(name, "content-length"):
 		return false
+	}
+	return true
+}
+
+// lookalike reports whether name reads as the framing field's name, in any
+// case, once each "_", space or tab in it is read as "-" (fasthttp takes
+// "Transfer Encoding" as a name of its own, as it does "Transfer_Encoding").
+func lookalike(name []byte, field string) bool {
+	if len(name) != len(field) {
+		return false
+	}
+	for i, ch := range name {
+		switch {
+		case ch == '_' || ch == ' ' || ch == '\t':
+			ch = '-'
+		case 'A' <= ch && ch <= 'Z':
+			ch += 'a' - 'A'
+		}
+		if ch != field[i] {
+			return false
+		}
 	}
 	return true
 }

@@ -1135,9 +1135,12 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 		{"a bare LF after the length", "HTTP/1.1", "Content-Length: 2\nX-Note: 1\r\n", "{}", true},
 		{"a bare LF after chunked", "HTTP/1.1", "Transfer-Encoding: chunked\nX-Note: 1\r\n", chunked, true},
 		{"a bare LF between other fields", "HTTP/1.1", "Content-Length: 2\r\nX-Note: a\nX-Other: b\r\n", "{}", true},
-		// fasthttp frames by neither; a proxy that maps "_" to "-" does.
+		// fasthttp frames by none of these; a proxy that maps "_" to "-",
+		// or reads a space there, does.
 		{"Transfer_Encoding", "HTTP/1.1", "Transfer_Encoding: chunked\r\n", chunked, true},
 		{"Content_Length", "HTTP/1.1", "content_length: 2\r\n", "{}", true},
+		{"a space for the dash of Transfer-Encoding", "HTTP/1.1", "Transfer Encoding: chunked\r\n", chunked, true},
+		{"a tab for the dash of Content-Length", "HTTP/1.1", "Content\tLength: 2\r\n", "{}", true},
 		{"a field named like them", "HTTP/1.1", "Content-Length: 2\r\nTransfer_Encodings: x\r\nContent_Lengthy: 1\r\n", "{}", false},
 		{"chunked in upper case", "HTTP/1.1", "Transfer-Encoding: CHUNKED\r\n", chunked, false},
 		{"chunked alone", "HTTP/1.1", "Transfer-Encoding: chunked\r\n", chunked, false},

@@ -69,7 +69,7 @@ var (
 	errBareLineFeed = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "end every header line with CRLF: a bare LF is refused", Close: true}
 	errFramingLookalike = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
-		Message: "Transfer_Encoding and Content_Length are refused: send Transfer-Encoding or Content-Length", Close: true}
+		Message: "a field named like Transfer-Encoding or Content-Length (Transfer_Encoding, Content Length) is refused: send Transfer-Encoding or Content-Length", Close: true}
 	// fasthttp reads a request line of any HTTP/d.d, and the services'
 	// net/http would refuse one of another major version than 1 with a 505
 	// of its own request id. The gateway answers it, 400: the contract's
