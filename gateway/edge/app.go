@@ -214,11 +214,15 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 // after a framing refusal; the others get it too, as the bytes after such
 // a head cannot be trusted to start a request):
 //
-//   - a bare LF ending a header line: fasthttp takes it as a line's end
-//     (RFC 9112 2.2 lets it), a proxy that reads it as part of the value
-//     sees one field where fasthttp sees two, so a Content-Length,
-//     Transfer-Encoding or X-API-Key behind it is seen by one and not the
-//     other (errBareLineFeed);
+//   - a bare LF ending a header line, or the empty line that ends the
+//     head: fasthttp takes it as a line's end (RFC 9112 2.2 lets it), a
+//     proxy that reads it as part of the value sees one field where
+//     fasthttp sees two, so a Content-Length, Transfer-Encoding or
+//     X-API-Key behind it is seen by one and not the other
+//     (errBareLineFeed);
+//   - a line starting with a space or tab (obs-fold): fasthttp joins it to
+//     the field above, a proxy that does not sees a field of its own
+//     (errObsFold; RFC 9112 5.2 lets a server refuse it with a 400);
 //   - Transfer_Encoding or Content_Length, or with a space for the "-":
 //     fasthttp ignores them for framing, a proxy that maps "_" to "-" (as
 //     CGI-style front ends do), or reads a space there, frames the body by
@@ -227,11 +231,11 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 //
 // The raw headers are read, not fasthttp's parsed ones: after an empty
 // chunked body fasthttp sets the length to 0 and keeps no trace of the
-// chunks. The scan looks at each line's last byte and only at the first
-// letter of most lines.
+// chunks. The scan looks at each line's first and last bytes, and cuts
+// only lines starting with "t" or "c" at their colon.
 func misreadHead(h *fasthttp.RequestHeader) error {
 	var f framing
-	raw := h.RawHeaders()
+	raw := h.RawHeaders() // the bytes as received, each line ended by its LF
 	for len(raw) > 0 {
 		line := raw
 		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
@@ -243,8 +247,14 @@ func misreadHead(h *fasthttp.RequestHeader) error {
 		} else {
 			raw = nil
 		}
-		if len(line) > 0 && !f.read(line) {
-			return errFramingLookalike
+		if len(line) == 0 { // the empty line that ends the head
+			continue
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return errObsFold
+		}
+		if err := f.read(line); err != nil {
+			return err
 		}
 	}
 	if f.ambiguous(h) {
@@ -259,39 +269,41 @@ type framing struct {
 	chunked        bool // the last Transfer-Encoding line is "chunked"
 }
 
-// read counts a raw header line (without its line end) that frames the
-// body, and reports false for a look-alike of a framing field's name. Only
-// lines starting with "t" or "c" are cut at their colon.
-func (f *framing) read(line []byte) bool {
+// read counts a raw header line (not empty, without its line end) if it
+// frames the body, and refuses a look-alike of a framing field's name.
+func (f *framing) read(line []byte) error {
 	if c := line[0] | 0x20; c != 't' && c != 'c' { // ASCII lower case
-		return true
+		return nil
 	}
+	// fasthttp has refused a space before the colon, and obs-fold lines
+	// are refused above: the name is the bytes before the colon.
 	name, value, found := bytes.Cut(line, []byte(":"))
 	if !found {
-		return true
+		return nil
 	}
-	switch name = bytes.TrimSpace(name); {
+	switch {
 	case bytes.EqualFold(name, []byte("transfer-encoding")):
 		f.codings++
 		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
 	case bytes.EqualFold(name, []byte("content-length")):
 		f.sized++
 	case lookalike(name, "transfer-encoding"), lookalike(name, "content-length"):
-		return false
+		return errFramingLookalike
 	}
-	return true
+	return nil
 }
 
 // lookalike reports whether name reads as the framing field's name, in any
-// case, once each "_", space or tab in it is read as "-" (fasthttp takes
-// "Transfer Encoding" as a name of its own, as it does "Transfer_Encoding").
+// case, once each "_" or space in it is read as "-" (fasthttp takes
+// "Transfer Encoding" as a name of its own, as it does "Transfer_Encoding";
+// it refuses a tab in a name itself).
 func lookalike(name []byte, field string) bool {
 	if len(name) != len(field) {
 		return false
 	}
 	for i, ch := range name {
 		switch {
-		case ch == '_' || ch == ' ' || ch == '\t':
+		case ch == '_' || ch == ' ':
 			ch = '-'
 		case 'A' <= ch && ch <= 'Z':
 			ch += 'a' - 'A'
@@ -306,12 +318,13 @@ func lookalike(name []byte, field string) bool {
 // ambiguous reports a request whose length two parsers could read
 // differently: one with a Transfer-Encoding and a Content-Length (fasthttp
 // frames it by the chunks), with a Transfer-Encoding in HTTP/1.0, which
-// has none, or with a Transfer-Encoding other than one "chunked" (fasthttp
+// has none, with a Transfer-Encoding other than one "chunked" (fasthttp
 // reads no body after "identity", and takes the body for the next
-// request), or with trailer fields. A proxy in front that framed it
-// otherwise would take the rest of the body for another request, or the
-// other way round: request smuggling. RFC 9112 6.1 allows refusing the
-// first two and requires a 400 for the third.
+// request), or with trailer fields (hasTrailerFields). A proxy in front
+// that framed it otherwise would take the rest of the body for another
+// request, or the other way round: request smuggling. RFC 9112 6.1 allows
+// refusing a Transfer-Encoding with a Content-Length, or in HTTP/1.0, and
+// requires a 400 for a final coding other than chunked.
 func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
 	if f.codings == 0 {
 		return false
@@ -326,9 +339,10 @@ func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
 // them for fields of the header section, which anything in front (a WAF,
 // an edge rule) inspected without them; RFC 9110 6.5.1 forbids that merge,
 // and no route here has a use for trailers, so they are refused.
-// TrailerHeader writes that section out, one line per field received, and
-// ends it with the blank line; a Trailer field in the header section only
-// announces names and adds none.
+// TrailerHeader writes that section out, one line per field received,
+// also one with an empty value (against its doc comment; TestHasTrailerFields
+// holds it to that), and ends it with the blank line; a Trailer field in
+// the header section only announces names and adds none.
 func hasTrailerFields(h *fasthttp.RequestHeader) bool {
 	return len(h.TrailerHeader()) > len("\r\n")
 }

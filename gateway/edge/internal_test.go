@@ -680,6 +680,41 @@ func TestAuthFailuresSayWhy(t *testing.T) {
 	}
 }
 
+// misreadHead tells each head a proxy in front could read otherwise by its
+// refusal, and passes heads any parser reads alike, whatever their values
+// hold. The heads are read by fasthttp first, as the server does.
+func TestMisreadHead(t *testing.T) {
+	next := "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n" // a CRLFCRLF buffered after the head
+	for _, tt := range []struct {
+		name, head string
+		want       error
+	}{
+		{"plain", "Host: g\r\nX-API-Key: k\r\nContent-Length: 2\r\n\r\n", nil},
+		{"colons and cookies in values", "Host: g\r\nX-A: a:b\r\nCookie: a=1; b=2:3\r\nTrailer: X-B\r\n\r\n", nil},
+		{"names that only start alike", "Host: g\r\nTransfer_Encodings: x\r\nContent_Lengthy: 1\r\nCache-Control: no\r\n\r\n", nil},
+		{"chunked", "Host: g\r\nTransfer-Encoding: chunked\r\n\r\n", nil},
+		{"a bare LF between fields", "Host: g\r\nX-A: a\nX-API-Key: k\r\n\r\n", errBareLineFeed},
+		{"a bare LF ending the last field", "Host: g\r\nContent-Length: 0\n\r\n", errBareLineFeed},
+		{"a bare LF for the empty line", "Host: g\r\nContent-Length: 0\r\n\n", errBareLineFeed},
+		{"a folded line", "Host: g\r\nX-A: a\r\n b\r\n\r\n", errObsFold},
+		{"a folded line, tab", "Host: g\r\nX-A: a\r\n\tb\r\n\r\n", errObsFold},
+		{"Transfer_Encoding", "Host: g\r\nTransfer_Encoding: chunked\r\n\r\n", errFramingLookalike},
+		{"content_length", "Host: g\r\ncontent_length: 0\r\n\r\n", errFramingLookalike},
+		{"Transfer Encoding", "Host: g\r\nTransfer Encoding: chunked\r\n\r\n", errFramingLookalike},
+		{"Content Length", "Host: g\r\nContent Length: 0\r\n\r\n", errFramingLookalike},
+		{"chunked and a length", "Host: g\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n", errAmbiguousFraming},
+	} {
+		var h fasthttp.RequestHeader
+		raw := "POST /v1/x HTTP/1.1\r\n" + tt.head + next
+		if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			t.Fatalf("%s: fasthttp refused %q: %v", tt.name, raw, err)
+		}
+		if got := misreadHead(&h); got != tt.want {
+			t.Errorf("%s: misreadHead = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
 // BenchmarkMisreadHead is the check's cost on a usual GET, which every
 // request pays.
 func BenchmarkMisreadHead(b *testing.B) {
