@@ -617,8 +617,10 @@ func trunc(s string, n int) string {
 // and what the upstream received, with keys, ids and times normalized, as
 // indented JSON. Run it on the build before the upgrade and on the build
 // after, and diff the two files (gateway/README.md, "Upgrading fasthttp").
-// It asserts nothing and is skipped unless PROBE_OUT names the file to
-// write: what changed is for a person to judge. Session 24 wrote it for
+// It fails on what no build may do (a 5xx for what a client sent, an
+// answer that is not the envelope, but to HEAD or a 100 Continue, a panic);
+// what else changed is for a person to judge from the diff. It is skipped
+// unless PROBE_OUT names the file to write (it takes ~4 minutes). Session 24 wrote it for
 // fasthttp v1.73 → v1.78 (11 entries changed, none for the worse) and found
 // with it the bare-LF, obs-fold and Transfer_Encoding heads misreadHead now
 // refuses.
@@ -764,6 +766,12 @@ func TestProbeHTTPDiff(t *testing.T) {
 				pr.Body = trunc(fmt.Sprintf("%q", clean(string(body))), 300)
 			}
 			res.Responses = append(res.Responses, pr)
+			switch {
+			case resp.StatusCode >= 500:
+				t.Errorf("%s: %s: a 5xx for what the client sent", e.Name, pr.Status)
+			case !pr.Envelope && resp.StatusCode >= 200 && forReq == nil:
+				t.Errorf("%s: %s is not the envelope: %s", e.Name, pr.Status, pr.Body)
+			}
 		}
 		if pos < len(data) {
 			res.Leftover = trunc(fmt.Sprintf("%q", clean(string(data[pos:]))), 500)
@@ -781,6 +789,11 @@ func TestProbeHTTPDiff(t *testing.T) {
 		}
 		logMark = len(logs)
 		sort.Strings(res.LogErrors)
+		for _, l := range res.LogErrors {
+			if strings.Contains(l, "panic") {
+				t.Errorf("%s: the gateway logged a panic: %s", e.Name, l)
+			}
+		}
 		results = append(results, res)
 		t.Logf("%-40s %v end=%s up=%d", e.Name, res.Responses, res.End, res.UpHits)
 	}
