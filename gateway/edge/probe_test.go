@@ -610,7 +610,8 @@ type probeResult struct {
 	LogErrors []string    `json:"log_errors,omitempty"`
 }
 
-func classifyErr(err error) string {
+// connEnd names how a read or write on a probe's connection ended.
+func connEnd(err error) string {
 	switch {
 	case err == nil:
 		return ""
@@ -768,7 +769,7 @@ func sendProbe(t *testing.T, addr string, parts []string, wait time.Duration) (a
 				_ = conn.SetReadDeadline(next)
 			}
 			if err != nil {
-				done <- classifyErr(err)
+				done <- connEnd(err)
 				return
 			}
 		}
@@ -779,7 +780,7 @@ func sendProbe(t *testing.T, addr string, parts []string, wait time.Duration) (a
 			time.Sleep(400 * time.Millisecond)
 		}
 		if _, err := conn.Write([]byte(p)); err != nil {
-			writeErr = classifyErr(err)
+			writeErr = connEnd(err)
 			break
 		}
 	}
