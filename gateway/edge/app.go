@@ -34,7 +34,11 @@ func (g *Gateway) newApp() *fiber.App {
 		Immutable:     false,
 		CaseSensitive: true,
 		StrictRouting: true,
-		BodyLimit:     bodyReadLimit, // BodyLimit is enforced in serve
+		// fasthttp refuses a longer body (serverError's 413) on its declared
+		// length, or once a chunked one passes it, unread: the connection is
+		// then closed in stages (lingerclose), so that a client still
+		// sending it reads the 413.
+		BodyLimit: BodyLimit,
 		// A multipart/form-data body is read by its Content-Length like any
 		// other. fasthttp would parse the form while reading it and stop at
 		// its last boundary, as far as its 4 KiB buffer had read, and read
@@ -62,8 +66,8 @@ func (g *Gateway) newApp() *fiber.App {
 
 // refuseLargeBodiesBeforeContinue answers a request that asks
 // "Expect: 100-continue" for a body over BodyLimit with the 413 envelope at
-// once, instead of the 100 Continue that would have the client send up to
-// a megabyte only to be refused after it. fasthttp then calls no handler
+// once, instead of the 100 Continue that would have the client send it
+// only to be refused after it. fasthttp then calls no handler
 // and closes the connection (the client may send the body anyway); the
 // envelope is written into the response it sends, and the request is named
 // after the route its headers ask for, as the same 413 is when the body
@@ -152,10 +156,11 @@ func (g *Gateway) serveAs(c *fiber.Ctx, rt route, name string, rm *routeMetrics)
 // large, headers too large, read timeout); the request gets its own trace
 // all the same.
 func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
-	if bodyTooLarge(err) {
+	if bodyTooLarge(err) && c.Request().Header.ContentLength() > BodyLimit {
 		// Refused on its declared length once its headers were read whole:
-		// named after its route, as the 413 of a smaller body over the
-		// limit is (refused in the handler) and as one with Expect is.
+		// named after its route, as the 413 with Expect is. A chunked body
+		// passing the limit comes with the request reset (fasthttp's
+		// ReadBody), its method and path lost: unrouted, below.
 		name := routeNameOf(c.Method(), c.Path())
 		rq := g.begin(c, name)
 		defer g.end(c, rq, g.routeMetrics[name])
@@ -384,11 +389,6 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	}
 	if err := misreadHead(&c.Request().Header); err != nil {
 		return err
-	}
-	// The body as received (not decoded: no decompression of untrusted
-	// input here).
-	if len(c.Request().Body()) > BodyLimit {
-		return errTooLarge
 	}
 	if rt == unmatched {
 		if allow := allowedMethods(c.Path()); len(allow) > 0 {

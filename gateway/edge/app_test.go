@@ -121,7 +121,7 @@ func gatewayReading(raw []byte, chunk int) (reading, []byte, bool) {
 		return reading{}, nil, false
 	}
 	// No form parsed while reading (newApp's DisablePreParseMultipartForm).
-	if err := req.ContinueReadBody(br, bodyReadLimit, false); err != nil {
+	if err := req.ContinueReadBody(br, BodyLimit, false); err != nil {
 		return reading{}, nil, false
 	}
 	if !http1(req.Header.Protocol()) || misreadHead(&req.Header) != nil {

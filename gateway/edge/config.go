@@ -73,15 +73,6 @@ type Config struct {
 // BodyLimit is the largest request body accepted (413 above it).
 const BodyLimit = 64 << 10
 
-// bodyReadLimit is the largest body the server reads before answering. A
-// body over BodyLimit but under this is read in full and then refused, so a
-// client still sending it gets the 413 envelope: refused unread, the
-// connection is closed under the client's feet, which sees a reset or a
-// broken pipe instead of the answer. Above this the server refuses on the
-// declared length and closes (a client sending that much is not a client
-// that reads answers carefully, and the gateway will not buffer more).
-const bodyReadLimit = 1 << 20
-
 // LoadConfig reads and validates the configuration.
 func LoadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)

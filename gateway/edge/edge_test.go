@@ -1005,31 +1005,87 @@ func TestExpectContinueIsRefusedForABodyOverTheLimit(t *testing.T) {
 	}
 }
 
-// A 413 is named after the route it was sent to however it was refused:
-// in the handler (a body over the limit, read whole), before the body with
-// Expect: 100-continue, or by the server on a declared length over what it
-// reads at all.
+// A 413 is named after the route it was sent to, refused on its declared
+// length or before the body with Expect: 100-continue; a chunked body
+// passing the limit is unrouted, as fasthttp resets its request then (its
+// method and path would read GET /).
 func TestBodyTooLargeIsNamedAfterItsRoute(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
 	confirm := "/v1/export/items/coin-1/sales/confirm"
 	const route = `"method":"POST","route":"POST /v1/export/items/{item_id}/sales/confirm","status":413`
 	json := map[string]string{"Content-Type": "application/json"}
+	overLimit := strings.Repeat(" ", edge.BodyLimit+1)
 	answers := map[string]response{
-		"read whole": do(t, "POST", gw.URL+confirm, json, strings.NewReader(strings.Repeat(" ", edge.BodyLimit+1))),
+		"declared length": do(t, "POST", gw.URL+confirm, json, strings.NewReader(overLimit)),
 		"Expect: 100-continue": doRaw(t, gw.URL, "POST", confirm, map[string]string{"Content-Type": "application/json",
 			"Expect": "100-continue", "Content-Length": strconv.Itoa(edge.BodyLimit + 1)}),
-		"over what is read at all": doRaw(t, gw.URL, "POST", confirm, map[string]string{"Content-Type": "application/json",
-			"Content-Length": strconv.Itoa(4 << 20)}),
 	}
 	for how, r := range answers {
 		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 413 || !strings.Contains(line, route) {
 			t.Errorf("%s: %d, access line %s; want 413 with %s", how, r.Status, line, route)
 		}
 	}
-	series := `gateway_http_requests_total{route="POST /v1/export/items/{item_id}/sales/confirm",status_class="4xx"} 3`
+	chunked := do(t, "POST", gw.URL+confirm, json, io.MultiReader(strings.NewReader(overLimit))) // no Size: chunked
+	const unrouted = `"method":"_OTHER","route":"unrouted","status":413`
+	if line := accessLine(gw.Logs.String(), chunked.Env.Meta.RequestID); chunked.Status != 413 || !strings.Contains(line, unrouted) {
+		t.Errorf("chunked: %d, access line %s; want 413 with %s", chunked.Status, line, unrouted)
+	}
+	series := `gateway_http_requests_total{route="POST /v1/export/items/{item_id}/sales/confirm",status_class="4xx"} 2`
 	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(series)) {
 		t.Errorf("metrics lack %s:\n%s", series, grep(metrics, "gateway_http_requests_total"))
+	}
+}
+
+// A client that sends its whole request before reading (as curl does, and
+// every client with a body it has in memory) reads the gateway's refusal
+// even when the gateway refused it long before its end: the gateway closes
+// in stages (gateway/lingerclose). Closed at once, the bytes still
+// arriving would be answered with a reset and the client's write would
+// fail (fasthttp issue #1348), leaving it without the envelope and its
+// request id.
+func TestAClientStillSendingReadsTheRefusal(t *testing.T) {
+	dsn, _, k := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	const size = 12 << 20
+	confirm := "POST /v1/export/items/coin-1/sales/confirm HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + k.write +
+		"\r\nContent-Type: application/json\r\n"
+	tests := []struct {
+		name    string
+		request string
+		status  int
+		code    string
+	}{
+		{"body over the limit", confirm + "Content-Length: " + strconv.Itoa(size) + "\r\n\r\n" + strings.Repeat(" ", size),
+			413, "payload_too_large"},
+		{"chunked body over the limit", confirm + "Transfer-Encoding: chunked\r\n\r\n" + strconv.FormatInt(size, 16) + "\r\n" +
+			strings.Repeat(" ", size) + "\r\n0\r\n\r\n", 413, "payload_too_large"},
+		{"head over the limit", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-Padding: " + strings.Repeat("p", size) + "\r\n\r\n",
+			431, "headers_too_large"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := io.WriteString(conn, tt.request); err != nil {
+				t.Fatalf("sending %d bytes: %v; want them taken in, then the refusal", len(tt.request), err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			r := response{Status: resp.StatusCode, Header: resp.Header, Body: b}
+			if err := json.Unmarshal(b, &r.Env); err != nil || r.Status != tt.status || r.Env.Error == nil ||
+				r.Env.Error.Code != tt.code || r.Env.Meta.RequestID != r.Header.Get("X-Request-Id") {
+				t.Fatalf("answer %d %s, want %d %s with its request id", r.Status, b, tt.status, tt.code)
+			}
+		})
 	}
 }
 

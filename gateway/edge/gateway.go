@@ -17,6 +17,7 @@ import (
 
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/lazydeadline"
+	"github.com/coinexport/export/gateway/lingerclose"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/httpserver"
@@ -158,8 +159,12 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		return nil, fmt.Errorf("listen %s: %w", cfg.Addr, err)
 	}
 	// fasthttp sets three deadlines per request on a client's connection:
-	// lazydeadline applies only those that change by a tick.
-	g.listener = lazydeadline.NewListener(ln, lazydeadline.TickFor(cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout))
+	// lazydeadline applies only those that change by a tick. fasthttp also
+	// closes a connection at once, even while the client is still sending
+	// a request it refused: lingerclose closes in stages, so that the
+	// client reads the refusal instead of a reset.
+	g.listener = lazydeadline.NewListener(lingerclose.NewListener(ln, lingerclose.Defaults),
+		lazydeadline.TickFor(cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout))
 	cleanup = append(cleanup, func() { g.listener.Close() })
 	if g.adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminAddr); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.AdminAddr, err)

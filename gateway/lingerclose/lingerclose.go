@@ -1,0 +1,133 @@
+// Package lingerclose closes a server's TCP connections in stages, as
+// RFC 9112 section 9.6 asks and nginx's lingering_close does: the write side
+// first, then the client's remaining bytes are read and thrown away until
+// it closes its side (or a bound is reached), and only then the socket.
+//
+// fasthttp closes at once. When it refuses a request whose rest is still
+// arriving (a body over the limit, a head over the limit, a request refused
+// with "Connection: close"), the bytes that arrive after the close make the
+// kernel answer with a reset, and a client still sending sees "connection
+// reset" instead of the error envelope it was sent (fasthttp issue #1348:
+// browsers almost always, curl now and then; on loopback from about 4 MB
+// of unsent body on, on real networks much sooner).
+//
+// The draining runs in a goroutine of its own after Close returns, so the
+// server's worker is free at once. It is bounded per connection (Options)
+// and in number: past MaxConns lingering connections, a connection is
+// closed at once, as without this package.
+package lingerclose
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options bound the draining of one closed connection.
+type Options struct {
+	// IdleTimeout ends the draining when the client sends nothing for
+	// this long.
+	IdleTimeout time.Duration
+	// MaxTime ends it this long after Close, however the client sends.
+	MaxTime time.Duration
+	// MaxBytes ends it once this many bytes were thrown away.
+	MaxBytes int64
+	// MaxConns is how many connections may linger at once.
+	MaxConns int64
+}
+
+// Defaults are the gateway's: long enough for a client on a slow link to
+// finish sending a few megabytes it should not have sent and read the
+// answer; short enough that lingering connections cost little.
+var Defaults = Options{IdleTimeout: 2 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 16 << 20, MaxConns: 1024}
+
+// Listener hands out connections that close in stages.
+type Listener struct {
+	net.Listener
+	opts      Options
+	lingering atomic.Int64
+}
+
+// NewListener wraps ln.
+func NewListener(ln net.Listener, opts Options) *Listener {
+	return &Listener{Listener: ln, opts: opts}
+}
+
+// Lingering is how many connections are being drained now.
+func (l *Listener) Lingering() int64 { return l.lingering.Load() }
+
+// Accept accepts a connection; one that is not TCP is returned as it is.
+func (l *Listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c, nil
+	}
+	return &Conn{TCPConn: tc, l: l}, nil
+}
+
+// Conn is a TCP connection whose Close lingers.
+type Conn struct {
+	*net.TCPConn
+	l      *Listener
+	closed atomic.Bool
+}
+
+// Close closes the write side and leaves the rest to a goroutine that
+// drains what the client still sends, then closes the socket. It returns
+// at once.
+func (c *Conn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return net.ErrClosed
+	}
+	if !c.l.admit() {
+		return c.TCPConn.Close()
+	}
+	if err := c.TCPConn.CloseWrite(); err != nil { // the client reset it already
+		c.l.lingering.Add(-1)
+		return c.TCPConn.Close()
+	}
+	go c.drainThenClose()
+	return nil
+}
+
+// admit counts one more lingering connection unless MaxConns are already.
+func (l *Listener) admit() bool {
+	if l.lingering.Add(1) > l.opts.MaxConns {
+		l.lingering.Add(-1)
+		return false
+	}
+	return true
+}
+
+// discard holds the buffers drained bytes are read into.
+var discard = sync.Pool{New: func() any { return new([16 << 10]byte) }}
+
+// drainThenClose reads until the client's end of stream, an error, or a
+// bound of Options, then closes.
+func (c *Conn) drainThenClose() {
+	defer c.l.lingering.Add(-1)
+	defer c.TCPConn.Close()
+	buf := discard.Get().(*[16 << 10]byte)
+	defer discard.Put(buf)
+	opts := c.l.opts
+	end := time.Now().Add(opts.MaxTime)
+	for read := int64(0); read < opts.MaxBytes; {
+		deadline := time.Now().Add(opts.IdleTimeout)
+		if deadline.After(end) {
+			deadline = end
+		}
+		if c.TCPConn.SetReadDeadline(deadline) != nil {
+			return
+		}
+		n, err := c.TCPConn.Read(buf[:])
+		read += int64(n)
+		if err != nil { // io.EOF: the client closed its side, as it should
+			return
+		}
+	}
+}

@@ -1,0 +1,175 @@
+package lingerclose
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+const refusal = "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\n\r\n"
+
+// refusingServer accepts connections on a Listener with opts and answers
+// each with refusal after reading its first KiB, then closes it: what
+// fasthttp does with a body over its limit.
+func refusingServer(t *testing.T, opts Options) *Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewListener(ln, opts)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				_, _ = c.Read(make([]byte, 1024))
+				_, _ = io.WriteString(c, refusal)
+				_ = c.Close()
+			}()
+		}
+	}()
+	return l
+}
+
+// sendThenRead writes size bytes in one call, as a client does that sends
+// its whole request before it reads, then reads the answer to the end.
+func sendThenRead(t *testing.T, addr string, size int) (answer []byte, writeErr, readErr error) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, writeErr = c.Write(bytes.Repeat([]byte("b"), size)); writeErr != nil {
+		return nil, writeErr, nil
+	}
+	answer, readErr = io.ReadAll(c)
+	return answer, nil, readErr
+}
+
+// waitLingering waits up to 5 s for l.Lingering() to reach want.
+func waitLingering(t *testing.T, l *Listener, want int64) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); l.Lingering() != want; {
+		if time.Now().After(end) {
+			t.Fatalf("lingering connections = %d, want %d", l.Lingering(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A client that is still sending when the server refuses and closes
+// finishes sending and reads the refusal. Closed at once, the socket would
+// answer the bytes still arriving with a reset, and the client's write
+// would fail (on loopback 18 of 20 times for 4 MiB, every time for 16).
+func TestAClientStillSendingReadsTheAnswer(t *testing.T) {
+	l := refusingServer(t, Options{IdleTimeout: 2 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 64 << 20, MaxConns: 8})
+	for range 3 {
+		answer, writeErr, readErr := sendThenRead(t, l.Addr().String(), 16<<20)
+		if writeErr != nil || readErr != nil || string(answer) != refusal {
+			t.Fatalf("client sending 16 MiB: write %v, read %v, answer %q; want the refusal, then the end of stream", writeErr, readErr, answer)
+		}
+	}
+	waitLingering(t, l, 0)
+}
+
+// Draining stops at MaxBytes: past it the socket is closed as it would be
+// without lingering, and a client still sending gets the reset.
+func TestDrainingStopsAtMaxBytes(t *testing.T) {
+	l := refusingServer(t, Options{IdleTimeout: 2 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 64 << 10, MaxConns: 8})
+	_, writeErr, readErr := sendThenRead(t, l.Addr().String(), 64<<20)
+	if writeErr == nil && readErr == nil {
+		t.Fatal("a client sending 64 MiB past a 64 KiB drain finished without an error; want the reset")
+	}
+	waitLingering(t, l, 0)
+}
+
+// A client that neither sends nor closes is let go after IdleTimeout: the
+// server's socket is closed, so the client's next writes fail.
+func TestASilentClientIsLetGoAfterIdleTimeout(t *testing.T) {
+	l := refusingServer(t, Options{IdleTimeout: 100 * time.Millisecond, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 8})
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte("hello"))
+	answer := make([]byte, len(refusal))
+	if _, err := io.ReadFull(c, answer); err != nil || string(answer) != refusal {
+		t.Fatalf("answer %q, %v; want the refusal", answer, err)
+	}
+	waitLingering(t, l, 1)
+	waitLingering(t, l, 0)
+	var werr error
+	for i := 0; i < 50 && werr == nil; i++ { // the first write after the close may still be accepted
+		_, werr = c.Write([]byte("more"))
+		time.Sleep(10 * time.Millisecond)
+	}
+	if werr == nil {
+		t.Fatal("writes after the idle timeout still succeed; want the server's socket closed")
+	}
+}
+
+// Past MaxConns lingering connections, Close closes at once.
+func TestPastMaxConnsCloseIsImmediate(t *testing.T) {
+	l := refusingServer(t, Options{IdleTimeout: 5 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
+	var clients []net.Conn
+	for range 3 { // silent clients: each would linger for IdleTimeout
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = c.Write([]byte("hello"))
+		clients = append(clients, c)
+	}
+	for _, c := range clients {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, make([]byte, len(refusal))); err != nil {
+			t.Fatalf("reading the refusal: %v", err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := l.Lingering(); n != 1 {
+		t.Fatalf("lingering connections = %d, want 1 (MaxConns)", n)
+	}
+	for _, c := range clients {
+		c.Close()
+	}
+	waitLingering(t, l, 0)
+}
+
+// Close twice: the second says the connection is closed.
+func TestCloseTwice(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewListener(ln, Defaults)
+	defer l.Close()
+	go func() {
+		if c, err := net.Dial("tcp", l.Addr().String()); err == nil {
+			defer c.Close()
+			_, _ = io.ReadAll(c)
+		}
+	}()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("first Close: %v", err)
+	}
+	if err := c.Close(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("second Close = %v, want net.ErrClosed", err)
+	}
+	waitLingering(t, l, 0)
+}
