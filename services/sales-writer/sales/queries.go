@@ -90,9 +90,12 @@ LEFT JOIN result ON true`
 // exists (a plain read: a foreign key would lock the platform's row, which
 // every concurrent confirm of the platform shares; see migration 00004).
 // updated_at is stamped with clock_timestamp() in the transaction's only
-// statement, after the row lock is taken, as late as possible before commit,
-// so that updated_after syncs do not miss the change; confirmed_at is the
-// same instant. It never moves backwards: if the clock stepped back below
+// statement, late before commit, under the owner's sync lock, so that
+// updated_after syncs do not miss the change; confirmed_at is the same
+// instant. Not after a wait for the row: PostgreSQL computes the new row
+// before it waits for a transaction that only locked it (SELECT … FOR
+// UPDATE), and recomputes it only if the row was updated meanwhile, so such
+// a stamp is the time the wait began (README, "How a call works"). It never moves backwards: if the clock stepped back below
 // the row's last stamp, the row gets that stamp plus a microsecond (see
 // catalog.NextUpdatedAt).
 var confirmSQL = keyState + writerLock + `
