@@ -467,6 +467,34 @@ func TestAdminUnreadableRequestIsAnEnvelope(t *testing.T) {
 	waitFor(t, 5*time.Second, func() bool { return strings.Contains(gw.Logs.String(), env.Meta.RequestID) })
 }
 
+// "OPTIONS *" on the admin port is answered by the admin handler (a 404
+// envelope with a request id), not by net/http's own empty 200, as on the
+// services' admin ports (pkg/httpserver).
+func TestAdminAsteriskOptionsIsAnEnvelope(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.AdminURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var env envelope.Parsed
+	if err := json.Unmarshal(body, &env); err != nil || env.Error == nil || env.Meta.RequestID == "" ||
+		resp.Header.Get("X-Request-Id") != env.Meta.RequestID {
+		t.Fatalf("admin OPTIONS * = %d %q (X-Request-Id %q), want an error envelope with its request id",
+			resp.StatusCode, body, resp.Header.Get("X-Request-Id"))
+	}
+}
+
 // Every upstream's error and retry series exist at 0 from the start, so an
 // alert on their rate has a series before the first failure.
 func TestUpstreamSeriesStartAtZero(t *testing.T) {

@@ -295,7 +295,10 @@ func (g *Gateway) startServing() {
 		}
 	}()
 	g.admin = &http.Server{Handler: httpserver.AdminHandler(g.metrics.registry), ReadHeaderTimeout: 5 * time.Second,
-		MaxHeaderBytes: 32 << 10}
+		MaxHeaderBytes: 32 << 10,
+		// "OPTIONS *" goes to the handler too (an envelope), not to
+		// net/http's own empty 200, as on the services' admin ports.
+		DisableGeneralOptionsHandler: true}
 	adminLn := httpserver.UnreadAsEnvelope(g.adminLn, httpserver.LogUnread(g.log))
 	go func() {
 		if err := g.admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
