@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
 
 // Config is every setting of the binary, read from the environment once.
@@ -60,6 +61,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		PageSize:       r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
 		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
+	}
+	// Checked here, with the other settings, so that a bad entry is named
+	// by its variable (and refused before the start line), not by the guard.
+	if _, err := guard.New(c.Ports, c.AllowHosts); err != nil {
+		r.Failf("SHOP_SCHEMA_ALLOW_HOSTS must list host names, IP addresses or CIDRs, separated by commas")
 	}
 	c.IdentitySecret, c.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	c.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)

@@ -44,6 +44,17 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("loadConfig(%v) = nil error, want an error", kv)
 		}
 	}
+	// A bad allow-list entry is named by its variable, without its value,
+	// with the other settings (before, the guard refused it after the
+	// start line: "guard: allow-list entry \"…\" is not a host, IP or CIDR").
+	_, err = loadConfig(env("SHOP_SCHEMA_ALLOW_HOSTS", "127.0.0.1,nonsense..x", "SHOP_SCHEMA_PAGE_SIZE", "0"))
+	if err == nil || !strings.Contains(err.Error(), "SHOP_SCHEMA_ALLOW_HOSTS must") || strings.Contains(err.Error(), "nonsense") ||
+		!strings.Contains(err.Error(), "SHOP_SCHEMA_PAGE_SIZE") {
+		t.Errorf("loadConfig(SHOP_SCHEMA_ALLOW_HOSTS=127.0.0.1,nonsense..x, bad page size) = %v, want both named, no value quoted", err)
+	}
+	if got, err := loadConfig(env("SHOP_SCHEMA_ALLOW_HOSTS", "127.0.0.1, 10.0.0.0/8, shop.test, [::1]")); err != nil || len(got.AllowHosts) != 4 {
+		t.Errorf("loadConfig(a valid allow-list) = %v, %v, want four entries, no error", got.AllowHosts, err)
+	}
 	// A bad timeout is reported alone, not also as shorter than the
 	// connect timeout left at its default.
 	_, err = loadConfig(env("SHOP_SCHEMA_TIMEOUT", "0s"))
