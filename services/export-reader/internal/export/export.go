@@ -42,17 +42,28 @@ type Query struct {
 // position is where a page ends: the last (updated_at, id) it holds.
 type position = cursor.Position
 
+// MaxPageBytes bounds the items of one list page: once a page's items pass
+// it, the page ends there, with fewer than limit items and a next cursor.
+// An item's document may be up to about 2 MiB (an import line is up to
+// 1 MiB), so 100 of them could make a page the gateway refuses to relay
+// (it reads an export-reader answer whole up to 64 MiB): a 502 on every
+// retry of that page, a sync that never ends. A page of 100 ordinary items
+// is about 100 KB.
+const MaxPageBytes = 16 << 20
+
 // Reader reads export items from PostgreSQL (a replica is fine).
 type Reader struct {
 	pool    *pgxpool.Pool
 	cursors *cursor.Codec
 	ahead   *readAhead
+	// maxPageBytes is MaxPageBytes; tests lower it.
+	maxPageBytes int
 }
 
 // NewReader returns a Reader over pool that signs cursors with cursors and
 // reads list pages ahead as ahead says.
 func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec, ahead ReadAhead) *Reader {
-	return &Reader{pool: pool, cursors: cursors, ahead: newReadAhead(ahead)}
+	return &Reader{pool: pool, cursors: cursors, ahead: newReadAhead(ahead), maxPageBytes: MaxPageBytes}
 }
 
 // Collectors are the Reader's metrics, for the service's registry.
@@ -178,8 +189,10 @@ func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUI
 
 // scanPages reads up to n consecutive pages after the position in one
 // query (one extra row tells whether another page follows the last). Each
-// page's items are appended to a buffer from newBody. It always returns at
-// least one page, possibly empty.
+// page's items are appended to a buffer from newBody. A page ends after
+// limit items, or earlier once its items pass maxPageBytes (so it never has
+// more rows than limit, and n·limit+1 rows still tell whether one follows).
+// It always returns at least one page, possibly empty.
 func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, after *position, n int, newBody func() []byte) ([]scannedPage, error) {
 	sql, args := listStatement(q, owner)
 	if after != nil {
@@ -193,13 +206,15 @@ func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, afte
 	defer rows.Close()
 	var (
 		pages           = []scannedPage{{body: newBody()}}
-		inPage          int // rows in the last page
+		start           = len(pages[0].body) // where the last page's items begin in its body
+		inPage          int                  // rows in the last page
+		full            bool                 // the last page takes no more rows
 		last            position
 		id, status, doc pgtype.DriverBytes
 		updated         time.Time
 	)
 	for rows.Next() {
-		if inPage == q.Limit {
+		if full {
 			// This row starts another page.
 			end := last
 			pages[len(pages)-1].next = &end
@@ -208,7 +223,7 @@ func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, afte
 				return pages, rows.Err()
 			}
 			pages = append(pages, scannedPage{body: newBody()})
-			inPage = 0
+			start, inPage, full = len(pages[len(pages)-1].body), 0, false
 		}
 		if err := rows.Scan(&id, &status, &updated, &doc); err != nil {
 			return nil, fmt.Errorf("export: list: %w", err)
@@ -219,7 +234,7 @@ func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, afte
 		}
 		page.body = catalog.Compose(page.body, statusOf(status), updated, doc)
 		inPage++
-		if inPage == q.Limit {
+		if full = inPage == q.Limit || len(page.body)-start >= r.maxPageBytes; full {
 			// Copied now: id points into the driver's buffer, which the
 			// next rows.Next reuses.
 			last = position{UpdatedAt: updated, ID: string(id)}
