@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -230,6 +231,9 @@ func canonicalObject(raw json.RawMessage) (json.RawMessage, string) {
 	if hasNUL(v) {
 		return nil, "must not contain the NUL character"
 	}
+	if hasHugeNumber(v) {
+		return nil, "must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -237,6 +241,26 @@ func canonicalObject(raw json.RawMessage) (json.RawMessage, string) {
 		return nil, "must be valid JSON"
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), ""
+}
+
+// hasHugeNumber reports a number that no float64 holds (1e400): exported as
+// written, it is Infinity to JavaScript and an error to encoding/json, whose
+// Unmarshal of the page then fails as a whole.
+func hasHugeNumber(v any) bool {
+	switch v := v.(type) {
+	case json.Number:
+		_, err := strconv.ParseFloat(string(v), 64)
+		return err != nil
+	case []any:
+		return slices.ContainsFunc(v, hasHugeNumber)
+	case map[string]any:
+		for _, e := range v {
+			if hasHugeNumber(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hasNUL reports a NUL in any key or string: jsonb cannot store it.

@@ -23,6 +23,8 @@
 //     decimals and 15 significant digits (a double holds it exactly), or
 //     null/absent. coin_id: string or null/absent.
 //   - category: object or null/absent. characteristics: object, {} when absent.
+//     Their numbers must fit a double (1e400 is refused: it is Infinity to
+//     JavaScript and an error to encoding/json).
 //   - images: array (≤ 100) of {id, url (absolute https, no user info),
 //     position (0–1000000, unique), type (obverse, reverse, edge, gallery)},
 //     stored ordered by position; [] when absent.

@@ -73,6 +73,8 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"category array", with("category", `[]`), "category: must be an object or null"},
 		{"characteristics null", with("characteristics", `null`), "characteristics: must be an object"},
 		{"characteristics NUL", with("characteristics", `{"a":"\u0000"}`), "characteristics: must not contain the NUL character"},
+		{"characteristics huge number", with("characteristics", `{"a":[1,{"b":1e400}]}`), "characteristics: must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"},
+		{"category huge number", with("category", `{"id":"x","n":-2e308}`), "category: must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"},
 		{"images object", with("images", `{}`), "images: must be an array"},
 		{"image http", with("images", `[{"id":"i","url":"http://x.test/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
 		{"image no host", with("images", `[{"id":"i","url":"https:///a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
