@@ -2,8 +2,10 @@ package catalog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -35,7 +37,13 @@ import (
 // sync guide keeps its overlap.
 //
 // The wait is short: in-flight writers only (a sale's commit, at most one
-// import chunk); new writers queue behind the barrier for as long.
+// import chunk); new writers queue behind the barrier for as long. It is
+// bounded (SyncBarrierWait): a writer in flight can itself wait, for a row
+// another transaction holds locked (an operator's SELECT ... FOR UPDATE),
+// up to its query timeout, and every writer of the owner that comes after
+// the barrier would queue behind it as long. Past the bound the barrier
+// gives up (ErrSyncBusy: the first page answers 503, and the client asks
+// again after a backoff), so that the owner's other sales go through.
 
 // syncLockClass is the first key of the owner's advisory lock (the second
 // is hashtext of the owner id): a namespace of its own, apart from any
@@ -52,11 +60,27 @@ func WriterLock(owner string) string {
 	return "pg_advisory_xact_lock_shared(" + strconv.Itoa(syncLockClass) + ", hashtext(" + owner + "::text))"
 }
 
+// SyncBarrierWait is the longest the barrier waits for the writers in
+// flight: far longer than a sale's commit or an import chunk takes, short
+// enough that the owner's writers queued behind the barrier are not held
+// up for a writer that is stuck.
+const SyncBarrierWait = 2 * time.Second
+
+// ErrSyncBusy is the barrier giving up after SyncBarrierWait.
+var ErrSyncBusy = errors.New("catalog: a write of the owner's items has been in flight for longer than the sync barrier waits")
+
 // syncBarrier takes the owner's sync lock exclusively and, run on its own
 // outside a transaction, releases it as its statement ends: it returns once
 // every writer that held the lock when it asked has committed or rolled
-// back.
-var syncBarrier = "SELECT pg_advisory_xact_lock(" + strconv.Itoa(syncLockClass) + ", hashtext($1::uuid::text))"
+// back, or fails with lock_not_available after $2 of waiting. The
+// subquery sets lock_timeout (for this statement's transaction only)
+// before the lock is asked for: a subquery with a volatile function is
+// never merged into its parent, so it runs first.
+var syncBarrier = "SELECT pg_advisory_xact_lock(" + strconv.Itoa(syncLockClass) + ", hashtext($1::uuid::text))" +
+	" FROM (SELECT set_config('lock_timeout', $2, true)) AS bounded"
+
+// lockNotAvailable is PostgreSQL's SQLSTATE for a lock_timeout.
+const lockNotAvailable = "55P03"
 
 // Execer runs a statement (a pool or a connection).
 type Execer interface {
@@ -65,8 +89,14 @@ type Execer interface {
 
 // SyncBarrier waits until every write of the owner's items in flight now
 // has committed (see above). A sync's first page calls it before its query.
+// It fails with ErrSyncBusy if they take longer than SyncBarrierWait.
 func SyncBarrier(ctx context.Context, db Execer, owner pgtype.UUID) error {
-	if _, err := db.Exec(ctx, syncBarrier, owner); err != nil {
+	_, err := db.Exec(ctx, syncBarrier, owner, strconv.FormatInt(SyncBarrierWait.Milliseconds(), 10)+"ms")
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+		return ErrSyncBusy
+	case err != nil:
 		return fmt.Errorf("catalog: sync barrier: %w", err)
 	}
 	return nil

@@ -2,6 +2,7 @@ package catalog_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -84,6 +85,56 @@ func TestSyncBarrierWaitsForWritersInFlight(t *testing.T) {
 	// What the sync's first query then reads has the change.
 	if got := stored(t, pool, owner, "a").UpdatedAt; !got.Equal(stamped) {
 		t.Errorf("after the barrier the item reads updated_at %v, want the writer's %v", got, stamped)
+	}
+}
+
+// A writer in flight that is stuck (waiting for a row another transaction
+// holds locked) makes the barrier give up after SyncBarrierWait with
+// ErrSyncBusy, and the owner's writers that queued behind the barrier go
+// through then, while the stuck one still holds its lock. The bound is
+// the statement's own: the connection's lock_timeout is unchanged after.
+func TestSyncBarrierGivesUpOnAStuckWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	stuck, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Rollback(ctx)
+	if _, err := stuck.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	start := time.Now()
+	barrier := make(chan error, 1)
+	go func() { barrier <- catalog.SyncBarrier(ctx, conn, ownerUUID(t, owner)) }()
+	time.Sleep(300 * time.Millisecond) // the barrier is waiting: a new writer queues behind it
+	queued, wait := returnsWithin(t, catalog.SyncBarrierWait+5*time.Second, func() error {
+		_, err := pool.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner)
+		return err
+	})
+	if !queued {
+		t.Fatal("a writer that queued behind the barrier still waits after the barrier's bound")
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-barrier; !errors.Is(err, catalog.ErrSyncBusy) {
+		t.Fatalf("barrier behind a stuck writer = %v, want ErrSyncBusy", err)
+	}
+	if took := time.Since(start); took < catalog.SyncBarrierWait {
+		t.Errorf("the barrier gave up after %v, want at least %v", took, catalog.SyncBarrierWait)
+	}
+	var timeout string
+	if err := conn.QueryRow(ctx, "SHOW lock_timeout").Scan(&timeout); err != nil || timeout != "0" {
+		t.Errorf("lock_timeout after the barrier = %q, %v; want 0 (the bound is the statement's own)", timeout, err)
 	}
 }
 

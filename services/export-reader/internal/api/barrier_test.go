@@ -83,3 +83,40 @@ func TestASyncStartingDuringAWriteSeesIt(t *testing.T) {
 		t.Errorf("first page of the next run = %d %s, want item a, inactive", r.status, r.body)
 	}
 }
+
+// A writer stuck in flight (one waiting for a row another transaction
+// holds locked) does not hold up the owner's syncs and other writers for
+// as long as it is stuck: the first page answers 503 unavailable after
+// catalog.SyncBarrierWait, with Retry-After, and asked again once the
+// writer is done, it is served.
+func TestASyncStartingBehindAStuckWriteIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("a", "active", "A"))
+	stuck, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Rollback(ctx)
+	if _, err := stuck.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	r := e.get(t, owner, "/v1/export/items")
+	if r.status != 503 || r.env.Error == nil || r.env.Error.Code != "unavailable" || r.header.Get("Retry-After") == "" {
+		t.Fatalf("first page behind a stuck write = %d %s (Retry-After %q), want 503 unavailable with Retry-After",
+			r.status, r.body, r.header.Get("Retry-After"))
+	}
+	if took := time.Since(start); took < catalog.SyncBarrierWait || took > catalog.SyncBarrierWait+5*time.Second {
+		t.Errorf("answered after %v, want about catalog.SyncBarrierWait (%v)", took, catalog.SyncBarrierWait)
+	}
+	if err := stuck.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.get(t, owner, "/v1/export/items"); r.status != 200 || len(r.items(t)) != 1 {
+		t.Errorf("first page once the write ended = %d %s, want 200 with the item", r.status, r.body)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
@@ -33,6 +34,12 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		envelope.WriteError(w, http.StatusUnauthorized, "unauthenticated", "an API key is required", requestID)
 	case errors.Is(err, errNoScope):
 		envelope.WriteError(w, http.StatusForbidden, "forbidden", "the API key lacks the export:read scope", requestID)
+	case errors.Is(err, catalog.ErrSyncBusy):
+		// A writer of the owner's items stuck in flight (catalog's
+		// barrier.go): not the reader's fault, and over once it ends.
+		a.log.WarnContext(r.Context(), "sync barrier gave up: a write of the owner's items is still in flight", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"a change to this catalog is still being written; retry this page with backoff", requestID)
 	case errors.Is(err, context.DeadlineExceeded):
 		a.log.ErrorContext(r.Context(), "export read timed out", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store did not answer in time; retry with backoff", requestID)
