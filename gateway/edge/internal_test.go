@@ -258,6 +258,37 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	}
 }
 
+// Shutdown closes an idle kept-alive connection at once, also when its
+// client neither sends nor closes: the connection's goroutine, blocked
+// reading, returns as soon as the connection is closed, although the
+// socket lingers (gateway/lingerclose).
+func TestShutdownLetsGoOfASilentIdleConnection(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	conn, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	time.Sleep(1100 * time.Millisecond) // fasthttp's idle bookkeeping counts in whole seconds
+	start := time.Now()
+	if err := g.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown() = %v, want nil", err)
+	}
+	// Lingering, the drain would hold it for lingerclose.Defaults.IdleTimeout (2 s).
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Errorf("Shutdown with a silent idle client took %v, want it let go at once (about 0.1 s)", took)
+	}
+}
+
 // A drain that runs out of time says how many requests it cut off: their
 // clients saw the connection close, and they get no access line.
 func TestShutdownSaysWhatItCutOff(t *testing.T) {

@@ -71,17 +71,81 @@ func (l *Listener) Accept() (net.Conn, error) {
 }
 
 // Conn is a TCP connection whose Close lingers.
+//
+// To its owner a closed Conn is closed, as net.Conn's Close promises: a
+// Read blocked in another goroutine returns (fasthttp's Shutdown closes
+// an idle connection from outside and waits for the goroutine reading
+// it), and later Reads and deadlines fail with net.ErrClosed. Otherwise
+// that Read would go on beside the drain, take the client's bytes, and
+// end only with the drain's deadline, a timeout fasthttp answers with a
+// 408 on a connection that never sent a request; and a deadline set after
+// Close would replace the drain's.
 type Conn struct {
 	*net.TCPConn
-	l      *Listener
+	l *Listener
+	// mu orders closing with setting deadlines, so that none set by the
+	// owner reaches the socket once it drains.
+	mu     sync.Mutex
 	closed atomic.Bool
+	// reading is held by Read: the drain starts once a Read that was
+	// blocked at Close has returned, so that the two never read together.
+	reading sync.Mutex
+}
+
+// Read reads, or fails with net.ErrClosed after Close.
+func (c *Conn) Read(p []byte) (int, error) {
+	c.reading.Lock()
+	defer c.reading.Unlock()
+	if c.closed.Load() {
+		return 0, c.errClosed("read")
+	}
+	n, err := c.TCPConn.Read(p)
+	if err != nil && c.closed.Load() { // Close interrupted it
+		err = c.errClosed("read")
+	}
+	return n, err
+}
+
+// SetDeadline sets both deadlines, or fails with net.ErrClosed after Close.
+func (c *Conn) SetDeadline(t time.Time) error {
+	return c.setDeadline(t, c.TCPConn.SetDeadline)
+}
+
+// SetReadDeadline sets the read deadline, or fails with net.ErrClosed
+// after Close.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	return c.setDeadline(t, c.TCPConn.SetReadDeadline)
+}
+
+// SetWriteDeadline sets the write deadline, or fails with net.ErrClosed
+// after Close.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	return c.setDeadline(t, c.TCPConn.SetWriteDeadline)
+}
+
+func (c *Conn) setDeadline(t time.Time, set func(time.Time) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return c.errClosed("set")
+	}
+	return set(t)
+}
+
+// errClosed is the error of an operation op on a closed Conn, as
+// net.TCPConn words it.
+func (c *Conn) errClosed(op string) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: net.ErrClosed}
 }
 
 // Close closes the write side and leaves the rest to a goroutine that
 // drains what the client still sends, then closes the socket. It returns
 // at once.
 func (c *Conn) Close() error {
-	if !c.closed.CompareAndSwap(false, true) {
+	c.mu.Lock()
+	first := c.closed.CompareAndSwap(false, true)
+	c.mu.Unlock()
+	if !first {
 		return net.ErrClosed
 	}
 	if !c.l.admit() {
@@ -91,9 +155,14 @@ func (c *Conn) Close() error {
 		c.l.lingering.Add(-1)
 		return c.TCPConn.Close()
 	}
+	// A deadline past interrupts a Read blocked in another goroutine.
+	_ = c.TCPConn.SetReadDeadline(aLongTimeAgo)
 	go c.drainThenClose()
 	return nil
 }
+
+// aLongTimeAgo is a deadline already past.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // admit counts one more lingering connection unless MaxConns are already.
 func (l *Listener) admit() bool {
@@ -112,6 +181,11 @@ var discard = sync.Pool{New: func() any { return new([16 << 10]byte) }}
 func (c *Conn) drainThenClose() {
 	defer c.l.lingering.Add(-1)
 	defer c.TCPConn.Close()
+	// Wait for a Read that was blocked at Close to return (interrupted);
+	// later ones fail without reading.
+	c.reading.Lock()
+	//lint:ignore SA2001 only the wait counts
+	c.reading.Unlock()
 	buf := discard.Get().(*[16 << 10]byte)
 	defer discard.Put(buf)
 	opts := c.l.opts

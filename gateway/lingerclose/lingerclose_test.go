@@ -173,3 +173,62 @@ func TestCloseTwice(t *testing.T) {
 	}
 	waitLingering(t, l, 0)
 }
+
+// Close ends the connection for its owner as a net.Conn's Close does: a
+// Read blocked in another goroutine returns at once with net.ErrClosed (a
+// server closing an idle connection on shutdown waits for that goroutine),
+// and a later Read or deadline fails without touching the socket, whose
+// draining goes on by its own bounds.
+func TestCloseEndsTheConnectionForItsOwner(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewListener(ln, Options{IdleTimeout: 5 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 8})
+	defer l.Close()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		read <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the Read is blocked
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close() = %v", err)
+	}
+	select {
+	case err := <-read:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Read blocked at Close = %v, want net.ErrClosed", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("a Read blocked at Close still blocks 1 s later, want it to return net.ErrClosed")
+	}
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Read after Close = %v, want net.ErrClosed", err)
+	}
+	if err := c.SetReadDeadline(time.Now()); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("SetReadDeadline after Close = %v, want net.ErrClosed", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := l.Lingering(); n != 1 {
+		t.Fatalf("lingering connections = %d after the owner's calls, want 1 (draining for IdleTimeout)", n)
+	}
+	if _, err := client.Write([]byte("more")); err != nil {
+		t.Fatalf("client write while draining: %v", err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := client.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("client read = %d, %v; want the end of stream", n, err)
+	}
+	client.Close()
+	waitLingering(t, l, 0)
+}
