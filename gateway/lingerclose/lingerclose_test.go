@@ -95,7 +95,7 @@ func TestDrainingStopsAtMaxBytes(t *testing.T) {
 // A client that neither sends nor closes is let go after IdleTimeout: the
 // server's socket is closed, so the client's next writes fail.
 func TestASilentClientIsLetGoAfterIdleTimeout(t *testing.T) {
-	l := refusingServer(t, Options{IdleTimeout: 100 * time.Millisecond, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 8})
+	l := refusingServer(t, Options{IdleTimeout: 500 * time.Millisecond, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 8})
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -118,9 +118,11 @@ func TestASilentClientIsLetGoAfterIdleTimeout(t *testing.T) {
 	}
 }
 
-// Past MaxConns lingering connections, Close closes at once.
+// Past MaxConns lingering connections, Close closes at once: of three
+// silent clients, one is drained (its writes are taken in) and the socket
+// of the other two is gone (their writes get a reset).
 func TestPastMaxConnsCloseIsImmediate(t *testing.T) {
-	l := refusingServer(t, Options{IdleTimeout: 5 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
+	l := refusingServer(t, Options{IdleTimeout: 10 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
 	var clients []net.Conn
 	for range 3 { // silent clients: each would linger for IdleTimeout
 		c, err := net.Dial("tcp", l.Addr().String())
@@ -137,9 +139,20 @@ func TestPastMaxConnsCloseIsImmediate(t *testing.T) {
 			t.Fatalf("reading the refusal: %v", err)
 		}
 	}
-	time.Sleep(50 * time.Millisecond)
-	if n := l.Lingering(); n != 1 {
-		t.Fatalf("lingering connections = %d, want 1 (MaxConns)", n)
+	waitLingering(t, l, 1)
+	refused := 0
+	for _, c := range clients {
+		var err error
+		for i := 0; i < 100 && err == nil; i++ { // the first write after a close may still be taken in
+			_, err = c.Write([]byte("more"))
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err != nil {
+			refused++
+		}
+	}
+	if n := l.Lingering(); refused != 2 || n != 1 {
+		t.Fatalf("%d clients refused, %d connections lingering; want 2 closed at once and 1 lingering (MaxConns)", refused, n)
 	}
 	for _, c := range clients {
 		c.Close()
