@@ -203,8 +203,10 @@ const idempotencyKeyHeader = "Idempotency-Key"
 func (g *Gateway) renewIdentity(h *fasthttp.RequestHeader, requestURI string) {
 	get := func(name string) string { return string(h.Peek(name)) }
 	if err := g.signer.Renew(get, signedRequest(string(h.Method()), h, requestURI), h.SetBytesV, time.Now()); err != nil {
-		// Only if the headers were not the ones proxy signed: a bug.
-		g.log.Error("could not renew the identity of a repeated request", "error", err)
+		// Only if the headers were not the ones proxy signed: a bug. The
+		// request id is the signed one, for the SRE who greps for it.
+		g.log.Error("could not renew the identity of a repeated request", "error", err,
+			"request_id", get(identity.HeaderRequestID))
 	}
 }
 
