@@ -57,12 +57,22 @@ func serveWithErrorEnvelope(h http.Handler, w http.ResponseWriter, r *http.Reque
 	// Left by pprof for the profile it meant to send.
 	w.Header().Del("Content-Disposition")
 	w.Header().Del("X-Go-Pprof")
-	envelope.WriteError(w, held.status, adminErrorCode(held.status), adminErrorMessage(held.text), RequestID(r))
+	message := adminErrorMessage(held.text)
+	if redirect(held.status) { // ServeMux's to a clean path (//metrics, /debug/pprof): its text is HTML
+		message = "this path is served as " + w.Header().Get("Location")
+	}
+	envelope.WriteError(w, held.status, adminErrorCode(held.status), message, RequestID(r))
 }
 
+// redirect reports a redirect status: ServeMux answers a path that is not
+// clean (//metrics, /./metrics) or lacks a subtree's slash (/debug/pprof)
+// with one, and an HTML body that becomes the envelope, the status and
+// Location kept, so that a browser or curl -L still follows it.
+func redirect(status int) bool { return status >= 300 && status < 400 }
+
 // errorHolder passes a success (or an envelope) through as it is written,
-// and holds back an error status (400 or more) with the text that follows
-// it.
+// and holds back an error status (400 or more) or a redirect with the text
+// that follows it.
 type errorHolder struct {
 	http.ResponseWriter
 	status int // the error status held back; 0 if none
@@ -75,7 +85,7 @@ const maxAdminErrorText = 200
 func (e *errorHolder) WriteHeader(status int) {
 	// An envelope already (oneAtATime's refusal) passes as it is.
 	alreadyEnvelope := e.Header().Get("Content-Type") == envelope.ContentType
-	if status >= 400 && e.status == 0 && !alreadyEnvelope {
+	if (status >= 400 || redirect(status)) && e.status == 0 && !alreadyEnvelope {
 		e.status = status
 		return
 	}
@@ -104,6 +114,8 @@ func adminErrorCode(status int) string {
 		return "request_timeout"
 	case status >= 500:
 		return "internal_error"
+	case redirect(status):
+		return "moved"
 	}
 	return "invalid_parameter"
 }

@@ -328,9 +328,13 @@ func TestAdminErrorsAreEnvelopes(t *testing.T) {
 		// pprof's own errors, written as its text, answered as envelopes.
 		{"GET", "/debug/pprof/heap?seconds=abc", 400, "invalid_parameter"},
 		{"GET", "/debug/pprof/allocs?seconds=1&debug=1", 400, "invalid_parameter"},
+		// ServeMux's redirects to a clean path, its HTML body answered as
+		// the envelope (the status and Location kept).
+		{"GET", "//metrics", 307, "moved"},
+		{"GET", "/debug/pprof", 307, "moved"},
 	} {
 		req, _ := http.NewRequest(tt.method, ts.URL+tt.path, nil)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := noRedirects.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,8 +354,14 @@ func TestAdminErrorsAreEnvelopes(t *testing.T) {
 		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 			t.Errorf("%s %s: Content-Type %q, want JSON", tt.method, tt.path, ct)
 		}
+		if loc := resp.Header.Get("Location"); tt.code == "moved" && (loc == "" || !strings.Contains(env.Error.Message, loc)) {
+			t.Errorf("%s %s: Location %q, message %q; want the clean path in both", tt.method, tt.path, loc, env.Error.Message)
+		}
 	}
 }
+
+// noRedirects is a client that reads a redirect instead of following it.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // A second CPU profile (or execution trace) while one runs is refused, 409
 // and not pprof's 500: the process is fine, the profiler busy; the refusal
