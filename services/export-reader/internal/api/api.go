@@ -56,7 +56,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	q.OwnerID = owner
+	q.OwnerID, q.HeadOnly = owner, r.Method == http.MethodHead
 	ctx, cancel := context.WithTimeout(r.Context(), a.queryTimeout)
 	defer cancel()
 	buf := getBuffer()

@@ -37,6 +37,10 @@ type Query struct {
 	Status       string     // "", active or inactive
 	UpdatedAfter *time.Time // strictly after; microsecond precision
 	Cursor       string     // "" for the first page
+	// HeadOnly is a HEAD: its answer carries no next cursor, so no page is
+	// read ahead for it, nor taken from what was read ahead for the GET
+	// of the same cursor.
+	HeadOnly bool
 }
 
 // position is where a page ends: the last (updated_at, id) it holds.
@@ -105,7 +109,8 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		syncID = newSync()
 	}
 	issued := true
-	if after != nil && r.ahead.enabled() {
+	readAhead := r.ahead.enabled() && !q.HeadOnly
+	if after != nil && readAhead {
 		var served bool
 		var next string
 		dst, next, served, issued, err = r.fromReadAhead(ctx, dst, q)
@@ -119,7 +124,7 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	}
 	next.Sync = syncID
 	nextCursor := r.cursors.Encode(*next, binding)
-	if r.ahead.enabled() {
+	if readAhead {
 		r.readAheadFrom(ctx, q, owner, binding, *next, nextCursor, issued)
 	}
 	return dst, nextCursor, nil

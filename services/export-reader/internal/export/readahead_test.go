@@ -302,3 +302,34 @@ func TestReadAheadSeriesStartAtZero(t *testing.T) {
 		t.Errorf("%d read-ahead series before any request, want 5 (hit, stale, failed, unread, miss)", n)
 	}
 }
+
+// A HEAD gets no next cursor (no body): it starts no read-ahead, and one
+// with a cursor leaves the page read ahead for the GET of that cursor.
+func TestAHeadNeitherStartsNorTakesReadAhead(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 60)
+	r := newTestReader(t, pool, readAheadFor(time.Minute))
+	ctx := context.Background()
+	get := Query{OwnerID: owner, Lang: "ENG", Limit: 10}
+	head := get
+	head.HeadOnly = true
+	if _, _, err := r.AppendPage(ctx, nil, head); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(r.ahead.pages); n != 0 {
+		t.Errorf("a HEAD of the first page left %d read-ahead entries, want none", n)
+	}
+	_, next, err := r.AppendPage(ctx, nil, get) // page 1, page 2 read ahead
+	if err != nil || next == "" {
+		t.Fatalf("page 1: next %q, %v", next, err)
+	}
+	head.Cursor, get.Cursor = next, next
+	for _, q := range []Query{head, get} {
+		if _, _, err := r.AppendPage(ctx, nil, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hits, misses := outcome(r, "hit"), outcome(r, "miss"); hits != 1 || misses != 0 {
+		t.Errorf("HEAD then GET of page 2: %d read-ahead hits, %d misses; want the GET's hit", hits, misses)
+	}
+}
