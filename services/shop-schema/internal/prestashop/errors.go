@@ -113,6 +113,13 @@ func statusError(resource string, status int, body []byte) *Error {
 		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource"
 	case status == 401:
 		e.Kind, e.Reason = KindUnauthorized, "the shop rejected the key"
+	case status == 403 && len(e.Codes) == 0:
+		// PrestaShop's only 403 is code 132. One without any PrestaShop
+		// error code came from in front of the webservice (a web
+		// application firewall, a security module, a server rule refusing
+		// /api or the client): telling the merchant to re-link the key to
+		// the shop would send them after the wrong setting.
+		e.Kind, e.Reason = KindForbidden, "the shop's server refused the request before the PrestaShop webservice read it (no PrestaShop error code: a firewall, a security module or a server rule)"
 	case status == 403:
 		e.Kind, e.Reason = KindForbidden, "the key is not enabled for this shop"
 	case status == 503 && e.HasCode(22):
