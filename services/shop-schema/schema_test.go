@@ -802,3 +802,34 @@ func moveShop(s *fakeshop.Shop) {
 		return ""
 	}
 }
+
+// TestRedirectToAnotherHost: a shop whose address redirects to another host
+// name (www. to the bare domain, here example.com to 127.0.0.1) gets no
+// key at the last hop, since net/http forwards Authorization only to the
+// same host or a subdomain. The answer says so, instead of sending the
+// merchant after a server that drops the header.
+func TestRedirectToAnotherHost(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	var port string // the shop's, once it listens
+	shop.Redirect = func(r *http.Request) string {
+		if strings.HasPrefix(r.Host, "example.com") {
+			return "https://127.0.0.1:" + port + r.URL.RequestURI()
+		}
+		return ""
+	}
+	shop.Start(t.Cleanup)
+	_, port, _ = net.SplitHostPort(shop.Addr())
+	// httptest's certificate names example.com and 127.0.0.1.
+	svc := startServiceWith(t, shop, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": "127.0.0.1,example.com"},
+		fakeshop.Resolver{"example.com": {"127.0.0.1"}})
+	status, env := svc.post(t, body("https://example.com:"+port, fakeshop.Key))
+	if status != http.StatusBadRequest || errCode(env) != "shop_401" {
+		t.Fatalf("POST schema = %d %s, want 400 shop_401", status, errCode(env))
+	}
+	if msg := env.Error.Message; !strings.Contains(msg, "redirected to another host") || strings.Contains(msg, "127.0.0.1") {
+		t.Errorf("error message %q: want it to name the redirect to another host (and not the host)", msg)
+	}
+	if keys := shop.Keys(); len(keys) != 0 {
+		t.Errorf("shop received keys %q, want none (the other host is not sent the key)", keys)
+	}
+}

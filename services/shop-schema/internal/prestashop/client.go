@@ -169,7 +169,15 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 			Reason: fmt.Sprintf("the shop's answer is larger than %d bytes", cl.maxBytes)}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, statusError(resource, resp.StatusCode, body)
+		e := statusError(resource, resp.StatusCode, body)
+		if e.Kind == KindUnauthorized && keyDropped(resp) {
+			// net/http sends Authorization on a redirect only to the same
+			// host or a subdomain of it: a shop whose address redirects to
+			// another host (www. to the bare domain, another domain) got no
+			// key at the last hop. It is not the server dropping the header.
+			e.Reason = "the shop redirected to another host name, which is not sent the key: set base_url to the shop's address after its redirects"
+		}
+		return nil, e
 	}
 	// Judged by the body, not Content-Type: a front-office page starts with
 	// "<", while some hosts relabel the webservice's JSON.
@@ -180,6 +188,12 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 		c.version.Store(v)
 	}
 	return body, nil
+}
+
+// keyDropped reports whether the answer is to a redirected request that no
+// longer carried the key.
+func keyDropped(resp *http.Response) bool {
+	return resp.Request != nil && resp.Request.Response != nil && resp.Request.Header.Get("Authorization") == ""
 }
 
 // chargedReader charges every byte read to the call's budget as it comes,
