@@ -833,3 +833,27 @@ func TestRedirectToAnotherHost(t *testing.T) {
 		t.Errorf("shop received keys %q, want none (the other host is not sent the key)", keys)
 	}
 }
+
+// TestBaseURLEndingInAPI: base_url copied from the back office's webservice
+// page (https://shop/api) makes /api/api/<resource>, which PrestaShop
+// answers 400 code 27 (unknown resource "api"). That is the caller's
+// address to fix, 400 invalid_base_url, not a shop answering badly (502),
+// and is not asked again with display=full.
+func TestBaseURLEndingInAPI(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL()+"/api/", fakeshop.Key))
+	if status != http.StatusBadRequest || errCode(env) != "invalid_base_url" {
+		t.Fatalf("POST schema with base_url .../api/ = %d %s, want 400 invalid_base_url", status, errCode(env))
+	}
+	if !strings.Contains(env.Error.Message, "without /api") {
+		t.Errorf("error message %q: want it to say base_url goes without /api", env.Error.Message)
+	}
+	for _, r := range shop.Requests() {
+		if strings.Contains(r, "display=full") && !strings.Contains(r, "/languages") {
+			t.Errorf("shop was asked %s: want no display=full retry for an unknown resource", r)
+		}
+	}
+	checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
+}

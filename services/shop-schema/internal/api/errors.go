@@ -29,6 +29,7 @@ var shopStatus = map[prestashop.Kind]int{
 	prestashop.KindDisabled:     http.StatusBadGateway,
 	prestashop.KindUnavailable:  http.StatusBadGateway,
 	prestashop.KindNotFound:     http.StatusBadGateway,
+	prestashop.KindNotShopRoot:  http.StatusBadRequest,
 }
 
 // writeError is the service's one error-to-HTTP mapper. It returns the

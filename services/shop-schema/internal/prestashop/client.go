@@ -260,7 +260,7 @@ func listPage[T row](ctx context.Context, cl *Client, c *call, resource, fields,
 		display = "full"
 	}
 	body, err := cl.fetch(ctx, c, resource, "output_format=JSON&display="+display+limit)
-	if e, ok := err.(*Error); ok && e.Status == http.StatusBadRequest && display != "full" {
+	if e, ok := err.(*Error); ok && e.Kind == KindBadResponse && e.Status == http.StatusBadRequest && display != "full" {
 		c.fullFields.Store(true)
 		body, err = cl.fetch(ctx, c, resource, "output_format=JSON&display=full"+limit)
 	}

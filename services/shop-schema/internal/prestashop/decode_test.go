@@ -126,6 +126,7 @@ func TestStatusError(t *testing.T) {
 		{500, `{"errors":[{"code":2,"message":"[PHP Warning #2]"}]}`, KindUnavailable, ""},
 		{404, ``, KindNotFound, ""},
 		{400, `{"errors":[{"code":35,"message":"a"}]}`, KindBadResponse, ""},
+		{400, `{"errors":[{"code":27,"message":"Resource of type \"api\" does not exists."}]}`, KindNotShopRoot, "without /api"},
 		{429, `slow down`, KindBadResponse, ""},
 	}
 	for _, tt := range tests {

@@ -30,6 +30,7 @@ const (
 	KindDisabled                     // 503 code 22: webservice switched off
 	KindUnavailable                  // any other 5xx
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
+	KindNotShopRoot                  // 400 code 27: base_url is not the shop's root (it ends in /api)
 )
 
 // CodeNotAllowed is the error code of an address the guard refuses, as a
@@ -65,6 +66,8 @@ func (k Kind) Code() string {
 		return "shop_unavailable"
 	case KindNotFound:
 		return "shop_not_found"
+	case KindNotShopRoot:
+		return "invalid_base_url"
 	}
 	return ""
 }
@@ -122,6 +125,13 @@ func statusError(resource string, status int, body []byte) *Error {
 		e.Kind, e.Reason = KindForbidden, "the shop's server refused the request before the PrestaShop webservice read it (no PrestaShop error code: a firewall, a security module or a server rule)"
 	case status == 403:
 		e.Kind, e.Reason = KindForbidden, "the key is not enabled for this shop"
+	case status == 400 && e.HasCode(27):
+		// Every resource read exists in 1.7, 8 and 9: a webservice that
+		// knows none of them was asked for another path. PrestaShop's back
+		// office shows the webservice as https://shop/api/, and base_url
+		// copied from there gives /api/api/<resource>, which the rewrite
+		// rule hands the dispatcher as resource "api". The caller's to fix.
+		e.Kind, e.Reason = KindNotShopRoot, "the shop's webservice does not know the resource asked for: base_url must be the shop's own address, without /api"
 	case status == 503 && e.HasCode(22):
 		e.Kind, e.Reason = KindDisabled, "the shop's webservice is disabled"
 	case status == 404:
