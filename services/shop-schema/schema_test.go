@@ -27,6 +27,7 @@ import (
 
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
+	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
@@ -212,6 +213,11 @@ func TestSchemaVersions(t *testing.T) {
 			for _, r := range shop.Requests() {
 				if strings.Contains(r, "ws_key") || strings.Contains(r, fakeshop.Key) {
 					t.Errorf("shop saw the key in a URL: %s", r)
+				}
+			}
+			for _, ua := range shop.UserAgents() {
+				if ua != prestashop.UserAgent {
+					t.Errorf("shop saw User-Agent %q, want %q (Go's default is refused by some hosts)", ua, prestashop.UserAgent)
 				}
 			}
 		})

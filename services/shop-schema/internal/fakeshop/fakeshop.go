@@ -104,6 +104,7 @@ type Shop struct {
 	reqLog   []string
 	authLog  []string
 	traces   []string
+	agents   []string
 }
 
 // Start serves the shop over HTTPS on 127.0.0.1 and stops it at cleanup.
@@ -159,6 +160,13 @@ func (s *Shop) Traceparents() []string {
 	return slices.Clone(s.traces)
 }
 
+// UserAgents lists the User-Agent header of every request received.
+func (s *Shop) UserAgents() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.agents)
+}
+
 // Requests lists "path?query" of every request received.
 func (s *Shop) Requests() []string {
 	s.mu.Lock()
@@ -170,6 +178,7 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.reqLog = append(s.reqLog, r.URL.RequestURI())
 	s.traces = append(s.traces, r.Header.Get("traceparent"))
+	s.agents = append(s.agents, r.Header.Get("User-Agent"))
 	if s.HoldUntil > 0 && s.released == nil {
 		s.released = make(chan struct{})
 	}

@@ -142,6 +142,11 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 	return body, err
 }
 
+// UserAgent names the caller to the shop: some hosts' firewalls refuse
+// Go's default ("Go-http-client/1.1") as a bot's, and a merchant reading
+// the shop's access log sees who reads its webservice.
+const UserAgent = "coinexport-shop-schema/1 (PrestaShop webservice schema reader)"
+
 func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(withKey(ctx, c.key), http.MethodGet, target, nil)
 	if err != nil {
@@ -151,6 +156,7 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	// it would end up in the shop's access log and in our spans.
 	req.SetBasicAuth(c.key, "")
 	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", UserAgent)
 	resp, err := cl.http.Do(req)
 	if err != nil {
 		return nil, transportError(ctx, resource, keyFree(err, c.key))
