@@ -18,7 +18,7 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	owner := fs.String("owner", "", "owner id")
 	file := fs.String("file", "", "JSON Lines file, or - for standard input")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := required(map[string]string{"owner": *owner, "file": *file}); err != nil {
@@ -61,7 +61,7 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	count := fs.Int("count", 0, "how many items")
 	seed := fs.Int64("seed", 1, "random seed (same seed, same items)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := required(map[string]string{"owner": *owner, "count": positive(*count)}); err != nil {

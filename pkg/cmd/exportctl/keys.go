@@ -45,7 +45,7 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 	platform := fs.String("platform", "", "platform id (required for sales:write)")
 	name := fs.String("name", "", "a label for the key")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := required(map[string]string{"owner": *owner, "scope": *scopeList}); err != nil {
@@ -145,7 +145,7 @@ func keyList(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("key list", flag.ContinueOnError)
 	owner := fs.String("owner", "", "owner id")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := required(map[string]string{"owner": *owner}); err != nil {

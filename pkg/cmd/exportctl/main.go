@@ -151,6 +151,22 @@ func flags(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// flagsOnly parses args for a command that takes flags only. A word
+// outside a flag is refused, not dropped: "--name Acme Coins" would make an
+// owner named "Acme", "--scope export:read sales:write" a key without
+// sales:write, and "--file a.jsonl b.jsonl" import a.jsonl only.
+func flagsOnly(fs *flag.FlagSet, args []string) error {
+	positional, err := flags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(positional) > 0 {
+		return fmt.Errorf("%w: %s takes flags only, not %q (quote a value that holds spaces; join scopes with a comma)",
+			errUsage, fs.Name(), positional[0])
+	}
+	return nil
+}
+
 // required reports the first empty flag among names.
 func required(values map[string]string) error {
 	for name, v := range values {

@@ -257,3 +257,57 @@ func TestMistakesAreNamed(t *testing.T) {
 		t.Errorf("key list with the owner id in capitals = %+v, %v; want the owner's key", keys, err)
 	}
 }
+
+// A word outside a flag is refused, not dropped: dropped, it would make an
+// owner of another name, a key without the scope typed after a space, or
+// import one file of two.
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "items.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Replace(goodLine, "%d", "1", 1)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"migrate", "now"},
+		{"owner", "create", "--name", "Acme", "Coins"},
+		{"platform", "create", "--id", "market-2", "Market", "Two"},
+		{"key", "create", "--owner", owner.ID, "--scope", "export:read", "sales:write"},
+		{"key", "create", "--owner", owner.ID, "--scope", "sales:write", "--platform", "market-1", "--name", "east", "coast"},
+		{"key", "list", "--owner", owner.ID, "extra"},
+		{"items", "import", "--owner", owner.ID, "--file", file, file},
+		{"items", "seed", "--owner", owner.ID, "--count", "3", "7"},
+	} {
+		err := cli(t, dsn, "", nil, args...)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "takes flags only") {
+			t.Errorf("exportctl %v = %v, want a usage error naming the stray argument", args, err)
+		}
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 0 {
+		t.Errorf("keys after the refused commands = %+v, %v; want none", keys, err)
+	}
+	if n := countItems(t, dsn, owner.ID); n != 0 {
+		t.Errorf("owner has %d items after the refused commands, want 0", n)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var owners, platforms int
+	if err := conn.QueryRow(context.Background(),
+		"SELECT (SELECT count(*) FROM owners), (SELECT count(*) FROM platforms)").Scan(&owners, &platforms); err != nil {
+		t.Fatal(err)
+	}
+	if owners != 1 || platforms != 1 {
+		t.Errorf("%d owners, %d platforms after the refused commands, want 1 and 1", owners, platforms)
+	}
+}
+

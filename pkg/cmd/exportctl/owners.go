@@ -14,7 +14,7 @@ import (
 func migrate(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := schema.Migrate(ctx, e.pool, nil); err != nil {
@@ -27,7 +27,7 @@ func ownerCreate(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("owner create", flag.ContinueOnError)
 	name := fs.String("name", "", "owner name")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := required(map[string]string{"name": *name}); err != nil {
@@ -46,7 +46,7 @@ func platformCreate(ctx context.Context, e *env, args []string) error {
 	id := fs.String("id", "", "platform id (letters, digits, . _ -)")
 	name := fs.String("name", "", "platform name")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := flags(fs, args); err != nil {
+	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
 	if err := required(map[string]string{"id": *id}); err != nil {
