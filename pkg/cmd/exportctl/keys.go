@@ -116,6 +116,9 @@ func parseScopes(list string) ([]string, error) {
 	return scopes, nil
 }
 
+// keyRevoke revokes a key named by its id or by the key itself: a leaked
+// key is what an administrator has in hand, and its owner is not written
+// on it. The key is looked up by its hash and never printed.
 func keyRevoke(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("key revoke", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -124,16 +127,22 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if len(positional) != 1 {
-		return fmt.Errorf("%w: key revoke takes one KEY_ID", errUsage)
+		return fmt.Errorf("%w: key revoke takes one KEY_ID (or the key itself)", errUsage)
 	}
-	id := positional[0]
+	arg := positional[0]
+	where, param, notFound := "id::text = $1", any(arg), fmt.Sprintf("no key with id %q", arg)
+	if apikey.WellFormed(arg) {
+		hash := apikey.HashOf(arg)
+		where, param, notFound = "hash = $1", hash[:], "no such key (it was never issued here)"
+	}
 	// COALESCE keeps the first revocation time when a key is revoked twice.
+	var id string
 	var revokedAt time.Time
 	err = e.pool.QueryRow(ctx, `
 		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-		WHERE id::text = $1 RETURNING revoked_at`, id).Scan(&revokedAt)
+		WHERE `+where+` RETURNING id::text, revoked_at`, param).Scan(&id, &revokedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("no key with id %q", id)
+		return errors.New(notFound)
 	}
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)

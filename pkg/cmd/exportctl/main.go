@@ -13,11 +13,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/postgres"
 )
 
@@ -27,7 +29,7 @@ const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; 
   owner create --name NAME
   platform create --id PLATFORM_ID [--name NAME]
   key create --owner OWNER_ID --scope SCOPE[,SCOPE] [--platform PLATFORM_ID] [--name NAME]
-  key revoke KEY_ID
+  key revoke KEY_ID|KEY
   key list --owner OWNER_ID
   items import --owner OWNER_ID --file PATH|-
   items seed --owner OWNER_ID --count N [--seed S]
@@ -39,7 +41,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "exportctl:", err)
+		fmt.Fprintln(os.Stderr, "exportctl:", redactKeys(err.Error()))
 		if errors.Is(err, errUsage) {
 			fmt.Fprintln(os.Stderr, usage)
 			os.Exit(2)
@@ -49,6 +51,21 @@ func main() {
 }
 
 var errUsage = errors.New("invalid usage")
+
+// keyLike matches a key's tag (in any case, '_' typed as '-' or ' ') and
+// what follows it up to a space or a quote.
+var keyLike = regexp.MustCompile(`(?i)cx[raw][-_ ][^\s"]*`)
+
+// redactKeys hides every key in an error message before it is printed: an
+// error quotes the argument it refuses, and an administrator may have given
+// a key where an id belongs ("key list --owner cxr_…"). Spec 5: keys are
+// never written to logs, and a terminal's output often ends in one.
+func redactKeys(msg string) string {
+	if !apikey.ContainsKeyLike(msg) {
+		return msg
+	}
+	return keyLike.ReplaceAllString(msg, "[a key, not shown]")
+}
 
 // command is one "noun verb" of the CLI.
 type command func(ctx context.Context, env *env, args []string) error

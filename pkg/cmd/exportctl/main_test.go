@@ -311,3 +311,58 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 	}
 }
 
+// A leaked key is what an administrator has in hand: key revoke takes it
+// as well as the key's id, finds it by its hash, and prints only the id.
+func TestKeyRevokeByKey(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
+		t.Fatal(err)
+	}
+	var key createdKey
+	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	err := run(context.Background(), []string{"key", "revoke", key.Key},
+		func(string) string { return dsn }, strings.NewReader(""), &stdout)
+	if err != nil || stdout.String() != "revoked key "+key.ID+"\n" {
+		t.Errorf("key revoke <key> = %v, printed %q; want %q", err, stdout.String(), "revoked key "+key.ID+"\n")
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
+		t.Errorf("key list after key revoke <key> = %+v, %v; want the key revoked", keys, err)
+	}
+
+	other, _, err := apikey.Generate([]string{"export:read"}) // well formed, never issued
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cli(t, dsn, "", nil, "key", "revoke", other)
+	if err == nil || strings.Contains(err.Error(), other) {
+		t.Errorf("key revoke of a key never issued = %v, want an error that does not quote the key", err)
+	}
+}
+
+// No key reaches standard error, whatever argument quoted it.
+func TestRedactKeys(t *testing.T) {
+	key, _, err := apikey.Generate([]string{"sales:write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []string{
+		`no key with id "` + key + `"`,
+		`invalid usage: --owner "` + key + `" is not an owner id (a UUID)`,
+		`invalid usage: key list takes flags only, not "` + strings.ToUpper(key[:3]) + "-" + key[4:30] + `"`,
+		"unknown command " + key,
+	} {
+		got := redactKeys(msg)
+		if apikey.ContainsKeyLike(got) || !strings.Contains(got, "[a key, not shown]") {
+			t.Errorf("redactKeys(%q) = %q, want the key replaced", msg, got)
+		}
+	}
+	if msg := `no key with id "6f1c0e1e-0000-4000-8000-000000000000"`; redactKeys(msg) != msg {
+		t.Errorf("redactKeys(%q) = %q, want it unchanged", msg, redactKeys(msg))
+	}
+}
+
