@@ -188,7 +188,12 @@ func keyList(ctx context.Context, e *env, args []string) error {
 		if k.RevokedAt != nil {
 			state = "revoked " + k.RevokedAt.Format(time.RFC3339)
 		}
-		fmt.Fprintf(e.out, "%s  %s…  %-24s  %s\n", k.ID, k.Prefix, strings.Join(k.Scopes, ","), state)
+		platform := "-" // a read key is bound to its owner only
+		if k.PlatformID != nil {
+			platform = *k.PlatformID
+		}
+		fmt.Fprintf(e.out, "%s  %s…  %-24s  platform %-12s  %-26s  %q\n",
+			k.ID, k.Prefix, strings.Join(k.Scopes, ","), platform, state, k.Name)
 	}
 	return nil
 }

@@ -366,3 +366,29 @@ func TestRedactKeys(t *testing.T) {
 	}
 }
 
+// key list shows what a key is bound to, so that a rotation can issue its
+// replacement with the same binding.
+func TestKeyListShowsBinding(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "key", "create", "--owner", owner.ID, "--scope", "sales:write",
+		"--platform", "market-1", "--name", "east-shop"); err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"key", "list", "--owner", owner.ID},
+		func(string) string { return dsn }, strings.NewReader(""), &stdout); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"sales:write", "platform market-1", `"east-shop"`, "active"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("key list printed %q, want it to hold %q", stdout.String(), want)
+		}
+	}
+}
