@@ -355,7 +355,32 @@ func parseURL(raw json.RawMessage) (string, string) {
 		strings.ContainsAny(s, " \t\r\n\\") || checkText(s, maxURLLen, false) != "" {
 		return "", "must be an absolute https URL with a host and no user info"
 	}
+	if i := strings.IndexFunc(s, notURIChar); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		return "", fmt.Sprintf("must be a URI (spec 2.3): %q is not allowed in one; percent-encode it (UTF-8 bytes, as %%C3%%A9 for é), and write a non-ASCII host in its xn-- form", r)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return "", "must be a URI with a port from 1 to 65535"
+		}
+	}
 	return s, ""
+}
+
+// notURIChar reports a character that RFC 3986 allows nowhere in a URI:
+// anything outside its unreserved and reserved characters and '%' (Go's
+// url.Parse checks the escapes, and takes '"', '<', '{', a space's
+// neighbours and every non-ASCII letter as they are). A consumer that
+// validates the URI format, or pastes the URL into HTML or a feed, would
+// otherwise get one that breaks there.
+func notURIChar(r rune) bool {
+	switch {
+	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		return false
+	case strings.ContainsRune("-._~:/?#[]@!$&'()*+,;=%", r):
+		return false
+	}
+	return true
 }
 
 func parsePosition(raw json.RawMessage) (int, string) {

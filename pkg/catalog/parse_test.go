@@ -79,6 +79,13 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"image http", with("images", `[{"id":"i","url":"http://x.test/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
 		{"image no host", with("images", `[{"id":"i","url":"https:///a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
 		{"image user info", with("images", `[{"id":"i","url":"https://u:p@x.test/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
+		{"image url non-ASCII", with("images", `[{"id":"i","url":"https://x.test/é.jpg","position":1,"type":"obverse"}]`), `images: [0].url: must be a URI (spec 2.3): 'é' is not allowed in one; percent-encode it (UTF-8 bytes, as %C3%A9 for é), and write a non-ASCII host in its xn-- form`},
+		{"image url non-ASCII host", with("images", `[{"id":"i","url":"https://приклад.test/a.jpg","position":1,"type":"obverse"}]`), `images: [0].url: must be a URI (spec 2.3): 'п' is not allowed in one; percent-encode it (UTF-8 bytes, as %C3%A9 for é), and write a non-ASCII host in its xn-- form`},
+		{"image url quote", with("images", `[{"id":"i","url":"https://x.test/a\"b.jpg","position":1,"type":"obverse"}]`), `images: [0].url: must be a URI (spec 2.3): '"' is not allowed in one; percent-encode it (UTF-8 bytes, as %C3%A9 for é), and write a non-ASCII host in its xn-- form`},
+		{"image url angle bracket", with("images", `[{"id":"i","url":"https://x.test/<b>.jpg","position":1,"type":"obverse"}]`), `images: [0].url: must be a URI (spec 2.3): '<' is not allowed in one; percent-encode it (UTF-8 bytes, as %C3%A9 for é), and write a non-ASCII host in its xn-- form`},
+		{"image url brace", with("images", `[{"id":"i","url":"https://x.test/a.jpg?v={1}","position":1,"type":"obverse"}]`), `images: [0].url: must be a URI (spec 2.3): '{' is not allowed in one; percent-encode it (UTF-8 bytes, as %C3%A9 for é), and write a non-ASCII host in its xn-- form`},
+		{"image url port", with("images", `[{"id":"i","url":"https://x.test:99999/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be a URI with a port from 1 to 65535"},
+		{"image url port 0", with("images", `[{"id":"i","url":"https://x.test:0/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be a URI with a port from 1 to 65535"},
 		{"image type", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1,"type":"front"}]`), "images: [0].type: must be one of obverse, reverse, edge, gallery"},
 		{"image position", with("images", `[{"id":"i","url":"https://x.test/a.jpg","position":1.5,"type":"edge"}]`), "images: [0].position: must be an integer from 0 to 1000000"},
 		{"image id padded", with("images", `[{"id":" i","url":"https://x.test/a.jpg","position":1,"type":"edge"}]`), "images: [0].id: must not start or end with white space"},
@@ -188,6 +195,24 @@ func TestPriceDigits(t *testing.T) {
 		}
 		if got != tc.want || (tc.want == "") != (err != nil) {
 			t.Errorf("price %s = %q, %v; want %q", tc.raw, got, err, tc.want)
+		}
+	}
+}
+
+// Every character a URI may hold is taken as it is: escapes, a query, a
+// fragment, an IPv6 host, a port.
+func TestImageURLsAccepted(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"https://x.test/%C3%A9.jpg",
+		"https://x.test:8443/a/b;v=1/c.jpg?w=100&h=100#top",
+		"https://[2001:db8::1]/a.jpg",
+		"https://xn--80aaxitdbjk.test/a~b_c-d.e!$'()*+,=@:.jpg",
+	} {
+		line := with("images", `[{"id":"i","url":"`+u+`","position":1,"type":"obverse"}]`)
+		items, err := catalog.ParseJSONL(strings.NewReader(line))
+		if err != nil || len(items) != 1 || items[0].Images[0].URL != u {
+			t.Errorf("ParseJSONL(url %q) = %+v, %v; want the item with the URL as it is", u, items, err)
 		}
 	}
 }
