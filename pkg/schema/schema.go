@@ -26,30 +26,71 @@ var migrations embed.FS
 // Migrate applies every pending migration. A PostgreSQL advisory lock makes it
 // safe to run from several processes at once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	applied, err := Up(ctx, pool)
+	for _, a := range applied {
+		if log != nil {
+			log.Info("migration applied", "version", a.Version, "file", a.File, "duration", a.Duration)
+		}
+	}
+	return err
+}
+
+// Applied is a migration that Up applied.
+type Applied struct {
+	Version  int64
+	File     string
+	Duration time.Duration
+}
+
+// Up applies every pending migration, as Migrate does, and returns the ones
+// it applied, in order (those before a failure, with the failure), so that
+// an administrator learns whether one that needs a restart of the services
+// ran.
+func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
-		return fmt.Errorf("schema: locker: %w", err)
+		return nil, fmt.Errorf("schema: locker: %w", err)
 	}
 	files, err := fs.Sub(migrations, "migrations")
 	if err != nil {
-		return fmt.Errorf("schema: %w", err)
+		return nil, fmt.Errorf("schema: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
 	if err != nil {
-		return fmt.Errorf("schema: %w", err)
+		return nil, fmt.Errorf("schema: %w", err)
 	}
 	results, err := provider.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("schema: migrate up: %w", err)
-	}
+	var applied []Applied
 	for _, r := range results {
-		if log != nil {
-			log.Info("migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+		if r.Error == nil {
+			applied = append(applied, Applied{Version: r.Source.Version, File: r.Source.Path, Duration: r.Duration})
 		}
 	}
-	return nil
+	if err != nil {
+		return applied, fmt.Errorf("schema: migrate up: %w", err)
+	}
+	return applied, nil
+}
+
+// Versions returns the newest migration applied to the database and the
+// newest this build embeds. The database's is the larger when a newer
+// release migrated it.
+func Versions(ctx context.Context, pool *pgxpool.Pool) (database, build int64, err error) {
+	needed, err := embeddedVersions()
+	if err != nil {
+		return 0, 0, err
+	}
+	err = pool.QueryRow(ctx, `
+		SELECT coalesce(max(version_id), 0) FROM (
+		    SELECT DISTINCT ON (version_id) version_id, is_applied
+		    FROM goose_db_version ORDER BY version_id, id DESC) latest
+		WHERE is_applied`).Scan(&database)
+	if err != nil {
+		return 0, 0, fmt.Errorf("schema: reading the applied migrations: %w", err)
+	}
+	return database, needed[len(needed)-1], nil
 }
 
 // Version identifies the set of migrations (a hash of their contents), so

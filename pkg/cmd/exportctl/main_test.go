@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for goose
+	"github.com/pressly/goose/v3"
 
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/testenv"
@@ -390,5 +394,57 @@ func TestKeyListShowsBinding(t *testing.T) {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("key list printed %q, want it to hold %q", stdout.String(), want)
 		}
+	}
+}
+
+// migrate names each migration it applied (00004 and 00005 ask for a
+// restart of the services after them), says when there was none to apply,
+// and says when the database is newer than this build.
+func TestMigrateNamesWhatItApplied(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var latest int64
+	if err := conn.QueryRow(ctx, "SELECT max(version_id) FROM goose_db_version").Scan(&latest); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../../schema/migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, latest-1); err != nil {
+		t.Fatal(err)
+	}
+
+	migrate := func() string {
+		t.Helper()
+		var stdout bytes.Buffer
+		if err := run(ctx, []string{"migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout); err != nil {
+			t.Fatalf("migrate = %v", err)
+		}
+		return stdout.String()
+	}
+	last := provider.ListSources()[len(provider.ListSources())-1]
+	if got, want := migrate(), fmt.Sprintf("applied %s (", filepath.Base(last.Path)); !strings.HasPrefix(got, want) ||
+		!strings.HasSuffix(got, fmt.Sprintf("schema is up to date (version %d)\n", latest)) {
+		t.Errorf("migrate one behind printed %q, want %q… and the version", got, want)
+	}
+	if got, want := migrate(), fmt.Sprintf("schema is up to date (version %d): nothing to apply\n", latest); got != want {
+		t.Errorf("migrate again printed %q, want %q", got, want)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)", latest+1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := migrate(), fmt.Sprintf("the database is at version %d, newer than this exportctl's %d", latest+1, latest); !strings.Contains(got, want) {
+		t.Errorf("migrate of a newer database printed %q, want it to say %q", got, want)
 	}
 }
