@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/coinexport/export/pkg/catalog"
 )
@@ -22,6 +23,11 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if err := required(map[string]string{"owner": *owner, "file": *file}); err != nil {
+		return err
+	}
+	// Checked first, as key create does: an empty file for an owner that
+	// does not exist would otherwise "import 0 items" and exit 0.
+	if err := ownerExists(ctx, e, *owner); err != nil {
 		return err
 	}
 	in, closeIn, err := openInput(*file, e.stdin)
@@ -64,23 +70,25 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"owner": *owner, "count": positive(*count)}); err != nil {
+	if err := required(map[string]string{"owner": *owner}); err != nil {
+		return err
+	}
+	if *count <= 0 {
+		return fmt.Errorf("%w: --count must be a positive number of items", errUsage)
+	}
+	if err := ownerExists(ctx, e, *owner); err != nil {
 		return err
 	}
 	start := time.Now()
 	n, err := catalog.Seed(ctx, e.pool, *owner, *count, *seed)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
+		return fmt.Errorf("seed: the owner has items of seed %d already (ids s%d-…): nothing seeded; pick another --seed", *seed, *seed)
+	}
 	if err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}
 	took := time.Since(start)
 	return emit(e.out, *asJSON, map[string]any{"seeded": n, "seconds": took.Seconds()},
 		fmt.Sprintf("seeded %d items in %s", n, took.Round(time.Millisecond)))
-}
-
-// positive returns "" for a non-positive n, so required reports it.
-func positive(n int) string {
-	if n <= 0 {
-		return ""
-	}
-	return strconv.Itoa(n)
 }

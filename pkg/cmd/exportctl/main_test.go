@@ -238,6 +238,12 @@ func TestMistakesAreNamed(t *testing.T) {
 		{[]string{"key", "list", "--owner", unknownOwner}, false, `no owner with id "` + unknownOwner + `"`},
 		{[]string{"key", "list", "--owner", "zz"}, true, `--owner "zz" is not an owner id`},
 		{[]string{"key", "list", "--owner", strings.Replace(unknownOwner, "-", "x", 1)}, true, "is not an owner id"},
+		{[]string{"items", "import", "--owner", unknownOwner, "--file", "-"}, false, `no owner with id "` + unknownOwner + `"`},
+		{[]string{"items", "import", "--owner", "not-a-uuid", "--file", "-"}, true, `--owner "not-a-uuid" is not an owner id (a UUID)`},
+		{[]string{"items", "seed", "--owner", unknownOwner, "--count", "3"}, false, `no owner with id "` + unknownOwner + `"`},
+		{[]string{"items", "seed", "--owner", owner.ID, "--count", "0"}, true, "--count must be a positive number"},
+		{[]string{"owner", "create", "--name", strings.Repeat("é", 201)}, true, "--name must be 1 to 200 characters, not blank (got 201)"},
+		{[]string{"owner", "create", "--name", "  "}, true, "--name must be 1 to 200 characters, not blank"},
 	} {
 		err := cli(t, dsn, "", nil, tc.args...)
 		switch {
@@ -252,6 +258,14 @@ func TestMistakesAreNamed(t *testing.T) {
 	var keys []listedKey
 	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 0 {
 		t.Errorf("keys after the refused creations = %+v, %v; want none", keys, err)
+	}
+	// Seeding a seed twice names the seed, not the table's key.
+	if err := cli(t, dsn, "", nil, "items", "seed", "--owner", owner.ID, "--count", "2", "--seed", "5"); err != nil {
+		t.Fatal(err)
+	}
+	err := cli(t, dsn, "", nil, "items", "seed", "--owner", owner.ID, "--count", "2", "--seed", "5")
+	if err == nil || !strings.Contains(err.Error(), "items of seed 5 already") || strings.Contains(err.Error(), "SQLSTATE") {
+		t.Errorf("items seed of a seed already seeded = %v, want it to name the seed (and no SQLSTATE)", err)
 	}
 	// An owner id in capitals names the same owner.
 	if err := cli(t, dsn, "", nil, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {

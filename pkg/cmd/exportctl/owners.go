@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/schema"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -48,6 +50,9 @@ func migrate(ctx context.Context, e *env, args []string) error {
 		"build_version": build, "applied": files}, human)
 }
 
+// maxOwnerName is the owners table's limit on a name.
+const maxOwnerName = 200
+
 func ownerCreate(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("owner create", flag.ContinueOnError)
 	name := fs.String("name", "", "owner name")
@@ -57,6 +62,11 @@ func ownerCreate(ctx context.Context, e *env, args []string) error {
 	}
 	if err := required(map[string]string{"name": *name}); err != nil {
 		return err
+	}
+	// The table's check (1 to 200 characters), said in the administrator's
+	// terms; a name of spaces only names nobody.
+	if n := utf8.RuneCountInString(*name); n > maxOwnerName || strings.TrimSpace(*name) == "" {
+		return fmt.Errorf("%w: --name must be 1 to %d characters, not blank (got %d)", errUsage, maxOwnerName, n)
 	}
 	var id string
 	err := e.pool.QueryRow(ctx, "INSERT INTO owners (name) VALUES ($1) RETURNING id::text", *name).Scan(&id)
