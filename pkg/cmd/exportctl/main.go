@@ -27,7 +27,9 @@ const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; 
 
   migrate
   owner create --name NAME
+  owner list
   platform create --id PLATFORM_ID [--name NAME]
+  platform list
   key create --owner OWNER_ID --scope SCOPE[,SCOPE] [--platform PLATFORM_ID] [--name NAME]
   key revoke KEY_ID|KEY
   key list --owner OWNER_ID
@@ -80,7 +82,9 @@ type env struct {
 var commands = map[string]command{
 	"migrate":         migrate,
 	"owner create":    ownerCreate,
+	"owner list":      ownerList,
 	"platform create": platformCreate,
+	"platform list":   platformList,
 	"key create":      keyCreate,
 	"key revoke":      keyRevoke,
 	"key list":        keyList,

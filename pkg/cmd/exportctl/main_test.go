@@ -462,3 +462,25 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 		t.Errorf("migrate of a newer database printed %q, want it to say %q", got, want)
 	}
 }
+
+// An owner's id is printed once, by owner create; owner list and platform
+// list give back what every other command needs.
+func TestOwnerAndPlatformList(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	var owner struct{ ID string }
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1", "--name", "Market One"); err != nil {
+		t.Fatal(err)
+	}
+	var owners, platforms []listed
+	if err := cli(t, dsn, "", &owners, "owner", "list"); err != nil || len(owners) != 1 ||
+		owners[0].ID != owner.ID || owners[0].Name != "Coins Ltd" {
+		t.Errorf("owner list = %+v, %v; want the one owner", owners, err)
+	}
+	if err := cli(t, dsn, "", &platforms, "platform", "list"); err != nil || len(platforms) != 1 ||
+		platforms[0].ID != "market-1" || platforms[0].Name != "Market One" {
+		t.Errorf("platform list = %+v, %v; want the one platform", platforms, err)
+	}
+}

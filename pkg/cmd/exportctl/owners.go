@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/schema"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -91,6 +92,54 @@ func platformCreate(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("create platform: %w", platformCreateError(err, *id))
 	}
 	return emit(e.out, *asJSON, map[string]string{"id": *id, "name": *name}, "platform "+*id)
+}
+
+// listed is an owner or a platform as owner list and platform list print it.
+type listed struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ownerList prints every owner: an owner's id is printed once, by owner
+// create, and every other command needs it.
+func ownerList(ctx context.Context, e *env, args []string) error {
+	return list(ctx, e, args, "owner list", "SELECT id::text, name, created_at FROM owners ORDER BY created_at, id")
+}
+
+// platformList prints every platform, for the --platform of a sales key.
+func platformList(ctx context.Context, e *env, args []string) error {
+	return list(ctx, e, args, "platform list", "SELECT id, name, created_at FROM platforms ORDER BY id")
+}
+
+func list(ctx context.Context, e *env, args []string, name, query string) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := flagsOnly(fs, args); err != nil {
+		return err
+	}
+	rows, err := e.pool.Query(ctx, query)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (listed, error) {
+		var l listed
+		err := row.Scan(&l.ID, &l.Name, &l.CreatedAt)
+		return l, err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if *asJSON {
+		if all == nil {
+			all = []listed{}
+		}
+		return emit(e.out, true, all, "")
+	}
+	for _, l := range all {
+		fmt.Fprintf(e.out, "%s  %s  %q\n", l.ID, l.CreatedAt.UTC().Format(time.RFC3339), l.Name)
+	}
+	return nil
 }
 
 // platformCreateError says which rule a platform id broke instead of the
