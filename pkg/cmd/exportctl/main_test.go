@@ -180,6 +180,19 @@ func TestItemsImportRefusesUnaddressableIDs(t *testing.T) {
 	}
 }
 
+// createdOwner is what owner create prints as JSON.
+type createdOwner struct{ ID string }
+
+// newOwner creates an owner named Coins Ltd with exportctl.
+func newOwner(t *testing.T, dsn string) createdOwner {
+	t.Helper()
+	var owner createdOwner
+	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
 func countItems(t *testing.T, dsn, owner string) int {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -216,10 +229,7 @@ func TestMistakesAreNamed(t *testing.T) {
 	if err := cli(t, dsn, "", nil, "migrate"); err != nil {
 		t.Fatalf("migrate = %v", err)
 	}
-	var owner struct{ ID string }
-	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
-		t.Fatal(err)
-	}
+	owner := newOwner(t, dsn)
 	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -281,10 +291,7 @@ func TestMistakesAreNamed(t *testing.T) {
 // import one file of two.
 func TestStrayArgumentsAreRefused(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	var owner struct{ ID string }
-	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
-		t.Fatal(err)
-	}
+	owner := newOwner(t, dsn)
 	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -333,10 +340,7 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 // as well as the key's id, finds it by its hash, and prints only the id.
 func TestKeyRevokeByKey(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	var owner struct{ ID string }
-	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
-		t.Fatal(err)
-	}
+	owner := newOwner(t, dsn)
 	var key createdKey
 	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
 		t.Fatal(err)
@@ -388,10 +392,7 @@ func TestRedactKeys(t *testing.T) {
 // replacement with the same binding.
 func TestKeyListShowsBinding(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	var owner struct{ ID string }
-	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
-		t.Fatal(err)
-	}
+	owner := newOwner(t, dsn)
 	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -467,10 +468,7 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 // list give back what every other command needs.
 func TestOwnerAndPlatformList(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	var owner struct{ ID string }
-	if err := cli(t, dsn, "", &owner, "owner", "create", "--name", "Coins Ltd"); err != nil {
-		t.Fatal(err)
-	}
+	owner := newOwner(t, dsn)
 	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1", "--name", "Market One"); err != nil {
 		t.Fatal(err)
 	}
