@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -62,6 +63,11 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
 	results, err := provider.Up(ctx)
+	// On a failure goose returns no results: the migrations applied before
+	// it are in its PartialError.
+	if partial := (*goose.PartialError)(nil); errors.As(err, &partial) {
+		results = partial.Applied
+	}
 	var applied []Applied
 	for _, r := range results {
 		if r.Error == nil {

@@ -195,3 +195,29 @@ func TestReadinessSurvivesADroppedConnection(t *testing.T) {
 		t.Errorf("Ready after its connection was dropped = %v, want nil", err)
 	}
 }
+
+// A migration that fails after others applied in the same run: Up returns
+// the ones that applied with the error, so that exportctl migrate still
+// names them (00004 and 00005 ask for a restart of the services).
+func TestUpNamesWhatItAppliedBeforeAFailure(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	provider, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(pool), os.DirFS("migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, 4); err != nil {
+		t.Fatalf("down to 4: %v", err)
+	}
+	// 00006 creates this table: it fails, after 00005 applied.
+	if _, err := pool.Exec(ctx, "CREATE TABLE idempotency_refusals (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := schema.Up(ctx, pool)
+	if err == nil {
+		t.Fatal("Up with 00006 bound to fail = nil error, want its failure")
+	}
+	if len(applied) != 1 || applied[0].Version != 5 || !strings.HasPrefix(applied[0].File, "00005_") {
+		t.Errorf("Up that failed at 00006 = %+v, want 00005 applied", applied)
+	}
+}
