@@ -359,6 +359,9 @@ func parseURL(raw json.RawMessage) (string, string) {
 		r, _ := utf8.DecodeRuneInString(s[i:])
 		return "", fmt.Sprintf("must be a URI (spec 2.3): %q is not allowed in one; percent-encode it (UTF-8 bytes, as %%C3%%A9 for é), and write a non-ASCII host in its xn-- form", r)
 	}
+	if reason := uriPlacement(s); reason != "" {
+		return "", "must be a URI (spec 2.3): " + reason
+	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
 			return "", "must be a URI with a port from 1 to 65535"
@@ -369,8 +372,9 @@ func parseURL(raw json.RawMessage) (string, string) {
 
 // notURIChar reports a character that RFC 3986 allows nowhere in a URI:
 // anything outside its unreserved and reserved characters and '%' (Go's
-// url.Parse checks the escapes, and takes '"', '<', '{', a space's
-// neighbours and every non-ASCII letter as they are). A consumer that
+// url.Parse takes '"', '<', '{', a space's neighbours and every non-ASCII
+// letter as they are; uriPlacement checks where '%', '#', '[' and ']'
+// stand). A consumer that
 // validates the URI format, or pastes the URL into HTML or a feed, would
 // otherwise get one that breaks there.
 func notURIChar(r rune) bool {
@@ -381,6 +385,34 @@ func notURIChar(r rune) bool {
 		return false
 	}
 	return true
+}
+
+// uriPlacement says what in s (made of URI characters only, notURIChar,
+// and passed by url.Parse with a host) stands where RFC 3986 allows it
+// nowhere, or "". url.Parse takes each of these: it checks the escapes of
+// the host, path and fragment but not the query's, takes a second '#' into
+// the fragment, and '[' or ']' outside the host.
+func uriPlacement(s string) string {
+	if strings.Count(s, "#") > 1 {
+		return "'#' is allowed once (percent-encode another as %23)"
+	}
+	// After "scheme://", the authority runs to the first '/', '?' or '#';
+	// an IPv6 host's brackets are in it, and nowhere else may be one.
+	_, rest, _ := strings.Cut(s, "://")
+	if end := strings.IndexAny(rest, "/?#"); end >= 0 && strings.ContainsAny(rest[end:], "[]") {
+		return "'[' and ']' are allowed only around an IPv6 host (percent-encode them as %5B and %5D)"
+	}
+	for i := strings.IndexByte(s, '%'); i >= 0; i = strings.IndexByte(s, '%') {
+		if len(s) < i+3 || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return "'%' must start an escape of two hex digits (write '%' itself as %25)"
+		}
+		s = s[i+3:]
+	}
+	return ""
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func parsePosition(raw json.RawMessage) (int, string) {
