@@ -27,9 +27,11 @@
 //     JavaScript and an error to encoding/json).
 //   - images: array (≤ 100) of {id, url (absolute https URI, no user info;
 //     only the characters RFC 3986 allows, so a non-ASCII path is
-//     percent-encoded and a non-ASCII host written in its xn-- form; a port
-//     from 1 to 65535), position (0–1000000, unique), type (obverse,
-//     reverse, edge, gallery)}, stored ordered by position; [] when absent.
+//     percent-encoded and a non-ASCII host written in its xn-- form, each
+//     '%' starts two hex digits, '#' comes once at most, '[' and ']' only
+//     around an IPv6 host; a port from 1 to 65535), position (0–1000000,
+//     unique), type (obverse, reverse, edge, gallery)}, stored ordered by
+//     position; [] when absent.
 //   - texts: ENG required, RUS and UKR optional, each {title (required,
 //     ≤ 500 characters, one line), description (optional, ≤ 20000)}. A
 //     missing translation or description falls back to ENG when rendered.
