@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"net/http"
 	"net/url"
 	"testing"
 	"time"
@@ -118,5 +119,37 @@ func TestASyncStartingBehindAStuckWriteIsUnavailable(t *testing.T) {
 	}
 	if r := e.get(t, owner, "/v1/export/items"); r.status != 200 || len(r.items(t)) != 1 {
 		t.Errorf("first page once the write ended = %d %s, want 200 with the item", r.status, r.body)
+	}
+}
+
+// A HEAD of a first page starts no sync (it gets no items): it takes no
+// barrier, so a writer in flight neither holds it up nor is held up by it.
+func TestAHeadOfAFirstPageTakesNoBarrier(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("a", "active", "A"))
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodHead, e.srv.URL+"/v1/export/items", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sign(owner)(req)
+	start := time.Now()
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if took := time.Since(start); resp.StatusCode != http.StatusOK || took > time.Second {
+		t.Errorf("HEAD of a first page with a writer in flight = %d after %v, want 200 at once", resp.StatusCode, took)
 	}
 }

@@ -37,9 +37,9 @@ type Query struct {
 	Status       string     // "", active or inactive
 	UpdatedAfter *time.Time // strictly after; microsecond precision
 	Cursor       string     // "" for the first page
-	// HeadOnly is a HEAD: its answer carries no next cursor, so no page is
-	// read ahead for it, nor taken from what was read ahead for the GET
-	// of the same cursor.
+	// HeadOnly is a HEAD: its answer carries no items and no next cursor,
+	// so a first page takes no sync barrier, no page is read ahead for it,
+	// nor taken from what was read ahead for the GET of the same cursor.
 	HeadOnly bool
 }
 
@@ -94,10 +94,13 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 			return dst, "", ErrInvalidCursor
 		}
 		after = &pos
-	} else if err := catalog.SyncBarrier(ctx, r.pool, owner); err != nil {
+	} else if !q.HeadOnly {
 		// A sync starts: changes stamped before now are committed before
-		// its first query (catalog's barrier.go).
-		return dst, "", fmt.Errorf("export: list: %w", err)
+		// its first query (catalog's barrier.go). A HEAD starts none (it
+		// gets no items), so it does not hold up the owner's writers.
+		if err := catalog.SyncBarrier(ctx, r.pool, owner); err != nil {
+			return dst, "", fmt.Errorf("export: list: %w", err)
+		}
 	}
 	// A first page starts a sync, and so does a cursor of version 1 (from
 	// before cursors carried their sync).
