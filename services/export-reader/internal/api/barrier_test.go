@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/jackc/pgx/v5"
 )
 
 // The contract's sync recipe (spec 4.8: record the start time, read every
@@ -32,14 +33,7 @@ func TestASyncStartingDuringAWriteSeesIt(t *testing.T) {
 
 	// A writer, as every writer of export_items does (catalog.WriterLock):
 	// the lock, the stamp, and the commit later.
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
-		t.Fatal(err)
-	}
+	tx := writerInFlight(t, e, owner)
 	if _, err := tx.Exec(ctx, `UPDATE export_items SET listed_active = false, updated_at = clock_timestamp()
 	    WHERE owner_id = $1 AND id = 'a'`, owner); err != nil {
 		t.Fatal(err)
@@ -96,14 +90,7 @@ func TestASyncStartingBehindAStuckWriteIsUnavailable(t *testing.T) {
 	e := newEnv(t)
 	owner := e.owner(t)
 	e.importLines(t, owner, itemLine("a", "active", "A"))
-	stuck, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stuck.Rollback(ctx)
-	if _, err := stuck.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
-		t.Fatal(err)
-	}
+	stuck := writerInFlight(t, e, owner)
 
 	start := time.Now()
 	r := e.get(t, owner, "/v1/export/items")
@@ -126,18 +113,10 @@ func TestASyncStartingBehindAStuckWriteIsUnavailable(t *testing.T) {
 // barrier, so a writer in flight neither holds it up nor is held up by it.
 func TestAHeadOfAFirstPageTakesNoBarrier(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	e := newEnv(t)
 	owner := e.owner(t)
 	e.importLines(t, owner, itemLine("a", "active", "A"))
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
-		t.Fatal(err)
-	}
+	writerInFlight(t, e, owner)
 	req, err := http.NewRequest(http.MethodHead, e.srv.URL+"/v1/export/items", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -152,4 +131,21 @@ func TestAHeadOfAFirstPageTakesNoBarrier(t *testing.T) {
 	if took := time.Since(start); resp.StatusCode != http.StatusOK || took > time.Second {
 		t.Errorf("HEAD of a first page with a writer in flight = %d after %v, want 200 at once", resp.StatusCode, took)
 	}
+}
+
+// writerInFlight begins a transaction that writes owner's items, as every
+// writer does (catalog.WriterLock first), and leaves it open; it is rolled
+// back at the test's end unless ended before.
+func writerInFlight(t *testing.T, e *env, owner string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
