@@ -129,25 +129,32 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 	if len(positional) != 1 {
 		return fmt.Errorf("%w: key revoke takes one KEY_ID (or the key itself)", errUsage)
 	}
-	arg := positional[0]
+	// A key pasted with a space or a line end around it is still the key.
+	arg := strings.TrimSpace(positional[0])
 	where, param, notFound := "id::text = $1", any(arg), fmt.Sprintf("no key with id %q", arg)
 	if apikey.WellFormed(arg) {
 		hash := apikey.HashOf(arg)
 		where, param, notFound = "hash = $1", hash[:], "no such key (it was never issued here)"
 	}
-	// COALESCE keeps the first revocation time when a key is revoked twice.
+	// COALESCE keeps the first revocation time when a key is revoked twice;
+	// a time other than this statement's now() is that earlier one.
 	var id string
 	var revokedAt time.Time
+	var already bool
 	err = e.pool.QueryRow(ctx, `
 		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-		WHERE `+where+` RETURNING id::text, revoked_at`, param).Scan(&id, &revokedAt)
+		WHERE `+where+` RETURNING id::text, revoked_at, revoked_at <> now()`, param).Scan(&id, &revokedAt, &already)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errors.New(notFound)
 	}
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)
 	}
-	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt}, "revoked key "+id)
+	text := "revoked key " + id
+	if already {
+		text = "key " + id + " was revoked already, at " + revokedAt.UTC().Format(time.RFC3339)
+	}
+	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt, "already_revoked": already}, text)
 }
 
 func keyList(ctx context.Context, e *env, args []string) error {

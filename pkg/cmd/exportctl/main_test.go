@@ -355,6 +355,13 @@ func TestKeyRevokeByKey(t *testing.T) {
 	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
 		t.Errorf("key list after key revoke <key> = %+v, %v; want the key revoked", keys, err)
 	}
+	// Again, pasted with a line end: the key still, revoked already.
+	stdout.Reset()
+	err = run(context.Background(), []string{"key", "revoke", key.Key + "\n"},
+		func(string) string { return dsn }, strings.NewReader(""), &stdout)
+	if err != nil || !strings.HasPrefix(stdout.String(), "key "+key.ID+" was revoked already, at ") {
+		t.Errorf("key revoke <key> again = %v, printed %q; want it to say the key was revoked already", err, stdout.String())
+	}
 
 	other, _, err := apikey.Generate([]string{"export:read"}) // well formed, never issued
 	if err != nil {
