@@ -55,8 +55,13 @@ func main() {
 var errUsage = errors.New("invalid usage")
 
 // keyLike matches a key's tag (in any case, '_' typed as '-' or ' ') and
-// what follows it up to a space or a quote.
-var keyLike = regexp.MustCompile(`(?i)cx[raw][-_ ][^\s"]*`)
+// everything after it up to the closing quote of the %q that quotes it (an
+// escaped quote, \", does not end it), or to the end of the message. Not
+// up to a space: a key pasted with a space (or a quote) inside it is most
+// of a secret on either side of the break ("cxr_ <43 characters>" printed
+// all of them but the tag before), and its checksum lets anyone confirm a
+// guess of the rest. ContainsKeyLike reads such a key as a key too.
+var keyLike = regexp.MustCompile(`(?i)cx[raw][-_ ](?:[^"\\]|\\.)*`)
 
 // redactKeys hides every key in an error message before it is printed: an
 // error quotes the argument it refuses, and an administrator may have given

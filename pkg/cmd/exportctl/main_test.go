@@ -395,6 +395,38 @@ func TestRedactKeys(t *testing.T) {
 	}
 }
 
+// A key pasted with a space (or a quote) inside it is still most of a
+// secret: what follows the break is hidden too, not only the run that
+// starts at the tag. Before, "cxr_ <rest>" printed the whole rest of the
+// key, and its checksum lets anyone confirm a guess of what was hidden.
+func TestRedactKeysBrokenByASpaceOrAQuote(t *testing.T) {
+	key, _, err := apikey.Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int{4, 6, 20, 30, 45} {
+		for _, sep := range []string{" ", "  ", `"`} {
+			arg := key[:at] + sep + key[at:]
+			for _, msg := range []string{
+				fmt.Sprintf("no key with id %q", arg),
+				fmt.Sprintf("invalid usage: --owner %q is not an owner id (a UUID)", arg),
+				fmt.Sprintf("invalid usage: unknown command %q", "key revok "+arg),
+			} {
+				got := redactKeys(msg)
+				for i := 4; i+8 <= len(key); i++ {
+					if strings.Contains(got, key[i:i+8]) {
+						t.Errorf("redactKeys(%q) = %q: it shows %q of the key", msg, got, key[i:i+8])
+						break
+					}
+				}
+			}
+		}
+	}
+	if msg := `--owner "` + key + `" is not an owner id (a UUID)`; !strings.HasSuffix(redactKeys(msg), `" is not an owner id (a UUID)`) {
+		t.Errorf("redactKeys(%q) = %q, want the text after the quoted key kept", msg, redactKeys(msg))
+	}
+}
+
 // key list shows what a key is bound to, so that a rotation can issue its
 // replacement with the same binding.
 func TestKeyListShowsBinding(t *testing.T) {
