@@ -503,6 +503,35 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 	}
 }
 
+// With --json, a migration that fails after others applied names them in
+// its error: nothing goes to stdout then, and 00004 and 00005 ask for a
+// restart of the services once applied.
+func TestMigrateJSONNamesWhatItAppliedBeforeAFailure(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../../schema/migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	// 00006 creates this table: it fails, after 00005 applied.
+	if _, err := db.ExecContext(ctx, "CREATE TABLE idempotency_refusals (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	err = run(ctx, []string{"--json", "migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout)
+	if err == nil || !strings.Contains(err.Error(), "applied before it: 00005_") || stdout.Len() != 0 {
+		t.Errorf("migrate --json failing at 00006 = %v, stdout %q; want the error to name 00005, nothing on stdout", err, stdout.String())
+	}
+}
+
 // An owner's id is printed once, by owner create; owner list and platform
 // list give back what every other command needs.
 func TestOwnerAndPlatformList(t *testing.T) {

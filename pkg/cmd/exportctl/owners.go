@@ -33,6 +33,9 @@ func migrate(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	if err != nil {
+		if *asJSON && len(files) > 0 { // no line above named them
+			return fmt.Errorf("%w (applied before it: %s)", err, strings.Join(files, ", "))
+		}
 		return err
 	}
 	database, build, err := schema.Versions(ctx, e.pool)
