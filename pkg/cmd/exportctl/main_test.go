@@ -466,18 +466,7 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT max(version_id) FROM goose_db_version").Scan(&latest); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../../schema/migrations"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.DownTo(ctx, latest-1); err != nil {
-		t.Fatal(err)
-	}
+	provider, _ := migratedDownTo(t, dsn, latest-1)
 
 	migrate := func() string {
 		t.Helper()
@@ -503,30 +492,39 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 	}
 }
 
+// migratedDownTo rolls the database at dsn back to version with goose, over
+// the embedded migrations' files, and returns the provider and the
+// connection it used (closed at the test's end).
+func migratedDownTo(t *testing.T, dsn string, version int64) (*goose.Provider, *sql.DB) {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../../schema/migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(context.Background(), version); err != nil {
+		t.Fatalf("down to %d: %v", version, err)
+	}
+	return provider, db
+}
+
 // With --json, a migration that fails after others applied names them in
 // its error: nothing goes to stdout then, and 00004 and 00005 ask for a
 // restart of the services once applied.
 func TestMigrateJSONNamesWhatItAppliedBeforeAFailure(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.PostgresURL(t)
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../../schema/migrations"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.DownTo(ctx, 4); err != nil {
-		t.Fatal(err)
-	}
+	_, db := migratedDownTo(t, dsn, 4)
 	// 00006 creates this table: it fails, after 00005 applied.
 	if _, err := db.ExecContext(ctx, "CREATE TABLE idempotency_refusals (x int)"); err != nil {
 		t.Fatal(err)
 	}
 	var stdout bytes.Buffer
-	err = run(ctx, []string{"--json", "migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout)
+	err := run(ctx, []string{"--json", "migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout)
 	if err == nil || !strings.Contains(err.Error(), "applied before it: 00005_") || stdout.Len() != 0 {
 		t.Errorf("migrate --json failing at 00006 = %v, stdout %q; want the error to name 00005, nothing on stdout", err, stdout.String())
 	}
