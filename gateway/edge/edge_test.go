@@ -458,11 +458,7 @@ func TestAdminOddRequestsAreEnvelopes(t *testing.T) {
 		{"OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404, "not_found"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.AdminURL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := dial(t, gw.AdminURL)
 			if _, err := io.WriteString(conn, tt.request); err != nil {
 				t.Fatal(err)
 			}
@@ -793,11 +789,7 @@ func TestClientChosenMethodsStayOutOfLogs(t *testing.T) {
 	if r.Status != 405 || r.Header.Get("Allow") != "GET, HEAD" {
 		t.Errorf("SECRETMETHOD /v1/health = %d, Allow %q; want 405, GET, HEAD", r.Status, r.Header.Get("Allow"))
 	}
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, gw.URL)
 	if _, err := io.WriteString(conn, "GARBAGE\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -806,11 +798,7 @@ func TestClientChosenMethodsStayOutOfLogs(t *testing.T) {
 		t.Errorf("a malformed request got %q, want a bad_request envelope", answer)
 	}
 	// Its headers read (a POST), its body not: fasthttp has reset it.
-	chunks, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer chunks.Close()
+	chunks := dial(t, gw.URL)
 	if _, err := io.WriteString(chunks, "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\n"+
 		"Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n"); err != nil {
 		t.Fatal(err)
@@ -925,11 +913,7 @@ func TestForwardedPathIsTheRoutedPath(t *testing.T) {
 // is (Go's client would refuse or re-encode some of them).
 func doRaw(t *testing.T, baseURL, method, target string, headers map[string]string) response {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(baseURL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, baseURL)
 	var req strings.Builder
 	fmt.Fprintf(&req, "%s %s HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n", method, target)
 	for k, v := range headers {
@@ -998,11 +982,7 @@ func TestExpectContinueIsRefusedForABodyOverTheLimit(t *testing.T) {
 		}
 	}
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, gw.URL)
 	body := `{"platform_sale_id":"s-1"}`
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\nX-API-Key: %s\r\n"+
 		"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", confirm, k.write, len(body))
@@ -1083,11 +1063,7 @@ func TestAClientStillSendingReadsTheRefusal(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := dial(t, gw.URL)
 			_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
 			if _, err := io.WriteString(conn, tt.request); err != nil {
 				t.Fatalf("sending %d bytes: %v; want them taken in, then the refusal", len(tt.request), err)
@@ -1114,11 +1090,7 @@ func TestAClientStillSendingReadsTheRefusal(t *testing.T) {
 func TestRequestTimeoutIsTimedFromTheConnectionsStart(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "GATEWAY_READ_TIMEOUT": "300ms"})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, gw.URL)
 	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n"); err != nil { // never ended
 		t.Fatal(err)
 	}
@@ -1242,11 +1214,7 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := dial(t, gw.URL)
 			req := fmt.Sprintf(head, tt.proto, tt.headers) + "\r\n" + tt.body + smuggled
 			if _, err := conn.Write([]byte(req)); err != nil {
 				t.Fatal(err)
@@ -1303,11 +1271,7 @@ func TestOtherHTTPVersionsAreRefusedAtTheGateway(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.proto+" "+tt.target, func(t *testing.T) {
-			conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := dial(t, gw.URL)
 			before := hits.Load()
 			req := "GET " + tt.target + " " + tt.proto + "\r\nHost: gateway\r\nX-API-Key: " + k.read + "\r\n\r\n"
 			if _, err := conn.Write([]byte(req)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -292,4 +293,16 @@ func (b *stalledBody) Read([]byte) (int, error) {
 func (b *stalledBody) Close() error {
 	b.once.Do(func() { close(b.closed) })
 	return nil
+}
+
+// dial opens a TCP connection to the server at baseURL (http://host:port),
+// closed at the end of the test, for a request written by hand.
+func dial(t *testing.T, baseURL string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(baseURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
