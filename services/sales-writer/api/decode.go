@@ -104,10 +104,27 @@ func contentType(value string) error {
 	if err != nil || mediaType != "application/json" {
 		return badRequest(codeInvalidContentType, "Content-Type must be application/json")
 	}
-	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+	if cs, ok := params["charset"]; ok && !isUTF8Label(cs) {
 		return badRequest(codeInvalidContentType, "the body must be UTF-8 JSON")
 	}
 	return nil
+}
+
+// utf8Labels are the names the WHATWG Encoding Standard gives UTF-8, which
+// is how browsers and most HTTP libraries read a charset: "utf8" (PHP and
+// MySQL's spelling, common in PrestaShop modules) names the same bytes as
+// "utf-8", and refusing it told such a client that its UTF-8 body was not.
+var utf8Labels = []string{"utf-8", "utf8", "unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "x-unicode20utf8"}
+
+// isUTF8Label reports whether a Content-Type's charset names UTF-8 (labels
+// are ASCII, matched without regard to case).
+func isUTF8Label(charset string) bool {
+	for _, label := range utf8Labels {
+		if strings.EqualFold(charset, label) {
+			return true
+		}
+	}
+	return false
 }
 
 // idempotencyKey returns the single Idempotency-Key header: 1 to 128

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,7 +138,8 @@ func FuzzIsUUID(f *testing.F) {
 func FuzzDecode(f *testing.F) {
 	for _, ct := range []string{"application/json", "application/json; charset=UTF-8", "application/json;charset=utf-8",
 		"", "text/plain", "application/x-www-form-urlencoded", "application/json; charset=latin1",
-		"Application/JSON", "application/json; charset=\"utf-8\"", "application/json; charset", "application/json; x=1"} {
+		"Application/JSON", "application/json; charset=\"utf-8\"", "application/json; charset", "application/json; x=1", "application/json; charset=utf8",
+		"application/json; charset=UNICODE-1-1-UTF-8", "application/json; charset=utf-16"} {
 		f.Add(ct, "k", []byte(`{"external_order_id":"order-1"}`))
 	}
 	for _, s := range bodySeeds {
@@ -309,7 +311,9 @@ func referenceKey(values []string) string {
 func referenceContentType(value string) bool {
 	mediaType, params, err := mime.ParseMediaType(value)
 	cs, ok := params["charset"]
-	return err == nil && mediaType == "application/json" && (!ok || strings.EqualFold(cs, "utf-8"))
+	namesUTF8 := slices.ContainsFunc([]string{"utf-8", "utf8", "unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "x-unicode20utf8"},
+		func(label string) bool { return strings.EqualFold(cs, label) })
+	return err == nil && mediaType == "application/json" && (!ok || namesUTF8)
 }
 
 // FuzzCaller: whatever identity headers reach the sales writer (signed for

@@ -138,6 +138,28 @@ func TestLimitsAreInclusive(t *testing.T) {
 	}
 }
 
+// TestUTF8CharsetLabelsAreAccepted: a Content-Type whose charset names
+// UTF-8 by any of its labels (WHATWG Encoding Standard), "utf8" among them,
+// is read, and the label is no part of the request: the retry under another
+// spelling replays the sale.
+func TestUTF8CharsetLabelsAreAccepted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	w := f.writer("market-a")
+	body := `{"external_order_id":"order-1"}`
+	for i, charset := range []string{"utf8", "UTF8", "unicode-1-1-utf-8", "x-unicode20utf8", "utf-8"} {
+		rec, env := f.do(t, call{id: w, op: "confirm", item: "coin-1", key: "confirm-1", body: body,
+			contentType: "application/json; charset=" + charset})
+		if rec.Code != 200 {
+			t.Fatalf("confirm with charset=%s = %d %s, want 200", charset, rec.Code, rec.Body)
+		}
+		if replay := result(t, env)["idempotent_replay"]; replay != (i > 0) {
+			t.Errorf("confirm with charset=%s: idempotent_replay = %v, want %v", charset, replay, i > 0)
+		}
+	}
+}
+
 // TestOrderIDIsTheTextSent: an order id is the Unicode text sent, however
 // it is escaped. U+FFFD sent literally or as \ufffd is the same order, and
 // an emoji, literal or a surrogate pair, is one character of the 128.
