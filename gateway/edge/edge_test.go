@@ -1578,3 +1578,58 @@ func TestForbiddenNamesTheScopes(t *testing.T) {
 		t.Errorf("confirm with a read key = %d %s, want 403 %q", r.Status, r.Body, want)
 	}
 }
+
+// Error answers are counted by route and error code, the gateway's own
+// refusals (which reach no service) and the services' relayed answers alike:
+// the status class alone does not tell a rise of 401s from one of 404s or
+// 429s. A code not shaped like one is counted as "other".
+func TestErrorAnswersAreCountedByRouteAndCode(t *testing.T) {
+	dsn, _, k := seed(t)
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code := "item_already_sold"
+		if strings.HasPrefix(r.URL.Path, "/v1/export/items/odd") {
+			code = "Not A Code!"
+		}
+		envelope.WriteError(w, http.StatusConflict, code, "refused", httpserver.RandomRequestID())
+	}))
+	t.Cleanup(refusing.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS": echoUpstream(t, "reader", nil).URL, "SALES_WRITER_URLS": refusing.URL})
+	items := gw.URL + "/v1/export/items"
+	write := map[string]string{"X-API-Key": k.write, "Content-Type": "application/json", "Idempotency-Key": "k1"}
+	for _, rq := range []struct {
+		method, url string
+		headers     map[string]string
+		status      int
+	}{
+		{"GET", items, nil, 401},
+		{"GET", items, map[string]string{"X-API-Key": k.revoked}, 401},
+		{"GET", items + "/coin-1", map[string]string{"X-API-Key": k.read}, 200},
+		{"GET", gw.URL + "/v1/nope", nil, 404},
+		{"DELETE", items + "/coin-1", nil, 405},
+		{"POST", items + "/coin-1/sales/confirm", write, 409},
+		{"POST", items + "/odd/sales/confirm", write, 409},
+	} {
+		if r := do(t, rq.method, rq.url, rq.headers, strings.NewReader(`{"external_order_id":"o"}`)); r.Status != rq.status {
+			t.Fatalf("%s %s = %d %s, want %d", rq.method, rq.url, r.Status, r.Body, rq.status)
+		}
+	}
+	metrics := scrape(t, gw.AdminURL)
+	for _, series := range []string{
+		`gateway_http_errors_total{code="unauthenticated",route="GET /v1/export/items"} 2`,
+		`gateway_http_errors_total{code="not_found",route="unmatched"} 1`,
+		`gateway_http_errors_total{code="method_not_allowed",route="/v1/export/items/{item_id}"} 1`,
+		`gateway_http_errors_total{code="item_already_sold",route="POST /v1/export/items/{item_id}/sales/confirm"} 1`,
+		`gateway_http_errors_total{code="other",route="POST /v1/export/items/{item_id}/sales/confirm"} 1`,
+	} {
+		if !bytes.Contains(metrics, []byte(series)) {
+			t.Errorf("metrics lack %s:\n%s", series, grep(metrics, "gateway_http_errors_total"))
+		}
+	}
+	if got := grep(metrics, `gateway_http_errors_total{code="none"`); got != "" {
+		t.Errorf("an answer was counted as an error without a code: %s", got)
+	}
+	if got := grep(metrics, `route="GET /v1/export/items/{item_id}"`); strings.Contains(got, "gateway_http_errors_total") {
+		t.Errorf("a 200 was counted as an error: %s", got)
+	}
+}

@@ -865,3 +865,21 @@ func logLine(logs string, parts ...string) bool {
 	}
 	return false
 }
+
+func TestErrorCodeLabel(t *testing.T) {
+	for code, want := range map[string]string{
+		"":                           "none",
+		"rate_limited":               "rate_limited",
+		"shop_401":                   "shop_401",
+		"Rate_Limited":               "other",
+		"bad code":                   "other",
+		"code\n":                     "other",
+		strings.Repeat("a", 64):      strings.Repeat("a", 64),
+		strings.Repeat("a", 65):      "other",
+		"cxr_ABCDEFGHIJKLMNOPQRSTUV": "other",
+	} {
+		if got := errorCodeLabel([]byte(code)); got != want {
+			t.Errorf("errorCodeLabel(%q) = %q, want %q", code, got, want)
+		}
+	}
+}

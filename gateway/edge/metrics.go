@@ -15,6 +15,7 @@ type metrics struct {
 	registry        *prometheus.Registry
 	requests        *prometheus.CounterVec
 	duration        *prometheus.HistogramVec
+	errors          *prometheus.CounterVec
 	rateDecisions   *prometheus.CounterVec
 	rateDegraded    prometheus.Gauge
 	rateRedisErrors prometheus.Counter
@@ -37,6 +38,14 @@ func newMetrics() *metrics {
 			// p99 must not stop at the last bucket below them.
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60},
 		}, []string{"route", "status_class"}),
+		// The status class alone hides what went wrong: a rise of 401s
+		// (a platform's key revoked), of 404 unmatched (a client calling
+		// a path that does not exist) and of 429s is the same 4xx, and the
+		// gateway's own refusals reach no service's http_errors_total.
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gateway_http_errors_total",
+			Help: "Error answers, by route and error code (the answer's error.code: the gateway's own, or the service's it relays).",
+		}, []string{"route", "code"}),
 		rateDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_ratelimit_decisions_total",
 			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight).",
@@ -62,7 +71,7 @@ func newMetrics() *metrics {
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
 		}),
 	}
-	m.registry.MustRegister(m.requests, m.duration, m.rateDecisions, m.rateDegraded, m.rateRedisErrors,
+	m.registry.MustRegister(m.requests, m.duration, m.errors, m.rateDecisions, m.rateDegraded, m.rateRedisErrors,
 		m.keyCache, m.upstreamErrors, m.upstreamRetries, m.panics,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -123,6 +132,36 @@ func (rm *routeMetrics) observe(status int, elapsed time.Duration) {
 	}
 	rm.requests[class].Inc()
 	rm.duration[class].Observe(elapsed.Seconds())
+}
+
+// countError counts one error answer by its code. Only error answers pay
+// for the label lookup; the code is the gateway's own or a service's
+// X-Error-Code, and one that is not shaped like a code (a service of
+// another build, a bug) is counted as "other" rather than let a value
+// nobody chose grow the series.
+func (rm *routeMetrics) countError(code []byte) {
+	rm.m.errors.WithLabelValues(rm.route, errorCodeLabel(code)).Inc()
+}
+
+// maxErrorCodeLabel is the longest error code counted under its own name.
+const maxErrorCodeLabel = 64
+
+// errorCodeLabel is code as a label value: lower-case letters, digits and
+// underscores, as every code of ours is; "other" for anything else,
+// "none" for an error answer without one.
+func errorCodeLabel(code []byte) string {
+	if len(code) == 0 {
+		return "none"
+	}
+	if len(code) > maxErrorCodeLabel {
+		return "other"
+	}
+	for _, c := range code {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return "other"
+		}
+	}
+	return string(code)
 }
 
 // decisionMetrics are the rate-limit decision counters, resolved once per

@@ -171,6 +171,7 @@ func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 	var errorCode []byte // the gateway's own, or the service's it relays
 	if status >= 400 {
 		errorCode = resp.Peek(envelope.ErrorCodeHeader)
+		rm.countError(errorCode)
 	}
 	g.endSpan(rq, status, errorCode)
 	g.logAccess(rq, status, errorCode, elapsed)
