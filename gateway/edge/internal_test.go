@@ -883,3 +883,79 @@ func TestErrorCodeLabel(t *testing.T) {
 		}
 	}
 }
+
+// What an SRE is handed may be a client's own X-Request-Id rather than
+// meta.request_id, or a 404 whose trace was sampled out: the access line
+// and the server span record the client's id (never adopting it as the
+// request id), and a 404 unmatched line names the path it was sent to,
+// both as client values are recorded (no key, cut at 128 characters).
+func TestAccessLineNamesTheClientsOwnIDAndAnUnmatchedPath(t *testing.T) {
+	g, sr, logs := startInternal(t, nil, fakeKeys{})
+	base := "http://" + g.Addr()
+	key := wellFormedKey(t)
+	long := strings.Repeat("r", 200)
+	for _, tt := range []struct {
+		name, path, clientID string
+		status               int
+		wantLog, wantSpan    []string // access line fields; app.client_request_id
+		notInLog             string
+	}{
+		{"client's id", "/v1/export/items", "ticket-42", 200,
+			[]string{`"client_request_id":"ticket-42"`}, []string{"ticket-42"}, `"path"`},
+		{"client's id holding a key", "/v1/export/items", "x" + key, 200,
+			[]string{`"client_request_id":"[holds an API key]"`}, []string{"[holds an API key]"}, key},
+		{"client's id cut", "/v1/export/items", long, 200,
+			[]string{`"client_request_id":"` + long[:128] + `…"`}, []string{long[:128] + "…"}, long},
+		{"unmatched path", "/v1/export/itemz", "", 404,
+			[]string{`"route":"unmatched"`, `"path":"/v1/export/itemz"`}, nil, `client_request_id`},
+		{"unmatched path with a key", "/v1/nope/" + key, "", 404,
+			[]string{`"route":"unmatched"`, `"path":"/v1/nope/[key]"`}, nil, key},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			headers := map[string]string{"X-API-Key": key}
+			if tt.clientID != "" {
+				headers["X-Request-Id"] = tt.clientID
+			}
+			resp, env := get(t, base+tt.path, headers)
+			requestID := resp.Header.Get("X-Request-Id")
+			// (The fake upstream's 200 has no meta.request_id of its own.)
+			if resp.StatusCode != tt.status || (tt.status != 200 && requestID != env.Meta.RequestID) || requestID == tt.clientID {
+				t.Fatalf("GET %s = %d, X-Request-Id %q, meta.request_id %q; want %d and the gateway's own id",
+					tt.path, resp.StatusCode, requestID, env.Meta.RequestID, tt.status)
+			}
+			line := accessLineOf(logs.String(), requestID) // written before the answer's last byte
+			for _, want := range tt.wantLog {
+				if !strings.Contains(line, want) {
+					t.Errorf("access line %s lacks %s", line, want)
+				}
+			}
+			if strings.Contains(line, tt.notInLog) {
+				t.Errorf("access line %s holds %s", line, tt.notInLog)
+			}
+			var got []string
+			for _, s := range sr.Ended() {
+				if s.SpanContext().TraceID().String() != requestID || s.SpanKind() != trace.SpanKindServer {
+					continue
+				}
+				for _, a := range s.Attributes() {
+					if a.Key == attrClientRequestID {
+						got = append(got, a.Value.AsString())
+					}
+				}
+			}
+			if !slices.Equal(got, tt.wantSpan) {
+				t.Errorf("server span's %s = %q, want %q", attrClientRequestID, got, tt.wantSpan)
+			}
+		})
+	}
+}
+
+// accessLineOf is the access line of the request requestID.
+func accessLineOf(logs, requestID string) string {
+	for line := range strings.SplitSeq(logs, "\n") {
+		if strings.Contains(line, `"msg":"request"`) && strings.Contains(line, requestID) {
+			return line
+		}
+	}
+	return ""
+}

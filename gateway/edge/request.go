@@ -61,6 +61,11 @@ type request struct {
 	// would hide that instance and the time it cost (a whole read
 	// timeout). A pointer, not its fields: every request carries it.
 	failed *upstream.FailedAttempt
+	// clientRequestID is an X-Request-Id the client sent, as recorded
+	// (httpserver.LoggableClientValue): never the request id, which the
+	// gateway chooses, but a client that logs only its own id can still
+	// be found by it.
+	clientRequestID string
 	// sale names a sale request's item and Idempotency-Key, as the
 	// writer's access line does (nil on other routes): a sale the gateway
 	// answers itself (the writer out, or killed mid-call: "the sale may
@@ -103,6 +108,9 @@ const (
 	// kind and the instance (scheme://host:port) of an attempt sent again.
 	attrFailedAttemptKind     = attribute.Key("upstream.failed_attempt.kind")
 	attrFailedAttemptInstance = attribute.Key("upstream.failed_attempt.instance")
+
+	// attrClientRequestID is the X-Request-Id a client sent (its own).
+	attrClientRequestID = attribute.Key("app.client_request_id")
 )
 
 // Span start options, built once: each option is an interface value, and
@@ -114,7 +122,7 @@ var (
 )
 
 // maxServerSpanAttrs is how many attributes endSpan sets at most.
-const maxServerSpanAttrs = 15
+const maxServerSpanAttrs = 16
 
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
@@ -128,6 +136,9 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	// refuses to encode (the span's whole export batch would be dropped).
 	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(strings.ToValidUTF8(apikey.RedactKeyLikePath(raw), "\uFFFD")),
 		keyInPath: apikey.PathHoldsKey(raw), clientIP: g.clientIP(c), start: time.Now()}
+	if own := c.Request().Header.Peek(envelope.RequestIDHeader); len(own) > 0 {
+		rq.clientRequestID = httpserver.LoggableClientValue(string(own))
+	}
 	parent, opts := context.Background(), serverSpanNewRoot
 	if g.cfg.TrustTraceparent {
 		parent = otel.GetTextMapPropagator().Extract(parent, headerCarrier{&c.Request().Header})
@@ -196,6 +207,9 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.path != "" { // empty when the request could not be read
 		attrs = append(attrs, semconv.URLPath(rq.path))
 	}
+	if rq.clientRequestID != "" {
+		attrs = append(attrs, attrClientRequestID.String(rq.clientRequestID))
+	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, attrOwnerID.String(rq.key.OwnerID), attrKeyID.String(rq.key.ID))
 	}
@@ -238,6 +252,15 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, slog.String("error_code", string(errorCode)))
+	}
+	if rq.route == unmatchedName && rq.path != "" {
+		// The route names no path here: without it a 404's line says only
+		// that some path was wrong, and its span, which has url.path, may
+		// be sampled out. As recorded: keys redacted, cut at 128.
+		attrs = append(attrs, slog.String("path", httpserver.LoggableClientValue(rq.path)))
+	}
+	if rq.clientRequestID != "" {
+		attrs = append(attrs, slog.String("client_request_id", rq.clientRequestID))
 	}
 	if rq.authFailure != "" {
 		attrs = append(attrs, slog.String("auth_failure", rq.authFailure))
