@@ -112,6 +112,17 @@ func TestUnroutedServerSpanShowsItsPath(t *testing.T) {
 	}
 }
 
+// The X-Request-Id a client sent, its own id for the call, is shown on the
+// gateway's server span: it is how a ticket quoting that id is tied to the
+// request id.
+func TestClientsOwnRequestIDIsShown(t *testing.T) {
+	sp := Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"http.route": "GET /v1/export/items",
+		"http.response.status_code": "401", "app.client_request_id": "ticket-42"}}
+	if got := interesting(sp); !strings.Contains(got, "app.client_request_id=ticket-42") {
+		t.Errorf("interesting(%+v) = %q, want the client's own request id", sp, got)
+	}
+}
+
 // A value a client chose is printed on one line, its control characters
 // escaped: an item id decoded from %0A%1B[2J forges no line of the tree
 // and clears no terminal.
