@@ -20,6 +20,21 @@ type Manifest struct {
 	Services   map[string]Service // by name
 	// PolicyPorts are, per app label, the ports its NetworkPolicies let in.
 	PolicyPorts map[string][]int
+	// Deployments are the Deployments, by name.
+	Deployments map[string]Deployment
+	// Autoscalers are the HorizontalPodAutoscalers, by name.
+	Autoscalers map[string]Autoscaler
+}
+
+// Deployment is what the checks read of a Deployment besides its pods.
+type Deployment struct {
+	// Replicas is spec.replicas, nil when the manifest leaves it out.
+	Replicas *int
+}
+
+// Autoscaler is a HorizontalPodAutoscaler: what it scales.
+type Autoscaler struct {
+	TargetKind, TargetName string // spec.scaleTargetRef
 }
 
 // Container is one binary's container.
@@ -59,7 +74,8 @@ func ReadManifest(path string, secrets map[string]string) (*Manifest, error) {
 			configMaps[d.Metadata.Name] = d.Data
 		}
 	}
-	m := &Manifest{Containers: map[string]Container{}, Services: map[string]Service{}, PolicyPorts: map[string][]int{}}
+	m := &Manifest{Containers: map[string]Container{}, Services: map[string]Service{}, PolicyPorts: map[string][]int{},
+		Deployments: map[string]Deployment{}, Autoscalers: map[string]Autoscaler{}}
 	for _, d := range docs {
 		if err := m.add(d, configMaps, secrets); err != nil {
 			return nil, fmt.Errorf("%s: %s %s: %w", path, d.Kind, d.Metadata.Name, err)
@@ -102,8 +118,27 @@ func readDocuments(path string) ([]object, error) {
 
 func (m *Manifest) add(d object, configMaps map[string]map[string]string, secrets map[string]string) error {
 	switch d.Kind {
-	case "Deployment", "Job": // the same pod template
+	case "Deployment":
+		var dep struct {
+			Spec struct{ Replicas *int }
+		}
+		if err := d.node.Decode(&dep); err != nil {
+			return err
+		}
+		m.Deployments[d.Metadata.Name] = Deployment{Replicas: dep.Spec.Replicas}
 		return m.addPods(d, configMaps, secrets)
+	case "Job": // the same pod template as a Deployment's
+		return m.addPods(d, configMaps, secrets)
+	case "HorizontalPodAutoscaler":
+		var hpa struct {
+			Spec struct {
+				ScaleTargetRef struct{ Kind, Name string } `yaml:"scaleTargetRef"`
+			}
+		}
+		if err := d.node.Decode(&hpa); err != nil {
+			return err
+		}
+		m.Autoscalers[d.Metadata.Name] = Autoscaler{TargetKind: hpa.Spec.ScaleTargetRef.Kind, TargetName: hpa.Spec.ScaleTargetRef.Name}
 	case "Service":
 		var s struct {
 			Spec struct {

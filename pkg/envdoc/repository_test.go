@@ -108,3 +108,29 @@ func firstMatch(t *testing.T, file, pattern string) string {
 	}
 	return string(m[1])
 }
+
+// A Deployment that an autoscaler scales leaves its replica count to it:
+// with spec.replicas in the file, every `kubectl apply` of it (a release, a
+// rollback, any edit) set the count back to that number, and took an
+// export-reader fleet the autoscaler had grown under load back to its
+// minimum until the autoscaler caught up again (Kubernetes' HPA
+// documentation, "Migrating Deployments and StatefulSets to horizontal
+// autoscaling").
+func TestAutoscaledDeploymentsLeaveTheirReplicasToTheAutoscaler(t *testing.T) {
+	m, err := ReadManifest(filepath.Join(root, ManifestFile), Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Autoscalers) == 0 {
+		t.Fatalf("%s: no HorizontalPodAutoscaler (export-reader's)", ManifestFile)
+	}
+	for name, hpa := range m.Autoscalers {
+		dep, ok := m.Deployments[hpa.TargetName]
+		switch {
+		case hpa.TargetKind != "Deployment" || !ok:
+			t.Errorf("%s: HorizontalPodAutoscaler %s scales %s %s, which the file does not have", ManifestFile, name, hpa.TargetKind, hpa.TargetName)
+		case dep.Replicas != nil:
+			t.Errorf("%s: Deployment %s sets replicas: %d, but HorizontalPodAutoscaler %s scales it: each kubectl apply would reset the count it chose", ManifestFile, hpa.TargetName, *dep.Replicas, name)
+		}
+	}
+}
