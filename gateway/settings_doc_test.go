@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/envdoc"
@@ -42,6 +43,8 @@ func gatewayForDocs(t *testing.T) envdoc.Binary[edge.Config] {
 		Listeners:  func(c edge.Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/v1/health",
 		Settings:   func(c edge.Config) []string { return c.Settings },
+		// The last flush of spans shares the drain's deadline (edge.Gateway.Shutdown).
+		Stop: func(c edge.Config) time.Duration { return c.ShutdownDelay + c.ShutdownTimeout },
 	}
 }
 

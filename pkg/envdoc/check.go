@@ -11,8 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // Recorder is a getenv that answers from Env and remembers every name it
@@ -111,6 +114,11 @@ type Binary[C any] struct {
 	// Settings are the names a Config gives its start to warn of a
 	// variable set under a name close to one (envconfig.Misspelt).
 	Settings func(C) []string
+	// Stop is the longest the binary takes to exit after SIGTERM (serving
+	// on, draining, the last flush of spans); nil for a command that
+	// serves nothing. A grace period no longer than that has the binary
+	// killed while it drains.
+	Stop func(C) time.Duration
 }
 
 // reads reports whether the binary reads name, itself or through the
@@ -286,7 +294,22 @@ func (b Binary[C]) CheckManifest(m *Manifest) []string {
 	addr, admin := b.Listeners(cfg)
 	problems = append(problems, notLoopback(addr, admin)...)
 	problems = append(problems, b.checkContainerPorts(c, Port(addr), Port(admin))...)
+	problems = append(problems, b.checkGrace("terminationGracePeriodSeconds", c.GracePeriod, cfg)...)
 	return append(problems, b.checkService(m, Port(addr), Port(admin))...)
+}
+
+// checkGrace holds the time a pod or container is given between SIGTERM
+// and SIGKILL to the binary's own stop: it must be longer, or requests
+// still draining are cut off without the log line that says so, and the
+// spans of the last requests are lost.
+func (b Binary[C]) checkGrace(setting string, grace time.Duration, cfg C) []string {
+	if b.Stop == nil {
+		return nil
+	}
+	if stop := b.Stop(cfg); grace <= stop {
+		return []string{fmt.Sprintf("%s is %s, but %s may take %s to stop after SIGTERM (it is killed while it drains)", setting, grace, b.Name, stop)}
+	}
+	return nil
 }
 
 // checkContainerPorts holds the ports a container declares, probes and
@@ -344,6 +367,7 @@ func (b Binary[C]) CheckCompose(services map[string]ComposeService) []string {
 	}
 	addr, admin := b.Listeners(cfg)
 	problems = append(problems, notLoopback(addr, admin)...)
+	problems = append(problems, b.checkGrace("stop_grace_period", s.StopGrace, cfg)...)
 	for _, p := range s.Ports {
 		container := p[strings.LastIndex(p, ":")+1:]
 		if container != fmt.Sprint(Port(addr)) && container != fmt.Sprint(Port(admin)) {
@@ -397,4 +421,10 @@ func fieldDiff(want, got any) string {
 		return "an unexported field differs between unset and the documented default"
 	}
 	return strings.Join(diffs, "; ")
+}
+
+// ServiceStop is the Stop of a service served by pkg/httpserver: its drain,
+// then the last flush of its spans.
+func ServiceStop[C any](C) time.Duration {
+	return httpserver.DefaultShutdownTimeout + telemetry.MaxFlushTime
 }

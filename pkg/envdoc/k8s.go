@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -43,7 +44,14 @@ type Container struct {
 	Ports      []int             // containerPort
 	Probes     map[string]Probe  // by kind: readiness, liveness, startup
 	ScrapePort string            // the pod's prometheus.io/port annotation
+	// GracePeriod is the pod's terminationGracePeriodSeconds (Kubernetes'
+	// default, 30 s, when left out): SIGTERM to SIGKILL.
+	GracePeriod time.Duration
 }
+
+// defaultGracePeriod is Kubernetes' terminationGracePeriodSeconds when a
+// pod leaves it out.
+const defaultGracePeriod = 30 * time.Second
 
 // Probe is an httpGet probe.
 type Probe struct {
@@ -177,7 +185,8 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 			Template struct {
 				Metadata struct{ Annotations map[string]string }
 				Spec     struct {
-					Containers []struct {
+					TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
+					Containers                    []struct {
 						Name string
 						Env  []struct {
 							Name      string
@@ -208,7 +217,10 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 	}
 	for _, c := range dep.Spec.Template.Spec.Containers {
 		out := Container{Env: map[string]string{}, Probes: map[string]Probe{},
-			ScrapePort: dep.Spec.Template.Metadata.Annotations["prometheus.io/port"]}
+			ScrapePort: dep.Spec.Template.Metadata.Annotations["prometheus.io/port"], GracePeriod: defaultGracePeriod}
+		if s := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; s != nil {
+			out.GracePeriod = time.Duration(*s) * time.Second
+		}
 		for _, from := range c.EnvFrom {
 			data, ok := configMaps[from.ConfigMapRef.Name]
 			if !ok {

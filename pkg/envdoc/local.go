@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -15,7 +16,14 @@ import (
 type ComposeService struct {
 	Env   map[string]string // interpolated
 	Ports []string          // as written: [host:]port:containerPort
+	// StopGrace is stop_grace_period (Compose's default, 10 s, when left
+	// out): SIGTERM to SIGKILL on docker compose stop, down or a recreate.
+	StopGrace time.Duration
 }
+
+// defaultStopGrace is Compose's stop_grace_period when a service leaves it
+// out.
+const defaultStopGrace = 10 * time.Second
 
 // ReadCompose reads a Compose file's services, their environments
 // interpolated from vars (the shell's or the .env file's variables: a
@@ -27,8 +35,9 @@ func ReadCompose(path string, vars map[string]string) (map[string]ComposeService
 	}
 	var file struct {
 		Services map[string]struct {
-			Environment map[string]string
-			Ports       []string
+			Environment     map[string]string
+			Ports           []string
+			StopGracePeriod string `yaml:"stop_grace_period"`
 		}
 	}
 	if err := yaml.Unmarshal(raw, &file); err != nil {
@@ -36,7 +45,13 @@ func ReadCompose(path string, vars map[string]string) (map[string]ComposeService
 	}
 	out := map[string]ComposeService{}
 	for name, s := range file.Services {
-		svc := ComposeService{Env: map[string]string{}, Ports: s.Ports}
+		svc := ComposeService{Env: map[string]string{}, Ports: s.Ports, StopGrace: defaultStopGrace}
+		if s.StopGracePeriod != "" {
+			// Compose's durations are Go's (10s, 1m30s).
+			if svc.StopGrace, err = time.ParseDuration(s.StopGracePeriod); err != nil {
+				return nil, fmt.Errorf("%s: service %s: stop_grace_period: %w", path, name, err)
+			}
+		}
 		for k, v := range s.Environment {
 			if svc.Env[k], err = expand(v, vars); err != nil {
 				return nil, fmt.Errorf("%s: service %s: %s: %w", path, name, k, err)

@@ -34,7 +34,8 @@ type Config struct {
 	// Ready reports whether the service can serve (e.g. a PostgreSQL ping);
 	// GET /healthz answers 503 when it fails. Nil means always ready.
 	Ready func(context.Context) error
-	// ShutdownTimeout bounds the drain of in-flight requests (default 10 s).
+	// ShutdownTimeout bounds the drain of in-flight requests
+	// (DefaultShutdownTimeout when zero).
 	ShutdownTimeout time.Duration
 	// TracerProvider makes the server spans; nil means the global one.
 	TracerProvider trace.TracerProvider
@@ -61,6 +62,11 @@ type Server struct {
 	inFlight atomic.Int64
 }
 
+// DefaultShutdownTimeout is how long a service drains its in-flight
+// requests after the stop signal. The services do not change it: a pod's or
+// container's grace period must outlast it (envdoc checks the manifests).
+const DefaultShutdownTimeout = 10 * time.Second
+
 // refusedLogInterval is how often at most a refused identity is logged.
 const refusedLogInterval = 10 * time.Second
 
@@ -68,7 +74,7 @@ const refusedLogInterval = 10 * time.Second
 // calling Handler or Run; patterns use Go 1.22 syntax ("GET /v1/x/{id}").
 func New(cfg Config, routes *http.ServeMux) *Server {
 	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -76,7 +76,12 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 // hold the exit past a Kubernetes grace period (30 s, the HTTP drain
 // included), and the pod would be killed before its "stopped" line. The
 // spans still queued then are lost, and the SDK says so in the log.
-var flushTimeout = 5 * time.Second // a variable for the test only
+var flushTimeout = MaxFlushTime // a variable for the test only
+
+// MaxFlushTime is the longest the function Setup returns takes: a
+// process's stop lasts that much past its drain (envdoc holds the grace
+// periods of the manifests to it).
+const MaxFlushTime = 5 * time.Second
 
 func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
 	protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")

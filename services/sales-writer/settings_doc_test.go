@@ -36,5 +36,6 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
+		Stop:       envdoc.ServiceStop[Config],
 	}
 }
