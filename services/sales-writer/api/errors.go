@@ -40,6 +40,12 @@ var saleErrors = []struct {
 	{sales.ErrInProgress, http.StatusConflict, "request_in_progress"},
 }
 
+// replayedRefusalNote ends the message of a refusal answered again to its
+// key: the item may have changed since, and the platform that still means
+// the sale must know that this key will not try again.
+const replayedRefusalNote = " (the answer given before to this Idempotency-Key, which keeps it: " +
+	"to try again, send the call with a new key)"
+
 // writeError is the one place where an error becomes an HTTP answer; it
 // returns the error code it sent. Anything unknown is a 500 whose real cause
 // is logged here, once, and never sent.
@@ -52,7 +58,12 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	for _, m := range saleErrors {
 		if errors.Is(err, m.err) {
-			envelope.WriteError(w, m.status, m.code, m.err.Error(), requestID)
+			message := m.err.Error()
+			if sales.IsReplayedRefusal(err) {
+				httpserver.Annotate(w, r, "idempotent_replay", "true")
+				message += replayedRefusalNote
+			}
+			envelope.WriteError(w, m.status, m.code, message, requestID)
 			return m.code
 		}
 	}

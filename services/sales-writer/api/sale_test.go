@@ -207,10 +207,15 @@ func TestConfirmUnlistedItemIsNotAvailable(t *testing.T) {
 	if rec.Code != 409 || errorCode(env) != "item_not_available" {
 		t.Fatalf("confirm of an unlisted item = %d %q, want 409 item_not_available", rec.Code, errorCode(env))
 	}
-	// Refusals are not stored: once the owner lists the item, the same key
-	// runs for real.
+	// The key keeps its refusal (TestALateCopyOfARefusedCallDoesNotRun):
+	// once the owner lists the item, the same request is refused again
+	// under k1, and sells under a new key.
 	f.exec(t, "UPDATE export_items SET listed_active = true WHERE id = 'coin-1'")
-	confirmed(t, f, "k1")
+	rec, env = f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k1", body: order1})
+	if rec.Code != 409 || errorCode(env) != "item_not_available" {
+		t.Fatalf("the same confirm under k1 once listed = %d %q, want the 409 item_not_available replayed", rec.Code, errorCode(env))
+	}
+	confirmed(t, f, "k2")
 	if n := f.count(t, "SELECT count(*) FROM sales"); n != 1 {
 		t.Errorf("sales = %d, want 1", n)
 	}
@@ -413,10 +418,10 @@ func TestExpiredKeyCanBeReused(t *testing.T) {
 	}
 }
 
-// Spec 4.7 rule 3 holds after a refusal too: a refused request stores no
-// result, so its identical retry runs again (and may succeed once the cause
-// is gone), but its key is bound to it, and a different request with the key
-// is a conflict that changes nothing.
+// Spec 4.7 rule 3 holds after a refusal too: a refused request's key is
+// bound to it and to its refusal, so its identical retry is answered the
+// refusal again (even once the cause is gone: a new key tries again), and a
+// different request with the key is a conflict that changes nothing.
 func TestKeyOfARefusedRequestStaysBound(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -437,7 +442,8 @@ func TestKeyOfARefusedRequestStaysBound(t *testing.T) {
 		{"no sale to cancel", call{op: "cancel", item: "coin-2", key: "key-4", body: order1}, 409, "sale_not_cancelable"},
 		{"its key, a confirm", call{op: "confirm", item: "coin-2", key: "key-4", body: order1}, 409, "idempotency_conflict"},
 		{"the sale canceled", call{op: "cancel", item: "coin-1", key: "key-5", body: order1}, 200, ""},
-		{"key-2's request again, now sellable", call{op: "confirm", item: "coin-1", key: "key-2", body: order1}, 200, ""},
+		{"key-2's request again, now sellable", call{op: "confirm", item: "coin-1", key: "key-2", body: order1}, 409, "item_already_sold"},
+		{"key-2's request with a new key", call{op: "confirm", item: "coin-1", key: "key-6", body: order1}, 200, ""},
 	}
 	for _, s := range steps {
 		c := s.c
@@ -456,6 +462,54 @@ func TestKeyOfARefusedRequestStaysBound(t *testing.T) {
 	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "key-3", body: order1})
 	if rec.Code != 200 {
 		t.Errorf("confirm coin-2 with key-3 after its binding expired = %d %q, want 200", rec.Code, errorCode(env))
+	}
+}
+
+// A copy of a call the platform gave up on (a timed-out attempt, held in the
+// network or in a queue) can arrive after the platform's retry of the call
+// was refused. It must get that refusal, not run: a fault-injection drill
+// through the gateway saw such a late confirm sell an item, the other
+// platform's sale having been canceled in between, to an order its platform
+// had been told was not sold; and a late cancel would restore an item its
+// platform still counts as sold, for another platform to sell again.
+func TestALateCopyOfARefusedCallDoesNotRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	orderB := `{"external_order_id":"b"}`
+	steps := []struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string
+	}{
+		{"market-a sells", call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "a-confirm", body: order1}, 200, ""},
+		{"market-b's retry refused", call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm", body: orderB}, 409, "item_already_sold"},
+		{"market-a cancels", call{id: f.writer("market-a"), op: "cancel", item: "coin-1", key: "a-cancel", body: order1}, 200, ""},
+		{"market-b's late copy", call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm", body: orderB}, 409, "item_already_sold"},
+		{"market-b's cancel before its confirm", call{id: f.writer("market-b"), op: "cancel", item: "coin-1", key: "b-cancel", body: orderB}, 409, "sale_not_cancelable"},
+		{"market-b sells, new key", call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm-2", body: orderB}, 200, ""},
+		{"market-b's late cancel copy", call{id: f.writer("market-b"), op: "cancel", item: "coin-1", key: "b-cancel", body: orderB}, 409, "sale_not_cancelable"},
+	}
+	for _, s := range steps {
+		rec, env := f.do(t, s.c)
+		if rec.Code != s.wantStatus || errorCode(env) != s.wantCode {
+			t.Fatalf("%s = %d %q %s, want %d %q", s.name, rec.Code, errorCode(env), rec.Body, s.wantStatus, s.wantCode)
+		}
+		message := ""
+		if env.Error != nil {
+			message = env.Error.Message
+		}
+		if late := strings.Contains(s.name, "late"); late != strings.Contains(message, "new key") {
+			t.Errorf("%s: message %q; saying it is the key's earlier answer (a new key tries again) = %v, want %v",
+				s.name, message, !late, late)
+		}
+	}
+	if st := f.item(t, f.owner, "coin-1"); !st.Sold {
+		t.Errorf("coin-1 = %+v, want sold to market-b's order b, which no late copy undid", st)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales WHERE platform_id = 'market-b' AND canceled_at IS NULL"); n != 1 {
+		t.Errorf("%d open sales of market-b, want 1", n)
 	}
 }
 

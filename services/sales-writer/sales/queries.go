@@ -12,9 +12,12 @@ import "github.com/coinexport/export/pkg/catalog"
 //   - live is the key's unexpired idempotency record, if one was committed
 //     before the statement started. When there is one, nothing is changed:
 //     the caller replays it or reports a conflict.
-//   - bound is the fingerprint of the key's refused first request, if any
-//     (migration 00006). A request with another fingerprint changes
-//     nothing, and explain reports the conflict.
+//   - bound is the key's refused first request, if any (migration 00006):
+//     its fingerprint and the refusal answered (00007). A request with
+//     another fingerprint changes nothing, and explain reports the
+//     conflict; the identical request changes nothing either, and explain
+//     answers the refusal again (a binding of an older build, without its
+//     refusal, lets the identical request run again).
 //   - Otherwise the item (and the sale) are changed under their row locks;
 //     an UPDATE's WHERE is re-checked on the newest row version after
 //     waiting for a concurrent writer (READ COMMITTED), so of two calls
@@ -36,7 +39,7 @@ WITH live AS (
     SELECT fingerprint, response FROM idempotency_records
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
 ), bound AS (
-    SELECT fingerprint FROM idempotency_refusals
+    SELECT fingerprint, refusal FROM idempotency_refusals
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
 )`
 
@@ -104,7 +107,7 @@ var confirmSQL = keyState + writerLock + `
     WHERE owner_id = $1 AND id = $4 AND listed_active AND NOT sold
       AND EXISTS (SELECT FROM barrier)
       AND NOT EXISTS (SELECT FROM live)
-      AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6)
+      AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6 OR refusal IS NOT NULL)
       AND EXISTS (SELECT FROM platforms WHERE id = $2)
     RETURNING status, updated_at
 ), sale AS (
@@ -136,7 +139,7 @@ var cancelSQL = keyState + writerLock + `
       AND platform_id = $2 AND external_order_id = $5
       AND EXISTS (SELECT FROM barrier)
       AND NOT EXISTS (SELECT FROM live)
-      AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6)
+      AND NOT EXISTS (SELECT FROM bound WHERE fingerprint <> $6 OR refusal IS NOT NULL)
     RETURNING confirmed_at, canceled_at
 ), item AS (
     UPDATE export_items SET sold = false, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
@@ -164,6 +167,7 @@ const explainSQL = keyState + `
 SELECT live.fingerprint,
        live.response::text,
        (SELECT fingerprint FROM bound),
+       (SELECT refusal FROM bound),
        it.id IS NOT NULL,
        coalesce(it.listed_active AND NOT it.sold, false),
        coalesce(it.sold, false),
@@ -182,26 +186,32 @@ DELETE FROM idempotency_records
 WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at <= now()`
 
 // bindRefusedSQL binds the key ($1 owner, $2 platform, $3 key) to the
-// refused request ($4 its fingerprint; $5 the retention in seconds) unless
-// an unexpired binding holds it already, and returns the fingerprint the key
-// is bound to. A live record of another request with the key wins over the
-// refusal and nothing is bound: that request raced this one, executed, and
-// committed after this one's statement took its snapshot, so the key is
-// that request's (spec 4.7 rule 3), and the refusal is a conflict.
+// refused request ($4 its fingerprint; $5 the retention in seconds) and its
+// refusal ($6, the error code answered) unless an unexpired binding holds it
+// already, and reports what the key holds then: the binding's fingerprint
+// and refusal, or a live record's fingerprint and response. A live record
+// wins over the refusal and nothing is bound: a request with the key
+// executed and committed after this one's statement took its snapshot.
+// Another request's record makes the refusal a conflict (spec 4.7 rule 3);
+// an identical request's (a copy of this call, the item sellable again in
+// between) makes the answer its replay, so that no copy of a call is told
+// "refused" while another copy sold.
 const bindRefusedSQL = `
 WITH executed AS (
-    SELECT fingerprint FROM idempotency_records
+    SELECT fingerprint, response FROM idempotency_records
     WHERE owner_id = $1 AND platform_id = $2 AND idempotency_key = $3 AND expires_at > now()
 ), bound AS (
-    INSERT INTO idempotency_refusals AS r (owner_id, platform_id, idempotency_key, fingerprint, expires_at)
-    SELECT $1, $2, $3, $4, now() + $5::float8 * interval '1 second'
-    WHERE NOT EXISTS (SELECT FROM executed WHERE fingerprint <> $4)
+    INSERT INTO idempotency_refusals AS r (owner_id, platform_id, idempotency_key, fingerprint, refusal, expires_at)
+    SELECT $1, $2, $3, $4, $6, now() + $5::float8 * interval '1 second'
+    WHERE NOT EXISTS (SELECT FROM executed)
     ON CONFLICT (owner_id, platform_id, idempotency_key) DO UPDATE
     SET fingerprint = CASE WHEN r.expires_at > now() THEN r.fingerprint ELSE excluded.fingerprint END,
+        refusal = CASE WHEN r.expires_at > now() THEN r.refusal ELSE excluded.refusal END,
         expires_at = CASE WHEN r.expires_at > now() THEN r.expires_at ELSE excluded.expires_at END
-    RETURNING fingerprint
+    RETURNING fingerprint, refusal
 )
-SELECT coalesce((SELECT fingerprint FROM bound), (SELECT fingerprint FROM executed))`
+SELECT (SELECT fingerprint FROM bound), (SELECT refusal FROM bound),
+       (SELECT fingerprint FROM executed), (SELECT response::text FROM executed)`
 
 // purgeSQL deletes at most $1 expired idempotency records, and purgeRefusalsSQL
 // at most $1 expired refusals, so that each purge transaction stays short.

@@ -52,8 +52,8 @@ const maxAttempts = 3
 func (w *Writer) Execute(ctx context.Context, req Request) (Result, error) {
 	fp := Fingerprint(req)
 	res, err := w.attempts(ctx, req, fp)
-	if refused(err) {
-		return res, w.bindRefused(ctx, req, fp, err)
+	if refused(err) && !IsReplayedRefusal(err) {
+		return w.bindRefused(ctx, req, fp, err)
 	}
 	return res, err
 }
@@ -156,7 +156,7 @@ func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, e
 	var o outcome
 	err := w.db.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID).
-		Scan(&o.recordFingerprint, &o.stored, &o.boundFingerprint, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
+		Scan(&o.recordFingerprint, &o.stored, &o.boundFingerprint, &o.boundRefusal, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
 	if err != nil {
 		return Result{}, classify(err)
 	}
@@ -170,20 +170,37 @@ func refused(err error) bool {
 		errors.Is(err, ErrNotCancelable)
 }
 
-// bindRefused binds the key to req, refused with refusal, and returns the
-// refusal; or the conflict, when another request bound the key first (it
-// raced this one).
-func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error) error {
-	var bound []byte
-	err := w.underKeyLock(ctx, req, bindRefusedSQL, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds()},
-		func(row pgx.Row) error { return row.Scan(&bound) })
+// bindRefused binds the key to req and its refusal, and returns the
+// refusal; or what the key holds when a request with it got there first
+// (it raced this one): the conflict, if that was another request; if it
+// was req itself (a copy of the same call), its executed result or the
+// refusal bound first, so that every copy of a call gets one answer.
+func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error) (Result, error) {
+	var k keyHolds
+	err := w.underKeyLock(ctx, req, bindRefusedSQL,
+		[]any{req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds(), refusalCode(refusal)},
+		func(row pgx.Row) error {
+			return row.Scan(&k.boundFingerprint, &k.boundRefusal, &k.recordFingerprint, &k.stored)
+		})
 	switch {
 	case err != nil:
-		return classify(err)
-	case !bytes.Equal(bound, fp):
-		return ErrIdempotencyConflict
+		return Result{}, classify(err)
+	case k.recordFingerprint != nil:
+		return replay(k.recordFingerprint, k.stored, fp)
+	case !bytes.Equal(k.boundFingerprint, fp):
+		return Result{}, ErrIdempotencyConflict
+	case k.boundRefusal != nil && *k.boundRefusal != refusalCode(refusal):
+		return Result{}, replayRefusal(*k.boundRefusal)
 	}
-	return refusal
+	return Result{}, refusal
+}
+
+// keyHolds is what bindRefusedSQL reports.
+type keyHolds struct {
+	boundFingerprint  []byte  // nil when a record kept the key from being bound
+	boundRefusal      *string // nil in a binding of a build before migration 00007
+	recordFingerprint []byte  // of the key's live record; nil when none
+	stored            []byte  // response in that record
 }
 
 // underKeyLock runs stmt (one row, read by scan) in a transaction that
@@ -200,9 +217,10 @@ func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, arg
 
 // outcome is what explainSQL reports.
 type outcome struct {
-	recordFingerprint []byte // of the key's live record; nil when none
-	stored            []byte // response in that record
-	boundFingerprint  []byte // of the key's refused first request; nil when none
+	recordFingerprint []byte  // of the key's live record; nil when none
+	stored            []byte  // response in that record
+	boundFingerprint  []byte  // of the key's refused first request; nil when none
+	boundRefusal      *string // its refusal's code; nil when none, or bound by a build before 00007
 	itemFound         bool
 	sellable          bool // listed and not sold
 	sold              bool
@@ -241,6 +259,10 @@ func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 		return replay(o.recordFingerprint, o.stored, fp)
 	case o.boundFingerprint != nil && !bytes.Equal(o.boundFingerprint, fp):
 		return Result{}, ErrIdempotencyConflict
+	case o.boundRefusal != nil:
+		// The key's request was refused before: the refusal is its
+		// answer, as a 200 would be, whatever the item's state now.
+		return Result{}, replayRefusal(*o.boundRefusal)
 	case !o.itemFound, op == Confirm && !o.platformFound:
 		// A signed identity of a platform not in the database (one that
 		// was removed) sells nothing; it has no sale to cancel either,
@@ -257,6 +279,51 @@ func (o outcome) decide(op Operation, fp []byte) (Result, error) {
 	default:
 		return Result{}, ErrNotAvailable
 	}
+}
+
+// refusalCodes name the refusals a key's binding keeps (migration 00007);
+// ErrAlreadySoldToThisOrder before ErrAlreadySold, which it wraps.
+var refusalCodes = []struct {
+	err  error
+	code string
+}{
+	{ErrNotFound, "not_found"},
+	{ErrAlreadySoldToThisOrder, "item_already_sold_to_this_order"},
+	{ErrAlreadySold, "item_already_sold"},
+	{ErrNotAvailable, "item_not_available"},
+	{ErrNotCancelable, "sale_not_cancelable"},
+}
+
+func refusalCode(refusal error) string {
+	for _, r := range refusalCodes {
+		if errors.Is(refusal, r.err) {
+			return r.code
+		}
+	}
+	panic(fmt.Sprintf("sales: %v is not a refusal", refusal))
+}
+
+// replayedRefusal is the refusal answered before to the key's identical
+// request, answered again (IsReplayedRefusal).
+type replayedRefusal struct{ refusal error }
+
+func (r *replayedRefusal) Error() string { return r.refusal.Error() }
+func (r *replayedRefusal) Unwrap() error { return r.refusal }
+
+func replayRefusal(code string) error {
+	for _, r := range refusalCodes {
+		if r.code == code {
+			return &replayedRefusal{refusal: r.err}
+		}
+	}
+	return fmt.Errorf("sales: a key is bound to an unknown refusal %q", code)
+}
+
+// IsReplayedRefusal reports whether err is a refusal given before to the
+// key's identical request (a 404 or 409 is final for its key, as a 200 is).
+func IsReplayedRefusal(err error) bool {
+	var r *replayedRefusal
+	return errors.As(err, &r)
 }
 
 func decodeResult(stored []byte, replay bool) (Result, error) {
