@@ -98,7 +98,7 @@ func (g *Gateway) authFailed(rq *request, answer *apiError) error {
 	}
 	start := time.Now()
 	d := g.limiter.Take(classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
-	g.traceRedisWait(rq, start, d)
+	g.traceRedisWait(rq, start, d, classAuthFailures)
 	g.recordDecision(rq, classAuthFailures, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
@@ -139,7 +139,7 @@ func (g *Gateway) authBudgetLeft(rq *request) bool {
 	}
 	start := time.Now()
 	d := g.limiter.Peek(guessBudgetKey(rq), g.rates[classAuthFailures])
-	g.traceRedisWait(rq, start, d)
+	g.traceRedisWait(rq, start, d, guessBudget)
 	if !d.Allowed {
 		g.recordDecision(rq, classAuthFailures, d)
 	}
@@ -179,6 +179,9 @@ func rateClasses(cfg Config) map[string]limiter.Rate {
 		classAuthFailures: cfg.RateAuthFailures,
 	}
 }
+
+// guessBudget names the address's key-guessing budget on its spans.
+const guessBudget = "auth_guesses"
 
 // guessBudgetKey is the limiter key of the client address's guesses: the
 // same rate as its failures (RATE_LIMIT_AUTH_FAILURES), counted apart.

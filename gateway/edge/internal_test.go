@@ -210,11 +210,28 @@ func TestEachRequestIsOneNewTrace(t *testing.T) {
 					t.Errorf("span %q missing or not a child of the server span", child)
 				}
 			}
+			if class := attrOf(spans["rate limit"], "app.rate_limit.class"); class != classExportRead {
+				t.Errorf("rate limit span: app.rate_limit.class = %q, want %s (the budget it waited on)", class, classExportRead)
+			}
 			if spans["proxy export-reader"].SpanKind() != trace.SpanKindClient {
 				t.Errorf("proxy span kind = %v, want client", spans["proxy export-reader"].SpanKind())
 			}
 		})
 	}
+}
+
+// attrOf is the value of a span's attribute key ("" when s is nil or has
+// none).
+func attrOf(s sdktrace.ReadOnlySpan, key string) string {
+	if s == nil {
+		return ""
+	}
+	for _, a := range s.Attributes() {
+		if string(a.Key) == key {
+			return a.Value.Emit()
+		}
+	}
+	return ""
 }
 
 func keysOf(m map[string]sdktrace.ReadOnlySpan) []string {

@@ -26,7 +26,7 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 	}
 	start := time.Now()
 	d := g.limiter.Take(class+":"+kind+who, g.rates[class])
-	g.traceRedisWait(rq, start, d)
+	g.traceRedisWait(rq, start, d, class)
 	g.recordDecision(rq, class, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
@@ -37,9 +37,14 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 // traceRedisWait gives a decision that waited on Redis a span, from start
 // to now. Only those get one: most decisions come from a lease in memory in
 // well under a microsecond, and a span apiece would cost more than they do.
-func (g *Gateway) traceRedisWait(rq *request, start time.Time, d ratelimit.Decision) {
+// The span names the budget (app.rate_limit.class): a request can wait on
+// two, the address's key-guessing budget before an uncached key is looked
+// up and then its route's limit, and "rate limit" alone would not tell
+// which one was slow.
+func (g *Gateway) traceRedisWait(rq *request, start time.Time, d ratelimit.Decision, budget string) {
 	if d.AskedRedis {
-		_, span := g.tracer.Start(rq.ctx, "rate limit", trace.WithTimestamp(start))
+		_, span := g.tracer.Start(rq.ctx, "rate limit", trace.WithTimestamp(start),
+			trace.WithAttributes(attrRateClass.String(budget)))
 		span.End()
 	}
 }
