@@ -10,9 +10,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -197,4 +199,28 @@ func forward(c net.Conn, socket string) {
 	defer s.Close()
 	go io.Copy(s, c)
 	io.Copy(c, s)
+}
+
+// A closed pool is garbage: nothing the package registers keeps it. An
+// OpenWhenReached that waits out an outage opens and closes a pool on
+// every attempt (up to one every 250 ms), and each one kept alive was
+// memory lost for the process's life (otelpgx.RecordStats registered a
+// callback holding the pool on OpenTelemetry's global meter, which no
+// provider ever replaced, so it was never released).
+func TestClosedPoolIsNotRetained(t *testing.T) {
+	pool, err := postgres.Open(context.Background(), testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	closed := weak.Make(pool)
+	pool.Close()
+	pool = nil
+	deadline := time.Now().Add(5 * time.Second)
+	for closed.Value() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("a closed pool is still reachable 5 s after Close: something registered at Open holds it")
+		}
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
 }

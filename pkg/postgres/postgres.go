@@ -50,13 +50,14 @@ func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, er
 	for _, opt := range opts {
 		opt(cfg.ConnConfig.RuntimeParams)
 	}
+	// No otelpgx.RecordStats: no binary installs an OpenTelemetry meter
+	// provider (the pool's series are Prometheus', httpserver.RegisterPool),
+	// and the callback it registered on the global meter held the pool for
+	// the process's life, one per pool OpenWhenReached tried during an
+	// outage (TestClosedPoolIsNotRetained).
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	if err := otelpgx.RecordStats(pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgres: pool metrics: %w", err)
 	}
 	return pool, nil
 }
