@@ -419,7 +419,8 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 			if err := g.takeShopSlot(rq, address); err != nil {
 				return err
 			}
-			defer g.shopSlots.release(address)
+			// Held until the answer has left: it is streamed.
+			return g.proxyUntilRelayed(c, rq, rt, func() { g.shopSlots.release(address) })
 		}
 		return g.proxy(c, rq, rt)
 	}

@@ -1461,6 +1461,93 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 	}
 }
 
+// A shop schema answer is streamed to the client, and shop-schema holds its
+// read's slot until the client has taken the whole answer: a large schema
+// (a shop of the caller's own can make one) read slowly keeps the call in
+// flight all that time. The address's slot is held as long, or one address
+// could start a call per rate-limit token and hold every one of
+// shop-schema's slots while reading slowly, which the cap is there to
+// prevent.
+func TestShopSchemaSlotIsHeldUntilTheAnswerIsRelayed(t *testing.T) {
+	dsn, _, _ := seed(t)
+	release := make(chan struct{}, 64) // one per call let through to its end
+	var arrived atomic.Int64
+	// More than the buffers between shop-schema and the client hold, so
+	// that the client gets the answer's head before its end.
+	head, tail := `{"data":{"pad":"`+strings.Repeat("x", 1<<20), `"},"meta":{}}`
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		arrived.Add(1)
+		// The head and the first bytes of a large answer, then the rest
+		// only once released: shop-schema blocked writing to a slow reader.
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(tail)))
+		_, _ = io.WriteString(w, head)
+		w.(http.Flusher).Flush()
+		select { // bounded, so that a failing gateway does not hang the test
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		_, _ = io.WriteString(w, tail)
+	}))
+	t.Cleanup(shop.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
+		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "1", "RATE_LIMIT_SHOP_SCHEMA": "1000-M"})
+	url := gw.URL + "/v1/sync/prestashop/schema"
+	call := func() *http.Response {
+		t.Helper()
+		r, err := http.Post(url, "application/json", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	first := call()
+	defer first.Body.Close()
+	if first.StatusCode != 200 {
+		t.Fatalf("first call = %d, want 200", first.StatusCode)
+	}
+	// The first answer's head is here, its body still on its way.
+	second := call()
+	second.Body.Close()
+	if second.StatusCode != 429 || arrived.Load() != 1 {
+		t.Errorf("second call while the first answer is relayed = %d (%d calls reached shop-schema), want 429 and 1",
+			second.StatusCode, arrived.Load())
+	}
+	release <- struct{}{}
+	if b, err := io.ReadAll(first.Body); err != nil || string(b) != head+tail {
+		t.Fatalf("first answer: %d bytes, %v; want it whole (%d bytes)", len(b), err, len(head+tail))
+	}
+	first.Body.Close()
+	// The slot is given back once the answer is through, and also when
+	// its client leaves halfway.
+	slotFree := func() bool {
+		r := call()
+		defer r.Body.Close()
+		_, _ = io.Copy(io.Discard, r.Body)
+		return r.StatusCode == 200
+	}
+	fill := func() {
+		for len(release) < cap(release) {
+			release <- struct{}{}
+		}
+	}
+	fill()
+	waitFor(t, 5*time.Second, slotFree)
+	for len(release) > 0 { // no call is in flight
+		<-release
+	}
+	left := call()
+	if left.StatusCode != 200 {
+		t.Fatalf("call after the first = %d, want 200", left.StatusCode)
+	}
+	left.Body.Close() // unread: the connection is dropped
+	fill()
+	waitFor(t, 5*time.Second, slotFree)
+}
+
 // A shop schema read changes nothing, so, as a GET, it is sent again when
 // its connection was found closed before any answer: the usual fate of a
 // kept-alive connection to a shop-schema instance that restarted (an ops

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"sync"
 	"time"
 
 	"github.com/coinexport/export/gateway/ratelimit"
@@ -83,6 +85,76 @@ var proxySpanNames = map[string]string{
 // proxy sends the request to the route's upstream with the signed identity
 // and the trace context, and puts its answer in the response.
 func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
+	return g.proxyInto(c, rq, rt, c.Response())
+}
+
+// proxyUntilRelayed is proxy for a call whose end matters (the shop schema
+// slots): done runs once the answer has left the gateway. An answer read
+// whole has, when proxy returns; a streamed one (shop-schema's) only once
+// fasthttp has written it to the client, which a slow reader can make a
+// long time, with shop-schema's own slot held all along: released when
+// proxy returned, the address's slot let one address start a call for each
+// rate-limit token and hold every one of shop-schema's slots by reading
+// slowly. The answer is read into a response of its own, whose stream is
+// handed to the client's wrapped (relayedStream): a response's body stream
+// cannot be replaced without closing it.
+func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done func()) error {
+	answer := fasthttp.AcquireResponse()
+	relayed := false
+	defer func() { // also on a panic, which guardedServe answers
+		if !relayed {
+			fasthttp.ReleaseResponse(answer)
+			done()
+		}
+	}()
+	if err := g.proxyInto(c, rq, rt, answer); err != nil {
+		return err
+	}
+	relayed = true
+	relay(c.Response(), answer, done)
+	return nil
+}
+
+// relay moves answer into resp and releases answer, then calls done; for a
+// streamed answer, both once the stream is closed (written, or failed).
+func relay(resp, answer *fasthttp.Response, done func()) {
+	answer.Header.CopyTo(&resp.Header)
+	if !answer.IsBodyStream() {
+		resp.SetBody(answer.Body())
+		fasthttp.ReleaseResponse(answer)
+		done()
+		return
+	}
+	resp.SetBodyStream(&relayedStream{Reader: answer.BodyStream(), answer: answer, done: done},
+		answer.Header.ContentLength())
+}
+
+// relayedStream is an upstream answer's body stream as the client's
+// response holds it: fasthttp closes it once it has written it (or failed
+// to), and that is when the call ends.
+type relayedStream struct {
+	io.Reader
+	answer *fasthttp.Response
+	done   func()
+	once   sync.Once
+}
+
+// CloseWithError closes the upstream stream, passing on the write's error
+// (with one, fasthttp drops the upstream connection instead of reusing it),
+// then releases the answer and calls done.
+func (s *relayedStream) CloseWithError(err error) error {
+	s.once.Do(func() {
+		if stream, ok := s.Reader.(fasthttp.ReadCloserWithError); ok {
+			_ = stream.CloseWithError(err)
+		}
+		fasthttp.ReleaseResponse(s.answer)
+		s.done()
+	})
+	return nil
+}
+
+// proxyInto is proxy, putting the answer in resp.
+func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.Response) error {
 	up := g.upstreams[rt.Upstream]
 	req := c.Request()
 	uri := receivedRequestURI(req.URI())
@@ -116,18 +188,18 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 	if rt.StickyByKey {
 		affinity = rq.key.ID
 	}
-	out, err := up.Do(req, c.Response(), uri, repeat, affinity)
+	out, err := up.Do(req, resp, uri, repeat, affinity)
 	rq.instance = out.Instance
 	if out.Instance != "" && span.IsRecording() {
 		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port))
 		if err == nil { // else no answer came, and the response's status is fasthttp's default 200
-			span.SetAttributes(semconv.HTTPResponseStatusCode(c.Response().StatusCode()))
+			span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode()))
 		}
 	}
 	if out.Repeated != nil {
 		g.noteRepeat(rq, span, rt.Upstream, out.Repeated)
 	}
-	if err == nil && c.Response().StatusCode() == fiber.StatusUnauthorized {
+	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
 	}
 	if err != nil {
@@ -138,7 +210,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 		}
 		return err
 	}
-	c.Response().Header.Del(fiber.HeaderConnection)
+	resp.Header.Del(fiber.HeaderConnection)
 	return nil
 }
 
