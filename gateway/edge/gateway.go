@@ -342,6 +342,12 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 		// no access line will be written for them.
 		g.log.Warn("drain timed out: requests cut off", "cut_off", g.inFlight.Load(), "error", err)
 	}
+	// fasthttp closes only the listeners its Serve has taken: a Shutdown
+	// right after Start (a stop signal during the start) can come before
+	// the serving goroutine got that far, and its Serve would then take
+	// the listener afterwards and serve it for good. Closed here, a late
+	// Serve returns at once (once fasthttp closed it, this fails: ignored).
+	_ = g.listener.Close()
 	_ = g.admin.Shutdown(ctx)
 	g.stopLimit()
 	<-g.limitDone
