@@ -297,6 +297,42 @@ func TestShutdownRightAfterStartClosesTheListener(t *testing.T) {
 	}
 }
 
+// An answer the drain waits for says Connection: close. fasthttp closes
+// the connection once it is written; said without the header, the client
+// takes the connection for kept alive and sends its next request on it,
+// into a connection closing under it: a POST is then lost without an
+// answer, and the client cannot tell whether it arrived. Told, it opens a
+// new connection, which a stopped gateway refuses, a failure that is safe
+// to retry elsewhere.
+func TestDrainedAnswerClosesItsConnection(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	conn, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := "GET /v1/export/items?slow=1 HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + wellFormedKey(t) + "\r\n\r\n"
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	stopped := make(chan error, 1)
+	go func() { stopped <- g.Shutdown(context.Background()) }()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("in-flight request during the drain: %v, want its answer", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("answer during the drain = %d, Connection %q; want 200 with Connection: close",
+			resp.StatusCode, resp.Header.Get("Connection"))
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Shutdown() = %v, want nil", err)
+	}
+}
+
 // Shutdown closes an idle kept-alive connection at once, also when its
 // client neither sends nor closes: the connection's goroutine, blocked
 // reading, returns as soon as the connection is closed, although the
