@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
@@ -43,19 +44,31 @@ const downRecheck = 250 * time.Millisecond
 // stops sending to it; one that leaves its probe unanswered (in interval,
 // at most a second) is skipped once it has done so
 // unansweredProbesBeforeDown times in a row.
+//
+// Each instance is probed on its own goroutine, one probe at a time: probed
+// one after the other, every instance that left its probe unanswered (up
+// to a second each) delayed the recheck of all the others, and an instance
+// out would come back a second later per silent peer, not within
+// downRecheck. Probe returns once the probes under way have ended.
 func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	tick := time.NewTicker(min(interval, downRecheck))
 	defer tick.Stop()
+	var probes sync.WaitGroup
+	defer probes.Wait()
 	for {
 		for _, inst := range u.current() {
 			now := time.Now()
 			up := inst.upAt(now.UnixNano())
-			if up && now.Before(inst.nextProbe) {
+			if (up && now.Before(inst.nextProbe)) || inst.probing.Load() {
 				continue
 			}
 			inst.nextProbe = now.Add(interval)
-			verdict, failure := inst.probeOnce(interval)
-			u.judge(inst, verdict, failure, interval)
+			inst.probing.Store(true)
+			probes.Go(func() {
+				defer inst.probing.Store(false)
+				verdict, failure := inst.probeOnce(interval)
+				u.judge(inst, verdict, failure, interval)
+			})
 		}
 		select {
 		case <-ctx.Done():

@@ -99,10 +99,13 @@ type Instance struct {
 	toldDown   bool
 	toldReason string // why, when toldDown
 	// unansweredProbes counts the probes in a row the instance left
-	// unanswered, and nextProbe is when an instance that is up is probed
-	// next; only the prober's goroutine touches them.
+	// unanswered (touched only by the instance's probe under way), and
+	// nextProbe is when an instance that is up is probed next (touched
+	// only by the prober's loop); probing is set while a probe is under
+	// way, so that there is at most one.
 	unansweredProbes int
 	nextProbe        time.Time
+	probing          atomic.Bool
 	// seed is the instance's own hash for rendezvous hashing: derived from
 	// its address, so every gateway ranks the instances alike.
 	seed uint64

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -517,6 +518,75 @@ func TestInstanceOutIsProbedAgainSoon(t *testing.T) {
 	if extra := probes.Load() - settled; extra != 0 {
 		t.Errorf("%d probes of an instance that is up within %v, want none before the interval", extra, 4*downRecheck)
 	}
+}
+
+// Instances that leave their probes unanswered (a second each) do not hold
+// up the recheck of another: an instance out comes back within a recheck
+// of answering again. Probed one after the other, it came back a second
+// later per silent peer (3 s with three).
+func TestSilentPeersDoNotDelayARecheck(t *testing.T) {
+	var urls []string
+	for range 3 {
+		urls = append(urls, silentInstance(t))
+	}
+	var status atomic.Int64
+	status.Store(503)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	u, err := New("svc", append(urls, srv.URL), opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go u.Probe(ctx, time.Second) // the silent ones are probed again and again
+	answering := u.current()[len(urls)]
+	waitUntil := func(what string, within time.Duration, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(within); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, within)
+			}
+		}
+	}
+	out := func() bool { return !answering.upAt(time.Now().UnixNano()) }
+	waitUntil("taken out by its 503", 5*time.Second, out)
+	status.Store(200)
+	waitUntil("put back once it answers", 4*downRecheck, func() bool { return !out() })
+}
+
+// silentInstance is the URL of an instance that accepts connections and
+// never answers.
+func silentInstance(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return "http://" + ln.Addr().String()
 }
 
 // The outcome names the instance whose answer (or failure) it is: the one
