@@ -15,6 +15,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/singleflight"
 )
 
 // ErrUnauthenticated is what a missing, malformed, unknown or revoked key
@@ -81,6 +82,14 @@ type Store struct {
 	entries map[apikey.Hash]entry
 	byID    map[string]apikey.Hash
 
+	// lookups joins concurrent misses of one key into one query: when the
+	// cache is emptied (the listener reconnected, after a PostgreSQL
+	// restart) or a busy key's entry ages, every request of that key in
+	// flight misses at once, and each used to queue its own query on the
+	// gateway's few connections, at the moment the database is least able
+	// to take them.
+	lookups singleflight.Group
+
 	// epoch changes whenever entries are dropped, so a lookup that raced a
 	// revocation does not cache what it read before it.
 	epoch     atomic.Uint64
@@ -141,14 +150,38 @@ func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool)
 	if !last.valid && mayFetch != nil && !mayFetch() {
 		return Key{}, ErrThrottled
 	}
-	epoch := s.epoch.Load()
-	e, err := s.fetch(ctx, hash)
+	e, err := s.fetchShared(ctx, hash, now)
 	if err != nil {
 		return Key{}, err
 	}
-	e.fetched = now
-	s.store(hash, e, epoch)
 	return e.result()
+}
+
+// fetchShared looks hash up in the database and caches the answer, or
+// waits for the lookup of it already under way. The query runs detached
+// from the caller that started it, within LookupTimeout: its client
+// hanging up must not fail the others waiting on it; each caller still
+// stops waiting when its own ctx ends.
+func (s *Store) fetchShared(ctx context.Context, hash apikey.Hash, now time.Time) (entry, error) {
+	results := s.lookups.DoChan(string(hash[:]), func() (any, error) {
+		epoch := s.epoch.Load()
+		e, err := s.fetch(context.WithoutCancel(ctx), hash)
+		if err != nil {
+			return entry{}, err
+		}
+		e.fetched = now
+		s.store(hash, e, epoch)
+		return e, nil
+	})
+	select {
+	case r := <-results:
+		if r.Err != nil {
+			return entry{}, r.Err
+		}
+		return r.Val.(entry), nil
+	case <-ctx.Done():
+		return entry{}, fmt.Errorf("keystore: lookup: %w", ctx.Err())
+	}
 }
 
 // revoked reports an entry of a key found in the database, revoked.

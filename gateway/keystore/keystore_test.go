@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -139,6 +140,108 @@ func TestLookupGivesUpAfterLookupTimeout(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lookup(api_keys locked) still waiting after 10 s; LookupTimeout is 200 ms")
+	}
+}
+
+// Concurrent misses of one key make one query: after the cache is emptied
+// (the listener reconnected, PostgreSQL just back), every request of a busy
+// key misses at once, and each used to queue a query of its own on the
+// gateway's few connections.
+func TestConcurrentMissesOfAKeyShareOneQuery(t *testing.T) {
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	owner := newOwner(t, pool)
+	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// The lookups wait behind this lock, so that they are all in flight at
+	// once, however fast the machine.
+	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second})
+	const callers = 20
+	results := make(chan error, callers)
+	for range callers {
+		go func() {
+			key, err := store.Lookup(ctx, secret, nil)
+			if err == nil && key.ID != id {
+				err = fmt.Errorf("key %q, want %q", key.ID, id)
+			}
+			results <- err
+		}()
+	}
+	waiting := func() int { // asked on the locking connection: the pool's may all be taken
+		var n int
+		// A transaction sees one snapshot of the statistics unless told.
+		if _, err := tx.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND wait_event_type = 'Lock'`,
+			lookupSQL).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, func() bool { return waiting() > 0 })
+	time.Sleep(300 * time.Millisecond) // time for more queries to queue, were they sent
+	if n := waiting(); n != 1 {
+		t.Errorf("%d lookups of one key waiting in PostgreSQL, want 1 shared by the %d callers", n, callers)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range callers {
+		if err := <-results; err != nil {
+			t.Errorf("Lookup = %v", err)
+		}
+	}
+}
+
+// A caller that stops waiting (its client gone) fails alone: the lookup it
+// started goes on for the others waiting on it.
+func TestACallerGivingUpFailsNoOtherCaller(t *testing.T) {
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	owner := newOwner(t, pool)
+	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second})
+	first, giveUp := context.WithCancel(ctx)
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := store.Lookup(first, secret, nil)
+		firstDone <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the first caller's lookup is under way
+	secondDone := make(chan error, 1)
+	go func() {
+		key, err := store.Lookup(ctx, secret, nil)
+		if err == nil && key.ID != id {
+			err = fmt.Errorf("key %q, want %q", key.ID, id)
+		}
+		secondDone <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the second caller waits on the first's lookup
+	giveUp()
+	if err := <-firstDone; !errors.Is(err, context.Canceled) {
+		t.Errorf("Lookup by the caller that gave up = %v, want context.Canceled", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Errorf("Lookup by the caller still waiting = %v, want the key", err)
 	}
 }
 
