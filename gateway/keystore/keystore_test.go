@@ -16,6 +16,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -118,14 +119,7 @@ func TestLookupAsksBeforeFetching(t *testing.T) {
 func TestLookupGivesUpAfterLookupTimeout(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	lockKeys(t, pool)
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 200 * time.Millisecond})
 	secret, _, _ := apikey.Generate([]string{"export:read"})
 	done := make(chan error, 1)
@@ -143,6 +137,22 @@ func TestLookupGivesUpAfterLookupTimeout(t *testing.T) {
 	}
 }
 
+// lockKeys locks api_keys until the returned transaction ends (at the
+// test's end at the latest), so that lookups wait.
+func lockKeys(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // Concurrent misses of one key make one query: after the cache is emptied
 // (the listener reconnected, PostgreSQL just back), every request of a busy
 // key misses at once, and each used to queue a query of its own on the
@@ -152,16 +162,9 @@ func TestConcurrentMissesOfAKeyShareOneQuery(t *testing.T) {
 	ctx := context.Background()
 	owner := newOwner(t, pool)
 	secret, id := insertKey(t, pool, owner, []string{"export:read"})
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
 	// The lookups wait behind this lock, so that they are all in flight at
 	// once, however fast the machine.
-	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockKeys(t, pool)
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second})
 	const callers = 20
 	results := make(chan error, callers)
@@ -208,14 +211,7 @@ func TestACallerGivingUpFailsNoOtherCaller(t *testing.T) {
 	ctx := context.Background()
 	owner := newOwner(t, pool)
 	secret, id := insertKey(t, pool, owner, []string{"export:read"})
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockKeys(t, pool)
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second})
 	first, giveUp := context.WithCancel(ctx)
 	firstDone := make(chan error, 1)
