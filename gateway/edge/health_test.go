@@ -2,8 +2,6 @@ package edge
 
 import (
 	"context"
-	"net"
-	"sync"
 	"testing"
 
 	"github.com/coinexport/export/pkg/redisclient"
@@ -14,33 +12,7 @@ import (
 // stalledPostgres returns the address of a server that accepts connections
 // and never answers: a PostgreSQL frozen or partitioned away.
 func stalledPostgres(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
+	return testenv.SilentServer(t)
 }
 
 // A stalled PostgreSQL is down, and Redis, which answers, stays ok: the
