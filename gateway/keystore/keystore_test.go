@@ -153,29 +153,39 @@ func lockKeys(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 	return tx
 }
 
+// keyBehindLock returns a store, a valid key (its secret and id) not yet
+// cached, and the transaction holding api_keys locked: lookups wait until
+// it ends.
+func keyBehindLock(t *testing.T) (*Store, pgx.Tx, string, string) {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	secret, id := insertKey(t, pool, newOwner(t, pool), []string{"export:read"})
+	tx := lockKeys(t, pool)
+	return New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second}), tx, secret, id
+}
+
+// lookUpAs looks secret up and reports an error unless it is the key id.
+func lookUpAs(ctx context.Context, store *Store, secret, id string) error {
+	key, err := store.Lookup(ctx, secret, nil)
+	if err == nil && key.ID != id {
+		err = fmt.Errorf("key %q, want %q", key.ID, id)
+	}
+	return err
+}
+
 // Concurrent misses of one key make one query: after the cache is emptied
 // (the listener reconnected, PostgreSQL just back), every request of a busy
 // key misses at once, and each used to queue a query of its own on the
 // gateway's few connections.
 func TestConcurrentMissesOfAKeyShareOneQuery(t *testing.T) {
-	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	owner := newOwner(t, pool)
-	secret, id := insertKey(t, pool, owner, []string{"export:read"})
-	// The lookups wait behind this lock, so that they are all in flight at
+	// The lookups wait behind the lock, so that they are all in flight at
 	// once, however fast the machine.
-	tx := lockKeys(t, pool)
-	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second})
+	store, tx, secret, id := keyBehindLock(t)
 	const callers = 20
 	results := make(chan error, callers)
 	for range callers {
-		go func() {
-			key, err := store.Lookup(ctx, secret, nil)
-			if err == nil && key.ID != id {
-				err = fmt.Errorf("key %q, want %q", key.ID, id)
-			}
-			results <- err
-		}()
+		go func() { results <- lookUpAs(ctx, store, secret, id) }()
 	}
 	waiting := func() int { // asked on the locking connection: the pool's may all be taken
 		var n int
@@ -207,12 +217,8 @@ func TestConcurrentMissesOfAKeyShareOneQuery(t *testing.T) {
 // A caller that stops waiting (its client gone) fails alone: the lookup it
 // started goes on for the others waiting on it.
 func TestACallerGivingUpFailsNoOtherCaller(t *testing.T) {
-	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	owner := newOwner(t, pool)
-	secret, id := insertKey(t, pool, owner, []string{"export:read"})
-	tx := lockKeys(t, pool)
-	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second})
+	store, tx, secret, id := keyBehindLock(t)
 	first, giveUp := context.WithCancel(ctx)
 	firstDone := make(chan error, 1)
 	go func() {
@@ -221,13 +227,7 @@ func TestACallerGivingUpFailsNoOtherCaller(t *testing.T) {
 	}()
 	time.Sleep(100 * time.Millisecond) // the first caller's lookup is under way
 	secondDone := make(chan error, 1)
-	go func() {
-		key, err := store.Lookup(ctx, secret, nil)
-		if err == nil && key.ID != id {
-			err = fmt.Errorf("key %q, want %q", key.ID, id)
-		}
-		secondDone <- err
-	}()
+	go func() { secondDone <- lookUpAs(ctx, store, secret, id) }()
 	time.Sleep(200 * time.Millisecond) // the second caller waits on the first's lookup
 	giveUp()
 	if err := <-firstDone; !errors.Is(err, context.Canceled) {
