@@ -56,6 +56,17 @@ func grep(b []byte, s string) string {
 	return string(bytes.Join(out, []byte("\n")))
 }
 
+// wantSeries reports each series (a whole exposition line, value included)
+// that metrics lack, showing the lines of family it has.
+func wantSeries(t *testing.T, metrics []byte, family string, series ...string) {
+	t.Helper()
+	for _, line := range series {
+		if !bytes.Contains(metrics, []byte(line)) {
+			t.Errorf("metrics lack %s:\n%s", line, grep(metrics, family))
+		}
+	}
+}
+
 // scrape returns the gateway's Prometheus exposition.
 func scrape(t *testing.T, adminURL string) []byte {
 	t.Helper()
