@@ -52,8 +52,8 @@ const maxAttempts = 3
 func (w *Writer) Execute(ctx context.Context, req Request) (Result, error) {
 	fp := Fingerprint(req)
 	res, err := w.attempts(ctx, req, fp)
-	if refused(err) && !IsReplayedRefusal(err) {
-		return w.bindRefused(ctx, req, fp, err)
+	if code, refused := refusalCode(err); refused && !IsReplayedRefusal(err) {
+		return w.bindRefused(ctx, req, fp, err, code)
 	}
 	return res, err
 }
@@ -163,22 +163,15 @@ func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, e
 	return o.decide(req.Operation, fp)
 }
 
-// refused reports whether err refuses the request for the state of the item
-// or sale, which binds the key to the request (spec 4.7 rule 3).
-func refused(err error) bool {
-	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrAlreadySold) || errors.Is(err, ErrNotAvailable) ||
-		errors.Is(err, ErrNotCancelable)
-}
-
 // bindRefused binds the key to req and its refusal, and returns the
 // refusal; or what the key holds when a request with it got there first
 // (it raced this one): the conflict, if that was another request; if it
 // was req itself (a copy of the same call), its executed result or the
 // refusal bound first, so that every copy of a call gets one answer.
-func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error) (Result, error) {
+func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error, code string) (Result, error) {
 	var k keyHolds
 	err := w.underKeyLock(ctx, req, bindRefusedSQL,
-		[]any{req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds(), refusalCode(refusal)},
+		[]any{req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds(), code},
 		func(row pgx.Row) error {
 			return row.Scan(&k.boundFingerprint, &k.boundRefusal, &k.recordFingerprint, &k.stored)
 		})
@@ -189,7 +182,7 @@ func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusa
 		return replay(k.recordFingerprint, k.stored, fp)
 	case !bytes.Equal(k.boundFingerprint, fp):
 		return Result{}, ErrIdempotencyConflict
-	case k.boundRefusal != nil && *k.boundRefusal != refusalCode(refusal):
+	case k.boundRefusal != nil && *k.boundRefusal != code:
 		return Result{}, replayRefusal(*k.boundRefusal)
 	}
 	return Result{}, refusal
@@ -294,13 +287,16 @@ var refusalCodes = []struct {
 	{ErrNotCancelable, "sale_not_cancelable"},
 }
 
-func refusalCode(refusal error) string {
+// refusalCode is the code a key's binding keeps for err, and whether err
+// refuses the request for the state of the item or sale, which binds the
+// key to the request (spec 4.7 rule 3): one list decides both.
+func refusalCode(err error) (string, bool) {
 	for _, r := range refusalCodes {
-		if errors.Is(refusal, r.err) {
-			return r.code
+		if errors.Is(err, r.err) {
+			return r.code, true
 		}
 	}
-	panic(fmt.Sprintf("sales: %v is not a refusal", refusal))
+	return "", false
 }
 
 // replayedRefusal is the refusal answered before to the key's identical
