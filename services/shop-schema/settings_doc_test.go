@@ -4,8 +4,10 @@ import (
 	"context"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/envdoc"
+	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // The shop-schema's settings as the READMEs document them and the manifests
@@ -31,6 +33,6 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop:       envdoc.ServiceStop[Config],
+		Stop:       func(c Config) time.Duration { return drainTime(c) + telemetry.MaxFlushTime },
 	}
 }
