@@ -228,7 +228,7 @@ func attrOf(s sdktrace.ReadOnlySpan, key string) string {
 	}
 	for _, a := range s.Attributes() {
 		if string(a.Key) == key {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
