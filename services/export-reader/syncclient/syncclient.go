@@ -43,11 +43,13 @@ type Client struct {
 	Limit   int           // default 100
 	Overlap time.Duration // default DefaultOverlap; negative means none
 	Now     func() time.Time
-	// Retries is how many times one page is asked for again after a 429
-	// (once its Retry-After has passed), a 5xx or a network error, before
-	// the sync gives up: a sync of a large catalog meets the rate limit
+	// Retries is how many times one page is asked for again after a 5xx,
+	// a 408 or a network error, before the sync gives up. A 429 is asked
+	// for again once its Retry-After has passed, as often as it comes, and
+	// counts against none: a sync of a large catalog meets the rate limit
 	// (10,000 pages for 1,000,000 items), and starting it over would meet
-	// it again. Default DefaultRetries; negative means none.
+	// it again. Default DefaultRetries; negative means none (no 429 is
+	// waited out either).
 	Retries int
 	// Wait sleeps for d, or until ctx ends; nil sleeps for real (tests
 	// record the waits instead).
@@ -123,15 +125,23 @@ type pageBody struct {
 }
 
 // pageWithRetries asks for the page of q until it comes, a failure that
-// will not pass by waiting comes, or the retries are spent.
+// will not pass by waiting comes, or the retries are spent. A 429 spends
+// none: it says when to come back, and a key whose budget other requests
+// spend too (its product pages, a parallel run) meets it page after page;
+// giving up would start the run over into the same limit (a marketplace
+// probe sharing its sync key saw 12 in a row for one page).
 func (c *Client) pageWithRetries(ctx context.Context, q url.Values) (pageBody, error) {
+	failures := 0
 	for attempt := 0; ; attempt++ {
 		page, err := c.page(ctx, q)
 		if err == nil {
 			return page, nil
 		}
+		if !rateLimited(err) {
+			failures++
+		}
 		delay, passes := retryDelay(err, attempt)
-		if !passes || attempt >= c.retries() || ctx.Err() != nil {
+		if !passes || c.retries() == 0 || failures > c.retries() || ctx.Err() != nil {
 			return pageBody{}, err
 		}
 		if werr := c.wait(ctx, delay); werr != nil {
@@ -148,6 +158,12 @@ type statusError struct {
 }
 
 func (e *statusError) Error() string { return e.detail }
+
+// rateLimited reports whether err is a 429.
+func rateLimited(err error) bool {
+	se, ok := err.(*statusError)
+	return ok && se.status == http.StatusTooManyRequests
+}
 
 // retryDelay says whether err may pass by waiting, and how long to wait
 // before attempt+1: a 429, a 408 (the request was not received in time:

@@ -69,6 +69,14 @@ func TestSyncRetriesWhatPasses(t *testing.T) {
 		{"down for good", []answer{{503, ""}}, 3, "status 503",
 			[]time.Duration{firstBackoff, 2 * firstBackoff, 4 * firstBackoff}},
 		{"no retries", []answer{{429, "1"}}, -1, "status 429", nil},
+		// A key whose budget others spend too (product pages, a parallel
+		// run) meets 429 page after page; giving up would only start the
+		// run over into the same limit, so 429s use up no Retries.
+		{"rate limited more often than Retries", repeat(answer{429, "1"}, 2*DefaultRetries), 0, "",
+			slices.Repeat([]time.Duration{time.Second}, 2*DefaultRetries)},
+		{"429s leave the failures their Retries",
+			[]answer{{503, ""}, {429, "2"}, {429, "2"}, {429, "2"}, {503, ""}, {200, ""}}, 2, "",
+			[]time.Duration{firstBackoff, 2 * time.Second, 2 * time.Second, 2 * time.Second, 16 * firstBackoff}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, calls := scripted(t, tc.answers...)
@@ -91,6 +99,11 @@ func TestSyncRetriesWhatPasses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// repeat is n times a, then a 200.
+func repeat(a answer, n int) []answer {
+	return append(slices.Repeat([]answer{a}, n), answer{status: http.StatusOK})
 }
 
 // A sync whose context ends while it waits to retry stops at once.
