@@ -43,6 +43,14 @@ func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.R
 	if err != nil {
 		return sales.Request{}, err
 	}
+	// The key is read first, so that the call's line names it whatever is
+	// refused next (a platform quoting its key finds even a query string's
+	// 400); its own refusal still comes after those of the query and the
+	// Content-Type, as before.
+	key, keyErr := idempotencyKey(r.Header.Values("Idempotency-Key"))
+	if keyErr == nil {
+		httpserver.AnnotateClientValue(w, r, "idempotency_key", key)
+	}
 	if r.URL.RawQuery != "" {
 		// Read by no one, a parameter would be ignored: "?dry_run=1" would
 		// sell the item for real.
@@ -52,11 +60,9 @@ func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.R
 	if err := contentType(r.Header.Get("Content-Type")); err != nil {
 		return sales.Request{}, err
 	}
-	key, err := idempotencyKey(r.Header.Values("Idempotency-Key"))
-	if err != nil {
-		return sales.Request{}, err
+	if keyErr != nil {
+		return sales.Request{}, keyErr
 	}
-	httpserver.AnnotateClientValue(w, r, "idempotency_key", key)
 	body, err := readBody(w, r)
 	if err != nil {
 		return sales.Request{}, err

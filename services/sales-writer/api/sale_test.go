@@ -548,8 +548,9 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	}
 }
 
-// A call traced by its request id names its item, its Idempotency-Key as
-// soon as the header is read (a 400 of the body too), its order, and
+// A call traced by its request id names its item, its Idempotency-Key
+// (on any 400 after the key's own: the query's, the Content-Type's, the
+// body's), its order, and
 // whether its 200 was a replay; an API key pasted into any of them is
 // not recorded.
 func TestAccessLinesNameTheCall(t *testing.T) {
@@ -573,6 +574,10 @@ func TestAccessLinesNameTheCall(t *testing.T) {
 			`"error_code":"not_found","owner_id":"` + f.owner + `","item_id":"nope","idempotency_key":"k-404","external_order_id":"order-1"}`},
 		{call{op: "confirm", item: "coin-1", key: "k-400", body: `{"external_order_id":""}`},
 			`"error_code":"invalid_body","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"k-400"}`},
+		{call{op: "confirm", item: "coin-1", key: "k-query", query: "dry_run=1", body: order1},
+			`"error_code":"invalid_parameter","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"k-query"}`},
+		{call{op: "confirm", item: "coin-1", key: "k-type", contentType: "text/plain", body: order1},
+			`"error_code":"invalid_content_type","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"k-type"}`},
 		{call{op: "confirm", item: "coin-1", key: apiKey, body: `{"external_order_id":"` + apiKey + `"}`},
 			`"item_id":"coin-1","idempotency_key":"[holds an API key]","external_order_id":"[holds an API key]"}`},
 	}
