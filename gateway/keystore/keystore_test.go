@@ -141,16 +141,7 @@ func TestLookupGivesUpAfterLookupTimeout(t *testing.T) {
 // test's end at the latest), so that lookups wait.
 func lockKeys(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	return tx
+	return testenv.InTransaction(t, pool, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`)
 }
 
 // keyBehindLock returns a store, a valid key (its secret and id) not yet

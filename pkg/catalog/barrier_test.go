@@ -8,6 +8,7 @@ import (
 
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -54,14 +55,7 @@ func TestSyncBarrierWaitsForWritersInFlight(t *testing.T) {
 
 	// A writer, as every writer of export_items does: the shared lock
 	// first, then the stamp, then (later) the commit.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdWriterLock(t, pool, owner)
 	var stamped time.Time
 	if err := tx.QueryRow(ctx, `UPDATE export_items SET updated_at = clock_timestamp() WHERE owner_id = $1 AND id = 'a' RETURNING updated_at`,
 		owner).Scan(&stamped); err != nil {
@@ -98,14 +92,7 @@ func TestSyncBarrierGivesUpOnAStuckWriter(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	owner := newOwner(t, pool)
-	stuck, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stuck.Rollback(ctx)
-	if _, err := stuck.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner); err != nil {
-		t.Fatal(err)
-	}
+	holdWriterLock(t, pool, owner) // the stuck writer, until the test ends
 
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -136,6 +123,14 @@ func TestSyncBarrierGivesUpOnAStuckWriter(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SHOW lock_timeout").Scan(&timeout); err != nil || timeout != "0" {
 		t.Errorf("lock_timeout after the barrier = %q, %v; want 0 (the bound is the statement's own)", timeout, err)
 	}
+}
+
+// holdWriterLock opens a transaction holding the owner's shared sync lock,
+// as every writer of export_items takes it first; it ends at the test's end
+// unless the test ends it sooner.
+func holdWriterLock(t *testing.T, pool *pgxpool.Pool, owner string) pgx.Tx {
+	t.Helper()
+	return testenv.InTransaction(t, pool, `SELECT `+catalog.WriterLock("$1::uuid"), owner)
 }
 
 // holdBarrier takes the owner's sync lock exclusively, as a sync's barrier

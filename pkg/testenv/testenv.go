@@ -309,3 +309,20 @@ func forgetLatestMigration(t testing.TB, dsn string) (restore func()) {
 		}
 	}
 }
+
+// InTransaction begins a transaction on pool, runs stmt in it (taking a
+// lock, say) and returns it open: whatever stmt holds stays held until the
+// test ends it, or until the test's own end, when it is rolled back.
+func InTransaction(t testing.TB, pool *pgxpool.Pool, stmt string, args ...any) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatalf("testenv: begin: %v", err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, stmt, args...); err != nil {
+		t.Fatalf("testenv: %s: %v", stmt, err)
+	}
+	return tx
+}
