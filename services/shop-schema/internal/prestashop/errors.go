@@ -113,7 +113,7 @@ func statusError(resource string, status int, body []byte) *Error {
 		// the way to PHP, or a password in front of the shop asked first.
 		e.Kind, e.Reason = KindUnauthorized, "the shop did not receive the key (is the Authorization header forwarded to PHP, or is the shop behind a password of its own?)"
 	case status == 401 && e.HasCode(26):
-		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource"
+		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource ("+permissionsNeeded+")"
 	case status == 401:
 		e.Kind, e.Reason = KindUnauthorized, "the shop rejected the key"
 	case status == 403 && len(e.Codes) == 0:

@@ -16,6 +16,21 @@ const (
 	valueFields    = "[id,id_feature,custom,value]"
 )
 
+// The resources read, each with its own GET permission on the shop's key.
+const (
+	resourceLanguages     = "languages"
+	resourceCategories    = "categories"
+	resourceFeatures      = "product_features"
+	resourceFeatureValues = "product_feature_values"
+)
+
+// permissionsNeeded names every permission a key needs, for the answer to
+// a key lacking one: the shop names only the first resource refused, and a
+// merchant who ticks that one box would otherwise learn the next one call
+// by call.
+const permissionsNeeded = "the key needs GET on " + resourceCategories + ", " + resourceFeatures + " and " +
+	resourceFeatureValues + ", and on " + resourceLanguages + " for names in every language"
+
 // Schema is what a shop returned, as the shop shaped it.
 type Schema struct {
 	Version    string // PSWS-Version header, when the shop sent one
@@ -38,7 +53,7 @@ func (cl *Client) ReadSchema(ctx context.Context, base *url.URL, key string) (*S
 	s := &Schema{}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		langs, err := listAll(ctx, cl, c, "languages", "full", "", func(l Language) Int { return l.ID })
+		langs, err := listAll(ctx, cl, c, resourceLanguages, "full", "", func(l Language) Int { return l.ID })
 		if e, ok := err.(*Error); ok && e.Kind == KindUnauthorized && e.HasCode(26) {
 			// The key lacks the languages permission only; the other
 			// resources decide whether the key works at all.
@@ -49,17 +64,17 @@ func (cl *Client) ReadSchema(ctx context.Context, base *url.URL, key string) (*S
 		return err
 	})
 	g.Go(func() (err error) {
-		s.Categories, err = listAll(ctx, cl, c, "categories", categoryFields, "", func(x Category) Int { return x.ID })
+		s.Categories, err = listAll(ctx, cl, c, resourceCategories, categoryFields, "", func(x Category) Int { return x.ID })
 		return err
 	})
 	g.Go(func() (err error) {
-		s.Features, err = listAll(ctx, cl, c, "product_features", featureFields, "", func(x Feature) Int { return x.ID })
+		s.Features, err = listAll(ctx, cl, c, resourceFeatures, featureFields, "", func(x Feature) Int { return x.ID })
 		return err
 	})
 	g.Go(func() error {
 		// filter[custom]=0 keeps the per-product custom values, which can
 		// number one per product, on the shop's side.
-		values, err := listAll(ctx, cl, c, "product_feature_values", valueFields, "&filter[custom]=0",
+		values, err := listAll(ctx, cl, c, resourceFeatureValues, valueFields, "&filter[custom]=0",
 			func(x FeatureValue) Int { return x.ID })
 		for _, v := range values {
 			if !v.Custom {
