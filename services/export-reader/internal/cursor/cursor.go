@@ -73,9 +73,11 @@ type Codec struct {
 
 // New returns a Codec signing with secret and still accepting cursors signed
 // with any of previous, so the secret can be rotated without failing the
-// syncs under way: deploy with the old secret in previous, and drop it once
-// the longest sync has had time to finish. Every secret must be at least 32
-// bytes.
+// syncs under way. That takes two rollouts (README, "Rotating
+// CURSOR_SECRET"): first every reader accepts the new secret as a previous
+// one while still signing with the old, then they swap. Going straight to
+// signing with the new one breaks every sync whose cursor reaches a reader
+// not yet replaced. Every secret must be at least 32 bytes.
 func New(secret string, previous ...string) (*Codec, error) {
 	c := &Codec{}
 	for i, s := range append([]string{secret}, previous...) {
