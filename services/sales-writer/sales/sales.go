@@ -1,10 +1,12 @@
 // Package sales confirms and cancels external sales of export items (spec 3,
 // 4.5 to 4.7): exactly once per item, with idempotent retries.
 //
-// Each call is one SQL statement, so one round trip and one short
-// transaction: it checks the idempotency record, changes the item and the
-// sale, and stores the record with the response. A call that changes nothing
-// reads once more to tell why. See queries.go for why that is safe under
+// Each call is one round trip and one short transaction of two statements:
+// the idempotency key's advisory lock (keyLock), then one statement that
+// checks the key's record, changes the item and the sale, and stores the
+// record with the response. A call that changes nothing reads once more to
+// tell why (explainSQL), and a refusal then binds the key in one more round
+// trip (bindRefusedSQL). See queries.go for why that is safe under
 // concurrency.
 package sales
 
