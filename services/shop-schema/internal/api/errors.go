@@ -63,8 +63,11 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	if errors.As(err, &shopErr) {
 		if status, ok := shopStatus[shopErr.Kind]; ok {
 			code := shopErr.Kind.Code()
-			// The full error holds the transport error (with the request URL,
-			// which carries no secret) for whoever debugs the shop.
+			// The full error holds the transport or decoding error for whoever
+			// debugs the shop. Its URL can carry the key (a shop's redirect
+			// is the shop's to write), so prestashop frees that text of the
+			// key before it gets here (keyFree); a new error logged here
+			// needs the same.
 			h.log.WarnContext(r.Context(), "shop call failed", "shop_host", host, "code", code, "error", shopErr.Error())
 			envelope.WriteError(w, status, code, shopErr.Resource+": "+shopErr.Reason, requestID)
 			return code
