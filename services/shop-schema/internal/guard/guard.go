@@ -86,10 +86,6 @@ func New(ports []uint16, allow []string) (*Guard, error) {
 	return g, nil
 }
 
-// HostAllowed reports whether host (ASCII, lower case) is on the allow-list
-// by name.
-func (g *Guard) HostAllowed(host string) bool { return g.allowHosts[host] }
-
 // CheckAddr reports whether the service may connect to ip on port: nil, or
 // an error wrapping ErrNotAllowed that says why. It is a pure function of the
 // policy.
