@@ -202,11 +202,7 @@ func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUI
 // more rows than limit, and n·limit+1 rows still tell whether one follows).
 // It always returns at least one page, possibly empty.
 func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, after *position, n int, newBody func() []byte) ([]scannedPage, error) {
-	sql, args := listStatement(q, owner)
-	if after != nil {
-		sql, args = listAfterStatement(q, owner, *after)
-	}
-	args[len(args)-1] = n*q.Limit + 1
+	sql, args := listStatement(q, owner, after, n*q.Limit+1)
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("export: list: %w", err)

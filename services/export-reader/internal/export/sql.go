@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/coinexport/export/pkg/catalog"
-	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -68,31 +67,26 @@ func listSQL(col string, status bool, bound int) string {
 		col, where, next)
 }
 
-// listStatement is the first page: no bound, or updated_after.
-func listStatement(q Query, owner pgtype.UUID) (string, []any) {
+// listStatement is the statement of a page scan and its arguments: from
+// the first row (after updated_after, if given) when after is nil, else
+// strictly after that position, reading at most rows rows. A position is
+// always after updated_after (it was read under that filter and the cursor
+// is bound to it), so the cursor bound alone is enough.
+func listStatement(q Query, owner pgtype.UUID, after *position, rows int) (string, []any) {
 	key := listKey{lang: langIndex(q.Lang), status: q.Status != ""}
 	args := []any{owner}
 	if key.status {
 		args = append(args, q.Status)
 	}
-	if q.UpdatedAfter != nil {
+	switch {
+	case after != nil:
+		key.bound = boundCursor
+		args = append(args, after.UpdatedAt, after.ID)
+	case q.UpdatedAfter != nil:
 		key.bound = boundUpdatedAfter
 		args = append(args, *q.UpdatedAfter)
 	}
-	return listStatements[key], append(args, q.Limit+1)
-}
-
-// listAfterStatement continues after a cursor position. The position is
-// always after updated_after (it was read under that filter and the cursor
-// is bound to it), so the cursor bound alone is enough.
-func listAfterStatement(q Query, owner pgtype.UUID, pos cursor.Position) (string, []any) {
-	key := listKey{lang: langIndex(q.Lang), status: q.Status != "", bound: boundCursor}
-	args := []any{owner}
-	if key.status {
-		args = append(args, q.Status)
-	}
-	args = append(args, pos.UpdatedAt, pos.ID)
-	return listStatements[key], append(args, q.Limit+1)
+	return listStatements[key], append(args, rows)
 }
 
 var itemStatements = func() []string {
