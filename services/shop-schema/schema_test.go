@@ -103,6 +103,19 @@ func (s *service) postAs(t *testing.T, contentType, body string) (int, envelope.
 // postWithQuery is postAs with a query string ("" for none) in the URL.
 func (s *service) postWithQuery(t *testing.T, contentType, query, body string) (int, envelope.Parsed) {
 	t.Helper()
+	status, _, env := s.send(t, contentType, query, body)
+	return status, env
+}
+
+// postForHeaders is post that also returns the answer's headers.
+func (s *service) postForHeaders(t *testing.T, body string) (int, http.Header, envelope.Parsed) {
+	t.Helper()
+	return s.send(t, "application/json", "", body)
+}
+
+// send posts body to the route, signed, and decodes the envelope.
+func (s *service) send(t *testing.T, contentType, query, body string) (int, http.Header, envelope.Parsed) {
+	t.Helper()
 	target := s.url + "/v1/sync/prestashop/schema"
 	if query != "" {
 		target += "?" + query
@@ -127,7 +140,7 @@ func (s *service) postWithQuery(t *testing.T, contentType, query, body string) (
 	if env.Meta.RequestID != "req-"+t.Name() || resp.Header.Get("X-Request-Id") != env.Meta.RequestID {
 		t.Errorf("meta.request_id = %q, X-Request-Id = %q, want the signed request id", env.Meta.RequestID, resp.Header.Get("X-Request-Id"))
 	}
-	return resp.StatusCode, env
+	return resp.StatusCode, resp.Header, env
 }
 
 func body(baseURL, key string) string {
@@ -707,7 +720,8 @@ func startHandler(t *testing.T, h http.Handler) string {
 }
 
 // TestConcurrencyLimit: with one slot busy, the next read is answered 429
-// at once instead of queueing behind the slow shop.
+// at once instead of queueing behind the slow shop, with Retry-After: 1 and
+// only its access line (no "shop schema refused": no shop was asked).
 func TestConcurrencyLimit(t *testing.T) {
 	shop := fakeshop.Sample("8", false)
 	shop.Hold = make(chan struct{})
@@ -731,9 +745,15 @@ func TestConcurrencyLimit(t *testing.T) {
 	for len(shop.Requests()) == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
-	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	status, header, env := svc.postForHeaders(t, body(shop.URL(), fakeshop.Key))
 	if status != http.StatusTooManyRequests || errCode(env) != "rate_limited" {
 		t.Errorf("second concurrent POST schema = %d %s, want 429 rate_limited", status, errCode(env))
+	}
+	if got := header.Get("Retry-After"); got != "1" {
+		t.Errorf("429 Retry-After = %q, want 1", got)
+	}
+	if strings.Contains(svc.logs.String(), "shop schema refused") {
+		t.Errorf("a 429 of the in-flight limit was logged as a refused shop read:\n%s", svc.logs.String())
 	}
 	close(shop.Hold)
 	if got := <-first; got != http.StatusOK {

@@ -33,6 +33,10 @@ type Handler struct {
 	slots chan struct{}
 }
 
+// errBusy refuses a read while every slot is taken
+// (SHOP_SCHEMA_MAX_CONCURRENT reads in flight).
+var errBusy = errors.New("api: too many shop schema reads in progress")
+
 // NewHandler returns the handler and registers its metric on reg. At most
 // maxConcurrent shop reads run at once.
 func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Registerer, maxConcurrent int) *Handler {
@@ -56,10 +60,9 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 	case h.slots <- struct{}{}:
 		defer func() { <-h.slots }()
 	default:
-		h.reads.WithLabelValues("rate_limited").Inc()
-		w.Header().Set("Retry-After", "1")
-		envelope.WriteError(w, http.StatusTooManyRequests, "rate_limited",
-			"too many shop schema reads in progress; retry with backoff", requestID)
+		// Refused before the body is read: the access line tells of it,
+		// not a "shop schema refused" line, which is about a shop.
+		h.reads.WithLabelValues(h.writeError(w, r, errBusy, requestID, "")).Inc()
 		return
 	}
 	req, err := decode(w, r)
