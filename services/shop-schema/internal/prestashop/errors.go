@@ -20,13 +20,13 @@ type Kind int
 // Kinds of shop failure. Each maps to one error code of the route.
 const (
 	KindUnauthorized Kind = iota + 1 // 401: key missing, wrong, or lacking a permission
-	KindForbidden                    // 403: key not valid for this shop (code 132)
+	KindForbidden                    // 403: key not enabled for this shop (code 132), or refused in front of the webservice (no code)
 	KindNotAllowed                   // a redirect or a DNS answer led to a refused address
 	KindUnreachable                  // DNS failure, connection refused or reset
 	KindTLS                          // certificate or handshake failure
 	KindTimeout                      // connect timeout or the whole call ran out of time
 	KindBadResponse                  // not JSON, wrong shape, unexpected status
-	KindTooLarge                     // an answer over the byte cap, or too many rows
+	KindTooLarge                     // an answer, its headers or the call's answers together over their cap, or too many rows
 	KindDisabled                     // 503 code 22: webservice switched off
 	KindUnavailable                  // any other 5xx
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
