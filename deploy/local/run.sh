@@ -32,11 +32,15 @@ done <"$state/secrets"
 pids=()
 declare -A names # pid → name, to say which process exited
 stopping=
+hurry=
 # stop_one PID: TERM, then wait; a process still there after stop_grace
-# (longer than any binary's own drain, 10 s) is killed, so that Ctrl-C always
-# ends make run (once, under heavy load, tracestore was seen to outlive its
-# TERM and make run waited for ever).
-stop_grace=20
+# (longer than any binary's own stop: shop-schema drains for 22 s and
+# flushes its spans for 5 s more) is killed, so that Ctrl-C always ends
+# make run (once, under heavy load, tracestore was seen to outlive its TERM
+# and make run waited for ever). Once hurried (a second Ctrl-C), TERM is
+# sent again: a second signal ends a binary at once (pkg/stopsignal); sent
+# until it is gone, as two sent together may arrive as one.
+stop_grace=30
 stop_one() {
   local pid=$1 t state
   kill -TERM "$pid" 2>/dev/null || return 0
@@ -44,7 +48,8 @@ stop_one() {
     # Gone, or exited and not yet reaped (a zombie): stopped.
     { read -r _ _ state _ <"/proc/$pid/stat"; } 2>/dev/null || break
     [ "$state" != Z ] || break
-    sleep 0.1
+    [ -z "$hurry" ] || kill -TERM "$pid" 2>/dev/null || true
+    sleep 0.1 || true # a Ctrl-C ends the sleep too: not a failure (set -e)
   done
   if [ "$t" -ge $((stop_grace * 10)) ]; then
     log "${names[$pid]:-pid $pid} did not stop within ${stop_grace}s of TERM: killed"
@@ -52,15 +57,22 @@ stop_one() {
   fi
   wait "$pid" 2>/dev/null || true
 }
+# A Ctrl-C (or TERM) while stopping ends every process at once, as a second
+# Ctrl-C does to a binary run by hand; without this trap it would end this
+# script alone and leave the binaries, in sessions of their own, running.
+stop_now() {
+  [ -n "$hurry" ] || log "stopping again: ending the rest at once (their drains are cut off)"
+  hurry=1
+}
 stop_all() {
-  trap - INT TERM EXIT
+  trap - EXIT
+  trap stop_now INT TERM
   stopping=1
   log "stopping"
-  # Newest first, one at a time: the gateway drains while the services still
-  # answer, and tracestore, started first, stops last, so the spans the others
-  # flush as they stop are kept (stopped together, their last batch was lost).
-  # After a Ctrl-C the others are stopping already: the terminal signalled
-  # them; not tracestore, which has a session of its own.
+  # Newest first, one at a time, each told once (a second signal would end
+  # it at once): the gateway drains while the services still answer, and
+  # tracestore, started first, stops last, so the spans the others flush as
+  # they stop are kept (stopped together, their last batch was lost).
   local i
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     stop_one "${pids[i]}"
@@ -69,6 +81,12 @@ stop_all() {
   pg_stop "$state/pg"
   log "stopped"
 }
+# A shell starts a background job with SIGINT ignored, and bash cannot trap
+# a signal ignored when it started: such a make run (`make run &` in a
+# script) stops on TERM only.
+if [ -n "$(trap -p INT)" ]; then
+  log "SIGINT is ignored here (started in the background): stop with kill -TERM $$ (or its process group)"
+fi
 trap stop_all INT TERM EXIT
 
 log "starting PostgreSQL and Redis under .run/"
@@ -116,22 +134,25 @@ umask 077
 } >"$state/env"
 umask 022
 
+# Every binary runs in a session of its own, like PostgreSQL and Redis, so
+# that stop_all alone signals it, once and in its turn: Ctrl-C signals the
+# terminal's whole process group at once, and stop_all's TERM after it would
+# be a second signal, which ends a binary at once, its drain cut off and its
+# last spans lost (pkg/stopsignal). tracestore must also outlive the others,
+# to receive the spans they flush as they stop.
+own_session=$(command -v setsid || true)
 start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1
   [ -x "bin/$name" ] || { log "bin/$name not built: skipped"; return 0; }
-  "bin/$name" >>"$state/logs/$name.log" 2>&1 &
+  $own_session "bin/$name" >>"$state/logs/$name.log" 2>&1 &
   pids+=($!); names[$!]=$name
   log "$name started (pid $!, log .run/logs/$name.log)"
 }
 # Local trace view: every binary exports its spans to tracestore, which
 # appends them to .run/traces.jsonl (make trace ID=<request_id> prints one).
 # An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
-# It runs in a session of its own, like PostgreSQL and Redis: Ctrl-C signals
-# the terminal's whole process group at once, and tracestore must outlive
-# the others to receive the spans they flush as they stop (stop_all stops it
-# last).
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
-  $(command -v setsid || true) "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
+  $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
   pids+=($!); names[$!]=tracestore
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
@@ -177,13 +198,11 @@ else # wait -p is bash 5.1's: without it, which process exited is not known
   wait -n "${pids[@]}" || status=$?
 fi
 name=${exited:+${names[$exited]:-}}
-# Ctrl-C reaches every process at once, and one may end (status 0) before
-# our own trap runs; bash then drops the SIGINT (the child handled it), so
-# the trap never runs and a Ctrl-C cannot be told from a kill of that one
-# process. The binaries end with status 0 only when signalled: the line says
-# so, a stop and not a crash.
+# The binaries end with status 0 only when signalled, and Ctrl-C reaches
+# this script alone (they run in sessions of their own): one was sent a
+# signal of its own (kill PID). The line says so, a stop and not a crash.
 if [ -z "$stopping" ] && [ "$status" = 0 ]; then
-  log "${name:-a process} stopped on a signal (Ctrl-C, or a kill); stopping the rest"
+  log "${name:-a process} stopped on a signal (a kill of its pid); stopping the rest"
 elif [ -z "$stopping" ]; then
   log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
 fi
