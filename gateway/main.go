@@ -9,8 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
@@ -19,12 +17,13 @@ import (
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/stopsignal"
 )
 
 const serviceName = "gateway"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Getenv, os.Stdout, gcdefaults.Settings.Apply); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)

@@ -10,9 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
@@ -21,6 +19,7 @@ import (
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/schema"
+	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/sales-writer/api"
 	"github.com/coinexport/export/services/sales-writer/sales"
@@ -29,7 +28,7 @@ import (
 const serviceName = "sales-writer"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Getenv, os.Stdout, gcdefaults.Settings.Apply); err != nil {
 		fmt.Fprintln(os.Stderr, serviceName+":", err)

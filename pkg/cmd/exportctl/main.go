@@ -12,15 +12,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"regexp"
 	"strings"
-	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/stopsignal"
 )
 
 const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; before or after the command)
@@ -40,7 +39,7 @@ Scopes: export:read, sales:write (sales:write needs --platform).
 Environment: DATABASE_URL (required).`
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "exportctl:", redactKeys(err.Error()))

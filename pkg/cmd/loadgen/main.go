@@ -14,10 +14,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
-	"syscall"
+
+	"github.com/coinexport/export/pkg/stopsignal"
 )
 
 const usage = `usage: loadgen SCENARIO [flags]
@@ -35,7 +35,7 @@ const usage = `usage: loadgen SCENARIO [flags]
 Run "loadgen SCENARIO -h" for its flags. Environment: see config.go.`
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
