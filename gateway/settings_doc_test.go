@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/envdoc"
+	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // The gateway's settings as the READMEs document them and the manifests
@@ -43,8 +44,9 @@ func gatewayForDocs(t *testing.T) envdoc.Binary[edge.Config] {
 		Listeners:  func(c edge.Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/v1/health",
 		Settings:   func(c edge.Config) []string { return c.Settings },
-		// The last flush of spans shares the drain's deadline (edge.Gateway.Shutdown).
-		Stop: func(c edge.Config) time.Duration { return c.ShutdownDelay + c.ShutdownTimeout },
+		// Serving on, draining, then the last flush of spans, bounded on its
+		// own (edge.Gateway.Shutdown).
+		Stop: func(c edge.Config) time.Duration { return c.ShutdownDelay + c.ShutdownTimeout + telemetry.MaxFlushTime },
 	}
 }
 

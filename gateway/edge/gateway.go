@@ -327,7 +327,8 @@ func (g *Gateway) HearsRevocations() bool {
 func (g *Gateway) AdminAddr() string { return g.adminLn.Addr().String() }
 
 // Shutdown stops accepting, waits for in-flight requests (until ctx ends),
-// then stops the background work and closes the connections. Calls after
+// then stops the background work, closes the connections and flushes the
+// last spans (for telemetry.MaxFlushTime at most, past ctx). Calls after
 // the first return the first one's result.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.stopOnce.Do(func() { g.stopErr = g.shutdown(ctx) })
@@ -355,7 +356,11 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	g.bg.Wait()
 	g.redis.Close()
 	g.pool.Close()
-	if terr := g.shutdownTP(ctx); terr != nil && err == nil {
+	// Not ctx: a drain that used its whole deadline left none of it, and
+	// the spans still queued, those of the requests around the stop, the
+	// ones an SRE looks for, were dropped unsent. The flush is bounded on
+	// its own (telemetry.MaxFlushTime, counted in the grace periods).
+	if terr := g.shutdownTP(context.Background()); terr != nil && err == nil {
 		err = terr
 	}
 	g.log.Info("stopped")

@@ -26,6 +26,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/coinexport/export/pkg/tracestore"
 	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -50,6 +51,20 @@ func (panicKeys) Lookup(context.Context, string, func() bool) (keystore.Key, err
 // go to the returned recorder.
 func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gateway, *tracetest.SpanRecorder, *testenv.Output) {
 	t.Helper()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	g, logs := startWithHook(t, env, func(g *Gateway) {
+		g.keys = keys
+		g.tracer = tp.Tracer("test")
+	})
+	return g, sr, logs
+}
+
+// startWithHook starts a gateway in front of a test upstream (which takes
+// 0.5 s to answer a query with slow set), with env over the test's
+// settings and hook applied before it serves.
+func startWithHook(t *testing.T, env map[string]string, hook func(*Gateway)) (*Gateway, *testenv.Output) {
+	t.Helper()
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("slow") != "" {
 			time.Sleep(500 * time.Millisecond)
@@ -70,13 +85,8 @@ func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gatewa
 	if err != nil {
 		t.Fatal(err)
 	}
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	logs := &testenv.Output{}
-	g, err := start(context.Background(), cfg, logging.New(logs, cfg.LogLevel, "gateway"), getenv, func(g *Gateway) {
-		g.keys = keys
-		g.tracer = tp.Tracer("test")
-	})
+	g, err := start(context.Background(), cfg, logging.New(logs, cfg.LogLevel, "gateway"), getenv, hook)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +95,7 @@ func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gatewa
 		defer cancel()
 		_ = g.Shutdown(ctx)
 	})
-	return g, sr, logs
+	return g, logs
 }
 
 // get sends GET url with its path and query exactly as written (so also
@@ -383,6 +393,41 @@ func TestShutdownSaysWhatItCutOff(t *testing.T) {
 	}
 	if !logLine(logs.String(), `"msg":"drain timed out: requests cut off"`, `"cut_off":1`) {
 		t.Errorf("logs = %s, want a drain timed out line with cut_off 1", logs.String())
+	}
+}
+
+// A drain that runs out of time still leaves the last spans their own
+// time to reach the collector: those of the requests around the stop are
+// the ones an SRE looks for. The flush shared the drain's deadline, and
+// with none of it left, the spans still queued were dropped unsent.
+func TestShutdownFlushesSpansAfterADrainThatTimedOut(t *testing.T) {
+	store := tracestore.New(nil, 0)
+	collector := httptest.NewServer(store)
+	defer collector.Close()
+	// The exporter and its batcher read the process's environment.
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "60000") // queued until the last flush
+	g, _ := startWithHook(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL},
+		func(g *Gateway) { g.keys = fakeKeys{} })
+	key := wellFormedKey(t)
+	served, _ := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{"X-API-Key": key})
+	requestID := served.Header.Get("X-Request-Id")
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+g.Addr()+"/v1/export/items?slow=1", nil)
+		req.Header.Set("X-API-Key", key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := g.Shutdown(ctx); err == nil {
+		t.Error("Shutdown() = nil with a request still in flight at its deadline, want an error")
+	}
+	if spans := store.Trace(requestID); len(spans) == 0 {
+		t.Errorf("spans of request %q at the collector once Shutdown returned: none, want its trace", requestID)
 	}
 }
 
