@@ -35,7 +35,8 @@ type Writer interface {
 func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.Registerer, queryTimeout time.Duration) {
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sales_writer_outcomes_total",
-		Help: "Sale calls by operation and outcome: executed, replayed, or the error code answered.",
+		Help: "Sale calls by operation and outcome: executed; replayed (a 200 answered again to its Idempotency-Key); " +
+			"replayed_refusal (a 404 or 409 answered again to its Idempotency-Key); or the error code of a refusal or failure decided by this call.",
 	}, []string{"operation", "outcome"})
 	reg.MustRegister(outcomes)
 	h := &handler{writer: writer, log: log, outcomes: outcomes, queryTimeout: queryTimeout}
@@ -64,7 +65,7 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		httpserver.AnnotateClientValue(w, r, "item_id", r.PathValue("item_id"))
 		req, err := decode(w, r, op)
 		if err != nil {
-			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
+			h.countOutcome(op, err, h.writeError(w, r, err))
 			return
 		}
 		httpserver.AnnotateClientValue(w, r, "external_order_id", req.ExternalOrderID)
@@ -72,16 +73,34 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		defer cancel()
 		res, err := h.writer.Execute(ctx, req)
 		if err != nil {
-			h.outcomes.WithLabelValues(string(op), h.writeError(w, r, err)).Inc()
+			h.countOutcome(op, err, h.writeError(w, r, err))
 			return
 		}
 		envelope.WriteDataJSON(w, http.StatusOK, res.AppendJSON, envelope.Meta{RequestID: httpserver.RequestID(r)})
-		outcome := "executed"
+		outcome := outcomeExecuted
 		if res.IdempotentReplay {
 			// A replayed 200 reads like a fresh one everywhere else.
 			httpserver.Annotate(w, r, "idempotent_replay", "true")
-			outcome = "replayed"
+			outcome = outcomeReplayed
 		}
 		h.outcomes.WithLabelValues(string(op), outcome).Inc()
 	}
+}
+
+// The outcomes of sales_writer_outcomes_total other than an error code.
+const (
+	outcomeExecuted = "executed"
+	outcomeReplayed = "replayed"
+	// outcomeReplayedRefusal is a 404 or 409 answered again to its key's
+	// identical request. Counted under its code, a platform's retries of
+	// one refused call read as refusals decided again, each one.
+	outcomeReplayedRefusal = "replayed_refusal"
+)
+
+// countOutcome counts a call answered err, whose error code was code.
+func (h *handler) countOutcome(op sales.Operation, err error, code string) {
+	if sales.IsReplayedRefusal(err) {
+		code = outcomeReplayedRefusal
+	}
+	h.outcomes.WithLabelValues(string(op), code).Inc()
 }

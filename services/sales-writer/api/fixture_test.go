@@ -74,6 +74,13 @@ func newLoggedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, l
 // newTimedHandler is newLoggedHandler giving each call queryTimeout.
 func newTimedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.Writer, queryTimeout time.Duration) http.Handler {
 	t.Helper()
+	return newServer(t, db, retention, logs, queryTimeout).Handler()
+}
+
+// newServer is the server whose handler newTimedHandler returns, for a
+// test that reads its metrics too.
+func newServer(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.Writer, queryTimeout time.Duration) *httpserver.Server {
+	t.Helper()
 	signer, err := identity.NewSigner(testSecret)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +89,7 @@ func newTimedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, lo
 	mux := http.NewServeMux()
 	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
 	Routes(mux, sales.NewWriter(db, retention), log, srv.Registry(), queryTimeout)
-	return srv.Handler()
+	return srv
 }
 
 func (f *fixture) exec(t testing.TB, sql string, args ...any) {

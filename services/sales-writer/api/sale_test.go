@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
@@ -642,4 +644,72 @@ func TestSaleLockedPastTheQueryTimeoutIsA503(t *testing.T) {
 	if err := f.db.QueryRow(ctx, "SELECT count(*) FROM sales WHERE item_id = 'coin-1'").Scan(&sales); err != nil || sales != 1 {
 		t.Errorf("sales of coin-1 = %d, %v; want 1", sales, err)
 	}
+}
+
+// sales_writer_outcomes_total counts each decision once: a platform that
+// retries a refused call with its key is answered the refusal again, and
+// an ops panel of refusals by code must not count each retry as one more
+// refusal. Such replays are counted apart (replayed_refusal), as a
+// replayed 200 is (replayed).
+func TestReplayedRefusalsAreCountedApart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	srv := newServer(t, f.db, defaultRetention, io.Discard, 10*time.Second)
+	f.handler = srv.Handler()
+	orderB := `{"external_order_id":"b"}`
+	for _, s := range []struct {
+		c          call
+		wantStatus int
+	}{
+		{call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "a-confirm", body: order1}, 200},
+		{call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "a-confirm", body: order1}, 200},
+		{call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm", body: orderB}, 409},
+		{call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm", body: orderB}, 409},
+		{call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm", body: orderB}, 409},
+		{call{id: f.writer("market-b"), op: "cancel", item: "coin-1", key: "b-cancel", body: orderB}, 409},
+		{call{id: f.writer("market-b"), op: "cancel", item: "coin-1", key: "b-cancel", body: orderB}, 409},
+		{call{id: f.writer("market-b"), op: "confirm", item: "nope", key: "b-nope", body: orderB}, 404},
+		{call{id: f.writer("market-b"), op: "confirm", item: "nope", key: "b-nope", body: orderB}, 404},
+	} {
+		if rec, env := f.do(t, s.c); rec.Code != s.wantStatus {
+			t.Fatalf("%s %s with %s = %d %q, want %d", s.c.op, s.c.item, s.c.key, rec.Code, errorCode(env), s.wantStatus)
+		}
+	}
+	want := map[string]float64{
+		"confirm executed":           1,
+		"confirm replayed":           1,
+		"confirm item_already_sold":  1,
+		"confirm not_found":          1,
+		"confirm replayed_refusal":   3,
+		"cancel sale_not_cancelable": 1,
+		"cancel replayed_refusal":    1,
+	}
+	if diff := cmp.Diff(want, outcomeCounts(t, srv)); diff != "" {
+		t.Errorf("sales_writer_outcomes_total by operation and outcome (-want +got):\n%s", diff)
+	}
+}
+
+// outcomeCounts reads sales_writer_outcomes_total from srv's registry, by
+// "operation outcome".
+func outcomeCounts(t *testing.T, srv *httpserver.Server) map[string]float64 {
+	t.Helper()
+	families, err := srv.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "sales_writer_outcomes_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got[labels["operation"]+" "+labels["outcome"]] = m.GetCounter().GetValue()
+		}
+	}
+	return got
 }
