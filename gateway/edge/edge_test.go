@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -491,13 +492,48 @@ func TestUpstreamSeriesStartAtZero(t *testing.T) {
 	if got := grep(metrics, `pgxpool_max_conns{pool="postgres"}`); !strings.HasSuffix(got, " 4") {
 		t.Errorf("pool size series = %q, want the key store's 4", got)
 	}
-	for _, up := range []string{"export-reader", "sales-writer", "shop-schema"} {
+	for up, instance := range map[string]string{ // the default URLs
+		"export-reader": "http://127.0.0.1:8081", "sales-writer": "http://127.0.0.1:8082", "shop-schema": "http://127.0.0.1:8083",
+	} {
 		wantSeries(t, metrics, "gateway_upstream",
-			`gateway_upstream_errors_total{kind="timeout",upstream="`+up+`"} 0`,
-			`gateway_upstream_errors_total{kind="identity_refused",upstream="`+up+`"} 0`,
+			`gateway_upstream_errors_total{kind="unavailable",upstream="`+up+`",upstream_instance="none"} 0`,
+			`gateway_upstream_errors_total{kind="timeout",upstream="`+up+`",upstream_instance="`+instance+`"} 0`,
+			`gateway_upstream_errors_total{kind="identity_refused",upstream="`+up+`",upstream_instance="`+instance+`"} 0`,
 			`gateway_upstream_retries_total{kind="unreachable",upstream="`+up+`"} 0`,
 		)
 	}
+}
+
+// With several instances behind the gateway, a failure is counted under
+// the instance that failed (upstream_instance), which the operator takes
+// out or restarts; a failure no instance had, every one being out, under
+// "none".
+func TestUpstreamErrorsNameTheirInstance(t *testing.T) {
+	dsn, _, k := seed(t)
+	slow, good := slowUpstream(t, 2*time.Second), echoUpstream(t, "good", nil)
+	down := closedURL(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "UPSTREAM_READ_TIMEOUT": "300ms",
+		"EXPORT_READER_URLS": slow.URL + "," + good.URL, "SALES_WRITER_URLS": down, "UPSTREAM_PROBE_INTERVAL": "100ms"})
+	statuses := map[int]int{}
+	for range 2 { // by id: round-robin, one request each (a GET that timed out is not sent again)
+		statuses[do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil).Status]++
+	}
+	if want := map[int]int{200: 1, 504: 1}; !maps.Equal(statuses, want) {
+		t.Fatalf("two GETs over a slow and a good instance = %v, want %v", statuses, want)
+	}
+	waitFor(t, 5*time.Second, func() bool { return healthCheck(t, gw.URL, "sales-writer") == "down" })
+	if r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+		"Idempotency-Key": "k1"}, strings.NewReader("{}")); r.Status != 503 {
+		t.Fatalf("confirm with every writer out = %d %s, want 503", r.Status, r.Body)
+	}
+	metrics := scrape(t, gw.AdminURL)
+	wantSeries(t, metrics, "gateway_upstream_errors_total",
+		`gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+slow.URL+`"} 1`,
+		`gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+good.URL+`"} 0`,
+		`gateway_upstream_errors_total{kind="unavailable",upstream="export-reader",upstream_instance="none"} 0`,
+		`gateway_upstream_errors_total{kind="unavailable",upstream="sales-writer",upstream_instance="none"} 1`,
+		`gateway_upstream_errors_total{kind="unreachable",upstream="sales-writer",upstream_instance="`+down+`"} 0`,
+	)
 }
 
 func TestHealth(t *testing.T) {
@@ -555,7 +591,7 @@ func TestConnectionRefusedIsRetriedOnAnotherInstance(t *testing.T) {
 	// counted, and which instance went down, once.
 	metrics := scrape(t, gw.AdminURL)
 	wantSeries(t, metrics, "gateway_upstream",
-		`gateway_upstream_errors_total{kind="unreachable",upstream="export-reader"} 0`, // no client saw one
+		`gateway_upstream_errors_total{kind="unreachable",upstream="export-reader",upstream_instance="`+a.URL+`"} 0`, // no client saw one
 		`gateway_upstream_retries_total{kind="unreachable",upstream="export-reader"} 1`,
 	)
 	logs := gw.Logs.String()
@@ -852,6 +888,14 @@ func TestUpstreamNamesAreResolvedWhenAsked(t *testing.T) {
 		if r := do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
 			t.Fatalf("GET through the resolved instance = %d %s, want 200", r.Status, r.Body)
 		}
+	}
+	// The error series follow the instances: the address's are there, the
+	// name's, which is no instance any more, are gone.
+	resolved := fmt.Sprintf(`gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="http://127.0.0.1:%d"} 0`, port)
+	waitFor(t, 5*time.Second, func() bool { return bytes.Contains(scrape(t, gw.AdminURL), []byte(resolved)) })
+	if named := fmt.Sprintf(`upstream_instance="http://localhost:%d"`, port); bytes.Contains(scrape(t, gw.AdminURL), []byte(named)) {
+		t.Errorf("metrics keep series of %s, no instance since it was resolved:\n%s", named,
+			grep(scrape(t, gw.AdminURL), "gateway_upstream_errors_total"))
 	}
 }
 

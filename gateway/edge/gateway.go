@@ -223,6 +223,16 @@ func lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
 	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }
 
+// onDiscovery logs a change in an upstream's instances, or a name that did
+// not resolve, and makes the upstream's per-instance series follow the
+// change.
+func (g *Gateway) onDiscovery(ev upstream.DiscoveryEvent) {
+	g.logDiscovery(ev)
+	if ev.Added+ev.Removed > 0 {
+		g.metrics.followInstances(ev.Upstream, ev.Instances)
+	}
+}
+
 // logDiscovery logs a change in an upstream's instances, or a name that
 // did not resolve (its instances are kept).
 func (g *Gateway) logDiscovery(ev upstream.DiscoveryEvent) {
@@ -265,7 +275,7 @@ func (g *Gateway) startBackground(store *keystore.Store) {
 		g.goBg(func() { u.Probe(bgCtx, g.cfg.UpstreamProbeInterval) })
 		if g.cfg.UpstreamResolveInterval > 0 {
 			g.goBg(func() {
-				u.Discover(bgCtx, g.cfg.UpstreamResolveInterval, lookupIP, g.logDiscovery)
+				u.Discover(bgCtx, g.cfg.UpstreamResolveInterval, lookupIP, g.onDiscovery)
 			})
 		}
 	}

@@ -619,12 +619,16 @@ func TestNearMissKeyInThePathIsServedAndNotTraced(t *testing.T) {
 }
 
 // Every kind errorKind returns has its series created at start
-// (upstreamErrorKinds), so none appears only with its first failure.
+// (kindUnavailable, and instanceErrorKinds for each instance), so none
+// appears only with its first failure.
 func TestErrorKindsAreAllListed(t *testing.T) {
-	for _, err := range []error{upstream.ErrUnavailable, upstream.ErrUnreachable, upstream.ErrTimeout,
+	if kind := errorKind(upstream.ErrUnavailable); kind != kindUnavailable {
+		t.Errorf("errorKind(%v) = %q, want %q", upstream.ErrUnavailable, kind, kindUnavailable)
+	}
+	for _, err := range []error{upstream.ErrUnreachable, upstream.ErrTimeout,
 		upstream.ErrClosed, upstream.ErrBadResponse, errIdentityRefused, fmt.Errorf("wrapped: %w", upstream.ErrTimeout)} {
-		if kind := errorKind(err); !slices.Contains(upstreamErrorKinds, kind) {
-			t.Errorf("errorKind(%v) = %q, not in upstreamErrorKinds %v", err, kind, upstreamErrorKinds)
+		if kind := errorKind(err); !slices.Contains(instanceErrorKinds, kind) {
+			t.Errorf("errorKind(%v) = %q, not in instanceErrorKinds %v", err, kind, instanceErrorKinds)
 		}
 	}
 	// Every kind upstream.Do repeats after has its retry series.

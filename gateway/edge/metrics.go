@@ -1,7 +1,9 @@
 package edge
 
 import (
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
@@ -23,11 +25,17 @@ type metrics struct {
 	upstreamErrors  *prometheus.CounterVec
 	upstreamRetries *prometheus.CounterVec
 	panics          prometheus.Counter
+
+	// seriesMu guards instanceSeries: the instances of each upstream
+	// whose series exist, which discovery changes.
+	seriesMu       sync.Mutex
+	instanceSeries map[string][]string
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
-		registry: prometheus.NewRegistry(),
+		registry:       prometheus.NewRegistry(),
+		instanceSeries: map[string][]string{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_http_requests_total", Help: "Requests answered, by route and status class.",
 		}, []string{"route", "status_class"}),
@@ -59,10 +67,14 @@ func newMetrics() *metrics {
 		keyCache: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_key_cache_lookups_total", Help: "API key lookups by cache result (hit, miss).",
 		}, []string{"result"}),
+		// By instance too: with several instances of an upstream, which one
+		// fails is what the operator acts on. The label is not "instance",
+		// which Prometheus gives every series of a scrape (the gateway's
+		// own address), and which would rename ours exported_instance.
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_errors_total",
-			Help: "Proxied requests that failed, by upstream and the kind of the last attempt's failure (unavailable, unreachable, timeout, closed, identity_refused, bad_response).",
-		}, []string{"upstream", "kind"}),
+			Help: "Proxied requests that failed, by upstream, upstream_instance (scheme://host:port of the instance whose failure the client got; none when every instance was out) and the kind of the last attempt's failure (unavailable, unreachable, timeout, closed, identity_refused, bad_response).",
+		}, []string{"upstream", "upstream_instance", "kind"}),
 		upstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_retries_total",
 			Help: "Requests sent a second time, by upstream and the kind of the first attempt's failure: failures a client did not see.",
@@ -218,14 +230,39 @@ func backendLabel(local bool) string {
 // alert on their rate sees a series before the first failure (a series
 // that does not exist yet has no rate: the alert would stay silent).
 func (m *metrics) forUpstreams(upstreams map[string]*upstream.Upstream) {
-	for up := range upstreams {
-		for _, kind := range upstreamErrorKinds {
-			m.upstreamErrors.WithLabelValues(up, kind)
-		}
+	for name, u := range upstreams {
+		m.upstreamErrors.WithLabelValues(name, noInstance, kindUnavailable)
 		for _, kind := range repeatedErrorKinds {
-			m.upstreamRetries.WithLabelValues(up, kind)
+			m.upstreamRetries.WithLabelValues(name, kind)
+		}
+		m.followInstances(name, u.Bases())
+	}
+}
+
+// noInstance is the upstream_instance of a failure no instance had: every
+// one was out, and nothing was sent.
+const noInstance = "none"
+
+// followInstances makes the error series of an upstream's instances those
+// of bases, its instances now: a new one's start at 0, and a removed
+// one's go, so that instances discovery replaces (pods rescheduled to new
+// addresses) do not pile up series for as long as the gateway runs. A
+// request in flight on a removed instance may bring its series back with
+// its failure; the next change of the set removes it again.
+func (m *metrics) followInstances(up string, bases []string) {
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
+	for _, old := range m.instanceSeries[up] {
+		if !slices.Contains(bases, old) {
+			m.upstreamErrors.DeletePartialMatch(prometheus.Labels{"upstream": up, "upstream_instance": old})
 		}
 	}
+	for _, base := range bases {
+		for _, kind := range instanceErrorKinds {
+			m.upstreamErrors.WithLabelValues(up, base, kind)
+		}
+	}
+	m.instanceSeries[up] = slices.Clone(bases)
 }
 
 // countKeyLookup returns the key cache's OnLookup: it counts hits and

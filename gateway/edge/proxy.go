@@ -203,7 +203,7 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 		err = errIdentityRefused
 	}
 	if err != nil {
-		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, errorKind(err)).Inc()
+		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, instanceLabel(out.Instance), errorKind(err)).Inc()
 		span.SetStatus(codes.Error, errorKind(err))
 		if idempotentSale && mayHaveArrived(err) {
 			err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
@@ -397,8 +397,21 @@ func mayHaveArrived(err error) bool {
 	return errors.Is(err, upstream.ErrTimeout) || errors.Is(err, upstream.ErrClosed) || errors.Is(err, upstream.ErrBadResponse)
 }
 
-// upstreamErrorKinds are the values errorKind returns.
-var upstreamErrorKinds = []string{"unavailable", "unreachable", "timeout", "closed", "identity_refused", "bad_response"}
+// kindUnavailable is errorKind's name for a request no instance was
+// tried for; instanceErrorKinds are its other values, each the failure of
+// an instance.
+const kindUnavailable = "unavailable"
+
+var instanceErrorKinds = []string{"unreachable", "timeout", "closed", "identity_refused", "bad_response"}
+
+// instanceLabel is the upstream_instance of a failure on instance, as
+// upstream.Outcome names it: "" when none was tried.
+func instanceLabel(instance string) string {
+	if instance == "" {
+		return noInstance
+	}
+	return instance
+}
 
 // repeatedErrorKinds are those after which upstream.Do may send a request
 // again (nothing was sent after "unavailable", and a refused identity is
@@ -409,7 +422,7 @@ var repeatedErrorKinds = []string{"unreachable", "timeout", "closed", "bad_respo
 func errorKind(err error) string {
 	switch {
 	case errors.Is(err, upstream.ErrUnavailable):
-		return "unavailable"
+		return kindUnavailable
 	case errors.Is(err, upstream.ErrUnreachable):
 		return "unreachable"
 	case errors.Is(err, upstream.ErrTimeout):

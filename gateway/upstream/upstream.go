@@ -483,6 +483,17 @@ func (u *Upstream) Instances() (up, all int) {
 	return up, len(instances)
 }
 
+// Bases returns the base (scheme://host:port, as Outcome.Instance writes
+// it) of each instance requests are sent to now. For operators only.
+func (u *Upstream) Bases() []string {
+	instances := u.current()
+	bases := make([]string, len(instances))
+	for i, inst := range instances {
+		bases[i] = inst.base
+	}
+	return bases
+}
+
 // State is the health of an upstream as /v1/health reports it.
 func (u *Upstream) State() string {
 	switch up, all := u.Instances(); up {
