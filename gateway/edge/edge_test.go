@@ -499,7 +499,7 @@ func TestUpstreamSeriesStartAtZero(t *testing.T) {
 			`gateway_upstream_errors_total{kind="unavailable",upstream="`+up+`",upstream_instance="none"} 0`,
 			`gateway_upstream_errors_total{kind="timeout",upstream="`+up+`",upstream_instance="`+instance+`"} 0`,
 			`gateway_upstream_errors_total{kind="identity_refused",upstream="`+up+`",upstream_instance="`+instance+`"} 0`,
-			`gateway_upstream_retries_total{kind="unreachable",upstream="`+up+`"} 0`,
+			`gateway_upstream_retries_total{kind="unreachable",upstream="`+up+`",upstream_instance="`+instance+`"} 0`,
 		)
 	}
 }
@@ -592,7 +592,8 @@ func TestConnectionRefusedIsRetriedOnAnotherInstance(t *testing.T) {
 	metrics := scrape(t, gw.AdminURL)
 	wantSeries(t, metrics, "gateway_upstream",
 		`gateway_upstream_errors_total{kind="unreachable",upstream="export-reader",upstream_instance="`+a.URL+`"} 0`, // no client saw one
-		`gateway_upstream_retries_total{kind="unreachable",upstream="export-reader"} 1`,
+		`gateway_upstream_retries_total{kind="unreachable",upstream="export-reader",upstream_instance="`+a.URL+`"} 1`,
+		`gateway_upstream_retries_total{kind="unreachable",upstream="export-reader",upstream_instance="`+b.URL+`"} 0`,
 	)
 	logs := gw.Logs.String()
 	downs := 0

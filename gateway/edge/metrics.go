@@ -77,8 +77,8 @@ func newMetrics() *metrics {
 		}, []string{"upstream", "upstream_instance", "kind"}),
 		upstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_retries_total",
-			Help: "Requests sent a second time, by upstream and the kind of the first attempt's failure: failures a client did not see.",
-		}, []string{"upstream", "kind"}),
+			Help: "Requests sent a second time, by upstream, upstream_instance (scheme://host:port of the instance that failed the first attempt) and the kind of that failure: failures a client did not see.",
+		}, []string{"upstream", "upstream_instance", "kind"}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
 		}),
@@ -232,9 +232,6 @@ func backendLabel(local bool) string {
 func (m *metrics) forUpstreams(upstreams map[string]*upstream.Upstream) {
 	for name, u := range upstreams {
 		m.upstreamErrors.WithLabelValues(name, noInstance, kindUnavailable)
-		for _, kind := range repeatedErrorKinds {
-			m.upstreamRetries.WithLabelValues(name, kind)
-		}
 		m.followInstances(name, u.Bases())
 	}
 }
@@ -243,23 +240,29 @@ func (m *metrics) forUpstreams(upstreams map[string]*upstream.Upstream) {
 // one was out, and nothing was sent.
 const noInstance = "none"
 
-// followInstances makes the error series of an upstream's instances those
-// of bases, its instances now: a new one's start at 0, and a removed
-// one's go, so that instances discovery replaces (pods rescheduled to new
-// addresses) do not pile up series for as long as the gateway runs. A
-// request in flight on a removed instance may bring its series back with
-// its failure; the next change of the set removes it again.
+// followInstances makes the error and retry series of an upstream's
+// instances those of bases, its instances now: a new one's start at 0,
+// and a removed one's go, so that instances discovery replaces (pods
+// rescheduled to new addresses) do not pile up series for as long as the
+// gateway runs. A request in flight on a removed instance may bring its
+// series back with its failure; the next change of the set removes it
+// again.
 func (m *metrics) followInstances(up string, bases []string) {
 	m.seriesMu.Lock()
 	defer m.seriesMu.Unlock()
 	for _, old := range m.instanceSeries[up] {
 		if !slices.Contains(bases, old) {
-			m.upstreamErrors.DeletePartialMatch(prometheus.Labels{"upstream": up, "upstream_instance": old})
+			gone := prometheus.Labels{"upstream": up, "upstream_instance": old}
+			m.upstreamErrors.DeletePartialMatch(gone)
+			m.upstreamRetries.DeletePartialMatch(gone)
 		}
 	}
 	for _, base := range bases {
 		for _, kind := range instanceErrorKinds {
 			m.upstreamErrors.WithLabelValues(up, base, kind)
+		}
+		for _, kind := range repeatedErrorKinds {
+			m.upstreamRetries.WithLabelValues(up, base, kind)
 		}
 	}
 	m.instanceSeries[up] = slices.Clone(bases)

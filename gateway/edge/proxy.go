@@ -220,18 +220,18 @@ const repeatLogInterval = 10 * time.Second
 
 // noteRepeat records a request sent a second time after its first attempt
 // failed with err: a failure no client saw, so shown to the operator
-// (counted by kind, logged with the instance, at most once per interval),
-// on the request's access line (the instance that failed and the kind,
-// never throttled) and in the trace, whose proxy span then holds two
-// attempts' server spans. The second attempt may go to the same instance
+// (counted by the instance that failed and the kind, logged with the
+// instance at most once per interval), on the request's access line (the
+// instance that failed and the kind, never throttled) and in the trace,
+// whose proxy span then holds two attempts' server spans. The second attempt may go to the same instance
 // (a lone one that dropped a kept-alive connection).
 func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, err error) {
 	kind := errorKind(err)
-	g.metrics.upstreamRetries.WithLabelValues(up, kind).Inc()
 	var attempt *upstream.FailedAttempt
 	if !errors.As(err, &attempt) { // upstream.Do always gives one; only if that changes
 		attempt = &upstream.FailedAttempt{Err: err, At: time.Now()}
 	}
+	g.metrics.upstreamRetries.WithLabelValues(up, instanceLabel(attempt.Instance), kind).Inc()
 	rq.failed = attempt
 	failedAt := attempt.At
 	if ok, skipped := g.repeatLog.Allow(up + "/" + kind); ok {
