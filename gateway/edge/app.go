@@ -90,6 +90,7 @@ func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
 		name := routeNameOf(c.Method(), c.Path())
 		rq := g.begin(c, name)
 		defer g.end(c, rq, g.routeMetrics[name])
+		g.nameKnownKey(c, rq)
 		g.writeError(c, rq, errTooLarge)
 		return fasthttp.StatusRequestEntityTooLarge
 	}
@@ -169,6 +170,7 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 		name := routeNameOf(c.Method(), c.Path())
 		rq := g.begin(c, name)
 		defer g.end(c, rq, g.routeMetrics[name])
+		g.nameKnownKey(c, rq)
 		g.writeError(c, rq, err)
 		return nil
 	}

@@ -58,6 +58,24 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	return nil
 }
 
+// nameKnownKey names, on the access line and the span of a request refused
+// before its key is read (a body over the limit), the key its head
+// carries if the key cache knows it: the refusal happens before
+// authentication, and without a key id an operator cannot tell which
+// tenant sends such bodies. Only the cache is asked, never the database:
+// a client can provoke this refusal at will, and an unknown key must not
+// cost a query. The key is named, not authenticated; nothing else is
+// decided from it. Several keys name none (as authenticate refuses them).
+func (g *Gateway) nameKnownKey(c *fiber.Ctx, rq *request) {
+	secrets := c.Request().Header.PeekAll(APIKeyHeader)
+	if len(secrets) != 1 {
+		return
+	}
+	if key, ok := g.keys.Known(string(secrets[0])); ok {
+		rq.key = key
+	}
+}
+
 // Why a key did not pass (request.authFailure).
 const (
 	authFailureMissing     = "missing"

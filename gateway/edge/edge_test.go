@@ -1068,6 +1068,54 @@ func TestBodyTooLargeIsNamedAfterItsRoute(t *testing.T) {
 	}
 }
 
+// A 413 is refused before its key is read, but names the key its head
+// carries when the key cache knows it (its id, owner and platform, never
+// the key): the operator can tell which tenant sends bodies over the
+// limit. A key the cache does not know is not looked up for it.
+func TestBodyTooLargeNamesACachedKey(t *testing.T) {
+	dsn, _, k := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SALES_WRITER_URLS": echoUpstream(t, "writer", nil).URL})
+	confirm := "/v1/export/items/coin-1/sales/confirm"
+	if r := do(t, "POST", gw.URL+confirm, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "k1"},
+		strings.NewReader("{}")); r.Status != 200 {
+		t.Fatalf("confirm = %d %s, want 200 (the key cached)", r.Status, r.Body)
+	}
+	overLimit := strings.Repeat(" ", edge.BodyLimit+1)
+	expectContinue := map[string]string{"X-API-Key": k.write, "Content-Type": "application/json",
+		"Expect": "100-continue", "Content-Length": strconv.Itoa(edge.BodyLimit + 1)}
+	named := `"owner_id":"` + k.ownerA + `","key_id":"` + k.writeID + `","platform_id":"shop-1"`
+	for _, tt := range []struct {
+		name string
+		r    response
+		want string // in the access line; "" for no key named
+	}{
+		{"declared length", do(t, "POST", gw.URL+confirm, map[string]string{"X-API-Key": k.write}, strings.NewReader(overLimit)), named},
+		{"Expect: 100-continue", doRaw(t, gw.URL, "POST", confirm, expectContinue), named},
+		{"a key not cached", do(t, "POST", gw.URL+confirm, map[string]string{"X-API-Key": k.noPlatform}, strings.NewReader(overLimit)), ""},
+		{"no key", do(t, "POST", gw.URL+confirm, nil, strings.NewReader(overLimit)), ""},
+	} {
+		line := accessLine(gw.Logs.String(), tt.r.Env.Meta.RequestID)
+		if tt.r.Status != 413 || line == "" {
+			t.Errorf("%s: %d, access line %q; want 413 and its line", tt.name, tt.r.Status, line)
+			continue
+		}
+		if tt.want != "" && !strings.Contains(line, tt.want) {
+			t.Errorf("%s: access line %s; want it to name the key: %s", tt.name, line, tt.want)
+		}
+		if tt.want == "" && strings.Contains(line, `"key_id"`) {
+			t.Errorf("%s: access line %s names a key; want none", tt.name, line)
+		}
+	}
+	if strings.Contains(gw.Logs.String(), k.write[4:20]) || strings.Contains(gw.Logs.String(), k.noPlatform[4:20]) {
+		t.Errorf("the logs hold a key:\n%s", gw.Logs.String())
+	}
+	// The key not cached was not looked up for its 413: one miss, the confirm's.
+	if got := grep(scrape(t, gw.AdminURL), `gateway_key_cache_lookups_total{result="miss"}`); !strings.HasSuffix(got, " 1") {
+		t.Errorf("key cache misses = %q, want 1", got)
+	}
+}
+
 // A client that sends its whole request before reading (as curl does, and
 // every client with a body it has in memory) reads the gateway's refusal
 // even when the gateway refused it long before its end: the gateway closes

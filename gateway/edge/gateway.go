@@ -37,6 +37,8 @@ import (
 // keyLookup resolves an API key; keystore.Store is the real one.
 type keyLookup interface {
 	Lookup(ctx context.Context, secret string, mayFetch func() bool) (keystore.Key, error)
+	// Known names a key from the cache alone, for the log (nameKnownKey).
+	Known(secret string) (keystore.Key, bool)
 }
 
 // Gateway is a running gateway.

@@ -30,7 +30,8 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 type keys struct {
 	read, write, readB, noPlatform, revoked string
 	unknown                                 string // well formed, never stored
-	readID, revokedID, ownerA, ownerB       string
+	readID, writeID, revokedID, ownerA      string
+	ownerB                                  string
 }
 
 // seed creates two owners, a platform and keys of every kind in a fresh
@@ -83,7 +84,7 @@ func seed(t *testing.T) (string, *pgxpool.Pool, keys) {
 	shop := "shop-1"
 	k.read, k.readID = insert(k.ownerA, nil, []string{identity.ScopeExportRead}, false)
 	k.readB, _ = insert(k.ownerB, nil, []string{identity.ScopeExportRead}, false)
-	k.write, _ = insert(k.ownerA, &shop, []string{identity.ScopeSalesWrite}, false)
+	k.write, k.writeID = insert(k.ownerA, &shop, []string{identity.ScopeSalesWrite}, false)
 	k.noPlatform, _ = insert(k.ownerA, nil, []string{identity.ScopeSalesWrite}, false)
 	k.revoked, k.revokedID = insert(k.ownerA, nil, []string{identity.ScopeExportRead}, true)
 	if k.unknown, _, err = apikey.Generate([]string{identity.ScopeExportRead}); err != nil {

@@ -47,6 +47,11 @@ type panicKeys struct{}
 
 func (panicKeys) Lookup(context.Context, string, func() bool) (keystore.Key, error) { panic("boom") }
 
+// The fakes know no key without a lookup.
+func (fakeKeys) Known(string) (keystore.Key, bool)     { return keystore.Key{}, false }
+func (panicKeys) Known(string) (keystore.Key, bool)    { return keystore.Key{}, false }
+func (refusingKeys) Known(string) (keystore.Key, bool) { return keystore.Key{}, false }
+
 // startInternal starts a gateway whose key lookup is keys and whose spans
 // go to the returned recorder.
 func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gateway, *tracetest.SpanRecorder, *testenv.Output) {

@@ -157,6 +157,24 @@ func (s *Store) Lookup(ctx context.Context, secret string, mayFetch func() bool)
 	return e.result()
 }
 
+// Known returns the key secret is, if the cache holds it as found in the
+// database (valid or revoked), however old the entry: a hash names one key
+// for good. It asks no database, checks no form and counts no lookup, so
+// that a request refused before its key is authenticated (a body over the
+// limit, which a client can send at will) can still name its sender to
+// the operator at the cost of a hash. What it returns authenticates
+// nothing.
+func (s *Store) Known(secret string) (Key, bool) {
+	if secret == "" {
+		return Key{}, false
+	}
+	hash := apikey.HashOf(secret)
+	s.mu.RLock()
+	e, ok := s.entries[hash]
+	s.mu.RUnlock()
+	return e.key, ok && e.key.ID != ""
+}
+
 // fetchShared looks hash up in the database and caches the answer, or
 // waits for the lookup of it already under way. The query runs detached
 // from the caller that started it, within LookupTimeout: its client

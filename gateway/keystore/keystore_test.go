@@ -437,3 +437,41 @@ func TestRevokedKeyStaysCached(t *testing.T) {
 		t.Errorf("misses = %d, want 3: the unknown key looked up again, the revoked one not", got)
 	}
 }
+
+// Known names a key the cache holds, valid or revoked, without a lookup:
+// no database query and no count; a key not cached, or cached as unknown,
+// is not known.
+func TestKnownNamesOnlyCachedKeys(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	valid, validID := insertKey(t, pool, owner, []string{"export:read"})
+	revoked, revokedID := insertKey(t, pool, owner, []string{"export:read"})
+	if _, err := pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, revokedID); err != nil {
+		t.Fatal(err)
+	}
+	unknown, _, _ := apikey.Generate([]string{"export:read"})
+	store, hits, misses := counting(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	for _, s := range []string{valid, revoked, unknown, "", "cxr_x"} {
+		if key, ok := store.Known(s); ok {
+			t.Errorf("Known(%.8s…) before any lookup = %+v, true; want not known", s, key)
+		}
+	}
+	ctx := context.Background()
+	for _, s := range []string{valid, revoked, unknown} {
+		store.Lookup(ctx, s, nil)
+	}
+	hitsBefore, missesBefore := hits.Load(), misses.Load()
+	for _, tt := range []struct {
+		name, secret, wantID string
+	}{
+		{"valid", valid, validID}, {"revoked", revoked, revokedID}, {"unknown", unknown, ""}, {"empty", "", ""},
+	} {
+		key, ok := store.Known(tt.secret)
+		if key.ID != tt.wantID || ok != (tt.wantID != "") || (ok && key.OwnerID != owner) {
+			t.Errorf("Known(%s) = %+v, %v; want key id %q of owner %s", tt.name, key, ok, tt.wantID, owner)
+		}
+	}
+	if hits.Load() != hitsBefore || misses.Load() != missesBefore {
+		t.Errorf("Known counted lookups: hits %d → %d, misses %d → %d", hitsBefore, hits.Load(), missesBefore, misses.Load())
+	}
+}
