@@ -35,7 +35,9 @@ type Item struct {
 type Client struct {
 	// BaseURL is the service address including /v1, e.g. https://api.example/v1.
 	BaseURL string
-	HTTP    *http.Client
+	// HTTP sends the requests (http.DefaultClient when nil), its redirect
+	// policy aside: no redirect is followed (noRedirects).
+	HTTP *http.Client
 	// Prepare sets the credentials of each request (X-API-Key through the
 	// gateway; signed identity headers in tests of a service alone).
 	Prepare func(*http.Request)
@@ -199,11 +201,7 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	if c.Prepare != nil {
 		c.Prepare(req)
 	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := c.noRedirects().Do(req)
 	if err != nil {
 		if noAnswer(err) {
 			err = transientError{err}
@@ -211,6 +209,11 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 		return pageBody{}, fmt.Errorf("syncclient: %w", err)
 	}
 	defer resp.Body.Close()
+	if isRedirect(resp.StatusCode) {
+		return pageBody{}, &statusError{status: resp.StatusCode,
+			detail: fmt.Sprintf("syncclient: status %d: a redirect, not followed "+
+				"(the API does not redirect: set BaseURL to the service's own https address)", resp.StatusCode)}
+	}
 	var page pageBody
 	decodeErr := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&page)
 	if resp.StatusCode != http.StatusOK {
@@ -226,6 +229,33 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 		return pageBody{}, fmt.Errorf("syncclient: status 200: %w", transientError{decodeErr})
 	}
 	return page, nil
+}
+
+// noRedirects is c.HTTP, or http.DefaultClient, without following
+// redirects. The API does not redirect (only an ingress sends plain http
+// on to https, after the key has crossed in clear), and net/http would send every
+// header Prepare set, the API key among them, to wherever a redirect
+// points: it keeps back only Authorization and cookies from another host,
+// and follows a redirect from https to plain http alike. A copy of the
+// client, so the caller's own is left as it was.
+func (c *Client) noRedirects() *http.Client {
+	hc := http.DefaultClient
+	if c.HTTP != nil {
+		hc = c.HTTP
+	}
+	copied := *hc
+	copied.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &copied
+}
+
+// isRedirect reports a status net/http would follow.
+func isRedirect(status int) bool {
+	switch status {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
+		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		return true
+	}
+	return false
 }
 
 // transientError is a failure that may pass by asking again: no answer

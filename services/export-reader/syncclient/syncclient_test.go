@@ -146,3 +146,41 @@ func TestSyncRetriesOnlyWhatMayPass(t *testing.T) {
 		}
 	}
 }
+
+// A redirect is not followed: the service never redirects, and net/http
+// sends every header Prepare set, the API key among them, to wherever a
+// redirect points (it keeps back only Authorization and cookies from
+// another host, and goes from https to http alike). The run ends, saying
+// why, and the key stays with the host it was meant for.
+func TestSyncFollowsNoRedirect(t *testing.T) {
+	var keysElsewhere atomic.Int64
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-API-Key") != "" {
+			keysElsewhere.Add(1)
+		}
+		fmt.Fprint(w, `{"data":[],"meta":{"request_id":"r","next_cursor":null}}`)
+	}))
+	t.Cleanup(elsewhere.Close)
+	for _, status := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		var calls atomic.Int64
+		service := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			http.Redirect(w, r, elsewhere.URL+r.URL.RequestURI(), status)
+		}))
+		for _, hc := range []*http.Client{nil, service.Client()} { // the default client, and one of the caller's
+			c := &Client{BaseURL: service.URL + "/v1", HTTP: hc, Prepare: func(r *http.Request) { r.Header.Set("X-API-Key", "cxr_secret") },
+				Wait: func(context.Context, time.Duration) error { return nil }}
+			_, _, err := c.Sync(context.Background(), time.Time{}, Mirror{}.Upsert)
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("status %d", status)) || !strings.Contains(err.Error(), "redirect") {
+				t.Errorf("%d: Sync error = %v, want the run ended on the redirect, saying so", status, err)
+			}
+		}
+		if calls.Load() != 2 {
+			t.Errorf("%d: %d requests to the service, want 2 (one per run, not retried)", status, calls.Load())
+		}
+		service.Close()
+	}
+	if n := keysElsewhere.Load(); n > 0 {
+		t.Errorf("the redirect's target received the API key %d times", n)
+	}
+}
