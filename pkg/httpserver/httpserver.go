@@ -156,8 +156,16 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	if firstErr != nil {
-		// Their clients saw the connection close without an answer, and
-		// no access line will be written for them.
+		// Shutdown leaves the requests it gave up on running: closed, their
+		// connections end and their contexts are cancelled, so their queries
+		// stop and give their connections back. Left running, they held the
+		// pool, whose Close (deferred by main) waited for them, up to a
+		// query timeout past the drain and so past the grace period a
+		// supervisor allows. Their clients see the connection close without
+		// an answer, and no access line is written for them.
+		for _, srv := range servers {
+			srv.Close()
+		}
 		s.cfg.Log.Warn("drain timed out: requests cut off", "cut_off", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
 	}
 	s.cfg.Log.Info("stopped")

@@ -554,6 +554,55 @@ func TestShutdownSaysWhatItDrainsAndCutsOff(t *testing.T) {
 	}
 }
 
+// A drain that runs out of time ends what it cuts off: the request's
+// context is cancelled, as a query waiting on it is, and its client sees
+// the connection close. Left running, such a request held its database
+// connection, and main's pool.Close waited for it past the drain.
+func TestADrainThatTimesOutCancelsWhatItCutsOff(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, cancelled := make(chan struct{}), make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(10 * time.Second): // a query's own timeout
+		}
+	})
+	addr := testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer,
+		ShutdownTimeout: 200 * time.Millisecond}, mux)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	waitListening(t, addr)
+	answered := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
+		signAsReader(signer, req)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	<-entered
+	stop()
+	<-ran
+	select {
+	case <-cancelled:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the request cut off by the drain still runs 2 s after Run returned; want its context cancelled")
+	}
+	if err := <-answered; err == nil {
+		t.Error("the client of a request cut off got an answer; want the connection closed")
+	}
+}
+
 // waitListening waits until addr accepts connections.
 func waitListening(t *testing.T, addr string) {
 	t.Helper()
