@@ -65,6 +65,13 @@ stop_now() {
   hurry=1
 }
 stop_all() {
+  # Every step runs, whatever the one before returned or whoever hangs up:
+  # the binaries are in sessions of their own, so a stop cut short leaves
+  # them running. Under set -e a log line written to a closed terminal
+  # (EIO) ended it at its first line, and a write to a pipe whose reader is
+  # gone kills with SIGPIPE; a hang-up signals this script, not them.
+  set +e
+  trap '' HUP PIPE
   trap - EXIT
   trap stop_now INT TERM
   stopping=1
@@ -87,7 +94,11 @@ stop_all() {
 if [ -n "$(trap -p INT)" ]; then
   log "SIGINT is ignored here (started in the background): stop with kill -TERM $$ (or its process group)"
 fi
-trap stop_all INT TERM EXIT
+# A signal during the start ends the script once everything is stopped:
+# returning to where the start was, it went on to start the rest (the
+# gateway, left running after make run had ended).
+trap 'stop_all; exit 0' INT TERM
+trap stop_all EXIT
 
 log "starting PostgreSQL and Redis under .run/"
 pg_start "$state/pg"

@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	if drain := os.Getenv(helperDrainEnv); drain != "" {
 		os.Exit(runHelper(drain))
 	}
+	if name := os.Getenv(stubEnv); name != "" {
+		os.Exit(runStub(name))
+	}
 	os.Exit(m.Run())
 }
 

@@ -1,0 +1,287 @@
+package stopsignal
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+// make run's script (deploy/local/run.sh) starts every binary in a session
+// of its own, so the terminal's signals reach the script alone: whatever
+// way it is stopped, it must stop them all, and PostgreSQL and Redis.
+// These tests run the real script on stand-ins for the binaries (this test
+// binary, as runStub), with its own PostgreSQL and Redis under a temporary
+// folder.
+
+// stubEnv, set, makes the test binary the stand-in for bin/<its value>.
+const (
+	stubEnv          = "STOPSIGNAL_RUNSH_STUB"
+	stubDirEnv       = "STOPSIGNAL_RUNSH_STUB_DIR"  // where each stand-in writes its pid
+	stubUnhealthyEnv = "STOPSIGNAL_RUNSH_UNHEALTHY" // the one whose health check fails
+)
+
+// stubAddrEnv is the variable that gives each server its address
+// (tracestore takes --addr).
+var stubAddrEnv = map[string]string{
+	"export-reader": "EXPORT_READER_ADDR",
+	"sales-writer":  "SALES_WRITER_ADDR",
+	"shop-schema":   "SHOP_SCHEMA_ADDR",
+	"gateway":       "GATEWAY_ADDR",
+}
+
+// runStub stands in for bin/<name>: exportctl answers what run.sh reads
+// of it; a server answers 200 on its address until its first signal.
+func runStub(name string) int {
+	if name == "exportctl" {
+		fmt.Println(`{"id":"owner-1","key":"key-1"}`)
+		return 0
+	}
+	addr := os.Getenv(stubAddrEnv[name])
+	for i, arg := range os.Args {
+		if arg == "--addr" && i+1 < len(os.Args) {
+			addr = os.Args[i+1]
+		}
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), name+".pid"), pid, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := Context()
+	defer stop()
+	status := http.StatusOK
+	if os.Getenv(stubUnhealthyEnv) == name {
+		status = http.StatusServiceUnavailable
+	}
+	srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(status)
+	})}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// runScript is one make run of the real script in a copy of the
+// repository's deploy/local, with stand-ins in its bin/.
+type runScript struct {
+	root, stubs string
+	cmd         *exec.Cmd
+	output      *os.File      // the script's stdout and stderr: its terminal
+	lines       chan string   // output's lines, closed at its end
+	exited      chan struct{} // closed once the script has ended
+}
+
+func startRunScript(t *testing.T, unhealthy string) *runScript {
+	t.Helper()
+	for _, tool := range []string{"bash", "setsid", "curl", "psql", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("make run needs %s: %v", tool, err)
+		}
+	}
+	if initdb, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(initdb) == 0 {
+		if _, err := exec.LookPath("initdb"); err != nil {
+			t.Skip("make run needs PostgreSQL's initdb")
+		}
+	}
+	// Short, and open to the postgres user PostgreSQL runs as under root:
+	// its socket path must fit in 107 bytes.
+	root, err := os.MkdirTemp("", "runsh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &runScript{root: root, stubs: filepath.Join(root, "stubs"), lines: make(chan string, 256), exited: make(chan struct{})}
+	t.Cleanup(func() { s.cleanUp(t) })
+	must(t, os.Chmod(root, 0o755))
+	for _, dir := range []string{"deploy/local", "bin", "stubs"} {
+		must(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
+	}
+	for _, file := range []string{"run.sh", "lib.sh"} {
+		src, err := os.ReadFile(filepath.Join("../../deploy/local", file))
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(root, "deploy/local", file), src, 0o755))
+	}
+	self, err := os.Executable()
+	must(t, err)
+	for _, name := range []string{"exportctl", "tracestore", "export-reader", "sales-writer", "shop-schema", "gateway"} {
+		stub := fmt.Sprintf("#!/bin/sh\nexport %s=%s\nexec '%s' \"$@\"\n", stubEnv, name, self)
+		must(t, os.WriteFile(filepath.Join(root, "bin", name), []byte(stub), 0o755))
+	}
+
+	s.cmd = exec.Command("bash", filepath.Join(root, "deploy/local/run.sh"))
+	s.cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + root, "PG_SHARED_BUFFERS=16MB",
+		stubDirEnv + "=" + s.stubs, stubUnhealthyEnv + "=" + unhealthy,
+		"TRACESTORE_ADDR=" + testenv.FreeAddr(t),
+	}
+	for _, name := range stubAddrEnv {
+		s.cmd.Env = append(s.cmd.Env, name+"="+testenv.FreeAddr(t))
+	}
+	var w *os.File
+	s.output, w, err = os.Pipe()
+	must(t, err)
+	s.cmd.Stdout, s.cmd.Stderr = w, w
+	must(t, s.cmd.Start())
+	w.Close()
+	go func() {
+		sc := bufio.NewScanner(s.output)
+		for sc.Scan() {
+			t.Logf("run.sh: %s", sc.Text())
+			s.lines <- sc.Text()
+		}
+		close(s.lines)
+	}()
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.exited)
+	}()
+	return s
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor reads the script's output up to a line that holds text.
+func (s *runScript) waitFor(t *testing.T, text string) {
+	t.Helper()
+	timeout := time.After(2 * time.Minute)
+	for {
+		select {
+		case line, ok := <-s.lines:
+			if !ok {
+				t.Fatalf("make run ended before it wrote %q", text)
+			}
+			if strings.Contains(line, text) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("make run did not write %q within 2 minutes", text)
+		}
+	}
+}
+
+// waitExit waits for the script to end, as make waits for it.
+func (s *runScript) waitExit(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.exited:
+	case <-time.After(time.Minute):
+		t.Fatal("make run still runs a minute after its signal")
+	}
+}
+
+// left names what the script started and did not stop.
+func (s *runScript) left() []string {
+	var left []string
+	pids, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid"))
+	for _, file := range pids {
+		if pid := readPid(file); alive(pid) {
+			left = append(left, strings.TrimSuffix(filepath.Base(file), ".pid"))
+		}
+	}
+	if _, err := os.Stat(filepath.Join(s.root, ".run/pg/data/postmaster.pid")); err == nil {
+		left = append(left, "PostgreSQL")
+	}
+	if pid := readPid(filepath.Join(s.root, ".run/redis/redis.pid")); alive(pid) {
+		left = append(left, "Redis")
+	}
+	return left
+}
+
+// cleanUp stops what a failed test left running, and removes the folder.
+func (s *runScript) cleanUp(t *testing.T) {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+	pids, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid"))
+	for _, file := range append(pids, filepath.Join(s.root, ".run/redis/redis.pid")) {
+		if pid := readPid(file); alive(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	stop := exec.Command("bash", "-c", `. deploy/local/lib.sh && pg_stop .run/pg`)
+	stop.Dir = s.root
+	if out, err := stop.CombinedOutput(); err != nil {
+		t.Logf("pg_stop: %v: %s", err, out)
+	}
+	_ = os.RemoveAll(s.root)
+}
+
+func readPid(file string) int {
+	b, _ := os.ReadFile(file)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// alive reports whether pid runs: neither gone nor a zombie (a process
+// orphaned and ended may wait for a reaper).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+// Closing the terminal (an SSH session dropped) hangs up: the shell sends
+// SIGHUP to make run's script, whose every log line now fails. It still
+// stops what it started; the binaries, in sessions of their own, get no
+// SIGHUP of the terminal.
+func TestRunScriptStopsEverythingWhenTheTerminalHangsUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s := startRunScript(t, "")
+	s.waitFor(t, "Ctrl-C stops everything.")
+	s.output.Close() // the terminal is gone: writes to it fail
+	must(t, s.cmd.Process.Signal(syscall.SIGHUP))
+	s.waitExit(t)
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("make run ended on a hang-up and left %v running", left)
+	}
+}
+
+// A Ctrl-C (or TERM) while make run starts stops what is started, and
+// nothing more is started after it.
+func TestRunScriptStoppedDuringItsStartStartsNothingMore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s := startRunScript(t, "shop-schema") // make run waits for its health
+	s.waitFor(t, "shop-schema started")
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("make run stopped during its start left %v running", left)
+	}
+	if _, err := os.Stat(filepath.Join(s.stubs, "gateway.pid")); err == nil {
+		t.Error("make run stopped during its start went on to start the gateway")
+	}
+}
