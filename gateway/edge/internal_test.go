@@ -1083,3 +1083,30 @@ func accessLineOf(logs, requestID string) string {
 	}
 	return ""
 }
+
+// The series of an instance discovery removed go at the next change, even
+// those a request still in flight on it brought back with its failure
+// after the removal: pods rescheduled at every rollout would otherwise
+// pile up series for as long as the gateway runs.
+func TestSeriesOfRemovedInstancesGo(t *testing.T) {
+	m := newMetrics()
+	const up, a, b, c = "export-reader", "http://10.0.0.1:8081", "http://10.0.0.2:8081", "http://10.0.0.3:8081"
+	m.followInstances(up, []string{a, b})
+	m.followInstances(up, []string{b}) // a's pod is gone
+	m.upstreamErrors.WithLabelValues(up, a, "closed").Inc()
+	m.upstreamRetries.WithLabelValues(up, a, "closed").Inc()
+	m.followInstances(up, []string{b, c})
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, family := range families {
+		for _, metric := range family.GetMetric() {
+			for _, label := range metric.GetLabel() {
+				if label.GetName() == "upstream_instance" && label.GetValue() == a {
+					t.Errorf("%s keeps a series of %s, removed two changes ago: %v", family.GetName(), a, metric.GetLabel())
+				}
+			}
+		}
+	}
+}

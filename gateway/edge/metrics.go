@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // metrics are the gateway's Prometheus series, on a registry of its own.
@@ -26,16 +27,13 @@ type metrics struct {
 	upstreamRetries *prometheus.CounterVec
 	panics          prometheus.Counter
 
-	// seriesMu guards instanceSeries: the instances of each upstream
-	// whose series exist, which discovery changes.
-	seriesMu       sync.Mutex
-	instanceSeries map[string][]string
+	// seriesMu makes one followInstances at a time.
+	seriesMu sync.Mutex
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
-		registry:       prometheus.NewRegistry(),
-		instanceSeries: map[string][]string{},
+		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_http_requests_total", Help: "Requests answered, by route and status class.",
 		}, []string{"route", "status_class"}),
@@ -246,15 +244,16 @@ const noInstance = "none"
 // rescheduled to new addresses) do not pile up series for as long as the
 // gateway runs. A request in flight on a removed instance may bring its
 // series back with its failure; the next change of the set removes it
-// again.
+// again: the series to remove are read from the counters themselves, not
+// from the instances of the last change, which no longer hold that one.
 func (m *metrics) followInstances(up string, bases []string) {
 	m.seriesMu.Lock()
 	defer m.seriesMu.Unlock()
-	for _, old := range m.instanceSeries[up] {
-		if !slices.Contains(bases, old) {
-			gone := prometheus.Labels{"upstream": up, "upstream_instance": old}
-			m.upstreamErrors.DeletePartialMatch(gone)
-			m.upstreamRetries.DeletePartialMatch(gone)
+	for _, vec := range []*prometheus.CounterVec{m.upstreamErrors, m.upstreamRetries} {
+		for _, old := range instancesOf(vec, up) {
+			if old != noInstance && !slices.Contains(bases, old) {
+				vec.DeletePartialMatch(prometheus.Labels{"upstream": up, "upstream_instance": old})
+			}
 		}
 	}
 	for _, base := range bases {
@@ -265,7 +264,35 @@ func (m *metrics) followInstances(up string, bases []string) {
 			m.upstreamRetries.WithLabelValues(up, base, kind)
 		}
 	}
-	m.instanceSeries[up] = slices.Clone(bases)
+}
+
+// instancesOf returns the upstream_instance of each series of up in vec.
+func instancesOf(vec *prometheus.CounterVec, up string) []string {
+	collected := make(chan prometheus.Metric)
+	go func() {
+		vec.Collect(collected)
+		close(collected)
+	}()
+	var instances []string
+	for metric := range collected {
+		var series dto.Metric
+		if metric.Write(&series) != nil {
+			continue
+		}
+		var upstream, instance string
+		for _, label := range series.GetLabel() {
+			switch label.GetName() {
+			case "upstream":
+				upstream = label.GetValue()
+			case "upstream_instance":
+				instance = label.GetValue()
+			}
+		}
+		if upstream == up && !slices.Contains(instances, instance) {
+			instances = append(instances, instance)
+		}
+	}
+	return instances
 }
 
 // countKeyLookup returns the key cache's OnLookup: it counts hits and
