@@ -123,8 +123,9 @@ func newSigner(secret string) (*Signer, error) {
 // identity, so that identity headers captured on their way to a service
 // cannot be replayed on another route, item, query or Idempotency-Key: at
 // most the same request again, within MaxSkew, which for a sale replays its
-// stored answer. The body is not signed: after a 400, which binds nothing
-// to the Idempotency-Key, the same headers with another body could still run
+// stored answer. The body is not signed: after an answer that binds nothing
+// to the Idempotency-Key (a 400 or 413, or a 5xx whose statement was rolled
+// back), the same headers with another body could still run
 // (gateway README, "What the signature proves, and what not"). Target is the request-target as sent on the wire, path and
 // query byte for byte (a service reads it as http.Request.RequestURI).
 type Request struct {
