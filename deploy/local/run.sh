@@ -92,7 +92,7 @@ stop_all() {
 # a signal ignored when it started: such a make run (`make run &` in a
 # script) stops on TERM only.
 if [ -n "$(trap -p INT)" ]; then
-  log "SIGINT is ignored here (started in the background): stop with kill -TERM $$ (or its process group)"
+  log "SIGINT is ignored here (started in the background): stop with kill -TERM $$ (this script alone: its binaries must not be signalled twice)"
 fi
 # A signal during the start ends the script once everything is stopped:
 # returning to where the start was, it went on to start the rest (the
