@@ -296,6 +296,12 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		}
 		second = first
 	}
+	// The repeat is the request's last chance, so it goes out on a new
+	// connection: the first attempt failed most often because an instance
+	// is restarting, and in a rolling restart this one may have restarted
+	// just before, unseen by any probe, leaving connections kept alive
+	// from before that fail whatever is sent on them.
+	second.client.CloseIdleConnections()
 	resp.Reset()
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header, requestURI)

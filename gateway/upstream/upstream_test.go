@@ -146,6 +146,85 @@ func TestLoneInstanceRestartIsRetriedOnANewConnection(t *testing.T) {
 	}
 }
 
+// restartable is an HTTP server on a fixed loopback address that can be
+// stopped and started again there, as a service instance restarts.
+type restartable struct {
+	t    *testing.T
+	addr string
+	srv  *http.Server
+}
+
+func newRestartable(t *testing.T) *restartable {
+	r := &restartable{t: t, addr: testenv.FreeAddr(t)}
+	r.start()
+	t.Cleanup(func() { r.srv.Close() })
+	return r
+}
+
+func (r *restartable) url() string { return "http://" + r.addr }
+
+func (r *restartable) start() {
+	l, err := net.Listen("tcp", r.addr)
+	if err != nil {
+		r.t.Skipf("could not listen again on %s: %v", r.addr, err)
+	}
+	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})}
+	go r.srv.Serve(l)
+}
+
+// stop closes the listener and every connection, as a service that drains
+// on SIGTERM closes its idle ones.
+func (r *restartable) stop() { r.srv.Close() }
+
+// preferring returns an affinity whose first choice among u's instances is
+// the one at base (its rendezvous ranking), so that a test knows which
+// instance a request is sent to first.
+func preferring(t *testing.T, u *Upstream, base string) string {
+	for i := range 1000 {
+		affinity := "key-" + strconv.Itoa(i)
+		if u.rendezvous(nil, affinity).base == base {
+			return affinity
+		}
+	}
+	t.Fatalf("no affinity ranks %s first", base)
+	return ""
+}
+
+// get sends one GET with the given affinity, repeated as GETs are.
+func get(u *Upstream, affinity string) (int, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("GET")
+	_, err := u.Do(req, resp, "/v1/x", Repeat{IfClosed: true}, affinity)
+	return resp.StatusCode(), err
+}
+
+// A rolling restart: b restarted a moment ago, unseen (no probe, no
+// request since), and a is down now. A request sent to a first is refused
+// and sent again to b, which must not go out on a connection kept alive
+// from before b's restart: it did, and the client got a 502 in a drill
+// restarting export-reader and shop-schema instances one at a time.
+func TestARepeatGoesOutOnANewConnection(t *testing.T) {
+	a, b := newRestartable(t), newRestartable(t)
+	u, err := New("svc", []string{a.url(), b.url()}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	toA, toB := preferring(t, u, a.url()), preferring(t, u, b.url())
+	for _, affinity := range []string{toA, toB, toA, toB} { // kept-alive connections to both
+		if status, err := get(u, affinity); err != nil || status != 200 {
+			t.Fatalf("GET before the restarts = %d, %v; want 200", status, err)
+		}
+	}
+	b.stop()
+	b.start()
+	a.stop()
+	if status, err := get(u, toA); err != nil || status != 200 {
+		t.Fatalf("GET to a (down) after b restarted = %d, %v; want 200 from b", status, err)
+	}
+}
+
 // A request sent again is renewed first (the gateway signs its identity
 // again): the second instance sees the renewed header, the first did not.
 func TestRepeatIsRenewed(t *testing.T) {
