@@ -296,18 +296,16 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		}
 		second = first
 	}
-	// The repeat is the request's last chance, so it goes out on a new
-	// connection: the first attempt failed most often because an instance
-	// is restarting, and in a rolling restart this one may have restarted
-	// just before, unseen by any probe, leaving connections kept alive
-	// from before that fail whatever is sent on them.
-	second.client.CloseIdleConnections()
-	resp.Reset()
-	if repeat.Renew != nil {
-		repeat.Renew(&req.Header, requestURI)
-	}
 	out.Repeated = &FailedAttempt{Err: err, At: time.Now(), Instance: first.base}
-	err2 := u.send(second, req, resp, requestURI)
+	err2 := u.resend(second, req, resp, requestURI, repeat)
+	if errors.Is(err2, ErrUnreachable) && errors.Is(err, ErrClosed) && second != first {
+		// The other instance refused the repeat (it is restarting in
+		// turn), but the first one is up: it only dropped a kept-alive
+		// connection, as after a restart no probe saw. It is asked again,
+		// as a lone instance is; the repeat that never left sent nothing.
+		second = first
+		err2 = u.resend(first, req, resp, requestURI, repeat)
+	}
 	if errors.Is(err2, ErrUnreachable) && !errors.Is(err, ErrUnreachable) {
 		// The repeat never left, but the first attempt was sent and may
 		// have been applied: the outcome is the first's (a 504 or 502
@@ -316,6 +314,20 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	}
 	out.from(second)
 	return out, err2
+}
+
+// resend sends a request again, to inst, on a new connection. A repeat is
+// the request's last chance, and its first attempt failed most often
+// because an instance is restarting: in a rolling restart inst may have
+// restarted just before, unseen by any probe, and a connection kept alive
+// from before fails whatever is sent on it.
+func (u *Upstream) resend(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat) error {
+	inst.client.CloseIdleConnections()
+	resp.Reset()
+	if repeat.Renew != nil {
+		repeat.Renew(&req.Header, requestURI)
+	}
+	return u.send(inst, req, resp, requestURI)
 }
 
 // FailedAttempt is the first attempt's failure of a request that was sent

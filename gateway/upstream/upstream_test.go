@@ -225,6 +225,30 @@ func TestARepeatGoesOutOnANewConnection(t *testing.T) {
 	}
 }
 
+// A rolling restart: a restarted a moment ago, unseen, and b is down now.
+// A request sent to a first finds a's kept-alive connection closed, and b
+// refuses the repeat; a, which is up, must be asked again on a new
+// connection, as a lone instance is: the client got a 502 in the drill.
+func TestARepeatRefusedGoesBackToAnInstanceThatOnlyDroppedAConnection(t *testing.T) {
+	a, b := newRestartable(t), newRestartable(t)
+	u, err := New("svc", []string{a.url(), b.url()}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	toA, toB := preferring(t, u, a.url()), preferring(t, u, b.url())
+	for _, affinity := range []string{toA, toB, toA, toB} { // kept-alive connections to both
+		if status, err := get(u, affinity); err != nil || status != 200 {
+			t.Fatalf("GET before the restarts = %d, %v; want 200", status, err)
+		}
+	}
+	a.stop()
+	a.start()
+	b.stop()
+	if status, err := get(u, toA); err != nil || status != 200 {
+		t.Fatalf("GET to a after its restart, b down = %d, %v; want 200 from a", status, err)
+	}
+}
+
 // A request sent again is renewed first (the gateway signs its identity
 // again): the second instance sees the renewed header, the first did not.
 func TestRepeatIsRenewed(t *testing.T) {
