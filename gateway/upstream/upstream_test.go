@@ -200,23 +200,32 @@ func get(u *Upstream, affinity string) (int, error) {
 	return resp.StatusCode(), err
 }
 
+// twoInstancesWithKeptConnections is an upstream over two restartable
+// instances, a and b, with connections kept alive to both, and the
+// affinity key that sends a request to a first.
+func twoInstancesWithKeptConnections(t *testing.T) (a, b *restartable, u *Upstream, toA string) {
+	t.Helper()
+	a, b = newRestartable(t), newRestartable(t)
+	u, err := New("svc", []string{a.url(), b.url()}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	toA, toB := preferring(t, u, a.url()), preferring(t, u, b.url())
+	for _, affinity := range []string{toA, toB, toA, toB} {
+		if status, err := get(u, affinity); err != nil || status != 200 {
+			t.Fatalf("GET before the restarts = %d, %v; want 200", status, err)
+		}
+	}
+	return a, b, u, toA
+}
+
 // A rolling restart: b restarted a moment ago, unseen (no probe, no
 // request since), and a is down now. A request sent to a first is refused
 // and sent again to b, which must not go out on a connection kept alive
 // from before b's restart: it did, and the client got a 502 in a drill
 // restarting export-reader and shop-schema instances one at a time.
 func TestARepeatGoesOutOnANewConnection(t *testing.T) {
-	a, b := newRestartable(t), newRestartable(t)
-	u, err := New("svc", []string{a.url(), b.url()}, opts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	toA, toB := preferring(t, u, a.url()), preferring(t, u, b.url())
-	for _, affinity := range []string{toA, toB, toA, toB} { // kept-alive connections to both
-		if status, err := get(u, affinity); err != nil || status != 200 {
-			t.Fatalf("GET before the restarts = %d, %v; want 200", status, err)
-		}
-	}
+	a, b, u, toA := twoInstancesWithKeptConnections(t)
 	b.stop()
 	b.start()
 	a.stop()
@@ -230,17 +239,7 @@ func TestARepeatGoesOutOnANewConnection(t *testing.T) {
 // refuses the repeat; a, which is up, must be asked again on a new
 // connection, as a lone instance is: the client got a 502 in the drill.
 func TestARepeatRefusedGoesBackToAnInstanceThatOnlyDroppedAConnection(t *testing.T) {
-	a, b := newRestartable(t), newRestartable(t)
-	u, err := New("svc", []string{a.url(), b.url()}, opts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	toA, toB := preferring(t, u, a.url()), preferring(t, u, b.url())
-	for _, affinity := range []string{toA, toB, toA, toB} { // kept-alive connections to both
-		if status, err := get(u, affinity); err != nil || status != 200 {
-			t.Fatalf("GET before the restarts = %d, %v; want 200", status, err)
-		}
-	}
+	a, b, u, toA := twoInstancesWithKeptConnections(t)
 	a.stop()
 	a.start()
 	b.stop()
