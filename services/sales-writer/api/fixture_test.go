@@ -135,6 +135,7 @@ type call struct {
 	query       string // after "?" in the URL; none when empty
 	key         string
 	body        string
+	bodyReader  io.Reader       // read instead of body when set
 	contentType string          // application/json when empty; "-" sends none
 	header      http.Header     // extra headers, set last
 	ctx         context.Context // the request's; nil for a live one
@@ -151,7 +152,11 @@ func serve(t testing.TB, h http.Handler, signer *identity.Signer, c call) (*http
 	if c.query != "" {
 		target += "?" + c.query
 	}
-	req := httptest.NewRequest(http.MethodPost, target, strings.NewReader(c.body))
+	var body io.Reader = strings.NewReader(c.body)
+	if c.bodyReader != nil {
+		body = c.bodyReader
+	}
+	req := httptest.NewRequest(http.MethodPost, target, body)
 	switch c.contentType {
 	case "":
 		req.Header.Set("Content-Type", "application/json")

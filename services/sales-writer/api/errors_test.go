@@ -1,0 +1,114 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestRefusalsBeforeTheSaleOnTheWire pins, byte for byte, every answer
+// decided before the sale logic runs (the caller's identity, the query,
+// the headers, the body, the item id): status, body and headers. Other
+// tests check the code and a word of the message; a client may match the
+// whole message, and which function picks the status is no concern of it.
+func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	w := f.writer("market-a")
+	good := `{"external_order_id":"order-1"}`
+	anonymous := identity.Identity{RequestID: "req-anon"}
+	readOnly := w
+	readOnly.Scopes = []string{identity.ScopeExportRead}
+	noPlatform := w
+	noPlatform.PlatformID = ""
+	badOwner := w
+	badOwner.OwnerID = "not-a-uuid"
+
+	tests := []struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string
+		wantMsg    string
+	}{
+		{"anonymous", call{id: anonymous, key: "k", body: good}, 401, "unauthenticated", "this route needs an API key"},
+		{"anonymous with a bad body", call{id: anonymous, key: "k", body: "x"}, 401, "unauthenticated", "this route needs an API key"},
+		{"key without sales:write", call{id: readOnly, key: "k", body: good}, 403, "forbidden", "the API key lacks scope sales:write"},
+		{"key without platform", call{id: noPlatform, key: "k", body: good}, 403, "forbidden", "the API key is not bound to a platform"},
+		{"key of an invalid owner", call{id: badOwner, key: "k", body: good}, 403, "forbidden", "the API key is not bound to a valid owner"},
+		{"a query parameter", call{key: "k", body: good, query: "dry_run=1"}, 400, "invalid_parameter",
+			"the sale routes read no query parameters; the request is the JSON body"},
+		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type must be application/json"},
+		{"latin1 charset", call{key: "k", body: good, contentType: "application/json; charset=latin1"}, 400, "invalid_content_type",
+			"the body must be UTF-8 JSON"},
+		{"no key header", call{body: good}, 400, "invalid_idempotency_key", "the Idempotency-Key header is required"},
+		{"two keys", call{body: good, header: http.Header{"Idempotency-Key": {"k1", "k2"}}}, 400, "invalid_idempotency_key",
+			"send exactly one Idempotency-Key header"},
+		{"key not ASCII", call{key: "clé-1", body: good}, 400, "invalid_idempotency_key", "Idempotency-Key must be printable ASCII"},
+		{"key of 129 characters", call{key: strings.Repeat("k", 129), body: good}, 400, "invalid_idempotency_key",
+			"Idempotency-Key must be at most 128 characters"},
+		{"body too large", call{key: "k", body: `{"external_order_id":"o","x":"` + strings.Repeat("x", 20000) + `"}`}, 413, "payload_too_large",
+			"the body must be at most 16384 bytes"},
+		{"body unreadable", call{key: "k", bodyReader: iotest.ErrReader(iotest.ErrTimeout)}, 400, "invalid_body", "the body could not be read"},
+		{"empty body", call{key: "k", body: ""}, 400, "invalid_body", "the body must be a JSON object"},
+		{"trailing object", call{key: "k", body: good + `{}`}, 400, "invalid_body", "unexpected data after the JSON object"},
+		{"duplicate property", call{key: "k", body: `{"external_order_id":"o","external_order_id":"p"}`}, 400, "invalid_body",
+			`property "external_order_id" appears twice`},
+		{"unknown property", call{key: "k", body: `{"external_order_id":"o","platform_id":"market-b"}`}, 400, "invalid_body",
+			`unknown property "platform_id"`},
+		{"missing order id", call{key: "k", body: `{"quantity":1}`}, 400, "invalid_body", "external_order_id is required"},
+		{"order id number", call{key: "k", body: `{"external_order_id":12}`}, 400, "invalid_body", "external_order_id must be a string"},
+		{"order id empty", call{key: "k", body: `{"external_order_id":""}`}, 400, "invalid_body", "external_order_id must be 1 to 128 characters long"},
+		{"order id with NUL", call{key: "k", body: `{"external_order_id":"a\u0000b"}`}, 400, "invalid_body", "external_order_id must not contain NUL characters"},
+		{"quantity 2", call{key: "k", body: `{"external_order_id":"o","quantity":2}`}, 400, "invalid_body", "quantity must be the integer 1"},
+		{"unusable item id", call{item: strings.Repeat("i", 129), key: "k", body: good}, 404, "not_found", "export item not found"},
+	}
+	for _, op := range []string{"confirm", "cancel"} {
+		for _, tt := range tests {
+			t.Run(op+"/"+tt.name, func(t *testing.T) {
+				c := tt.c
+				c.op = op
+				if c.item == "" {
+					c.item = "coin-1"
+				}
+				if c.id.RequestID == "" {
+					c.id = w
+				}
+				rec, _ := f.do(t, c)
+				if rec.Code != tt.wantStatus {
+					t.Errorf("POST %s (%s) status = %d, want %d", op, tt.name, rec.Code, tt.wantStatus)
+				}
+				wantBody := `{"error":{"code":"` + tt.wantCode + `","message":` + jsonString(t, tt.wantMsg) +
+					`},"meta":{"request_id":"` + c.id.RequestID + `"}}`
+				if got := rec.Body.String(); got != wantBody {
+					t.Errorf("POST %s (%s) body = %s, want %s", op, tt.name, got, wantBody)
+				}
+				wantHeader := http.Header{
+					"Cache-Control": {"no-store"},
+					"Content-Type":  {"application/json; charset=utf-8"},
+					"X-Error-Code":  {tt.wantCode},
+					"X-Request-Id":  {c.id.RequestID},
+				}
+				if diff := cmp.Diff(wantHeader, rec.Header()); diff != "" {
+					t.Errorf("POST %s (%s) headers (-want +got):\n%s", op, tt.name, diff)
+				}
+			})
+		}
+	}
+}
+
+// jsonString is s as a JSON string.
+func jsonString(t *testing.T, s string) string {
+	t.Helper()
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
