@@ -86,21 +86,30 @@ func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.R
 	}, nil
 }
 
+// The caller's key cannot make a sale (spec 5); writeError answers each
+// 401 or 403 with its text.
+var (
+	errNoKey      = errors.New("this route needs an API key")
+	errNoScope    = errors.New("the API key lacks scope sales:write")
+	errNoPlatform = errors.New("the API key is not bound to a platform")
+	errNoOwner    = errors.New("the API key is not bound to a valid owner")
+)
+
 // caller checks what the gateway checks too (spec 5): a key, scope
 // sales:write and a platform bound to the key.
 func caller(r *http.Request) (identity.Identity, error) {
 	id, ok := identity.FromContext(r.Context())
 	if !ok || id.Anonymous() {
-		return id, &requestError{http.StatusUnauthorized, "unauthenticated", "this route needs an API key"}
+		return id, errNoKey
 	}
 	if !id.HasScope(identity.ScopeSalesWrite) {
-		return id, &requestError{http.StatusForbidden, "forbidden", "the API key lacks scope sales:write"}
+		return id, errNoScope
 	}
 	if id.PlatformID == "" {
-		return id, &requestError{http.StatusForbidden, "forbidden", "the API key is not bound to a platform"}
+		return id, errNoPlatform
 	}
 	if !isUUID(id.OwnerID) {
-		return id, &requestError{http.StatusForbidden, "forbidden", "the API key is not bound to a valid owner"}
+		return id, errNoOwner
 	}
 	return id, nil
 }
@@ -159,8 +168,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := httpserver.ReadBody(w, r, maxBodyBytes)
 	switch {
 	case errors.Is(err, httpserver.ErrBodyTooLarge):
-		return nil, &requestError{http.StatusRequestEntityTooLarge, "payload_too_large",
-			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes)}
+		return nil, err // 413, answered by writeError
 	case err != nil:
 		return nil, badRequest(codeInvalidBody, "the body could not be read")
 	}

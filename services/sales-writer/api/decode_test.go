@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/strictjson"
@@ -195,20 +195,20 @@ func allocatedBytes() uint64 {
 	return m.TotalAlloc
 }
 
-// wantRequestError fails t unless err is a request error of the status
-// and one of the codes.
+// wantRequestError fails t unless err, answered as the route answers it
+// (writeError), is the status with one of the codes and a message.
 func wantRequestError(t *testing.T, fn string, in any, err error, status int, codes ...string) {
 	t.Helper()
-	var re *requestError
-	if !errors.As(err, &re) {
-		t.Fatalf("%s(%q) = %T %v, want a *requestError", fn, in, err, err)
+	rec := httptest.NewRecorder()
+	h := &handler{log: slog.New(slog.DiscardHandler)}
+	code := h.writeError(rec, httptest.NewRequest(http.MethodPost, "/", nil), err)
+	var env envelope.Parsed
+	if jsonErr := json.Unmarshal(rec.Body.Bytes(), &env); jsonErr != nil || env.Error == nil {
+		t.Fatalf("%s(%q) = %v, answered %s, want an error envelope", fn, in, err, rec.Body)
 	}
-	known := false
-	for _, c := range codes {
-		known = known || re.code == c
-	}
-	if re.status != status || !known || re.message == "" {
-		t.Fatalf("%s(%q) = %d %q %q, want %d, one of %q, and a message", fn, in, re.status, re.code, re.message, status, codes)
+	if rec.Code != status || !slices.Contains(codes, code) || env.Error.Code != code || env.Error.Message == "" {
+		t.Fatalf("%s(%q) = %v, answered %d %q %q, want %d, one of %q, and a message",
+			fn, in, err, rec.Code, env.Error.Code, env.Error.Message, status, codes)
 	}
 }
 

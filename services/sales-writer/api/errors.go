@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/coinexport/export/pkg/envelope"
@@ -11,10 +12,9 @@ import (
 	"github.com/coinexport/export/services/sales-writer/sales"
 )
 
-// requestError is an answer decided before the sale logic runs: a bad
-// request, a missing scope, a body too large.
+// requestError is a 400 with its own error.code: input that decode refuses
+// before the sale logic runs.
 type requestError struct {
-	status  int
 	code    string
 	message string
 }
@@ -22,7 +22,20 @@ type requestError struct {
 func (e *requestError) Error() string { return e.message }
 
 func badRequest(code, message string) error {
-	return &requestError{status: http.StatusBadRequest, code: code, message: message}
+	return &requestError{code: code, message: message}
+}
+
+// callerErrors maps each refusal of the caller's key to its status and
+// code; the message is the error's text.
+var callerErrors = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{errNoKey, http.StatusUnauthorized, "unauthenticated"},
+	{errNoScope, http.StatusForbidden, "forbidden"},
+	{errNoPlatform, http.StatusForbidden, "forbidden"},
+	{errNoOwner, http.StatusForbidden, "forbidden"},
 }
 
 // saleErrors maps each error of the sale logic to its status and code.
@@ -53,8 +66,20 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	requestID := httpserver.RequestID(r)
 	var re *requestError
 	if errors.As(err, &re) {
-		envelope.WriteError(w, re.status, re.code, re.message, requestID)
+		envelope.WriteError(w, http.StatusBadRequest, re.code, re.message, requestID)
 		return re.code
+	}
+	for _, m := range callerErrors {
+		if errors.Is(err, m.err) {
+			envelope.WriteError(w, m.status, m.code, m.err.Error(), requestID)
+			return m.code
+		}
+	}
+	if errors.Is(err, httpserver.ErrBodyTooLarge) {
+		const code = "payload_too_large"
+		envelope.WriteError(w, http.StatusRequestEntityTooLarge, code,
+			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
+		return code
 	}
 	for _, m := range saleErrors {
 		if errors.Is(err, m.err) {
