@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
+	"github.com/coinexport/export/gateway/monotime"
 	"github.com/valyala/fasthttp"
 )
 
@@ -107,7 +107,7 @@ func TestAffinityRetriesARefusingInstanceElsewhere(t *testing.T) {
 			t.Fatalf("key-%d landed on %q; want the live instance", i, got)
 		}
 	}
-	if u.current()[0].upAt(time.Now().UnixNano()) {
+	if u.current()[0].upAt(monotime.Now()) {
 		t.Error("the refusing instance is not marked down")
 	}
 }

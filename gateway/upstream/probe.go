@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coinexport/export/gateway/monotime"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/valyala/fasthttp"
 )
@@ -58,7 +59,7 @@ func (u *Upstream) Probe(ctx context.Context, interval time.Duration) {
 	for {
 		for _, inst := range u.current() {
 			now := time.Now()
-			up := inst.upAt(now.UnixNano())
+			up := inst.upAt(monotime.Of(now))
 			if (up && now.Before(inst.nextProbe)) || inst.probing.Load() {
 				continue
 			}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/coinexport/export/gateway/lazydeadline"
+	"github.com/coinexport/export/gateway/monotime"
 	"github.com/valyala/fasthttp"
 )
 
@@ -87,7 +88,12 @@ type Instance struct {
 	// taken out under load or for long after a restart.
 	probe     *fasthttp.HostClient
 	signProbe func(h *fasthttp.RequestHeader) // Options.SignProbe
-	downUntil atomic.Int64                    // Unix ns; 0 = up; read by pick without a lock
+	// downUntil is the monotime.Instant the instance is out until (0 =
+	// up), read by pick without a lock: on the monotonic clock, so that a
+	// step of the wall clock neither keeps an instance out for as long as
+	// the clock went back (a probe left unanswered does not put it back)
+	// nor brings one that answers 5xx back at once.
+	downUntil atomic.Int64
 	// stateMu orders the changes of downUntil that are told with the
 	// telling, so that the last change told is the state in force: a
 	// request that saw a refusal and the prober that saw an answer may
@@ -394,7 +400,7 @@ func (u *Upstream) pick(not *Instance, affinity string) *Instance {
 	if affinity != "" {
 		return u.rendezvous(not, affinity)
 	}
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	instances := u.current()
 	n := uint64(len(instances))
 	// A repeat (not set) looks on from the first attempt's turn without
@@ -425,7 +431,7 @@ func (u *Upstream) pick(not *Instance, affinity string) *Instance {
 // only; here the set changes with every probe, so the ranking is done
 // over the live instances directly, with the same hash mixing.
 func (u *Upstream) rendezvous(not *Instance, affinity string) *Instance {
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	h := xxhash.Sum64String(affinity)
 	var best *Instance
 	var bestWeight uint64
@@ -450,8 +456,10 @@ func mix64(x uint64) uint64 {
 	return x * 2685821657736338717
 }
 
-// upAt reports whether the instance is not marked down at now (Unix ns).
-func (inst *Instance) upAt(now int64) bool { return inst.downUntil.Load() <= now }
+// upAt reports whether the instance is not marked down at now.
+func (inst *Instance) upAt(now monotime.Instant) bool {
+	return monotime.Instant(inst.downUntil.Load()) <= now
+}
 
 // reasonRefused is why an instance that refused a connection, to a
 // request or a probe alike, was taken out.
@@ -464,7 +472,7 @@ const reasonRefused = "it refused a connection"
 func (u *Upstream) markDown(inst *Instance, d time.Duration, reason string) {
 	inst.stateMu.Lock()
 	defer inst.stateMu.Unlock()
-	inst.downUntil.Store(time.Now().Add(d).UnixNano())
+	inst.downUntil.Store(int64(monotime.Now().Add(d)))
 	if !inst.toldDown || inst.toldReason != reason {
 		inst.toldDown, inst.toldReason = true, reason
 		u.tell(inst, false, reason)
@@ -491,7 +499,7 @@ func (u *Upstream) tell(inst *Instance, up bool, reason string) {
 // Instances counts the upstream's instances, and those of them that are up
 // (not marked down), now.
 func (u *Upstream) Instances() (up, all int) {
-	now := time.Now().UnixNano()
+	now := monotime.Now()
 	instances := u.current()
 	for _, inst := range instances {
 		if inst.upAt(now) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/gateway/monotime"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/valyala/fasthttp"
 )
@@ -403,7 +404,7 @@ func TestJudgeCountsUnansweredProbesInARow(t *testing.T) {
 	}
 	for i, step := range steps {
 		u.judge(inst, step.verdict, "its health probe was answered 503", time.Second)
-		if got := inst.upAt(time.Now().UnixNano()); got != step.up {
+		if got := inst.upAt(monotime.Now()); got != step.up {
 			t.Fatalf("after step %d (verdict %d): up = %v, want %v", i+1, step.verdict, got, step.up)
 		}
 	}
@@ -422,17 +423,40 @@ func TestUnansweredProbesDoNotKeepAnInstanceOut(t *testing.T) {
 	inst := u.current()[0]
 	const interval = time.Millisecond
 	u.judge(inst, probeFailed, "its health probe was answered 503", interval)
-	if inst.upAt(time.Now().UnixNano()) {
+	if inst.upAt(monotime.Now()) {
 		t.Fatal("after a failed probe: up, want out")
 	}
 	u.judge(inst, probeUnanswered, "", interval)
 	time.Sleep(5 * time.Millisecond) // past interval + DownFor
-	if !inst.upAt(time.Now().UnixNano()) {
+	if !inst.upAt(monotime.Now()) {
 		t.Error("an unanswered probe kept the instance out past its time out")
 	}
 	u.judge(inst, probeFailed, "its health probe was answered 503", interval)
-	if inst.upAt(time.Now().UnixNano()) {
+	if inst.upAt(monotime.Now()) {
 		t.Error("after another failed probe: up, want out")
+	}
+}
+
+// An instance is out for its time on the monotonic clock, whatever the wall
+// clock does meanwhile: kept in Unix time, an NTP step back of an hour kept
+// an instance whose probes went unanswered out for that hour, and a step
+// forward brought one that answers 5xx back at once.
+func TestAnInstanceIsOutForItsTimeOnTheMonotonicClock(t *testing.T) {
+	u, err := New("svc", []string{closedAddr(t)}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := u.current()[0]
+	u.markDown(inst, time.Hour, reasonRefused)
+	now := monotime.Now()
+	if inst.upAt(now) {
+		t.Error("upAt(now) just after being taken out for an hour = up, want out")
+	}
+	if inst.upAt(now.Add(time.Hour - time.Second)) {
+		t.Error("upAt(59m59s later) = up, want out")
+	}
+	if !inst.upAt(now.Add(time.Hour + time.Second)) {
+		t.Error("upAt(an hour and a second later) = out, want up")
 	}
 }
 
@@ -652,7 +676,7 @@ func TestSilentPeersDoNotDelayARecheck(t *testing.T) {
 			}
 		}
 	}
-	out := func() bool { return !answering.upAt(time.Now().UnixNano()) }
+	out := func() bool { return !answering.upAt(monotime.Now()) }
 	waitUntil("taken out by its 503", 5*time.Second, out)
 	status.Store(200)
 	waitUntil("put back once it answers", 4*downRecheck, func() bool { return !out() })
