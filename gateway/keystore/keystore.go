@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coinexport/export/gateway/monotime"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -96,12 +97,16 @@ type Store struct {
 	listening atomic.Bool
 	// heardAt is the last moment the listener was known to hear
 	// revocations (LISTEN, a notification, an answered ping, the server
-	// closing the connection; Unix ns), and
+	// closing the connection), and
 	// lostAt its value when the listener was found lost (0 if it never
 	// listened): every revocation made before lostAt was heard, so an
 	// entry is current as of then, whenever it was fetched. A connection
 	// that died silently is found lost up to idleCheck and a ping later,
-	// and lostAt is still the moment it last answered.
+	// and lostAt is still the moment it last answered. Both are
+	// monotime.Instants: in Unix time, a wall clock stepped back while the
+	// listener was away had cached keys trusted for KEY_CACHE_TTL instead
+	// of UnheardTTL (a revocation applied that much later), and one
+	// stepped forward had every cached key looked up again at once.
 	heardAt, lostAt atomic.Int64
 }
 
@@ -231,8 +236,12 @@ func (s *Store) cached(hash apikey.Hash, now time.Time) (entry, bool) {
 		// many, for as long as the entry is not evicted.
 		return e, true
 	}
-	return e, s.opts.fresh(e.fetched, now, s.listening.Load(), time.Unix(0, s.lostAt.Load()))
+	return e, s.opts.fresh(e.fetched, now, s.listening.Load(), s.lost())
 }
+
+// lost is lostAt as a time with a monotonic reading, so that fresh
+// compares it with the fetch and now on the monotonic clock.
+func (s *Store) lost() time.Time { return monotime.Instant(s.lostAt.Load()).Time() }
 
 // fresh reports whether an entry fetched at fetched may be trusted at now:
 // for TTL while the listener hears revocations, and while it does not, for

@@ -321,7 +321,7 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	}
 	waitFor(t, func() bool { return !store.Listening() })
 	// The server closed the connection: everything before was heard.
-	if lost := time.Unix(0, store.lostAt.Load()); lost.Before(terminated) {
+	if lost := store.lost(); lost.Before(terminated) {
 		t.Errorf("the listener was recorded as last hearing at %v, before the server closed it (%v)", lost, terminated)
 	}
 	waitFor(t, store.Listening)
@@ -410,6 +410,21 @@ func TestFreshness(t *testing.T) {
 		if got := o.fresh(tt.fetched, tt.now, tt.listening, tt.lost); got != tt.want {
 			t.Errorf("%s: fresh = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// The moment the listener was last heard is kept on the monotonic clock:
+// freshness compares it with the fetch and now without reading the wall
+// clock, which may have stepped meanwhile (kept in Unix time, it had no
+// monotonic reading, and a step back of an hour had cached keys trusted
+// for KEY_CACHE_TTL after the listener was lost, not UnheardTTL).
+func TestListenerLostAtIsOnTheMonotonicClock(t *testing.T) {
+	store := New(nil, Options{TTL: 30 * time.Second, UnheardTTL: time.Second, MaxEntries: 1})
+	heardAt := time.Now()
+	store.heard(heardAt)
+	store.lostAt.Store(store.heardAt.Load()) // as Listen does when the connection fails
+	if lost := store.lost(); !lost.Equal(heardAt) || !strings.Contains(lost.String(), "m=") {
+		t.Errorf("lost() = %v, want %v with a monotonic reading (m=)", lost, heardAt)
 	}
 }
 

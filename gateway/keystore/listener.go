@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/coinexport/export/gateway/monotime"
 )
 
 // RevocationChannel is the channel the api_keys trigger notifies, with the
@@ -119,7 +121,7 @@ const idleCheck = 20 * time.Second
 
 // heard records that the listener was hearing revocations at t: every one
 // made before t has been applied.
-func (s *Store) heard(t time.Time) { s.heardAt.Store(t.UnixNano()) }
+func (s *Store) heard(t time.Time) { s.heardAt.Store(int64(monotime.Of(t))) }
 
 // heardUntilClosed records, for a connection that failed with err, that it
 // was hearing until now if the server closed it (a restart, a terminated
