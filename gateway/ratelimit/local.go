@@ -35,6 +35,7 @@ func (l *Local) Take(op Op, now time.Time) Taken {
 	ms := now.UnixMilli()
 	current, oldest := ms/width, floorDiv(ms-window, width)
 	buckets := slices.DeleteFunc(l.windows[op.Key], func(b bucket) bool { return b.index < oldest })
+	bringBack(buckets, current)
 	var total int64
 	for _, b := range buckets {
 		total += b.count
@@ -59,6 +60,17 @@ func (l *Local) Take(op Op, now time.Time) Taken {
 		RetryAfter: retryAfter(buckets, total, op.Rate.Limit, window, width, ms),
 		ResetAfter: resetAfter(buckets, window, width, ms),
 		Now:        time.UnixMilli(ms),
+	}
+}
+
+// bringBack moves the buckets after current into it, as the script does:
+// the clock stepped back (NTP, a VM resumed), and their requests must
+// leave the window one window from now, not once the clock has caught up
+// with them. The buckets stay in order, since those after current were
+// the last ones.
+func bringBack(buckets []bucket, current int64) {
+	for i := range buckets {
+		buckets[i].index = min(buckets[i].index, current)
 	}
 }
 

@@ -135,6 +135,37 @@ func TestRetryAfterIsWhenARequestPasses(t *testing.T) {
 	}
 }
 
+// A clock stepped back (an NTP correction, a VM resumed: Redis's clock, or
+// the instance's for the fallback) locks no client out until it catches
+// up: what was counted "after" now counts as now's, so it still counts, and
+// leaves the window one window from now. Before, a client that had used
+// its limit was refused for as long as the clock stepped back, an hour here.
+func TestAClockSteppedBackLocksNoClientOutForTheStep(t *testing.T) {
+	rate := mustRate(t, "5-S")
+	clk := &clock{}
+	for name, take := range takers(t, clk) {
+		t.Run(name, func(t *testing.T) {
+			clk.set(time.Unix(1_900_000_300, 500_000_000))
+			for range 5 {
+				take(Op{Key: "stepped", Rate: rate, Cost: 1})
+			}
+			clk.add(-time.Hour)
+			refused := take(Op{Key: "stepped", Rate: rate, Cost: 1})
+			longest := rate.Period + rate.Period/Buckets
+			if refused.Admitted != 0 || refused.RetryAfter <= 0 || refused.RetryAfter > longest {
+				t.Fatalf("Take just after the clock stepped back an hour, 5 counted = %+v, want refused with 0 < RetryAfter <= %v", refused, longest)
+			}
+			if refused.ResetAfter > longest {
+				t.Errorf("ResetAfter = %v, want at most %v", refused.ResetAfter, longest)
+			}
+			clk.add(refused.RetryAfter)
+			if got := take(Op{Key: "stepped", Rate: rate, Cost: 1}); got.Admitted != 1 {
+				t.Errorf("Take at RetryAfter (%v) = %+v, want admitted", refused.RetryAfter, got)
+			}
+		})
+	}
+}
+
 func TestKeysAreIndependent(t *testing.T) {
 	rate := mustRate(t, "2-M")
 	clk := &clock{}

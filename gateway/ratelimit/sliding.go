@@ -32,6 +32,11 @@ const Buckets = 60
 // First it takes back ARGV[6] units from bucket ARGV[7]: a lease's units that
 // expired unused, never served. A bucket holding fewer than that (gone, or a
 // Redis that lost its data) is left alone, so nothing is freed that was used.
+// A bucket after the current one (Redis's clock stepped back: NTP, a VM
+// resumed) is moved into the current one: its requests still count, and
+// leave the window one window from now, not once the clock has caught up
+// with them, which refused a client that had used its limit for as long
+// as the clock stepped back.
 //
 // KEYS[1] window hash
 // ARGV[1] window ms, ARGV[2] bucket width ms, ARGV[3] limit, ARGV[4] cost
@@ -67,6 +72,11 @@ for i = 1, #fields, 2 do
     redis.call('HDEL', KEYS[1], fields[i])
   else
     local c = tonumber(fields[i + 1])
+    if b > current then
+      redis.call('HDEL', KEYS[1], fields[i])
+      redis.call('HINCRBY', KEYS[1], string.format('%d', current), c)
+      b = current
+    end
     total = total + c
     buckets[#buckets + 1] = {b, c}
   end
