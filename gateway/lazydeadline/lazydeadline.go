@@ -50,6 +50,11 @@ type Conn struct {
 // connection holds. mu orders handing deadlines to the connection, so that
 // an interrupt from another goroutine is never overwritten by an older
 // deadline that a Read or Write was applying at the same moment.
+//
+// Unix time reads the wall clock, which may step (NTP, a VM resumed), but
+// only between the set and the next Read or Write, which fasthttp does at
+// once: the connection then turns the deadline into a wait on the
+// monotonic clock, which no later step moves.
 type deadline struct {
 	wanted, applied atomic.Int64
 	mu              sync.Mutex
