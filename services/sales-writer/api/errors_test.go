@@ -22,6 +22,7 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 	f.addItem(t, f.owner, "coin-1", true)
 	w := f.writer("market-a")
 	good := `{"external_order_id":"order-1"}`
+	const useUTF8 = "; send the JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)"
 	anonymous := identity.Identity{RequestID: "req-anon"}
 	readOnly := w
 	readOnly.Scopes = []string{identity.ScopeExportRead}
@@ -67,6 +68,19 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 		{"order id empty", call{key: "k", body: `{"external_order_id":""}`}, 400, "invalid_body", "external_order_id must be 1 to 128 characters long"},
 		{"order id with NUL", call{key: "k", body: `{"external_order_id":"a\u0000b"}`}, 400, "invalid_body", "external_order_id must not contain NUL characters"},
 		{"quantity 2", call{key: "k", body: `{"external_order_id":"o","quantity":2}`}, 400, "invalid_body", "quantity must be the integer 1"},
+		{"not JSON", call{key: "k", body: `{"external_order_id":}`}, 400, "invalid_body", "the body is not valid JSON"},
+		{"array", call{key: "k", body: `[]`}, 400, "invalid_body", "the body must be a JSON object"},
+		{"not UTF-8", call{key: "k", body: "{\"external_order_id\":\"o\xff\"}"}, 400, "invalid_body", "the body is not valid UTF-8"},
+		{"lone surrogate", call{key: "k", body: `{"external_order_id":"\ud800"}`}, 400, "invalid_body",
+			`a string in the body holds a lone surrogate escape (\ud800 to \udfff not in a pair)`},
+		{"UTF-8 byte order mark", call{key: "k", body: "\xef\xbb\xbf" + good}, 400, "invalid_body",
+			"the body starts with a byte order mark" + useUTF8},
+		{"UTF-16 byte order mark", call{key: "k", body: "\xff\xfe{\x00}\x00"}, 400, "invalid_body",
+			"the body is UTF-16 (it starts with a byte order mark)" + useUTF8},
+		{"UTF-32 byte order mark", call{key: "k", body: "\xff\xfe\x00\x00{\x00\x00\x00"}, 400, "invalid_body",
+			"the body is UTF-32 (it starts with a byte order mark)" + useUTF8},
+		{"UTF-16 without a byte order mark", call{key: "k", body: "{\x00}\x00"}, 400, "invalid_body",
+			"the body is UTF-16 or UTF-32 (NUL bytes around its first character)" + useUTF8},
 		{"unusable item id", call{item: strings.Repeat("i", 129), key: "k", body: good}, 404, "not_found", "export item not found"},
 	}
 	for _, op := range []string{"confirm", "cancel"} {
