@@ -2,13 +2,16 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -92,6 +95,28 @@ func TestFreeAddrNeverRepeats(t *testing.T) {
 			t.Fatalf("FreeAddr returned %s twice", addr)
 		}
 		seen[addr] = true
+	}
+}
+
+// RefusingAddr's port refuses connections, and no listener can take it
+// while the test runs: one from FreeAddr, closed, could be taken by any
+// process's next listen, and the instance meant to be down then answered.
+func TestRefusingAddrCannotBeTaken(t *testing.T) {
+	addr := RefusingAddr(t)
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("RefusingAddr() = %q, want a loopback address", addr)
+	}
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("another listener took %s, want the port held until the test ends", addr)
+	}
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err == nil {
+		conn.Close()
+		t.Fatalf("a connection to %s was accepted, want it refused", addr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("Dial(%s) = %v, want connection refused", addr, err)
 	}
 }
 
