@@ -194,8 +194,8 @@ func slowUpstream(t *testing.T, delay time.Duration) *httptest.Server {
 	return srv
 }
 
-// closedURL is an http URL nothing listens on.
-func closedURL(t *testing.T) string { return "http://" + testenv.FreeAddr(t) }
+// closedURL is an http URL nothing listens on, nor can until the test ends.
+func closedURL(t *testing.T) string { return "http://" + testenv.RefusingAddr(t) }
 
 // response is a decoded gateway answer.
 type response struct {

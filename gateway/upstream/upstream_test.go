@@ -35,8 +35,8 @@ func TestNewRejectsBadURLs(t *testing.T) {
 	}
 }
 
-// closedAddr is an http URL nothing listens on.
-func closedAddr(t *testing.T) string { return "http://" + testenv.FreeAddr(t) }
+// closedAddr is an http URL nothing listens on, nor can until the test ends.
+func closedAddr(t *testing.T) string { return "http://" + testenv.RefusingAddr(t) }
 
 func send(u *Upstream, repeat Repeat) (bool, int, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()

@@ -48,7 +48,7 @@ func TestUnreachableClassifiesErrors(t *testing.T) {
 // the session under a pool's feet, is read as unreachable.
 func TestUnreachableOnRealFailures(t *testing.T) {
 	ctx := context.Background()
-	nobody := "postgres://postgres@" + testenv.FreeAddr(t) + "/postgres?connect_timeout=2"
+	nobody := "postgres://postgres@" + testenv.RefusingAddr(t) + "/postgres?connect_timeout=2"
 	conn, err := pgconn.Connect(ctx, nobody)
 	if err == nil {
 		conn.Close(ctx)

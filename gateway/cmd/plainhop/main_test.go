@@ -117,4 +117,4 @@ func TestUpstreamIsRequired(t *testing.T) {
 }
 
 // refusedUpstream returns the base URL of an address nothing listens on.
-func refusedUpstream(t *testing.T) string { return "http://" + testenv.FreeAddr(t) }
+func refusedUpstream(t *testing.T) string { return "http://" + testenv.RefusingAddr(t) }

@@ -537,7 +537,7 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
-	down := newHandler(t, openPool(t, "postgres://postgres@"+testenv.FreeAddr(t)+"/postgres?connect_timeout=2"), defaultRetention)
+	down := newHandler(t, openPool(t, "postgres://postgres@"+testenv.RefusingAddr(t)+"/postgres?connect_timeout=2"), defaultRetention)
 	for _, op := range []string{"confirm", "cancel"} {
 		rec, env := serve(t, down, f.signer, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
 		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||

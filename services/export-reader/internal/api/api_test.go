@@ -448,7 +448,7 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.FreeAddr(t)+"/postgres?connect_timeout=2")
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.RefusingAddr(t)+"/postgres?connect_timeout=2")
 	if err != nil {
 		t.Fatal(err)
 	}
