@@ -273,7 +273,7 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 		resp.Body.Close()
 		status <- resp.StatusCode
 	}()
-	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	waitInFlight(t, g, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := g.Shutdown(ctx); err != nil {
@@ -330,7 +330,7 @@ func TestDrainedAnswerClosesItsConnection(t *testing.T) {
 	if _, err := io.WriteString(conn, req); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	waitInFlight(t, g, 1)
 	stopped := make(chan error, 1)
 	go func() { stopped <- g.Shutdown(context.Background()) }()
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -423,11 +423,26 @@ func shutDownCuttingOffOne(t *testing.T, g *Gateway, key string) {
 			resp.Body.Close()
 		}
 	}()
-	time.Sleep(200 * time.Millisecond) // the request is now waiting on the upstream
+	waitInFlight(t, g, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := g.Shutdown(ctx); err == nil {
 		t.Error("Shutdown() = nil with a request still in flight at its deadline, want an error")
+	}
+}
+
+// waitInFlight waits until g has n requests in its handler, so that a stop
+// comes while they are in flight (startWithHook's upstream answers a slow
+// one 0.5 s after it arrives). A fixed 200 ms for the client's goroutine
+// to get its request there was too short on a loaded machine: the stop
+// came first, and the request was refused, or the drain had nothing to
+// wait for.
+func waitInFlight(t *testing.T, g *Gateway, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); g.inFlight.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests in flight after 10 s, want %d", g.inFlight.Load(), n)
+		}
 	}
 }
 
