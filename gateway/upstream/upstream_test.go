@@ -422,17 +422,26 @@ func TestUnansweredProbesDoNotKeepAnInstanceOut(t *testing.T) {
 	}
 	inst := u.current()[0]
 	const interval = time.Millisecond
+	out := interval + o.DownFor
+	// Each check asks about an instant read before or between the
+	// judgements, not about the moment it runs: a goroutine descheduled
+	// for the 2 ms between a judgement and its check (a loaded machine)
+	// found the instance back already. Sleeping longer changes nothing.
+	failed := monotime.Now()
 	u.judge(inst, probeFailed, "its health probe was answered 503", interval)
-	if inst.upAt(monotime.Now()) {
-		t.Fatal("after a failed probe: up, want out")
+	if inst.upAt(failed.Add(out - 1)) {
+		t.Fatal("after a failed probe: up before its time out ends, want out")
 	}
+	judged := monotime.Now()
+	time.Sleep(time.Millisecond) // the unanswered probe comes later: its own time out would end later
 	u.judge(inst, probeUnanswered, "", interval)
-	time.Sleep(5 * time.Millisecond) // past interval + DownFor
-	if !inst.upAt(monotime.Now()) {
+	if !inst.upAt(judged.Add(out)) {
 		t.Error("an unanswered probe kept the instance out past its time out")
 	}
+	time.Sleep(5 * time.Millisecond) // past the time out
+	again := monotime.Now()
 	u.judge(inst, probeFailed, "its health probe was answered 503", interval)
-	if inst.upAt(monotime.Now()) {
+	if inst.upAt(again.Add(out - 1)) {
 		t.Error("after another failed probe: up, want out")
 	}
 }
