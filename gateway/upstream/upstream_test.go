@@ -308,7 +308,7 @@ func TestRepeatRefusedKeepsTheFirstFailure(t *testing.T) {
 // often it is marked down again after that, by failed probes), up when its
 // probe answers again.
 func TestStateChangesAreToldOnceEach(t *testing.T) {
-	addr := testenv.FreeAddr(t)
+	addr, listen := testenv.RefusingUntilListen(t)
 	changes := make(chan StateChange, 16)
 	o := opts()
 	o.OnStateChange = func(c StateChange) { changes <- c }
@@ -323,12 +323,8 @@ func TestStateChangesAreToldOnceEach(t *testing.T) {
 	defer stop()
 	go u.Probe(ctx, 20*time.Millisecond)
 	time.Sleep(150 * time.Millisecond) // failed probes mark it down again
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	srv.Listener = l
+	srv.Listener = listen() // the port no other process could take meanwhile
 	srv.Start()
 	defer srv.Close()
 

@@ -120,6 +120,40 @@ func TestRefusingAddrCannotBeTaken(t *testing.T) {
 	}
 }
 
+// RefusingUntilListen's address refuses connections until listen, then
+// answers on the same port, which no other listener could take between.
+func TestRefusingUntilListenAnswersOnItsAddress(t *testing.T) {
+	addr, listen := RefusingUntilListen(t)
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("another listener took %s before listen, want the port held", addr)
+	}
+	if conn, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+		conn.Close()
+		t.Fatalf("a connection to %s was accepted before listen, want it refused", addr)
+	}
+	l := listen()
+	if got := l.Addr().String(); got != addr {
+		t.Fatalf("listener on %s, want %s", got, addr)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		conn, err := l.Accept()
+		if err == nil {
+			conn.Close()
+		}
+		accepted <- err
+	}()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("Dial(%s) after listen = %v, want a connection", addr, err)
+	}
+	conn.Close()
+	if err := <-accepted; err != nil {
+		t.Fatalf("Accept() = %v", err)
+	}
+}
+
 // TestPostgresSocketIsPrivate: the clusters of make run, make test and
 // testenv trust whoever connects as the superuser, so their Unix socket
 // must be closed to other local accounts (before, it was 0777: any account
