@@ -1,8 +1,8 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -49,13 +49,49 @@ func build(t *testing.T) string {
 }
 
 // startStack starts the services and the gateway against dsn and redisURL.
+// Their ports come from FreeAddr: free when chosen, but open to any
+// process until the binary binds them, and another test binary running
+// beside this one can take one meanwhile ("address already in use"). A
+// stack one of whose processes exits before the stack is healthy is
+// therefore stopped and started again on new ports, up to three times.
 func startStack(t *testing.T, dsn, redisURL string) *stack {
 	t.Helper()
 	bin := build(t)
 	store := tracestore.New(nil, 0)
 	receiver := httptest.NewServer(store)
 	t.Cleanup(receiver.Close)
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		s, exited, stop := launch(t, bin, receiver.URL, dsn, redisURL)
+		s.traces = store
+		err := s.waitHealthy(exited)
+		if err == nil {
+			t.Cleanup(stop)
+			return s
+		}
+		stop()
+		if !errors.Is(err, errExited) || attempt == attempts {
+			for name, l := range s.logs {
+				t.Logf("%s output:\n%s", name, l.String())
+			}
+			t.Fatal(err)
+		}
+		t.Logf("stack attempt %d: %v; starting it again on new ports. Its output:", attempt, err)
+		for name, l := range s.logs {
+			t.Logf("%s:\n%s", name, l.String())
+		}
+	}
+}
 
+// errExited is a process of the stack that ended before the stack was
+// healthy.
+var errExited = errors.New("a process of the stack exited")
+
+// launch starts the four binaries on new ports, exporting their spans to
+// receiverURL. exited receives the name of each process that ends; stop
+// ends them all (TERM, then KILL after 10 s) and waits for them.
+func launch(t *testing.T, bin, receiverURL, dsn, redisURL string) (s *stack, exited <-chan string, stop func()) {
+	t.Helper()
 	addr, admin := map[string]string{}, map[string]string{}
 	for name := range binaries {
 		addr[name], admin[name] = testenv.FreeAddr(t), testenv.FreeAddr(t)
@@ -66,7 +102,7 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 		"REDIS_URL=" + redisURL,
 		"IDENTITY_SECRET=e2e-identity-secret-0123456789abcdef",
 		"CURSOR_SECRET=e2e-cursor-secret-0123456789abcdefgh",
-		"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiver.URL,
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiverURL,
 		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
 		"OTEL_BSP_SCHEDULE_DELAY=100",
 		"LOG_LEVEL=info",
@@ -82,7 +118,14 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 			"SHOP_SCHEMA_URLS=http://" + addr["shop-schema"],
 		},
 	}
-	s := &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: store, logs: map[string]*testenv.Output{}, admin: admin}
+	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", logs: map[string]*testenv.Output{}, admin: admin}
+	ended := make(chan string, len(binaries))
+	var stops []func()
+	stop = func() { // newest first: the gateway before the services it calls
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
 	for _, name := range []string{"export-reader", "sales-writer", "shop-schema", "gateway"} {
 		logs := &testenv.Output{}
 		s.logs[name] = logs
@@ -90,43 +133,48 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 		cmd.Env = append(append([]string{}, common...), own[name]...)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
+			stop()
 			t.Fatalf("start %s: %v", name, err)
 		}
-		t.Cleanup(func() {
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done); ended <- name }()
+		stops = append(stops, func() {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
 			select {
 			case <-done:
 			case <-time.After(10 * time.Second):
 				_ = cmd.Process.Kill()
+				<-done
 			}
 		})
 	}
-	s.waitHealthy(t)
-	return s
+	return s, ended, stop
 }
 
-func (s *stack) waitHealthy(t *testing.T) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
-		if s.allChecksOK() {
-			return
+// waitHealthy waits up to 30 s for the stack to be healthy, and gives up
+// at once when one of its processes exits.
+func (s *stack) waitHealthy(exited <-chan string) error {
+	deadline := time.After(30 * time.Second)
+	for !s.allChecksOK() {
+		select {
+		case name := <-exited:
+			return fmt.Errorf("%w before it was healthy: %s", errExited, name)
+		case <-deadline:
+			return errors.New("the stack did not become healthy within 30 s")
+		case <-time.After(100 * time.Millisecond):
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	for name, l := range s.logs {
-		t.Logf("%s output:\n%s", name, l.String())
-	}
-	t.Fatal(fmt.Errorf("the stack did not become healthy within 30 s"))
+	return nil
 }
+
+// healthClient gives up on a health check that gets no answer: a port
+// taken by another process may accept the connection and say nothing.
+var healthClient = &http.Client{Timeout: 2 * time.Second}
 
 // allChecksOK reports whether /v1/health answers 200 with every dependency
 // and upstream "ok" (the gateway answers 200 even while some are down).
 func (s *stack) allChecksOK() bool {
-	resp, err := http.Get(s.baseURL + "/health")
+	resp, err := healthClient.Get(s.baseURL + "/health")
 	if err != nil {
 		return false
 	}
@@ -145,4 +193,17 @@ func (s *stack) allChecksOK() bool {
 		}
 	}
 	return true
+}
+
+// waitHealthy gives up as soon as a process of the stack exits (the stack
+// is then started again on new ports), not after its 30 s.
+func TestWaitHealthyGivesUpWhenAProcessExits(t *testing.T) {
+	s := &stack{baseURL: "http://" + testenv.RefusingAddr(t) + "/v1"}
+	exited := make(chan string, 1)
+	exited <- "export-reader"
+	began := time.Now()
+	err := s.waitHealthy(exited)
+	if !errors.Is(err, errExited) || time.Since(began) > 10*time.Second {
+		t.Fatalf("waitHealthy with a process exited = %v after %v, want errExited at once", err, time.Since(began))
+	}
 }
