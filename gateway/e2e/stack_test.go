@@ -35,7 +35,8 @@ type stack struct {
 	admin   map[string]string // each binary's admin listener, which serves /metrics
 }
 
-// build compiles every binary once per test binary run.
+// build compiles every binary of one stack into a temporary folder (Go's
+// build cache makes every build after a test binary's first one quick).
 func build(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -62,8 +63,7 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 	t.Cleanup(receiver.Close)
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
-		s, exited, stop := launch(t, bin, receiver.URL, dsn, redisURL)
-		s.traces = store
+		s, exited, stop := launch(t, bin, receiver.URL, store, dsn, redisURL)
 		err := s.waitHealthy(exited)
 		if err == nil {
 			t.Cleanup(stop)
@@ -88,9 +88,9 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 var errExited = errors.New("a process of the stack exited")
 
 // launch starts the four binaries on new ports, exporting their spans to
-// receiverURL. exited receives the name of each process that ends; stop
+// receiverURL, which stores them in traces. exited receives the name of each process that ends; stop
 // ends them all (TERM, then KILL after 10 s) and waits for them.
-func launch(t *testing.T, bin, receiverURL, dsn, redisURL string) (s *stack, exited <-chan string, stop func()) {
+func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn, redisURL string) (s *stack, exited <-chan string, stop func()) {
 	t.Helper()
 	addr, admin := map[string]string{}, map[string]string{}
 	for name := range binaries {
@@ -118,7 +118,7 @@ func launch(t *testing.T, bin, receiverURL, dsn, redisURL string) (s *stack, exi
 			"SHOP_SCHEMA_URLS=http://" + addr["shop-schema"],
 		},
 	}
-	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", logs: map[string]*testenv.Output{}, admin: admin}
+	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: traces, logs: map[string]*testenv.Output{}, admin: admin}
 	ended := make(chan string, len(binaries))
 	var stops []func()
 	stop = func() { // newest first: the gateway before the services it calls
