@@ -3,8 +3,11 @@ package testenv
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,16 +18,32 @@ import (
 
 // FreeAddr returns a loopback address with a port free at the time of the
 // call, for a server the test starts itself (a binary's run, a process).
-// It never returns one address twice in a test binary: the kernel may hand
-// a port just closed to the next caller, and two servers of one stack were
-// then given the same one.
+// It never returns one address twice in a test binary: two servers of one
+// stack were once given the same port.
+//
+// Between this call and the server's listen, the port is free for anyone
+// to take, so it is chosen below the kernel's ephemeral range (Linux's
+// ip_local_port_range, 32768 and up unless set otherwise): every listen on
+// ":0" and every outgoing connection of every process takes its port from
+// that range, and one of them took a port handed out here about once in
+// 14,000 (another test binary running beside this one). Below it, only
+// another FreeAddr choosing the same random port within those few
+// milliseconds could.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	givenMu.Lock()
 	defer givenMu.Unlock()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	low, high := freePortRange()
+	for range 1000 {
+		port := 0 // the kernel's choice, where there is no range to keep out of
+		if low < high {
+			port = low + rand.IntN(high-low)
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
+			if port != 0 {
+				continue // in use: another one
+			}
 			t.Fatal(err)
 		}
 		addr := ln.Addr().String()
@@ -34,8 +53,27 @@ func FreeAddr(t testing.TB) string {
 			return addr
 		}
 	}
-	t.Fatal("testenv: no loopback port that was not handed out already")
+	t.Fatal("testenv: no loopback port free that was not handed out already")
 	return ""
+}
+
+// freePortRange returns the ports [low, high) FreeAddr chooses from: the
+// 10,000 below the ephemeral range, or low == high where that range cannot
+// be read (not Linux) or leaves too few ports below it.
+func freePortRange() (low, high int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 0, 0
+	}
+	ephemeralLow, err := strconv.Atoi(fields[0])
+	if err != nil || ephemeralLow < 12000 {
+		return 0, 0
+	}
+	return ephemeralLow - 10000, ephemeralLow
 }
 
 // given holds the addresses FreeAddr returned.

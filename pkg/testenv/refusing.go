@@ -11,10 +11,10 @@ import (
 // RefusingAddr returns a loopback address (host:port) that refuses every
 // connection until the test ends: an instance that is down. Its port is
 // held by a socket bound to it that never listens, so no other socket can
-// take it meanwhile. An address from FreeAddr, closed at once, could be
-// handed to the next listen on ":0" of any process on the machine (a test
-// binary of another package running beside this one): about 1 in 14,000
-// each, and a test then found the instance it wanted down answering.
+// take it meanwhile. A port from FreeAddr is free for any process to take
+// until a server listens on it (when it came from the ephemeral range, the
+// next listen on ":0" of a test binary beside this one took it about once
+// in 14,000), and a test then found the instance it wanted down answering.
 func RefusingAddr(t testing.TB) string {
 	t.Helper()
 	addr, _ := RefusingUntilListen(t)

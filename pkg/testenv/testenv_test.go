@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,6 +96,32 @@ func TestFreeAddrNeverRepeats(t *testing.T) {
 			t.Fatalf("FreeAddr returned %s twice", addr)
 		}
 		seen[addr] = true
+	}
+}
+
+// FreeAddr's ports are below the kernel's ephemeral range, where no
+// listen on ":0" and no outgoing connection of another process can take
+// one before the server the test starts listens on it.
+func TestFreeAddrIsBelowTheEphemeralRange(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skipf("no ephemeral range to keep out of here: %v", err)
+	}
+	var ephemeralLow, ephemeralHigh int
+	if _, err := fmt.Sscan(string(b), &ephemeralLow, &ephemeralHigh); err != nil {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	if ephemeralLow < 12000 {
+		t.Skipf("the ephemeral range starts at %d: too few ports below it", ephemeralLow)
+	}
+	for range 50 {
+		_, port, err := net.SplitHostPort(FreeAddr(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := strconv.Atoi(port); p < 1024 || p >= ephemeralLow {
+			t.Fatalf("FreeAddr gave port %d, want one below the ephemeral range (%d–%d)", p, ephemeralLow, ephemeralHigh)
+		}
 	}
 }
 
