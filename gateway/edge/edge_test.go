@@ -24,6 +24,7 @@ import (
 	"github.com/coinexport/export/gateway/gatewaytest"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 )
@@ -439,6 +440,34 @@ func TestRedisOutage(t *testing.T) {
 	metrics := scrape(t, gw.AdminURL)
 	if !bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="local",class="export_read",decision="allowed"} 2`)) {
 		t.Errorf("metrics lack the two local decisions:\n%s", grep(metrics, "gateway_ratelimit"))
+	}
+}
+
+// RATE_LIMIT_REDIS_TIMEOUT is the wait for Redis, above 100 ms too: a
+// Redis paused for 300 ms under a 2 s timeout still decides, where the
+// client's old fixed 100 ms I/O bound handed the decision to the
+// in-process fallback.
+func TestRedisTimeoutAbove100msIsHonoured(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	redis := testenv.StartRedis(t) // its own: a pause stalls every client
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"REDIS_URL": redis.URL, "RATE_LIMIT_REDIS_TIMEOUT": "2s"})
+	admin, err := redisclient.Open(redis.URL, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 300).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+		t.Fatalf("GET while Redis is paused for 300 ms = %d %s, want 200", r.Status, r.Body)
+	}
+	metrics := scrape(t, gw.AdminURL)
+	if !bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="redis",class="export_read",decision="allowed"} 1`)) ||
+		!bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="local",class="export_read",decision="allowed"} 0`)) {
+		t.Errorf("the decision was not Redis's:\n%s", grep(metrics, "gateway_ratelimit_decisions"))
 	}
 }
 

@@ -135,7 +135,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	// The pool's series are the services' (and the dashboard's panels'):
 	// key-cache misses waiting for a connection show here first.
 	httpserver.RegisterPool(g.metrics.registry, "postgres", g.pool)
-	if g.redis, err = redisclient.Open(cfg.RedisURL); err != nil {
+	// The I/O bound is the longer of the two deadlines its calls carry, so
+	// that each call is held to its own (see redisclient.Open).
+	if g.redis, err = redisclient.Open(cfg.RedisURL, max(cfg.RateLimitRedisTimeout, healthPingTimeout)); err != nil {
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { g.redis.Close() })

@@ -23,7 +23,7 @@ func TestHealthCheckOfRedisIgnoresAStalledPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	rdb, err := redisclient.Open(testenv.RedisURL(t))
+	rdb, err := redisclient.Open(testenv.RedisURL(t), healthPingTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func parseRate(s string) (limiter.Rate, error) { return limiter.NewRateFromForma
 
 func redisClient(t testing.TB, url string) *redis.Client {
 	t.Helper()
-	c, err := redisclient.Open(url)
+	c, err := redisclient.Open(url, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

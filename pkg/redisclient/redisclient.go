@@ -39,21 +39,30 @@ func ValidURL(url string) bool {
 }
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with
-// tight timeouts, no retries and context deadlines honoured, traced with
-// redisotel (spans only inside a traced request). Key names are recorded on spans, so callers must never put a
-// secret in one.
-func Open(url string) (*redis.Client, error) {
+// no retries, one dial attempt of at most 200 ms and context deadlines
+// honoured, traced with redisotel (spans only inside a traced request).
+// Key names are recorded on spans, so callers must never put a secret in
+// one.
+//
+// ioTimeout bounds each socket read and write and each wait for a pooled
+// connection: a call's own context deadline wins where it is shorter, so
+// give the longest deadline the caller's calls carry (the gateway's: its
+// rate-limit round trip or its health ping, whichever is longer). A
+// shorter one would cut those calls short whatever they were given: at a
+// fixed 100 ms, RATE_LIMIT_REDIS_TIMEOUT=300ms fell back in-process after
+// 100 ms all the same.
+func Open(url string, ioTimeout time.Duration) (*redis.Client, error) {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redisclient: invalid REDIS_URL")
 	}
 	opts.ContextTimeoutEnabled = true
 	opts.DialTimeout = 200 * time.Millisecond
-	opts.ReadTimeout = 100 * time.Millisecond
-	opts.WriteTimeout = 100 * time.Millisecond
+	opts.ReadTimeout = ioTimeout
+	opts.WriteTimeout = ioTimeout
 	opts.MaxRetries = -1
 	opts.DialerRetries = 1
-	opts.PoolTimeout = 100 * time.Millisecond
+	opts.PoolTimeout = ioTimeout
 	client := redis.NewClient(opts)
 	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false),
 		redisotel.WithTracerProvider(childSpansOnly{provider: otel.GetTracerProvider()})); err != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
 	"go.opentelemetry.io/otel"
@@ -21,7 +22,7 @@ func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
 	otel.SetTracerProvider(tp)
 	t.Cleanup(func() { otel.SetTracerProvider(prev) })
 
-	client, err := Open(testenv.RedisURL(t))
+	client, err := Open(testenv.RedisURL(t), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,9 +51,38 @@ func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
 	}
 }
 
+// A call is held to its own context deadline, not to a shorter I/O bound
+// of the client's: Redis paused for 300 ms still answers a call given 5 s
+// (a rate-limit timeout set above the old fixed 100 ms was cut to it), and
+// a call given 50 ms gives up on Redis paused for 2 s.
+func TestACallIsHeldToItsOwnDeadline(t *testing.T) {
+	srv := testenv.StartRedis(t) // its own: a pause stalls every client
+	client, err := Open(srv.URL, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ping := func(pauseMillis int, deadline time.Duration) error {
+		t.Helper()
+		ctx := context.Background()
+		if err := client.Do(ctx, "CLIENT", "PAUSE", pauseMillis).Err(); err != nil {
+			t.Fatalf("CLIENT PAUSE: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(ctx, deadline)
+		defer cancel()
+		return client.Ping(ctx).Err()
+	}
+	if err := ping(300, 5*time.Second); err != nil {
+		t.Errorf("a ping given 5 s while Redis is paused for 300 ms: %v, want PONG", err)
+	}
+	if err := ping(2000, 50*time.Millisecond); err == nil {
+		t.Error("a ping given 50 ms while Redis is paused for 2 s succeeded, want a timeout")
+	}
+}
+
 func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {
 	const secretURL = "redis://:s3cret@[bad"
-	_, err := Open(secretURL)
+	_, err := Open(secretURL, time.Second)
 	if err == nil {
 		t.Fatal("Open(bad URL) = nil error, want one")
 	}

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -31,6 +32,16 @@ import (
 // milliseconds could.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// freeAddr is FreeAddr for callers without a test (a Redis the harness
+// starts for a whole test binary).
+func freeAddr() (string, error) {
 	givenMu.Lock()
 	defer givenMu.Unlock()
 	low, high := freePortRange()
@@ -44,17 +55,16 @@ func FreeAddr(t testing.TB) string {
 			if port != 0 {
 				continue // in use: another one
 			}
-			t.Fatal(err)
+			return "", err
 		}
 		addr := ln.Addr().String()
 		ln.Close()
 		if !given[addr] {
 			given[addr] = true
-			return addr
+			return addr, nil
 		}
 	}
-	t.Fatal("testenv: no loopback port free that was not handed out already")
-	return ""
+	return "", errors.New("testenv: no loopback port free that was not handed out already")
 }
 
 // freePortRange returns the ports [low, high) FreeAddr chooses from: the

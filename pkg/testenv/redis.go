@@ -76,12 +76,12 @@ func startRedis() (*RedisServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// Below the ephemeral range (freeAddr), where no other process takes
+	// the port before redis-server listens, or while a test has it stopped.
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
 	srv := &RedisServer{URL: "redis://" + addr + "/0", addr: addr, dir: dir}
 	return srv, srv.Start()
 }
