@@ -51,7 +51,8 @@ func (g *Gateway) newApp() *fiber.App {
 		ReadTimeout:    g.cfg.ReadTimeout,
 		WriteTimeout:   g.cfg.WriteTimeout,
 		IdleTimeout:    g.cfg.IdleTimeout,
-		// Errors Fiber raises before a handler runs (413, 431, 408, 400).
+		// Errors Fiber raises before a handler runs (413, 431, 408, 400,
+		// and 502 for a connection the client reset: fromFiber).
 		ErrorHandler: g.serverError,
 	})
 	for _, rt := range servedRoutes {
@@ -159,8 +160,8 @@ func (g *Gateway) serveAs(c *fiber.Ctx, rt route, name string, rm *routeMetrics)
 }
 
 // serverError answers the errors Fiber raises before routing (body too
-// large, headers too large, read timeout); the request gets its own trace
-// all the same.
+// large, headers too large, read timeout, a request that could not be
+// read); the request gets its own trace all the same.
 func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 	if bodyTooLarge(err) && c.Request().Header.ContentLength() > BodyLimit {
 		// Refused on its declared length once its headers were read whole:

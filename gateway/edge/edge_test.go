@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -1223,6 +1224,49 @@ func TestRequestTimeoutIsTimedFromTheConnectionsStart(t *testing.T) {
 	if line.DurationMS < 300 || line.Method != "_OTHER" || line.Route != "unrouted" {
 		t.Errorf("access line of the 408 = %+v, want method _OTHER, route unrouted, duration_ms at least the 300 ms read timeout", line)
 	}
+}
+
+// A client that resets its connection before its request was read whole
+// (a load balancer's TCP check, a port scan, a client killed mid-upload) is
+// answered and counted as a request that could not be read, 400: before,
+// Fiber's 502 for a network error became a 500 internal_error, counted as
+// the gateway's own failure with no cause logged.
+func TestAResetConnectionIsNoServerError(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	sent := map[string]string{
+		"nothing":     "",
+		"half a head": "GET /v1/health HTTP/1.1\r\nHo",
+		"half a body": "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nContent-Length: 100\r\n\r\n{\"base",
+	}
+	for _, name := range slices.Sorted(maps.Keys(sent)) {
+		conn := dial(t, gw.URL)
+		if _, err := io.WriteString(conn, sent[name]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)                        // read by the server before the reset
+		if err := conn.(*net.TCPConn).SetLinger(0); err != nil { // Close sends a reset
+			t.Fatal(err)
+		}
+		conn.Close()
+	}
+	var lines []string
+	waitFor(t, 5*time.Second, func() bool {
+		lines = nil
+		for l := range strings.SplitSeq(gw.Logs.String(), "\n") {
+			if strings.Contains(l, `"route":"unrouted"`) {
+				lines = append(lines, l)
+			}
+		}
+		return len(lines) >= len(sent)
+	})
+	for _, l := range lines {
+		if !strings.Contains(l, `"status":400,`) || !strings.Contains(l, `"error_code":"bad_request"`) {
+			t.Errorf("access line of a reset connection = %s, want status 400 bad_request", l)
+		}
+	}
+	wantSeries(t, scrape(t, gw.AdminURL), "gateway_http_requests_total",
+		`gateway_http_requests_total{route="unrouted",status_class="5xx"} 0`)
 }
 
 // Behind a trusted proxy the client IP is the right-most address it did not

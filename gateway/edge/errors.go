@@ -169,7 +169,14 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 // errKeyLookup wraps a failure to reach the key store.
 var errKeyLookup = errors.New("key lookup failed")
 
-// fromFiber maps the errors Fiber raises before a handler runs.
+// fromFiber maps the errors Fiber raises before a handler runs: each is a
+// request the server could not read whole. Fiber's server error handler
+// gives a network error while reading (the client reset the connection, as
+// load balancers' TCP checks and port scans do) 502, a proxy's status: the
+// client's failure, not the gateway's, so it is a 400 like any other
+// request that could not be read, not a 5xx that would page on-call.
+// Fiber's 404 and 405 never come here: the catch-all answers every path
+// and method (unmatchedHandler, answerUnknownMethods).
 func fromFiber(fe *fiber.Error) *apiError {
 	switch fe.Code {
 	case fiber.StatusRequestEntityTooLarge:
@@ -178,15 +185,6 @@ func fromFiber(fe *fiber.Error) *apiError {
 		return errHeadersTooLarge
 	case fiber.StatusRequestTimeout:
 		return errRequestTimeout
-	case fiber.StatusNotFound:
-		return errNotFound
-	case fiber.StatusMethodNotAllowed:
-		return errMethodNotAllowed("")
-	case fiber.StatusBadRequest:
-		return errBadRequest
 	}
-	if fe.Code >= 400 && fe.Code < 500 {
-		return &apiError{Status: fe.Code, Code: "bad_request", Message: "the request could not be served"}
-	}
-	return errInternal
+	return errBadRequest
 }
