@@ -93,7 +93,7 @@ func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
 		defer g.end(c, rq, g.routeMetrics[name])
 		g.nameKnownKey(c, rq)
 		g.writeError(c, rq, errTooLarge)
-		return fasthttp.StatusRequestEntityTooLarge
+		return errTooLarge.Status // fasthttp sets the answer's status to this
 	}
 }
 

@@ -104,6 +104,14 @@ func errRateLimited(retryAfter time.Duration) *apiError {
 		Message: "rate limit exceeded; retry after the time in Retry-After", RetryAfter: retryAfter}
 }
 
+// errTooManyInFlight is the 429 of a call over its address's slots; a
+// retry is worth it once one of its calls ends.
+func errTooManyInFlight(limit int) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
+		Message:    fmt.Sprintf("at most %d shop schema reads at once per client address; retry when one ends", limit),
+		RetryAfter: time.Second}
+}
+
 // errAuthThrottled is the 429 of a key that was not even looked up: its
 // client's address is over the failed-authentication budget. It says so,
 // as a valid key refused this way would otherwise look limited for no

@@ -1,11 +1,6 @@
 package edge
 
-import (
-	"fmt"
-	"net/http"
-	"sync"
-	"time"
-)
+import "sync"
 
 // addressSlots bounds the requests one client address has in flight on a
 // route. The shop schema route needs it: each call may wait on the
@@ -60,12 +55,4 @@ func (g *Gateway) takeShopSlot(rq *request, address string) error {
 	}
 	g.shopSlotDecisions.allowed.Inc()
 	return nil
-}
-
-// errTooManyInFlight is the 429 of a call over its address's slots; a
-// retry is worth it once one of its calls ends.
-func errTooManyInFlight(limit int) *apiError {
-	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
-		Message:    fmt.Sprintf("at most %d shop schema reads at once per client address; retry when one ends", limit),
-		RetryAfter: time.Second}
 }
