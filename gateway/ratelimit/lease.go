@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/ulule/limiter/v3"
 )
 
@@ -131,7 +132,7 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 
 // refused returns the remembered refusal of key, if one still holds.
 func (l *Limiter) refused(key string, rate limiter.Rate) (Decision, bool) {
-	sh := &l.shards[fnv32(key)%leaseShards]
+	sh := l.shardOf(key)
 	sh.mu.Lock()
 	ls, ok := sh.leases[key]
 	sh.mu.Unlock()
@@ -163,8 +164,13 @@ type leaseShard struct {
 	leases map[string]*lease
 }
 
+// shardOf is the shard that holds key's lease.
+func (l *Limiter) shardOf(key string) *leaseShard {
+	return &l.shards[xxhash.Sum64String(key)%leaseShards]
+}
+
 func (l *Limiter) leaseFor(key string) *lease {
-	sh := &l.shards[fnv32(key)%leaseShards]
+	sh := l.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	ls, ok := sh.leases[key]
@@ -194,13 +200,4 @@ func (l *Limiter) sweepLeases(now time.Time, idle time.Duration) {
 		}
 		sh.mu.Unlock()
 	}
-}
-
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
 }

@@ -449,7 +449,7 @@ func TestSweepKeepsUnitsToGiveBack(t *testing.T) {
 	}
 	clk.add(2 * time.Minute)
 	l.sweepLeases(clk.now(), 10*time.Second)
-	if n := len(l.shards[fnv32("k")%leaseShards].leases); n != 0 {
+	if n := len(l.shardOf("k").leases); n != 0 {
 		t.Errorf("leases after 2 min idle and a sweep = %d, want 0", n)
 	}
 }
