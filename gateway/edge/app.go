@@ -390,8 +390,39 @@ func isHex(ch byte) bool {
 	return '0' <= ch && ch <= '9' || 'a' <= ch && ch <= 'f' || 'A' <= ch && ch <= 'F'
 }
 
-// serve runs the route's steps.
+// serve runs the route's steps: the refusals of what cannot be served as
+// read, then the pipeline of a keyless route or of a keyed one (key, scope,
+// limit per key, proxy).
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
+	if err := refuseUnservable(c, rt); err != nil {
+		return err
+	}
+	if rt.RepeatWithIdempotencyKey { // the sale routes
+		rq.noteSale(c)
+	}
+	if rq.keyInPath || keyInQuery(c) {
+		if err := g.refuseKeyInURL(rq, rt); err != nil {
+			return err
+		}
+	}
+	if rt.Scope == "" {
+		return g.serveKeyless(c, rq, rt)
+	}
+	if err := g.authenticate(c, rq, rt); err != nil {
+		return err
+	}
+	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
+		return err
+	}
+	return g.proxy(c, rq, rt)
+}
+
+// refuseUnservable returns the refusal of a request that no step may act
+// on, or nil: another HTTP version, a head a proxy in front could read
+// otherwise (misreadHead), a path no route has (404, or 405 with Allow),
+// or a path the services would read otherwise than the routing did
+// (checkPath).
+func refuseUnservable(c *fiber.Ctx, rt route) error {
 	if !http1(c.Request().Header.Protocol()) {
 		return errHTTPVersion
 	}
@@ -404,39 +435,26 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		}
 		return errNotFound
 	}
-	if err := checkPath(c.Request().URI().PathOriginal()); err != nil {
+	return checkPath(c.Request().URI().PathOriginal())
+}
+
+// serveKeyless serves a route that takes no key (spec 5: health, shop
+// schema), limited per client address; a shop schema call also holds one
+// of the address's slots until its answer has left.
+func (g *Gateway) serveKeyless(c *fiber.Ctx, rq *request, rt route) error {
+	address := addressBucket(rq.clientIP)
+	if err := g.limit(rq, rt.Class, "ip:", address); err != nil {
 		return err
 	}
-	if rt.RepeatWithIdempotencyKey { // the sale routes
-		rq.noteSale(c)
+	if rt.Upstream == "" {
+		return g.serveHealth(c, rq)
 	}
-	if rq.keyInPath || keyInQuery(c) {
-		if err := g.refuseKeyInURL(rq, rt); err != nil {
-			return err
-		}
-	}
-	if rt.Scope == "" {
-		address := addressBucket(rq.clientIP)
-		if err := g.limit(rq, rt.Class, "ip:", address); err != nil {
-			return err
-		}
-		if rt.Upstream == "" {
-			return g.serveHealth(c, rq)
-		}
-		if rt.Class == classShopSchema {
-			if err := g.takeShopSlot(rq, address); err != nil {
-				return err
-			}
-			// Held until the answer has left: it is streamed.
-			return g.proxyUntilRelayed(c, rq, rt, func() { g.shopSlots.release(address) })
-		}
+	if rt.Class != classShopSchema {
 		return g.proxy(c, rq, rt)
 	}
-	if err := g.authenticate(c, rq, rt); err != nil {
+	if err := g.takeShopSlot(rq, address); err != nil {
 		return err
 	}
-	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
-		return err
-	}
-	return g.proxy(c, rq, rt)
+	// Held until the answer has left: it is streamed.
+	return g.proxyUntilRelayed(c, rq, rt, func() { g.shopSlots.release(address) })
 }
