@@ -155,9 +155,11 @@ func (s *relayedStream) CloseWithError(err error) error {
 
 // proxyInto is proxy, putting the answer in resp.
 func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.Response) error {
-	up := g.upstreams[rt.Upstream]
 	req := c.Request()
 	uri := receivedRequestURI(req.URI())
+	if err := g.prepareUpstreamRequest(req, rq, uri); err != nil {
+		return err
+	}
 	// A sale with an Idempotency-Key is safe to send again, by us or by the
 	// client; one without is neither (the writer refuses it 400 anyway).
 	idempotentSale := rt.RepeatWithIdempotencyKey && len(req.Header.Peek(idempotencyKeyHeader)) > 0
@@ -166,15 +168,6 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 		IfClosed: rt.safe(),
 		Renew:    g.renewIdentity,
 	}
-	// Once scrubbed, the request holds none of the headers set below, so
-	// they are added, without the search for one to replace that Set does.
-	if encoded := scrubHeaders(&req.Header); encoded && len(req.Body()) > 0 {
-		return errEncodedBody
-	}
-	req.Header.Add(fiber.HeaderXForwardedFor, rq.clientIP)
-	g.signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
-		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, signedRequest(rq.method, &req.Header, uri), time.Now())
-
 	// The client span only where the trace is recorded: otherwise it would
 	// be one more span that goes nowhere, and the service continues the
 	// trace from the server span as well.
@@ -188,17 +181,8 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	if rt.StickyByKey {
 		affinity = rq.key.ID
 	}
-	out, err := up.Do(req, resp, uri, repeat, affinity)
-	rq.instance = out.Instance
-	if out.Instance != "" && span.IsRecording() {
-		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port))
-		if err == nil { // else no answer came, and the response's status is fasthttp's default 200
-			span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode()))
-		}
-	}
-	if out.Repeated != nil {
-		g.noteRepeat(rq, span, rt.Upstream, out.Repeated)
-	}
+	out, err := g.upstreams[rt.Upstream].Do(req, resp, uri, repeat, affinity)
+	g.recordOutcome(rq, span, rt.Upstream, out, resp, err)
 	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
 	}
@@ -212,6 +196,38 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	}
 	resp.Header.Del(fiber.HeaderConnection)
 	return nil
+}
+
+// prepareUpstreamRequest makes the client's request the one a service
+// gets: only the forwarded headers, X-Forwarded-For and the signed
+// identity for uri, the path and query as sent. It refuses a compressed
+// body (errEncodedBody).
+func (g *Gateway) prepareUpstreamRequest(req *fasthttp.Request, rq *request, uri string) error {
+	// Once scrubbed, the request holds none of the headers set below, so
+	// they are added, without the search for one to replace that Set does.
+	if encoded := scrubHeaders(&req.Header); encoded && len(req.Body()) > 0 {
+		return errEncodedBody
+	}
+	req.Header.Add(fiber.HeaderXForwardedFor, rq.clientIP)
+	g.signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
+		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, signedRequest(rq.method, &req.Header, uri), time.Now())
+	return nil
+}
+
+// recordOutcome names, on the access line and the proxy span, the
+// instance whose answer or failure the request got (and the answer's
+// status), and records a first attempt that failed (noteRepeat).
+func (g *Gateway) recordOutcome(rq *request, span trace.Span, up string, out upstream.Outcome, resp *fasthttp.Response, err error) {
+	rq.instance = out.Instance
+	if out.Instance != "" && span.IsRecording() {
+		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port))
+		if err == nil { // else no answer came, and the response's status is fasthttp's default 200
+			span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode()))
+		}
+	}
+	if out.Repeated != nil {
+		g.noteRepeat(rq, span, up, out.Repeated)
+	}
 }
 
 // repeatLogInterval is how often at most a "sent again" warning is logged
