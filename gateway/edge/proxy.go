@@ -235,29 +235,24 @@ func (g *Gateway) recordOutcome(rq *request, span trace.Span, up string, out ups
 const repeatLogInterval = 10 * time.Second
 
 // noteRepeat records a request sent a second time after its first attempt
-// failed with err: a failure no client saw, so shown to the operator
-// (counted by the instance that failed and the kind, logged with the
-// instance at most once per interval), on the request's access line (the
-// instance that failed and the kind, never throttled) and in the trace,
-// whose proxy span then holds two attempts' server spans. The second attempt may go to the same instance
-// (a lone one that dropped a kept-alive connection).
-func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, err error) {
-	kind := errorKind(err)
-	var attempt *upstream.FailedAttempt
-	if !errors.As(err, &attempt) { // upstream.Do always gives one; only if that changes
-		attempt = &upstream.FailedAttempt{Err: err, At: time.Now()}
-	}
+// failed: a failure no client saw, so shown to the operator (counted by the
+// instance that failed and the kind, logged with the instance at most once
+// per interval), on the request's access line (the instance that failed
+// and the kind, never throttled) and in the trace, whose proxy span then
+// holds two attempts' server spans. The second attempt may go to the same
+// instance (a lone one that dropped a kept-alive connection).
+func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, attempt *upstream.FailedAttempt) {
+	kind := errorKind(attempt)
 	g.metrics.upstreamRetries.WithLabelValues(up, instanceLabel(attempt.Instance), kind).Inc()
 	rq.failed = attempt
-	failedAt := attempt.At
 	if ok, skipped := g.repeatLog.Allow(up + "/" + kind); ok {
 		// Logged once the repeat is done; failed_at says when the first
 		// attempt failed (the line's time may be a read timeout later).
 		g.log.WarnContext(rq.ctx, "upstream attempt failed; request sent again",
-			"upstream", up, "kind", kind, "error", err.Error(), "failed_at", failedAt.UTC().Format(time.RFC3339Nano),
+			"upstream", up, "kind", kind, "error", attempt.Error(), "failed_at", attempt.At.UTC().Format(time.RFC3339Nano),
 			"skipped_since_last", skipped)
 	}
-	span.AddEvent("sent again", trace.WithTimestamp(failedAt), trace.WithAttributes(attrFailedAttemptKind.String(kind),
+	span.AddEvent("sent again", trace.WithTimestamp(attempt.At), trace.WithAttributes(attrFailedAttemptKind.String(kind),
 		attrFailedAttemptInstance.String(attempt.Instance)))
 }
 

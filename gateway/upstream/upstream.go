@@ -260,10 +260,10 @@ type Outcome struct {
 	Instance string
 	Host     string
 	Port     int
-	// Repeated is the first attempt's error (a *FailedAttempt) when the
-	// request was sent again (nil otherwise), so that a failure the repeat
-	// covered is still counted, and tied to the instance that failed.
-	Repeated error
+	// Repeated is the first attempt's failure when the request was sent
+	// again (nil otherwise), so that a failure the repeat covered is still
+	// counted, and tied to the instance that failed.
+	Repeated *FailedAttempt
 }
 
 func (o *Outcome) from(inst *Instance) { o.Instance, o.Host, o.Port = inst.base, inst.host, inst.port }
