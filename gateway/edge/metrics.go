@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
-
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
@@ -153,23 +153,15 @@ func (rm *routeMetrics) countError(code []byte) {
 	rm.m.errors.WithLabelValues(rm.route, errorCodeLabel(code)).Inc()
 }
 
-// maxErrorCodeLabel is the longest error code counted under its own name.
-const maxErrorCodeLabel = 64
-
-// errorCodeLabel is code as a label value: lower-case letters, digits and
-// underscores, as every code of ours is; "other" for anything else,
-// "none" for an error answer without one.
+// errorCodeLabel is code as a label value: the code itself if it is shaped
+// like every code of ours (envelope.WellFormedCode); "other" for anything
+// else, "none" for an error answer without one.
 func errorCodeLabel(code []byte) string {
 	if len(code) == 0 {
 		return "none"
 	}
-	if len(code) > maxErrorCodeLabel {
+	if !envelope.WellFormedCode(code) {
 		return "other"
-	}
-	for _, c := range code {
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
-			return "other"
-		}
 	}
 	return string(code)
 }

@@ -138,25 +138,10 @@ func (inst *Instance) probeOnce(timeout time.Duration) (probeVerdict, string) {
 		return probeUnanswered, ""
 	case resp.StatusCode() >= 500:
 		failure := "its health probe was answered " + strconv.Itoa(resp.StatusCode())
-		if code := resp.Header.Peek(envelope.ErrorCodeHeader); plainCode(code) {
+		if code := resp.Header.Peek(envelope.ErrorCodeHeader); envelope.WellFormedCode(code) {
 			failure += " " + string(code)
 		}
 		return probeFailed, failure
 	}
 	return probeAnswered, ""
-}
-
-// plainCode reports whether an error code from a service's header is one
-// to quote in the log as it is: a short snake_case word, as every code of
-// this project is.
-func plainCode(code []byte) bool {
-	if len(code) == 0 || len(code) > 40 {
-		return false
-	}
-	for _, c := range code {
-		if (c < 'a' || c > 'z') && c != '_' {
-			return false
-		}
-	}
-	return true
 }

@@ -501,6 +501,8 @@ func TestProbeOnceClassifies(t *testing.T) {
 		{"answered 503", answer(503, ""), 5 * time.Second, probeFailed, "its health probe was answered 503"},
 		{"answered 503 with a code", answer(503, "identity_refused"), 5 * time.Second, probeFailed,
 			"its health probe was answered 503 identity_refused"},
+		{"answered 503 with a code with digits", answer(503, "shop_401"), 5 * time.Second, probeFailed,
+			"its health probe was answered 503 shop_401"},
 		{"answered 500 with an odd code", answer(500, "x\"y"), 5 * time.Second, probeFailed, "its health probe was answered 500"},
 		{"connection refused", closedAddr(t), 5 * time.Second, probeFailed, "it refused a connection"},
 		{"never answers", hung, 100 * time.Millisecond, probeUnanswered, ""},

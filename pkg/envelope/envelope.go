@@ -46,6 +46,28 @@ const RequestIDHeader = "X-Request-Id"
 // HEAD, which has no body, still says it.
 const ErrorCodeHeader = "X-Error-Code"
 
+// WellFormedCode reports whether code, read from another process's
+// ErrorCodeHeader, is shaped like this project's error codes: 1 to 64
+// lower-case letters, digits and underscores ("rate_limited", "shop_401").
+// Only such a code is quoted in a log line or used as a metric label as it
+// is: one sent by a service of another build, or by something that is not
+// a service of ours, could hold any text, and a label value nobody chose
+// grows a series.
+func WellFormedCode(code []byte) bool {
+	if len(code) == 0 || len(code) > maxCodeLength {
+		return false
+	}
+	for _, c := range code {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// maxCodeLength is the longest code WellFormedCode accepts.
+const maxCodeLength = 64
+
 // DataBytes encodes a success envelope.
 func DataBytes(data any, meta Meta) ([]byte, error) {
 	return json.Marshal(dataEnvelope{Data: data, Meta: meta})

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -88,6 +89,25 @@ func TestWriteErrorSaysWhenToRetryAnOutage(t *testing.T) {
 		WriteError(w, tt.status, "code", "message", "r1")
 		if got := w.Header().Get("Retry-After"); got != tt.want {
 			t.Errorf("%s: Retry-After = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestWellFormedCode(t *testing.T) {
+	for code, want := range map[string]bool{
+		"":                           false,
+		"rate_limited":               true,
+		"shop_401":                   true,
+		"Rate_Limited":               false,
+		"bad code":                   false,
+		"code\n":                     false,
+		`x"y`:                        false,
+		strings.Repeat("a", 64):      true,
+		strings.Repeat("a", 65):      false,
+		"cxr_ABCDEFGHIJKLMNOPQRSTUV": false,
+	} {
+		if got := WellFormedCode([]byte(code)); got != want {
+			t.Errorf("WellFormedCode(%q) = %v, want %v", code, got, want)
 		}
 	}
 }
