@@ -2,12 +2,17 @@ package redisclient
 
 import (
 	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -78,6 +83,66 @@ func TestACallIsHeldToItsOwnDeadline(t *testing.T) {
 	if err := ping(2000, 50*time.Millisecond); err == nil {
 		t.Error("a ping given 50 ms while Redis is paused for 2 s succeeded, want a timeout")
 	}
+}
+
+// A Redis further away is reached within the deadline a call carries:
+// over rediss://, a dial is the TCP and the TLS handshakes, several round
+// trips. One whose handshake takes 300 ms answers a call given 5 s, where
+// a dial cut at a fixed 200 ms never connected, whatever deadline the
+// calls were given (RATE_LIMIT_REDIS_TIMEOUT=1s, Redis 70 ms away).
+func TestAFarRedisIsReachedWithinTheCallsDeadline(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	client, err := Open(slowTLSFront(t, srv.URL, 300*time.Millisecond), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		t.Errorf("a ping given 5 s to a Redis whose TLS handshake takes 300 ms: %v, want PONG", err)
+	}
+}
+
+// slowTLSFront returns a rediss:// URL (its certificate not checked) of a
+// TLS front for the Redis at redisURL that begins each handshake only
+// after delay: that Redis, as far away as delay makes it.
+func slowTLSFront(t *testing.T, redisURL string, delay time.Duration) string {
+	t.Helper()
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// httptest's server certificate, for 127.0.0.1.
+	certified := httptest.NewUnstartedServer(nil)
+	certified.StartTLS()
+	certified.Close()
+	config := &tls.Config{Certificates: certified.TLS.Certificates}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				time.Sleep(delay)
+				back, err := net.Dial(opts.Network, opts.Addr)
+				if err != nil {
+					return
+				}
+				front := tls.Server(conn, config)
+				go func() { io.Copy(back, front); back.Close() }()
+				io.Copy(front, back)
+			}()
+		}
+	}()
+	return "rediss://" + ln.Addr().String() + "/0?skip_verify=true"
 }
 
 func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {
