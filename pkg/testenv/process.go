@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,10 +52,10 @@ func freeAddr() (string, error) {
 			port = low + rand.IntN(high-low)
 		}
 		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if errors.Is(err, syscall.EADDRINUSE) && port != 0 {
+			continue // another one
+		}
 		if err != nil {
-			if port != 0 {
-				continue // in use: another one
-			}
 			return "", err
 		}
 		addr := ln.Addr().String()
@@ -67,9 +68,12 @@ func freeAddr() (string, error) {
 	return "", errors.New("testenv: no loopback port free that was not handed out already")
 }
 
-// freePortRange returns the ports [low, high) FreeAddr chooses from: the
-// 10,000 below the ephemeral range, or low == high where that range cannot
-// be read (not Linux) or leaves too few ports below it.
+// freePortRange returns the ports [low, high) FreeAddr chooses from: from
+// 22000 up to the ephemeral range or to 30000, whichever comes first (the
+// ports above are Kubernetes' NodePorts, which kube-proxy may answer on a
+// runner's loopback; those below, the usual ones of PostgreSQL, Redis and
+// make run's stack), or low == high where that range cannot be read (not
+// Linux) or leaves fewer than 1,000 ports below it.
 func freePortRange() (low, high int) {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
@@ -80,10 +84,14 @@ func freePortRange() (low, high int) {
 		return 0, 0
 	}
 	ephemeralLow, err := strconv.Atoi(fields[0])
-	if err != nil || ephemeralLow < 12000 {
+	if err != nil {
 		return 0, 0
 	}
-	return ephemeralLow - 10000, ephemeralLow
+	low, high = 22000, min(ephemeralLow, 30000)
+	if high-low < 1000 {
+		return 0, 0
+	}
+	return low, high
 }
 
 // given holds the addresses FreeAddr returned.

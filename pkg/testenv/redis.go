@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -94,11 +95,19 @@ func (s *RedisServer) Start() error {
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}
+	// The server that answers must be this one: where another test
+	// binary's took the port first, this one exits, and a ping alone would
+	// pass against the other, which this test's pauses and stops then hit.
+	pid := s.cmd.Process.Pid
+	ours := fmt.Sprintf("process_id:%d\r\n", pid)
 	client := redis.NewClient(&redis.Options{Addr: s.addr})
 	defer client.Close()
-	if !waitFor(5*time.Second, func() bool { return client.Ping(context.Background()).Err() == nil }) {
+	if !waitFor(5*time.Second, func() bool {
+		info, err := client.Info(context.Background(), "server").Result()
+		return err == nil && strings.Contains(info, ours)
+	}) {
 		s.Stop()
-		return fmt.Errorf("redis-server did not answer on %s", s.addr)
+		return fmt.Errorf("redis-server (pid %d) did not answer on %s; its log: %s", pid, s.addr, filepath.Join(s.dir, "log"))
 	}
 	return nil
 }

@@ -125,6 +125,18 @@ func TestFreeAddrIsBelowTheEphemeralRange(t *testing.T) {
 	}
 }
 
+// A Redis started where another already listens (another test binary's
+// took the port) is an error, not a pass against the other server, which
+// this test's pauses and stops would then hit.
+func TestStartRedisRefusesAnotherServersPort(t *testing.T) {
+	first := StartRedis(t)
+	second := &RedisServer{URL: first.URL, addr: first.addr, dir: t.TempDir()}
+	if err := second.Start(); err == nil {
+		second.Stop()
+		t.Fatalf("a second redis-server on %s started without error, want one: the server answering is the first's", first.addr)
+	}
+}
+
 // RefusingAddr's port refuses connections, and no listener can take it
 // while the test runs: one from FreeAddr, closed, could be taken by any
 // process's next listen, and the instance meant to be down then answered.
