@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sort"
@@ -93,7 +94,12 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_request", "not an OTLP ExportTraceServiceRequest (protobuf, or JSON with Content-Type application/json)")
 		return
 	}
-	s.add(flatten(&req))
+	if err := s.add(flatten(&req)); err != nil {
+		// Not a 200: the exporter reports it in its process's log, where a
+		// span lost without a word left make trace saying "retry".
+		writeError(w, http.StatusInternalServerError, "internal_error", err.Error())
+		return
+	}
 	resp, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = w.Write(resp)
@@ -106,19 +112,25 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 	envelope.WriteError(w, status, code, message, httpserver.RandomRequestID())
 }
 
-func (s *Store) add(spans []Span) {
+// add keeps spans and appends them to the file, if any; the error is the
+// file's (a full disk), said without a span's content.
+func (s *Store) add(spans []Span) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.spans = append(s.spans, spans...)
 	if over := len(s.spans) - s.limit; over > 0 {
 		s.spans = append([]Span(nil), s.spans[over:]...)
 	}
-	if s.out != nil {
-		enc := json.NewEncoder(s.out)
-		for _, sp := range spans {
-			_ = enc.Encode(sp)
+	if s.out == nil {
+		return nil
+	}
+	enc := json.NewEncoder(s.out)
+	for _, sp := range spans {
+		if err := enc.Encode(sp); err != nil {
+			return fmt.Errorf("the spans could not be written to the span file: %w", err)
 		}
 	}
+	return nil
 }
 
 // Trace returns the spans of one trace, earliest first.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +17,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
@@ -89,6 +93,36 @@ func TestErrorsAreEnvelopes(t *testing.T) {
 		}
 	}
 }
+
+// Spans the store cannot write to its file (a full disk) are answered 500,
+// which the exporters report in their processes' logs ("opentelemetry
+// error (spans may be lost)"); a 200 would tell them the spans were kept
+// while make trace finds none of them.
+func TestSpansNotWrittenAreAnError(t *testing.T) {
+	srv := httptest.NewServer(New(failingWriter{}, 0))
+	defer srv.Close()
+	body, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
+		ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{{TraceId: make([]byte, 16), SpanId: make([]byte, 8), Name: "s"}}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(srv.URL+"/v1/traces", "application/x-protobuf", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var env envelope.Parsed
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil || resp.StatusCode != http.StatusInternalServerError ||
+		env.Error == nil || env.Error.Code != "internal_error" {
+		t.Errorf("POST /v1/traces with the file failing = %d %+v (%v), want 500 internal_error", resp.StatusCode, env, err)
+	}
+}
+
+// failingWriter fails every write, as a file on a full disk does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
 
 // A server span that matched no route shows its path: a service's has no
 // http.route then, the gateway's the placeholder "unmatched" (404) or
