@@ -63,21 +63,28 @@ func serve(ctx context.Context, addr, file string) error {
 		return err
 	}
 	defer f.Close()
-	srv := &http.Server{Addr: addr, Handler: tracestore.New(f, 1), ReadHeaderTimeout: 5 * time.Second,
-		DisableGeneralOptionsHandler: true} // "OPTIONS *" gets the handler's answer too
-	go func() {
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
-	}()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
+	srv := &http.Server{Handler: tracestore.New(f, 1), ReadHeaderTimeout: 5 * time.Second,
+		DisableGeneralOptionsHandler: true} // "OPTIONS *" gets the handler's answer too
+	drained := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		drained <- srv.Shutdown(shutdownCtx)
+	}()
 	// Its answers are envelopes, net/http's own included.
 	if err := srv.Serve(httpserver.UnreadAsEnvelope(ln, nil)); !errors.Is(err, http.ErrServerClosed) {
 		return err
+	}
+	// Serve returns as soon as Shutdown begins; the exports still being
+	// received (the last batches of the binaries stopping before this one)
+	// write to f until Shutdown returns.
+	if err := <-drained; err != nil {
+		return fmt.Errorf("stopped with exports still being received: %w", err)
 	}
 	return nil
 }

@@ -1,11 +1,22 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // make trace finds a request whose id was quoted upper-cased or with the
@@ -25,5 +36,59 @@ func TestShowReadsARequestIDAsQuoted(t *testing.T) {
 	}
 	if err := show(&bytes.Buffer{}, file, "not-an-id"); err == nil {
 		t.Error("show(not-an-id) = nil error, want one")
+	}
+}
+
+// An export still being received when serve is told to stop (the last
+// batch a stopping binary flushes) is written before serve returns: Serve
+// returns as Shutdown begins, and returning then closed the span file
+// under the export, whose spans were lost.
+func TestServeWritesTheExportInFlightWhenStopped(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "traces.jsonl")
+	addr := testenv.FreeAddr(t)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, addr, file) }()
+
+	body, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
+		ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{{TraceId: bytes.Repeat([]byte{0xab}, 16),
+			SpanId: bytes.Repeat([]byte{1}, 8), Name: "the last span"}}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conn net.Conn
+	for range 100 { // until serve listens
+		if conn, err = net.Dial("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	head := fmt.Sprintf("POST /v1/traces HTTP/1.1\r\nHost: %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", addr, len(body))
+	if _, err := conn.Write(append([]byte(head), body[:1]...)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the server is reading the body
+	stop()
+	time.Sleep(100 * time.Millisecond) // Shutdown has begun
+	if _, err := conn.Write(body[1:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("the export in flight got no answer: %v", err)
+	}
+	resp.Body.Close()
+	if err := <-served; err != nil {
+		t.Fatalf("serve = %v", err)
+	}
+	written, err := os.ReadFile(file)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(written), "the last span") {
+		t.Errorf("export in flight at stop = %d, span file %q (%v); want 200 and the span written", resp.StatusCode, written, err)
 	}
 }
