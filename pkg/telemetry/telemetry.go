@@ -5,7 +5,6 @@ package telemetry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -25,7 +24,8 @@ import (
 //
 // Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (protocol from
-// OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf by default, or grpc). The
+// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or else OTEL_EXPORTER_OTLP_PROTOCOL:
+// http/protobuf by default, or grpc). The
 // sampler comes from OTEL_TRACES_SAMPLER as the SDK reads it.
 //
 // Without an exporter, and unless OTEL_TRACES_SAMPLER says otherwise, no
@@ -83,10 +83,14 @@ var flushTimeout = MaxFlushTime // a variable for the test only
 // periods of the manifests to it).
 const MaxFlushTime = 5 * time.Second
 
+// newExporter makes the OTLP exporter of the protocol the traces' own
+// variable names, else the general one (the OpenTelemetry rule).
 func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.SpanExporter, error) {
-	protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	variable := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	protocol := getenv(variable)
 	if protocol == "" {
-		protocol = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+		variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
+		protocol = getenv(variable)
 	}
 	switch protocol {
 	case "", "http/protobuf":
@@ -94,6 +98,6 @@ func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.Span
 	case "grpc":
 		return otlptracegrpc.New(ctx)
 	default:
-		return nil, errors.New("telemetry: OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf or grpc")
+		return nil, fmt.Errorf("telemetry: %s must be http/protobuf or grpc", variable)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,26 @@ func TestShutdownIsBounded(t *testing.T) {
 	_ = shutdown(context.Background())
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("shutdown with a silent collector took %s, want about flushTimeout (300ms)", took)
+	}
+}
+
+// A protocol no exporter speaks stops the start with the name of the
+// variable that holds it: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL wins over
+// OTEL_EXPORTER_OTLP_PROTOCOL, and an error naming the other one sends the
+// operator to a setting that is right.
+func TestUnknownProtocolNamesItsVariable(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"},
+	} {
+		tc.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:1"
+		_, err := Setup(context.Background(), func(name string) string { return tc.env[name] }, "test", slog.New(slog.DiscardHandler))
+		if err == nil || !strings.HasPrefix(err.Error(), "telemetry: "+tc.want+" must be") {
+			t.Errorf("Setup(%v) = %v, want an error naming %s", tc.env, err, tc.want)
+		}
 	}
 }
