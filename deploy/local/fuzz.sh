@@ -5,6 +5,7 @@
 # testdata/fuzz/<target>/ and is committed with its fix.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. deploy/local/lib.sh # GOTOOLCHAIN, as make exports it
 fuzztime=${FUZZTIME:-30s}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,5 +1,7 @@
 # Shared shell functions for running PostgreSQL and Redis natively (no Docker)
-# under a project-local folder. Sourced by run.sh, test.sh, bench.sh and vulncheck.sh.
+# under a project-local folder, and the toolchain every go command of these
+# scripts uses. Sourced by every script here (envdoc's
+# TestLocalScriptsRunGoWithTheWorkspaceToolchain holds those that run go to it).
 
 # go.work's toolchain line is the Go that builds and tests; auto lets the go
 # command fetch it where the machine's Go is older and set to local (as make

@@ -95,6 +95,29 @@ func TestDockerImageIsTheWorkspaceToolchain(t *testing.T) {
 	}
 }
 
+// Every deploy/local script that runs the go command takes go.work's
+// toolchain as make does: lib.sh exports GOTOOLCHAIN=auto (unless set), as
+// the README promises of make and of these scripts. A script run alone
+// without it, where the machine's Go is set to local, builds and tests
+// with that older Go.
+func TestLocalScriptsRunGoWithTheWorkspaceToolchain(t *testing.T) {
+	scripts, err := filepath.Glob(filepath.Join(root, "deploy/local/*.sh"))
+	if err != nil || len(scripts) == 0 {
+		t.Fatalf("deploy/local/*.sh: %v, %d scripts", err, len(scripts))
+	}
+	runsGo := regexp.MustCompile(`(?m)^[^#]*\bgo (build|env|list|mod|run|test)\b`)
+	sourcesLib := regexp.MustCompile(`(?m)^\s*\. deploy/local/lib\.sh\b`)
+	for _, script := range scripts {
+		text, err := os.ReadFile(script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if runsGo.Match(text) && !sourcesLib.Match(text) {
+			t.Errorf("%s runs go without sourcing deploy/local/lib.sh, which exports GOTOOLCHAIN=auto", filepath.Base(script))
+		}
+	}
+}
+
 // firstMatch is the first submatch of pattern in the repository's file.
 func firstMatch(t *testing.T, file, pattern string) string {
 	t.Helper()
