@@ -22,7 +22,7 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"owner": *owner, "file": *file}); err != nil {
+	if err := required(fs, "owner", "file"); err != nil {
 		return err
 	}
 	// Checked first, as key create does: an empty file for an owner that
@@ -70,7 +70,7 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"owner": *owner}); err != nil {
+	if err := required(fs, "owner"); err != nil {
 		return err
 	}
 	if *count <= 0 {

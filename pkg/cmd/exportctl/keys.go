@@ -48,7 +48,7 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"owner": *owner, "scope": *scopeList}); err != nil {
+	if err := required(fs, "owner", "scope"); err != nil {
 		return err
 	}
 	scopes, err := parseScopes(*scopeList)
@@ -164,7 +164,7 @@ func keyList(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"owner": *owner}); err != nil {
+	if err := required(fs, "owner"); err != nil {
 		return err
 	}
 	if err := ownerExists(ctx, e, *owner); err != nil {

@@ -192,10 +192,11 @@ func flagsOnly(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// required reports the first empty flag among names.
-func required(values map[string]string) error {
-	for name, v := range values {
-		if v == "" {
+// required reports the first of the flags names (in the usage's order)
+// that fs parsed empty.
+func required(fs *flag.FlagSet, names ...string) error {
+	for _, name := range names {
+		if fs.Lookup(name).Value.String() == "" {
 			return fmt.Errorf("%w: --%s is required", errUsage, name)
 		}
 	}

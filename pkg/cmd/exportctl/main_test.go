@@ -286,6 +286,28 @@ func TestMistakesAreNamed(t *testing.T) {
 	}
 }
 
+// A command missing several flags names the first the usage lists, the
+// same one every time (a map of them named one at random).
+func TestMissingFlagsAreNamedInUsageOrder(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"key", "create"}, "--owner is required"},
+		{[]string{"key", "create", "--scope", "export:read"}, "--owner is required"},
+		{[]string{"items", "import"}, "--owner is required"},
+		{[]string{"items", "import", "--owner", "00000000-0000-0000-0000-000000000000"}, "--file is required"},
+	} {
+		for range 20 {
+			if err := cli(t, dsn, "", nil, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errUsage) {
+				t.Errorf("exportctl %v = %v, want a usage error saying %q", tc.args, err, tc.want)
+				break
+			}
+		}
+	}
+}
+
 // A word outside a flag is refused, not dropped: dropped, it would make an
 // owner of another name, a key without the scope typed after a space, or
 // import one file of two.

@@ -64,7 +64,7 @@ func ownerCreate(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"name": *name}); err != nil {
+	if err := required(fs, "name"); err != nil {
 		return err
 	}
 	// The table's check (1 to 200 characters), said in the administrator's
@@ -88,7 +88,7 @@ func platformCreate(ctx context.Context, e *env, args []string) error {
 	if err := flagsOnly(fs, args); err != nil {
 		return err
 	}
-	if err := required(map[string]string{"id": *id}); err != nil {
+	if err := required(fs, "id"); err != nil {
 		return err
 	}
 	if _, err := e.pool.Exec(ctx, "INSERT INTO platforms (id, name) VALUES ($1, $2)", *id, *name); err != nil {
