@@ -63,8 +63,11 @@ type Server struct {
 }
 
 // DefaultShutdownTimeout is how long a service drains its in-flight
-// requests after the stop signal. The services do not change it: a pod's or
-// container's grace period must outlast it (envdoc checks the manifests).
+// requests after the stop signal, unless its Config says otherwise:
+// export-reader and sales-writer keep it; shop-schema drains a whole schema
+// read (its drainTime). A pod's or container's grace period must outlast
+// the drain and the last flush of spans (each binary's settings test holds
+// the manifests to its own: Binary.Stop in pkg/envdoc).
 const DefaultShutdownTimeout = 10 * time.Second
 
 // refusedLogInterval is how often at most a refused identity is logged.
