@@ -1,7 +1,6 @@
 # Export service: make help lists the targets.
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
-BINARIES := gateway export-reader sales-writer shop-schema exportctl
 MODULES := pkg gateway services/export-reader services/sales-writer services/shop-schema
 # go.work names the toolchain (its toolchain line); auto lets the go command
 # fetch it where the machine's Go is older and set to local.
