@@ -24,18 +24,6 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Migrate applies every pending migration. A PostgreSQL advisory lock makes it
-// safe to run from several processes at once.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
-	applied, err := Up(ctx, pool)
-	for _, a := range applied {
-		if log != nil {
-			log.Info("migration applied", "version", a.Version, "file", a.File, "duration", a.Duration)
-		}
-	}
-	return err
-}
-
 // Applied is a migration that Up applied.
 type Applied struct {
 	Version  int64
@@ -43,10 +31,11 @@ type Applied struct {
 	Duration time.Duration
 }
 
-// Up applies every pending migration, as Migrate does, and returns the ones
-// it applied, in order (those before a failure, with the failure), so that
-// an administrator learns whether one that needs a restart of the services
-// ran.
+// Up applies every pending migration and returns the ones it applied, in
+// order (those before a failure, with the failure), so that an
+// administrator learns whether one that needs a restart of the services
+// ran. A PostgreSQL advisory lock makes it safe to run from several
+// processes at once.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
@@ -88,15 +77,33 @@ func Versions(ctx context.Context, pool *pgxpool.Pool) (database, build int64, e
 	if err != nil {
 		return 0, 0, err
 	}
-	err = pool.QueryRow(ctx, `
-		SELECT coalesce(max(version_id), 0) FROM (
-		    SELECT DISTINCT ON (version_id) version_id, is_applied
-		    FROM goose_db_version ORDER BY version_id, id DESC) latest
-		WHERE is_applied`).Scan(&database)
+	applied, err := appliedVersions(ctx, pool)
 	if err != nil {
 		return 0, 0, fmt.Errorf("schema: reading the applied migrations: %w", err)
 	}
-	return database, needed[len(needed)-1], nil
+	return newest(applied), newest(needed), nil
+}
+
+// appliedVersions are the versions of the migrations applied to the
+// database, in order. goose appends a row per migration applied or rolled
+// back; a version is applied when its latest row says so. It only reads
+// goose's version table, with no lock.
+func appliedVersions(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
+	var applied []int64
+	err := pool.QueryRow(ctx, `
+		SELECT coalesce(array_agg(version_id ORDER BY version_id), '{}') FROM (
+		    SELECT DISTINCT ON (version_id) version_id, is_applied
+		    FROM goose_db_version ORDER BY version_id, id DESC) latest
+		WHERE is_applied`).Scan(&applied)
+	return applied, err
+}
+
+// newest is the last of versions in order, 0 when there is none.
+func newest(versions []int64) int64 {
+	if len(versions) == 0 {
+		return 0
+	}
+	return versions[len(versions)-1]
 }
 
 // Version identifies the set of migrations (a hash of their contents), so
@@ -118,14 +125,7 @@ func Version() string {
 // own HasPending would create that table when missing), so it can run on a
 // replica and as often as a readiness probe asks.
 func Check(ctx context.Context, pool *pgxpool.Pool) error {
-	// goose appends a row per migration applied or rolled back; a version
-	// is applied when its latest row says so.
-	var applied []int64
-	err := pool.QueryRow(ctx, `
-		SELECT coalesce(array_agg(version_id ORDER BY version_id), '{}') FROM (
-		    SELECT DISTINCT ON (version_id) version_id, is_applied
-		    FROM goose_db_version ORDER BY version_id, id DESC) latest
-		WHERE is_applied`).Scan(&applied)
+	applied, err := appliedVersions(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("schema: reading the applied migrations (run exportctl migrate): %w", err)
 	}
@@ -133,14 +133,10 @@ func Check(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	at := int64(0)
-	if len(applied) > 0 {
-		at = applied[len(applied)-1]
-	}
 	for _, v := range needed {
 		if !slices.Contains(applied, v) {
 			return fmt.Errorf("schema: the database is at version %d, this build needs %d: run exportctl migrate",
-				at, needed[len(needed)-1])
+				newest(applied), newest(needed))
 		}
 	}
 	return nil

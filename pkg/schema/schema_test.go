@@ -120,7 +120,7 @@ func TestCheckNamesTheMissingVersionsUntilMigrated(t *testing.T) {
 			t.Errorf("at version %d: Ready = nil, want the schema's error", to)
 		}
 	}
-	if err := schema.Migrate(ctx, pool, nil); err != nil {
+	if _, err := schema.Up(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if err := ready.Ready(ctx); err != nil {

@@ -171,7 +171,7 @@ func buildTemplate(admin string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	err = schema.Migrate(ctx, pool, nil)
+	_, err = schema.Up(ctx, pool)
 	pool.Close()
 	if err != nil {
 		return "", err
