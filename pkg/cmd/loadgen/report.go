@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // Markers around the generated part of BENCHMARKS.md; the reading written
@@ -335,18 +337,15 @@ type machine struct {
 
 func thisMachine(now time.Time) machine {
 	m := machine{CPUs: runtime.NumCPU(), Date: now.UTC()}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for line := range strings.Lines(string(b)) {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPUModel = strings.TrimSpace(v)
-				break
-			}
-		}
+	proc, err := procfs.NewDefaultFS()
+	if err != nil {
+		return m
 	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if kb, err := statusField(b, "MemTotal"); err == nil {
-			m.MemoryGB = float64(kb) / (1 << 20)
-		}
+	if cpus, err := proc.CPUInfo(); err == nil && len(cpus) > 0 {
+		m.CPUModel = cpus[0].ModelName
+	}
+	if mem, err := proc.Meminfo(); err == nil && mem.MemTotal != nil {
+		m.MemoryGB = float64(*mem.MemTotal) / (1 << 20) // MemTotal is in kB
 	}
 	return m
 }

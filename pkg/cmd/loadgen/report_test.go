@@ -1,9 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -161,17 +167,6 @@ func TestThousands(t *testing.T) {
 	}
 }
 
-func TestStatusField(t *testing.T) {
-	status := []byte("Name:\tgateway\nVmPeak:\t  900000 kB\nVmHWM:\t   81920 kB\nVmRSS:\t   40000 kB\n")
-	got, err := statusField(status, "VmHWM")
-	if err != nil || got != 81920 {
-		t.Errorf("statusField(VmHWM) = %d, %v, want 81920", got, err)
-	}
-	if _, err := statusField(status, "VmSwap"); err == nil {
-		t.Errorf("statusField(VmSwap) = nil error, want not found")
-	}
-}
-
 func TestRenderBlockListsFailures(t *testing.T) {
 	var b strings.Builder
 	renderBlock(&b, machine{CPUs: 2, MemoryGB: 1}, 1000, "quick", "", nil, nil, []string{"sales", "get_gateway_64#2"})
@@ -203,4 +198,39 @@ func TestSalesRowShowsTheSlowestRound(t *testing.T) {
 		return
 	}
 	t.Fatal("no sales row")
+}
+
+// The machine's line of the report names its memory (procfs's meminfo).
+func TestThisMachine(t *testing.T) {
+	if _, err := os.Stat("/proc/meminfo"); err != nil {
+		t.Skip("no /proc/meminfo here")
+	}
+	if m := thisMachine(time.Now()); m.MemoryGB <= 0 || m.CPUs <= 0 {
+		t.Errorf("thisMachine() = %+v, want its CPUs and memory", m)
+	}
+}
+
+// rss records a process's peak resident set (VmHWM) in MB: this test
+// binary's is a few MB, far from its bytes or kB.
+func TestRSSRecordsThePeak(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc here")
+	}
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	args := []string{"--name", "rss_self", "--pid", strconv.Itoa(os.Getpid())}
+	if err := runRSS(context.Background(), Config{Results: results}, args, io.Discard); err != nil {
+		t.Fatalf("rss %v = %v", args, err)
+	}
+	f, err := os.Open(results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := readRecords(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mb := recs["rss_self"].Figures["peak_rss_mb"]; len(recs) != 1 || mb < 1 || mb > 4096 {
+		t.Errorf("records = %+v, want rss_self with a peak of a few MB", recs)
+	}
 }

@@ -1,15 +1,13 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
+
+	"github.com/prometheus/procfs"
 )
 
 // runRSS is "loadgen rss": with --reset it clears a process's peak RSS
@@ -36,30 +34,14 @@ func runRSS(_ context.Context, cfg Config, args []string, stdout io.Writer) erro
 	if *name == "" {
 		return errUsagef("--name is required")
 	}
-	status, err := os.ReadFile(proc + "/status")
+	p, err := procfs.NewProc(*pid)
 	if err != nil {
 		return err
 	}
-	kb, err := statusField(status, "VmHWM")
+	status, err := p.NewStatus()
 	if err != nil {
 		return fmt.Errorf("process %d: %w", *pid, err)
 	}
-	return appendRecord(cfg.Results, Record{Scenario: *name, Figures: map[string]float64{"peak_rss_mb": float64(kb) / 1024}}, stdout)
-}
-
-// statusField reads a "Name:   123 kB" line of /proc/PID/status, in kB.
-func statusField(status []byte, field string) (int64, error) {
-	sc := bufio.NewScanner(bytes.NewReader(status))
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), field+":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("%s: unexpected %q", field, rest)
-		}
-		return strconv.ParseInt(f[0], 10, 64)
-	}
-	return 0, fmt.Errorf("%s not found", field)
+	peakMB := float64(status.VmHWM) / (1 << 20) // VmHWM is in bytes
+	return appendRecord(cfg.Results, Record{Scenario: *name, Figures: map[string]float64{"peak_rss_mb": peakMB}}, stdout)
 }
