@@ -124,7 +124,12 @@ demo=$state/demo.env
 if [ ! -f "$demo" ]; then
   log "creating demo owner, platform, 1,000 items and two keys"
   owner=$(bin/exportctl owner create --name "Demo coins" --json | json_field id)
-  bin/exportctl platform create --id demo-market --name "Demo marketplace" >/dev/null
+  # A first start stopped during these steps (a Ctrl-C while it seeds)
+  # wrote no demo.env but may have made the platform, which a second
+  # create refuses: make run then failed here every time until .run/ went.
+  platforms=$(bin/exportctl platform list --json)
+  [[ $platforms == *'"id":"demo-market"'* ]] ||
+    bin/exportctl platform create --id demo-market --name "Demo marketplace" >/dev/null
   bin/exportctl items seed --owner "$owner" --count 1000 --seed 1 >/dev/null
   read_key=$(bin/exportctl key create --owner "$owner" --scope export:read --name demo-read --json | json_field key)
   write_key=$(bin/exportctl key create --owner "$owner" --scope sales:write --platform demo-market --name demo-write --json | json_field key)

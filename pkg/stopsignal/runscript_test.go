@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,8 +45,7 @@ var stubAddrEnv = map[string]string{
 // of it; a server answers 200 on its address until its first signal.
 func runStub(name string) int {
 	if name == "exportctl" {
-		fmt.Println(`{"id":"owner-1","key":"key-1"}`)
-		return 0
+		return exportctlStub(os.Args[1:])
 	}
 	addr := os.Getenv(stubAddrEnv[name])
 	for i, arg := range os.Args {
@@ -78,6 +78,40 @@ func runStub(name string) int {
 	return 0
 }
 
+// exportctlStub answers what run.sh reads of exportctl (an id, a key) and
+// keeps its platforms as files in the stubs folder: as the real one does,
+// it refuses to create a platform twice, and lists those it made.
+func exportctlStub(args []string) int {
+	command := strings.Join(args[:min(2, len(args))], " ")
+	platforms, _ := filepath.Glob(filepath.Join(os.Getenv(stubDirEnv), "platform-*"))
+	switch command {
+	case "platform create":
+		id := args[slices.Index(args, "--id")+1]
+		if slices.Contains(platforms, platformFile(id)) {
+			fmt.Fprintf(os.Stderr, "exportctl: create platform: platform %q exists already\n", id)
+			return 1
+		}
+		if err := os.WriteFile(platformFile(id), nil, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	case "platform list":
+		listed := make([]string, len(platforms))
+		for i, file := range platforms {
+			listed[i] = fmt.Sprintf(`{"id":%q,"name":"","created_at":"2026-11-22T04:00:00Z"}`, strings.TrimPrefix(filepath.Base(file), "platform-"))
+		}
+		fmt.Println("[" + strings.Join(listed, ",") + "]")
+		return 0
+	}
+	fmt.Println(`{"id":"owner-1","key":"key-1"}`)
+	return 0
+}
+
+// platformFile is where exportctlStub keeps platform id.
+func platformFile(id string) string {
+	return filepath.Join(os.Getenv(stubDirEnv), "platform-"+id)
+}
+
 // runScript is one make run of the real script in a copy of the
 // repository's deploy/local, with stand-ins in its bin/.
 type runScript struct {
@@ -88,7 +122,9 @@ type runScript struct {
 	exited      chan struct{} // closed once the script has ended
 }
 
-func startRunScript(t *testing.T, unhealthy string) *runScript {
+// startRunScript starts make run; unhealthy names the stand-in that
+// answers its health check 503, platforms those its database holds already.
+func startRunScript(t *testing.T, unhealthy string, platforms ...string) *runScript {
 	t.Helper()
 	for _, tool := range []string{"bash", "setsid", "curl", "psql", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -111,6 +147,9 @@ func startRunScript(t *testing.T, unhealthy string) *runScript {
 	must(t, os.Chmod(root, 0o755))
 	for _, dir := range []string{"deploy/local", "bin", "stubs"} {
 		must(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
+	}
+	for _, id := range platforms {
+		must(t, os.WriteFile(filepath.Join(s.stubs, "platform-"+id), nil, 0o644))
 	}
 	for _, file := range []string{"run.sh", "lib.sh"} {
 		src, err := os.ReadFile(filepath.Join("../../deploy/local", file))
@@ -283,5 +322,23 @@ func TestRunScriptStoppedDuringItsStartStartsNothingMore(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(s.stubs, "gateway.pid")); err == nil {
 		t.Error("make run stopped during its start went on to start the gateway")
+	}
+}
+
+// A first make run stopped while it made the demo data (a Ctrl-C during
+// the seed) leaves the demo platform without a .run/demo.env: the next
+// one makes the rest of the demo data and starts, where it stopped at
+// "platform exists already" every time until .run/ was deleted.
+func TestRunScriptCompletesTheDemoDataOfAStartCutShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s := startRunScript(t, "", "demo-market")
+	s.waitFor(t, "Ctrl-C stops everything.")
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	if _, err := os.Stat(filepath.Join(s.root, ".run/demo.env")); err != nil {
+		t.Errorf("make run after a start cut short: %v, want .run/demo.env written", err)
 	}
 }
