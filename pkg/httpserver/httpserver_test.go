@@ -291,12 +291,7 @@ func TestRunWithATakenAddressServesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	main := free.Addr().String()
-	free.Close()
+	main := testenv.FreeAddr(t)
 	srv := New(Config{Service: "test", Addr: main, AdminAddr: taken.Addr().String(),
 		Log: slog.New(slog.DiscardHandler)}, http.NewServeMux())
 	if err := srv.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "listen") {

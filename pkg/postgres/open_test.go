@@ -63,10 +63,10 @@ func TestOpenSessionDefaults(t *testing.T) {
 // that starts forwarding to it only later), and returns the pool once it
 // answers, having said in the log why it waited.
 func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
-	_, tcpDSN, addr, socket := postgresBehindAClosedPort(t)
+	_, tcpDSN, listen, socket := postgresBehindAClosedPort(t)
 	go func() {
 		time.Sleep(700 * time.Millisecond)
-		forwardFrom(t, addr, socket)
+		forwardFrom(listen(), socket)
 	}()
 	var logs bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -87,17 +87,12 @@ func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
 // It stops trying when ctx ends (the process is told to stop), and an
 // invalid DSN or a server that refuses the client is no reason to wait.
 func TestOpenWhenReachedGivesUp(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	host, port, _ := net.SplitHostPort(testenv.RefusingAddr(t))
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = postgres.OpenWhenReached(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres connect_timeout=1", port), log)
+	_, err := postgres.OpenWhenReached(ctx, fmt.Sprintf("host=%s port=%s user=postgres connect_timeout=1", host, port), log)
 	if !errors.Is(err, postgres.ErrStopped) || time.Since(start) > 10*time.Second {
 		t.Errorf("OpenWhenReached(nothing listening, ctx of 0.6 s) = %v after %s, want ErrStopped soon after ctx ends", err, time.Since(start))
 	}
@@ -119,7 +114,7 @@ func TestOpenWhenReachedGivesUp(t *testing.T) {
 // starts forwarding to it only after). What waiting cannot mend is still
 // refused at once, and a stop during its check is a stop.
 func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
-	dsn, tcpDSN, addr, socket := postgresBehindAClosedPort(t)
+	dsn, tcpDSN, listen, socket := postgresBehindAClosedPort(t)
 	var logs bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -132,7 +127,7 @@ func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
 	if !strings.Contains(logs.String(), "PostgreSQL not reached") {
 		t.Errorf("log = %q, want the unreached database said", logs.String())
 	}
-	go forwardFrom(t, addr, socket)
+	go forwardFrom(listen(), socket)
 	for err = pool.Ping(ctx); err != nil && ctx.Err() == nil; err = pool.Ping(ctx) {
 		time.Sleep(50 * time.Millisecond) // the forwarder's listener may not be up yet
 	}
@@ -154,33 +149,24 @@ func TestOpenServingDoesNotWaitForTheDatabase(t *testing.T) {
 }
 
 // postgresBehindAClosedPort returns the test database's DSN, the same on a
-// loopback address that refuses connections until forwardFrom(t, addr,
+// loopback address that refuses connections until listen is called (no
+// other listener can take it meanwhile) and forwardFrom(listen(),
 // socket) forwards them to the database's socket, and those two.
-func postgresBehindAClosedPort(t *testing.T) (dsn, tcpDSN, addr, socket string) {
+func postgresBehindAClosedPort(t *testing.T) (dsn, tcpDSN string, listen func() net.Listener, socket string) {
 	dsn = testenv.PostgresURL(t)
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	socket = filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close() // refused from now on, until forwardFrom listens
-	return dsn, fmt.Sprintf("%s host=127.0.0.1 port=%d", dsn, port), l.Addr().String(), socket
+	addr, listen := testenv.RefusingUntilListen(t)
+	host, port, _ := net.SplitHostPort(addr)
+	return dsn, fmt.Sprintf("%s host=%s port=%s", dsn, host, port), listen, socket
 }
 
-// forwardFrom forwards the connections made to addr to the Unix socket
-// of a PostgreSQL, until the test ends.
-func forwardFrom(t *testing.T, addr, socket string) {
-	fwd, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Errorf("forwarder: %v", err)
-		return
-	}
-	t.Cleanup(func() { fwd.Close() })
+// forwardFrom forwards the connections fwd accepts to the Unix socket of
+// a PostgreSQL, until the test ends (testenv closes fwd).
+func forwardFrom(fwd net.Listener, socket string) {
 	for {
 		c, err := fwd.Accept()
 		if err != nil {
