@@ -29,8 +29,9 @@ const (
 	ScopeSalesWrite = "sales:write"
 )
 
-// HeaderPrefix starts every header this package writes. The gateway deletes
-// every inbound header with this prefix before proxying.
+// HeaderPrefix starts every header this package writes. A client's headers
+// with it never reach a service: the gateway forwards only the few headers
+// of its allowlist (forwardedHeaders, gateway/edge/proxy.go).
 const HeaderPrefix = "X-Identity-"
 
 // Header names of the signed identity.
