@@ -18,11 +18,11 @@ const TimeLayout = "2006-01-02T15:04:05.000000Z"
 // read. A missing translation (or a missing description) falls back to ENG,
 // so every language always has a document.
 func Render(it *Item, lang string) []byte {
-	return AppendDoc(make([]byte, 0, 512+64*len(it.Images)), it, lang)
+	return appendDoc(make([]byte, 0, 512+64*len(it.Images)), it, lang)
 }
 
-// AppendDoc appends the document of Render to dst.
-func AppendDoc(dst []byte, it *Item, lang string) []byte {
+// appendDoc appends the document of Render to dst.
+func appendDoc(dst []byte, it *Item, lang string) []byte {
 	t := it.text(lang)
 	dst = append(dst, `"id":`...)
 	dst = jsonw.String(dst, it.ID)
