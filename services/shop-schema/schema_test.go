@@ -446,12 +446,7 @@ func TestSchemaShopErrors(t *testing.T) {
 }
 
 func TestSchemaUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
+	addr := testenv.RefusingAddr(t) // nothing listens there
 	svc := startService(t, nil, nil)
 	status, env := svc.post(t, body("https://"+addr, fakeshop.Key))
 	if status != http.StatusBadGateway || errCode(env) != "shop_unreachable" {

@@ -3,7 +3,6 @@ package syncclient
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
 )
 
 // answers serves one scripted answer per request: a status, with
@@ -121,12 +122,7 @@ func TestSyncStopsWaitingWithItsContext(t *testing.T) {
 // No answer from the network is asked for again; a request that cannot be
 // made (a malformed BaseURL, a scheme not spoken) ends the run at once.
 func TestSyncRetriesOnlyWhatMayPass(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := "http://" + l.Addr().String() + "/v1"
-	l.Close() // refused from now on
+	closed := "http://" + testenv.RefusingAddr(t) + "/v1"
 	for _, tc := range []struct {
 		name, baseURL string
 		wantWaits     int
