@@ -70,6 +70,7 @@ func Open(url string, ioTimeout time.Duration) (*redis.Client, error) {
 	client := redis.NewClient(opts)
 	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false),
 		redisotel.WithTracerProvider(childSpansOnly{provider: otel.GetTracerProvider()})); err != nil {
+		client.Close()
 		return nil, fmt.Errorf("redisclient: tracing: %w", err)
 	}
 	return client, nil
