@@ -13,7 +13,14 @@ trap 'rm -f "$log"' EXIT
 status=0
 for mod in $(go list -m -f '{{.Dir}}'); do
   for pkg in $(cd "$mod" && go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./...); do
-    for target in $(cd "$mod" && go test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
+    # A package whose tests do not build (or a full disk) lists nothing:
+    # a failure, not a package without targets.
+    if ! listed=$(cd "$mod" && go test -list '^Fuzz' "$pkg"); then
+      echo "make fuzz: could not list the Fuzz targets of $pkg" >&2
+      status=1
+      continue
+    fi
+    for target in $(grep '^Fuzz' <<<"$listed"); do
       echo "make fuzz: $pkg $target ($fuzztime)"
       (cd "$mod" && go test -run '^$' -fuzz "^$target\$" -fuzztime="$fuzztime" -parallel=1 "$pkg") 2>&1 | tee "$log"
       if [ "${PIPESTATUS[0]}" = 0 ]; then
