@@ -62,6 +62,8 @@ func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
 func TestCallerGone(t *testing.T) {
 	gone, hangUp := context.WithCancel(context.Background())
 	hangUp()
+	cutOff, cut := context.WithCancelCause(context.Background())
+	cut(ErrCutOff)
 	tests := []struct {
 		name string
 		ctx  context.Context
@@ -69,6 +71,7 @@ func TestCallerGone(t *testing.T) {
 		want bool
 	}{
 		{"hung up, cancelled", gone, context.Canceled, true},
+		{"cut off by the drain", cutOff, context.Canceled, false},
 		{"hung up, cancellation wrapped", gone, fmt.Errorf("query: %w", context.Canceled), true},
 		{"hung up, another failure", gone, errors.New("scan: wrong number of columns"), false},
 		{"still waiting, cancelled by something else", context.Background(), context.Canceled, false},

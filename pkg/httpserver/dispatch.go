@@ -43,9 +43,22 @@ const AttrErrorCode = attribute.Key("app.error_code")
 // CallerGone reports whether err is what the caller hanging up caused: the
 // request's context is done and err is its cancellation. A failure of any
 // other kind is itself even after a hang-up, so that a bug does not pass
-// for a client that left.
+// for a client that left; and so is a request the server's own drain cut
+// off (CutOff), the service's doing.
 func CallerGone(r *http.Request, err error) bool {
-	return r.Context().Err() != nil && errors.Is(err, context.Canceled)
+	return r.Context().Err() != nil && errors.Is(err, context.Canceled) && !CutOff(r, err)
+}
+
+// ErrCutOff is the cause of the cancellation of a request that a drain
+// ran out of time for (Run): the service stopped it, not its caller.
+var ErrCutOff = errors.New("httpserver: cut off by a shutdown whose drain timed out")
+
+// CutOff reports whether err is the cancellation of a request the
+// server's drain cut off. Services answer it 503 (nobody reads it; the
+// gateway sees the connection close): counted as a 499 of a caller that
+// left, the service's own failure hid in the 4xx.
+func CutOff(r *http.Request, err error) bool {
+	return errors.Is(err, context.Canceled) && errors.Is(context.Cause(r.Context()), ErrCutOff)
 }
 
 // RequestID returns the request id of the request in ctx: the one the gateway

@@ -100,9 +100,16 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 // Run serves until ctx is done, then drains in-flight requests.
 func (s *Server) Run(ctx context.Context) error {
+	// Every request's context descends from base, so that the requests a
+	// drain cuts off are cancelled with ErrCutOff as their cause (CutOff),
+	// not taken for requests whose caller hung up; so are any still served
+	// when Run returns.
+	base, cutOff := context.WithCancelCause(context.Background())
+	defer cutOff(ErrCutOff)
 	main := &http.Server{
 		Addr:              s.cfg.Addr,
 		Handler:           s.handler,
+		BaseContext:       func(net.Listener) context.Context { return base },
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
@@ -159,13 +166,15 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	if firstErr != nil {
-		// Shutdown leaves the requests it gave up on running: closed, their
-		// connections end and their contexts are cancelled, so their queries
-		// stop and give their connections back. Left running, they held the
-		// pool, whose Close (deferred by main) waited for them, up to a
-		// query timeout past the drain and so past the grace period a
-		// supervisor allows. Their clients see the connection close without
-		// an answer, and no access line is written for them.
+		// Shutdown leaves the requests it gave up on running: cancelled,
+		// their queries stop and give their connections back, and closed,
+		// their connections end. Left running, they held the pool, whose
+		// Close (deferred by main) waited for them, up to a query timeout
+		// past the drain and so past the grace period a supervisor allows.
+		// Their clients see the connection close without an answer; their
+		// access lines, if written before the process ends, carry the
+		// service's own 503 (CutOff), not a 499 of a caller that left.
+		cutOff(ErrCutOff)
 		for _, srv := range servers {
 			srv.Close()
 		}

@@ -510,7 +510,7 @@ func runOnTwoAddrs(t *testing.T) ([]string, *testenv.Output) {
 
 // A stop says at once that the server drains and how many requests it
 // waits for, and a drain that runs out of time says how many it cut off:
-// their clients saw the connection close, and they get no access line.
+// their clients saw the connection close.
 func TestShutdownSaysWhatItDrainsAndCutsOff(t *testing.T) {
 	signer, err := identity.NewSigner(secret)
 	if err != nil {
@@ -595,6 +595,96 @@ func TestADrainThatTimesOutCancelsWhatItCutsOff(t *testing.T) {
 	}
 	if err := <-answered; err == nil {
 		t.Error("the client of a request cut off got an answer; want the connection closed")
+	}
+}
+
+// A request the drain cuts off is the service's doing: its cancellation is
+// CutOff, not CallerGone, so that the services answer it 503 rather than
+// count it as a 499 of a caller that left. Taken for one, a rollout whose
+// drain ran short showed in the services' logs and metrics as clients
+// hanging up.
+func TestARequestCutOffByTheDrainIsNotACallerGone(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	type verdict struct{ callerGone, cutOff bool }
+	seen := make(chan verdict, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done()
+		err := fmt.Errorf("query: %w", r.Context().Err())
+		seen <- verdict{CallerGone(r, err), CutOff(r, err)}
+	})
+	addr := testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer,
+		ShutdownTimeout: 200 * time.Millisecond}, mux)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	waitListening(t, addr)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
+		signAsReader(signer, req)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-entered
+	stop()
+	<-ran
+	select {
+	case v := <-seen:
+		if v.callerGone || !v.cutOff {
+			t.Errorf("request cut off by the drain: CallerGone = %v, CutOff = %v; want false, true", v.callerGone, v.cutOff)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request cut off by the drain was not cancelled")
+	}
+}
+
+// A caller that hangs up is still CallerGone on a server run by Run (whose
+// requests' contexts descend from its own).
+func TestACallerThatHangsUpIsCallerGoneUnderRun(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	gone := make(chan bool, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done()
+		err := r.Context().Err()
+		gone <- CallerGone(r, err) && !CutOff(r, err)
+	})
+	addr := testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer}, mux)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	defer func() { stop(); <-ran }()
+	waitListening(t, addr)
+	reqCtx, hangUp := context.WithCancel(context.Background())
+	go func() {
+		req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, "http://"+addr+"/v1/slow", nil)
+		signAsReader(signer, req)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-entered
+	hangUp()
+	select {
+	case ok := <-gone:
+		if !ok {
+			t.Error("a request whose caller hung up: CallerGone && !CutOff = false, want true")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request whose caller hung up was not cancelled")
 	}
 }
 

@@ -102,6 +102,16 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			"the sale store did not answer in time; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
 	}
+	if httpserver.CutOff(r, err) {
+		// The drain ran out of time and cut this call off: the writer's
+		// doing, not its caller's. The statement either was cancelled or
+		// committed; no one reads this answer (the gateway sees the
+		// connection close).
+		h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; it may have been applied", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the sale writer is shutting down; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
+		return "unavailable"
+	}
 	if httpserver.CallerGone(r, err) {
 		// The caller (the gateway, past its upstream timeout) hung up. The
 		// statement either was cancelled or committed: the log, the metrics

@@ -531,6 +531,21 @@ func TestAbandonedCallIsNotAFailure(t *testing.T) {
 	confirmed(t, f, "key-1") // not applied here: the retry executes it
 }
 
+// A call the shutdown's drain cut off is the writer's doing: 503
+// unavailable, saying the sale may have been applied, not the 499 of a
+// caller that left.
+func TestCutOffCallIsUnavailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	cutOff, cut := context.WithCancelCause(context.Background())
+	cut(httpserver.ErrCutOff)
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1, ctx: cutOff})
+	if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" || !strings.Contains(env.Error.Message, "may have been applied") {
+		t.Errorf("confirm cut off by the drain = %d %q %s, want 503 unavailable saying the sale may have been applied", rec.Code, errorCode(env), rec.Body)
+	}
+}
+
 // A sale while PostgreSQL is out of reach is 503 unavailable, and says how
 // to retry safely: not the 500 of a bug.
 func TestStoreOutageIsUnavailable(t *testing.T) {

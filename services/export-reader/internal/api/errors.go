@@ -43,6 +43,12 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, context.DeadlineExceeded):
 		a.log.ErrorContext(r.Context(), "export read timed out", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store did not answer in time; retry with backoff", requestID)
+	case httpserver.CutOff(r, err):
+		// The drain ran out of time and cut this read off: the reader's
+		// doing, not its caller's (no one reads the answer; the gateway
+		// sees the connection close).
+		a.log.WarnContext(r.Context(), "export read cut off: the shutdown's drain timed out", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the reader is shutting down; retry with backoff", requestID)
 	case httpserver.CallerGone(r, err):
 		// The caller (the gateway, after UPSTREAM_READ_TIMEOUT) went away:
 		// nobody reads this answer, and it is no failure of the reader's.

@@ -13,15 +13,20 @@ import (
 	"testing"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 )
 
 // A read whose caller hung up is answered 499 client_closed_request, not
 // counted as the reader's failure (500); PostgreSQL out of reach is 503
-// unavailable; any other failure while the caller still waits is a 500.
+// unavailable, and so is a read the shutdown's drain cut off (the reader's
+// doing, not a 499); any other failure while the caller still waits is a
+// 500.
 func TestFailTellsAHangUpFromAFailure(t *testing.T) {
 	a := New(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), 0)
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
+	cutOff, cut := context.WithCancelCause(context.Background())
+	cut(httpserver.ErrCutOff)
 	tests := []struct {
 		name       string
 		ctx        context.Context
@@ -30,6 +35,7 @@ func TestFailTellsAHangUpFromAFailure(t *testing.T) {
 		wantCode   string
 	}{
 		{"caller hung up", gone, context.Canceled, 499, "client_closed_request"},
+		{"cut off by the shutdown's drain", cutOff, context.Canceled, 503, "unavailable"},
 		{"database unreachable", context.Background(), &net.OpError{Op: "write", Net: "unix", Err: syscall.EPIPE}, 503, "unavailable"},
 		{"a bug", context.Background(), errors.New("scan: wrong number of columns"), 500, "internal_error"},
 	}

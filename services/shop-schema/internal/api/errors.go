@@ -58,6 +58,14 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
 		return inputErr.Code
 	}
+	if httpserver.CutOff(r, err) {
+		// The drain ran out of time and cut this read off, which cancelled
+		// the shop's requests: neither the shop's doing nor the caller's.
+		const code = "unavailable"
+		h.log.WarnContext(r.Context(), "shop schema read cut off: the shutdown's drain timed out", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, code, "the service is shutting down; retry with backoff", requestID)
+		return code
+	}
 	if httpserver.CallerGone(r, err) {
 		// The caller (the gateway, past its upstream timeout) hung up, which
 		// cancelled the shop's requests: the shop is not at fault, and no one

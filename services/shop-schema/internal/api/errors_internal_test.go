@@ -1,0 +1,29 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// A read the shutdown's drain cut off is the service's doing: 503
+// unavailable, neither the 499 of a caller that left nor a shop's
+// failure.
+func TestCutOffReadIsUnavailable(t *testing.T) {
+	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1)
+	cutOff, cut := context.WithCancelCause(context.Background())
+	cut(httpserver.ErrCutOff)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/v1/sync/prestashop/schema", nil).WithContext(cutOff)
+	code := h.writeError(rec, req, fmt.Errorf("shop: %w", context.Canceled), "req-1", "shop.example")
+	if rec.Code != http.StatusServiceUnavailable || code != "unavailable" {
+		t.Errorf("writeError(cut off) = %d %s, want 503 unavailable", rec.Code, code)
+	}
+}
