@@ -163,9 +163,9 @@ const unreadRoute = "unread"
 // unread counts an answer net/http gave before any handler ran and logs
 // it (only a caller beside the gateway can send such a request: the
 // gateway refuses each of them itself).
-func (s *Server) unread(status int, reason, requestID string) {
+func (s *Server) unread(status int, code, reason, requestID string) {
 	s.metrics.count(unreadRoute, MethodOther, status)
-	s.logUnread(status, reason, requestID)
+	s.logUnread(status, code, reason, requestID)
 }
 
 func annotate(r *http.Request, id identity.Identity) {

@@ -21,8 +21,9 @@ import (
 // four plain-text ones with no Date and a body that repeats the status
 // line, the 417 with only Connection, Date and a zero Content-Length.
 // UnreadAsEnvelope's connections recognise those writes, byte for byte,
-// and send the same status as the envelope instead, so that every answer
-// of every process is the envelope, with a request id.
+// and send the envelope instead (the same status, but 400 for the 501 and
+// the 505: unreadError), so that every answer of every process is the
+// envelope, with a request id.
 //
 // Wrap a plain TCP listener: under TLS the wrapper would see only
 // ciphertext, and wrapping a TLS listener hides the *tls.Conn net/http
@@ -34,10 +35,11 @@ import (
 // TestNetHTTPAnswersBecomeEnvelopes fails if a Go release changes it).
 const netHTTPErrorHeaders = "Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
-// UnreadFunc is told of each answer UnreadAsEnvelope rewrote: its status,
-// net/http's reason (a constant of net/http, never the request's bytes;
-// empty when it gives none) and the request id the envelope carries.
-type UnreadFunc func(status int, reason, requestID string)
+// UnreadFunc is told of each answer UnreadAsEnvelope rewrote: the status
+// and error code it answered, net/http's reason (a constant of net/http,
+// never the request's bytes; empty when it gives none) and the request id
+// the envelope carries.
+type UnreadFunc func(status int, code, reason, requestID string)
 
 // UnreadAsEnvelope returns ln, whose connections send net/http's own
 // plain-text answers as envelopes. unread, if not nil, is told of each.
@@ -46,14 +48,14 @@ func UnreadAsEnvelope(ln net.Listener, unread UnreadFunc) net.Listener {
 }
 
 // LogUnread returns an UnreadFunc that logs each answer with its request
-// id, at most once per interval and status: a flood of them is a line
+// id, at most once per interval and error code: a flood of them is a line
 // every so often.
 func LogUnread(log *slog.Logger) UnreadFunc {
 	throttle := &logging.Throttle{Interval: refusedLogInterval}
-	return func(status int, reason, requestID string) {
-		if ok, skipped := throttle.Allow(strconv.Itoa(status)); ok {
+	return func(status int, code, reason, requestID string) {
+		if ok, skipped := throttle.Allow(code); ok {
 			log.Warn("request refused before routing: net/http could not read it",
-				"request_id", requestID, "status", status, "reason", reason, "skipped_since_last", skipped)
+				"request_id", requestID, "status", status, "error_code", code, "reason", reason, "skipped_since_last", skipped)
 		}
 	}
 }
@@ -84,10 +86,11 @@ func (c *unreadConn) Write(b []byte) (int, error) {
 		return c.Conn.Write(b)
 	}
 	requestID := RandomRequestID()
+	refusal := unreadError(status, reason)
 	if c.unread != nil {
-		c.unread(status, reason, requestID)
+		c.unread(refusal.status, refusal.code, reason, requestID)
 	}
-	if _, err := c.Conn.Write(unreadAnswer(status, reason, requestID)); err != nil {
+	if _, err := c.Conn.Write(unreadAnswer(refusal, requestID)); err != nil {
 		return 0, err
 	}
 	return len(b), nil
@@ -151,39 +154,49 @@ func isExpectationFailed(proto, line, rest []byte) bool {
 		(string(proto) == "HTTP/1.1" || string(proto) == "HTTP/1.0")
 }
 
-// unreadAnswer is the envelope sent for net/http's answer of status.
-func unreadAnswer(status int, reason, requestID string) []byte {
-	code, message := unreadError(status, reason)
-	body := envelope.ErrorBytes(code, message, requestID)
+// unreadAnswer is the envelope sent for refusal.
+func unreadAnswer(refusal unreadRefusal, requestID string) []byte {
+	body := envelope.ErrorBytes(refusal.code, refusal.message, requestID)
 	var b bytes.Buffer
-	b.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\n")
+	b.WriteString("HTTP/1.1 " + strconv.Itoa(refusal.status) + " " + http.StatusText(refusal.status) + "\r\n")
 	b.WriteString("Content-Type: " + envelope.ContentType + "\r\n")
 	b.WriteString("Cache-Control: " + envelope.ErrorCacheControl + "\r\n")
 	b.WriteString(envelope.RequestIDHeader + ": " + requestID + "\r\n")
-	b.WriteString(envelope.ErrorCodeHeader + ": " + code + "\r\n")
+	b.WriteString(envelope.ErrorCodeHeader + ": " + refusal.code + "\r\n")
 	b.WriteString("Connection: close\r\n")
 	b.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n")
 	b.Write(body)
 	return b.Bytes()
 }
 
+// unreadRefusal is the answer sent instead of one of net/http's.
+type unreadRefusal struct {
+	status        int
+	code, message string
+}
+
 // unreadError names each of net/http's answers as the gateway names the
-// same refusals.
-func unreadError(status int, reason string) (code, message string) {
+// same refusals, with the gateway's status: net/http's 501 (an unknown
+// Transfer-Encoding) and 505 (an HTTP version it does not speak) refuse
+// what the client sent, so they are 400s, as the gateway answers them
+// (gateway README, http_version_not_supported). As 5xx they told the
+// client to retry (spec 7), and a port scan counted in the service's
+// http_requests_total{status_class="5xx"}, the series of its own failures.
+func unreadError(status int, reason string) unreadRefusal {
 	switch status {
 	case http.StatusRequestHeaderFieldsTooLarge:
-		return "headers_too_large", "the request line (with its URL) and headers are too large together"
+		return unreadRefusal{status, "headers_too_large", "the request line (with its URL) and headers are too large together"}
 	case http.StatusNotImplemented:
-		return "unsupported_transfer_encoding", "the request's Transfer-Encoding is not supported: send Content-Length, or Transfer-Encoding: chunked"
+		return unreadRefusal{http.StatusBadRequest, "unsupported_transfer_encoding", "the request's Transfer-Encoding is not supported: send Content-Length, or Transfer-Encoding: chunked"}
 	case http.StatusHTTPVersionNotSupported:
-		return "http_version_not_supported", "send HTTP/1.1 or HTTP/1.0"
+		return unreadRefusal{http.StatusBadRequest, "http_version_not_supported", "send HTTP/1.1 or HTTP/1.0"}
 	case http.StatusExpectationFailed:
-		return "expectation_failed", "the only Expect understood is 100-continue"
+		return unreadRefusal{status, "expectation_failed", "the only Expect understood is 100-continue"}
 	}
 	if reason != "" {
-		return "bad_request", "the request could not be read: " + reason
+		return unreadRefusal{status, "bad_request", "the request could not be read: " + reason}
 	}
-	return "bad_request", "the request could not be read"
+	return unreadRefusal{status, "bad_request", "the request could not be read"}
 }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
