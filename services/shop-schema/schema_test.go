@@ -399,6 +399,7 @@ func TestSchemaShopErrors(t *testing.T) {
 		// Reached, and answered badly: not shop_unreachable, which sends the
 		// merchant to check DNS and firewalls.
 		{"answer headers over 64 KiB", func(s *fakeshop.Shop) { s.HeaderPadding = 100 << 10 }, "", nil, 502, "shop_too_large"},
+		{"answer cut short", func(s *fakeshop.Shop) { s.CutShort = true }, "", nil, 502, "shop_bad_response"},
 		{"redirect to http", func(s *fakeshop.Shop) {
 			s.Redirect = func(r *http.Request) string { return "http://127.0.0.1:1/api/x" }
 		}, "", nil, 502, "shop_bad_response"},

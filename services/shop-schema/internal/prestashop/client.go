@@ -168,7 +168,7 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 			Reason: fmt.Sprintf("the shop's answers together are larger than %d bytes", cl.maxCallBytes)}
 	}
 	if err != nil {
-		return nil, transportError(ctx, resource, keyFree(err, c.key))
+		return nil, bodyError(ctx, resource, resp.StatusCode, keyFree(err, c.key))
 	}
 	if int64(len(body)) > cl.maxBytes {
 		return nil, &Error{Kind: KindTooLarge, Resource: resource, Status: resp.StatusCode,

@@ -144,6 +144,22 @@ func statusError(resource string, status int, body []byte) *Error {
 	return e
 }
 
+// bodyError classifies a failure to read the body of an answer whose
+// status line and headers came. The shop was reached, so unless time ran
+// out, the caller left or TLS failed, its answer is at fault: cut short
+// (the connection closed or reset before the body's end) or not decodable
+// (a Content-Encoding: gzip that is not gzip). That is shop_bad_response;
+// shop_unreachable, as transportError names any other network error,
+// sent the merchant to check DNS and firewalls.
+func bodyError(ctx context.Context, resource string, status int, err error) *Error {
+	e := transportError(ctx, resource, err)
+	e.Status = status
+	if e.Kind == KindUnreachable {
+		e.Kind, e.Reason = KindBadResponse, "the shop's answer was cut short or could not be decoded"
+	}
+	return e
+}
+
 // headersTooLarge is in the text of net/http's error for an answer whose
 // headers exceed the transport's MaxResponseHeaderBytes, which has no
 // sentinel error; TestSchemaShopErrors fails if a Go release rewords it.
