@@ -2,6 +2,7 @@ package tracestore
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,6 +68,39 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	}
 }
 
+// An exporter told to compress (OTEL_EXPORTER_OTLP_COMPRESSION=gzip, which
+// make run passes to every binary) is a valid OTLP/HTTP client: its spans
+// are kept, where each export was refused 400 and make trace found none.
+// JSON with a charset parameter is JSON too.
+func TestReceivesCompressedAndCharsetExports(t *testing.T) {
+	store := New(nil, 0)
+	srv := httptest.NewServer(store)
+	defer srv.Close()
+	ctx := context.Background()
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"),
+		otlptracehttp.WithCompression(otlptracehttp.GzipCompression))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	_, span := tp.Tracer("test").Start(ctx, "compressed")
+	span.End()
+	if err := tp.Shutdown(ctx); err != nil {
+		t.Fatalf("export with gzip: %v", err)
+	}
+	if got := store.Trace(span.SpanContext().TraceID().String()); len(got) != 1 {
+		t.Errorf("a gzip export kept %d spans, want 1", len(got))
+	}
+	resp, err := http.Post(srv.URL+"/v1/traces", "application/json; charset=utf-8", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("POST JSON with a charset = %d, want 200", resp.StatusCode)
+	}
+}
+
 // The collector answers what it cannot take with the stack's envelope.
 func TestErrorsAreEnvelopes(t *testing.T) {
 	srv := httptest.NewServer(New(nil, 0))
@@ -78,8 +112,16 @@ func TestErrorsAreEnvelopes(t *testing.T) {
 		{"GET", "/nope", "", 404},
 		{"POST", "/v1/traces", "not protobuf", 400},
 		{"POST", "/v1/traces", strings.Repeat("x", maxExportBytes+1), 413},
+		{"POST", "/v1/traces", "gzip:not gzip", 400},
+		{"POST", "/v1/traces", "gzip:" + gzipped(strings.Repeat("x", maxExportBytes+1)), 413},
+		{"POST", "/v1/traces", "br:x", 415},
 	} {
-		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		encoding, body, compressed := strings.Cut(tc.body, ":")
+		if !compressed {
+			encoding, body = "", tc.body
+		}
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(body))
+		req.Header.Set("Content-Encoding", encoding)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -117,6 +159,14 @@ func TestSpansNotWrittenAreAnError(t *testing.T) {
 		env.Error == nil || env.Error.Code != "internal_error" {
 		t.Errorf("POST /v1/traces with the file failing = %d %+v (%v), want 500 internal_error", resp.StatusCode, env, err)
 	}
+}
+
+func gzipped(s string) string {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	_, _ = zw.Write([]byte(s))
+	_ = zw.Close()
+	return b.String()
 }
 
 // failingWriter fails every write, as a file on a full disk does.
