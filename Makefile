@@ -36,7 +36,7 @@ vulncheck: ## govulncheck over every module: known vulnerabilities the code can 
 lint: ## go vet (and staticcheck when installed) over every module
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
 	@if command -v staticcheck >/dev/null; then for m in $(MODULES); do (cd $$m && staticcheck ./...) || exit 1; done; \
-	else echo "make lint: staticcheck is not on PATH, so it did not run (go vet did): see README, Development"; fi
+	else echo "make lint: staticcheck is not on PATH, so it did not run (go vet did): see README, \"Other make targets\""; fi
 
 trace: ## print the trace of one request of make run: make trace ID=<meta.request_id>
 	@bin/tracestore show --file .run/traces.jsonl $(ID)
