@@ -524,23 +524,10 @@ func TestShutdownSaysWhatItDrainsAndCutsOff(t *testing.T) {
 		<-release
 	})
 	var logs testenv.Output
-	addr := testenv.FreeAddr(t)
-	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Signer: signer,
-		ShutdownTimeout: 200 * time.Millisecond}, mux)
-	ctx, stop := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx) }()
-	waitListening(t, addr)
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
-		signAsReader(signer, req)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	addr, stop := runServer(t, mux, signer, slog.New(slog.NewJSONHandler(&logs, nil)), 200*time.Millisecond)
+	go sendSigned(context.Background(), signer, "http://"+addr+"/v1/slow")
 	<-entered
-	stop()
-	if err := <-ran; err == nil {
+	if err := stop(); err == nil {
 		t.Error("Run = nil after a drain that timed out, want its error")
 	}
 	out := logs.String()
@@ -568,26 +555,11 @@ func TestADrainThatTimesOutCancelsWhatItCutsOff(t *testing.T) {
 		case <-time.After(10 * time.Second): // a query's own timeout
 		}
 	})
-	addr := testenv.FreeAddr(t)
-	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer,
-		ShutdownTimeout: 200 * time.Millisecond}, mux)
-	ctx, stop := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx) }()
-	waitListening(t, addr)
+	addr, stop := runServer(t, mux, signer, slog.New(slog.DiscardHandler), 200*time.Millisecond)
 	answered := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
-		signAsReader(signer, req)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		answered <- err
-	}()
+	go func() { answered <- sendSigned(context.Background(), signer, "http://"+addr+"/v1/slow") }()
 	<-entered
 	stop()
-	<-ran
 	select {
 	case <-cancelled:
 	case <-time.After(2 * time.Second):
@@ -618,23 +590,10 @@ func TestARequestCutOffByTheDrainIsNotACallerGone(t *testing.T) {
 		err := fmt.Errorf("query: %w", r.Context().Err())
 		seen <- verdict{CallerGone(r, err), CutOff(r, err)}
 	})
-	addr := testenv.FreeAddr(t)
-	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer,
-		ShutdownTimeout: 200 * time.Millisecond}, mux)
-	ctx, stop := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx) }()
-	waitListening(t, addr)
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/slow", nil)
-		signAsReader(signer, req)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	addr, stop := runServer(t, mux, signer, slog.New(slog.DiscardHandler), 200*time.Millisecond)
+	go sendSigned(context.Background(), signer, "http://"+addr+"/v1/slow")
 	<-entered
 	stop()
-	<-ran
 	select {
 	case v := <-seen:
 		if v.callerGone || !v.cutOff {
@@ -661,21 +620,10 @@ func TestACallerThatHangsUpIsCallerGoneUnderRun(t *testing.T) {
 		err := r.Context().Err()
 		gone <- CallerGone(r, err) && !CutOff(r, err)
 	})
-	addr := testenv.FreeAddr(t)
-	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.DiscardHandler), Signer: signer}, mux)
-	ctx, stop := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- srv.Run(ctx) }()
-	defer func() { stop(); <-ran }()
-	waitListening(t, addr)
+	addr, stop := runServer(t, mux, signer, slog.New(slog.DiscardHandler), 0)
+	defer stop()
 	reqCtx, hangUp := context.WithCancel(context.Background())
-	go func() {
-		req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, "http://"+addr+"/v1/slow", nil)
-		signAsReader(signer, req)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	go sendSigned(reqCtx, signer, "http://"+addr+"/v1/slow")
 	<-entered
 	hangUp()
 	select {
@@ -686,6 +634,33 @@ func TestACallerThatHangsUpIsCallerGoneUnderRun(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the request whose caller hung up was not cancelled")
 	}
+}
+
+// runServer runs a Server of mux on a free address, its identities checked
+// with signer, logging to log, draining for shutdownTimeout (0: the
+// default), and returns the address and stop, which ends Run and returns
+// its error.
+func runServer(t *testing.T, mux *http.ServeMux, signer *identity.Signer, log *slog.Logger, shutdownTimeout time.Duration) (addr string, stop func() error) {
+	t.Helper()
+	addr = testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: addr, Log: log, Signer: signer, ShutdownTimeout: shutdownTimeout}, mux)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	waitListening(t, addr)
+	return addr, func() error { cancel(); return <-ran }
+}
+
+// sendSigned sends a GET of url signed as a reader, until ctx ends, and
+// returns the error of the exchange; the answer is not read.
+func sendSigned(ctx context.Context, signer *identity.Signer, url string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	signAsReader(signer, req)
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return err
 }
 
 // waitListening waits until addr accepts connections.
