@@ -129,8 +129,8 @@ var errUnknownEncoding = errors.New("tracestore: unknown Content-Encoding")
 
 // decoded returns body without its Content-Encoding. OTLP/HTTP lets an
 // exporter gzip its export, and the SDKs do when OTEL_EXPORTER_OTLP_COMPRESSION
-// is gzip (make run passes it to every binary): refused 400 as not OTLP,
-// every span of such a stack was lost. Decompressed, it is held to the same
+// is gzip (set for make run, it reaches every binary): refused 400 as not
+// OTLP, every span of such a stack was lost. Decompressed, it is held to the same
 // size as an export sent as it is.
 func decoded(body []byte, encoding string) ([]byte, error) {
 	switch strings.ToLower(strings.TrimSpace(encoding)) {
