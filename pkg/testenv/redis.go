@@ -81,10 +81,15 @@ func startRedis() (*RedisServer, error) {
 	// the port before redis-server listens, or while a test has it stopped.
 	addr, err := freeAddr()
 	if err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	srv := &RedisServer{URL: "redis://" + addr + "/0", addr: addr, dir: dir}
-	return srv, srv.Start()
+	if err := srv.Start(); err != nil {
+		// Its log stays for the error to point at; the folder holds nothing else.
+		return nil, err
+	}
+	return srv, nil
 }
 
 // Start (re)starts the server at its address.
