@@ -129,6 +129,17 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			"the sale store is unreachable; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
 	}
+	if postgres.Unavailable(err) {
+		// PostgreSQL answered that it cannot do the work now and rolled
+		// it back: read-only (a failover sent the writer to a standby, or
+		// the primary is fenced), out of connections or disk, or a
+		// deadlock. Nothing was applied; the answer still says how to
+		// settle it with the key, as every 503 of the writer does.
+		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", requestID)
+		return "unavailable"
+	}
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	return "internal_error"

@@ -565,6 +565,29 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	}
 }
 
+// A sale on a read-only database (a failover sent the writer to a standby,
+// or the primary is fenced with default_transaction_read_only: SQLSTATE
+// 25006) is 503 unavailable with Retry-After, not 500, and applies nothing:
+// the same call with the same key sells the item once the writer reaches
+// the primary again.
+func TestReadOnlyStoreIsUnavailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	readOnly := newHandler(t, openPool(t, f.url+" default_transaction_read_only=on"), defaultRetention)
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := serve(t, readOnly, f.signer, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+			!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+			t.Errorf("%s on a read-only database = %d %q %s, want 503 unavailable naming the retry", op, rec.Code, errorCode(env), rec.Body)
+		}
+		if got := rec.Header().Get("Retry-After"); got != "1" {
+			t.Errorf("%s on a read-only database: Retry-After = %q, want 1", op, got)
+		}
+	}
+	confirmed(t, f, "key-confirm")
+}
+
 // A call traced by its request id names its item, its Idempotency-Key
 // (on any 400 after the key's own: the query's, the Content-Type's, the
 // body's), its order, and

@@ -59,6 +59,14 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// engineer looks at PostgreSQL rather than at this code.
 		a.log.ErrorContext(r.Context(), "export store unreachable", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store is unreachable; retry with backoff", requestID)
+	case postgres.Unavailable(err):
+		// PostgreSQL answered that it cannot do the read now: on a
+		// replica (READ_DATABASE_URL) most often a query cancelled by
+		// its conflict with the replay of the primary's changes; also an
+		// overloaded server or an operator's cancel. The same read
+		// retried passes.
+		a.log.ErrorContext(r.Context(), "export store unavailable", "error", err)
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store cannot serve this read now; retry with backoff", requestID)
 	default:
 		a.log.ErrorContext(r.Context(), "export read failed", "error", err)
 		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
