@@ -178,17 +178,39 @@ func embeddedVersions() ([]int64, error) {
 // out; pgxpool_acquire_wait_seconds_total and pgxpool_empty_acquire_total
 // on /metrics show that state, and are what to alert on.
 type Readiness struct {
-	conn    *pgxpool.Pool // a pool of one connection, its own (NewReadiness opens it)
-	log     *slog.Logger
-	current atomic.Bool
+	conn     *pgxpool.Pool // a pool of one connection, its own (NewReadiness opens it)
+	log      *slog.Logger
+	writable bool // the service writes: a read-only database is not ready (Writable)
+	current  atomic.Bool
 }
+
+// ReadinessOption adds a condition to a Readiness.
+type ReadinessOption func(*Readiness)
+
+// Writable makes a read-only database unready: a writer sent to a hot
+// standby (a failover that moved the primary while its address still
+// names the old one, now a standby) or to a primary fenced with
+// default_transaction_read_only would fail every write with SQLSTATE
+// 25006, and unready it is taken out of the gateway's rotation and of
+// Kubernetes' endpoints until the database takes writes again. The check
+// reads its own session's transaction_read_only, which is on in recovery
+// and follows default_transaction_read_only as set in the server's
+// configuration (ALTER SYSTEM and a reload) or the DSN, in the same round
+// trip as the ping it replaces. A default set with ALTER DATABASE or ALTER
+// ROLE reaches only sessions opened after it, the check's at its next
+// connection; the writes fail meanwhile, answered 503. A reader leaves it
+// off: it reads from a replica on purpose.
+func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true } }
+
+// ErrReadOnly is Ready's error for a Writable check on a read-only database.
+var ErrReadOnly = errors.New("schema: the database is read-only (a standby, or default_transaction_read_only): this service writes; point it at the primary")
 
 // NewReadiness returns the check for the database of pool, on a
 // connection of its own with pool's settings (one more connection per
 // service instance, counted in PostgreSQL's max_connections). It checks
 // once at once, warning when the service starts unready, and logs when the
 // schema becomes current. Close releases the connection.
-func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*Readiness, error) {
+func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, opts ...ReadinessOption) (*Readiness, error) {
 	cfg := pool.Config()
 	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
 	conn, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -196,6 +218,9 @@ func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*R
 		return nil, fmt.Errorf("schema: readiness connection: %w", err)
 	}
 	r := &Readiness{conn: conn, log: log}
+	for _, opt := range opts {
+		opt(r)
+	}
 	if err := r.Ready(ctx); err != nil {
 		log.Warn("not ready until the database answers and is migrated", "error", err)
 	}
@@ -208,11 +233,27 @@ func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*R
 // every restart would fail, and the gateway would take a service out that
 // can serve, until its next probe.
 func (r *Readiness) ping(ctx context.Context) error {
-	err := r.conn.Ping(ctx)
-	if err != nil && ctx.Err() == nil {
-		err = r.conn.Ping(ctx)
+	err := r.probe(ctx)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) {
+		err = r.probe(ctx)
 	}
 	return err
+}
+
+// probe is one round trip to PostgreSQL: a ping, or for a Writable check
+// the query that reads whether the session is read-only.
+func (r *Readiness) probe(ctx context.Context) error {
+	if !r.writable {
+		return r.conn.Ping(ctx)
+	}
+	var readOnly bool
+	if err := r.conn.QueryRow(ctx, "SELECT current_setting('transaction_read_only') = 'on'").Scan(&readOnly); err != nil {
+		return err
+	}
+	if readOnly {
+		return ErrReadOnly
+	}
+	return nil
 }
 
 // Close releases the check's connection.

@@ -80,8 +80,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	writer := sales.NewWriter(pool, cfg.IdempotencyRetention)
 	mux := http.NewServeMux()
 	// A build newer than the database's schema waits, unready, for the
-	// migration (schema.Readiness).
-	readiness, err := schema.NewReadiness(ctx, pool, log)
+	// migration (schema.Readiness), and a read-only database (a standby
+	// after a failover) keeps the writer unready, out of rotation.
+	readiness, err := schema.NewReadiness(ctx, pool, log, schema.Writable())
 	if err != nil {
 		return err
 	}

@@ -163,3 +163,75 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 		return func() { cancel(); <-done }
 	})
 }
+
+// A writer sent to a read-only database (the old primary turned standby
+// after a failover, or a primary fenced with default_transaction_read_only)
+// is unready, so that the gateway and Kubernetes send it no sale, and a
+// sale that reaches it anyway is 503 unavailable, not 500; once the
+// database takes writes again (here its sessions start anew, as a
+// promotion's restart makes them) it is ready.
+func TestUnreadyOnAReadOnlyDatabase(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	admin, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	setReadOnly := func(on bool) {
+		t.Helper()
+		sql := "ALTER DATABASE " + admin.Config().ConnConfig.Database + " RESET default_transaction_read_only"
+		if on {
+			sql = "ALTER DATABASE " + admin.Config().ConnConfig.Database + " SET default_transaction_read_only = on"
+		}
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setReadOnly(true)
+
+	addr := testenv.FreeAddr(t)
+	runCtx, cancel := context.WithCancel(ctx)
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
+			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out, nil)
+	}()
+	defer func() { cancel(); <-done }()
+	waitReady(t, "http://"+addr+"/healthz", &out)
+
+	if status := healthStatus(t, "http://"+addr+"/healthz"); status != http.StatusServiceUnavailable {
+		t.Errorf("/healthz on a read-only database = %d, want 503", status)
+	}
+	if !strings.Contains(out.String(), "read-only") {
+		t.Errorf("the log does not say the database is read-only:\n%s", out.String())
+	}
+	signer, _ := identity.NewSigner(secret)
+	id := identity.Identity{OwnerID: "00000000-0000-0000-0000-000000000001", PlatformID: "market-a", KeyID: "k",
+		Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-1"}
+	if status, body := post(t, signer, "http://"+addr+"/v1/export/items/coin-1/sales/confirm", id); status != http.StatusServiceUnavailable ||
+		body.Error == nil || body.Error.Code != "unavailable" {
+		t.Errorf("confirm on a read-only database = %d %+v, want 503 unavailable", status, body.Error)
+	}
+
+	setReadOnly(false)
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	if status := healthStatus(t, "http://"+addr+"/healthz"); status != http.StatusOK {
+		t.Errorf("/healthz once the database takes writes = %d, want 200", status)
+	}
+}
+
+// healthStatus is the status of one GET of url.
+func healthStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
