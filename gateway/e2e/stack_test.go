@@ -55,7 +55,8 @@ func build(t *testing.T) string {
 // beside this one can take one meanwhile ("address already in use"). A
 // stack one of whose processes exits before the stack is healthy is
 // therefore stopped and started again on new ports, up to three times.
-func startStack(t *testing.T, dsn, redisURL string) *stack {
+// settings ("NAME=value") are given to every binary, after the stack's own.
+func startStack(t *testing.T, dsn, redisURL string, settings ...string) *stack {
 	t.Helper()
 	bin := build(t)
 	store := tracestore.New(nil, 0)
@@ -63,7 +64,7 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 	t.Cleanup(receiver.Close)
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
-		s, exited, stop := launch(t, bin, receiver.URL, store, dsn, redisURL)
+		s, exited, stop := launch(t, bin, receiver.URL, store, dsn, redisURL, settings)
 		err := s.waitHealthy(exited)
 		if err == nil {
 			t.Cleanup(stop)
@@ -88,9 +89,10 @@ func startStack(t *testing.T, dsn, redisURL string) *stack {
 var errExited = errors.New("a process of the stack exited")
 
 // launch starts the four binaries on new ports, exporting their spans to
-// receiverURL, which stores them in traces. exited receives the name of each process that ends; stop
+// receiverURL, which stores them in traces, each with settings added to
+// its environment. exited receives the name of each process that ends; stop
 // ends them all (TERM, then KILL after 10 s) and waits for them.
-func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn, redisURL string) (s *stack, exited <-chan string, stop func()) {
+func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn, redisURL string, settings []string) (s *stack, exited <-chan string, stop func()) {
 	t.Helper()
 	addr, admin := map[string]string{}, map[string]string{}
 	for name := range binaries {
@@ -130,7 +132,7 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 		logs := &testenv.Output{}
 		s.logs[name] = logs
 		cmd := exec.Command(filepath.Join(bin, name))
-		cmd.Env = append(append([]string{}, common...), own[name]...)
+		cmd.Env = append(append(append([]string{}, common...), own[name]...), settings...)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
 			stop()
