@@ -215,9 +215,11 @@ wait_http export-reader http://127.0.0.1:$reader_port/healthz
 wait_http sales-writer http://127.0.0.1:$writer_port/healthz
 wait_http shop-schema http://127.0.0.1:$shop_port/healthz
 gateway_env=(EXPORT_READER_URLS=http://127.0.0.1:$reader_port SALES_WRITER_URLS=http://127.0.0.1:$writer_port
-  SHOP_SCHEMA_URLS=http://127.0.0.1:$shop_port RATE_LIMIT_EXPORT_READ=100000000-M RATE_LIMIT_SALES_WRITE=100000000-M)
+  SHOP_SCHEMA_URLS=http://127.0.0.1:$shop_port RATE_LIMIT_EXPORT_READ=100000000-M RATE_LIMIT_SALES_WRITE=100000000-M
+  RATE_LIMIT_OWNER_IN_FLIGHT=100000)
 # Limits far above the load, so every request pays for the decision and
-# none is refused: the figure is the cost of limiting, not its effect.
+# none is refused: the figure is the cost of limiting, not its effect (the
+# bench's one owner has 256 GETs in flight, over the default owner cap).
 start gateway env "${gateway_env[@]}" GATEWAY_ADDR=127.0.0.1:$gw_port GATEWAY_ADMIN_ADDR=127.0.0.1:19080 bin/gateway
 start gateway-nolimit env "${gateway_env[@]}" GATEWAY_ADDR=127.0.0.1:$gw_off_port GATEWAY_ADMIN_ADDR=127.0.0.1:19090 \
   RATE_LIMIT_ENABLED=false bin/gateway

@@ -24,6 +24,7 @@ func (g *Gateway) newApp() *fiber.App {
 	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
 		classShopSchema, classAuthFailures})
 	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
+	g.ownerSlotDecisions = g.metrics.forSlots(classOwnerInFlight)
 	g.metrics.forUpstreams(g.upstreams)
 	app := fiber.New(fiber.Config{
 		AppName:               "gateway",
@@ -414,6 +415,14 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
 	}
+	release, err := g.takeOwnerSlot(rq)
+	if err != nil {
+		return err
+	}
+	// The keyed routes' answers are read whole before they are relayed:
+	// the slot is held while the upstream works, not while a slow client
+	// reads.
+	defer release()
 	return g.proxy(c, rq, rt)
 }
 

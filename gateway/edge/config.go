@@ -62,6 +62,7 @@ type Config struct {
 	RateAnonymous         limiter.Rate  // RATE_LIMIT_ANONYMOUS (600-M) per client IP
 	RateShopSchema        limiter.Rate  // RATE_LIMIT_SHOP_SCHEMA (30-M) per client IP
 	ShopSchemaInFlight    int           // RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT (4) shop schema calls at once per client IP
+	OwnerInFlight         int           // RATE_LIMIT_OWNER_IN_FLIGHT (64) keyed requests at once per owner; 0 = no cap
 	RateAuthFailures      limiter.Rate  // RATE_LIMIT_AUTH_FAILURES (60-M) per client IP
 
 	GC gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
@@ -119,6 +120,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		RateAnonymous:         rate(r, "RATE_LIMIT_ANONYMOUS", "600-M"),
 		RateShopSchema:        rate(r, "RATE_LIMIT_SHOP_SCHEMA", "30-M"),
 		ShopSchemaInFlight:    r.Int("RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT", 4, 1, 10000),
+		OwnerInFlight:         r.Int("RATE_LIMIT_OWNER_IN_FLIGHT", 64, 0, 100000),
 		RateAuthFailures:      rate(r, "RATE_LIMIT_AUTH_FAILURES", "60-M"),
 
 		GC: gcdefaults.Read(getenv),
@@ -221,6 +223,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("rate_export_read", c.RateExportRead.Formatted), slog.String("rate_sales_write", c.RateSalesWrite.Formatted),
 		slog.String("rate_anonymous", c.RateAnonymous.Formatted), slog.String("rate_shop_schema", c.RateShopSchema.Formatted),
 		slog.Int("shop_schema_in_flight", c.ShopSchemaInFlight),
+		slog.Int("owner_in_flight", c.OwnerInFlight),
 		slog.String("rate_auth_failures", c.RateAuthFailures.Formatted),
 		slog.Any("gc", c.GC),
 	)

@@ -1615,6 +1615,68 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 	}
 }
 
+// An owner may have RATE_LIMIT_OWNER_IN_FLIGHT requests in flight on the
+// keyed routes, all of its keys and routes together, and no more: the
+// per-key rate limits let an owner with many keys queue more requests than
+// the services serve, ahead of every other owner's (README, "Tenants
+// sharing a stack"). Another owner is not affected, and a slot freed is
+// taken again.
+func TestOwnerRequestsInFlight(t *testing.T) {
+	dsn, _, k := seed(t)
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		arrived.Add(1)
+		select { // bounded, so that a gateway letting a request too many through fails the test rather than hanging it
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
+	}))
+	t.Cleanup(slow.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": slow.URL,
+		"SALES_WRITER_URLS": slow.URL, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"})
+	items := gw.URL + "/v1/export/items"
+	sale := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	answers := make(chan int, 3)
+	// Owner A: a list page with its read key, a sale with its write key.
+	go func() { answers <- do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil).Status }()
+	go func() {
+		answers <- do(t, "POST", sale, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "order-1",
+			"Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"order-1"}`)).Status
+	}()
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 2 })
+	r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil)
+	checkEnvelope(t, r)
+	if r.Status != 429 || r.Env.Error == nil || r.Env.Error.Code != "rate_limited" || r.Header.Get("Retry-After") != "1" ||
+		!strings.Contains(r.Env.Error.Message, "at most 2") {
+		t.Errorf("owner's third request in flight = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
+			r.Status, r.Body, r.Header.Get("Retry-After"))
+	}
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"owner_in_flight"`) {
+		t.Errorf("access line of the 429 = %s, want rate_limit_class owner_in_flight", line)
+	}
+	limited := `gateway_ratelimit_decisions_total{backend="process",class="owner_in_flight",decision="limited"} 1`
+	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(limited)) {
+		t.Errorf("metrics lack %s:\n%s", limited, grep(metrics, "gateway_ratelimit_decisions_total"))
+	}
+	// Owner B's request goes through while A holds both of its slots.
+	go func() { answers <- do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil).Status }()
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 3 })
+	close(release)
+	for range 3 {
+		if got := <-answers; got != 200 {
+			t.Errorf("a request within its owner's slots = %d, want 200", got)
+		}
+	}
+	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+		t.Errorf("a request after the slots were freed = %d %s, want 200", r.Status, r.Body)
+	}
+}
+
 // A shop schema answer is streamed to the client, and shop-schema holds its
 // read's slot until the client has taken the whole answer: a large schema
 // (a shop of the caller's own can make one) read slowly keeps the call in

@@ -112,6 +112,15 @@ func errTooManyInFlight(limit int) *apiError {
 		RetryAfter: time.Second}
 }
 
+// errOwnerTooManyInFlight is the 429 of a keyed request over its owner's
+// slots, whichever of the owner's keys sent it; a retry is worth it once
+// one of the owner's requests ends.
+func errOwnerTooManyInFlight(limit int) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
+		Message:    fmt.Sprintf("at most %d requests at once per owner, all of its keys together; retry when one ends", limit),
+		RetryAfter: time.Second}
+}
+
 // errAuthThrottled is the 429 of a key that was not even looked up: its
 // client's address is over the failed-authentication budget. It says so,
 // as a valid key refused this way would otherwise look limited for no

@@ -51,17 +51,22 @@ type Gateway struct {
 	draining atomic.Bool // Drain was called: /v1/health answers 503
 	// shopSlots bounds each client address's shop schema calls in flight;
 	// shopSlotDecisions counts what it decided.
-	shopSlots         *addressSlots
+	shopSlots         *inFlightSlots
 	shopSlotDecisions slotDecisions
-	tracer            trace.Tracer
-	metrics           *metrics
-	signer            *identity.Signer // signs the identity sent upstream
-	pool              *pgxpool.Pool
-	redis             *redis.Client
-	keys              keyLookup
-	limiter           *ratelimit.Limiter // nil when rate limiting is off
-	rates             map[string]limiter.Rate
-	upstreams         map[string]*upstream.Upstream
+	// ownerSlots bounds each owner's requests in flight on the keyed
+	// routes (nil when RATE_LIMIT_OWNER_IN_FLIGHT is 0); ownerSlotDecisions
+	// counts what it decided.
+	ownerSlots         *inFlightSlots
+	ownerSlotDecisions slotDecisions
+	tracer             trace.Tracer
+	metrics            *metrics
+	signer             *identity.Signer // signs the identity sent upstream
+	pool               *pgxpool.Pool
+	redis              *redis.Client
+	keys               keyLookup
+	limiter            *ratelimit.Limiter // nil when rate limiting is off
+	rates              map[string]limiter.Rate
+	upstreams          map[string]*upstream.Upstream
 	// clientAddr reads the client IP (GATEWAY_PROXY_HEADER, only from
 	// GATEWAY_TRUSTED_PROXIES).
 	clientAddr clientAddress
@@ -102,9 +107,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 // start is Start with a hook tests use to replace parts before serving.
 func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
 	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
-		shopSlots:  newAddressSlots(cfg.ShopSchemaInFlight),
+		shopSlots:  newInFlightSlots(cfg.ShopSchemaInFlight),
 		clientAddr: clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		served:     make(chan error, 2), limitDone: make(chan struct{})}
+	if cfg.OwnerInFlight > 0 {
+		g.ownerSlots = newInFlightSlots(cfg.OwnerInFlight)
+	}
 	cleanup := []func(){}
 	defer func() {
 		if err != nil {

@@ -188,7 +188,7 @@ func (m *metrics) forDecisions(classes []string) decisionMetrics {
 }
 
 // slotDecisions are the decision counters of a cap on calls in flight
-// (addressSlots), whose count lives in the gateway process by design: its
+// (inFlightSlots), whose count lives in the gateway process by design: its
 // backend is "process", apart from "local", which says Redis failed.
 type slotDecisions struct{ allowed, limited prometheus.Counter }
 

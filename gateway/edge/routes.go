@@ -25,9 +25,12 @@ const (
 	classShopSchema   = "shop_schema"
 	classAuthFailures = "auth_failures"
 	// classShopSchemaInFlight is the cap on an address's shop schema calls
-	// in flight (addressSlots): no window and no Redis keys, but a limit
+	// in flight (inFlightSlots): no window and no Redis keys, but a limit
 	// whose 429 is named like the others'.
 	classShopSchemaInFlight = "shop_schema_in_flight"
+	// classOwnerInFlight is the cap on an owner's requests in flight on
+	// the keyed routes, all of its keys together (takeOwnerSlot).
+	classOwnerInFlight = "owner_in_flight"
 )
 
 // route is one line of the routing table.
