@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -280,6 +281,17 @@ func share(op Op, t Taken, admitted, left int64) result {
 	return r
 }
 
+// probeOp is the decision the prober asks Redis for: one unit of a limit
+// never reached, so that the script writes, as every decision that admits
+// does. A PING was answered by a Redis that refused every decision with an
+// error reply (OOM at maxmemory with noeviction, READONLY on a replica after
+// a failover): the limiter went back to it every 250 ms, failed the next
+// batch, and the gateway logged both turns, four times a second each, while
+// the degraded gauge flapped too fast for the alert on it to fire.
+var probeOp = Op{Key: "limiter-probe", Rate: limiter.Rate{Period: time.Second, Limit: math.MaxInt32}, Cost: 1}
+
+// probe asks Redis for probeOp while the limiter is degraded, and makes it
+// shared again once that passes.
 func (l *Limiter) probe(ctx context.Context) {
 	tick := time.NewTicker(l.opts.ProbeInterval)
 	defer tick.Stop()
@@ -293,7 +305,7 @@ func (l *Limiter) probe(ctx context.Context) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-		err := l.store.client.Ping(pctx).Err()
+		_, err := l.store.TakeMany(pctx, []Op{probeOp})
 		cancel()
 		if err == nil && l.degraded.CompareAndSwap(true, false) {
 			l.opts.OnDegraded(nil)

@@ -272,6 +272,72 @@ func TestRedisOutageFallsBackAndRecovers(t *testing.T) {
 	}
 }
 
+// A Redis that answers PING but refuses the script with an error reply
+// (not a timeout) keeps the limiter degraded until a decision would pass
+// again: before, the prober's PING made it shared every 250 ms and the
+// next batch degraded it again, each turn logged and counted.
+func TestAnErrorReplyKeepsTheLimiterDegradedUntilDecisionsPass(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		refuse, accept func(context.Context, *redis.Client) error
+	}{
+		{"OOM at maxmemory with noeviction",
+			func(ctx context.Context, c *redis.Client) error {
+				if err := c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+					return err
+				}
+				return c.ConfigSet(ctx, "maxmemory", "1").Err()
+			},
+			func(ctx context.Context, c *redis.Client) error { return c.ConfigSet(ctx, "maxmemory", "0").Err() }},
+		{"READONLY replica of a master that is gone",
+			func(ctx context.Context, c *redis.Client) error {
+				return c.SlaveOf(ctx, "127.0.0.1", "1").Err()
+			},
+			func(ctx context.Context, c *redis.Client) error { return c.SlaveOf(ctx, "NO", "ONE").Err() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := testenv.StartRedis(t)
+			admin := redisClient(t, srv.URL)
+			ctx := context.Background()
+			var events atomic.Int64
+			l := startLimiter(t, srv.URL, Options{ProbeInterval: 10 * time.Millisecond,
+				OnDegraded: func(error) { events.Add(1) }})
+			rate := mustRate(t, "3-M")
+			if err := tc.refuse(ctx, admin); err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.Ping(ctx).Err(); err != nil {
+				t.Fatalf("PING of the refusing Redis = %v, want answered", err)
+			}
+			if d := l.Take("k", rate); !d.Allowed || !d.Local {
+				t.Fatalf("Take while Redis refuses writes = %+v, want allowed locally", d)
+			}
+			// Fifty probes' time: each one that passed would end the
+			// degraded state, which no decision could.
+			for range 50 {
+				time.Sleep(10 * time.Millisecond)
+				if !l.Degraded() {
+					t.Fatalf("limiter shared again while Redis refuses every decision (OnDegraded called %d times)",
+						events.Load())
+				}
+			}
+			if err := tc.accept(ctx, admin); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for l.Degraded() && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if d := l.Take("k2", rate); !d.Allowed || d.Local {
+				t.Fatalf("Take once Redis accepts writes again = %+v, want allowed by Redis", d)
+			}
+			if got := events.Load(); got != 2 {
+				t.Errorf("OnDegraded called %d times, want 2 (unusable, usable again)", got)
+			}
+		})
+	}
+}
+
 func TestLeasesKeepTheBound(t *testing.T) {
 	// Two gateway instances share one Redis; 1000-M allows leases of 10.
 	url, prefix := testenv.RedisURL(t), testenv.KeyPrefix(t)
