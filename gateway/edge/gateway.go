@@ -20,6 +20,7 @@ import (
 	"github.com/coinexport/export/gateway/lingerclose"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
+	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
@@ -175,7 +176,10 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	// closes a connection at once, even while the client is still sending
 	// a request it refused: lingerclose closes in stages, so that the
 	// client reads the refusal instead of a reset.
-	g.listener = lazydeadline.NewListener(lingerclose.NewListener(ln, lingerclose.Defaults),
+	// acceptretry waits out a shortage of descriptors: fasthttp would take
+	// EMFILE for the listener's end, and the gateway would exit.
+	g.listener = lazydeadline.NewListener(
+		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), lingerclose.Defaults),
 		lazydeadline.TickFor(cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout))
 	cleanup = append(cleanup, func() { g.listener.Close() })
 	if g.adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminAddr); err != nil {

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,6 +141,9 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("httpserver: listen %s: %w", srv.Addr, err)
 		}
+		// net/http waits out a shortage of descriptors itself, but logs
+		// each failed accept, once a second for as long as it lasts.
+		ln = acceptretry.New(ln, acceptretry.LogRetries(s.cfg.Log))
 		listeners = append(listeners, UnreadAsEnvelope(ln, s.unread))
 	}
 	errs := make(chan error, len(servers))
