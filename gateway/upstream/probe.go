@@ -86,6 +86,7 @@ const (
 	probeAnswered   probeVerdict = iota // an answer below 500
 	probeFailed                         // no connection, or an answer of 5xx
 	probeUnanswered                     // connected, but no answer in time
+	probeNotSent                        // the gateway had no descriptor for it: nothing learnt
 )
 
 // judge acts on what a probe of inst found; failure says why a failed
@@ -97,6 +98,8 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, failure string, interva
 		u.markUp(inst)
 	case probeFailed:
 		u.markDown(inst, interval+u.opts.DownFor, failure)
+	case probeNotSent:
+		// The instance was not asked: it stays as it was.
 	default:
 		// Three in a row take an instance out. One already out (refused,
 		// 5xx) is not kept out by a probe left unanswered: a readiness
@@ -132,6 +135,8 @@ func (inst *Instance) probeOnce(timeout time.Duration) (probeVerdict, string) {
 	resp.SkipBody = true
 	err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second))
 	switch {
+	case errors.As(err, new(shortageError)):
+		return probeNotSent, ""
 	case errors.As(err, new(dialError)):
 		return probeFailed, reasonRefused
 	case err != nil:

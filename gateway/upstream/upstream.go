@@ -20,6 +20,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/coinexport/export/gateway/lazydeadline"
 	"github.com/coinexport/export/gateway/monotime"
+	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/valyala/fasthttp"
 )
 
@@ -179,6 +180,9 @@ func newInstance(p *url.URL, opts Options) *Instance {
 	connect := opts.ConnectTimeout
 	dial := func(addr string) (net.Conn, error) {
 		c, err := fasthttp.DialDualStackTimeout(addr, connect) // IPv6 too: fasthttp.Dial is IPv4 only
+		if acceptretry.Exhausted(err) {
+			return nil, shortageError{err}
+		}
 		if err != nil {
 			return nil, dialError{err}
 		}
@@ -233,6 +237,18 @@ type dialError struct{ err error }
 
 func (e dialError) Error() string { return e.err.Error() }
 func (e dialError) Unwrap() error { return e.err }
+
+// shortageError is a connection the gateway could not even try: it is out
+// of file descriptors or memory (EMFILE from socket()). Nothing was sent,
+// as for a refusal, but the instance is not to blame: taken for a refusal,
+// every instance of every upstream was marked down with "it refused a
+// connection", and on-call was sent to services that were fine.
+type shortageError struct{ err error }
+
+func (e shortageError) Error() string {
+	return "the gateway is out of file descriptors or memory: " + e.err.Error()
+}
+func (e shortageError) Unwrap() error { return e.err }
 
 // Repeat says when a request may be sent a second time, to another
 // instance, after a failure that happened once it may have arrived.
@@ -379,7 +395,7 @@ func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Re
 func classify(err error) error {
 	var dial dialError
 	switch {
-	case errors.As(err, &dial), errors.Is(err, fasthttp.ErrNoFreeConns):
+	case errors.As(err, &dial), errors.As(err, new(shortageError)), errors.Is(err, fasthttp.ErrNoFreeConns):
 		return ErrUnreachable
 	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return ErrTimeout

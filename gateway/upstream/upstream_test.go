@@ -731,3 +731,38 @@ func TestOutcomeNamesTheInstance(t *testing.T) {
 		t.Errorf("Do with every instance out = %+v, %v; want ErrUnavailable naming none", out, err)
 	}
 }
+
+// A gateway out of file descriptors cannot open a connection to any
+// instance: the request fails as unreachable (nothing was sent), saying
+// why, and no instance is marked down or blamed by its probe. Before, every
+// instance was taken out with "it refused a connection", /v1/health said
+// every service was down, and the alerts pointed at services that were
+// fine.
+func TestOutOfDescriptorsNoInstanceIsBlamed(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer ok.Close()
+	u, err := New("svc", []string{ok.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := testenv.ExhaustDescriptors(t)
+	_, _, err = send(u, Repeat{})
+	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "out of file descriptors") {
+		t.Errorf("Do out of descriptors = %v, want ErrUnreachable saying the gateway is out of descriptors", err)
+	}
+	inst := u.current()[0]
+	verdict, failure := inst.probeOnce(time.Second)
+	if verdict != probeNotSent {
+		t.Errorf("probeOnce out of descriptors = %d, %q; want %d (not sent)", verdict, failure, probeNotSent)
+	}
+	u.judge(inst, verdict, failure, time.Second)
+	if got := u.State(); got != "ok" {
+		t.Errorf("State() after a request and a probe out of descriptors = %q, want ok", got)
+	}
+	for _, f := range held {
+		f.Close()
+	}
+	if _, status, err := send(u, Repeat{}); err != nil || status != 200 {
+		t.Errorf("Do once descriptors are free = %d, %v; want 200", status, err)
+	}
+}
