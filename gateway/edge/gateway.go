@@ -326,7 +326,8 @@ func (g *Gateway) startServing() {
 		// "OPTIONS *" goes to the handler too (an envelope), not to
 		// net/http's own empty 200, as on the services' admin ports.
 		DisableGeneralOptionsHandler: true}
-	adminLn := httpserver.UnreadAsEnvelope(g.adminLn, httpserver.LogUnread(g.log))
+	adminLn := httpserver.UnreadAsEnvelope(acceptretry.New(g.adminLn, acceptretry.LogRetries(g.log)),
+		httpserver.LogUnread(g.log))
 	go func() {
 		if err := g.admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			g.served <- err
