@@ -213,8 +213,14 @@ func startPostgres() (string, error) {
 }
 
 // postgresBinDir finds initdb on PATH or in Debian's versioned folders.
+// An initdb on PATH that links to the server's folder (/usr/local/bin's
+// on the CI image) resolves to it: pg_basebackup is there, not beside the
+// link.
 func postgresBinDir() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
 		return filepath.Dir(p), nil
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")

@@ -1,0 +1,125 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/coinexport/export/pkg/schema"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Pair is a streaming-replication pair of PostgreSQL clusters of a test's
+// own: a primary with a migrated database and a hot standby of it.
+type Pair struct {
+	Primary string // DSN of the migrated database on the primary
+	Standby string // DSN of the same database on the standby
+	bin     string
+	user    string
+	dir     string
+}
+
+// StandbyPair starts a primary (its own cluster, not the shared one: a
+// base backup of that would copy every test's database) with a migrated
+// database, and a hot standby of it made with pg_basebackup -R. Each
+// standbyOpts entry is a server setting of the standby ("-c name=value"
+// pairs for postgres). Both stop when the test ends. It takes about two
+// seconds.
+func StandbyPair(t testing.TB, standbyOpts ...string) *Pair {
+	t.Helper()
+	bin, err := postgresBinDir()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "testenv-pair-")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	asUser, err := serverUser(dir)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	p := &Pair{bin: bin, user: asUser, dir: dir}
+	primary, standby := filepath.Join(dir, "primary"), filepath.Join(dir, "standby")
+	if out, err := runAs(asUser, filepath.Join(bin, "initdb"), "-D", primary, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
+		t.Fatalf("testenv: initdb: %v: %s", err, out)
+	}
+	p.start(t, "primary")
+	admin := p.dsn("primary", "postgres")
+	migrate(t, admin, p.dsn("primary", "export"))
+	// -R writes standby.signal and primary_conninfo (the primary's socket);
+	// a fast checkpoint, as the default spread one took 100 s.
+	if out, err := runAs(asUser, filepath.Join(bin, "pg_basebackup"), "-h", p.socketDir("primary"), "-U", "postgres",
+		"-D", standby, "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"); err != nil {
+		t.Fatalf("testenv: pg_basebackup: %v: %s", err, out)
+	}
+	p.start(t, "standby", standbyOpts...)
+	p.Primary, p.Standby = p.dsn("primary", "export"), p.dsn("standby", "export")
+	return p
+}
+
+// StopPrimary stops the primary at once (as a crash would): the standby's
+// WAL receiver loses it and retries.
+func (p *Pair) StopPrimary(t testing.TB) {
+	t.Helper()
+	if out, err := runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", filepath.Join(p.dir, "primary"), "-m", "immediate", "-w", "stop"); err != nil {
+		t.Fatalf("testenv: stop the primary: %v: %s", err, out)
+	}
+}
+
+// start starts the cluster in folder name, listening only on a socket of
+// its own folder, and stops it when the test ends.
+func (p *Pair) start(t testing.TB, name string, opts ...string) {
+	t.Helper()
+	sock := p.socketDir(name)
+	if err := os.MkdirAll(sock, 0o700); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if p.user != "" {
+		if out, err := runAs("", "chown", p.user, sock); err != nil {
+			t.Fatalf("testenv: chown: %v: %s", err, out)
+		}
+	}
+	o := fmt.Sprintf("-c listen_addresses='' -k %s -c unix_socket_permissions=0700 -c fsync=off -c synchronous_commit=off", sock)
+	for _, opt := range opts {
+		o += " -c " + opt
+	}
+	data := filepath.Join(p.dir, name)
+	if out, err := runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", data, "-l", filepath.Join(p.dir, name+".log"), "-w", "-o", o, "start"); err != nil {
+		t.Fatalf("testenv: pg_ctl start %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop") })
+}
+
+func (p *Pair) socketDir(name string) string { return filepath.Join(p.dir, name+"-socket") }
+
+func (p *Pair) dsn(name, db string) string {
+	return fmt.Sprintf("host=%s user=postgres dbname=%s sslmode=disable", p.socketDir(name), db)
+}
+
+// migrate creates the database of dsn through admin and applies every
+// migration to it.
+func migrate(t testing.TB, admin, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, admin)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	_, err = pool.Exec(ctx, "CREATE DATABASE export")
+	pool.Close()
+	if err != nil {
+		t.Fatalf("testenv: create database: %v", err)
+	}
+	db, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	defer db.Close()
+	if _, err := schema.Up(ctx, db); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+}
