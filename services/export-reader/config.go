@@ -8,13 +8,17 @@ import (
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/export-reader/internal/export"
+	"github.com/coinexport/export/services/export-reader/internal/replica"
 )
 
 // Config is everything the export reader reads from its environment.
 type Config struct {
-	Addr           string        // EXPORT_READER_ADDR (127.0.0.1:8081)
-	AdminAddr      string        // EXPORT_READER_ADMIN_ADDR (127.0.0.1:9081): /metrics and /debug/pprof
-	DatabaseURL    string        // READ_DATABASE_URL, else DATABASE_URL (required; secret: may hold a password)
+	Addr        string // EXPORT_READER_ADDR (127.0.0.1:8081)
+	AdminAddr   string // EXPORT_READER_ADMIN_ADDR (127.0.0.1:9081): /metrics and /debug/pprof
+	DatabaseURL string // READ_DATABASE_URL, else DATABASE_URL (required; secret: may hold a password)
+	// ReadMaxLag: READ_MAX_LAG (60s), the lag of a standby read database
+	// past which list pages answer 503; 0 measures it without refusing.
+	ReadMaxLag     time.Duration
 	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS (8)
 	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT (10s)
 	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES (256); 0 turns read-ahead off
@@ -42,6 +46,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		Addr:           r.Addr("EXPORT_READER_ADDR", "127.0.0.1:8081"),
 		AdminAddr:      r.Addr("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
 		DatabaseURL:    r.String("READ_DATABASE_URL", r.String("DATABASE_URL", "")),
+		ReadMaxLag:     r.Duration("READ_MAX_LAG", time.Minute, 0, time.Hour),
 		DBMaxConns:     r.Int("EXPORT_READER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
 		ReadAheadPages: r.Int("EXPORT_READER_READ_AHEAD_PAGES", 256, 0, 8192), // 8192 pages ≈ 1 GB
@@ -54,6 +59,10 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		dsnVar = "READ_DATABASE_URL"
 	}
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), dsnVar+" must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	// The lag is read once a second: a lower bound would refuse syncs on
+	// the reading's own age.
+	r.Check(cfg.ReadMaxLag == 0 || cfg.ReadMaxLag >= 2*replica.DefaultInterval,
+		"READ_MAX_LAG must be 0 (off) or at least 2s: the replica's lag is read once a second")
 	cfg.CursorSecret, cfg.CursorPrevious = r.Secret("CURSOR_SECRET")
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
@@ -70,7 +79,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
-		slog.String("query_timeout", c.QueryTimeout.String()),
+		slog.String("query_timeout", c.QueryTimeout.String()), slog.String("read_max_lag", c.ReadMaxLag.String()),
 		slog.Int("read_ahead_pages", c.ReadAheadPages), slog.String("read_ahead_ttl", c.ReadAheadTTL.String()),
 		slog.String("cursor_secret", "***"), slog.Int("cursor_secrets_previous", len(c.CursorPrevious)),
 		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),

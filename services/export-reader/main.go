@@ -22,6 +22,7 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/api"
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/coinexport/export/services/export-reader/internal/export"
+	"github.com/coinexport/export/services/export-reader/internal/replica"
 )
 
 const serviceName = "export-reader"
@@ -71,7 +72,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	reader := export.NewReader(pool, cursors, cfg.readAhead())
+	// A standby too far behind must not let a sync succeed: its next
+	// incremental one would skip what the standby lacked (README, "Reading
+	// from a replica").
+	lag, err := replica.Start(ctx, pool, log, replica.Options{MaxLag: cfg.ReadMaxLag})
+	if err != nil {
+		return err
+	}
+	defer lag.Close()
+	reader := export.NewReader(pool, cursors, cfg.readAhead(), export.RefuseListsUnless(lag.Check))
 	mux := http.NewServeMux()
 	api.New(reader, log, cfg.QueryTimeout).Register(mux)
 	// A build newer than the database's schema waits, unready, for the
@@ -91,5 +100,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}, mux)
 	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
 	srv.Registry().MustRegister(reader.Collectors()...)
+	srv.Registry().MustRegister(lag.Collector())
 	return srv.Run(ctx)
 }

@@ -28,7 +28,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatalf("loadConfig(minimal) error = %v", err)
 	}
 	if cfg.Addr != "127.0.0.1:8081" || cfg.AdminAddr != "127.0.0.1:9081" || cfg.DBMaxConns != 8 || cfg.QueryTimeout != 10*time.Second ||
-		cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second {
+		cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second || cfg.ReadMaxLag != time.Minute {
 		t.Errorf("loadConfig(minimal) = %+v, want the documented defaults", cfg)
 	}
 	cfg, err = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret,
@@ -44,6 +44,13 @@ func TestLoadConfig(t *testing.T) {
 	if !strings.Contains(cfg.DatabaseURL, "replica") {
 		t.Errorf("loadConfig() database = %s, want READ_DATABASE_URL first", cfg.DatabaseURL)
 	}
+	if cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "0"})); err != nil || cfg.ReadMaxLag != 0 {
+		t.Errorf("loadConfig(READ_MAX_LAG=0) = %v, %v; want 0 (off)", cfg.ReadMaxLag, err)
+	}
+	_, err = loadConfig(env(map[string]string{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "1s"}))
+	if err == nil || !strings.Contains(err.Error(), "READ_MAX_LAG must be 0 (off) or at least 2s") {
+		t.Errorf("loadConfig(READ_MAX_LAG=1s) error = %v, want it to say the bound", err)
+	}
 	for _, bad := range []map[string]string{
 		{"CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
 		{"DATABASE_URL": "   ", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
@@ -55,6 +62,9 @@ func TestLoadConfig(t *testing.T) {
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_PAGES": "-1"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_TTL": "0s"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "CURSOR_SECRET_PREVIOUS": secret + ",short"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "500ms"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "-1s"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "60"},
 	} {
 		if _, err := loadConfig(env(bad)); err == nil {
 			t.Errorf("loadConfig(%v) error = nil, want an error", bad)

@@ -10,6 +10,7 @@ import (
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/export-reader/internal/export"
+	"github.com/coinexport/export/services/export-reader/internal/replica"
 )
 
 // fail is the service's one error-to-HTTP mapping. Only unexpected errors
@@ -40,6 +41,11 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		a.log.WarnContext(r.Context(), "sync barrier gave up: a write of the owner's items is still in flight", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"a change to this catalog is still being written; retry this page with backoff", requestID)
+	case errors.Is(err, replica.ErrBehind):
+		// Not logged per page: the monitor logs when the lag crosses
+		// READ_MAX_LAG and when it is back under it.
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the read replica is behind its primary; retry this page (the same cursor) later", requestID)
 	case errors.Is(err, context.DeadlineExceeded):
 		a.log.ErrorContext(r.Context(), "export read timed out", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store did not answer in time; retry with backoff", requestID)

@@ -62,12 +62,31 @@ type Reader struct {
 	ahead   *readAhead
 	// maxPageBytes is MaxPageBytes; tests lower it.
 	maxPageBytes int
+	// fresh says whether the database is fresh enough to serve a list
+	// page (RefuseListsUnless); nil: always.
+	fresh func() error
+}
+
+// Option changes a Reader.
+type Option func(*Reader)
+
+// RefuseListsUnless makes every list page call fresh first and fail with
+// its error, before any read: a standby lagging beyond what a client's
+// overlap covers must not let a sync succeed (replica.Monitor.Check). The
+// item route does not ask: one item read from a lagging standby is stale
+// but not lost, as nothing checkpoints on it.
+func RefuseListsUnless(fresh func() error) Option {
+	return func(r *Reader) { r.fresh = fresh }
 }
 
 // NewReader returns a Reader over pool that signs cursors with cursors and
 // reads list pages ahead as ahead says.
-func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec, ahead ReadAhead) *Reader {
-	return &Reader{pool: pool, cursors: cursors, ahead: newReadAhead(ahead), maxPageBytes: MaxPageBytes}
+func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec, ahead ReadAhead, opts ...Option) *Reader {
+	r := &Reader{pool: pool, cursors: cursors, ahead: newReadAhead(ahead), maxPageBytes: MaxPageBytes}
+	for _, opt := range opts {
+		opt(r)
+	}
+	return r
 }
 
 // Collectors are the Reader's metrics, for the service's registry.
@@ -82,6 +101,11 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	owner, err := catalog.ParseOwnerID(q.OwnerID)
 	if err != nil {
 		return dst, "", fmt.Errorf("export: %w", err)
+	}
+	if r.fresh != nil {
+		if err := r.fresh(); err != nil {
+			return dst, "", err
+		}
 	}
 	binding := cursor.Binding{OwnerID: q.OwnerID, Status: q.Status, UpdatedAfter: q.UpdatedAfter}
 	var after *position
