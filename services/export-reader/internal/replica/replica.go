@@ -45,8 +45,9 @@ const pollTimeout = 5 * time.Second
 
 // reading is one measure of the lag and when it was taken.
 type reading struct {
-	lag time.Duration
-	at  time.Time
+	lag     time.Duration
+	at      time.Time
+	standby bool // read from a standby; a primary's reading does not age
 }
 
 // Monitor reads the lag in the background; Lag and Check cost a page an
@@ -96,11 +97,18 @@ func (m *Monitor) Close() {
 // Lag is the standby's lag behind its primary as last read, plus the time
 // the reading is overdue: a monitor that cannot read it (the database out
 // of reach, no WAL receiver) never reports a lag smaller than the truth
-// could be. 0 on a primary; Unknown before any reading.
+// could be. 0 on a primary, even when overdue: a primary lags behind
+// nothing, and one out of reach fails the pages' own reads (503 "the export
+// store is unreachable"), which name the cause better than a lag would; a
+// primary turned standby (a failover) has ended the connection, so the next
+// reading is a standby's. Unknown before any reading.
 func (m *Monitor) Lag() time.Duration {
 	r := m.last.Load()
-	if r == nil {
+	switch {
+	case r == nil:
 		return Unknown
+	case !r.standby:
+		return 0
 	}
 	return r.lag + max(0, time.Since(r.at)-m.staleAfter())
 }
@@ -157,7 +165,7 @@ func (m *Monitor) poll(ctx context.Context) {
 	if err == nil {
 		var lag time.Duration
 		if lag, err = s.lag(); err == nil {
-			m.last.Store(&reading{lag: lag, at: at})
+			m.last.Store(&reading{lag: lag, at: at, standby: s.recovery})
 		}
 	}
 	m.cause = err

@@ -82,7 +82,7 @@ func TestMonitorWithoutAReadingRefuses(t *testing.T) {
 // A reading ages once overdue: the time past three polls counts as lag.
 func TestAReadingAges(t *testing.T) {
 	m := &Monitor{opts: Options{MaxLag: 10 * time.Second, Interval: time.Second}}
-	m.last.Store(&reading{lag: 2 * time.Second, at: time.Now().Add(-time.Minute)})
+	m.last.Store(&reading{lag: 2 * time.Second, at: time.Now().Add(-time.Minute), standby: true})
 	if lag := m.Lag(); lag < 59*time.Second {
 		t.Errorf("a 2 s reading a minute old: Lag() = %v, want at least 59 s", lag)
 	}
@@ -97,4 +97,14 @@ func port(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A primary's reading does not age: a primary out of reach for a minute
+// fails the pages' own reads, and is not reported as a lagging replica.
+func TestAPrimarysReadingDoesNotAge(t *testing.T) {
+	m := &Monitor{opts: Options{MaxLag: 10 * time.Second, Interval: time.Second}}
+	m.last.Store(&reading{at: time.Now().Add(-time.Minute)})
+	if lag, err := m.Lag(), m.Check(); lag != 0 || err != nil {
+		t.Errorf("a primary's reading a minute old: Lag() = %v, Check() = %v, want 0, nil", lag, err)
+	}
 }
