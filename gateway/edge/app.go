@@ -393,7 +393,7 @@ func isHex(ch byte) bool {
 
 // serve runs the route's steps: the refusals of what cannot be served as
 // read, then the pipeline of a keyless route or of a keyed one (key, scope,
-// limit per key, proxy).
+// the owner's requests in flight, limit per key, proxy).
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := refuseUnservable(c, rt); err != nil {
 		return err
@@ -412,9 +412,11 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := g.authenticate(c, rq, rt); err != nil {
 		return err
 	}
-	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
-		return err
-	}
+	// The owner's cap before the key's budget: it is decided in the
+	// process, so a request it refuses spends no token of its key and no
+	// Redis round trip (an owner at its cap, retrying every second, used
+	// up its keys' budgets on requests that did no work, each counted
+	// allowed by the route's limit and limited by the cap).
 	release, err := g.takeOwnerSlot(rq)
 	if err != nil {
 		return err
@@ -423,6 +425,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	// the slot is held while the upstream works, not while a slow client
 	// reads.
 	defer release()
+	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
+		return err
+	}
 	return g.proxy(c, rq, rt)
 }
 

@@ -1677,6 +1677,54 @@ func TestOwnerRequestsInFlight(t *testing.T) {
 	}
 }
 
+// A request refused by its owner's in-flight cap spends nothing of its
+// key's rate limit: the cap is decided first, in the process. An owner at
+// its cap whose clients retry after Retry-After would otherwise use up its
+// keys' budgets on requests that did no work, and be refused by the rate
+// limit once a slot is free.
+func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
+	dsn, _, k := seed(t)
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		if arrived.Add(1) == 1 { // the first holds the owner's one slot
+			select {
+			case <-release:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
+	}))
+	t.Cleanup(slow.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": slow.URL,
+		"SALES_WRITER_URLS": slow.URL, "RATE_LIMIT_OWNER_IN_FLIGHT": "1", "RATE_LIMIT_EXPORT_READ": "3-M"})
+	items := gw.URL + "/v1/export/items"
+	read := map[string]string{"X-API-Key": k.read}
+	held := make(chan int, 1)
+	go func() { held <- do(t, "GET", items, read, nil).Status }()
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 1 })
+	for range 3 {
+		r := do(t, "GET", items, read, nil)
+		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 429 ||
+			!strings.Contains(line, `"rate_limit_class":"owner_in_flight"`) {
+			t.Errorf("a request over its owner's cap = %d, access line %s; want 429 by owner_in_flight", r.Status, line)
+		}
+	}
+	close(release)
+	if got := <-held; got != 200 {
+		t.Errorf("the request holding the slot = %d, want 200", got)
+	}
+	// 1 of 3 spent: two more pass.
+	for i := range 2 {
+		if r := do(t, "GET", items, read, nil); r.Status != 200 {
+			t.Errorf("request %d within the key's budget after the cap's refusals = %d %s, want 200", i+2, r.Status, r.Body)
+		}
+	}
+}
+
 // A shop schema answer is streamed to the client, and shop-schema holds its
 // read's slot until the client has taken the whole answer: a large schema
 // (a shop of the caller's own can make one) read slowly keeps the call in
