@@ -1712,6 +1712,9 @@ func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 			!strings.Contains(line, `"rate_limit_class":"owner_in_flight"`) {
 			t.Errorf("a request over its owner's cap = %d, access line %s; want 429 by owner_in_flight", r.Status, line)
 		}
+		if got := r.Header.Get("X-RateLimit-Remaining"); got != "" {
+			t.Errorf("a 429 of the owner's cap: X-RateLimit-Remaining = %q, want none (no decision of the key's limit)", got)
+		}
 	}
 	close(release)
 	if got := <-held; got != 200 {
