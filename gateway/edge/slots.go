@@ -21,27 +21,27 @@ func newInFlightSlots(limit int) *inFlightSlots {
 	return &inFlightSlots{held: make(map[string]int), limit: limit}
 }
 
-// acquire takes a slot for addr, or reports that addr holds every one it
+// acquire takes a slot for holder, or reports that holder holds every one it
 // may.
-func (s *inFlightSlots) acquire(addr string) bool {
+func (s *inFlightSlots) acquire(holder string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[addr] >= s.limit {
+	if s.held[holder] >= s.limit {
 		return false
 	}
-	s.held[addr]++
+	s.held[holder]++
 	return true
 }
 
 // release gives back a slot acquire took.
-func (s *inFlightSlots) release(addr string) {
+func (s *inFlightSlots) release(holder string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[addr] <= 1 {
-		delete(s.held, addr)
+	if s.held[holder] <= 1 {
+		delete(s.held, holder)
 		return
 	}
-	s.held[addr]--
+	s.held[holder]--
 }
 
 // takeShopSlot takes one of address's shop schema slots for rq, or refuses
