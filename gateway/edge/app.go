@@ -457,18 +457,32 @@ func refuseUnservable(c *fiber.Ctx, rt route) error {
 // of the address's slots until its answer has left.
 func (g *Gateway) serveKeyless(c *fiber.Ctx, rq *request, rt route) error {
 	address := addressBucket(rq.clientIP)
+	if rt.Class == classShopSchema {
+		return g.serveShopSchema(c, rq, rt, address)
+	}
 	if err := g.limit(rq, rt.Class, "ip:", address); err != nil {
 		return err
 	}
 	if rt.Upstream == "" {
 		return g.serveHealth(c, rq)
 	}
-	if rt.Class != classShopSchema {
-		return g.proxy(c, rq, rt)
-	}
-	if err := g.takeShopSlot(rq, address); err != nil {
+	return g.proxy(c, rq, rt)
+}
+
+// serveShopSchema takes the address's slot before its rate limit, as
+// serve takes the owner's: the slot is decided in the process, so a call
+// it refuses spends none of the address's 30 calls a minute (an address
+// at its cap, retrying after each Retry-After, used them up on calls that
+// did no work, and was then refused for the rest of the minute). The slot
+// is held until the answer has left: it is streamed.
+func (g *Gateway) serveShopSchema(c *fiber.Ctx, rq *request, rt route, address string) error {
+	release, err := g.takeShopSlot(rq, address)
+	if err != nil {
 		return err
 	}
-	// Held until the answer has left: it is streamed.
-	return g.proxyUntilRelayed(c, rq, rt, func() { g.shopSlots.release(address) })
+	if err := g.limit(rq, rt.Class, "ip:", address); err != nil {
+		release()
+		return err
+	}
+	return g.proxyUntilRelayed(c, rq, rt, release)
 }

@@ -1728,6 +1728,52 @@ func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 	}
 }
 
+// The address's shop schema slot is taken before its rate limit, as the
+// owner's is on the keyed routes: a call the cap refuses spends none of
+// the address's budget, so the calls it sends once a slot is free pass.
+func TestShopSchemaCapSpendsNoAddressBudget(t *testing.T) {
+	dsn, _, _ := seed(t)
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		if arrived.Add(1) == 1 { // the first holds the address's one slot
+			select {
+			case <-release:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
+	}))
+	t.Cleanup(shop.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
+		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "1", "RATE_LIMIT_SHOP_SCHEMA": "3-M"})
+	url := gw.URL + "/v1/sync/prestashop/schema"
+	asJSON := map[string]string{"Content-Type": "application/json"}
+	held := make(chan int, 1)
+	go func() { held <- do(t, "POST", url, asJSON, strings.NewReader(`{}`)).Status }()
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 1 })
+	for range 3 {
+		r := do(t, "POST", url, asJSON, strings.NewReader(`{}`))
+		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 429 ||
+			!strings.Contains(line, `"rate_limit_class":"shop_schema_in_flight"`) {
+			t.Errorf("a call over its address's cap = %d, access line %s; want 429 by shop_schema_in_flight", r.Status, line)
+		}
+	}
+	close(release)
+	if got := <-held; got != 200 {
+		t.Errorf("the call holding the slot = %d, want 200", got)
+	}
+	// 1 of 3 spent: two more pass.
+	for i := range 2 {
+		if r := do(t, "POST", url, asJSON, strings.NewReader(`{}`)); r.Status != 200 {
+			t.Errorf("call %d within the address's budget after the cap's refusals = %d %s, want 200", i+2, r.Status, r.Body)
+		}
+	}
+}
+
 // A shop schema answer is streamed to the client, and shop-schema holds its
 // read's slot until the client has taken the whole answer: a large schema
 // (a shop of the caller's own can make one) read slowly keeps the call in

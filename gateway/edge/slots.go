@@ -46,16 +46,17 @@ func (s *inFlightSlots) release(holder string) {
 
 // takeShopSlot takes one of address's shop schema slots for rq, or refuses
 // it 429 naming the cap as the limit that refused it (access line, span,
-// decisions metric), as every 429 of a limit is named: the slot is given
-// back by the caller, once the call ends.
-func (g *Gateway) takeShopSlot(rq *request, address string) error {
+// decisions metric), as every 429 of a limit is named; it returns the
+// release, which the caller calls once the call ends (its answer relayed
+// whole: proxyUntilRelayed).
+func (g *Gateway) takeShopSlot(rq *request, address string) (release func(), err error) {
 	if !g.shopSlots.acquire(address) {
 		g.shopSlotDecisions.limited.Inc()
 		rq.limitedBy = classShopSchemaInFlight
-		return errTooManyInFlight(g.shopSlots.limit)
+		return nil, errTooManyInFlight(g.shopSlots.limit)
 	}
 	g.shopSlotDecisions.allowed.Inc()
-	return nil
+	return func() { g.shopSlots.release(address) }, nil
 }
 
 // takeOwnerSlot takes one of the key's owner's slots for rq, or refuses it
