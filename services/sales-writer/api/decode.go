@@ -12,6 +12,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
@@ -117,13 +118,37 @@ func caller(r *http.Request) (identity.Identity, error) {
 func contentType(value string) error {
 	mediaType, params, err := mime.ParseMediaType(value)
 	if err != nil || mediaType != "application/json" {
-		return badRequest(codeInvalidContentType, "Content-Type must be application/json")
+		return badRequest(codeInvalidContentType, "Content-Type must be application/json"+whatWasSent(value, mediaType, err))
 	}
 	if cs, ok := params["charset"]; ok && !isUTF8Label(cs) {
 		return badRequest(codeInvalidContentType, "the body must be UTF-8 JSON")
 	}
 	return nil
 }
+
+// whatWasSent ends the Content-Type refusal with the type the request had,
+// because each HTTP library sends its own default for a body given as a
+// string or a map (fetch text/plain, axios a form, PHP curl's array
+// multipart/form-data, Python requests' data= none), and its users, who
+// see the JSON they meant, recognise their library's choice at once. The
+// type is a lower-case token pair (mime checks it), so it is short and
+// printable; one holding something like an API key is not repeated, since
+// an answer's message is logged and traced.
+func whatWasSent(value, mediaType string, err error) string {
+	switch {
+	case strings.TrimSpace(value) == "":
+		return "; the request has none"
+	case err != nil:
+		return "; the one sent cannot be read"
+	case len(mediaType) > maxQuotedMediaType || apikey.ContainsKeyLike(mediaType):
+		return ""
+	}
+	return ", not " + mediaType
+}
+
+// maxQuotedMediaType bounds the type whatWasSent repeats: registered ones
+// are far shorter (application/x-www-form-urlencoded is 33 bytes).
+const maxQuotedMediaType = 64
 
 // utf8Labels are the names the WHATWG Encoding Standard gives UTF-8, which
 // is how browsers and most HTTP libraries read a charset: "utf8" (PHP and

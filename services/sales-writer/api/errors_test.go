@@ -7,6 +7,7 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/google/go-cmp/cmp"
 )
@@ -30,6 +31,13 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 	noPlatform.PlatformID = ""
 	badOwner := w
 	badOwner.OwnerID = "not-a-uuid"
+	// A key cut short still looks like one (apikey.ContainsKeyLike), and is
+	// short enough to be repeated if it did not.
+	key, _, err := apikey.Generate([]string{identity.ScopeSalesWrite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyLike := key[:40]
 
 	tests := []struct {
 		name       string
@@ -45,7 +53,22 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 		{"key of an invalid owner", call{id: badOwner, key: "k", body: good}, 403, "forbidden", "the API key is not bound to a valid owner"},
 		{"a query parameter", call{key: "k", body: good, query: "dry_run=1"}, 400, "invalid_parameter",
 			"the sale routes read no query parameters; the request is the JSON body"},
-		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type must be application/json"},
+		// Each library's default for a body given as a string or a map,
+		// named in the answer so that its user recognises it.
+		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type",
+			"Content-Type must be application/json; the request has none"},
+		{"fetch's string body", call{key: "k", body: good, contentType: "text/plain;charset=UTF-8"}, 400, "invalid_content_type",
+			"Content-Type must be application/json, not text/plain"},
+		{"axios' string body", call{key: "k", body: good, contentType: "application/x-www-form-urlencoded"}, 400, "invalid_content_type",
+			"Content-Type must be application/json, not application/x-www-form-urlencoded"},
+		{"PHP curl's array", call{key: "k", body: good, contentType: "multipart/form-data; boundary=------------------------1d3b5a7c"}, 400,
+			"invalid_content_type", "Content-Type must be application/json, not multipart/form-data"},
+		{"unreadable content type", call{key: "k", body: good, contentType: "application/json; charset"}, 400, "invalid_content_type",
+			"Content-Type must be application/json; the one sent cannot be read"},
+		{"content type holding a key", call{key: "k", body: good, contentType: "application/" + keyLike}, 400, "invalid_content_type",
+			"Content-Type must be application/json"},
+		{"content type too long to repeat", call{key: "k", body: good, contentType: "application/" + strings.Repeat("x", 60)}, 400,
+			"invalid_content_type", "Content-Type must be application/json"},
 		{"latin1 charset", call{key: "k", body: good, contentType: "application/json; charset=latin1"}, 400, "invalid_content_type",
 			"the body must be UTF-8 JSON"},
 		{"no key header", call{body: good}, 400, "invalid_idempotency_key", "the Idempotency-Key header is required"},
