@@ -195,6 +195,33 @@ func TestProxySendsOnlySignedIdentity(t *testing.T) {
 	}
 }
 
+// A body sent without Content-Type reaches the service without one, and
+// one sent with it keeps it: fasthttp's client added
+// application/octet-stream, so sales-writer refused a type the client
+// never sent (found with Python requests' data=, which sends none).
+func TestContentTypeIsForwardedAsSent(t *testing.T) {
+	dsn, _, k := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SALES_WRITER_URLS": echoUpstream(t, "writer", nil).URL})
+	confirm := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	for _, sent := range []string{"", "application/json", "text/plain;charset=UTF-8"} {
+		headers := map[string]string{"X-API-Key": k.write, "Idempotency-Key": "ct-" + sent}
+		if sent != "" {
+			headers["Content-Type"] = sent
+		}
+		r := do(t, "POST", confirm, headers, strings.NewReader(`{"external_order_id":"o"}`))
+		if r.Status != 200 {
+			t.Fatalf("confirm with Content-Type %q = %d %s, want 200", sent, r.Status, r.Body)
+		}
+		var want []string
+		if sent != "" {
+			want = []string{sent}
+		}
+		if got := decodeSeen(t, r).Headers["Content-Type"]; !cmp.Equal(got, want) {
+			t.Errorf("confirm sent with Content-Type %q reached the service with %q, want %q", sent, got, want)
+		}
+	}
+}
+
 func TestRevocationAppliesWithinOneSecond(t *testing.T) {
 	dsn, pool, k := seed(t)
 	reader := echoUpstream(t, "reader", nil)
