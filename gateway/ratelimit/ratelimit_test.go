@@ -291,9 +291,9 @@ func TestAnErrorReplyKeepsTheLimiterDegradedUntilDecisionsPass(t *testing.T) {
 			func(ctx context.Context, c *redis.Client) error { return c.ConfigSet(ctx, "maxmemory", "0").Err() }},
 		{"READONLY replica of a master that is gone",
 			func(ctx context.Context, c *redis.Client) error {
-				return c.SlaveOf(ctx, "127.0.0.1", "1").Err()
+				return c.ReplicaOf(ctx, "127.0.0.1", "1").Err()
 			},
-			func(ctx context.Context, c *redis.Client) error { return c.SlaveOf(ctx, "NO", "ONE").Err() }},
+			func(ctx context.Context, c *redis.Client) error { return c.ReplicaOf(ctx, "NO", "ONE").Err() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := testenv.StartRedis(t)
