@@ -1711,13 +1711,55 @@ func TestOwnerRequestsInFlight(t *testing.T) {
 // limit once a slot is free.
 func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 	dsn, _, k := seed(t)
+	testCapSpendsNoBudget(t, capCase{
+		settings: func(upstream string) map[string]string {
+			return map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": upstream, "SALES_WRITER_URLS": upstream,
+				"RATE_LIMIT_OWNER_IN_FLIGHT": "1", "RATE_LIMIT_EXPORT_READ": "3-M"}
+		},
+		method: "GET", path: "/v1/export/items", headers: map[string]string{"X-API-Key": k.read},
+		class: "owner_in_flight",
+	})
+}
+
+// The address's shop schema slot is taken before its rate limit, as the
+// owner's is on the keyed routes: a call the cap refuses spends none of
+// the address's budget, so the calls it sends once a slot is free pass.
+func TestShopSchemaCapSpendsNoAddressBudget(t *testing.T) {
+	dsn, _, _ := seed(t)
+	testCapSpendsNoBudget(t, capCase{
+		settings: func(upstream string) map[string]string {
+			return map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": upstream,
+				"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "1", "RATE_LIMIT_SHOP_SCHEMA": "3-M"}
+		},
+		method: "POST", path: "/v1/sync/prestashop/schema", headers: map[string]string{"Content-Type": "application/json"},
+		body: `{}`, class: "shop_schema_in_flight",
+	})
+}
+
+// capCase is a route under an in-flight cap of 1 and a rate limit of 3 a
+// minute, both of one holder (an owner, an address).
+type capCase struct {
+	settings     func(upstream string) map[string]string // the gateway's, its upstreams all at upstream
+	method, path string
+	headers      map[string]string
+	body         string
+	class        string // the cap's rate_limit_class
+}
+
+// testCapSpendsNoBudget holds the cap's one slot with a request the
+// upstream keeps waiting, sends three more, each refused 429 by the cap
+// without a decision of the rate limit (no X-RateLimit-* header), then
+// frees the slot: two more requests must pass, as the refused ones spent
+// none of the 3 a minute.
+func testCapSpendsNoBudget(t *testing.T, c capCase) {
+	t.Helper()
 	release := make(chan struct{})
 	var arrived atomic.Int64
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" {
 			return
 		}
-		if arrived.Add(1) == 1 { // the first holds the owner's one slot
+		if arrived.Add(1) == 1 { // the first holds the one slot
 			select {
 			case <-release:
 			case <-time.After(10 * time.Second):
@@ -1725,22 +1767,26 @@ func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 		}
 		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
 	}))
-	t.Cleanup(slow.Close)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": slow.URL,
-		"SALES_WRITER_URLS": slow.URL, "RATE_LIMIT_OWNER_IN_FLIGHT": "1", "RATE_LIMIT_EXPORT_READ": "3-M"})
-	items := gw.URL + "/v1/export/items"
-	read := map[string]string{"X-API-Key": k.read}
+	t.Cleanup(upstream.Close)
+	gw := gatewaytest.Start(t, c.settings(upstream.URL))
+	send := func() response {
+		var body io.Reader
+		if c.body != "" {
+			body = strings.NewReader(c.body)
+		}
+		return do(t, c.method, gw.URL+c.path, c.headers, body)
+	}
 	held := make(chan int, 1)
-	go func() { held <- do(t, "GET", items, read, nil).Status }()
+	go func() { held <- send().Status }()
 	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 1 })
 	for range 3 {
-		r := do(t, "GET", items, read, nil)
+		r := send()
 		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 429 ||
-			!strings.Contains(line, `"rate_limit_class":"owner_in_flight"`) {
-			t.Errorf("a request over its owner's cap = %d, access line %s; want 429 by owner_in_flight", r.Status, line)
+			!strings.Contains(line, `"rate_limit_class":"`+c.class+`"`) {
+			t.Errorf("a request over the cap = %d, access line %s; want 429 by %s", r.Status, line, c.class)
 		}
 		if got := r.Header.Get("X-RateLimit-Remaining"); got != "" {
-			t.Errorf("a 429 of the owner's cap: X-RateLimit-Remaining = %q, want none (no decision of the key's limit)", got)
+			t.Errorf("a 429 of the cap: X-RateLimit-Remaining = %q, want none (no decision of the rate limit)", got)
 		}
 	}
 	close(release)
@@ -1749,54 +1795,8 @@ func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 	}
 	// 1 of 3 spent: two more pass.
 	for i := range 2 {
-		if r := do(t, "GET", items, read, nil); r.Status != 200 {
-			t.Errorf("request %d within the key's budget after the cap's refusals = %d %s, want 200", i+2, r.Status, r.Body)
-		}
-	}
-}
-
-// The address's shop schema slot is taken before its rate limit, as the
-// owner's is on the keyed routes: a call the cap refuses spends none of
-// the address's budget, so the calls it sends once a slot is free pass.
-func TestShopSchemaCapSpendsNoAddressBudget(t *testing.T) {
-	dsn, _, _ := seed(t)
-	release := make(chan struct{})
-	var arrived atomic.Int64
-	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
-		}
-		if arrived.Add(1) == 1 { // the first holds the address's one slot
-			select {
-			case <-release:
-			case <-time.After(10 * time.Second):
-			}
-		}
-		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
-	}))
-	t.Cleanup(shop.Close)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
-		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "1", "RATE_LIMIT_SHOP_SCHEMA": "3-M"})
-	url := gw.URL + "/v1/sync/prestashop/schema"
-	asJSON := map[string]string{"Content-Type": "application/json"}
-	held := make(chan int, 1)
-	go func() { held <- do(t, "POST", url, asJSON, strings.NewReader(`{}`)).Status }()
-	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 1 })
-	for range 3 {
-		r := do(t, "POST", url, asJSON, strings.NewReader(`{}`))
-		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 429 ||
-			!strings.Contains(line, `"rate_limit_class":"shop_schema_in_flight"`) {
-			t.Errorf("a call over its address's cap = %d, access line %s; want 429 by shop_schema_in_flight", r.Status, line)
-		}
-	}
-	close(release)
-	if got := <-held; got != 200 {
-		t.Errorf("the call holding the slot = %d, want 200", got)
-	}
-	// 1 of 3 spent: two more pass.
-	for i := range 2 {
-		if r := do(t, "POST", url, asJSON, strings.NewReader(`{}`)); r.Status != 200 {
-			t.Errorf("call %d within the address's budget after the cap's refusals = %d %s, want 200", i+2, r.Status, r.Body)
+		if r := send(); r.Status != 200 {
+			t.Errorf("request %d within the budget after the cap's refusals = %d %s, want 200", i+2, r.Status, r.Body)
 		}
 	}
 }
