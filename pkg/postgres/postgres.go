@@ -32,6 +32,25 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 	return pool, nil
 }
 
+// OpenSide opens a pool of one connection with pool's settings, for a
+// service's own checks of its database (its readiness, export-reader's
+// replica lag): through the service's pool a check would wait behind every
+// statement queued for a connection, so a service saturated with work,
+// but doing it, would fail its probe and be taken out of rotation, and a
+// lag reading would age into a refusal of the syncs. The checks share it,
+// each a trivial query every second or so: one connection more per
+// instance, counted in PostgreSQL's max_connections. It connects on first
+// use; the caller closes it after the checks have stopped.
+func OpenSide(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+	side, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: side connection: %w", err)
+	}
+	return side, nil
+}
+
 // newPool is Open without the check: pgxpool connects when a connection is
 // first asked for.
 func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error) {

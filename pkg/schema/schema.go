@@ -167,18 +167,18 @@ func embeddedVersions() ([]int64, error) {
 // there yet; this is what makes a rollout wait for its migration Job.
 // Migrations only go up in production, so once current it only pings.
 //
-// The check has a connection of its own. Through the service's pool its
-// ping would wait behind every statement queued for a connection: a
-// service saturated with work, but doing it, would fail its probe (the
-// gateway's gives up after a second) and be taken out of rotation, which
-// turns load into an outage. Seen in the sales bench when a pause of the
+// The check runs on a connection apart from the service's pool
+// (postgres.OpenSide). Through that pool its ping would wait behind every
+// statement queued for a connection: a service saturated with work, but
+// doing it, would fail its probe (the gateway's gives up after a second)
+// and be taken out of rotation, which turns load into an outage. Seen in the sales bench when a pause of the
 // machine queued the 32 workers' statements behind the pool's 8
 // connections for over a second. The price: a service whose own pool is
 // wedged (connections leaked or stuck) stays ready while its requests time
 // out; pgxpool_acquire_wait_seconds_total and pgxpool_empty_acquire_total
 // on /metrics show that state, and are what to alert on.
 type Readiness struct {
-	conn     *pgxpool.Pool // a pool of one connection, its own (NewReadiness opens it)
+	conn     *pgxpool.Pool // a pool of one connection apart from the service's (postgres.OpenSide)
 	log      *slog.Logger
 	writable bool // the service writes: a read-only database is not ready (Writable)
 	current  atomic.Bool
@@ -205,18 +205,11 @@ func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true 
 // ErrReadOnly is Ready's error for a Writable check on a read-only database.
 var ErrReadOnly = errors.New("schema: the database is read-only (a standby, or default_transaction_read_only): this service writes; point it at the primary")
 
-// NewReadiness returns the check for the database of pool, on a
-// connection of its own with pool's settings (one more connection per
-// service instance, counted in PostgreSQL's max_connections). It checks
-// once at once, warning when the service starts unready, and logs when the
-// schema becomes current. Close releases the connection.
-func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, opts ...ReadinessOption) (*Readiness, error) {
-	cfg := pool.Config()
-	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
-	conn, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("schema: readiness connection: %w", err)
-	}
+// NewReadiness returns the check for the database of conn, a pool of one
+// connection apart from the service's (postgres.OpenSide), which the
+// caller closes. It checks once at once, warning when the service starts
+// unready, and logs when the schema becomes current.
+func NewReadiness(ctx context.Context, conn *pgxpool.Pool, log *slog.Logger, opts ...ReadinessOption) *Readiness {
 	r := &Readiness{conn: conn, log: log}
 	for _, opt := range opts {
 		opt(r)
@@ -224,7 +217,7 @@ func NewReadiness(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, opt
 	if err := r.Ready(ctx); err != nil {
 		log.Warn("not ready until the database answers and is migrated", "error", err)
 	}
-	return r, nil
+	return r
 }
 
 // ping pings PostgreSQL, twice if the first fails on the check's idle
@@ -255,9 +248,6 @@ func (r *Readiness) probe(ctx context.Context) error {
 	}
 	return nil
 }
-
-// Close releases the check's connection.
-func (r *Readiness) Close() { r.conn.Close() }
 
 // readyTimeout bounds one check. The check does not end with its caller:
 // a prober that hangs up mid-ping would make pgx close the check's

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/testenv"
 )
@@ -111,10 +112,7 @@ func TestCheckNamesTheMissingVersionsUntilMigrated(t *testing.T) {
 			t.Errorf("at version %d: Check = %v, want an error saying %q", to, err, want)
 		}
 		if ready == nil {
-			if ready, err = schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
-				t.Fatal(err)
-			}
-			defer ready.Close()
+			ready = schema.NewReadiness(ctx, sideOf(t, pool), slog.New(slog.DiscardHandler))
 		}
 		if err := ready.Ready(ctx); err == nil {
 			t.Errorf("at version %d: Ready = nil, want the schema's error", to)
@@ -155,11 +153,7 @@ func TestReadinessAnswersWhileThePoolIsSaturated(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	ready, err := schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ready.Close()
+	ready := schema.NewReadiness(ctx, sideOf(t, pool), slog.New(slog.DiscardHandler))
 	busy, err := pool.Acquire(ctx) // the service's only connection, held by a long statement
 	if err != nil {
 		t.Fatal(err)
@@ -178,11 +172,7 @@ func TestReadinessAnswersWhileThePoolIsSaturated(t *testing.T) {
 func TestReadinessSurvivesADroppedConnection(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	ready, err := schema.NewReadiness(ctx, pool, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ready.Close()
+	ready := schema.NewReadiness(ctx, sideOf(t, pool), slog.New(slog.DiscardHandler))
 	if err := ready.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -220,4 +210,16 @@ func TestUpNamesWhatItAppliedBeforeAFailure(t *testing.T) {
 	if len(applied) != 1 || applied[0].Version != 5 || !strings.HasPrefix(applied[0].File, "00005_") {
 		t.Errorf("Up that failed at 00006 = %+v, want 00005 applied", applied)
 	}
+}
+
+// sideOf is the connection apart from pool that a service gives its
+// readiness (postgres.OpenSide), closed when the test ends.
+func sideOf(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	side, err := postgres.OpenSide(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(side.Close)
+	return side
 }

@@ -72,24 +72,24 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	// A standby too far behind must not let a sync succeed: its next
-	// incremental one would skip what the standby lacked (README, "Reading
-	// from a replica").
-	lag, err := replica.Start(ctx, pool, log, replica.Options{MaxLag: cfg.ReadMaxLag})
+	// The readiness check and the replica's lag reading share a connection
+	// apart from the pool, so that neither waits behind the reads.
+	side, err := postgres.OpenSide(ctx, pool)
 	if err != nil {
 		return err
 	}
+	defer side.Close()
+	// A standby too far behind must not let a sync succeed: its next
+	// incremental one would skip what the standby lacked (README, "Reading
+	// from a replica").
+	lag := replica.Start(ctx, side, log, replica.Options{MaxLag: cfg.ReadMaxLag})
 	defer lag.Close()
 	reader := export.NewReader(pool, cursors, cfg.readAhead(), export.RefuseListsUnless(lag.Check))
 	mux := http.NewServeMux()
 	api.New(reader, log, cfg.QueryTimeout).Register(mux)
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness).
-	readiness, err := schema.NewReadiness(ctx, pool, log)
-	if err != nil {
-		return err
-	}
-	defer readiness.Close()
+	readiness := schema.NewReadiness(ctx, side, log)
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,

@@ -82,11 +82,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness), and a read-only database (a standby
 	// after a failover) keeps the writer unready, out of rotation.
-	readiness, err := schema.NewReadiness(ctx, pool, log, schema.Writable())
+	side, err := postgres.OpenSide(ctx, pool)
 	if err != nil {
 		return err
 	}
-	defer readiness.Close()
+	defer side.Close()
+	readiness := schema.NewReadiness(ctx, side, log, schema.Writable())
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,

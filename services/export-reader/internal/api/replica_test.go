@@ -12,6 +12,7 @@ import (
 
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/export-reader/internal/api"
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
@@ -42,11 +43,13 @@ func replicaEnv(t *testing.T) (*env, *testenv.Pair, *pgxpool.Pool) {
 	}
 	logs := &testenv.Output{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
-	lag, err := replica.Start(context.Background(), standby, log, replica.Options{MaxLag: testMaxLag, Interval: 100 * time.Millisecond})
+	side, err := postgres.OpenSide(context.Background(), standby)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(lag.Close)
+	t.Cleanup(side.Close)
+	lag := replica.Start(context.Background(), side, log, replica.Options{MaxLag: testMaxLag, Interval: 100 * time.Millisecond})
+	t.Cleanup(lag.Close) // before side.Close: cleanups run last first
 	mux := http.NewServeMux()
 	api.New(export.NewReader(standby, cursors, testReadAhead, export.RefuseListsUnless(lag.Check)), log, 10*time.Second).Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())

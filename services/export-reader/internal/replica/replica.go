@@ -7,7 +7,6 @@ package replica
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"sync/atomic"
@@ -53,7 +52,7 @@ type reading struct {
 // Monitor reads the lag in the background; Lag and Check cost a page an
 // atomic load.
 type Monitor struct {
-	conn     *pgxpool.Pool // one connection of its own: a busy pool would delay the reading, and age it into a refusal
+	conn     *pgxpool.Pool // one connection apart from the reader's pool (postgres.OpenSide): a busy pool would delay the reading, and age it into a refusal
 	log      *slog.Logger
 	opts     Options
 	last     atomic.Pointer[reading]
@@ -63,18 +62,13 @@ type Monitor struct {
 	finished chan struct{}
 }
 
-// Start opens the monitor's connection with pool's settings (one more
-// connection per reader instance), takes a first reading and goes on
-// reading every interval until ctx ends or Close.
-func Start(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, opts Options) (*Monitor, error) {
+// Start takes a first reading on conn, a pool of one connection apart
+// from the reader's (postgres.OpenSide, shared with the readiness check),
+// and goes on reading every interval until ctx ends or Close. The caller
+// closes conn after Close.
+func Start(ctx context.Context, conn *pgxpool.Pool, log *slog.Logger, opts Options) *Monitor {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
-	}
-	cfg := pool.Config()
-	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
-	conn, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("replica: lag connection: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m := &Monitor{conn: conn, log: log, opts: opts, stop: stop, finished: make(chan struct{})}
@@ -84,14 +78,13 @@ func Start(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, opts Optio
 		m.log.Warn("read replica behind: list pages (syncs) answer 503 until it catches up", m.lagAttrs()...)
 	}
 	go m.run(ctx)
-	return m, nil
+	return m
 }
 
-// Close stops the readings and releases the connection.
+// Close stops the readings.
 func (m *Monitor) Close() {
 	m.stop()
 	<-m.finished
-	m.conn.Close()
 }
 
 // Lag is the standby's lag behind its primary as last read, plus the time

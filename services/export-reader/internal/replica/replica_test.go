@@ -46,10 +46,7 @@ func TestSampleLag(t *testing.T) {
 // On a primary the monitor reads 0 and refuses nothing.
 func TestMonitorOnAPrimary(t *testing.T) {
 	t.Parallel()
-	m, err := Start(context.Background(), testenv.Postgres(t), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := Start(context.Background(), testenv.Postgres(t), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: 2 * time.Second})
 	defer m.Close()
 	if lag, err := m.Lag(), m.Check(); lag != 0 || err != nil {
 		t.Errorf("on a primary: Lag() = %v, Check() = %v, want 0, nil", lag, err)
@@ -65,10 +62,7 @@ func TestMonitorWithoutAReadingRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	m, err := Start(context.Background(), pool, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := Start(context.Background(), pool, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: time.Hour})
 	defer m.Close()
 	if lag, err := m.Lag(), m.Check(); lag != Unknown || !errors.Is(err, ErrBehind) {
 		t.Errorf("unreachable: Lag() = %v, Check() = %v, want Unknown, ErrBehind", lag, err)
