@@ -54,7 +54,7 @@ func newMetrics() *metrics {
 		}, []string{"route", "code"}),
 		rateDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_ratelimit_decisions_total",
-			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight).",
+			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight, owner_in_flight).",
 		}, []string{"class", "decision", "backend"}),
 		rateDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gateway_ratelimit_degraded", Help: "1 while Redis is unusable and the in-process limiter decides.",

@@ -35,7 +35,8 @@ type Options struct {
 	Timeout time.Duration
 	// MaxBatch caps the decisions sent in one pipeline [512].
 	MaxBatch int
-	// ProbeInterval is how often a degraded limiter pings Redis [250ms].
+	// ProbeInterval is how often a degraded limiter asks Redis for a
+	// decision of its own (probeOp) [250ms].
 	ProbeInterval time.Duration
 	// OnDegraded is called when Redis turns unusable (err) and when it
 	// answers again (nil). It must not block.
