@@ -1647,8 +1647,15 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 // per-key rate limits let an owner with many keys queue more requests than
 // the services serve, ahead of every other owner's (README, "Tenants
 // sharing a stack"). Another owner is not affected, and a slot freed is
-// taken again.
+// taken again. The cap holds with RATE_LIMIT_ENABLED=false too: it bounds
+// a queue, not a budget.
 func TestOwnerRequestsInFlight(t *testing.T) {
+	for _, limits := range []string{"true", "false"} {
+		t.Run("RATE_LIMIT_ENABLED="+limits, func(t *testing.T) { testOwnerRequestsInFlight(t, limits) })
+	}
+}
+
+func testOwnerRequestsInFlight(t *testing.T, limits string) {
 	dsn, _, k := seed(t)
 	release := make(chan struct{})
 	var arrived atomic.Int64
@@ -1665,7 +1672,8 @@ func TestOwnerRequestsInFlight(t *testing.T) {
 	}))
 	t.Cleanup(slow.Close)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": slow.URL,
-		"SALES_WRITER_URLS": slow.URL, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"})
+		"SALES_WRITER_URLS": slow.URL, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_ENABLED": limits,
+		"KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"})
 	items := gw.URL + "/v1/export/items"
 	sale := gw.URL + "/v1/export/items/coin-1/sales/confirm"
 	answers := make(chan int, 3)

@@ -108,7 +108,7 @@ func errRateLimited(retryAfter time.Duration) *apiError {
 // retry is worth it once one of its calls ends.
 func errTooManyInFlight(limit int) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
-		Message:    fmt.Sprintf("at most %d shop schema reads at once per client address; retry when one ends", limit),
+		Message:    fmt.Sprintf("too many shop schema reads in flight from this client address (at most %d at once); retry when one ends", limit),
 		RetryAfter: time.Second}
 }
 
@@ -117,7 +117,7 @@ func errTooManyInFlight(limit int) *apiError {
 // one of the owner's requests ends.
 func errOwnerTooManyInFlight(limit int) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
-		Message:    fmt.Sprintf("at most %d requests at once per owner, all of its keys together; retry when one ends", limit),
+		Message:    fmt.Sprintf("too many requests in flight for this owner, all of its keys together (at most %d at once); retry when one ends", limit),
 		RetryAfter: time.Second}
 }
 
