@@ -61,7 +61,9 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 // has none (a HEAD 401 failed "unexpected end of JSON input"); every number
 // is a double, which oapi-codegen makes a float32 without a format; and no
 // schema has a default, which makes the member required in TypeScript (a
-// sale without `quantity` did not compile). Parameters may have defaults.
+// sale without `quantity` did not compile); parameters may have defaults. A
+// parameter's enum is a named schema: oapi-codegen made an inline one a type
+// per operation (ListExportItemsParamsLang, GetExportItemParamsLang...).
 func TestOpenAPIGeneratesWorkingClients(t *testing.T) {
 	doc, err := openapi3.NewLoader().LoadFromFile("../openapi.yaml")
 	if err != nil {
@@ -75,6 +77,11 @@ func TestOpenAPIGeneratesWorkingClients(t *testing.T) {
 			if len(r.Value.Content) != 0 {
 				t.Errorf("openapi.yaml: HEAD %s answers %s with content: a HEAD answer has no body", path, status)
 			}
+		}
+	}
+	for name, p := range doc.Components.Parameters {
+		if s := p.Value.Schema; s.Ref == "" && len(s.Value.Enum) != 0 {
+			t.Errorf("openapi.yaml: parameter %s writes its enum inline: name it in components.schemas, or each operation gets a type of its own", name)
 		}
 	}
 	for name, s := range doc.Components.Schemas {
