@@ -510,31 +510,17 @@ func TestLoadConfig(t *testing.T) {
 // An instance that breaks off its answer halfway gets the client a whole
 // 502 envelope, never a 200 cut short.
 func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
-					return
-				}
-				// A page as net/http sends it (chunked), broken off after a
-				// first chunk of ~100 KB: a streaming proxy would have sent
-				// the client a 200 by then.
-				chunk := append([]byte(`{"data":[`), bytes.Repeat([]byte(`{"id":"a1"},`), 100_000/12)...)
-				_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
-			}()
+	upstream := testenv.ServeConns(t, func(conn net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+			return
 		}
-	}()
-	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": "http://" + ln.Addr().String()}, fakeKeys{})
+		// A page as net/http sends it (chunked), broken off after a first
+		// chunk of ~100 KB: a streaming proxy would have sent the client a
+		// 200 by then.
+		chunk := append([]byte(`{"data":[`), bytes.Repeat([]byte(`{"id":"a1"},`), 100_000/12)...)
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
+	})
+	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream}, fakeKeys{})
 	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/a1", map[string]string{"X-API-Key": wellFormedKey(t)})
 	if resp.StatusCode != 502 || env.Error == nil || env.Error.Code != "bad_gateway" || env.Meta.RequestID == "" {
 		t.Fatalf("GET through an instance that cut its answer = %d %+v %+v, want 502 bad_gateway with a request id", resp.StatusCode, env.Error, env.Meta)

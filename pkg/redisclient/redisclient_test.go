@@ -118,31 +118,17 @@ func slowTLSFront(t *testing.T, redisURL string, delay time.Duration) string {
 	certified.StartTLS()
 	certified.Close()
 	config := &tls.Config{Certificates: certified.TLS.Certificates}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				time.Sleep(delay)
-				back, err := net.Dial(opts.Network, opts.Addr)
-				if err != nil {
-					return
-				}
-				front := tls.Server(conn, config)
-				go func() { io.Copy(back, front); back.Close() }()
-				io.Copy(front, back)
-			}()
+	addr := testenv.ServeConns(t, func(conn net.Conn) {
+		time.Sleep(delay)
+		back, err := net.Dial(opts.Network, opts.Addr)
+		if err != nil {
+			return
 		}
-	}()
-	return "rediss://" + ln.Addr().String() + "/0?skip_verify=true"
+		front := tls.Server(conn, config)
+		go func() { io.Copy(back, front); back.Close() }()
+		io.Copy(front, back)
+	})
+	return "rediss://" + addr + "/0?skip_verify=true"
 }
 
 func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {

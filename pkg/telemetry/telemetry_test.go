@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/testenv"
 	"go.opentelemetry.io/otel"
 )
 
@@ -75,24 +76,10 @@ func TestSDKErrorsAreLogged(t *testing.T) {
 // flushTimeout, rather than holding the process's exit for the exporter's
 // own 30 s.
 func TestShutdownIsBounded(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() { // accepts, reads, never answers
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			go io.Copy(io.Discard, c)
-		}
-	}()
+	collector := testenv.ServeConns(t, func(c net.Conn) { io.Copy(io.Discard, c) }) // reads, never answers
 	defer func(d time.Duration) { flushTimeout = d }(flushTimeout)
 	flushTimeout = 300 * time.Millisecond
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+l.Addr().String()) // the exporter reads the process's environment
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+collector) // the exporter reads the process's environment
 	shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.NewJSONHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
