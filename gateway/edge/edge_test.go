@@ -1589,57 +1589,23 @@ func TestShopSchemaCallsInFlightPerAddress(t *testing.T) {
 
 func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 	dsn, _, _ := seed(t)
-	release := make(chan struct{})
-	var arrived atomic.Int64
-	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
-		}
-		arrived.Add(1)
-		select { // bounded, so that a gateway letting a call too many through fails the test rather than hanging it
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
-		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
-	}))
-	t.Cleanup(shop.Close)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
-		"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "2", "RATE_LIMIT_SHOP_SCHEMA": "1000-M", "RATE_LIMIT_ENABLED": limits,
-		"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": "127.0.0.1/32"})
-	url := gw.URL + "/v1/sync/prestashop/schema"
-	from := func(ip string) map[string]string {
-		return map[string]string{"X-Forwarded-For": ip, "Content-Type": "application/json"}
-	}
-	answers := make(chan int, 3)
-	for range 2 {
-		go func() { answers <- do(t, "POST", url, from("203.0.113.7"), strings.NewReader(`{}`)).Status }()
-	}
-	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 2 })
-	r := do(t, "POST", url, from("203.0.113.7"), strings.NewReader(`{}`))
-	if r.Status != 429 || r.Env.Error == nil || r.Env.Error.Code != "rate_limited" || r.Header.Get("Retry-After") == "" ||
-		!strings.Contains(r.Env.Error.Message, "at most 2") {
-		t.Errorf("third call in flight from one address = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
-			r.Status, r.Body, r.Header.Get("Retry-After"))
-	}
-	// Named as every limit's 429 is, in its access line and its decisions.
-	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"shop_schema_in_flight"`) {
-		t.Errorf("access line of the 429 = %s, want rate_limit_class shop_schema_in_flight", line)
-	}
-	limited := `gateway_ratelimit_decisions_total{backend="process",class="shop_schema_in_flight",decision="limited"} 1`
-	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(limited)) {
-		t.Errorf("metrics lack %s:\n%s", limited, grep(metrics, "gateway_ratelimit_decisions_total"))
-	}
-	go func() { answers <- do(t, "POST", url, from("198.51.100.9"), strings.NewReader(`{}`)).Status }()
-	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 3 })
-	close(release)
-	for range 3 {
-		if got := <-answers; got != 200 {
-			t.Errorf("a call within its address's slots = %d, want 200", got)
-		}
-	}
-	if r := do(t, "POST", url, from("203.0.113.7"), strings.NewReader(`{}`)); r.Status != 200 {
-		t.Errorf("a call after the slots were freed = %d %s, want 200", r.Status, r.Body)
-	}
+	testSlotsHeld(t, slotsCase{
+		settings: func(upstream string) map[string]string {
+			return map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": upstream,
+				"RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT": "2", "RATE_LIMIT_SHOP_SCHEMA": "1000-M", "RATE_LIMIT_ENABLED": limits,
+				"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": "127.0.0.1/32"}
+		},
+		holder: func(gw *gatewaytest.Server) []func() response {
+			call := func(ip string) func() response {
+				return func() response {
+					return do(t, "POST", gw.URL+"/v1/sync/prestashop/schema",
+						map[string]string{"X-Forwarded-For": ip, "Content-Type": "application/json"}, strings.NewReader(`{}`))
+				}
+			}
+			return []func() response{call("203.0.113.7"), call("203.0.113.7"), call("203.0.113.7"), call("198.51.100.9")}
+		},
+		class: "shop_schema_in_flight",
+	})
 }
 
 // An owner may have RATE_LIMIT_OWNER_IN_FLIGHT requests in flight on the
@@ -1657,9 +1623,51 @@ func TestOwnerRequestsInFlight(t *testing.T) {
 
 func testOwnerRequestsInFlight(t *testing.T, limits string) {
 	dsn, _, k := seed(t)
+	testSlotsHeld(t, slotsCase{
+		settings: func(upstream string) map[string]string {
+			return map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": upstream,
+				"SALES_WRITER_URLS": upstream, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_ENABLED": limits,
+				"KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"}
+		},
+		// Owner A: a list page with its read key, a sale with its write
+		// key, then a list page again; owner B: a list page.
+		holder: func(gw *gatewaytest.Server) []func() response {
+			list := func(key string) func() response {
+				return func() response {
+					return do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": key}, nil)
+				}
+			}
+			sale := func() response {
+				return do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+					"Idempotency-Key": "order-1", "Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"order-1"}`))
+			}
+			return []func() response{list(k.read), sale, list(k.read), list(k.readB)}
+		},
+		class: "owner_in_flight",
+	})
+}
+
+// slotsCase is a cap of 2 requests in flight per holder (an address, an
+// owner).
+type slotsCase struct {
+	settings func(upstream string) map[string]string // the gateway's, its upstreams all at upstream
+	// holder gives four requests: three of one holder (the first two take
+	// its slots, the third is one too many) and one of another holder.
+	holder func(gw *gatewaytest.Server) []func() response
+	class  string // the cap's rate_limit_class
+}
+
+// testSlotsHeld holds a holder's two slots with requests the upstream
+// keeps waiting: its third request is refused 429 rate_limited naming the
+// cap (message, Retry-After, access line, decisions metric), another
+// holder's request goes through meanwhile, every request let through is
+// answered 200 once the upstream lets go, and the first holder is served
+// again once its slots are free.
+func testSlotsHeld(t *testing.T, c slotsCase) {
+	t.Helper()
 	release := make(chan struct{})
 	var arrived atomic.Int64
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" {
 			return
 		}
@@ -1670,44 +1678,39 @@ func testOwnerRequestsInFlight(t *testing.T, limits string) {
 		}
 		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
 	}))
-	t.Cleanup(slow.Close)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": slow.URL,
-		"SALES_WRITER_URLS": slow.URL, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_ENABLED": limits,
-		"KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"})
-	items := gw.URL + "/v1/export/items"
-	sale := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	t.Cleanup(upstream.Close)
+	gw := gatewaytest.Start(t, c.settings(upstream.URL))
+	calls := c.holder(gw)
+	first, second, over, other := calls[0], calls[1], calls[2], calls[3]
 	answers := make(chan int, 3)
-	// Owner A: a list page with its read key, a sale with its write key.
-	go func() { answers <- do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil).Status }()
-	go func() {
-		answers <- do(t, "POST", sale, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "order-1",
-			"Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"order-1"}`)).Status
-	}()
+	go func() { answers <- first().Status }()
+	go func() { answers <- second().Status }()
 	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 2 })
-	r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil)
+	r := over()
 	checkEnvelope(t, r)
 	if r.Status != 429 || r.Env.Error == nil || r.Env.Error.Code != "rate_limited" || r.Header.Get("Retry-After") != "1" ||
 		!strings.Contains(r.Env.Error.Message, "at most 2") {
-		t.Errorf("owner's third request in flight = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
+		t.Errorf("a holder's third request in flight = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
 			r.Status, r.Body, r.Header.Get("Retry-After"))
 	}
-	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"owner_in_flight"`) {
-		t.Errorf("access line of the 429 = %s, want rate_limit_class owner_in_flight", line)
+	// Named as every limit's 429 is, in its access line and its decisions.
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"`+c.class+`"`) {
+		t.Errorf("access line of the 429 = %s, want rate_limit_class %s", line, c.class)
 	}
-	limited := `gateway_ratelimit_decisions_total{backend="process",class="owner_in_flight",decision="limited"} 1`
+	limited := `gateway_ratelimit_decisions_total{backend="process",class="` + c.class + `",decision="limited"} 1`
 	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(limited)) {
 		t.Errorf("metrics lack %s:\n%s", limited, grep(metrics, "gateway_ratelimit_decisions_total"))
 	}
-	// Owner B's request goes through while A holds both of its slots.
-	go func() { answers <- do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil).Status }()
+	// Another holder's request goes through while the first holds both of its slots.
+	go func() { answers <- other().Status }()
 	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 3 })
 	close(release)
 	for range 3 {
 		if got := <-answers; got != 200 {
-			t.Errorf("a request within its owner's slots = %d, want 200", got)
+			t.Errorf("a request within its holder's slots = %d, want 200", got)
 		}
 	}
-	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+	if r := over(); r.Status != 200 {
 		t.Errorf("a request after the slots were freed = %d %s, want 200", r.Status, r.Body)
 	}
 }
