@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -1665,21 +1666,8 @@ type slotsCase struct {
 // again once its slots are free.
 func testSlotsHeld(t *testing.T, c slotsCase) {
 	t.Helper()
-	release := make(chan struct{})
-	var arrived atomic.Int64
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
-		}
-		arrived.Add(1)
-		select { // bounded, so that a gateway letting a request too many through fails the test rather than hanging it
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
-		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
-	}))
-	t.Cleanup(upstream.Close)
-	gw := gatewaytest.Start(t, c.settings(upstream.URL))
+	upstream, arrived, release := holdingUpstream(t, func(int64) bool { return true })
+	gw := gatewaytest.Start(t, c.settings(upstream))
 	calls := c.holder(gw)
 	first, second, over, other := calls[0], calls[1], calls[2], calls[3]
 	answers := make(chan int, 3)
@@ -1704,7 +1692,7 @@ func testSlotsHeld(t *testing.T, c slotsCase) {
 	// Another holder's request goes through while the first holds both of its slots.
 	go func() { answers <- other().Status }()
 	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 3 })
-	close(release)
+	release()
 	for range 3 {
 		if got := <-answers; got != 200 {
 			t.Errorf("a request within its holder's slots = %d, want 200", got)
@@ -1764,22 +1752,8 @@ type capCase struct {
 // none of the 3 a minute.
 func testCapSpendsNoBudget(t *testing.T, c capCase) {
 	t.Helper()
-	release := make(chan struct{})
-	var arrived atomic.Int64
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
-		}
-		if arrived.Add(1) == 1 { // the first holds the one slot
-			select {
-			case <-release:
-			case <-time.After(10 * time.Second):
-			}
-		}
-		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
-	}))
-	t.Cleanup(upstream.Close)
-	gw := gatewaytest.Start(t, c.settings(upstream.URL))
+	upstream, arrived, release := holdingUpstream(t, func(n int64) bool { return n == 1 }) // the first holds the one slot
+	gw := gatewaytest.Start(t, c.settings(upstream))
 	send := func() response {
 		var body io.Reader
 		if c.body != "" {
@@ -1800,7 +1774,7 @@ func testCapSpendsNoBudget(t *testing.T, c capCase) {
 			t.Errorf("a 429 of the cap: X-RateLimit-Remaining = %q, want none (no decision of the rate limit)", got)
 		}
 	}
-	close(release)
+	release()
 	if got := <-held; got != 200 {
 		t.Errorf("the request holding the slot = %d, want 200", got)
 	}
@@ -2066,4 +2040,29 @@ func TestErrorAnswersAreCountedByRouteAndCode(t *testing.T) {
 	if got := grep(metrics, `route="GET /v1/export/items/{item_id}"`); strings.Contains(got, "gateway_http_errors_total") {
 		t.Errorf("a 200 was counted as an error: %s", got)
 	}
+}
+
+// holdingUpstream is an upstream that answers 200 with an empty object,
+// holding each request whose arrival number (1, 2, …) hold picks until
+// release is called, or 10 s: a gateway letting a request too many
+// through fails the test rather than hanging it. arrived counts the
+// requests that reached it (health checks aside).
+func holdingUpstream(t *testing.T, hold func(n int64) bool) (url string, arrived *atomic.Int64, release func()) {
+	t.Helper()
+	released := make(chan struct{})
+	arrived = new(atomic.Int64)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		if hold(arrived.Add(1)) {
+			select {
+			case <-released:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
+	}))
+	t.Cleanup(upstream.Close)
+	return upstream.URL, arrived, sync.OnceFunc(func() { close(released) })
 }
