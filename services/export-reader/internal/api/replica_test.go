@@ -135,6 +135,11 @@ func TestListPagesAreRefusedWhileTheReplicaLags(t *testing.T) {
 	}
 	wantReplicaBehind(t, e.waitForPage(t, owner, next, http.StatusServiceUnavailable, 0))
 	wantReplicaBehind(t, e.get(t, owner, "/v1/export/items"))
+	// A cursor that can never work is refused as such: a 503 would have
+	// the client retry it for as long as the replica lags.
+	if bad := e.get(t, owner, "/v1/export/items?limit=1&cursor=not-a-cursor"); bad.status != http.StatusBadRequest {
+		t.Errorf("bad cursor while the replica lags = %d %s, want 400", bad.status, bad.body)
+	}
 	if item := e.get(t, owner, "/v1/export/items/b"); item.status != http.StatusOK {
 		t.Errorf("item route while the replica lags = %d %s, want 200 (stale)", item.status, item.body)
 	}

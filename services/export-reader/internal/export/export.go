@@ -102,11 +102,6 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	if err != nil {
 		return dst, "", fmt.Errorf("export: %w", err)
 	}
-	if r.fresh != nil {
-		if err := r.fresh(); err != nil {
-			return dst, "", err
-		}
-	}
 	binding := cursor.Binding{OwnerID: q.OwnerID, Status: q.Status, UpdatedAfter: q.UpdatedAfter}
 	var after *position
 	if q.Cursor != "" {
@@ -118,7 +113,15 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 			return dst, "", ErrInvalidCursor
 		}
 		after = &pos
-	} else if !q.HeadOnly {
+	}
+	// After the cursor's check: a cursor that can never work is a 400
+	// whatever the replica's state, not a 503 the client would retry.
+	if r.fresh != nil {
+		if err := r.fresh(); err != nil {
+			return dst, "", err
+		}
+	}
+	if after == nil && !q.HeadOnly {
 		// A sync starts: changes stamped before now are committed before
 		// its first query (catalog's barrier.go). A HEAD starts none (it
 		// gets no items), so it does not hold up the owner's writers.
