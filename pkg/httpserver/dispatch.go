@@ -296,6 +296,18 @@ func Annotate(w http.ResponseWriter, r *http.Request, key, value string) {
 	}
 }
 
+// AnnotateFlag is Annotate for a fact that holds (idempotent_replay): the
+// access line and the span record it as the boolean true, as the answer's
+// own JSON does, so a log query for it reads the same type in both.
+func AnnotateFlag(w http.ResponseWriter, r *http.Request, key string) {
+	if rec, ok := w.(*statusRecorder); ok && rec.keepNotes {
+		rec.notes = append(rec.notes, key, true)
+	}
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		span.SetAttributes(attribute.Bool("app."+key, true))
+	}
+}
+
 // AnnotateClientValue is Annotate for a value the client chose (an item
 // id, an order id, an Idempotency-Key): one holding something like an API
 // key (apikey.ContainsKeyLike: whole, mistyped or cut short) is replaced,

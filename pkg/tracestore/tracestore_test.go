@@ -41,7 +41,7 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	_, child := tracer.Start(ctx, "child", trace.WithAttributes(attribute.String("app.error_code", "unauthenticated"),
 		attribute.String("app.auth_failure", "revoked"), attribute.String("api_key.id", "k1"),
 		attribute.String("app.item_id", "coin-7"), attribute.String("app.external_order_id", "o-7"),
-		attribute.String("app.idempotency_key", "k-7"), attribute.String("app.idempotent_replay", "true"),
+		attribute.String("app.idempotency_key", "k-7"), attribute.Bool("app.idempotent_replay", true),
 		attribute.String("server.address", "10.1.2.3"), attribute.String("server.port", "8082")))
 	child.AddEvent("sent again", trace.WithAttributes(attribute.String("upstream.failed_attempt.kind", "closed")))
 	child.End()

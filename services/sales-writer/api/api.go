@@ -80,7 +80,7 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		outcome := outcomeExecuted
 		if res.IdempotentReplay {
 			// A replayed 200 reads like a fresh one everywhere else.
-			httpserver.Annotate(w, r, "idempotent_replay", "true")
+			httpserver.AnnotateFlag(w, r, "idempotent_replay")
 			outcome = outcomeReplayed
 		}
 		h.outcomes.WithLabelValues(string(op), outcome).Inc()

@@ -85,7 +85,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		if errors.Is(err, m.err) {
 			message := m.err.Error()
 			if sales.IsReplayedRefusal(err) {
-				httpserver.Annotate(w, r, "idempotent_replay", "true")
+				httpserver.AnnotateFlag(w, r, "idempotent_replay")
 				message += replayedRefusalNote
 			}
 			envelope.WriteError(w, m.status, m.code, message, requestID)

@@ -609,7 +609,7 @@ func TestAccessLinesNameTheCall(t *testing.T) {
 		{call{op: "confirm", item: "coin-1", key: "k-1", body: order1},
 			`"item_id":"coin-1","idempotency_key":"k-1","external_order_id":"order-1"}`},
 		{call{op: "confirm", item: "coin-1", key: "k-1", body: order1},
-			`"item_id":"coin-1","idempotency_key":"k-1","external_order_id":"order-1","idempotent_replay":"true"}`},
+			`"item_id":"coin-1","idempotency_key":"k-1","external_order_id":"order-1","idempotent_replay":true}`},
 		{call{op: "confirm", item: "nope", key: "k-404", body: order1},
 			`"error_code":"not_found","owner_id":"` + f.owner + `","item_id":"nope","idempotency_key":"k-404","external_order_id":"order-1"}`},
 		{call{op: "confirm", item: "coin-1", key: "k-400", body: `{"external_order_id":""}`},
