@@ -92,11 +92,14 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			return m.code
 		}
 	}
-	if postgres.QueryCanceled(err) || errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+	if postgres.QueryCanceled(err) || errors.Is(err, context.DeadlineExceeded) {
 		// SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL cancelled the
 		// statement and rolled it back (QueryCanceled), or the server did
 		// not answer within the grace after it, when a commit may have
 		// raced the end. A retry with the key settles it either way.
+		// Only the call's own deadline ends in DeadlineExceeded (a
+		// hang-up first would have made it Canceled), so it is the
+		// timeout even if the caller has left since.
 		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store did not answer in time; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)

@@ -1,14 +1,21 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/coinexport/export/services/sales-writer/sales"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -148,4 +155,45 @@ func jsonString(t *testing.T, s string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// writerFunc is a Writer made of a function, for what PostgreSQL cannot be
+// made to do on cue.
+type writerFunc func(ctx context.Context, req sales.Request) (sales.Result, error)
+
+func (f writerFunc) Execute(ctx context.Context, req sales.Request) (sales.Result, error) {
+	return f(ctx, req)
+}
+
+// The call's own deadline ran out first (its error says so) and the
+// caller hung up in the same instant: the timeout decides the answer, a
+// 503 with the advice to retry under the key, not the 500 of a bug that
+// an error matching neither the timeout nor a hang-up fell to.
+func TestATimeoutRacingAHangUpIsStillATimeout(t *testing.T) {
+	t.Parallel()
+	signer, err := identity.NewSigner(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Output
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	ctx, hangUp := context.WithCancel(context.Background())
+	mux := http.NewServeMux()
+	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
+	Routes(mux, writerFunc(func(context.Context, sales.Request) (sales.Result, error) {
+		hangUp()
+		return sales.Result{}, fmt.Errorf("sales: %w", context.DeadlineExceeded)
+	}), log, srv.Registry(), time.Second)
+	id := identity.Identity{OwnerID: "00000000-0000-4000-8000-000000000001", PlatformID: "market-a", KeyID: "key-a",
+		Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-race"}
+
+	rec, env := serve(t, srv.Handler(), signer, call{id: id, op: "confirm", item: "coin-1", key: "k-1",
+		body: `{"external_order_id":"order-1"}`, ctx: ctx})
+	if rec.Code != http.StatusServiceUnavailable || env.Error == nil || env.Error.Code != "unavailable" ||
+		!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+		t.Errorf("a timeout racing a hang-up = %d %s, want 503 unavailable advising the same Idempotency-Key", rec.Code, rec.Body)
+	}
+	if strings.Contains(logs.String(), "sale call failed") {
+		t.Errorf("logged as a failure of unknown cause:\n%s", logs.String())
+	}
 }
