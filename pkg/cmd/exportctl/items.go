@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/coinexport/export/pkg/catalog"
@@ -91,4 +92,59 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	took := time.Since(start)
 	return emit(e.out, *asJSON, map[string]any{"seeded": n, "seconds": took.Seconds()},
 		fmt.Sprintf("seeded %d items in %s", n, took.Round(time.Millisecond)))
+}
+
+// itemsRestamp stamps every item of one owner, or of every owner, anew:
+// the step after a restore of the database, so that every marketplace's
+// next sync reads the restored catalog whole (catalog.Restamp; README,
+// "Restoring the database").
+func itemsRestamp(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("items restamp", flag.ContinueOnError)
+	owner := fs.String("owner", "", "owner id")
+	allOwners := fs.Bool("all-owners", false, "every owner's items")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := flagsOnly(fs, args); err != nil {
+		return err
+	}
+	if (*owner == "") == !*allOwners {
+		return fmt.Errorf("%w: items restamp takes --owner OWNER_ID or --all-owners (one of them)", errUsage)
+	}
+	owners := []string{*owner}
+	if *allOwners {
+		var err error
+		if owners, err = ownerIDs(ctx, e); err != nil {
+			return err
+		}
+	} else if err := ownerExists(ctx, e, *owner); err != nil {
+		return err
+	}
+	start := time.Now()
+	stamped := 0
+	for _, id := range owners {
+		n, err := restampOwner(ctx, e, id)
+		stamped += n
+		if err != nil {
+			return fmt.Errorf("restamp: %d items stamped before owner %s failed (run it again: stamping twice is harmless): %w", stamped, id, err)
+		}
+	}
+	took := time.Since(start)
+	return emit(e.out, *asJSON, map[string]any{"owners": len(owners), "restamped": stamped, "seconds": took.Seconds()},
+		fmt.Sprintf("restamped %d items of %d owners in %s: each client's next sync reads them all again", stamped, len(owners), took.Round(time.Millisecond)))
+}
+
+func restampOwner(ctx context.Context, e *env, owner string) (int, error) {
+	id, err := catalog.ParseOwnerID(owner)
+	if err != nil {
+		return 0, err
+	}
+	return catalog.Restamp(ctx, e.pool, id)
+}
+
+// ownerIDs lists every owner's id.
+func ownerIDs(ctx context.Context, e *env) ([]string, error) {
+	rows, err := e.pool.Query(ctx, "SELECT id::text FROM owners ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("list owners: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

@@ -34,6 +34,7 @@ const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; 
   key list --owner OWNER_ID
   items import --owner OWNER_ID --file PATH|-
   items seed --owner OWNER_ID --count N [--seed S]
+  items restamp --owner OWNER_ID | --all-owners   (after a restore of the database)
 
 Scopes: export:read, sales:write (sales:write needs --platform).
 Environment: DATABASE_URL (required).`
@@ -94,6 +95,7 @@ var commands = map[string]command{
 	"key list":        keyList,
 	"items import":    itemsImport,
 	"items seed":      itemsSeed,
+	"items restamp":   itemsRestamp,
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout io.Writer) error {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for goose
@@ -569,4 +570,67 @@ func TestOwnerAndPlatformList(t *testing.T) {
 		platforms[0].ID != "market-1" || platforms[0].Name != "Market One" {
 		t.Errorf("platform list = %+v, %v; want the one platform", platforms, err)
 	}
+}
+
+// items restamp stamps every item of the owner it is given (more than one
+// chunk of them), or of every owner, later than any stamp before, and
+// changes no other owner's items; it takes exactly one of its two flags.
+func TestItemsRestamp(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	a, b := newOwner(t, dsn), newOwner(t, dsn)
+	for _, o := range []struct {
+		id    string
+		count string
+	}{{a.ID, "1500"}, {b.ID, "3"}} {
+		if err := cli(t, dsn, "", nil, "items", "seed", "--owner", o.id, "--count", o.count); err != nil {
+			t.Fatalf("items seed = %v", err)
+		}
+	}
+	aBefore, bBefore := stampRange(t, dsn, a.ID), stampRange(t, dsn, b.ID)
+
+	var res map[string]float64
+	if err := cli(t, dsn, "", &res, "items", "restamp", "--owner", a.ID); err != nil {
+		t.Fatalf("items restamp --owner = %v", err)
+	}
+	if res["restamped"] != 1500 || res["owners"] != 1 {
+		t.Errorf("items restamp --owner = %v, want 1500 items of 1 owner", res)
+	}
+	aAfter := stampRange(t, dsn, a.ID)
+	if !aAfter[0].After(aBefore[1]) {
+		t.Errorf("owner a's earliest stamp after the restamp is %v, not after its latest before, %v", aAfter[0], aBefore[1])
+	}
+	if got := stampRange(t, dsn, b.ID); got != bBefore {
+		t.Errorf("owner b's stamps moved from %v to %v: only --owner a was restamped", bBefore, got)
+	}
+
+	if err := cli(t, dsn, "", &res, "items", "restamp", "--all-owners"); err != nil {
+		t.Fatalf("items restamp --all-owners = %v", err)
+	}
+	if res["restamped"] != 1503 || res["owners"] != 2 {
+		t.Errorf("items restamp --all-owners = %v, want 1503 items of 2 owners", res)
+	}
+	if got := stampRange(t, dsn, b.ID); !got[0].After(bBefore[1]) {
+		t.Errorf("owner b's earliest stamp after --all-owners is %v, not after its latest before, %v", got[0], bBefore[1])
+	}
+
+	for _, args := range [][]string{{}, {"--owner", a.ID, "--all-owners"}} {
+		err := cli(t, dsn, "", nil, append([]string{"items", "restamp"}, args...)...)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--owner OWNER_ID or --all-owners") {
+			t.Errorf("items restamp %v = %v, want the usage error naming both flags", args, err)
+		}
+	}
+}
+
+// stampRange is the earliest and the latest updated_at of owner's items.
+func stampRange(t *testing.T, dsn, owner string) (r [2]time.Time) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(context.Background(), "SELECT min(updated_at), max(updated_at) FROM export_items WHERE owner_id = $1", owner).Scan(&r[0], &r[1]); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
