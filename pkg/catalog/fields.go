@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/big"
 	"net/url"
 	"slices"
@@ -234,6 +235,12 @@ func canonicalObject(raw json.RawMessage) (json.RawMessage, string) {
 	if hasHugeNumber(v) {
 		return nil, "must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"
 	}
+	if hasUnstorableScale(v) {
+		return nil, fmt.Sprintf("must not hold a number with more than %d digits after the decimal point (as 1e-%d or 0e-20000): PostgreSQL's numeric, which stores it, cannot", maxNumericScale, maxNumericScale+1)
+	}
+	if depth := nesting(v); depth > maxNesting {
+		return nil, fmt.Sprintf("must not nest objects and arrays more than %d levels deep, got %d: a list page puts it 3 levels deeper, and clients' parsers refuse the whole page past their limit (Ruby's JSON at 100 levels, PHP's json_decode at 512, Python's json near 1000)", maxNesting, depth)
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -261,6 +268,79 @@ func hasHugeNumber(v any) bool {
 		}
 	}
 	return false
+}
+
+// maxNumericScale is the most digits after the decimal point that
+// PostgreSQL's numeric holds (NUMERIC_DSCALE_MAX): a jsonb number is one,
+// and a number past it (1e-16384, 0e-20000, "1." and 16384 zeros) fails the
+// whole import's COPY with "value overflows numeric format", naming no line.
+const maxNumericScale = 16383
+
+// hasUnstorableScale reports a number whose digits after the decimal point,
+// once its exponent is applied, are more than PostgreSQL's numeric holds.
+func hasUnstorableScale(v any) bool {
+	switch v := v.(type) {
+	case json.Number:
+		return numberScale(string(v)) > maxNumericScale
+	case []any:
+		return slices.ContainsFunc(v, hasUnstorableScale)
+	case map[string]any:
+		for _, e := range v {
+			if hasUnstorableScale(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// numberScale is how many digits a JSON number has after the decimal point
+// once its exponent is applied (trailing zeros count: PostgreSQL keeps
+// them), or 0 when it has none.
+func numberScale(n string) int {
+	mantissa, exp, _ := strings.Cut(strings.ToLower(n), "e")
+	scale := 0
+	if _, frac, ok := strings.Cut(mantissa, "."); ok {
+		scale = len(frac)
+	}
+	if exp != "" {
+		e, err := strconv.Atoi(exp)
+		if err != nil { // an exponent beyond an int: ±huge
+			if strings.HasPrefix(exp, "-") {
+				return math.MaxInt
+			}
+			return 0
+		}
+		if e < 0 && scale > math.MaxInt+e { // scale - e would overflow
+			return math.MaxInt
+		}
+		scale -= e
+	}
+	return max(scale, 0)
+}
+
+// maxNesting bounds the levels of objects and arrays in a category or the
+// characteristics (the object itself is the first): an item exported with
+// more makes its whole list page unreadable to clients whose JSON parsers
+// stop at a depth (a page adds 3 levels above it).
+const maxNesting = 64
+
+// nesting is how many levels of objects and arrays v has (0 for a scalar).
+func nesting(v any) int {
+	deepest := 0
+	switch v := v.(type) {
+	case []any:
+		for _, e := range v {
+			deepest = max(deepest, nesting(e))
+		}
+	case map[string]any:
+		for _, e := range v {
+			deepest = max(deepest, nesting(e))
+		}
+	default:
+		return 0
+	}
+	return deepest + 1
 }
 
 // hasNUL reports a NUL in any key or string: jsonb cannot store it.
@@ -452,8 +532,13 @@ func parseTexts(raw json.RawMessage) (map[string]Text, string) {
 	}
 	texts := make(map[string]Text, len(f))
 	for _, lang := range Languages {
-		if f[lang] == nil {
+		// A null translation is an absent one, as null is for every other
+		// optional field (a serializer writes a missing RUS as null).
+		if isNull(f[lang]) {
 			continue
+		}
+		if f[lang][0] != '{' {
+			return nil, lang + ": must be an object with title and description"
 		}
 		t, reason := parseText(f[lang])
 		if reason != "" {
@@ -462,7 +547,7 @@ func parseTexts(raw json.RawMessage) (map[string]Text, string) {
 		texts[lang] = t
 	}
 	for lang := range f {
-		if _, ok := texts[lang]; !ok && !slices.Contains(Languages, lang) {
+		if !slices.Contains(Languages, lang) {
 			return nil, lang + ": unknown language (allowed: ENG, RUS, UKR)"
 		}
 	}
@@ -472,10 +557,12 @@ func parseTexts(raw json.RawMessage) (map[string]Text, string) {
 	return texts, ""
 }
 
+// parseText reads one translation, a JSON object (parseTexts checks that);
+// its reasons start with the member's name.
 func parseText(raw json.RawMessage) (Text, string) {
 	var f map[string]json.RawMessage
-	if raw[0] != '{' || json.Unmarshal(raw, &f) != nil {
-		return Text{}, "must be an object with title and description"
+	if json.Unmarshal(raw, &f) != nil {
+		return Text{}, "title: required"
 	}
 	for name := range f {
 		if name != "title" && name != "description" {

@@ -24,7 +24,11 @@
 //     null/absent. coin_id: string or null/absent.
 //   - category: object or null/absent. characteristics: object, {} when absent.
 //     Their numbers must fit a double (1e400 is refused: it is Infinity to
-//     JavaScript and an error to encoding/json).
+//     JavaScript and an error to encoding/json) and PostgreSQL's numeric, at
+//     most 16383 digits after the point (1e-16384 is refused), and they nest
+//     at most 64 levels of objects and arrays (a page with one item deeper
+//     than a client's parser allows is unreadable to it as a whole: Ruby's
+//     JSON stops at 100 levels, PHP's json_decode at 512).
 //   - images: array (≤ 100) of {id, url (absolute https URI, no user info;
 //     only the characters RFC 3986 allows, so a non-ASCII path is
 //     percent-encoded and a non-ASCII host written in its xn-- form, each
@@ -32,7 +36,7 @@
 //     around an IPv6 host; a port from 1 to 65535), position (0–1000000,
 //     unique), type (obverse, reverse, edge, gallery)}, stored ordered by
 //     position; [] when absent.
-//   - texts: ENG required, RUS and UKR optional, each {title (required,
+//   - texts: ENG required, RUS and UKR optional (absent or null), each {title (required,
 //     ≤ 500 characters, one line), description (optional, ≤ 20000)}. A
 //     missing translation or description falls back to ENG when rendered.
 //   - title, description and updated_at at the top level are refused, and so

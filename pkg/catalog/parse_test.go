@@ -75,6 +75,12 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"characteristics NUL", with("characteristics", `{"a":"\u0000"}`), "characteristics: must not contain the NUL character"},
 		{"characteristics huge number", with("characteristics", `{"a":[1,{"b":1e400}]}`), "characteristics: must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"},
 		{"category huge number", with("category", `{"id":"x","n":-2e308}`), "category: must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"},
+		{"characteristics tiny number", with("characteristics", `{"a":[1,{"b":1e-16384}]}`), "characteristics: " + unstorableScale},
+		{"category zero with a huge negative exponent", with("category", `{"n":0e-20000}`), "category: " + unstorableScale},
+		{"characteristics many decimals", with("characteristics", `{"a":1.`+strings.Repeat("0", 16384)+`}`), "characteristics: " + unstorableScale},
+		{"characteristics exponent past an int", with("characteristics", `{"a":1e-99999999999999999999}`), "characteristics: " + unstorableScale},
+		{"characteristics too deep", with("characteristics", nested(65)), "characteristics: must not nest objects and arrays more than 64 levels deep, got 65: a list page puts it 3 levels deeper, and clients' parsers refuse the whole page past their limit (Ruby's JSON at 100 levels, PHP's json_decode at 512, Python's json near 1000)"},
+		{"category too deep", with("category", nested(9990)), "category: must not nest objects and arrays more than 64 levels deep, got 9990: a list page puts it 3 levels deeper, and clients' parsers refuse the whole page past their limit (Ruby's JSON at 100 levels, PHP's json_decode at 512, Python's json near 1000)"},
 		{"images object", with("images", `{}`), "images: must be an array"},
 		{"image http", with("images", `[{"id":"i","url":"http://x.test/a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
 		{"image no host", with("images", `[{"id":"i","url":"https:///a.jpg","position":1,"type":"obverse"}]`), "images: [0].url: must be an absolute https URL with a host and no user info"},
@@ -102,6 +108,8 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"missing texts", with("texts", ""), "texts: required, with at least ENG"},
 		{"texts no ENG", with("texts", `{"RUS":{"title":"T"}}`), "texts: ENG: required"},
 		{"texts unknown lang", with("texts", `{"ENG":{"title":"T"},"DEU":{"title":"T"}}`), "texts: DEU: unknown language (allowed: ENG, RUS, UKR)"},
+		{"texts ENG null", with("texts", `{"ENG":null,"RUS":{"title":"T"}}`), "texts: ENG: required"},
+		{"texts translation not an object", with("texts", `{"ENG":{"title":"T"},"RUS":"T"}`), "texts: RUS: must be an object with title and description"},
 		{"texts empty title", with("texts", `{"ENG":{"title":""}}`), "texts: ENG.title: must not be empty"},
 		{"texts missing title", with("texts", `{"ENG":{"description":"d"}}`), "texts: ENG.title: required"},
 		{"texts extra field", with("texts", `{"ENG":{"title":"T","subtitle":"s"}}`), "texts: ENG.subtitle: unknown field"},
@@ -124,6 +132,39 @@ func TestParseJSONLRejects(t *testing.T) {
 				t.Errorf("ParseJSONL(%s) items = %d, want none", tt.line, len(items))
 			}
 		})
+	}
+}
+
+const unstorableScale = "must not hold a number with more than 16383 digits after the decimal point (as 1e-16384 or 0e-20000): PostgreSQL's numeric, which stores it, cannot"
+
+// nested returns an object of depth levels of objects and arrays, the
+// outer one an object.
+func nested(depth int) string {
+	inner := strings.Repeat("[", depth-1) + strings.Repeat("]", depth-1)
+	return `{"a":` + inner + `}`
+}
+
+// The edges the checks above stop just past are taken: 64 levels, a
+// number with 16383 digits after the point however written, a null
+// translation (absent, as null is for the other optional fields).
+func TestParseJSONLAcceptsTheEdges(t *testing.T) {
+	t.Parallel()
+	for name, line := range map[string]string{
+		"64 levels":          with("characteristics", nested(64)),
+		"16383 decimals":     with("characteristics", `{"a":1e-16383,"b":1.5e-16382,"c":0.`+strings.Repeat("0", 16382)+`1,"d":0e200000}`),
+		"null translation":   with("texts", `{"ENG":{"title":"T"},"RUS":null,"UKR":{"title":"У"}}`),
+		"category 64 levels": with("category", nested(64)),
+	} {
+		items, err := catalog.ParseJSONL(strings.NewReader(line))
+		if err != nil || len(items) != 1 {
+			t.Errorf("ParseJSONL(%s) = %v, %v; want the item", name, items, err)
+		}
+	}
+	items, _ := catalog.ParseJSONL(strings.NewReader(with("texts", `{"ENG":{"title":"T"},"RUS":null}`)))
+	if len(items) == 1 {
+		if _, ok := items[0].Texts["RUS"]; ok {
+			t.Errorf("a null RUS gave texts %+v, want no RUS (it falls back to ENG)", items[0].Texts)
+		}
 	}
 }
 

@@ -389,3 +389,33 @@ func TestImportJSONLWritesAllOrNothing(t *testing.T) {
 		t.Errorf("ImportJSONL(same file again) = %+v, %v; want 2,500 unchanged", res, err)
 	}
 }
+
+// What the parser takes at its edges, PostgreSQL stores: a number with
+// 16383 digits after the point (numeric's most; one more failed the whole
+// import's COPY, naming no line), 64 levels of nesting, and the document
+// keeps the numbers as written.
+func TestImportJSONLStoresTheEdgesTheParserTakes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	chars := `{"a":1e-16383,"b":1.5e-16382,"c":0.` + strings.Repeat("0", 16382) + `1,"d":0e200000,"e":` +
+		strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}`
+	line := `{"id":"edge","status":"active","currency":"EUR","characteristics":` + chars +
+		`,"category":{"n":1e-16383},"texts":{"ENG":{"title":"T"},"RUS":null}}`
+	if _, err := catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(line)); err != nil {
+		t.Fatalf("ImportJSONL(edge item) error = %v", err)
+	}
+	doc := stored(t, pool, owner, "edge").DocRUS
+	if !strings.Contains(doc, `"a":1e-16383,"b":1.5e-16382,`) || !strings.Contains(doc, `"title":"T"`) {
+		t.Errorf("RUS document = %.200s…, want the numbers as written and ENG's title", doc)
+	}
+	for _, bad := range []string{`{"x":1e-16384}`, `{"x":0e-20000}`} {
+		_, err := catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(
+			`{"id":"late","status":"active","currency":"EUR","characteristics":`+bad+`,"texts":{"ENG":{"title":"T"}}}`))
+		var le *catalog.LineError
+		if !errors.As(err, &le) || le.Line != 1 {
+			t.Errorf("ImportJSONL(characteristics %s) error = %v, want a *LineError on line 1", bad, err)
+		}
+	}
+}
