@@ -38,7 +38,9 @@ import (
 // filters, reads its own pages.
 type ReadAhead struct {
 	// Pages bounds the pages held at once (each in a recycled buffer of at
-	// least 128 KB); the oldest is dropped first. 0 turns read-ahead off.
+	// least 128 KB), and their bytes to as many buffers' worth
+	// (pageBufferSize each): the oldest is dropped first. 0 turns
+	// read-ahead off.
 	Pages int
 	// TTL is how long a page read ahead may wait for its request.
 	TTL time.Duration
@@ -84,6 +86,8 @@ type aheadPage struct {
 	started time.Time
 	ready   chan struct{} // closed once body, next, nextCursor and err are set
 	body    []byte        // the items, comma-separated, as scan appends them
+	key     aheadKey      // set by add, under readAhead.mu
+	charged int           // the bytes of body counted in readAhead.bytes while held
 	next    *position     // nil on the last page
 	// nextCursor is the cursor of the page after this one ("" on the last).
 	nextCursor string
@@ -96,7 +100,15 @@ type fetchFunc func(ctx context.Context, after position, n int) ([]scannedPage, 
 // pageBuffers recycles the bodies of pages read ahead: a page of 100 items
 // is ~100 KB, and growing a fresh slice to that size for every page (then
 // collecting it) cost more CPU than reading the page.
-var pageBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 128<<10); return &b }}
+var pageBuffers = sync.Pool{New: func() any { b := make([]byte, 0, pageBufferSize); return &b }}
+
+// pageBufferSize is a recycled page buffer's size, and the bytes each of
+// ReadAhead.Pages allows the pages held: a page of large items (up to
+// MaxPageBytes, 16 MiB) counts as the many ordinary pages it weighs, so
+// the default 256 pages hold 32 MiB at most. Counted in pages alone, a
+// sync of such items held about 100 MB and a few at once over 600 MB,
+// past the Deployment's memory limit.
+const pageBufferSize = 128 << 10
 
 func newPageBuffer() []byte { return (*pageBuffers.Get().(*[]byte))[:0] }
 
@@ -137,6 +149,7 @@ type readAhead struct {
 
 	mu    sync.Mutex
 	pages map[aheadKey]*aheadPage
+	bytes int       // of the bodies of the pages held (aheadPage.charged)
 	order []entered // oldest first
 	seq   uint64    // of the last entry
 }
@@ -192,9 +205,47 @@ func (ra *readAhead) take(key aheadKey) (*aheadPage, bool) {
 	defer ra.mu.Unlock()
 	p, ok := ra.pages[key]
 	if ok {
-		delete(ra.pages, key)
+		ra.dropLocked(key)
 	}
 	return p, ok
+}
+
+// dropLocked removes the entry of key and its bytes. ra.mu is held.
+func (ra *readAhead) dropLocked(key aheadKey) {
+	if p, ok := ra.pages[key]; ok {
+		ra.bytes -= p.charged
+		p.charged = 0
+		delete(ra.pages, key)
+	}
+}
+
+// chargeLocked counts the body of p, read since it was entered, while p is
+// held, and drops the oldest entries over the bound. ra.mu is held.
+func (ra *readAhead) chargeLocked(p *aheadPage) {
+	if held, ok := ra.pages[p.key]; !ok || held != p || p.charged != 0 {
+		return
+	}
+	p.charged = len(p.body)
+	ra.bytes += p.charged
+	ra.dropOldestLocked()
+}
+
+// charge is chargeLocked for a caller without ra.mu.
+func (ra *readAhead) charge(p *aheadPage) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	ra.chargeLocked(p)
+}
+
+// dropOldestLocked drops the oldest entries while more pages, or more
+// bytes, are held than the bound allows. ra.mu is held.
+func (ra *readAhead) dropOldestLocked() {
+	for (len(ra.pages) > ra.cfg.Pages || ra.bytes > ra.cfg.Pages*pageBufferSize) && len(ra.order) > 0 {
+		if e := ra.order[0]; ra.held(e) {
+			ra.dropLocked(e.key)
+		}
+		ra.order = ra.order[1:]
+	}
 }
 
 // add records p under key, dropping the oldest entries over the bound;
@@ -205,16 +256,13 @@ func (ra *readAhead) add(key aheadKey, p *aheadPage) bool {
 	if old, ok := ra.pages[key]; ok && !old.spent(ra.cfg.TTL) {
 		return false
 	}
+	ra.dropLocked(key) // a spent entry, replaced
 	ra.seq++
-	p.seq = ra.seq
+	p.seq, p.key = ra.seq, key
 	ra.pages[key] = p
 	ra.order = append(ra.order, entered{key, p.seq})
-	for len(ra.pages) > ra.cfg.Pages && len(ra.order) > 0 {
-		if e := ra.order[0]; ra.held(e) {
-			delete(ra.pages, e.key)
-		}
-		ra.order = ra.order[1:]
-	}
+	ra.chargeLocked(p) // a page entered already read; drops over the bound
+	ra.dropOldestLocked()
 	// Taken and replaced entries leave their slot in order; compact once
 	// it is mostly such slots, so order stays proportional to the entries
 	// held. (A client asking again and again with one cursor replaces the
@@ -344,6 +392,7 @@ func (c *chain) fill(ctx context.Context, p *aheadPage) *aheadPage {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.fillPage(p, pages[0])
+	c.ra.charge(p)
 	for _, sp := range pages[1:] {
 		if p.next == nil {
 			break

@@ -3,7 +3,10 @@ package export
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -331,5 +334,54 @@ func TestAHeadNeitherStartsNorTakesReadAhead(t *testing.T) {
 	}
 	if hits, misses := outcome(r, "hit"), outcome(r, "miss"); hits != 1 || misses != 0 {
 		t.Errorf("HEAD then GET of page 2: %d read-ahead hits, %d misses; want the GET's hit", hits, misses)
+	}
+}
+
+// Pages of large items (a page may reach MaxPageBytes) are held within the
+// bytes of Pages ordinary ones: counted in pages alone, syncs of such
+// items held hundreds of megabytes. Both the pages a chain reads and those
+// entered already read are counted, and a page taken gives its bytes back.
+func TestReadAheadHoldsAtMostPagesWorthOfBytes(t *testing.T) {
+	const pages = 4
+	budget := pages * pageBufferSize
+	ra := newReadAhead(ReadAhead{Pages: pages, TTL: time.Minute, Reads: 64, Timeout: time.Second})
+	big := bytes.Repeat([]byte("x"), budget/3+1) // three of them are over the budget
+	fetch := func(_ context.Context, after position, n int) ([]scannedPage, error) {
+		out := make([]scannedPage, n)
+		for i := range out {
+			next := position{ID: after.ID + "+"}
+			out[i] = scannedPage{body: bytes.Clone(big), next: &next}
+			after = next
+		}
+		return out, nil
+	}
+	for sync := range 8 { // eight syncs, each reading ahead from its first page
+		c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+		ra.begin(context.Background(), c, position{ID: fmt.Sprint(sync)}, fmt.Sprint(sync))
+		deadline := time.Now().Add(5 * time.Second)
+		for len(ra.slots) > 0 && time.Now().Before(deadline) { // until the chain pauses
+			time.Sleep(time.Millisecond)
+		}
+		ra.mu.Lock()
+		held, counted := 0, ra.bytes
+		for _, p := range ra.pages {
+			held += len(p.body)
+		}
+		ra.mu.Unlock()
+		if held > budget || counted != held {
+			t.Fatalf("after %d syncs: %d bytes held (%d counted), want them counted and at most %d", sync+1, held, counted, budget)
+		}
+	}
+	ra.mu.Lock()
+	keys := slices.Collect(maps.Keys(ra.pages))
+	ra.mu.Unlock()
+	if len(keys) == 0 {
+		t.Fatal("no page held: the newest ones must stay")
+	}
+	for _, k := range keys {
+		ra.take(k)
+	}
+	if ra.bytes != 0 {
+		t.Errorf("%d bytes counted once every page was taken, want 0", ra.bytes)
 	}
 }
