@@ -199,7 +199,7 @@ const keyStorePoolSize = 4
 
 // readWholeUpTo is, per upstream, the size up to which its answers are read
 // whole before they are relayed (upstream.Options.ReadWholeUpTo): far above
-// a list page (export-reader ends one at 16 MiB of items, MaxPageBytes, plus
+// a list page (export-reader ends one at 4 MiB of items, MaxPageBytes, plus
 // the one item that passed it, at most about 2 MiB) or a sale's answer, so
 // only a broken instance reaches it. A GET by id read whole costs the gateway ~3 % less CPU than streamed,
 // a ~100 KB sync page the same (both measured). shop-schema's answers

@@ -52,8 +52,10 @@ type position = cursor.Position
 // 1 MiB), so 100 of them could make a page the gateway refuses to relay
 // (it reads an export-reader answer whole up to 64 MiB): a 502 on every
 // retry of that page, a sync that never ends. A page of 100 ordinary items
-// is about 100 KB.
-const MaxPageBytes = 16 << 20
+// is about 100 KB. 4 MiB, not more: reading and sending a page costs the
+// reader several times its size in memory (at 16 MiB, four syncs of 2 MB
+// items peaked it at 359 MB, past the Deployment's 256 Mi; 169 MB at 4).
+const MaxPageBytes = 4 << 20
 
 // Reader reads export items from PostgreSQL (a replica is fine).
 type Reader struct {

@@ -104,7 +104,7 @@ var pageBuffers = sync.Pool{New: func() any { b := make([]byte, 0, pageBufferSiz
 
 // pageBufferSize is a recycled page buffer's size, and the bytes each of
 // ReadAhead.Pages allows the pages held: a page of large items (up to
-// MaxPageBytes, 16 MiB) counts as the many ordinary pages it weighs, so
+// MaxPageBytes, 4 MiB) counts as the many ordinary pages it weighs, so
 // the default 256 pages hold 32 MiB at most. Counted in pages alone, a
 // sync of such items held about 100 MB and a few at once over 600 MB,
 // past the Deployment's memory limit.
