@@ -254,15 +254,23 @@ func canonicalObject(raw json.RawMessage) (json.RawMessage, string) {
 // written, it is Infinity to JavaScript and an error to encoding/json, whose
 // Unmarshal of the page then fails as a whole.
 func hasHugeNumber(v any) bool {
+	return hasNumber(v, func(n json.Number) bool {
+		_, err := strconv.ParseFloat(string(n), 64)
+		return err != nil
+	})
+}
+
+// hasNumber reports whether v (decoded with UseNumber) holds a number, at
+// any depth, for which bad is true.
+func hasNumber(v any, bad func(json.Number) bool) bool {
 	switch v := v.(type) {
 	case json.Number:
-		_, err := strconv.ParseFloat(string(v), 64)
-		return err != nil
+		return bad(v)
 	case []any:
-		return slices.ContainsFunc(v, hasHugeNumber)
+		return slices.ContainsFunc(v, func(e any) bool { return hasNumber(e, bad) })
 	case map[string]any:
 		for _, e := range v {
-			if hasHugeNumber(e) {
+			if hasNumber(e, bad) {
 				return true
 			}
 		}
@@ -279,19 +287,7 @@ const maxNumericScale = 16383
 // hasUnstorableScale reports a number whose digits after the decimal point,
 // once its exponent is applied, are more than PostgreSQL's numeric holds.
 func hasUnstorableScale(v any) bool {
-	switch v := v.(type) {
-	case json.Number:
-		return numberScale(string(v)) > maxNumericScale
-	case []any:
-		return slices.ContainsFunc(v, hasUnstorableScale)
-	case map[string]any:
-		for _, e := range v {
-			if hasUnstorableScale(e) {
-				return true
-			}
-		}
-	}
-	return false
+	return hasNumber(v, func(n json.Number) bool { return numberScale(string(n)) > maxNumericScale })
 }
 
 // numberScale is how many digits a JSON number has after the decimal point
