@@ -147,11 +147,15 @@ func parsePrice(raw json.RawMessage) (*json.Number, string) {
 	if isNull(raw) {
 		return nil, ""
 	}
-	if raw[0] == '"' || raw[0] == '-' || raw[0] == '{' || raw[0] == '[' || raw[0] == 't' || raw[0] == 'f' {
+	if raw[0] == '"' || raw[0] == '{' || raw[0] == '[' || raw[0] == 't' || raw[0] == 'f' {
 		return nil, "must be a non-negative number"
 	}
 	r, ok := new(big.Rat).SetString(string(raw))
-	if !ok || r.Sign() < 0 || r.Cmp(maxPrice) >= 0 {
+	if ok && r.Sign() < 0 {
+		// -0 (Python writes -0.0 for a zero price negated) is 0.
+		return nil, "must be a non-negative number"
+	}
+	if !ok || r.Cmp(maxPrice) >= 0 {
 		return nil, reason
 	}
 	scaled := new(big.Rat).Mul(r, big.NewRat(10_000, 1))

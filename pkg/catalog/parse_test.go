@@ -160,6 +160,12 @@ func TestParseJSONLAcceptsTheEdges(t *testing.T) {
 			t.Errorf("ParseJSONL(%s) = %v, %v; want the item", name, items, err)
 		}
 	}
+	for _, zero := range []string{`-0`, `-0.0`, `-0e3`} {
+		items, err := catalog.ParseJSONL(strings.NewReader(with("price", zero)))
+		if err != nil || len(items) != 1 || items[0].Price == nil || *items[0].Price != "0" {
+			t.Errorf("ParseJSONL(price %s) = %+v, %v; want the price 0", zero, items, err)
+		}
+	}
 	items, _ := catalog.ParseJSONL(strings.NewReader(with("texts", `{"ENG":{"title":"T"},"RUS":null}`)))
 	if len(items) == 1 {
 		if _, ok := items[0].Texts["RUS"]; ok {
