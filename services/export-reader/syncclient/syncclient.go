@@ -319,7 +319,9 @@ func setting[T int | time.Duration](v, def T) T {
 	return v
 }
 
-// Mirror is an in-memory destination: the newest version of each item.
+// Mirror is an in-memory destination: the newest version of each item. It
+// keeps every item's JSON, for tests and small catalogs: 1,004,800 items
+// took 1.17 GB of heap (README, sync guide, "At a million items").
 type Mirror map[string]Item
 
 // Upsert keeps it unless the mirror already holds a newer version, so
