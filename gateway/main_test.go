@@ -18,11 +18,11 @@ import (
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 func TestRunServesAndDrains(t *testing.T) {
-	addr := testenv.FreeAddr(t)
+	addr, dsn := testenv.FreeAddr(t), testenv.PostgresURL(t)
 	secret := "run-test-identity-secret-0123456789abcdef"
 	env := map[string]string{
 		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
-		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
+		"DATABASE_URL": dsn, "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": secret,
 	}
 	// A setting written wrong in the process's environment is named, with
@@ -48,6 +48,7 @@ func TestRunServesAndDrains(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	testenv.WantSessionNamed(t, dsn, "gateway") // its revocation listener's, at least
 	cancel()
 	select {
 	case err := <-done:

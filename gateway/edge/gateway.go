@@ -137,7 +137,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	}
 	// Serving while PostgreSQL is out of reach, as when it goes away later:
 	// keys answer 503 and /v1/health says postgres down (OpenServing).
-	if g.pool, err = postgres.OpenServing(ctx, postgres.WithPoolSize(cfg.DatabaseURL, keyStorePoolSize), log); err != nil {
+	if g.pool, err = postgres.OpenServing(ctx, postgres.WithPoolSize(cfg.DatabaseURL, keyStorePoolSize), log,
+		postgres.ApplicationName("gateway")); err != nil {
 		return nil, err
 	}
 	cleanup = append(cleanup, g.pool.Close)

@@ -24,8 +24,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-// The sessions of a pool get Open's defaults: no JIT, and no sequential
-// scans with IndexScansOnly; a setting in the DSN wins over either.
+// The sessions of a pool get Open's defaults: no JIT, no sequential scans
+// with IndexScansOnly, the binary's name with ApplicationName; a setting in
+// the DSN wins over each.
 func TestOpenSessionDefaults(t *testing.T) {
 	dsn := testenv.PostgresURL(t) // key=value form
 	indexScansOnly := []postgres.Option{postgres.IndexScansOnly()}
@@ -40,6 +41,8 @@ func TestOpenSessionDefaults(t *testing.T) {
 		{"seqscan on without the option", dsn, nil, "enable_seqscan", "on"},
 		{"seqscan off with IndexScansOnly", dsn, indexScansOnly, "enable_seqscan", "off"},
 		{"dsn sets enable_seqscan", dsn + " enable_seqscan=on", indexScansOnly, "enable_seqscan", "on"},
+		{"application_name from ApplicationName", dsn, []postgres.Option{postgres.ApplicationName("sales-writer")}, "application_name", "sales-writer"},
+		{"dsn sets application_name", dsn + " application_name=ops", []postgres.Option{postgres.ApplicationName("sales-writer")}, "application_name", "ops"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool, err := postgres.Open(context.Background(), tc.dsn, tc.opts...)

@@ -204,6 +204,17 @@ func IndexScansOnly() Option {
 	return func(params map[string]string) { setDefault(params, "enable_seqscan", "off") }
 }
 
+// ApplicationName names the pool's sessions (application_name) after the
+// binary, unless the DSN or PGAPPNAME names them: pg_stat_activity, the
+// server's log (%a) and pg_stat_statements' callers then say which service
+// holds a connection or runs a statement. Unnamed, every service's
+// sessions looked alike, so a pool that grew or a session idle in a
+// transaction could not be traced to its service (Unix-socket clients have
+// no address either).
+func ApplicationName(name string) Option {
+	return func(params map[string]string) { setDefault(params, "application_name", name) }
+}
+
 // StatementTimeout has PostgreSQL cancel any statement of the pool that
 // runs longer than d (statement_timeout, counted per statement), unless
 // the DSN sets one: a statement waiting on a lock is then rolled back by

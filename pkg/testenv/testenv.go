@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -331,4 +332,28 @@ func InTransaction(t testing.TB, pool *pgxpool.Pool, stmt string, args ...any) p
 		t.Fatalf("testenv: %s: %v", stmt, err)
 	}
 	return tx
+}
+
+// WantSessionNamed fails t unless a session on dsn's database other than
+// the check's own is named application (application_name): a binary names
+// its sessions after itself, so that pg_stat_activity says which service
+// holds a connection (postgres.ApplicationName). Call it while the binary
+// holds a connection.
+func WantSessionNamed(t testing.TB, dsn, application string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("testenv: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	var names []string
+	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(application_name ORDER BY application_name), '{}')
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&names)
+	if err != nil {
+		t.Fatalf("testenv: sessions: %v", err)
+	}
+	if !slices.Contains(names, application) {
+		t.Errorf("sessions on the database are named %q, want one named %q", names, application)
+	}
 }

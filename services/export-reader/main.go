@@ -54,7 +54,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer stopTelemetry(context.Background())
 
-	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log)
+	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
+		postgres.ApplicationName(serviceName))
 	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
 		log.Info("stopped before PostgreSQL was reached")
 		return nil

@@ -108,6 +108,7 @@ func TestRun(t *testing.T) {
 	var got envelope.Parsed
 	_ = json.NewDecoder(resp.Body).Decode(&got)
 	resp.Body.Close()
+	testenv.WantSessionNamed(t, dsn, "export-reader")
 	cancel()
 	wg.Wait()
 	if resp.StatusCode != 200 || string(got.Data) != "[]" || got.Meta.RequestID != "r1" {

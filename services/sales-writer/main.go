@@ -63,7 +63,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	// IndexScansOnly for what plans made on a sales table analyzed while
 	// empty cost.
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
-		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout))
+		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout), postgres.ApplicationName(serviceName))
 	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
 		log.Info("stopped before PostgreSQL was reached")
 		return nil

@@ -114,6 +114,7 @@ func TestRunServesAndStops(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	testenv.WantSessionNamed(t, dsn, "sales-writer")
 }
 
 func waitReady(t *testing.T, url string, out *testenv.Output) {

@@ -111,7 +111,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if dsn == "" {
 		return errors.New("DATABASE_URL is not set")
 	}
-	pool, err := postgres.Open(ctx, dsn)
+	pool, err := postgres.Open(ctx, dsn, postgres.ApplicationName("exportctl"))
 	if err != nil {
 		return err
 	}
