@@ -162,14 +162,27 @@ var ErrInstanceURL = errors.New("upstream: an instance URL must be http(s)://hos
 
 // ParseInstanceURL reads http(s)://host[:port]: no user info (the services
 // authenticate the gateway by the signed identity, and a password here
-// would reach logs), no path, no query.
+// would reach logs), no path, no query. A port written is one from 1 to
+// 65535: url.Parse takes any digits, and an instance was then dialled on
+// its scheme's port (http://reader:80810 reached reader:80), as it was for
+// an empty one (http://reader:, what http://reader:${PORT} leaves when
+// PORT is unset).
 func ParseInstanceURL(raw string) (*url.URL, error) {
 	p, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.User != nil ||
-		(p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" {
+		(p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Fragment != "" || !validPort(p) {
 		return nil, ErrInstanceURL
 	}
 	return p, nil
+}
+
+// validPort reports whether p has no port or one from 1 to 65535.
+func validPort(p *url.URL) bool {
+	if !strings.HasSuffix(p.Host, ":") && p.Port() == "" {
+		return true
+	}
+	n, err := strconv.ParseUint(p.Port(), 10, 16)
+	return err == nil && n > 0
 }
 
 // current is the set of instances requests are sent to now.

@@ -25,7 +25,8 @@ func opts() Options {
 }
 
 func TestNewRejectsBadURLs(t *testing.T) {
-	for _, raw := range []string{"ftp://x:1", "http://", "http://x:1/path", "x:1", "://"} {
+	for _, raw := range []string{"ftp://x:1", "http://", "http://x:1/path", "x:1", "://",
+		"http://x:99999", "http://x:65536", "http://x:0", "http://x:", "http://[::1]:"} {
 		if _, err := New("svc", []string{raw}, opts()); err == nil {
 			t.Errorf("New(%q) = nil error, want one", raw)
 		}
