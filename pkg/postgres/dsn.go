@@ -1,8 +1,11 @@
 package postgres
 
 import (
+	"errors"
 	"net"
 	"net/url"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,3 +68,38 @@ func hostPort(host string, port uint16) string {
 func isURL(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
+
+// errInvalidDSN never quotes the DSN, which can hold a password.
+var errInvalidDSN = errors.New("postgres: invalid connection string")
+
+// parseConfig is pgxpool.ParseConfig refusing also what pgx would take for
+// a setting of the session (a runtime parameter) but that no PostgreSQL
+// setting could be: pgx reads a keyword it does not know as one. A URL
+// whose scheme is misspelt ("postgress://user:pw@db/app?sslmode=require")
+// reads as keyword/value pairs, its whole text before "=" a keyword, and a
+// keyword in another letter case ("Host=db") is not a connection keyword:
+// either way pgx then dialled its default host (the local socket,
+// localhost), so a service waited there for ever ("PostgreSQL not
+// reached"), and the mangled URL, password and all, went to whatever
+// server answered there as a parameter name.
+func parseConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, errInvalidDSN // its error may quote the DSN
+	}
+	for name := range cfg.ConnConfig.RuntimeParams {
+		if !settingName.MatchString(name) || slices.Contains(connectionKeywords, strings.ToLower(name)) {
+			return nil, errInvalidDSN
+		}
+	}
+	return cfg, nil
+}
+
+// settingName is the form of a PostgreSQL setting's name: an identifier,
+// or a custom one's prefix and identifier ("myapp.tenant").
+var settingName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)*$`)
+
+// connectionKeywords are keywords pgx reads in lower case only, which
+// written otherwise become a parameter and leave their default in force.
+var connectionKeywords = []string{"host", "hostaddr", "port", "dbname", "database", "user", "password",
+	"sslmode", "connect_timeout", "target_session_attrs"}

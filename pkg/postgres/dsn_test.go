@@ -41,3 +41,29 @@ func TestDescribeShowsNoPassword(t *testing.T) {
 		}
 	}
 }
+
+// A connection string is valid only if each setting pgx would pass to the
+// session could be one: a misspelt URL scheme (with a query, it reads as
+// keyword/value pairs) or a keyword in another letter case would leave
+// pgx dialling its default host, and the service waiting there for ever.
+func TestValidDSN(t *testing.T) {
+	for dsn, want := range map[string]bool{
+		"postgres://u:pw@db:5432/app?sslmode=require":          true,
+		"postgresql://u@/app?host=/run/pg":                     true,
+		"host=db dbname=app user=u password='a://b?c=d'":       true,
+		"host=db dbname=app application_name=x myapp.tenant=7": true,
+		"host=db TimeZone=UTC search_path=app":                 true,
+		"postgress://u:pw@db:5432/app?sslmode=require":         false,
+		"postgre://postgres@/postgres?host=/run/pg":            false,
+		"jdbc:postgresql://db:5432/app?user=u":                 false,
+		"Host=db dbname=app":                                   false,
+		"host=db DBNAME=app":                                   false,
+		"postgres://u@db/app?Port=5433":                        false,
+		"host=db sslmode=":                                     true, // empty: pgx's default
+		"not a connection string":                              false,
+	} {
+		if got := ValidDSN(dsn); got != want {
+			t.Errorf("ValidDSN(%q) = %v, want %v", dsn, got, want)
+		}
+	}
+}
