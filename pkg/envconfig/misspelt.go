@@ -18,24 +18,30 @@ type Misspelling struct {
 }
 
 // Misspelt returns the misspellings in environ ("NAME=value" entries, as
-// os.Environ) of the settings named in read. A name is close when it is
-// the same but for letter case, or at most two edits away and at least
-// minNameLength long (short names are that close to unrelated ones). No
-// two settings of the project's binaries are within two edits of each
-// other, so a setting meant for another binary that shares the
-// environment (make run, a Compose env file) is not reported.
+// os.Environ) of the settings named in read: a name close to one of them,
+// or, however far, a name with a project prefix that no binary of the
+// project reads (Meant is then the nearest setting with that prefix). A
+// name is close when it is the same but for letter case, or at most two
+// edits away and at least minNameLength long (short names are that close
+// to unrelated ones). No two settings of the project's binaries are within
+// two edits of each other, so a setting meant for another binary that
+// shares the environment (make run, a Compose env file) is not reported;
+// nor are the variables of Kubernetes' Service links.
 func Misspelt(environ, read []string) []Misspelling {
 	known := make(map[string]bool, len(read))
 	for _, name := range read {
 		known[name] = true
 	}
+	links := serviceLinks(environ)
 	var found []Misspelling
 	for _, entry := range environ {
 		name, _, _ := strings.Cut(entry, "=")
-		if known[name] {
+		if known[name] || links[name] {
 			continue
 		}
 		if meant, ok := closest(name, read); ok {
+			found = append(found, Misspelling{Name: name, Meant: meant})
+		} else if meant, ok := unknownProjectSetting(name); ok {
 			found = append(found, Misspelling{Name: name, Meant: meant})
 		}
 	}

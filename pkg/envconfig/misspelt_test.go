@@ -2,9 +2,12 @@ package envconfig
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -91,5 +94,77 @@ func TestNoTwoSettingsAreClose(t *testing.T) {
 			t.Errorf("%s (%s) is within %d edits of %s (%s): each would be reported as a misspelling of the other",
 				a, owner[a], maxEdits, meant, owner[meant])
 		}
+	}
+}
+
+// ProjectSettings is what the binaries' configs read (their sources'
+// quoted setting names), with LOG_LEVEL (read here for each) and make
+// run's TRACESTORE_ADDR: a setting added to a config and not to the list
+// would be warned of by every other binary sharing its environment.
+func TestProjectSettingsAreTheConfigs(t *testing.T) {
+	files, _ := filepath.Glob("../../services/*/config.go")
+	files = append(files, "../../gateway/edge/config.go")
+	name := regexp.MustCompile(`"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"`)
+	rotated := regexp.MustCompile(`\.Secret\("([A-Z_]+)"\)`)
+	read := map[string]bool{}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range name.FindAllStringSubmatch(string(src), -1) {
+			read[m[1]] = true
+		}
+		for _, m := range rotated.FindAllStringSubmatch(string(src), -1) {
+			read[m[1]+"_PREVIOUS"] = true // Reader.Secret reads it too
+		}
+	}
+	for setting, source := range map[string]string{"LOG_LEVEL": "envconfig.go", "TRACESTORE_ADDR": "../../deploy/local/run.sh"} {
+		if src, err := os.ReadFile(source); err != nil || !strings.Contains(string(src), setting) {
+			t.Fatalf("%s does not read %s (%v)", source, setting, err)
+		}
+		read[setting] = true
+	}
+	if diff := cmp.Diff(slices.Sorted(maps.Keys(read)), ProjectSettings); diff != "" {
+		t.Errorf("ProjectSettings (-read by the configs +listed):\n%s", diff)
+	}
+	for _, setting := range ProjectSettings {
+		if meant, unknown := unknownProjectSetting(setting); unknown {
+			t.Errorf("%s is reported unknown (did you mean %s?)", setting, meant)
+		}
+	}
+	for _, prefix := range ProjectPrefixes {
+		if !slices.ContainsFunc(ProjectSettings, func(s string) bool { return strings.HasPrefix(s, prefix) }) {
+			t.Errorf("prefix %s begins no setting", prefix)
+		}
+	}
+}
+
+// A name with a project prefix that no binary reads is reported however
+// far it is from the setting meant, which is the nearest with that prefix;
+// a setting of another binary is not, nor are Kubernetes' Service links
+// (SHOP_SCHEMA_PORT is one edit from SHOP_SCHEMA_PORTS).
+func TestMisspeltNamesUnknownProjectSettings(t *testing.T) {
+	read := []string{"SHOP_SCHEMA_PORTS", "SHOP_SCHEMA_TIMEOUT", "SALES_WRITER_QUERY_TIMEOUT", "LOG_LEVEL"}
+	environ := []string{
+		"SALES_WRITER_TIMEOUT=5s",          // read here, far
+		"EXPORT_READER_MAX_CONNS=3",        // another binary's, three edits
+		"gateway_trusted_proxy=10.0.0.0/8", // another binary's, letter case and three edits
+		"EXPORT_READER_DB_MAX_CONNS=3",     // another binary's setting
+		"RATE_LIMIT_EXPORT_READ=1-S",       // another binary's setting
+		"SHOP_SCHEMA_SERVICE_HOST=10.0.0.3", "SHOP_SCHEMA_SERVICE_PORT=8083", "SHOP_SCHEMA_SERVICE_PORT_HTTP=8083",
+		"SHOP_SCHEMA_PORT=tcp://10.0.0.3:8083", "SHOP_SCHEMA_PORT_8083_TCP=tcp://10.0.0.3:8083",
+		"SHOP_SCHEMA_PORT_8083_TCP_ADDR=10.0.0.3", "GATEWAY_SERVICE_HOST=10.0.0.1", "GATEWAY_PORT=tcp://10.0.0.1:80",
+		"SHOP_SCHEMA_PORTT=443", // no Service link: misspelt
+		"READ_ONLY=1", "KEYCLOAK_URL=x",
+	}
+	want := []Misspelling{
+		{Name: "SALES_WRITER_TIMEOUT", Meant: "SALES_WRITER_QUERY_TIMEOUT"},
+		{Name: "EXPORT_READER_MAX_CONNS", Meant: "EXPORT_READER_DB_MAX_CONNS"},
+		{Name: "gateway_trusted_proxy", Meant: "GATEWAY_TRUSTED_PROXIES"},
+		{Name: "SHOP_SCHEMA_PORTT", Meant: "SHOP_SCHEMA_PORTS"},
+	}
+	if diff := cmp.Diff(want, Misspelt(environ, read)); diff != "" {
+		t.Errorf("Misspelt (-want +got):\n%s", diff)
 	}
 }
