@@ -20,7 +20,7 @@ type Misspelling struct {
 // Misspelt returns the misspellings in environ ("NAME=value" entries, as
 // os.Environ) of the settings named in read: a name close to one of them,
 // or, however far, a name with a project prefix that no binary of the
-// project reads (Meant is then the nearest setting with that prefix). A
+// project reads (Meant is then the likeliest: unknownProjectSetting). A
 // name is close when it is the same but for letter case, or at most two
 // edits away and at least minNameLength long (short names are that close
 // to unrelated ones). No two settings of the project's binaries are within

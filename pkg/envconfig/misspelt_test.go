@@ -156,6 +156,7 @@ func TestMisspeltNamesUnknownProjectSettings(t *testing.T) {
 		"SHOP_SCHEMA_PORT=tcp://10.0.0.3:8083", "SHOP_SCHEMA_PORT_8083_TCP=tcp://10.0.0.3:8083",
 		"SHOP_SCHEMA_PORT_8083_TCP_ADDR=10.0.0.3", "GATEWAY_SERVICE_HOST=10.0.0.1", "GATEWAY_PORT=tcp://10.0.0.1:80",
 		"SHOP_SCHEMA_PORTT=443", // no Service link: misspelt
+		"SALES_WRITER_DATABASE_URL=x", "SHOP_SCHEMA_MAX_BYTES=1024",
 		"READ_ONLY=1", "KEYCLOAK_URL=x",
 	}
 	want := []Misspelling{
@@ -163,6 +164,8 @@ func TestMisspeltNamesUnknownProjectSettings(t *testing.T) {
 		{Name: "EXPORT_READER_MAX_CONNS", Meant: "EXPORT_READER_DB_MAX_CONNS"},
 		{Name: "gateway_trusted_proxy", Meant: "GATEWAY_TRUSTED_PROXIES"},
 		{Name: "SHOP_SCHEMA_PORTT", Meant: "SHOP_SCHEMA_PORTS"},
+		{Name: "SALES_WRITER_DATABASE_URL", Meant: "DATABASE_URL"},
+		{Name: "SHOP_SCHEMA_MAX_BYTES", Meant: "SHOP_SCHEMA_MAX_CALL_BYTES"},
 	}
 	if diff := cmp.Diff(want, Misspelt(environ, read)); diff != "" {
 		t.Errorf("Misspelt (-want +got):\n%s", diff)

@@ -58,19 +58,42 @@ func projectPrefix(name string) string {
 
 // unknownProjectSetting reports whether name has a project prefix and no
 // binary of the project reads it, with the setting it most likely meant:
-// the nearest one with the same prefix.
+// the one sharing the most words with what follows the prefix
+// (SALES_WRITER_DATABASE_URL: DATABASE_URL), then one with the same prefix
+// (SALES_WRITER_TIMEOUT: SALES_WRITER_QUERY_TIMEOUT, not
+// SHOP_SCHEMA_TIMEOUT), then the nearest by edits of those words.
 func unknownProjectSetting(name string) (meant string, unknown bool) {
 	prefix := projectPrefix(name)
 	if prefix == "" || slices.Contains(ProjectSettings, name) {
 		return "", false
 	}
-	upper, best := strings.ToUpper(name), -1
-	for _, setting := range ProjectSettings {
-		if !strings.HasPrefix(setting, prefix) {
-			continue
+	rest := strings.ToUpper(name)[len(prefix):]
+	words := strings.Split(rest, "_")
+	type score struct{ shared, samePrefix, edits int }
+	better := func(a, b score) bool {
+		if a.shared != b.shared {
+			return a.shared > b.shared
 		}
-		if d := levenshtein.ComputeDistance(upper, setting); best < 0 || d < best {
-			meant, best = setting, d
+		if a.samePrefix != b.samePrefix {
+			return a.samePrefix > b.samePrefix
+		}
+		return a.edits < b.edits
+	}
+	var best score
+	for _, setting := range ProjectSettings {
+		settingPrefix := projectPrefix(setting)
+		settingRest := setting[len(settingPrefix):]
+		s := score{edits: levenshtein.ComputeDistance(rest, settingRest)}
+		for _, w := range strings.Split(settingRest, "_") {
+			if slices.Contains(words, w) {
+				s.shared++
+			}
+		}
+		if settingPrefix == prefix {
+			s.samePrefix = 1
+		}
+		if meant == "" || better(s, best) {
+			meant, best = setting, s
 		}
 	}
 	return meant, true
