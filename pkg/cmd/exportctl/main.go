@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/stopsignal"
 )
@@ -43,6 +44,9 @@ func main() {
 	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout); err != nil {
+		if errors.Is(err, errNoDatabaseURL) {
+			err = envconfig.WithMisspelt(err, os.Environ(), []string{"DATABASE_URL"})
+		}
 		fmt.Fprintln(os.Stderr, "exportctl:", redactKeys(err.Error()))
 		if errors.Is(err, errUsage) {
 			fmt.Fprintln(os.Stderr, usage)
@@ -53,6 +57,25 @@ func main() {
 }
 
 var errUsage = errors.New("invalid usage")
+
+// errNoDatabaseURL is run's error without a DATABASE_URL: main adds the
+// name of a variable set that looks like it misspelt (envconfig).
+var errNoDatabaseURL = errors.New("DATABASE_URL is not set")
+
+// databaseURL reads DATABASE_URL as the services do: blank is unset (a
+// blank one had pgx dial its default socket as the OS user), and a value
+// that is no connection string is refused naming the variable, not quoted
+// (it may hold a password).
+func databaseURL(getenv func(string) string) (string, error) {
+	dsn := strings.TrimSpace(getenv("DATABASE_URL"))
+	switch {
+	case dsn == "":
+		return "", errNoDatabaseURL
+	case !postgres.ValidDSN(dsn):
+		return "", errors.New("DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	}
+	return dsn, nil
+}
 
 // keyLike matches a key's tag (in any case, '_' typed as '-' or ' ') and
 // everything after it up to the closing quote of the %q that quotes it (an
@@ -107,9 +130,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err != nil {
 		return err
 	}
-	dsn := getenv("DATABASE_URL")
-	if dsn == "" {
-		return errors.New("DATABASE_URL is not set")
+	dsn, err := databaseURL(getenv)
+	if err != nil {
+		return err
 	}
 	pool, err := postgres.Open(ctx, dsn, postgres.ApplicationName("exportctl"))
 	if err != nil {

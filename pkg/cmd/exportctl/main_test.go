@@ -634,3 +634,18 @@ func stampRange(t *testing.T, dsn, owner string) (r [2]time.Time) {
 	}
 	return r
 }
+
+// DATABASE_URL is read as the services read it: blank is unset, and a
+// value that is no connection string is named, not quoted.
+func TestDatabaseURLMistakesAreNamed(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"":    "DATABASE_URL is not set",
+		" \n": "DATABASE_URL is not set",
+		"postgress://u:s3cret@db/app?sslmode=require": "DATABASE_URL must be a PostgreSQL connection string",
+	} {
+		err := cli(t, dsn, "", nil, "owner", "list")
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("exportctl owner list with DATABASE_URL=%q = %v, want %q", dsn, err, want)
+		}
+	}
+}
