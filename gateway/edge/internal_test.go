@@ -476,7 +476,7 @@ func TestLoadConfig(t *testing.T) {
 		"RATE_LIMIT_EXPORT_READ": "0-M", "RATE_LIMIT_SALES_WRITE": "lots",
 		"UPSTREAM_RESOLVE_INTERVAL": "50ms", "LOG_LEVEL": "verbose",
 		"EXPORT_READER_URLS": "http://user:s3cretpw@127.0.0.1:8081", "SALES_WRITER_URLS": "127.0.0.1:8082",
-		"SHOP_SCHEMA_URLS": "http://127.0.0.1:8083/x?y=1", "GOGC": "abc",
+		"SHOP_SCHEMA_URLS": "http://127.0.0.1:8083/x?y=1", "GOGC": "abc", "GOMEMLIMIT": "0",
 		// A proxy header believed from anyone: refused, as is a host name.
 		"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8,proxy.local",
 	} {

@@ -11,8 +11,10 @@ package gcdefaults
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"strconv"
+	"strings"
 )
 
 // The defaults, used unless GOGC or GOMEMLIMIT are set.
@@ -51,6 +53,44 @@ func (s Settings) GOGCProblem() string {
 		return "GOGC must be off or a whole number (the heap growth in percent, e.g. 400)"
 	}
 	return ""
+}
+
+// MinMemoryLimit is the smallest GOMEMLIMIT accepted: a gateway at rest
+// holds 12 MB from the system, under a limit below that the collector runs
+// without pause.
+const MinMemoryLimit = 16 << 20
+
+// GOMEMLIMITProblem says what is wrong with GOMEMLIMIT, "" if nothing. The
+// runtime reads any byte count, 0 included, and this project's settings
+// read 0 as off: with GOMEMLIMIT=0, 300 requests to a gateway made 1,053
+// collections and 2.08 s of CPU (none and 0.15 s with the default).
+func (s Settings) GOMEMLIMITProblem() string {
+	if s.GOMEMLIMIT == "" || s.GOMEMLIMIT == "off" {
+		return ""
+	}
+	if n, ok := byteCount(s.GOMEMLIMIT); ok && n >= MinMemoryLimit {
+		return ""
+	}
+	return "GOMEMLIMIT must be off or at least 16MiB, a number of bytes with B, KiB, MiB, GiB or TiB (e.g. 100MiB): under what the runtime itself holds the collector runs without pause, and 0 is such a limit, not off"
+}
+
+// byteCount reads a byte count as the runtime reads GOMEMLIMIT.
+func byteCount(v string) (int64, bool) {
+	shift := 0
+	for _, unit := range []struct {
+		suffix string
+		shift  int
+	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}} {
+		if rest, ok := strings.CutSuffix(v, unit.suffix); ok {
+			v, shift = rest, unit.shift
+			break
+		}
+	}
+	n, err := strconv.ParseUint(v, 10, 63)
+	if err != nil || n > math.MaxInt64>>shift {
+		return 0, false
+	}
+	return int64(n) << shift, true
 }
 
 // Apply sets the defaults the environment left unset.

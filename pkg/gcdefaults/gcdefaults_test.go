@@ -64,3 +64,18 @@ func TestInForce(t *testing.T) {
 		t.Errorf("%+v.InForce() = %+v, want it unchanged", set, got)
 	}
 }
+
+// GOMEMLIMIT is a byte count of at least MinMemoryLimit, or off: 0, which
+// other settings read as off, is a limit the collector would chase without
+// pause.
+func TestGOMEMLIMITProblem(t *testing.T) {
+	for v, wantProblem := range map[string]bool{
+		"": false, "off": false, "100MiB": false, "16MiB": false, "16777216": false, "1GiB": false, "8TiB": false,
+		"0": true, "1": true, "15MiB": true, "1024KiB": true, "100MB": true, "100mib": true, "-1": true, " 100MiB": true,
+		"99999999TiB": true,
+	} {
+		if got := (Settings{GOMEMLIMIT: v}).GOMEMLIMITProblem(); (got != "") != wantProblem {
+			t.Errorf("GOMEMLIMITProblem(GOMEMLIMIT=%q) = %q, want a problem: %v", v, got, wantProblem)
+		}
+	}
+}

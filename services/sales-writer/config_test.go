@@ -39,6 +39,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"bad pool size", "SALES_WRITER_DB_MAX_CONNS", "0", "SALES_WRITER_DB_MAX_CONNS"},
 		{"bad query timeout", "SALES_WRITER_QUERY_TIMEOUT", "0s", "SALES_WRITER_QUERY_TIMEOUT"},
 		{"bad GOGC", "GOGC", "abc", "GOGC"},
+		{"GOMEMLIMIT of 0, not off", "GOMEMLIMIT", "0", "GOMEMLIMIT"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
