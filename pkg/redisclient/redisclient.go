@@ -4,7 +4,9 @@ package redisclient
 
 import (
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,10 +34,21 @@ func Describe(rawURL string) string {
 
 // ValidURL reports whether url reads as a Redis URL (redis://, rediss://
 // or unix://), for a binary's configuration to name the variable that
-// holds a bad one with its other problems, before anything starts.
+// holds a bad one with its other problems, before anything starts. A TCP
+// port must be one from 1 to 65535: go-redis takes any digits, and
+// redis://redis:99999 only failed each dial, every rate limit falling back
+// in-process, while the configuration had been accepted.
 func ValidURL(url string) bool {
-	_, err := redis.ParseURL(url)
-	return err == nil
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return false
+	}
+	if opts.Network != "tcp" {
+		return true
+	}
+	_, port, err := net.SplitHostPort(opts.Addr)
+	n, perr := strconv.ParseUint(port, 10, 16)
+	return err == nil && perr == nil && n > 0
 }
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with

@@ -146,6 +146,8 @@ func TestValidURL(t *testing.T) {
 	for url, want := range map[string]bool{
 		"redis://127.0.0.1:6379/0": true, "rediss://user:pw@redis:6380/1": true, "unix:///run/redis.sock": true,
 		"redis-host:6379": false, "http://redis:6379": false, "redis://:s3cret@[bad": false, "": false,
+		"redis://redis": true, "redis://[::1]:6379": true,
+		"redis://redis:99999": false, "redis://redis:0": false, "rediss://[::1]:70000/0": false,
 	} {
 		if got := ValidURL(url); got != want {
 			t.Errorf("ValidURL(%q) = %v, want %v", url, got, want)
