@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,6 +140,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	// would pick its per-IP rate-limit bucket and its logged address.
 	r.Check(cfg.ProxyHeader == "" || len(cfg.TrustedProxies) > 0,
 		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
+	// Every address trusted, the client is the header's left-most entry,
+	// which it writes itself: a guesser sending a new one each time got a
+	// new RATE_LIMIT_AUTH_FAILURES budget each time.
+	r.Check(!slices.ContainsFunc(cfg.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 }),
+		"GATEWAY_TRUSTED_PROXIES must list the proxies, not every address (0.0.0.0/0, ::/0): any client could set its own IP")
 	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
 		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
