@@ -15,6 +15,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/ulule/limiter/v3"
+	"golang.org/x/net/http/httpguts"
 )
 
 // Config is everything the gateway reads from its environment. Each field's
@@ -138,6 +139,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg.TrustedProxies = trusted
 	// A proxy header believed from anyone is the client's own claim: it
 	// would pick its per-IP rate-limit bucket and its logged address.
+	// A name no request can carry (a space, a colon copied with it) left
+	// every client with the proxy's address, all in one per-IP bucket.
+	r.Check(cfg.ProxyHeader == "" || httpguts.ValidHeaderFieldName(cfg.ProxyHeader),
+		"GATEWAY_PROXY_HEADER must be a header name, such as X-Forwarded-For (no spaces, no colon)")
 	r.Check(cfg.ProxyHeader == "" || len(cfg.TrustedProxies) > 0,
 		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
 	// Every address trusted, the client is the header's left-most entry,

@@ -487,6 +487,13 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("LoadConfig(%s=%q) error = %v quotes the password", name, value, err)
 		}
 	}
+	// A header name no request can carry is refused, not left unread.
+	for _, header := range []string{"X Forwarded For", "X-Forwarded-For:", "X-Real-IP,X-Forwarded-For"} {
+		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": header, "GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8"}))
+		if err == nil || !strings.Contains(err.Error(), "GATEWAY_PROXY_HEADER must be a header name") {
+			t.Errorf("LoadConfig(GATEWAY_PROXY_HEADER=%q) error = %v, want it refused", header, err)
+		}
+	}
 	// Trusting every address believes the client's own entry of the header.
 	for _, everyone := range []string{"0.0.0.0/0", "10.0.0.0/8, ::/0"} {
 		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": everyone}))
