@@ -71,9 +71,10 @@ var (
 // (deploy/local/run.sh) gives every binary it starts: each `export
 // NAME=value` line, expanded in order with the shell variables in vars
 // (such as state), and each secret it writes to .run/secrets with
-// `echo "NAME=$(random_secret)"`, set to secret. Lines export in the
-// script's order whatever branch they are in: each binary must accept all.
-func ReadRunScript(path string, vars map[string]string, secret string) (map[string]string, error) {
+// `echo "NAME=$(random_secret)"`, set to secrets[NAME] (a secret of its
+// own each, as random_secret makes). Lines export in the script's order
+// whatever branch they are in: each binary must accept all.
+func ReadRunScript(path string, vars map[string]string, secrets map[string]string) (map[string]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -86,7 +87,7 @@ func ReadRunScript(path string, vars map[string]string, secret string) (map[stri
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
 		for _, m := range secretLine.FindAllStringSubmatch(line, -1) {
-			env[m[1]], known[m[1]] = secret, secret
+			env[m[1]], known[m[1]] = secrets[m[1]], secrets[m[1]]
 		}
 		m := exportLine.FindStringSubmatch(line)
 		if m == nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,6 +67,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg.CursorSecret, cfg.CursorPrevious = r.Secret("CURSOR_SECRET")
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
+	// One secret for both would let cursors, which every client holds, be
+	// MACs made with the key the gateway signs identities with, and tie
+	// the two rotations together.
+	r.Check(!sharesSecret(append([]string{cfg.CursorSecret}, cfg.CursorPrevious...), append([]string{cfg.IdentitySecret}, cfg.IdentityPrevious...)),
+		"CURSOR_SECRET and IDENTITY_SECRET (and their _PREVIOUS lists) must not share a secret: one for each purpose")
 	cfg.Settings = r.Names()
 	if err := r.Err(); err != nil {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
@@ -98,4 +104,10 @@ func (c Config) readAhead() export.ReadAhead {
 		Reads:   c.DBMaxConns / 4,
 		Timeout: c.QueryTimeout,
 	}
+}
+
+// sharesSecret reports whether a secret, at least 32 bytes long (shorter
+// ones are refused on their own), is in both lists.
+func sharesSecret(a, b []string) bool {
+	return slices.ContainsFunc(a, func(s string) bool { return len(s) >= 32 && slices.Contains(b, s) })
 }

@@ -19,11 +19,15 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 const secret = "0123456789abcdef0123456789abcdef"
 
+// cursorSecret is the tests' CURSOR_SECRET: not secret, which export-reader
+// would refuse as both.
+const cursorSecret = "cursor-0123456789abcdef0123456789"
+
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestLoadConfig(t *testing.T) {
 	t.Parallel()
-	cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret}))
+	cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret}))
 	if err != nil {
 		t.Fatalf("loadConfig(minimal) error = %v", err)
 	}
@@ -31,7 +35,7 @@ func TestLoadConfig(t *testing.T) {
 		cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second || cfg.ReadMaxLag != time.Minute {
 		t.Errorf("loadConfig(minimal) = %+v, want the documented defaults", cfg)
 	}
-	cfg, err = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret,
+	cfg, err = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
 		"CURSOR_SECRET_PREVIOUS": " " + secret + "-old1 ,," + secret + "-old2"}))
 	if err != nil || len(cfg.CursorPrevious) != 2 || cfg.CursorPrevious[0] != secret+"-old1" {
 		t.Errorf("loadConfig(two previous secrets) = %q, %v; want both, trimmed", cfg.CursorPrevious, err)
@@ -40,34 +44,52 @@ func TestLoadConfig(t *testing.T) {
 	if strings.Contains(logged, "pw") || strings.Contains(logged, secret) {
 		t.Errorf("LogValue() = %s, leaks a secret", logged)
 	}
-	cfg, _ = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://primary/x", "READ_DATABASE_URL": "postgres://replica/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret}))
+	cfg, _ = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://primary/x", "READ_DATABASE_URL": "postgres://replica/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret}))
 	if !strings.Contains(cfg.DatabaseURL, "replica") {
 		t.Errorf("loadConfig() database = %s, want READ_DATABASE_URL first", cfg.DatabaseURL)
 	}
-	if cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://db/x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "0"})); err != nil || cfg.ReadMaxLag != 0 {
+	if cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://db/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "0"})); err != nil || cfg.ReadMaxLag != 0 {
 		t.Errorf("loadConfig(READ_MAX_LAG=0) = %v, %v; want 0 (off)", cfg.ReadMaxLag, err)
 	}
-	_, err = loadConfig(env(map[string]string{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "1s"}))
+	_, err = loadConfig(env(map[string]string{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "1s"}))
 	if err == nil || !strings.Contains(err.Error(), "READ_MAX_LAG must be 0 (off) or at least 2s") {
 		t.Errorf("loadConfig(READ_MAX_LAG=1s) error = %v, want it to say the bound", err)
 	}
 	for _, bad := range []map[string]string{
-		{"CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
-		{"DATABASE_URL": "   ", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "IDENTITY_SECRET_PREVIOUS": "short"},
+		{"CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret},
+		{"DATABASE_URL": "   ", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "IDENTITY_SECRET_PREVIOUS": "short"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": "short", "IDENTITY_SECRET": secret},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_DB_MAX_CONNS": "0"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_QUERY_TIMEOUT": "soon"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_PAGES": "-1"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_TTL": "0s"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "CURSOR_SECRET_PREVIOUS": secret + ",short"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "500ms"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "-1s"},
-		{"DATABASE_URL": "x", "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "60"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_DB_MAX_CONNS": "0"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_QUERY_TIMEOUT": "soon"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_PAGES": "-1"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_TTL": "0s"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "CURSOR_SECRET_PREVIOUS": secret + ",short"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "500ms"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "-1s"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "READ_MAX_LAG": "60"},
 	} {
 		if _, err := loadConfig(env(bad)); err == nil {
 			t.Errorf("loadConfig(%v) error = nil, want an error", bad)
+		}
+	}
+}
+
+// One secret for cursors and identities is refused, wherever it is listed,
+// naming both settings and quoting neither.
+func TestLoadConfigRefusesASharedSecret(t *testing.T) {
+	t.Parallel()
+	for _, shared := range []map[string]string{
+		{"CURSOR_SECRET": secret, "IDENTITY_SECRET": secret},
+		{"CURSOR_SECRET": cursorSecret, "CURSOR_SECRET_PREVIOUS": secret, "IDENTITY_SECRET": secret},
+		{"CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "IDENTITY_SECRET_PREVIOUS": cursorSecret},
+	} {
+		shared["DATABASE_URL"] = "postgres://db/x"
+		_, err := loadConfig(env(shared))
+		if err == nil || !strings.Contains(err.Error(), "CURSOR_SECRET and IDENTITY_SECRET (and their _PREVIOUS lists) must not share a secret") ||
+			strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), cursorSecret) {
+			t.Errorf("loadConfig(%v) error = %v, want the shared secret refused, unquoted", shared, err)
 		}
 	}
 }
@@ -83,7 +105,7 @@ func TestRun(t *testing.T) {
 	wg.Go(func() {
 		// Mid-rotation (README, "Rotating IDENTITY_SECRET"): the request
 		// below is signed with the previous secret.
-		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret,
+		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret,
 			"IDENTITY_SECRET": secret + "-rotated", "IDENTITY_SECRET_PREVIOUS": secret,
 			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
 	})
@@ -127,7 +149,7 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": secret, "IDENTITY_SECRET": secret,
+			done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
 				"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs)
 		}()
 		return func() { cancel(); <-done }
