@@ -200,7 +200,7 @@ func rate(r *envconfig.Reader, name, def string) limiter.Rate {
 	v := r.String(name, def)
 	rate, err := limiter.NewRateFromFormatted(v)
 	if err != nil || rate.Limit < 1 {
-		r.Failf("%s must be <limit>-<S|M|H|D> with a limit of at least 1, such as %s", name, def)
+		r.Failf("%s must be <limit>-<S|M|H|D> with a limit of at least 1, such as %s (got %s)", name, def, envconfig.Shown(v))
 	}
 	return rate
 }

@@ -1,8 +1,10 @@
 // Package envconfig reads a binary's settings from its environment: each
 // value with its default, parsed and range-checked, every problem collected
 // so that one start-up error names every bad variable at once. Error
-// messages name the variable and what it must be, never its value (a
-// variable may hold a secret).
+// messages name the variable and what it must be; they quote the value
+// only of a setting that is a number, a duration, a boolean, a word or an
+// address, and only when short (Shown): a string, a URL or a list may hold
+// a secret.
 package envconfig
 
 import (
@@ -48,9 +50,10 @@ func (r *Reader) String(name, def string) string {
 // OneOf returns the variable, lower-cased, if it is one of allowed (in any
 // case), def when unset.
 func (r *Reader) OneOf(name, def string, allowed ...string) string {
-	v := strings.ToLower(r.String(name, def))
+	raw := r.String(name, def)
+	v := strings.ToLower(raw)
 	if !slices.Contains(allowed, v) {
-		r.Failf("%s must be one of %s", name, strings.Join(allowed, ", "))
+		r.Failf("%s must be one of %s (got %s)", name, strings.Join(allowed, ", "), Shown(raw))
 	}
 	return v
 }
@@ -62,9 +65,10 @@ func (r *Reader) LogLevel() string {
 
 // Int returns the variable as an integer from min to max, def when unset.
 func (r *Reader) Int(name string, def, min, max int) int {
-	n, err := strconv.Atoi(r.String(name, strconv.Itoa(def)))
+	v := r.String(name, strconv.Itoa(def))
+	n, err := strconv.Atoi(v)
 	if err != nil || n < min || n > max {
-		r.Failf("%s must be an integer from %d to %d", name, min, max)
+		r.Failf("%s must be an integer from %d to %d (got %s)", name, min, max, Shown(v))
 	}
 	return n
 }
@@ -72,9 +76,10 @@ func (r *Reader) Int(name string, def, min, max int) int {
 // Duration returns the variable as a duration from min to max (such as
 // "10s"), def when unset.
 func (r *Reader) Duration(name string, def, min, max time.Duration) time.Duration {
-	d, err := time.ParseDuration(r.String(name, def.String()))
+	v := r.String(name, def.String())
+	d, err := time.ParseDuration(v)
 	if err != nil || d < min || d > max {
-		r.Failf("%s must be a duration from %s to %s, such as %s", name, min, max, def)
+		r.Failf("%s must be a duration from %s to %s, such as %s (got %s)", name, min, max, def, Shown(v))
 	}
 	return d
 }
@@ -86,7 +91,7 @@ func (r *Reader) Addr(name, def string) string {
 	addr := r.String(name, def)
 	_, port, err := net.SplitHostPort(addr)
 	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-		r.Failf("%s must be host:port, such as %s", name, def)
+		r.Failf("%s must be host:port, such as %s (got %s)", name, def, Shown(addr))
 	}
 	return addr
 }
@@ -160,9 +165,25 @@ func (r *Reader) Err() error {
 // Bool returns the variable as a boolean (1, t, true, 0, f, false, …), def
 // when unset.
 func (r *Reader) Bool(name string, def bool) bool {
-	b, err := strconv.ParseBool(r.String(name, strconv.FormatBool(def)))
+	v := r.String(name, strconv.FormatBool(def))
+	b, err := strconv.ParseBool(v)
 	if err != nil {
-		r.Failf("%s must be true or false", name)
+		r.Failf("%s must be true or false (got %s)", name, Shown(v))
 	}
 	return b
+}
+
+// maxShown is the longest value a problem quotes. A number, a duration, a
+// boolean, a word or an address is shorter; a longer value may be a secret
+// set in the wrong variable (the project's secrets are at least 32 bytes).
+const maxShown = 24
+
+// Shown is a value as a problem names it: quoted, so that what the eye
+// misses shows ("30" for 30s, "5\u200b"), or only its length when longer
+// than maxShown. For the values of settings that hold no secret only.
+func Shown(v string) string {
+	if len(v) > maxShown {
+		return fmt.Sprintf("a value of %d bytes, not shown", len(v))
+	}
+	return strconv.Quote(v)
 }

@@ -24,27 +24,40 @@ func TestDefaultsAndValues(t *testing.T) {
 	}
 }
 
-func TestEveryProblemNamedWithoutItsValue(t *testing.T) {
-	r := New(env(map[string]string{"N": "secret-ish", "BIG": "11", "D": "soon", "NEG": "-1s", "B": "maybe", "LOG_LEVEL": "verbose"}))
+// Every problem names its variable and what it must be, with the value
+// quoted when short (what the eye misses shows: a missing unit, a
+// zero-width space); a long value, which may be a secret set in the wrong
+// variable, only by its length.
+func TestEveryProblemNamedWithItsShortValue(t *testing.T) {
+	long := strings.Repeat("s", 32)
+	r := New(env(map[string]string{"N": long, "BIG": "11", "D": "30", "NEG": "-1s", "B": "yes", "LOG_LEVEL": "verbose",
+		"Z": "5\u200b", "A": "8080"}))
 	r.Bool("B", false)
 	r.LogLevel()
 	r.Int("N", 1, 0, 10)
 	r.Int("BIG", 1, 0, 10)
+	r.Int("Z", 1, 0, 10)
 	r.Duration("D", time.Second, time.Millisecond, time.Minute)
 	r.Duration("NEG", time.Second, time.Millisecond, time.Minute)
+	r.Addr("A", "127.0.0.1:1")
 	r.Check(false, "X is required")
 	r.Check(true, "never reported")
 	err := r.Err()
 	if err == nil {
 		t.Fatal("Err() = nil, want every problem")
 	}
-	for _, name := range []string{"N must", "BIG must", "D must", "NEG must", "B must", "LOG_LEVEL must be one of debug, info, warn, error", "X is required"} {
-		if !strings.Contains(err.Error(), name) {
-			t.Errorf("Err() = %q, lacks %q", err, name)
+	for _, want := range []string{
+		`B must be true or false (got "yes")`, `LOG_LEVEL must be one of debug, info, warn, error (got "verbose")`,
+		`N must be an integer from 0 to 10 (got a value of 32 bytes, not shown)`, `BIG must be an integer from 0 to 10 (got "11")`,
+		`Z must be an integer from 0 to 10 (got "5\u200b")`, `D must be a duration from 1ms to 1m0s, such as 1s (got "30")`,
+		`NEG must`, `A must be host:port, such as 127.0.0.1:1 (got "8080")`, "X is required",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Err() = %q, lacks %q", err, want)
 		}
 	}
-	if strings.Contains(err.Error(), "secret-ish") || strings.Contains(err.Error(), "verbose") || strings.Contains(err.Error(), "never reported") {
-		t.Errorf("Err() = %q, quotes a value or a passed check", err)
+	if strings.Contains(err.Error(), long) || strings.Contains(err.Error(), "never reported") {
+		t.Errorf("Err() = %q, quotes a long value or a passed check", err)
 	}
 }
 

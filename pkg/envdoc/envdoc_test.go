@@ -189,7 +189,7 @@ func TestCheckEnv(t *testing.T) {
 	want := []string{
 		"sets FAKE_TIMOUT, which gateway does not read (did you mean FAKE_TIMEOUT?)",
 		"sets PGPASSWORD, which gateway does not read", // it reads no DATABASE_URL
-		"gateway refuses the values: config: FAKE_ADDR must be host:port, such as 127.0.0.1:8080",
+		`gateway refuses the values: config: FAKE_ADDR must be host:port, such as 127.0.0.1:8080 (got "nowhere")`,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("CheckEnv (-want +got):\n%s", diff)

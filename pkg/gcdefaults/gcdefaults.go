@@ -15,6 +15,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/coinexport/export/pkg/envconfig"
 )
 
 // The defaults, used unless GOGC or GOMEMLIMIT are set.
@@ -50,7 +52,7 @@ func (s Settings) GOGCProblem() string {
 		return ""
 	}
 	if n, err := strconv.ParseInt(s.GOGC, 10, 32); err != nil || n < 0 {
-		return "GOGC must be off or a whole number (the heap growth in percent, e.g. 400)"
+		return fmt.Sprintf("GOGC must be off or a whole number (the heap growth in percent, e.g. 400) (got %s)", envconfig.Shown(s.GOGC))
 	}
 	return ""
 }
@@ -71,7 +73,7 @@ func (s Settings) GOMEMLIMITProblem() string {
 	if n, ok := byteCount(s.GOMEMLIMIT); ok && n >= MinMemoryLimit {
 		return ""
 	}
-	return "GOMEMLIMIT must be off or at least 16MiB, a number of bytes with B, KiB, MiB, GiB or TiB (e.g. 100MiB): under what the runtime itself holds the collector runs without pause, and 0 is such a limit, not off"
+	return fmt.Sprintf("GOMEMLIMIT must be off or at least 16MiB, a number of bytes with B, KiB, MiB, GiB or TiB (e.g. 100MiB): under what the runtime itself holds the collector runs without pause, and 0 is such a limit, not off (got %s)", envconfig.Shown(s.GOMEMLIMIT))
 }
 
 // byteCount reads a byte count as the runtime reads GOMEMLIMIT.

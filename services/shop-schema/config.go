@@ -106,7 +106,7 @@ func ports(r *envconfig.Reader, name, def string) []uint16 {
 	for _, item := range r.List(name, def) {
 		n, err := strconv.ParseUint(item, 10, 16)
 		if err != nil || n == 0 {
-			r.Failf("%s must list ports from 1 to 65535, separated by commas", name)
+			r.Failf("%s must list ports from 1 to 65535, separated by commas (got %s)", name, envconfig.Shown(item))
 			return nil
 		}
 		out = append(out, uint16(n))
