@@ -157,7 +157,7 @@ func TestMisspeltNamesUnknownProjectSettings(t *testing.T) {
 		"SHOP_SCHEMA_PORT_8083_TCP_ADDR=10.0.0.3", "GATEWAY_SERVICE_HOST=10.0.0.1", "GATEWAY_PORT=tcp://10.0.0.1:80",
 		"SHOP_SCHEMA_PORTT=443", // no Service link: misspelt
 		"SALES_WRITER_DATABASE_URL=x", "SHOP_SCHEMA_MAX_BYTES=1024",
-		"READ_ONLY=1", "KEYCLOAK_URL=x",
+		"READ_ONLY=1", "KEYCLOAK_URL=x", "IDENTITY_ENDPOINT=http://x", "IDENTITY_HEADER=h", "CURSOR_TRACE_ID=t",
 	}
 	want := []Misspelling{
 		{Name: "SALES_WRITER_TIMEOUT", Meant: "SALES_WRITER_QUERY_TIMEOUT"},

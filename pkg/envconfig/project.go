@@ -35,12 +35,14 @@ var ProjectSettings = []string{
 }
 
 // ProjectPrefixes begin the names of the project's own settings, and of
-// no variable another program is known to read: a variable that begins
+// no variable another program is known to set: a variable that begins
 // with one and is no project setting is a setting written wrong, however
 // far from the name meant (SALES_WRITER_TIMEOUT for
-// SALES_WRITER_QUERY_TIMEOUT).
+// SALES_WRITER_QUERY_TIMEOUT). IDENTITY_ and CURSOR_ are not among them:
+// Azure gives a managed identity's containers IDENTITY_ENDPOINT and
+// IDENTITY_HEADER, and the Cursor editor its terminals CURSOR_TRACE_ID.
 var ProjectPrefixes = []string{
-	"CURSOR_", "EXPORT_READER_", "GATEWAY_", "IDEMPOTENCY_", "IDENTITY_", "KEY_CACHE_",
+	"EXPORT_READER_", "GATEWAY_", "IDEMPOTENCY_", "KEY_CACHE_",
 	"RATE_LIMIT_", "SALES_WRITER_", "SHOP_SCHEMA_", "UPSTREAM_",
 }
 
