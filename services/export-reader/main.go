@@ -47,6 +47,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	// The process's own environment, whatever getenv a test passes: a
 	// variable no one reads has no other way to be seen.
 	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
+	if cfg.ReadAheadPages > 0 && cfg.readAhead().Reads == 0 {
+		log.Warn("read-ahead off: it may use a quarter of the pool, and EXPORT_READER_DB_MAX_CONNS under 4 leaves it none",
+			"read_ahead_pages", cfg.ReadAheadPages, "db_max_conns", cfg.DBMaxConns)
+	}
 
 	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName, log)
 	if err != nil {

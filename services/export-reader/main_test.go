@@ -94,6 +94,25 @@ func TestLoadConfigRefusesASharedSecret(t *testing.T) {
 	}
 }
 
+// A pool too small for read-ahead says so at start, as the start line
+// shows the pages asked for: the setting is not silently without effect.
+func TestRunSaysReadAheadIsOffForASmallPool(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // run reads its settings and logs them, then stops before PostgreSQL
+	for conns, wantWarn := range map[string]bool{"3": true, "4": false} {
+		var out testenv.Output
+		err := run(ctx, env(map[string]string{"DATABASE_URL": "postgres://db/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
+			"EXPORT_READER_DB_MAX_CONNS": conns, "EXPORT_READER_ADDR": "127.0.0.1:0", "EXPORT_READER_ADMIN_ADDR": "127.0.0.1:0"}), &out)
+		if err != nil {
+			t.Fatalf("run(stopped) = %v", err)
+		}
+		if got := strings.Contains(out.String(), `"msg":"read-ahead off`); got != wantWarn {
+			t.Errorf("EXPORT_READER_DB_MAX_CONNS=%s: warned of read-ahead off = %v, want %v; log:\n%s", conns, got, wantWarn, out.String())
+		}
+	}
+}
+
 // TestRun starts the binary's run on loopback and reads through it.
 func TestRun(t *testing.T) {
 	t.Parallel()
