@@ -55,7 +55,7 @@ const minNameLength = 8
 const maxEdits = 2
 
 func closest(name string, read []string) (string, bool) {
-	upper := strings.ToUpper(name)
+	upper := normalized(name)
 	best, bestEdits := "", maxEdits+1
 	for _, setting := range read {
 		if upper == setting {
@@ -69,6 +69,13 @@ func closest(name string, read []string) (string, bool) {
 		}
 	}
 	return best, best != ""
+}
+
+// normalized is name as a setting's would be written: in capitals, with
+// '_' for '-' (RATE-LIMIT-EXPORT-READ, which Kubernetes and Compose take as
+// a name, was four edits from its setting).
+func normalized(name string) string {
+	return strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // LogMisspelt warns of each misspelling in environ of the settings read,

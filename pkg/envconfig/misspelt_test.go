@@ -31,6 +31,7 @@ func TestMisspeltNamesTheSettingMeant(t *testing.T) {
 		"RATE_LIMIT_EXPORT_RAED=100-M",      // two edits
 		"GATEWAY_TRUSTED_PROXIE=10.0.0.0/8", // one edit
 		"key_cache_size=5",                  // letter case
+		"RATE-LIMIT-EXPORT-READ=5-M",        // '-' for '_'
 		"KEY_CACHE_TTL=1s",                  // another setting, far
 		"SHOP_SCHEMA_PORTS=443",             // far from every setting read here
 		"ADRR=:1",                           // short: two edits from ADDR, not compared
@@ -41,6 +42,7 @@ func TestMisspeltNamesTheSettingMeant(t *testing.T) {
 		{Name: "RATE_LIMIT_EXPORT_RAED", Meant: "RATE_LIMIT_EXPORT_READ"},
 		{Name: "GATEWAY_TRUSTED_PROXIE", Meant: "GATEWAY_TRUSTED_PROXIES"},
 		{Name: "key_cache_size", Meant: "KEY_CACHE_SIZE"},
+		{Name: "RATE-LIMIT-EXPORT-READ", Meant: "RATE_LIMIT_EXPORT_READ"},
 	}
 	if diff := cmp.Diff(want, Misspelt(environ, r.Names())); diff != "" {
 		t.Errorf("Misspelt (-want +got):\n%s", diff)
@@ -156,7 +158,7 @@ func TestMisspeltNamesUnknownProjectSettings(t *testing.T) {
 		"SHOP_SCHEMA_PORT=tcp://10.0.0.3:8083", "SHOP_SCHEMA_PORT_8083_TCP=tcp://10.0.0.3:8083",
 		"SHOP_SCHEMA_PORT_8083_TCP_ADDR=10.0.0.3", "GATEWAY_SERVICE_HOST=10.0.0.1", "GATEWAY_PORT=tcp://10.0.0.1:80",
 		"SHOP_SCHEMA_PORTT=443", // no Service link: misspelt
-		"SALES_WRITER_DATABASE_URL=x", "SHOP_SCHEMA_MAX_BYTES=1024",
+		"SALES_WRITER_DATABASE_URL=x", "SHOP_SCHEMA_MAX_BYTES=1024", "sales-writer-timeout=5s",
 		"READ_ONLY=1", "KEYCLOAK_URL=x", "IDENTITY_ENDPOINT=http://x", "IDENTITY_HEADER=h", "CURSOR_TRACE_ID=t",
 	}
 	want := []Misspelling{
@@ -166,6 +168,7 @@ func TestMisspeltNamesUnknownProjectSettings(t *testing.T) {
 		{Name: "SHOP_SCHEMA_PORTT", Meant: "SHOP_SCHEMA_PORTS"},
 		{Name: "SALES_WRITER_DATABASE_URL", Meant: "DATABASE_URL"},
 		{Name: "SHOP_SCHEMA_MAX_BYTES", Meant: "SHOP_SCHEMA_MAX_CALL_BYTES"},
+		{Name: "sales-writer-timeout", Meant: "SALES_WRITER_QUERY_TIMEOUT"},
 	}
 	if diff := cmp.Diff(want, Misspelt(environ, read)); diff != "" {
 		t.Errorf("Misspelt (-want +got):\n%s", diff)

@@ -46,10 +46,10 @@ var ProjectPrefixes = []string{
 	"RATE_LIMIT_", "SALES_WRITER_", "SHOP_SCHEMA_", "UPSTREAM_",
 }
 
-// projectPrefix is the project prefix name begins with, in any letter
-// case, or "".
+// projectPrefix is the project prefix name begins with, once normalized,
+// or "".
 func projectPrefix(name string) string {
-	upper := strings.ToUpper(name)
+	upper := normalized(name)
 	for _, p := range ProjectPrefixes {
 		if strings.HasPrefix(upper, p) {
 			return p
@@ -69,7 +69,7 @@ func unknownProjectSetting(name string) (meant string, unknown bool) {
 	if prefix == "" || slices.Contains(ProjectSettings, name) {
 		return "", false
 	}
-	rest := strings.ToUpper(name)[len(prefix):]
+	rest := normalized(name)[len(prefix):]
 	words := strings.Split(rest, "_")
 	type score struct{ shared, samePrefix, edits int }
 	better := func(a, b score) bool {
