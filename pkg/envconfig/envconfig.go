@@ -79,9 +79,23 @@ func (r *Reader) Duration(name string, def, min, max time.Duration) time.Duratio
 	v := r.String(name, def.String())
 	d, err := time.ParseDuration(v)
 	if err != nil || d < min || d > max {
-		r.Failf("%s must be a duration from %s to %s, such as %s (got %s)", name, min, max, def, Shown(v))
+		r.Failf("%s must be a duration from %s to %s, such as %s (got %s)", name, short(min), short(max), short(def), Shown(v))
 	}
 	return d
+}
+
+// short writes d as an operator would, without zero minutes or seconds
+// after a larger unit: 1h, 24h, 10m, 1m30s (time.Duration's own String
+// gives 1h0m0s, 24h0m0s, 10m0s).
+func short(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // Addr returns the variable as a listening address, host:port (the host

@@ -49,7 +49,7 @@ func TestEveryProblemNamedWithItsShortValue(t *testing.T) {
 	for _, want := range []string{
 		`B must be true or false (got "yes")`, `LOG_LEVEL must be one of debug, info, warn, error (got "verbose")`,
 		`N must be an integer from 0 to 10 (got a value of 32 bytes, not shown)`, `BIG must be an integer from 0 to 10 (got "11")`,
-		`Z must be an integer from 0 to 10 (got "5\u200b")`, `D must be a duration from 1ms to 1m0s, such as 1s (got "30")`,
+		`Z must be an integer from 0 to 10 (got "5\u200b")`, `D must be a duration from 1ms to 1m, such as 1s (got "30")`,
 		`NEG must`, `A must be host:port, such as 127.0.0.1:1 (got "8080")`, "X is required",
 	} {
 		if !strings.Contains(err.Error(), want) {
@@ -116,6 +116,17 @@ func TestAddr(t *testing.T) {
 	for _, name := range []string{"NOPORT", "BADPORT", "BIG"} {
 		if err == nil || !strings.Contains(err.Error(), name+" must be host:port") {
 			t.Errorf("Err() = %v, want %s named", err, name)
+		}
+	}
+}
+
+// A duration in a problem reads as an operator writes it.
+func TestShortDurations(t *testing.T) {
+	for d, want := range map[time.Duration]string{time.Hour: "1h", 24 * time.Hour: "24h", 10 * time.Minute: "10m",
+		90 * time.Second: "1m30s", 90 * time.Minute: "1h30m", 10 * time.Second: "10s", time.Millisecond: "1ms", 0: "0s",
+		time.Hour + time.Second: "1h0m1s"} {
+		if got := short(d); got != want {
+			t.Errorf("short(%v) = %q, want %q", d, got, want)
 		}
 	}
 }
