@@ -130,8 +130,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	r.Check(redisclient.ValidURL(cfg.RedisURL), "REDIS_URL must be a redis://, rediss:// or unix:// URL")
-	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
-	r.Check(cfg.GC.GOMEMLIMITProblem() == "", cfg.GC.GOMEMLIMITProblem())
+	cfg.GC.Check(r)
 	// Only signed with here: IDENTITY_SECRET_PREVIOUS is for the services.
 	cfg.IdentitySecret = r.SigningSecret("IDENTITY_SECRET")
 	trusted, ok := parseTrustedProxies(r.List("GATEWAY_TRUSTED_PROXIES", ""))

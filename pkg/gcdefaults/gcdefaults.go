@@ -95,6 +95,14 @@ func byteCount(v string) (int64, bool) {
 	return int64(n) << shift, true
 }
 
+// Check records the settings' problems with the binary's others: a
+// binary that keeps Go's own defaults (no Apply) checks them all the same,
+// as the runtime reads a bad GOGC as 100 and a GOMEMLIMIT of 0 as a limit.
+func (s Settings) Check(r *envconfig.Reader) {
+	r.Check(s.GOGCProblem() == "", s.GOGCProblem())
+	r.Check(s.GOMEMLIMITProblem() == "", s.GOMEMLIMITProblem())
+}
+
 // Apply sets the defaults the environment left unset.
 func (s Settings) Apply() {
 	if s.GOGC == "" {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 	"github.com/coinexport/export/services/export-reader/internal/replica"
@@ -72,7 +73,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	// the two rotations together.
 	r.Check(!sharesSecret(append([]string{cfg.CursorSecret}, cfg.CursorPrevious...), append([]string{cfg.IdentitySecret}, cfg.IdentityPrevious...)),
 		"CURSOR_SECRET and IDENTITY_SECRET (and their _PREVIOUS lists) must not share a secret: one for each purpose")
-	cfg.Settings = r.Names()
+	gcdefaults.Read(getenv).Check(r) // Go's own defaults, but no bad value unseen
+	cfg.Settings = append(r.Names(), gcdefaults.Names...)
 	if err := r.Err(); err != nil {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}

@@ -76,6 +76,18 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
+// The runtime applies GOGC and GOMEMLIMIT itself; a value it would misread
+// stops the start, as in the gateway and sales-writer.
+func TestLoadConfigRefusesGCValuesTheRuntimeMisreads(t *testing.T) {
+	t.Parallel()
+	for name, value := range map[string]string{"GOGC": "OFF", "GOMEMLIMIT": "0"} {
+		_, err := loadConfig(env(map[string]string{"DATABASE_URL": "postgres://db/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, name: value}))
+		if err == nil || !strings.Contains(err.Error(), name+" must be off") {
+			t.Errorf("loadConfig(%s=%s) = %v, want an error naming %s", name, value, err, name)
+		}
+	}
+}
+
 // One secret for cursors and identities is refused, wherever it is listed,
 // naming both settings and quoting neither.
 func TestLoadConfigRefusesASharedSecret(t *testing.T) {

@@ -44,8 +44,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
-	r.Check(cfg.GC.GOGCProblem() == "", cfg.GC.GOGCProblem())
-	r.Check(cfg.GC.GOMEMLIMITProblem() == "", cfg.GC.GOMEMLIMITProblem())
+	cfg.GC.Check(r)
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
 	cfg.Settings = append(r.Names(), gcdefaults.Names...)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
 
@@ -73,7 +74,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if validTimeout(c.Timeout) && validTimeout(c.ConnectTimeout) {
 		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
 	}
-	c.Settings = r.Names()
+	gcdefaults.Read(getenv).Check(r) // Go's own defaults, but no bad value unseen
+	c.Settings = append(r.Names(), gcdefaults.Names...)
 	if err := r.Err(); err != nil {
 		return Config{Settings: c.Settings}, err // only the names, for run's misspelling hint
 	}

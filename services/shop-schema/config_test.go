@@ -44,6 +44,13 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("loadConfig(%v) = nil error, want an error", kv)
 		}
 	}
+	// The runtime applies GOGC and GOMEMLIMIT itself; a value it would
+	// misread stops the start, as in the gateway and sales-writer.
+	for name, value := range map[string]string{"GOGC": "OFF", "GOMEMLIMIT": "0"} {
+		if _, err := loadConfig(env(name, value)); err == nil || !strings.Contains(err.Error(), name+" must be off") {
+			t.Errorf("loadConfig(%s=%s) = %v, want an error naming %s", name, value, err, name)
+		}
+	}
 	// A bad allow-list entry is named by its variable, without its value,
 	// with the other settings (before, the guard refused it after the
 	// start line: "guard: allow-list entry \"…\" is not a host, IP or CIDR").
