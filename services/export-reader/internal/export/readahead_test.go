@@ -385,3 +385,28 @@ func TestReadAheadHoldsAtMostPagesWorthOfBytes(t *testing.T) {
 		t.Errorf("%d bytes counted once every page was taken, want 0", ra.bytes)
 	}
 }
+
+// A page read ahead that went stale (its client slower than the TTL) and
+// is replaced under its key gives its bytes back: counted on, they would
+// pile up with every replacement until the count alone passed the bound
+// and every page was dropped as soon as it was read, read-ahead off for
+// good without a sign.
+func TestReadAheadReplacingAStalePageGivesItsBytesBack(t *testing.T) {
+	key := aheadKey{cursor: "c", lang: "ENG", limit: 100}
+	ra := newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Second})
+	stale := &aheadPage{started: time.Now().Add(-time.Hour), ready: closedReady, body: make([]byte, 1000)}
+	if !ra.add(key, stale) || ra.bytes != 1000 {
+		t.Fatalf("a page entered already read: %d bytes counted, want 1000", ra.bytes)
+	}
+	fresh := &aheadPage{started: time.Now(), ready: closedReady, body: make([]byte, 10)}
+	if !ra.add(key, fresh) {
+		t.Fatal("the stale page was not replaced")
+	}
+	if ra.bytes != 10 {
+		t.Errorf("%d bytes counted after the stale page was replaced, want the new page's 10", ra.bytes)
+	}
+	ra.take(key)
+	if ra.bytes != 0 {
+		t.Errorf("%d bytes counted once the page was taken, want 0", ra.bytes)
+	}
+}
