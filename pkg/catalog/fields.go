@@ -239,8 +239,8 @@ func canonicalObject(raw json.RawMessage) (json.RawMessage, string) {
 	if hasHugeNumber(v) {
 		return nil, "must not hold a number beyond a double's range (±1.8e308): clients that read JSON numbers as doubles get Infinity, and Go's encoding/json refuses the whole page"
 	}
-	if hasUnstorableScale(v) {
-		return nil, fmt.Sprintf("must not hold a number with more than %d digits after the decimal point (as 1e-%d or 0e-20000): PostgreSQL's numeric, which stores it, cannot", maxNumericScale, maxNumericScale+1)
+	if hasUnstorableNumber(v) {
+		return nil, fmt.Sprintf("must not hold a number with more than %d digits after the decimal point (as 1e-%d or 0e-20000), or an exponent past ±%d (as 0e%d): PostgreSQL's numeric, which stores it, cannot", maxNumericScale, maxNumericScale+1, maxNumericExponent, maxNumericExponent+1)
 	}
 	if depth := nesting(v); depth > maxNesting {
 		return nil, fmt.Sprintf("must not nest objects and arrays more than %d levels deep, got %d: a list page puts it 3 levels deeper, and clients' parsers refuse the whole page past their limit (Ruby's JSON at 100 levels, PHP's json_decode at 512, Python's json near 1000)", maxNesting, depth)
@@ -283,40 +283,38 @@ func hasNumber(v any, bad func(json.Number) bool) bool {
 }
 
 // maxNumericScale is the most digits after the decimal point that
-// PostgreSQL's numeric holds (NUMERIC_DSCALE_MAX): a jsonb number is one,
-// and a number past it (1e-16384, 0e-20000, "1." and 16384 zeros) fails the
-// whole import's COPY with "value overflows numeric format", naming no line.
-const maxNumericScale = 16383
+// PostgreSQL's numeric holds (NUMERIC_DSCALE_MAX), and maxNumericExponent
+// the largest exponent, either way, that its input reads (below INT_MAX/2),
+// whatever the digits before it: a jsonb number is a numeric, and a number
+// past either (1e-16384, 0e-20000, "1." and 16384 zeros, 0e1073741823)
+// fails the whole import's COPY with "value overflows numeric format",
+// naming no line. (A zero is the one number such an exponent leaves within
+// a double's range.)
+const (
+	maxNumericScale    = 16383
+	maxNumericExponent = math.MaxInt32/2 - 1
+)
 
-// hasUnstorableScale reports a number whose digits after the decimal point,
-// once its exponent is applied, are more than PostgreSQL's numeric holds.
-func hasUnstorableScale(v any) bool {
-	return hasNumber(v, func(n json.Number) bool { return numberScale(string(n)) > maxNumericScale })
+// hasUnstorableNumber reports a number PostgreSQL's numeric cannot hold.
+func hasUnstorableNumber(v any) bool {
+	return hasNumber(v, func(n json.Number) bool { return !numericHolds(string(n)) })
 }
 
-// numberScale is how many digits a JSON number has after the decimal point
-// once its exponent is applied (trailing zeros count: PostgreSQL keeps
-// them), or 0 when it has none.
-func numberScale(n string) int {
-	mantissa, exp, _ := strings.Cut(strings.ToLower(n), "e")
-	scale := 0
-	if _, frac, ok := strings.Cut(mantissa, "."); ok {
-		scale = len(frac)
-	}
-	if exp != "" {
-		e, err := strconv.Atoi(exp)
-		if err != nil { // an exponent beyond an int: ±huge
-			if strings.HasPrefix(exp, "-") {
-				return math.MaxInt
-			}
-			return 0
+// numericHolds reports whether PostgreSQL's numeric holds the JSON number
+// n: its exponent within maxNumericExponent, and its digits after the
+// decimal point, once the exponent is applied, at most maxNumericScale
+// (trailing zeros count: PostgreSQL keeps them).
+func numericHolds(n string) bool {
+	mantissa, exponent, _ := strings.Cut(strings.ToLower(n), "e")
+	e := 0
+	if exponent != "" {
+		var err error
+		if e, err = strconv.Atoi(exponent); err != nil || e > maxNumericExponent || e < -maxNumericExponent {
+			return false // err: beyond an int, so beyond the bound too
 		}
-		if e < 0 && scale > math.MaxInt+e { // scale - e would overflow
-			return math.MaxInt
-		}
-		scale -= e
 	}
-	return max(scale, 0)
+	_, fraction, _ := strings.Cut(mantissa, ".")
+	return len(fraction)-e <= maxNumericScale
 }
 
 // maxNesting bounds the levels of objects and arrays in a category or the

@@ -25,7 +25,8 @@
 //   - category: object or null/absent. characteristics: object, {} when absent.
 //     Their numbers must fit a double (1e400 is refused: it is Infinity to
 //     JavaScript and an error to encoding/json) and PostgreSQL's numeric, at
-//     most 16383 digits after the point (1e-16384 is refused), and they nest
+//     most 16383 digits after the point (1e-16384 is refused), with an
+//     exponent within ±1073741822 (0e1073741823 is refused), and they nest
 //     at most 64 levels of objects and arrays (a page with one item deeper
 //     than a client's parser allows is unreadable to it as a whole: Ruby's
 //     JSON stops at 100 levels, PHP's json_decode at 512).

@@ -79,6 +79,8 @@ func TestParseJSONLRejects(t *testing.T) {
 		{"category zero with a huge negative exponent", with("category", `{"n":0e-20000}`), "category: " + unstorableScale},
 		{"characteristics many decimals", with("characteristics", `{"a":1.`+strings.Repeat("0", 16384)+`}`), "characteristics: " + unstorableScale},
 		{"characteristics exponent past an int", with("characteristics", `{"a":1e-99999999999999999999}`), "characteristics: " + unstorableScale},
+		{"characteristics zero with a huge exponent", with("characteristics", `{"a":0e1073741823}`), "characteristics: " + unstorableScale},
+		{"category zero with an exponent past an int", with("category", `{"n":0.0E+99999999999999999999}`), "category: " + unstorableScale},
 		{"characteristics too deep", with("characteristics", nested(65)), "characteristics: must not nest objects and arrays more than 64 levels deep, got 65: a list page puts it 3 levels deeper, and clients' parsers refuse the whole page past their limit (Ruby's JSON at 100 levels, PHP's json_decode at 512, Python's json near 1000)"},
 		{"category too deep", with("category", nested(9990)), "category: must not nest objects and arrays more than 64 levels deep, got 9990: a list page puts it 3 levels deeper, and clients' parsers refuse the whole page past their limit (Ruby's JSON at 100 levels, PHP's json_decode at 512, Python's json near 1000)"},
 		{"images object", with("images", `{}`), "images: must be an array"},
@@ -135,7 +137,7 @@ func TestParseJSONLRejects(t *testing.T) {
 	}
 }
 
-const unstorableScale = "must not hold a number with more than 16383 digits after the decimal point (as 1e-16384 or 0e-20000): PostgreSQL's numeric, which stores it, cannot"
+const unstorableScale = "must not hold a number with more than 16383 digits after the decimal point (as 1e-16384 or 0e-20000), or an exponent past ±1073741822 (as 0e1073741823): PostgreSQL's numeric, which stores it, cannot"
 
 // nested returns an object of depth levels of objects and arrays, the
 // outer one an object.
@@ -151,7 +153,7 @@ func TestParseJSONLAcceptsTheEdges(t *testing.T) {
 	t.Parallel()
 	for name, line := range map[string]string{
 		"64 levels":          with("characteristics", nested(64)),
-		"16383 decimals":     with("characteristics", `{"a":1e-16383,"b":1.5e-16382,"c":0.`+strings.Repeat("0", 16382)+`1,"d":0e200000}`),
+		"16383 decimals":     with("characteristics", `{"a":1e-16383,"b":1.5e-16382,"c":0.`+strings.Repeat("0", 16382)+`1,"d":0e1073741822,"e":-0E+1073741822}`),
 		"null translation":   with("texts", `{"ENG":{"title":"T"},"RUS":null,"UKR":{"title":"У"}}`),
 		"category 64 levels": with("category", nested(64)),
 	} {

@@ -399,7 +399,7 @@ func TestImportJSONLStoresTheEdgesTheParserTakes(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	owner := newOwner(t, pool)
-	chars := `{"a":1e-16383,"b":1.5e-16382,"c":0.` + strings.Repeat("0", 16382) + `1,"d":0e200000,"e":` +
+	chars := `{"a":1e-16383,"b":1.5e-16382,"c":0.` + strings.Repeat("0", 16382) + `1,"d":0e1073741822,"e":` +
 		strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}`
 	line := `{"id":"edge","status":"active","currency":"EUR","characteristics":` + chars +
 		`,"category":{"n":1e-16383},"texts":{"ENG":{"title":"T"},"RUS":null}}`
@@ -410,7 +410,7 @@ func TestImportJSONLStoresTheEdgesTheParserTakes(t *testing.T) {
 	if !strings.Contains(doc, `"a":1e-16383,"b":1.5e-16382,`) || !strings.Contains(doc, `"title":"T"`) {
 		t.Errorf("RUS document = %.200s…, want the numbers as written and ENG's title", doc)
 	}
-	for _, bad := range []string{`{"x":1e-16384}`, `{"x":0e-20000}`} {
+	for _, bad := range []string{`{"x":1e-16384}`, `{"x":0e-20000}`, `{"x":0e1073741823}`} {
 		_, err := catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(
 			`{"id":"late","status":"active","currency":"EUR","characteristics":`+bad+`,"texts":{"ENG":{"title":"T"}}}`))
 		var le *catalog.LineError
