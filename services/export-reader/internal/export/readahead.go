@@ -104,10 +104,10 @@ var pageBuffers = sync.Pool{New: func() any { b := make([]byte, 0, pageBufferSiz
 
 // pageBufferSize is a recycled page buffer's size, and the bytes each of
 // ReadAhead.Pages allows the pages held: a page of large items (up to
-// MaxPageBytes, 4 MiB) counts as the many ordinary pages it weighs, so
-// the default 256 pages hold 32 MiB at most. Counted in pages alone, a
-// sync of such items held about 100 MB and a few at once over 600 MB,
-// past the Deployment's memory limit.
+// MaxPageBytes, 4 MiB, and the item that passed it) counts as the many
+// ordinary pages it weighs, so the default 256 pages hold 32 MiB at most.
+// Counted in pages alone, a sync of such items held about 100 MB and a
+// few at once over 600 MB, past the Deployment's memory limit.
 const pageBufferSize = 128 << 10
 
 func newPageBuffer() []byte { return (*pageBuffers.Get().(*[]byte))[:0] }
