@@ -175,9 +175,12 @@ func (s *Server) Run(ctx context.Context) error {
 		// their connections end. Left running, they held the pool, whose
 		// Close (deferred by main) waited for them, up to a query timeout
 		// past the drain and so past the grace period a supervisor allows.
-		// Their clients see the connection close without an answer; their
-		// access lines, if written before the process ends, carry the
-		// service's own 503 (CutOff), not a 499 of a caller that left.
+		// Their clients see the connection close without an answer, or
+		// the service's 503 when a handler answered between its
+		// cancellation and the close (cancelled first, so that the cause
+		// is ErrCutOff, not a closed connection's); their access lines, if
+		// written before the process ends, carry that 503 (CutOff), not a
+		// 499 of a caller that left.
 		cutOff(ErrCutOff)
 		for _, srv := range servers {
 			srv.Close()
