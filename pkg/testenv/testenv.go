@@ -293,23 +293,17 @@ func waitFor(d time.Duration, ok func() bool) bool {
 func forgetLatestMigration(t testing.TB, dsn string) (restore func()) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("testenv: connect: %v", err)
-	}
+	conn := connect(t, dsn)
 	defer conn.Close(ctx)
 	var version int64
-	err = conn.QueryRow(ctx, `DELETE FROM goose_db_version WHERE id = (SELECT max(id) FROM goose_db_version)
+	err := conn.QueryRow(ctx, `DELETE FROM goose_db_version WHERE id = (SELECT max(id) FROM goose_db_version)
 		RETURNING version_id`).Scan(&version)
 	if err != nil {
 		t.Fatalf("testenv: forget the latest migration: %v", err)
 	}
 	return func() {
 		t.Helper()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatalf("testenv: connect: %v", err)
-		}
+		conn := connect(t, dsn)
 		defer conn.Close(ctx)
 		if _, err := conn.Exec(ctx, "INSERT INTO goose_db_version (version_id, is_applied) VALUES ($1, true)", version); err != nil {
 			t.Fatalf("testenv: restore migration %d: %v", version, err)
@@ -342,13 +336,10 @@ func InTransaction(t testing.TB, pool *pgxpool.Pool, stmt string, args ...any) p
 func WantSessionNamed(t testing.TB, dsn, application string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("testenv: connect: %v", err)
-	}
+	conn := connect(t, dsn)
 	defer conn.Close(ctx)
 	var names []string
-	err = conn.QueryRow(ctx, `SELECT coalesce(array_agg(application_name ORDER BY application_name), '{}')
+	err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(application_name ORDER BY application_name), '{}')
 		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&names)
 	if err != nil {
 		t.Fatalf("testenv: sessions: %v", err)
@@ -356,4 +347,15 @@ func WantSessionNamed(t testing.TB, dsn, application string) {
 	if !slices.Contains(names, application) {
 		t.Errorf("sessions on the database are named %q, want one named %q", names, application)
 	}
+}
+
+// connect opens one connection to dsn for a helper's own statements; the
+// caller closes it.
+func connect(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("testenv: connect: %v", err)
+	}
+	return conn
 }
