@@ -66,6 +66,10 @@ pg_wal_compression() {
   if ldd "$1/postgres" 2>/dev/null | grep -q liblz4; then echo lz4; else echo pglz; fi
 }
 
+# pg_start and redis_start close fd 9, make run's lock on its .run/ (run.sh),
+# in the servers they start: a server that outlived a killed make run
+# would hold it, and every later make run would say one is running.
+
 # pg_start DIR starts (creating on first use) a cluster in DIR/data that
 # listens only on a Unix socket in DIR. The cluster trusts whoever connects
 # (initdb -A trust) as the superuser, so the socket is its owner's alone
@@ -91,7 +95,7 @@ pg_start() {
     return 0
   fi
   as_pg_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-c listen_addresses='' -k $dir $pg_socket_opts -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} $pg_wal_opts -c wal_compression=$(pg_wal_compression "$bin") ${PG_EXTRA_OPTS:-}" start >/dev/null \
+    -o "-c listen_addresses='' -k $dir $pg_socket_opts -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} $pg_wal_opts -c wal_compression=$(pg_wal_compression "$bin") ${PG_EXTRA_OPTS:-}" start >/dev/null 9>&- \
     || { tail -20 "$dir/server.log" >&2; die "PostgreSQL did not start"; }
 }
 
@@ -116,7 +120,7 @@ redis_start() {
   mkdir -p "$dir"
   if [ -f "$dir/redis.pid" ] && running "$(cat "$dir/redis.pid")"; then return 0; fi
   redis-server --port 0 --unixsocket "$dir/redis.sock" --unixsocketperm 700 --save '' --appendonly no \
-    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null \
+    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null 9>&- \
     || die "redis-server did not start"
   local i
   for i in $(seq 50); do [ -S "$dir/redis.sock" ] && return 0; sleep 0.1; done

@@ -12,6 +12,42 @@ state=$root/.run
 mkdir -p "$state/logs"
 chmod 755 "$state"
 
+# One make run per clone: a second one reused the first's PostgreSQL and
+# Redis, said "Stack is up" (its health checks reached the first's
+# binaries), found its own trace store's port taken, and stopped the
+# PostgreSQL and Redis under .run/, the first's, leaving that stack
+# answering 503. fd 9 holds the lock for this script alone: what it
+# starts closes it (9>&-), so what a killed make run leaves running does
+# not hold it (the next one stops that, below).
+exec 9<>"$state/lock"
+if ! flock -n 9; then
+  holder=$(cat "$state/lock" 2>/dev/null)
+  die "another make run${holder:+ (pid $holder)} is running in this clone ($root): stop it first (Ctrl-C in its terminal${holder:+, or kill -TERM $holder}); its .run/ was left alone"
+fi
+echo $$ >"$state/lock"
+
+# What a make run ended by SIGKILL (or a crash of bash) left running: the
+# binaries, in sessions of their own, outlive it, holding their ports, so
+# the next one's processes could not listen and it stopped, every time,
+# until they were found and killed by hand. .run/pids names them; each
+# still running from this clone (its cwd) is stopped, newest first.
+stop_leftovers() {
+  local pid name pids=() i t here
+  here=$(pwd -P) # as /proc/PID/cwd reads, symbolic links resolved
+  while read -r pid name; do
+    [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$here" ] && running "$pid" || continue
+    log "$name (pid $pid) was left running by a make run that did not stop (killed?): stopping it"
+    kill -TERM "$pid" 2>/dev/null || true
+    pids+=("$pid")
+  done < <(tac "$state/pids")
+  for i in "${pids[@]}"; do
+    for ((t = 0; t < 300; t++)); do running "$i" || break; sleep 0.1; done
+    ! running "$i" || kill -KILL "$i" 2>/dev/null || true
+  done
+  rm -f "$state/pids"
+}
+[ ! -f "$state/pids" ] || stop_leftovers
+
 # Secrets are made once per .run/ so cursors and signatures survive restarts.
 if [ ! -f "$state/secrets" ]; then
   umask 077
@@ -28,6 +64,45 @@ while IFS= read -r line || [ -n "$line" ]; do
   [[ $line == *=* && $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die ".run/secrets: a line is not NAME=value"
   [ -n "${!name:-}" ] || export "$name=${line#*=}"
 done <"$state/secrets"
+
+# Listeners: anything already in the environment wins.
+export GATEWAY_ADDR="${GATEWAY_ADDR:-127.0.0.1:8080}"
+export EXPORT_READER_ADDR="${EXPORT_READER_ADDR:-127.0.0.1:8081}"
+export SALES_WRITER_ADDR="${SALES_WRITER_ADDR:-127.0.0.1:8082}"
+export SHOP_SCHEMA_ADDR="${SHOP_SCHEMA_ADDR:-127.0.0.1:8083}"
+export EXPORT_READER_URLS="${EXPORT_READER_URLS:-http://$EXPORT_READER_ADDR}"
+export SALES_WRITER_URLS="${SALES_WRITER_URLS:-http://$SALES_WRITER_ADDR}"
+export SHOP_SCHEMA_URLS="${SHOP_SCHEMA_URLS:-http://$SHOP_SCHEMA_ADDR}"
+
+# Every address must be free before anything starts. With one taken (a
+# make run in another clone, a binary run by hand), the health checks
+# reached whatever held it, make run said "Stack is up", and then stopped
+# when its own process could not listen, naming only a log file.
+# listening ADDR: something accepts connections on ADDR (host:port,
+# [v6]:port or :port; port 0 picks a free one).
+listening() {
+  local host=${1%:*} port=${1##*:}
+  host=${host#[}; host=${host%]}
+  [ "$port" != 0 ] && (: <>"/dev/tcp/${host:-127.0.0.1}/$port") 2>/dev/null
+}
+# holder ADDR names the process listening on ADDR's port, when ss can see it.
+holder() {
+  local pid
+  pid=$(ss -Hltnp "sport = :${1##*:}" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+  [ -n "$pid" ] || { echo "a process this user cannot see"; return 0; }
+  echo "$(cat "/proc/$pid/comm" 2>/dev/null) (pid $pid, in $(readlink "/proc/$pid/cwd" 2>/dev/null || echo '?'))"
+}
+check_free() { # check_free NAME...: each a variable holding an address
+  local name
+  for name in "$@"; do
+    ! listening "${!name}" || die "$name ${!name} is taken by $(holder "${!name}"): stop that, or give make run another address ($name=127.0.0.1:PORT make run)"
+  done
+}
+: "${GATEWAY_ADMIN_ADDR:=127.0.0.1:9080}" "${EXPORT_READER_ADMIN_ADDR:=127.0.0.1:9081}"
+: "${SALES_WRITER_ADMIN_ADDR:=127.0.0.1:9082}" "${SHOP_SCHEMA_ADMIN_ADDR:=127.0.0.1:9083}"
+check_free GATEWAY_ADDR EXPORT_READER_ADDR SALES_WRITER_ADDR SHOP_SCHEMA_ADDR \
+  GATEWAY_ADMIN_ADDR EXPORT_READER_ADMIN_ADDR SALES_WRITER_ADMIN_ADDR SHOP_SCHEMA_ADMIN_ADDR
+[ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ] || { : "${TRACESTORE_ADDR:=127.0.0.1:4318}"; check_free TRACESTORE_ADDR; }
 
 pids=()
 declare -A names # pid → name, to say which process exited
@@ -84,6 +159,7 @@ stop_all() {
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     stop_one "${pids[i]}"
   done
+  rm -f "$state/pids"
   redis_stop "$state/redis"
   pg_stop "$state/pg"
   log "stopped"
@@ -108,13 +184,6 @@ pg_create_db "$state/pg" exportsvc
 # Settings: anything already in the environment wins.
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@/exportsvc?host=$state/pg}"
 export REDIS_URL="${REDIS_URL:-unix://$state/redis/redis.sock}"
-export GATEWAY_ADDR="${GATEWAY_ADDR:-127.0.0.1:8080}"
-export EXPORT_READER_ADDR="${EXPORT_READER_ADDR:-127.0.0.1:8081}"
-export SALES_WRITER_ADDR="${SALES_WRITER_ADDR:-127.0.0.1:8082}"
-export SHOP_SCHEMA_ADDR="${SHOP_SCHEMA_ADDR:-127.0.0.1:8083}"
-export EXPORT_READER_URLS="${EXPORT_READER_URLS:-http://$EXPORT_READER_ADDR}"
-export SALES_WRITER_URLS="${SALES_WRITER_URLS:-http://$SALES_WRITER_ADDR}"
-export SHOP_SCHEMA_URLS="${SHOP_SCHEMA_URLS:-http://$SHOP_SCHEMA_ADDR}"
 export BASE_URL="http://$GATEWAY_ADDR/v1"
 
 log "migrating"
@@ -160,16 +229,18 @@ own_session=$(command -v setsid || true)
 start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1
   [ -x "bin/$name" ] || { log "bin/$name not built: skipped"; return 0; }
-  $own_session "bin/$name" >>"$state/logs/$name.log" 2>&1 &
+  $own_session "bin/$name" >>"$state/logs/$name.log" 2>&1 9>&- &
   pids+=($!); names[$!]=$name
+  echo "$! $name" >>"$state/pids"
   log "$name started (pid $!, log .run/logs/$name.log)"
 }
 # Local trace view: every binary exports its spans to tracestore, which
 # appends them to .run/traces.jsonl (make trace ID=<request_id> prints one).
 # An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
-  $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 &
+  $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 9>&- &
   pids+=($!); names[$!]=tracestore
+  echo "$! tracestore" >>"$state/pids"
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
 fi

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -126,6 +127,15 @@ type runScript struct {
 // answers its health check 503, platforms those its database holds already.
 func startRunScript(t *testing.T, unhealthy string, platforms ...string) *runScript {
 	t.Helper()
+	s, env := prepareRunScript(t, unhealthy, platforms...)
+	s.launch(t, env)
+	return s
+}
+
+// prepareRunScript makes the clone of startRunScript and returns the
+// environment it would start make run with.
+func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*runScript, []string) {
+	t.Helper()
 	for _, tool := range []string{"bash", "setsid", "curl", "psql", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("make run needs %s: %v", tool, err)
@@ -163,18 +173,40 @@ func startRunScript(t *testing.T, unhealthy string, platforms ...string) *runScr
 		must(t, os.WriteFile(filepath.Join(root, "bin", name), []byte(stub), 0o755))
 	}
 
-	s.cmd = exec.Command("bash", filepath.Join(root, "deploy/local/run.sh"))
-	s.cmd.Env = []string{
+	env := []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=" + root, "PG_SHARED_BUFFERS=16MB",
 		stubDirEnv + "=" + s.stubs, stubUnhealthyEnv + "=" + unhealthy,
 		"TRACESTORE_ADDR=" + testenv.FreeAddr(t),
 	}
+	// The admin listeners are checked free too (the stand-ins open none):
+	// their defaults may be taken on this machine.
 	for _, name := range stubAddrEnv {
-		s.cmd.Env = append(s.cmd.Env, name+"="+testenv.FreeAddr(t))
+		admin := strings.TrimSuffix(name, "ADDR") + "ADMIN_ADDR"
+		env = append(env, name+"="+testenv.FreeAddr(t), admin+"="+testenv.FreeAddr(t))
 	}
-	var w *os.File
-	s.output, w, err = os.Pipe()
+	return s, env
+}
+
+// again starts another make run in the same clone, with the same settings.
+func (s *runScript) again(t *testing.T) *runScript {
+	t.Helper()
+	second := &runScript{root: s.root, stubs: s.stubs, lines: make(chan string, 256), exited: make(chan struct{})}
+	t.Cleanup(func() { // before s.cleanUp, which removes the folder
+		_ = second.cmd.Process.Kill()
+		<-second.exited
+	})
+	second.launch(t, s.cmd.Env)
+	return second
+}
+
+// launch starts the script with env, its output read into s.lines.
+func (s *runScript) launch(t *testing.T, env []string) {
+	t.Helper()
+	s.cmd = exec.Command("bash", filepath.Join(s.root, "deploy/local/run.sh"))
+	s.cmd.Env = env
+	output, w, err := os.Pipe()
 	must(t, err)
+	s.output = output
 	s.cmd.Stdout, s.cmd.Stderr = w, w
 	must(t, s.cmd.Start())
 	w.Close()
@@ -190,7 +222,6 @@ func startRunScript(t *testing.T, unhealthy string, platforms ...string) *runScr
 		_ = s.cmd.Wait()
 		close(s.exited)
 	}()
-	return s
 }
 
 func must(t *testing.T, err error) {
@@ -340,5 +371,100 @@ func TestRunScriptCompletesTheDemoDataOfAStartCutShort(t *testing.T) {
 	s.waitExit(t)
 	if _, err := os.Stat(filepath.Join(s.root, ".run/demo.env")); err != nil {
 		t.Errorf("make run after a start cut short: %v, want .run/demo.env written", err)
+	}
+}
+
+// A second make run in the same clone while one runs says so and ends,
+// leaving the first whole: it reused the first's PostgreSQL and Redis,
+// said "Stack is up", and on its way out stopped them under the first.
+func TestRunScriptSecondInTheSameCloneLeavesTheFirstAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s := startRunScript(t, "")
+	s.waitFor(t, "Ctrl-C stops everything.")
+	second := s.again(t)
+	second.waitFor(t, "another make run (pid ")
+	second.waitExit(t)
+	if code := second.cmd.ProcessState.ExitCode(); code == 0 {
+		t.Error("a second make run in the same clone refused to start with status 0")
+	}
+	want := []string{"PostgreSQL", "Redis", "export-reader", "gateway", "sales-writer", "shop-schema", "tracestore"}
+	if left := s.left(); !slices.Equal(slices.Sorted(slices.Values(left)), want) {
+		t.Errorf("the first make run, after a second one in its clone, runs %v, want %v", left, want)
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("make run stopped and left %v running", left)
+	}
+}
+
+// The binaries of a make run killed with SIGKILL outlive it (sessions of
+// their own) and hold their ports: the next make run stops them and
+// starts, where it stopped at its first process that could not listen.
+func TestRunScriptStopsWhatAKilledOneLeftRunning(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s := startRunScript(t, "")
+	s.waitFor(t, "Ctrl-C stops everything.")
+	leftovers := map[string]int{}
+	files, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid"))
+	for _, file := range files {
+		leftovers[strings.TrimSuffix(filepath.Base(file), ".pid")] = readPid(file)
+	}
+	t.Cleanup(func() { // the stand-ins' pid files will be the next run's
+		for _, pid := range leftovers {
+			if alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	must(t, s.cmd.Process.Kill())
+	s.waitExit(t)
+	next := s.again(t)
+	next.waitFor(t, "Ctrl-C stops everything.")
+	for name, pid := range leftovers {
+		if alive(pid) {
+			t.Errorf("%s (pid %d) of the killed make run still runs after the next one started", name, pid)
+		}
+	}
+	must(t, next.cmd.Process.Signal(syscall.SIGTERM))
+	next.waitExit(t)
+	if code := next.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("make run after a killed one ended with status %d, want 0 (stopped on TERM)", code)
+	}
+	if left := next.left(); len(left) > 0 {
+		t.Errorf("make run stopped and left %v running", left)
+	}
+}
+
+// An address taken (a make run in another clone on the same ports) stops
+// make run before it starts anything, naming the setting, the address and
+// what holds it: its health checks reached the other stack, it said
+// "Stack is up", then stopped, pointing at a log.
+func TestRunScriptNamesATakenAddress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer taken.Close()
+	s, env := prepareRunScript(t, "")
+	s.launch(t, append(env, "GATEWAY_ADDR="+taken.Addr().String())) // the last wins
+	s.waitFor(t, "GATEWAY_ADDR "+taken.Addr().String()+" is taken by ")
+	s.waitExit(t)
+	if code := s.cmd.ProcessState.ExitCode(); code == 0 {
+		t.Error("make run refused a taken address with status 0")
+	}
+	if started, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid")); len(started) > 0 {
+		t.Errorf("make run refused a taken address after it started %v", started)
+	}
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("make run refused a taken address and left %v running", left)
 	}
 }
