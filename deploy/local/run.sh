@@ -190,6 +190,17 @@ log "migrating"
 bin/exportctl migrate >/dev/null
 
 demo=$state/demo.env
+# A demo.env kept while the database went (.run/pg deleted alone) names
+# an owner and keys the new one lacks: make run said "Stack is up" with no
+# demo data, and the curl it prints answered 401. Made anew then.
+if [ -f "$demo" ]; then
+  demo_owner=$(grep -o '^DEMO_OWNER_ID=.*' "$demo" | cut -d= -f2)
+  owners=$(bin/exportctl owner list --json) # a failure stops make run, demo.env kept
+  if [[ -z $demo_owner || $owners != *"\"id\":\"$demo_owner\""* ]]; then
+    log ".run/demo.env names an owner the database lacks (.run/pg deleted?): making the demo data anew"
+    rm -f "$demo"
+  fi
+fi
 if [ ! -f "$demo" ]; then
   log "creating demo owner, platform, 1,000 items and two keys"
   owner=$(bin/exportctl owner create --name "Demo coins" --json | json_field id)

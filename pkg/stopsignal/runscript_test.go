@@ -80,12 +80,24 @@ func runStub(name string) int {
 }
 
 // exportctlStub answers what run.sh reads of exportctl (an id, a key) and
-// keeps its platforms as files in the stubs folder: as the real one does,
-// it refuses to create a platform twice, and lists those it made.
+// keeps its owner and platforms as files in the stubs folder: as the real
+// one does, it refuses to create a platform twice, and lists those it made.
 func exportctlStub(args []string) int {
 	command := strings.Join(args[:min(2, len(args))], " ")
 	platforms, _ := filepath.Glob(filepath.Join(os.Getenv(stubDirEnv), "platform-*"))
 	switch command {
+	case "owner create": // every owner made is owner-1
+		if err := os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), "owner-1"), nil, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	case "owner list":
+		if _, err := os.Stat(filepath.Join(os.Getenv(stubDirEnv), "owner-1")); err != nil {
+			fmt.Println("[]")
+			return 0
+		}
+		fmt.Println(`[{"id":"owner-1","name":"Demo coins","created_at":"2026-11-22T04:00:00Z"}]`)
+		return 0
 	case "platform create":
 		id := args[slices.Index(args, "--id")+1]
 		if slices.Contains(platforms, platformFile(id)) {
@@ -466,5 +478,29 @@ func TestRunScriptNamesATakenAddress(t *testing.T) {
 	}
 	if left := s.left(); len(left) > 0 {
 		t.Errorf("make run refused a taken address and left %v running", left)
+	}
+}
+
+// A .run/demo.env kept while the database went (.run/pg deleted alone)
+// names an owner the new database lacks: make run makes the demo data
+// anew, where it said "Stack is up" with no demo data and keys that
+// answered 401.
+func TestRunScriptRemakesTheDemoDataOfADatabaseGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	must(t, os.MkdirAll(filepath.Join(s.root, ".run"), 0o755))
+	stale := "DEMO_OWNER_ID=owner-of-a-database-gone\nDEMO_READ_KEY=gone\nDEMO_WRITE_KEY=gone\n"
+	must(t, os.WriteFile(filepath.Join(s.root, ".run/demo.env"), []byte(stale), 0o600))
+	s.launch(t, env)
+	s.waitFor(t, "Ctrl-C stops everything.")
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	demo, err := os.ReadFile(filepath.Join(s.root, ".run/demo.env"))
+	must(t, err)
+	if !strings.Contains(string(demo), "DEMO_OWNER_ID=owner-1\n") {
+		t.Errorf(".run/demo.env after a make run on a database without its owner:\n%s\nwant the owner made anew, owner-1", demo)
 	}
 }
