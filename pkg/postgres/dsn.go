@@ -21,9 +21,17 @@ func WithPoolSize(dsn string, size int) string {
 		if err != nil {
 			return dsn // Open reports it, without quoting it
 		}
-		q := u.Query()
-		q.Set("pool_max_conns", n)
-		u.RawQuery = q.Encode()
+		// The query is kept as written, pool_max_conns replaced: decoded
+		// and encoded again (url.Values), a space came out as "+", which pgx
+		// reads as a "+" (a socket folder "/my code" became "/my+code"),
+		// and a "+" written raw, which pgx keeps, as a space.
+		settings := []string{}
+		for _, setting := range strings.Split(u.RawQuery, "&") {
+			if key, _, _ := strings.Cut(setting, "="); setting != "" && key != "pool_max_conns" {
+				settings = append(settings, setting)
+			}
+		}
+		u.RawQuery = strings.Join(append(settings, "pool_max_conns="+n), "&")
 		return u.String()
 	}
 	// In keyword/value form the last setting of a keyword wins.

@@ -1,18 +1,42 @@
 package postgres
 
 import (
+	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestWithPoolSize(t *testing.T) {
 	tests := []struct{ dsn, want string }{
-		{"postgres://u:pw@db:5432/x?sslmode=disable", "postgres://u:pw@db:5432/x?pool_max_conns=8&sslmode=disable"},
+		{"postgres://u:pw@db:5432/x?sslmode=disable", "postgres://u:pw@db:5432/x?sslmode=disable&pool_max_conns=8"},
+		{"postgres://u:pw@db/x?pool_max_conns=2&sslmode=disable", "postgres://u:pw@db/x?sslmode=disable&pool_max_conns=8"},
+		{"postgres://u:pw@db/x", "postgres://u:pw@db/x?pool_max_conns=8"},
 		{"host=/run/pg user=u password=pw dbname=x", "host=/run/pg user=u password=pw dbname=x pool_max_conns=8"},
 	}
 	for _, tt := range tests {
 		if got := WithPoolSize(tt.dsn, 8); got != tt.want {
 			t.Errorf("WithPoolSize(%q, 8) = %q, want %q", tt.dsn, got, tt.want)
+		}
+	}
+}
+
+// A URL's settings keep their values through WithPoolSize: url.Values
+// writes a space as "+", which pgx reads as a "+", so a socket folder with
+// a space (make run in a clone at "/home/me/my code") was dialled as
+// "/home/me/my+code" by every service, unready for ever, while exportctl,
+// given the URL as it was, connected.
+func TestWithPoolSizeKeepsTheValues(t *testing.T) {
+	for _, host := range []string{"/home/me/my code/.run/pg", "/tmp/ü+ß/pg"} {
+		dsn := "postgres://postgres@/x?host=" + url.PathEscape(host) + "&application_name=a%20b"
+		cfg, err := pgxpool.ParseConfig(WithPoolSize(dsn, 8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.ConnConfig.Host != host || cfg.MaxConns != 8 || cfg.ConnConfig.RuntimeParams["application_name"] != "a b" {
+			t.Errorf("WithPoolSize(%q, 8) reads as host %q, application_name %q, pool_max_conns %d; want %q, \"a b\", 8",
+				dsn, cfg.ConnConfig.Host, cfg.ConnConfig.RuntimeParams["application_name"], cfg.MaxConns, host)
 		}
 	}
 }
