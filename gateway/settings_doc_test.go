@@ -71,7 +71,7 @@ func TestUpstreamURLsReachTheServicesListeners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, err := envdoc.ReadRunScript("../"+envdoc.RunScriptFile, map[string]string{"state": "/run"}, envdoc.Secrets)
+	local, err := envdoc.ReadRunScript("../"+envdoc.RunScriptFile, map[string]string{"state": "/run", "state_in_url": "/run"}, envdoc.Secrets)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,6 +78,24 @@ pg_wal_compression() {
 # 0777, let every local account connect, mint API keys for any owner and run
 # programs as the server's user (COPY ... TO PROGRAM). Redis's socket is 0700
 # for the same reason.
+# shell_quote WORD prints WORD single-quoted for sh (a quote inside written
+# '\''): pg_ctl runs the server through sh -c with its -o options, so a
+# socket folder unquoted there (a clone's path with a space) split into
+# arguments, and PostgreSQL did not start ("invalid argument").
+shell_quote() { local q="'\\''"; printf "'%s'" "${1//\'/$q}"; }
+
+# url_path PATH prints PATH percent-encoded for a URL (a space or a
+# non-ASCII letter of a clone's path: DATABASE_URL and REDIS_URL with it
+# raw were refused).
+url_path() {
+  local LC_ALL=C i c out=
+  for ((i = 0; i < ${#1}; i++)); do
+    c=${1:i:1}
+    case $c in [A-Za-z0-9/._~-]) out+=$c ;; *) out+=$(printf '%%%02X' "'$c") ;; esac
+  done
+  printf '%s' "$out"
+}
+
 pg_start() {
   local dir=$1 bin
   bin=$(pg_bin_dir) || die "PostgreSQL server binaries not found"
@@ -95,7 +113,7 @@ pg_start() {
     return 0
   fi
   as_pg_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-c listen_addresses='' -k $dir $pg_socket_opts -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} $pg_wal_opts -c wal_compression=$(pg_wal_compression "$bin") ${PG_EXTRA_OPTS:-}" start >/dev/null 9>&- \
+    -o "-c listen_addresses='' -k $(shell_quote "$dir") $pg_socket_opts -c max_connections=400 -c shared_buffers=${PG_SHARED_BUFFERS:-512MB} $pg_wal_opts -c wal_compression=$(pg_wal_compression "$bin") ${PG_EXTRA_OPTS:-}" start >/dev/null 9>&- \
     || { tail -20 "$dir/server.log" >&2; die "PostgreSQL did not start"; }
 }
 

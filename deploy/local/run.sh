@@ -182,8 +182,10 @@ redis_start "$state/redis"
 pg_create_db "$state/pg" exportsvc
 
 # Settings: anything already in the environment wins.
-export DATABASE_URL="${DATABASE_URL:-postgres://postgres@/exportsvc?host=$state/pg}"
-export REDIS_URL="${REDIS_URL:-unix://$state/redis/redis.sock}"
+# .run/'s path as the URLs hold it (a clone's path may have a space).
+state_in_url=$(url_path "$state")
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@/exportsvc?host=$state_in_url/pg}"
+export REDIS_URL="${REDIS_URL:-unix://$state_in_url/redis/redis.sock}"
 export BASE_URL="http://$GATEWAY_ADDR/v1"
 
 log "migrating"
@@ -219,9 +221,8 @@ if [ ! -f "$demo" ]; then
 fi
 
 # Exported, so that `. .run/env` serves exportctl and any other child; each
-# value single-quoted (a quote inside written '\''), which POSIX shells read
+# value single-quoted (shell_quote, lib.sh), which POSIX shells read
 # alike; readable by you only, as a DATABASE_URL given may hold a password.
-shell_quote() { local q="'\\''"; printf "'%s'" "${1//\'/$q}"; }
 umask 077
 {
   echo "export DATABASE_URL=$(shell_quote "$DATABASE_URL")"

@@ -62,7 +62,7 @@ func (b Binary[C]) Test(t *testing.T, root, dir string) {
 		report(t, b.CheckCompose(services))
 	})
 	t.Run(RunScriptFile, func(t *testing.T) {
-		env, err := ReadRunScript(filepath.Join(root, RunScriptFile), map[string]string{"state": "/home/dev/export/.run"}, Secrets)
+		env, err := ReadRunScript(filepath.Join(root, RunScriptFile), map[string]string{"state": "/home/dev/export/.run", "state_in_url": "/home/dev/export/.run"}, Secrets)
 		if err != nil {
 			t.Fatal(err)
 		}

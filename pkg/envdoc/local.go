@@ -70,7 +70,7 @@ var (
 // ReadRunScript returns the environment make run's script
 // (deploy/local/run.sh) gives every binary it starts: each `export
 // NAME=value` line, expanded in order with the shell variables in vars
-// (such as state), and each secret it writes to .run/secrets with
+// (such as state and state_in_url), and each secret it writes to .run/secrets with
 // `echo "NAME=$(random_secret)"`, set to secrets[NAME] (a secret of its
 // own each, as random_secret makes). Lines export in the script's order
 // whatever branch they are in: each binary must accept all.

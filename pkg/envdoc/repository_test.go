@@ -33,7 +33,7 @@ func documented(t *testing.T) map[string]bool {
 // sets must be in a table (each binary's test holds its table to what it
 // reads, and its values to what it accepts).
 func TestMakeRunSetsDocumentedVariablesOnly(t *testing.T) {
-	env, err := ReadRunScript(filepath.Join(root, RunScriptFile), map[string]string{"state": "/run"}, Secrets)
+	env, err := ReadRunScript(filepath.Join(root, RunScriptFile), map[string]string{"state": "/run", "state_in_url": "/run"}, Secrets)
 	if err != nil {
 		t.Fatal(err)
 	}

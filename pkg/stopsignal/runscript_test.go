@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // make run's script (deploy/local/run.sh) starts every binary in a session
@@ -83,6 +84,14 @@ func runStub(name string) int {
 // keeps its owner and platforms as files in the stubs folder: as the real
 // one does, it refuses to create a platform twice, and lists those it made.
 func exportctlStub(args []string) int {
+	// The database make run gives is its .run/pg, whatever the clone's
+	// path holds (a space: a URL with it raw was refused).
+	wd, _ := os.Getwd()
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil || cfg.ConnConfig.Host != filepath.Join(wd, ".run/pg") {
+		fmt.Fprintf(os.Stderr, "exportctl: DATABASE_URL does not reach .run/pg (%v)\n", err)
+		return 1
+	}
 	command := strings.Join(args[:min(2, len(args))], " ")
 	platforms, _ := filepath.Glob(filepath.Join(os.Getenv(stubDirEnv), "platform-*"))
 	switch command {
@@ -159,8 +168,9 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 		}
 	}
 	// Short, and open to the postgres user PostgreSQL runs as under root:
-	// its socket path must fit in 107 bytes.
-	root, err := os.MkdirTemp("", "runsh")
+	// its socket path must fit in 107 bytes. With a space and a letter
+	// beyond ASCII, as a clone's path may have (PostgreSQL did not start).
+	root, err := os.MkdirTemp("", "run sh ü")
 	if err != nil {
 		t.Fatal(err)
 	}
