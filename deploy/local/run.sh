@@ -29,13 +29,21 @@ echo $$ >"$state/lock"
 # What a make run ended by SIGKILL (or a crash of bash) left running: the
 # binaries, in sessions of their own, outlive it, holding their ports, so
 # the next one's processes could not listen and it stopped, every time,
-# until they were found and killed by hand. .run/pids names them; each
-# still running from this clone (its cwd) is stopped, newest first.
+# until they were found and killed by hand. .run/pids names them, with
+# their start times: each still running (the same start time, not a
+# process given its pid since, such as a shell in the clone) is stopped,
+# newest first.
+start_time() { # start_time PID: when it started, in clock ticks since boot
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }
+  set -- $stat
+  echo "${20}"
+}
 stop_leftovers() {
-  local pid name pids=() i t here
-  here=$(pwd -P) # as /proc/PID/cwd reads, symbolic links resolved
-  while read -r pid name; do
-    [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$here" ] && running "$pid" || continue
+  local pid name started pids=() i t
+  while read -r pid name started; do
+    [ -n "$started" ] && [ "$(start_time "$pid")" = "$started" ] && running "$pid" || continue
     log "$name (pid $pid) was left running by a make run that did not stop (killed?): stopping it"
     kill -TERM "$pid" 2>/dev/null || true
     pids+=("$pid")
@@ -243,7 +251,7 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   [ -x "bin/$name" ] || { log "bin/$name not built: skipped"; return 0; }
   $own_session "bin/$name" >>"$state/logs/$name.log" 2>&1 9>&- &
   pids+=($!); names[$!]=$name
-  echo "$! $name" >>"$state/pids"
+  echo "$! $name $(start_time $!)" >>"$state/pids"
   log "$name started (pid $!, log .run/logs/$name.log)"
 }
 # Local trace view: every binary exports its spans to tracestore, which
@@ -252,7 +260,7 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
   $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 9>&- &
   pids+=($!); names[$!]=tracestore
-  echo "$! tracestore" >>"$state/pids"
+  echo "$! tracestore $(start_time $!)" >>"$state/pids"
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
 fi

@@ -514,3 +514,30 @@ func TestRunScriptRemakesTheDemoDataOfADatabaseGone(t *testing.T) {
 		t.Errorf(".run/demo.env after a make run on a database without its owner:\n%s\nwant the owner made anew, owner-1", demo)
 	}
 }
+
+// A pid in .run/pids given since to another process (a shell in the
+// clone, as a leftover binary would be there too) is not signalled: the
+// start time recorded with it differs.
+func TestRunScriptLeavesAProcessGivenALeftoverPid(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	shell := exec.Command("sleep", "300")
+	shell.Dir = s.root
+	must(t, shell.Start())
+	t.Cleanup(func() {
+		_ = shell.Process.Kill()
+		_ = shell.Wait()
+	})
+	must(t, os.MkdirAll(filepath.Join(s.root, ".run"), 0o755))
+	must(t, os.WriteFile(filepath.Join(s.root, ".run/pids"), fmt.Appendf(nil, "%d gateway 1\n", shell.Process.Pid), 0o644))
+	s.launch(t, env)
+	s.waitFor(t, "Ctrl-C stops everything.")
+	if !alive(shell.Process.Pid) {
+		t.Error("make run signalled a process that had a leftover's pid, started after it")
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+}
