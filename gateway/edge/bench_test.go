@@ -33,11 +33,7 @@ import (
 func BenchmarkGateway(b *testing.B) {
 	upstream := fastUpstream(b)
 	dsn := testenv.PostgresURL(b)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.Pool(b, dsn)
 	keys := benchKeys(b, pool, 64)
 	rdb := redis.NewClient(mustParseRedis(b, testenv.RedisURL(b)))
 	defer rdb.Close()

@@ -6,7 +6,6 @@ import (
 
 	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/coinexport/export/pkg/testenv"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // stalledPostgres returns the address of a server that accepts connections
@@ -18,11 +17,7 @@ func stalledPostgres(t *testing.T) string {
 // A stalled PostgreSQL is down, and Redis, which answers, stays ok: the
 // PostgreSQL ping must not use up the Redis ping's time.
 func TestHealthCheckOfRedisIgnoresAStalledPostgres(t *testing.T) {
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+stalledPostgres(t)+"/exportsvc?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Pool(t, "postgres://postgres@"+stalledPostgres(t)+"/exportsvc?sslmode=disable")
 	rdb, err := redisclient.Open(testenv.RedisURL(t), healthPingTimeout)
 	if err != nil {
 		t.Fatal(err)

@@ -39,11 +39,7 @@ type keys struct {
 func seed(t *testing.T) (string, *pgxpool.Pool, keys) {
 	t.Helper()
 	dsn := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Pool(t, dsn)
 	ctx := context.Background()
 	var k keys
 	mustExec := func(sql string, args ...any) {
@@ -87,6 +83,7 @@ func seed(t *testing.T) (string, *pgxpool.Pool, keys) {
 	k.write, k.writeID = insert(k.ownerA, &shop, []string{identity.ScopeSalesWrite}, false)
 	k.noPlatform, _ = insert(k.ownerA, nil, []string{identity.ScopeSalesWrite}, false)
 	k.revoked, k.revokedID = insert(k.ownerA, nil, []string{identity.ScopeExportRead}, true)
+	var err error
 	if k.unknown, _, err = apikey.Generate([]string{identity.ScopeExportRead}); err != nil {
 		t.Fatal(err)
 	}

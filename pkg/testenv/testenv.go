@@ -90,7 +90,14 @@ func PostgresURL(t testing.TB) string {
 // Postgres returns a pool on a fresh, migrated database.
 func Postgres(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), PostgresURL(t))
+	return Pool(t, PostgresURL(t))
+}
+
+// Pool returns a pool on dsn, closed when the test ends (pgx connects
+// lazily: a dsn that cannot be reached fails at the first use, not here).
+func Pool(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("testenv: pool: %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
 )
 
 // BenchmarkConfirmCancelPair measures confirm+cancel pairs through the
@@ -26,7 +28,7 @@ func BenchmarkConfirmCancelPair(b *testing.B) {
 	for i := range workers * itemsPerWorker {
 		f.addItem(b, f.owner, fmt.Sprintf("coin-%d", i), true)
 	}
-	h := newHandler(b, openPool(b, f.url+" pool_max_conns=8"), defaultRetention)
+	h := newHandler(b, testenv.Pool(b, f.url+" pool_max_conns=8"), defaultRetention)
 	id := f.writer("market-a")
 
 	var nextWorker, failures atomic.Int64

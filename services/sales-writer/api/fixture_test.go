@@ -39,7 +39,7 @@ type fixture struct {
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	url := testenv.PostgresURL(t)
-	db := openPool(t, url)
+	db := testenv.Pool(t, url)
 	f := &fixture{url: url, db: db, handler: newHandler(t, db, defaultRetention)}
 	f.signer, _ = identity.NewSigner(testSecret)
 	f.owner = f.addOwner(t, "owner")
@@ -47,16 +47,6 @@ func newFixture(t testing.TB) *fixture {
 		f.addPlatform(t, p)
 	}
 	return f
-}
-
-func openPool(t testing.TB, url string) *pgxpool.Pool {
-	t.Helper()
-	db, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db
 }
 
 // newHandler builds the service as run does, without the listeners.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+
+	"github.com/coinexport/export/pkg/testenv"
 )
 
 // instances starts n service instances, each with its own connection pool,
@@ -13,7 +15,7 @@ func instances(t *testing.T, f *fixture, n int) []http.Handler {
 	t.Helper()
 	hs := make([]http.Handler, n)
 	for i := range hs {
-		hs[i] = newHandler(t, openPool(t, f.url+" pool_max_conns=6"), defaultRetention)
+		hs[i] = newHandler(t, testenv.Pool(t, f.url+" pool_max_conns=6"), defaultRetention)
 	}
 	return hs
 }

@@ -552,7 +552,7 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
-	down := newHandler(t, openPool(t, "postgres://postgres@"+testenv.RefusingAddr(t)+"/postgres?connect_timeout=2"), defaultRetention)
+	down := newHandler(t, testenv.Pool(t, "postgres://postgres@"+testenv.RefusingAddr(t)+"/postgres?connect_timeout=2"), defaultRetention)
 	for _, op := range []string{"confirm", "cancel"} {
 		rec, env := serve(t, down, f.signer, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
 		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
@@ -574,7 +574,7 @@ func TestReadOnlyStoreIsUnavailable(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
-	readOnly := newHandler(t, openPool(t, f.url+" default_transaction_read_only=on"), defaultRetention)
+	readOnly := newHandler(t, testenv.Pool(t, f.url+" default_transaction_read_only=on"), defaultRetention)
 	for _, op := range []string{"confirm", "cancel"} {
 		rec, env := serve(t, readOnly, f.signer, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
 		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||

@@ -448,11 +448,7 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.RefusingAddr(t)+"/postgres?connect_timeout=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Pool(t, "postgres://postgres@"+testenv.RefusingAddr(t)+"/postgres?connect_timeout=2")
 	e := serve(t, pool, signer)
 	owner := "00000000-0000-4000-8000-000000000001"
 	for _, path := range []string{"/v1/export/items", "/v1/export/items/x"} {

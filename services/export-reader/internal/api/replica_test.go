@@ -32,7 +32,7 @@ const testMaxLag = 2 * time.Second
 func replicaEnv(t *testing.T) (*env, *testenv.Pair, *pgxpool.Pool) {
 	t.Helper()
 	pair := testenv.StandbyPair(t, "wal_receiver_timeout=1s")
-	primary, standby := openPool(t, pair.Primary), openPool(t, pair.Standby)
+	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
 	signer, err := identity.NewSigner(identitySecret)
 	if err != nil {
 		t.Fatal(err)
@@ -55,16 +55,6 @@ func replicaEnv(t *testing.T) (*env, *testenv.Pair, *pgxpool.Pool) {
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
 	return &env{pool: primary, srv: srv, signer: signer, logs: logs}, pair, standby
-}
-
-func openPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 // waitForPage asks for path until its answer has status want (and its data

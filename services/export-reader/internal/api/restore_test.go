@@ -25,7 +25,7 @@ func TestRestampMendsMirrorsAfterARestore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pair := testenv.StandbyPair(t)
-	primary, standby := openPool(t, pair.Primary), openPool(t, pair.Standby)
+	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
 	signer, err := identity.NewSigner(identitySecret)
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -57,11 +56,7 @@ func TestMonitorOnAPrimary(t *testing.T) {
 // no reading at all the lag is unknown, and over any bound.
 func TestMonitorWithoutAReadingRefuses(t *testing.T) {
 	t.Parallel()
-	pool, err := pgxpool.New(context.Background(), "host=127.0.0.1 port="+port(t)+" user=postgres connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.Pool(t, "host=127.0.0.1 port="+port(t)+" user=postgres connect_timeout=1")
 	m := Start(context.Background(), pool, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: time.Hour})
 	defer m.Close()
 	if lag, err := m.Lag(), m.Check(); lag != Unknown || !errors.Is(err, ErrBehind) {
