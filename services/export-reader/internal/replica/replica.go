@@ -180,8 +180,15 @@ func (m *Monitor) logCrossing() {
 	m.behind = behind
 }
 
+// lagAttrs name the lag on a crossing's log line: lag_seconds when it is
+// known, lag_unknown when it is not (JSON has no +Inf: the line carried
+// "!ERROR:json: unsupported value: +Inf" where the lag belongs).
 func (m *Monitor) lagAttrs() []any {
-	attrs := []any{"lag_seconds", seconds(m.Lag()), "max_lag", m.opts.MaxLag.String()}
+	attrs := []any{"lag_unknown", true}
+	if lag := m.Lag(); lag != Unknown {
+		attrs = []any{"lag_seconds", lag.Seconds()}
+	}
+	attrs = append(attrs, "max_lag", m.opts.MaxLag.String())
 	if m.cause != nil {
 		attrs = append(attrs, "cause", m.cause.Error())
 	}

@@ -2,11 +2,13 @@ package replica
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,6 +67,36 @@ func TestMonitorWithoutAReadingRefuses(t *testing.T) {
 	off := &Monitor{opts: Options{MaxLag: 0}}
 	if err := off.Check(); err != nil {
 		t.Errorf("READ_MAX_LAG=0, no reading: Check() = %v, want nil", err)
+	}
+}
+
+// The WARN of a lag not known is a line a JSON log store reads: the lag
+// is said unknown, not written as +Inf, which JSON cannot hold.
+func TestAnUnknownLagIsLoggedAsUnknown(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t, "host=127.0.0.1 port="+port(t)+" user=postgres connect_timeout=1")
+	var logs testenv.Output
+	m := Start(context.Background(), pool, slog.New(slog.NewJSONHandler(&logs, nil)),
+		Options{MaxLag: time.Hour, Interval: 10 * time.Millisecond})
+	defer m.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "read replica behind") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no WARN that the replica is behind:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "read replica behind") {
+			line = l
+			break
+		}
+	}
+	var fields map[string]any
+	if err := json.Unmarshal([]byte(line), &fields); err != nil || strings.Contains(line, "!ERROR") ||
+		fields["lag_unknown"] != true || fields["lag_seconds"] != nil {
+		t.Errorf("WARN of an unknown lag = %s (%v), want lag_unknown true and no lag_seconds", line, err)
 	}
 }
 
