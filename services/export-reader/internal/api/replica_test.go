@@ -116,6 +116,10 @@ func TestListPagesAreRefusedWhileTheReplicaLags(t *testing.T) {
 	}
 	next := "/v1/export/items?limit=1&cursor=" + url.QueryEscape(*first.env.Meta.NextCursor)
 
+	// The crossing this test makes is counted from here: a standby just
+	// started may not stream yet, and its lag, unknown for that moment,
+	// is a crossing of its own (a WARN, then "caught up").
+	logged := len(e.logs.String())
 	if _, err := standby.Exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +138,8 @@ func TestListPagesAreRefusedWhileTheReplicaLags(t *testing.T) {
 		t.Errorf("item route while the replica lags = %d %s, want 200 (stale)", item.status, item.body)
 	}
 	waitForLog(t, e.logs, "read replica behind")
-	if n := strings.Count(e.logs.String(), "read replica behind"); n != 1 {
-		t.Errorf("%d WARNs that the replica is behind, want 1:\n%s", n, e.logs)
+	if n := strings.Count(e.logs.String()[logged:], "read replica behind"); n != 1 {
+		t.Errorf("%d WARNs that the replica is behind since replay was paused, want 1:\n%s", n, e.logs)
 	}
 
 	if _, err := standby.Exec(ctx, "SELECT pg_wal_replay_resume()"); err != nil {
