@@ -14,6 +14,7 @@ import (
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/redisclient"
+	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/ulule/limiter/v3"
 	"golang.org/x/net/http/httpguts"
 )
@@ -68,7 +69,7 @@ type Config struct {
 	RateAuthFailures      limiter.Rate  // RATE_LIMIT_AUTH_FAILURES (60-M) per client IP
 
 	GC gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
-	// Settings names every variable read, so that run can warn of one set
+	// Settings names every variable read (tracing's: telemetry.Names), so that run can warn of one set
 	// with a name close to them (envconfig.Misspelt).
 	Settings []string
 }
@@ -154,7 +155,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
 	checkInstanceURLs(r, "SALES_WRITER_URLS", cfg.SalesWriterURLs)
 	checkInstanceURLs(r, "SHOP_SCHEMA_URLS", cfg.ShopSchemaURLs)
-	cfg.Settings = append(r.Names(), gcdefaults.Names...)
+	cfg.Settings = slices.Concat(r.Names(), gcdefaults.Names, telemetry.Names)
 	if err := r.Err(); err != nil {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}

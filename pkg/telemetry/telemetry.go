@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -16,6 +17,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+
+	"github.com/coinexport/export/pkg/envconfig"
 )
 
 // Setup installs a global tracer provider, the W3C trace-context
@@ -23,9 +26,9 @@ import (
 // that flushes and stops the provider, for flushTimeout at most.
 //
 // Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (protocol from
-// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or else OTEL_EXPORTER_OTLP_PROTOCOL:
-// http/protobuf by default, or grpc). The
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set and the export is not turned
+// off (exportWanted; protocol from OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or
+// else OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf by default, or grpc). The
 // sampler comes from OTEL_TRACES_SAMPLER as the SDK reads it.
 //
 // Without an exporter, and unless OTEL_TRACES_SAMPLER says otherwise, no
@@ -51,8 +54,13 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 		return nil, fmt.Errorf("telemetry: resource: %w", err)
 	}
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	warnOfOtherPropagators(getenv, log)
+	export, err := exportWanted(getenv)
+	if err != nil {
+		return nil, err
+	}
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	if getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
+	if export {
 		exporter, err := newExporter(ctx, getenv)
 		if err != nil {
 			return nil, err
@@ -69,6 +77,39 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 		defer cancel()
 		return tp.Shutdown(ctx)
 	}, nil
+}
+
+// exportWanted says whether spans are to be exported: an OTLP endpoint is
+// set, and neither OTEL_SDK_DISABLED=true nor OTEL_TRACES_EXPORTER=none
+// turns the export off (the Go SDK reads neither itself; an operator who
+// sets one means it, as with any other OpenTelemetry SDK). An exporter
+// other than otlp or none stops the start, as an unknown protocol does:
+// its spans would go nowhere without a word.
+func exportWanted(getenv func(string) string) (bool, error) {
+	switch exporter := getenv("OTEL_TRACES_EXPORTER"); exporter {
+	case "", "otlp":
+	case "none":
+		return false, nil
+	default:
+		return false, fmt.Errorf("telemetry: OTEL_TRACES_EXPORTER must be otlp or none (got %s)", envconfig.Shown(exporter))
+	}
+	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
+		return false, nil
+	}
+	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "", nil
+}
+
+// warnOfOtherPropagators warns when OTEL_PROPAGATORS asks for more than
+// the W3C trace context and baggage, the only ones propagated (the gateway
+// trusts a caller's traceparent, and the services the gateway's): a b3 or
+// jaeger header from a caller starts a new trace here.
+func warnOfOtherPropagators(getenv func(string) string, log *slog.Logger) {
+	value := getenv("OTEL_PROPAGATORS")
+	for p := range strings.SplitSeq(value, ",") {
+		if p = strings.TrimSpace(p); p != "" && p != "tracecontext" && p != "baggage" {
+			log.Warn("OTEL_PROPAGATORS ignored: only tracecontext and baggage are propagated", "propagator", p)
+		}
+	}
 }
 
 // flushTimeout bounds the last flush of spans when a process stops: with a
@@ -100,4 +141,32 @@ func newExporter(ctx context.Context, getenv func(string) string) (sdktrace.Span
 	default:
 		return nil, fmt.Errorf("telemetry: %s must be http/protobuf or grpc", variable)
 	}
+}
+
+// Names are the variables tracing reads (Setup, the SDK and its OTLP
+// trace exporters, those of go.opentelemetry.io/otel v1.47.0, the
+// experimental OTEL_GO_X_* aside), for a binary's list of settings: a name
+// written close to one of them (OTEL_EXPORTER_OTLP_ENDPIONT, which leaves
+// every span unexported without a word) is then warned of at start
+// (envconfig.Misspelt). Last, the log batch processor's, which no binary
+// here reads but other programs' SDKs do in a shared environment: each is
+// two edits from the span processor's (OTEL_BLRP_SCHEDULE_DELAY,
+// OTEL_BSP_SCHEDULE_DELAY) and would be reported as its misspelling.
+var Names = []string{
+	"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SDK_DISABLED", "OTEL_PROPAGATORS",
+	"OTEL_TRACES_EXPORTER", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+	"OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+	"OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+	"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+	"OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+	"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+	"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+	"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+	"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+	"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+	"OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+	"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+	"OTEL_EXPORTER_OTLP_CLIENT_KEY", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+	"OTEL_BLRP_SCHEDULE_DELAY", "OTEL_BLRP_EXPORT_TIMEOUT", "OTEL_BLRP_MAX_QUEUE_SIZE", "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE",
 }

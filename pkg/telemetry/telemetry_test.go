@@ -9,10 +9,15 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/testenv"
 	"go.opentelemetry.io/otel"
 )
@@ -31,11 +36,20 @@ func TestSetupRecordsOnlyWhatCanBeExported(t *testing.T) {
 		// Never dialled: the batch exporter connects when it first sends,
 		// and no span is ended here.
 		{"exporter", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, true},
+		{"exporter, OTEL_TRACES_EXPORTER=none",
+			map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}, false},
+		{"exporter, OTEL_TRACES_EXPORTER=otlp",
+			map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "otlp"}, true},
+		{"exporter, OTEL_SDK_DISABLED=true",
+			map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"}, false},
+		{"exporter, OTEL_SDK_DISABLED=false",
+			map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "false"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The SDK reads OTEL_TRACES_SAMPLER from the process environment,
 			// as Setup does in production (getenv = os.Getenv).
-			for _, k := range []string{"OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+			for _, k := range []string{"OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+				"OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"} {
 				t.Setenv(k, tc.env[k])
 			}
 			shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.DiscardHandler))
@@ -111,5 +125,112 @@ func TestUnknownProtocolNamesItsVariable(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "telemetry: "+tc.want+" must be") {
 			t.Errorf("Setup(%v) = %v, want an error naming %s", tc.env, err, tc.want)
 		}
+	}
+}
+
+// Names holds every variable the SDK's trace and resource packages and the
+// OTLP trace exporters read, as their sources name them (an upgrade that
+// reads a new one fails here, not in a misspelling gone unwarned), and
+// every one Setup reads itself.
+func TestNamesAreWhatTracingReads(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}",
+		"go.opentelemetry.io/otel/sdk",
+		"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp",
+		"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dirs := strings.Fields(string(out))
+	if len(dirs) != 3 {
+		t.Fatalf("go list gave %q, want three module folders", dirs)
+	}
+	quoted := regexp.MustCompile(`"([A-Z][A-Z_]*)"`)
+	read := map[string]string{} // variable → the source that names it
+	scan := func(file, prefix string) {
+		src, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range quoted.FindAllStringSubmatch(string(src), -1) {
+			name := m[1]
+			if !strings.HasPrefix(name, "OTEL_") {
+				name = prefix + name
+			}
+			if strings.HasPrefix(name, "OTEL_") && name != "OTEL_EXPORTER_OTLP" && !strings.HasPrefix(name, "OTEL_GO_X_") {
+				read[name] = file
+			}
+		}
+	}
+	for _, f := range []string{"trace/sampler_env.go", "trace/internal/env/env.go", "resource/env.go"} {
+		scan(filepath.Join(dirs[0], f), "")
+	}
+	for _, exporter := range dirs[1:] {
+		// The exporters' names are written without their namespace.
+		scan(filepath.Join(exporter, "internal/otlpconfig/envconfig.go"), "OTEL_EXPORTER_OTLP_")
+	}
+	scan("telemetry.go", "")
+	if len(read) < 30 {
+		t.Fatalf("found %d variables in the sources, want the SDK's and the exporters' (more than 30)", len(read))
+	}
+	for name, source := range read {
+		if !slices.Contains(Names, name) {
+			t.Errorf("%s (read in %s) is not in Names", name, source)
+		}
+	}
+}
+
+// An exporter no binary has stops the start, naming the variable: its
+// spans would otherwise go nowhere without a word.
+func TestUnknownTracesExporterStopsTheStart(t *testing.T) {
+	env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "console"}
+	_, err := Setup(context.Background(), func(name string) string { return env[name] }, "test", slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER must be otlp or none") {
+		t.Errorf("Setup with OTEL_TRACES_EXPORTER=console = %v, want an error naming the variable", err)
+	}
+}
+
+// A propagator asked for and not propagated is warned of, once each; the
+// two that are propagated are not.
+func TestOtherPropagatorsAreWarnedOf(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	env := map[string]string{"OTEL_PROPAGATORS": "tracecontext, baggage,b3,jaeger"}
+	shutdown, err := Setup(context.Background(), func(name string) string { return env[name] }, "test", log)
+	if err != nil {
+		t.Fatalf("Setup() error = %v", err)
+	}
+	t.Cleanup(func() { _ = shutdown(context.Background()) })
+	var warned []string
+	for line := range strings.Lines(buf.String()) {
+		var entry struct{ Msg, Propagator string }
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if strings.HasPrefix(entry.Msg, "OTEL_PROPAGATORS ignored") {
+			warned = append(warned, entry.Propagator)
+		}
+	}
+	if want := []string{"b3", "jaeger"}; !slices.Equal(warned, want) {
+		t.Errorf("warned of %q, want %q (log: %s)", warned, want, buf.String())
+	}
+}
+
+// With Names among a binary's settings, a tracing variable written wrong is
+// warned of at start with the one meant, and the log batch processor's
+// variables, set for other programs, are not taken for the span
+// processor's written wrong.
+func TestTracingVariablesWrittenWrongAreWarnedOf(t *testing.T) {
+	environ := []string{
+		"OTEL_EXPORTER_OTLP_ENDPIONT=http://collector:4318",
+		"OTEL_SERVICENAME=gateway",
+		"OTEL_BLRP_SCHEDULE_DELAY=1000",
+		"OTEL_EXPORTER_OTLP_TRACES_INSECURE=true",
+	}
+	want := []envconfig.Misspelling{
+		{Name: "OTEL_EXPORTER_OTLP_ENDPIONT", Meant: "OTEL_EXPORTER_OTLP_ENDPOINT"},
+		{Name: "OTEL_SERVICENAME", Meant: "OTEL_SERVICE_NAME"},
+	}
+	if got := envconfig.Misspelt(environ, Names); !slices.Equal(got, want) {
+		t.Errorf("Misspelt = %v, want %v", got, want)
 	}
 }

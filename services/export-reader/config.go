@@ -9,6 +9,7 @@ import (
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 	"github.com/coinexport/export/services/export-reader/internal/replica"
 )
@@ -36,7 +37,7 @@ type Config struct {
 	// signatures accepted too, while gateways of an older build remain.
 	IdentityAcceptUnbound bool
 	LogLevel              string // LOG_LEVEL (info)
-	// Settings names every variable read, so that run can warn of one set
+	// Settings names every variable read (tracing's: telemetry.Names), so that run can warn of one set
 	// with a name close to them (envconfig.Misspelt).
 	Settings []string
 }
@@ -74,7 +75,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	r.Check(!sharesSecret(append([]string{cfg.CursorSecret}, cfg.CursorPrevious...), append([]string{cfg.IdentitySecret}, cfg.IdentityPrevious...)),
 		"CURSOR_SECRET and IDENTITY_SECRET (and their _PREVIOUS lists) must not share a secret: one for each purpose")
 	gcdefaults.Read(getenv).Check(r) // Go's own defaults, but no bad value unseen
-	cfg.Settings = append(r.Names(), gcdefaults.Names...)
+	cfg.Settings = slices.Concat(r.Names(), gcdefaults.Names, telemetry.Names)
 	if err := r.Err(); err != nil {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}

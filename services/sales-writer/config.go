@@ -2,11 +2,13 @@ package main
 
 import (
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // Config is everything the sales writer reads from its environment.
@@ -23,7 +25,7 @@ type Config struct {
 	PurgeInterval         time.Duration       // IDEMPOTENCY_PURGE_INTERVAL (5m)
 	LogLevel              string              // LOG_LEVEL (info)
 	GC                    gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)
-	// Settings names every variable read, so that run can warn of one set
+	// Settings names every variable read (tracing's: telemetry.Names), so that run can warn of one set
 	// with a name close to them (envconfig.Misspelt).
 	Settings []string
 }
@@ -47,7 +49,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg.GC.Check(r)
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
-	cfg.Settings = append(r.Names(), gcdefaults.Names...)
+	cfg.Settings = slices.Concat(r.Names(), gcdefaults.Names, telemetry.Names)
 	if err := r.Err(); err != nil {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}

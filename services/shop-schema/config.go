@@ -2,11 +2,13 @@ package main
 
 import (
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
+	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
 
@@ -31,7 +33,7 @@ type Config struct {
 	PageSize              int           // SHOP_SCHEMA_PAGE_SIZE (250)
 	MaxRows               int           // SHOP_SCHEMA_MAX_ROWS (100000)
 	MaxConcurrent         int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
-	// Settings names every variable read, so that run can warn of one set
+	// Settings names every variable read (tracing's: telemetry.Names), so that run can warn of one set
 	// with a name close to them (envconfig.Misspelt).
 	Settings []string
 }
@@ -75,7 +77,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		r.Check(c.ConnectTimeout <= c.Timeout, "SHOP_SCHEMA_CONNECT_TIMEOUT must not exceed SHOP_SCHEMA_TIMEOUT")
 	}
 	gcdefaults.Read(getenv).Check(r) // Go's own defaults, but no bad value unseen
-	c.Settings = append(r.Names(), gcdefaults.Names...)
+	c.Settings = slices.Concat(r.Names(), gcdefaults.Names, telemetry.Names)
 	if err := r.Err(); err != nil {
 		return Config{Settings: c.Settings}, err // only the names, for run's misspelling hint
 	}
