@@ -301,6 +301,55 @@ func TestRevocationIsHeard(t *testing.T) {
 	})
 }
 
+// Behind a pooler in transaction mode the LISTEN runs on whichever server
+// connection is free, which then serves other clients: no revocation
+// reaches the listener. Taken for listening, the gateway trusted a revoked
+// key for KEY_CACHE_TTL; it must know that it does not hear, say so, and
+// trust cached keys for UnheardTTL only.
+func TestListenerBehindATransactionPoolerIsNotTakenForHearing(t *testing.T) {
+	pooled := testenv.PgBouncer(t, testenv.PostgresURL(t), "transaction")
+	// Without prepared statements, which such a pooler cannot keep.
+	pool := testenv.Pool(t, pooled+" default_query_exec_mode=exec")
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var logged testenv.Output // written by the listener's goroutine
+	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(&logged, nil))); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, func() bool { return store.Listening() || strings.Contains(logged.String(), "cannot hear revocations") })
+	if store.Listening() {
+		t.Fatal("the listener behind a transaction pooler reports that it hears revocations")
+	}
+	if got := logged.String(); !strings.Contains(got, "level=ERROR") || !strings.Contains(got, "transaction") {
+		t.Errorf("log = %q, want an error naming the pooler's transaction mode", got)
+	}
+}
+
+// Behind a pooler in session mode the listener's connection is a session
+// of its own: revocations are heard.
+func TestListenerBehindASessionPoolerHears(t *testing.T) {
+	pooled := testenv.PgBouncer(t, testenv.PostgresURL(t), "session")
+	pool := testenv.Pool(t, pooled)
+	owner := newOwner(t, pool)
+	secret, id := insertKey(t, pool, owner, []string{"export:read"})
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, store.Listening)
+	if _, err := store.Lookup(ctx, secret, nil); err != nil {
+		t.Fatalf("Lookup before revocation = %v", err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, err := store.Lookup(ctx, secret, nil)
+		return errors.Is(err, ErrUnauthenticated)
+	})
+}
+
 func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	pool := testenv.Postgres(t)
 	owner := newOwner(t, pool)

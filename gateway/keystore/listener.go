@@ -2,12 +2,15 @@ package keystore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net"
 	"time"
 
 	"github.com/coinexport/export/gateway/monotime"
+	"github.com/jackc/pgx/v5"
 )
 
 // RevocationChannel is the channel the api_keys trigger notifies, with the
@@ -35,11 +38,20 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.WarnContext(ctx, "revocation listener disconnected; retrying", "error", err, "retry_in", backoff.String())
+		wait := backoff
+		if errors.Is(err, ErrNotHeard) {
+			// Not a fault that passes: the pooler's mode stays as it is
+			// until an operator changes it, so the attempts are spaced out
+			// and each is an error, not a warning.
+			wait = notHeardRetry
+			log.ErrorContext(ctx, "revocation listener cannot hear revocations; retrying", "error", err, "retry_in", wait.String())
+		} else {
+			log.WarnContext(ctx, "revocation listener disconnected; retrying", "error", err, "retry_in", wait.String())
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
 	}
 }
@@ -52,6 +64,9 @@ const (
 	firstBackoff   = 100 * time.Millisecond
 	longestBackoff = 5 * time.Second
 	steadyListen   = 10 * time.Second
+	// notHeardRetry spaces the attempts of a listener whose connection
+	// cannot hear notifications (ErrNotHeard).
+	notHeardRetry = time.Minute
 )
 
 // nextBackoff is the wait before the next attempt, after one that waited
@@ -82,7 +97,11 @@ func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Tim
 	}
 	conn := pc.Hijack()
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+RevocationChannel); err != nil {
+	probe := probeChannel()
+	if _, err := conn.Exec(ctx, "LISTEN "+RevocationChannel+"; LISTEN "+probe); err != nil {
+		return since, err
+	}
+	if err := s.hearProbe(ctx, conn, probe); err != nil {
 		return since, err
 	}
 	s.ForgetAll()
@@ -118,6 +137,55 @@ func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Tim
 
 // idleCheck is how long the listener waits in silence before it pings.
 const idleCheck = 20 * time.Second
+
+// ErrNotHeard is the listener's error when a notification sent through the
+// pool does not reach its LISTEN: the connection leads to PostgreSQL
+// through a pooler in transaction mode (PgBouncer pool_mode=transaction),
+// which runs the LISTEN on whichever server connection is free and then
+// hands that connection to other clients, and drops a server connection
+// that gets a notification while no client holds it. Taken for listening
+// there, the gateway trusted cached keys for KEY_CACHE_TTL (30 s) after
+// their revocation, where the README promises a second.
+var ErrNotHeard = errors.New("keystore: a notification sent to the listener's channel was not heard: " +
+	"its connection is not a session of its own (a pooler in transaction mode, such as PgBouncer's pool_mode=transaction); " +
+	"revocations cannot be pushed, so cached keys are trusted for KEY_CACHE_UNHEARD_TTL only (README, \"Behind PgBouncer\")")
+
+// probeWait bounds the sending of the listener's own probe and the wait
+// for it: on a session it arrives within a round trip.
+const probeWait = 5 * time.Second
+
+// probeChannel is a channel of this connection's alone, so that its probe
+// reaches no other gateway.
+func probeChannel() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "api_key_listener_probe_" + hex.EncodeToString(b)
+}
+
+// hearProbe sends a notification to probe through the pool, from another
+// connection, and waits for it on conn, which LISTENs to it: only a
+// connection that is a session of its own hears it. Revocations heard
+// meanwhile are applied.
+func (s *Store) hearProbe(ctx context.Context, conn *pgx.Conn, probe string) error {
+	wctx, cancel := context.WithTimeout(ctx, probeWait)
+	defer cancel()
+	if _, err := s.pool.Exec(wctx, "SELECT pg_notify($1, '')", probe); err != nil {
+		return err // not sent: not ErrNotHeard, even past probeWait
+	}
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		switch {
+		case err == nil && n.Channel == probe:
+			return nil
+		case err == nil:
+			s.Forget(n.Payload)
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return ErrNotHeard
+		default:
+			return err
+		}
+	}
+}
 
 // heard records that the listener was hearing revocations at t: every one
 // made before t has been applied.

@@ -1,0 +1,113 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PgBouncer starts a PgBouncer in front of the database of dsn (one of
+// PostgresURL's) for the test's length, pooling in mode ("transaction" or
+// "session"), and returns the DSN of that database through it. settings
+// are more lines of its [pgbouncer] section ("ignore_startup_parameters =
+// jit"). It listens on loopback only and trusts every client, as the test
+// clusters do. The test is skipped when PgBouncer is not installed
+// (Debian's pgbouncer package; .ci/run installs it).
+//
+// Its one database has default_pool_size 2: few server connections, as
+// behind a real pooler, so that the clients' transactions move between
+// them.
+func PgBouncer(t testing.TB, dsn, mode string, settings ...string) string {
+	t.Helper()
+	bin, err := pgbouncerBinary()
+	if err != nil {
+		t.Skipf("testenv: %v", err)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatalf("testenv: parse dsn: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "testenv-pgbouncer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// PgBouncer refuses to run as root: as root, its -u runs it as the
+	// server's user, which can reach the cluster's socket (mode 0700).
+	asUser, err := serverUser(dir)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	addr := FreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	server := fmt.Sprintf("host=%s port=%d dbname=%s user=%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)
+	if cfg.Password != "" {
+		server += " password=" + cfg.Password
+	}
+	ini := strings.Join(append([]string{
+		"[databases]",
+		"db = " + server,
+		"[pgbouncer]",
+		"listen_addr = 127.0.0.1",
+		"listen_port = " + port,
+		"unix_socket_dir =",
+		"auth_type = trust",
+		"auth_file = " + filepath.Join(dir, "users.txt"),
+		"pool_mode = " + mode,
+		"default_pool_size = 2",
+		"logfile = " + filepath.Join(dir, "pgbouncer.log"),
+	}, settings...), "\n") + "\n"
+	files := map[string]string{"pgbouncer.ini": ini, "users.txt": strconv.Quote(cfg.User) + ` ""` + "\n"}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{filepath.Join(dir, "pgbouncer.ini")}
+	if asUser != "" {
+		args = append([]string{"-u", asUser}, args...)
+	}
+	cmd := exec.Command(bin, args...)
+	var out Output
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start pgbouncer: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	if !waitFor(10*time.Second, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}) {
+		log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+		t.Fatalf("testenv: pgbouncer did not listen on %s: %s%s", addr, out.String(), log)
+	}
+	return fmt.Sprintf("host=127.0.0.1 port=%s user=%s dbname=db sslmode=disable", port, cfg.User)
+}
+
+// pgbouncerBinary finds pgbouncer on PATH or where Debian puts it
+// (/usr/sbin, not on a non-root user's PATH).
+func pgbouncerBinary() (string, error) {
+	if p, err := exec.LookPath("pgbouncer"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("/usr/sbin/pgbouncer"); err == nil {
+		return "/usr/sbin/pgbouncer", nil
+	}
+	return "", fmt.Errorf("pgbouncer not installed (apt-get install pgbouncer): the tests of the product behind it are skipped")
+}
