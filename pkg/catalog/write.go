@@ -2,6 +2,8 @@ package catalog
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,29 +105,58 @@ func importFrom(ctx context.Context, pool *pgxpool.Pool, owner pgtype.UUID, sour
 }
 
 func importOn(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, source pgx.CopyFromSource) (ImportResult, error) {
-	// A connection left with the table by a failed import is cleaned first.
-	if _, err := conn.Exec(ctx, dropStaging); err != nil {
-		return ImportResult{}, fmt.Errorf("catalog: staging table: %w", err)
-	}
-	if _, err := conn.Exec(ctx, createStaging); err != nil {
-		return ImportResult{}, fmt.Errorf("catalog: staging table: %w", err)
-	}
+	staging := stagingTable()
 	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), dropStaging+"; RESET default_toast_compression")
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS pg_temp."+staging+"; RESET default_toast_compression")
 	}()
+	total, err := stage(ctx, conn, staging, source)
+	if err != nil {
+		return ImportResult{}, stagingError(err, staging)
+	}
+	res, err := writeStaged(ctx, conn, owner, staging, total)
+	return res, stagingError(err, staging)
+}
+
+// stagingTable names an import's staging table, apart from any other
+// import's. Behind a pooler in transaction mode (PgBouncer
+// pool_mode=transaction) an import's transactions run on whichever server
+// session is free, which runs other clients' in between: with one name for
+// every import, a concurrent import for another owner dropped this one's
+// table and staged its own under that name, and this import's chunks wrote
+// that owner's items as this owner's (3,000 of 3,000, measured through a
+// PgBouncer of one server connection). Apart, a chunk that lands in another
+// session finds no table and fails, writing nothing (ErrStagingLost).
+func stagingTable() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "import_items_" + hex.EncodeToString(b)
+}
+
+// stage creates the staging table and copies source into it, returning how
+// many rows it staged.
+func stage(ctx context.Context, conn *pgx.Conn, staging string, source pgx.CopyFromSource) (int, error) {
+	if _, err := conn.Exec(ctx, fmt.Sprintf(createStaging, staging)); err != nil {
+		return 0, fmt.Errorf("catalog: staging table: %w", err)
+	}
 	// lz4 compresses the stored documents several times faster than pglz,
 	// on write and on every read; a server built without it keeps pglz.
 	_, _ = conn.Exec(ctx, "SET default_toast_compression = lz4")
-	staged, err := conn.CopyFrom(ctx, pgx.Identifier{"import_items"}, stagingColumns, source)
+	staged, err := conn.CopyFrom(ctx, pgx.Identifier{staging}, stagingColumns, source)
 	if err != nil {
-		return ImportResult{}, fmt.Errorf("catalog: copy: %w", err)
+		return 0, fmt.Errorf("catalog: copy: %w", err)
 	}
-	total := int(staged)
+	return int(staged), nil
+}
+
+// writeStaged writes the total items of the staging table for owner, a
+// chunk per statement.
+func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging string, total int) (ImportResult, error) {
 	var res ImportResult
+	upsert := upsertChunk(staging)
 	after := "" // the last id written; every valid id sorts after ""
 	for written := 0; written < total; {
 		var inserted, touched, read int
-		if err := conn.QueryRow(ctx, upsertChunk, owner, after, ImportChunk).Scan(&inserted, &touched, &read, &after); err != nil {
+		if err := conn.QueryRow(ctx, upsert, owner, after, ImportChunk).Scan(&inserted, &touched, &read, &after); err != nil {
 			return res, fmt.Errorf("catalog: upsert after %d of %d items: %w", written, total, err)
 		}
 		if read == 0 { // cannot happen: every staged id follows the last one written
@@ -139,15 +170,33 @@ func importOn(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, source pgx
 	return res, nil
 }
 
+// ErrStagingLost is an import's error when a statement of it ran in a
+// session without its staging table: its connection is not one session,
+// as behind a pooler in transaction mode. The chunks before it are
+// written (ImportResult); running it again through such a pooler can fail
+// the same way.
+var ErrStagingLost = errors.New("catalog: the import's staging table is not in this session: its statements ran in " +
+	"different database sessions, as behind a pooler in transaction mode (PgBouncer pool_mode=transaction); an import " +
+	"needs one session: give it a DATABASE_URL to PostgreSQL itself or to a pool in session mode")
+
+// stagingError is err, or ErrStagingLost with it when it says the staging
+// table is not there (42P01 undefined_table, naming it).
+func stagingError(err error, staging string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, staging) {
+		return fmt.Errorf("%w (%w)", ErrStagingLost, err)
+	}
+	return err
+}
+
 // ImportChunk is how many items Import writes per statement (and so per
 // commit): small enough that a chunk is seen within tens of milliseconds of
 // its stamps and holds its rows' locks as briefly, large enough that the
 // statements' own cost stays small against the rows'.
 const ImportChunk = 1000
 
-const dropStaging = `DROP TABLE IF EXISTS pg_temp.import_items`
-
-const createStaging = `CREATE TEMP TABLE import_items (
+// createStaging is the staging table's statement, its name left to fill in.
+const createStaging = `CREATE TEMP TABLE %s (
     id text PRIMARY KEY, coin_id text, listed_active boolean NOT NULL, price numeric(18,4),
     currency text NOT NULL, category jsonb, characteristics jsonb NOT NULL, images jsonb NOT NULL,
     texts jsonb NOT NULL, doc_eng text NOT NULL, doc_rus text NOT NULL, doc_ukr text NOT NULL
@@ -175,11 +224,12 @@ func NextUpdatedAt(table string) string {
 // id order, so two imports of overlapping files cannot deadlock each other.
 // The owner's shared sync lock (WriterLock, barrier.go) is taken before
 // the first row is read, so before any stamp.
-// (A var: it is built with NextUpdatedAt.)
-var upsertChunk = `WITH barrier AS (
+// It reads the staging table named staging.
+func upsertChunk(staging string) string {
+	return `WITH barrier AS (
 SELECT ` + WriterLock("$1::uuid") + `
 ), chunk AS (
-SELECT * FROM import_items WHERE id > $2 AND EXISTS (SELECT FROM barrier) ORDER BY id LIMIT $3
+SELECT * FROM ` + staging + ` WHERE id > $2 AND EXISTS (SELECT FROM barrier) ORDER BY id LIMIT $3
 ), written AS (
 INSERT INTO export_items AS e (owner_id, id, coin_id, listed_active, price, currency,
     category, characteristics, images, texts, doc_eng, doc_rus, doc_ukr, updated_at)
@@ -197,6 +247,7 @@ WHERE (e.listed_active, e.doc_eng, e.doc_rus, e.doc_ukr, e.texts)
 RETURNING (e.xmax = 0) AS inserted)
 SELECT (SELECT count(*) FILTER (WHERE inserted) FROM written), (SELECT count(*) FROM written),
     (SELECT count(*) FROM chunk), coalesce((SELECT max(id) FROM chunk), $2)`
+}
 
 // itemRows feeds CopyFrom with items.
 func itemRows(items []Item) pgx.CopyFromSource {
