@@ -85,7 +85,7 @@ func ping(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error 
 	pingCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotReached, err)
+		return fmt.Errorf("%w: %w", ErrNotReached, settingRefused(err))
 	}
 	return nil
 }
@@ -107,6 +107,7 @@ func OpenServing(ctx context.Context, dsn string, log *slog.Logger, opts ...Opti
 	err = ping(ctx, pool, startCheckTimeout)
 	switch {
 	case err == nil:
+		warnDroppedSettings(ctx, pool, ownSettings(dsn, opts), log)
 		return pool, nil
 	case ctx.Err() != nil:
 		pool.Close()
@@ -153,6 +154,10 @@ func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...
 				pool.Close()
 			}
 			return nil, fmt.Errorf("%w before PostgreSQL was reached", ErrStopped)
+		}
+		if err == nil {
+			warnDroppedSettings(ctx, pool, ownSettings(dsn, opts), log)
+			return pool, nil
 		}
 		if !errors.Is(err, ErrNotReached) || !notReachedYet(err) {
 			return pool, err
