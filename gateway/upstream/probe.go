@@ -97,6 +97,10 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, failure string, interva
 		inst.unansweredProbes = 0
 		u.markUp(inst)
 	case probeFailed:
+		// A refusal or a 5xx is no silence: it ends a run of unanswered
+		// probes, which counted on would take the instance out again, for
+		// a reason it does not have, at the next silent one.
+		inst.unansweredProbes = 0
 		u.markDown(inst, interval+u.opts.DownFor, failure)
 	case probeNotSent:
 		// The instance was not asked: it stays as it was.

@@ -549,6 +549,35 @@ func TestANewReasonToBeOutIsTold(t *testing.T) {
 	}
 }
 
+// A probe answered 5xx, or refused, ends a run of unanswered ones: it was
+// no silence. Counted on, the run's two from before the failure and one
+// after it took the instance out again for "unanswered 3 times in a row",
+// which it was not, and a single silent probe kept an instance out, which
+// judge says it does not.
+func TestAFailedProbeEndsARunOfUnansweredProbes(t *testing.T) {
+	var told []string
+	o := opts()
+	o.OnStateChange = func(c StateChange) { told = append(told, fmt.Sprintf("%v %s", c.Up, c.Reason)) }
+	u, err := New("svc", []string{closedAddr(t)}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := u.current()[0]
+	const answered503 = "its health probe was answered 503 unavailable"
+	u.judge(inst, probeUnanswered, "", time.Second)
+	u.judge(inst, probeUnanswered, "", time.Second)
+	u.judge(inst, probeFailed, answered503, time.Second)
+	u.judge(inst, probeUnanswered, "", time.Second)
+	if want := []string{"false " + answered503}; !slices.Equal(told, want) {
+		t.Fatalf("after 2 unanswered, a 503 and 1 unanswered: told %q, want %q", told, want)
+	}
+	u.judge(inst, probeUnanswered, "", time.Second)
+	u.judge(inst, probeUnanswered, "", time.Second) // the third in a row since the 503
+	if want := []string{"false " + answered503, "false " + reasonUnanswered}; !slices.Equal(told, want) {
+		t.Errorf("after 3 unanswered in a row: told %q, want %q", told, want)
+	}
+}
+
 // A repeated request's first failure says when it happened: before the
 // second attempt reached its instance, not when Do returned.
 func TestFailedAttemptIsStampedWhenItFailed(t *testing.T) {
