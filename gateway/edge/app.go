@@ -1,11 +1,9 @@
 package edge
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/coinexport/export/pkg/httpserver"
@@ -222,175 +220,6 @@ func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) 
 	return g.serve(c, rq, rt)
 }
 
-// misreadHead returns the refusal of a header section that a proxy in
-// front could read otherwise than fasthttp did, or nil. Each is refused
-// with a 400 and the connection closed (RFC 9112 6.1 requires the close
-// after a framing refusal; the others get it too, as the bytes after such
-// a head cannot be trusted to start a request):
-//
-//   - a bare LF ending a header line, or the empty line that ends the
-//     head: fasthttp takes it as a line's end (RFC 9112 2.2 lets it), a
-//     proxy that reads it as part of the value sees one field where
-//     fasthttp sees two, so a Content-Length, Transfer-Encoding or
-//     X-API-Key behind it is seen by one and not the other
-//     (errBareLineFeed);
-//   - a line starting with a space or tab (obs-fold): fasthttp joins it to
-//     the field above, a proxy that does not sees a field of its own
-//     (errObsFold; RFC 9112 5.2 lets a server refuse it with a 400);
-//   - Transfer_Encoding or Content_Length, or with a space for the "-":
-//     fasthttp ignores them for framing, a proxy that maps "_" to "-" (as
-//     CGI-style front ends do), or reads a space there, frames the body by
-//     them (errFramingLookalike);
-//   - a length two parsers could read differently (framing.ambiguous).
-//
-// The raw headers are read, not fasthttp's parsed ones: after an empty
-// chunked body fasthttp sets the length to 0 and keeps no trace of the
-// chunks. The scan looks at each line's first and last bytes, and cuts
-// only lines starting with "t" or "c" at their colon.
-func misreadHead(h *fasthttp.RequestHeader) error {
-	var f framing
-	raw := h.RawHeaders() // the bytes as received, each line ended by its LF
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-			if len(line) == 0 || line[len(line)-1] != '\r' {
-				return errBareLineFeed
-			}
-			line = line[:len(line)-1]
-		} else {
-			raw = nil
-		}
-		if len(line) == 0 { // the empty line that ends the head
-			continue
-		}
-		if line[0] == ' ' || line[0] == '\t' {
-			return errObsFold
-		}
-		if err := f.read(line); err != nil {
-			return err
-		}
-	}
-	if f.ambiguous(h) {
-		return errAmbiguousFraming
-	}
-	return nil
-}
-
-// framing is what a header section says of the body's length.
-type framing struct {
-	codings, sized int  // Transfer-Encoding and Content-Length lines
-	chunked        bool // the last Transfer-Encoding line is "chunked"
-}
-
-// read counts a raw header line (not empty, without its line end) if it
-// frames the body, and refuses a look-alike of a framing field's name.
-func (f *framing) read(line []byte) error {
-	if c := line[0] | 0x20; c != 't' && c != 'c' { // ASCII lower case
-		return nil
-	}
-	// fasthttp has refused a space before the colon, and obs-fold lines
-	// are refused above: the name is the bytes before the colon.
-	name, value, found := bytes.Cut(line, []byte(":"))
-	if !found {
-		return nil
-	}
-	switch {
-	case bytes.EqualFold(name, []byte("transfer-encoding")):
-		f.codings++
-		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
-	case bytes.EqualFold(name, []byte("content-length")):
-		f.sized++
-	case lookalike(name, "transfer-encoding"), lookalike(name, "content-length"):
-		return errFramingLookalike
-	}
-	return nil
-}
-
-// lookalike reports whether name reads as the framing field's name, in any
-// case, once each "_" or space in it is read as "-" (fasthttp takes
-// "Transfer Encoding" as a name of its own, as it does "Transfer_Encoding";
-// it refuses a tab in a name itself).
-func lookalike(name []byte, field string) bool {
-	if len(name) != len(field) {
-		return false
-	}
-	for i, ch := range name {
-		switch {
-		case ch == '_' || ch == ' ':
-			ch = '-'
-		case 'A' <= ch && ch <= 'Z':
-			ch += 'a' - 'A'
-		}
-		if ch != field[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// ambiguous reports a request whose length two parsers could read
-// differently: one with a Transfer-Encoding and a Content-Length (fasthttp
-// frames it by the chunks), with a Transfer-Encoding in HTTP/1.0, which
-// has none, with a Transfer-Encoding other than one "chunked" (fasthttp
-// reads no body after "identity", and takes the body for the next
-// request), or with trailer fields (hasTrailerFields). A proxy in front
-// that framed it otherwise would take the rest of the body for another
-// request, or the other way round: request smuggling. RFC 9112 6.1 allows
-// refusing a Transfer-Encoding with a Content-Length, or in HTTP/1.0, and
-// requires a 400 for a final coding other than chunked.
-func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
-	if f.codings == 0 {
-		return false
-	}
-	return f.codings > 1 || !f.chunked || f.sized > 0 || !h.IsHTTP11() || hasTrailerFields(h)
-}
-
-// hasTrailerFields reports whether a chunked request brought fields after
-// its last chunk. fasthttp keeps them in a trailer section of their own,
-// but Peek and PeekAll read that section after the header section, so the
-// key lookup, the Idempotency-Key and whatever reads headers would take
-// them for fields of the header section, which anything in front (a WAF,
-// an edge rule) inspected without them; RFC 9110 6.5.1 forbids that merge,
-// and no route here has a use for trailers, so they are refused.
-// TrailerHeader writes that section out, one line per field received,
-// also one with an empty value (against its doc comment; TestHasTrailerFields
-// holds it to that), and ends it with the blank line; a Trailer field in
-// the header section only announces names and adds none.
-func hasTrailerFields(h *fasthttp.RequestHeader) bool {
-	return len(h.TrailerHeader()) > len("\r\n")
-}
-
-// checkPath refuses the raw paths that the services would read otherwise
-// than the gateway's routing did: like Go's ServeMux behind it, the routing
-// matches raw segments (so "a%2Fb" is one), but a "." or ".." segment names
-// no route there (pkg/httpserver answers an unclean path 404), and Go's HTTP
-// server refuses a "%" without two hex digits with a bare 400, no envelope.
-// No item id is "." or "..", and none needs a broken escape.
-func checkPath(path []byte) error {
-	for segment := range bytes.SplitSeq(path, []byte("/")) {
-		if string(segment) == "." || string(segment) == ".." {
-			return errNotFound
-		}
-	}
-	for i, ch := range path {
-		if ch == '%' && (i+2 >= len(path) || !isHex(path[i+1]) || !isHex(path[i+2])) {
-			return errBadPathEscape
-		}
-	}
-	return nil
-}
-
-// http1 reports whether a request line's version is HTTP/1.x; fasthttp has
-// checked its shape ("HTTP/", digit, ".", digit). A minor version above 1
-// is served, with HTTP/1.0's rules (fasthttp reads only "HTTP/1.1" as 1.1):
-// no chunked body, the connection closed after the answer.
-func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5] == '1' }
-
-func isHex(ch byte) bool {
-	return '0' <= ch && ch <= '9' || 'a' <= ch && ch <= 'f' || 'A' <= ch && ch <= 'F'
-}
-
 // serve runs the route's steps: the refusals of what cannot be served as
 // read, then the pipeline of a keyless route or of a keyed one (key, scope,
 // the owner's requests in flight, limit per key, proxy).
@@ -428,27 +257,6 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		return err
 	}
 	return g.proxy(c, rq, rt)
-}
-
-// refuseUnservable returns the refusal of a request that no step may act
-// on, or nil: another HTTP version, a head a proxy in front could read
-// otherwise (misreadHead), a path no route has (404, or 405 with Allow),
-// or a path the services would read otherwise than the routing did
-// (checkPath).
-func refuseUnservable(c *fiber.Ctx, rt route) error {
-	if !http1(c.Request().Header.Protocol()) {
-		return errHTTPVersion
-	}
-	if err := misreadHead(&c.Request().Header); err != nil {
-		return err
-	}
-	if rt == unmatched {
-		if allow := allowedMethods(c.Path()); len(allow) > 0 {
-			return errMethodNotAllowed(strings.Join(allow, ", "))
-		}
-		return errNotFound
-	}
-	return checkPath(c.Request().URI().PathOriginal())
 }
 
 // serveKeyless serves a route that takes no key (spec 5: health, shop
