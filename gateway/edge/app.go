@@ -14,16 +14,6 @@ import (
 // newApp builds the Fiber app: one handler per line of the routing table
 // and a catch-all that answers 404 or 405.
 func (g *Gateway) newApp() *fiber.App {
-	g.unroutedMetrics = g.metrics.forRoute("unrouted")
-	g.routeMetrics = map[string]*routeMetrics{}
-	for _, name := range routeNames() {
-		g.routeMetrics[name] = g.metrics.forRoute(name)
-	}
-	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
-		classShopSchema, classAuthFailures})
-	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
-	g.ownerSlotDecisions = g.metrics.forSlots(classOwnerInFlight)
-	g.metrics.forUpstreams(g.upstreams)
 	app := fiber.New(fiber.Config{
 		AppName:               "gateway",
 		DisableStartupMessage: true,

@@ -162,6 +162,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 			Timeout: cfg.RateLimitRedisTimeout, OnDegraded: g.onRedisState,
 		})
 	}
+	g.resolveSeries()
 	g.app = g.newApp()
 	if hook != nil {
 		hook(g)

@@ -87,6 +87,24 @@ func newMetrics() *metrics {
 	return m
 }
 
+// resolveSeries makes, at start, the series requests are counted in (per
+// route and status class, per rate-limit decision, per upstream instance
+// and failure), so that each shows from the start at 0: an alert on a
+// rate needs a series before the first event. Those that every request
+// counts in are kept, as a label lookup hashes the values each time.
+func (g *Gateway) resolveSeries() {
+	g.unroutedMetrics = g.metrics.forRoute("unrouted")
+	g.routeMetrics = map[string]*routeMetrics{}
+	for _, name := range routeNames() {
+		g.routeMetrics[name] = g.metrics.forRoute(name)
+	}
+	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
+		classShopSchema, classAuthFailures})
+	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
+	g.ownerSlotDecisions = g.metrics.forSlots(classOwnerInFlight)
+	g.metrics.forUpstreams(g.upstreams)
+}
+
 // watchInstances exports how many of u's instances are up and out, read at
 // each scrape: what to alert on before every instance is out (and /v1/health
 // says degraded), and which upstream it is.
