@@ -168,29 +168,39 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		hook(g)
 	}
 
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", cfg.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", cfg.Addr, err)
-	}
-	// fasthttp sets three deadlines per request on a client's connection:
-	// lazydeadline applies only those that change by a tick. fasthttp also
-	// closes a connection at once, even while the client is still sending
-	// a request it refused: lingerclose closes in stages, so that the
-	// client reads the refusal instead of a reset.
-	// acceptretry waits out a shortage of descriptors: fasthttp would take
-	// EMFILE for the listener's end, and the gateway would exit.
-	g.listener = lazydeadline.NewListener(
-		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), lingerclose.Defaults),
-		lazydeadline.TickFor(cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout))
-	cleanup = append(cleanup, func() { g.listener.Close() })
-	if g.adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminAddr); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", cfg.AdminAddr, err)
+	if err = g.listen(ctx); err != nil {
+		return nil, err
 	}
 	g.startBackground(store)
 	g.startServing()
 	g.log.Info("serving", "addr", g.Addr(), "admin_addr", g.AdminAddr())
 	return g, nil
+}
+
+// listen opens the public listener and the admin one; neither is left
+// open if the other fails.
+//
+// fasthttp sets three deadlines per request on a client's connection:
+// lazydeadline applies only those that change by a tick. fasthttp also
+// closes a connection at once, even while the client is still sending a
+// request it refused: lingerclose closes in stages, so that the client
+// reads the refusal instead of a reset. acceptretry waits out a shortage
+// of descriptors: fasthttp would take EMFILE for the listener's end, and
+// the gateway would exit.
+func (g *Gateway) listen(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", g.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", g.cfg.Addr, err)
+	}
+	g.listener = lazydeadline.NewListener(
+		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), lingerclose.Defaults),
+		lazydeadline.TickFor(g.cfg.ReadTimeout, g.cfg.WriteTimeout, g.cfg.IdleTimeout))
+	if g.adminLn, err = lc.Listen(ctx, "tcp", g.cfg.AdminAddr); err != nil {
+		g.listener.Close()
+		return fmt.Errorf("listen %s: %w", g.cfg.AdminAddr, err)
+	}
+	return nil
 }
 
 // keyStorePoolSize is the gateway's PostgreSQL pool: only key-cache misses
