@@ -11,12 +11,11 @@ import (
 	"os"
 	"time"
 
-	"github.com/coinexport/export/pkg/envconfig"
-	"github.com/coinexport/export/pkg/postgres"
-
 	"github.com/coinexport/export/gateway/edge"
+	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/stopsignal"
 )
 

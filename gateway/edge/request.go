@@ -37,8 +37,9 @@ type request struct {
 	method, path, clientIP string
 	// keyInPath: a path segment was an API key (path has it redacted).
 	keyInPath bool
-	// authFailure is why the request's key did not pass (authFailures),
-	// for the access line and the span only: every 401 reads alike.
+	// authFailure is why the request's key did not pass (authFailureMissing
+	// and the others), for the access line and the span only: every 401
+	// reads alike.
 	authFailure string
 	start       time.Time
 	key         keystore.Key
@@ -47,9 +48,10 @@ type request struct {
 	rate    ratelimit.Decision
 	hasRate bool
 	// limitedBy is the class of the limit that refused the request (a
-	// route class, auth_failures, or the shop schema cap on calls in
-	// flight), named on a 429's access line and span; empty when the last
-	// limit asked let it through.
+	// route class, auth_failures, or a cap on calls in flight: the shop
+	// schema route's per address, the keyed routes' per owner), named on a
+	// 429's access line and span; empty when the last limit asked let it
+	// through.
 	limitedBy string
 	// instance is the upstream instance (scheme://host:port) whose answer
 	// or failure the request got, for the access line: with several

@@ -53,8 +53,9 @@ type Options struct {
 	// TTL is how long a lookup is cached while revocations are being heard.
 	TTL time.Duration
 	// UnheardTTL is how long a lookup is trusted once the revocation
-	// listener is disconnected (from the disconnect, or from the lookup if
-	// later); it bounds how late a revocation can apply.
+	// listener is disconnected (from the last moment it was known to hear
+	// revocations, or from the lookup if later: Options.fresh); it bounds
+	// how late a revocation can apply.
 	UnheardTTL time.Duration
 	// MaxEntries bounds the cache.
 	MaxEntries int

@@ -264,7 +264,8 @@ func (e shortageError) Error() string {
 func (e shortageError) Unwrap() error { return e.err }
 
 // Repeat says when a request may be sent a second time, to another
-// instance, after a failure that happened once it may have arrived.
+// instance (after a closed connection, to a lone one again, on a new
+// connection: Do), after a failure that happened once it may have arrived.
 type Repeat struct {
 	// Always: repeating is harmless (an Idempotency-Key makes a sale safe
 	// to repeat), whatever the failure.
