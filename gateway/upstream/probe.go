@@ -119,11 +119,11 @@ func (u *Upstream) judge(inst *Instance, v probeVerdict, failure string, interva
 }
 
 // probeOnce probes inst once. For a failed probe it also says why, as the
-// log of the instance taken out will: the refused connection, or the 5xx
-// with the error code the service sent in X-Error-Code (a service with
-// another IDENTITY_SECRET answers 503 identity_refused, one whose database
-// is unreachable 503 unavailable), which is what on-call needs to tell
-// the two apart.
+// log of the instance taken out will: the connection refused or not
+// accepted in time (dialError.reason), or the 5xx with the error code the
+// service sent in X-Error-Code (a service with another IDENTITY_SECRET
+// answers 503 identity_refused, one whose database is unreachable 503
+// unavailable), which is what on-call needs to tell the two apart.
 func (inst *Instance) probeOnce(timeout time.Duration) (probeVerdict, string) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -138,11 +138,12 @@ func (inst *Instance) probeOnce(timeout time.Duration) (probeVerdict, string) {
 	}
 	resp.SkipBody = true
 	err := inst.probe.DoTimeout(req, resp, min(timeout, time.Second))
+	var dial dialError
 	switch {
 	case errors.As(err, new(shortageError)):
 		return probeNotSent, ""
-	case errors.As(err, new(dialError)):
-		return probeFailed, reasonRefused
+	case errors.As(err, &dial):
+		return probeFailed, dial.reason()
 	case err != nil:
 		return probeUnanswered, ""
 	case resp.StatusCode() >= 500:

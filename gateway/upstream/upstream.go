@@ -45,8 +45,9 @@ type Options struct {
 	ConnectTimeout time.Duration
 	ReadTimeout    time.Duration
 	WriteTimeout   time.Duration
-	// DownFor is how long an instance that refused a connection is skipped
-	// before it is tried again.
+	// DownFor is how long an instance that refused a connection (or did
+	// not accept one within ConnectTimeout) is skipped before it is tried
+	// again.
 	DownFor time.Duration
 	// MaxConns bounds the connections to one instance.
 	MaxConns int
@@ -251,6 +252,18 @@ type dialError struct{ err error }
 func (e dialError) Error() string { return e.err.Error() }
 func (e dialError) Unwrap() error { return e.err }
 
+// reason is why an instance whose connect step failed is taken out: it
+// refused the connection (its process is gone), or did not accept it
+// within ConnectTimeout (its host is gone, or the network drops packets),
+// which is another place to look.
+func (e dialError) reason() string {
+	var ne net.Error
+	if errors.Is(e.err, fasthttp.ErrDialTimeout) || (errors.As(e.err, &ne) && ne.Timeout()) {
+		return reasonNotAccepted
+	}
+	return reasonRefused
+}
+
 // shortageError is a connection the gateway could not even try: it is out
 // of file descriptors or memory (EMFILE from socket()). Nothing was sent,
 // as for a refusal, but the instance is not to blame: taken for a refusal,
@@ -391,9 +404,10 @@ func (u *Upstream) send(inst *Instance, req *fasthttp.Request, resp *fasthttp.Re
 		return nil
 	}
 	kind := classify(err)
+	var dial dialError
 	switch {
-	case errors.As(err, new(dialError)):
-		u.markDown(inst, u.opts.DownFor, reasonRefused)
+	case errors.As(err, &dial):
+		u.markDown(inst, u.opts.DownFor, dial.reason())
 	case errors.Is(kind, ErrClosed):
 		// One dropped kept-alive connection means the others idle since
 		// the same moment are dead too; reusing them would fail one
@@ -491,9 +505,13 @@ func (inst *Instance) upAt(now monotime.Instant) bool {
 	return monotime.Instant(inst.downUntil.Load()) <= now
 }
 
-// reasonRefused is why an instance that refused a connection, to a
-// request or a probe alike, was taken out.
-const reasonRefused = "it refused a connection"
+// reasonRefused and reasonNotAccepted are why an instance that failed a
+// connection's first step, to a request or a probe alike, was taken out
+// (dialError.reason).
+const (
+	reasonRefused     = "it refused a connection"
+	reasonNotAccepted = "it did not accept a connection in time"
+)
 
 // markDown skips inst for d, and tells of it if it was up, or out for
 // another reason (a killed instance restarted with the wrong secret goes

@@ -520,6 +520,33 @@ func TestProbeOnceClassifies(t *testing.T) {
 	close(never)
 }
 
+// An instance that does not accept a connection in time (its host gone, a
+// network that drops packets) is taken out saying so, by a request and by
+// its probe alike: told "it refused a connection", on-call looked for a
+// process that had exited on a host that was no longer there. Nothing was
+// sent, so the request's error is still ErrUnreachable (a 503 that a retry
+// may follow).
+func TestAConnectionNotAcceptedInTimeIsToldSo(t *testing.T) {
+	const notAccepted = "it did not accept a connection in time"
+	var told []string
+	o := opts()
+	o.ConnectTimeout = 200 * time.Millisecond
+	o.OnStateChange = func(c StateChange) { told = append(told, fmt.Sprintf("%v %s", c.Up, c.Reason)) }
+	u, err := New("svc", []string{"http://" + testenv.UnacceptingAddr(t)}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := send(u, Repeat{}); !errors.Is(err, ErrUnreachable) {
+		t.Errorf("Do = %v, want ErrUnreachable", err)
+	}
+	if want := []string{"false " + notAccepted}; !slices.Equal(told, want) {
+		t.Errorf("told %q, want %q", told, want)
+	}
+	if got, failure := u.current()[0].probeOnce(5 * time.Second); got != probeFailed || failure != notAccepted {
+		t.Errorf("probeOnce = %d, %q; want %d, %q", got, failure, probeFailed, notAccepted)
+	}
+}
+
 // An instance that is out is told again when the reason changes: a killed
 // instance restarted with another IDENTITY_SECRET goes from refusing
 // connections to failing its probe with 503 identity_refused, and only the

@@ -137,6 +137,22 @@ func TestStartRedisRefusesAnotherServersPort(t *testing.T) {
 	}
 }
 
+// A dial to UnacceptingAddr times out, every time: it is neither refused
+// nor made.
+func TestUnacceptingAddrTimesOutEveryDial(t *testing.T) {
+	addr := UnacceptingAddr(t)
+	for range 3 {
+		conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			t.Fatalf("a connection to %s was made, want the dial to time out", addr)
+		}
+		if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+			t.Fatalf("Dial(%s) = %v, want a timeout", addr, err)
+		}
+	}
+}
+
 // RefusingAddr's port refuses connections, and no listener can take it
 // while the test runs: one from FreeAddr, closed, could be taken by any
 // process's next listen, and the instance meant to be down then answered.
