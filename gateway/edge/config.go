@@ -102,21 +102,28 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		SalesWriterURLs:  r.List("SALES_WRITER_URLS", "http://127.0.0.1:8082"),
 		ShopSchemaURLs:   r.List("SHOP_SCHEMA_URLS", "http://127.0.0.1:8083"),
 
-		UpstreamConnectTimeout:  timeout("UPSTREAM_CONNECT_TIMEOUT", time.Second),
-		UpstreamReadTimeout:     timeout("UPSTREAM_READ_TIMEOUT", 30*time.Second),
-		UpstreamWriteTimeout:    timeout("UPSTREAM_WRITE_TIMEOUT", 10*time.Second),
-		UpstreamDownFor:         timeout("UPSTREAM_DOWN_FOR", 2*time.Second),
-		UpstreamProbeInterval:   timeout("UPSTREAM_PROBE_INTERVAL", 2*time.Second),
+		UpstreamConnectTimeout: timeout("UPSTREAM_CONNECT_TIMEOUT", time.Second),
+		UpstreamReadTimeout:    timeout("UPSTREAM_READ_TIMEOUT", 30*time.Second),
+		UpstreamWriteTimeout:   timeout("UPSTREAM_WRITE_TIMEOUT", 10*time.Second),
+		UpstreamDownFor:        timeout("UPSTREAM_DOWN_FOR", 2*time.Second),
+		// A probe waits for its answer one interval: shorter than this, a
+		// service that answers in a few milliseconds under load goes
+		// unanswered, and every instance is taken out.
+		UpstreamProbeInterval:   r.Duration("UPSTREAM_PROBE_INTERVAL", 2*time.Second, 100*time.Millisecond, time.Hour),
 		UpstreamMaxConns:        r.Int("UPSTREAM_MAX_CONNS", 512, 1, 100_000),
 		UpstreamResolveInterval: r.Duration("UPSTREAM_RESOLVE_INTERVAL", 0, 0, time.Hour),
 
 		KeyCacheTTL:        timeout("KEY_CACHE_TTL", 30*time.Second),
 		KeyCacheUnheardTTL: timeout("KEY_CACHE_UNHEARD_TTL", time.Second),
 		KeyCacheSize:       r.Int("KEY_CACHE_SIZE", 100_000, 1, 100_000_000),
-		KeyLookupTimeout:   timeout("KEY_LOOKUP_TIMEOUT", 2*time.Second),
+		// The two waits a request may make before it is proxied: longer
+		// than seconds, a stalled PostgreSQL or Redis holds requests that
+		// long before the lookup fails them (503) or the limiter turns to
+		// deciding in the process.
+		KeyLookupTimeout: r.Duration("KEY_LOOKUP_TIMEOUT", 2*time.Second, time.Millisecond, 30*time.Second),
 
 		RateLimitEnabled:      r.Bool("RATE_LIMIT_ENABLED", true),
-		RateLimitRedisTimeout: timeout("RATE_LIMIT_REDIS_TIMEOUT", 50*time.Millisecond),
+		RateLimitRedisTimeout: r.Duration("RATE_LIMIT_REDIS_TIMEOUT", 50*time.Millisecond, time.Millisecond, 5*time.Second),
 		RateLimitKeyPrefix:    r.String("RATE_LIMIT_KEY_PREFIX", "rl:"),
 		RateExportRead:        rate(r, "RATE_LIMIT_EXPORT_READ", "6000-M"),
 		RateSalesWrite:        rate(r, "RATE_LIMIT_SALES_WRITE", "600-M"),
@@ -150,6 +157,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	// new RATE_LIMIT_AUTH_FAILURES budget each time.
 	r.Check(!slices.ContainsFunc(cfg.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 }),
 		"GATEWAY_TRUSTED_PROXIES must list the proxies, not every address (0.0.0.0/0, ::/0): any client could set its own IP")
+	// Trusted longer once revocations go unheard than while heard, a key
+	// would be looked up no sooner: the setting would do nothing.
+	r.Check(cfg.KeyCacheUnheardTTL <= cfg.KeyCacheTTL,
+		"KEY_CACHE_UNHEARD_TTL must not exceed KEY_CACHE_TTL: a key is never trusted longer than KEY_CACHE_TTL")
 	r.Check(cfg.UpstreamResolveInterval == 0 || cfg.UpstreamResolveInterval >= 100*time.Millisecond,
 		"UPSTREAM_RESOLVE_INTERVAL must be 0 (off) or at least 100ms")
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
