@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -453,6 +454,34 @@ func TestFallbackCountsEachRequestOnce(t *testing.T) {
 		d := l.Take("k", rate)
 		if !d.Allowed || !d.Local || d.Remaining != want {
 			t.Errorf("Take #%d with Redis down = %+v, want allowed locally with %d remaining", i+1, d, want)
+		}
+	}
+}
+
+// The fallback holds at most its bound of keys, and a flood of new keys
+// (addresses, during a Redis outage) does not take the window of a key in
+// use with it: a client held at its limit stays refused. (At the bound the
+// fallback forgot every window, and a tenant refused on 600-M got 600 more
+// each time a flood of new addresses reached it.)
+func TestFallbackKeepsABusyKeysWindowWhileNewKeysFlood(t *testing.T) {
+	const bound = 100
+	local, now := newLocal(bound), time.UnixMilli(1_700_000_000_000)
+	rate := mustRate(t, "5-M")
+	take := func(key string) Taken { return local.Take(Op{Key: key, Rate: rate, Cost: 1}, now) }
+	for range rate.Limit {
+		take("key:busy")
+	}
+	for i := range 50 * bound {
+		take(fmt.Sprintf("ip:10.0.%d.%d", i/256, i%256))
+		if held := len(local.recent) + len(local.older); held > bound {
+			t.Fatalf("after %d new keys the fallback holds %d keys, over its bound of %d", i+1, held, bound)
+		}
+		if i%10 == 0 {
+			now = now.Add(time.Millisecond)
+			if got := take("key:busy"); got.Admitted != 0 {
+				t.Fatalf("after %d new keys the busy key, at its limit of %d, was admitted again: its window was forgotten",
+					i+1, rate.Limit)
+			}
 		}
 	}
 }
