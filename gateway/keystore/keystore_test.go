@@ -2,11 +2,13 @@ package keystore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -271,12 +273,83 @@ func TestCacheIsBounded(t *testing.T) {
 		k, _, _ := apikey.Generate([]string{"export:read"})
 		store.Lookup(context.Background(), k, nil)
 	}
-	store.mu.RLock()
-	n := len(store.entries)
-	store.mu.RUnlock()
-	if n > 10 {
+	if n := store.size(); n > 10 {
 		t.Fatalf("cache holds %d entries after 50 lookups, want at most 10", n)
 	}
+}
+
+// size is how many entries the cache holds.
+func (s *Store) size() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.recent.entries) + len(s.older.entries)
+}
+
+// storeUnknown caches n unknown keys' entries, as a flood of guessed keys
+// does, numbered from first.
+func storeUnknown(s *Store, first, n int, fetched time.Time) {
+	for i := first; i < first+n; i++ {
+		var h apikey.Hash
+		binary.BigEndian.PutUint64(h[:], uint64(i))
+		s.store(h, entry{fetched: fetched}, s.epoch.Load())
+	}
+}
+
+// A key in use keeps its entry while a flood of guessed keys passes through
+// the cache, and the cache stays within its bound: used once every tenth
+// of the bound's new keys, here, and so at least once in each half of it. (Eviction dropped
+// arbitrary entries, a busy key's as readily as the flood's: the key was
+// looked up again, and, its entry gone, counted as a guess against its
+// address's budget like any key never seen.)
+func TestAKeyInUseKeepsItsEntryWhileNewKeysFlood(t *testing.T) {
+	const bound = 100
+	s := New(nil, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: bound})
+	s.listening.Store(true)
+	now := time.Now()
+	busy := apikey.HashOf("busy")
+	s.store(busy, entry{valid: true, key: Key{ID: "busy-id"}, fetched: now}, s.epoch.Load())
+	const between = bound / 10 // guessed keys between two uses of the busy key
+	for i := range 500 {
+		storeUnknown(s, i*between, between, now)
+		if n := s.size(); n > bound {
+			t.Fatalf("the cache holds %d entries, over its bound of %d", n, bound)
+		}
+		if e, fresh := s.cached(busy, now); !fresh || !e.valid {
+			t.Fatalf("after %d guessed keys the busy key's entry is gone", (i+1)*between)
+		}
+	}
+	s.Forget("busy-id")
+	if _, ok := s.cached(busy, now); ok {
+		t.Error("the busy key's entry is still cached after Forget")
+	}
+}
+
+// A flood of new keys through a full cache leaves it the memory it had once
+// full. (Evicting a quarter of the map at each fill made Go's map grow:
+// 100,000 entries took 18 MB once filled and 65-70 MB after a million more
+// keys, 135 MB after ten million.)
+func TestCacheMemoryStaysWithinItsBoundAsNewKeysFlood(t *testing.T) {
+	const bound = 100_000
+	s := New(nil, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: bound})
+	now := time.Now()
+	base := heapInUse()
+	storeUnknown(s, 0, bound, now)
+	full := heapInUse() - base
+	storeUnknown(s, bound, 10*bound, now)
+	after := heapInUse() - base
+	runtime.KeepAlive(s)
+	if after > full*3/2 {
+		t.Errorf("the cache took %.1f MB once full and %.1f MB after %d new keys, want at most 1.5 times as much",
+			float64(full)/(1<<20), float64(after)/(1<<20), 10*bound)
+	}
+}
+
+// heapInUse is the size of the live heap, after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
 }
 
 func TestRevocationIsHeard(t *testing.T) {
