@@ -486,6 +486,59 @@ func TestFallbackKeepsABusyKeysWindowWhileNewKeysFlood(t *testing.T) {
 	}
 }
 
+// The leases held are bounded: past the bound a new key's lease is not
+// kept, while the keys leased before keep theirs, and a sweep makes room
+// again. (A lease was kept for every key and address of the last 10 s,
+// as many as a flood from new addresses brought.)
+func TestLeasesAreBoundedAndLeasedKeysKeepTheirs(t *testing.T) {
+	l := New(nil, Options{})
+	l.maxLeases = 10
+	busy := l.leaseFor("key:busy")
+	for i := range 100 {
+		l.leaseFor(fmt.Sprintf("ip:10.0.0.%d", i))
+	}
+	if n := leasesHeld(l); n != 10 {
+		t.Errorf("leases held after 101 keys = %d, want the bound, 10", n)
+	}
+	if l.leaseFor("key:busy") != busy {
+		t.Error("the key leased first lost its lease to the keys that came after the bound")
+	}
+	l.sweepLeases(time.Now().Add(time.Minute), 10*time.Second)
+	l.leaseFor("ip:10.0.1.1")
+	if n := leasesHeld(l); n != 1 {
+		t.Errorf("leases held after a sweep of every idle one and a new key = %d, want 1", n)
+	}
+}
+
+// A key whose lease is not kept (past the bound) is still limited: each
+// of its decisions goes to Redis.
+func TestAKeyWithoutALeaseIsLimitedByRedis(t *testing.T) {
+	l := startLimiter(t, testenv.RedisURL(t), Options{})
+	l.maxLeases = 0
+	rate := mustRate(t, "3-M")
+	for i := range 4 {
+		d := l.Take("k", rate)
+		if want := i < 3; d.Allowed != want || d.Local {
+			t.Errorf("Take #%d = %+v, want allowed %v by Redis", i+1, d, want)
+		}
+	}
+	if n := leasesHeld(l); n != 0 {
+		t.Errorf("leases held past a bound of 0 = %d", n)
+	}
+}
+
+// leasesHeld counts the leases l's shards hold.
+func leasesHeld(l *Limiter) int {
+	n := 0
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		n += len(sh.leases)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
 // A lease's units that expire unused were recorded in Redis; they are given
 // back with the next lease fetch, so X-RateLimit-Remaining is what a client
 // is then admitted even after a pause. (They stayed counted for the rest of
