@@ -751,3 +751,32 @@ func outcomeCounts(t *testing.T, srv *httpserver.Server) map[string]float64 {
 	}
 	return got
 }
+
+// A sale whose every run PostgreSQL rolls back as a deadlock (40P01; a
+// serialization failure, 40001, likewise) is 503 unavailable and binds
+// nothing: the database did not do the work, and the item may be sellable.
+// Before, the third such run was taken for a lost race and answered 409
+// item_already_sold, which the key then kept for IDEMPOTENCY_RETENTION,
+// so that the platform's retry was refused again once the deadlocks had
+// passed. A trigger stands in for the other transaction of each deadlock.
+func TestRepeatedDeadlocksAreUnavailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.exec(t, `CREATE FUNCTION deadlock() RETURNS trigger LANGUAGE plpgsql AS
+		$$BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END$$`)
+	f.exec(t, `CREATE TRIGGER deadlock BEFORE UPDATE ON export_items FOR EACH ROW EXECUTE FUNCTION deadlock()`)
+	sale := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k-deadlock", body: order1}
+	rec, env := f.do(t, sale)
+	if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+		!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+		t.Errorf("confirm deadlocked on every run = %d %q %s, want 503 unavailable naming the retry", rec.Code, errorCode(env), rec.Body)
+	}
+	if n := f.count(t, "SELECT count(*) FROM idempotency_refusals"); n != 0 {
+		t.Errorf("refusals bound = %d, want 0: nothing refused the call", n)
+	}
+	f.exec(t, "DROP TRIGGER deadlock ON export_items")
+	if rec, env := f.do(t, sale); rec.Code != 200 || result(t, env)["idempotent_replay"] != false {
+		t.Errorf("retry with the key once the deadlocks passed = %d %s, want 200, executed now", rec.Code, rec.Body)
+	}
+}

@@ -40,6 +40,12 @@ var (
 	// errKeyTaken: another transaction stored the key after the statement
 	// started, or an expired record not yet purged holds it.
 	errKeyTaken = errors.New("sales: idempotency key taken")
+	// errRolledBack: PostgreSQL rolled the run back to let another
+	// transaction through (a deadlock, or a serialization failure):
+	// nothing was written, and another run may pass. Unlike errRetry it
+	// says nothing of the item, so a call whose every run ends so is
+	// answered the database's error (503), never a refusal.
+	errRolledBack = errors.New("sales: rolled back by the database")
 )
 
 // maxAttempts bounds the runs of one call. A second run normally settles it:
@@ -71,6 +77,8 @@ func (w *Writer) attempts(ctx context.Context, req Request, fp []byte) (Result, 
 			last = ErrInProgress
 		case errors.Is(err, errRetry):
 			last = lastResort(req.Operation)
+		case errors.Is(err, errRolledBack):
+			last = err
 		default:
 			return res, err
 		}
@@ -235,7 +243,7 @@ func classify(err error) error {
 		return errKeyTaken
 	case pgErr.Code == "40P01", pgErr.Code == "40001":
 		// Deadlock or serialization failure: nothing was written; run again.
-		return errRetry
+		return fmt.Errorf("%w: %w", errRolledBack, err)
 	}
 	return fmt.Errorf("sales: %w", err)
 }
