@@ -5,12 +5,15 @@ package api
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/sales-writer/sales"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -48,6 +51,23 @@ func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.
 // for PostgreSQL's own cancel before it gives up on the server.
 const queryTimeoutGrace = 2 * time.Second
 
+// errCanceledEarly marks PostgreSQL's cancel of a statement (57014, which
+// a statement_timeout's and an operator's pg_cancel_backend share) in a
+// call that has not yet run for queryTimeout, so no statement of it can
+// have run into SALES_WRITER_QUERY_TIMEOUT: another session cancelled it,
+// or DATABASE_URL sets a shorter statement_timeout. writeError then says
+// what PostgreSQL refused, not that the timeout ran out.
+var errCanceledEarly = errors.New("cancelled in the database before SALES_WRITER_QUERY_TIMEOUT")
+
+// canceledEarly reports whether err is PostgreSQL's cancel of a statement
+// in a call that has not run for queryTimeout yet: ctx, which ends
+// queryTimeoutGrace past that, has more than the grace left. Read on the
+// error path only, it costs the common path no clock reading.
+func canceledEarly(ctx context.Context, err error) bool {
+	deadline, _ := ctx.Deadline()
+	return postgres.QueryCanceled(err) && time.Until(deadline) > queryTimeoutGrace
+}
+
 type handler struct {
 	writer       Writer
 	log          *slog.Logger
@@ -73,6 +93,9 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		defer cancel()
 		res, err := h.writer.Execute(ctx, req)
 		if err != nil {
+			if canceledEarly(ctx, err) {
+				err = fmt.Errorf("%w: %w", errCanceledEarly, err)
+			}
 			h.countOutcome(op, err, h.writeError(w, r, err))
 			return
 		}

@@ -92,7 +92,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			return m.code
 		}
 	}
-	if postgres.QueryCanceled(err) || errors.Is(err, context.DeadlineExceeded) {
+	if postgres.QueryCanceled(err) && !errors.Is(err, errCanceledEarly) || errors.Is(err, context.DeadlineExceeded) {
 		// SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL cancelled the
 		// statement and rolled it back (QueryCanceled), or the server did
 		// not answer within the grace after it, when a commit may have
@@ -135,8 +135,9 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	if postgres.Unavailable(err) {
 		// PostgreSQL answered that it cannot do the work now and rolled
 		// it back: read-only (a failover sent the writer to a standby, or
-		// the primary is fenced), out of connections or disk, or a
-		// deadlock. Nothing was applied; the answer still says how to
+		// the primary is fenced), out of connections or disk, a deadlock,
+		// or a statement cancelled before the query timeout
+		// (errCanceledEarly). Nothing was applied; the answer still says how to
 		// settle it with the key, as every 503 of the writer does.
 		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -779,4 +780,57 @@ func TestRepeatedDeadlocksAreUnavailable(t *testing.T) {
 	if rec, env := f.do(t, sale); rec.Code != 200 || result(t, env)["idempotent_replay"] != false {
 		t.Errorf("retry with the key once the deadlocks passed = %d %s, want 200, executed now", rec.Code, rec.Body)
 	}
+}
+
+// A sale statement that an operator cancels (pg_cancel_backend: SQLSTATE
+// 57014, as a statement_timeout's) long before SALES_WRITER_QUERY_TIMEOUT
+// is logged as PostgreSQL's refusal, `sale store unavailable`, and answered
+// 503: before, it was logged as the query timeout running out, which sent
+// on-call to look for a long lock or an overloaded database.
+func TestAnOperatorsCancelIsNotCalledATimeout(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs) // a 10 s query timeout
+	ctx := context.Background()
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT FROM export_items WHERE id = 'coin-1' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan string, 1)
+	go func() {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k-canceled", body: order1})
+		answered <- fmt.Sprintf("%d %s", rec.Code, errorCode(env))
+	}()
+	cancelWaitingSale(t, f)
+	if got := <-answered; got != "503 unavailable" {
+		t.Errorf("confirm cancelled by an operator = %s, want 503 unavailable", got)
+	}
+	if !strings.Contains(logs.String(), `"msg":"sale store unavailable"`) || strings.Contains(logs.String(), "timed out") {
+		t.Errorf("the log of an operator's cancel, want `sale store unavailable` and no timeout:\n%s", logs.String())
+	}
+}
+
+// cancelWaitingSale cancels, as an operator would, the statement of f's
+// database that waits for a lock, once there is one.
+func cancelWaitingSale(t *testing.T, f *fixture) {
+	t.Helper()
+	for range 1000 {
+		var canceled bool
+		err := f.db.QueryRow(context.Background(), `SELECT coalesce(bool_or(pg_cancel_backend(pid)), false) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&canceled)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if canceled {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no statement waited for a lock in 10 s")
 }
