@@ -13,9 +13,14 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/replica"
 )
 
-// fail is the service's one error-to-HTTP mapping. Only unexpected errors
-// are logged, once, here; their bodies say "internal error" and carry the
-// request id.
+// fail is the service's one error-to-HTTP mapping. What on-call must see is
+// logged here, once: a 503's cause (the store out of reach or refusing, a
+// timeout, the barrier giving up, a read cut off by the drain), a hang-up
+// at INFO, and any unexpected error, whose body says only "internal error"
+// with the request id. A client's 4xx is not logged (the access line has
+// it) but for a run of cursors refused on their signature
+// (warnCursorSignature), nor is a lagging replica's 503 (the monitor logs
+// its crossings).
 func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	requestID := httpserver.RequestID(r)
 	var pe *paramError
