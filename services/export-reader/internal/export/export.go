@@ -203,6 +203,7 @@ func (r *Reader) readAheadFrom(ctx context.Context, q Query, owner pgtype.UUID, 
 			p.Sync = pos.Sync
 			return r.cursors.Encode(p, binding)
 		},
+		fresh: r.fresh,
 		lang:  q.Lang,
 		limit: q.Limit,
 	}, pos, posCursor)

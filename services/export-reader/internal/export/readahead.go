@@ -65,7 +65,8 @@ const (
 )
 
 // errNotRead marks an entry whose page was not read ahead: every background
-// slot was busy, or the request that issued its cursor was itself a miss.
+// slot was busy, the request that issued its cursor was itself a miss, or
+// the database was not fresh enough to serve a list page then (chain.fresh).
 // Its request reads the page itself.
 var errNotRead = errors.New("export: page not read ahead")
 
@@ -126,8 +127,15 @@ type chain struct {
 	ra     *readAhead
 	fetch  fetchFunc
 	cursor func(position) string // encodes the cursor of a position
-	lang   string
-	limit  int
+	// fresh is the Reader's check that the database may serve a list page
+	// (RefuseListsUnless; nil: always). A page read ahead answers its
+	// request without that request's check, so it is asked before each
+	// read: a page read while a replica lagged beyond READ_MAX_LAG, then
+	// served once it had caught up (within the TTL), could end a sync
+	// that missed what the replica lacked.
+	fresh func() error
+	lang  string
+	limit int
 
 	mu      sync.Mutex
 	ctx     context.Context // of the latest request of the sync: its trace gets the reads it causes
@@ -169,7 +177,7 @@ func newReadAhead(cfg ReadAhead) *readAhead {
 		slots: make(chan struct{}, max(cfg.Reads, 0)),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "export_reader_read_ahead_total",
-			Help: "List requests with a cursor by read-ahead outcome: hit (answered from the page read ahead), stale (read ahead longer than the TTL ago: read again), failed (the background read failed: read again), unread (not read ahead: no free slot, or the previous page was a miss), miss (this reader did not serve the previous page).",
+			Help: "List requests with a cursor by read-ahead outcome: hit (answered from the page read ahead), stale (read ahead longer than the TTL ago: read again), failed (the background read failed: read again), unread (not read ahead: no free slot, the previous page was a miss, or the read replica was behind), miss (this reader did not serve the previous page).",
 		}, []string{"result"}),
 		pages: map[aheadKey]*aheadPage{},
 	}
@@ -377,6 +385,10 @@ func (c *chain) read(ctx context.Context, p *aheadPage) {
 // fill reads p and up to aheadBatch-1 pages after it, entering those as
 // ready, and returns the last page read when another page follows it.
 func (c *chain) fill(ctx context.Context, p *aheadPage) *aheadPage {
+	if c.fresh != nil && c.fresh() != nil {
+		p.err = errNotRead // its request reads the page itself, under its own check
+		return nil
+	}
 	// The read's spans join the trace of the request that caused it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.ra.cfg.Timeout)
 	defer cancel()

@@ -3,10 +3,12 @@ package export
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -408,5 +410,38 @@ func TestReadAheadReplacingAStalePageGivesItsBytesBack(t *testing.T) {
 	ra.take(key)
 	if ra.bytes != 0 {
 		t.Errorf("%d bytes counted once the page was taken, want 0", ra.bytes)
+	}
+}
+
+// A page is read ahead only while a list page may be served (the Reader's
+// RefuseListsUnless): a page read while the read replica lagged beyond
+// READ_MAX_LAG, then asked for once it had caught up, was served from
+// memory without the request's check, so a sync could end on a page that
+// lacked what the replica had not replayed yet, and its checkpoint skip it.
+func TestAPageIsNotReadAheadWhileTheReplicaIsBehind(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := seededOwner(t, pool, 30)
+	cursors, err := cursor.New(testCursorSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var checks atomic.Int32
+	var behind atomic.Bool
+	fresh := func() error {
+		// The first check is page 1's own, made before the lag grows.
+		if checks.Add(1) > 1 && behind.Load() {
+			return errors.New("behind")
+		}
+		return nil
+	}
+	behind.Store(true)
+	r := NewReader(pool, cursors, readAheadFor(time.Minute), RefuseListsUnless(fresh))
+	c := &pageReader{t: t, q: Query{OwnerID: owner, Lang: "ENG", Limit: 10}}
+	c.next(r)
+	waitReadAhead(t, r, c.q) // page 2's read, while the replica is behind
+	behind.Store(false)      // caught up
+	c.next(r)
+	if hits, unread := outcome(r, "hit"), outcome(r, "unread"); hits != 0 || unread != 1 {
+		t.Errorf("page 2, asked for while the replica was behind: %d read-ahead hits, %d unread; want 0 and 1 (read by its request)", hits, unread)
 	}
 }
