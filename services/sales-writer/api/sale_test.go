@@ -16,6 +16,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 )
 
 const order1 = `{"external_order_id":"order-1"}`
@@ -653,14 +654,7 @@ func TestSaleLockedPastTheQueryTimeoutIsA503(t *testing.T) {
 	}
 	defer timed.Close()
 	f.handler = newTimedHandler(t, timed, defaultRetention, &logs, timeout)
-	tx, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT FROM export_items WHERE id = 'coin-1' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockItem(t, f, "coin-1")
 	sale := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k-locked", body: order1}
 	rec, env := f.do(t, sale)
 	if rec.Code != 503 || env.Error == nil || env.Error.Code != "unavailable" ||
@@ -793,15 +787,7 @@ func TestAnOperatorsCancelIsNotCalledATimeout(t *testing.T) {
 	f.addItem(t, f.owner, "coin-1", true)
 	var logs testenv.Output
 	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs) // a 10 s query timeout
-	ctx := context.Background()
-	tx, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT FROM export_items WHERE id = 'coin-1' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	lockItem(t, f, "coin-1")
 	answered := make(chan string, 1)
 	go func() {
 		rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k-canceled", body: order1})
@@ -833,4 +819,21 @@ func cancelWaitingSale(t *testing.T, f *fixture) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatal("no statement waited for a lock in 10 s")
+}
+
+// lockItem holds the row lock of f.owner's item in a transaction of its
+// own, as an operator's SELECT … FOR UPDATE would, until the test rolls it
+// back or ends.
+func lockItem(t *testing.T, f *fixture, item string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, "SELECT FROM export_items WHERE owner_id = $1 AND id = $2 FOR UPDATE", f.owner, item); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
