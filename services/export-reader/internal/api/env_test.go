@@ -57,6 +57,13 @@ func serve(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer) *env {
 // serveWith is serve with the read-ahead ahead.
 func serveWith(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer, ahead export.ReadAhead) *env {
 	t.Helper()
+	return serveTimed(t, pool, signer, ahead, 10*time.Second)
+}
+
+// serveTimed is serveWith bounding each request's reads by queryTimeout
+// (EXPORT_READER_QUERY_TIMEOUT).
+func serveTimed(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer, ahead export.ReadAhead, queryTimeout time.Duration) *env {
+	t.Helper()
 	cursors, err := cursor.New(cursorSecret)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +71,7 @@ func serveWith(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer, ahead 
 	logs := &testenv.Output{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
-	api.New(export.NewReader(pool, cursors, ahead), log, 10*time.Second).Register(mux)
+	api.New(export.NewReader(pool, cursors, ahead), log, queryTimeout).Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
 	return &env{pool: pool, srv: srv, signer: signer, logs: logs}
