@@ -326,18 +326,29 @@ func TestSchemaSingleLanguageShop(t *testing.T) {
 	}
 }
 
+// TestSchemaLanguagesNotPermitted: a key refused languages, with no
+// permission on them (401 code 26) or with others than GET (405 code 25),
+// still reads the schema, without names per language.
 func TestSchemaLanguagesNotPermitted(t *testing.T) {
-	shop := fakeshop.Sample("8", false)
-	shop.DeniedResources = map[string]bool{"languages": true}
-	shop.Start(t.Cleanup)
-	svc := startService(t, shop, nil)
-	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-	if status != http.StatusOK {
-		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	refusals := map[string]func(*fakeshop.Shop){
+		"no permission (401 code 26)": func(s *fakeshop.Shop) { s.DeniedResources = map[string]bool{"languages": true} },
+		"not GET (405 code 25)":       func(s *fakeshop.Shop) { s.GetDenied = map[string]bool{"languages": true} },
 	}
-	got := decodeResult(t, env)
-	if got.Categories[1].Name != "Home" || got.Categories[1].Names != nil {
-		t.Errorf("category 2 = %+v, want name Home (first language) and no names", got.Categories[1])
+	for name, refuse := range refusals {
+		t.Run(name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			refuse(shop)
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, nil)
+			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+			if status != http.StatusOK {
+				t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+			}
+			got := decodeResult(t, env)
+			if got.Categories[1].Name != "Home" || got.Categories[1].Names != nil {
+				t.Errorf("category 2 = %+v, want name Home (first language) and no names", got.Categories[1])
+			}
+		})
 	}
 }
 
@@ -385,6 +396,7 @@ func TestSchemaShopErrors(t *testing.T) {
 		{"malformed key", nil, "short", nil, 400, "shop_401"},
 		{"authorization header lost (plain-text 401)", func(s *fakeshop.Shop) { s.DropAuth = true }, "", nil, 400, "shop_401"},
 		{"resource not permitted", func(s *fakeshop.Shop) { s.DeniedResources = map[string]bool{"product_feature_values": true} }, "", nil, 400, "shop_401"},
+		{"GET not permitted, other methods are (405 code 25)", func(s *fakeshop.Shop) { s.GetDenied = map[string]bool{"categories": true} }, "", nil, 400, "shop_401"},
 		{"key not for this shop (403 code 132)", func(s *fakeshop.Shop) { s.WrongShop = true }, "", nil, 400, "shop_403"},
 		{"webservice disabled (503 code 22)", func(s *fakeshop.Shop) { s.Disabled = true }, "", nil, 502, "shop_webservice_disabled"},
 		{"PHP warning (500)", func(s *fakeshop.Shop) { s.ServerError = true }, "", nil, 502, "shop_unavailable"},

@@ -73,6 +73,7 @@ type Shop struct {
 	Disabled         bool                         // 503 code 22
 	WrongShop        bool                         // 403 code 132
 	DeniedResources  map[string]bool              // 401 code 26 for these resources
+	GetDenied        map[string]bool              // 405 code 25: other permissions on these resources, not GET
 	RejectFieldLists bool                         // 400 code 35 for display=[...]
 	IgnoreLimit      bool                         // answers every row whatever limit= says
 	Delay            time.Duration                // before every answer
@@ -297,6 +298,8 @@ func (s *Shop) answer(w http.ResponseWriter, r *http.Request, resource string) {
 		writeErrors(w, 403, 132, "No permission for this key on this shop")
 	case s.DeniedResources[resource]:
 		writeErrors(w, 401, 26, fmt.Sprintf("Resource of type \"%s\" is not allowed with this authentication key", resource))
+	case s.GetDenied[resource]:
+		writeErrors(w, 405, 25, fmt.Sprintf("Method GET is not allowed for the resource %s with this authentication key", resource))
 	case s.ServerError:
 		writeErrors(w, 500, 2, "[PHP Warning #2] Undefined array key 1 (/var/www/classes/Thing.php, line 12)")
 	case s.CutShort:

@@ -118,6 +118,9 @@ func TestStatusError(t *testing.T) {
 		// The same errors in XML: the shop read the key all the same.
 		{401, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop xmlns:xlink=\"http://www.w3.org/1999/xlink\">\n<errors>\n<error>\n<code><![CDATA[20]]></code>\n<message><![CDATA[Authentification key is not active]]></message>\n</error>\n<error>\n<code><![CDATA[21]]></code>\n<message><![CDATA[No permission for this authentication key]]></message>\n</error>\n</errors>\n</prestashop>", KindUnauthorized, rejected},
 		{401, `<prestashop><errors><error><code><![CDATA[26]]></code><message><![CDATA[Resource of type "categories" is not allowed]]></message></error></errors></prestashop>`, KindUnauthorized, noGet},
+		// Other permissions on the resource, not GET (PrestaShop's
+		// checkHTTPMethod): the key's to fix, as code 26.
+		{405, `{"errors":[{"code":25,"message":"Method GET is not allowed for the resource categories with this authentication key"}]}`, KindUnauthorized, noGet},
 		{403, `{"errors":[{"code":132,"message":"a"}]}`, KindForbidden, "not enabled for this shop"},
 		// Not PrestaShop's: a firewall's page, or a bare 403 of the server.
 		{403, `<html><head><title>403 Forbidden</title></head><body>Access denied</body></html>`, KindForbidden, "before the PrestaShop webservice read it"},

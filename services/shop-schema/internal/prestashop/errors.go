@@ -19,7 +19,7 @@ type Kind int
 
 // Kinds of shop failure. Each maps to one error code of the route.
 const (
-	KindUnauthorized Kind = iota + 1 // 401: key missing, wrong, or lacking a permission
+	KindUnauthorized Kind = iota + 1 // 401: key missing, wrong, or lacking a permission (also 405 code 25)
 	KindForbidden                    // 403: key not enabled for this shop (code 132), or refused in front of the webservice (no code)
 	KindNotAllowed                   // a redirect or a DNS answer led to a refused address
 	KindUnreachable                  // DNS failure, connection refused or reset
@@ -103,6 +103,20 @@ func (e *Error) Unwrap() error { return e.err }
 // HasCode reports whether the shop answered with PrestaShop error code c.
 func (e *Error) HasCode(c int) bool { return slices.Contains(e.Codes, c) }
 
+// PrestaShop's codes for a key refused one resource, not the key as a
+// whole: 26 (401) when the key has no permission on it, 25 (405) when it
+// has others (POST, PUT, DELETE) but not GET.
+const (
+	codeResourceNotAllowed = 26
+	codeMethodNotAllowed   = 25
+)
+
+// resourceRefused reports whether the shop refused the key one resource
+// only (code 26 or 25).
+func (e *Error) resourceRefused() bool {
+	return e.Kind == KindUnauthorized && (e.HasCode(codeResourceNotAllowed) || e.HasCode(codeMethodNotAllowed))
+}
+
 // statusError classifies a non-2xx answer.
 func statusError(resource string, status int, body []byte) *Error {
 	e := &Error{Resource: resource, Status: status, Codes: shopErrors(body)}
@@ -112,7 +126,10 @@ func statusError(resource string, status int, body []byte) *Error {
 		// "401 Unauthorized" (not JSON, not XML): the header was lost on
 		// the way to PHP, or a password in front of the shop asked first.
 		e.Kind, e.Reason = KindUnauthorized, "the shop did not receive the key (is the Authorization header forwarded to PHP, or is the shop behind a password of its own?)"
-	case status == 401 && e.HasCode(26):
+	case status == 401 && e.HasCode(codeResourceNotAllowed),
+		// A key with other permissions on the resource but not GET: the
+		// merchant's to fix as the one above, not a shop misbehaving.
+		status == 405 && e.HasCode(codeMethodNotAllowed):
 		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource ("+permissionsNeeded+")"
 	case status == 401:
 		e.Kind, e.Reason = KindUnauthorized, "the shop rejected the key"

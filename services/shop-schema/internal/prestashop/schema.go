@@ -54,7 +54,7 @@ func (cl *Client) ReadSchema(ctx context.Context, base *url.URL, key string) (*S
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		langs, err := listAll(ctx, cl, c, resourceLanguages, "full", "", func(l Language) Int { return l.ID })
-		if e, ok := err.(*Error); ok && e.Kind == KindUnauthorized && e.HasCode(26) {
+		if e, ok := err.(*Error); ok && e.resourceRefused() {
 			// The key lacks the languages permission only; the other
 			// resources decide whether the key works at all.
 			s.LanguagesDenied = true
