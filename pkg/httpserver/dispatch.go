@@ -56,9 +56,12 @@ var ErrCutOff = errors.New("httpserver: cut off by a shutdown whose drain timed 
 // CutOff reports whether err is the cancellation of a request the
 // server's drain cut off. Services answer it 503 (nobody reads it; the
 // gateway sees the connection close): counted as a 499 of a caller that
-// left, the service's own failure hid in the 4xx.
+// left, the service's own failure hid in the 4xx. err is
+// context.Canceled where it comes from a query, and ErrCutOff itself
+// where it comes from net/http's client, which returns the context's
+// cause (shop-schema's calls to a shop).
 func CutOff(r *http.Request, err error) bool {
-	return errors.Is(err, context.Canceled) && errors.Is(context.Cause(r.Context()), ErrCutOff)
+	return (errors.Is(err, context.Canceled) || errors.Is(err, ErrCutOff)) && errors.Is(context.Cause(r.Context()), ErrCutOff)
 }
 
 // RequestID returns the request id of the request in ctx: the one the gateway

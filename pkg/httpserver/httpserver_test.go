@@ -615,6 +615,45 @@ func TestARequestCutOffByTheDrainIsNotACallerGone(t *testing.T) {
 	}
 }
 
+// A handler's own outbound HTTP call that the drain cuts off is CutOff
+// too: net/http's client returns the context's cause (ErrCutOff), not
+// context.Canceled. Missed, shop-schema answered a read cut off as its
+// shop's fault, 504 shop_timeout.
+func TestAnOutboundCallCutOffByTheDrainIsCutOff(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // answers nothing until the call is given up
+	}))
+	t.Cleanup(upstream.Close)
+	entered := make(chan struct{})
+	seen := make(chan bool, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, upstream.URL, nil)
+		close(entered)
+		resp, err := upstream.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		seen <- CutOff(r, err) && !CallerGone(r, err)
+	})
+	addr, stop := runServer(t, mux, signer, slog.New(slog.DiscardHandler), 200*time.Millisecond)
+	go sendSigned(context.Background(), signer, "http://"+addr+"/v1/slow")
+	<-entered
+	stop()
+	select {
+	case ok := <-seen:
+		if !ok {
+			t.Error("an outbound call cut off by the drain: CutOff && !CallerGone = false, want true")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the outbound call cut off by the drain was not cancelled")
+	}
+}
+
 // A caller that hangs up is still CallerGone on a server run by Run (whose
 // requests' contexts descend from its own).
 func TestACallerThatHangsUpIsCallerGoneUnderRun(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
@@ -40,6 +41,9 @@ type service struct {
 	signer *identity.Signer
 	logs   *testenv.Output
 	spans  *tracetest.SpanRecorder
+	// cutOff cancels every request in flight with its cause, as
+	// httpserver.Server.Run does with ErrCutOff when its drain times out.
+	cutOff context.CancelCauseFunc
 }
 
 // startService starts the service trusting shop's CA and, unless the
@@ -81,10 +85,14 @@ func startServiceWith(t *testing.T, shop *fakeshop.Shop, env map[string]string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv.Handler())
+	base, cutOff := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { cutOff(nil) })
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.Config.BaseContext = func(net.Listener) context.Context { return base }
+	ts.Start()
 	t.Cleanup(ts.Close)
 	signer, _ := identity.NewSigner(testSecret)
-	return &service{url: ts.URL, signer: signer, logs: logs, spans: spans}
+	return &service{url: ts.URL, signer: signer, logs: logs, spans: spans, cutOff: cutOff}
 }
 
 // post sends body as application/json to the route and decodes the
@@ -808,6 +816,31 @@ func TestAbandonedReadIsNotAShopTimeout(t *testing.T) {
 		if want := (clientSpan{url: s.url, errorType: "canceled", cancelReason: "caller_left", status: codes.Unset}); s != want {
 			t.Errorf("span of a request the caller abandoned = %+v, want %+v", s, want)
 		}
+	}
+}
+
+// A read the shutdown's drain cut off is the service's doing: 503
+// unavailable and the WARN that says so, not the shop's 504 shop_timeout
+// (net/http's client returns the cut's cause, ErrCutOff, which CutOff
+// did not know).
+func TestAReadTheDrainCutsOffIsNotTheShops(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Hold = make(chan struct{}) // never closed: the reads wait for the cut
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	go func() {
+		// Once the four fetches (languages, categories, features, values)
+		// wait for the shop; a read that never got there is cut all the same.
+		for deadline := time.Now().Add(10 * time.Second); len(shop.Requests()) < 4 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		svc.cutOff(httpserver.ErrCutOff)
+	}()
+	if status, env := svc.post(t, body(shop.URL(), fakeshop.Key)); status != http.StatusServiceUnavailable || errCode(env) != "unavailable" {
+		t.Errorf("POST schema cut off = %d %s, want 503 unavailable", status, errCode(env))
+	}
+	if logs := svc.logs.String(); !strings.Contains(logs, `"msg":"shop schema read cut off`) || strings.Contains(logs, "shop call failed") {
+		t.Errorf("logs = %s, want the read logged as cut off, not as a shop call that failed", logs)
 	}
 }
 
