@@ -842,6 +842,16 @@ func TestAReadTheDrainCutsOffIsNotTheShops(t *testing.T) {
 	if logs := svc.logs.String(); !strings.Contains(logs, `"msg":"shop schema read cut off`) || strings.Contains(logs, "shop call failed") {
 		t.Errorf("logs = %s, want the read logged as cut off, not as a shop call that failed", logs)
 	}
+	// Nor do its shop requests' spans say the caller left.
+	spans := clientSpans(svc.spans.Ended())
+	if len(spans) != 4 {
+		t.Fatalf("%d client spans, want 4: %+v", len(spans), spans)
+	}
+	for _, s := range spans {
+		if want := (clientSpan{url: s.url, errorType: "canceled", cancelReason: "cut_off", status: codes.Unset}); s != want {
+			t.Errorf("span of a request the drain cut off = %+v, want %+v", s, want)
+		}
+	}
 }
 
 // A shop URL whose port speaks plain HTTP is a TLS failure, as the README

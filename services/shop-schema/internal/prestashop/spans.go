@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/httpserver"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -28,7 +29,7 @@ import (
 // did not fail: it was cancelled because another fetch of the same schema
 // read failed (cancel_cause names that failure), or the caller left.
 const (
-	attrCancelReason = attribute.Key("app.cancel_reason") // sibling_failed or caller_left
+	attrCancelReason = attribute.Key("app.cancel_reason") // sibling_failed, caller_left or cut_off
 	attrCancelCause  = attribute.Key("app.cancel_cause")  // the sibling's error code
 	errorTypeCancel  = "canceled"
 )
@@ -153,16 +154,26 @@ func (s *spanScope) fail(ctx context.Context, err error) {
 	// failure is named after errgroup cancelled the rest failed all the same.
 	if e.err != nil && errors.Is(ctx.Err(), context.Canceled) &&
 		(errors.Is(e.err, context.Canceled) || errors.Is(e.err, context.Cause(ctx))) {
-		why := []attribute.KeyValue{attrCancelReason.String("caller_left")}
-		var sibling *Error // errgroup cancels with the first failure as the cause
-		if errors.As(context.Cause(ctx), &sibling) {
-			why = []attribute.KeyValue{attrCancelReason.String("sibling_failed"), attrCancelCause.String(errorType(sibling.Kind))}
-		}
-		last.span.SetAttributes(append(why, semconv.ErrorTypeKey.String(errorTypeCancel))...)
+		last.span.SetAttributes(append(cancelReason(context.Cause(ctx)), semconv.ErrorTypeKey.String(errorTypeCancel))...)
 		return
 	}
 	last.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(e.Kind)))
 	last.span.SetStatus(codes.Error, e.Reason)
+}
+
+// cancelReason names who cancelled a request, by its context's cause:
+// errgroup cancels with the first failure of a sibling fetch; the drain of
+// a stopping server with httpserver.ErrCutOff (the read is answered 503
+// unavailable); net/http with none when the caller hangs up.
+func cancelReason(cause error) []attribute.KeyValue {
+	var sibling *Error
+	switch {
+	case errors.As(cause, &sibling):
+		return []attribute.KeyValue{attrCancelReason.String("sibling_failed"), attrCancelCause.String(errorType(sibling.Kind))}
+	case errors.Is(cause, httpserver.ErrCutOff):
+		return []attribute.KeyValue{attrCancelReason.String("cut_off")}
+	}
+	return []attribute.KeyValue{attrCancelReason.String("caller_left")}
 }
 
 func errorType(k Kind) string {
