@@ -229,3 +229,24 @@ func percentEncoded(s string) string {
 	}
 	return b.String()
 }
+
+// TestKeyInBaseURLsHostIsNotLogged: a caller that writes its key into
+// base_url's host (as a subdomain) has it sent to DNS, but not written to
+// the log lines that name the shop's host (shop_host), which the client
+// spans' server.address already withheld.
+func TestKeyInBaseURLsHostIsNotLogged(t *testing.T) {
+	for _, base := range []string{
+		"https://" + fakeshop.Key + ".example.com",    // passes the guard; its lookup fails (shop_unreachable)
+		"https://" + fakeshop.Key + ".example.com:22", // refused for its port before any lookup
+	} {
+		svc := startServiceWith(t, nil, nil, noDNS{})
+		svc.post(t, body(base, fakeshop.Key))
+		logs := svc.logs.String()
+		if !strings.Contains(logs, `"shop_host"`) {
+			t.Fatalf("no line names shop_host; the test would not see the key there:\n%s", logs)
+		}
+		if strings.Contains(strings.ToLower(logs), strings.ToLower(fakeshop.Key)) {
+			t.Errorf("POST schema for %s: the logs hold the key:\n%s", base, logs)
+		}
+	}
+}

@@ -71,14 +71,14 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 		result, err = h.svc.Read(r.Context(), req)
 		if err == nil {
 			h.reads.WithLabelValues("ok").Inc()
-			h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req.BaseURL),
+			h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req),
 				"shop_version", result.ShopVersion, "categories", len(result.Categories),
 				"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
 			envelope.WriteData(w, http.StatusOK, result, envelope.Meta{RequestID: requestID})
 			return
 		}
 	}
-	host := h.svc.Host(req.BaseURL)
+	host := h.svc.Host(req)
 	code := h.writeError(w, r, err, requestID, host)
 	h.reads.WithLabelValues(code).Inc()
 	h.log.InfoContext(r.Context(), "shop schema refused", "shop_host", host,

@@ -43,7 +43,7 @@ func redactURL(raw, key string) string {
 		return redacted
 	}
 	u.User, u.Fragment, u.RawFragment = nil, "", ""
-	if holdsKey(u.Host, key) {
+	if HoldsKey(u.Host, key) {
 		u.Host = redacted
 	}
 	redactPath(u, key)
@@ -53,7 +53,7 @@ func redactURL(raw, key string) string {
 			name, value, _ := strings.Cut(p, "=")
 			if unescaped, err := url.QueryUnescape(name); err != nil || !sentParams[unescaped] {
 				params[i] = redacted
-			} else if v, err := url.QueryUnescape(value); err != nil || holdsKey(v, key) || holdsKey(value, key) {
+			} else if v, err := url.QueryUnescape(value); err != nil || HoldsKey(v, key) || HoldsKey(value, key) {
 				// value as written too: QueryUnescape reads '+' as a space,
 				// which a key or its Basic credential can hold.
 				params[i] = name + "=" + redacted
@@ -62,7 +62,7 @@ func redactURL(raw, key string) string {
 		u.RawQuery = strings.Join(params, "&")
 	}
 	s := replaceKey(u.String(), key)
-	if holdsKey(s, key) {
+	if HoldsKey(s, key) {
 		// A key across parts (host and path: https://AB/CD...) that
 		// String escaped anew, or any form the parts did not show.
 		return redacted
@@ -74,29 +74,30 @@ func redactURL(raw, key string) string {
 // with REDACTED; the whole path, if the key spans segments (a key with a
 // '/' in it).
 func redactPath(u *url.URL, key string) {
-	if !holdsKey(u.Path, key) {
+	if !HoldsKey(u.Path, key) {
 		return
 	}
 	segments := strings.Split(u.EscapedPath(), "/")
 	for i, s := range segments {
-		if decoded, err := url.PathUnescape(s); err != nil || holdsKey(decoded, key) {
+		if decoded, err := url.PathUnescape(s); err != nil || HoldsKey(decoded, key) {
 			segments[i] = redacted
 		}
 	}
 	escaped := strings.Join(segments, "/")
-	if path, err := url.PathUnescape(escaped); err == nil && !holdsKey(path, key) {
+	if path, err := url.PathUnescape(escaped); err == nil && !HoldsKey(path, key) {
 		u.Path, u.RawPath = path, escaped
 		return
 	}
 	u.Path, u.RawPath = "/"+redacted, ""
 }
 
-// holdsKey reports whether decoded text s holds the key, in any letter
+// HoldsKey reports whether decoded text s holds the key, in any letter
 // case, or the Basic credential it is sent as (base64 of "key:"), also
-// once s is %-decoded again: a shop can encode the key more than once
+// once s is %-decoded again (the one rule for every text logged or put in
+// a span, shopschema's shop_host too): a shop can encode the key more than once
 // (%2541 is %41 is A). Text that still decodes after maxDecodings more is
 // taken to hold it: only a shop hiding something writes that.
-func holdsKey(s, key string) bool {
+func HoldsKey(s, key string) bool {
 	if key == "" {
 		return false
 	}
@@ -115,7 +116,7 @@ func holdsKey(s, key string) bool {
 	return true
 }
 
-// maxDecodings is how many more times holdsKey %-decodes a text.
+// maxDecodings is how many more times HoldsKey %-decodes a text.
 const maxDecodings = 3
 
 // basicCredential is the key as its Authorization: Basic header carries it.
@@ -162,7 +163,7 @@ func redactText(s, key string) string {
 	s = replaceKey(s, key)
 	// A text that cannot be %-decoded (a '%' without two hex digits after
 	// it) might hide the key behind that '%': withheld too.
-	if decoded, err := url.PathUnescape(s); err != nil || holdsKey(decoded, key) {
+	if decoded, err := url.PathUnescape(s); err != nil || HoldsKey(decoded, key) {
 		return "the error's text is withheld: it may hold the shop key"
 	}
 	return s

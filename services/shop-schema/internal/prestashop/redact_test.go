@@ -214,7 +214,7 @@ var redactSeeds = []struct {
 	{"ABCDEFGHIJKLMNOP/QRSTUVWXYZ123456", 3, 0, "", ""},
 	{"ab%41cd%42ef", 1, 0, "", ""},
 	{"0123456789abcdef0123456789abcdef", 0, 9, "100%", ""},
-	// Leaked before holdsKey decoded leniently: a '%' without two hex
+	// Leaked before HoldsKey decoded leniently: a '%' without two hex
 	// digits (%zz, or a bare % at the end) stopped url.PathUnescape, and
 	// the key encoded beside it was not looked for.
 	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 5, 0, "", "/%25zz"},
@@ -297,8 +297,8 @@ func FuzzHoldsKey(f *testing.F) {
 		if !ok || joinsEscape(before, embedded(key, form)) {
 			return
 		}
-		if text := before + embedded(key, form) + after; !holdsKey(text, key) {
-			t.Fatalf("holdsKey(%q, %q) = false, want true", text, key)
+		if text := before + embedded(key, form) + after; !HoldsKey(text, key) {
+			t.Fatalf("HoldsKey(%q, %q) = false, want true", text, key)
 		}
 	})
 }

@@ -71,7 +71,7 @@ func (t tracingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func requestAttrs(r *http.Request) []attribute.KeyValue {
 	key, _ := r.Context().Value(keyInContext{}).(string)
 	host := r.URL.Hostname()
-	if holdsKey(host, key) {
+	if HoldsKey(host, key) {
 		host = redacted
 	}
 	attrs := []attribute.KeyValue{

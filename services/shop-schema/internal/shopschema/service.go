@@ -88,14 +88,23 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	return build(schema), nil
 }
 
-// Host returns the host of a base_url, for logs: the ASCII host of a URL
-// the guard accepts, and for one it refuses the host as sent, so that an
-// operator sees which address a refused call aimed at (a private address,
-// a host off the allow-list). "" when there is none to tell, when the URL
-// carries user info (PrestaShop takes the key as a Basic user, and a host
-// parsed around it could hold part of one), or when the host is not a
-// plain name or address (it could hold anything, a key included).
-func (s *Service) Host(baseURL string) string {
+// Host returns the host of req's base_url, for logs: the ASCII host of a
+// URL the guard accepts, and for one it refuses the host as sent, so that
+// an operator sees which address a refused call aimed at (a private
+// address, a host off the allow-list). "" when there is none to tell, when
+// the URL carries user info (PrestaShop takes the key as a Basic user, and
+// a host parsed around it could hold part of one), when the host is not a
+// plain name or address (it could hold anything, a key included), or when
+// it holds req's key (a subdomain of it: the client spans withhold it too).
+func (s *Service) Host(req Request) string {
+	host := s.host(req.BaseURL)
+	if prestashop.HoldsKey(host, strings.TrimSpace(req.WSKey)) {
+		return ""
+	}
+	return host
+}
+
+func (s *Service) host(baseURL string) string {
 	if t, err := s.guard.ParseBaseURL(baseURL); err == nil {
 		return t.Host
 	}

@@ -71,8 +71,15 @@ func TestHostNamesTheHostOfARefusedURL(t *testing.T) {
 		{"http://bücher.example/", ""},                       // refused: not a plain name
 		{"https://SHOP.example:8443/", "SHOP.example"},
 	} {
-		if got := svc.Host(tc.baseURL); got != tc.want {
+		if got := svc.Host(Request{BaseURL: tc.baseURL}); got != tc.want {
 			t.Errorf("Host(%q) = %q, want %q", tc.baseURL, got, tc.want)
+		}
+	}
+	// A host that holds the key, accepted or refused, in any letter case.
+	const key = "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"
+	for _, baseURL := range []string{"https://" + key + ".example/", "https://" + key + ".example:22/", "https://shop-abcdefghijklmnopqrstuvwxyz123456.example/"} {
+		if got := svc.Host(Request{BaseURL: baseURL, WSKey: " " + key + " "}); got != "" {
+			t.Errorf("Host(%q) with that key = %q, want \"\"", baseURL, got)
 		}
 	}
 }
