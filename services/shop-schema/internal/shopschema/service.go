@@ -62,8 +62,9 @@ func New(g *guard.Guard, r guard.Resolver, shop Shop, timeout time.Duration) *Se
 }
 
 // Read validates req, reads the shop and returns the schema. Errors are
-// *InputError, *prestashop.Error, or the cancellation of a caller that hung
-// up during the shop's DNS lookup.
+// *InputError, *prestashop.Error, or the request's cancellation during the
+// shop's DNS lookup (its caller hung up, or a stopping server's drain cut
+// it off).
 func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	target, err := s.guard.ParseBaseURL(req.BaseURL)
 	if err != nil {
@@ -164,8 +165,9 @@ func resolveError(err error) error {
 	case errors.Is(err, guard.ErrUnresolvable):
 		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name could not be resolved (DNS failed)"}
 	case errors.Is(err, context.Canceled):
-		// The caller hung up during the lookup: kept as it is, so that it is
-		// answered as such (httpserver.CallerGone), not as a slow shop.
+		// The caller hung up, or the drain cut the read off, during the
+		// lookup: kept as it is, so that it is answered as such
+		// (httpserver.CallerGone, httpserver.CutOff), not as a slow shop.
 		return err
 	}
 	return &prestashop.Error{Kind: prestashop.KindTimeout, Resource: "host", Reason: "the shop's host name did not resolve in time"}
