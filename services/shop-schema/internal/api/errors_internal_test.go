@@ -20,10 +20,13 @@ func TestCutOffReadIsUnavailable(t *testing.T) {
 	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1)
 	cutOff, cut := context.WithCancelCause(context.Background())
 	cut(httpserver.ErrCutOff)
-	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodPost, "/v1/sync/prestashop/schema", nil).WithContext(cutOff)
-	code := h.writeError(rec, req, fmt.Errorf("shop: %w", context.Canceled), "req-1", "shop.example")
-	if rec.Code != http.StatusServiceUnavailable || code != "unavailable" {
-		t.Errorf("writeError(cut off) = %d %s, want 503 unavailable", rec.Code, code)
+	// A lookup's error is the context's; net/http's client returns its cause.
+	for _, err := range []error{fmt.Errorf("lookup: %w", context.Canceled), fmt.Errorf("shop: %w", httpserver.ErrCutOff)} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/v1/sync/prestashop/schema", nil).WithContext(cutOff)
+		code := h.writeError(rec, req, err, "req-1", "shop.example")
+		if rec.Code != http.StatusServiceUnavailable || code != "unavailable" {
+			t.Errorf("writeError(%v) = %d %s, want 503 unavailable", err, rec.Code, code)
+		}
 	}
 }
