@@ -6,7 +6,7 @@ MODULES := pkg gateway services/export-reader services/sales-writer services/sho
 # fetch it where the machine's Go is older and set to local.
 export GOTOOLCHAIN ?= auto
 
-.PHONY: help build run test fuzz vulncheck lint bench trace clean
+.PHONY: help build run test drill fuzz vulncheck lint bench trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ run: build ## start the whole stack natively (PostgreSQL + Redis under .run/), d
 
 test: ## run every test of every module against real PostgreSQL and Redis
 	@deploy/local/test.sh
+
+drill: ## the sale state machine checked as a history under faults, on a stack of its own (services/sales-writer/README.md)
+	@deploy/local/salesdrill.sh
 
 FUZZTIME ?= 30s
 fuzz: ## run every Fuzz target of every module for FUZZTIME each (30s), one at a time: make fuzz FUZZTIME=2m

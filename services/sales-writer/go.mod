@@ -3,6 +3,7 @@ module github.com/coinexport/export/services/sales-writer
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/coinexport/export/pkg v0.0.0
 	github.com/google/go-cmp v0.7.0
 	github.com/jackc/pgx/v5 v5.13.0

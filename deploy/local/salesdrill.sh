@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# make sales-drill: the sale state machine checked as a history under
+# faults. Starts a stack of its own (PostgreSQL, Redis, export-reader,
+# sales-writer, gateway) under SALESDRILL_DIR on SALESDRILL_PORT and the
+# ports after it, runs bin/salesdrill's concurrent clients through the
+# gateway for SALESDRILL_DURATION seconds while it kills and restarts the
+# processes in turn, then lets salesdrill settle and check the history
+# (services/sales-writer/README.md, "Checked as a history under faults").
+# Everything listens on loopback only; everything it started is stopped at
+# the end. Exit status: salesdrill's (1 on a violation).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+. deploy/local/lib.sh
+ensure_packages
+
+dir=${SALESDRILL_DIR:-$root/.run/salesdrill}
+port=${SALESDRILL_PORT:-8180}        # gateway; +1 export-reader, +2 sales-writer, +4 a second one, +10..+14 their admin listeners
+duration=${SALESDRILL_DURATION:-60}  # seconds of calls under faults
+every=${SALESDRILL_FAULT_EVERY:-4}   # seconds between two faults
+faults=${SALESDRILL_FAULTS:-writer-kill pg-immediate gateway-restart pg-fast redis-stop writer-restart gateway-kill pg-freeze writer-kill-pg-down writer-freeze}
+items=${SALESDRILL_ITEMS:-6}
+
+rm -rf "$dir"
+mkdir -p "$dir/logs"
+chmod 755 "$dir"
+
+log "building"
+mkdir -p bin
+for m in gateway services/export-reader services/sales-writer; do go build -o "bin/$(basename $m)" "./$m"; done
+go build -o bin/exportctl ./pkg/cmd/exportctl
+go build -o bin/salesdrill ./services/sales-writer/cmd/salesdrill
+
+declare -A pid=()
+stop_all() {
+  set +e
+  local name
+  for name in gateway sales-writer sales-writer-2 export-reader; do
+    [ -n "${pid[$name]:-}" ] && kill -CONT "${pid[$name]}" 2>/dev/null
+    [ -n "${pid[$name]:-}" ] && kill -TERM "${pid[$name]}" 2>/dev/null && wait "${pid[$name]}" 2>/dev/null
+  done
+  [ -f "$dir/pg/data/postmaster.pid" ] && pg_signal CONT
+  redis_stop "$dir/redis"
+  pg_stop "$dir/pg"
+}
+trap stop_all EXIT
+
+pg_start "$dir/pg"
+redis_start "$dir/redis"
+pg_create_db "$dir/pg" drill
+export DATABASE_URL="postgres://postgres@/drill?host=$(url_path "$dir/pg")"
+export REDIS_URL="unix://$(url_path "$dir")/redis/redis.sock"
+export IDENTITY_SECRET=$(random_secret) CURSOR_SECRET=$(random_secret)
+export GATEWAY_ADDR=127.0.0.1:$port GATEWAY_ADMIN_ADDR=127.0.0.1:$((port + 10))
+export EXPORT_READER_ADDR=127.0.0.1:$((port + 1)) EXPORT_READER_ADMIN_ADDR=127.0.0.1:$((port + 11))
+export SALES_WRITER_ADDR=127.0.0.1:$((port + 2)) SALES_WRITER_ADMIN_ADDR=127.0.0.1:$((port + 12))
+export EXPORT_READER_URLS=http://$EXPORT_READER_ADDR SALES_WRITER_URLS=http://$SALES_WRITER_ADDR,http://127.0.0.1:$((port + 4))
+# No shop-schema: its URL names a port of the range that nothing opens.
+export SHOP_SCHEMA_URLS=http://127.0.0.1:$((port + 3))
+# The clients send far more than a key's default limits allow.
+export RATE_LIMIT_SALES_WRITE=1000000-M RATE_LIMIT_EXPORT_READ=1000000-M RATE_LIMIT_OWNER_IN_FLIGHT=0
+
+log "migrating and seeding"
+bin/exportctl migrate >/dev/null
+owner=$(bin/exportctl owner create --name "Sales drill" --json | json_field id)
+bin/exportctl items seed --owner "$owner" --count $((items * 3)) --seed 7 >/dev/null
+umask 077
+keys=$dir/keys
+: >"$keys"
+for p in drill-a drill-b drill-c; do
+  bin/exportctl platform create --id "$p" >/dev/null
+  echo "$p=$(bin/exportctl key create --owner "$owner" --scope sales:write --platform "$p" --json | json_field key)" >>"$keys"
+done
+echo "read=$(bin/exportctl key create --owner "$owner" --scope export:read --json | json_field key)" >>"$keys"
+umask 022
+item_ids=$(psql -h "$dir/pg" -U postgres -d drill -tAc \
+  "SELECT string_agg(id, ',') FROM (SELECT id FROM export_items WHERE owner_id = '$owner' AND status = 'active' ORDER BY id LIMIT $items) AS i")
+
+start() { # start NAME: sales-writer-2 is a second sales-writer, on port + 4
+  case $1 in
+    sales-writer-2) SALES_WRITER_ADDR=127.0.0.1:$((port + 4)) SALES_WRITER_ADMIN_ADDR=127.0.0.1:$((port + 14)) bin/sales-writer >>"$dir/logs/$1.log" 2>&1 & ;;
+    *) "bin/$1" >>"$dir/logs/$1.log" 2>&1 & ;;
+  esac
+  pid[$1]=$!
+}
+healthy() { # healthy URL: waits up to 10 s for a 200
+  local i
+  for i in $(seq 100); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  log "no 200 from $1 within 10 s"
+}
+start export-reader
+start sales-writer
+start sales-writer-2
+healthy "http://$EXPORT_READER_ADDR/healthz"
+healthy "http://$SALES_WRITER_ADDR/healthz"
+healthy "http://127.0.0.1:$((port + 4))/healthz"
+start gateway
+healthy "http://$GATEWAY_ADDR/v1/health"
+
+log "salesdrill for ${duration}s on $item_ids, a fault every ${every}s: $faults"
+bin/salesdrill -base "http://$GATEWAY_ADDR/v1" -keys "$keys" -database "$DATABASE_URL" -owner "$owner" \
+  -items "$item_ids" -duration "${duration}s" -report "$dir/history.html" -history "$dir/history.jsonl" ${SALESDRILL_ARGS:-} &
+drill=$!
+
+pg_bin=$(pg_bin_dir)
+pg_signal() { # pg_signal SIG: the postmaster of $dir/pg and its children
+  local main
+  main=$(head -1 "$dir/pg/data/postmaster.pid")
+  kill -"$1" "$main" $(pgrep -P "$main") 2>/dev/null || true
+}
+fault() { # fault NAME: one fault, the stack whole again once it returns
+  case $1 in
+    writer-kill) kill -KILL "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true; sleep 0.5; start sales-writer ;;
+    writer-restart) kill -TERM "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true; start sales-writer ;;
+    gateway-kill) kill -KILL "${pid[gateway]}" || true; wait "${pid[gateway]}" 2>/dev/null || true; sleep 0.5; start gateway ;;
+    gateway-restart) kill -TERM "${pid[gateway]}" || true; wait "${pid[gateway]}" 2>/dev/null || true; start gateway ;;
+    pg-immediate | pg-fast)
+      as_pg_user "$pg_bin/pg_ctl" -D "$dir/pg/data" -m "${1#pg-}" -w stop >>"$dir/pg/stop.log" 2>&1
+      sleep 1
+      pg_start "$dir/pg" ;;
+    redis-stop) redis_stop "$dir/redis"; sleep 3; redis_start "$dir/redis" ;;
+    pg-freeze) # every PostgreSQL process stopped for 15 s: statements hang past the writers' timeouts
+      pg_signal STOP; sleep 15; pg_signal CONT ;;
+    writer-kill-pg-down) # a writer starts while PostgreSQL is down
+      as_pg_user "$pg_bin/pg_ctl" -D "$dir/pg/data" -m fast -w stop >>"$dir/pg/stop.log" 2>&1
+      kill -KILL "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true
+      start sales-writer; sleep 3; pg_start "$dir/pg" ;;
+    writer-freeze) # a writer stopped past the gateway's UPSTREAM_READ_TIMEOUT (30 s)
+      kill -STOP "${pid[sales-writer]}"; sleep 35; kill -CONT "${pid[sales-writer]}" ;;
+    *) die "unknown fault $1" ;;
+  esac
+}
+end=$((SECONDS + duration - every))
+n=0
+while [ $SECONDS -lt $end ] && kill -0 $drill 2>/dev/null; do
+  sleep "$every"
+  set -- $faults
+  shift $((n % $#))
+  log "fault: $1"
+  fault "$1"
+  echo "$(date +%T.%N) $1" >>"$dir/faults.log"
+  n=$((n + 1))
+done
+status=0
+wait $drill || status=$?
+log "salesdrill exited $status; logs in $dir/logs, the history in $dir/history.jsonl"
+exit $status
