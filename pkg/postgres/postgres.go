@@ -208,6 +208,23 @@ func IndexScansOnly() Option {
 	return func(params map[string]string) { setDefault(params, "enable_seqscan", "off") }
 }
 
+// ReadCommitted runs every transaction of the pool's sessions at READ
+// COMMITTED, whatever the database's or the role's
+// default_transaction_isolation (ALTER DATABASE or ALTER ROLE … SET, which
+// a session's start-up parameter overrides) or the DSN's: unlike the
+// Options above it is not a default, for a service whose correctness rests
+// on a snapshot per statement. The sales writer takes an idempotency key's
+// lock in one statement and reads the key in the next (its sales/queries.go,
+// keyLock); at REPEATABLE READ or SERIALIZABLE the transaction's one
+// snapshot was the lock statement's, taken before its wait, so the next
+// statement did not see what the lock's holder had committed: a sale under
+// a key bound meanwhile to another request was executed (both then held
+// the key), and at SERIALIZABLE calls failed with serialization failures
+// (500 once their retries ran out, seen in a drill).
+func ReadCommitted() Option {
+	return func(params map[string]string) { params["default_transaction_isolation"] = "read committed" }
+}
+
 // ApplicationName names the pool's sessions (application_name) after the
 // binary, unless the DSN or PGAPPNAME names them: pg_stat_activity, the
 // server's log (%a) and pg_stat_statements' callers then say which service

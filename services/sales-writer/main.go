@@ -61,9 +61,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 
 	// Every statement of the writer reaches its rows through an index; see
 	// IndexScansOnly for what plans made on a sales table analyzed while
-	// empty cost.
+	// empty cost. Its key lock needs a snapshot per statement: see
+	// ReadCommitted.
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
-		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout), postgres.ApplicationName(serviceName))
+		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout), postgres.ApplicationName(serviceName),
+		postgres.ReadCommitted())
 	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
 		log.Info("stopped before PostgreSQL was reached")
 		return nil

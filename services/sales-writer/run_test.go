@@ -236,3 +236,88 @@ func healthStatus(t *testing.T, url string) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// The writer's sessions run at READ COMMITTED whatever the database's
+// default says (an operator's ALTER DATABASE or ALTER ROLE … SET
+// default_transaction_isolation): its key lock decides requests under one
+// key one after the other only if the sale's statement takes its snapshot
+// once the lock is held (sales/queries.go, keyLock). At REPEATABLE READ the
+// snapshot was the lock statement's, taken before the wait: a confirm that
+// waited for a transaction binding its key to another request did not see
+// the binding, and sold (200), both requests then holding the key.
+func TestSalesRunAtReadCommittedWhateverTheDatabaseDefault(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	setup := testenv.Pool(t, dsn)
+	var owner string
+	if err := setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		"INSERT INTO platforms (id) VALUES ('market-a')",
+		`INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
+		 VALUES ('` + owner + `', 'coin-1', true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"coin-1"', '"id":"coin-1"', '"id":"coin-1"', now())`,
+		"ALTER DATABASE " + setup.Config().ConnConfig.Database + " SET default_transaction_isolation = 'repeatable read'",
+	} {
+		if _, err := setup.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := testenv.FreeAddr(t)
+	runCtx, cancel := context.WithCancel(ctx)
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
+			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out, nil)
+	}()
+	defer func() { cancel(); <-done }()
+	waitReady(t, "http://"+addr+"/healthz", &out)
+
+	// Another request binds the key "k-1" (post's) under the key's lock
+	// (sales.keyLock), and holds the lock while the confirm waits for it.
+	tx, err := setup.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1801812339, hashtext($1::text || '/' || $2::text || '/' || $3::text))`,
+		owner, "market-a", "k-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_refusals (owner_id, platform_id, idempotency_key, fingerprint, refusal, expires_at)
+		VALUES ($1, 'market-a', 'k-1', '\x00', 'not_found', now() + interval '1 hour')`, owner); err != nil {
+		t.Fatal(err)
+	}
+	signer, _ := identity.NewSigner(secret)
+	id := identity.Identity{OwnerID: owner, PlatformID: "market-a", KeyID: "k",
+		Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-1"}
+	type answer struct {
+		status int
+		body   envelope.Parsed
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		status, body := post(t, signer, "http://"+addr+"/v1/export/items/coin-1/sales/confirm", id)
+		answered <- answer{status, body}
+	}()
+	for waiting := 0; waiting == 0; {
+		if err := setup.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'sales-writer' AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-answered
+	if a.status != http.StatusConflict || a.body.Error == nil || a.body.Error.Code != "idempotency_conflict" {
+		t.Errorf("a confirm under a key bound meanwhile to another request = %d %+v %s, want 409 idempotency_conflict",
+			a.status, a.body.Error, a.body.Data)
+	}
+	var sold bool
+	if err := setup.QueryRow(ctx, "SELECT sold FROM export_items WHERE id = 'coin-1'").Scan(&sold); err != nil || sold {
+		t.Errorf("coin-1 sold = %v (%v), want false: its key belonged to another request", sold, err)
+	}
+}

@@ -65,9 +65,11 @@ var writerLock = `
 // races). Keys whose hashes collide share a lock, which costs a wait,
 // never a wrong answer. It is taken before the owner's sync lock
 // (writerLock), in every transaction that takes both. It relies on READ
-// COMMITTED, PostgreSQL's default and the writer's (a snapshot per
-// statement): under REPEATABLE READ the lock's statement would fix the
-// transaction's snapshot before the wait.
+// COMMITTED (a snapshot per statement), which the writer's sessions are
+// held to whatever the database's default (postgres.ReadCommitted): under
+// REPEATABLE READ the lock's statement fixed the transaction's snapshot
+// before the wait, and a sale under a key bound meanwhile to another
+// request was executed (TestSalesRunAtReadCommittedWhateverTheDatabaseDefault).
 const keyLock = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1::text || '/' || $2::text || '/' || $3::text))`
 
 // keyLockClass is the first key of keyLock: a namespace apart from the
