@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -417,5 +419,78 @@ func TestImportJSONLStoresTheEdgesTheParserTakes(t *testing.T) {
 		if !errors.As(err, &le) || le.Line != 1 {
 			t.Errorf("ImportJSONL(characteristics %s) error = %v, want a *LineError on line 1", bad, err)
 		}
+	}
+}
+
+// blockingReader serves data, then, asked for more, closes asked and
+// blocks until release is closed, then ends the file.
+type blockingReader struct {
+	data           []byte
+	asked, release chan struct{}
+}
+
+func (r *blockingReader) Read(p []byte) (int, error) {
+	if len(r.data) > 0 {
+		n := copy(p, r.data)
+		r.data = r.data[n:]
+		return n, nil
+	}
+	select {
+	case <-r.asked:
+	default:
+		close(r.asked)
+	}
+	<-r.release
+	return 0, io.EOF
+}
+
+// An import whose file is slow to come (a pipe from a slow producer:
+// exportctl items import --file -) holds no transaction open while it
+// waits for its next lines: a COPY fed as the file was read held its
+// snapshot all the while, and no VACUUM of the database removed a row
+// version that died meanwhile. The staging's session is idle once a batch
+// is copied, whatever comes next.
+func TestImportJSONLHoldsNoTransactionWhileItWaitsForTheFile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	pool := testenv.Pool(t, dsn)
+	owner := newOwner(t, pool)
+	var file strings.Builder
+	for i := range catalog.StageBatch + 1 {
+		fmt.Fprintf(&file, `{"id":"c%05d","status":"active","currency":"EUR","price":%d,"texts":{"ENG":{"title":"Coin"}}}`+"\n", i, i)
+	}
+	r := &blockingReader{data: []byte(file.String()), asked: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := catalog.ImportJSONL(ctx, pool, owner, r)
+		done <- err
+	}()
+	<-r.asked // the import waits for the rest of the file
+	// Its session, found by the COPY it has sent: a batch's, which ends,
+	// or one fed by the file, which lasts as long as the file is awaited.
+	check := testenv.Pool(t, dsn)
+	var state string
+	var inTransaction bool
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := check.QueryRow(ctx, `SELECT state, xact_start IS NOT NULL FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND query ILIKE 'copy%'`).Scan(&state, &inTransaction)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatalf("the import's session: %v", err)
+		}
+		if (err == nil && state == "idle" && !inTransaction) || time.Now().After(deadline) {
+			break
+		}
+	}
+	close(r.release)
+	if state != "idle" || inTransaction {
+		t.Errorf("10 s into the import's wait for its file, its session is %q (in a transaction: %t), want idle outside one", state, inTransaction)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("ImportJSONL() error = %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM export_items WHERE owner_id = $1`, owner).Scan(&n); err != nil || n != catalog.StageBatch+1 {
+		t.Errorf("%d items stored (%v), want %d", n, err, catalog.StageBatch+1)
 	}
 }
