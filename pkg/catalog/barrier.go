@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -100,4 +102,76 @@ func SyncBarrier(ctx context.Context, db Execer, owner pgtype.UUID) error {
 		return fmt.Errorf("catalog: sync barrier: %w", err)
 	}
 	return nil
+}
+
+// ChunkLockWait bounds each wait of an import's or a restamp's chunk for a
+// lock another transaction holds on one of its items. A chunk waits
+// holding its owner's writer lock, so every sync of the owner that starts
+// meanwhile gives up at its barrier (503 after SyncBarrierWait), for as
+// long as the chunk waits: behind an operator's forgotten
+// SELECT … FOR UPDATE on one item, an import waited without end and
+// without a word, and every first page of the owner's syncs answered 503
+// all the while. The waits a chunk meets otherwise (a sale's statement,
+// another import's or restamp's chunk) last milliseconds, a second or so
+// on a loaded host. Past the bound the chunk fails with ErrItemsLocked,
+// naming the sessions whose transactions are that old. A table's lock (a
+// migration's) is taken before the statement runs, and waited for without
+// the bound, holding nothing of the owner.
+const ChunkLockWait = 10 * time.Second
+
+// ErrItemsLocked is an import's or a restamp's chunk that gave up after
+// ChunkLockWait on an item another transaction keeps locked.
+var ErrItemsLocked = errors.New("catalog: an item stayed locked by another transaction for over " +
+	ChunkLockWait.String() + " (no longer is waited for: the owner's syncs wait for the writer meanwhile)")
+
+// boundedWriterLock is the SELECT list and FROM of a chunk's first step:
+// the owner's writer lock (WriterLock), taken once the transaction's
+// lock_timeout is ChunkLockWait; wait is the SQL parameter holding
+// chunkLockWait. A subquery with a volatile function is never merged into
+// its parent, so the setting comes first, and every lock the statement
+// then waits for is bounded; the transaction is the chunk's statement, so
+// the setting ends with it.
+func boundedWriterLock(owner, wait string) string {
+	return WriterLock(owner) + " FROM (SELECT set_config('lock_timeout', " + wait + ", true)) AS bounded"
+}
+
+// chunkLockWait is ChunkLockWait as lock_timeout reads it.
+var chunkLockWait = strconv.FormatInt(ChunkLockWait.Milliseconds(), 10) + "ms"
+
+// querier runs a query (a pool or a connection).
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// chunkError is a chunk's error, made ErrItemsLocked (with the sessions
+// that may hold the lock) when the chunk gave up waiting for a lock.
+func chunkError(ctx context.Context, db querier, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+		return err
+	}
+	return fmt.Errorf("%w: %s", ErrItemsLocked, oldTransactions(ctx, db))
+}
+
+// oldTransactions names the sessions of the database, other than db's own,
+// whose transactions began over ChunkLockWait ago: the likely holders of a
+// lock a chunk gave up on (it waits no more, so pg_blocking_pids can no
+// longer tell).
+func oldTransactions(ctx context.Context, db querier) string {
+	rows, err := db.Query(ctx, `SELECT format('pid %s (%s, %s for %s)', pid,
+	        coalesce(nullif(application_name, ''), 'no application_name'), state, date_trunc('second', now() - xact_start))
+	    FROM pg_stat_activity
+	    WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < now() - $1::interval
+	    ORDER BY xact_start`, chunkLockWait)
+	if err != nil {
+		return "the sessions holding it could not be read: " + err.Error()
+	}
+	sessions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	switch {
+	case err != nil:
+		return "the sessions holding it could not be read: " + err.Error()
+	case len(sessions) == 0:
+		return "no session is in a transaction that old now"
+	}
+	return "sessions in a transaction that long: " + strings.Join(sessions, ", ")
 }

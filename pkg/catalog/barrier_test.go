@@ -3,6 +3,8 @@ package catalog_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,5 +173,49 @@ func TestImportTakesTheWriterLock(t *testing.T) {
 	}
 	if got := stored(t, pool, owner, "a"); got.DocENG == "" {
 		t.Error("the import wrote nothing after the barrier was released")
+	}
+}
+
+// An import or a restamp that meets an item another transaction keeps
+// locked (an operator's SELECT … FOR UPDATE left open) gives up after
+// ChunkLockWait with ErrItemsLocked, naming that transaction's session,
+// instead of waiting as long as it lasts with the owner's writer lock
+// held, which made every sync of the owner give up at its barrier.
+func TestImportAndRestampGiveUpOnALockedItem(t *testing.T) {
+	t.Parallel()
+	for name, write := range map[string]func(ctx context.Context, pool *pgxpool.Pool, owner string) error{
+		"import": func(ctx context.Context, pool *pgxpool.Pool, owner string) error {
+			_, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA2))
+			return err
+		},
+		"restamp": func(ctx context.Context, pool *pgxpool.Pool, owner string) error {
+			_, err := catalog.Restamp(ctx, pool, ownerUUID(t, owner))
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testenv.Postgres(t)
+			owner := ownerWithItems(t, pool, lineA)
+			operator := testenv.InTransaction(t, pool, `SELECT FROM export_items WHERE owner_id = $1 AND id = 'a' FOR UPDATE`, owner)
+			var pid int
+			if err := operator.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				t.Fatal(err)
+			}
+			returned, wait := returnsWithin(t, catalog.ChunkLockWait+10*time.Second, func() error { return write(ctx, pool, owner) })
+			if !returned {
+				_ = operator.Rollback(ctx)
+				t.Fatalf("the %s still waits for the locked item %v past ChunkLockWait", name, 10*time.Second)
+			}
+			err := wait()
+			if !errors.Is(err, catalog.ErrItemsLocked) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (", pid)) {
+				t.Fatalf("%s of a locked item = %v, want ErrItemsLocked naming pid %d", name, err, pid)
+			}
+			// It holds nothing of the owner now: a sync's barrier passes.
+			if err := catalog.SyncBarrier(ctx, pool, ownerUUID(t, owner)); err != nil {
+				t.Errorf("SyncBarrier() after the %s gave up = %v", name, err)
+			}
+		})
 	}
 }

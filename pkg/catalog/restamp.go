@@ -38,8 +38,8 @@ func Restamp(ctx context.Context, pool *pgxpool.Pool, owner pgtype.UUID) (int, e
 	after := "" // the last id stamped; every valid id sorts after ""
 	for {
 		var stamped int
-		if err := pool.QueryRow(ctx, restampChunk, owner, after).Scan(&stamped, &after); err != nil {
-			return total, fmt.Errorf("catalog: restamp after %d items: %w", total, err)
+		if err := pool.QueryRow(ctx, restampChunk, owner, after, chunkLockWait).Scan(&stamped, &after); err != nil {
+			return total, fmt.Errorf("catalog: restamp after %d items: %w", total, chunkError(ctx, pool, err))
 		}
 		total += stamped
 		if stamped < RestampChunk {
@@ -53,14 +53,16 @@ func Restamp(ctx context.Context, pool *pgxpool.Pool, owner pgtype.UUID) (int, e
 const RestampChunk = ImportChunk
 
 // restampChunk stamps anew the RestampChunk items of owner $1 whose ids
-// follow $2, locked in id order, and returns how many it stamped and the
-// last id. (A var: it is built with WriterLock and NextUpdatedAt.) The
+// follow $2, locked in id order (each wait for a row another transaction
+// holds locked bounded by $3, ChunkLockWait), and returns how many it
+// stamped and the last id. (A var: it is built with WriterLock and
+// NextUpdatedAt.) The
 // limit is written in, not a parameter: from its sixth run pgx's prepared
 // statement gets PostgreSQL's generic plan, which, not knowing the limit,
 // sorted every item of the owner after $2 for each chunk: 200,000 items
 // took 66 s, 9 s with the limit known.
 var restampChunk = `WITH barrier AS (
-SELECT ` + WriterLock("$1::uuid") + `
+SELECT ` + boundedWriterLock("$1::uuid", "$3") + `
 ), chunk AS (
 SELECT id FROM export_items
 WHERE owner_id = $1 AND id > $2 AND EXISTS (SELECT FROM barrier)

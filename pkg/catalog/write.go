@@ -153,8 +153,8 @@ func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging
 	after := "" // the last id written; every valid id sorts after ""
 	for written := 0; written < total; {
 		var inserted, touched, read int
-		if err := conn.QueryRow(ctx, upsert, owner, after, ImportChunk).Scan(&inserted, &touched, &read, &after); err != nil {
-			return res, fmt.Errorf("catalog: upsert after %d of %d items: %w", written, total, err)
+		if err := conn.QueryRow(ctx, upsert, owner, after, ImportChunk, chunkLockWait).Scan(&inserted, &touched, &read, &after); err != nil {
+			return res, fmt.Errorf("catalog: upsert after %d of %d items: %w", written, total, chunkError(ctx, conn, err))
 		}
 		if read == 0 { // cannot happen: every staged id follows the last one written
 			return res, fmt.Errorf("catalog: %d of %d items not reached", total-written, total)
@@ -329,11 +329,12 @@ func NextUpdatedAt(table string) string {
 // by the WHERE, so it is neither counted nor re-stamped. Rows are locked in
 // id order, so two imports of overlapping files cannot deadlock each other.
 // The owner's shared sync lock (WriterLock, barrier.go) is taken before
-// the first row is read, so before any stamp.
+// the first row is read, so before any stamp, and each wait for a row
+// another transaction holds locked is bounded by $4 (ChunkLockWait).
 // It reads the staging table named staging.
 func upsertChunk(staging string) string {
 	return `WITH barrier AS (
-SELECT ` + WriterLock("$1::uuid") + `
+SELECT ` + boundedWriterLock("$1::uuid", "$4") + `
 ), chunk AS (
 SELECT * FROM ` + staging + ` WHERE id > $2 AND EXISTS (SELECT FROM barrier) ORDER BY id LIMIT $3
 ), written AS (

@@ -43,6 +43,9 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	if errors.As(err, &bad) {
 		return fmt.Errorf("%s: nothing imported: %w", *file, err)
 	}
+	if errors.Is(err, catalog.ErrItemsLocked) {
+		return fmt.Errorf("import: %w; once that transaction has ended, run the import again (items already written are left alone)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
