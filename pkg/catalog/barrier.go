@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/coinexport/export/pkg/postgres"
 )
 
 // The sync barrier makes the contract's sync recipe (spec 4.8: record the
@@ -138,40 +138,11 @@ func boundedWriterLock(owner, wait string) string {
 // chunkLockWait is ChunkLockWait as lock_timeout reads it.
 var chunkLockWait = strconv.FormatInt(ChunkLockWait.Milliseconds(), 10) + "ms"
 
-// querier runs a query (a pool or a connection).
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // chunkError is a chunk's error, made ErrItemsLocked (with the sessions
 // that may hold the lock) when the chunk gave up waiting for a lock.
-func chunkError(ctx context.Context, db querier, err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+func chunkError(ctx context.Context, db postgres.Querier, err error) error {
+	if !postgres.LockTimedOut(err) {
 		return err
 	}
-	return fmt.Errorf("%w: %s", ErrItemsLocked, oldTransactions(ctx, db))
-}
-
-// oldTransactions names the sessions of the database, other than db's own,
-// whose transactions began over ChunkLockWait ago: the likely holders of a
-// lock a chunk gave up on (it waits no more, so pg_blocking_pids can no
-// longer tell).
-func oldTransactions(ctx context.Context, db querier) string {
-	rows, err := db.Query(ctx, `SELECT format('pid %s (%s, %s for %s)', pid,
-	        coalesce(nullif(application_name, ''), 'no application_name'), state, date_trunc('second', now() - xact_start))
-	    FROM pg_stat_activity
-	    WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < now() - $1::interval
-	    ORDER BY xact_start`, chunkLockWait)
-	if err != nil {
-		return "the sessions holding it could not be read: " + err.Error()
-	}
-	sessions, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	switch {
-	case err != nil:
-		return "the sessions holding it could not be read: " + err.Error()
-	case len(sessions) == 0:
-		return "no session is in a transaction that old now"
-	}
-	return "sessions in a transaction that long: " + strings.Join(sessions, ", ")
+	return fmt.Errorf("%w: %s", ErrItemsLocked, postgres.OldTransactions(ctx, db, ChunkLockWait))
 }

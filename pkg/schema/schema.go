@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/coinexport/export/pkg/postgres"
 )
 
 //go:embed migrations/*.sql
@@ -35,7 +38,8 @@ type Applied struct {
 // order (those before a failure, with the failure), so that an
 // administrator learns whether one that needs a restart of the services
 // ran. A PostgreSQL advisory lock makes it safe to run from several
-// processes at once.
+// processes at once. A migration that waits over MigrationLockWait for a
+// lock fails with ErrTablesBusy.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
@@ -45,7 +49,12 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
+	bounded, err := withLockTimeout(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	defer bounded.Close()
+	db := stdlib.OpenDBFromPool(bounded)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
 	if err != nil {
@@ -63,10 +72,47 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 			applied = append(applied, Applied{Version: r.Source.Version, File: r.Source.Path, Duration: r.Duration})
 		}
 	}
+	if postgres.LockTimedOut(err) {
+		err = fmt.Errorf("%w: %s", ErrTablesBusy, postgres.OldTransactions(ctx, pool, MigrationLockWait))
+	}
 	if err != nil {
 		return applied, fmt.Errorf("schema: migrate up: %w", err)
 	}
 	return applied, nil
+}
+
+// MigrationLockWait bounds each wait of a migration for a lock (lock_timeout
+// in its sessions, unless the database URL sets one). A migration that
+// changes a table waits for an exclusive lock on it, and while it waits
+// every statement on that table queues behind it: behind a long report
+// query or a pg_dump, which hold a shared lock for as long as they run, a
+// migration waited 24.5 s, and a sale's read of idempotency_refusals 22.6 s
+// with it (the sales writer answers 503 past 10 s); for as long as the
+// report ran, every sale and sync of every owner would have failed so.
+// Bounded, the queue lasts 5 s at most (under the services' query
+// timeouts), and the migration fails instead, naming the sessions that
+// hold their transactions that long: run it again once they have ended
+// (the migrate Job's restarts do).
+const MigrationLockWait = 5 * time.Second
+
+// ErrTablesBusy is a migration that gave up on a lock after
+// MigrationLockWait; nothing of it was applied.
+var ErrTablesBusy = errors.New("a migration waited over " + MigrationLockWait.String() +
+	" for a lock on its tables and gave up (every request to them queues behind it), applying nothing of it: " +
+	"run exportctl migrate again once the sessions holding the lock have ended")
+
+// withLockTimeout opens a pool like pool whose sessions wait at most
+// MigrationLockWait for a lock; the caller closes it.
+func withLockTimeout(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	if _, set := cfg.ConnConfig.RuntimeParams["lock_timeout"]; !set {
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(MigrationLockWait.Milliseconds(), 10)
+	}
+	bounded, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	return bounded, nil
 }
 
 // Versions returns the newest migration applied to the database and the

@@ -2,6 +2,7 @@ package schema_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -222,4 +223,47 @@ func sideOf(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 	}
 	t.Cleanup(side.Close)
 	return side
+}
+
+// A migration that waits for a lock on its table, held by a long report
+// query (or a pg_dump), gives up after MigrationLockWait with ErrTablesBusy
+// naming the report's session, instead of waiting as long as the report
+// runs with every request to the table queued behind it; once the report
+// has ended, it applies.
+func TestAMigrationGivesUpBehindALongQuery(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	provider, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(pool), os.DirFS("migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, 6); err != nil { // 00007 alters idempotency_refusals
+		t.Fatalf("down to 6: %v", err)
+	}
+	report := testenv.InTransaction(t, pool, "SELECT count(*) FROM idempotency_refusals")
+	var pid int
+	if err := report.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := schema.Up(ctx, pool)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, schema.ErrTablesBusy) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (", pid)) {
+			t.Errorf("Up() behind a report = %v, want ErrTablesBusy naming pid %d", err, pid)
+		}
+	case <-time.After(schema.MigrationLockWait + 10*time.Second):
+		_ = report.Rollback(ctx)
+		<-done
+		t.Fatalf("Up() still waits for the report's lock 10s past MigrationLockWait")
+	}
+	if err := report.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := schema.Up(ctx, pool); err != nil || len(applied) != 1 {
+		t.Errorf("Up() after the report = %v, %v; want 00007 applied", applied, err)
+	}
 }

@@ -1,0 +1,48 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// LockTimedOut reports whether err is a statement PostgreSQL cancelled
+// after waiting lock_timeout for a lock (55P03 lock_not_available).
+func LockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// Querier runs a query (a pool or a connection).
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// OldTransactions names the sessions of db's database, other than db's
+// own, whose transactions began more than age ago: after a lock_timeout
+// of age, the likely holders of the lock given up on (nothing waits for
+// it any more, so pg_blocking_pids can no longer tell), for an
+// administrator to end. For example "sessions in a transaction that long:
+// pid 4516 (psql, idle in transaction for 00:03:12)".
+func OldTransactions(ctx context.Context, db Querier, age time.Duration) string {
+	rows, err := db.Query(ctx, `SELECT format('pid %s (%s, %s for %s)', pid,
+	        coalesce(nullif(application_name, ''), 'no application_name'), state, date_trunc('second', now() - xact_start))
+	    FROM pg_stat_activity
+	    WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < now() - $1::interval
+	    ORDER BY xact_start`, age.String())
+	if err != nil {
+		return "the sessions holding it could not be read: " + err.Error()
+	}
+	sessions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	switch {
+	case err != nil:
+		return "the sessions holding it could not be read: " + err.Error()
+	case len(sessions) == 0:
+		return "no session is in a transaction that old now"
+	}
+	return "sessions in a transaction that long: " + strings.Join(sessions, ", ")
+}
