@@ -23,22 +23,20 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/services/sales-writer/salescheck"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	// The first signal ends the calls (the history sent so far is still
 	// settled and checked); a second one ends the process.
-	go func() { <-ctx.Done(); stop() }()
+	ctx, stop := stopsignal.Context()
+	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "salesdrill:", err)
 		os.Exit(1)
