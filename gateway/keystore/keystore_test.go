@@ -344,6 +344,31 @@ func TestCacheMemoryStaysWithinItsBoundAsNewKeysFlood(t *testing.T) {
 	}
 }
 
+// listen runs store's listener, logging to w, until the test ends.
+func listen(t *testing.T, store *Store, w io.Writer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(w, nil))); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// revocationIsHeard looks the key secret (id) up, revokes it in the
+// database and waits until the store refuses it: the listener heard.
+func revocationIsHeard(t *testing.T, store *Store, pool *pgxpool.Pool, secret, id string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := store.Lookup(ctx, secret, nil); err != nil {
+		t.Fatalf("Lookup before revocation = %v", err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, err := store.Lookup(ctx, secret, nil)
+		return errors.Is(err, ErrUnauthenticated)
+	})
+}
+
 // heapInUse is the size of the live heap, after a collection.
 func heapInUse() int64 {
 	runtime.GC()
@@ -357,21 +382,9 @@ func TestRevocationIsHeard(t *testing.T) {
 	owner := newOwner(t, pool)
 	secret, id := insertKey(t, pool, owner, []string{"export:read"})
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	listen(t, store, io.Discard)
 	waitFor(t, store.Listening)
-	if _, err := store.Lookup(ctx, secret, nil); err != nil {
-		t.Fatalf("Lookup before revocation = %v", err)
-	}
-	if _, err := pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool {
-		_, err := store.Lookup(ctx, secret, nil)
-		return errors.Is(err, ErrUnauthenticated)
-	})
+	revocationIsHeard(t, store, pool, secret, id)
 }
 
 // Behind a pooler in transaction mode the LISTEN runs on whichever server
@@ -384,11 +397,8 @@ func TestListenerBehindATransactionPoolerIsNotTakenForHearing(t *testing.T) {
 	// Without prepared statements, which such a pooler cannot keep.
 	pool := testenv.Pool(t, pooled+" default_query_exec_mode=exec")
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	var logged testenv.Output // written by the listener's goroutine
-	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(&logged, nil))); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	listen(t, store, &logged)
 	waitFor(t, func() bool { return store.Listening() || strings.Contains(logged.String(), "cannot hear revocations") })
 	if store.Listening() {
 		t.Fatal("the listener behind a transaction pooler reports that it hears revocations")
@@ -406,21 +416,9 @@ func TestListenerBehindASessionPoolerHears(t *testing.T) {
 	owner := newOwner(t, pool)
 	secret, id := insertKey(t, pool, owner, []string{"export:read"})
 	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	listen(t, store, io.Discard)
 	waitFor(t, store.Listening)
-	if _, err := store.Lookup(ctx, secret, nil); err != nil {
-		t.Fatalf("Lookup before revocation = %v", err)
-	}
-	if _, err := pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool {
-		_, err := store.Lookup(ctx, secret, nil)
-		return errors.Is(err, ErrUnauthenticated)
-	})
+	revocationIsHeard(t, store, pool, secret, id)
 }
 
 func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
@@ -428,12 +426,10 @@ func TestListenerReconnectsAndDropsTheCache(t *testing.T) {
 	owner := newOwner(t, pool)
 	secret, _ := insertKey(t, pool, owner, []string{"export:read"})
 	store, _, misses := counting(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	var logged testenv.Output // written by the listener's goroutine
-	go func() { store.Listen(ctx, slog.New(slog.NewTextHandler(&logged, nil))); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	listen(t, store, &logged)
 	waitFor(t, store.Listening)
+	ctx := context.Background()
 	store.Lookup(ctx, secret, nil)
 	// Kill the listener's backend, as a failover or network cut would.
 	terminated := time.Now()

@@ -191,16 +191,7 @@ func TestUnreadyOnAReadOnlyDatabase(t *testing.T) {
 	}
 	setReadOnly(true)
 
-	addr := testenv.FreeAddr(t)
-	runCtx, cancel := context.WithCancel(ctx)
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() {
-		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
-			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out, nil)
-	}()
-	defer func() { cancel(); <-done }()
-	waitReady(t, "http://"+addr+"/healthz", &out)
+	addr, out := startRun(t, ctx, dsn, secret)
 
 	if status := healthStatus(t, "http://"+addr+"/healthz"); status != http.StatusServiceUnavailable {
 		t.Errorf("/healthz on a read-only database = %d, want 503", status)
@@ -224,6 +215,22 @@ func TestUnreadyOnAReadOnlyDatabase(t *testing.T) {
 	if status := healthStatus(t, "http://"+addr+"/healthz"); status != http.StatusOK {
 		t.Errorf("/healthz once the database takes writes = %d, want 200", status)
 	}
+}
+
+// startRun runs the binary on dsn with the identity secret, until the
+// test ends, and returns its address once it listens, with its log.
+func startRun(t *testing.T, ctx context.Context, dsn, secret string) (string, *testenv.Output) {
+	addr := testenv.FreeAddr(t)
+	runCtx, cancel := context.WithCancel(ctx)
+	out := &testenv.Output{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
+			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), out, nil)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitReady(t, "http://"+addr+"/healthz", out)
+	return addr, out
 }
 
 // healthStatus is the status of one GET of url.
@@ -263,16 +270,7 @@ func TestSalesRunAtReadCommittedWhateverTheDatabaseDefault(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addr := testenv.FreeAddr(t)
-	runCtx, cancel := context.WithCancel(ctx)
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() {
-		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
-			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out, nil)
-	}()
-	defer func() { cancel(); <-done }()
-	waitReady(t, "http://"+addr+"/healthz", &out)
+	addr, _ := startRun(t, ctx, dsn, secret)
 
 	// Another request binds the key "k-1" (post's) under the key's lock
 	// (sales.keyLock), and holds the lock while the confirm waits for it.
