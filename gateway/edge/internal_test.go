@@ -477,8 +477,7 @@ func TestLoadConfig(t *testing.T) {
 		"UPSTREAM_RESOLVE_INTERVAL": "50ms", "LOG_LEVEL": "verbose",
 		// Values that would take every instance out, hold every request
 		// behind a stalled database or Redis, or do nothing.
-		"UPSTREAM_PROBE_INTERVAL": "10ms", "KEY_LOOKUP_TIMEOUT": "1h", "RATE_LIMIT_REDIS_TIMEOUT": "10s",
-		"KEY_CACHE_UNHEARD_TTL": "1m",
+		"UPSTREAM_PROBE_INTERVAL": "10ms", "KEY_LOOKUP_TIMEOUT": "1h", "RATE_LIMIT_REDIS_TIMEOUT": "10s", "KEY_CACHE_UNHEARD_TTL": "1m",
 		"EXPORT_READER_URLS": "http://user:s3cretpw@127.0.0.1:8081", "SALES_WRITER_URLS": "127.0.0.1:8082",
 		"SHOP_SCHEMA_URLS": "http://127.0.0.1:8083/x?y=1", "GOGC": "abc", "GOMEMLIMIT": "0",
 		// A proxy header believed from anyone: refused, as is a host name.
