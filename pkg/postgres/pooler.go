@@ -17,17 +17,26 @@ import (
 // them) and refuses any other: PgBouncer closes the connection with
 // "unsupported startup parameter: jit" (08P01), unless the setting is in
 // its ignore_startup_parameters, when it drops it without a word. Open's
-// own settings (jit, enable_seqscan, statement_timeout) travel there.
+// own settings (PoolerIgnoredSettings) travel there.
 // Refused, a binary stopped at start with PgBouncer's message alone;
 // dropped, sales-writer ran without its statement_timeout, and no log said
 // so. Both now say what was meant and what to set (README, "Behind
 // PgBouncer").
 
+// PoolerIgnoredSettings is the value of PgBouncer's
+// ignore_startup_parameters that every binary needs: the settings Open
+// and its Options give in the startup message, but application_name,
+// which PgBouncer passes on. One list for the error, the README and the
+// tests: the error once named three, while sales-writer also sent
+// default_transaction_isolation (ReadCommitted), so a writer set up as
+// it said was refused again, for the fourth.
+const PoolerIgnoredSettings = "jit,enable_seqscan,statement_timeout,default_transaction_isolation"
+
 // ErrSettingRefused wraps a connection refused for a setting of its
 // startup message.
 var ErrSettingRefused = errors.New("postgres: a setting this binary gives its sessions at connect was refused, " +
-	"as PgBouncer refuses any it does not pass on: add jit, enable_seqscan and statement_timeout to PgBouncer's " +
-	"ignore_startup_parameters and set them for the database or role instead (README, \"Behind PgBouncer\")")
+	"as PgBouncer refuses any it does not pass on: set PgBouncer's ignore_startup_parameters = " + PoolerIgnoredSettings +
+	" and set them for the database or role instead (README, \"Behind PgBouncer\")")
 
 // settingRefused is err wrapped in ErrSettingRefused when the server (a
 // pooler) refused a startup parameter.

@@ -30,13 +30,17 @@ func TestOpenNamesASettingAPoolerRefuses(t *testing.T) {
 	}
 }
 
-// Told to ignore them, PgBouncer drops the settings without a word: the
-// sessions have the server's defaults, and the binary warns of each one
-// it asked for and does not have.
+// Told to ignore them (PoolerIgnoredSettings, as the error and the README
+// say), PgBouncer drops the settings without a word: the sessions have the
+// server's defaults, and the binary warns of each one it asked for and
+// does not have. Every Option is given, as sales-writer gives them: with
+// the list that left out default_transaction_isolation (ReadCommitted),
+// the writer was refused at start.
 func TestOpenWarnsOfSettingsAPoolerDrops(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	pooled := testenv.PgBouncer(t, dsn, "transaction", "ignore_startup_parameters = jit,enable_seqscan,statement_timeout")
-	opts := []postgres.Option{postgres.IndexScansOnly(), postgres.StatementTimeout(7 * time.Second), postgres.ApplicationName("sales-writer")}
+	pooled := testenv.PgBouncer(t, dsn, "transaction", "ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+	opts := []postgres.Option{postgres.IndexScansOnly(), postgres.StatementTimeout(7 * time.Second), postgres.ApplicationName("sales-writer"),
+		postgres.ReadCommitted()}
 	for _, tc := range []struct {
 		name, dsn string
 		dropped   []string
