@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -102,11 +103,25 @@ var ErrTablesBusy = errors.New("a migration waited over " + MigrationLockWait.St
 	"run exportctl migrate again once the sessions holding the lock have ended")
 
 // withLockTimeout opens a pool like pool whose sessions wait at most
-// MigrationLockWait for a lock; the caller closes it.
+// MigrationLockWait for a lock; the caller closes it. The bound is SET in
+// each session once connected, not given in the startup message, which
+// PgBouncer refuses for a setting it does not pass on ("unsupported
+// startup parameter: lock_timeout"), or drops without a word when told to
+// ignore it: exportctl migrate through a PgBouncer, in session mode as the
+// README asks of exportctl, failed at its first connection.
 func withLockTimeout(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
 	cfg := pool.Config()
 	if _, set := cfg.ConnConfig.RuntimeParams["lock_timeout"]; !set {
-		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(MigrationLockWait.Milliseconds(), 10)
+		connected := cfg.AfterConnect
+		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			if connected != nil {
+				if err := connected(ctx, conn); err != nil {
+					return err
+				}
+			}
+			_, err := conn.Exec(ctx, "SET lock_timeout = "+strconv.FormatInt(MigrationLockWait.Milliseconds(), 10))
+			return err
+		}
 	}
 	bounded, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -267,3 +267,46 @@ func TestAMigrationGivesUpBehindALongQuery(t *testing.T) {
 		t.Errorf("Up() after the report = %v, %v; want 00007 applied", applied, err)
 	}
 }
+
+// Through PgBouncer in session mode, which exportctl is told to use
+// (README, "Behind PgBouncer"), set as the README says
+// (postgres.PoolerIgnoredSettings), a migration runs, and still gives up
+// behind a long query: the bound is set in each session, not given in the
+// startup message, which PgBouncer refused ("unsupported startup
+// parameter: lock_timeout"), so no migration ran through it.
+func TestAMigrationThroughAPoolerGivesUpBehindALongQuery(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	direct := testenv.Pool(t, dsn)
+	pooled := testenv.Pool(t, testenv.PgBouncer(t, dsn, "session",
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings, "default_pool_size = 10"))
+	provider, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(direct), os.DirFS("migrations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(ctx, 6); err != nil { // 00007 alters idempotency_refusals
+		t.Fatalf("down to 6: %v", err)
+	}
+	report := testenv.InTransaction(t, direct, "SELECT count(*) FROM idempotency_refusals")
+	done := make(chan error, 1)
+	go func() {
+		_, err := schema.Up(ctx, pooled)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, schema.ErrTablesBusy) {
+			t.Errorf("Up() through PgBouncer behind a report = %v, want ErrTablesBusy", err)
+		}
+	case <-time.After(schema.MigrationLockWait + 10*time.Second):
+		_ = report.Rollback(ctx)
+		<-done
+		t.Fatalf("Up() through PgBouncer still waits for the report's lock 10s past MigrationLockWait")
+	}
+	if err := report.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := schema.Up(ctx, pooled); err != nil || len(applied) != 1 {
+		t.Errorf("Up() through PgBouncer after the report = %v, %v; want 00007 applied", applied, err)
+	}
+}
