@@ -304,7 +304,11 @@ func TestSalesRunAtReadCommittedWhateverTheDatabaseDefault(t *testing.T) {
 			AND application_name = 'sales-writer' AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case a := <-answered: // it did not wait for the key's lock: it would be waited for until go test's timeout
+			t.Fatalf("the confirm was answered %d %+v without waiting for its key's lock", a.status, a.body.Error)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
