@@ -124,6 +124,36 @@ func TestImportUpsert(t *testing.T) {
 	}
 }
 
+// An import leaves the rows of unchanged items alone: not even locked.
+// ON CONFLICT DO UPDATE locks every row it meets, its WHERE false or not,
+// and a lock sets the row's xmax, writes a WAL record and dirties its page
+// (after a checkpoint, a full-page image: a soak's re-import of a 20,000-item
+// catalog with 15% changed wrote 33 MB of WAL for the 85% unchanged), so
+// each unchanged row must be left out before the INSERT.
+func TestImportLocksNoUnchangedRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerWithItems(t, pool, lineA, lineB)
+
+	got, err := catalog.Import(ctx, pool, owner, mustParse(t, lineA2, lineB))
+	if err != nil {
+		t.Fatalf("Import() error = %v", err)
+	}
+	if diff := cmp.Diff(catalog.ImportResult{Updated: 1, Unchanged: 1}, got); diff != "" {
+		t.Errorf("Import() result (-want +got):\n%s", diff)
+	}
+	// A row version's xmax is 0 until a transaction deletes, updates or
+	// locks it. (a's new version carries the lock its update took.)
+	var xmax string
+	if err := pool.QueryRow(ctx, `SELECT xmax::text FROM export_items WHERE owner_id = $1 AND id = 'b'`, owner).Scan(&xmax); err != nil {
+		t.Fatalf("select b: %v", err)
+	}
+	if xmax != "0" {
+		t.Errorf("the unchanged item's row has xmax %s, want 0: the import locked it", xmax)
+	}
+}
+
 // A large import is written and committed ImportChunk items at a time (so
 // none of them waits long between its stamp and its commit, nor holds its
 // row lock for the whole import), and counts across chunks like one.
