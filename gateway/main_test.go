@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"strings"
@@ -17,6 +18,18 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
+// downUpstreams are the three services' URLs at addresses that refuse
+// every connection: with the defaults (127.0.0.1:8081-8083) a test's
+// gateway probed, and sent its requests to, the services of a make run
+// on the same machine, whose logs then told of refused identities.
+func downUpstreams(t *testing.T) map[string]string {
+	return map[string]string{
+		"EXPORT_READER_URLS": "http://" + testenv.RefusingAddr(t),
+		"SALES_WRITER_URLS":  "http://" + testenv.RefusingAddr(t),
+		"SHOP_SCHEMA_URLS":   "http://" + testenv.RefusingAddr(t),
+	}
+}
+
 func TestRunServesAndDrains(t *testing.T) {
 	addr, dsn := testenv.FreeAddr(t), testenv.PostgresURL(t)
 	secret := "run-test-identity-secret-0123456789abcdef"
@@ -25,6 +38,7 @@ func TestRunServesAndDrains(t *testing.T) {
 		"DATABASE_URL": dsn, "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": secret,
 	}
+	maps.Copy(env, downUpstreams(t))
 	// A setting written wrong in the process's environment is named, with
 	// the setting meant, and its value is not logged.
 	t.Setenv("RATE_LIMIT_EXPORT_RAED", "100-M-misspelt-value")
@@ -84,6 +98,7 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef", "GATEWAY_SHUTDOWN_DELAY": "1500ms",
 	}
+	maps.Copy(env, downUpstreams(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out testenv.Output
@@ -138,6 +153,7 @@ func TestRunServesWhilePostgresIsOutOfReach(t *testing.T) {
 		"DATABASE_URL": "host=" + t.TempDir() + "/not-yet user=postgres", "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 	}
+	maps.Copy(env, downUpstreams(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out testenv.Output

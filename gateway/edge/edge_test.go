@@ -544,15 +544,18 @@ func TestAdminOddRequestsAreEnvelopes(t *testing.T) {
 // alert on their rate has a series before the first failure.
 func TestUpstreamSeriesStartAtZero(t *testing.T) {
 	dsn, _, _ := seed(t)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	instances := map[string]string{
+		"export-reader": "http://" + testenv.RefusingAddr(t), "sales-writer": "http://" + testenv.RefusingAddr(t),
+		"shop-schema": "http://" + testenv.RefusingAddr(t),
+	}
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": instances["export-reader"],
+		"SALES_WRITER_URLS": instances["sales-writer"], "SHOP_SCHEMA_URLS": instances["shop-schema"]})
 	metrics := scrape(t, gw.AdminURL)
 	// The key store's pool is measured as the services' pools are.
 	if got := grep(metrics, `pgxpool_max_conns{pool="postgres"}`); !strings.HasSuffix(got, " 4") {
 		t.Errorf("pool size series = %q, want the key store's 4", got)
 	}
-	for up, instance := range map[string]string{ // the default URLs
-		"export-reader": "http://127.0.0.1:8081", "sales-writer": "http://127.0.0.1:8082", "shop-schema": "http://127.0.0.1:8083",
-	} {
+	for up, instance := range instances {
 		wantSeries(t, metrics, "gateway_upstream",
 			`gateway_upstream_errors_total{kind="unavailable",upstream="`+up+`",upstream_instance="none"} 0`,
 			`gateway_upstream_errors_total{kind="timeout",upstream="`+up+`",upstream_instance="`+instance+`"} 0`,

@@ -81,6 +81,9 @@ func startWithHook(t *testing.T, env map[string]string, hook func(*Gateway)) (*G
 		"GATEWAY_ADDR": "127.0.0.1:0", "GATEWAY_ADMIN_ADDR": "127.0.0.1:0", "IDENTITY_SECRET": testSecret,
 		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
 		"RATE_LIMIT_KEY_PREFIX": testenv.KeyPrefix(t), "EXPORT_READER_URLS": upstream.URL,
+		// Not the defaults, 127.0.0.1:8082 and :8083: a make run's, if one
+		// runs on the machine, would be probed and sent to.
+		"SALES_WRITER_URLS": "http://" + testenv.RefusingAddr(t), "SHOP_SCHEMA_URLS": "http://" + testenv.RefusingAddr(t),
 	}
 	for k, v := range env {
 		vars[k] = v

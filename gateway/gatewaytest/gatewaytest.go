@@ -30,8 +30,9 @@ type Server struct {
 // Start runs a gateway configured by env (the same variables as the
 // binary) and stops it when the test ends. Unless env sets them,
 // DATABASE_URL is a fresh migrated database, REDIS_URL the shared test
-// Redis with a key prefix of this test's own, its calls' timeout 2 s, and
-// the listen addresses are 127.0.0.1:0.
+// Redis with a key prefix of this test's own, its calls' timeout 2 s, each
+// service's URL an address that refuses connections, and the listen
+// addresses are 127.0.0.1:0.
 func Start(t testing.TB, env map[string]string) *Server {
 	t.Helper()
 	vars := map[string]string{
@@ -55,6 +56,13 @@ func Start(t testing.TB, env map[string]string) *Server {
 	}
 	if vars["REDIS_URL"] == "" {
 		vars["REDIS_URL"] = testenv.RedisURL(t)
+	}
+	// Not the defaults, 127.0.0.1:8081-8083: a make run's services, if one
+	// runs on the machine, would be probed and sent to.
+	for _, urls := range []string{"EXPORT_READER_URLS", "SALES_WRITER_URLS", "SHOP_SCHEMA_URLS"} {
+		if vars[urls] == "" {
+			vars[urls] = "http://" + testenv.RefusingAddr(t)
+		}
 	}
 	getenv := func(k string) string { return vars[k] }
 	cfg, err := edge.LoadConfig(getenv)
