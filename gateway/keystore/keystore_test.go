@@ -352,10 +352,15 @@ func listen(t *testing.T, store *Store, w io.Writer) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-// revocationIsHeard looks the key secret (id) up, revokes it in the
-// database and waits until the store refuses it: the listener heard.
-func revocationIsHeard(t *testing.T, store *Store, pool *pgxpool.Pool, secret, id string) {
+// revocationIsHeardOn runs a store's listener on pool, looks a new key up,
+// revokes it in the database and waits until the store refuses it: the
+// listener heard.
+func revocationIsHeardOn(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
+	secret, id := insertKey(t, pool, newOwner(t, pool), []string{"export:read"})
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
+	listen(t, store, io.Discard)
+	waitFor(t, store.Listening)
 	ctx := context.Background()
 	if _, err := store.Lookup(ctx, secret, nil); err != nil {
 		t.Fatalf("Lookup before revocation = %v", err)
@@ -378,13 +383,7 @@ func heapInUse() int64 {
 }
 
 func TestRevocationIsHeard(t *testing.T) {
-	pool := testenv.Postgres(t)
-	owner := newOwner(t, pool)
-	secret, id := insertKey(t, pool, owner, []string{"export:read"})
-	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
-	listen(t, store, io.Discard)
-	waitFor(t, store.Listening)
-	revocationIsHeard(t, store, pool, secret, id)
+	revocationIsHeardOn(t, testenv.Postgres(t))
 }
 
 // Behind a pooler in transaction mode the LISTEN runs on whichever server
@@ -412,13 +411,7 @@ func TestListenerBehindATransactionPoolerIsNotTakenForHearing(t *testing.T) {
 // of its own: revocations are heard.
 func TestListenerBehindASessionPoolerHears(t *testing.T) {
 	pooled := testenv.PgBouncer(t, testenv.PostgresURL(t), "session")
-	pool := testenv.Pool(t, pooled)
-	owner := newOwner(t, pool)
-	secret, id := insertKey(t, pool, owner, []string{"export:read"})
-	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100})
-	listen(t, store, io.Discard)
-	waitFor(t, store.Listening)
-	revocationIsHeard(t, store, pool, secret, id)
+	revocationIsHeardOn(t, testenv.Pool(t, pooled))
 }
 
 func TestListenerReconnectsAndDropsTheCache(t *testing.T) {

@@ -193,6 +193,19 @@ func wantSample() shopschema.Result {
 	}
 }
 
+// readSchema starts shop and a service in front of it, and returns the
+// schema the service reads from it, which must be a 200.
+func readSchema(t *testing.T, shop *fakeshop.Shop) shopschema.Result {
+	t.Helper()
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusOK {
+		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	}
+	return decodeResult(t, env)
+}
+
 func decodeResult(t *testing.T, env envelope.Parsed) shopschema.Result {
 	t.Helper()
 	var r shopschema.Result
@@ -217,13 +230,7 @@ func TestSchemaVersions(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s native=%v", tt.version, tt.nativeInts), func(t *testing.T) {
 			shop := fakeshop.Sample(tt.version, tt.nativeInts)
-			shop.Start(t.Cleanup)
-			svc := startService(t, shop, nil)
-			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-			if status != http.StatusOK {
-				t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
-			}
-			got := decodeResult(t, env)
+			got := readSchema(t, shop)
 			if got.ShopVersion != tt.wantVersion {
 				t.Errorf("shop_version = %q, want %q", got.ShopVersion, tt.wantVersion)
 			}
@@ -321,13 +328,7 @@ func TestSchemaSingleLanguageShop(t *testing.T) {
 	shop := fakeshop.Sample("1.7", false)
 	shop.Languages[1].Active = false
 	shop.Languages[2].Active = false
-	shop.Start(t.Cleanup)
-	svc := startService(t, shop, nil)
-	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-	if status != http.StatusOK {
-		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
-	}
-	got := decodeResult(t, env)
+	got := readSchema(t, shop)
 	want := shopschema.Category{ID: 2, ParentID: 1, Name: "Home", Names: shopschema.Names{"ENG": "Home"}, Active: true, LevelDepth: 1, IsRootCategory: true}
 	if diff := cmp.Diff(want, got.Categories[1]); diff != "" {
 		t.Errorf("category 2 from plain-string names (-want +got):\n%s", diff)
@@ -346,13 +347,7 @@ func TestSchemaLanguagesNotPermitted(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			shop := fakeshop.Sample("8", false)
 			refuse(shop)
-			shop.Start(t.Cleanup)
-			svc := startService(t, shop, nil)
-			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-			if status != http.StatusOK {
-				t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
-			}
-			got := decodeResult(t, env)
+			got := readSchema(t, shop)
 			if got.Categories[1].Name != "Home" || got.Categories[1].Names != nil {
 				t.Errorf("category 2 = %+v, want name Home (first language) and no names", got.Categories[1])
 			}
