@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -66,4 +68,60 @@ func TestOpenWarnsOfSettingsAPoolerDrops(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The README's PgBouncer set-up ("Behind PgBouncer": a [databases] line per
+// service whose connect_query gives the server connections what the
+// startup message cannot carry) leaves each binary every setting it asks
+// for: opened through a PgBouncer built from that very line, with the
+// options each binary gives (sales-writer's at its default 10 s query
+// timeout), the pool warns of no dropped setting. A line that left one out,
+// or a statement_timeout other than the writer's, fails here.
+func TestTheREADMEsPoolerSetUpKeepsEverySetting(t *testing.T) {
+	lines := readmeConnectQueries(t)
+	dsn := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		database string // the README's [databases] name
+		opts     []postgres.Option
+	}{
+		{"exportsvc", []postgres.Option{postgres.ApplicationName("export-reader")}},
+		{"exportsvc_writer", []postgres.Option{postgres.IndexScansOnly(), postgres.StatementTimeout(10 * time.Second),
+			postgres.ApplicationName("sales-writer"), postgres.ReadCommitted()}},
+	} {
+		t.Run(tc.database, func(t *testing.T) {
+			query, ok := lines[tc.database]
+			if !ok {
+				t.Fatalf("README's PgBouncer set-up has no %s line with a connect_query: %v", tc.database, lines)
+			}
+			pooled := testenv.PgBouncerConnecting(t, dsn, "transaction", query,
+				"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+			var logged testenv.Output
+			pool, err := postgres.OpenWhenReached(context.Background(), pooled+" default_query_exec_mode=exec",
+				slog.New(slog.NewTextHandler(&logged, nil)), tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool.Close()
+			if got := logged.String(); strings.Contains(got, "level=WARN") {
+				t.Errorf("through the README's connect_query %q, settings were dropped: %s", query, got)
+			}
+		})
+	}
+}
+
+// readmeConnectQueries reads the [databases] lines of the repository
+// README's PgBouncer set-up: each database's name and its connect_query,
+// unquoted.
+func readmeConnectQueries(t *testing.T) map[string]string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^(\w+)\s*=\s*host=.*\bconnect_query='((?:[^']|'')*)'`)
+	found := map[string]string{}
+	for _, m := range line.FindAllStringSubmatch(string(readme), -1) {
+		found[m[1]] = strings.ReplaceAll(m[2], "''", "'")
+	}
+	return found
 }

@@ -27,6 +27,15 @@ import (
 // them.
 func PgBouncer(t testing.TB, dsn, mode string, settings ...string) string {
 	t.Helper()
+	return PgBouncerConnecting(t, dsn, mode, "", settings...)
+}
+
+// PgBouncerConnecting is PgBouncer whose database runs connectQuery (its
+// connect_query: "SET jit = off") on each server connection it opens, as
+// the README's PgBouncer set-up gives the services their settings. An
+// empty connectQuery is none.
+func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings ...string) string {
+	t.Helper()
 	bin, err := pgbouncerBinary()
 	if err != nil {
 		t.Skipf("testenv: %v", err)
@@ -51,6 +60,9 @@ func PgBouncer(t testing.TB, dsn, mode string, settings ...string) string {
 	server := fmt.Sprintf("host=%s port=%d dbname=%s user=%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)
 	if cfg.Password != "" {
 		server += " password=" + cfg.Password
+	}
+	if connectQuery != "" {
+		server += " connect_query=" + pgbouncerQuote(connectQuery)
 	}
 	ini := strings.Join(append([]string{
 		"[databases]",
@@ -98,6 +110,12 @@ func PgBouncer(t testing.TB, dsn, mode string, settings ...string) string {
 		t.Fatalf("testenv: pgbouncer did not listen on %s: %s%s", addr, out.String(), log)
 	}
 	return fmt.Sprintf("host=127.0.0.1 port=%s user=%s dbname=db sslmode=disable", port, cfg.User)
+}
+
+// pgbouncerQuote quotes a value of a [databases] line as PgBouncer reads
+// it: in single quotes, a quote inside doubled.
+func pgbouncerQuote(v string) string {
+	return "'" + strings.ReplaceAll(v, "'", "''") + "'"
 }
 
 // pgbouncerBinary finds pgbouncer on PATH or where Debian puts it
