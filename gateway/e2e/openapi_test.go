@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -28,10 +29,12 @@ import (
 	"github.com/coinexport/export/pkg/testenv"
 )
 
-// contract is gateway/openapi.yaml, validated, with a router over it.
+// contract is gateway/openapi.yaml, validated, with a router over it, and
+// the documented answers the exchanges have produced so far.
 type contract struct {
 	doc    *openapi3.T
 	router routers.Router
+	met    *answersMet
 }
 
 func loadContract(t *testing.T) contract {
@@ -47,7 +50,7 @@ func loadContract(t *testing.T) contract {
 	if err != nil {
 		t.Fatalf("router over ../openapi.yaml: %v", err)
 	}
-	return contract{doc: doc, router: router}
+	return contract{doc: doc, router: router, met: &answersMet{statuses: map[string]map[int]bool{}}}
 }
 
 // exchange is one request to send, and what the test means it to get.
@@ -65,6 +68,10 @@ type exchange struct {
 	// refuses for a reason the document cannot express (an unknown query
 	// parameter, a bad cursor) is accepted by it.
 	docRefuses bool
+	// raw, when set, sends the request as bytes on a connection of its
+	// own, malformed as no HTTP client would write it (rawRequest); the
+	// document still sees it as method, path, key, header and body.
+	raw rawFault
 }
 
 // answer is what the stack answered.
@@ -99,23 +106,22 @@ func (x exchange) request(t *testing.T, baseURL string) *http.Request {
 }
 
 // do sends x to the stack, checks that it got the answer it was made for,
-// then that the document describes the request and the answer.
+// then that the document describes the request and the answer. It may be
+// called from several goroutines at once.
 func (c contract) do(t *testing.T, s *stack, x exchange) answer {
 	t.Helper()
 	name := x.method + " " + x.path
-	resp, err := noRedirects.Do(x.request(t, s.baseURL))
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
+	if x.raw != rawNone {
+		name += " (" + string(x.raw) + ")"
 	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatalf("%s: reading the answer: %v", name, err)
+	a, err := x.send(t, s)
+	if err != nil { // Errorf, not Fatalf: doAll calls do from goroutines of its own
+		t.Errorf("%s: %v", name, err)
+		return a
 	}
-	a := answer{status: resp.StatusCode, header: resp.Header, body: body}
 	if a.status != x.status || a.header.Get("X-Error-Code") != x.code {
 		t.Errorf("%s = %d %q (%s), want %d %q: the case does not test what it means to", name,
-			a.status, a.header.Get("X-Error-Code"), body, x.status, x.code)
+			a.status, a.header.Get("X-Error-Code"), a.body, x.status, x.code)
 		return a
 	}
 	if err := c.check(x.request(t, s.baseURL), x, a); err != nil {
@@ -124,15 +130,32 @@ func (c contract) do(t *testing.T, s *stack, x exchange) answer {
 	return a
 }
 
+// send sends x to the stack and reads its answer whole.
+func (x exchange) send(t *testing.T, s *stack) (answer, error) {
+	if x.raw != rawNone {
+		return x.sendRaw(s)
+	}
+	resp, err := noRedirects.Do(x.request(t, s.baseURL))
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, fmt.Errorf("reading the answer: %w", err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
 // check validates the request x and the stack's answer a against the
-// document.
+// document, and counts the answer as met when the document describes it.
 func (c contract) check(req *http.Request, x exchange, a answer) error {
 	route, params, err := c.router.FindRoute(req)
 	switch {
 	case errors.Is(err, routers.ErrPathNotFound):
-		return c.checkUnrouted(req, "RouteNotFound", a)
+		return c.met.add("RouteNotFound", a.status, c.checkUnrouted(req, "RouteNotFound", a))
 	case errors.Is(err, routers.ErrMethodNotAllowed):
-		return c.checkUnrouted(req, "MethodNotAllowed", a)
+		return c.met.add("MethodNotAllowed", a.status, c.checkUnrouted(req, "MethodNotAllowed", a))
 	case err != nil:
 		return fmt.Errorf("finding the operation: %w", err)
 	}
@@ -147,7 +170,7 @@ func (c contract) check(req *http.Request, x exchange, a answer) error {
 	case !x.docRefuses && reqErr != nil:
 		return fmt.Errorf("the document refuses the request: %w", reqErr)
 	}
-	return checkAnswer(in, route.Operation.Responses, a)
+	return c.met.add(route.Operation.OperationID, a.status, checkAnswer(in, route.Operation.Responses, a))
 }
 
 // checkUnrouted checks the answer to a request no operation has against
@@ -178,6 +201,9 @@ func checkAnswer(in *openapi3filter.RequestValidationInput, responses *openapi3.
 		Options: &openapi3filter.Options{IncludeResponseStatus: true},
 	})
 	if err != nil {
+		return err
+	}
+	if err := headersDeclared(ref.Value, a.header); err != nil {
 		return err
 	}
 	if in.Request.Method == http.MethodHead { // ValidateResponse skips HEAD answers
@@ -243,6 +269,19 @@ func keyPresent(_ context.Context, in *openapi3filter.AuthenticationInput) error
 // sale calls of the test spend on the fixture's write key.
 const saleLimit = 30
 
+// readLimit is the stack's RATE_LIMIT_EXPORT_READ: a key of its own spends
+// it in a few quick calls, above what the fixture's read key spends.
+const readLimit = 100
+
+// big is a body over the gateway's 64 KiB.
+var big = strings.Repeat("x", 65*1024)
+
+// tooManyHeaders makes a head over the gateway's 8 KiB.
+var tooManyHeaders = map[string]string{"X-Padding": strings.Repeat("p", 9000)}
+
+// gzipped says that the body is compressed.
+var gzipped = map[string]string{"Content-Encoding": "gzip"}
+
 // The document (gateway/openapi.yaml) is true of the running stack: real
 // calls covering every operation's success and its main refusals are
 // validated, request and answer, against it. The document must refuse the
@@ -256,12 +295,17 @@ func TestOpenAPIDescribesTheStack(t *testing.T) {
 	shop := startShop(t)
 	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t),
 		"SHOP_SCHEMA_ALLOW_HOSTS=127.0.0.1", "SHOP_SCHEMA_CA_FILE="+shop.caFile,
-		fmt.Sprintf("RATE_LIMIT_SALES_WRITE=%d-M", saleLimit))
+		fmt.Sprintf("RATE_LIMIT_SALES_WRITE=%d-M", saleLimit), fmt.Sprintf("RATE_LIMIT_EXPORT_READ=%d-M", readLimit))
 
 	t.Run("health", func(t *testing.T) { checkHealth(t, c, s) })
-	t.Run("export", func(t *testing.T) { checkExport(t, c, s, fx) })
+	t.Run("export", func(t *testing.T) { checkExport(t, c, s, fx, pool) })
 	t.Run("sales", func(t *testing.T) { checkSales(t, c, s, fx, pool) })
 	t.Run("shop schema", func(t *testing.T) { checkShopSchema(t, c, s, shop) })
+	t.Run("unread requests", func(t *testing.T) { checkUnread(t, c, s, fx) })
+	t.Run("internal error", func(t *testing.T) { checkInternalError(t, c, s, fx, pool) })
+	t.Run("services failing", func(t *testing.T) { checkServicesFailing(t, c, s, fx) })
+	t.Run("services down", func(t *testing.T) { checkServicesDown(t, c, s, fx) })
+	c.wantEveryAnswerMet(t)
 }
 
 func checkHealth(t *testing.T, c contract, s *stack) {
@@ -271,14 +315,19 @@ func checkHealth(t *testing.T, c contract, s *stack) {
 		{method: "GET", path: "/health?verbose=1", status: 200}, // read by none, so refused by none
 		{method: "POST", path: "/health", status: 405, code: "method_not_allowed"},
 		{method: "GET", path: "/nowhere", status: 404, code: "not_found"},
-		{method: "GET", path: "/health", header: map[string]string{"X-Padding": strings.Repeat("p", 9000)},
-			status: 431, code: "headers_too_large"},
+		{method: "GET", path: "/health", header: tooManyHeaders, status: 431, code: "headers_too_large"},
+		{method: "HEAD", path: "/health", header: tooManyHeaders, status: 431, code: "headers_too_large"},
+		{method: "GET", path: "/health", body: big, status: 413, code: "payload_too_large"},
+		{method: "HEAD", path: "/health", body: big, status: 413, code: "payload_too_large"},
 	} {
 		c.do(t, s, x)
 	}
+	spend(t, s, exchange{method: "GET", path: "/health"})
+	c.do(t, s, exchange{method: "GET", path: "/health", status: 429, code: "rate_limited"})
+	c.do(t, s, exchange{method: "HEAD", path: "/health", status: 429, code: "rate_limited"})
 }
 
-func checkExport(t *testing.T, c contract, s *stack, fx fixture) {
+func checkExport(t *testing.T, c contract, s *stack, fx fixture, pool *pgxpool.Pool) {
 	first := c.do(t, s, exchange{method: "GET", path: "/export/items?limit=2&lang=UKR", key: fx.readKey, status: 200})
 	var page struct {
 		Data []struct{ ID string }
@@ -304,8 +353,16 @@ func checkExport(t *testing.T, c contract, s *stack, fx fixture) {
 		{method: "GET", path: "/export/items?updated_after=2026-11-21", key: fx.readKey, status: 400, code: "invalid_updated_after", docRefuses: true},
 		{method: "GET", path: "/export/items?cursor=bm90LWEtY3Vyc29y", key: fx.readKey, status: 400, code: "invalid_cursor"},
 		{method: "GET", path: "/export/items?updatedAfter=2026-11-21T00:00:00Z", key: fx.readKey, status: 400, code: "invalid_parameter"},
-		{method: "GET", path: "/export/items", key: fx.readKey, body: strings.Repeat("x", 65*1024), status: 413, code: "payload_too_large"},
+		{method: "GET", path: "/export/items", key: fx.readKey, body: big, status: 413, code: "payload_too_large"},
+		{method: "GET", path: "/export/items", key: fx.readKey, header: gzipped, body: "{}", status: 415, code: "unsupported_content_encoding"},
+		{method: "GET", path: "/export/items", key: fx.readKey, header: tooManyHeaders, status: 431, code: "headers_too_large"},
 		{method: "DELETE", path: "/export/items", key: fx.readKey, status: 405, code: "method_not_allowed"},
+		{method: "HEAD", path: "/export/items", status: 401, code: "unauthenticated", docRefuses: true},
+		{method: "HEAD", path: "/export/items", key: fx.writeKey, status: 403, code: "forbidden"},
+		{method: "HEAD", path: "/export/items?limit=0", key: fx.readKey, status: 400, code: "invalid_limit", docRefuses: true},
+		{method: "HEAD", path: "/export/items", key: fx.readKey, body: big, status: 413, code: "payload_too_large"},
+		{method: "HEAD", path: "/export/items", key: fx.readKey, header: gzipped, body: "{}", status: 415, code: "unsupported_content_encoding"},
+		{method: "HEAD", path: "/export/items", key: fx.readKey, header: tooManyHeaders, status: 431, code: "headers_too_large"},
 		{method: "GET", path: item + "?lang=RUS", key: fx.readKey, status: 200},
 		{method: "HEAD", path: item, key: fx.readKey, status: 200},
 		{method: "GET", path: "/export/items/no-such-item", key: fx.readKey, status: 404, code: "not_found"},
@@ -313,7 +370,27 @@ func checkExport(t *testing.T, c contract, s *stack, fx fixture) {
 		{method: "GET", path: item + "?lang=ukr", key: fx.readKey, status: 400, code: "invalid_lang", docRefuses: true},
 		{method: "GET", path: item + "?limit=5", key: fx.readKey, status: 400, code: "invalid_parameter"},
 		{method: "GET", path: item, key: fx.writeKey, status: 403, code: "forbidden"},
+		{method: "GET", path: item, status: 401, code: "unauthenticated", docRefuses: true},
+		{method: "GET", path: item, key: fx.readKey, body: big, status: 413, code: "payload_too_large"},
+		{method: "GET", path: item, key: fx.readKey, header: gzipped, body: "{}", status: 415, code: "unsupported_content_encoding"},
+		{method: "GET", path: item, key: fx.readKey, header: tooManyHeaders, status: 431, code: "headers_too_large"},
 		{method: "PUT", path: item, key: fx.readKey, status: 405, code: "method_not_allowed"},
+		{method: "HEAD", path: item + "?limit=5", key: fx.readKey, status: 400, code: "invalid_parameter"},
+		{method: "HEAD", path: item, status: 401, code: "unauthenticated", docRefuses: true},
+		{method: "HEAD", path: item, key: fx.writeKey, status: 403, code: "forbidden"},
+		{method: "HEAD", path: item, key: fx.readKey, body: big, status: 413, code: "payload_too_large"},
+		{method: "HEAD", path: item, key: fx.readKey, header: gzipped, body: "{}", status: 415, code: "unsupported_content_encoding"},
+		{method: "HEAD", path: item, key: fx.readKey, header: tooManyHeaders, status: 431, code: "headers_too_large"},
+	} {
+		c.do(t, s, x)
+	}
+	limited := addKey(t, pool, fx.owner, nil, "export:read")
+	spend(t, s, exchange{method: "GET", path: item, key: limited})
+	for _, x := range []exchange{
+		{method: "GET", path: "/export/items", key: limited, status: 429, code: "rate_limited"},
+		{method: "HEAD", path: "/export/items", key: limited, status: 429, code: "rate_limited"},
+		{method: "GET", path: item, key: limited, status: 429, code: "rate_limited"},
+		{method: "HEAD", path: item, key: limited, status: 429, code: "rate_limited"},
 	} {
 		c.do(t, s, x)
 	}
@@ -356,16 +433,36 @@ func checkSales(t *testing.T, c contract, s *stack, fx fixture, pool *pgxpool.Po
 		{method: "POST", path: confirm, header: key("oa-5"), body: order("oa-5"), status: 401, code: "unauthenticated", docRefuses: true},
 		{method: "POST", path: confirm, key: fx.readKey, header: key("oa-5"), body: order("oa-5"), status: 403, code: "forbidden"},
 		{method: "GET", path: confirm, key: fx.writeKey, status: 405, code: "method_not_allowed"},
+		{method: "POST", path: confirm, key: fx.writeKey, header: withKey(tooManyHeaders, "oa-5"), body: order("oa-5"),
+			status: 431, code: "headers_too_large"},
+		{method: "POST", path: cancel, key: fx.writeKey, body: order("oa-1"), status: 400, code: "invalid_idempotency_key", docRefuses: true},
+		{method: "POST", path: cancel, header: key("oa-cancel-3"), body: order("oa-1"), status: 401, code: "unauthenticated", docRefuses: true},
+		{method: "POST", path: cancel, key: fx.readKey, header: key("oa-cancel-3"), body: order("oa-1"), status: 403, code: "forbidden"},
+		{method: "POST", path: "/export/items/no-such-item/sales/cancel", key: fx.writeKey, header: key("oa-cancel-4"), body: order("oa-1"),
+			status: 404, code: "not_found"},
+		{method: "POST", path: cancel, key: fx.writeKey, header: key("oa-cancel-3"), body: order(strings.Repeat("o", 20*1024)),
+			status: 413, code: "payload_too_large", docRefuses: true},
+		{method: "POST", path: cancel, key: fx.writeKey, header: withKey(gzipped, "oa-cancel-3"), body: order("oa-1"),
+			status: 415, code: "unsupported_content_encoding"},
+		{method: "POST", path: cancel, key: fx.writeKey, header: withKey(tooManyHeaders, "oa-cancel-3"), body: order("oa-1"),
+			status: 431, code: "headers_too_large"},
 	} {
 		c.do(t, s, x)
 	}
-	checkRateLimited(t, c, s, addKey(t, pool, fx.owner, ptr("e2e-market"), "sales:write"), cancel)
+	checkRateLimited(t, c, s, addKey(t, pool, fx.owner, ptr("e2e-market"), "sales:write"), confirm, cancel)
 }
 
-// checkRateLimited spends a key of its own on the sale route's limit
-// (saleLimit) with cheap refused calls, then checks the 429.
-func checkRateLimited(t *testing.T, c contract, s *stack, key, path string) {
-	spend := exchange{method: "POST", path: path, key: key, body: `{}`}
+// withKey is header with an Idempotency-Key added.
+func withKey(header map[string]string, key string) map[string]string {
+	h := maps.Clone(header)
+	h["Idempotency-Key"] = key
+	return h
+}
+
+// checkRateLimited spends a key of its own on the sale routes' limit
+// (saleLimit) with cheap refused calls, then checks the 429 of each path.
+func checkRateLimited(t *testing.T, c contract, s *stack, key string, paths ...string) {
+	spend := exchange{method: "POST", path: paths[0], key: key, body: `{}`}
 	for range saleLimit {
 		resp, err := noRedirects.Do(spend.request(t, s.baseURL))
 		if err != nil {
@@ -373,10 +470,10 @@ func checkRateLimited(t *testing.T, c contract, s *stack, key, path string) {
 		}
 		resp.Body.Close()
 	}
-	spend.header = map[string]string{"Idempotency-Key": "oa-limited"}
-	spend.body = `{"external_order_id":"oa-limited"}`
-	spend.status, spend.code = 429, "rate_limited"
-	c.do(t, s, spend)
+	for _, path := range paths {
+		c.do(t, s, exchange{method: "POST", path: path, key: key, header: map[string]string{"Idempotency-Key": "oa-limited"},
+			body: `{"external_order_id":"oa-limited"}`, status: 429, code: "rate_limited"})
+	}
 }
 
 func checkShopSchema(t *testing.T, c contract, s *stack, shop fakeShop) {
@@ -396,9 +493,13 @@ func checkShopSchema(t *testing.T, c contract, s *stack, shop fakeShop) {
 		{method: "POST", path: path + "?base_url=x", body: body(shop.url, shopKey), status: 400, code: "invalid_parameter"},
 		{method: "POST", path: path, body: body(shop.url, strings.Repeat("k", 17*1024)), status: 413, code: "payload_too_large", docRefuses: true},
 		{method: "GET", path: path, status: 405, code: "method_not_allowed"},
+		{method: "POST", path: path, header: gzipped, body: body(shop.url, shopKey), status: 415, code: "unsupported_content_encoding"},
+		{method: "POST", path: path, header: tooManyHeaders, body: body(shop.url, shopKey), status: 431, code: "headers_too_large"},
 	} {
 		c.do(t, s, x)
 	}
+	spend(t, s, exchange{method: "POST", path: path, body: `{}`})
+	c.do(t, s, exchange{method: "POST", path: path, body: body(shop.url, shopKey), status: 429, code: "rate_limited"})
 }
 
 // itemOfStatus is the id of one seeded item of the fixture's owner with
@@ -457,7 +558,9 @@ var shopRows = map[string]string{
 
 func startShop(t *testing.T) fakeShop {
 	t.Helper()
-	srv := httptest.NewTLSServer(http.HandlerFunc(serveShop))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(serveShop))
+	srv.Listener = loopbackListener(t)
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	caFile := filepath.Join(t.TempDir(), "shop-ca.pem")
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -33,6 +34,14 @@ type stack struct {
 	traces  *tracestore.Store
 	logs    map[string]*testenv.Output
 	admin   map[string]string // each binary's admin listener, which serves /metrics
+	// common is the environment every binary of the stack starts with
+	// (database, Redis, secrets, trace receiver), and bin the folder of
+	// the binaries: what another gateway in front of it needs
+	// (startGateway).
+	common []string
+	bin    string
+	// sigterm, on a gateway of startGateway, asks it to stop.
+	sigterm func()
 }
 
 // build compiles every binary of one stack into a temporary folder (Go's
@@ -60,7 +69,9 @@ func startStack(t *testing.T, dsn, redisURL string, settings ...string) *stack {
 	t.Helper()
 	bin := build(t)
 	store := tracestore.New(nil, 0)
-	receiver := httptest.NewServer(store)
+	receiver := httptest.NewUnstartedServer(store)
+	receiver.Listener = loopbackListener(t)
+	receiver.Start()
 	t.Cleanup(receiver.Close)
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
@@ -68,6 +79,7 @@ func startStack(t *testing.T, dsn, redisURL string, settings ...string) *stack {
 		err := s.waitHealthy(exited)
 		if err == nil {
 			t.Cleanup(stop)
+			s.bin = bin
 			return s
 		}
 		stop()
@@ -126,7 +138,7 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 			"RATE_LIMIT_KEY_PREFIX=" + testenv.KeyPrefix(t),
 		},
 	}
-	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: traces, logs: map[string]*testenv.Output{}, admin: admin}
+	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: traces, logs: map[string]*testenv.Output{}, admin: admin, common: common}
 	ended := make(chan string, len(binaries))
 	var stops []func()
 	stop = func() { // newest first: the gateway before the services it calls
@@ -157,6 +169,18 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 		})
 	}
 	return s, ended, stop
+}
+
+// loopbackListener listens on an address from FreeAddr, as every
+// process of the stack does: a test's own servers (the trace receiver,
+// fake shops and services) keep to the same range of ports.
+func loopbackListener(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", testenv.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }
 
 // waitHealthy waits up to 30 s for the stack to be healthy, and gives up

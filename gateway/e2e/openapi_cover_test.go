@@ -1,0 +1,427 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+// answersMet is, per operation (or component response of no operation:
+// RouteNotFound, MethodNotAllowed), the statuses an exchange got and the
+// document described.
+type answersMet struct {
+	mu       sync.Mutex
+	statuses map[string]map[int]bool
+}
+
+// add counts status as met for op unless checking it failed (err), and
+// returns err.
+func (m *answersMet) add(op string, status int, err error) error {
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.statuses[op] == nil {
+		m.statuses[op] = map[int]bool{}
+	}
+	m.statuses[op][status] = true
+	return nil
+}
+
+func (m *answersMet) has(op string, status int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.statuses[op][status]
+}
+
+// unproducible are the documented answers ("operationId status") no
+// exchange of TestOpenAPIDescribesTheStack can get, each with why. Every
+// other documented answer must be produced: a document that promises an
+// answer nothing makes may describe it wrong.
+var unproducible = map[string]string{
+	// The gateway answers /health itself, from background checks: its
+	// only 500 is a panic turned into the envelope (edge.guardedServe),
+	// and no request makes one (edge's tests panic a route of their own).
+	"getHealth 500":  "only a panic of the gateway's, which no request causes",
+	"headHealth 500": "only a panic of the gateway's, which no request causes",
+	// shop-schema answers 500 only for an error that is neither the
+	// caller's, nor the shop's (every failure of a shop has its 502 or 504
+	// code), nor a cut-off drain: none a shop or a request can cause.
+	"readPrestaShopSchema 500": "only an error of shop-schema's own code, which no shop or request causes",
+}
+
+// wantEveryAnswerMet fails the test for each documented answer of an
+// operation that no exchange got, unless unproducible says why none can,
+// and for each unproducible entry that an exchange got after all or that
+// the document no longer has.
+func (c contract) wantEveryAnswerMet(t *testing.T) {
+	t.Helper()
+	documented := map[string]bool{}
+	var missing []string
+	want := func(op string, status int) {
+		name := op + " " + strconv.Itoa(status)
+		documented[name] = true
+		_, exempt := unproducible[name]
+		switch met := c.met.has(op, status); {
+		case !met && !exempt:
+			missing = append(missing, name)
+		case met && exempt:
+			t.Errorf("%s is in unproducible, but an exchange got it: take it out of the list", name)
+		}
+	}
+	for _, item := range c.doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			for code := range op.Responses.Map() {
+				status, err := strconv.Atoi(code)
+				if err != nil {
+					t.Errorf("%s: response %q is not a status: list each status", op.OperationID, code)
+					continue
+				}
+				want(op.OperationID, status)
+			}
+		}
+	}
+	want("RouteNotFound", http.StatusNotFound)
+	want("MethodNotAllowed", http.StatusMethodNotAllowed)
+	for name := range unproducible {
+		if !documented[name] {
+			t.Errorf("unproducible lists %s, which openapi.yaml does not document", name)
+		}
+	}
+	slices.Sort(missing)
+	for _, name := range missing {
+		t.Errorf("openapi.yaml documents %s, and no exchange produced it: add one (or say in unproducible why none can)", name)
+	}
+}
+
+// transportHeaders are the headers of HTTP's own framing, which no
+// response needs to declare. Any other header an answer carries must be
+// declared in its response: a generated client reads only those.
+var transportHeaders = []string{"Content-Type", "Content-Length", "Date", "Connection", "Transfer-Encoding"}
+
+// headersDeclared fails for a header of h that r does not declare.
+func headersDeclared(r *openapi3.Response, h http.Header) error {
+	var undeclared []string
+	for name := range h {
+		if slices.Contains(transportHeaders, name) {
+			continue
+		}
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(r.Headers)), func(d string) bool { return http.CanonicalHeaderKey(d) == name }) {
+			undeclared = append(undeclared, name)
+		}
+	}
+	if len(undeclared) > 0 {
+		slices.Sort(undeclared)
+		return fmt.Errorf("the answer carries headers its response does not declare: %v", undeclared)
+	}
+	return nil
+}
+
+// rawFault is how a raw exchange's request is malformed.
+type rawFault string
+
+const (
+	rawNone       rawFault = ""
+	rawFolded     rawFault = "a folded header line"         // obs-fold: 400 bad_request
+	rawUnfinished rawFault = "a head that never ends"       // 408 request_timeout once the read times out
+	rawVersion    rawFault = "HTTP/2.0 in the request line" // 400 http_version_not_supported
+)
+
+// sendRaw writes x's request, malformed as x.raw says, on a connection of
+// its own and reads the answer.
+func (x exchange) sendRaw(s *stack) (answer, error) {
+	base, err := url.Parse(s.baseURL)
+	if err != nil {
+		return answer{}, err
+	}
+	conn, err := net.DialTimeout("tcp", base.Host, 10*time.Second)
+	if err != nil {
+		return answer{}, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	version := "HTTP/1.1"
+	if x.raw == rawVersion {
+		version = "HTTP/2.0"
+	}
+	var head strings.Builder
+	fmt.Fprintf(&head, "%s %s%s %s\r\nHost: %s\r\n", x.method, base.Path, x.path, version, base.Host)
+	if x.key != "" {
+		fmt.Fprintf(&head, "X-API-Key: %s\r\n", x.key)
+	}
+	for k, v := range x.header {
+		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+	}
+	if x.body != "" {
+		fmt.Fprintf(&head, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(x.body))
+	}
+	switch x.raw {
+	case rawFolded:
+		head.WriteString("X-Note: a\r\n folded\r\n\r\n")
+	case rawUnfinished: // no empty line: the gateway waits for the rest
+	default:
+		head.WriteString("\r\n")
+	}
+	if x.raw != rawUnfinished {
+		head.WriteString(x.body)
+	}
+	if _, err := io.WriteString(conn, head.String()); err != nil {
+		return answer{}, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: x.method})
+	if err != nil {
+		return answer{}, fmt.Errorf("reading the answer: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, fmt.Errorf("reading the answer: %w", err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
+// doAll sends the exchanges at once: those that wait for a timeout wait
+// together (parallel subtests would wait by twos, as many as GOMAXPROCS).
+func (c contract) doAll(t *testing.T, s *stack, xs []exchange) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, x := range xs {
+		wg.Go(func() { c.do(t, s, x) })
+	}
+	wg.Wait()
+}
+
+// spend sends x until the rate limit that counts it is spent, as its
+// answer's X-RateLimit-Remaining tells: the next request it counts is
+// refused 429.
+func spend(t *testing.T, s *stack, x exchange) {
+	t.Helper()
+	for range 10_000 {
+		a, err := x.send(t, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.status == http.StatusTooManyRequests {
+			t.Fatalf("%s %s: 429 before its X-RateLimit-Remaining said 0", x.method, x.path)
+		}
+		left, err := strconv.Atoi(a.header.Get("X-RateLimit-Remaining"))
+		if err != nil {
+			t.Fatalf("%s %s = %d without X-RateLimit-Remaining: it spends no limit", x.method, x.path, a.status)
+		}
+		if left == 0 {
+			return
+		}
+	}
+	t.Fatalf("%s %s: its limit still not spent after 10,000 requests", x.method, x.path)
+}
+
+// startGateway starts another gateway in front of the stack's database and
+// Redis (its limits counted apart), with settings added, and waits until
+// it answers. stop ends it at once.
+func startGateway(t *testing.T, s *stack, settings ...string) (g *stack, stop func()) {
+	t.Helper()
+	addr := testenv.FreeAddr(t)
+	cmd := exec.Command(filepath.Join(s.bin, "gateway"))
+	cmd.Env = append(append(slices.Clone(s.common),
+		"GATEWAY_ADDR="+addr, "GATEWAY_ADMIN_ADDR="+testenv.FreeAddr(t),
+		"RATE_LIMIT_KEY_PREFIX="+testenv.KeyPrefix(t)), settings...)
+	logs := &testenv.Output{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	stop = sync.OnceFunc(func() { _ = cmd.Process.Kill(); <-done })
+	t.Cleanup(stop)
+	g = &stack{baseURL: "http://" + addr + "/v1", common: s.common, bin: s.bin}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if resp, err := healthClient.Get(g.baseURL + "/health"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("gateway exited before it answered:\n%s", logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway did not answer within 30 s:\n%s", logs.String())
+		}
+	}
+	g.sigterm = func() { _ = cmd.Process.Signal(syscall.SIGTERM) }
+	return g, stop
+}
+
+// faultyService is a service instance on loopback that answers its health
+// probe and fails every other request: a request whose URI or body says
+// "slow" is never answered (the gateway's upstream timeout ends it), any
+// other has its connection closed unanswered.
+func faultyService(t *testing.T) string {
+	t.Helper()
+	release := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(r.URL.RequestURI()+string(body), "slow") {
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})}
+	ln := loopbackListener(t)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { close(release); srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// everyOperation is one request to each operation of the document, the
+// exchange made by x for it, with its status and code set.
+func everyOperation(fx fixture, item string, status int, code string, x func(method, path, key, body string, header map[string]string) exchange) []exchange {
+	sale := `{"external_order_id":"oa-x"}`
+	idem := func(k string) map[string]string { return map[string]string{"Idempotency-Key": k} }
+	xs := []exchange{
+		x("GET", "/health", "", "", nil),
+		x("HEAD", "/health", "", "", nil),
+		x("POST", "/sync/prestashop/schema", "", `{"base_url":"https://shop.example.com","ws_key":"k"}`, nil),
+		x("GET", "/export/items", fx.readKey, "", nil),
+		x("HEAD", "/export/items", fx.readKey, "", nil),
+		x("GET", "/export/items/"+item, fx.readKey, "", nil),
+		x("HEAD", "/export/items/"+item, fx.readKey, "", nil),
+		x("POST", "/export/items/"+item+"/sales/confirm", fx.writeKey, sale, idem("oa-x-confirm-"+code)),
+		x("POST", "/export/items/"+item+"/sales/cancel", fx.writeKey, sale, idem("oa-x-cancel-"+code)),
+	}
+	for i := range xs {
+		xs[i].status, xs[i].code = status, code
+	}
+	return xs
+}
+
+// proxied are the exchanges of everyOperation that reach a service.
+func proxied(xs []exchange) []exchange {
+	return slices.DeleteFunc(xs, func(x exchange) bool { return strings.HasPrefix(x.path, "/health") })
+}
+
+// checkUnread: a request whose head cannot be trusted is refused before
+// any route is taken (400 bad_request), on every operation alike, as is
+// another HTTP version.
+func checkUnread(t *testing.T, c contract, s *stack, fx fixture) {
+	folded := func(method, path, key, body string, header map[string]string) exchange {
+		return exchange{method: method, path: path, key: key, body: body, header: header, raw: rawFolded}
+	}
+	c.doAll(t, s, everyOperation(fx, "s1-0", 400, "bad_request", folded))
+	c.do(t, s, exchange{method: "GET", path: "/health", raw: rawVersion, status: 400, code: "http_version_not_supported"})
+}
+
+// checkInternalError: a service that meets a database error it has no
+// better answer for (here its table gone, as under a migration that
+// renamed it before the binaries that read the new name were deployed)
+// answers 500 internal_error.
+func checkInternalError(t *testing.T, c contract, s *stack, fx fixture, pool *pgxpool.Pool) {
+	item := itemOfStatus(t, s, fx, "active")
+	rename := func(from, to string) {
+		if _, err := pool.Exec(context.Background(), "ALTER TABLE "+from+" RENAME TO "+to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("export_items", "export_items_away")
+	defer rename("export_items_away", "export_items")
+	plain := func(method, path, key, body string, header map[string]string) exchange {
+		return exchange{method: method, path: path, key: key, body: body, header: header}
+	}
+	for _, x := range proxied(everyOperation(fx, item, 500, "internal_error", plain)) {
+		if !strings.HasPrefix(x.path, "/sync/") {
+			c.do(t, s, x)
+		}
+	}
+}
+
+// checkServicesFailing sends every operation through a gateway of its own
+// whose services fail: the request's head never ends (408), the service
+// closes the connection unanswered (502) or never answers (504).
+func checkServicesFailing(t *testing.T, c contract, s *stack, fx fixture) {
+	faulty := faultyService(t)
+	g, _ := startGateway(t, s, "EXPORT_READER_URLS="+faulty, "SALES_WRITER_URLS="+faulty, "SHOP_SCHEMA_URLS="+faulty,
+		"GATEWAY_READ_TIMEOUT=1s", "UPSTREAM_READ_TIMEOUT=500ms")
+	unfinished := func(method, path, key, body string, header map[string]string) exchange {
+		return exchange{method: method, path: path, key: key, body: body, header: header, raw: rawUnfinished}
+	}
+	plain := func(method, path, key, body string, header map[string]string) exchange {
+		return exchange{method: method, path: path, key: key, body: body, header: header}
+	}
+	xs := everyOperation(fx, "slow", 408, "request_timeout", unfinished)
+	for _, x := range proxied(everyOperation(fx, "dropped", 502, "bad_gateway", plain)) {
+		if !strings.HasPrefix(x.path, "/sync/") { // shop-schema's 502s are the shop's: checkShopSchema
+			xs = append(xs, x)
+		}
+	}
+	for _, x := range proxied(everyOperation(fx, "slow", 504, "upstream_timeout", plain)) {
+		if x.path == "/export/items" {
+			x.path += "?cursor=slow"
+		}
+		if strings.HasPrefix(x.path, "/sync/") {
+			x.body = `{"base_url":"https://slow.example.com","ws_key":"k"}`
+		}
+		xs = append(xs, x)
+	}
+	c.doAll(t, g, xs)
+}
+
+// checkServicesDown sends every operation through a gateway of its own
+// whose services refuse connections (503 upstream_unavailable), then stops
+// that gateway: while it serves on for GATEWAY_SHUTDOWN_DELAY, its health
+// answers 503 unavailable.
+func checkServicesDown(t *testing.T, c contract, s *stack, fx fixture) {
+	down := "http://" + testenv.RefusingAddr(t)
+	g, stop := startGateway(t, s, "EXPORT_READER_URLS="+down, "SALES_WRITER_URLS="+down, "SHOP_SCHEMA_URLS="+down,
+		"GATEWAY_SHUTDOWN_DELAY=1m")
+	defer stop()
+	plain := func(method, path, key, body string, header map[string]string) exchange {
+		return exchange{method: method, path: path, key: key, body: body, header: header}
+	}
+	c.doAll(t, g, proxied(everyOperation(fx, "s1-0", 503, "upstream_unavailable", plain)))
+	g.sigterm()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err := healthClient.Get(g.baseURL + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stopping gateway's health did not answer 503 within 30 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.do(t, g, exchange{method: "GET", path: "/health", status: 503, code: "unavailable"})
+	c.do(t, g, exchange{method: "HEAD", path: "/health", status: 503, code: "unavailable"})
+}
