@@ -51,11 +51,14 @@ func unreachableCode(code string) bool {
 // now, for a reason of the server's that passes without any change to the
 // request: Unreachable, or an answer that the statement was not done and a
 // retry may be (the server read-only, overloaded, cancelling, or in
-// conflict with another session or with a standby's replay). The services
-// answer it 503 unavailable with Retry-After, as an outage: none of these
-// is a bug of theirs, nor a fault of the client's. What it leaves out is a
-// 500: a statement the server refuses (a constraint, a syntax or type
-// error), an internal error or corruption (XX), or an I/O error (58),
+// conflict with another session or with a standby's replay), or that the
+// server refuses the service's connections or fails in its own storage
+// for a reason its operator puts right while the service runs (a password
+// changed, the database renamed, a disk failing). The services answer it
+// 503 unavailable with Retry-After, as an outage: none of these is a bug
+// of theirs, nor a fault of the client's, and Cause names for the log
+// what the operator has to do. What it leaves out is a 500: a statement
+// the server refuses (a constraint, a syntax or type error, a permission),
 // which no retry mends.
 func Unavailable(err error) bool {
 	if Unreachable(err) {
@@ -85,10 +88,78 @@ func Unavailable(err error) bool {
 //     shutting down or starting (57P01-57P03), the database dropped or
 //     its connection ended by a standby's replay (57P04), an idle session
 //     ended (57P05).
+//   - a new connection refused: 28P01 invalid_password (the role's
+//     password changed under the running service), 28000
+//     invalid_authorization_specification (the role dropped or made
+//     NOLOGIN, no pg_hba.conf line for it), 3D000 invalid_catalog_name
+//     (the database dropped or renamed). At start they stop the binary
+//     (OpenWhenReached: a configuration to fix); under a running service
+//     they come with each connection its pool opens, and pass once the
+//     operator puts the role or the database back, with no restart: a 500
+//     told the client to report a bug, and the log named no cause.
+//   - class 58, system error (58030 io_error, 58P01 undefined_file: a
+//     file of the cluster unreadable or missing), and class XX, internal
+//     error (XX000; XX001 data_corrupted, XX002 index_corrupted): the
+//     server's storage or the server itself fails; the operator acts
+//     (Cause says where to look), the client's retry passes once it has.
 func unavailableCode(code string) bool {
 	switch code {
-	case "40001", "40P01", "25006", "55P03":
+	case "40001", "40P01", "25006", "55P03", "28P01", "28000", "3D000":
 		return true
 	}
-	return strings.HasPrefix(code, "53") || strings.HasPrefix(code, "57")
+	for _, class := range []string{"53", "57", "58", "XX"} {
+		if strings.HasPrefix(code, class) {
+			return true
+		}
+	}
+	return false
+}
+
+// Cause says, for an operator reading the log line of an Unavailable
+// error, what PostgreSQL refused and what puts it right, or "" when err
+// holds no server error Unavailable knows (the error itself then says it
+// all: a connection lost, a timeout). The line's error field keeps the
+// server's own words and SQLSTATE; a password is in neither.
+func Cause(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	if cause, ok := causes[pgErr.Code]; ok {
+		return cause
+	}
+	if len(pgErr.Code) == 5 {
+		return causes[pgErr.Code[:2]+"*"]
+	}
+	return ""
+}
+
+// causes holds Cause's texts by SQLSTATE, and by class ("53*") for the
+// codes of a class without a text of their own.
+var causes = map[string]string{
+	"28P01": "PostgreSQL refused the password of DATABASE_URL's role (changed under the running service?): " +
+		"give the role and DATABASE_URL the same password; new connections then succeed, no restart needed",
+	"28000": "PostgreSQL refused DATABASE_URL's role (dropped, NOLOGIN, or no pg_hba.conf line lets it in): " +
+		"restore the role's login; new connections then succeed, no restart needed",
+	"3D000": "DATABASE_URL's database does not exist (dropped or renamed under the running service): " +
+		"restore or rename it back, or point DATABASE_URL at it",
+	"25006": "the database is read-only (a standby after a failover, or default_transaction_read_only): " +
+		"point DATABASE_URL at the primary",
+	"53100": "PostgreSQL's disk is full: free space on the server (its data or WAL volume)",
+	"53200": "PostgreSQL is out of memory: check the server's memory and work_mem",
+	"53300": "PostgreSQL has no connection slot left (max_connections, or a CONNECTION LIMIT of the role or the database): " +
+		"see pg_stat_activity for what holds them",
+	"53*":   "PostgreSQL is out of a resource (see the SQLSTATE and the server's log)",
+	"55P03": "a lock_timeout ran out behind another session's lock: see pg_locks and pg_stat_activity",
+	"57014": "the statement was cancelled (statement_timeout, or pg_cancel_backend)",
+	"57P01": "PostgreSQL is shutting down or ended the session (pg_terminate_backend, a restart, a failover)",
+	"57P02": "PostgreSQL crashed and is restarting: see the server's log",
+	"57P03": "PostgreSQL is starting up or in recovery and takes no connections yet",
+	"57*":   "an operator's intervention ended the statement or the session",
+	"58*":   "PostgreSQL failed to read or write its own files (an I/O error, a file missing): check the server's disk and log",
+	"XX001": "PostgreSQL found a corrupted data page: see the server's log for the relation; restore it from a backup",
+	"XX002": "PostgreSQL found a corrupted index: REINDEX it (the server's log names it)",
+	"XX*":   "PostgreSQL reports an internal error: see the server's log",
+	"40001": "a serialization failure or a conflict with a standby's recovery rolled the statement back",
+	"40P01": "a deadlock (or a standby's recovery conflict) rolled the statement back",
 }

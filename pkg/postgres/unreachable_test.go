@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -121,8 +122,15 @@ func TestUnavailableClassifiesErrors(t *testing.T) {
 		{"in failed transaction (a bug)", &pgconn.PgError{Code: "25P02"}, false},
 		{"object in use", &pgconn.PgError{Code: "55006"}, false},
 		{"undefined column (a schema behind)", &pgconn.PgError{Code: "42703"}, false},
-		{"I/O error", &pgconn.PgError{Code: "58030"}, false},
-		{"data corrupted", &pgconn.PgError{Code: "XX001"}, false},
+		{"password changed under the service", &pgconn.PgError{Code: "28P01"}, true},
+		{"role dropped or NOLOGIN, no pg_hba line", &pgconn.PgError{Code: "28000"}, true},
+		{"database dropped or renamed", &pgconn.PgError{Code: "3D000"}, true},
+		{"I/O error", &pgconn.PgError{Code: "58030"}, true},
+		{"a file of the cluster missing", &pgconn.PgError{Code: "58P01"}, true},
+		{"internal error", &pgconn.PgError{Code: "XX000"}, true},
+		{"data corrupted", &pgconn.PgError{Code: "XX001"}, true},
+		{"index corrupted", &pgconn.PgError{Code: "XX002"}, true},
+		{"permission denied (a grant missing: a bug of the migration or the setup)", &pgconn.PgError{Code: "42501"}, false},
 		{"caller's deadline", context.DeadlineExceeded, false},
 		{"caller hung up", context.Canceled, false},
 		{"a bug", errors.New("scan: wrong number of columns"), false},
@@ -175,6 +183,56 @@ func TestUnavailableOnRealRefusals(t *testing.T) {
 		blocked.Close(ctx)
 		if !postgres.Unavailable(err) {
 			t.Errorf("Unavailable(read behind a lock with %s: %v) = false, want true", setting, err)
+		}
+	}
+}
+
+// What a running service meets when its database is renamed or dropped, or
+// its role dropped, under it: the server refuses each new connection of
+// its pool. That is Unavailable (503 with Retry-After, the client retries
+// and the operator acts), not the 500 of a bug, but still not Unreachable,
+// which would have a binary starting with such a DSN wait for ever instead
+// of stopping on the configuration to fix; and Cause says what to do.
+func TestRefusedConnectionsAreUnavailable(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		name, dsn, code, cause string
+	}{
+		{"a database that does not exist", url + " dbname=no_such_database", "3D000", "DATABASE_URL's database does not exist"},
+		{"a role that does not exist", url + " user=no_such_role", "28000", "PostgreSQL refused DATABASE_URL's role"},
+	} {
+		pool := testenv.Pool(t, tc.dsn)
+		_, err := pool.Exec(ctx, "SELECT 1")
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+			t.Fatalf("a statement on %s: %v, want SQLSTATE %s", tc.name, err, tc.code)
+		}
+		if !postgres.Unavailable(err) || postgres.Unreachable(err) {
+			t.Errorf("%s: Unavailable = %v, Unreachable = %v, want true, false", tc.name, postgres.Unavailable(err), postgres.Unreachable(err))
+		}
+		if got := postgres.Cause(err); !strings.HasPrefix(got, tc.cause) {
+			t.Errorf("Cause(%s) = %q, want it to start %q", tc.name, got, tc.cause)
+		}
+	}
+}
+
+// Cause has a text for every SQLSTATE Unavailable takes, directly or by
+// its class, and none for an error without one.
+func TestCauseNamesWhatToDo(t *testing.T) {
+	for _, code := range []string{"28P01", "28000", "3D000", "25006", "53100", "53200", "53300", "53400", "55P03",
+		"57014", "57P01", "57P03", "57P04", "58030", "58P01", "XX000", "XX001", "XX002", "40001", "40P01"} {
+		err := fmt.Errorf("sales: %w", &pgconn.PgError{Code: code})
+		if !postgres.Unavailable(err) {
+			t.Errorf("Unavailable(%s) = false", code)
+		}
+		if postgres.Cause(err) == "" {
+			t.Errorf("Cause(%s) is empty", code)
+		}
+	}
+	for _, err := range []error{errors.New("scan: wrong number of columns"), &pgconn.PgError{Code: "23505"}, &pgconn.PgError{Code: "X"}} {
+		if got := postgres.Cause(err); got != "" {
+			t.Errorf("Cause(%v) = %q, want none", err, got)
 		}
 	}
 }

@@ -127,7 +127,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	if postgres.Unreachable(err) {
 		// An outage, not a bug. The connection may have broken after the
 		// commit, so the answer says how to find out safely.
-		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err)
+		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, "cause", postgres.Cause(err))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store is unreachable; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
@@ -137,9 +137,12 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// it back: read-only (a failover sent the writer to a standby, or
 		// the primary is fenced), out of connections or disk, a deadlock,
 		// or a statement cancelled before the query timeout
-		// (errCanceledEarly). Nothing was applied; the answer still says how to
-		// settle it with the key, as every 503 of the writer does.
-		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err)
+		// (errCanceledEarly); or it refused a new connection (a password
+		// changed, the database renamed) or failed in its own storage,
+		// which the operator puts right (cause says how). Nothing was
+		// applied; the answer still says how to settle it with the key, as
+		// every 503 of the writer does.
+		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, "cause", postgres.Cause(err))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"

@@ -837,3 +837,35 @@ func lockItem(t *testing.T, f *fixture, item string) pgx.Tx {
 	}
 	return tx
 }
+
+// A database renamed (or dropped) under a running writer refuses each new
+// connection, SQLSTATE 3D000: a sale is 503 unavailable with Retry-After,
+// not the 500 of a bug, applies nothing, and its log line says what the
+// operator must do; once the database is back, the same call with the
+// same key sells the item, with no restart.
+func TestDatabaseRenamedUnderTheWriterIsUnavailable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs)
+	restore := testenv.RenameDatabase(t, f.url)
+	f.db.Reset() // its sessions were ended: the next call connects anew
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+			!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+			t.Errorf("%s with the database renamed = %d %q %s, want 503 unavailable naming the retry", op, rec.Code, errorCode(env), rec.Body)
+		}
+		if got := rec.Header().Get("Retry-After"); got != "1" {
+			t.Errorf("%s with the database renamed: Retry-After = %q, want 1", op, got)
+		}
+	}
+	if !strings.Contains(logs.String(), `"msg":"sale store unavailable"`) || !strings.Contains(logs.String(), "3D000") ||
+		!strings.Contains(logs.String(), `"cause":"DATABASE_URL's database does not exist`) {
+		t.Errorf("the log does not name the refusal, its SQLSTATE and what to do:\n%s", logs.String())
+	}
+	restore()
+	f.db.Reset()
+	confirmed(t, f, "key-confirm")
+}

@@ -665,3 +665,38 @@ func TestItemAccessLineNamesTheItem(t *testing.T) {
 		t.Errorf("the log holds the API key:\n%s", e.logs.String())
 	}
 }
+
+// A database renamed (or dropped) under a running reader refuses each new
+// connection, SQLSTATE 3D000: the page is 503 unavailable with
+// Retry-After, not the 500 of a bug, its log line says what the operator
+// must do, and once the database is back the same read passes, with no
+// restart.
+func TestDatabaseRenamedUnderTheReaderIsUnavailable(t *testing.T) {
+	t.Parallel()
+	signer, err := identity.NewSigner(identitySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testenv.PostgresURL(t)
+	e := serve(t, testenv.Pool(t, url), signer)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("coin-1", "active", "Coin"))
+	restore := testenv.RenameDatabase(t, url)
+	for _, path := range []string{"/v1/export/items", "/v1/export/items/coin-1"} {
+		r := e.get(t, owner, path)
+		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
+			t.Errorf("GET %s with the database renamed = %d %s, want 503 unavailable", path, r.status, r.body)
+		}
+		if got := r.header.Get("Retry-After"); got != "1" {
+			t.Errorf("GET %s with the database renamed: Retry-After = %q, want 1", path, got)
+		}
+	}
+	if logs := e.logs.String(); !strings.Contains(logs, `"msg":"export store unavailable"`) || !strings.Contains(logs, "3D000") ||
+		!strings.Contains(logs, `"cause":"DATABASE_URL's database does not exist`) {
+		t.Errorf("the log does not name the refusal, its SQLSTATE and what to do:\n%s", logs)
+	}
+	restore()
+	if r := e.get(t, owner, "/v1/export/items/coin-1"); r.status != http.StatusOK {
+		t.Errorf("GET once the database is back = %d %s, want 200", r.status, r.body)
+	}
+}
