@@ -213,3 +213,43 @@ func TestClosedPoolIsNotRetained(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// The side connection of the readiness checks is renewed, so that they see
+// what PostgreSQL tells new sessions only: here a
+// default_transaction_read_only set with ALTER DATABASE (a primary fenced
+// during a failover), which the service's pool meets at its next
+// connection; as well a password changed or a role made NOLOGIN, which
+// refuse the next connection. On pgxpool's default hour-long lifetime the
+// check, on its connection in use every second, kept reading the old
+// session's state.
+func TestSideConnectionSeesWhatNewSessionsSee(t *testing.T) {
+	postgres.ShortenSideConnLifetime(t, 200*time.Millisecond)
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	pool := testenv.Pool(t, url)
+	side, err := postgres.OpenSide(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer side.Close()
+	readOnly := func() string {
+		var v string
+		if err := side.QueryRow(ctx, "SELECT current_setting('default_transaction_read_only')").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if got := readOnly(); got != "off" {
+		t.Fatalf("default_transaction_read_only = %q before, want off", got)
+	}
+	if _, err := pool.Exec(ctx, "ALTER DATABASE "+pool.Config().ConnConfig.Database+" SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	// Used as the checks use it, every 50 ms: on the hour-long lifetime its
+	// one connection would serve all this while.
+	for deadline := time.Now().Add(10 * time.Second); readOnly() != "on"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the side connection still reads default_transaction_read_only off 10 s after ALTER DATABASE: it was never renewed")
+		}
+	}
+}

@@ -41,15 +41,33 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 // each a trivial query every second or so: one connection more per
 // instance, counted in PostgreSQL's max_connections. It connects on first
 // use; the caller closes it after the checks have stopped.
+//
+// Its connection is renewed every sideConnLifetime: what PostgreSQL
+// decides when a session starts reaches only new sessions, and on pgxpool's
+// hour-long default lifetime the checks, on a connection in use every
+// second, saw none of it for up to an hour while the service's pool, whose
+// connections come and go with the load, did. Seen on a make run stack: the
+// role's password changed, every read and sale failed to connect (28P01)
+// while /healthz answered 200 ok, so the gateway kept the instances in
+// rotation; the same goes for a role made NOLOGIN, the database renamed
+// and a default_transaction_read_only set with ALTER DATABASE or ALTER ROLE.
+// A new connection a minute costs one session start (SCRAM, a fork) per
+// instance.
 func OpenSide(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
 	cfg := pool.Config()
 	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+	cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter = sideConnLifetime, sideConnLifetime/10
 	side, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: side connection: %w", err)
 	}
 	return side, nil
 }
+
+// sideConnLifetime is how long OpenSide's connection serves before it is
+// renewed: how late, at most, the checks see what PostgreSQL tells new
+// sessions only (a variable for the tests).
+var sideConnLifetime = time.Minute
 
 // newPool is Open without the check: pgxpool connects when a connection is
 // first asked for.

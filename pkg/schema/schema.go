@@ -259,7 +259,8 @@ type ReadinessOption func(*Readiness)
 // configuration (ALTER SYSTEM and a reload) or the DSN, in the same round
 // trip as the ping it replaces. A default set with ALTER DATABASE or ALTER
 // ROLE reaches only sessions opened after it, the check's at its next
-// connection; the writes fail meanwhile, answered 503. A reader leaves it
+// connection, within a minute (postgres.OpenSide renews it); the writes
+// fail meanwhile, answered 503. A reader leaves it
 // off: it reads from a replica on purpose.
 func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true } }
 
