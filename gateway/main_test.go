@@ -263,3 +263,72 @@ func TestConfigErrorNamesAMisspeltVariable(t *testing.T) {
 		t.Errorf("run() without DATABASE_URL = %v, want the config error with a hint naming DATABSE_URL, not its value", err)
 	}
 }
+
+// A database renamed (or dropped) under a running gateway refuses the key
+// lookups' new connections (SQLSTATE 3D000): a keyed request gets the 503
+// envelope, whose log line says what the operator must put right, and once
+// the database is back lookups pass again with no restart (here an unknown
+// key's 401).
+func TestRunAnswersADatabaseRenamedUnderIt(t *testing.T) {
+	addr := testenv.FreeAddr(t)
+	dsn := testenv.PostgresURL(t)
+	env := map[string]string{
+		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
+		"DATABASE_URL": dsn, "REDIS_URL": testenv.RedisURL(t), "RATE_LIMIT_KEY_PREFIX": testenv.KeyPrefix(t),
+		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
+	}
+	maps.Copy(env, downUpstreams(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/v1/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not listening: %v\n%s", err, out.String())
+		}
+	}
+	lookup := func() int {
+		key, _, err := apikey.Generate([]string{"export:read"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	restore := testenv.RenameDatabase(t, dsn)
+	// The first lookups may meet the pool's connections the rename ended
+	// (a broken pipe): 503 too, then new connections are refused.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), "3D000"); {
+		if got := lookup(); got != http.StatusServiceUnavailable {
+			t.Fatalf("a keyed request with the database renamed = %d, want 503", got)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no lookup met the renamed database (3D000) in 10 s:\n%s", out.String())
+		}
+	}
+	if logs := out.String(); !strings.Contains(logs, `"cause":"DATABASE_URL's database does not exist`) {
+		t.Errorf("the log does not say what to do of the refusal:\n%s", logs)
+	}
+	restore()
+	for deadline := time.Now().Add(10 * time.Second); lookup() != http.StatusUnauthorized; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("an unknown key is not answered 401 10 s after the database is back:\n%s", out.String())
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel"
@@ -297,7 +298,13 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	ae, logIt := toAPIError(err)
 	if logIt {
-		g.log.ErrorContext(rq.ctx, "request failed", "status", ae.Status, "code", ae.Code, "error", err.Error())
+		attrs := []any{"status", ae.Status, "code", ae.Code, "error", err.Error()}
+		if cause := postgres.Cause(err); cause != "" {
+			// A key lookup PostgreSQL refused (a password changed, the
+			// database renamed, a full disk): what the operator must do.
+			attrs = append(attrs, "cause", cause)
+		}
+		g.log.ErrorContext(rq.ctx, "request failed", attrs...)
 		rq.span.RecordError(err)
 	}
 	resp := c.Response()
