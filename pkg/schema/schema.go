@@ -322,6 +322,12 @@ func (r *Readiness) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 	defer cancel()
 	if err := r.ping(ctx); err != nil {
+		if cause := postgres.Cause(err); cause != "" {
+			// The WARN not ready says what to put right, as the
+			// request's lines do: the gateway's line that takes the
+			// instance out says only "503 not_ready".
+			return fmt.Errorf("%w: %s", err, cause)
+		}
 		return err
 	}
 	if r.current.Load() {

@@ -310,3 +310,26 @@ func TestAMigrationThroughAPoolerGivesUpBehindALongQuery(t *testing.T) {
 		t.Errorf("Up() through PgBouncer after the report = %v, %v; want 00007 applied", applied, err)
 	}
 }
+
+// A database renamed under a running service: the check's next connection
+// is refused (SQLSTATE 3D000), and its error, the WARN not ready's, says
+// what the operator must put right, not only the server's words; once the
+// database is back the service is ready again, with no restart.
+func TestReadinessSaysWhatToPutRight(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	pool := testenv.Pool(t, url)
+	ready := schema.NewReadiness(ctx, sideOf(t, pool), slog.New(slog.DiscardHandler))
+	if err := ready.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restore := testenv.RenameDatabase(t, url)
+	err := ready.Ready(ctx)
+	if err == nil || !strings.Contains(err.Error(), "3D000") || !strings.Contains(err.Error(), "DATABASE_URL's database does not exist") {
+		t.Errorf("Ready with the database renamed = %v, want the refusal and what to do", err)
+	}
+	restore()
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready once the database is back = %v, want nil", err)
+	}
+}
