@@ -298,13 +298,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	ae, logIt := toAPIError(err)
 	if logIt {
-		attrs := []any{"status", ae.Status, "code", ae.Code, "error", err.Error()}
-		if cause := postgres.Cause(err); cause != "" {
-			// A key lookup PostgreSQL refused (a password changed, the
-			// database renamed, a full disk): what the operator must do.
-			attrs = append(attrs, "cause", cause)
-		}
-		g.log.ErrorContext(rq.ctx, "request failed", attrs...)
+		// A key lookup PostgreSQL refused (a password changed, the
+		// database renamed, a full disk) adds what the operator must do.
+		g.log.ErrorContext(rq.ctx, "request failed", "status", ae.Status, "code", ae.Code, "error", err.Error(), postgres.CauseAttr(err))
 		rq.span.RecordError(err)
 	}
 	resp := c.Response()

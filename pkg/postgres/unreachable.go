@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"syscall"
@@ -134,6 +135,15 @@ func Cause(err error) string {
 	return ""
 }
 
+// CauseAttr is Cause as a log attribute, "cause", or none (an empty Attr,
+// which slog leaves out) when Cause has nothing to say.
+func CauseAttr(err error) slog.Attr {
+	if cause := Cause(err); cause != "" {
+		return slog.String("cause", cause)
+	}
+	return slog.Attr{}
+}
+
 // causes holds Cause's texts by SQLSTATE, and by class ("53*") for the
 // codes of a class without a text of their own.
 var causes = map[string]string{
@@ -158,7 +168,7 @@ var causes = map[string]string{
 	"57*":   "an operator's intervention ended the statement or the session",
 	"58*":   "PostgreSQL failed to read or write its own files (an I/O error, a file missing): check the server's disk and log",
 	"XX001": "PostgreSQL found a corrupted data page: see the server's log for the relation; restore it from a backup",
-	"XX002": "PostgreSQL found a corrupted index: REINDEX it (the server's log names it)",
+	"XX002": "PostgreSQL found a corrupted index: REINDEX the index the error names",
 	"XX*":   "PostgreSQL reports an internal error: see the server's log",
 	"40001": "a serialization failure or a conflict with a standby's recovery rolled the statement back",
 	"40P01": "a deadlock (or a standby's recovery conflict) rolled the statement back",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"syscall"
@@ -234,5 +235,18 @@ func TestCauseNamesWhatToDo(t *testing.T) {
 		if got := postgres.Cause(err); got != "" {
 			t.Errorf("Cause(%v) = %q, want none", err, got)
 		}
+	}
+}
+
+// CauseAttr adds no empty cause to a log line: a connection refused or
+// lost has nothing Cause would add to its error.
+func TestCauseAttrIsLeftOutWhenEmpty(t *testing.T) {
+	var out strings.Builder
+	log := slog.New(slog.NewJSONHandler(&out, nil))
+	log.Error("x", postgres.CauseAttr(fmt.Errorf("dial: %w", syscall.ECONNREFUSED)))
+	log.Error("y", postgres.CauseAttr(&pgconn.PgError{Code: "3D000"}))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || strings.Contains(lines[0], "cause") || !strings.Contains(lines[1], `"cause":"DATABASE_URL's database does not exist`) {
+		t.Errorf("log lines = %q, want no cause on the first, the database's on the second", lines)
 	}
 }

@@ -127,7 +127,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	if postgres.Unreachable(err) {
 		// An outage, not a bug. The connection may have broken after the
 		// commit, so the answer says how to find out safely.
-		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, "cause", postgres.Cause(err))
+		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store is unreachable; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
@@ -142,7 +142,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// which the operator puts right (cause says how). Nothing was
 		// applied; the answer still says how to settle it with the key, as
 		// every 503 of the writer does.
-		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, "cause", postgres.Cause(err))
+		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
