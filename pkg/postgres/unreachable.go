@@ -116,6 +116,22 @@ func unavailableCode(code string) bool {
 	return false
 }
 
+// SessionRefused reports whether err is PostgreSQL refusing a new session
+// (28P01 a password that no longer matches, 28000 a role dropped or made
+// NOLOGIN, 3D000 a database that is not there): the sessions opened before
+// it may still serve.
+func SessionRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "28P01", "28000", "3D000":
+		return true
+	}
+	return false
+}
+
 // Cause says, for an operator reading the log line of an Unavailable
 // error, what PostgreSQL refused and what puts it right, or "" when err
 // holds no server error Unavailable knows (the error itself then says it

@@ -241,8 +241,10 @@ func embeddedVersions() ([]int64, error) {
 type Readiness struct {
 	conn     *pgxpool.Pool // a pool of one connection apart from the service's (postgres.OpenSide)
 	log      *slog.Logger
-	writable bool // the service writes: a read-only database is not ready (Writable)
+	writable bool          // the service writes: a read-only database is not ready (Writable)
+	serving  *pgxpool.Pool // the service's own pool, asked when conn's new session is refused (ServingOn)
 	current  atomic.Bool
+	warnedAt atomic.Int64 // unix seconds of the last "serving on the connections opened before" warning
 }
 
 // ReadinessOption adds a condition to a Readiness.
@@ -263,6 +265,23 @@ type ReadinessOption func(*Readiness)
 // fail meanwhile, answered 503. A reader leaves it
 // off: it reads from a replica on purpose.
 func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true } }
+
+// ServingOn keeps the service ready while PostgreSQL refuses new sessions
+// (postgres.SessionRefused: a password changed, the role made NOLOGIN) but
+// pool, the service's own, still has a connection that answers: the
+// check's connection is renewed every minute (postgres.OpenSide), so it
+// meets the refusal first, while the service goes on serving on the
+// connections it opened before, for as long as they last (an hour at most,
+// pgxpool's lifetime). Unready, every instance left the gateway's rotation
+// within a minute of a password changed too early, a whole outage where
+// the calls that needed no new connection were served; the gateway takes
+// an instance out only on evidence that it cannot serve. Meanwhile a WARN
+// a minute names the cause; once the pool has no connection left that
+// answers, the check fails as before. A schema not yet current is checked
+// on the check's own connection, so it stays unready.
+func ServingOn(pool *pgxpool.Pool) ReadinessOption {
+	return func(r *Readiness) { r.serving = pool }
+}
 
 // ErrReadOnly is Ready's error for a Writable check on a read-only database.
 var ErrReadOnly = errors.New("schema: the database is read-only (a standby, or default_transaction_read_only): this service writes; point it at the primary")
@@ -322,6 +341,9 @@ func (r *Readiness) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 	defer cancel()
 	if err := r.ping(ctx); err != nil {
+		if r.servesOnOpenConnections(ctx, err) {
+			return nil
+		}
 		if cause := postgres.Cause(err); cause != "" {
 			// The WARN not ready says what to put right, as the
 			// request's lines do: the gateway's line that takes the
@@ -340,4 +362,23 @@ func (r *Readiness) Ready(ctx context.Context) error {
 		r.log.Info("database schema is current", "schema_version", Version())
 	}
 	return nil
+}
+
+// servesOnOpenConnections reports whether the service still serves though
+// PostgreSQL refused the check's new session (ServingOn): its schema was
+// current, and its own pool has a connection that answers. It warns of
+// the refusal once a minute while it lasts.
+func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) bool {
+	if r.serving == nil || !r.current.Load() || !postgres.SessionRefused(refused) {
+		return false
+	}
+	if r.serving.Ping(ctx) != nil {
+		return false
+	}
+	now := time.Now().Unix()
+	if last := r.warnedAt.Load(); now-last >= 60 && r.warnedAt.CompareAndSwap(last, now) {
+		r.log.Warn("PostgreSQL refuses new sessions; serving on the connections opened before, until they end",
+			"error", refused, postgres.CauseAttr(refused))
+	}
+	return true
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -332,4 +333,66 @@ func TestReadinessSaysWhatToPutRight(t *testing.T) {
 	if err := ready.Ready(ctx); err != nil {
 		t.Errorf("Ready once the database is back = %v, want nil", err)
 	}
+}
+
+// A password changed before the services had it (here the role made
+// NOLOGIN, as the test clusters trust every login: 28000 where a password
+// gives 28P01) refuses the check's next session first. While the service's
+// own pool still has a connection that answers, the service serves, so it
+// stays ready and warns of the cause (schema.ServingOn); once that
+// connection has ended, it is unready, naming the cause.
+func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, url)
+	role := fmt.Sprintf("readiness_%d", time.Now().UnixNano())
+	mustExec(t, admin, "CREATE ROLE "+role+" LOGIN SUPERUSER")
+	t.Cleanup(func() {
+		mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
+		mustExec(t, admin, "DROP ROLE "+role)
+	})
+	pool := testenv.Pool(t, url+" user="+role+" pool_max_conns=1")
+	side := sideOf(t, pool)
+	var logged testenv.Output
+	ready := schema.NewReadiness(ctx, side, slog.New(slog.NewTextHandler(&logged, nil)), schema.ServingOn(pool))
+	if err := ready.Ready(ctx); err != nil {
+		t.Fatalf("Ready before = %v, want nil", err)
+	}
+	if err := pool.Ping(ctx); err != nil { // the service's connection, idle in its pool
+		t.Fatal(err)
+	}
+	mustExec(t, admin, "ALTER ROLE "+role+" NOLOGIN")
+	// The check's connection ends (its minute's renewal, here a
+	// terminate): its next session is refused.
+	mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"' AND pid <> "+
+		strconv.Itoa(int(backendPID(t, pool))))
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
+	}
+	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "PostgreSQL refused DATABASE_URL's role") {
+		t.Errorf("log = %q, want a WARN naming the cause", got)
+	}
+	pool.Reset() // the pool's connections end: none left that answers
+	err := ready.Ready(ctx)
+	if err == nil || !strings.Contains(err.Error(), "PostgreSQL refused DATABASE_URL's role") {
+		t.Errorf("Ready with no connection left = %v, want the refusal with its cause", err)
+	}
+}
+
+func mustExec(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// backendPID is the server process of pool's one idle connection.
+func backendPID(t *testing.T, pool *pgxpool.Pool) uint32 {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	return conn.Conn().PgConn().PID()
 }

@@ -94,7 +94,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	api.New(reader, log, cfg.QueryTimeout).Register(mux)
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness).
-	readiness := schema.NewReadiness(ctx, side, log)
+	readiness := schema.NewReadiness(ctx, side, log, schema.ServingOn(pool))
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,

@@ -89,7 +89,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		return err
 	}
 	defer side.Close()
-	readiness := schema.NewReadiness(ctx, side, log, schema.Writable())
+	readiness := schema.NewReadiness(ctx, side, log, schema.Writable(), schema.ServingOn(pool))
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
