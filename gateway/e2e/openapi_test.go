@@ -50,7 +50,7 @@ func loadContract(t *testing.T) contract {
 	if err != nil {
 		t.Fatalf("router over ../openapi.yaml: %v", err)
 	}
-	return contract{doc: doc, router: router, met: &answersMet{statuses: map[string]map[int]bool{}}}
+	return contract{doc: doc, router: router, met: &answersMet{}}
 }
 
 // exchange is one request to send, and what the test means it to get.
@@ -89,7 +89,11 @@ var noRedirects = &http.Client{
 
 func (x exchange) request(t *testing.T, baseURL string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(x.method, baseURL+x.path, strings.NewReader(x.body))
+	path := x.path
+	if x.raw == rawEscape { // the document sees the % as sent, which no URL can hold unescaped
+		path = strings.ReplaceAll(path, "%", "%25")
+	}
+	req, err := http.NewRequest(x.method, baseURL+path, strings.NewReader(x.body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +157,9 @@ func (c contract) check(req *http.Request, x exchange, a answer) error {
 	route, params, err := c.router.FindRoute(req)
 	switch {
 	case errors.Is(err, routers.ErrPathNotFound):
-		return c.met.add("RouteNotFound", a.status, c.checkUnrouted(req, "RouteNotFound", a))
+		return c.met.add("RouteNotFound", a.status, a.header.Get("X-Error-Code"), c.checkUnrouted(req, "RouteNotFound", a))
 	case errors.Is(err, routers.ErrMethodNotAllowed):
-		return c.met.add("MethodNotAllowed", a.status, c.checkUnrouted(req, "MethodNotAllowed", a))
+		return c.met.add("MethodNotAllowed", a.status, a.header.Get("X-Error-Code"), c.checkUnrouted(req, "MethodNotAllowed", a))
 	case err != nil:
 		return fmt.Errorf("finding the operation: %w", err)
 	}
@@ -170,7 +174,7 @@ func (c contract) check(req *http.Request, x exchange, a answer) error {
 	case !x.docRefuses && reqErr != nil:
 		return fmt.Errorf("the document refuses the request: %w", reqErr)
 	}
-	return c.met.add(route.Operation.OperationID, a.status, checkAnswer(in, route.Operation.Responses, a))
+	return c.met.add(route.Operation.OperationID, a.status, a.header.Get("X-Error-Code"), checkAnswer(in, route.Operation.Responses, a))
 }
 
 // checkUnrouted checks the answer to a request no operation has against
@@ -220,6 +224,9 @@ func checkAnswer(in *openapi3filter.RequestValidationInput, responses *openapi3.
 	}
 	if env.Meta.RequestID != a.header.Get("X-Request-Id") {
 		return fmt.Errorf("meta.request_id %q, X-Request-Id %q: want them equal", env.Meta.RequestID, a.header.Get("X-Request-Id"))
+	}
+	if env.Error != nil && env.Error.Code != a.header.Get("X-Error-Code") {
+		return fmt.Errorf("error.code %q, X-Error-Code %q: want them equal", env.Error.Code, a.header.Get("X-Error-Code"))
 	}
 	if env.Error != nil && !slices.Contains(errorCodes(ref.Value), env.Error.Code) {
 		return fmt.Errorf("error.code %q is not in the response's x-error-codes %v", env.Error.Code, errorCodes(ref.Value))
@@ -273,6 +280,11 @@ const saleLimit = 30
 // it in a few quick calls, above what the fixture's read key spends.
 const readLimit = 100
 
+// queryTimeout is the stack's EXPORT_READER_QUERY_TIMEOUT and
+// SALES_WRITER_QUERY_TIMEOUT: what checkStoreLocked's calls wait, far
+// over what any other query of the test takes.
+const queryTimeout = 2 * time.Second
+
 // big is a body over the gateway's 64 KiB.
 var big = strings.Repeat("x", 65*1024)
 
@@ -295,12 +307,20 @@ func TestOpenAPIDescribesTheStack(t *testing.T) {
 	shop := startShop(t)
 	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t),
 		"SHOP_SCHEMA_ALLOW_HOSTS=127.0.0.1", "SHOP_SCHEMA_CA_FILE="+shop.caFile,
+		"SHOP_SCHEMA_TIMEOUT="+shopTimeout.String(), "SHOP_SCHEMA_CONNECT_TIMEOUT="+shopTimeout.String(),
+		fmt.Sprintf("SHOP_SCHEMA_MAX_RESPONSE_BYTES=%d", shopMaxResponseBytes),
+		"EXPORT_READER_QUERY_TIMEOUT="+queryTimeout.String(), "SALES_WRITER_QUERY_TIMEOUT="+queryTimeout.String(),
 		fmt.Sprintf("RATE_LIMIT_SALES_WRITE=%d-M", saleLimit), fmt.Sprintf("RATE_LIMIT_EXPORT_READ=%d-M", readLimit))
 
 	t.Run("health", func(t *testing.T) { checkHealth(t, c, s) })
 	t.Run("export", func(t *testing.T) { checkExport(t, c, s, fx, pool) })
 	t.Run("sales", func(t *testing.T) { checkSales(t, c, s, fx, pool) })
-	t.Run("shop schema", func(t *testing.T) { checkShopSchema(t, c, s, shop) })
+	t.Run("waiting for timeouts", func(t *testing.T) { // each waits 2 s, so they wait together
+		t.Run("shop failing", func(t *testing.T) { t.Parallel(); checkShopFailing(t, c, s, shop) })
+		t.Run("store locked", func(t *testing.T) { t.Parallel(); checkStoreLocked(t, c, s, fx, pool) })
+	})
+	t.Run("shop schema", func(t *testing.T) { checkShopSchema(t, c, s, shop) }) // after shop failing: it spends the route's limit
+	t.Run("sale in progress", func(t *testing.T) { checkInProgress(t, c, s, fx, pool) })
 	t.Run("unread requests", func(t *testing.T) { checkUnread(t, c, s, fx) })
 	t.Run("internal error", func(t *testing.T) { checkInternalError(t, c, s, fx, pool) })
 	t.Run("services failing", func(t *testing.T) { checkServicesFailing(t, c, s, fx) })
@@ -360,6 +380,11 @@ func checkExport(t *testing.T, c contract, s *stack, fx fixture, pool *pgxpool.P
 		{method: "HEAD", path: "/export/items", status: 401, code: "unauthenticated", docRefuses: true},
 		{method: "HEAD", path: "/export/items", key: fx.writeKey, status: 403, code: "forbidden"},
 		{method: "HEAD", path: "/export/items?limit=0", key: fx.readKey, status: 400, code: "invalid_limit", docRefuses: true},
+		{method: "HEAD", path: "/export/items?lang=eng", key: fx.readKey, status: 400, code: "invalid_lang", docRefuses: true},
+		{method: "HEAD", path: "/export/items?status=sold", key: fx.readKey, status: 400, code: "invalid_status", docRefuses: true},
+		{method: "HEAD", path: "/export/items?updated_after=2026-11-21", key: fx.readKey, status: 400, code: "invalid_updated_after", docRefuses: true},
+		{method: "HEAD", path: "/export/items?cursor=bm90LWEtY3Vyc29y", key: fx.readKey, status: 400, code: "invalid_cursor"},
+		{method: "HEAD", path: "/export/items?updatedAfter=2026-11-21T00:00:00Z", key: fx.readKey, status: 400, code: "invalid_parameter"},
 		{method: "HEAD", path: "/export/items", key: fx.readKey, body: big, status: 413, code: "payload_too_large"},
 		{method: "HEAD", path: "/export/items", key: fx.readKey, header: gzipped, body: "{}", status: 415, code: "unsupported_content_encoding"},
 		{method: "HEAD", path: "/export/items", key: fx.readKey, header: tooManyHeaders, status: 431, code: "headers_too_large"},
@@ -376,6 +401,9 @@ func checkExport(t *testing.T, c contract, s *stack, fx fixture, pool *pgxpool.P
 		{method: "GET", path: item, key: fx.readKey, header: tooManyHeaders, status: 431, code: "headers_too_large"},
 		{method: "PUT", path: item, key: fx.readKey, status: 405, code: "method_not_allowed"},
 		{method: "HEAD", path: item + "?limit=5", key: fx.readKey, status: 400, code: "invalid_parameter"},
+		{method: "HEAD", path: item + "?lang=ukr", key: fx.readKey, status: 400, code: "invalid_lang", docRefuses: true},
+		{method: "GET", path: "/export/items/a%zz", key: fx.readKey, status: 400, code: "invalid_path", raw: rawEscape},
+		{method: "HEAD", path: "/export/items/a%zz", key: fx.readKey, status: 400, code: "invalid_path", raw: rawEscape},
 		{method: "HEAD", path: item, status: 401, code: "unauthenticated", docRefuses: true},
 		{method: "HEAD", path: item, key: fx.writeKey, status: 403, code: "forbidden"},
 		{method: "HEAD", path: item, key: fx.readKey, body: big, status: 413, code: "payload_too_large"},
@@ -436,6 +464,17 @@ func checkSales(t *testing.T, c contract, s *stack, fx fixture, pool *pgxpool.Po
 		{method: "POST", path: confirm, key: fx.writeKey, header: withKey(tooManyHeaders, "oa-5"), body: order("oa-5"),
 			status: 431, code: "headers_too_large"},
 		{method: "POST", path: cancel, key: fx.writeKey, body: order("oa-1"), status: 400, code: "invalid_idempotency_key", docRefuses: true},
+		{method: "POST", path: cancel, key: fx.writeKey, header: key("oa-cancel-1"), body: order("oa-9"), status: 409, code: "idempotency_conflict"},
+		{method: "POST", path: cancel + "?dry_run=1", key: fx.writeKey, header: key("oa-cancel-3"), body: order("oa-1"),
+			status: 400, code: "invalid_parameter"},
+		{method: "POST", path: cancel, key: fx.writeKey, header: map[string]string{"Idempotency-Key": "oa-cancel-3", "Content-Type": "text/plain"},
+			body: order("oa-1"), status: 400, code: "invalid_content_type", docRefuses: true},
+		{method: "POST", path: cancel, key: fx.writeKey, header: key("oa-cancel-3"), body: `{"external_order_id":"oa-1","reason":"x"}`,
+			status: 400, code: "invalid_body", docRefuses: true},
+		{method: "POST", path: "/export/items/a%zz/sales/confirm", key: fx.writeKey, header: key("oa-5"), body: order("oa-5"),
+			status: 400, code: "invalid_path", raw: rawEscape},
+		{method: "POST", path: "/export/items/a%zz/sales/cancel", key: fx.writeKey, header: key("oa-cancel-3"), body: order("oa-1"),
+			status: 400, code: "invalid_path", raw: rawEscape},
 		{method: "POST", path: cancel, header: key("oa-cancel-3"), body: order("oa-1"), status: 401, code: "unauthenticated", docRefuses: true},
 		{method: "POST", path: cancel, key: fx.readKey, header: key("oa-cancel-3"), body: order("oa-1"), status: 403, code: "forbidden"},
 		{method: "POST", path: "/export/items/no-such-item/sales/cancel", key: fx.writeKey, header: key("oa-cancel-4"), body: order("oa-1"),
@@ -571,6 +610,9 @@ func startShop(t *testing.T) fakeShop {
 }
 
 func serveShop(w http.ResponseWriter, r *http.Request) {
+	if serveFailingShop(w, r) {
+		return
+	}
 	rows, ok := shopRows[strings.TrimPrefix(r.URL.Path, "/api/")]
 	if !ok {
 		http.NotFound(w, r)
