@@ -232,6 +232,8 @@ func TestRunRejectsBadConfig(t *testing.T) {
 			"GATEWAY_ADDR": "127.0.0.1:0", "EXPORT_READER_URLS": "ftp://x"}, "EXPORT_READER_URLS"},
 		{"bad address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
 			"GATEWAY_ADDR": "notanaddr"}, "GATEWAY_ADDR must be host:port"},
+		{"admin on the public port of every address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+			"GATEWAY_ADMIN_ADDR": ":8080"}, "GATEWAY_ADDR and GATEWAY_ADMIN_ADDR must be different listening addresses"},
 		{"bad database url", map[string]string{"DATABASE_URL": "notaurl", "IDENTITY_SECRET": strings.Repeat("s", 32)},
 			"DATABASE_URL must be a PostgreSQL connection string"},
 		// Without a scheme: refused with the other problems, not once

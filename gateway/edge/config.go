@@ -135,6 +135,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 
 		GC: gcdefaults.Read(getenv),
 	}
+	r.SeparateListeners("GATEWAY_ADDR", cfg.Addr, "GATEWAY_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	r.Check(redisclient.ValidURL(cfg.RedisURL), "REDIS_URL must be a redis://, rediss:// or unix:// URL")

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,6 +109,72 @@ func (r *Reader) Addr(name, def string) string {
 		r.Failf("%s must be host:port, such as %s (got %s)", name, def, Shown(addr))
 	}
 	return addr
+}
+
+// SeparateListeners records a problem if two listening addresses read
+// from nameA and nameB (by Addr) would take the same port of the same
+// host: the second listener would otherwise fail at start, after the
+// database was reached, with the system's "address already in use" naming
+// neither setting. ":8080", "0.0.0.0:8080" and "[::]:8080" take every
+// address's port 8080 (the last two both, on Linux, where an IPv6
+// wildcard listener is dual-stack), so each collides with 127.0.0.1:8080;
+// 0.0.0.0 takes IPv4's only, so it does not collide with [::1]:8080. Port 0
+// (the system picks one) never collides, and host names are compared as
+// written, not resolved.
+func (r *Reader) SeparateListeners(nameA, addrA, nameB, addrB string) {
+	if listenersCollide(addrA, addrB) {
+		r.Failf("%s and %s must be different listening addresses (got %s and %s: the same port of the same host)",
+			nameA, nameB, Shown(addrA), Shown(addrB))
+	}
+}
+
+// listenersCollide reports whether listening on a and on b (host:port)
+// would take one port twice.
+func listenersCollide(a, b string) bool {
+	hostA, portA, errA := net.SplitHostPort(a)
+	hostB, portB, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil {
+		return false // Addr reported it
+	}
+	pa, errA := strconv.Atoi(portA)
+	pb, errB := strconv.Atoi(portB)
+	if errA != nil || errB != nil || pa != pb || pa == 0 {
+		return false
+	}
+	ka, kb := listenHost(hostA), listenHost(hostB)
+	switch {
+	case ka.everyAddress || kb.everyAddress:
+		return true
+	case ka.everyIPv4 || kb.everyIPv4:
+		return (ka.everyIPv4 || ka.ipv4) && (kb.everyIPv4 || kb.ipv4)
+	}
+	return ka.host == kb.host
+}
+
+// listenKind is what a listening address's host takes.
+type listenKind struct {
+	everyAddress bool   // "", "::": every address, IPv4 and IPv6
+	everyIPv4    bool   // "0.0.0.0"
+	ipv4         bool   // one IPv4 address
+	host         string // the address in canonical form, or the name in lower case
+}
+
+func listenHost(host string) listenKind {
+	if host == "" {
+		return listenKind{everyAddress: true}
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return listenKind{host: strings.ToLower(host)}
+	}
+	ip = ip.Unmap()
+	switch {
+	case ip == netip.IPv4Unspecified():
+		return listenKind{everyIPv4: true}
+	case ip.IsUnspecified():
+		return listenKind{everyAddress: true}
+	}
+	return listenKind{ipv4: ip.Is4(), host: ip.String()}
 }
 
 // List returns the comma-separated variable's non-blank items, trimmed;

@@ -130,3 +130,41 @@ func TestShortDurations(t *testing.T) {
 		}
 	}
 }
+
+// Two listeners of one binary that would take the same port are refused
+// by name at start, not left to the second bind's "address already in
+// use", which named neither setting.
+func TestSeparateListeners(t *testing.T) {
+	tests := []struct {
+		a, b    string
+		collide bool
+	}{
+		{"127.0.0.1:8080", "127.0.0.1:8080", true},
+		{":8080", "127.0.0.1:8080", true},
+		{"0.0.0.0:8080", "127.0.0.1:8080", true},
+		{"0.0.0.0:8080", "[::]:8080", true}, // [::] is dual-stack on Linux
+		{"[::]:8080", "127.0.0.1:8080", true},
+		{"[::]:8080", "[::1]:8080", true},
+		{"127.0.0.1:8080", "127.0.0.1:08080", true},
+		{"[::ffff:127.0.0.1]:8080", "127.0.0.1:8080", true},
+		{"[0:0::1]:8080", "[::1]:8080", true},
+		{"LocalHost:8080", "localhost:8080", true},
+		{"127.0.0.1:8080", "127.0.0.1:9080", false},
+		{"127.0.0.1:8080", "127.0.0.2:8080", false},
+		{"0.0.0.0:8080", "[::1]:8080", false},
+		{"127.0.0.1:8080", "[::1]:8080", false},
+		{"127.0.0.1:0", "127.0.0.1:0", false},       // the system picks two ports
+		{"localhost:8080", "127.0.0.1:8080", false}, // names are not resolved
+	}
+	for _, tt := range tests {
+		r := New(env(nil))
+		r.SeparateListeners("A_ADDR", tt.a, "A_ADMIN_ADDR", tt.b)
+		err := r.Err()
+		if (err != nil) != tt.collide {
+			t.Errorf("SeparateListeners(%q, %q): Err() = %v, want a problem: %v", tt.a, tt.b, err, tt.collide)
+		}
+		if err != nil && !strings.Contains(err.Error(), "A_ADDR and A_ADMIN_ADDR must be different listening addresses") {
+			t.Errorf("SeparateListeners(%q, %q): Err() = %q, want both settings named", tt.a, tt.b, err)
+		}
+	}
+}

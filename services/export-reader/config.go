@@ -56,6 +56,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		ReadAheadTTL:   r.Duration("EXPORT_READER_READ_AHEAD_TTL", 2*time.Second, time.Millisecond, time.Minute),
 		LogLevel:       r.LogLevel(),
 	}
+	r.SeparateListeners("EXPORT_READER_ADDR", cfg.Addr, "EXPORT_READER_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
 	dsnVar := "DATABASE_URL"
 	if strings.TrimSpace(getenv("READ_DATABASE_URL")) != "" { // as r.String reads it

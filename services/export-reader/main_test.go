@@ -55,6 +55,13 @@ func TestLoadConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "READ_MAX_LAG must be 0 (off) or at least 2s") {
 		t.Errorf("loadConfig(READ_MAX_LAG=1s) error = %v, want it to say the bound", err)
 	}
+	// Both listeners on one port: named at start, not left to the second
+	// bind's "address already in use".
+	_, err = loadConfig(env(map[string]string{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
+		"EXPORT_READER_ADDR": "0.0.0.0:9081"}))
+	if err == nil || !strings.Contains(err.Error(), "EXPORT_READER_ADDR and EXPORT_READER_ADMIN_ADDR must be different listening addresses") {
+		t.Errorf("loadConfig(EXPORT_READER_ADDR=0.0.0.0:9081) error = %v, want both settings named", err)
+	}
 	for _, bad := range []map[string]string{
 		{"CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret},
 		{"DATABASE_URL": "   ", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret},

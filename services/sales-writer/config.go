@@ -44,6 +44,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		LogLevel:             r.LogLevel(),
 		GC:                   gcdefaults.Read(getenv),
 	}
+	r.SeparateListeners("SALES_WRITER_ADDR", cfg.Addr, "SALES_WRITER_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	cfg.GC.Check(r)

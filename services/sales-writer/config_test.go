@@ -38,6 +38,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"bad purge interval", "IDEMPOTENCY_PURGE_INTERVAL", "0s", "IDEMPOTENCY_PURGE_INTERVAL"},
 		{"bad pool size", "SALES_WRITER_DB_MAX_CONNS", "0", "SALES_WRITER_DB_MAX_CONNS"},
 		{"bad query timeout", "SALES_WRITER_QUERY_TIMEOUT", "0s", "SALES_WRITER_QUERY_TIMEOUT"},
+		{"admin on the main address", "SALES_WRITER_ADMIN_ADDR", "127.0.0.1:8082", "SALES_WRITER_ADDR and SALES_WRITER_ADMIN_ADDR must be different"},
 		{"bad GOGC", "GOGC", "abc", "GOGC"},
 		{"GOMEMLIMIT of 0, not off", "GOMEMLIMIT", "0", "GOMEMLIMIT"},
 	}

@@ -65,6 +65,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
 		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
+	r.SeparateListeners("SHOP_SCHEMA_ADDR", c.Addr, "SHOP_SCHEMA_ADMIN_ADDR", c.AdminAddr)
 	// Checked here, with the other settings, so that a bad entry is named
 	// by its variable (and refused before the start line), not by the guard.
 	if _, err := guard.New(c.Ports, c.AllowHosts); err != nil {

@@ -44,6 +44,12 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("loadConfig(%v) = nil error, want an error", kv)
 		}
 	}
+	// Both listeners on one port: named at start, not left to the second
+	// bind's "address already in use".
+	if _, err := loadConfig(env("SHOP_SCHEMA_ADMIN_ADDR", "[::]:8083")); err == nil ||
+		!strings.Contains(err.Error(), "SHOP_SCHEMA_ADDR and SHOP_SCHEMA_ADMIN_ADDR must be different listening addresses") {
+		t.Errorf("loadConfig(SHOP_SCHEMA_ADMIN_ADDR=[::]:8083) = %v, want both settings named", err)
+	}
 	// The runtime applies GOGC and GOMEMLIMIT itself; a value it would
 	// misread stops the start, as in the gateway and sales-writer.
 	for name, value := range map[string]string{"GOGC": "OFF", "GOMEMLIMIT": "0"} {
