@@ -330,7 +330,7 @@ func (g *Gateway) goBg(f func()) {
 func (g *Gateway) startServing() {
 	go func() {
 		if err := g.app.Listener(g.listener); err != nil {
-			g.served <- err
+			g.served <- fmt.Errorf("public listener %s stopped serving: %w", g.Addr(), err)
 		}
 	}()
 	g.admin = &http.Server{Handler: httpserver.AdminHandler(g.metrics.registry), ReadHeaderTimeout: 5 * time.Second,
@@ -342,13 +342,13 @@ func (g *Gateway) startServing() {
 		httpserver.LogUnread(g.log))
 	go func() {
 		if err := g.admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			g.served <- err
+			g.served <- fmt.Errorf("admin listener %s stopped serving: %w", g.AdminAddr(), err)
 		}
 	}()
 }
 
-// Failed delivers the error of a listener that stopped serving on its own;
-// the binary then shuts the gateway down.
+// Failed delivers the error of a listener that stopped serving on its own,
+// naming it; the binary then shuts the gateway down, both listeners.
 func (g *Gateway) Failed() <-chan error { return g.served }
 
 // Addr is the public listener's address.

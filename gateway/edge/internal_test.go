@@ -1131,3 +1131,20 @@ func TestSeriesOfRemovedInstancesGo(t *testing.T) {
 		}
 	}
 }
+
+// A listener that stops serving on its own is named in the error Failed
+// delivers (the binary logs it and stops): it was fasthttp's or
+// net/http's bare "use of closed network connection", which said neither
+// which listener nor which address.
+func TestAFailedListenerIsNamed(t *testing.T) {
+	g, _ := startWithHook(t, nil, nil)
+	g.adminLn.Close() // as if the admin listener broke
+	select {
+	case err := <-g.Failed():
+		if want := "admin listener " + g.AdminAddr() + " stopped serving"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Failed() = %v, want an error with %q", err, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Failed() delivered nothing after the admin listener was closed")
+	}
+}

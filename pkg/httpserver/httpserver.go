@@ -61,6 +61,8 @@ type Server struct {
 	// inFlight counts the requests being served, for the shutdown's log
 	// lines: how many a drain waits for, and how many it cut off.
 	inFlight atomic.Int64
+	// listen opens a listener (net.Listen; tests make one fail).
+	listen func(network, addr string) (net.Listener, error)
 }
 
 // DefaultShutdownTimeout is how long a service drains its in-flight
@@ -88,7 +90,8 @@ func New(cfg Config, routes *http.ServeMux) *Server {
 	}
 	s := &Server{cfg: cfg, routes: routes, registry: reg, metrics: newHTTPMetrics(reg),
 		tracer:     tp.Tracer("github.com/coinexport/export/pkg/httpserver"),
-		refusedLog: &logging.Throttle{Interval: refusedLogInterval}, logUnread: LogUnread(cfg.Log)}
+		refusedLog: &logging.Throttle{Interval: refusedLogInterval}, logUnread: LogUnread(cfg.Log),
+		listen: net.Listen}
 	s.handler = s.traced(s.dispatch())
 	return s
 }
@@ -99,7 +102,8 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 // Handler is the service's whole HTTP handler, for tests through httptest.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Run serves until ctx is done, then drains in-flight requests.
+// Run serves until ctx is done, or until a listener fails (its error,
+// naming it, is returned), then drains in-flight requests.
 func (s *Server) Run(ctx context.Context) error {
 	// Every request's context descends from base, so that the requests a
 	// drain cuts off are cancelled with ErrCutOff as their cause (CutOff),
@@ -121,6 +125,7 @@ func (s *Server) Run(ctx context.Context) error {
 		DisableGeneralOptionsHandler: true,
 	}
 	servers := []*http.Server{main}
+	names := []string{"main", "admin"}
 	if s.cfg.AdminAddr != "" {
 		servers = append(servers, &http.Server{
 			Addr:                         s.cfg.AdminAddr,
@@ -134,7 +139,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// taken already must not leave the first serving after Run returned.
 	listeners := make([]net.Listener, 0, len(servers))
 	for _, srv := range servers {
-		ln, err := net.Listen("tcp", srv.Addr)
+		ln, err := s.listen("tcp", srv.Addr)
 		if err != nil {
 			for _, open := range listeners {
 				open.Close()
@@ -146,16 +151,25 @@ func (s *Server) Run(ctx context.Context) error {
 		ln = acceptretry.New(ln, acceptretry.LogRetries(s.cfg.Log))
 		listeners = append(listeners, UnreadAsEnvelope(ln, s.unread))
 	}
-	errs := make(chan error, len(servers))
+	failures := make(chan error, len(servers))
 	for i, srv := range servers {
 		s.cfg.Log.Info("listening", "addr", listeners[i].Addr().String())
-		go func() { errs <- srv.Serve(listeners[i]) }()
+		go func() {
+			// Serve returns before the drain only on an accept error it
+			// cannot wait out (acceptretry waits out a shortage).
+			if err := srv.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
+				failures <- fmt.Errorf("httpserver: %s listener %s stopped serving: %w", names[i], listeners[i].Addr(), err)
+			}
+		}()
 	}
+	// A listener that fails stops the process, drained as on a stop
+	// signal: returning with the other one still serving left a service
+	// without metrics, or metrics without a service, until main exited,
+	// and cut off the requests in flight undrained.
+	var failed error
 	select {
-	case err := <-errs:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("httpserver: %w", err)
-		}
+	case failed = <-failures:
+		s.cfg.Log.Error("listener failed: stopping", "error", failed)
 	case <-ctx.Done():
 	}
 	// Said at once: a drain may take the whole ShutdownTimeout, and a log
@@ -188,5 +202,5 @@ func (s *Server) Run(ctx context.Context) error {
 		s.cfg.Log.Warn("drain timed out: requests cut off", "cut_off", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
 	}
 	s.cfg.Log.Info("stopped")
-	return firstErr
+	return errors.Join(failed, firstErr)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -302,6 +303,48 @@ func TestRunWithATakenAddressServesNothing(t *testing.T) {
 		t.Fatalf("the main address is still taken after Run failed: %v", err)
 	}
 	ln.Close()
+}
+
+// A listener that stops serving on its own (an accept error no retry
+// waits out) stops Run, naming it, and the other listener with it: Run
+// returned with the main listener still serving, and its error did not
+// say which listener had failed.
+func TestAFailedListenerStopsTheOther(t *testing.T) {
+	main, admin := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: main, AdminAddr: admin, Log: slog.New(slog.DiscardHandler)}, http.NewServeMux())
+	breakAdmin := make(chan struct{})
+	srv.listen = func(network, addr string) (net.Listener, error) {
+		ln, err := net.Listen(network, addr)
+		if err != nil || addr != admin {
+			return ln, err
+		}
+		return &breakingListener{Listener: ln, broken: breakAdmin}, nil
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(context.Background()) }()
+	waitListening(t, main)
+	close(breakAdmin)
+	err := <-ran
+	if err == nil || !strings.Contains(err.Error(), "admin listener "+admin+" stopped serving") {
+		t.Errorf("Run = %v, want an error naming the admin listener", err)
+	}
+	ln, lerr := net.Listen("tcp", main)
+	if lerr != nil {
+		t.Fatalf("the main listener still serves after the admin one failed: %v", lerr)
+	}
+	ln.Close()
+}
+
+// breakingListener accepts until broken is closed, then fails every
+// accept with an error that is no shortage.
+type breakingListener struct {
+	net.Listener
+	broken chan struct{}
+}
+
+func (l *breakingListener) Accept() (net.Conn, error) {
+	<-l.broken
+	return nil, errors.New("accept: listener broken")
 }
 
 // The admin listener answers its own formats, and every error as the
