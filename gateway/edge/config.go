@@ -2,11 +2,8 @@ package edge
 
 import (
 	"log/slog"
-	"net"
 	"net/netip"
-	"net/url"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
@@ -187,7 +184,7 @@ func checkInstanceURLs(r *envconfig.Reader, name string, urls []string) {
 			r.Failf("%s must list http(s)://host[:port] URLs, separated by commas, without credentials, path or query", name)
 			return
 		}
-		address := instanceAddress(p)
+		address := upstream.Base(p)
 		if seen[address] {
 			r.Failf("%s lists %s twice: each instance once", name, address)
 			return
@@ -195,16 +192,6 @@ func checkInstanceURLs(r *envconfig.Reader, name string, urls []string) {
 		seen[address] = true
 	}
 	r.Check(len(urls) > 0, name+" must list at least one URL")
-}
-
-// instanceAddress is an instance URL's scheme, host (in lower case) and
-// port (the scheme's when none is written).
-func instanceAddress(p *url.URL) string {
-	port := p.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[p.Scheme]
-	}
-	return p.Scheme + "://" + net.JoinHostPort(strings.ToLower(p.Hostname()), port)
 }
 
 // rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>", limit ≥ 1).

@@ -510,7 +510,7 @@ func TestLoadConfig(t *testing.T) {
 	if _, err := LoadConfig(getenv(map[string]string{"EXPORT_READER_URLS": " , "})); err == nil {
 		t.Error("LoadConfig(EXPORT_READER_URLS without a URL) = nil error")
 	}
-	for _, twice := range []string{"http://127.0.0.1:18281,http://127.0.0.1:18281", "http://Reader:80,http://reader/"} {
+	for _, twice := range []string{"http://127.0.0.1:18281,http://127.0.0.1:18281", "http://Reader:80,http://reader/", "http://[::1]:18281,http://[0:0::1]:18281"} {
 		_, err := LoadConfig(getenv(map[string]string{"EXPORT_READER_URLS": twice}))
 		if err == nil || !strings.Contains(err.Error(), "EXPORT_READER_URLS lists") || !strings.Contains(err.Error(), "twice") {
 			t.Errorf("LoadConfig(EXPORT_READER_URLS=%s) error = %v, want one naming the address listed twice", twice, err)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -108,7 +109,7 @@ const maxResolveTime = 5 * time.Second
 func resolveSource(ctx context.Context, timeout time.Duration, src *url.URL, resolve Resolver) ([]string, error) {
 	host := src.Hostname()
 	if _, err := netip.ParseAddr(host); err == nil || src.Scheme != "http" {
-		return []string{baseOf(src)}, nil
+		return []string{Base(src)}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -130,8 +131,21 @@ func resolveSource(ctx context.Context, timeout time.Duration, src *url.URL, res
 	return bases, nil
 }
 
-// baseOf is scheme://host:port of a configured URL, as its instance's base.
-func baseOf(src *url.URL) string { return src.Scheme + "://" + src.Host }
+// Base is scheme://host:port of a configured instance URL: its instance's
+// base, which requests are sent to and logs, spans and metrics name it by.
+// The host is in lower case (an IP address in its canonical form) and the
+// port is written, the scheme's when the URL has none, as for the
+// instances discovery finds: http://Reader, http://reader and
+// http://reader:80 are one instance, named one way (each was named as
+// written, so one instance had two names in the logs after a change of
+// its setting, and Discover took the other spelling for a new instance).
+func Base(src *url.URL) string {
+	host := strings.ToLower(src.Hostname())
+	if ip, err := netip.ParseAddr(src.Hostname()); err == nil {
+		host = ip.String() // a zone (fe80::1%eth0) kept as written
+	}
+	return src.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(portOf(src))))
+}
 
 // portOf is src's port, or the scheme's default.
 func portOf(src *url.URL) uint16 {

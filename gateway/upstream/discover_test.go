@@ -178,7 +178,7 @@ func TestAddressesAndHTTPSAreNotResolved(t *testing.T) {
 	}
 	dns := &fakeDNS{}
 	ev := u.discoverOnce(context.Background(), time.Second, dns.resolve)
-	want := []string{"http://127.0.0.1:8081", "http://[::1]:8081", "https://reader.svc.test"}
+	want := []string{"http://127.0.0.1:8081", "http://[::1]:8081", "https://reader.svc.test:443"} // its port written (Base)
 	if !slices.Equal(ev.Instances, want) || ev.Added+ev.Removed != 0 || dns.lookups != 0 {
 		t.Errorf("round = %+v after %d lookups; want %v unchanged and no lookup", ev, dns.lookups, want)
 	}

@@ -150,7 +150,7 @@ func New(name string, urls []string, opts Options) (*Upstream, error) {
 			return nil, fmt.Errorf("upstream %s: %w", name, err)
 		}
 		u.sources = append(u.sources, p)
-		u.resolved = append(u.resolved, []string{baseOf(p)})
+		u.resolved = append(u.resolved, []string{Base(p)})
 		instances = append(instances, newInstance(p, opts))
 	}
 	u.instances.Store(&instances)
@@ -212,7 +212,7 @@ func newInstance(p *url.URL, opts Options) *Instance {
 		}
 		return lazydeadline.Wrap(c, tick), nil
 	}
-	base := baseOf(p)
+	base := Base(p)
 	return &Instance{
 		base:      base,
 		host:      p.Hostname(),

@@ -823,3 +823,21 @@ func TestOutOfDescriptorsNoInstanceIsBlamed(t *testing.T) {
 		t.Errorf("Do once descriptors are free = %d, %v; want 200", status, err)
 	}
 }
+
+// An instance is named one way whatever the spelling of its URL: the host
+// in lower case (an IP address canonical), the scheme's port written when
+// the URL has none, as discovery names the instances it finds. Named as
+// written, http://reader and http://reader:80 were two names (two label
+// values, two spellings in the logs) for one instance.
+func TestAnInstanceIsNamedOneWay(t *testing.T) {
+	u, err := New("svc", []string{"http://Reader", "http://reader2:80/", "https://Shop.example", "http://[0:0::1]:8081",
+		"http://[fe80::1%25eth0]:8081"}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"http://reader:80", "http://reader2:80", "https://shop.example:443", "http://[::1]:8081",
+		"http://[fe80::1%eth0]:8081"}
+	if got := u.Bases(); !slices.Equal(got, want) {
+		t.Errorf("Bases() = %q, want %q", got, want)
+	}
+}
