@@ -25,6 +25,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/postgres/poolmetrics"
 	"github.com/coinexport/export/pkg/redisclient"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/gofiber/fiber/v2"
@@ -144,7 +145,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	cleanup = append(cleanup, g.pool.Close)
 	// The pool's series are the services' (and the dashboard's panels'):
 	// key-cache misses waiting for a connection show here first.
-	httpserver.RegisterPool(g.metrics.registry, "postgres", g.pool)
+	poolmetrics.Register(g.metrics.registry, "postgres", g.pool)
 	// The I/O bound is the longer of the two deadlines its calls carry, so
 	// that each call is held to its own (see redisclient.Open).
 	if g.redis, err = redisclient.Open(cfg.RedisURL, max(cfg.RateLimitRedisTimeout, healthPingTimeout)); err != nil {

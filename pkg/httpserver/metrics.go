@@ -4,7 +4,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -55,25 +54,3 @@ func (m *httpMetrics) count(route, method string, status int) {
 }
 
 func statusClass(status int) string { return strconv.Itoa(status/100) + "xx" }
-
-// RegisterPool exports the pgx pool's statistics as gauges and counters.
-func RegisterPool(reg prometheus.Registerer, name string, pool *pgxpool.Pool) {
-	labels := prometheus.Labels{"pool": name}
-	gauge := func(metric, help string, f func(*pgxpool.Stat) float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metric, Help: help, ConstLabels: labels},
-			func() float64 { return f(pool.Stat()) })
-	}
-	counter := func(metric, help string, f func(*pgxpool.Stat) float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metric, Help: help, ConstLabels: labels},
-			func() float64 { return f(pool.Stat()) })
-	}
-	reg.MustRegister(
-		gauge("pgxpool_total_conns", "Connections in the pool.", func(s *pgxpool.Stat) float64 { return float64(s.TotalConns()) }),
-		gauge("pgxpool_acquired_conns", "Connections in use.", func(s *pgxpool.Stat) float64 { return float64(s.AcquiredConns()) }),
-		gauge("pgxpool_idle_conns", "Idle connections.", func(s *pgxpool.Stat) float64 { return float64(s.IdleConns()) }),
-		gauge("pgxpool_max_conns", "Pool size limit.", func(s *pgxpool.Stat) float64 { return float64(s.MaxConns()) }),
-		counter("pgxpool_acquire_total", "Connections acquired.", func(s *pgxpool.Stat) float64 { return float64(s.AcquireCount()) }),
-		counter("pgxpool_empty_acquire_total", "Acquires that had to wait for a connection.", func(s *pgxpool.Stat) float64 { return float64(s.EmptyAcquireCount()) }),
-		counter("pgxpool_acquire_wait_seconds_total", "Time spent waiting for a connection.", func(s *pgxpool.Stat) float64 { return s.AcquireDuration().Seconds() }),
-	)
-}

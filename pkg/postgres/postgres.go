@@ -87,7 +87,7 @@ func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, er
 		opt(cfg.ConnConfig.RuntimeParams)
 	}
 	// No otelpgx.RecordStats: no binary installs an OpenTelemetry meter
-	// provider (the pool's series are Prometheus', httpserver.RegisterPool),
+	// provider (the pool's series are Prometheus', poolmetrics.Register),
 	// and the callback it registered on the global meter held the pool for
 	// the process's life, one per pool OpenWhenReached tried during an
 	// outage (TestClosedPoolIsNotRetained).

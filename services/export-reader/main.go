@@ -16,6 +16,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/postgres/poolmetrics"
 	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/telemetry"
@@ -103,7 +104,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Signer:    signer,
 		Ready:     readiness.Ready,
 	}, mux)
-	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
+	poolmetrics.Register(srv.Registry(), "postgres", pool)
 	srv.Registry().MustRegister(reader.Collectors()...)
 	srv.Registry().MustRegister(lag.Collector())
 	return srv.Run(ctx)

@@ -18,6 +18,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/postgres/poolmetrics"
 	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/telemetry"
@@ -99,7 +100,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		Ready:     readiness.Ready,
 	}, mux)
 	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
-	httpserver.RegisterPool(srv.Registry(), "postgres", pool)
+	poolmetrics.Register(srv.Registry(), "postgres", pool)
 
 	// The purge stops before the pool closes.
 	purgeCtx, stopPurge := context.WithCancel(ctx)
