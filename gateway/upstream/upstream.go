@@ -194,7 +194,7 @@ func newInstance(p *url.URL, opts Options) *Instance {
 	connect := opts.ConnectTimeout
 	dial := func(addr string) (net.Conn, error) {
 		c, err := fasthttp.DialDualStackTimeout(addr, connect) // IPv6 too: fasthttp.Dial is IPv4 only
-		if acceptretry.Exhausted(err) {
+		if acceptretry.Shortage(err) {
 			return nil, shortageError{err}
 		}
 		if err != nil {

@@ -56,7 +56,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	var wait time.Duration
 	for {
 		c, err := l.Listener.Accept()
-		if err == nil || !Exhausted(err) {
+		if err == nil || !Shortage(err) {
 			return c, err
 		}
 		wait = min(max(2*wait, minWait), maxWait)
@@ -77,10 +77,12 @@ func (l *Listener) Close() error {
 	return l.Listener.Close()
 }
 
-// Exhausted reports whether err is a shortage of descriptors (the
+// Shortage reports whether err is a shortage of descriptors (the
 // process's or the system's) or of kernel memory: a condition that passes
-// as connections close, not a fault of the listener.
-func Exhausted(err error) bool {
+// as connections close, not a fault of the listener (nor, for a dial, of
+// the peer). Named Exhausted before, it read as "the retries are used up",
+// which a listener here never is.
+func Shortage(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }

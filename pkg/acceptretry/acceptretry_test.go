@@ -30,7 +30,7 @@ func TestAcceptWaitsOutADescriptorShortage(t *testing.T) {
 	}
 	var retries atomic.Int64
 	l := New(ln, func(err error, wait time.Duration) {
-		if !Exhausted(err) || wait <= 0 {
+		if !Shortage(err) || wait <= 0 {
 			t.Errorf("onRetry(%v, %v), want a shortage and a wait", err, wait)
 		}
 		retries.Add(1)

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/tracestore"
@@ -47,7 +49,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	switch args[0] {
 	case "serve":
-		return serve(ctx, *addr, *file)
+		return serve(ctx, *addr, *file, stdout)
 	case "show":
 		if fs.NArg() != 1 {
 			return errors.New("usage: tracestore show [--file F] REQUEST_ID")
@@ -57,7 +59,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	return fmt.Errorf("unknown command %q", args[0])
 }
 
-func serve(ctx context.Context, addr, file string) error {
+// serve receives spans on addr into file until ctx ends; its few log lines
+// go to logs.
+func serve(ctx context.Context, addr, file string, logs io.Writer) error {
+	log := slog.New(slog.NewJSONHandler(logs, nil)).With("service", "tracestore")
 	f, err := os.OpenFile(file, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -67,7 +72,13 @@ func serve(ctx context.Context, addr, file string) error {
 	if err != nil {
 		return err
 	}
+	// Like every listener of the stack's (acceptretry): out of descriptors,
+	// net/http logged each failed accept, once a second, and out of kernel
+	// memory (ENOMEM, ENOBUFS) its Serve returned, tracestore exited, and
+	// make run stopped the whole stack for it.
+	ln = acceptretry.New(ln, acceptretry.LogRetries(log))
 	srv := &http.Server{Handler: tracestore.New(f, 1), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:                     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		DisableGeneralOptionsHandler: true} // "OPTIONS *" gets the handler's answer too
 	drained := make(chan error, 1)
 	go func() {

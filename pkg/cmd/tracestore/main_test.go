@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -49,7 +50,7 @@ func TestServeWritesTheExportInFlightWhenStopped(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, addr, file) }()
+	go func() { served <- serve(ctx, addr, file, io.Discard) }()
 
 	body, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
 		ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{{TraceId: bytes.Repeat([]byte{0xab}, 16),
@@ -91,4 +92,50 @@ func TestServeWritesTheExportInFlightWhenStopped(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(written), "the last span") {
 		t.Errorf("export in flight at stop = %d, span file %q (%v); want 200 and the span written", resp.StatusCode, written, err)
 	}
+}
+
+// Out of file descriptors, tracestore waits with its listener as every
+// binary of the stack does (acceptretry), saying so once, and serves the
+// connection that waited once a descriptor is free: it logged net/http's
+// "Accept error" once a second instead, and out of kernel memory its
+// Serve returned and make run stopped the whole stack.
+func TestOutOfDescriptorsServeWaitsAndServesAfter(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "traces.jsonl")
+	addr := testenv.FreeAddr(t)
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	var logs testenv.Output
+	go func() { served <- serve(ctx, addr, file, &logs) }()
+	t.Cleanup(func() { stop(); <-served })
+	for range 100 { // until serve listens
+		if conn, err := net.Dial("tcp", addr); err == nil {
+			conn.Close()
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	held := testenv.ExhaustDescriptors(t)
+	held[0].Close() // the client's side of the connection
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "accept failed"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line said that accepting failed within 10 s; the log:\n%s", logs.String())
+		}
+	}
+	for _, f := range held[1:] {
+		f.Close()
+	}
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(conn, "GET /v1/traces HTTP/1.1\r\nHost: %s\r\n\r\n", addr); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer on the connection that waited: %v", err)
+	}
+	resp.Body.Close()
 }
