@@ -3,7 +3,9 @@ package edge
 import (
 	"errors"
 	"fmt"
+	"io"
 	"runtime/debug"
+	"syscall"
 	"time"
 
 	"github.com/coinexport/export/pkg/httpserver"
@@ -51,6 +53,7 @@ func (g *Gateway) newApp() *fiber.App {
 	app.Use(serveUnmatched)
 	g.answerUnknownMethods(app, serveUnmatched)
 	g.refuseLargeBodiesBeforeContinue(app)
+	g.noteClientsThatLeave(app)
 	// An answer written while the gateway drains says Connection: close:
 	// fasthttp closes the connection after it all the same, and a client
 	// told nothing sends its next request into the closing connection,
@@ -164,15 +167,49 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 		g.writeError(c, rq, err)
 		return nil
 	}
+	g.unreadable(c, err)
+	return nil
+}
+
+// unreadable answers (and logs, and counts) a request that could not be
+// read whole. fasthttp hands it over with the request reset or partly
+// read, so its method and path are then its defaults (GET /), not the
+// client's: it is unrouted.
+func (g *Gateway) unreadable(c *fiber.Ctx, err error) {
 	rq := g.begin(c, "unrouted")
-	// fasthttp hands the other errors over with the request reset or
-	// partly read, so its method and path are then its defaults (GET /),
-	// not the client's.
 	rq.method, rq.path = httpserver.MethodOther, ""
 	rq.start = readStart(c.Context(), rq.start)
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
-	return nil
+}
+
+// noteClientsThatLeave answers a request whose client closed or reset the
+// connection before sending it whole (a client killed or timed out
+// mid-upload, a load balancer's TCP check) as a client that left: 499
+// client_closed_request, the services' and nginx's status for it, which no
+// one reads. Fiber's own handler made it a 502 (a network error) or a 400
+// with the error's text, which the gateway answered 400 bad_request, a
+// client's fault it had not made.
+func (g *Gateway) noteClientsThatLeave(app *fiber.App) {
+	server := app.Server()
+	fiberErrors := server.ErrorHandler
+	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
+		if !clientLeft(err) {
+			fiberErrors(rctx, err)
+			return
+		}
+		c := app.AcquireCtx(rctx)
+		defer app.ReleaseCtx(c)
+		g.unreadable(c, errClientLeft)
+	}
+}
+
+// clientLeft reports whether err, fasthttp's for a request it could not
+// read, is its connection closed (at its end) or reset before the request
+// was whole: not a timeout, nor a request malformed or too large.
+func clientLeft(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // readStart is when the server began to read a request it could not read,

@@ -1257,27 +1257,35 @@ func TestRequestTimeoutIsTimedFromTheConnectionsStart(t *testing.T) {
 	}
 }
 
-// A client that resets its connection before its request was read whole
-// (a load balancer's TCP check, a port scan, a client killed mid-upload) is
-// answered and counted as a request that could not be read, 400: before,
-// Fiber's 502 for a network error became a 500 internal_error, counted as
-// the gateway's own failure with no cause logged.
+// A client that resets or closes its connection before its request was
+// read whole (a load balancer's TCP check, a port scan, a client killed
+// mid-upload) is answered and counted as a client that left, 499
+// client_closed_request, as the services count one: before, Fiber's 502
+// for a network error became a 500 internal_error, counted as the
+// gateway's own failure with no cause logged, and then a 400 bad_request,
+// a client's fault it had not made.
 func TestAResetConnectionIsNoServerError(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	const halfABody = "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nContent-Length: 100\r\n\r\n{\"base"
 	sent := map[string]string{
-		"nothing":     "",
-		"half a head": "GET /v1/health HTTP/1.1\r\nHo",
-		"half a body": "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nContent-Length: 100\r\n\r\n{\"base",
+		"nothing":           "",
+		"half a head":       "GET /v1/health HTTP/1.1\r\nHo",
+		"half a body":       halfABody,
+		"half a body, shut": halfABody, // closed, not reset
+		"half a chunked body": "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"10\r\n{\"base_url\":\"htt",
 	}
 	for _, name := range slices.Sorted(maps.Keys(sent)) {
 		conn := dial(t, gw.URL)
 		if _, err := io.WriteString(conn, sent[name]); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)                        // read by the server before the reset
-		if err := conn.(*net.TCPConn).SetLinger(0); err != nil { // Close sends a reset
-			t.Fatal(err)
+		time.Sleep(50 * time.Millisecond) // read by the server before the reset
+		if !strings.HasSuffix(name, "shut") {
+			if err := conn.(*net.TCPConn).SetLinger(0); err != nil { // Close sends a reset
+				t.Fatal(err)
+			}
 		}
 		conn.Close()
 	}
@@ -1292,8 +1300,8 @@ func TestAResetConnectionIsNoServerError(t *testing.T) {
 		return len(lines) >= len(sent)
 	})
 	for _, l := range lines {
-		if !strings.Contains(l, `"status":400,`) || !strings.Contains(l, `"error_code":"bad_request"`) {
-			t.Errorf("access line of a reset connection = %s, want status 400 bad_request", l)
+		if !strings.Contains(l, `"status":499,`) || !strings.Contains(l, `"error_code":"client_closed_request"`) {
+			t.Errorf("access line of a reset connection = %s, want status 499 client_closed_request", l)
 		}
 	}
 	wantSeries(t, scrape(t, gw.AdminURL), "gateway_http_requests_total",

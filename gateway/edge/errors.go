@@ -10,6 +10,7 @@ import (
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
 )
 
@@ -63,6 +64,11 @@ var (
 		Message: "the request was not received in time"}
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request could not be read"}
+	// A client that closed or reset its connection mid-request: no one
+	// reads this (noteClientsThatLeave), but the access line and metrics
+	// say 499, as the services and nginx do, not a client's bad request.
+	errClientLeft = &apiError{Status: httpserver.StatusClientClosed, Code: httpserver.CodeClientClosed,
+		Message: "the client closed the connection before sending its request whole", Close: true}
 	errAmbiguousFraming = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request's length is ambiguous: send Content-Length or Transfer-Encoding: chunked, not both (HTTP/1.0: no Transfer-Encoding), and no trailer fields after the chunks",
 		Close:   true}

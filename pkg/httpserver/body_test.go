@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -82,5 +83,34 @@ func TestCallerGone(t *testing.T) {
 		if got := CallerGone(r, tt.err); got != tt.want {
 			t.Errorf("%s: CallerGone = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// A body its caller stops sending, closing the connection, is
+// ErrBodyAbandoned, through a real net/http server (which cancels the
+// request's context when its connection fails to read); a body that breaks
+// off with the caller still there is not.
+func TestReadBodyAbandonedByItsCaller(t *testing.T) {
+	got := make(chan error, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := ReadBody(w, r, 1<<10)
+		got <- err
+	}))
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, "POST /v1/x HTTP/1.1\r\nHost: svc\r\nContent-Length: 100\r\n\r\n{\"external"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if err := <-got; !errors.Is(err, ErrBodyAbandoned) {
+		t.Errorf("ReadBody of a body its caller abandoned = %v, want ErrBodyAbandoned", err)
+	}
+
+	r := httptest.NewRequest("POST", "/", io.MultiReader(strings.NewReader("{"), errReader{}))
+	if _, err := ReadBody(httptest.NewRecorder(), r, 16); err == nil || errors.Is(err, ErrBodyAbandoned) {
+		t.Errorf("ReadBody(broken body, caller there) = %v, want a read error other than ErrBodyAbandoned", err)
 	}
 }

@@ -192,8 +192,8 @@ func idempotencyKey(values []string) (string, error) {
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := httpserver.ReadBody(w, r, maxBodyBytes)
 	switch {
-	case errors.Is(err, httpserver.ErrBodyTooLarge):
-		return nil, err // 413, answered by writeError
+	case errors.Is(err, httpserver.ErrBodyTooLarge), errors.Is(err, httpserver.ErrBodyAbandoned):
+		return nil, err // 413 or 499, answered by writeError
 	case err != nil:
 		return nil, badRequest(codeInvalidBody, "the body could not be read")
 	}

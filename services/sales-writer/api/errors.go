@@ -81,6 +81,15 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
 		return code
 	}
+	if errors.Is(err, httpserver.ErrBodyAbandoned) {
+		// The caller closed the connection before its body was whole:
+		// nothing was applied, and no one reads this answer (499, as for a
+		// caller that leaves while the sale runs; a 400 counted it as a
+		// bad request).
+		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed,
+			"the caller closed the request before sending its body whole; nothing was applied", requestID)
+		return httpserver.CodeClientClosed
+	}
 	for _, m := range saleErrors {
 		if errors.Is(err, m.err) {
 			message := m.err.Error()

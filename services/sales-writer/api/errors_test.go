@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -45,6 +46,8 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyLike := key[:40]
+	callerGone, hangUp := context.WithCancel(context.Background())
+	hangUp()
 
 	tests := []struct {
 		name       string
@@ -87,6 +90,10 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 		{"body too large", call{key: "k", body: `{"external_order_id":"o","x":"` + strings.Repeat("x", 20000) + `"}`}, 413, "payload_too_large",
 			"the body must be at most 16384 bytes"},
 		{"body unreadable", call{key: "k", bodyReader: iotest.ErrReader(iotest.ErrTimeout)}, 400, "invalid_body", "the body could not be read"},
+		// The connection closed mid-body (net/http cancels the request's
+		// context then): the caller left, 499, not a bad request.
+		{"body abandoned by the caller", call{key: "k", bodyReader: iotest.ErrReader(io.ErrUnexpectedEOF), ctx: callerGone}, 499,
+			"client_closed_request", "the caller closed the request before sending its body whole; nothing was applied"},
 		{"empty body", call{key: "k", body: ""}, 400, "invalid_body", "the body must be a JSON object"},
 		{"trailing object", call{key: "k", body: good + `{}`}, 400, "invalid_body", "unexpected data after the JSON object"},
 		{"duplicate property", call{key: "k", body: `{"external_order_id":"o","external_order_id":"p"}`}, 400, "invalid_body",

@@ -105,8 +105,8 @@ func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) 
 	}
 	raw, err := httpserver.ReadBody(w, r, maxBodyBytes)
 	switch {
-	case errors.Is(err, httpserver.ErrBodyTooLarge):
-		return shopschema.Request{}, err // writeError answers 413
+	case errors.Is(err, httpserver.ErrBodyTooLarge), errors.Is(err, httpserver.ErrBodyAbandoned):
+		return shopschema.Request{}, err // writeError answers 413 or 499
 	case err != nil:
 		return shopschema.Request{}, invalidBody("the body could not be read")
 	}

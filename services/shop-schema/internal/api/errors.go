@@ -53,6 +53,14 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
 		return code
 	}
+	if errors.Is(err, httpserver.ErrBodyAbandoned) {
+		// The caller closed the connection before its body was whole: no
+		// one reads this answer (499, as for a caller that leaves while
+		// the shop is read; a 400 counted it as a bad request).
+		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed,
+			"the caller closed the request before sending its body whole", requestID)
+		return httpserver.CodeClientClosed
+	}
 	var inputErr *shopschema.InputError
 	if errors.As(err, &inputErr) {
 		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"testing/iotest"
 
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,5 +29,21 @@ func TestCutOffReadIsUnavailable(t *testing.T) {
 		if rec.Code != http.StatusServiceUnavailable || code != "unavailable" {
 			t.Errorf("writeError(%v) = %d %s, want 503 unavailable", err, rec.Code, code)
 		}
+	}
+}
+
+// A body its caller stopped sending, closing the connection (net/http then
+// cancels the request's context), is a caller that left: 499, not the 400
+// of a body that could not be read.
+func TestAbandonedBodyIsACallerGone(t *testing.T) {
+	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1)
+	gone, hangUp := context.WithCancel(context.Background())
+	hangUp()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/v1/sync/prestashop/schema", iotest.ErrReader(io.ErrUnexpectedEOF)).WithContext(gone)
+	_, err := decode(rec, req)
+	code := h.writeError(rec, req, err, "req-1", "")
+	if rec.Code != httpserver.StatusClientClosed || code != httpserver.CodeClientClosed {
+		t.Errorf("writeError(decode(abandoned body)) = %d %s, want 499 %s", rec.Code, code, httpserver.CodeClientClosed)
 	}
 }
