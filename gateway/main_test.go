@@ -224,21 +224,21 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{"no database", map[string]string{"IDENTITY_SECRET": strings.Repeat("s", 32)}, "DATABASE_URL"},
+		{"no database", map[string]string{"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef"}, "DATABASE_URL"},
 		{"short secret", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "short"}, "IDENTITY_SECRET"},
-		{"bad rate", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+		{"bad rate", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 			"RATE_LIMIT_EXPORT_READ": "6000/min"}, "RATE_LIMIT_EXPORT_READ"},
-		{"bad upstream", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+		{"bad upstream", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 			"GATEWAY_ADDR": "127.0.0.1:0", "EXPORT_READER_URLS": "ftp://x"}, "EXPORT_READER_URLS"},
-		{"bad address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+		{"bad address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 			"GATEWAY_ADDR": "notanaddr"}, "GATEWAY_ADDR must be host:port"},
-		{"admin on the public port of every address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+		{"admin on the public port of every address", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 			"GATEWAY_ADMIN_ADDR": ":8080"}, "GATEWAY_ADDR and GATEWAY_ADMIN_ADDR must be different listening addresses"},
-		{"bad database url", map[string]string{"DATABASE_URL": "notaurl", "IDENTITY_SECRET": strings.Repeat("s", 32)},
+		{"bad database url", map[string]string{"DATABASE_URL": "notaurl", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef"},
 			"DATABASE_URL must be a PostgreSQL connection string"},
 		// Without a scheme: refused with the other problems, not once
 		// PostgreSQL was reached, and without quoting the URL.
-		{"bad redis url", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": strings.Repeat("s", 32),
+		{"bad redis url", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 			"REDIS_URL": "redis-host:6379"}, "REDIS_URL must be a redis://, rediss:// or unix:// URL"},
 	}
 	for _, tt := range tests {

@@ -189,10 +189,10 @@ func (r *Reader) List(name, def string) []string {
 	return out
 }
 
-// Secret reads the required secret name (at least 32 bytes) and name_PREVIOUS,
-// the comma-separated secrets accepted besides it while it is rotated (each
-// at least 32 bytes): what they signed is still read, and what is signed
-// uses name alone.
+// Secret reads the required secret name (at least MinSecretBytes, of which
+// minSecretDistinct differ) and name_PREVIOUS, the comma-separated secrets
+// accepted besides it while it is rotated (each held to the same rule):
+// what they signed is still read, and what is signed uses name alone.
 //
 // A rotation moves a value from one variable to the other, so a value must
 // read the same in both: the list's entries are trimmed, and the current
@@ -203,8 +203,12 @@ func (r *Reader) Secret(name string) (current string, previous []string) {
 	current = r.SigningSecret(name)
 	previous = r.List(name+"_PREVIOUS", "")
 	for _, p := range previous {
-		if len(p) < 32 {
-			r.Failf("every secret in %s_PREVIOUS must be at least 32 bytes", name)
+		if len(p) < MinSecretBytes {
+			r.Failf("every secret in %s_PREVIOUS must be at least %d bytes", name, MinSecretBytes)
+			break
+		}
+		if !variedSecret(p) {
+			r.Failf("every secret in %s_PREVIOUS must hold at least %d different bytes%s", name, minSecretDistinct, makeSecret)
 			break
 		}
 	}
@@ -212,14 +216,47 @@ func (r *Reader) Secret(name string) (current string, previous []string) {
 }
 
 // SigningSecret reads the required secret name alone, for a binary that
-// only signs with it (the gateway): at least 32 bytes, and, by Secret's
-// rule, a value that reads the same once listed in name_PREVIOUS.
+// only signs with it (the gateway): at least MinSecretBytes, of which at
+// least minSecretDistinct differ, and, by Secret's rule, a value that
+// reads the same once listed in name_PREVIOUS.
 func (r *Reader) SigningSecret(name string) string {
 	secret := r.getenv(name)
-	r.Check(len(secret) >= 32, name+" must be at least 32 bytes")
-	r.Check(len(secret) < 32 || (secret == strings.TrimSpace(secret) && !strings.Contains(secret, ",")),
+	r.Check(len(secret) >= MinSecretBytes, fmt.Sprintf("%s must be at least %d bytes%s", name, MinSecretBytes, makeSecret))
+	r.Check(len(secret) < MinSecretBytes || variedSecret(secret),
+		fmt.Sprintf("%s must hold at least %d different bytes%s", name, minSecretDistinct, makeSecret))
+	r.Check(len(secret) < MinSecretBytes || (secret == strings.TrimSpace(secret) && !strings.Contains(secret, ",")),
 		name+" must not begin or end with whitespace nor hold a comma: moved to "+name+"_PREVIOUS when rotated, it would read differently")
 	return secret
+}
+
+// MinSecretBytes is the shortest HMAC secret accepted: SHA-256's output,
+// below which RFC 2104 (section 3) discourages an HMAC key; 32 random
+// characters of hex are 128 bits.
+const MinSecretBytes = 32
+
+// minSecretDistinct is how many different bytes a secret must hold at
+// least. Length alone let a word repeated to 32 bytes pass
+// ("changemechangemechangemechangeme", 32 "s": 7 and 1 different bytes);
+// Django's deployment check likewise wants 5 different characters of its
+// SECRET_KEY. A random value never fails it in practice: 32 hex
+// characters hold fewer than 8 different ones once in 28 million.
+const minSecretDistinct = 8
+
+// makeSecret ends a refusal of a secret with how to make one.
+const makeSecret = " (make one with openssl rand -base64 32)"
+
+// variedSecret reports whether secret holds at least minSecretDistinct
+// different bytes.
+func variedSecret(secret string) bool {
+	var seen [256]bool
+	distinct := 0
+	for i := 0; i < len(secret) && distinct < minSecretDistinct; i++ {
+		if !seen[secret[i]] {
+			seen[secret[i]] = true
+			distinct++
+		}
+	}
+	return distinct >= minSecretDistinct
 }
 
 // Check records msg as a problem unless ok: for rules across variables or

@@ -62,7 +62,7 @@ func TestEveryProblemNamedWithItsShortValue(t *testing.T) {
 }
 
 func TestSecret(t *testing.T) {
-	long := strings.Repeat("s", 32)
+	long := "0123456789abcdef0123456789abcdef"
 	r := New(env(map[string]string{"K": long, "K_PREVIOUS": " " + long + "1 , " + long + "2 "}))
 	current, previous := r.Secret("K")
 	if current != long || !cmp.Equal(previous, []string{long + "1", long + "2"}) || r.Err() != nil {
@@ -94,6 +94,42 @@ func TestSecret(t *testing.T) {
 	current, previous = moved.Secret("K")
 	if current != long || previous[0] != long+"-new" || moved.Err() != nil {
 		t.Errorf("after the swap: K = %q, K_PREVIOUS = %q, %v; want the two values unchanged", current, previous, moved.Err())
+	}
+}
+
+// A secret long enough but of few different bytes (a word repeated to the
+// length) is refused, naming the setting and the rule, never the value;
+// random values of every usual shape pass.
+func TestSecretOfFewDifferentBytes(t *testing.T) {
+	for _, weak := range []string{strings.Repeat("s", 32), "changemechangemechangemechangeme", strings.Repeat("password", 4),
+		strings.Repeat("ab", 40)} {
+		r := New(env(map[string]string{"K": weak, "K_PREVIOUS": weak + weak[:1]}))
+		r.Secret("K")
+		err := r.Err()
+		for _, want := range []string{"K must hold at least 8 different bytes (make one with openssl rand -base64 32)",
+			"every secret in K_PREVIOUS must hold at least 8 different bytes"} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Secret(K=%q): Err() = %v, lacks %q", weak, err, want)
+			}
+		}
+		if err != nil && strings.Contains(err.Error(), weak[:8]) {
+			t.Errorf("Err() = %q quotes the secret", err)
+		}
+		gw := New(env(map[string]string{"K": weak}))
+		gw.SigningSecret("K")
+		if err := gw.Err(); err == nil || !strings.Contains(err.Error(), "K must hold at least 8 different bytes") {
+			t.Errorf("SigningSecret(K=%q): Err() = %v, want it refused", weak, err)
+		}
+	}
+	for _, random := range []string{"3f9a1c0e7b2d4f6a8c1e3b5d7f9a0c2e", // openssl rand -hex 16
+		"q0m3Zk8rX1vY7pL2sW9tB4nE6hJ5cD0aF8gU3iO7yR2=",   // openssl rand -base64 32
+		"kG9vQ2xW7mZ4pR8tY1nB6cF3hJ5dL0sA-_uE2iO7yT4wXq", // make run's random_secret
+	} {
+		r := New(env(map[string]string{"K": random}))
+		r.Secret("K")
+		if err := r.Err(); err != nil {
+			t.Errorf("Secret(a random value) = %v, want it accepted", err)
+		}
 	}
 }
 

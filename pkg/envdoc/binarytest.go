@@ -2,7 +2,6 @@ package envdoc
 
 import (
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -22,7 +21,7 @@ var Secrets = map[string]string{
 
 // sampleSecret is a value as long as `openssl rand -base64 32` makes.
 func sampleSecret(what string) string {
-	return (what + strings.Repeat("x", 44))[:44]
+	return (what + "-sample-secret-0123456789abcdefghijklmnopqrstuvwxyz")[:44]
 }
 
 // Where the files are, from the repository's root.
