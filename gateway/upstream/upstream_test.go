@@ -841,3 +841,24 @@ func TestAnInstanceIsNamedOneWay(t *testing.T) {
 		t.Errorf("Bases() = %q, want %q", got, want)
 	}
 }
+
+// The reason a probe gives for a host that does not accept connections is
+// the same whatever UPSTREAM_CONNECT_TIMEOUT is beside the probe's own
+// bound (its interval, at most a second): fasthttp's DoTimeout does not cut
+// a custom Dial short, so the dial's own timeout ends it and names it, even
+// when longer than the probe's bound. Were an upgrade to cut it at the
+// probe's bound, the reason would become "unanswered" (three in a row
+// before the instance is taken out) whenever the connect timeout is the
+// longer, and this test says so.
+func TestAProbeNamesAHostNotAcceptingWhateverTheConnectTimeout(t *testing.T) {
+	o := opts()
+	o.ConnectTimeout = 300 * time.Millisecond // above the probe's 100 ms below
+	u, err := New("svc", []string{"http://" + testenv.UnacceptingAddr(t)}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const notAccepted = "it did not accept a connection in time"
+	if got, failure := u.current()[0].probeOnce(100 * time.Millisecond); got != probeFailed || failure != notAccepted {
+		t.Errorf("probeOnce(100ms) with a 300 ms connect timeout = %d, %q; want %d, %q", got, failure, probeFailed, notAccepted)
+	}
+}
