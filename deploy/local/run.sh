@@ -106,11 +106,33 @@ check_free() { # check_free NAME...: each a variable holding an address
     ! listening "${!name}" || die "$name ${!name} is taken by $(holder "${!name}"): stop that, or give make run another address ($name=127.0.0.1:PORT make run)"
   done
 }
+# same_listener A B: addresses A and B take one port of one host (the same
+# port, and the same host or either one every address: empty, 0.0.0.0, ::).
+# Each binary refuses its own two so; across binaries, the second to start
+# failed to listen after the stack had begun, naming only its log.
+same_listener() {
+  local host_a=${1%:*} host_b=${2%:*} port=${1##*:}
+  host_a=${host_a#[}; host_a=${host_a%]}; host_b=${host_b#[}; host_b=${host_b%]}
+  [ "$port" != 0 ] && [ "$port" -eq "${2##*:}" ] 2>/dev/null || return 1
+  case "$host_a|$host_b" in "|"*|*"|"|0.0.0.0\|*|*\|0.0.0.0|::\|*|*\|::) return 0 ;; esac
+  [ "$host_a" = "$host_b" ]
+}
+check_separate() { # check_separate NAME...: no two of the addresses they hold take one port
+  local a b
+  for a in "$@"; do
+    for b in "$@"; do
+      [[ "$a" < "$b" ]] || continue
+      ! same_listener "${!a}" "${!b}" || die "$a (${!a}) and $b (${!b}) take the same port: give each listener its own address"
+    done
+  done
+}
 : "${GATEWAY_ADMIN_ADDR:=127.0.0.1:9080}" "${EXPORT_READER_ADMIN_ADDR:=127.0.0.1:9081}"
 : "${SALES_WRITER_ADMIN_ADDR:=127.0.0.1:9082}" "${SHOP_SCHEMA_ADMIN_ADDR:=127.0.0.1:9083}"
-check_free GATEWAY_ADDR EXPORT_READER_ADDR SALES_WRITER_ADDR SHOP_SCHEMA_ADDR \
-  GATEWAY_ADMIN_ADDR EXPORT_READER_ADMIN_ADDR SALES_WRITER_ADMIN_ADDR SHOP_SCHEMA_ADMIN_ADDR
-[ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ] || { : "${TRACESTORE_ADDR:=127.0.0.1:4318}"; check_free TRACESTORE_ADDR; }
+listeners=(GATEWAY_ADDR EXPORT_READER_ADDR SALES_WRITER_ADDR SHOP_SCHEMA_ADDR
+  GATEWAY_ADMIN_ADDR EXPORT_READER_ADMIN_ADDR SALES_WRITER_ADMIN_ADDR SHOP_SCHEMA_ADMIN_ADDR)
+[ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ] || { : "${TRACESTORE_ADDR:=127.0.0.1:4318}"; listeners+=(TRACESTORE_ADDR); }
+check_separate "${listeners[@]}"
+check_free "${listeners[@]}"
 
 pids=()
 declare -A names # pid → name, to say which process exited
