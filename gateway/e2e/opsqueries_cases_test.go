@@ -17,6 +17,9 @@ func TestCheckOpsQueryPrintedLabels(t *testing.T) {
 		{opsQuery{expr: `sum by (route) (rate(req_total[1m]))`, shows: `{{ code }} on {{route}}`}, 1},
 		{opsQuery{expr: `max by (upstream) (instances) > 0`, shows: `{{ $labels.upstream }} {{ $labels.severity }}`, own: setOf("severity")}, 0},
 		{opsQuery{expr: `max(instances) > 0`, shows: `{{ $labels.upstream }}, {{ index $labels "state" }}, {{ $value }}`}, 2},
+		// Go template keywords are no labels; the labels in the branches are.
+		{opsQuery{expr: `max by (app) (instances) > 0`, shows: `{{ with $labels.app }}{{ . }}{{ else }}{{ $labels.job }}{{ end }}`}, 1},
+		{opsQuery{expr: `max by (app, job) (instances) > 0`, shows: `{{ with $labels.app }}{{ . }}{{ else }}{{ $labels.job }}{{ end }}`}, 0},
 		// A misspelt value: the alert never fires, whatever it prints.
 		{opsQuery{expr: `max by (upstream) (instances{state="ot"}) > 0`, shows: `{{ $labels.upstream }}`}, 1},
 	} {

@@ -36,15 +36,22 @@ func (q opsQuery) shownLabels() []string {
 	var names []string
 	for _, re := range []*regexp.Regexp{legendLabel, templateLabel} {
 		for _, m := range re.FindAllStringSubmatch(q.shows, -1) {
-			names = append(names, strings.Join(m[1:], "")) // the one group that matched
+			name := strings.Join(m[1:], "") // the one group that matched
+			if re == legendLabel && templateKeywords[name] {
+				continue // an annotation's {{ else }}, {{ end }}: Go template, no label
+			}
+			names = append(names, name)
 		}
 	}
 	return names
 }
 
 var (
-	legendLabel   = regexp.MustCompile(`\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
-	templateLabel = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)|index\s+\$labels\s+"([a-zA-Z_][a-zA-Z0-9_]*)"`)
+	legendLabel = regexp.MustCompile(`\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
+	// templateKeywords are the words of Go's text/template that stand
+	// alone between braces, as an alert's annotation may hold them.
+	templateKeywords = map[string]bool{"else": true, "end": true, "break": true, "continue": true, "nil": true}
+	templateLabel    = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)|index\s+\$labels\s+"([a-zA-Z_][a-zA-Z0-9_]*)"`)
 )
 
 // dashboard is the part of a Grafana dashboard that holds queries.
