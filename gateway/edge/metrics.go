@@ -71,11 +71,11 @@ func newMetrics() *metrics {
 		// own address), and which would rename ours exported_instance.
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_errors_total",
-			Help: "Proxied requests that failed, by upstream, upstream_instance (scheme://host:port of the instance whose failure the client got; none when every instance was out) and the kind of the last attempt's failure (unavailable, unreachable, timeout, closed, identity_refused, bad_response).",
+			Help: "Proxied requests that failed, by upstream, upstream_instance (scheme://host:port of the instance whose failure the client got; none when every instance was out or the gateway was out of file descriptors or memory) and the kind of the last attempt's failure (unavailable, unreachable, timeout, closed, identity_refused, bad_response, gateway_shortage).",
 		}, []string{"upstream", "upstream_instance", "kind"}),
 		upstreamRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_upstream_retries_total",
-			Help: "Requests sent a second time, by upstream, upstream_instance (scheme://host:port of the instance that failed the first attempt) and the kind of that failure: failures a client did not see.",
+			Help: "Requests sent a second time, by upstream, upstream_instance (scheme://host:port of the instance that failed the first attempt; none for gateway_shortage, the gateway out of file descriptors or memory) and the kind of that failure: failures a client did not see.",
 		}, []string{"upstream", "upstream_instance", "kind"}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
@@ -240,12 +240,15 @@ func backendLabel(local bool) string {
 func (m *metrics) forUpstreams(upstreams map[string]*upstream.Upstream) {
 	for name, u := range upstreams {
 		m.upstreamErrors.WithLabelValues(name, noInstance, kindUnavailable)
+		m.upstreamErrors.WithLabelValues(name, noInstance, kindShortage)
+		m.upstreamRetries.WithLabelValues(name, noInstance, kindShortage)
 		m.followInstances(name, u.Bases())
 	}
 }
 
 // noInstance is the upstream_instance of a failure no instance had: every
-// one was out, and nothing was sent.
+// one was out, or the gateway could not open a connection (a shortage of
+// its own), and nothing was sent.
 const noInstance = "none"
 
 // followInstances makes the error and retry series of an upstream's

@@ -187,7 +187,7 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 		err = errIdentityRefused
 	}
 	if err != nil {
-		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, instanceLabel(out.Instance), errorKind(err)).Inc()
+		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, failedInstanceLabel(out.Instance, err), errorKind(err)).Inc()
 		span.SetStatus(codes.Error, errorKind(err))
 		if idempotentSale && mayHaveArrived(err) {
 			err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
@@ -248,7 +248,7 @@ const repeatLogInterval = 10 * time.Second
 // instance (a lone one that dropped a kept-alive connection).
 func (g *Gateway) noteRepeat(rq *request, span trace.Span, up string, attempt *upstream.FailedAttempt) {
 	kind := errorKind(attempt)
-	g.metrics.upstreamRetries.WithLabelValues(up, instanceLabel(attempt.Instance), kind).Inc()
+	g.metrics.upstreamRetries.WithLabelValues(up, failedInstanceLabel(attempt.Instance, attempt), kind).Inc()
 	rq.failed = attempt
 	if ok, skipped := g.repeatLog.Allow(up + "/" + kind); ok {
 		// Logged once the repeat is done; failed_at says when the first
@@ -418,6 +418,14 @@ func mayHaveArrived(err error) bool {
 // an instance.
 const kindUnavailable = "unavailable"
 
+// kindShortage is errorKind's name for a connection the gateway could not
+// open for want of its own file descriptors or memory. Counted as the
+// instance's "unreachable", it had ExportUpstreamRetries blame a reader
+// that was fine ("repeats export-reader requests after unreachable
+// failures of http://…:24301") while the gateway sat at its limit; it is
+// counted under no instance (failedInstanceLabel).
+const kindShortage = "gateway_shortage"
+
 var instanceErrorKinds = []string{"unreachable", "timeout", "closed", "identity_refused", "bad_response"}
 
 // instanceLabel is the upstream_instance of a failure on instance, as
@@ -427,6 +435,15 @@ func instanceLabel(instance string) string {
 		return noInstance
 	}
 	return instance
+}
+
+// failedInstanceLabel is the upstream_instance of a failure err on
+// instance: none for a shortage of the gateway's own, which no instance had.
+func failedInstanceLabel(instance string, err error) string {
+	if errors.Is(err, upstream.ErrShortage) {
+		return noInstance
+	}
+	return instanceLabel(instance)
 }
 
 // repeatedErrorKinds are those after which upstream.Do may send a request
@@ -439,6 +456,8 @@ func errorKind(err error) string {
 	switch {
 	case errors.Is(err, upstream.ErrUnavailable):
 		return kindUnavailable
+	case errors.Is(err, upstream.ErrShortage):
+		return kindShortage
 	case errors.Is(err, upstream.ErrUnreachable):
 		return "unreachable"
 	case errors.Is(err, upstream.ErrTimeout):

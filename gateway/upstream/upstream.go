@@ -30,6 +30,10 @@ var (
 	ErrUnavailable = errors.New("upstream: no instance available")
 	// ErrUnreachable: the connection could not be made.
 	ErrUnreachable = errors.New("upstream: unreachable")
+	// ErrShortage comes with ErrUnreachable when the gateway itself could
+	// not open the connection, out of file descriptors or memory: nothing
+	// was sent, and the instance is not to blame (shortageError).
+	ErrShortage = errors.New("upstream: the gateway is out of file descriptors or memory")
 	// ErrTimeout: the instance did not answer in time.
 	ErrTimeout = errors.New("upstream: timeout")
 	// ErrClosed: the instance closed the connection before the first byte
@@ -275,6 +279,10 @@ func (e shortageError) Error() string {
 	return "the gateway is out of file descriptors or memory: " + e.err.Error()
 }
 func (e shortageError) Unwrap() error { return e.err }
+
+// Is makes a shortage ErrShortage, so callers outside the package can
+// tell it from the instance's refusal.
+func (e shortageError) Is(target error) bool { return target == ErrShortage }
 
 // Repeat says when a request may be sent a second time, to another
 // instance (after a closed connection, to a lone one again, on a new
