@@ -34,4 +34,14 @@ elif [ "${REQUIRE_PROMTOOL:-0}" = 1 ]; then
 else
   log "promtool not installed: the alert rules were not tested (apt-get install prometheus)"
 fi
+# Alertmanager's part of them (deploy/prometheus/alertmanager.yml, whose
+# inhibit rules ops copy): amtool, from Debian's prometheus-alertmanager
+# (.ci/run installs it), checks that it is a configuration Alertmanager
+# loads; without it, skipped and said so.
+if command -v amtool >/dev/null 2>&1; then
+  log "amtool check-config deploy/prometheus/alertmanager.yml"
+  amtool check-config deploy/prometheus/alertmanager.yml || status=1
+else
+  log "amtool not installed: deploy/prometheus/alertmanager.yml was not checked (apt-get install prometheus-alertmanager)"
+fi
 exit $status

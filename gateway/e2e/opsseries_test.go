@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/coinexport/export/pkg/testenv"
@@ -33,6 +34,19 @@ func TestOpsQueriesReadExposedSeries(t *testing.T) {
 		for _, p := range checkOpsQuery(exposed, q) {
 			t.Errorf("%s: %s\n\t%s", q.where, p, q.expr)
 		}
+	}
+	// The inhibit rules ops copy into Alertmanager name alerts that exist
+	// and join them on labels both carry.
+	alerts := map[string]opsQuery{}
+	for _, q := range alertQueries(t, alertsFile) {
+		alerts[strings.TrimPrefix(q.where, alertsFile+": alert ")] = q
+	}
+	labelsOf := func(q opsQuery) labelSet {
+		labels, _ := checkQuery(exposed, q.expr)
+		return labels.union(q.own)
+	}
+	for _, p := range checkInhibitRules(t, alertmanagerFile, alerts, labelsOf) {
+		t.Errorf("%s: %s", alertmanagerFile, p)
 	}
 	// Each metric and label name of each query, misspelt, fails the check:
 	// the check reads every name the files use, none passes unread. So does
