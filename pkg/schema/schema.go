@@ -268,7 +268,7 @@ func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true 
 
 // ServingOn keeps the service ready while PostgreSQL refuses new sessions
 // (postgres.SessionRefused: a password changed, the role made NOLOGIN) but
-// pool, the service's own, still has a connection that answers: the
+// pool, the service's own, still has a connection that serves (poolServes): the
 // check's connection is renewed every minute (postgres.OpenSide), so it
 // meets the refusal first, while the service goes on serving on the
 // connections it opened before, for as long as they last (an hour at most,
@@ -372,7 +372,7 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 	if r.serving == nil || !r.current.Load() || !postgres.SessionRefused(refused) {
 		return false
 	}
-	if r.serving.Ping(ctx) != nil {
+	if !poolServes(ctx, r.serving) {
 		return false
 	}
 	now := time.Now().Unix()
@@ -381,4 +381,19 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 			"error", refused, postgres.CauseAttr(refused))
 	}
 	return true
+}
+
+// poolServes reports whether pool has a connection that answers: an idle
+// one pinged, or, with none idle, one in use by a request. Its Ping finds
+// no idle connection when the service is busy, and then asks the pool for
+// one more session, which PostgreSQL refuses, or, the pool full, waits
+// behind the queued statements past the prober's second (see Readiness):
+// either took a loaded instance out of rotation while it served. Like the
+// check itself, it trusts the connections in use to come back.
+func poolServes(ctx context.Context, pool *pgxpool.Pool) bool {
+	stat := pool.Stat()
+	if stat.IdleConns() == 0 {
+		return stat.AcquiredConns() > 0
+	}
+	return pool.Ping(ctx) == nil
 }

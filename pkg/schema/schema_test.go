@@ -343,15 +343,7 @@ func TestReadinessSaysWhatToPutRight(t *testing.T) {
 // connection has ended, it is unready, naming the cause.
 func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T) {
 	ctx := context.Background()
-	url := testenv.PostgresURL(t)
-	admin := testenv.Pool(t, url)
-	role := fmt.Sprintf("readiness_%d", time.Now().UnixNano())
-	mustExec(t, admin, "CREATE ROLE "+role+" LOGIN SUPERUSER")
-	t.Cleanup(func() {
-		mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
-		mustExec(t, admin, "DROP ROLE "+role)
-	})
-	pool := testenv.Pool(t, url+" user="+role+" pool_max_conns=1")
+	pool, refuseNewSessions := serviceRole(t, 1)
 	side := sideOf(t, pool)
 	var logged testenv.Output
 	ready := schema.NewReadiness(ctx, side, slog.New(slog.NewTextHandler(&logged, nil)), schema.ServingOn(pool))
@@ -361,11 +353,7 @@ func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T)
 	if err := pool.Ping(ctx); err != nil { // the service's connection, idle in its pool
 		t.Fatal(err)
 	}
-	mustExec(t, admin, "ALTER ROLE "+role+" NOLOGIN")
-	// The check's connection ends (its minute's renewal, here a
-	// terminate): its next session is refused.
-	mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"' AND pid <> "+
-		strconv.Itoa(int(backendPID(t, pool))))
+	refuseNewSessions(backendPID(t, pool))
 	if err := ready.Ready(ctx); err != nil {
 		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
 	}
@@ -376,6 +364,60 @@ func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T)
 	err := ready.Ready(ctx)
 	if err == nil || !strings.Contains(err.Error(), "PostgreSQL refused DATABASE_URL's role") {
 		t.Errorf("Ready with no connection left = %v, want the refusal with its cause", err)
+	}
+}
+
+// While new sessions are refused, a service under load serves on its
+// open connections all in use: no idle one is left for the check to ping.
+// Pinging through the pool there asked it for a connection: one more
+// session, refused, where the pool could still grow (the instance taken
+// out of rotation at every probe that came while its connections were
+// busy), or a wait behind the queued statements where it could not, past
+// the gateway's one second. The check reads that the pool's connections
+// serve instead, as the side connection exists to keep it off the queue.
+func TestReadinessServesOnBusyConnectionsWhenNewSessionsAreRefused(t *testing.T) {
+	for _, maxConns := range []int{2, 1} { // room to grow, and saturated
+		t.Run(fmt.Sprintf("pool_max_conns=%d", maxConns), func(t *testing.T) {
+			ctx := context.Background()
+			pool, refuseNewSessions := serviceRole(t, maxConns)
+			side := sideOf(t, pool)
+			ready := schema.NewReadiness(ctx, side, slog.New(slog.DiscardHandler), schema.ServingOn(pool))
+			if err := ready.Ready(ctx); err != nil {
+				t.Fatalf("Ready before = %v, want nil", err)
+			}
+			busy, err := pool.Acquire(ctx) // a request's statement under way
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer busy.Release()
+			refuseNewSessions(busy.Conn().PgConn().PID())
+			if err := ready.Ready(ctx); err != nil {
+				t.Errorf("Ready while the pool's one connection serves a request = %v, want nil", err)
+			}
+		})
+	}
+}
+
+// serviceRole is the pool of a service (pool_max_conns maxConns) that
+// connects as a login role of the test's own, and refuseNewSessions, which
+// makes that role NOLOGIN (the test clusters trust every login: 28000
+// where a changed password gives 28P01) and ends its sessions but the
+// service's connection keep, as the side connection's renewal would.
+func serviceRole(t *testing.T, maxConns int) (pool *pgxpool.Pool, refuseNewSessions func(keep uint32)) {
+	t.Helper()
+	url := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, url)
+	role := fmt.Sprintf("readiness_%d", time.Now().UnixNano())
+	mustExec(t, admin, "CREATE ROLE "+role+" LOGIN SUPERUSER")
+	t.Cleanup(func() {
+		mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
+		mustExec(t, admin, "DROP ROLE "+role)
+	})
+	pool = testenv.Pool(t, url+" user="+role+" pool_max_conns="+strconv.Itoa(maxConns))
+	return pool, func(keep uint32) {
+		mustExec(t, admin, "ALTER ROLE "+role+" NOLOGIN")
+		mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"' AND pid <> "+
+			strconv.FormatUint(uint64(keep), 10))
 	}
 }
 
