@@ -201,9 +201,11 @@ var ErrStopped = errors.New("postgres: stopped")
 // socket, starting up, the ping timing out) from one that answered and
 // refused this client (a wrong password, an unknown database, pg_hba): only
 // waiting mends the first; the second is a configuration to fix, reported
-// at once.
+// at once. A pooler's own refusals are reported at once too, as before
+// Unreachable counted them: at start most are its configuration (no such
+// database, an unsupported startup parameter: ErrSettingRefused).
 func notReachedYet(err error) bool {
-	return Unreachable(err) || errors.Is(err, context.DeadlineExceeded)
+	return Unreachable(err) && !fromPooler(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Option sets defaults for the pool's sessions; a setting in the DSN wins.

@@ -14,8 +14,8 @@ import (
 
 // Unreachable reports whether err says that PostgreSQL could not be reached,
 // had no connection to give, or that the connection was lost (the server is
-// down, restarting, full or out of reach), rather than an answer of the
-// server to the statement. The
+// down, restarting, full or out of reach; or a pooler in front of it says
+// so, poolerError), rather than an answer of the server to the statement. The
 // services answer it 503 unavailable, a condition to retry, not the 500 of
 // a bug.
 func Unreachable(err error) bool {
@@ -28,7 +28,7 @@ func Unreachable(err error) bool {
 	// (unknown database, wrong password) is a ConnectError holding one.
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return unreachableCode(pgErr.Code)
+		return unreachableCode(pgErr.Code) || poolerError(pgErr)
 	}
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
@@ -46,6 +46,26 @@ func Unreachable(err error) bool {
 func unreachableCode(code string) bool {
 	return strings.HasPrefix(code, "08") && code != "08P01" ||
 		code == "57P01" || code == "57P02" || code == "57P03" || code == "53300"
+}
+
+// poolerError reports whether pgErr is a pooler's own error, not
+// PostgreSQL's: PgBouncer (README, "Behind PgBouncer") sends each of its
+// own as 08P01 and without the routine that PostgreSQL names in every
+// error it raises. They are its connection exceptions: PostgreSQL refuses
+// its logins ("server login has been failing", as after a password
+// changed), is down ("pgbouncer cannot connect to server"), no server
+// connection came free in time ("query_wait_timeout"), or the one in use
+// was lost ("server conn crashed?", a commit's outcome unknown). Read as
+// PostgreSQL's 08P01, a client's malformed message, each was a 500
+// internal_error.
+func poolerError(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == "08P01" && pgErr.Routine == ""
+}
+
+// fromPooler is poolerError for any error that holds a server error.
+func fromPooler(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && poolerError(pgErr)
 }
 
 // Unavailable reports whether err says that PostgreSQL cannot do the work
@@ -142,6 +162,9 @@ func Cause(err error) string {
 	if !errors.As(err, &pgErr) {
 		return ""
 	}
+	if poolerError(pgErr) {
+		return poolerCause
+	}
 	if cause, ok := causes[pgErr.Code]; ok {
 		return cause
 	}
@@ -159,6 +182,11 @@ func CauseAttr(err error) slog.Attr {
 	}
 	return slog.Attr{}
 }
+
+// poolerCause is Cause's text for a pooler's own error (poolerError).
+const poolerCause = "the pooler in front of PostgreSQL (PgBouncer) ended or refused the connection, as its message says: " +
+	"server login has been failing, PostgreSQL refuses the pooler's login (a password changed: see the pooler's log); " +
+	"query_wait_timeout or cannot connect to server, PostgreSQL is down or every server connection is busy"
 
 // causes holds Cause's texts by SQLSTATE, and by class ("53*") for the
 // codes of a class without a text of their own.

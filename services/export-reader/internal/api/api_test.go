@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -663,6 +664,52 @@ func TestItemAccessLineNamesTheItem(t *testing.T) {
 	}
 	if strings.Contains(e.logs.String(), apiKey) {
 		t.Errorf("the log holds the API key:\n%s", e.logs.String())
+	}
+}
+
+// Behind PgBouncer (README, "Behind PgBouncer"), PostgreSQL refusing new
+// sessions (a password changed; here the role made NOLOGIN, as the test
+// clusters trust every login) reaches the reader as PgBouncer's own error,
+// SQLSTATE 08P01 ("server login has been failing", "query_wait_timeout"):
+// the page is 503 unavailable with Retry-After, its log line naming the
+// pooler, as without a pooler, not the 500 of a client's protocol
+// violation that 08P01 is when PostgreSQL sends it.
+func TestPostgreSQLRefusingThePoolerIsUnavailable(t *testing.T) {
+	t.Parallel()
+	signer, err := identity.NewSigner(identitySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, url)
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	role := "pooled_" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	exec("CREATE ROLE " + role + " LOGIN SUPERUSER")
+	endSessions := "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '" + role + "'"
+	t.Cleanup(func() { exec(endSessions); exec("DROP ROLE " + role) })
+	pooled := testenv.Pool(t, testenv.PgBouncer(t, url+" user="+role, "session", "query_wait_timeout = 1"))
+	e := serve(t, pooled, signer)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("coin-1", "active", "Coin"))
+	exec("ALTER ROLE " + role + " NOLOGIN")
+	exec(endSessions)
+	// The first reads may meet the server connection ended: 503 too.
+	for try := 0; !strings.Contains(e.logs.String(), `"cause":"the pooler in front of PostgreSQL`); try++ {
+		if try == 10 {
+			t.Fatalf("no read met the pooler's refusal (08P01) in 10 tries:\n%s", e.logs.String())
+		}
+		r := e.get(t, owner, "/v1/export/items/coin-1")
+		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" ||
+			r.header.Get("Retry-After") != "1" {
+			t.Fatalf("GET with PostgreSQL refusing the pooler's logins = %d %s (Retry-After %q), want 503 unavailable with Retry-After 1:\n%s",
+				r.status, r.body, r.header.Get("Retry-After"), e.logs.String())
+		}
 	}
 }
 
