@@ -176,16 +176,7 @@ func TestRunServesWhilePostgresIsOutOfReach(t *testing.T) {
 	if health.StatusCode != 200 || report.Data.Checks["postgres"] != "down" {
 		t.Errorf("/v1/health = %d, checks %v; want 200 with postgres down", health.StatusCode, report.Data.Checks)
 	}
-	key, _, err := apikey.Generate([]string{"export:read"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
-	req.Header.Set("X-API-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := getWithUnknownKey(t, addr)
 	var refusal struct {
 		Error struct{ Code string }
 		Meta  struct {
@@ -208,6 +199,24 @@ func TestRunServesWhilePostgresIsOutOfReach(t *testing.T) {
 	if !strings.Contains(out.String(), "PostgreSQL not reached") {
 		t.Errorf("logs lack the unreached database:\n%s", out.String())
 	}
+}
+
+// getWithUnknownKey lists items through the gateway at addr with a key of
+// the right form that no database holds, new each call, so that the
+// gateway looks it up in PostgreSQL (none is cached).
+func getWithUnknownKey(t *testing.T, addr string) *http.Response {
+	t.Helper()
+	key, _, err := apikey.Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 func decodeBody(t *testing.T, resp *http.Response, into any) {
@@ -300,16 +309,7 @@ func TestRunAnswersADatabaseRenamedUnderIt(t *testing.T) {
 		}
 	}
 	lookup := func() int {
-		key, _, err := apikey.Generate([]string{"export:read"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/export/items", nil)
-		req.Header.Set("X-API-Key", key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := getWithUnknownKey(t, addr)
 		resp.Body.Close()
 		return resp.StatusCode
 	}
