@@ -454,12 +454,7 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	owner := "00000000-0000-4000-8000-000000000001"
 	for _, path := range []string{"/v1/export/items", "/v1/export/items/x"} {
 		r := e.get(t, owner, path)
-		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
-			t.Errorf("GET %s with PostgreSQL down = %d %s, want 503 unavailable", path, r.status, r.body)
-		}
-		if got := r.header.Get("Retry-After"); got != "1" {
-			t.Errorf("GET %s with PostgreSQL down: Retry-After = %q, want 1", path, got)
-		}
+		wantUnavailable(t, r, "GET "+path+" with PostgreSQL down")
 	}
 }
 
@@ -495,12 +490,7 @@ func TestStoreThatCannotReadNowIsUnavailable(t *testing.T) {
 	}
 	for _, path := range []string{"/v1/export/items", "/v1/export/items/coin-1"} {
 		r := e.get(t, owner, path)
-		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
-			t.Errorf("GET %s behind a lock past lock_timeout = %d %s, want 503 unavailable", path, r.status, r.body)
-		}
-		if got := r.header.Get("Retry-After"); got != "1" {
-			t.Errorf("GET %s behind a lock past lock_timeout: Retry-After = %q, want 1", path, got)
-		}
+		wantUnavailable(t, r, "GET "+path+" behind a lock past lock_timeout")
 	}
 	if logs := e.logs.String(); !strings.Contains(logs, "export store unavailable") || !strings.Contains(logs, "55P03") {
 		t.Errorf("the log does not name the store's refusal and its SQLSTATE:\n%s", logs)
@@ -704,12 +694,22 @@ func TestPostgreSQLRefusingThePoolerIsUnavailable(t *testing.T) {
 		if try == 10 {
 			t.Fatalf("no read met the pooler's refusal (08P01) in 10 tries:\n%s", e.logs.String())
 		}
-		r := e.get(t, owner, "/v1/export/items/coin-1")
-		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" ||
-			r.header.Get("Retry-After") != "1" {
-			t.Fatalf("GET with PostgreSQL refusing the pooler's logins = %d %s (Retry-After %q), want 503 unavailable with Retry-After 1:\n%s",
-				r.status, r.body, r.header.Get("Retry-After"), e.logs.String())
+		wantUnavailable(t, e.get(t, owner, "/v1/export/items/coin-1"), "GET with PostgreSQL refusing the pooler's logins")
+		if t.Failed() {
+			t.Fatalf("its log:\n%s", e.logs.String())
 		}
+	}
+}
+
+// wantUnavailable fails unless r is the 503 unavailable envelope with
+// Retry-After: 1; what names the call and its condition.
+func wantUnavailable(t *testing.T, r response, what string) {
+	t.Helper()
+	if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
+		t.Errorf("%s = %d %s, want 503 unavailable", what, r.status, r.body)
+	}
+	if got := r.header.Get("Retry-After"); got != "1" {
+		t.Errorf("%s: Retry-After = %q, want 1", what, got)
 	}
 }
 
@@ -731,12 +731,7 @@ func TestDatabaseRenamedUnderTheReaderIsUnavailable(t *testing.T) {
 	restore := testenv.RenameDatabase(t, url)
 	for _, path := range []string{"/v1/export/items", "/v1/export/items/coin-1"} {
 		r := e.get(t, owner, path)
-		if r.status != http.StatusServiceUnavailable || r.env.Error == nil || r.env.Error.Code != "unavailable" {
-			t.Errorf("GET %s with the database renamed = %d %s, want 503 unavailable", path, r.status, r.body)
-		}
-		if got := r.header.Get("Retry-After"); got != "1" {
-			t.Errorf("GET %s with the database renamed: Retry-After = %q, want 1", path, got)
-		}
+		wantUnavailable(t, r, "GET "+path+" with the database renamed")
 	}
 	if logs := e.logs.String(); !strings.Contains(logs, `"msg":"export store unavailable"`) || !strings.Contains(logs, "3D000") ||
 		!strings.Contains(logs, `"cause":"DATABASE_URL's database does not exist`) {
