@@ -305,10 +305,12 @@ func NewReadiness(ctx context.Context, conn *pgxpool.Pool, log *slog.Logger, opt
 // connection: after a PostgreSQL restart that connection is dead, and pgx
 // finds out only by using it (and then drops it), so the first probe after
 // every restart would fail, and the gateway would take a service out that
-// can serve, until its next probe.
+// can serve, until its next probe. A new session PostgreSQL refused
+// (postgres.SessionRefused) is not tried again: the second login is
+// refused as well, one more FATAL line in the server's log a probe.
 func (r *Readiness) ping(ctx context.Context) error {
 	err := r.probe(ctx)
-	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) {
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) && !postgres.SessionRefused(err) {
 		err = r.probe(ctx)
 	}
 	return err

@@ -8,9 +8,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -395,6 +397,40 @@ func TestReadinessServesOnBusyConnectionsWhenNewSessionsAreRefused(t *testing.T)
 				t.Errorf("Ready while the pool's one connection serves a request = %v, want nil", err)
 			}
 		})
+	}
+}
+
+// The check tries a refused session once: ping's second try is for a
+// connection found dead after a restart, and a second login, refused as
+// the first, only doubled the FATAL lines each probe left in PostgreSQL's
+// log while the role's password did not match (once the instance is out,
+// each gateway probes it every 250 ms, and the kubelet too).
+func TestReadinessTriesARefusedSessionOnce(t *testing.T) {
+	ctx := context.Background()
+	pool, refuseNewSessions := serviceRole(t, 1)
+	cfg := pool.Config()
+	var logins atomic.Int32
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error { logins.Add(1); return nil }
+	counted, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(counted.Close)
+	ready := schema.NewReadiness(ctx, sideOf(t, counted), slog.New(slog.DiscardHandler))
+	if err := ready.Ready(ctx); err != nil {
+		t.Fatalf("Ready before = %v, want nil", err)
+	}
+	refuseNewSessions(0)
+	// The first check finds its connection ended (by the refusal's
+	// terminate here, by its renewal in production), then is refused.
+	for range 2 {
+		logins.Store(0)
+		if err := ready.Ready(ctx); err == nil {
+			t.Fatal("Ready with the role NOLOGIN = nil, want the refusal")
+		}
+	}
+	if got := logins.Load(); got != 1 {
+		t.Errorf("Ready with the role NOLOGIN tried %d logins, want 1", got)
 	}
 }
 
