@@ -27,16 +27,20 @@ type Querier interface {
 // of age, the likely holders of the lock given up on (nothing waits for
 // it any more, so pg_blocking_pids can no longer tell), for an
 // administrator to end. For example "sessions in a transaction that long:
-// pid 4516 (psql, idle in transaction for 00:03:12)". Only client sessions
-// are named: an autovacuum worker is in a transaction as long as its
-// VACUUM runs (minutes on a big table, throttled), yet it yields its lock
-// to whoever waits for it (but an anti-wraparound one), and ending it only
-// postpones it; named, it sent the operator to end the wrong process.
+// pid 4516 (psql, idle in transaction for 00:03:12)". Autovacuum workers
+// are left out: one is in a transaction as long as its VACUUM runs
+// (minutes on a big table, throttled), yet it yields its lock to whoever
+// waits for it, and ending it only postpones it; named, it sent the
+// operator to end the wrong process. But an anti-wraparound one ("(to
+// prevent wraparound)" in its query), which does not yield, is named, as
+// are other background workers (pg_cron's jobs, logical replication's
+// table sync), which hold their locks as a client does.
 func OldTransactions(ctx context.Context, db Querier, age time.Duration) string {
 	rows, err := db.Query(ctx, `SELECT format('pid %s (%s, %s for %s)', pid,
 	        coalesce(nullif(application_name, ''), 'no application_name'), state, date_trunc('second', now() - xact_start))
 	    FROM pg_stat_activity
-	    WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+	    WHERE datname = current_database() AND pid <> pg_backend_pid()
+	      AND NOT (backend_type = 'autovacuum worker' AND query NOT LIKE '%(to prevent wraparound)%')
 	      AND xact_start < now() - $1::interval
 	    ORDER BY xact_start`, age.String())
 	if err != nil {
