@@ -37,6 +37,18 @@ func Unreachable(err error) bool {
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
+// NothingSent reports whether err came before any statement reached
+// PostgreSQL, so that nothing the call asked for was done: no connection
+// was opened (refused by the system, or by the server for want of a slot,
+// a password, a role or a database: a pgconn.ConnectError), or pgx failed
+// before sending a byte (pgconn.SafeToRetry, which a ConnectError does not
+// answer true: pgx v5.13 gives it no SafeToRetry). A connection lost once
+// a statement was sent is not: that statement may have been done.
+func NothingSent(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || pgconn.SafeToRetry(err)
+}
+
 // unreachableCode: SQLSTATE class 08 (connection exception) but 08P01
 // (protocol_violation: what the server says of a client's malformed
 // message, a bug), the server shutting down (57P01 admin_shutdown, 57P02

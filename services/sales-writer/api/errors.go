@@ -135,10 +135,13 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	if postgres.Unreachable(err) {
 		// An outage, not a bug. The connection may have broken after the
-		// commit, so the answer says how to find out safely.
+		// commit, so the answer says how to find out safely; unless it was
+		// never opened (refused by the system, or no connection slot
+		// left), when nothing was applied: "may have been" sent a sales
+		// platform reconciling for nothing.
 		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the sale store is unreachable; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
+			"the sale store is unreachable; "+applied(err)+": retry with backoff and the same Idempotency-Key", requestID)
 		return "unavailable"
 	}
 	if postgres.Unavailable(err) {
@@ -149,14 +152,28 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// (errCanceledEarly); or it refused a new connection (a password
 		// changed, the database renamed) or failed in its own storage,
 		// which the operator puts right (cause says how). Nothing was
-		// applied; the answer still says how to settle it with the key, as
-		// every 503 of the writer does.
+		// applied; the answer says so where no statement was sent (a new
+		// connection refused), and still says how to settle it with the
+		// key, as every 503 of the writer does.
 		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
-		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", requestID)
+		message := "the sale store cannot take this call now; retry with backoff and the same Idempotency-Key"
+		if postgres.NothingSent(err) {
+			message = "the sale store cannot take this call now; nothing was applied: retry with backoff and the same Idempotency-Key"
+		}
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", message, requestID)
 		return "unavailable"
 	}
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	return "internal_error"
+}
+
+// applied says what a call that failed for want of the database did: when
+// no statement reached it (postgres.NothingSent), nothing; else the sale
+// may have been applied (a connection lost after the commit).
+func applied(err error) string {
+	if postgres.NothingSent(err) {
+		return "nothing was applied"
+	}
+	return "the sale may have been applied"
 }

@@ -1,0 +1,140 @@
+package api
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A sale refused before anything reached PostgreSQL (its connection was
+// never opened: refused by the system, or by the server for want of a slot,
+// a role or a database) was not applied, and its 503 says so: it said "the
+// sale may have been applied", which sends a sales platform reconciling for
+// nothing. The key binds nothing then: the same call with it runs anew.
+func TestRefusedBeforeTheDatabaseSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	cfg, err := pgxpool.ParseConfig(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := cfg.ConnConfig.Database // unique to this test, as roles are the cluster's
+	f.exec(t, "CREATE ROLE "+pgx.Identifier{role + "_nologin"}.Sanitize()+" NOLOGIN")
+	f.exec(t, "CREATE ROLE "+pgx.Identifier{role + "_noslot"}.Sanitize()+" LOGIN CONNECTION LIMIT 0")
+	t.Cleanup(func() {
+		for _, r := range []string{role + "_nologin", role + "_noslot"} {
+			_, _ = f.db.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{r}.Sanitize())
+		}
+	})
+	refusing := testenv.RefusingAddr(t)
+
+	tests := []struct {
+		name   string
+		change func(*pgxpool.Config) (undo func())
+		want   string // in the log: what refused
+	}{
+		{"connection refused by the system", func(c *pgxpool.Config) func() {
+			host, port, _ := net.SplitHostPort(refusing)
+			c.ConnConfig.Host, c.ConnConfig.Port = host, parsePort(t, port)
+			c.ConnConfig.Fallbacks = nil
+			return func() {}
+		}, "connection refused"},
+		{"role made NOLOGIN (28000)", func(c *pgxpool.Config) func() {
+			c.ConnConfig.User = role + "_nologin"
+			return func() {}
+		}, "28000"},
+		{"no connection slot for the role (53300)", func(c *pgxpool.Config) func() {
+			c.ConnConfig.User = role + "_noslot"
+			return func() {}
+		}, "53300"},
+		{"database renamed (3D000)", func(*pgxpool.Config) func() {
+			return testenv.RenameDatabase(t, f.url)
+		}, "3D000"},
+	}
+	for _, tt := range tests {
+		c := cfg.Copy()
+		undo := tt.change(c)
+		db, err := pgxpool.NewWithConfig(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs testenv.Output
+		f.handler = newLoggedHandler(t, db, defaultRetention, &logs)
+		for _, op := range []string{"confirm", "cancel"} {
+			rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+			if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+				!strings.Contains(env.Error.Message, "nothing was applied") || strings.Contains(env.Error.Message, "may have been") ||
+				!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+				t.Errorf("%s, %s = %d %q %s, want 503 unavailable saying nothing was applied", tt.name, op, rec.Code, errorCode(env), rec.Body)
+			}
+		}
+		if !strings.Contains(logs.String(), tt.want) {
+			t.Errorf("%s: the log does not name %q:\n%s", tt.name, tt.want, logs.String())
+		}
+		db.Close()
+		undo()
+	}
+	f.db.Reset() // the rename ended its sessions
+	// Nothing was bound to the keys: the calls run anew.
+	f.handler = newHandler(t, f.db, defaultRetention)
+	confirmed(t, f, "key-confirm")
+}
+
+// A sale whose connection is lost mid-statement (the backend ended while
+// the sale waited for the item's lock) may have been applied, as far as
+// the writer can know: its 503 still says so.
+func TestConnectionLostMidSaleMayHaveBeenApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	holder := testenv.InTransaction(t, f.db, "SELECT 1 FROM export_items WHERE id = 'coin-1' FOR UPDATE")
+	var holderPid int
+	if err := holder.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&holderPid); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		code int
+		msg  string
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
+		msg := ""
+		if env.Error != nil {
+			msg = env.Error.Message
+		}
+		answered <- answer{rec.Code, msg}
+	}()
+	// The sale's backend, once it waits for the holder's lock, is ended.
+	for ended := false; !ended; {
+		err := f.db.QueryRow(context.Background(), `SELECT coalesce(bool_or(pg_terminate_backend(pid)), false) FROM pg_stat_activity
+			WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, holderPid).Scan(&ended)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ended {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	a := <-answered
+	if a.code != http.StatusServiceUnavailable || !strings.Contains(a.msg, "may have been applied") {
+		t.Errorf("confirm whose connection was lost mid-statement = %d %q, want 503 saying the sale may have been applied", a.code, a.msg)
+	}
+}
+
+func parsePort(t *testing.T, port string) uint16 {
+	t.Helper()
+	p, err := net.LookupPort("tcp", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint16(p)
+}
