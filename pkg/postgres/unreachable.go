@@ -189,7 +189,21 @@ func Cause(err error) string {
 // CauseAttr is Cause as a log attribute, "cause", or none (an empty Attr,
 // which slog leaves out) when Cause has nothing to say.
 func CauseAttr(err error) slog.Attr {
-	if cause := Cause(err); cause != "" {
+	return CauseAttrOf(err, "DATABASE_URL")
+}
+
+// CauseOf is Cause for an error of a pool opened from setting, which its
+// text names where Cause's names DATABASE_URL: export-reader's pool is
+// READ_DATABASE_URL's when that is set (a replica), and a cause that sent
+// its operator to DATABASE_URL, the primary's, sent them to a database
+// that was fine.
+func CauseOf(err error, setting string) string {
+	return strings.ReplaceAll(Cause(err), "DATABASE_URL", setting)
+}
+
+// CauseAttrOf is CauseOf as a log attribute, as CauseAttr is Cause.
+func CauseAttrOf(err error, setting string) slog.Attr {
+	if cause := CauseOf(err, setting); cause != "" {
 		return slog.String("cause", cause)
 	}
 	return slog.Attr{}

@@ -243,6 +243,7 @@ type Readiness struct {
 	log      *slog.Logger
 	writable bool          // the service writes: a read-only database is not ready (Writable)
 	serving  *pgxpool.Pool // the service's own pool, asked when conn's new session is refused (ServingOn)
+	setting  string        // the variable conn's DSN came from, which the causes name (SettingNamed)
 	current  atomic.Bool
 	warnedAt atomic.Int64 // unix seconds of the last "serving on the connections opened before" warning
 }
@@ -283,6 +284,13 @@ func ServingOn(pool *pgxpool.Pool) ReadinessOption {
 	return func(r *Readiness) { r.serving = pool }
 }
 
+// SettingNamed makes the causes of the check's failures (postgres.CauseOf)
+// name setting, the variable the service's DSN came from, rather than
+// DATABASE_URL: export-reader's READ_DATABASE_URL, a replica, when set.
+func SettingNamed(setting string) ReadinessOption {
+	return func(r *Readiness) { r.setting = setting }
+}
+
 // ErrReadOnly is Ready's error for a Writable check on a read-only database.
 var ErrReadOnly = errors.New("schema: the database is read-only (a standby, or default_transaction_read_only): this service writes; point it at the primary")
 
@@ -291,7 +299,7 @@ var ErrReadOnly = errors.New("schema: the database is read-only (a standby, or d
 // caller closes. It checks once at once, warning when the service starts
 // unready, and logs when the schema becomes current.
 func NewReadiness(ctx context.Context, conn *pgxpool.Pool, log *slog.Logger, opts ...ReadinessOption) *Readiness {
-	r := &Readiness{conn: conn, log: log}
+	r := &Readiness{conn: conn, log: log, setting: "DATABASE_URL"}
 	for _, opt := range opts {
 		opt(r)
 	}
@@ -346,7 +354,7 @@ func (r *Readiness) Ready(ctx context.Context) error {
 		if r.servesOnOpenConnections(ctx, err) {
 			return nil
 		}
-		if cause := postgres.Cause(err); cause != "" {
+		if cause := postgres.CauseOf(err, r.setting); cause != "" {
 			// The WARN not ready says what to put right, as the
 			// request's lines do: the gateway's line that takes the
 			// instance out says only "503 not_ready".
@@ -380,7 +388,7 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 	now := time.Now().Unix()
 	if last := r.warnedAt.Load(); now-last >= 60 && r.warnedAt.CompareAndSwap(last, now) {
 		r.log.Warn("PostgreSQL refuses new sessions; serving on the connections opened before, until they end",
-			"error", refused, postgres.CauseAttr(refused))
+			"error", refused, postgres.CauseAttrOf(refused, r.setting))
 	}
 	return true
 }

@@ -58,11 +58,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.SeparateListeners("EXPORT_READER_ADDR", cfg.Addr, "EXPORT_READER_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
-	dsnVar := "DATABASE_URL"
-	if strings.TrimSpace(getenv("READ_DATABASE_URL")) != "" { // as r.String reads it
-		dsnVar = "READ_DATABASE_URL"
-	}
-	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), dsnVar+" must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), databaseSetting(getenv)+" must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
 	// The lag is read once a second: a lower bound would refuse syncs on
 	// the reading's own age.
 	r.Check(cfg.ReadMaxLag == 0 || cfg.ReadMaxLag >= 2*replica.DefaultInterval,
@@ -81,6 +77,16 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}
 	return cfg, nil
+}
+
+// databaseSetting names the variable Config.DatabaseURL comes from, which
+// the log's causes name (postgres.CauseOf): a replica's READ_DATABASE_URL
+// is not DATABASE_URL, the primary's. Not a Config field: it is no setting.
+func databaseSetting(getenv func(string) string) string {
+	if strings.TrimSpace(getenv("READ_DATABASE_URL")) != "" { // as envconfig's String reads it
+		return "READ_DATABASE_URL"
+	}
+	return "DATABASE_URL"
 }
 
 // LogValue describes the configuration for the start-up log, secrets

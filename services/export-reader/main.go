@@ -92,10 +92,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer lag.Close()
 	reader := export.NewReader(pool, cursors, cfg.readAhead(), export.RefuseListsUnless(lag.Check))
 	mux := http.NewServeMux()
-	api.New(reader, log, cfg.QueryTimeout).Register(mux)
+	api.New(reader, log, cfg.QueryTimeout, databaseSetting(getenv)).Register(mux)
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness).
-	readiness := schema.NewReadiness(ctx, side, log, schema.ServingOn(pool))
+	readiness := schema.NewReadiness(ctx, side, log, schema.ServingOn(pool), schema.SettingNamed(databaseSetting(getenv)))
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,

@@ -193,3 +193,57 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 		return func() { cancel(); <-done }
 	})
 }
+
+// The log's causes name the setting the reader's pool came from: with
+// READ_DATABASE_URL set (a replica), a database renamed under it said
+// "DATABASE_URL's database does not exist ... point DATABASE_URL at it",
+// the primary's setting, which is not the one to fix.
+func TestCausesNameReadDatabaseURL(t *testing.T) {
+	t.Parallel()
+	addr, dsn := testenv.FreeAddr(t), testenv.PostgresURL(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out testenv.Output
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = run(ctx, env(map[string]string{"DATABASE_URL": "postgres://primary.invalid/x", "READ_DATABASE_URL": dsn,
+			"CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
+			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
+	})
+	defer wg.Wait()
+	defer cancel()
+	signer, _ := identity.NewSigner(secret)
+	get := func(path string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		for _, h := range signer.Sign(identity.Identity{OwnerID: "7b1f7a8e-5f5b-4c3e-9a55-2b8f1b0c9d10", Scopes: []string{identity.ScopeExportRead}, RequestID: "r1"}, identity.RequestOf(req), time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for try := 0; get("/v1/export/items") != http.StatusOK; try++ { // until the listener is up
+		if try == 400 {
+			t.Fatalf("run never served:\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	testenv.RenameDatabase(t, dsn)
+	// Twice: the first may meet a connection the rename ended (a broken
+	// pipe), the second opens one, which PostgreSQL refuses (3D000).
+	for range 2 {
+		if status := get("/v1/export/items"); status != http.StatusServiceUnavailable {
+			t.Errorf("GET /v1/export/items with the database renamed = %d, want 503", status)
+		}
+	}
+	get("/healthz") // its WARN not ready names the cause too
+	logs := out.String()
+	if !strings.Contains(logs, `"cause":"READ_DATABASE_URL's database does not exist`) {
+		t.Errorf("the log's cause does not name READ_DATABASE_URL:\n%s", logs)
+	}
+	if strings.Contains(strings.ReplaceAll(logs, "READ_DATABASE_URL", ""), "DATABASE_URL") {
+		t.Errorf("the log names DATABASE_URL, which the reader does not read with READ_DATABASE_URL set:\n%s", logs)
+	}
+}

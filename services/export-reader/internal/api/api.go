@@ -22,6 +22,7 @@ type API struct {
 	reader       *export.Reader
 	log          *slog.Logger
 	queryTimeout time.Duration
+	dsnSetting   string // READ_DATABASE_URL or DATABASE_URL, as the log's causes name it
 	// signatureLog holds back cursor-signature warnings to one per
 	// interval: a reader with the wrong secret refuses every cursor
 	// another reader signed.
@@ -33,9 +34,10 @@ type API struct {
 const signatureLogInterval = 10 * time.Second
 
 // New returns the API over reader. queryTimeout bounds each request's
-// database work.
-func New(reader *export.Reader, log *slog.Logger, queryTimeout time.Duration) *API {
-	return &API{reader: reader, log: log, queryTimeout: queryTimeout, signatureLog: logging.Throttle{Interval: signatureLogInterval}}
+// database work; dsnSetting names the variable reader's pool came from
+// (READ_DATABASE_URL, else DATABASE_URL), which the log's causes name.
+func New(reader *export.Reader, log *slog.Logger, queryTimeout time.Duration, dsnSetting string) *API {
+	return &API{reader: reader, log: log, queryTimeout: queryTimeout, dsnSetting: dsnSetting, signatureLog: logging.Throttle{Interval: signatureLogInterval}}
 }
 
 // Register lists every route of the service (spec 4.3, 4.4). The gateway

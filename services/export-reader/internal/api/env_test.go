@@ -71,7 +71,7 @@ func serveTimed(t testing.TB, pool *pgxpool.Pool, signer *identity.Signer, ahead
 	logs := &testenv.Output{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
-	api.New(export.NewReader(pool, cursors, ahead), log, queryTimeout).Register(mux)
+	api.New(export.NewReader(pool, cursors, ahead), log, queryTimeout, "DATABASE_URL").Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
 	return &env{pool: pool, srv: srv, signer: signer, logs: logs}

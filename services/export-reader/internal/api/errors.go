@@ -68,7 +68,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case postgres.Unreachable(err):
 		// An outage, not a bug: the client retries, and the on-call
 		// engineer looks at PostgreSQL rather than at this code.
-		a.log.ErrorContext(r.Context(), "export store unreachable", "error", err, postgres.CauseAttr(err))
+		a.log.ErrorContext(r.Context(), "export store unreachable", "error", err, postgres.CauseAttrOf(err, a.dsnSetting))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store is unreachable; retry with backoff", requestID)
 	case postgres.Unavailable(err):
 		// PostgreSQL answered that it cannot do the read now: on a
@@ -78,7 +78,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// connection (a password changed, the database renamed) or failed
 		// in its own storage, which the operator puts right (cause says
 		// how). The same read retried passes then.
-		a.log.ErrorContext(r.Context(), "export store unavailable", "error", err, postgres.CauseAttr(err))
+		a.log.ErrorContext(r.Context(), "export store unavailable", "error", err, postgres.CauseAttrOf(err, a.dsnSetting))
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export store cannot serve this read now; retry with backoff", requestID)
 	default:
 		a.log.ErrorContext(r.Context(), "export read failed", "error", err)

@@ -22,7 +22,7 @@ import (
 // doing, not a 499); any other failure while the caller still waits is a
 // 500.
 func TestFailTellsAHangUpFromAFailure(t *testing.T) {
-	a := New(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), 0)
+	a := New(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), 0, "DATABASE_URL")
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	cutOff, cut := context.WithCancelCause(context.Background())

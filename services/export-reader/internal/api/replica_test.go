@@ -51,7 +51,7 @@ func replicaEnv(t *testing.T) (*env, *testenv.Pair, *pgxpool.Pool) {
 	lag := replica.Start(context.Background(), side, log, replica.Options{MaxLag: testMaxLag, Interval: 100 * time.Millisecond})
 	t.Cleanup(lag.Close) // before side.Close: cleanups run last first
 	mux := http.NewServeMux()
-	api.New(export.NewReader(standby, cursors, testReadAhead, export.RefuseListsUnless(lag.Check)), log, 10*time.Second).Register(mux)
+	api.New(export.NewReader(standby, cursors, testReadAhead, export.RefuseListsUnless(lag.Check)), log, 10*time.Second, "READ_DATABASE_URL").Register(mux)
 	srv := httptest.NewServer(httpserver.New(httpserver.Config{Service: "export-reader", Log: log, Signer: signer}, mux).Handler())
 	t.Cleanup(srv.Close)
 	return &env{pool: primary, srv: srv, signer: signer, logs: logs}, pair, standby
