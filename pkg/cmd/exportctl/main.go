@@ -136,10 +136,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	pool, err := postgres.Open(ctx, dsn, postgres.ApplicationName("exportctl"))
 	if err != nil {
-		return err
+		return withCause(err)
 	}
 	defer pool.Close()
-	return commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest)
+	return withCause(commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest))
+}
+
+// withCause adds to err what PostgreSQL refused and what puts it right
+// (postgres.Cause), as the services' log lines do: exportctl's operator is
+// the one to act, and the server's words alone (a password refused, a disk
+// full, SQLSTATE 53100) did not say where, nor that DATABASE_URL is the
+// setting in question.
+func withCause(err error) error {
+	if cause := postgres.Cause(err); cause != "" {
+		return fmt.Errorf("%w: %s", err, cause)
+	}
+	return err
 }
 
 // wantsHelp reports "exportctl help", or -h or --help anywhere (before a

@@ -649,3 +649,31 @@ func TestDatabaseURLMistakesAreNamed(t *testing.T) {
 		}
 	}
 }
+
+// What PostgreSQL refuses comes with what puts it right (postgres.Cause),
+// as in the services' log lines: exportctl printed the server's words
+// alone, its operator being the one to act.
+func TestRefusalsNameTheirCause(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	pool := testenv.Pool(t, dsn)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{cfg.Database + "_nologin"}.Sanitize() // a role is the cluster's: named after the test's database
+	if _, err := pool.Exec(context.Background(), "CREATE ROLE "+role+" NOLOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	for _, tt := range []struct{ name, dsn, args, want string }{
+		{"database missing (3D000)", dsn + " dbname=" + cfg.Database + "_missing", "owner list", "DATABASE_URL's database does not exist"},
+		{"role made NOLOGIN (28000)", dsn + " user=" + cfg.Database + "_nologin", "owner list", "PostgreSQL refused DATABASE_URL's role"},
+		{"read-only (25006)", dsn + " default_transaction_read_only=on", "owner create --name x", "point DATABASE_URL at the primary"},
+	} {
+		err := cli(t, tt.dsn, "", nil, strings.Fields(tt.args)...)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("exportctl %s, %s = %v, want it to say %q", tt.args, tt.name, err, tt.want)
+		}
+	}
+}
