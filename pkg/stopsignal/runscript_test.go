@@ -272,13 +272,24 @@ func (s *runScript) waitFor(t *testing.T, text string) {
 	}
 }
 
-// waitExit waits for the script to end, as make waits for it.
+// stopBound is how long make run may take to stop before the tests call
+// it hung: longer than the longest stop its script allows, 30 s for each of
+// its six binaries (stop_grace), 5 s for Redis and 60 s for pg_ctl's stop
+// (PGCTLTIMEOUT's default). A minute was shorter than that: with the
+// machine loaded (the pkg module's tests beside other work), a hang-up
+// test failed "still runs a minute after its signal" where the stop was
+// slow but within the script's bounds; unloaded it takes 1 to 2 s.
+const stopBound = 6*30*time.Second + 5*time.Second + 60*time.Second + time.Minute
+
+// waitExit waits for the script to end, as make waits for it; past
+// stopBound it names what the script was running (its children).
 func (s *runScript) waitExit(t *testing.T) {
 	t.Helper()
 	select {
 	case <-s.exited:
-	case <-time.After(time.Minute):
-		t.Fatal("make run still runs a minute after its signal")
+	case <-time.After(stopBound):
+		children, _ := exec.Command("ps", "-o", "pid,stat,etime,args", "--ppid", strconv.Itoa(s.cmd.Process.Pid)).CombinedOutput()
+		t.Fatalf("make run still runs %v after its signal (a hang); its children:\n%s", stopBound, children)
 	}
 }
 
