@@ -1,11 +1,17 @@
 package testenv
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // ExhaustDescriptors leaves the test process no file descriptor to open,
@@ -55,4 +61,38 @@ func ExhaustDescriptors(t testing.TB) []*os.File {
 		}
 		held = append(held, f)
 	}
+}
+
+// AnsweredAfterADescriptorShortage checks what every listener of the stack
+// must do out of file descriptors: it runs the test process out of them
+// (ExhaustDescriptors), connects to addr with the one left, waits for logs
+// to say that accepting failed (acceptretry's line), frees the
+// descriptors, and fails the test unless a GET of path on the connection
+// that waited is then answered.
+func AnsweredAfterADescriptorShortage(t testing.TB, addr, path string, logs *Output) {
+	t.Helper()
+	held := ExhaustDescriptors(t)
+	held[0].Close() // the client's side of the connection
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "accept failed"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no line said that accepting failed within 10 s; the log:\n%s", logs.String())
+		}
+	}
+	for _, f := range held[1:] {
+		f.Close()
+	}
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer on the connection that waited: %v", err)
+	}
+	resp.Body.Close()
 }

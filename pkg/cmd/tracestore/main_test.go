@@ -114,28 +114,5 @@ func TestOutOfDescriptorsServeWaitsAndServesAfter(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	held := testenv.ExhaustDescriptors(t)
-	held[0].Close() // the client's side of the connection
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "accept failed"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no line said that accepting failed within 10 s; the log:\n%s", logs.String())
-		}
-	}
-	for _, f := range held[1:] {
-		f.Close()
-	}
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := fmt.Fprintf(conn, "GET /v1/traces HTTP/1.1\r\nHost: %s\r\n\r\n", addr); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("reading the answer on the connection that waited: %v", err)
-	}
-	resp.Body.Close()
+	testenv.AnsweredAfterADescriptorShortage(t, addr, "/v1/traces", &logs)
 }
