@@ -116,11 +116,11 @@ func (r *Reader) Addr(name, def string) string {
 // host: the second listener would otherwise fail at start, after the
 // database was reached, with the system's "address already in use" naming
 // neither setting. ":8080", "0.0.0.0:8080" and "[::]:8080" take every
-// address's port 8080 (the last two both, on Linux, where an IPv6
-// wildcard listener is dual-stack), so each collides with 127.0.0.1:8080;
-// 0.0.0.0 takes IPv4's only, so it does not collide with [::1]:8080. Port 0
-// (the system picks one) never collides, and host names are compared as
-// written, not resolved.
+// address's port 8080, IPv4's and IPv6's alike, so each collides with
+// 127.0.0.1:8080 and [::1]:8080: Go's net.Listen("tcp", …) opens one
+// dual-stack socket on [::] for either wildcard, 0.0.0.0 included
+// (golang/go#9334). Port 0 (the system picks one) never collides, and host
+// names are compared as written, not resolved.
 func (r *Reader) SeparateListeners(nameA, addrA, nameB, addrB string) {
 	if listenersCollide(addrA, addrB) {
 		r.Failf("%s and %s must be different listening addresses (got %s and %s: the same port of the same host)",
@@ -142,20 +142,12 @@ func listenersCollide(a, b string) bool {
 		return false
 	}
 	ka, kb := listenHost(hostA), listenHost(hostB)
-	switch {
-	case ka.everyAddress || kb.everyAddress:
-		return true
-	case ka.everyIPv4 || kb.everyIPv4:
-		return (ka.everyIPv4 || ka.ipv4) && (kb.everyIPv4 || kb.ipv4)
-	}
-	return ka.host == kb.host
+	return ka.everyAddress || kb.everyAddress || ka.host == kb.host
 }
 
 // listenKind is what a listening address's host takes.
 type listenKind struct {
-	everyAddress bool   // "", "::": every address, IPv4 and IPv6
-	everyIPv4    bool   // "0.0.0.0"
-	ipv4         bool   // one IPv4 address
+	everyAddress bool   // "", "0.0.0.0", "::": every address, IPv4 and IPv6
 	host         string // the address in canonical form, or the name in lower case
 }
 
@@ -168,13 +160,10 @@ func listenHost(host string) listenKind {
 		return listenKind{host: strings.ToLower(host)}
 	}
 	ip = ip.Unmap()
-	switch {
-	case ip == netip.IPv4Unspecified():
-		return listenKind{everyIPv4: true}
-	case ip.IsUnspecified():
+	if ip.IsUnspecified() { // 0.0.0.0 too: Go listens on [::] for it
 		return listenKind{everyAddress: true}
 	}
-	return listenKind{ipv4: ip.Is4(), host: ip.String()}
+	return listenKind{host: ip.String()}
 }
 
 // List returns the comma-separated variable's non-blank items, trimmed;

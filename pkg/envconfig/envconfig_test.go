@@ -187,7 +187,8 @@ func TestSeparateListeners(t *testing.T) {
 		{"LocalHost:8080", "localhost:8080", true},
 		{"127.0.0.1:8080", "127.0.0.1:9080", false},
 		{"127.0.0.1:8080", "127.0.0.2:8080", false},
-		{"0.0.0.0:8080", "[::1]:8080", false},
+		{"0.0.0.0:8080", "[::1]:8080", true}, // Go listens on [::] for 0.0.0.0
+		{"[::1]:8080", "[::ffff:0.0.0.0]:8080", true},
 		{"127.0.0.1:8080", "[::1]:8080", false},
 		{"127.0.0.1:0", "127.0.0.1:0", false},       // the system picks two ports
 		{"localhost:8080", "127.0.0.1:8080", false}, // names are not resolved
