@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ func LockTimedOut(err error) bool {
 
 // Querier runs a query (a pool or a connection).
 type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // OldTransactions names the sessions of db's database, other than db's
@@ -35,23 +36,35 @@ type Querier interface {
 // prevent wraparound)" in its query), which does not yield, is named, as
 // are other background workers (pg_cron's jobs, logical replication's
 // table sync), which hold their locks as a client does.
+//
+// PostgreSQL shows a role without pg_read_all_stats (pg_monitor has it)
+// nothing of another role's sessions but that they exist (backend_type,
+// xact_start and query are null): for such a role the holder may be among
+// them, a superuser's psql or any autovacuum worker, and the text counts
+// them rather than say that no session is that old.
 func OldTransactions(ctx context.Context, db Querier, age time.Duration) string {
-	rows, err := db.Query(ctx, `SELECT format('pid %s (%s, %s for %s)', pid,
+	var (
+		sessions []string
+		hidden   int
+	)
+	err := db.QueryRow(ctx, `SELECT coalesce(array_agg(format('pid %s (%s, %s for %s)', pid,
 	        coalesce(nullif(application_name, ''), 'no application_name'), state, date_trunc('second', now() - xact_start))
+	        ORDER BY xact_start) FILTER (WHERE
+	          NOT (backend_type = 'autovacuum worker' AND query NOT LIKE '%(to prevent wraparound)%')
+	          AND xact_start < now() - $1::interval), '{}'),
+	      count(*) FILTER (WHERE backend_type IS NULL)
 	    FROM pg_stat_activity
-	    WHERE datname = current_database() AND pid <> pg_backend_pid()
-	      AND NOT (backend_type = 'autovacuum worker' AND query NOT LIKE '%(to prevent wraparound)%')
-	      AND xact_start < now() - $1::interval
-	    ORDER BY xact_start`, age.String())
+	    WHERE datname = current_database() AND pid <> pg_backend_pid()`, age.String()).Scan(&sessions, &hidden)
 	if err != nil {
 		return "the sessions holding it could not be read: " + err.Error()
 	}
-	sessions, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	switch {
-	case err != nil:
-		return "the sessions holding it could not be read: " + err.Error()
-	case len(sessions) == 0:
-		return "no session is in a transaction that old now"
+	text := "no session is in a transaction that old now"
+	if len(sessions) > 0 {
+		text = "sessions in a transaction that long: " + strings.Join(sessions, ", ")
 	}
-	return "sessions in a transaction that long: " + strings.Join(sessions, ", ")
+	if hidden > 0 {
+		text += fmt.Sprintf("; %d session(s) of other roles are hidden from this role, the holder maybe among them "+
+			"(grant it pg_read_all_stats to have them named)", hidden)
+	}
+	return text
 }

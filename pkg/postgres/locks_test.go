@@ -61,3 +61,35 @@ func TestOldTransactionsNamesNoAutovacuum(t *testing.T) {
 		t.Errorf("OldTransactions = %q, want the client session idle in a transaction (pid %d) named", got, holderPID)
 	}
 }
+
+// A role without pg_read_all_stats sees nothing of another role's sessions
+// but that they exist: OldTransactions, asked through such a role while a
+// superuser's session holds a transaction open, said "no session is in a
+// transaction that old now", sending the operator away from the holder.
+// It counts the sessions it cannot see instead.
+func TestOldTransactionsCountsSessionsHiddenFromTheRole(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, url)
+	role := fmt.Sprintf("unprivileged_%d", time.Now().UnixNano()) // roles are the cluster's
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	holder := testenv.Pool(t, url+" application_name=holder")
+	testenv.InTransaction(t, holder, "SELECT 1")
+	time.Sleep(150 * time.Millisecond) // older than the age asked about
+
+	got := postgres.OldTransactions(ctx, admin, 100*time.Millisecond)
+	if !strings.Contains(got, "(holder, idle in transaction") || strings.Contains(got, "hidden") {
+		t.Fatalf("OldTransactions as the superuser = %q, want the holder named and nothing hidden", got)
+	}
+	unprivileged := testenv.Pool(t, url+" user="+role)
+	got = postgres.OldTransactions(ctx, unprivileged, 100*time.Millisecond)
+	if !strings.Contains(got, "session(s) of other roles are hidden from this role") || !strings.Contains(got, "pg_read_all_stats") {
+		t.Errorf("OldTransactions as a role without pg_read_all_stats = %q, want the sessions it cannot see counted", got)
+	}
+}
