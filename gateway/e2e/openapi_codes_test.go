@@ -173,14 +173,8 @@ func checkStoreLocked(t *testing.T, c contract, s *stack, fx fixture, pool *pgxp
 	item := itemOfStatus(t, s, fx, "active")
 	fx.writeKey = addKey(t, pool, fx.owner, ptr("e2e-market"), "sales:write") // the fixture's has spent most of saleLimit
 	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.InTransaction(t, pool, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE")
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
 	plain := func(method, path, key, body string, header map[string]string) exchange {
 		return exchange{method: method, path: path, key: key, body: body, header: header}
 	}

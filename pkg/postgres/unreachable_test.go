@@ -171,14 +171,8 @@ func TestUnavailableOnRealRefusals(t *testing.T) {
 		t.Errorf("Unavailable(insert on a read-only session: %v) = false, want true", err)
 	}
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.InTransaction(t, pool, "LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE t IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
 	for _, setting := range []string{"lock_timeout=50", "statement_timeout=50"} {
 		blocked, err := pgconn.Connect(ctx, url+" "+setting)
 		if err != nil {

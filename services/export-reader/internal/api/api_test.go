@@ -480,14 +480,8 @@ func TestStoreThatCannotReadNowIsUnavailable(t *testing.T) {
 	e := serve(t, pool, signer)
 	owner := e.owner(t)
 	e.importLines(t, owner, itemLine("coin-1", "active", "Coin"))
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.InTransaction(t, pool, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE")
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
 	for _, path := range []string{"/v1/export/items", "/v1/export/items/coin-1"} {
 		r := e.get(t, owner, path)
 		wantUnavailable(t, r, "GET "+path+" behind a lock past lock_timeout")

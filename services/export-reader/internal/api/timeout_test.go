@@ -23,14 +23,8 @@ func TestAReadPastTheQueryTimeoutIsA503(t *testing.T) {
 	e := serveTimed(t, testenv.Postgres(t), signer, testReadAhead, 300*time.Millisecond)
 	owner := e.owner(t)
 	ctx := context.Background()
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.InTransaction(t, e.pool, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE")
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
 	for _, path := range []string{"/v1/export/items/coin-1", "/v1/export/items"} {
 		resp := e.get(t, owner, path)
 		if resp.status != 503 || resp.env.Error == nil || resp.env.Error.Code != "unavailable" ||
