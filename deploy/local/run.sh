@@ -192,7 +192,11 @@ stop_all() {
   rm -f "$state/pids"
   redis_stop "$state/redis"
   pg_stop "$state/pg"
-  log "stopped"
+  if [ -f "$state/pg/data/postmaster.pid" ]; then
+    log "stopped, but for PostgreSQL (above)"
+  else
+    log "stopped"
+  fi
 }
 # A shell starts a background job with SIGINT ignored, and bash cannot trap
 # a signal ignored when it started: such a make run (`make run &` in a

@@ -370,6 +370,56 @@ func TestRunScriptStopsEverythingWhenTheTerminalHangsUp(t *testing.T) {
 	}
 }
 
+// A PostgreSQL that has not stopped when pg_ctl gives up waiting (its
+// shutdown checkpoint held here: its checkpointer stopped, as a slow disk
+// would hold it) is said to be still shutting down: make run said
+// "stopped", and the next make run met a server refusing connections
+// without a word of why.
+func TestRunScriptSaysAPostgreSQLStillShuttingDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	s.launch(t, append(env, "PG_STOP_TIMEOUT=2"))
+	s.waitFor(t, "Ctrl-C stops everything.")
+	checkpointer := postgresChild(t, filepath.Join(s.root, ".run/pg/data/postmaster.pid"), "checkpointer")
+	must(t, syscall.Kill(checkpointer, syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(checkpointer, syscall.SIGCONT) }) // before cleanUp's pg_stop
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitFor(t, "is still shutting down after 2 s")
+	s.waitFor(t, "stopped, but for PostgreSQL")
+	s.waitExit(t)
+}
+
+// postgresChild returns the pid of the server process of the cluster whose
+// postmaster.pid is pidFile that names itself role ("postgres: checkpointer").
+func postgresChild(t *testing.T, pidFile, role string) int {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	must(t, err)
+	postmaster, _ := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0]) // its first line
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, stat := range stats {
+		st, err := os.ReadFile(stat)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+		fields := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(postmaster) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(stat), "cmdline"))
+		if strings.Contains(string(cmdline), role) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(stat)))
+			return pid
+		}
+	}
+	t.Fatalf("no %s among the children of PostgreSQL's postmaster %d", role, postmaster)
+	return 0
+}
+
 // A Ctrl-C (or TERM) while make run starts stops what is started, and
 // nothing more is started after it.
 func TestRunScriptStoppedDuringItsStartStartsNothingMore(t *testing.T) {
