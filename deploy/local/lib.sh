@@ -96,6 +96,26 @@ url_path() {
   printf '%s' "$out"
 }
 
+# pg_wait_shutdown DIR BIN waits, saying so, while the cluster in DIR is
+# still shutting down (a make run's stop that pg_stop gave up waiting for):
+# taken for running, it was reused, and refused every connection ("the
+# database system is shutting down"). A server that is starting instead
+# (recovery) is waited for too, until it accepts connections.
+pg_wait_shutdown() {
+  local dir=$1 bin=$2 i said= isready
+  # The client package's, on PATH as psql is; else beside pg_ctl.
+  isready=$(command -v pg_isready || echo "$bin/pg_isready")
+  for i in $(seq 600); do
+    as_pg_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1 || return 0
+    local code=0
+    "$isready" -q -h "$dir" -t 2 || code=$?
+    [ "$code" = 1 ] || return 0 # accepting (0), or not answering at all (2): nothing to wait for
+    [ -n "$said" ] || { log "waiting for PostgreSQL in $dir, still shutting down (or starting) from an earlier run"; said=1; }
+    sleep 0.5
+  done
+  die "PostgreSQL in $dir is still shutting down after 5 minutes: see $dir/server.log"
+}
+
 pg_start() {
   local dir=$1 bin
   bin=$(pg_bin_dir) || die "PostgreSQL server binaries not found"
@@ -105,6 +125,7 @@ pg_start() {
     as_pg_user "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
       || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
   fi
+  pg_wait_shutdown "$dir" "$bin"
   if as_pg_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
     # Left running by an older make run, its socket may still be 0777: the
     # kernel checks the socket file's mode on connect, so tightening it

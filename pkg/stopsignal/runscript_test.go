@@ -372,9 +372,9 @@ func TestRunScriptStopsEverythingWhenTheTerminalHangsUp(t *testing.T) {
 
 // A PostgreSQL that has not stopped when pg_ctl gives up waiting (its
 // shutdown checkpoint held here: its checkpointer stopped, as a slow disk
-// would hold it) is said to be still shutting down: make run said
-// "stopped", and the next make run met a server refusing connections
-// without a word of why.
+// would hold it) is said to be still shutting down, and the next make run
+// waits for it: make run said "stopped", and the next one met a server
+// refusing connections without a word of why.
 func TestRunScriptSaysAPostgreSQLStillShuttingDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and Redis")
@@ -390,6 +390,18 @@ func TestRunScriptSaysAPostgreSQLStillShuttingDown(t *testing.T) {
 	s.waitFor(t, "is still shutting down after 2 s")
 	s.waitFor(t, "stopped, but for PostgreSQL")
 	s.waitExit(t)
+	// The next make run waits for that shutdown, then starts its own
+	// server: it took the one shutting down for running, and every
+	// connection was refused.
+	next := s.again(t)
+	next.waitFor(t, "still shutting down (or starting) from an earlier run")
+	must(t, syscall.Kill(checkpointer, syscall.SIGCONT))
+	next.waitFor(t, "Ctrl-C stops everything.")
+	must(t, next.cmd.Process.Signal(syscall.SIGTERM))
+	next.waitExit(t)
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("the second make run left %v running", left)
+	}
 }
 
 // postgresChild returns the pid of the server process of the cluster whose
