@@ -234,40 +234,10 @@ func sideOf(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 // runs with every request to the table queued behind it; once the report
 // has ended, it applies.
 func TestAMigrationGivesUpBehindALongQuery(t *testing.T) {
-	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	provider, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(pool), os.DirFS("migrations"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := provider.DownTo(ctx, 6); err != nil { // 00007 alters idempotency_refusals
-		t.Fatalf("down to 6: %v", err)
-	}
-	report := testenv.InTransaction(t, pool, "SELECT count(*) FROM idempotency_refusals")
-	var pid int
-	if err := report.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := schema.Up(ctx, pool)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if !errors.Is(err, schema.ErrTablesBusy) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (", pid)) {
-			t.Errorf("Up() behind a report = %v, want ErrTablesBusy naming pid %d", err, pid)
-		}
-	case <-time.After(schema.MigrationLockWait + 10*time.Second):
-		_ = report.Rollback(ctx)
-		<-done
-		t.Fatalf("Up() still waits for the report's lock 10s past MigrationLockWait")
-	}
-	if err := report.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if applied, err := schema.Up(ctx, pool); err != nil || len(applied) != 1 {
-		t.Errorf("Up() after the report = %v, %v; want 00007 applied", applied, err)
+	pid, err := upBehindAReport(t, pool, pool, "")
+	if !errors.Is(err, schema.ErrTablesBusy) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (", pid)) {
+		t.Errorf("Up() behind a report = %v, want ErrTablesBusy naming pid %d", err, pid)
 	}
 }
 
@@ -278,40 +248,56 @@ func TestAMigrationGivesUpBehindALongQuery(t *testing.T) {
 // startup message, which PgBouncer refused ("unsupported startup
 // parameter: lock_timeout"), so no migration ran through it.
 func TestAMigrationThroughAPoolerGivesUpBehindALongQuery(t *testing.T) {
-	ctx := context.Background()
 	dsn := testenv.PostgresURL(t)
 	direct := testenv.Pool(t, dsn)
 	pooled := testenv.Pool(t, testenv.PgBouncer(t, dsn, "session",
 		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings, "default_pool_size = 10"))
+	if _, err := upBehindAReport(t, direct, pooled, " through PgBouncer"); !errors.Is(err, schema.ErrTablesBusy) {
+		t.Errorf("Up() through PgBouncer behind a report = %v, want ErrTablesBusy", err)
+	}
+}
+
+// upBehindAReport takes the schema down to 00006 (00007 alters
+// idempotency_refusals), holds a report's read of that table open on
+// direct, and returns the report's pid and what Up on migrating returned
+// meanwhile; once the report has ended, Up must apply 00007. It fails the
+// test if Up still waits 10 s past MigrationLockWait. via names the path
+// in its messages.
+func upBehindAReport(t *testing.T, direct, migrating *pgxpool.Pool, via string) (int, error) {
+	t.Helper()
+	ctx := context.Background()
 	provider, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(direct), os.DirFS("migrations"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := provider.DownTo(ctx, 6); err != nil { // 00007 alters idempotency_refusals
+	if _, err := provider.DownTo(ctx, 6); err != nil {
 		t.Fatalf("down to 6: %v", err)
 	}
 	report := testenv.InTransaction(t, direct, "SELECT count(*) FROM idempotency_refusals")
+	var pid int
+	if err := report.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := schema.Up(ctx, pooled)
+		_, err := schema.Up(ctx, migrating)
 		done <- err
 	}()
+	var behind error
 	select {
-	case err := <-done:
-		if !errors.Is(err, schema.ErrTablesBusy) {
-			t.Errorf("Up() through PgBouncer behind a report = %v, want ErrTablesBusy", err)
-		}
+	case behind = <-done:
 	case <-time.After(schema.MigrationLockWait + 10*time.Second):
 		_ = report.Rollback(ctx)
 		<-done
-		t.Fatalf("Up() through PgBouncer still waits for the report's lock 10s past MigrationLockWait")
+		t.Fatalf("Up()%s still waits for the report's lock 10s past MigrationLockWait", via)
 	}
 	if err := report.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := schema.Up(ctx, pooled); err != nil || len(applied) != 1 {
-		t.Errorf("Up() through PgBouncer after the report = %v, %v; want 00007 applied", applied, err)
+	if applied, err := schema.Up(ctx, migrating); err != nil || len(applied) != 1 {
+		t.Errorf("Up()%s after the report = %v, %v; want 00007 applied", via, applied, err)
 	}
+	return pid, behind
 }
 
 // A database renamed under a running service: the check's next connection
