@@ -42,11 +42,8 @@ func TestRunServesAndDrains(t *testing.T) {
 	// A setting written wrong in the process's environment is named, with
 	// the setting meant, and its value is not logged.
 	t.Setenv("RATE_LIMIT_EXPORT_RAED", "100-M-misspelt-value")
-	ctx, cancel := context.WithCancel(context.Background())
+	cancel, out, done := runGateway(env)
 	defer cancel()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -99,11 +96,8 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef", "GATEWAY_SHUTDOWN_DELAY": "1500ms",
 	}
 	maps.Copy(env, downUpstreams(t))
-	ctx, cancel := context.WithCancel(context.Background())
+	cancel, out, done := runGateway(env)
 	defer cancel()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
 	health := func() int {
 		resp, err := http.Get("http://" + addr + "/v1/health")
 		if err != nil {
@@ -154,11 +148,8 @@ func TestRunServesWhilePostgresIsOutOfReach(t *testing.T) {
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 	}
 	maps.Copy(env, downUpstreams(t))
-	ctx, cancel := context.WithCancel(context.Background())
+	cancel, out, done := runGateway(env)
 	defer cancel()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
 	var health *http.Response
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		var err error
@@ -199,6 +190,16 @@ func TestRunServesWhilePostgresIsOutOfReach(t *testing.T) {
 	if !strings.Contains(out.String(), "PostgreSQL not reached") {
 		t.Errorf("logs lack the unreached database:\n%s", out.String())
 	}
+}
+
+// runGateway starts run with env's settings in the background: cancel
+// stops it, out is its log, and done delivers what run returned.
+func runGateway(env map[string]string) (cancel context.CancelFunc, out *testenv.Output, done <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out = &testenv.Output{}
+	returned := make(chan error, 1)
+	go func() { returned <- run(ctx, func(k string) string { return env[k] }, out, nil) }()
+	return cancel, out, returned
 }
 
 // getWithUnknownKey lists items through the gateway at addr with a key of
@@ -289,11 +290,8 @@ func TestRunAnswersADatabaseRenamedUnderIt(t *testing.T) {
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 	}
 	maps.Copy(env, downUpstreams(t))
-	ctx, cancel := context.WithCancel(context.Background())
+	cancel, out, done := runGateway(env)
 	defer cancel()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, &out, nil) }()
 	defer func() {
 		cancel()
 		<-done
