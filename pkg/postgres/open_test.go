@@ -87,6 +87,38 @@ func TestOpenWhenReachedWaitsForTheDatabase(t *testing.T) {
 	}
 }
 
+// Behind PgBouncer, a binary started before PostgreSQL (a stack started
+// all at once) meets PgBouncer's own "query_wait_timeout" (08P01) when the
+// pooler's wait is shorter than Open's ping. OpenWhenReached waits on it
+// as on PostgreSQL itself, and returns the pool once PostgreSQL answers
+// behind the pooler; it stopped the binary at once, as for a wrong setting.
+func TestOpenWhenReachedWaitsBehindAPooler(t *testing.T) {
+	_, tcpDSN, listen, socket := postgresBehindAClosedPort(t)
+	pooled := testenv.PgBouncer(t, tcpDSN, "session", "query_wait_timeout = 1", "server_login_retry = 1",
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+	var logs testenv.Output
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go func() {
+		for !strings.Contains(logs.String(), "query_wait_timeout") {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		forwardFrom(listen(), socket)
+	}()
+	pool, err := postgres.OpenWhenReached(ctx, pooled, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatalf("OpenWhenReached(PgBouncer before PostgreSQL) = %v, want it to wait for PostgreSQL; log:\n%s", err, logs.String())
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		t.Errorf("Ping after OpenWhenReached: %v", err)
+	}
+}
+
 // It stops trying when ctx ends (the process is told to stop), and an
 // invalid DSN or a server that refuses the client is no reason to wait.
 func TestOpenWhenReachedGivesUp(t *testing.T) {

@@ -203,9 +203,10 @@ var ErrStopped = errors.New("postgres: stopped")
 // waiting mends the first; the second is a configuration to fix, reported
 // at once. A pooler's own refusals are reported at once too, as before
 // Unreachable counted them: at start most are its configuration (no such
-// database, an unsupported startup parameter: ErrSettingRefused).
+// database, an unsupported startup parameter: ErrSettingRefused), but
+// those that say PostgreSQL is not there behind it (poolerWaiting).
 func notReachedYet(err error) bool {
-	return Unreachable(err) && !fromPooler(err) || errors.Is(err, context.DeadlineExceeded)
+	return Unreachable(err) && (!fromPooler(err) || poolerWaiting(err)) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Option sets defaults for the pool's sessions; a setting in the DSN wins.

@@ -73,6 +73,22 @@ func poolerError(pgErr *pgconn.PgError) bool {
 	return pgErr.Code == "08P01" && pgErr.Routine == ""
 }
 
+// poolerWaiting reports whether err is a pooler's word that PostgreSQL is
+// not there behind it: PgBouncer could not open a server connection within
+// its query_wait_timeout, or could not connect at all. A stack started
+// together starts PgBouncer before PostgreSQL is up, and a binary stopped
+// there at once, as for a wrong setting, when PgBouncer's
+// query_wait_timeout was shorter than the 10 s Open waits for its ping
+// (with the default, 120 s, the ping timed out first and it waited).
+// PostgreSQL refusing PgBouncer's login ("server login has been failing")
+// is left out: without a pooler, a refused password is not waited for
+// either.
+func poolerWaiting(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && poolerError(pgErr) &&
+		(pgErr.Message == "query_wait_timeout" || strings.Contains(pgErr.Message, "cannot connect to server"))
+}
+
 // fromPooler is poolerError for any error that holds a server error.
 func fromPooler(err error) bool {
 	var pgErr *pgconn.PgError
