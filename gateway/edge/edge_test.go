@@ -70,7 +70,14 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"sales key without platform", "POST", confirm, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
 		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
 		{"unknown route", "GET", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
+		// Spec 9: the version is part of the base address; no route
+		// answers without it or under another.
+		{"route without its version", "GET", gw.URL + "/export/items", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
+		{"route of another version", "GET", gw.URL + "/v2/export/items", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
+		{"version in other case", "GET", gw.URL + "/V1/export/items", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
 		{"unknown deep route", "GET", items + "/a/b", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
+		// Spec 4.4: item_id is required; an empty one names no route.
+		{"item route without an id", "GET", items + "/", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},
 		// Spec 4.2: the platform segment "is written exactly as given".
 		{"shop platform in other case", "POST", gw.URL + "/v1/sync/PrestaShop/schema", nil, "{}", 404, "not_found"},
 		{"route in other case", "GET", gw.URL + "/v1/Export/items", map[string]string{"X-API-Key": k.read}, "", 404, "not_found"},

@@ -12,7 +12,8 @@ import (
 
 // The OpenAPI document (gateway/openapi.yaml) has an operation for every
 // route the gateway serves, HEAD ones included, and none it does not serve;
-// an operation needs the API key exactly when its route needs a scope.
+// an operation needs the API key exactly when its route needs a scope; and
+// it is of the contract's version.
 // e2e.TestOpenAPIDescribesTheStack checks what the operations answer.
 func TestOpenAPIListsEveryRoute(t *testing.T) {
 	doc, err := openapi3.NewLoader().LoadFromFile("../openapi.yaml")
@@ -26,6 +27,10 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 		t.Fatalf("../openapi.yaml has %d servers, want 1 (the base path)", len(doc.Servers))
 	}
 	base := doc.Servers[0].URL
+	// Spec 9: the contract's version, which /health reports too.
+	if doc.Info.Version != ContractVersion {
+		t.Errorf("../openapi.yaml is of version %q, the gateway serves contract %q", doc.Info.Version, ContractVersion)
+	}
 	documented := map[string]*openapi3.Operation{}
 	for path, item := range doc.Paths.Map() {
 		for method, op := range item.Operations() {
