@@ -400,6 +400,33 @@ func TestKeyInURLOfARouteWithoutKey(t *testing.T) {
 	}
 }
 
+// An X-API-Key header on a route that takes no key (spec 5: health, shop
+// schema; 4.2: "no service API key is used") is neither checked nor used:
+// a valid, revoked, unknown or malformed key gets the route's answer, no
+// 401, and no owner; the shop schema call reaches its service without
+// the key, which stays at the gateway as it does on every other route.
+func TestRoutesWithoutAKeyIgnoreOneSent(t *testing.T) {
+	dsn, _, k := seed(t)
+	echo := echoUpstream(t, "shop", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": echo.URL})
+	for name, key := range map[string]string{"valid": k.read, "revoked": k.revoked, "unknown": k.unknown, "malformed": "cxr_nope"} {
+		headers := map[string]string{"X-API-Key": key, "Content-Type": "application/json"}
+		if r := do(t, "GET", gw.URL+"/v1/health", headers, nil); r.Status != 200 {
+			t.Errorf("health with a %s key = %d %s, want 200", name, r.Status, r.Body)
+		}
+		r := do(t, "POST", gw.URL+"/v1/sync/prestashop/schema", headers, strings.NewReader("{}"))
+		checkEnvelope(t, r)
+		if r.Status != 200 {
+			t.Errorf("shop schema with a %s key = %d %s, want the service's 200", name, r.Status, r.Body)
+			continue
+		}
+		s := decodeSeen(t, r)
+		if _, ok := s.Headers["X-Api-Key"]; ok || s.Identity.OwnerID != "" || s.Identity.KeyID != "" || len(s.Identity.Scopes) != 0 {
+			t.Errorf("shop schema with a %s key: the service saw key header %v and identity %+v, want neither key nor owner", name, ok, s.Identity)
+		}
+	}
+}
+
 // Each class of route counts against its own limit: running out of one
 // (the shop schema route's, a write key's) leaves the others untouched.
 func TestEachClassHasItsOwnLimit(t *testing.T) {
