@@ -163,8 +163,12 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", message, requestID)
 		return "unavailable"
 	}
+	// Spec 7's 500: a temporary error, retried with backoff and reported
+	// by its request id. Whether the sale was applied is not known here,
+	// so the answer says how to retry it safely, as every 503 does.
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
-	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
+	envelope.WriteError(w, http.StatusInternalServerError, "internal_error",
+		"internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", requestID)
 	return "internal_error"
 }
 

@@ -567,6 +567,29 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 	}
 }
 
+// A sale that fails for a reason nobody foresaw (here a table gone: the
+// statement fails in PostgreSQL, which is up) is the 500 of spec 7, whose
+// client action is to retry with backoff and report the request id; like
+// every 5xx of the writer it says how to retry a sale safely, with the same
+// Idempotency-Key, as the platform cannot know whether it was applied. It
+// said only "internal error". The retry sells the item once the cause is
+// put right.
+func TestUnforeseenFailureSaysHowToRetry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.exec(t, "ALTER TABLE sales RENAME TO sales_away")
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusInternalServerError || errorCode(env) != "internal_error" ||
+			!strings.Contains(env.Error.Message, "same Idempotency-Key") || !strings.Contains(env.Error.Message, "request_id") {
+			t.Errorf("%s failing unforeseen = %d %q %q, want 500 internal_error naming the retry and the request id", op, rec.Code, errorCode(env), env.Error.Message)
+		}
+	}
+	f.exec(t, "ALTER TABLE sales_away RENAME TO sales")
+	confirmed(t, f, "key-confirm")
+}
+
 // A sale on a read-only database (a failover sent the writer to a standby,
 // or the primary is fenced with default_transaction_read_only: SQLSTATE
 // 25006) is 503 unavailable with Retry-After, not 500, and applies nothing:
