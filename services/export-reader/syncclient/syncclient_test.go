@@ -180,3 +180,65 @@ func TestSyncFollowsNoRedirect(t *testing.T) {
 		t.Errorf("the redirect's target received the API key %d times", n)
 	}
 }
+
+// Spec 4.8 as the reference client follows it: the checkpoint a run
+// returns is the time it started (step 1), read before its first page and
+// not when it ends, however long it ran; every page is asked for with
+// limit=100 and the same updated_after, the previous checkpoint less the
+// overlap, following meta.next_cursor unchanged (step 2); items are
+// upserted by id (step 3); a run that fails returns no checkpoint, so the
+// caller keeps its previous one (step 5).
+func TestSyncCheckpointIsItsStart(t *testing.T) {
+	previous := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name       string
+		lastStatus int // of the second page
+	}{
+		{"success", http.StatusOK},
+		{"second page refused", http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var queries []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				queries = append(queries, r.URL.RawQuery)
+				switch r.URL.Query().Get("cursor") {
+				case "":
+					fmt.Fprint(w, `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r","next_cursor":"c/2+"}}`)
+				case "c/2+":
+					w.WriteHeader(tc.lastStatus)
+					if tc.lastStatus != http.StatusOK {
+						fmt.Fprint(w, `{"error":{"code":"invalid_cursor","message":"m"},"meta":{"request_id":"r"}}`)
+						return
+					}
+					fmt.Fprint(w, `{"data":[{"id":"a","status":"inactive","stock_quantity":0,"updated_at":"2026-11-21T10:00:01.000001Z"}],"meta":{"request_id":"r","next_cursor":null}}`)
+				default:
+					w.WriteHeader(http.StatusBadRequest)
+				}
+			}))
+			t.Cleanup(srv.Close)
+			clock := time.Date(2026, 11, 21, 9, 0, 0, 0, time.UTC)
+			started := clock
+			c := &Client{BaseURL: srv.URL + "/v1", Now: func() time.Time { now := clock; clock = clock.Add(time.Hour); return now }}
+			mirror := Mirror{}
+			checkpoint, _, err := c.Sync(context.Background(), previous, mirror.Upsert)
+			since := "updated_after=" + previous.Add(-DefaultOverlap).Format(time.RFC3339Nano)
+			for i, q := range queries {
+				if !strings.Contains(q, "limit=100") || !strings.Contains(q, strings.ReplaceAll(since, ":", "%3A")) {
+					t.Errorf("page %d asked with %q, want limit=100 and %s", i+1, q, since)
+				}
+			}
+			if len(queries) != 2 || !strings.Contains(queries[1], "cursor=c%2F2%2B") {
+				t.Errorf("pages asked: %q, want the second with the first's next_cursor unchanged", queries)
+			}
+			if tc.lastStatus == http.StatusOK {
+				if err != nil || !checkpoint.Equal(started) || len(mirror) != 1 || mirror["a"].Status != "inactive" {
+					t.Errorf("Sync = %v, %v, %d items (a %q); want the checkpoint %v it started at and item a upserted, inactive", checkpoint, err, len(mirror), mirror["a"].Status, started)
+				}
+				return
+			}
+			if err == nil || !checkpoint.IsZero() {
+				t.Errorf("Sync with a page refused = %v, %v; want an error and no checkpoint", checkpoint, err)
+			}
+		})
+	}
+}
