@@ -324,6 +324,29 @@ func TestCancelRestoresItem(t *testing.T) {
 	}
 }
 
+// A cancel of a sale whose item the owner has since unlisted (spec 3: a
+// change of status by the owner is "not shown") closes the sale and frees
+// the item, but does not list it again: the result and the export say
+// inactive, stock 0, rather than the "active, stock 1" of a restored item
+// (sales-writer README, "Decisions where the spec is silent").
+func TestCancelOfAnUnlistedItemLeavesItInactive(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	confirmed(t, f, "confirm-1")
+	f.exec(t, "UPDATE export_items SET listed_active = false WHERE id = 'coin-1'")
+	got, _ := cancel(t, f, "market-a", "cancel-1", order1, 200)
+	if got["status"] != "inactive" || got["stock_quantity"] != 0.0 || got["canceled_at"] == nil {
+		t.Errorf("cancel of an unlisted item = %v, want inactive, stock 0, canceled_at set", got)
+	}
+	if st := f.item(t, f.owner, "coin-1"); st.Status != "inactive" || st.Sold {
+		t.Errorf("item after the cancel = %+v, want inactive and not sold", st)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales WHERE canceled_at IS NULL"); n != 0 {
+		t.Errorf("open sales = %d, want 0", n)
+	}
+}
+
 // State table, row 6: only the platform and order that confirmed can cancel.
 func TestCancelRefused(t *testing.T) {
 	t.Parallel()
