@@ -282,8 +282,29 @@ func TestConfigErrorNamesAMisspeltVariable(t *testing.T) {
 // the database is back lookups pass again with no restart (here an unknown
 // key's 401).
 func TestRunAnswersADatabaseRenamedUnderIt(t *testing.T) {
-	addr := testenv.FreeAddr(t)
 	dsn := testenv.PostgresURL(t)
+	answersARefusalUnderIt(t, dsn, func() func() { return testenv.RenameDatabase(t, dsn) },
+		"3D000", "DATABASE_URL's database does not exist", "")
+}
+
+// A password changed under a running gateway (rotated in PostgreSQL
+// before DATABASE_URL) refuses the key lookups' new connections
+// (SQLSTATE 28P01, on a cluster that asks for it) as a database renamed
+// does, and neither the log nor an answer holds the password.
+func TestRunAnswersAPasswordChangedUnderIt(t *testing.T) {
+	role := testenv.PasswordCluster(t)
+	answersARefusalUnderIt(t, role.DSN, func() func() { return role.ChangePassword(t) },
+		"28P01", "PostgreSQL refused the password of DATABASE_URL's role", role.Password)
+}
+
+// answersARefusalUnderIt runs the gateway on dsn, has refuse make
+// PostgreSQL refuse its new connections with code, and checks that keyed
+// requests are 503 with the log naming cause, until refuse's restore,
+// after which lookups pass again. secret must be in no log line nor any
+// answer ("" for none).
+func answersARefusalUnderIt(t *testing.T, dsn string, refuse func() (restore func()), code, cause, secret string) {
+	t.Helper()
+	addr := testenv.FreeAddr(t)
 	env := map[string]string{
 		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
 		"DATABASE_URL": dsn, "REDIS_URL": testenv.RedisURL(t), "RATE_LIMIT_KEY_PREFIX": testenv.KeyPrefix(t),
@@ -308,27 +329,37 @@ func TestRunAnswersADatabaseRenamedUnderIt(t *testing.T) {
 	}
 	lookup := func() int {
 		resp := getWithUnknownKey(t, addr)
-		resp.Body.Close()
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if secret != "" && strings.Contains(string(body), secret) {
+			t.Errorf("an answer holds the password: %s", body)
+		}
 		return resp.StatusCode
 	}
-	restore := testenv.RenameDatabase(t, dsn)
-	// The first lookups may meet the pool's connections the rename ended
+	restore := refuse()
+	// The first lookups may meet the pool's connections the refusal ended
 	// (a broken pipe): 503 too, then new connections are refused.
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), "3D000"); {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), code); {
 		if got := lookup(); got != http.StatusServiceUnavailable {
-			t.Fatalf("a keyed request with the database renamed = %d, want 503", got)
+			t.Fatalf("a keyed request with new connections refused (%s) = %d, want 503", code, got)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no lookup met the renamed database (3D000) in 10 s:\n%s", out.String())
+			t.Fatalf("no lookup met the refusal (%s) in 10 s:\n%s", code, out.String())
 		}
 	}
-	if logs := out.String(); !strings.Contains(logs, `"cause":"DATABASE_URL's database does not exist`) {
+	if logs := out.String(); !strings.Contains(logs, `"cause":"`+cause) {
 		t.Errorf("the log does not say what to do of the refusal:\n%s", logs)
 	}
 	restore()
 	for deadline := time.Now().Add(10 * time.Second); lookup() != http.StatusUnauthorized; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("an unknown key is not answered 401 10 s after the database is back:\n%s", out.String())
+			t.Fatalf("an unknown key is not answered 401 10 s after the refusal ended:\n%s", out.String())
 		}
+	}
+	if secret != "" && strings.Contains(out.String(), secret) {
+		t.Errorf("the log holds the password:\n%s", out.String())
 	}
 }

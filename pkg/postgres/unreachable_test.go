@@ -186,12 +186,14 @@ func TestUnavailableOnRealRefusals(t *testing.T) {
 	}
 }
 
-// What a running service meets when its database is renamed or dropped, or
-// its role dropped, under it: the server refuses each new connection of
-// its pool. That is Unavailable (503 with Retry-After, the client retries
-// and the operator acts), not the 500 of a bug, but still not Unreachable,
-// which would have a binary starting with such a DSN wait for ever instead
-// of stopping on the configuration to fix; and Cause says what to do.
+// What a running service meets when its database is renamed or dropped,
+// its role dropped or its password changed, under it: the server refuses
+// each new connection of its pool (the password on a cluster that asks
+// for one: the shared one trusts every login). That is Unavailable (503
+// with Retry-After, the client retries and the operator acts), not the
+// 500 of a bug, but still not Unreachable, which would have a binary
+// starting with such a DSN wait for ever instead of stopping on the
+// configuration to fix; and Cause says what to do.
 func TestRefusedConnectionsAreUnavailable(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.PostgresURL(t)
@@ -200,6 +202,7 @@ func TestRefusedConnectionsAreUnavailable(t *testing.T) {
 	}{
 		{"a database that does not exist", url + " dbname=no_such_database", "3D000", "DATABASE_URL's database does not exist"},
 		{"a role that does not exist", url + " user=no_such_role", "28000", "PostgreSQL refused DATABASE_URL's role"},
+		{"a password that does not match", testenv.PasswordCluster(t).DSN + " password=" + wrongPassword, "28P01", "PostgreSQL refused the password of DATABASE_URL's role"},
 	} {
 		pool := testenv.Pool(t, tc.dsn)
 		_, err := pool.Exec(ctx, "SELECT 1")
@@ -213,8 +216,14 @@ func TestRefusedConnectionsAreUnavailable(t *testing.T) {
 		if got := postgres.Cause(err); !strings.HasPrefix(got, tc.cause) {
 			t.Errorf("Cause(%s) = %q, want it to start %q", tc.name, got, tc.cause)
 		}
+		if strings.Contains(err.Error(), wrongPassword) {
+			t.Errorf("the error of %s holds the password: %v", tc.name, err)
+		}
 	}
 }
+
+// wrongPassword is a password no role has.
+const wrongPassword = "not-the-roles-password"
 
 // Cause has a text for every SQLSTATE Unavailable takes, directly or by
 // its class, and none for an error without one.

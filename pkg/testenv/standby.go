@@ -16,9 +16,43 @@ import (
 type Pair struct {
 	Primary string // DSN of the migrated database on the primary
 	Standby string // DSN of the same database on the standby
-	bin     string
-	user    string
-	dir     string
+	*clusters
+}
+
+// clusters are PostgreSQL clusters of a test's own, each in a folder of
+// dir named after it, listening on a socket of its own.
+type clusters struct {
+	bin  string // the server's binaries
+	user string // the user that runs the server ("" for the current one)
+	dir  string
+}
+
+// ownClusters makes the folder of a test's own clusters, removed when the
+// test ends.
+func ownClusters(t testing.TB, pattern string) *clusters {
+	t.Helper()
+	bin, err := postgresBinDir()
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	asUser, err := serverUser(dir)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return &clusters{bin: bin, user: asUser, dir: dir}
+}
+
+// initdb creates the cluster name, trusting every local login.
+func (c *clusters) initdb(t testing.TB, name string) {
+	t.Helper()
+	if out, err := runAs(c.user, filepath.Join(c.bin, "initdb"), "-D", filepath.Join(c.dir, name), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
+		t.Fatalf("testenv: initdb: %v: %s", err, out)
+	}
 }
 
 // StandbyPair starts a primary (its own cluster, not the shared one: a
@@ -29,31 +63,15 @@ type Pair struct {
 // seconds.
 func StandbyPair(t testing.TB, standbyOpts ...string) *Pair {
 	t.Helper()
-	bin, err := postgresBinDir()
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	dir, err := os.MkdirTemp("", "testenv-pair-")
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	asUser, err := serverUser(dir)
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	p := &Pair{bin: bin, user: asUser, dir: dir}
-	primary, standby := filepath.Join(dir, "primary"), filepath.Join(dir, "standby")
-	if out, err := runAs(asUser, filepath.Join(bin, "initdb"), "-D", primary, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
-		t.Fatalf("testenv: initdb: %v: %s", err, out)
-	}
+	p := &Pair{clusters: ownClusters(t, "testenv-pair-")}
+	p.initdb(t, "primary")
 	p.start(t, "primary")
 	admin := p.dsn("primary", "postgres")
 	migrate(t, admin, p.dsn("primary", "export"))
 	// -R writes standby.signal and primary_conninfo (the primary's socket);
 	// a fast checkpoint, as the default spread one took 100 s.
-	if out, err := runAs(asUser, filepath.Join(bin, "pg_basebackup"), "-h", p.socketDir("primary"), "-U", "postgres",
-		"-D", standby, "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"); err != nil {
+	if out, err := runAs(p.user, filepath.Join(p.bin, "pg_basebackup"), "-h", p.socketDir("primary"), "-U", "postgres",
+		"-D", filepath.Join(p.dir, "standby"), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"); err != nil {
 		t.Fatalf("testenv: pg_basebackup: %v: %s", err, out)
 	}
 	p.start(t, "standby", standbyOpts...)
@@ -72,7 +90,7 @@ func (p *Pair) StopPrimary(t testing.TB) {
 
 // start starts the cluster in folder name, listening only on a socket of
 // its own folder, and stops it when the test ends.
-func (p *Pair) start(t testing.TB, name string, opts ...string) {
+func (p *clusters) start(t testing.TB, name string, opts ...string) {
 	t.Helper()
 	sock := p.socketDir(name)
 	if err := os.MkdirAll(sock, 0o700); err != nil {
@@ -94,9 +112,9 @@ func (p *Pair) start(t testing.TB, name string, opts ...string) {
 	t.Cleanup(func() { runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop") })
 }
 
-func (p *Pair) socketDir(name string) string { return filepath.Join(p.dir, name+"-socket") }
+func (p *clusters) socketDir(name string) string { return filepath.Join(p.dir, name+"-socket") }
 
-func (p *Pair) dsn(name, db string) string {
+func (p *clusters) dsn(name, db string) string {
 	return fmt.Sprintf("host=%s user=postgres dbname=%s sslmode=disable", p.socketDir(name), db)
 }
 
@@ -114,6 +132,13 @@ func migrate(t testing.TB, admin, dsn string) {
 	if err != nil {
 		t.Fatalf("testenv: create database: %v", err)
 	}
+	migrateExisting(t, dsn)
+}
+
+// migrateExisting applies every migration to the database of dsn.
+func migrateExisting(t testing.TB, dsn string) {
+	t.Helper()
+	ctx := context.Background()
 	db, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)

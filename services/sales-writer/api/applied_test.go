@@ -88,6 +88,45 @@ func TestRefusedBeforeTheDatabaseSaysNothingWasApplied(t *testing.T) {
 	confirmed(t, f, "key-confirm")
 }
 
+// A password changed under a running writer (rotated in PostgreSQL before
+// DATABASE_URL) refuses each new connection, SQLSTATE 28P01, on a cluster
+// that asks for it: a sale is 503 unavailable saying nothing was applied,
+// and nothing was, its log line says what the operator must do, neither
+// the log nor the answer holds a password, and once the password is set
+// back the same call with the same key sells the item, with no restart.
+func TestPasswordChangedUnderTheWriterSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	role := testenv.PasswordCluster(t)
+	f := newFixtureOn(t, role.DSN)
+	f.addItem(t, f.owner, "coin-1", true)
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs)
+	restore := role.ChangePassword(t)
+	f.db.Reset() // its sessions were ended: the next call connects anew
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+			!strings.Contains(env.Error.Message, "nothing was applied") || !strings.Contains(env.Error.Message, "same Idempotency-Key") {
+			t.Errorf("%s with the password changed = %d %q %s, want 503 unavailable saying nothing was applied", op, rec.Code, errorCode(env), rec.Body)
+		}
+		if strings.Contains(rec.Body.String(), role.Password) {
+			t.Errorf("%s with the password changed: the answer holds the password: %s", op, rec.Body)
+		}
+	}
+	if !strings.Contains(logs.String(), `"msg":"sale store unavailable"`) || !strings.Contains(logs.String(), "28P01") ||
+		!strings.Contains(logs.String(), `"cause":"PostgreSQL refused the password of DATABASE_URL's role`) {
+		t.Errorf("the log does not name the refusal, its SQLSTATE and what to do:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), role.Password) {
+		t.Errorf("the log holds the password:\n%s", logs.String())
+	}
+	restore()
+	if got := f.item(t, f.owner, "coin-1"); got.Sold || f.count(t, "SELECT count(*) FROM idempotency_records") != 0 {
+		t.Fatalf("after the refused calls: coin-1 %+v, %d idempotency records; want it unsold, none", got, f.count(t, "SELECT count(*) FROM idempotency_records"))
+	}
+	confirmed(t, f, "key-confirm")
+}
+
 // A sale whose connection is lost mid-statement (the backend ended while
 // the sale waited for the item's lock) may have been applied, as far as
 // the writer can know: its 503 still says so.

@@ -38,7 +38,12 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	url := testenv.PostgresURL(t)
+	return newFixtureOn(t, testenv.PostgresURL(t))
+}
+
+// newFixtureOn is newFixture on the migrated database of url.
+func newFixtureOn(t testing.TB, url string) *fixture {
+	t.Helper()
 	db := testenv.Pool(t, url)
 	f := &fixture{url: url, db: db, handler: newHandler(t, db, defaultRetention)}
 	f.signer, _ = identity.NewSigner(testSecret)

@@ -707,6 +707,45 @@ func wantUnavailable(t *testing.T, r response, what string) {
 	}
 }
 
+// A password changed under a running reader (rotated in PostgreSQL before
+// DATABASE_URL) refuses each new connection, SQLSTATE 28P01, on a cluster
+// that asks for it: the page is 503 unavailable, its log line says what
+// the operator must do, neither the log nor the answer holds a password,
+// and once the password is set back the same read passes, with no
+// restart.
+func TestPasswordChangedUnderTheReaderIsUnavailable(t *testing.T) {
+	t.Parallel()
+	signer, err := identity.NewSigner(identitySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := testenv.PasswordCluster(t)
+	e := serve(t, testenv.Pool(t, role.DSN), signer)
+	owner := e.owner(t)
+	e.importLines(t, owner, itemLine("coin-1", "active", "Coin"))
+	restore := role.ChangePassword(t)
+	e.pool.Reset() // its sessions were ended: the next read connects anew
+	for _, path := range []string{"/v1/export/items", "/v1/export/items/coin-1"} {
+		r := e.get(t, owner, path)
+		wantUnavailable(t, r, "GET "+path+" with the password changed")
+		if bytes.Contains(r.body, []byte(role.Password)) {
+			t.Errorf("GET %s with the password changed: the answer holds the password: %s", path, r.body)
+		}
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, `"msg":"export store unavailable"`) || !strings.Contains(logs, "28P01") ||
+		!strings.Contains(logs, `"cause":"PostgreSQL refused the password of DATABASE_URL's role`) {
+		t.Errorf("the log does not name the refusal, its SQLSTATE and what to do:\n%s", logs)
+	}
+	if strings.Contains(logs, role.Password) {
+		t.Errorf("the log holds the password:\n%s", logs)
+	}
+	restore()
+	if r := e.get(t, owner, "/v1/export/items/coin-1"); r.status != http.StatusOK {
+		t.Errorf("GET once the password is set back = %d %s, want 200", r.status, r.body)
+	}
+}
+
 // A database renamed (or dropped) under a running reader refuses each new
 // connection, SQLSTATE 3D000: the page is 503 unavailable with
 // Retry-After, not the 500 of a bug, its log line says what the operator
