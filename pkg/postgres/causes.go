@@ -59,13 +59,16 @@ const poolerCause = "the pooler in front of PostgreSQL (PgBouncer) ended or refu
 	"query_wait_timeout or cannot connect to server, PostgreSQL is down or every server connection is busy"
 
 // causes holds Cause's texts by SQLSTATE, and by class ("53*") for the
-// codes of a class without a text of their own.
+// codes of a class without a text of their own. Each reads true wherever
+// it is printed: a running service's log line, or exportctl's error, whose
+// operator runs it once and meets the refusal (a mistyped password as
+// well as a changed one), with no service under it.
 var causes = map[string]string{
-	"28P01": "PostgreSQL refused the password of DATABASE_URL's role (changed under the running service?): " +
-		"give the role and DATABASE_URL the same password; new connections then succeed, no restart needed",
+	"28P01": "PostgreSQL refused the password of DATABASE_URL's role (a wrong one, or the role's changed since): " +
+		"give the role and DATABASE_URL the same password; a running service's new connections then succeed, without a restart",
 	"28000": "PostgreSQL refused DATABASE_URL's role (dropped, NOLOGIN, or no pg_hba.conf line lets it in): " +
-		"restore the role's login; new connections then succeed, no restart needed",
-	"3D000": "DATABASE_URL's database does not exist (dropped or renamed under the running service): " +
+		"restore the role's login; a running service's new connections then succeed, without a restart",
+	"3D000": "DATABASE_URL's database does not exist (dropped, renamed, or misspelt): " +
 		"restore or rename it back, or point DATABASE_URL at it",
 	"25006": "the database is read-only (a standby after a failover, or default_transaction_read_only): " +
 		"point DATABASE_URL at the primary",

@@ -666,14 +666,25 @@ func TestRefusalsNameTheirCause(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	const wrongPassword = "not-the-roles-password"
 	for _, tt := range []struct{ name, dsn, args, want string }{
 		{"database missing (3D000)", dsn + " dbname=" + cfg.Database + "_missing", "owner list", "DATABASE_URL's database does not exist"},
 		{"role made NOLOGIN (28000)", dsn + " user=" + cfg.Database + "_nologin", "owner list", "PostgreSQL refused DATABASE_URL's role"},
+		{"password refused (28P01)", testenv.PasswordCluster(t).DSN + " password=" + wrongPassword, "owner list", "PostgreSQL refused the password of DATABASE_URL's role"},
 		{"read-only (25006)", dsn + " default_transaction_read_only=on", "owner create --name x", "point DATABASE_URL at the primary"},
 	} {
 		err := cli(t, tt.dsn, "", nil, strings.Fields(tt.args)...)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("exportctl %s, %s = %v, want it to say %q", tt.args, tt.name, err, tt.want)
+		}
+		// exportctl runs once, under no service: a cause that blamed a
+		// change "under the running service" misled its operator, who
+		// may only have mistyped the setting.
+		if err != nil && strings.Contains(err.Error(), "the running service") {
+			t.Errorf("exportctl %s, %s = %v, which speaks of a running service", tt.args, tt.name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), wrongPassword) {
+			t.Errorf("exportctl %s, %s = %v, which holds the password", tt.args, tt.name, err)
 		}
 	}
 }
