@@ -39,13 +39,15 @@ func Unreachable(err error) bool {
 // NothingSent reports whether err came before any statement reached
 // PostgreSQL, so that nothing the call asked for was done: no connection
 // was opened (refused by the system, or by the server for want of a slot,
-// a password, a role or a database: a pgconn.ConnectError), or pgx failed
-// before sending a byte (pgconn.SafeToRetry, which a ConnectError does not
-// answer true: pgx v5.13 gives it no SafeToRetry). A connection lost once
-// a statement was sent is not: that statement may have been done.
+// a password, a role or a database: a pgconn.ConnectError), none came free
+// in the pool before the caller's deadline (Acquire's AcquireError), or
+// pgx failed before sending a byte (pgconn.SafeToRetry, which a
+// ConnectError does not answer true: pgx v5.13 gives it no SafeToRetry).
+// A connection lost, or a deadline met, once a statement was sent is not:
+// that statement may have been done.
 func NothingSent(err error) bool {
 	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) || pgconn.SafeToRetry(err)
+	return errors.As(err, &connectErr) || acquireFailed(err) || pgconn.SafeToRetry(err)
 }
 
 // unreachableCode: SQLSTATE class 08 (connection exception) but 08P01

@@ -2,12 +2,14 @@ package api
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -125,6 +127,63 @@ func TestPasswordChangedUnderTheWriterSaysNothingWasApplied(t *testing.T) {
 		t.Fatalf("after the refused calls: coin-1 %+v, %d idempotency records; want it unsold, none", got, f.count(t, "SELECT count(*) FROM idempotency_records"))
 	}
 	confirmed(t, f, "key-confirm")
+}
+
+// A sale that waited for a pool connection until its deadline (every
+// connection of the pool in use) sent nothing to PostgreSQL, and its 503
+// says nothing was applied: it said "the sale may have been applied", as
+// a statement that ran past the timeout may have, which sent a platform
+// reconciling for nothing. Its log line names the wait, not a statement
+// timed out in the database; once a connection is free the same call
+// with the same key sells the item.
+func TestSaleThatWaitedForAConnectionSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	ctx := context.Background()
+	const timeout = 100 * time.Millisecond
+	one, err := postgres.Open(ctx, f.url+" pool_max_conns=1", postgres.StatementTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	held, err := one.Acquire(ctx) // the pool's one connection, busy until released
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Output
+	f.handler = newTimedHandler(t, one, defaultRetention, &logs, timeout)
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+			!strings.Contains(env.Error.Message, "nothing was applied") || strings.Contains(env.Error.Message, "may have been") ||
+			!strings.Contains(env.Error.Message, "same Idempotency-Key") {
+			t.Errorf("%s with no pool connection free = %d %q %s, want 503 unavailable saying nothing was applied", op, rec.Code, errorCode(env), rec.Body)
+		}
+	}
+	if !strings.Contains(logs.String(), "waiting for a pool connection") || strings.Contains(logs.String(), "timed out in the database") {
+		t.Errorf("the log does not name the wait for a connection:\n%s", logs.String())
+	}
+	held.Release()
+	confirmed(t, f, "key-confirm")
+}
+
+// A sale whose deadline came while its statement ran (here before the
+// server's own statement_timeout) may have been applied, as far as the
+// writer can know: its 503 still says so, unlike one that never got a
+// connection.
+func TestSaleCutByItsDeadlineMidStatementMayHaveBeenApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	lockItem(t, f, "coin-1")
+	// f.db's sessions have no statement_timeout: the call's deadline
+	// (100 ms and the grace) ends the wait, client-side.
+	f.handler = newTimedHandler(t, f.db, defaultRetention, io.Discard, 100*time.Millisecond)
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
+	if rec.Code != http.StatusServiceUnavailable || env.Error == nil || !strings.Contains(env.Error.Message, "may have been applied") {
+		t.Errorf("confirm cut by its deadline mid-statement = %d %s, want 503 saying the sale may have been applied", rec.Code, rec.Body)
+	}
 }
 
 // A sale whose connection is lost mid-statement (the backend ended while

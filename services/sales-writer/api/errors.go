@@ -109,6 +109,16 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// Only the call's own deadline ends in DeadlineExceeded (a
 		// hang-up first would have made it Canceled), so it is the
 		// timeout even if the caller has left since.
+		if postgres.NothingSent(err) {
+			// The deadline came before any statement was sent: the
+			// call waited for a pool connection while every one was in
+			// use (postgres.AcquireError; the error says so), or it met
+			// the deadline in pgx before a byte went out.
+			h.log.ErrorContext(r.Context(), "sale call timed out before reaching the database (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
+			envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+				"the sale store did not answer in time; nothing was applied: retry with backoff and the same Idempotency-Key", requestID)
+			return "unavailable"
+		}
 		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store did not answer in time; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)

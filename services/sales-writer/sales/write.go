@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -71,7 +72,7 @@ func (w *Writer) attempts(ctx context.Context, req Request, fp []byte) (Result, 
 		res, err := w.once(ctx, req, fp)
 		switch {
 		case errors.Is(err, errKeyTaken):
-			if _, err := w.db.Exec(ctx, dropExpiredSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey); err != nil {
+			if err := w.dropExpired(ctx, req); err != nil {
 				return Result{}, fmt.Errorf("sales: drop expired record: %w", err)
 			}
 			last = ErrInProgress
@@ -84,6 +85,17 @@ func (w *Writer) attempts(ctx context.Context, req Request, fp []byte) (Result, 
 		}
 	}
 	return Result{}, last
+}
+
+// dropExpired deletes the key's record if it has expired.
+func (w *Writer) dropExpired(ctx context.Context, req Request) error {
+	conn, err := postgres.Acquire(ctx, w.db)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	_, err = conn.Exec(ctx, dropExpiredSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey)
+	return err
 }
 
 // lastResort answers a call whose every run lost a race for the item: some
@@ -161,8 +173,13 @@ func replay(recordFingerprint, stored, fp []byte) (Result, error) {
 // explain finds out, in a snapshot taken after the write statement, why it
 // changed nothing.
 func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, error) {
+	conn, err := postgres.Acquire(ctx, w.db)
+	if err != nil {
+		return Result{}, classify(err)
+	}
+	defer conn.Release()
 	var o outcome
-	err := w.db.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+	err = conn.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID).
 		Scan(&o.recordFingerprint, &o.stored, &o.boundFingerprint, &o.boundRefusal, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
 	if err != nil {
@@ -210,10 +227,15 @@ type keyHolds struct {
 // trip: the statements before its one Sync form one implicit transaction,
 // committed at the Sync.
 func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, args []any, scan func(pgx.Row) error) error {
+	conn, err := postgres.Acquire(ctx, w.db)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
 	batch := &pgx.Batch{}
 	batch.Queue(keyLock, req.OwnerID, req.PlatformID, req.IdempotencyKey)
 	batch.Queue(stmt, args...).QueryRow(scan)
-	return w.db.SendBatch(ctx, batch).Close()
+	return conn.SendBatch(ctx, batch).Close()
 }
 
 // outcome is what explainSQL reports.
