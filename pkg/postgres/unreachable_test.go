@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -224,6 +225,55 @@ func TestRefusedConnectionsAreUnavailable(t *testing.T) {
 
 // wrongPassword is a password no role has.
 const wrongPassword = "not-the-roles-password"
+
+// What a real server answers when its disk is full (53100) or it is out
+// of memory (53200), had from a server under file-size and memory caps
+// (testenv.ShortOfResources), is Unavailable, not Unreachable (the
+// connection serves on), nor NothingSent (the statement was sent), and
+// Cause says what to put right.
+func TestResourceShortagesAreUnavailable(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.ShortOfResources(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	type shortage struct{ name, stmt, code, cause string }
+	shortages := []shortage{{"out of memory", "SELECT length(repeat('x', 900000000))", "53200", "PostgreSQL is out of memory"}}
+	if version < 160000 {
+		// A table extended past the file-size cap: 1,000 bytes a row,
+		// more rows than the cap holds.
+		shortages = append(shortages, shortage{"disk full", "INSERT INTO t SELECT repeat('x', 1000) FROM generate_series(1, " +
+			fmt.Sprint(2*testenv.FileSizeCap/1000) + ")", "53100", "PostgreSQL's disk is full"})
+	} else {
+		t.Logf("PostgreSQL %d: a file-size cap is not a full disk there (testenv.ShortOfResources); 53100 left untested", version)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (v text)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range shortages {
+		_, err := conn.Exec(ctx, tc.stmt)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+			t.Fatalf("%s: %v, want SQLSTATE %s", tc.name, err, tc.code)
+		}
+		if !postgres.Unavailable(err) || postgres.Unreachable(err) || postgres.NothingSent(err) {
+			t.Errorf("%s: Unavailable = %v, Unreachable = %v, NothingSent = %v, want true, false, false", tc.name,
+				postgres.Unavailable(err), postgres.Unreachable(err), postgres.NothingSent(err))
+		}
+		if got := postgres.Cause(err); !strings.HasPrefix(got, tc.cause) {
+			t.Errorf("Cause(%s) = %q, want it to start %q", tc.name, got, tc.cause)
+		}
+		// The session serves on once the statement failed.
+		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+			t.Errorf("a statement after %s: %v", tc.name, err)
+		}
+	}
+}
 
 // Cause has a text for every SQLSTATE Unavailable takes, directly or by
 // its class, and none for an error without one.

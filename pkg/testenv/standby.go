@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/coinexport/export/pkg/schema"
@@ -92,6 +93,13 @@ func (p *Pair) StopPrimary(t testing.TB) {
 // its own folder, and stops it when the test ends.
 func (p *clusters) start(t testing.TB, name string, opts ...string) {
 	t.Helper()
+	p.startUnder(t, name, nil, opts...)
+}
+
+// startUnder is start with pg_ctl run under command (its words, before
+// pg_ctl's: prlimit and its limits, which the server inherits).
+func (p *clusters) startUnder(t testing.TB, name string, command []string, opts ...string) {
+	t.Helper()
 	sock := p.socketDir(name)
 	if err := os.MkdirAll(sock, 0o700); err != nil {
 		t.Fatalf("testenv: %v", err)
@@ -106,7 +114,8 @@ func (p *clusters) start(t testing.TB, name string, opts ...string) {
 		o += " -c " + opt
 	}
 	data := filepath.Join(p.dir, name)
-	if out, err := runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", data, "-l", filepath.Join(p.dir, name+".log"), "-w", "-o", o, "start"); err != nil {
+	args := append(slices.Clone(command), filepath.Join(p.bin, "pg_ctl"), "-D", data, "-l", filepath.Join(p.dir, name+".log"), "-w", "-o", o, "start")
+	if out, err := runAs(p.user, args[0], args[1:]...); err != nil {
 		t.Fatalf("testenv: pg_ctl start %s: %v: %s", name, err, out)
 	}
 	t.Cleanup(func() { runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop") })
