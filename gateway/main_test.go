@@ -293,7 +293,11 @@ func TestRunAnswersADatabaseRenamedUnderIt(t *testing.T) {
 // does, and neither the log nor an answer holds the password.
 func TestRunAnswersAPasswordChangedUnderIt(t *testing.T) {
 	role := testenv.PasswordCluster(t)
-	answersARefusalUnderIt(t, role.DSN, func() func() { return role.ChangePassword(t) },
+	answersARefusalUnderIt(t, role.DSN, func() func() {
+		restore := role.ChangePassword(t)
+		role.EndSessions(t) // the gateway's pool opens new ones
+		return restore
+	},
 		"28P01", "PostgreSQL refused the password of DATABASE_URL's role", role.Password)
 }
 

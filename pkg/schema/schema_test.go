@@ -323,9 +323,9 @@ func TestReadinessSaysWhatToPutRight(t *testing.T) {
 	}
 }
 
-// A password changed before the services had it (here the role made
-// NOLOGIN, as the test clusters trust every login: 28000 where a password
-// gives 28P01) refuses the check's next session first. While the service's
+// A role made NOLOGIN (28000; a password changed before the services had
+// it, 28P01, is TestReadinessServesOnThroughAPasswordChange) refuses the
+// check's next session first. While the service's
 // own pool still has a connection that answers, the service serves, so it
 // stays ready and warns of the cause (schema.ServingOn); once that
 // connection has ended, it is unready, naming the cause.
@@ -352,6 +352,49 @@ func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T)
 	err := ready.Ready(ctx)
 	if err == nil || !strings.Contains(err.Error(), "PostgreSQL refused DATABASE_URL's role") {
 		t.Errorf("Ready with no connection left = %v, want the refusal with its cause", err)
+	}
+}
+
+// The same through a real password change (28P01, on a cluster that asks
+// for a password), as an operator rotates one before DATABASE_URL: the
+// sessions open serve on, so the service stays ready on its pool's
+// connection and warns naming the password; once that connection has
+// ended, it is unready, naming it; once the role's password is
+// DATABASE_URL's again, it is ready, with no restart. No password is in
+// the log or the check's error.
+func TestReadinessServesOnThroughAPasswordChange(t *testing.T) {
+	ctx := context.Background()
+	role := testenv.PasswordCluster(t)
+	pool := testenv.Pool(t, role.DSN+" pool_max_conns=1")
+	side := sideOf(t, pool)
+	var logged testenv.Output
+	ready := schema.NewReadiness(ctx, side, slog.New(slog.NewTextHandler(&logged, nil)), schema.ServingOn(pool))
+	if err := ready.Ready(ctx); err != nil {
+		t.Fatalf("Ready before = %v, want nil", err)
+	}
+	if err := pool.Ping(ctx); err != nil { // the service's connection, idle in its pool
+		t.Fatal(err)
+	}
+	restore := role.ChangePassword(t)
+	side.Reset() // the check's connection renewed, as it is every minute
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
+	}
+	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "28P01") ||
+		!strings.Contains(got, "PostgreSQL refused the password of DATABASE_URL's role") {
+		t.Errorf("log = %q, want a WARN naming the refusal and its cause", got)
+	}
+	pool.Reset() // the pool's connection ends: none left that answers
+	err := ready.Ready(ctx)
+	if err == nil || !strings.Contains(err.Error(), "PostgreSQL refused the password of DATABASE_URL's role") {
+		t.Errorf("Ready with no connection left = %v, want the refusal with its cause", err)
+	}
+	if err != nil && strings.Contains(logged.String()+err.Error(), role.Password) {
+		t.Errorf("the log or the check's error holds the password: %v\n%s", err, logged.String())
+	}
+	restore()
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready once the password is set back = %v, want nil", err)
 	}
 }
 

@@ -60,17 +60,24 @@ func PasswordCluster(t testing.TB) *PasswordRole {
 }
 
 // ChangePassword changes the role's password, as an operator rotating it
-// before DATABASE_URL does, and ends the role's sessions, so that the next
-// statement of a pool on DSN opens a new one, which PostgreSQL refuses
-// with SQLSTATE 28P01. The returned restore sets DSN's password back.
+// before DATABASE_URL does: the sessions open serve on, and each new one
+// on DSN is refused with SQLSTATE 28P01 (a test's own pool meets that
+// after its Reset; EndSessions ends the sessions of pools that are not
+// the test's). The returned restore sets DSN's password back.
 func (p *PasswordRole) ChangePassword(t testing.TB) (restore func()) {
 	t.Helper()
 	p.adminExec(t, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", p.role, randomHex(16)))
-	p.adminExec(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+p.role+"'")
 	return func() {
 		t.Helper()
 		p.adminExec(t, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", p.role, p.Password))
 	}
+}
+
+// EndSessions ends every session of the role, as pg_terminate_backend
+// does: a pool on DSN opens new ones at its next statement.
+func (p *PasswordRole) EndSessions(t testing.TB) {
+	t.Helper()
+	p.adminExec(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+p.role+"'")
 }
 
 // adminExec runs sql as the cluster's superuser.

@@ -104,7 +104,7 @@ func TestPasswordChangedUnderTheWriterSaysNothingWasApplied(t *testing.T) {
 	var logs testenv.Output
 	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs)
 	restore := role.ChangePassword(t)
-	f.db.Reset() // its sessions were ended: the next call connects anew
+	f.db.Reset() // its sessions serve on: the next call connects anew
 	for _, op := range []string{"confirm", "cancel"} {
 		rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
 		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||

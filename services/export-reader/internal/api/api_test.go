@@ -724,7 +724,7 @@ func TestPasswordChangedUnderTheReaderIsUnavailable(t *testing.T) {
 	owner := e.owner(t)
 	e.importLines(t, owner, itemLine("coin-1", "active", "Coin"))
 	restore := role.ChangePassword(t)
-	e.pool.Reset() // its sessions were ended: the next read connects anew
+	e.pool.Reset() // its sessions serve on: the next read connects anew
 	for _, path := range []string{"/v1/export/items", "/v1/export/items/coin-1"} {
 		r := e.get(t, owner, path)
 		wantUnavailable(t, r, "GET "+path+" with the password changed")
