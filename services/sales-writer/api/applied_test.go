@@ -141,7 +141,7 @@ func TestSaleThatWaitedForAConnectionSaysNothingWasApplied(t *testing.T) {
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
 	ctx := context.Background()
-	const timeout = 100 * time.Millisecond
+	const timeout = 300 * time.Millisecond // as TestSaleLockedPastTheQueryTimeoutIsA503's: the last sale runs under it
 	one, err := postgres.Open(ctx, f.url+" pool_max_conns=1", postgres.StatementTimeout(timeout))
 	if err != nil {
 		t.Fatal(err)
