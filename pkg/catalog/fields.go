@@ -445,7 +445,10 @@ func parseURL(raw json.RawMessage) (string, string) {
 			return "", "must be a URI with a port from 1 to 65535"
 		}
 	}
-	return s, ""
+	// The scheme in its canonical lower case (RFC 3986 3.1), which url.Parse
+	// read case-insensitively: HTTPS://… exported as sent failed the
+	// ^https:// a consumer checks (gateway/openapi.yaml's Image.url).
+	return "https" + s[len("https"):], ""
 }
 
 // notURIChar reports a character that RFC 3986 allows nowhere in a URI:

@@ -30,7 +30,8 @@
 //     at most 64 levels of objects and arrays (a page with one item deeper
 //     than a client's parser allows is unreadable to it as a whole: Ruby's
 //     JSON stops at 100 levels, PHP's json_decode at 512).
-//   - images: array (≤ 100) of {id, url (absolute https URI, no user info;
+//   - images: array (≤ 100) of {id, url (absolute https URI, its scheme
+//     stored in lower case, HTTPS://… as https://…; no user info;
 //     only the characters RFC 3986 allows, so a non-ASCII path is
 //     percent-encoded and a non-ASCII host written in its xn-- form, each
 //     '%' starts two hex digits, '#' comes once at most, '[' and ']' only

@@ -271,3 +271,22 @@ func TestImageURLsAccepted(t *testing.T) {
 		}
 	}
 }
+
+// An image URL's scheme is stored in lower case, the rest as it is: RFC
+// 3986 reads the scheme case-insensitively, so HTTPS://… was accepted, but
+// it was exported as sent, and a consumer checking for https:// (the
+// pattern gateway/openapi.yaml gives Image.url) took it for no HTTPS URL.
+func TestImageURLSchemeIsStoredInLowerCase(t *testing.T) {
+	t.Parallel()
+	for sent, want := range map[string]string{
+		"HTTPS://X.test/A.jpg":  "https://X.test/A.jpg",
+		"Https://x.test/a.jpg":  "https://x.test/a.jpg",
+		"hTTpS://x.test:8443/a": "https://x.test:8443/a",
+	} {
+		line := with("images", `[{"id":"i","url":"`+sent+`","position":1,"type":"obverse"}]`)
+		items, err := catalog.ParseJSONL(strings.NewReader(line))
+		if err != nil || len(items) != 1 || items[0].Images[0].URL != want {
+			t.Errorf("ParseJSONL(url %q) = %+v, %v; want the item with the URL %q", sent, items, err, want)
+		}
+	}
+}
