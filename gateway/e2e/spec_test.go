@@ -286,7 +286,8 @@ func checkLanguages(t *testing.T, s *stack, fx fixture) {
 
 // checkSaleReachesEveryConsumer: a confirmed sale shows the item inactive
 // with stock 0, stamped later, to every read key of the owner (the item
-// route and an updated_after sync), and its cancel restores it (spec 1, 3).
+// route and an updated_after sync, filtered by status or not), and its
+// cancel restores it (spec 1, 3).
 func checkSaleReachesEveryConsumer(t *testing.T, s *stack, fx fixture, pool *pgxpool.Pool) {
 	consumers := []string{fx.readKey, addKey(t, pool, fx.owner, nil, "export:read")}
 	id := itemOfStatus(t, s, fx, "active")
@@ -330,6 +331,13 @@ func checkSaleReachesEveryConsumer(t *testing.T, s *stack, fx fixture, pool *pgx
 			i := slices.IndexFunc(synced, func(it exportItem) bool { return it.ID == id })
 			if i < 0 || synced[i].Status != st.status || synced[i].StockQuantity != st.stock {
 				t.Errorf("after %s, consumer %d's sync from %s read %v, want %s %s with stock %d", st.op, n+1, checkpoint, synced, id, st.status, st.stock)
+			}
+		}
+		// The status filter reads the exported status, the sale's included.
+		for _, filter := range []string{"active", "inactive"} {
+			filtered := syncAll(t, s, fx.readKey, url.Values{"updated_after": {checkpoint}, "status": {filter}})
+			if listed := slices.ContainsFunc(filtered, func(it exportItem) bool { return it.ID == id }); listed != (filter == st.status) {
+				t.Errorf("after %s, status=%s sync from %s lists %s: %v, want %v", st.op, filter, checkpoint, id, listed, filter == st.status)
 			}
 		}
 		checkpoint = readItem(t, s, consumers[0], id).UpdatedAt
