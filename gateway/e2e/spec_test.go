@@ -286,12 +286,17 @@ func checkLanguages(t *testing.T, s *stack, fx fixture) {
 
 // checkSaleReachesEveryConsumer: a confirmed sale shows the item inactive
 // with stock 0, stamped later, to every read key of the owner (the item
-// route and an updated_after sync, filtered by status or not), and its
-// cancel restores it (spec 1, 3).
+// route, an updated_after sync, filtered by status or not, and a sync that
+// was under way, ARCHITECTURE "Data"), and its cancel restores it (spec 1, 3).
 func checkSaleReachesEveryConsumer(t *testing.T, s *stack, fx fixture, pool *pgxpool.Pool) {
 	consumers := []string{fx.readKey, addKey(t, pool, fx.owner, nil, "export:read")}
 	id := itemOfStatus(t, s, fx, "active")
 	before := readItem(t, s, consumers[0], id)
+	// A sync under way: its first page has read the item, still active.
+	underway := getPage(t, s, consumers[0], "limit=10")
+	if !slices.ContainsFunc(underway.items, func(it exportItem) bool { return it.ID == id }) || underway.next == nil {
+		t.Fatalf("the first page of 10 holds %v, cursor %v; want the first active item %s and a next page", idsOf(underway.items), underway.next, id)
+	}
 
 	sale := func(op, idempotencyKey string) map[string]any {
 		t.Helper()
@@ -330,7 +335,14 @@ func checkSaleReachesEveryConsumer(t *testing.T, s *stack, fx fixture, pool *pgx
 			synced := syncAll(t, s, key, url.Values{"updated_after": {checkpoint}, "lang": {"UKR"}})
 			i := slices.IndexFunc(synced, func(it exportItem) bool { return it.ID == id })
 			if i < 0 || synced[i].Status != st.status || synced[i].StockQuantity != st.stock {
-				t.Errorf("after %s, consumer %d's sync from %s read %v, want %s %s with stock %d", st.op, n+1, checkpoint, synced, id, st.status, st.stock)
+				t.Errorf("after %s, consumer %d's sync from %s read %v, want %s %s with stock %d", st.op, n+1, checkpoint, idsOf(synced), id, st.status, st.stock)
+			}
+		}
+		if st.op == "confirm" { // the sync under way reads the item again, sold: it moved behind the cursor
+			rest := syncAll(t, s, consumers[0], url.Values{"limit": {"10"}, "cursor": {*underway.next}})
+			i := slices.IndexFunc(rest, func(it exportItem) bool { return it.ID == id })
+			if i < 0 || rest[i].Status != "inactive" || rest[i].StockQuantity != 0 {
+				t.Errorf("the sync under way read on after the confirm: %v, want %s again, inactive with stock 0", idsOf(rest), id)
 			}
 		}
 		// The status filter reads the exported status, the sale's included.
