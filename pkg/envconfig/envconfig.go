@@ -119,8 +119,11 @@ func (r *Reader) Addr(name, def string) string {
 // address's port 8080, IPv4's and IPv6's alike, so each collides with
 // 127.0.0.1:8080 and [::1]:8080: Go's net.Listen("tcp", …) opens one
 // dual-stack socket on [::] for either wildcard, 0.0.0.0 included
-// (golang/go#9334). Port 0 (the system picks one) never collides, and host
-// names are compared as written, not resolved.
+// (golang/go#9334). Port 0 (the system picks one) never collides.
+// "localhost" counts as 127.0.0.1 and [::1] both: Go's listener looks it
+// up in /etc/hosts (127.0.0.1 on most hosts, ::1 on some), so either may
+// be the one it takes. Other host names are compared as written, not
+// resolved: looking them up at start could ask DNS.
 func (r *Reader) SeparateListeners(nameA, addrA, nameB, addrB string) {
 	if listenersCollide(addrA, addrB) {
 		r.Failf("%s and %s must be different listening addresses (got %s and %s: the same port of the same host)",
@@ -142,7 +145,8 @@ func listenersCollide(a, b string) bool {
 		return false
 	}
 	ka, kb := listenHost(hostA), listenHost(hostB)
-	return ka.everyAddress || kb.everyAddress || ka.host == kb.host
+	return ka.everyAddress || kb.everyAddress || ka.host == kb.host ||
+		ka.host == localhost && kb.loopback() || kb.host == localhost && ka.loopback()
 }
 
 // listenKind is what a listening address's host takes.
@@ -150,6 +154,12 @@ type listenKind struct {
 	everyAddress bool   // "", "0.0.0.0", "::": every address, IPv4 and IPv6
 	host         string // the address in canonical form, or the name in lower case
 }
+
+// localhost is the one name listenHost reads: the loopback addresses'.
+const localhost = "localhost"
+
+// loopback reports whether k is an address localhost may stand for.
+func (k listenKind) loopback() bool { return k.host == "127.0.0.1" || k.host == "::1" }
 
 func listenHost(host string) listenKind {
 	if host == "" {

@@ -190,8 +190,15 @@ func TestSeparateListeners(t *testing.T) {
 		{"0.0.0.0:8080", "[::1]:8080", true}, // Go listens on [::] for 0.0.0.0
 		{"[::1]:8080", "[::ffff:0.0.0.0]:8080", true},
 		{"127.0.0.1:8080", "[::1]:8080", false},
-		{"127.0.0.1:0", "127.0.0.1:0", false},       // the system picks two ports
-		{"localhost:8080", "127.0.0.1:8080", false}, // names are not resolved
+		{"127.0.0.1:0", "127.0.0.1:0", false}, // the system picks two ports
+		// localhost is what /etc/hosts says: 127.0.0.1 (Go's listener takes
+		// it first, and binding 127.0.0.1:8080 after it failed "address
+		// already in use"), or ::1 on some hosts.
+		{"localhost:8080", "127.0.0.1:8080", true},
+		{"[::1]:8080", "LOCALHOST:8080", true},
+		{"localhost:8080", "127.0.0.2:8080", false},
+		{"localhost:8080", "localhost:9080", false},
+		{"myhost:8080", "127.0.0.1:8080", false}, // other names are not resolved (DNS)
 	}
 	for _, tt := range tests {
 		r := New(env(nil))

@@ -567,23 +567,29 @@ func TestRunScriptNamesATakenAddress(t *testing.T) {
 // Two listeners of the stack given one port stop make run before it
 // starts anything, naming both settings: each was free, so the check of
 // taken addresses let them pass, and the second binary to start failed to
-// listen once the stack had begun.
+// listen once the stack had begun. localhost is 127.0.0.1 there (Go's
+// listener takes /etc/hosts' IPv4 address first).
 func TestRunScriptNamesTwoListenersOfOnePort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and Redis")
 	}
 	t.Parallel()
-	s, env := prepareRunScript(t, "")
-	shared := testenv.FreeAddr(t)
-	port := shared[strings.LastIndexByte(shared, ':')+1:]
-	s.launch(t, append(env, "EXPORT_READER_ADMIN_ADDR="+shared, "SALES_WRITER_ADDR=:"+port)) // the last wins
-	s.waitFor(t, "EXPORT_READER_ADMIN_ADDR ("+shared+") and SALES_WRITER_ADDR (:"+port+") take the same port")
-	s.waitExit(t)
-	if code := s.cmd.ProcessState.ExitCode(); code == 0 {
-		t.Error("make run refused two listeners of one port with status 0")
-	}
-	if started, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid")); len(started) > 0 {
-		t.Errorf("make run refused two listeners of one port after it started %v", started)
+	for _, host := range []string{"", "LocalHost"} {
+		t.Run("host="+host, func(t *testing.T) {
+			t.Parallel()
+			s, env := prepareRunScript(t, "")
+			shared := testenv.FreeAddr(t) // 127.0.0.1:port
+			other := host + shared[strings.LastIndexByte(shared, ':'):]
+			s.launch(t, append(env, "EXPORT_READER_ADMIN_ADDR="+shared, "SALES_WRITER_ADDR="+other)) // the last wins
+			s.waitFor(t, "EXPORT_READER_ADMIN_ADDR ("+shared+") and SALES_WRITER_ADDR ("+other+") take the same port")
+			s.waitExit(t)
+			if code := s.cmd.ProcessState.ExitCode(); code == 0 {
+				t.Error("make run refused two listeners of one port with status 0")
+			}
+			if started, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid")); len(started) > 0 {
+				t.Errorf("make run refused two listeners of one port after it started %v", started)
+			}
+		})
 	}
 }
 
