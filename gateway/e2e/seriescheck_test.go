@@ -103,6 +103,10 @@ func (e exposure) add(f *dto.MetricFamily) {
 // "Service label" variable and the alerts name it).
 var targetLabels = setOf("job", "instance", "app")
 
+// scrapeSeries are the series Prometheus writes of each scrape itself, with
+// the target's labels alone: up is 0 when the target did not answer.
+var scrapeSeries = setOf("up")
+
 // value is what an expression evaluates to, as far as labels go: a scalar,
 // or series carrying labels. A label in doubt is left out of labels, so
 // that a query relying on it fails the check instead of passing it.
@@ -178,6 +182,9 @@ func (c *queryCheck) selector(s *metricsql.MetricExpr) value {
 	}
 	metric, matchers := s.LabelFilterss[0][0].Value, s.LabelFilterss[0][1:]
 	values, ok := c.exposed[metric]
+	if scrapeSeries[metric] {
+		values, ok = labelValues{}, true
+	}
 	if !ok {
 		c.problem("no binary exposes %s", metric)
 		return value{unexposed: true}
