@@ -48,6 +48,7 @@ func TestCheckQuery(t *testing.T) {
 		{`avg_over_time(max(instances)[30m:1m])`, ""},
 		{`req_total{route=~"(GET|HEAD) /health|x", code!~"[0-9]xx"}`, ""},
 		{`req_total{route=~".*", job="any", app=~"any|other"}`, ""}, // the scrape's labels: any value
+		{`sum by (namespace, route) (rate(req_total{namespace="prod"}[5m]))`, ""},
 		{`up{app=~"reader|writer"} == 0 or up{job="reader"} == 0`, ""}, // the scrape's own series
 		{`up{route="x"} == 0`, "up has no label route"},
 

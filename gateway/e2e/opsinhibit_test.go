@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,9 +27,11 @@ type inhibitRule struct {
 // checkInhibitRules returns what the inhibit rules of path get wrong
 // about the alert rules, given each alert's queries: an alert name no
 // rule of alerts.yml has (the rule would never inhibit, or never be
-// inhibited), or an equal label an alert's result lacks (Alertmanager then
+// inhibited), an equal label an alert's result lacks (Alertmanager then
 // compares the label's absence, so the rule inhibits across every
-// upstream, or never).
+// upstream, or never), or a label both a source and a target alert carry
+// that equal leaves out (one namespace's upstream down would hold back
+// another namespace's warnings of that upstream).
 func checkInhibitRules(t *testing.T, path string, alerts map[string]opsQuery, labelsOf func(opsQuery) labelSet) []string {
 	t.Helper()
 	raw, err := os.ReadFile(path)
@@ -45,21 +49,37 @@ func checkInhibitRules(t *testing.T, path string, alerts map[string]opsQuery, la
 	}
 	var problems []string
 	for i, rule := range file.InhibitRules {
-		for _, matcher := range append(rule.SourceMatchers, rule.TargetMatchers...) {
-			names, err := alertNames(matcher)
-			if err != nil {
-				problems = append(problems, fmt.Sprintf("inhibit rule %d: %v", i, err))
-			}
-			for _, name := range names {
-				q, ok := alerts[name]
-				if !ok {
-					problems = append(problems, fmt.Sprintf("inhibit rule %d names alert %s, which alerts.yml has not", i, name))
-					continue
+		named := func(matchers []string) []string {
+			var known []string
+			for _, matcher := range matchers {
+				names, err := alertNames(matcher)
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("inhibit rule %d: %v", i, err))
 				}
-				labels := labelsOf(q)
-				for _, label := range rule.Equal {
-					if !labels[label] {
-						problems = append(problems, fmt.Sprintf("inhibit rule %d: equal label %s is not on alert %s (its labels: %s)", i, label, name, labels))
+				for _, name := range names {
+					q, ok := alerts[name]
+					if !ok {
+						problems = append(problems, fmt.Sprintf("inhibit rule %d names alert %s, which alerts.yml has not", i, name))
+						continue
+					}
+					known = append(known, name)
+					labels := labelsOf(q)
+					for _, label := range rule.Equal {
+						if !labels[label] {
+							problems = append(problems, fmt.Sprintf("inhibit rule %d: equal label %s is not on alert %s (its labels: %s)", i, label, name, labels))
+						}
+					}
+				}
+			}
+			return known
+		}
+		sources, targets := named(rule.SourceMatchers), named(rule.TargetMatchers)
+		for _, source := range sources {
+			for _, target := range targets {
+				shared := labelsOf(alerts[source]).intersect(labelsOf(alerts[target]))
+				for _, label := range slices.Sorted(maps.Keys(shared.minus(rule.Equal...))) {
+					if !alerts[source].own[label] && !alerts[target].own[label] { // severity differs by design
+						problems = append(problems, fmt.Sprintf("inhibit rule %d: alerts %s and %s both carry %s, which equal leaves out: an alert of one %s holds back those of every other", i, source, target, label, label))
 					}
 				}
 			}
