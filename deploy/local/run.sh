@@ -56,6 +56,15 @@ stop_leftovers() {
 }
 [ ! -f "$state/pids" ] || stop_leftovers
 
+# Each make run starts its logs and spans afresh and keeps the last run's
+# once, as NAME.1 (make trace reads traces.jsonl.1 too): appended run
+# after run, they only grew (a run under load writes about 1 GB an hour,
+# README). Within a run nothing caps them. After stop_leftovers: a binary
+# left running would write on in the .1.
+for f in "$state"/logs/*.log "$state/traces.jsonl"; do
+  [ ! -f "$f" ] || mv -f "$f" "$f.1"
+done
+
 # Secrets are made once per .run/ so cursors and signatures survive restarts.
 if [ ! -f "$state/secrets" ]; then
   umask 077

@@ -593,6 +593,34 @@ func TestRunScriptNamesTwoListenersOfOnePort(t *testing.T) {
 	}
 }
 
+// A make run's logs and spans start afresh, the last run's kept once as
+// NAME.1: appended run after run, they only grew.
+func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	files := []string{".run/logs/gateway.log", ".run/logs/export-reader.log", ".run/traces.jsonl"}
+	must(t, os.MkdirAll(filepath.Join(s.root, ".run/logs"), 0o755))
+	for _, f := range files {
+		must(t, os.WriteFile(filepath.Join(s.root, f), []byte("the last run's\n"), 0o644))
+		must(t, os.WriteFile(filepath.Join(s.root, f+".1"), []byte("the run before\n"), 0o644))
+	}
+	s.launch(t, env)
+	s.waitFor(t, "Ctrl-C stops everything.")
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	for _, f := range files {
+		if now, err := os.ReadFile(filepath.Join(s.root, f)); err == nil && (strings.Contains(string(now), "the last run's") || strings.Contains(string(now), "the run before")) {
+			t.Errorf("%s after a make run = %q, want this run's lines alone", f, now)
+		}
+		if kept, err := os.ReadFile(filepath.Join(s.root, f+".1")); err != nil || string(kept) != "the last run's\n" {
+			t.Errorf("%s.1 after a make run = %q (%v), want the last run's lines", f, kept, err)
+		}
+	}
+}
+
 // A .run/demo.env kept while the database went (.run/pg deleted alone)
 // names an owner the new database lacks: make run makes the demo data
 // anew, where it said "Stack is up" with no demo data and keys that

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -102,6 +103,8 @@ func serve(ctx context.Context, addr, file string, logs io.Writer) error {
 
 var traceIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
+// show prints the trace of requestID from file and from file.1, the spans
+// of the make run before, which make run keeps once when it starts.
 func show(w io.Writer, file, requestID string) error {
 	// A request id quoted in a ticket often comes back upper-cased, or
 	// with the spaces a copy picked up; hex reads the same either way.
@@ -109,9 +112,27 @@ func show(w io.Writer, file, requestID string) error {
 	if !traceIDPattern.MatchString(requestID) {
 		return fmt.Errorf("%q is not a request id (32 hex characters)", requestID)
 	}
-	f, err := os.Open(file)
+	last, err := spansOf(file+".1", requestID)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	spans, err := spansOf(file, requestID)
 	if err != nil {
 		return err
+	}
+	spans = append(last, spans...)
+	if len(spans) == 0 {
+		return fmt.Errorf("no spans for request id %s in %s (spans are exported in batches: retry in a few seconds)", requestID, file)
+	}
+	tracestore.WriteTree(w, spans)
+	return nil
+}
+
+// spansOf returns the spans of the trace traceID in file.
+func spansOf(file, traceID string) ([]tracestore.Span, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
 	}
 	defer f.Close()
 	var spans []tracestore.Span
@@ -119,16 +140,9 @@ func show(w io.Writer, file, requestID string) error {
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		var sp tracestore.Span
-		if json.Unmarshal(sc.Bytes(), &sp) == nil && sp.TraceID == requestID {
+		if json.Unmarshal(sc.Bytes(), &sp) == nil && sp.TraceID == traceID {
 			spans = append(spans, sp)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	if len(spans) == 0 {
-		return fmt.Errorf("no spans for request id %s in %s (spans are exported in batches: retry in a few seconds)", requestID, file)
-	}
-	tracestore.WriteTree(w, spans)
-	return nil
+	return spans, sc.Err()
 }

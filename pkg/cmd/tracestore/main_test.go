@@ -40,6 +40,28 @@ func TestShowReadsARequestIDAsQuoted(t *testing.T) {
 	}
 }
 
+// make run keeps the last run's spans once, as traces.jsonl.1: make trace
+// finds a request of that run there, and of this one in traces.jsonl.
+func TestShowReadsTheLastRunsSpansToo(t *testing.T) {
+	span := func(traceID, name string) string {
+		return `{"trace_id":"` + traceID + `","span_id":"00f067aa0ba902b7","service":"gateway","name":"` + name + `","kind":"server","start":"2026-11-22T04:00:00Z","duration_ms":1.5}` + "\n"
+	}
+	const last, now = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
+	file := filepath.Join(t.TempDir(), "traces.jsonl")
+	if err := os.WriteFile(file+".1", []byte(span(last, "GET /v1/export/items")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(span(now, "GET /v1/health")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{last: "GET /v1/export/items", now: "GET /v1/health"} {
+		var out bytes.Buffer
+		if err := show(&out, file, id); err != nil || !strings.Contains(out.String(), want) {
+			t.Errorf("show(%s) = %v, output %q; want the trace of %s", id, err, out.String(), want)
+		}
+	}
+}
+
 // An export still being received when serve is told to stop (the last
 // batch a stopping binary flushes) is written before serve returns: Serve
 // returns as Shutdown begins, and returning then closed the span file
