@@ -85,6 +85,14 @@ func RandomRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// panicMessage is the message of the 500 answered for a panicking handler.
+func (s *Server) panicMessage() string {
+	if s.cfg.PanicMessage != "" {
+		return s.cfg.PanicMessage
+	}
+	return "internal error"
+}
+
 // dispatch verifies the caller, routes, and records the outcome.
 func (s *Server) dispatch() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -100,7 +108,7 @@ func (s *Server) dispatch() http.Handler {
 				s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
 				if !rec.wroteHeader {
-					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", "internal error", RequestID(r))
+					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", s.panicMessage(), RequestID(r))
 				}
 			}
 			s.observe(r, route, rec, time.Since(start))

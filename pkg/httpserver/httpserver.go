@@ -40,6 +40,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// TracerProvider makes the server spans; nil means the global one.
 	TracerProvider trace.TracerProvider
+	// PanicMessage is the message of the 500 answered for a handler that
+	// panicked; "internal error" when empty. A service whose calls change
+	// state says how to retry one that may have been done (sales-writer).
+	PanicMessage string
 }
 
 // Server is a service's HTTP server.

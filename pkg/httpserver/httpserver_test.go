@@ -776,6 +776,35 @@ func waitListening(t *testing.T, addr string) {
 	t.Fatalf("%s never listened", addr)
 }
 
+// A panicking handler's 500 carries the service's PanicMessage when it has
+// one (sales-writer's says how to retry a sale that may have been
+// applied), and "internal error" when not.
+func TestPanicMessage(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for configured, want := range map[string]string{"": "internal error", "retry with the same key": "retry with the same key"} {
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST /v1/boom", func(w http.ResponseWriter, r *http.Request) { panic("boom") })
+		srv := New(Config{Service: "test", Log: slog.New(slog.DiscardHandler), Signer: signer, PanicMessage: configured}, mux)
+		ts := httptest.NewServer(srv.Handler())
+		req, _ := http.NewRequest("POST", ts.URL+"/v1/boom", nil)
+		signAsReader(signer, req)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env envelope.Parsed
+		decodeErr := json.NewDecoder(resp.Body).Decode(&env)
+		resp.Body.Close()
+		ts.Close()
+		if decodeErr != nil || resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" || env.Error.Message != want {
+			t.Errorf("panic with PanicMessage %q = %d %+v (%v), want 500 internal_error %q", configured, resp.StatusCode, env.Error, decodeErr, want)
+		}
+	}
+}
+
 // Error answers are counted by their code, and recovered panics on their
 // own: an alert can tell a run of invalid_cursor, or a bug, from other
 // 4xx and 5xx.

@@ -98,6 +98,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		Log:       log,
 		Signer:    signer,
 		Ready:     readiness.Ready,
+		// A sale that panicked may have been applied: its 500 says how to
+		// retry it, as the writer's own 500s do.
+		PanicMessage: api.InternalErrorMessage,
 	}, mux)
 	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)

@@ -177,10 +177,16 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	// by its request id. Whether the sale was applied is not known here,
 	// so the answer says how to retry it safely, as every 503 does.
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
-	envelope.WriteError(w, http.StatusInternalServerError, "internal_error",
-		"internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", requestID)
+	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", InternalErrorMessage, requestID)
 	return "internal_error"
 }
+
+// InternalErrorMessage is the message of every 500 of the writer, a failure
+// nobody foresaw or a handler's panic (httpserver.Config.PanicMessage):
+// spec 7's 500 is retried with backoff and reported by its request id, and
+// as the platform cannot know whether the sale was applied, it says how to
+// retry it safely, as every 503 of the writer does.
+const InternalErrorMessage = "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
 
 // applied says what a call that failed for want of the database did: when
 // no statement reached it (postgres.NothingSent), nothing; else the sale
