@@ -76,19 +76,49 @@ func poolerError(pgErr *pgconn.PgError) bool {
 }
 
 // poolerWaiting reports whether err is a pooler's word that PostgreSQL is
-// not there behind it: PgBouncer could not open a server connection within
-// its query_wait_timeout, or could not connect at all. A stack started
-// together starts PgBouncer before PostgreSQL is up, and a binary stopped
-// there at once, as for a wrong setting, when PgBouncer's
-// query_wait_timeout was shorter than the 10 s Open waits for its ping
-// (with the default, 120 s, the ping timed out first and it waited).
-// PostgreSQL refusing PgBouncer's login ("server login has been failing")
-// is left out: without a pooler, a refused password is not waited for
-// either.
+// not there behind it yet: down, or starting up. A stack started together
+// starts PgBouncer before PostgreSQL is up, and a binary stopped there at
+// once, as for a wrong setting, where without the pooler it waits for the
+// same PostgreSQL. PostgreSQL refusing PgBouncer's login (a password, a
+// role, a database) is left out: without a pooler, that is not waited for
+// either (notThereYet lists what is).
 func poolerWaiting(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && poolerError(pgErr) &&
-		(pgErr.Message == "query_wait_timeout" || strings.Contains(pgErr.Message, "cannot connect to server"))
+	if !errors.As(err, &pgErr) || !poolerError(pgErr) {
+		return false
+	}
+	for _, words := range notThereYet {
+		if strings.Contains(pgErr.Message, words) {
+			return true
+		}
+	}
+	return false
+}
+
+// notThereYet are the words of PgBouncer's errors that say PostgreSQL is
+// down or starting up behind it. Each release words it its own way, and
+// sends it as 08P01 like every error of its own:
+//   - query_wait_timeout: no server connection within it (1.18 waits so
+//     while PostgreSQL refuses its connections; with the default 120 s,
+//     Open's ping times out first);
+//   - PostgreSQL's own refusal of a connection while it starts, recovers
+//     or shuts down (SQLSTATE 57P03, "the database system is starting up",
+//     "... is not yet accepting connections", "... is in recovery mode"),
+//     which 1.18 passes on with 08P01 in place of 57P03, and 1.24 and
+//     later quote after "server login has been failing, cached error: ";
+//   - 1.24 and later's "cached error" of a server it could not connect to
+//     (connect failed, connect timeout, server DNS lookup failed);
+//   - releases before 1.18's "pgbouncer cannot connect to server".
+//
+// 1.22 and 1.23 say "server login has been failing, try again later"
+// whether PostgreSQL is down or refuses the login, so it is not waited for.
+var notThereYet = []string{
+	"query_wait_timeout",
+	"the database system is ",
+	"cached error: connect failed",
+	"cached error: connect timeout",
+	"cached error: server DNS lookup failed",
+	"cannot connect to server",
 }
 
 // fromPooler is poolerError for any error that holds a server error.

@@ -51,6 +51,35 @@ func TestUnreachableClassifiesErrors(t *testing.T) {
 	}
 }
 
+// Behind PgBouncer, what says that PostgreSQL is down or starting is
+// waited for at start, in the words of each release (notThereYet; 1.18's
+// are also met for real in TestOpenWhenReachedWaitsBehindAPooler*), and
+// what says it refuses the pooler's login or the pooler's own setting is
+// not.
+func TestNotReachedYetReadsPgBouncersWords(t *testing.T) {
+	for _, tc := range []struct {
+		message string
+		want    bool
+	}{
+		{"query_wait_timeout", true},
+		{"the database system is starting up", true},
+		{"the database system is not yet accepting connections", true},
+		{"server login has been failing, cached error: connect failed (server_login_retry)", true},
+		{"server login has been failing, cached error: the database system is starting up (server_login_retry)", true},
+		{"pgbouncer cannot connect to server", true},
+		{"server login has been failing, try again later (server_login_retry)", false},
+		{`server login has been failing, cached error: password authentication failed for user "svc" (server_login_retry)`, false},
+		{`database "exportsvc" does not exist`, false},
+		{"no such database: exportsvc", false},
+		{"unsupported startup parameter: jit", false},
+	} {
+		err := fmt.Errorf("ping: %w", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: tc.message})
+		if got := postgres.NotReachedYet(err); got != tc.want {
+			t.Errorf("NotReachedYet(PgBouncer: %q) = %v, want %v", tc.message, got, tc.want)
+		}
+	}
+}
+
 // What pgx returns when the server is not there, and when the server ends
 // the session under a pool's feet, is read as unreachable.
 func TestUnreachableOnRealFailures(t *testing.T) {
