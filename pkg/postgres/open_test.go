@@ -120,59 +120,65 @@ func TestOpenWhenReachedWaitsBehindAPooler(t *testing.T) {
 	}
 }
 
-// PostgreSQL that is up but still starting (or recovering) refuses each
-// connection with 57P03, which OpenWhenReached waits on without a pooler.
-// PgBouncer 1.18 passes that refusal on as its own 08P01, and the binary
-// stopped at once, as for a wrong setting, whenever the stack started
-// together met PostgreSQL in that state. It now waits there too; a login
-// PostgreSQL refuses behind the pooler (here a database it does not have)
-// still stops it at once.
-func TestOpenWhenReachedWaitsBehindAPoolerForAStartingPostgreSQL(t *testing.T) {
+// PostgreSQL that is up but not ready refuses each new connection: while
+// it starts or recovers (57P03), or with every slot taken (53300).
+// OpenWhenReached waits on both without a pooler; PgBouncer 1.18 passes
+// the refusal on as its own 08P01, and the binary stopped at once, as for
+// a wrong setting, whenever a stack started together met PostgreSQL so. It
+// now waits there too; a login PostgreSQL refuses behind the pooler (here
+// a database it does not have) still stops it at once.
+func TestOpenWhenReachedWaitsBehindAPoolerForAPostgreSQLNotReady(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs testenv.Output
-	started := func() bool { return strings.Contains(logs.String(), "the database system is starting up") }
-	addr := startingUntil(t, started, filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port)))
-	host, port, _ := net.SplitHostPort(addr)
-	pooled := testenv.PgBouncer(t, fmt.Sprintf("%s host=%s port=%s", dsn, host, port), "session",
-		"server_login_retry = 1", "ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := postgres.OpenWhenReached(ctx, pooled, slog.New(slog.NewJSONHandler(&logs, nil)))
-	if err != nil {
-		t.Fatalf("OpenWhenReached(PgBouncer before a starting PostgreSQL) = %v, want it to wait; log:\n%s", err, logs.String())
+	socket := filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	for _, refusal := range []*pgproto3.ErrorResponse{
+		{Severity: "FATAL", Code: "57P03", Message: "the database system is starting up", Routine: "ProcessStartupPacket"},
+		{Severity: "FATAL", Code: "53300", Message: "sorry, too many clients already", Routine: "InitProcess"},
+	} {
+		t.Run(refusal.Code, func(t *testing.T) {
+			var logs testenv.Output
+			ready := func() bool { return strings.Contains(logs.String(), refusal.Message) }
+			host, port, _ := net.SplitHostPort(refusingUntil(t, refusal, ready, socket))
+			pooled := testenv.PgBouncer(t, fmt.Sprintf("%s host=%s port=%s", dsn, host, port), "session",
+				"server_login_retry = 1", "ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pool, err := postgres.OpenWhenReached(ctx, pooled, slog.New(slog.NewJSONHandler(&logs, nil)))
+			if err != nil {
+				t.Fatalf("OpenWhenReached(PgBouncer before PostgreSQL refusing %q) = %v, want it to wait; log:\n%s", refusal.Message, err, logs.String())
+			}
+			pool.Close()
+		})
 	}
-	pool.Close()
 
 	refusing := testenv.PgBouncer(t, dsn+" dbname=no_such_database_here", "session",
 		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
-	_, err = postgres.OpenWhenReached(ctx, refusing, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	_, err = postgres.OpenWhenReached(context.Background(), refusing, slog.New(slog.NewJSONHandler(io.Discard, nil)))
 	if err == nil || errors.Is(err, postgres.ErrStopped) {
 		t.Errorf("OpenWhenReached(PgBouncer before an unknown database) = %v, want the refusal at once", err)
 	}
 }
 
-// startingUntil serves a loopback port where a PostgreSQL still starting
-// would: it refuses each connection's startup with 57P03, as PostgreSQL
-// does then, until started reports true, and from then on forwards
-// connections to the PostgreSQL at socket.
-func startingUntil(t *testing.T, started func() bool, socket string) string {
+// refusingUntil serves a loopback port where a PostgreSQL not ready would:
+// it answers each connection's startup with refusal, as PostgreSQL does
+// then, until ready reports true, and from then on forwards connections
+// to the PostgreSQL at socket.
+func refusingUntil(t *testing.T, refusal *pgproto3.ErrorResponse, ready func() bool, socket string) string {
 	t.Helper()
 	return testenv.ServeConns(t, func(c net.Conn) {
-		if started() {
+		if ready() {
 			forward(c, socket)
 			return
 		}
-		refuseAsStarting(c)
+		refuseStartup(c, refusal)
 	})
 }
 
-// refuseAsStarting answers a connection's startup as PostgreSQL does while
-// it starts.
-func refuseAsStarting(c net.Conn) {
+// refuseStartup answers a connection's startup with refusal.
+func refuseStartup(c net.Conn, refusal *pgproto3.ErrorResponse) {
 	backend := pgproto3.NewBackend(c, c)
 	for {
 		msg, err := backend.ReceiveStartupMessage()
@@ -185,8 +191,7 @@ func refuseAsStarting(c net.Conn) {
 			}
 			continue
 		}
-		backend.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: "57P03",
-			Message: "the database system is starting up", Routine: "ProcessStartupPacket"})
+		backend.Send(refusal)
 		_ = backend.Flush()
 		return
 	}

@@ -76,7 +76,7 @@ func poolerError(pgErr *pgconn.PgError) bool {
 }
 
 // poolerWaiting reports whether err is a pooler's word that PostgreSQL is
-// not there behind it yet: down, or starting up. A stack started together
+// not there behind it yet: down, starting up, or full. A stack started together
 // starts PgBouncer before PostgreSQL is up, and a binary stopped there at
 // once, as for a wrong setting, where without the pooler it waits for the
 // same PostgreSQL. PostgreSQL refusing PgBouncer's login (a password, a
@@ -96,8 +96,10 @@ func poolerWaiting(err error) bool {
 }
 
 // notThereYet are the words of PgBouncer's errors that say PostgreSQL is
-// down or starting up behind it. Each release words it its own way, and
-// sends it as 08P01 like every error of its own:
+// down, starting up or full behind it: what Unreachable reads in
+// PostgreSQL's own errors, and OpenWhenReached waits on without a pooler.
+// Each release words it its own way, and sends it as 08P01 like every
+// error of its own:
 //   - query_wait_timeout: no server connection within it (1.18 waits so
 //     while PostgreSQL refuses its connections; with the default 120 s,
 //     Open's ping times out first);
@@ -106,6 +108,9 @@ func poolerWaiting(err error) bool {
 //     "... is not yet accepting connections", "... is in recovery mode"),
 //     which 1.18 passes on with 08P01 in place of 57P03, and 1.24 and
 //     later quote after "server login has been failing, cached error: ";
+//   - PostgreSQL's refusal for want of a connection slot (53300, "sorry,
+//     too many clients already", "remaining connection slots are
+//     reserved ..."), passed on or quoted alike;
 //   - 1.24 and later's "cached error" of a server it could not connect to
 //     (connect failed, connect timeout, server DNS lookup failed);
 //   - releases before 1.18's "pgbouncer cannot connect to server".
@@ -115,6 +120,8 @@ func poolerWaiting(err error) bool {
 var notThereYet = []string{
 	"query_wait_timeout",
 	"the database system is ",
+	"sorry, too many clients already",
+	"remaining connection slots are reserved",
 	"cached error: connect failed",
 	"cached error: connect timeout",
 	"cached error: server DNS lookup failed",

@@ -64,6 +64,8 @@ func TestNotReachedYetReadsPgBouncersWords(t *testing.T) {
 		{"query_wait_timeout", true},
 		{"the database system is starting up", true},
 		{"the database system is not yet accepting connections", true},
+		{"sorry, too many clients already", true},
+		{"remaining connection slots are reserved for non-replication superuser connections", true},
 		{"server login has been failing, cached error: connect failed (server_login_retry)", true},
 		{"server login has been failing, cached error: the database system is starting up (server_login_retry)", true},
 		{"pgbouncer cannot connect to server", true},
