@@ -76,14 +76,20 @@ func newTimedHandler(t testing.TB, db *pgxpool.Pool, retention time.Duration, lo
 // test that reads its metrics too.
 func newServer(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.Writer, queryTimeout time.Duration) *httpserver.Server {
 	t.Helper()
+	return newServerOf(t, sales.NewWriter(db, retention), logs, queryTimeout)
+}
+
+// newServerOf is newServer around writer, built as run builds it.
+func newServerOf(t testing.TB, writer *sales.Writer, logs io.Writer, queryTimeout time.Duration) *httpserver.Server {
+	t.Helper()
 	signer, err := identity.NewSigner(testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
-	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
-	Routes(mux, sales.NewWriter(db, retention), log, srv.Registry(), queryTimeout)
+	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer, PanicMessage: InternalErrorMessage}, mux)
+	Routes(mux, writer, log, srv.Registry(), queryTimeout)
 	return srv
 }
 

@@ -613,6 +613,20 @@ func TestUnforeseenFailureSaysHowToRetry(t *testing.T) {
 	confirmed(t, f, "key-confirm")
 }
 
+// A panic in a sale call (a bug: here a writer that is nil) is answered,
+// by the server's recovery, with the same 500 as any unforeseen error: a
+// panic after the commit leaves the sale applied, and the answer said only
+// "internal error".
+func TestPanicSaysHowToRetry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.handler = newServerOf(t, nil, io.Discard, 10*time.Second).Handler()
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
+	if rec.Code != http.StatusInternalServerError || errorCode(env) != "internal_error" || env.Error.Message != InternalErrorMessage {
+		t.Errorf("confirm that panics = %d %q %q, want 500 internal_error with the message of the writer's 500s", rec.Code, errorCode(env), env.Error.Message)
+	}
+}
+
 // A sale on a read-only database (a failover sent the writer to a standby,
 // or the primary is fenced with default_transaction_read_only: SQLSTATE
 // 25006) is 503 unavailable with Retry-After, not 500, and applies nothing:
