@@ -250,6 +250,11 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		// PostgreSQL was reached, and without quoting the URL.
 		{"bad redis url", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
 			"REDIS_URL": "redis-host:6379"}, "REDIS_URL must be a redis://, rediss:// or unix:// URL"},
+		// A redis:// URL whose port cannot be is not told it is no redis://
+		// URL (what a redis://redis:99999 that ran before the port was
+		// checked read on upgrading), nor quoted.
+		{"redis url with a port out of range", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",
+			"REDIS_URL": "redis://redis-host:99999"}, "REDIS_URL must have a port from 1 to 65535"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

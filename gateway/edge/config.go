@@ -135,7 +135,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	r.SeparateListeners("GATEWAY_ADDR", cfg.Addr, "GATEWAY_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
 	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
-	r.Check(redisclient.ValidURL(cfg.RedisURL), "REDIS_URL must be a redis://, rediss:// or unix:// URL")
+	redisProblem := redisclient.URLProblem(cfg.RedisURL)
+	r.Check(redisProblem == "", "REDIS_URL "+redisProblem)
 	cfg.GC.Check(r)
 	// Only signed with here: IDENTITY_SECRET_PREVIOUS is for the services.
 	cfg.IdentitySecret = r.SigningSecret("IDENTITY_SECRET")

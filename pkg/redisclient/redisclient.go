@@ -32,23 +32,28 @@ func Describe(rawURL string) string {
 	return fmt.Sprintf("%s %s db %d", opts.Network, opts.Addr, opts.DB)
 }
 
-// ValidURL reports whether url reads as a Redis URL (redis://, rediss://
-// or unix://), for a binary's configuration to name the variable that
-// holds a bad one with its other problems, before anything starts. A TCP
-// port must be one from 1 to 65535: go-redis takes any digits, and
-// redis://redis:99999 only failed each dial, every rate limit falling back
-// in-process, while the configuration had been accepted.
-func ValidURL(url string) bool {
+// URLProblem says what is wrong with a Redis URL, "" when nothing is, for
+// a binary's configuration to name the variable that holds a bad one with
+// its other problems, before anything starts: it is not a Redis URL
+// (redis://, rediss:// or unix://), or its TCP port is not one from 1 to
+// 65535 (go-redis takes any digits, and redis://redis:99999 only failed
+// each dial, every rate limit falling back in-process, while the
+// configuration had been accepted). It never quotes the URL, nor its port:
+// a password with an unescaped "#", "?" or "/" puts part of itself there.
+func URLProblem(url string) string {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
-		return false
+		return "must be a redis://, rediss:// or unix:// URL"
 	}
 	if opts.Network != "tcp" {
-		return true
+		return ""
 	}
 	_, port, err := net.SplitHostPort(opts.Addr)
 	n, perr := strconv.ParseUint(port, 10, 16)
-	return err == nil && perr == nil && n > 0
+	if err != nil || perr != nil || n == 0 {
+		return "must have a port from 1 to 65535"
+	}
+	return ""
 }
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with

@@ -142,15 +142,19 @@ func TestOpenRefusesABadURLWithoutQuotingIt(t *testing.T) {
 	}
 }
 
-func TestValidURL(t *testing.T) {
-	for url, want := range map[string]bool{
-		"redis://127.0.0.1:6379/0": true, "rediss://user:pw@redis:6380/1": true, "unix:///run/redis.sock": true,
-		"redis-host:6379": false, "http://redis:6379": false, "redis://:s3cret@[bad": false, "": false,
-		"redis://redis": true, "redis://[::1]:6379": true,
-		"redis://redis:99999": false, "redis://redis:0": false, "rediss://[::1]:70000/0": false,
+// A URL of another kind and a redis:// URL whose port cannot be are told
+// apart: the latter read "must be a redis://, rediss:// or unix:// URL",
+// and the operator looked at a redis:// URL.
+func TestURLProblem(t *testing.T) {
+	const notRedis, badPort = "must be a redis://, rediss:// or unix:// URL", "must have a port from 1 to 65535"
+	for url, want := range map[string]string{
+		"redis://127.0.0.1:6379/0": "", "rediss://user:pw@redis:6380/1": "", "unix:///run/redis.sock": "",
+		"redis-host:6379": notRedis, "http://redis:6379": notRedis, "redis://:s3cret@[bad": notRedis, "": notRedis,
+		"redis://redis": "", "redis://[::1]:6379": "",
+		"redis://redis:99999": badPort, "redis://redis:0": badPort, "rediss://[::1]:70000/0": badPort,
 	} {
-		if got := ValidURL(url); got != want {
-			t.Errorf("ValidURL(%q) = %v, want %v", url, got, want)
+		if got := URLProblem(url); got != want {
+			t.Errorf("URLProblem(%q) = %q, want %q", url, got, want)
 		}
 	}
 }
