@@ -246,6 +246,11 @@ func TestRunRejectsBadConfig(t *testing.T) {
 			"GATEWAY_ADMIN_ADDR": ":8080"}, "GATEWAY_ADDR and GATEWAY_ADMIN_ADDR must be different listening addresses"},
 		{"bad database url", map[string]string{"DATABASE_URL": "notaurl", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef"},
 			"DATABASE_URL must be a PostgreSQL connection string"},
+		// Key=value pairs with a keyword in capitals are not told they are
+		// none (what a gateway of 2026-11-28 that ran with one read on
+		// upgrading): the keyword is named.
+		{"database url keyword in capitals", map[string]string{"DATABASE_URL": "Host=/tmp dbname=app", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef"},
+			"DATABASE_URL writes the keyword Host, which PostgreSQL reads in lower case only (host)"},
 		// Without a scheme: refused with the other problems, not once
 		// PostgreSQL was reached, and without quoting the URL.
 		{"bad redis url", map[string]string{"DATABASE_URL": "host=/tmp", "IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef",

@@ -134,7 +134,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.SeparateListeners("GATEWAY_ADDR", cfg.Addr, "GATEWAY_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
-	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	if cfg.DatabaseURL != "" {
+		dsnProblem := postgres.DSNProblem(cfg.DatabaseURL)
+		r.Check(dsnProblem == "", "DATABASE_URL "+dsnProblem)
+	}
 	redisProblem := redisclient.URLProblem(cfg.RedisURL)
 	r.Check(redisProblem == "", "REDIS_URL "+redisProblem)
 	cfg.GC.Check(r)

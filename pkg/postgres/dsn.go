@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"regexp"
@@ -77,6 +78,23 @@ func isURL(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
+// DSNProblem says what is wrong with a connection string, "" when nothing
+// is, for a binary's configuration to name the variable that holds a bad
+// one: Open's own error cannot quote it (a password). A connection keyword
+// written in capitals ("Host=db") is named, as written and as pgx reads
+// it: told that key=value pairs are no connection string, an operator
+// looked at key=value pairs. It quotes nothing else of the string (a
+// misspelt URL scheme puts the password in what pgx reads as a keyword).
+func DSNProblem(dsn string) string {
+	if _, err := parseConfig(dsn); err == nil {
+		return ""
+	}
+	if keyword := keywordInCapitals(dsn); keyword != "" {
+		return fmt.Sprintf("writes the keyword %s, which PostgreSQL reads in lower case only (%s)", keyword, strings.ToLower(keyword))
+	}
+	return "must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)"
+}
+
 // errInvalidDSN never quotes the DSN, which can hold a password.
 var errInvalidDSN = errors.New("postgres: invalid connection string")
 
@@ -101,6 +119,27 @@ func parseConfig(dsn string) (*pgxpool.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// keywordInCapitals is a connection keyword dsn writes in another letter
+// case ("Host", "DBNAME"; the first in order when there are several), ""
+// when it writes none or pgx cannot read it at all.
+func keywordInCapitals(dsn string) string {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return ""
+	}
+	var found []string
+	for name := range cfg.ConnConfig.RuntimeParams {
+		if slices.Contains(connectionKeywords, strings.ToLower(name)) {
+			found = append(found, name)
+		}
+	}
+	slices.Sort(found)
+	if len(found) == 0 {
+		return ""
+	}
+	return found[0]
 }
 
 // settingName is the form of a PostgreSQL setting's name: an identifier,

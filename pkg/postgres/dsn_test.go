@@ -70,7 +70,7 @@ func TestDescribeShowsNoPassword(t *testing.T) {
 // session could be one: a misspelt URL scheme (with a query, it reads as
 // keyword/value pairs) or a keyword in another letter case would leave
 // pgx dialling its default host, and the service waiting there for ever.
-func TestValidDSN(t *testing.T) {
+func TestDSNProblemRefusesWhatNoSettingCouldBe(t *testing.T) {
 	for dsn, want := range map[string]bool{
 		"postgres://u:pw@db:5432/app?sslmode=require":          true,
 		"postgresql://u@/app?host=/run/pg":                     true,
@@ -86,8 +86,27 @@ func TestValidDSN(t *testing.T) {
 		"host=db sslmode=":                                     true, // empty: pgx's default
 		"not a connection string":                              false,
 	} {
-		if got := ValidDSN(dsn); got != want {
-			t.Errorf("ValidDSN(%q) = %v, want %v", dsn, got, want)
+		if got := DSNProblem(dsn) == ""; got != want {
+			t.Errorf("DSNProblem(%q) = %q, want it empty: %v", dsn, DSNProblem(dsn), want)
+		}
+	}
+}
+
+// A keyword in capitals is named, as written and as it must be: told that
+// key=value pairs are no connection string, the operator looked at
+// key=value pairs. A misspelt scheme, whose keyword as pgx reads it holds
+// the password, is not quoted.
+func TestDSNProblemNamesAKeywordInCapitals(t *testing.T) {
+	const notOne = "must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)"
+	for dsn, want := range map[string]string{
+		"Host=db dbname=app":                    "writes the keyword Host, which PostgreSQL reads in lower case only (host)",
+		"host=db DBNAME=app USER=u":             "writes the keyword DBNAME, which PostgreSQL reads in lower case only (dbname)",
+		"postgres://u@db/app?Port=5433":         "writes the keyword Port, which PostgreSQL reads in lower case only (port)",
+		"postgress://u:s3cret@db/app?sslmode=x": notOne,
+		"not a connection string":               notOne,
+	} {
+		if got := DSNProblem(dsn); got != want {
+			t.Errorf("DSNProblem(%q) = %q, want %q", dsn, got, want)
 		}
 	}
 }

@@ -142,14 +142,6 @@ func OpenServing(ctx context.Context, dsn string, log *slog.Logger, opts ...Opti
 // answer (a network cut) must not keep the listener down for long.
 const startCheckTimeout = 3 * time.Second
 
-// ValidDSN reports whether dsn reads as a connection string (a URL or
-// key=value pairs), for a binary's configuration to name the variable that
-// holds a bad one: Open's own error cannot quote it (a password).
-func ValidDSN(dsn string) bool {
-	_, err := parseConfig(dsn)
-	return err == nil
-}
-
 // ErrNotReached is Open's error when PostgreSQL did not answer its ping.
 var ErrNotReached = errors.New("postgres: ping")
 

@@ -58,7 +58,10 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.SeparateListeners("EXPORT_READER_ADDR", cfg.Addr, "EXPORT_READER_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
-	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), databaseSetting(getenv)+" must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	if cfg.DatabaseURL != "" {
+		dsnProblem := postgres.DSNProblem(cfg.DatabaseURL)
+		r.Check(dsnProblem == "", databaseSetting(getenv)+" "+dsnProblem)
+	}
 	// The lag is read once a second: a lower bound would refuse syncs on
 	// the reading's own age.
 	r.Check(cfg.ReadMaxLag == 0 || cfg.ReadMaxLag >= 2*replica.DefaultInterval,

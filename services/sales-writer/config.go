@@ -46,7 +46,10 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	}
 	r.SeparateListeners("SALES_WRITER_ADDR", cfg.Addr, "SALES_WRITER_ADMIN_ADDR", cfg.AdminAddr)
 	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
-	r.Check(cfg.DatabaseURL == "" || postgres.ValidDSN(cfg.DatabaseURL), "DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	if cfg.DatabaseURL != "" {
+		dsnProblem := postgres.DSNProblem(cfg.DatabaseURL)
+		r.Check(dsnProblem == "", "DATABASE_URL "+dsnProblem)
+	}
 	cfg.GC.Check(r)
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)

@@ -68,11 +68,11 @@ var errNoDatabaseURL = errors.New("DATABASE_URL is not set")
 // (it may hold a password).
 func databaseURL(getenv func(string) string) (string, error) {
 	dsn := strings.TrimSpace(getenv("DATABASE_URL"))
-	switch {
-	case dsn == "":
+	if dsn == "" {
 		return "", errNoDatabaseURL
-	case !postgres.ValidDSN(dsn):
-		return "", errors.New("DATABASE_URL must be a PostgreSQL connection string (a postgres:// URL or key=value pairs)")
+	}
+	if problem := postgres.DSNProblem(dsn); problem != "" {
+		return "", errors.New("DATABASE_URL " + problem)
 	}
 	return dsn, nil
 }

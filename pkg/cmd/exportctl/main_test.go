@@ -642,6 +642,7 @@ func TestDatabaseURLMistakesAreNamed(t *testing.T) {
 		"":    "DATABASE_URL is not set",
 		" \n": "DATABASE_URL is not set",
 		"postgress://u:s3cret@db/app?sslmode=require": "DATABASE_URL must be a PostgreSQL connection string",
+		"Host=db user=u password=s3cret":              "DATABASE_URL writes the keyword Host, which PostgreSQL reads in lower case only (host)",
 	} {
 		err := cli(t, dsn, "", nil, "owner", "list")
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {

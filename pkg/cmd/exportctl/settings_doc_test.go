@@ -51,8 +51,8 @@ func exportctlForDocs(t *testing.T) envdoc.Binary[struct{}] {
 	return envdoc.Binary[struct{}]{
 		Name: "exportctl",
 		Load: func(getenv func(string) string) (struct{}, error) {
-			if !postgres.ValidDSN(getenv("DATABASE_URL")) {
-				return struct{}{}, errors.New("DATABASE_URL is not a PostgreSQL connection string")
+			if problem := postgres.DSNProblem(getenv("DATABASE_URL")); problem != "" {
+				return struct{}{}, errors.New("DATABASE_URL " + problem)
 			}
 			return struct{}{}, nil
 		},
