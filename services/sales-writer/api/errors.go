@@ -119,6 +119,17 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 				"the sale store did not answer in time; nothing was applied: retry with backoff and the same Idempotency-Key", requestID)
 			return "unavailable"
 		}
+		if postgres.QueryCanceled(err) {
+			// PostgreSQL's own statement_timeout cancelled the statement:
+			// an error answered for a statement rolls back the
+			// transaction it runs in (the call's statements and their
+			// commit share one), and the timeout ends before the commit
+			// starts. A sales platform need not reconcile.
+			h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT) and was rolled back: an item locked by a long transaction, or the database overloaded", "error", err)
+			envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+				"the sale store did not answer in time and rolled the sale back; nothing was applied: retry with backoff and the same Idempotency-Key", requestID)
+			return "unavailable"
+		}
 		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the sale store did not answer in time; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
@@ -167,7 +178,9 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		// key, as every 503 of the writer does.
 		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
 		message := "the sale store cannot take this call now; retry with backoff and the same Idempotency-Key"
-		if postgres.NothingSent(err) {
+		if postgres.NothingSent(err) || postgres.QueryCanceled(err) {
+			// No statement reached PostgreSQL, or one did and an operator
+			// cancelled it, which rolls back its transaction.
 			message = "the sale store cannot take this call now; nothing was applied: retry with backoff and the same Idempotency-Key"
 		}
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", message, requestID)
