@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -157,3 +158,73 @@ func TestAutoscaledDeploymentsLeaveTheirReplicasToTheAutoscaler(t *testing.T) {
 		}
 	}
 }
+
+// Every test, fuzz test or benchmark a document names exists: the READMEs,
+// BENCHMARKS.md and gateway/e2e/SPEC-MAP.md cite some 700 of them as the
+// proof of what they say, and a renamed one left its citation pointing at
+// nothing (BENCHMARKS.md still named BenchmarkAmbiguousFraming long
+// after it became BenchmarkMisreadHead). A name that ends in *
+// stands for the tests that start with it.
+func TestEveryTestTheDocumentsNameExists(t *testing.T) {
+	defined := map[string]bool{}
+	var documents []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "bin" || name == "node_modules") {
+				return filepath.SkipDir // .git, .run, build output
+			}
+			return nil
+		}
+		switch {
+		case strings.HasSuffix(path, "_test.go"):
+			text, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range testFunc.FindAllSubmatch(text, -1) {
+				defined[string(m[1])] = true
+			}
+		case strings.HasSuffix(path, ".md"):
+			documents = append(documents, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cited := 0
+	for _, doc := range documents {
+		text, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range testName.FindAllSubmatch(text, -1) {
+			name, glob := string(m[1]), len(m[2]) > 0
+			cited++
+			if !defined[name] && !(glob && anyStartsWith(defined, name)) {
+				t.Errorf("%s names %s, which no _test.go defines (renamed or removed? keep the document true)", strings.TrimPrefix(doc, root+"/"), string(m[0]))
+			}
+		}
+	}
+	if len(defined) < 500 || cited < 500 {
+		t.Errorf("read %d tests defined and %d citations, want the hundreds the repository holds", len(defined), cited)
+	}
+}
+
+// anyStartsWith reports whether a name in names starts with prefix.
+func anyStartsWith(names map[string]bool, prefix string) bool {
+	for name := range names {
+		if strings.HasPrefix(name, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	testFunc = regexp.MustCompile(`(?m)^func ((?:Test|Fuzz|Benchmark|Example)\w*)\(`)
+	testName = regexp.MustCompile(`\b((?:Test|Fuzz|Benchmark)[A-Z][A-Za-z0-9_]*)(\*?)`)
+)
