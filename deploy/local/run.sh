@@ -56,15 +56,6 @@ stop_leftovers() {
 }
 [ ! -f "$state/pids" ] || stop_leftovers
 
-# Each make run starts its logs and spans afresh and keeps the last run's
-# once, as NAME.1 (make trace reads traces.jsonl.1 too): appended run
-# after run, they only grew (a run under load writes about 1 GB an hour,
-# README). Within a run nothing caps them. After stop_leftovers: a binary
-# left running would write on in the .1.
-for f in "$state"/logs/*.log "$state/traces.jsonl"; do
-  [ ! -f "$f" ] || mv -f "$f" "$f.1"
-done
-
 # Secrets are made once per .run/ so cursors and signatures survive restarts.
 if [ ! -f "$state/secrets" ]; then
   umask 077
@@ -277,6 +268,18 @@ umask 077
   echo "export BASE_URL=$(shell_quote "$BASE_URL")"
 } >"$state/env"
 umask 022
+
+# Each make run starts its logs and spans afresh and keeps the last run's
+# once, as NAME.1 (make trace reads traces.jsonl.1 too): appended run
+# after run, they only grew (a run under load writes about 1 GB an hour,
+# README). Within a run nothing caps them. After stop_leftovers (a binary
+# left running would write on in the .1), and only once this run starts
+# its binaries: one that stopped before (an address taken, a migration
+# failed) moved the last run's files to .1 and wrote none, so make trace
+# could not open traces.jsonl and .run/logs/ held no log.
+for f in "$state"/logs/*.log "$state/traces.jsonl"; do
+  [ ! -f "$f" ] || mv -f "$f" "$f.1"
+done
 
 # Every binary runs in a session of its own, like PostgreSQL and Redis, so
 # that stop_all alone signals it, once and in its turn: Ctrl-C signals the

@@ -593,6 +593,35 @@ func TestRunScriptNamesTwoListenersOfOnePort(t *testing.T) {
 	}
 }
 
+// A make run that stops before it starts a binary (here two listeners of
+// one port) leaves the last run's logs and spans where they were: it
+// moved them to NAME.1 and wrote none, so make trace could not open
+// traces.jsonl.
+func TestRunScriptThatStartsNothingKeepsTheLastRunsLogs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	files := []string{".run/logs/gateway.log", ".run/traces.jsonl"}
+	must(t, os.MkdirAll(filepath.Join(s.root, ".run/logs"), 0o755))
+	for _, f := range files {
+		must(t, os.WriteFile(filepath.Join(s.root, f), []byte("the last run's\n"), 0o644))
+	}
+	shared := testenv.FreeAddr(t)
+	s.launch(t, append(env, "GATEWAY_ADDR="+shared, "GATEWAY_ADMIN_ADDR="+shared))
+	s.waitFor(t, "take the same port")
+	s.waitExit(t)
+	for _, f := range files {
+		if kept, err := os.ReadFile(filepath.Join(s.root, f)); err != nil || string(kept) != "the last run's\n" {
+			t.Errorf("%s after a make run that started nothing = %q (%v), want the last run's lines", f, kept, err)
+		}
+		if _, err := os.Stat(filepath.Join(s.root, f+".1")); err == nil {
+			t.Errorf("%s.1 made by a make run that started nothing", f)
+		}
+	}
+}
+
 // A make run's logs and spans start afresh, the last run's kept once as
 // NAME.1: appended run after run, they only grew.
 func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
