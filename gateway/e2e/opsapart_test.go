@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/VictoriaMetrics/metricsql"
 )
 
 // acrossNamespaces are the alerts that cannot keep namespace: absent()
@@ -31,7 +35,78 @@ func checkDeploymentsApart(exposed exposure, q opsQuery) []string {
 			problems = append(problems, fmt.Sprintf("names services by %s alone: print app, else job", pair[0]))
 		}
 	}
+	return append(problems, checkServiceLabel(q.expr)...)
+}
+
+// serviceForms are the labels a service's series carry on the two scrapes
+// the files are written for: the usual kubernetes-pods job (app the
+// manifest's, job the job's, the same for all four) and a scrape job per
+// service (job alone).
+var serviceForms = []map[string]string{{"job": "kubernetes-pods", "app": "gateway"}, {"job": "gateway"}}
+
+// checkServiceLabel returns how the service label that expr's
+// label_replace calls make misnames a service on either form: made from
+// job after app, or from one of them alone, it said kubernetes-pods for
+// all four, or nothing on a scrape job per service, and the label's name
+// alone passed every other check.
+func checkServiceLabel(expr string) []string {
+	e, err := metricsql.Parse(expr)
+	if err != nil {
+		return nil // checkOpsQuery reports it
+	}
+	var made []*metricsql.FuncExpr
+	inner := map[metricsql.Expr]bool{}
+	metricsql.VisitAll(e, func(x metricsql.Expr) {
+		if f, ok := x.(*metricsql.FuncExpr); ok && f.Name == "label_replace" && len(f.Args) == 5 && stringArg(f, 1) == "service" {
+			made = append(made, f)
+			inner[f.Args[0]] = true
+		}
+	})
+	var problems []string
+	for _, f := range made {
+		if inner[f] {
+			continue // an outer label_replace says the last word
+		}
+		for _, form := range serviceForms {
+			if got := relabelled(f, form)["service"]; got != "gateway" {
+				problems = append(problems, fmt.Sprintf("its label_replace names the service %q on a series of %v: make service app, else job", got, form))
+			}
+		}
+	}
 	return problems
+}
+
+// relabelled is labels after the label_replace calls of e, innermost
+// first, as Prometheus applies them: a regex matching the source label's
+// whole value sets the destination to the expanded replacement (none
+// when empty); another leaves the labels as they were.
+func relabelled(e metricsql.Expr, labels map[string]string) map[string]string {
+	f, ok := e.(*metricsql.FuncExpr)
+	if !ok || f.Name != "label_replace" || len(f.Args) != 5 {
+		return maps.Clone(labels)
+	}
+	out := relabelled(f.Args[0], labels)
+	re, err := regexp.Compile("^(?:" + stringArg(f, 4) + ")$")
+	if err != nil {
+		return out
+	}
+	src := out[stringArg(f, 3)]
+	if m := re.FindStringSubmatchIndex(src); m != nil {
+		if v := string(re.ExpandString(nil, stringArg(f, 2), src, m)); v != "" {
+			out[stringArg(f, 1)] = v
+		} else {
+			delete(out, stringArg(f, 1))
+		}
+	}
+	return out
+}
+
+// stringArg is f's argument i when it is a string, else "".
+func stringArg(f *metricsql.FuncExpr, i int) string {
+	if s, ok := f.Args[i].(*metricsql.StringExpr); ok {
+		return s.S
+	}
+	return ""
 }
 
 func TestCheckDeploymentsApart(t *testing.T) {
@@ -48,6 +123,15 @@ func TestCheckDeploymentsApart(t *testing.T) {
 		{opsQuery{expr: `sum by (namespace, app) (rate(req_total[5m]))`, shows: `{{ $labels.app }}`}, 1},
 		{opsQuery{expr: `sum by (namespace, job, app) (rate(req_total[5m]))`, shows: `{{ with $labels.app }}{{ . }}{{ else }}{{ $labels.job }}{{ end }}`}, 0},
 		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.+)"))`, shows: `{{service}}`}, 0},
+		// job after app: kubernetes-pods for every service of the usual pod scrape.
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "app", "(.+)"), "service", "$1", "job", "(.*)"))`, shows: `{{service}}`}, 1},
+		// job alone, app alone: one form each misnamed.
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"))`, shows: `{{service}}`}, 1},
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(rate(req_total[5m]), "service", "$1", "app", "(.*)"))`, shows: `{{service}}`}, 1},
+		// app matching empty overwrites job with nothing where app is not set.
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.*)"))`, shows: `{{service}}`}, 1},
+		// Two made apart in one query, each checked.
+		{opsQuery{expr: `max by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.+)")) / max by (namespace, service) (label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"))`}, 1},
 	} {
 		if got := checkDeploymentsApart(testExposure(), tc.q); len(got) != tc.want {
 			t.Errorf("checkDeploymentsApart(%s, shows %q) = %q, want %d problem(s)", tc.q.expr, tc.q.shows, got, tc.want)
