@@ -332,15 +332,7 @@ func TestReadinessSaysWhatToPutRight(t *testing.T) {
 func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T) {
 	ctx := context.Background()
 	pool, refuseNewSessions := serviceRole(t, 1)
-	side := sideOf(t, pool)
-	var logged testenv.Output
-	ready := schema.NewReadiness(ctx, side, slog.New(slog.NewTextHandler(&logged, nil)), schema.ServingOn(pool))
-	if err := ready.Ready(ctx); err != nil {
-		t.Fatalf("Ready before = %v, want nil", err)
-	}
-	if err := pool.Ping(ctx); err != nil { // the service's connection, idle in its pool
-		t.Fatal(err)
-	}
+	_, ready, logged := readyOnItsConnection(t, pool)
 	refuseNewSessions(backendPID(t, pool))
 	if err := ready.Ready(ctx); err != nil {
 		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
@@ -355,6 +347,24 @@ func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T)
 	}
 }
 
+// readyOnItsConnection is the readiness of a service on pool
+// (schema.ServingOn), its check on a side pool of its own and logging to
+// logged: ready, with the service's connection open and idle in pool.
+func readyOnItsConnection(t *testing.T, pool *pgxpool.Pool) (side *pgxpool.Pool, ready *schema.Readiness, logged *testenv.Output) {
+	t.Helper()
+	ctx := context.Background()
+	side = sideOf(t, pool)
+	logged = &testenv.Output{}
+	ready = schema.NewReadiness(ctx, side, slog.New(slog.NewTextHandler(logged, nil)), schema.ServingOn(pool))
+	if err := ready.Ready(ctx); err != nil {
+		t.Fatalf("Ready before = %v, want nil", err)
+	}
+	if err := pool.Ping(ctx); err != nil { // the service's connection, idle in its pool
+		t.Fatal(err)
+	}
+	return side, ready, logged
+}
+
 // The same through a real password change (28P01, on a cluster that asks
 // for a password), as an operator rotates one before DATABASE_URL: the
 // sessions open serve on, so the service stays ready on its pool's
@@ -366,15 +376,7 @@ func TestReadinessServesOnThroughAPasswordChange(t *testing.T) {
 	ctx := context.Background()
 	role := testenv.PasswordCluster(t)
 	pool := testenv.Pool(t, role.DSN+" pool_max_conns=1")
-	side := sideOf(t, pool)
-	var logged testenv.Output
-	ready := schema.NewReadiness(ctx, side, slog.New(slog.NewTextHandler(&logged, nil)), schema.ServingOn(pool))
-	if err := ready.Ready(ctx); err != nil {
-		t.Fatalf("Ready before = %v, want nil", err)
-	}
-	if err := pool.Ping(ctx); err != nil { // the service's connection, idle in its pool
-		t.Fatal(err)
-	}
+	side, ready, logged := readyOnItsConnection(t, pool)
 	restore := role.ChangePassword(t)
 	side.Reset() // the check's connection renewed, as it is every minute
 	if err := ready.Ready(ctx); err != nil {
