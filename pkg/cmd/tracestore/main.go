@@ -122,7 +122,7 @@ func show(w io.Writer, file, requestID string) error {
 	}
 	spans = append(last, spans...)
 	if len(spans) == 0 {
-		return fmt.Errorf("no spans for request id %s in %s (spans are exported in batches: retry in a few seconds)", requestID, file)
+		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the make run before (spans are exported in batches: retry in a few seconds)", requestID, file, file)
 	}
 	tracestore.WriteTree(w, spans)
 	return nil

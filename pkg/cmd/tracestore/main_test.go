@@ -60,6 +60,10 @@ func TestShowReadsTheLastRunsSpansToo(t *testing.T) {
 			t.Errorf("show(%s) = %v, output %q; want the trace of %s", id, err, out.String(), want)
 		}
 	}
+	// A request of neither run: the error names both files it read.
+	if err := show(io.Discard, file, "6bf92f3577b34da6a3ce929d0e0e4738"); err == nil || !strings.Contains(err.Error(), file+".1") {
+		t.Errorf("show of a request in neither file = %v, want an error naming %s.1 too", err, file)
+	}
 }
 
 // An export still being received when serve is told to stop (the last
