@@ -27,6 +27,17 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	return conn, nil
 }
 
+// AcquireFunc is pool.AcquireFunc whose failure to get a connection is an
+// AcquireError: f runs on a connection of pool, given back when f returns.
+func AcquireFunc(ctx context.Context, pool *pgxpool.Pool, f func(*pgxpool.Conn) error) error {
+	conn, err := Acquire(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return f(conn)
+}
+
 // acquireFailed reports whether err is Acquire's.
 func acquireFailed(err error) bool {
 	var acquireErr *AcquireError

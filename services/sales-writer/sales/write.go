@@ -89,13 +89,10 @@ func (w *Writer) attempts(ctx context.Context, req Request, fp []byte) (Result, 
 
 // dropExpired deletes the key's record if it has expired.
 func (w *Writer) dropExpired(ctx context.Context, req Request) error {
-	conn, err := postgres.Acquire(ctx, w.db)
-	if err != nil {
+	return postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
+		_, err := conn.Exec(ctx, dropExpiredSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey)
 		return err
-	}
-	defer conn.Release()
-	_, err = conn.Exec(ctx, dropExpiredSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey)
-	return err
+	})
 }
 
 // lastResort answers a call whose every run lost a race for the item: some
@@ -173,15 +170,12 @@ func replay(recordFingerprint, stored, fp []byte) (Result, error) {
 // explain finds out, in a snapshot taken after the write statement, why it
 // changed nothing.
 func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, error) {
-	conn, err := postgres.Acquire(ctx, w.db)
-	if err != nil {
-		return Result{}, classify(err)
-	}
-	defer conn.Release()
 	var o outcome
-	err = conn.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
-		req.ExternalOrderID).
-		Scan(&o.recordFingerprint, &o.stored, &o.boundFingerprint, &o.boundRefusal, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
+	err := postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
+		return conn.QueryRow(ctx, explainSQL, req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+			req.ExternalOrderID).
+			Scan(&o.recordFingerprint, &o.stored, &o.boundFingerprint, &o.boundRefusal, &o.itemFound, &o.sellable, &o.sold, &o.platformFound, &o.openSale)
+	})
 	if err != nil {
 		return Result{}, classify(err)
 	}
@@ -227,15 +221,12 @@ type keyHolds struct {
 // trip: the statements before its one Sync form one implicit transaction,
 // committed at the Sync.
 func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, args []any, scan func(pgx.Row) error) error {
-	conn, err := postgres.Acquire(ctx, w.db)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
 	batch := &pgx.Batch{}
 	batch.Queue(keyLock, req.OwnerID, req.PlatformID, req.IdempotencyKey)
 	batch.Queue(stmt, args...).QueryRow(scan)
-	return conn.SendBatch(ctx, batch).Close()
+	return postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
+		return conn.SendBatch(ctx, batch).Close()
+	})
 }
 
 // outcome is what explainSQL reports.
