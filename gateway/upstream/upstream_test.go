@@ -320,9 +320,7 @@ func TestStateChangesAreToldOnceEach(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		_, _, _ = send(u, Repeat{})
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go u.Probe(ctx, 20*time.Millisecond)
+	stop := probeUntilTheEnd(t, u, 20*time.Millisecond)
 	time.Sleep(150 * time.Millisecond) // failed probes mark it down again
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	srv.Listener = listen() // the port no other process could take meanwhile
@@ -687,9 +685,7 @@ func TestInstanceOutIsProbedAgainSoon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go u.Probe(ctx, time.Hour)
+	probeUntilTheEnd(t, u, time.Hour)
 	waitUntil := func(what string, ok func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
@@ -727,9 +723,7 @@ func TestSilentPeersDoNotDelayARecheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go u.Probe(ctx, time.Second) // the silent ones are probed again and again
+	probeUntilTheEnd(t, u, time.Second) // the silent ones are probed again and again
 	answering := u.current()[len(urls)]
 	waitUntil := func(what string, within time.Duration, ok func() bool) {
 		t.Helper()
@@ -861,4 +855,25 @@ func TestAProbeNamesAHostNotAcceptingWhateverTheConnectTimeout(t *testing.T) {
 	if got, failure := u.current()[0].probeOnce(100 * time.Millisecond); got != probeFailed || failure != notAccepted {
 		t.Errorf("probeOnce(100ms) with a 300 ms connect timeout = %d, %q; want %d, %q", got, failure, probeFailed, notAccepted)
 	}
+}
+
+// probeUntilTheEnd runs u.Probe every interval until stop is called or
+// the test ends, and stop waits for it and the probes under way to end:
+// left running, a probe of one test closes its socket during the next, and
+// one out of descriptors (TestOutOfDescriptorsNoInstanceIsBlamed) has its
+// dial handed that descriptor.
+func probeUntilTheEnd(t *testing.T, u *Upstream, interval time.Duration) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		u.Probe(ctx, interval)
+	}()
+	stop = func() {
+		cancel()
+		<-ended
+	}
+	t.Cleanup(stop)
+	return stop
 }
