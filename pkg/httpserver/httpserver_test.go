@@ -322,7 +322,7 @@ func TestAFailedListenerStopsTheOther(t *testing.T) {
 	}
 	ran := make(chan error, 1)
 	go func() { ran <- srv.Run(context.Background()) }()
-	waitListening(t, main)
+	testenv.WaitListening(t, main)
 	close(breakAdmin)
 	err := <-ran
 	if err == nil || !strings.Contains(err.Error(), "admin listener "+admin+" stopped serving") {
@@ -546,8 +546,8 @@ func runOnTwoAddrs(t *testing.T) ([]string, *testenv.Output) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	waitListening(t, addrs[0])
-	waitListening(t, addrs[1])
+	testenv.WaitListening(t, addrs[0])
+	testenv.WaitListening(t, addrs[1])
 	return addrs, logs
 }
 
@@ -740,7 +740,7 @@ func runServer(t *testing.T, mux *http.ServeMux, signer *identity.Signer, log *s
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- srv.Run(ctx) }()
-	waitListening(t, addr)
+	testenv.WaitListening(t, addr)
 	return addr, func() error { cancel(); return <-ran }
 }
 
@@ -762,18 +762,6 @@ func sendSignedStatus(ctx context.Context, signer *identity.Signer, url string) 
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
-}
-
-// waitListening waits until addr accepts connections.
-func waitListening(t *testing.T, addr string) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return
-		}
-	}
-	t.Fatalf("%s never listened", addr)
 }
 
 // A panicking handler's 500 carries the service's PanicMessage when it has

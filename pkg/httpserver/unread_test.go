@@ -169,7 +169,7 @@ func TestAHandlersBodyIsNeverRewritten(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	defer func() { stop(); <-done }()
-	waitListening(t, addr)
+	testenv.WaitListening(t, addr)
 	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/text", nil)
 	signAsReader(signer, req)
 	resp, err := http.DefaultClient.Do(req)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -95,4 +96,36 @@ func AnsweredAfterADescriptorShortage(t testing.TB, addr, path string, logs *Out
 		t.Fatalf("reading the answer on the connection that waited: %v", err)
 	}
 	resp.Body.Close()
+}
+
+// WaitListening waits until addr accepts connections, and returns once
+// the server has closed the connection it tried with: the client ends its
+// side, sending nothing, and waits for the server's end. Dialled and
+// closed at once, the server's end was closed a moment later, in whatever
+// the test did next: out of descriptors (ExhaustDescriptors), a
+// descriptor given back behind the test's back, which the server's next
+// accept got (seen in the gateway's tests with an upstream's end).
+func WaitListening(t testing.TB, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !closedByTheServer(addr); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: %s did not accept a connection and close it within 5 s", addr)
+		}
+	}
+}
+
+// closedByTheServer dials addr, ends its side, and reports whether the
+// server then closed its end (read as the end of the stream).
+func closedByTheServer(addr string) bool {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		return false
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.Copy(io.Discard, conn)
+	return err == nil
 }

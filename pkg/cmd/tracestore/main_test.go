@@ -133,12 +133,6 @@ func TestOutOfDescriptorsServeWaitsAndServesAfter(t *testing.T) {
 	var logs testenv.Output
 	go func() { served <- serve(ctx, addr, file, &logs) }()
 	t.Cleanup(func() { stop(); <-served })
-	for range 100 { // until serve listens
-		if conn, err := net.Dial("tcp", addr); err == nil {
-			conn.Close()
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitListening(t, addr)
 	testenv.AnsweredAfterADescriptorShortage(t, addr, "/v1/traces", &logs)
 }
