@@ -86,22 +86,38 @@ func waitForEnded(t *testing.T, ended <-chan string, paths ...string) {
 	}
 }
 
-// getHealth sends GET /v1/health on conn and reads the answer's status.
-func getHealth(t *testing.T, conn interface {
-	Write([]byte) (int, error)
-	SetDeadline(time.Time) error
-}, br *bufio.Reader) int {
+// statusOf sends request (a whole HTTP/1.1 request head) on conn and
+// reads the answer's status; what names the request in a failure.
+func statusOf(t *testing.T, conn net.Conn, br *bufio.Reader, what, request string) int {
 	t.Helper()
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := conn.Write([]byte("GET /v1/health HTTP/1.1\r\nHost: gw\r\n\r\n")); err != nil {
-		t.Fatalf("sending GET /v1/health: %v", err)
+	if _, err := conn.Write([]byte(request)); err != nil {
+		t.Fatalf("sending %s: %v", what, err)
 	}
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		t.Fatalf("reading the answer to GET /v1/health: %v", err)
+		t.Fatalf("reading the answer to %s: %v", what, err)
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// getHealth sends GET /v1/health on conn and reads the answer's status.
+func getHealth(t *testing.T, conn net.Conn, br *bufio.Reader) int {
+	t.Helper()
+	return statusOf(t, conn, br, "GET /v1/health", "GET /v1/health HTTP/1.1\r\nHost: gw\r\n\r\n")
+}
+
+// quietGateway starts a gateway on the database dsn whose three services
+// are one quietUpstream, and a connection to it held for the test.
+func quietGateway(t *testing.T, dsn string) (gw *gatewaytest.Server, services string, ended <-chan string, kept net.Conn, keptReader *bufio.Reader) {
+	t.Helper()
+	services, ended = quietUpstream(t)
+	env := quietServices(services)
+	env["DATABASE_URL"] = dsn
+	gw = gatewaytest.Start(t, env)
+	kept = dial(t, gw.URL)
+	return gw, services, ended, kept, bufio.NewReader(kept)
 }
 
 // A gateway out of file descriptors keeps its listener: it answers on the
@@ -111,12 +127,7 @@ func getHealth(t *testing.T, conn interface {
 // exited, cutting off every connection it held).
 func TestOutOfDescriptorsTheGatewayWaitsAndServesOn(t *testing.T) {
 	dsn, _, _ := seed(t)
-	services, ended := quietUpstream(t)
-	env := quietServices(services)
-	env["DATABASE_URL"] = dsn
-	gw := gatewaytest.Start(t, env)
-	kept := dial(t, gw.URL)
-	keptReader := bufio.NewReader(kept)
+	gw, _, ended, kept, keptReader := quietGateway(t, dsn)
 	if got := getHealth(t, kept, keptReader); got != 200 {
 		t.Fatalf("GET /v1/health = %d, want 200", got)
 	}
@@ -147,24 +158,11 @@ func TestOutOfDescriptorsTheGatewayWaitsAndServesOn(t *testing.T) {
 func TestOutOfDescriptorsNoInstanceIsCounted(t *testing.T) {
 	dsn, _, k := seed(t)
 	// Each answer closes its connection, so the next request must open one.
-	reader, ended := quietUpstream(t)
-	env := quietServices(reader)
-	env["DATABASE_URL"] = dsn
-	gw := gatewaytest.Start(t, env)
-	kept := dial(t, gw.URL)
-	keptReader := bufio.NewReader(kept)
+	gw, reader, ended, kept, keptReader := quietGateway(t, dsn)
 	get := func() int {
 		t.Helper()
-		kept.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := kept.Write([]byte("GET /v1/export/items/coin-1 HTTP/1.1\r\nHost: gw\r\nX-API-Key: " + k.read + "\r\n\r\n")); err != nil {
-			t.Fatalf("sending GET: %v", err)
-		}
-		resp, err := http.ReadResponse(keptReader, nil)
-		if err != nil {
-			t.Fatalf("reading the answer to GET: %v", err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		return statusOf(t, kept, keptReader, "GET an item",
+			"GET /v1/export/items/coin-1 HTTP/1.1\r\nHost: gw\r\nX-API-Key: "+k.read+"\r\n\r\n")
 	}
 	if got := get(); got != 200 { // the key is cached from here on
 		t.Fatalf("GET an item = %d, want 200", got)
