@@ -181,6 +181,7 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	if rt.StickyByKey {
 		affinity = rq.key.ID
 	}
+	defer inHTTP11(&req.Header)()
 	out, err := g.upstreams[rt.Upstream].Do(req, resp, uri, repeat, affinity)
 	g.recordOutcome(rq, span, rt.Upstream, out, resp, err)
 	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
@@ -217,6 +218,25 @@ func (g *Gateway) prepareUpstreamRequest(req *fasthttp.Request, rq *request, uri
 	g.signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
 		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, signedRequest(rq.method, &req.Header, uri), time.Now())
 	return nil
+}
+
+// inHTTP11 makes the request one in HTTP/1.1 for its way to the service and
+// returns what gives it back the client's version, which fasthttp reads
+// once the handler has returned to frame the client's answer (no chunked
+// coding for HTTP/1.0). Sent on in the client's HTTP/1.0, a request made
+// the service's net/http answer in 1.0 and close the connection: each one
+// cost a kept-alive connection to the service, a new one dialled and a
+// connection the service left in TIME_WAIT, however cheap it was for the
+// client (HTTP/1.0 with Connection: keep-alive, pipelined); so did every
+// request of a proxy in front that speaks HTTP/1.0 (nginx's default
+// proxy_http_version).
+func inHTTP11(h *fasthttp.RequestHeader) (restore func()) {
+	if h.IsHTTP11() {
+		return func() {}
+	}
+	client := string(h.Protocol()) // a copy: SetProtocol reuses the buffer
+	h.SetProtocol("HTTP/1.1")
+	return func() { h.SetProtocol(client) }
 }
 
 // recordOutcome names, on the access line and the proxy span, the

@@ -1,0 +1,139 @@
+package edge_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/gateway/gatewaytest"
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/identity"
+)
+
+// upstreamCalls records, for each request a fake service got, the HTTP
+// version it was sent in and the connection it came on.
+type upstreamCalls struct {
+	mu    sync.Mutex
+	calls []upstreamCall
+}
+
+type upstreamCall struct{ proto, conn string }
+
+func (u *upstreamCalls) add(r *http.Request) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls = append(u.calls, upstreamCall{r.Proto, r.RemoteAddr})
+}
+
+func (u *upstreamCalls) all() []upstreamCall {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]upstreamCall(nil), u.calls...)
+}
+
+// versionUpstream is a fake service that records each call's version and
+// connection; its shop schema answer is streamed (flushed in two parts,
+// no Content-Length), as shop-schema's is.
+func versionUpstream(t *testing.T, calls *upstreamCalls) *httptest.Server {
+	t.Helper()
+	signer, err := identity.NewSigner(gatewaytest.IdentitySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteData(w, http.StatusOK, map[string]string{"status": "ok"}, envelope.Meta{})
+	})
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		id, err := signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now())
+		if err != nil {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		calls.add(r)
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/sync/prestashop/schema" {
+			_, _ = io.WriteString(w, `{"data":{"categories":[],`)
+			http.NewResponseController(w).Flush()
+			_, _ = io.WriteString(w, `"features":[]},"meta":{"request_id":"`+id.RequestID+`"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"data":{"id":"coin-1"},"meta":{"request_id":"`+id.RequestID+`"}}`)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// The gateway speaks HTTP/1.1 to the services whatever version its client
+// spoke: it sent an HTTP/1.0 (or 1.2) request on in the client's version,
+// and the service's net/http answered a 1.0 request and closed the
+// connection, so that every such request, however cheap for the client
+// (HTTP/1.0 with Connection: keep-alive, pipelined), cost a kept-alive
+// connection to the service, a new one dialled, and the service a
+// connection in TIME_WAIT. The client is still answered as it asked: an
+// HTTP/1.0 client's connection is closed after the answer unless it asked
+// to keep it.
+func TestServicesAreSpokenToInHTTP11WhateverTheClientSpoke(t *testing.T) {
+	dsn, _, k := seed(t)
+	var calls upstreamCalls
+	up := versionUpstream(t, &calls)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS": up.URL, "SHOP_SCHEMA_URLS": up.URL})
+	item := "GET /v1/export/items/coin-1 "
+	requests := []struct {
+		name, head, body string
+		closed           bool // the client's connection after the answer
+	}{
+		{"1.0", item + "HTTP/1.0\r\nX-API-Key: " + k.read + "\r\n\r\n", `"coin-1"`, true},
+		{"1.0 keep-alive", item + "HTTP/1.0\r\nConnection: keep-alive\r\nX-API-Key: " + k.read + "\r\n\r\n", `"coin-1"`, false},
+		{"1.2", item + "HTTP/1.2\r\nHost: gw\r\nX-API-Key: " + k.read + "\r\n\r\n", `"coin-1"`, true},
+		{"1.1 close", item + "HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nX-API-Key: " + k.read + "\r\n\r\n", `"coin-1"`, true},
+		{"1.1", item + "HTTP/1.1\r\nHost: gw\r\nX-API-Key: " + k.read + "\r\n\r\n", `"coin-1"`, false},
+		{"1.0 shop schema", "POST /v1/sync/prestashop/schema HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}", `"features":[]`, true},
+	}
+	for _, rq := range requests {
+		conn := dial(t, gw.URL)
+		if _, err := io.WriteString(conn, rq.head); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", rq.name, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(body), rq.body) {
+			t.Errorf("%s: answer %d %q (%v), want 200 with %s", rq.name, resp.StatusCode, body, err, rq.body)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		_, err = br.ReadByte()
+		if closed := errors.Is(err, io.EOF); closed != rq.closed {
+			t.Errorf("%s: connection closed after the answer: %v (%v), want %v", rq.name, closed, err, rq.closed)
+		}
+	}
+	got := calls.all()
+	if len(got) != len(requests) {
+		t.Fatalf("the service got %d calls, want %d", len(got), len(requests))
+	}
+	for i, c := range got {
+		if c.proto != "HTTP/1.1" {
+			t.Errorf("%s: the service was sent %s, want HTTP/1.1", requests[i].name, c.proto)
+		}
+	}
+	// The item reads share one upstream's connections (the shop schema
+	// route has its own): one, kept alive from first to last.
+	for i, c := range got[:len(got)-1] {
+		if c.conn != got[0].conn {
+			t.Errorf("%s: came on connection %s, the first on %s: want one kept-alive connection", requests[i].name, c.conn, got[0].conn)
+		}
+	}
+}
