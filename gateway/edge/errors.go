@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +61,8 @@ var (
 	// a 414; the message says so.
 	errHeadersTooLarge = &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Code: "headers_too_large",
 		Message: "the request line (with its URL) and headers are too large together"}
+	errTooManyHeaderFields = &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Code: "headers_too_large",
+		Message: "the request has more than " + strconv.Itoa(maxHeaderFields) + " header fields", Close: true}
 	errRequestTimeout = &apiError{Status: http.StatusRequestTimeout, Code: "request_timeout",
 		Message: "the request was not received in time"}
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
