@@ -108,17 +108,19 @@ check_free() { # check_free NAME...: each a variable holding an address
 }
 # same_listener A B: addresses A and B take one port of one host (the same
 # port, and the same host or either one every address: empty, 0.0.0.0, ::;
-# localhost is 127.0.0.1 or ::1, as /etc/hosts says, and the binaries read
-# it so too). Each binary refuses its own two so; across binaries, the
-# second to start failed to listen after the stack had begun, naming only
-# its log.
+# localhost is 127.0.0.1, the address Go's listener takes for it, its
+# IPv4 one, where /etc/hosts gives it ::1 too: localhost:P beside [::1]:P
+# both listen, as the binaries' own check says, pkg/envconfig). Each
+# binary refuses its own two so; across binaries, the second to start
+# failed to listen after the stack had begun, naming only its log.
 same_listener() {
   local host_a=${1%:*} host_b=${2%:*} port=${1##*:}
   host_a=${host_a#[}; host_a=${host_a%]}; host_b=${host_b#[}; host_b=${host_b%]}
   host_a=${host_a,,}; host_b=${host_b,,}
+  [ "$host_a" != localhost ] || host_a=127.0.0.1
+  [ "$host_b" != localhost ] || host_b=127.0.0.1
   [ "$port" != 0 ] && [ "$port" -eq "${2##*:}" ] 2>/dev/null || return 1
   case "$host_a|$host_b" in "|"*|*"|"|0.0.0.0\|*|*\|0.0.0.0|::\|*|*\|::) return 0 ;; esac
-  case "$host_a|$host_b" in localhost\|127.0.0.1|localhost\|::1|127.0.0.1\|localhost|::1\|localhost) return 0 ;; esac
   [ "$host_a" = "$host_b" ]
 }
 check_separate() { # check_separate NAME...: no two of the addresses they hold take one port

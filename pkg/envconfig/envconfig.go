@@ -120,10 +120,15 @@ func (r *Reader) Addr(name, def string) string {
 // 127.0.0.1:8080 and [::1]:8080: Go's net.Listen("tcp", …) opens one
 // dual-stack socket on [::] for either wildcard, 0.0.0.0 included
 // (golang/go#9334). Port 0 (the system picks one) never collides.
-// "localhost" counts as 127.0.0.1 and [::1] both: Go's listener looks it
-// up in /etc/hosts (127.0.0.1 on most hosts, ::1 on some), so either may
-// be the one it takes. Other host names are compared as written, not
-// resolved: looking them up at start could ask DNS.
+// "localhost" counts as 127.0.0.1: Go's listener takes the first IPv4
+// address a name has (net.ListenConfig.Listen, addrs.first(isIPv4)), and
+// every hosts file in use gives localhost 127.0.0.1 (many ::1 too, which
+// the listener passes over), so localhost:8080 beside [::1]:8080 both
+// listen (they were refused, localhost counted as ::1 too). A host whose
+// localhost has ::1 alone would take [::1]: there the second bind's own
+// error says so. Other host
+// names are compared as written, not resolved: looking them up at start
+// could ask DNS.
 func (r *Reader) SeparateListeners(nameA, addrA, nameB, addrB string) {
 	if listenersCollide(addrA, addrB) {
 		r.Failf("%s and %s must be different listening addresses (got %s and %s: the same port of the same host)",
@@ -145,8 +150,7 @@ func listenersCollide(a, b string) bool {
 		return false
 	}
 	ka, kb := listenHost(hostA), listenHost(hostB)
-	return ka.everyAddress || kb.everyAddress || ka.host == kb.host ||
-		ka.host == localhost && kb.loopback() || kb.host == localhost && ka.loopback()
+	return ka.everyAddress || kb.everyAddress || ka.host == kb.host
 }
 
 // listenKind is what a listening address's host takes.
@@ -155,15 +159,12 @@ type listenKind struct {
 	host         string // the address in canonical form, or the name in lower case
 }
 
-// localhost is the one name listenHost reads: the loopback addresses'.
-const localhost = "localhost"
-
-// loopback reports whether k is an address localhost may stand for.
-func (k listenKind) loopback() bool { return k.host == "127.0.0.1" || k.host == "::1" }
-
 func listenHost(host string) listenKind {
 	if host == "" {
 		return listenKind{everyAddress: true}
+	}
+	if strings.EqualFold(host, "localhost") { // the one name read: Go listens on its IPv4 address
+		return listenKind{host: "127.0.0.1"}
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil {

@@ -1,6 +1,11 @@
 package envconfig
 
 import (
+	"bufio"
+	"net"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,11 +196,14 @@ func TestSeparateListeners(t *testing.T) {
 		{"[::1]:8080", "[::ffff:0.0.0.0]:8080", true},
 		{"127.0.0.1:8080", "[::1]:8080", false},
 		{"127.0.0.1:0", "127.0.0.1:0", false}, // the system picks two ports
-		// localhost is what /etc/hosts says: 127.0.0.1 (Go's listener takes
-		// it first, and binding 127.0.0.1:8080 after it failed "address
-		// already in use"), or ::1 on some hosts.
+		// localhost is 127.0.0.1: Go's listener takes its IPv4 address
+		// (binding 127.0.0.1:8080 after it failed "address already in
+		// use"), never ::1 where it has one, so [::1] beside it listens
+		// (TestSeparateListenersAgreesWithTheListener binds them).
 		{"localhost:8080", "127.0.0.1:8080", true},
-		{"[::1]:8080", "LOCALHOST:8080", true},
+		{"[::1]:8080", "LOCALHOST:8080", false},
+		{"[::ffff:127.0.0.1]:8080", "localhost:8080", true},
+		{"localhost:8080", ":8080", true},
 		{"localhost:8080", "127.0.0.2:8080", false},
 		{"localhost:8080", "localhost:9080", false},
 		{"myhost:8080", "127.0.0.1:8080", false}, // other names are not resolved (DNS)
@@ -211,4 +219,56 @@ func TestSeparateListeners(t *testing.T) {
 			t.Errorf("SeparateListeners(%q, %q): Err() = %q, want both settings named", tt.a, tt.b, err)
 		}
 	}
+}
+
+// What SeparateListeners says of localhost beside a loopback address is
+// what binding them does on this machine: localhost:P and [::1]:P both
+// listen (they were refused), localhost:P and 127.0.0.1:P do not. The
+// name is looked up only where /etc/hosts holds it, which Go reads before
+// DNS (nsswitch's "files dns"): nothing leaves the machine.
+func TestSeparateListenersAgreesWithTheListener(t *testing.T) {
+	if !hostsFileNames("localhost") {
+		t.Skip("/etc/hosts does not name localhost: resolving it could ask DNS")
+	}
+	for _, other := range []string{"127.0.0.1", "[::1]", "LocalHost"} {
+		first, err := net.Listen("tcp", "localhost:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := strconv.Itoa(first.Addr().(*net.TCPAddr).Port)
+		a, b := "localhost:"+port, other+":"+port
+		second, err := net.Listen("tcp", b)
+		if err != nil && other == "[::1]" && !strings.Contains(err.Error(), "address already in use") {
+			first.Close()
+			t.Logf("no IPv6 loopback here (%v): [::1] not checked", err)
+			continue
+		}
+		binds := err == nil
+		if binds {
+			second.Close()
+		}
+		first.Close()
+		r := New(env(nil))
+		r.SeparateListeners("A_ADDR", a, "A_ADMIN_ADDR", b)
+		if refused := r.Err() != nil; refused == binds {
+			t.Errorf("SeparateListeners(%q, %q) refused: %v, but binding both here succeeded: %v (%v)", a, b, refused, binds, err)
+		}
+	}
+}
+
+// hostsFileNames reports whether /etc/hosts gives name an address.
+func hostsFileNames(name string) bool {
+	f, err := os.Open("/etc/hosts")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		if fields := strings.Fields(line); len(fields) > 1 && slices.ContainsFunc(fields[1:], func(f string) bool { return strings.EqualFold(f, name) }) {
+			return true
+		}
+	}
+	return false
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -591,6 +592,38 @@ func TestRunScriptNamesTwoListenersOfOnePort(t *testing.T) {
 			}
 		})
 	}
+}
+
+// localhost beside the IPv6 loopback on one port are two listeners: Go's
+// listener takes localhost's IPv4 address (127.0.0.1), so both bind, and
+// make run starts them; it refused them as one port, as the binaries' own
+// check did (pkg/envconfig, TestSeparateListenersAgreesWithTheListener).
+func TestRunScriptStartsLocalhostBesideTheIPv6Loopback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	hosts, _ := os.ReadFile("/etc/hosts")
+	if !regexp.MustCompile(`(?mi)^[^#]*\slocalhost(\s|$)`).Match(hosts) {
+		t.Skip("/etc/hosts does not name localhost: resolving it could ask DNS")
+	}
+	shared := testenv.FreeAddr(t) // 127.0.0.1:port
+	port := shared[strings.LastIndexByte(shared, ':'):]
+	v6, err := net.Listen("tcp", "[::1]"+port)
+	if err != nil {
+		t.Skipf("no IPv6 loopback here, or its port %s is taken: %v", port, err)
+	}
+	v6.Close()
+	s, env := prepareRunScript(t, "")
+	s.launch(t, append(env, "EXPORT_READER_ADDR=localhost"+port, "SALES_WRITER_ADDR=[::1]"+port)) // the last wins
+	s.waitFor(t, "Ctrl-C stops everything.")
+	for _, name := range []string{"export-reader", "sales-writer"} {
+		if pid := readPid(filepath.Join(s.stubs, name+".pid")); !alive(pid) {
+			t.Errorf("%s does not run after make run started it on localhost and [::1] of one port", name)
+		}
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
 }
 
 // A make run that stops before it starts a binary (here two listeners of
