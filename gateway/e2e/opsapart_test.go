@@ -4,29 +4,34 @@ import (
 	"fmt"
 	"maps"
 	"regexp"
-	"strings"
+	"slices"
 	"testing"
 
 	"github.com/VictoriaMetrics/metricsql"
 )
 
-// acrossNamespaces are the alerts that cannot keep namespace: absent()
-// sees no series to take it from.
-var acrossNamespaces = setOf("ExportGatewayMetricsAbsent")
+// ownTargets is the matcher every selector of the files carries: deploy/k8s's
+// pod label app.kubernetes.io/part-of, as the usual kubernetes-pods job's
+// labelmap names it. Another team's pods share that job, the app names
+// (app=gateway) and the series names of every Go program
+// (process_open_fds): a selector without it alerted this product's
+// on-call for them.
+const ownTargetsLabel, ownTargetsValue = "app_kubernetes_io_part_of", "export-service"
 
 // checkDeploymentsApart returns what q does that would merge two
-// deployments or misname a service, once its names pass checkOpsQuery:
-// a result without namespace (the usual kubernetes-pods job's label of the
-// pod's namespace: staging's outage hidden in a sum with production's
-// traffic, or an alert that cannot say which one), or a service named by
-// app alone or job alone (kubernetes-pods gives all four services
+// deployments, misname a service or read other products' targets, once
+// its names pass checkOpsQuery: a result without namespace (the usual
+// kubernetes-pods job's label of the pod's namespace: staging's outage
+// hidden in a sum with production's traffic, or an alert that cannot say
+// which one; "X or on () absent(...)" keeps it when X does, absent()'s
+// one series standing for no deployment at all), a service named by app
+// alone or job alone (kubernetes-pods gives all four services
 // job=kubernetes-pods, a scrape job per service gives no app): name it by
 // app, else job, as {{ with $labels.app }}…{{ else }}{{ $labels.job }} or
-// label_replace's service do.
+// label_replace's service do; or a selector without ownTargets.
 func checkDeploymentsApart(exposed exposure, q opsQuery) []string {
 	var problems []string
-	labels, _ := checkQuery(exposed, q.expr)
-	if alert, ok := strings.CutPrefix(q.where, alertsFile+": alert "); !labels["namespace"] && !(ok && acrossNamespaces[alert]) {
+	if labels, _ := checkQuery(exposed, apartOfAbsent(q.expr)); !labels["namespace"] {
 		problems = append(problems, fmt.Sprintf("its result keeps no namespace (its labels: %s): two deployments scraped by one Prometheus merge there", labels))
 	}
 	shown := setOf(q.shownLabels()...)
@@ -35,7 +40,49 @@ func checkDeploymentsApart(exposed exposure, q opsQuery) []string {
 			problems = append(problems, fmt.Sprintf("names services by %s alone: print app, else job", pair[0]))
 		}
 	}
+	problems = append(problems, checkOwnTargets(q.expr)...)
 	return append(problems, checkServiceLabel(q.expr)...)
+}
+
+// apartOfAbsent returns X of expr "X or absent(...)" (on () or not), and
+// expr otherwise.
+func apartOfAbsent(expr string) string {
+	e, err := metricsql.Parse(expr)
+	if err != nil {
+		return expr // checkOpsQuery reports it
+	}
+	if b, ok := e.(*metricsql.BinaryOpExpr); ok && b.Op == "or" {
+		if f, ok := b.Right.(*metricsql.FuncExpr); ok && f.Name == "absent" {
+			return string(b.Left.AppendString(nil))
+		}
+	}
+	return expr
+}
+
+// checkOwnTargets returns each selector of expr that lacks
+// ownTargetsLabel="ownTargetsValue".
+func checkOwnTargets(expr string) []string {
+	e, err := metricsql.Parse(expr)
+	if err != nil {
+		return nil // checkOpsQuery reports it
+	}
+	var problems []string
+	metricsql.VisitAll(e, func(x metricsql.Expr) {
+		s, ok := x.(*metricsql.MetricExpr)
+		if !ok {
+			return
+		}
+		for _, filters := range s.LabelFilterss {
+			if !slices.ContainsFunc(filters, isOwnTargets) {
+				problems = append(problems, fmt.Sprintf("%s reads every product's targets: select %s=%q, this product's alone", s.AppendString(nil), ownTargetsLabel, ownTargetsValue))
+			}
+		}
+	})
+	return problems
+}
+
+func isOwnTargets(f metricsql.LabelFilter) bool {
+	return f.Label == ownTargetsLabel && f.Value == ownTargetsValue && !f.IsRegexp && !f.IsNegative
 }
 
 // serviceForms are the labels a service's series carry on the two scrapes
@@ -114,24 +161,35 @@ func TestCheckDeploymentsApart(t *testing.T) {
 		q    opsQuery
 		want int // problems
 	}{
-		{opsQuery{expr: `sum by (namespace, route) (rate(req_total[5m]))`, shows: `{{route}} {{namespace}}`}, 0},
-		{opsQuery{expr: `sum by (route) (rate(req_total[5m]))`, shows: `{{route}}`}, 1},
-		{opsQuery{expr: `max(instances) > 0`}, 1},
-		{opsQuery{where: alertsFile + ": alert ExportGatewayMetricsAbsent", expr: `absent(instances)`}, 0},
-		{opsQuery{where: alertsFile + ": alert Other", expr: `absent(instances)`}, 1},
-		{opsQuery{expr: `sum by (namespace, job) (rate(req_total[5m]))`, shows: `{{job}}`}, 1},
-		{opsQuery{expr: `sum by (namespace, app) (rate(req_total[5m]))`, shows: `{{ $labels.app }}`}, 1},
-		{opsQuery{expr: `sum by (namespace, job, app) (rate(req_total[5m]))`, shows: `{{ with $labels.app }}{{ . }}{{ else }}{{ $labels.job }}{{ end }}`}, 0},
-		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.+)"))`, shows: `{{service}}`}, 0},
+		{opsQuery{expr: `sum by (namespace, route) (rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]))`, shows: `{{route}} {{namespace}}`}, 0},
+		{opsQuery{expr: `sum by (route) (rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]))`, shows: `{{route}}`}, 1},
+		{opsQuery{expr: `max(instances{app_kubernetes_io_part_of="export-service"}) > 0`}, 1},
+		// absent() alone says nothing of which deployment; after a query
+		// that keeps namespace, it stands for none at all.
+		{opsQuery{expr: `absent(instances{app_kubernetes_io_part_of="export-service"})`}, 1},
+		{opsQuery{expr: `count by (namespace) (up{app_kubernetes_io_part_of="export-service"}) unless count by (namespace) (instances{app_kubernetes_io_part_of="export-service"}) or on () absent(instances{app_kubernetes_io_part_of="export-service"})`}, 0},
+		{opsQuery{expr: `count(up{app_kubernetes_io_part_of="export-service"}) unless count(instances{app_kubernetes_io_part_of="export-service"}) or on () absent(instances{app_kubernetes_io_part_of="export-service"})`}, 1},
+		// Every selector reads this product's targets alone: by app or
+		// job, another team's pod labelled app=gateway was read too.
+		{opsQuery{expr: `sum by (namespace) (rate(req_total[5m]))`}, 1},
+		{opsQuery{expr: `up{app=~"gateway|export-reader"} == 0`}, 1},
+		{opsQuery{expr: `max by (namespace) (instances{app_kubernetes_io_part_of="export-service"} / instances)`}, 1},
+		{opsQuery{expr: `max by (namespace) (instances{app_kubernetes_io_part_of=~"export-service"})`}, 1},
+		{opsQuery{expr: `max by (namespace) (instances{app_kubernetes_io_part_of!="export-service"})`}, 1},
+		{opsQuery{expr: `max by (namespace) (instances{app_kubernetes_io_part_of="other"})`}, 1},
+		{opsQuery{expr: `sum by (namespace, job) (rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]))`, shows: `{{job}}`}, 1},
+		{opsQuery{expr: `sum by (namespace, app) (rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]))`, shows: `{{ $labels.app }}`}, 1},
+		{opsQuery{expr: `sum by (namespace, job, app) (rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]))`, shows: `{{ with $labels.app }}{{ . }}{{ else }}{{ $labels.job }}{{ end }}`}, 0},
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.+)"))`, shows: `{{service}}`}, 0},
 		// job after app: kubernetes-pods for every service of the usual pod scrape.
-		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "app", "(.+)"), "service", "$1", "job", "(.*)"))`, shows: `{{service}}`}, 1},
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "app", "(.+)"), "service", "$1", "job", "(.*)"))`, shows: `{{service}}`}, 1},
 		// job alone, app alone: one form each misnamed.
-		{opsQuery{expr: `sum by (namespace, service) (label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"))`, shows: `{{service}}`}, 1},
-		{opsQuery{expr: `sum by (namespace, service) (label_replace(rate(req_total[5m]), "service", "$1", "app", "(.*)"))`, shows: `{{service}}`}, 1},
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "job", "(.*)"))`, shows: `{{service}}`}, 1},
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "app", "(.*)"))`, shows: `{{service}}`}, 1},
 		// app matching empty overwrites job with nothing where app is not set.
-		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.*)"))`, shows: `{{service}}`}, 1},
+		{opsQuery{expr: `sum by (namespace, service) (label_replace(label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.*)"))`, shows: `{{service}}`}, 1},
 		// Two made apart in one query, each checked.
-		{opsQuery{expr: `max by (namespace, service) (label_replace(label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.+)")) / max by (namespace, service) (label_replace(rate(req_total[5m]), "service", "$1", "job", "(.*)"))`}, 1},
+		{opsQuery{expr: `max by (namespace, service) (label_replace(label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "job", "(.*)"), "service", "$1", "app", "(.+)")) / max by (namespace, service) (label_replace(rate(req_total{app_kubernetes_io_part_of="export-service"}[5m]), "service", "$1", "job", "(.*)"))`}, 1},
 	} {
 		if got := checkDeploymentsApart(testExposure(), tc.q); len(got) != tc.want {
 			t.Errorf("checkDeploymentsApart(%s, shows %q) = %q, want %d problem(s)", tc.q.expr, tc.q.shows, got, tc.want)

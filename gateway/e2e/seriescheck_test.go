@@ -98,12 +98,13 @@ func (e exposure) add(f *dto.MetricFamily) {
 }
 
 // targetLabels are added by Prometheus at the scrape, not by a binary: job
-// and instance always, app and namespace where Kubernetes pod discovery
-// maps the pod labels and the pod's namespace, as the usual
-// kubernetes-pods job does (deploy/k8s labels every pod app=<service>;
-// the dashboard and the alerts name services by app, else job, and keep
-// namespace apart).
-var targetLabels = setOf("job", "instance", "app", "namespace")
+// and instance always, app, app_kubernetes_io_part_of and namespace where
+// Kubernetes pod discovery maps the pod labels and the pod's namespace, as
+// the usual kubernetes-pods job does (deploy/k8s labels every pod
+// app=<service> and app.kubernetes.io/part-of=export-service; the
+// dashboard and the alerts read this product's targets by the latter,
+// name services by app, else job, and keep namespace apart).
+var targetLabels = setOf("job", "instance", "app", ownTargetsLabel, "namespace")
 
 // scrapeSeries are the series Prometheus writes of each scrape itself, with
 // the target's labels alone: up is 0 when the target did not answer.
