@@ -18,6 +18,7 @@ build: ## build every binary into bin/
 	done
 	@go build -o bin/exportctl ./pkg/cmd/exportctl
 	@go build -o bin/tracestore ./pkg/cmd/tracestore
+	@go build -o bin/logcap ./pkg/cmd/logcap
 	@ls bin
 
 run: build ## start the whole stack natively (PostgreSQL + Redis under .run/), demo data and keys

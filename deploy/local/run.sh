@@ -73,6 +73,12 @@ while IFS= read -r line || [ -n "$line" ]; do
   [ -n "${!name:-}" ] || export "$name=${line#*=}"
 done <"$state/secrets"
 
+# The size past which a log or the span file starts afresh, in MiB (0:
+# none), checked before anything starts.
+RUN_LOG_MAX_MB=${RUN_LOG_MAX_MB:-128}
+[[ $RUN_LOG_MAX_MB =~ ^[0-9]{1,9}$ ]] || die "RUN_LOG_MAX_MB must be a number of MiB, such as 128 (0: logs never start afresh within a run)"
+RUN_LOG_MAX_MB=$((10#$RUN_LOG_MAX_MB))
+
 # Listeners: anything already in the environment wins.
 export GATEWAY_ADDR="${GATEWAY_ADDR:-127.0.0.1:8080}"
 export EXPORT_READER_ADDR="${EXPORT_READER_ADDR:-127.0.0.1:8081}"
@@ -274,14 +280,21 @@ umask 022
 # Each make run starts its logs and spans afresh and keeps the last run's
 # once, as NAME.1 (make trace reads traces.jsonl.1 too): appended run
 # after run, they only grew (a run under load writes about 1 GB an hour,
-# README). Within a run nothing caps them. After stop_leftovers (a binary
-# left running would write on in the .1), and only once this run starts
-# its binaries: one that stopped before (an address taken, a migration
-# failed) moved the last run's files to .1 and wrote none, so make trace
-# could not open traces.jsonl and .run/logs/ held no log.
+# README). After stop_leftovers (a binary left running would write on in
+# the .1), and only once this run starts its binaries: one that stopped
+# before (an address taken, a migration failed) moved the last run's files
+# to .1 and wrote none, so make trace could not open traces.jsonl and
+# .run/logs/ held no log.
 for f in "$state"/logs/*.log "$state/traces.jsonl"; do
   [ ! -f "$f" ] || mv -f "$f" "$f.1"
 done
+
+# Within a run, each file that reaches RUN_LOG_MAX_MB becomes NAME.1 in
+# turn (the last run's then gone) and starts afresh: a stack left up under
+# load for days filled the disk. The binaries' output goes through logcap,
+# which does so (they write to stdout, and a file the shell appends to
+# cannot be moved under them); tracestore caps its span file itself.
+log_max_bytes=$((RUN_LOG_MAX_MB << 20))
 
 # Every binary runs in a session of its own, like PostgreSQL and Redis, so
 # that stop_all alone signals it, once and in its turn: Ctrl-C signals the
@@ -290,10 +303,13 @@ done
 # last spans lost (pkg/stopsignal). tracestore must also outlive the others,
 # to receive the spans they flush as they stop.
 own_session=$(command -v setsid || true)
+# logcap ignores the terminal's signals and ends when the binary's output
+# does: ended first, it would close the pipe under a binary still
+# draining, which SIGPIPE ends.
 start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1
   [ -x "bin/$name" ] || { log "bin/$name not built: skipped"; return 0; }
-  $own_session "bin/$name" >>"$state/logs/$name.log" 2>&1 9>&- &
+  $own_session "bin/$name" > >(exec $own_session bin/logcap --file "$state/logs/$name.log" --max-bytes "$log_max_bytes" 9>&-) 2>&1 9>&- &
   pids+=($!); names[$!]=$name
   echo "$! $name $(start_time $!)" >>"$state/pids"
   log "$name started (pid $!, log .run/logs/$name.log)"
@@ -302,7 +318,8 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
 # appends them to .run/traces.jsonl (make trace ID=<request_id> prints one).
 # An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
-  $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" >>"$state/logs/tracestore.log" 2>&1 9>&- &
+  $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" \
+    --max-bytes "$log_max_bytes" >>"$state/logs/tracestore.log" 2>&1 9>&- &
   pids+=($!); names[$!]=tracestore
   echo "$! tracestore $(start_time $!)" >>"$state/pids"
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,8 +32,9 @@ import (
 // stubEnv, set, makes the test binary the stand-in for bin/<its value>.
 const (
 	stubEnv          = "STOPSIGNAL_RUNSH_STUB"
-	stubDirEnv       = "STOPSIGNAL_RUNSH_STUB_DIR"  // where each stand-in writes its pid
+	stubDirEnv       = "STOPSIGNAL_RUNSH_STUB_DIR"  // where each stand-in writes its pid and arguments
 	stubUnhealthyEnv = "STOPSIGNAL_RUNSH_UNHEALTHY" // the one whose health check fails
+	stubChattyEnv    = "STOPSIGNAL_RUNSH_CHATTY"    // NAME:BYTES, the one that logs that much as it starts
 )
 
 // stubAddrEnv is the variable that gives each server its address
@@ -56,8 +58,13 @@ func runStub(name string) int {
 			addr = os.Args[i+1]
 		}
 	}
+	if chatty, size, _ := strings.Cut(os.Getenv(stubChattyEnv), ":"); chatty == name {
+		logLines(size)
+	}
 	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), name+".pid"), pid, 0o644); err != nil {
+	args := []byte(strings.Join(os.Args[1:], " "))
+	if err := os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), name+".pid"), pid, 0o644); err != nil ||
+		os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), name+".args"), args, 0o644) != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -80,6 +87,23 @@ func runStub(name string) int {
 	}
 	return 0
 }
+
+// logLines writes size bytes (a decimal) of numbered log lines to stdout,
+// then the line lastLogLine.
+func logLines(size string) {
+	n, _ := strconv.Atoi(size)
+	out := bufio.NewWriter(os.Stdout)
+	for i := 0; n > 0; i++ {
+		line := fmt.Sprintf(`{"level":"INFO","msg":"request","n":%08d,"pad":"%s"}`+"\n", i, strings.Repeat("x", 60))
+		out.WriteString(line)
+		n -= len(line)
+	}
+	out.WriteString(lastLogLine + "\n")
+	out.Flush()
+}
+
+// lastLogLine ends what logLines writes.
+const lastLogLine = `{"level":"INFO","msg":"the last line"}`
 
 // exportctlStub answers what run.sh reads of exportctl (an id, a key) and
 // keeps its owner and platforms as files in the stubs folder: as the real
@@ -191,6 +215,11 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 	}
 	self, err := os.Executable()
 	must(t, err)
+	// logcap is the real one: every binary's output goes through it.
+	logcapBin := buildLogcap(t)
+	src, err := os.ReadFile(logcapBin)
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(root, "bin", "logcap"), src, 0o755))
 	for _, name := range []string{"exportctl", "tracestore", "export-reader", "sales-writer", "shop-schema", "gateway"} {
 		stub := fmt.Sprintf("#!/bin/sh\nexport %s=%s\nexec '%s' \"$@\"\n", stubEnv, name, self)
 		must(t, os.WriteFile(filepath.Join(root, "bin", name), []byte(stub), 0o755))
@@ -208,6 +237,35 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 		env = append(env, name+"="+testenv.FreeAddr(t), admin+"="+testenv.FreeAddr(t))
 	}
 	return s, env
+}
+
+// logcapBuild is bin/logcap, built once for every test of the package.
+var logcapBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// buildLogcap builds pkg/cmd/logcap (Go's build cache makes it quick after
+// the first time) and returns its path.
+func buildLogcap(t *testing.T) string {
+	t.Helper()
+	logcapBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "logcap")
+		if err != nil {
+			logcapBuild.err = err
+			return
+		}
+		logcapBuild.path = filepath.Join(dir, "logcap")
+		out, err := exec.Command("go", "build", "-o", logcapBuild.path, "github.com/coinexport/export/pkg/cmd/logcap").CombinedOutput()
+		if err != nil {
+			logcapBuild.err = fmt.Errorf("go build logcap: %v\n%s", err, out)
+		}
+	})
+	if logcapBuild.err != nil {
+		t.Fatal(logcapBuild.err)
+	}
+	return logcapBuild.path
 }
 
 // again starts another make run in the same clone, with the same settings.
@@ -680,6 +738,57 @@ func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
 		if kept, err := os.ReadFile(filepath.Join(s.root, f+".1")); err != nil || string(kept) != "the last run's\n" {
 			t.Errorf("%s.1 after a make run = %q (%v), want the last run's lines", f, kept, err)
 		}
+	}
+}
+
+// Within a run, a log that reaches RUN_LOG_MAX_MB becomes NAME.1 and
+// starts afresh, its lines whole and the newest kept, and tracestore is
+// told the same cap for the span file (make trace reads it and its .1):
+// appended for as long as make run was up, they filled the disk.
+func TestRunScriptCapsTheLogsWithinARun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	s.launch(t, append(env, "RUN_LOG_MAX_MB=1", stubChattyEnv+"=gateway:3500000"))
+	s.waitFor(t, "Ctrl-C stops everything.")
+	log := filepath.Join(s.root, ".run/logs/gateway.log")
+	// The gateway wrote its lines before it answered; logcap writes them
+	// on its own time (a pipe's buffer behind).
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if b, _ := os.ReadFile(log); strings.Contains(string(b), lastLogLine) || time.Now().After(deadline) {
+			break
+		}
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	for _, f := range []string{log, log + ".1"} {
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) == 0 || len(b) > 1<<20 {
+			t.Errorf("%s: %v, %d bytes; want it written and within RUN_LOG_MAX_MB=1 (1 MiB)", f, err, len(b))
+		}
+		for line := range strings.Lines(string(b)) {
+			if !strings.HasPrefix(line, "{") || !strings.HasSuffix(line, "}\n") {
+				t.Errorf("%s holds %q: want whole lines", f, line)
+				break
+			}
+		}
+	}
+	if b, _ := os.ReadFile(log); !strings.Contains(string(b), lastLogLine) {
+		t.Errorf("%s lacks the gateway's last line", log)
+	}
+	args, err := os.ReadFile(filepath.Join(s.stubs, "tracestore.args"))
+	if err != nil || !strings.Contains(string(args), "--max-bytes 1048576") {
+		t.Errorf("tracestore was started with %q (%v), want --max-bytes 1048576", args, err)
+	}
+	// A cap that is no number stops make run before it starts anything.
+	bad, badEnv := prepareRunScript(t, "")
+	bad.launch(t, append(badEnv, "RUN_LOG_MAX_MB=1G"))
+	bad.waitFor(t, "RUN_LOG_MAX_MB must be a number of MiB")
+	bad.waitExit(t)
+	if started, _ := filepath.Glob(filepath.Join(bad.stubs, "*.pid")); len(started) > 0 {
+		t.Errorf("make run with RUN_LOG_MAX_MB=1G started %v", started)
 	}
 }
 

@@ -2,8 +2,12 @@
 // receiver that appends every span to a JSON Lines file, and a lookup that
 // prints one request's trace as a tree.
 //
-//	tracestore serve [--addr 127.0.0.1:4318] [--file .run/traces.jsonl]
+//	tracestore serve [--addr 127.0.0.1:4318] [--file .run/traces.jsonl] [--max-bytes N]
 //	tracestore show [--file .run/traces.jsonl] REQUEST_ID
+//
+// serve keeps the file under --max-bytes: past it, the file becomes
+// FILE.1 (the one there before gone) and a new one starts, so a stack left
+// up for days no longer fills the disk; show reads FILE and FILE.1.
 package main
 
 import (
@@ -24,6 +28,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/acceptretry"
+	"github.com/coinexport/export/pkg/cappedfile"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/tracestore"
@@ -45,12 +50,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:4318", "OTLP/HTTP listen address")
 	file := fs.String("file", ".run/traces.jsonl", "span file")
+	maxBytes := fs.Int64("max-bytes", 0, "serve: the size past which the span file becomes FILE.1 and starts afresh (0: none)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	switch args[0] {
 	case "serve":
-		return serve(ctx, *addr, *file, stdout)
+		return serve(ctx, *addr, *file, *maxBytes, stdout)
 	case "show":
 		if fs.NArg() != 1 {
 			return errors.New("usage: tracestore show [--file F] REQUEST_ID")
@@ -60,11 +66,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	return fmt.Errorf("unknown command %q", args[0])
 }
 
-// serve receives spans on addr into file until ctx ends; its few log lines
-// go to logs.
-func serve(ctx context.Context, addr, file string, logs io.Writer) error {
+// serve receives spans on addr into file, capped at maxBytes (0: none),
+// until ctx ends; its few log lines go to logs.
+func serve(ctx context.Context, addr, file string, maxBytes int64, logs io.Writer) error {
 	log := slog.New(slog.NewJSONHandler(logs, nil)).With("service", "tracestore")
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := cappedfile.Open(file, maxBytes)
 	if err != nil {
 		return err
 	}

@@ -76,7 +76,7 @@ func TestServeWritesTheExportInFlightWhenStopped(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, addr, file, io.Discard) }()
+	go func() { served <- serve(ctx, addr, file, 0, io.Discard) }()
 
 	body, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
 		ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{{TraceId: bytes.Repeat([]byte{0xab}, 16),
@@ -131,8 +131,58 @@ func TestOutOfDescriptorsServeWaitsAndServesAfter(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	var logs testenv.Output
-	go func() { served <- serve(ctx, addr, file, &logs) }()
+	go func() { served <- serve(ctx, addr, file, 0, &logs) }()
 	t.Cleanup(func() { stop(); <-served })
 	testenv.WaitListening(t, addr)
 	testenv.AnsweredAfterADescriptorShortage(t, addr, "/v1/traces", &logs)
+}
+
+// serve --max-bytes keeps the span file under its cap within a run, the
+// full one moved to traces.jsonl.1, and show still finds a request whose
+// spans moved there: appended for as long as make run was up, the file
+// grew by about 1 GB an hour under load and filled the disk.
+func TestServeCapsTheSpanFileAndShowReadsWhatMoved(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "traces.jsonl")
+	addr := testenv.FreeAddr(t)
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- run(ctx, []string{"serve", "--addr", addr, "--file", file, "--max-bytes", "4000"}, io.Discard)
+	}()
+	t.Cleanup(func() { stop(); <-served })
+	testenv.WaitListening(t, addr)
+	traceID := func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, 16) }
+	for i := range 40 {
+		body, err := proto.Marshal(&collectortrace.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
+			ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{{TraceId: traceID(i),
+				SpanId: bytes.Repeat([]byte{1}, 8), Name: fmt.Sprintf("GET /v1/export/items %d", i)}}}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Post("http://"+addr+"/v1/traces", "application/x-protobuf", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("export %d = %d, want 200", i, resp.StatusCode)
+		}
+	}
+	for _, f := range []string{file, file + ".1"} {
+		if info, err := os.Stat(f); err != nil || info.Size() > 4000 {
+			t.Errorf("%s: %v, want it within the cap of 4000 bytes", f, err)
+		}
+	}
+	// The newest spans are in the file, those before in .1 (17 lines of 230
+	// bytes a file); the first ones are gone, the price of the cap.
+	if err := show(io.Discard, file, fmt.Sprintf("%x", traceID(0))); err == nil {
+		t.Error("show of the first export found it: the span files were not capped")
+	}
+	for i, where := range map[int]string{39: "traces.jsonl", 30: "traces.jsonl.1"} {
+		var out bytes.Buffer
+		if err := show(&out, file, fmt.Sprintf("%x", traceID(i))); err != nil || !strings.Contains(out.String(), fmt.Sprintf("GET /v1/export/items %d", i)) {
+			t.Errorf("show of export %d (in %s) = %v, %q; want its span", i, where, err, out.String())
+		}
+	}
 }

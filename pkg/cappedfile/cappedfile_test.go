@@ -1,0 +1,165 @@
+package cappedfile
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Lines written past the cap go to a new file, the full one kept as
+// NAME.1 (the one there before gone): NAME and NAME.1 hold the newest
+// lines, each whole and under the cap, where the file grew without bound.
+func TestWritesPastTheCapStartAFreshFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gateway.log")
+	if err := os.WriteFile(path+".1", []byte("the last run's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for i := range 50 {
+		line := fmt.Sprintf("line %02d of the run\n", i) // 19 bytes: 5 to a file
+		lines = append(lines, line)
+		if n, err := c.Write([]byte(line)); err != nil || n != len(line) {
+			t.Fatalf("Write(%q) = %d, %v", line, n, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	now, last := read(t, path), read(t, path+".1")
+	if want := strings.Join(lines[45:], ""); now != want {
+		t.Errorf("%s = %q, want the last 5 lines %q", path, now, want)
+	}
+	if want := strings.Join(lines[40:45], ""); last != want {
+		t.Errorf("%s.1 = %q, want the 5 lines before %q", path, last, want)
+	}
+}
+
+// A file the run before left is appended to, its size counted: the cap
+// holds across a restart of the writer.
+func TestOpenCountsWhatTheFileHolds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "traces.jsonl")
+	if err := os.WriteFile(path, []byte(strings.Repeat("x", 90)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(path, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("a new line\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, path); got != "a new line\n" {
+		t.Errorf("%s = %q, want the new line alone (91 + 11 bytes pass the cap)", path, got)
+	}
+	if got := len(read(t, path+".1")); got != 91 {
+		t.Errorf("%s.1 holds %d bytes, want the 91 it held", path, got)
+	}
+}
+
+// A line longer than the cap is written whole, to a file of its own; a
+// cap of 0 caps nothing.
+func TestALineOverTheCapIsWrittenWhole(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(filepath.Join(dir, "a.log"), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("y", 25) + "\n"
+	for _, line := range []string{"short\n", long, "after\n"} {
+		if _, err := c.Write([]byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	if got, got1 := read(t, filepath.Join(dir, "a.log")), read(t, filepath.Join(dir, "a.log.1")); got != "after\n" || got1 != long {
+		t.Errorf("a.log = %q, a.log.1 = %q; want %q and the long line whole", got, got1, "after\n")
+	}
+	unlimited, err := Open(filepath.Join(dir, "b.log"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if _, err := unlimited.Write([]byte(long)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unlimited.Close()
+	if got := len(read(t, filepath.Join(dir, "b.log"))); got != 100*len(long) {
+		t.Errorf("b.log with cap 0 holds %d bytes, want all %d", got, 100*len(long))
+	}
+}
+
+// CopyLines writes each line whole, a rotation falling between lines, and
+// reads its input to the end even while writes fail: the process writing
+// it must not find its pipe closed (SIGPIPE ends a Go program).
+func TestCopyLinesKeepsReadingWhenWritesFail(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "logs", "shop-schema.log")
+	if err := os.Mkdir(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(path, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var input strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&input, `{"msg":"request","n":%d}`+"\n", i)
+	}
+	if err := CopyLines(c, strings.NewReader(input.String()), io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{path, path + ".1"} {
+		for line := range strings.Lines(read(t, file)) {
+			if !strings.HasPrefix(line, `{"msg"`) || !strings.HasSuffix(line, "}\n") {
+				t.Errorf("%s holds %q, want whole lines", file, line)
+			}
+		}
+	}
+	// Its folder gone, the next rotation cannot move the file: lines are
+	// lost, said once, and the input is still read to its end.
+	if err := os.RemoveAll(filepath.Dir(path)); err != nil {
+		t.Fatal(err)
+	}
+	var errs bytes.Buffer
+	r := &countingReader{r: strings.NewReader(input.String())}
+	if err := CopyLines(c, r, &errs); err != nil {
+		t.Fatal(err)
+	}
+	if r.n != int64(input.Len()) {
+		t.Errorf("CopyLines read %d of %d bytes after a failed write, want all", r.n, input.Len())
+	}
+	if n := strings.Count(errs.String(), "lines are lost"); n != 1 {
+		t.Errorf("CopyLines said %q, want one line saying lines are lost", errs.String())
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
