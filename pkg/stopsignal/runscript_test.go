@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -216,10 +215,7 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 	self, err := os.Executable()
 	must(t, err)
 	// logcap is the real one: every binary's output goes through it.
-	logcapBin := buildLogcap(t)
-	src, err := os.ReadFile(logcapBin)
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(root, "bin", "logcap"), src, 0o755))
+	buildLogcap(t, filepath.Join(root, "bin", "logcap"))
 	for _, name := range []string{"exportctl", "tracestore", "export-reader", "sales-writer", "shop-schema", "gateway"} {
 		stub := fmt.Sprintf("#!/bin/sh\nexport %s=%s\nexec '%s' \"$@\"\n", stubEnv, name, self)
 		must(t, os.WriteFile(filepath.Join(root, "bin", name), []byte(stub), 0o755))
@@ -239,33 +235,13 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 	return s, env
 }
 
-// logcapBuild is bin/logcap, built once for every test of the package.
-var logcapBuild struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// buildLogcap builds pkg/cmd/logcap (Go's build cache makes it quick after
-// the first time) and returns its path.
-func buildLogcap(t *testing.T) string {
+// buildLogcap builds pkg/cmd/logcap as path (Go's build cache makes it
+// quick after the first time).
+func buildLogcap(t *testing.T, path string) {
 	t.Helper()
-	logcapBuild.once.Do(func() {
-		dir, err := os.MkdirTemp("", "logcap")
-		if err != nil {
-			logcapBuild.err = err
-			return
-		}
-		logcapBuild.path = filepath.Join(dir, "logcap")
-		out, err := exec.Command("go", "build", "-o", logcapBuild.path, "github.com/coinexport/export/pkg/cmd/logcap").CombinedOutput()
-		if err != nil {
-			logcapBuild.err = fmt.Errorf("go build logcap: %v\n%s", err, out)
-		}
-	})
-	if logcapBuild.err != nil {
-		t.Fatal(logcapBuild.err)
+	if out, err := exec.Command("go", "build", "-o", path, "github.com/coinexport/export/pkg/cmd/logcap").CombinedOutput(); err != nil {
+		t.Fatalf("go build logcap: %v\n%s", err, out)
 	}
-	return logcapBuild.path
 }
 
 // again starts another make run in the same clone, with the same settings.
