@@ -38,6 +38,9 @@ func main() {
 	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the flag package has listed the scenario's flags
+		}
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		if errors.Is(err, errUsage) {
 			fmt.Fprintln(os.Stderr, usage)
@@ -65,6 +68,10 @@ var scenarios = map[string]scenario{
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) == 1 && helpWords[args[0]] {
+		_, err := fmt.Fprintln(stdout, usage)
+		return err
+	}
 	if len(args) == 0 || scenarios[args[0]] == nil {
 		names := make([]string, 0, len(scenarios))
 		for n := range scenarios {
@@ -80,9 +87,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	return scenarios[args[0]](ctx, cfg, args[1:], stdout)
 }
 
+// helpWords ask for the scenarios' list, as -h after one asks for its flags.
+var helpWords = map[string]bool{"-h": true, "-help": true, "--help": true, "help": true}
+
 // parseFlags parses a scenario's flags, reporting errors as usage errors.
+// A -h is flag.ErrHelp, as asked (exit 0 with the flags listed), not an
+// invalid usage followed by the scenarios' list.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
