@@ -84,9 +84,19 @@ export GATEWAY_ADDR="${GATEWAY_ADDR:-127.0.0.1:8080}"
 export EXPORT_READER_ADDR="${EXPORT_READER_ADDR:-127.0.0.1:8081}"
 export SALES_WRITER_ADDR="${SALES_WRITER_ADDR:-127.0.0.1:8082}"
 export SHOP_SCHEMA_ADDR="${SHOP_SCHEMA_ADDR:-127.0.0.1:8083}"
-export EXPORT_READER_URLS="${EXPORT_READER_URLS:-http://$EXPORT_READER_ADDR}"
-export SALES_WRITER_URLS="${SALES_WRITER_URLS:-http://$SALES_WRITER_ADDR}"
-export SHOP_SCHEMA_URLS="${SHOP_SCHEMA_URLS:-http://$SHOP_SCHEMA_ADDR}"
+# reachable ADDR: where a client on this machine reaches a listener on ADDR.
+# One on every address (:8080, 0.0.0.0:8080, [::]:8080) is reached on
+# loopback: curl refuses http://:8080, so GATEWAY_ADDR=:8080 gave a BASE_URL
+# no curl line of the README could use, and make run waited 10 s for a
+# gateway that answered, then said it was not answering.
+reachable() {
+  local host=${1%:*} port=${1##*:}
+  case "$host" in ""|0.0.0.0) host=127.0.0.1 ;; "[::]") host="[::1]" ;; esac
+  echo "$host:$port"
+}
+export EXPORT_READER_URLS="${EXPORT_READER_URLS:-http://$(reachable "$EXPORT_READER_ADDR")}"
+export SALES_WRITER_URLS="${SALES_WRITER_URLS:-http://$(reachable "$SALES_WRITER_ADDR")}"
+export SHOP_SCHEMA_URLS="${SHOP_SCHEMA_URLS:-http://$(reachable "$SHOP_SCHEMA_ADDR")}"
 
 # Every address must be free before anything starts. With one taken (a
 # make run in another clone, a binary run by hand), the health checks
@@ -232,7 +242,7 @@ pg_create_db "$state/pg" exportsvc
 state_in_url=$(url_path "$state")
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@/exportsvc?host=$state_in_url/pg}"
 export REDIS_URL="${REDIS_URL:-unix://$state_in_url/redis/redis.sock}"
-export BASE_URL="http://$GATEWAY_ADDR/v1"
+export BASE_URL="http://$(reachable "$GATEWAY_ADDR")/v1"
 
 log "migrating"
 bin/exportctl migrate >/dev/null
@@ -322,7 +332,7 @@ if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
     --max-bytes "$log_max_bytes" >>"$state/logs/tracestore.log" 2>&1 9>&- &
   pids+=($!); names[$!]=tracestore
   echo "$! tracestore $(start_time $!)" >>"$state/pids"
-  export OTEL_EXPORTER_OTLP_ENDPOINT="http://${TRACESTORE_ADDR:-127.0.0.1:4318}"
+  export OTEL_EXPORTER_OTLP_ENDPOINT="http://$(reachable "${TRACESTORE_ADDR:-127.0.0.1:4318}")"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
 fi
 for svc in export-reader sales-writer shop-schema; do start "$svc"; done
@@ -330,10 +340,10 @@ for svc in export-reader sales-writer shop-schema; do start "$svc"; done
 # otherwise find one still starting and report it down for a few seconds.
 for addr in "$EXPORT_READER_ADDR" "$SALES_WRITER_ADDR" "$SHOP_SCHEMA_ADDR"; do
   for i in $(seq 100); do
-    curl -fsS "http://$addr/healthz" >/dev/null 2>&1 && break
+    curl -fsS "http://$(reachable "$addr")/healthz" >/dev/null 2>&1 && break
     sleep 0.1
   done
-  curl -fsS "http://$addr/healthz" >/dev/null 2>&1 || log "the service on $addr is not answering yet: see .run/logs/"
+  curl -fsS "http://$(reachable "$addr")/healthz" >/dev/null 2>&1 || log "the service on $addr is not answering yet: see .run/logs/"
 done
 start gateway
 

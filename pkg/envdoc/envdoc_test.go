@@ -80,6 +80,30 @@ func TestExpand(t *testing.T) {
 	}
 }
 
+// run.sh's $(reachable "ADDR") is read as the script runs it: a listener
+// on every address is reached on loopback.
+func TestReadRunScriptReadsReachable(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "run.sh")
+	lines := `export A_ADDR="${A_ADDR:-:8081}"
+export A_URLS="${A_URLS:-http://$(reachable "$A_ADDR")}"
+export B_URL="http://$(reachable "0.0.0.0:80")/v1"
+export C_URL="http://$(reachable "[::]:80"),http://$(reachable "localhost:81")"
+`
+	if err := os.WriteFile(script, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env, err := ReadRunScript(script, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"A_URLS": "http://127.0.0.1:8081", "B_URL": "http://127.0.0.1:80/v1",
+		"C_URL": "http://[::1]:80,http://localhost:81"} {
+		if env[name] != want {
+			t.Errorf("%s = %q, want %q", name, env[name], want)
+		}
+	}
+}
+
 // fakeConfig is a binary's Config in small: what the checks compare.
 type fakeConfig struct {
 	Addr, AdminAddr string

@@ -65,7 +65,41 @@ func ReadCompose(path string, vars map[string]string) (map[string]ComposeService
 var (
 	exportLine = regexp.MustCompile(`^\s*export ([A-Za-z_][A-Za-z0-9_]*)=(.*)$`)
 	secretLine = regexp.MustCompile(`echo "([A-Z_][A-Z0-9_]*)=\$\(random_secret\)"`)
+	// reachableCall is run.sh's $(reachable "ADDR"), read as reachable reads it.
+	reachableCall = regexp.MustCompile(`\$\(reachable "([^"]*)"\)`)
 )
+
+// reachable is run.sh's function of that name: where a client on the
+// machine reaches a listener on addr, on loopback for a listener on every
+// address (":8080", "0.0.0.0:8080", "[::]:8080").
+func reachable(addr string) string {
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		return addr
+	}
+	host := addr[:i]
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "[::]":
+		host = "[::1]"
+	}
+	return host + addr[i:]
+}
+
+// expandReachable replaces each $(reachable "ADDR") of value with its
+// result, ADDR expanded with vars.
+func expandReachable(value string, vars map[string]string) (string, error) {
+	var failed error
+	out := reachableCall.ReplaceAllStringFunc(value, func(call string) string {
+		addr, err := expand(reachableCall.FindStringSubmatch(call)[1], vars)
+		if err != nil {
+			failed = err
+		}
+		return reachable(addr)
+	})
+	return out, failed
+}
 
 // ReadRunScript returns the environment make run's script
 // (deploy/local/run.sh) gives every binary it starts: each `export
@@ -73,7 +107,8 @@ var (
 // (such as state and state_in_url), and each secret it writes to .run/secrets with
 // `echo "NAME=$(random_secret)"`, set to secrets[NAME] (a secret of its
 // own each, as random_secret makes). Lines export in the script's order
-// whatever branch they are in: each binary must accept all.
+// whatever branch they are in: each binary must accept all. The one
+// command substitution read is the script's $(reachable "ADDR").
 func ReadRunScript(path string, vars map[string]string, secrets map[string]string) (map[string]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -93,7 +128,10 @@ func ReadRunScript(path string, vars map[string]string, secrets map[string]strin
 		if m == nil {
 			continue
 		}
-		value := strings.TrimSuffix(strings.TrimPrefix(m[2], `"`), `"`)
+		value, err := expandReachable(strings.TrimSuffix(strings.TrimPrefix(m[2], `"`), `"`), known)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
 		if env[m[1]], err = expand(value, known); err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
 		}

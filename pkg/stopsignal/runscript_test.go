@@ -57,6 +57,9 @@ func runStub(name string) int {
 			addr = os.Args[i+1]
 		}
 	}
+	if strings.HasPrefix(addr, ":") { // every address: the tests listen on loopback alone
+		addr = "127.0.0.1" + addr
+	}
 	if chatty, size, _ := strings.Cut(os.Getenv(stubChattyEnv), ":"); chatty == name {
 		logLines(size)
 	}
@@ -288,10 +291,12 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// waitFor reads the script's output up to a line that holds text.
-func (s *runScript) waitFor(t *testing.T, text string) {
+// waitFor reads the script's output up to a line that holds text, and
+// returns the lines before it.
+func (s *runScript) waitFor(t *testing.T, text string) []string {
 	t.Helper()
 	timeout := time.After(2 * time.Minute)
+	var before []string
 	for {
 		select {
 		case line, ok := <-s.lines:
@@ -299,8 +304,9 @@ func (s *runScript) waitFor(t *testing.T, text string) {
 				t.Fatalf("make run ended before it wrote %q", text)
 			}
 			if strings.Contains(line, text) {
-				return
+				return before
 			}
+			before = append(before, line)
 		case <-timeout:
 			t.Fatalf("make run did not write %q within 2 minutes", text)
 		}
@@ -502,6 +508,33 @@ func TestRunScriptCompletesTheDemoDataOfAStartCutShort(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.root, ".run/demo.env")); err != nil {
 		t.Errorf("make run after a start cut short: %v, want .run/demo.env written", err)
 	}
+}
+
+// A listener given as every address of its port (":8080", which the
+// binaries read as such) is reached on loopback: make run wrote BASE_URL
+// http://:8080/v1, which curl refuses, so it said the gateway was not
+// answering, and the README's curl lines, reading .run/env, failed.
+func TestRunScriptReachesAListenerOnEveryAddress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	port := func(addr string) string { return addr[strings.LastIndexByte(addr, ':'):] }
+	gateway, reader := port(testenv.FreeAddr(t)), port(testenv.FreeAddr(t))
+	s.launch(t, append(env, "GATEWAY_ADDR="+gateway, "EXPORT_READER_ADDR="+reader)) // the last wins
+	for _, line := range s.waitFor(t, "Ctrl-C stops everything.") {
+		if strings.Contains(line, "not answering") {
+			t.Errorf("make run with GATEWAY_ADDR=%s and EXPORT_READER_ADDR=%s wrote %q", gateway, reader, line)
+		}
+	}
+	written, err := os.ReadFile(filepath.Join(s.root, ".run/env"))
+	must(t, err)
+	if want := "BASE_URL='http://127.0.0.1" + gateway + "/v1'"; !strings.Contains(string(written), want) {
+		t.Errorf(".run/env with GATEWAY_ADDR=%s:\n%s\nwant %s", gateway, written, want)
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
 }
 
 // A second make run in the same clone while one runs says so and ends,
