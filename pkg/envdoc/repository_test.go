@@ -251,3 +251,78 @@ var (
 	testFunc = regexp.MustCompile(`(?m)^func ((?:Test|Fuzz|Benchmark|Example)\w*)\(`)
 	testName = regexp.MustCompile(`\b((?:Test|Fuzz|Benchmark)[A-Z][A-Za-z0-9_]*)(\*?)`)
 )
+
+// Each test gateway/e2e/SPEC-MAP.md names is in the folder of a file or
+// folder its citation names (the tests, then where they are, up to a ';';
+// a file named alone, sale_test.go, is in the folder named last): a test
+// that exists elsewhere passed TestEveryTestTheDocumentsNameExists while
+// the map sent its reader to the wrong package (TestItem, export-reader's,
+// was cited in pkg/catalog/render_test.go). A citation that names no file
+// is not checked.
+func TestSpecMapNamesEachTestsFolder(t *testing.T) {
+	inFolder := map[string]map[string]bool{} // folder, from the root → tests defined there
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		text, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dir, _ := filepath.Rel(root, filepath.Dir(path))
+		if inFolder[dir] == nil {
+			inFolder[dir] = map[string]bool{}
+		}
+		for _, m := range testFunc.FindAllSubmatch(text, -1) {
+			inFolder[dir][string(m[1])] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(filepath.Join(root, "gateway/e2e/SPEC-MAP.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, line := range strings.Split(string(text), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 5 || !strings.HasPrefix(line, "|") {
+			continue
+		}
+		lastFolder := ""
+		for _, citation := range strings.Split(cells[3], ";") {
+			var folders []string
+			for _, p := range citedPath.FindAllString(citation, -1) {
+				if !strings.Contains(p, "/") && lastFolder != "" {
+					p = lastFolder + "/" + p
+				}
+				folder := strings.TrimSuffix(p, "/")
+				if strings.HasSuffix(p, ".go") {
+					folder = filepath.Dir(p)
+				}
+				folders, lastFolder = append(folders, folder), folder
+			}
+			if len(folders) == 0 {
+				continue
+			}
+			for _, m := range testName.FindAllStringSubmatch(citation, -1) {
+				name := m[1]
+				found := slices.ContainsFunc(folders, func(f string) bool { return inFolder[f][name] })
+				checked++
+				if !found && m[2] == "" {
+					t.Errorf("SPEC-MAP.md, row §%s %.50s…: %s is in none of %v (name its own file)", strings.TrimSpace(cells[1]), strings.TrimSpace(cells[2]), name, folders)
+				}
+			}
+		}
+	}
+	if checked < 150 {
+		t.Errorf("checked %d citations of SPEC-MAP.md, want the hundreds it holds", checked)
+	}
+}
+
+// citedPath is a file or folder of the repository as SPEC-MAP.md names
+// one: from the root (gateway/e2e/spec_test.go, services/…/api/), or a
+// test file alone.
+var citedPath = regexp.MustCompile(`\b(?:(?:gateway|services|pkg|deploy)/[\w./-]*[\w/]|[\w-]+_test\.go)`)
