@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5"
@@ -233,4 +234,73 @@ func parsePort(t *testing.T, port string) uint16 {
 		t.Fatal(err)
 	}
 	return uint16(p)
+}
+
+// A call the shutdown's drain cut off (503) or whose caller hung up (499)
+// says what is known of the sale, in its answer, its log line and its
+// access line and span (sale_applied): nothing was applied when it ended
+// before any statement reached PostgreSQL (here its context ended before
+// it took a pool connection), and the sale may have been applied when it
+// ended while its statement ran (waiting for the item's row lock). Both
+// said "may have been applied", which sends the SRE tracing the request
+// id reconciling for nothing.
+func TestCutOffOrAbandonedCallSaysWhatWasApplied(t *testing.T) {
+	t.Parallel()
+	ends := []struct {
+		name       string
+		cause      error // the request context's cancellation cause
+		wantStatus int
+		wantLog    string // the line's message, up to what it says of the sale
+	}{
+		{"cut off by the drain", httpserver.ErrCutOff, http.StatusServiceUnavailable, `"msg":"sale call cut off: the shutdown's drain timed out; `},
+		{"abandoned by its caller", context.Canceled, httpserver.StatusClientClosed, `"msg":"sale call abandoned by the caller: `},
+	}
+	whens := []struct {
+		name     string
+		midSale  bool
+		wantSays string // in the answer and the log line
+		wantNote string // sale_applied of the access line and span
+	}{
+		{"before any statement", false, "nothing was applied", `"sale_applied":"no"`},
+		{"mid-statement", true, "the sale may have been applied", `"sale_applied":"maybe"`},
+	}
+	for _, end := range ends {
+		for _, when := range whens {
+			f := newFixture(t)
+			f.addItem(t, f.owner, "coin-1", true)
+			var logs testenv.Output
+			f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs)
+			ctx, cancel := context.WithCancelCause(context.Background())
+			if when.midSale {
+				lockItem(t, f, "coin-1")
+				go cancelOnceWaiting(f, cancel, end.cause)
+			} else {
+				cancel(end.cause)
+			}
+			rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1, ctx: ctx})
+			cancel(nil)
+			name := end.name + " " + when.name
+			if rec.Code != end.wantStatus || env.Error == nil || !strings.Contains(env.Error.Message, when.wantSays) {
+				t.Errorf("%s = %d %s, want %d saying %q", name, rec.Code, rec.Body, end.wantStatus, when.wantSays)
+			}
+			if !strings.Contains(logs.String(), end.wantLog+when.wantSays) || !strings.Contains(logs.String(), when.wantNote) {
+				t.Errorf("%s: the log does not say %q and %s:\n%s", name, end.wantLog+when.wantSays, when.wantNote, logs.String())
+			}
+		}
+	}
+}
+
+// cancelOnceWaiting cancels a call with cause once a session of f's
+// database waits for a lock (the call's statement, behind lockItem's).
+func cancelOnceWaiting(f *fixture, cancel context.CancelCauseFunc, cause error) {
+	for range 500 {
+		var waiting bool
+		err := f.db.QueryRow(context.Background(), `SELECT count(*) > 0 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil || waiting {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel(cause)
 }

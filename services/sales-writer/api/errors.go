@@ -59,139 +59,188 @@ var saleErrors = []struct {
 const replayedRefusalNote = " (the answer given before to this Idempotency-Key, which keeps it: " +
 	"to try again, send the call with a new key)"
 
+// errorAnswer is what the writer sends for an error: status, code, message,
+// and, for a call that failed, what it says of the sale (applied).
+type errorAnswer struct {
+	status  int
+	code    string
+	message string
+	applied string
+}
+
+// What a failed call's answer says of the sale, in its access line and
+// span (sale_applied), for the SRE who traces its request id.
+const (
+	appliedNo    = "no"    // nothing was applied
+	appliedMaybe = "maybe" // the sale may have been applied
+)
+
 // writeError is the one place where an error becomes an HTTP answer; it
-// returns the error code it sent. Anything unknown is a 500 whose real cause
-// is logged here, once, and never sent.
+// returns the error code it sent. A refusal (4xx) is answered as decided;
+// a failure (5xx, 499) is logged here, once, its cause never sent.
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) string {
-	requestID := httpserver.RequestID(r)
+	a, refused := refusal(err)
+	if !refused {
+		a = h.failure(r, err)
+	}
+	if sales.IsReplayedRefusal(err) {
+		httpserver.AnnotateFlag(w, r, "idempotent_replay")
+	}
+	if a.applied != "" {
+		httpserver.Annotate(w, r, "sale_applied", a.applied)
+	}
+	envelope.WriteError(w, a.status, a.code, a.message, httpserver.RequestID(r))
+	return a.code
+}
+
+// refusal is the answer to a call refused as sent (its input, its key,
+// its body) or for the state of its item or sale, and whether err is one.
+func refusal(err error) (errorAnswer, bool) {
 	var re *requestError
 	if errors.As(err, &re) {
-		envelope.WriteError(w, http.StatusBadRequest, re.code, re.message, requestID)
-		return re.code
+		return errorAnswer{status: http.StatusBadRequest, code: re.code, message: re.message}, true
 	}
 	for _, m := range callerErrors {
 		if errors.Is(err, m.err) {
-			envelope.WriteError(w, m.status, m.code, m.err.Error(), requestID)
-			return m.code
+			return errorAnswer{status: m.status, code: m.code, message: m.err.Error()}, true
 		}
 	}
 	if errors.Is(err, httpserver.ErrBodyTooLarge) {
-		const code = "payload_too_large"
-		envelope.WriteError(w, http.StatusRequestEntityTooLarge, code,
-			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
-		return code
+		return errorAnswer{status: http.StatusRequestEntityTooLarge, code: "payload_too_large",
+			message: fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes)}, true
 	}
 	if errors.Is(err, httpserver.ErrBodyAbandoned) {
 		// The caller closed the connection before its body was whole:
 		// nothing was applied, and no one reads this answer (499, as for a
 		// caller that leaves while the sale runs; a 400 counted it as a
 		// bad request).
-		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed,
-			"the caller closed the request before sending its body whole; nothing was applied", requestID)
-		return httpserver.CodeClientClosed
+		return errorAnswer{status: httpserver.StatusClientClosed, code: httpserver.CodeClientClosed,
+			message: "the caller closed the request before sending its body whole; nothing was applied", applied: appliedNo}, true
 	}
 	for _, m := range saleErrors {
 		if errors.Is(err, m.err) {
 			message := m.err.Error()
 			if sales.IsReplayedRefusal(err) {
-				httpserver.AnnotateFlag(w, r, "idempotent_replay")
 				message += replayedRefusalNote
 			}
-			envelope.WriteError(w, m.status, m.code, message, requestID)
-			return m.code
+			return errorAnswer{status: m.status, code: m.code, message: message}, true
 		}
 	}
-	if postgres.QueryCanceled(err) && !errors.Is(err, errCanceledEarly) || errors.Is(err, context.DeadlineExceeded) {
-		// SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL cancelled the
-		// statement and rolled it back (QueryCanceled), or the server did
-		// not answer within the grace after it, when a commit may have
-		// raced the end. A retry with the key settles it either way.
-		// Only the call's own deadline ends in DeadlineExceeded (a
-		// hang-up first would have made it Canceled), so it is the
-		// timeout even if the caller has left since.
-		if postgres.NothingSent(err) {
-			// The deadline came before any statement was sent: the
-			// call waited for a pool connection while every one was in
-			// use (postgres.AcquireError; the error says so), or it met
-			// the deadline in pgx before a byte went out.
-			h.log.ErrorContext(r.Context(), "sale call timed out before reaching the database (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
-			envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-				"the sale store did not answer in time; nothing was applied: retry with backoff and the same Idempotency-Key", requestID)
-			return "unavailable"
-		}
-		if postgres.QueryCanceled(err) {
-			// PostgreSQL's own statement_timeout cancelled the statement:
-			// an error answered for a statement rolls back the
-			// transaction it runs in (the call's statements and their
-			// commit share one), and the timeout ends before the commit
-			// starts. A sales platform need not reconcile.
-			h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT) and was rolled back: an item locked by a long transaction, or the database overloaded", "error", err)
-			envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-				"the sale store did not answer in time and rolled the sale back; nothing was applied: retry with backoff and the same Idempotency-Key", requestID)
-			return "unavailable"
-		}
-		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
-		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the sale store did not answer in time; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
-		return "unavailable"
-	}
-	if httpserver.CutOff(r, err) {
-		// The drain ran out of time and cut this call off: the writer's
-		// doing, not its caller's. The statement either was cancelled or
-		// committed; no one reads this answer (the gateway sees the
-		// connection close).
-		h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; it may have been applied", "error", err)
-		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the sale writer is shutting down; the sale may have been applied: retry with backoff and the same Idempotency-Key", requestID)
-		return "unavailable"
-	}
-	if httpserver.CallerGone(r, err) {
-		// The caller (the gateway, past its upstream timeout) hung up. The
-		// statement either was cancelled or committed: the log, the metrics
-		// and the span say so rather than report a failure (499, as nginx
-		// names a request its client closed; no one reads the answer).
-		h.log.InfoContext(r.Context(), "sale call abandoned by the caller: it may have been applied; a retry with the same Idempotency-Key replays it if so", "error", err)
-		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed, "the caller closed the request; the sale may have been applied", requestID)
-		return httpserver.CodeClientClosed
-	}
-	if postgres.Unreachable(err) {
-		// An outage, not a bug. The connection may have broken after the
-		// commit, so the answer says how to find out safely; unless it was
-		// never opened (refused by the system, or no connection slot
-		// left), when nothing was applied: "may have been" sent a sales
-		// platform reconciling for nothing.
-		h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
-		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the sale store is unreachable; "+applied(err)+": retry with backoff and the same Idempotency-Key", requestID)
-		return "unavailable"
-	}
-	if postgres.Unavailable(err) {
-		// PostgreSQL answered that it cannot do the work now and rolled
-		// it back: read-only (a failover sent the writer to a standby, or
-		// the primary is fenced), out of connections or disk, a deadlock,
-		// or a statement cancelled before the query timeout
-		// (errCanceledEarly); or it refused a new connection (a password
-		// changed, the database renamed) or failed in its own storage,
-		// which the operator puts right (cause says how). Nothing was
-		// applied; the answer says so where no statement was sent (a new
-		// connection refused), and still says how to settle it with the
-		// key, as every 503 of the writer does.
-		h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
-		message := "the sale store cannot take this call now; retry with backoff and the same Idempotency-Key"
-		if postgres.NothingSent(err) || postgres.QueryCanceled(err) {
-			// No statement reached PostgreSQL, or one did and an operator
-			// cancelled it, which rolls back its transaction.
-			message = "the sale store cannot take this call now; nothing was applied: retry with backoff and the same Idempotency-Key"
-		}
-		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable", message, requestID)
-		return "unavailable"
+	return errorAnswer{}, false
+}
+
+// failure answers a call that failed: the database out of reach or
+// refusing it, its time run out, the drain or its caller ending it, or a
+// cause nobody foresaw. It logs the cause once.
+func (h *handler) failure(r *http.Request, err error) errorAnswer {
+	switch {
+	case timedOut(err):
+		return h.timedOut(r, err)
+	case httpserver.CutOff(r, err):
+		return h.cutOff(r, err)
+	case httpserver.CallerGone(r, err):
+		return h.abandoned(r, err)
+	case postgres.Unreachable(err):
+		return h.unreachable(r, err)
+	case postgres.Unavailable(err):
+		return h.unavailable(r, err)
 	}
 	// Spec 7's 500: a temporary error, retried with backoff and reported
 	// by its request id. Whether the sale was applied is not known here,
 	// so the answer says how to retry it safely, as every 503 does.
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
-	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", InternalErrorMessage, requestID)
-	return "internal_error"
+	return errorAnswer{status: http.StatusInternalServerError, code: "internal_error", message: InternalErrorMessage, applied: appliedMaybe}
+}
+
+// timedOut reports whether SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL
+// cancelled the statement (QueryCanceled; not an operator's cancel,
+// errCanceledEarly), or the call's own deadline ended it. Only that
+// deadline ends in DeadlineExceeded (a hang-up first would have made it
+// Canceled), so it is the timeout even if the caller has left since.
+func timedOut(err error) bool {
+	return postgres.QueryCanceled(err) && !errors.Is(err, errCanceledEarly) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// timedOut answers a call whose SALES_WRITER_QUERY_TIMEOUT ran out. A
+// retry with the key settles it whatever happened.
+func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
+	const retry = ": retry with backoff and the same Idempotency-Key"
+	switch {
+	case postgres.NothingSent(err):
+		// The deadline came before any statement was sent: the call
+		// waited for a pool connection while every one was in use
+		// (postgres.AcquireError; the error says so), or it met the
+		// deadline in pgx before a byte went out.
+		h.log.ErrorContext(r.Context(), "sale call timed out before reaching the database (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
+		return unavailable("the sale store did not answer in time; nothing was applied"+retry, appliedNo)
+	case postgres.QueryCanceled(err):
+		// PostgreSQL's own statement_timeout cancelled the statement: an
+		// error answered for a statement rolls back the transaction it
+		// runs in (the call's statements and their commit share one), and
+		// the timeout ends before the commit starts. A sales platform
+		// need not reconcile.
+		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT) and was rolled back: an item locked by a long transaction, or the database overloaded", "error", err)
+		return unavailable("the sale store did not answer in time and rolled the sale back; nothing was applied"+retry, appliedNo)
+	}
+	// The server did not answer within the grace after the timeout: a
+	// commit may have raced the end.
+	h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
+	return unavailable("the sale store did not answer in time; the sale may have been applied"+retry, appliedMaybe)
+}
+
+// cutOff answers a call the shutdown's drain ran out of time for and
+// cancelled: the writer's doing, not its caller's (503, not 499). No one
+// reads the answer (the gateway sees the connection close), but the log
+// line and the span say whether a statement may have committed.
+func (h *handler) cutOff(r *http.Request, err error) errorAnswer {
+	said, claim := applied(err)
+	h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; "+said, "error", err)
+	return unavailable("the sale writer is shutting down; "+said+": retry with backoff and the same Idempotency-Key", claim)
+}
+
+// abandoned answers a call whose caller (the gateway, past its upstream
+// timeout) hung up: 499, as nginx names a request its client closed, so
+// that the log, the metrics and the span do not report a failure; they
+// say whether a statement may have committed. No one reads the answer.
+func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
+	said, claim := applied(err)
+	h.log.InfoContext(r.Context(), "sale call abandoned by the caller: "+said+"; a retry with the same Idempotency-Key replays it if so", "error", err)
+	return errorAnswer{status: httpserver.StatusClientClosed, code: httpserver.CodeClientClosed,
+		message: "the caller closed the request; " + said, applied: claim}
+}
+
+// unreachable answers an outage, not a bug. The connection may have
+// broken after the commit, so the answer says how to find out safely;
+// unless it was never opened (refused by the system, or no connection
+// slot left), when nothing was applied: "may have been" sent a sales
+// platform reconciling for nothing.
+func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
+	h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
+	said, claim := applied(err)
+	return unavailable("the sale store is unreachable; "+said+": retry with backoff and the same Idempotency-Key", claim)
+}
+
+// unavailable answers PostgreSQL saying it cannot do the work now, having
+// rolled it back: read-only (a failover sent the writer to a standby, or
+// the primary is fenced), out of connections or disk, a deadlock, or a
+// statement cancelled before the query timeout (errCanceledEarly); or it
+// refused a new connection (a password changed, the database renamed) or
+// failed in its own storage, which the operator puts right (cause says
+// how). The answer says nothing was applied where no statement was sent
+// (a new connection refused) or an operator cancelled the one sent, which
+// rolls back its transaction; and still says how to settle it with the
+// key, as every 503 of the writer does.
+func (h *handler) unavailable(r *http.Request, err error) errorAnswer {
+	h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
+	if postgres.NothingSent(err) || postgres.QueryCanceled(err) {
+		return unavailable("the sale store cannot take this call now; nothing was applied: retry with backoff and the same Idempotency-Key", appliedNo)
+	}
+	return unavailable("the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", "")
+}
+
+// unavailable is the writer's 503 with message, saying applied of the sale.
+func unavailable(message, applied string) errorAnswer {
+	return errorAnswer{status: http.StatusServiceUnavailable, code: "unavailable", message: message, applied: applied}
 }
 
 // InternalErrorMessage is the message of every 500 of the writer, a failure
@@ -201,12 +250,15 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 // retry it safely, as every 503 of the writer does.
 const InternalErrorMessage = "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
 
-// applied says what a call that failed for want of the database did: when
-// no statement reached it (postgres.NothingSent), nothing; else the sale
-// may have been applied (a connection lost after the commit).
-func applied(err error) string {
+// applied says what a call that ended before its answer did to the sale,
+// and its sale_applied: when no statement reached PostgreSQL
+// (postgres.NothingSent: no connection opened or taken from the pool, or
+// pgx stopped before a byte went out), nothing; else the sale may have
+// been applied (a statement cut off, or a connection lost, after the
+// commit).
+func applied(err error) (said, claim string) {
 	if postgres.NothingSent(err) {
-		return "nothing was applied"
+		return "nothing was applied", appliedNo
 	}
-	return "the sale may have been applied"
+	return "the sale may have been applied", appliedMaybe
 }

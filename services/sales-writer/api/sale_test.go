@@ -557,8 +557,8 @@ func TestAbandonedCallIsNotAFailure(t *testing.T) {
 }
 
 // A call the shutdown's drain cut off is the writer's doing: 503
-// unavailable, saying the sale may have been applied, not the 499 of a
-// caller that left.
+// unavailable, saying how to retry, not the 499 of a caller that left
+// (what it says was applied: TestCutOffOrAbandonedCallSaysWhatWasApplied).
 func TestCutOffCallIsUnavailable(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -566,8 +566,8 @@ func TestCutOffCallIsUnavailable(t *testing.T) {
 	cutOff, cut := context.WithCancelCause(context.Background())
 	cut(httpserver.ErrCutOff)
 	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1, ctx: cutOff})
-	if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" || !strings.Contains(env.Error.Message, "may have been applied") {
-		t.Errorf("confirm cut off by the drain = %d %q %s, want 503 unavailable saying the sale may have been applied", rec.Code, errorCode(env), rec.Body)
+	if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" || !strings.Contains(env.Error.Message, "same Idempotency-Key") {
+		t.Errorf("confirm cut off by the drain = %d %q %s, want 503 unavailable advising the same Idempotency-Key", rec.Code, errorCode(env), rec.Body)
 	}
 }
 
