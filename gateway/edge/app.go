@@ -234,17 +234,34 @@ func bodyTooLarge(err error) bool {
 	return errors.As(err, &fe) && fe.Code == fiber.StatusRequestEntityTooLarge
 }
 
-// guardedServe serves the route, turning a panic into errInternal, logged
-// with its stack once.
+// guardedServe serves the route, turning a panic into a 500
+// (panicError), logged with its stack once.
 func (g *Gateway) guardedServe(c *fiber.Ctx, rq *request, rt route) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			g.metrics.panics.Inc()
-			g.log.ErrorContext(rq.ctx, "panic while serving", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			err = errInternal
+			g.log.ErrorContext(rq.ctx, "panic while serving", "panic", fmt.Sprint(r), "stack", string(debug.Stack()),
+				"may_have_sent", rq.mayHaveSent)
+			err = panicError(c, rq, rt)
 		}
 	}()
 	return g.serve(c, rq, rt)
+}
+
+// panicError is the 500 of a panic while serving rq. On a sale sent with
+// an Idempotency-Key it says what is known of the sale: nothing was
+// applied while the request had not gone upstream, else it may have been,
+// and the retry under the same key settles it. It said "internal error"
+// alone, which told a platform neither to keep the key nor that it need
+// not reconcile.
+func panicError(c *fiber.Ctx, rq *request, rt route) *apiError {
+	switch {
+	case !isIdempotentSale(c, rt):
+		return errInternal
+	case rq.mayHaveSent:
+		return errSaleInternal
+	}
+	return errSaleInternalNothingSent
 }
 
 // serve runs the route's steps: the refusals of what cannot be served as

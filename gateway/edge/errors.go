@@ -90,6 +90,12 @@ var (
 		Message: "send HTTP/1.1 or HTTP/1.0", Close: true}
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
 		Message: "internal error"}
+	// A panic on a sale sent with an Idempotency-Key (panicError) says
+	// what is known of the sale, as the writer's own 500 does.
+	errSaleInternalNothingSent = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
+		Message: "internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"}
+	errSaleInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
+		Message: "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"}
 	errDraining = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "this gateway instance is shutting down; other instances answer", RetryAfter: envelope.UnavailableRetryAfter}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
@@ -169,7 +175,7 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		return ae, false
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return errUnauthenticated, false
-	case errors.Is(err, upstream.ErrUnavailable), errors.Is(err, upstream.ErrUnreachable):
+	case nothingSent(err):
 		// Nothing was sent (every instance out, refused, or no connection
 		// free): a retry cannot apply anything twice, and Retry-After says
 		// when it is worth it.

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/pkg/tracestore"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -149,6 +151,85 @@ func TestPanicIsA500Envelope(t *testing.T) {
 	// The gateway keeps serving.
 	if resp, _ := get(t, "http://"+g.Addr()+"/v1/health", nil); resp.StatusCode != 200 {
 		t.Errorf("GET /v1/health after a panic = %d, want 200", resp.StatusCode)
+	}
+}
+
+// saleKeys grants every well-formed key a sales key of owner o1 and
+// platform market-a.
+type saleKeys struct{}
+
+func (saleKeys) Lookup(context.Context, string, func() bool) (keystore.Key, error) {
+	return keystore.Key{ID: "k2", OwnerID: "o1", PlatformID: "market-a", Scopes: []string{identity.ScopeSalesWrite}}, nil
+}
+func (saleKeys) Known(string) (keystore.Key, bool) { return keystore.Key{}, false }
+
+// panicAfterSending is a tracer whose proxy spans panic once the gateway
+// records the instance that answered: after the request went upstream.
+type panicAfterSending struct{ trace.Tracer }
+
+func (p panicAfterSending) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx, span := p.Tracer.Start(ctx, name, opts...)
+	if strings.HasPrefix(name, "proxy ") {
+		return ctx, panickingSpan{span}
+	}
+	return ctx, span
+}
+
+type panickingSpan struct{ trace.Span }
+
+func (panickingSpan) SetAttributes(...attribute.KeyValue) { panic("boom after sending") }
+
+// A panic of the gateway's own on a sale route says what is known of the
+// sale: before the request went upstream (here in the key's lookup),
+// nothing was applied; once it went (here as its answer came back), the
+// sale may have been, and a retry with the same Idempotency-Key settles
+// it. Both said only "internal error", which tells a platform neither to
+// keep the key nor that it need not reconcile.
+func TestSalePanicSaysWhetherTheSaleWasSent(t *testing.T) {
+	var hits atomic.Int64
+	writer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost { // not the health probes
+			hits.Add(1)
+		}
+		envelope.WriteData(w, 200, map[string]string{"status": "inactive"}, envelope.Meta{})
+	}))
+	t.Cleanup(writer.Close)
+	env := map[string]string{"SALES_WRITER_URLS": writer.URL}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
+	for _, tt := range []struct {
+		name     string
+		hook     func(*Gateway)
+		wantHits int64
+		want     string
+	}{
+		{"panic before sending", func(g *Gateway) { g.keys = panicKeys{} }, 0,
+			"internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"},
+		{"panic after sending", func(g *Gateway) { g.keys, g.tracer = saleKeys{}, panicAfterSending{tp.Tracer("test")} }, 1,
+			"internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"},
+	} {
+		hits.Store(0)
+		g, logs := startWithHook(t, env, tt.hook)
+		req, err := http.NewRequest("POST", "http://"+g.Addr()+"/v1/export/items/coin-1/sales/confirm", strings.NewReader(`{"external_order_id":"o"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-API-Key", wellFormedKey(t))
+		req.Header.Set("Idempotency-Key", "k1")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var answer envelope.Parsed
+		err = json.NewDecoder(resp.Body).Decode(&answer)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 500 || answer.Error == nil || answer.Error.Code != "internal_error" || answer.Error.Message != tt.want {
+			t.Errorf("%s: confirm = %d %+v (%v), want 500 internal_error %q", tt.name, resp.StatusCode, answer.Error, err, tt.want)
+		}
+		if hits.Load() != tt.wantHits || !strings.Contains(logs.String(), `"msg":"panic while serving"`) {
+			t.Errorf("%s: the writer got %d sales, want %d; the panic logged: %v", tt.name, hits.Load(), tt.wantHits,
+				strings.Contains(logs.String(), `"msg":"panic while serving"`))
+		}
 	}
 }
 

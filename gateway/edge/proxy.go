@@ -160,9 +160,7 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	if err := g.prepareUpstreamRequest(req, rq, uri); err != nil {
 		return err
 	}
-	// A sale with an Idempotency-Key is safe to send again, by us or by the
-	// client; one without is neither (the writer refuses it 400 anyway).
-	idempotentSale := rt.RepeatWithIdempotencyKey && len(req.Header.Peek(idempotencyKeyHeader)) > 0
+	idempotentSale := isIdempotentSale(c, rt)
 	repeat := upstream.Repeat{
 		Always:   idempotentSale,
 		IfClosed: rt.safe(),
@@ -182,7 +180,11 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 		affinity = rq.key.ID
 	}
 	defer inHTTP11(&req.Header)()
+	// From here until Do says otherwise, a panic answers as for a request
+	// that may have reached the service (panicError).
+	rq.mayHaveSent = true
 	out, err := g.upstreams[rt.Upstream].Do(req, resp, uri, repeat, affinity)
+	rq.mayHaveSent = !nothingSent(err)
 	g.recordOutcome(rq, span, rt.Upstream, out, resp, err)
 	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
@@ -418,6 +420,21 @@ func appendLower(dst, b []byte) []byte {
 		dst = append(dst, ch)
 	}
 	return dst
+}
+
+// isIdempotentSale reports whether the request is a sale sent with an
+// Idempotency-Key: safe to send again, by us or by the client; one without
+// is neither (the writer refuses it 400 anyway).
+func isIdempotentSale(c *fiber.Ctx, rt route) bool {
+	return rt.RepeatWithIdempotencyKey && len(c.Request().Header.Peek(idempotencyKeyHeader)) > 0
+}
+
+// nothingSent reports whether err, upstream.Do's, says that no attempt of
+// the request left the gateway: every instance out, or refused, or no
+// connection free (a repeat refused after a first attempt that was sent
+// is that attempt's failure, not this).
+func nothingSent(err error) bool {
+	return errors.Is(err, upstream.ErrUnavailable) || errors.Is(err, upstream.ErrUnreachable)
 }
 
 // errSaleMayBeApplied marks the failure of a sale sent with an

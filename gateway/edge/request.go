@@ -75,6 +75,10 @@ type request struct {
 	// have been applied") leaves no line of the writer's, and its request
 	// id must still lead to the item and key to reconcile.
 	sale *saleNames
+	// mayHaveSent: an attempt of the request may have reached its
+	// service (proxy passed it on, and upstream.Do did not say that none
+	// left): a panic's answer to a sale says so (panicError).
+	mayHaveSent bool
 }
 
 // saleNames are a sale request's item id (decoded, as the writer reads
