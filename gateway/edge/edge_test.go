@@ -1991,6 +1991,50 @@ func TestSaleFailureAdviceNeedsAnIdempotencyKey(t *testing.T) {
 	}
 }
 
+// A sale sent again after its first attempt may have reached a writer
+// (here one that closed the connection once it had the request, as a
+// writer killed after its commit does) is answered as that attempt's
+// failure when the repeat fails too: the other writer's 503 says "nothing
+// was applied" of its own attempt only, and relayed it told the platform
+// that a sale the first writer may have applied was not (it may give up,
+// or change the request). A 503 answered without a first attempt is the
+// writer's own, relayed as it came.
+func TestSaleRepeatAnsweredUnavailableKeepsTheFirstAttemptsDoubt(t *testing.T) {
+	dsn, _, k := seed(t)
+	var closed, refused atomic.Int64
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		refused.Add(1)
+		w.Header().Set("Retry-After", "1")
+		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the sale store did not answer in time; nothing was applied: retry with backoff and the same Idempotency-Key", r.Header.Get(identity.HeaderRequestID))
+	}))
+	t.Cleanup(refusing.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SALES_WRITER_URLS": brokenUpstream(t, &closed).URL + "," + refusing.URL})
+	for i := range 4 {
+		closedBefore := closed.Load()
+		r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+			"Content-Type": "application/json", "Idempotency-Key": fmt.Sprintf("k%d", i)}, strings.NewReader(`{"external_order_id":"o"}`))
+		checkEnvelope(t, r)
+		if r.Env.Error == nil {
+			t.Fatalf("sale %d = %d %s, want an error", i, r.Status, r.Body)
+		}
+		firstWasClosed := closed.Load() > closedBefore
+		if firstWasClosed && (r.Status != 502 || !strings.Contains(r.Env.Error.Message, "the sale may have been applied")) {
+			t.Errorf("sale %d, its first attempt closed, its repeat answered 503 = %d %s, want 502 saying the sale may have been applied", i, r.Status, r.Body)
+		}
+		if !firstWasClosed && (r.Status != 503 || !strings.Contains(r.Env.Error.Message, "nothing was applied")) {
+			t.Errorf("sale %d, sent once and answered 503 = %d %s, want the writer's 503 as it came", i, r.Status, r.Body)
+		}
+	}
+	if closed.Load() == 0 || refused.Load() <= closed.Load() {
+		t.Fatalf("%d first attempts closed, %d answered 503; want some of each and every closed one sent again: the test proved nothing", closed.Load(), refused.Load())
+	}
+}
+
 // A sale the gateway answers itself (here its writer closed the
 // connection: "the sale may have been applied") leaves no access line in
 // the writer, which would name its item and Idempotency-Key: the

@@ -186,6 +186,15 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	out, err := g.upstreams[rt.Upstream].Do(req, resp, uri, repeat, affinity)
 	rq.mayHaveSent = !nothingSent(err)
 	g.recordOutcome(rq, span, rt.Upstream, out, resp, err)
+	if err == nil && idempotentSale && repeatLeftInDoubt(out, resp) {
+		// The repeat's 5xx speaks of its own attempt (a writer's 503
+		// "nothing was applied" when it could not reach the database),
+		// not of the first, which may have been applied: the answer is
+		// the first's failure, as when the repeat never left (upstream.Do).
+		// Relayed, it told a platform that such a sale was not applied.
+		err = fmt.Errorf("%w; sent again to %s, which answered %d", out.Repeated, out.Instance, resp.StatusCode())
+		out.Instance = out.Repeated.Instance
+	}
 	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
 	}
@@ -448,6 +457,13 @@ var errSaleMayBeApplied = errors.New("the sale may have been applied")
 // was unreadable after it was sent.
 func mayHaveArrived(err error) bool {
 	return errors.Is(err, upstream.ErrTimeout) || errors.Is(err, upstream.ErrClosed) || errors.Is(err, upstream.ErrBadResponse)
+}
+
+// repeatLeftInDoubt reports whether a request was sent again after a first
+// attempt that may have arrived, and the repeat answered a 5xx, which says
+// nothing of that first attempt.
+func repeatLeftInDoubt(out upstream.Outcome, resp *fasthttp.Response) bool {
+	return out.Repeated != nil && mayHaveArrived(out.Repeated.Err) && resp.StatusCode() >= fiber.StatusInternalServerError
 }
 
 // kindUnavailable is errorKind's name for a request no instance was
