@@ -1994,44 +1994,61 @@ func TestSaleFailureAdviceNeedsAnIdempotencyKey(t *testing.T) {
 // A sale sent again after its first attempt may have reached a writer
 // (here one that closed the connection once it had the request, as a
 // writer killed after its commit does) is answered as that attempt's
-// failure when the repeat fails too: the other writer's 503 says "nothing
-// was applied" of its own attempt only, and relayed it told the platform
-// that a sale the first writer may have applied was not (it may give up,
-// or change the request). A 503 answered without a first attempt is the
-// writer's own, relayed as it came.
-func TestSaleRepeatAnsweredUnavailableKeepsTheFirstAttemptsDoubt(t *testing.T) {
+// failure when the repeat settles nothing: another writer's 503 says
+// "nothing was applied" of its own attempt only, and relayed it told the
+// platform that a sale the first writer may have applied was not (it may
+// give up, or change the request); a writer refusing the gateway's
+// identity (401) got the 502 "the fault is ours", saying nothing of the
+// first attempt. Sent once, each is answered as it was before.
+func TestSaleRepeatThatSettlesNothingKeepsTheFirstAttemptsDoubt(t *testing.T) {
 	dsn, _, k := seed(t)
-	var closed, refused atomic.Int64
-	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
+	for _, tt := range []struct {
+		name       string
+		answer     func(w http.ResponseWriter, r *http.Request)
+		onceStatus int
+		onceSays   string // the answer when sent once
+	}{
+		{"a writer's 503", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "1")
+			envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+				"the sale store did not answer in time; nothing was applied: retry with backoff and the same Idempotency-Key", r.Header.Get(identity.HeaderRequestID))
+		}, 503, "nothing was applied"},
+		{"a writer refusing the identity", func(w http.ResponseWriter, r *http.Request) {
+			envelope.WriteError(w, http.StatusUnauthorized, "unauthenticated", "the request did not come through the gateway", "r")
+		}, 502, "the fault is ours"},
+	} {
+		var closed, answered atomic.Int64
+		second := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/healthz" {
+				return
+			}
+			answered.Add(1)
+			tt.answer(w, r)
+		}))
+		t.Cleanup(second.Close)
+		gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+			"SALES_WRITER_URLS": brokenUpstream(t, &closed).URL + "," + second.URL})
+		for i := range 4 {
+			closedBefore := closed.Load()
+			r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+				"Content-Type": "application/json", "Idempotency-Key": fmt.Sprintf("k%d", i)}, strings.NewReader(`{"external_order_id":"o"}`))
+			checkEnvelope(t, r)
+			if r.Env.Error == nil {
+				t.Fatalf("%s: sale %d = %d %s, want an error", tt.name, i, r.Status, r.Body)
+			}
+			firstWasClosed := closed.Load() > closedBefore
+			if firstWasClosed && (r.Status != 502 || !strings.Contains(r.Env.Error.Message, "the sale may have been applied")) {
+				t.Errorf("%s: sale %d, its first attempt closed, its repeat answered so = %d %s, want 502 saying the sale may have been applied",
+					tt.name, i, r.Status, r.Body)
+			}
+			if !firstWasClosed && (r.Status != tt.onceStatus || !strings.Contains(r.Env.Error.Message, tt.onceSays)) {
+				t.Errorf("%s: sale %d, sent once = %d %s, want %d saying %q", tt.name, i, r.Status, r.Body, tt.onceStatus, tt.onceSays)
+			}
 		}
-		refused.Add(1)
-		w.Header().Set("Retry-After", "1")
-		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the sale store did not answer in time; nothing was applied: retry with backoff and the same Idempotency-Key", r.Header.Get(identity.HeaderRequestID))
-	}))
-	t.Cleanup(refusing.Close)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
-		"SALES_WRITER_URLS": brokenUpstream(t, &closed).URL + "," + refusing.URL})
-	for i := range 4 {
-		closedBefore := closed.Load()
-		r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
-			"Content-Type": "application/json", "Idempotency-Key": fmt.Sprintf("k%d", i)}, strings.NewReader(`{"external_order_id":"o"}`))
-		checkEnvelope(t, r)
-		if r.Env.Error == nil {
-			t.Fatalf("sale %d = %d %s, want an error", i, r.Status, r.Body)
+		if closed.Load() == 0 || answered.Load() <= closed.Load() {
+			t.Fatalf("%s: %d first attempts closed, %d answered by the other writer; want some of each and every closed one sent again: the test proved nothing",
+				tt.name, closed.Load(), answered.Load())
 		}
-		firstWasClosed := closed.Load() > closedBefore
-		if firstWasClosed && (r.Status != 502 || !strings.Contains(r.Env.Error.Message, "the sale may have been applied")) {
-			t.Errorf("sale %d, its first attempt closed, its repeat answered 503 = %d %s, want 502 saying the sale may have been applied", i, r.Status, r.Body)
-		}
-		if !firstWasClosed && (r.Status != 503 || !strings.Contains(r.Env.Error.Message, "nothing was applied")) {
-			t.Errorf("sale %d, sent once and answered 503 = %d %s, want the writer's 503 as it came", i, r.Status, r.Body)
-		}
-	}
-	if closed.Load() == 0 || refused.Load() <= closed.Load() {
-		t.Fatalf("%d first attempts closed, %d answered 503; want some of each and every closed one sent again: the test proved nothing", closed.Load(), refused.Load())
 	}
 }
 

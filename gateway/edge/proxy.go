@@ -189,9 +189,10 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	if err == nil && idempotentSale && repeatLeftInDoubt(out, resp) {
 		// The repeat's 5xx speaks of its own attempt (a writer's 503
 		// "nothing was applied" when it could not reach the database),
-		// not of the first, which may have been applied: the answer is
-		// the first's failure, as when the repeat never left (upstream.Do).
-		// Relayed, it told a platform that such a sale was not applied.
+		// and a 401 of the identity alone, not of the first attempt, which
+		// may have been applied: the answer is the first's failure, as
+		// when the repeat never left (upstream.Do). Relayed, the 503 told
+		// a platform that such a sale was not applied.
 		err = fmt.Errorf("%w; sent again to %s, which answered %d", out.Repeated, out.Instance, resp.StatusCode())
 		out.Instance = out.Repeated.Instance
 	}
@@ -460,10 +461,12 @@ func mayHaveArrived(err error) bool {
 }
 
 // repeatLeftInDoubt reports whether a request was sent again after a first
-// attempt that may have arrived, and the repeat answered a 5xx, which says
-// nothing of that first attempt.
+// attempt that may have arrived, and the repeat answered a 5xx or refused
+// the gateway's identity (401), which say nothing of that first attempt.
 func repeatLeftInDoubt(out upstream.Outcome, resp *fasthttp.Response) bool {
-	return out.Repeated != nil && mayHaveArrived(out.Repeated.Err) && resp.StatusCode() >= fiber.StatusInternalServerError
+	status := resp.StatusCode()
+	return out.Repeated != nil && mayHaveArrived(out.Repeated.Err) &&
+		(status >= fiber.StatusInternalServerError || status == fiber.StatusUnauthorized)
 }
 
 // kindUnavailable is errorKind's name for a request no instance was
