@@ -134,7 +134,7 @@ func refusal(err error) (errorAnswer, bool) {
 // cause nobody foresaw. It logs the cause once.
 func (h *handler) failure(r *http.Request, err error) errorAnswer {
 	switch {
-	case timedOut(err):
+	case queryTimeoutRanOut(err):
 		return h.timedOut(r, err)
 	case httpserver.CutOff(r, err):
 		return h.cutOff(r, err)
@@ -152,19 +152,18 @@ func (h *handler) failure(r *http.Request, err error) errorAnswer {
 	return errorAnswer{status: http.StatusInternalServerError, code: "internal_error", message: InternalErrorMessage, applied: appliedMaybe}
 }
 
-// timedOut reports whether SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL
+// queryTimeoutRanOut reports whether SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL
 // cancelled the statement (QueryCanceled; not an operator's cancel,
 // errCanceledEarly), or the call's own deadline ended it. Only that
 // deadline ends in DeadlineExceeded (a hang-up first would have made it
 // Canceled), so it is the timeout even if the caller has left since.
-func timedOut(err error) bool {
+func queryTimeoutRanOut(err error) bool {
 	return postgres.QueryCanceled(err) && !errors.Is(err, errCanceledEarly) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // timedOut answers a call whose SALES_WRITER_QUERY_TIMEOUT ran out. A
 // retry with the key settles it whatever happened.
 func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
-	const retry = ": retry with backoff and the same Idempotency-Key"
 	switch {
 	case postgres.NothingSent(err):
 		// The deadline came before any statement was sent: the call
@@ -172,7 +171,7 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 		// (postgres.AcquireError; the error says so), or it met the
 		// deadline in pgx before a byte went out.
 		h.log.ErrorContext(r.Context(), "sale call timed out before reaching the database (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
-		return unavailable("the sale store did not answer in time; nothing was applied"+retry, appliedNo)
+		return answer503("the sale store did not answer in time; nothing was applied"+retryWithTheKey, appliedNo)
 	case postgres.QueryCanceled(err):
 		// PostgreSQL's own statement_timeout cancelled the statement: an
 		// error answered for a statement rolls back the transaction it
@@ -180,12 +179,12 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 		// the timeout ends before the commit starts. A sales platform
 		// need not reconcile.
 		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT) and was rolled back: an item locked by a long transaction, or the database overloaded", "error", err)
-		return unavailable("the sale store did not answer in time and rolled the sale back; nothing was applied"+retry, appliedNo)
+		return answer503("the sale store did not answer in time and rolled the sale back; nothing was applied"+retryWithTheKey, appliedNo)
 	}
 	// The server did not answer within the grace after the timeout: a
 	// commit may have raced the end.
 	h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
-	return unavailable("the sale store did not answer in time; the sale may have been applied"+retry, appliedMaybe)
+	return answer503("the sale store did not answer in time; the sale may have been applied"+retryWithTheKey, appliedMaybe)
 }
 
 // cutOff answers a call the shutdown's drain ran out of time for and
@@ -195,7 +194,7 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 func (h *handler) cutOff(r *http.Request, err error) errorAnswer {
 	said, claim := applied(err)
 	h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; "+said, "error", err)
-	return unavailable("the sale writer is shutting down; "+said+": retry with backoff and the same Idempotency-Key", claim)
+	return answer503("the sale writer is shutting down; "+said+retryWithTheKey, claim)
 }
 
 // abandoned answers a call whose caller (the gateway, past its upstream
@@ -217,7 +216,7 @@ func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
 func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
 	said, claim := applied(err)
-	return unavailable("the sale store is unreachable; "+said+": retry with backoff and the same Idempotency-Key", claim)
+	return answer503("the sale store is unreachable; "+said+retryWithTheKey, claim)
 }
 
 // unavailable answers PostgreSQL saying it cannot do the work now, having
@@ -233,13 +232,17 @@ func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 func (h *handler) unavailable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
 	if postgres.NothingSent(err) || postgres.QueryCanceled(err) {
-		return unavailable("the sale store cannot take this call now; nothing was applied: retry with backoff and the same Idempotency-Key", appliedNo)
+		return answer503("the sale store cannot take this call now; nothing was applied"+retryWithTheKey, appliedNo)
 	}
-	return unavailable("the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", "")
+	return answer503("the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", "")
 }
 
-// unavailable is the writer's 503 with message, saying applied of the sale.
-func unavailable(message, applied string) errorAnswer {
+// retryWithTheKey ends the message of a 503 that says what was applied:
+// whatever happened, the retry under the same key settles it.
+const retryWithTheKey = ": retry with backoff and the same Idempotency-Key"
+
+// answer503 is the writer's 503 with message, saying applied of the sale.
+func answer503(message, applied string) errorAnswer {
 	return errorAnswer{status: http.StatusServiceUnavailable, code: "unavailable", message: message, applied: applied}
 }
 

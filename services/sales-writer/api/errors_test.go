@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,9 +16,11 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/sales-writer/sales"
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestRefusalsBeforeTheSaleOnTheWire pins, byte for byte, every answer
@@ -202,5 +205,76 @@ func TestATimeoutRacingAHangUpIsStillATimeout(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "sale call failed") {
 		t.Errorf("logged as a failure of unknown cause:\n%s", logs.String())
+	}
+}
+
+// TestFailuresOnTheWire pins what the mapper answers for each kind of
+// failure the sale logic returns (status, code, whole message, and the
+// sale_applied its access line records), so that its shape can change
+// without its answers changing. The database tests check that each kind
+// comes from the fault it names.
+func TestFailuresOnTheWire(t *testing.T) {
+	t.Parallel()
+	signer, err := identity.NewSigner(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := identity.Identity{OwnerID: "00000000-0000-4000-8000-000000000001", PlatformID: "market-a", KeyID: "key-a",
+		Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-failure"}
+	waited := &postgres.AcquireError{Err: context.Canceled}
+	const retry = ": retry with backoff and the same Idempotency-Key"
+	tests := []struct {
+		name        string
+		err         error
+		cause       error // the request context's cancellation cause; nil leaves it live
+		wantStatus  int
+		wantCode    string
+		wantMsg     string
+		wantApplied string // "" when the line records none
+	}{
+		{"deadline waiting for a connection", fmt.Errorf("sales: %w", &postgres.AcquireError{Err: context.DeadlineExceeded}), nil, 503, "unavailable",
+			"the sale store did not answer in time; nothing was applied" + retry, "no"},
+		{"deadline mid-statement", fmt.Errorf("sales: %w", context.DeadlineExceeded), nil, 503, "unavailable",
+			"the sale store did not answer in time; the sale may have been applied" + retry, "maybe"},
+		{"an operator's cancel", fmt.Errorf("sales: %w", &pgconn.PgError{Code: "57014"}), nil, 503, "unavailable",
+			"the sale store cannot take this call now; nothing was applied" + retry, "no"},
+		{"cut off waiting for a connection", fmt.Errorf("sales: %w", waited), httpserver.ErrCutOff, 503, "unavailable",
+			"the sale writer is shutting down; nothing was applied" + retry, "no"},
+		{"cut off mid-statement", fmt.Errorf("sales: %w", context.Canceled), httpserver.ErrCutOff, 503, "unavailable",
+			"the sale writer is shutting down; the sale may have been applied" + retry, "maybe"},
+		{"abandoned waiting for a connection", fmt.Errorf("sales: %w", waited), context.Canceled, 499, "client_closed_request",
+			"the caller closed the request; nothing was applied", "no"},
+		{"abandoned mid-statement", fmt.Errorf("sales: %w", context.Canceled), context.Canceled, 499, "client_closed_request",
+			"the caller closed the request; the sale may have been applied", "maybe"},
+		{"connection lost", fmt.Errorf("sales: %w", io.ErrUnexpectedEOF), nil, 503, "unavailable",
+			"the sale store is unreachable; the sale may have been applied" + retry, "maybe"},
+		{"a deadlock", fmt.Errorf("sales: %w", &pgconn.PgError{Code: "40P01"}), nil, 503, "unavailable",
+			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", ""},
+		{"read-only", fmt.Errorf("sales: %w", &pgconn.PgError{Code: "25006"}), nil, 503, "unavailable",
+			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", ""},
+		{"unforeseen", errors.New("sales: stored response: unexpected end of JSON input"), nil, 500, "internal_error", InternalErrorMessage, "maybe"},
+	}
+	for _, tt := range tests {
+		var logs testenv.Output
+		log := slog.New(slog.NewJSONHandler(&logs, nil))
+		mux := http.NewServeMux()
+		srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer}, mux)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		Routes(mux, writerFunc(func(context.Context, sales.Request) (sales.Result, error) {
+			if tt.cause != nil {
+				cancel(tt.cause)
+			}
+			return sales.Result{}, tt.err
+		}), log, srv.Registry(), time.Minute)
+		rec, env := serve(t, srv.Handler(), signer, call{id: id, op: "confirm", item: "coin-1", key: "k-1",
+			body: `{"external_order_id":"order-1"}`, ctx: ctx})
+		cancel(nil)
+		if rec.Code != tt.wantStatus || env.Error == nil || env.Error.Code != tt.wantCode || env.Error.Message != tt.wantMsg {
+			t.Errorf("%s = %d %s, want %d %s %q", tt.name, rec.Code, rec.Body, tt.wantStatus, tt.wantCode, tt.wantMsg)
+		}
+		note := `"sale_applied":"` + tt.wantApplied + `"`
+		if got := strings.Contains(logs.String(), `"sale_applied"`); got != (tt.wantApplied != "") || tt.wantApplied != "" && !strings.Contains(logs.String(), note) {
+			t.Errorf("%s: the access line does not record %s (recorded: %v):\n%s", tt.name, note, got, logs.String())
+		}
 	}
 }
