@@ -2067,9 +2067,9 @@ func TestSaleTheGatewayAnswersNamesItsItemAndKey(t *testing.T) {
 		want, notWant        []string
 	}{
 		{"/v1/export/items/coin%201/sales/confirm", "order-7-confirm",
-			[]string{`"item_id":"coin 1"`, `"idempotency_key":"order-7-confirm"`}, nil},
+			[]string{`"item_id":"coin 1"`, `"idempotency_key":"order-7-confirm"`, `"sale_applied":"maybe"`}, nil},
 		{"/v1/export/items/coin-1/sales/cancel", "pasted " + k.write,
-			[]string{`"item_id":"coin-1"`, `"idempotency_key":"[holds an API key]"`}, []string{k.write}},
+			[]string{`"item_id":"coin-1"`, `"idempotency_key":"[holds an API key]"`, `"sale_applied":"maybe"`}, []string{k.write}},
 	} {
 		r := do(t, "POST", gw.URL+tt.path, map[string]string{"X-API-Key": k.write, "Content-Type": "application/json",
 			"Idempotency-Key": tt.idempotencyKey}, strings.NewReader(`{"external_order_id":"o"}`))
@@ -2087,6 +2087,13 @@ func TestSaleTheGatewayAnswersNamesItsItemAndKey(t *testing.T) {
 				t.Errorf("POST %s: access line %s holds the API key", tt.path, line)
 			}
 		}
+	}
+	// A sale no writer took says nothing was applied, on its line too.
+	none := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SALES_WRITER_URLS": closedURL(t)})
+	r := do(t, "POST", none.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+		"Content-Type": "application/json", "Idempotency-Key": "k-none"}, strings.NewReader(`{"external_order_id":"o"}`))
+	if line := accessLine(none.Logs.String(), r.Env.Meta.RequestID); r.Status != 503 || !strings.Contains(line, `"sale_applied":"no"`) {
+		t.Errorf("a sale no writer took = %d, access line %s; want 503 and sale_applied no", r.Status, line)
 	}
 }
 

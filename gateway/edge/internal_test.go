@@ -201,11 +201,12 @@ func TestSalePanicSaysWhetherTheSaleWasSent(t *testing.T) {
 		hook     func(*Gateway)
 		wantHits int64
 		want     string
+		applied  string // the access line's sale_applied
 	}{
 		{"panic before sending", func(g *Gateway) { g.keys = panicKeys{} }, 0,
-			"internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"},
+			"internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", "no"},
 		{"panic after sending", func(g *Gateway) { g.keys, g.tracer = saleKeys{}, panicAfterSending{tp.Tracer("test")} }, 1,
-			"internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"},
+			"internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", "maybe"},
 	} {
 		hits.Store(0)
 		g, logs := startWithHook(t, env, tt.hook)
@@ -225,6 +226,9 @@ func TestSalePanicSaysWhetherTheSaleWasSent(t *testing.T) {
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != 500 || answer.Error == nil || answer.Error.Code != "internal_error" || answer.Error.Message != tt.want {
 			t.Errorf("%s: confirm = %d %+v (%v), want 500 internal_error %q", tt.name, resp.StatusCode, answer.Error, err, tt.want)
+		}
+		if !strings.Contains(logs.String(), `"sale_applied":"`+tt.applied+`"`) {
+			t.Errorf("%s: the access line does not record sale_applied %s:\n%s", tt.name, tt.applied, logs.String())
 		}
 		if hits.Load() != tt.wantHits || !strings.Contains(logs.String(), `"msg":"panic while serving"`) {
 			t.Errorf("%s: the writer got %d sales, want %d; the panic logged: %v", tt.name, hits.Load(), tt.wantHits,

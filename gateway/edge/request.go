@@ -85,6 +85,18 @@ type request struct {
 // it) and Idempotency-Key, as httpserver.LoggableClientValue records them.
 type saleNames struct {
 	itemID, idempotencyKey string
+	// applied is what the gateway's own answer said of the sale
+	// (saleClaims), as sales-writer records its own: "" for an answer
+	// relayed or one that says nothing of it.
+	applied string
+}
+
+// saleClaims are what the gateway's own answers to a sale say of it: the
+// access line's and span's sale_applied, under the writer's key, so that
+// the SRE tracing a sale the writer has no line of reads it there.
+var saleClaims = map[*apiError]string{
+	errSaleBadGateway: "maybe", errSaleTimeout: "maybe", errSaleInternal: "maybe",
+	errUpstreamUnavailable: "no", errSaleInternalNothingSent: "no",
 }
 
 // noteSale records the sale's item and Idempotency-Key (request.sale).
@@ -111,6 +123,7 @@ const (
 	// the writer's keys.
 	attrItemID         = attribute.Key("app.item_id")
 	attrIdempotencyKey = attribute.Key("app.idempotency_key")
+	attrSaleApplied    = attribute.Key("app.sale_applied")
 	// attrFailedAttemptKind and attrFailedAttemptInstance are the error
 	// kind and the instance (scheme://host:port) of an attempt sent again.
 	attrFailedAttemptKind     = attribute.Key("upstream.failed_attempt.kind")
@@ -228,6 +241,9 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 		if rq.sale.idempotencyKey != "" {
 			attrs = append(attrs, attrIdempotencyKey.String(rq.sale.idempotencyKey))
 		}
+		if rq.sale.applied != "" {
+			attrs = append(attrs, attrSaleApplied.String(rq.sale.applied))
+		}
 	}
 	if rq.authFailure != "" {
 		attrs = append(attrs, attrAuthFailure.String(rq.authFailure))
@@ -286,6 +302,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 		if rq.sale.idempotencyKey != "" {
 			attrs = append(attrs, slog.String("idempotency_key", rq.sale.idempotencyKey))
 		}
+		if rq.sale.applied != "" {
+			attrs = append(attrs, slog.String("sale_applied", rq.sale.applied))
+		}
 	}
 	if rq.instance != "" {
 		attrs = append(attrs, slog.String("upstream_instance", rq.instance))
@@ -301,6 +320,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 // upstream may have started to answer.
 func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	ae, logIt := toAPIError(err)
+	if rq.sale != nil {
+		rq.sale.applied = saleClaims[ae]
+	}
 	if logIt {
 		// A key lookup PostgreSQL refused (a password changed, the
 		// database renamed, a full disk) adds what the operator must do.
