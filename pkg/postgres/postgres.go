@@ -271,6 +271,19 @@ func QueryCanceled(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
+// RolledBack reports whether err is PostgreSQL's ERROR for a statement:
+// the transaction it ran in was rolled back and committed nothing (the
+// server never answers ERROR once a commit is done: a failure after it is
+// a WARNING, or a PANIC that ends the session). A FATAL (the session ended)
+// or a PANIC may come after the commit, and is not. The severity is read
+// unlocalized, as lc_messages translates the other; an error without it
+// (a pooler's own, such as PgBouncer's "server conn crashed?" after the
+// commit may have been sent) is not taken for one.
+func RolledBack(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR"
+}
+
 // setDefault sets params[name] unless the DSN already did.
 func setDefault(params map[string]string, name, value string) {
 	if _, ok := params[name]; !ok {

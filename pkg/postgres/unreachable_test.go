@@ -338,3 +338,58 @@ func TestCauseAttrIsLeftOutWhenEmpty(t *testing.T) {
 		t.Errorf("log lines = %q, want no cause on the first, the database's on the second", lines)
 	}
 }
+
+// RolledBack is PostgreSQL's ERROR, after which the transaction committed
+// nothing: a statement refused on a read-only session, one cancelled by
+// statement_timeout, a deadlock raised in a batch's implicit transaction
+// (whose first statement had inserted a row: it is gone too). A FATAL
+// (the session ended, perhaps after a commit), an error without the
+// unlocalized severity (a pooler's own) and a connection error are not.
+func TestRolledBackIsAnErrorOfTheServer(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	readOnly, err := pgconn.Connect(ctx, url+" default_transaction_read_only=on")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readOnly.Close(ctx)
+	_, readOnlyErr := readOnly.Exec(ctx, "INSERT INTO t VALUES (1)").ReadAll()
+	timed, err := pgconn.Connect(ctx, url+" statement_timeout=10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer timed.Close(ctx)
+	_, timeoutErr := timed.Exec(ctx, "SELECT pg_sleep(1)").ReadAll()
+	batch := &pgx.Batch{}
+	batch.Queue("INSERT INTO t VALUES (2)")
+	batch.Queue(`DO $$BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END$$`)
+	batchErr := pool.SendBatch(ctx, batch).Close()
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("rows after the failed batch = %d (%v), want 0", rows, err)
+	}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"read-only", readOnlyErr, true},
+		{"statement_timeout", timeoutErr, true},
+		{"a deadlock in a batch", batchErr, true},
+		{"a session the server ended", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P05"}, false},
+		{"an error without the unlocalized severity", &pgconn.PgError{Severity: "ERROR", Code: "08P01", Message: "server conn crashed?"}, false},
+		{"a connection lost", io.ErrUnexpectedEOF, false},
+	} {
+		if got := postgres.RolledBack(tt.err); got != tt.want {
+			t.Errorf("RolledBack(%s: %v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}

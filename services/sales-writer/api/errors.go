@@ -226,12 +226,14 @@ func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 // refused a new connection (a password changed, the database renamed) or
 // failed in its own storage, which the operator puts right (cause says
 // how). The answer says nothing was applied where no statement was sent
-// (a new connection refused) or an operator cancelled the one sent, which
-// rolls back its transaction; and still says how to settle it with the
-// key, as every 503 of the writer does.
+// (a new connection refused) or PostgreSQL answered the one sent with an
+// ERROR, which rolls back the transaction the call's statements and commit
+// share (postgres.RolledBack; the call's earlier runs changed nothing); a
+// FATAL may come after the commit. It still says how to settle it with
+// the key, as every 503 of the writer does.
 func (h *handler) unavailable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
-	if postgres.NothingSent(err) || postgres.QueryCanceled(err) {
+	if postgres.NothingSent(err) || postgres.RolledBack(err) {
 		return answer503("the sale store cannot take this call now; nothing was applied"+retryWithTheKey, appliedNo)
 	}
 	return answer503("the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", "")

@@ -629,7 +629,8 @@ func TestPanicSaysHowToRetry(t *testing.T) {
 
 // A sale on a read-only database (a failover sent the writer to a standby,
 // or the primary is fenced with default_transaction_read_only: SQLSTATE
-// 25006) is 503 unavailable with Retry-After, not 500, and applies nothing:
+// 25006) is 503 unavailable with Retry-After, not 500, applies nothing and
+// says so (PostgreSQL's ERROR rolled the call back; it said nothing of it):
 // the same call with the same key sells the item once the writer reaches
 // the primary again.
 func TestReadOnlyStoreIsUnavailable(t *testing.T) {
@@ -640,8 +641,8 @@ func TestReadOnlyStoreIsUnavailable(t *testing.T) {
 	for _, op := range []string{"confirm", "cancel"} {
 		rec, env := serve(t, readOnly, f.signer, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
 		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
-			!strings.Contains(env.Error.Message, "same Idempotency-Key") {
-			t.Errorf("%s on a read-only database = %d %q %s, want 503 unavailable naming the retry", op, rec.Code, errorCode(env), rec.Body)
+			!strings.Contains(env.Error.Message, "same Idempotency-Key") || !strings.Contains(env.Error.Message, "nothing was applied") {
+			t.Errorf("%s on a read-only database = %d %q %s, want 503 unavailable saying nothing was applied and naming the retry", op, rec.Code, errorCode(env), rec.Body)
 		}
 		if got := rec.Header().Get("Retry-After"); got != "1" {
 			t.Errorf("%s on a read-only database: Retry-After = %q, want 1", op, got)
@@ -829,8 +830,8 @@ func TestRepeatedDeadlocksAreUnavailable(t *testing.T) {
 	sale := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "k-deadlock", body: order1}
 	rec, env := f.do(t, sale)
 	if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
-		!strings.Contains(env.Error.Message, "same Idempotency-Key") {
-		t.Errorf("confirm deadlocked on every run = %d %q %s, want 503 unavailable naming the retry", rec.Code, errorCode(env), rec.Body)
+		!strings.Contains(env.Error.Message, "same Idempotency-Key") || !strings.Contains(env.Error.Message, "nothing was applied") {
+		t.Errorf("confirm deadlocked on every run = %d %q %s, want 503 unavailable saying nothing was applied and naming the retry", rec.Code, errorCode(env), rec.Body)
 	}
 	if n := f.count(t, "SELECT count(*) FROM idempotency_refusals"); n != 0 {
 		t.Errorf("refusals bound = %d, want 0: nothing refused the call", n)
