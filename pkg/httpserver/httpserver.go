@@ -115,47 +115,13 @@ func (s *Server) Run(ctx context.Context) error {
 	// when Run returns.
 	base, cutOff := context.WithCancelCause(context.Background())
 	defer cutOff(ErrCutOff)
-	main := &http.Server{
-		Addr:              s.cfg.Addr,
-		Handler:           s.handler,
-		BaseContext:       func(net.Listener) context.Context { return base },
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    32 << 10,
-		ErrorLog:          slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelWarn),
-		// "OPTIONS *" goes to the handler too (an envelope), not to
-		// net/http's own empty 200.
-		DisableGeneralOptionsHandler: true,
-	}
-	servers := []*http.Server{main}
-	names := []string{"main", "admin"}
-	if s.cfg.AdminAddr != "" {
-		servers = append(servers, &http.Server{
-			Addr:                         s.cfg.AdminAddr,
-			Handler:                      AdminHandler(s.registry),
-			ReadHeaderTimeout:            5 * time.Second,
-			MaxHeaderBytes:               32 << 10,
-			DisableGeneralOptionsHandler: true,
-		})
-	}
-	// Every address is taken before any is served: a second one that is
-	// taken already must not leave the first serving after Run returned.
-	listeners := make([]net.Listener, 0, len(servers))
-	for _, srv := range servers {
-		ln, err := s.listen("tcp", srv.Addr)
-		if err != nil {
-			for _, open := range listeners {
-				open.Close()
-			}
-			return fmt.Errorf("httpserver: listen %s: %w", srv.Addr, err)
-		}
-		// net/http waits out a shortage of descriptors itself, but logs
-		// each failed accept, once a second for as long as it lasts.
-		ln = acceptretry.New(ln, acceptretry.LogRetries(s.cfg.Log))
-		listeners = append(listeners, UnreadAsEnvelope(ln, s.unread))
+	servers := s.servers(base)
+	listeners, err := s.listenAll(servers)
+	if err != nil {
+		return err
 	}
 	failures := make(chan error, len(servers))
+	names := []string{"main", "admin"}
 	for i, srv := range servers {
 		s.cfg.Log.Info("listening", "addr", listeners[i].Addr().String())
 		go func() {
@@ -176,6 +142,62 @@ func (s *Server) Run(ctx context.Context) error {
 		s.cfg.Log.Error("listener failed: stopping", "error", failed)
 	case <-ctx.Done():
 	}
+	return errors.Join(failed, s.drain(servers, cutOff))
+}
+
+// servers are the main server, whose requests' contexts descend from base,
+// and the admin one when the Config has an AdminAddr, in that order.
+func (s *Server) servers(base context.Context) []*http.Server {
+	main := &http.Server{
+		Addr:              s.cfg.Addr,
+		Handler:           s.handler,
+		BaseContext:       func(net.Listener) context.Context { return base },
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+		ErrorLog:          slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelWarn),
+		// "OPTIONS *" goes to the handler too (an envelope), not to
+		// net/http's own empty 200.
+		DisableGeneralOptionsHandler: true,
+	}
+	if s.cfg.AdminAddr == "" {
+		return []*http.Server{main}
+	}
+	return []*http.Server{main, {
+		Addr:                         s.cfg.AdminAddr,
+		Handler:                      AdminHandler(s.registry),
+		ReadHeaderTimeout:            5 * time.Second,
+		MaxHeaderBytes:               32 << 10,
+		DisableGeneralOptionsHandler: true,
+	}}
+}
+
+// listenAll opens a listener for each server, in order, or none: every
+// address is taken before any is served, so that a second one taken
+// already does not leave the first serving after Run returned.
+func (s *Server) listenAll(servers []*http.Server) ([]net.Listener, error) {
+	listeners := make([]net.Listener, 0, len(servers))
+	for _, srv := range servers {
+		ln, err := s.listen("tcp", srv.Addr)
+		if err != nil {
+			for _, open := range listeners {
+				open.Close()
+			}
+			return nil, fmt.Errorf("httpserver: listen %s: %w", srv.Addr, err)
+		}
+		// net/http waits out a shortage of descriptors itself, but logs
+		// each failed accept, once a second for as long as it lasts.
+		ln = acceptretry.New(ln, acceptretry.LogRetries(s.cfg.Log))
+		listeners = append(listeners, UnreadAsEnvelope(ln, s.unread))
+	}
+	return listeners, nil
+}
+
+// drain shuts the servers down, waiting for their requests in flight for
+// at most the ShutdownTimeout, and cuts off (cutOff, then Close) those
+// still running then.
+func (s *Server) drain(servers []*http.Server, cutOff context.CancelCauseFunc) error {
 	// Said at once: a drain may take the whole ShutdownTimeout, and a log
 	// silent until "stopped" reads as a hung process.
 	s.cfg.Log.Info("draining", "in_flight", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
@@ -206,5 +228,5 @@ func (s *Server) Run(ctx context.Context) error {
 		s.cfg.Log.Warn("drain timed out: requests cut off", "cut_off", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
 	}
 	s.cfg.Log.Info("stopped")
-	return errors.Join(failed, firstErr)
+	return firstErr
 }
