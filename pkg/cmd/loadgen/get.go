@@ -182,20 +182,33 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	if err := authorize(); err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
+	s, used, err := run.measure(ctx, parts)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
+	}
+	return appendRecord(cfg.Results, getRecord(*name, *conns, s, used), stdout)
+}
+
+// measure runs wrk once, with the CPU time of parts taken over the run.
+func (g getRun) measure(ctx context.Context, parts cpuParts) (wrkSummary, cpuUsage, error) {
 	window, err := parts.start()
 	if err != nil {
-		return fmt.Errorf("%s: %w", *name, err)
+		return wrkSummary{}, cpuUsage{}, err
 	}
-	s, err := run.exec(ctx)
+	s, err := g.exec(ctx)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *name, err)
+		return wrkSummary{}, cpuUsage{}, err
 	}
 	used, err := window.stop()
-	if err != nil {
-		return fmt.Errorf("%s: %w", *name, err)
-	}
-	rec := Record{Scenario: *name, Figures: map[string]float64{
-		"conns":    float64(*conns),
+	return s, used, err
+}
+
+// getRecord is the record of a measured get run of conns connections:
+// its figures, wrk's CPU and the parts' per request, and a note of the
+// failed requests by kind and of any part left without a CPU figure.
+func getRecord(name string, conns int, s wrkSummary, used cpuUsage) Record {
+	rec := Record{Scenario: name, Figures: map[string]float64{
+		"conns":    float64(conns),
 		"requests": float64(s.Requests),
 		"rps":      s.RPS(),
 		"p50_ms":   s.P50US / 1000,
@@ -210,7 +223,7 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		notes = append(notes, fmt.Sprintf("errors: connect %d, read %d, write %d, status %d, timeout %d", s.Connect, s.Read, s.Write, s.Status, s.Timeout))
 	}
 	rec.Note = strings.Join(notes, "; ")
-	return appendRecord(cfg.Results, rec, stdout)
+	return rec
 }
 
 // headersOf captures the headers a sets on a request of method for target

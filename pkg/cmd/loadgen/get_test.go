@@ -92,3 +92,22 @@ func TestWriteSignedRequests(t *testing.T) {
 		}
 	}
 }
+
+// A get run's record carries its figures per request, CPU included, and a
+// note naming the failed requests by kind and any part without a CPU figure.
+func TestGetRecord(t *testing.T) {
+	s := wrkSummary{Requests: 1000, DurationUS: 2_000_000, Read: 1, Timeout: 2, P50US: 1500, P99US: 9000, CPU: 500 * time.Millisecond}
+	used := cpuUsage{parts: map[string]time.Duration{"service": time.Second, "postgres": -time.Millisecond}}
+	got := getRecord("get-64", 64, s, used)
+	want := Record{Scenario: "get-64", Figures: map[string]float64{
+		"conns": 64, "requests": 1000, "rps": 500, "p50_ms": 1.5, "p99_ms": 9, "errors": 3,
+		"cpu_us.service": 1000, "cpu_us.client": 500,
+	}, Note: "no CPU figure for postgres: a process left the tree during the round; " +
+		"errors: connect 0, read 1, write 0, status 0, timeout 2"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("getRecord() mismatch (-want +got):\n%s", diff)
+	}
+	if got := getRecord("get", 1, wrkSummary{Requests: 10, DurationUS: 1e6}, cpuUsage{}); got.Note != "" {
+		t.Errorf("getRecord(no errors, no parts).Note = %q, want none", got.Note)
+	}
+}
