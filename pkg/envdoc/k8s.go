@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -171,6 +172,55 @@ func (m *Manifest) add(d object, configMaps map[string]map[string]string, secret
 	return nil
 }
 
+// envVar is an entry of a container's env: a value, or a Secret's key.
+type envVar struct {
+	Name      string
+	Value     *string
+	ValueFrom *struct {
+		SecretKeyRef struct {
+			Key      string
+			Optional bool
+		} `yaml:"secretKeyRef"`
+	} `yaml:"valueFrom"`
+}
+
+// envFromSource is an entry of a container's envFrom: every key of a
+// ConfigMap.
+type envFromSource struct {
+	ConfigMapRef struct{ Name string } `yaml:"configMapRef"`
+}
+
+// containerEnv is a container's environment as Kubernetes makes it: the
+// keys of its envFrom ConfigMaps (configMaps, by name), then its env
+// entries over them. A Secret's key takes its value from secrets (the
+// sample values); an optional one without a value is left unset.
+func containerEnv(env []envVar, envFrom []envFromSource, configMaps map[string]map[string]string, secrets map[string]string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, from := range envFrom {
+		data, ok := configMaps[from.ConfigMapRef.Name]
+		if !ok {
+			return nil, fmt.Errorf("no ConfigMap %s", from.ConfigMapRef.Name)
+		}
+		maps.Copy(out, data)
+	}
+	for _, e := range env { // env wins over envFrom, as in Kubernetes
+		switch {
+		case e.Value != nil:
+			out[e.Name] = *e.Value
+		case e.ValueFrom != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			v, ok := secrets[ref.Key]
+			if !ok && !ref.Optional {
+				return nil, fmt.Errorf("%s: no sample value for secret key %s", e.Name, ref.Key)
+			}
+			if ok {
+				out[e.Name] = v
+			}
+		}
+	}
+	return out, nil
+}
+
 type httpProbe struct {
 	HTTPGet struct {
 		Path string
@@ -187,21 +237,10 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 				Spec     struct {
 					TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
 					Containers                    []struct {
-						Name string
-						Env  []struct {
-							Name      string
-							Value     *string
-							ValueFrom *struct {
-								SecretKeyRef struct {
-									Key      string
-									Optional bool
-								} `yaml:"secretKeyRef"`
-							} `yaml:"valueFrom"`
-						}
-						EnvFrom []struct {
-							ConfigMapRef struct{ Name string } `yaml:"configMapRef"`
-						} `yaml:"envFrom"`
-						Ports []struct {
+						Name    string
+						Env     []envVar
+						EnvFrom []envFromSource `yaml:"envFrom"`
+						Ports   []struct {
 							ContainerPort int `yaml:"containerPort"`
 						}
 						ReadinessProbe *httpProbe `yaml:"readinessProbe"`
@@ -216,33 +255,14 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 		return err
 	}
 	for _, c := range dep.Spec.Template.Spec.Containers {
-		out := Container{Env: map[string]string{}, Probes: map[string]Probe{},
+		env, err := containerEnv(c.Env, c.EnvFrom, configMaps, secrets)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", c.Name, err)
+		}
+		out := Container{Env: env, Probes: map[string]Probe{},
 			ScrapePort: dep.Spec.Template.Metadata.Annotations["prometheus.io/port"], GracePeriod: defaultGracePeriod}
 		if s := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; s != nil {
 			out.GracePeriod = time.Duration(*s) * time.Second
-		}
-		for _, from := range c.EnvFrom {
-			data, ok := configMaps[from.ConfigMapRef.Name]
-			if !ok {
-				return fmt.Errorf("container %s: no ConfigMap %s", c.Name, from.ConfigMapRef.Name)
-			}
-			for k, v := range data {
-				out.Env[k] = v
-			}
-		}
-		for _, e := range c.Env { // env wins over envFrom, as in Kubernetes
-			switch {
-			case e.Value != nil:
-				out.Env[e.Name] = *e.Value
-			case e.ValueFrom != nil:
-				v, ok := secrets[e.ValueFrom.SecretKeyRef.Key]
-				if !ok && !e.ValueFrom.SecretKeyRef.Optional {
-					return fmt.Errorf("container %s: %s: no sample value for secret key %s", c.Name, e.Name, e.ValueFrom.SecretKeyRef.Key)
-				}
-				if ok {
-					out.Env[e.Name] = v
-				}
-			}
 		}
 		for _, p := range c.Ports {
 			out.Ports = append(out.Ports, p.ContainerPort)
