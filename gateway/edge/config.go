@@ -143,22 +143,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg.GC.Check(r)
 	// Only signed with here: IDENTITY_SECRET_PREVIOUS is for the services.
 	cfg.IdentitySecret = r.SigningSecret("IDENTITY_SECRET")
-	trusted, ok := parseTrustedProxies(r.List("GATEWAY_TRUSTED_PROXIES", ""))
-	r.Check(ok, "GATEWAY_TRUSTED_PROXIES must list IPs or CIDRs, comma-separated")
-	cfg.TrustedProxies = trusted
-	// A proxy header believed from anyone is the client's own claim: it
-	// would pick its per-IP rate-limit bucket and its logged address.
-	// A name no request can carry (a space, a colon copied with it) left
-	// every client with the proxy's address, all in one per-IP bucket.
-	r.Check(cfg.ProxyHeader == "" || httpguts.ValidHeaderFieldName(cfg.ProxyHeader),
-		"GATEWAY_PROXY_HEADER must be a header name, such as X-Forwarded-For (no spaces, no colon)")
-	r.Check(cfg.ProxyHeader == "" || len(cfg.TrustedProxies) > 0,
-		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
-	// Every address trusted, the client is the header's left-most entry,
-	// which it writes itself: a guesser sending a new one each time got a
-	// new RATE_LIMIT_AUTH_FAILURES budget each time.
-	r.Check(!slices.ContainsFunc(cfg.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 }),
-		"GATEWAY_TRUSTED_PROXIES must list the proxies, not every address (0.0.0.0/0, ::/0): any client could set its own IP")
+	cfg.TrustedProxies = readTrustedProxies(r, cfg.ProxyHeader)
 	// Trusted longer once revocations go unheard than while heard, a key
 	// would be looked up no sooner: the setting would do nothing.
 	r.Check(cfg.KeyCacheUnheardTTL <= cfg.KeyCacheTTL,
@@ -173,6 +158,28 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}
 	return cfg, nil
+}
+
+// readTrustedProxies reads GATEWAY_TRUSTED_PROXIES, the proxies believed
+// when their proxyHeader (GATEWAY_PROXY_HEADER) names the client, and
+// records a problem with either that would let a client choose its own
+// address: its per-IP rate-limit buckets and its logged address.
+func readTrustedProxies(r *envconfig.Reader, proxyHeader string) []netip.Prefix {
+	trusted, ok := parseTrustedProxies(r.List("GATEWAY_TRUSTED_PROXIES", ""))
+	r.Check(ok, "GATEWAY_TRUSTED_PROXIES must list IPs or CIDRs, comma-separated")
+	// A proxy header believed from anyone is the client's own claim.
+	// A name no request can carry (a space, a colon copied with it) left
+	// every client with the proxy's address, all in one per-IP bucket.
+	r.Check(proxyHeader == "" || httpguts.ValidHeaderFieldName(proxyHeader),
+		"GATEWAY_PROXY_HEADER must be a header name, such as X-Forwarded-For (no spaces, no colon)")
+	r.Check(proxyHeader == "" || len(trusted) > 0,
+		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
+	// Every address trusted, the client is the header's left-most entry,
+	// which it writes itself: a guesser sending a new one each time got a
+	// new RATE_LIMIT_AUTH_FAILURES budget each time.
+	r.Check(!slices.ContainsFunc(trusted, func(p netip.Prefix) bool { return p.Bits() == 0 }),
+		"GATEWAY_TRUSTED_PROXIES must list the proxies, not every address (0.0.0.0/0, ::/0): any client could set its own IP")
+	return trusted
 }
 
 // checkInstanceURLs records a problem unless urls, the list read from
