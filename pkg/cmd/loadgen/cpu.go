@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -139,6 +140,30 @@ func (p cpuParts) start() (*cpuWindow, error) {
 		return nil, err
 	}
 	return &cpuWindow{parts: p, before: before, self: self}, nil
+}
+
+// startAt opens the parts' CPU window at the time at, from a goroutine of
+// its own: the caller is waiting on workers, which cross that time while
+// they run. opened waits for it and gives the window, or nil and no error
+// if ctx ended before at.
+func (p cpuParts) startAt(ctx context.Context, at time.Time) (opened func() (*cpuWindow, error)) {
+	var (
+		window *cpuWindow
+		err    error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-time.After(time.Until(at)):
+			window, err = p.start()
+		case <-ctx.Done():
+		}
+	}()
+	return func() (*cpuWindow, error) {
+		<-done
+		return window, err
+	}
 }
 
 // cpuUsage is the CPU time used within a window, by part and by this

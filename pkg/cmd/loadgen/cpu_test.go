@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"os"
 	"os/exec"
@@ -169,5 +170,25 @@ func TestCPUTable(t *testing.T) {
 	renderCPUTable(&b, records{"get_nginx_64": {Figures: map[string]float64{"rps": 1}}}.cpuRows([]int{64}), 2)
 	if b.Len() != 0 {
 		t.Errorf("CPU table without CPU figures = %q, want nothing", b.String())
+	}
+}
+
+// startAt opens the window once its time comes, gives the error of a
+// window that cannot open, and none (and no window) when the run is
+// interrupted before its time.
+func TestCPUPartsStartAt(t *testing.T) {
+	self := cpuParts{{name: "loadgen", pid: os.Getpid()}}
+	window, err := self.startAt(context.Background(), time.Now())()
+	if err != nil || window == nil {
+		t.Errorf("startAt(now)() = %v, %v; want an open window", window, err)
+	}
+	gone := cpuParts{{name: "gone", pid: 1 << 30}} // above any pid_max
+	if window, err := gone.startAt(context.Background(), time.Now())(); err == nil || window != nil {
+		t.Errorf("startAt(now) of a part not running = %v, %v; want its error", window, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if window, err := self.startAt(ctx, time.Now().Add(time.Hour))(); err != nil || window != nil {
+		t.Errorf("startAt(in an hour) after ctx ended = %v, %v; want nil, nil", window, err)
 	}
 }

@@ -166,23 +166,10 @@ func runSales(ctx context.Context, cfg Config, args []string, stdout io.Writer) 
 		wg.Go(func() { w.loop(ctx, measureFrom, stop) })
 	}
 	// The CPU window is the measured one, from measureFrom until the last
-	// measured pair has finished. The workers, not this function, cross
-	// measureFrom while they run, so a goroutine opens the window then.
-	var (
-		window   *cpuWindow
-		startErr error
-	)
-	opened := make(chan struct{})
-	go func() {
-		defer close(opened)
-		select {
-		case <-time.After(time.Until(measureFrom)):
-			window, startErr = parts.start()
-		case <-ctx.Done():
-		}
-	}()
+	// measured pair has finished.
+	opened := parts.startAt(ctx, measureFrom)
 	wg.Wait()
-	<-opened
+	window, startErr := opened()
 	if err := ctx.Err(); err != nil {
 		return err // an interrupted run has no figures
 	}
