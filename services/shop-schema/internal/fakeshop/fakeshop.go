@@ -177,38 +177,15 @@ func (s *Shop) Requests() []string {
 }
 
 func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	s.reqLog = append(s.reqLog, r.URL.RequestURI())
-	s.traces = append(s.traces, r.Header.Get("traceparent"))
-	s.agents = append(s.agents, r.Header.Get("User-Agent"))
-	if s.HoldUntil > 0 && s.released == nil {
-		s.released = make(chan struct{})
+	// Each wait ends with the answer unwritten if the caller goes first.
+	if released := s.record(r); released != nil && !waited(r, released) {
+		return
 	}
-	if s.HoldUntil > 0 && len(s.reqLog) == s.HoldUntil {
-		close(s.released)
+	if s.Hold != nil && !waited(r, s.Hold) {
+		return
 	}
-	released := s.released
-	s.mu.Unlock()
-	if released != nil {
-		select {
-		case <-released:
-		case <-r.Context().Done():
-			return
-		}
-	}
-	if s.Hold != nil {
-		select {
-		case <-s.Hold:
-		case <-r.Context().Done():
-			return
-		}
-	}
-	if s.Delay > 0 {
-		select {
-		case <-time.After(s.Delay):
-		case <-r.Context().Done():
-			return
-		}
+	if s.Delay > 0 && !waited(r, time.After(s.Delay)) {
+		return
 	}
 	if s.HeaderPadding > 0 {
 		w.Header().Set("X-Padding", strings.Repeat("p", s.HeaderPadding))
@@ -240,6 +217,34 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Access-Time", strconv.FormatInt(time.Now().Unix(), 10))
 	w.Header().Set("Execution-Time", "0.012")
 	s.answer(w, r, resource)
+}
+
+// record logs r, and returns the channel closed once HoldUntil requests
+// have arrived (nil without HoldUntil).
+func (s *Shop) record(r *http.Request) (released <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reqLog = append(s.reqLog, r.URL.RequestURI())
+	s.traces = append(s.traces, r.Header.Get("traceparent"))
+	s.agents = append(s.agents, r.Header.Get("User-Agent"))
+	if s.HoldUntil > 0 && s.released == nil {
+		s.released = make(chan struct{})
+	}
+	if s.HoldUntil > 0 && len(s.reqLog) == s.HoldUntil {
+		close(s.released)
+	}
+	return s.released
+}
+
+// waited waits for ready and reports whether it came before r ended (its
+// caller gone), when the shop answers nothing.
+func waited[T any](r *http.Request, ready <-chan T) bool {
+	select {
+	case <-ready:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // writeRaw writes StatusLine's line as the answer and closes the
