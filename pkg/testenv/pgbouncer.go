@@ -57,28 +57,7 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 	}
 	addr := FreeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
-	server := fmt.Sprintf("host=%s port=%d dbname=%s user=%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)
-	if cfg.Password != "" {
-		server += " password=" + cfg.Password
-	}
-	if connectQuery != "" {
-		server += " connect_query=" + pgbouncerQuote(connectQuery)
-	}
-	ini := strings.Join(append([]string{
-		"[databases]",
-		"db = " + server,
-		"[pgbouncer]",
-		"listen_addr = 127.0.0.1",
-		"listen_port = " + port,
-		"unix_socket_dir =",
-		"auth_type = trust",
-		"auth_file = " + filepath.Join(dir, "users.txt"),
-		"pool_mode = " + mode,
-		"default_pool_size = 2",
-		"logfile = " + filepath.Join(dir, "pgbouncer.log"),
-	}, settings...), "\n") + "\n"
-	files := map[string]string{"pgbouncer.ini": ini, "users.txt": strconv.Quote(cfg.User) + ` ""` + "\n"}
-	for name, content := range files {
+	for name, content := range pgbouncerFiles(cfg, dir, port, mode, connectQuery, settings) {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -110,6 +89,35 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 		t.Fatalf("testenv: pgbouncer did not listen on %s: %s%s", addr, out.String(), log)
 	}
 	return fmt.Sprintf("host=127.0.0.1 port=%s user=%s dbname=db sslmode=disable", port, cfg.User)
+}
+
+// pgbouncerFiles are PgBouncer's files in dir, by name: its ini, with one
+// database, db, that is the server of cfg (running connectQuery on each
+// connection unless it is empty), listening on loopback's port and pooling
+// in mode, with settings as more lines of its [pgbouncer] section; and its
+// auth_file, which names cfg's user (auth_type trust).
+func pgbouncerFiles(cfg *pgx.ConnConfig, dir, port, mode, connectQuery string, settings []string) map[string]string {
+	server := fmt.Sprintf("host=%s port=%d dbname=%s user=%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)
+	if cfg.Password != "" {
+		server += " password=" + cfg.Password
+	}
+	if connectQuery != "" {
+		server += " connect_query=" + pgbouncerQuote(connectQuery)
+	}
+	ini := strings.Join(append([]string{
+		"[databases]",
+		"db = " + server,
+		"[pgbouncer]",
+		"listen_addr = 127.0.0.1",
+		"listen_port = " + port,
+		"unix_socket_dir =",
+		"auth_type = trust",
+		"auth_file = " + filepath.Join(dir, "users.txt"),
+		"pool_mode = " + mode,
+		"default_pool_size = 2",
+		"logfile = " + filepath.Join(dir, "pgbouncer.log"),
+	}, settings...), "\n") + "\n"
+	return map[string]string{"pgbouncer.ini": ini, "users.txt": strconv.Quote(cfg.User) + ` ""` + "\n"}
 }
 
 // pgbouncerQuote quotes a value of a [databases] line as PgBouncer reads

@@ -1,0 +1,37 @@
+package testenv
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PgBouncer is told the server with its password and connect_query (quoted
+// as it reads it), its port, its mode and the test's settings, after its own.
+func TestPgBouncerFiles(t *testing.T) {
+	cfg, err := pgx.ParseConfig("host=/tmp/pg port=5433 user=app password=pw dbname=exportsvc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := pgbouncerFiles(cfg, "/tmp/b", "24501", "transaction", "SET application_name = 'it''s'", []string{"ignore_startup_parameters = jit"})
+	ini := files["pgbouncer.ini"]
+	for _, line := range []string{
+		"db = host=/tmp/pg port=5433 dbname=exportsvc user=app password=pw connect_query='SET application_name = ''it''''s'''",
+		"listen_port = 24501",
+		"pool_mode = transaction",
+		"auth_file = /tmp/b/users.txt",
+		"default_pool_size = 2\nlogfile = /tmp/b/pgbouncer.log\nignore_startup_parameters = jit\n",
+	} {
+		if !strings.Contains(ini, line) {
+			t.Errorf("pgbouncer.ini lacks %q:\n%s", line, ini)
+		}
+	}
+	if got := files["users.txt"]; got != `"app" ""`+"\n" {
+		t.Errorf("users.txt = %q, want the user with no password", got)
+	}
+	noQuery := pgbouncerFiles(cfg, "/tmp/b", "24501", "session", "", nil)["pgbouncer.ini"]
+	if strings.Contains(noQuery, "connect_query") {
+		t.Errorf("pgbouncer.ini without a connect query has one:\n%s", noQuery)
+	}
+}
