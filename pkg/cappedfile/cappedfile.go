@@ -52,7 +52,7 @@ func (c *File) open() error {
 // Write appends p, moving the file to NAME.1 first when p would take it
 // past the cap (never an empty file: a p larger than the cap is written
 // whole to a file of its own). Give it whole lines, so that each file
-// begins and ends with one.
+// begins and ends with one; a write that fails part way is taken back.
 func (c *File) Write(p []byte) (int, error) {
 	if c.closed {
 		return 0, errors.New("cappedfile: " + c.path + " is closed")
@@ -68,6 +68,12 @@ func (c *File) Write(p []byte) (int, error) {
 		}
 	}
 	n, err := c.f.Write(p)
+	if err != nil && n > 0 && c.f.Truncate(c.size) == nil {
+		// Cut short (a full disk), the write left part of a line, and the
+		// next line, once there was room again, went on it: two lines
+		// that read as one no reader could parse. The part is taken back.
+		n = 0
+	}
 	c.size += int64(n)
 	return n, err
 }

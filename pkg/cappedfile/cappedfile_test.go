@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -141,6 +142,48 @@ func TestCopyLinesKeepsReadingWhenWritesFail(t *testing.T) {
 	}
 	if n := strings.Count(errs.String(), "lines are lost"); n != 1 {
 		t.Errorf("CopyLines said %q, want one line saying lines are lost", errs.String())
+	}
+}
+
+// A write the disk cuts short (full: here the file size limit, which
+// cuts a write as a full disk does, part written) is taken back whole:
+// the part of a line it left was where the next line went, once there was
+// room again, and the two read as one line no reader could parse (make
+// trace skipped the span, a log reader the two lines).
+func TestAWriteCutShortLeavesNoPartOfALine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "traces.jsonl")
+	c, err := Open(path, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	line := func(i int) string { return fmt.Sprintf(`{"span":%d,"name":"GET /v1/export/items"}`+"\n", i) } // 41 bytes
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	restore := func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer restore()
+	full := syscall.Rlimit{Cur: 100, Max: old.Max} // room for two lines and part of a third
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &full); err != nil {
+		t.Skipf("the file size limit cannot be set here: %v", err)
+	}
+	for i := range 3 {
+		n, err := c.Write([]byte(line(i)))
+		if (i < 2) != (err == nil) {
+			t.Fatalf("Write of line %d with 100 bytes of room = %d, %v; want the third one refused", i, n, err)
+		}
+	}
+	restore() // room again
+	if _, err := c.Write([]byte(line(3))); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := read(t, path), line(0)+line(1)+line(3); got != want {
+		t.Errorf("%s = %q, want whole lines %q", path, got, want)
 	}
 }
 
