@@ -80,10 +80,13 @@ func (c *File) Write(p []byte) (int, error) {
 
 // rotate moves the file to NAME.1 and opens NAME anew.
 func (c *File) rotate() error {
-	if err := c.f.Close(); err != nil {
+	// Dropped whatever Close says: kept after a failed Close, the closed
+	// file failed every write from then on, each one rotating again.
+	err := c.f.Close()
+	c.f = nil
+	if err != nil {
 		return err
 	}
-	c.f = nil
 	if err := os.Rename(c.path, c.path+".1"); err != nil {
 		return fmt.Errorf("cappedfile: %s reached %d bytes and could not become %s.1: %w", c.path, c.max, c.path, err)
 	}

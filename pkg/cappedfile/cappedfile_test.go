@@ -187,6 +187,35 @@ func TestAWriteCutShortLeavesNoPartOfALine(t *testing.T) {
 	}
 }
 
+// A rotation whose Close failed (an I/O error on a network file system;
+// here its descriptor closed under it) loses that write alone: the file
+// it kept failed every write after it, for the rest of the run.
+func TestAFailedCloseAtARotationLosesOneWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gateway.log")
+	c, err := Open(path, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("first line, 17 b\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Close(int(c.f.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("lost\n")); err == nil {
+		t.Fatal("a write whose rotation could not close the file succeeded")
+	}
+	for _, line := range []string{"then\n", "on\n"} {
+		if _, err := c.Write([]byte(line)); err != nil {
+			t.Fatalf("Write(%q) after one failed rotation: %v", line, err)
+		}
+	}
+	if got := read(t, path); got != "then\non\n" {
+		t.Errorf("%s = %q, want the lines after the failed one", path, got)
+	}
+}
+
 type countingReader struct {
 	r io.Reader
 	n int64
