@@ -22,7 +22,10 @@ func main() {
 	// It ends when its input does, once the binary writing it has: a
 	// signal ending it first (a Ctrl-C reaching its process group) would
 	// close the pipe under the binary, which SIGPIPE then ends mid-drain.
-	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	// SIGPIPE too: told on its own stderr that lines are lost, where that
+	// is a pipe whose reader is gone (a terminal's tee ended), Go's
+	// runtime would end it, and the binary with it at its next line.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
 	if err := run(os.Args[1:], os.Stdin, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "logcap:", err)
 		os.Exit(1)

@@ -2,11 +2,22 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
+
+// TestMain runs logcap's main when a test starts this binary as logcap.
+func TestMain(m *testing.M) {
+	if os.Getenv("LOGCAP_TEST_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // logcap keeps its file under --max-bytes, the full one as FILE.1, and
 // refuses a call without a file.
@@ -43,5 +54,27 @@ func TestRunReadsItsInputWhenTheFileCannotBeOpened(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "the lines are lost") {
 		t.Errorf("stderr = %q, want it to say the lines are lost", stderr.String())
+	}
+}
+
+// logcap whose stderr is a pipe nobody reads any more, told there that its
+// lines are lost (its file cannot be opened), still reads its input to the
+// end and exits 1: ended by SIGPIPE at that word, it would close the pipe
+// under the binary writing it, which its next line then ends.
+func TestAClosedStderrDoesNotEndIt(t *testing.T) {
+	gone, stderr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	defer stderr.Close()
+	cmd := exec.Command(os.Args[0], "--file", filepath.Join(t.TempDir(), "gone", "gateway.log"))
+	cmd.Env = append(os.Environ(), "LOGCAP_TEST_RUN_MAIN=1")
+	cmd.Stdin = strings.NewReader(strings.Repeat("a line\n", 100_000))
+	cmd.Stderr = stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Errorf("logcap with its stderr closed ended with %v (%v), want exit status 1 after reading its input", err, cmd.ProcessState)
 	}
 }
