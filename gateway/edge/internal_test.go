@@ -30,6 +30,7 @@ import (
 	"github.com/coinexport/export/pkg/tracestore"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -179,12 +180,29 @@ type panickingSpan struct{ trace.Span }
 
 func (panickingSpan) SetAttributes(...attribute.KeyValue) { panic("boom after sending") }
 
+// panicOnFailure is a tracer whose proxy spans panic when the gateway
+// marks them failed: after upstream.Do has returned its error.
+type panicOnFailure struct{ trace.Tracer }
+
+func (p panicOnFailure) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx, span := p.Tracer.Start(ctx, name, opts...)
+	if strings.HasPrefix(name, "proxy ") {
+		return ctx, failurePanickingSpan{span}
+	}
+	return ctx, span
+}
+
+type failurePanickingSpan struct{ trace.Span }
+
+func (failurePanickingSpan) SetStatus(codes.Code, string) { panic("boom after every attempt failed") }
+
 // A panic of the gateway's own on a sale route says what is known of the
-// sale: before the request went upstream (here in the key's lookup),
-// nothing was applied; once it went (here as its answer came back), the
-// sale may have been, and a retry with the same Idempotency-Key settles
-// it. Both said only "internal error", which tells a platform neither to
-// keep the key nor that it need not reconcile.
+// sale: before the request went upstream (here in the key's lookup), or
+// once upstream.Do said that none of its attempts left (every writer
+// refused the connection), nothing was applied; once it went (here as its
+// answer came back), the sale may have been, and a retry with the same
+// Idempotency-Key settles it. Both said only "internal error", which tells
+// a platform neither to keep the key nor that it need not reconcile.
 func TestSalePanicSaysWhetherTheSaleWasSent(t *testing.T) {
 	var hits atomic.Int64
 	writer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -194,22 +212,25 @@ func TestSalePanicSaysWhetherTheSaleWasSent(t *testing.T) {
 		envelope.WriteData(w, 200, map[string]string{"status": "inactive"}, envelope.Meta{})
 	}))
 	t.Cleanup(writer.Close)
-	env := map[string]string{"SALES_WRITER_URLS": writer.URL}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
+	refusing := "http://" + testenv.RefusingAddr(t)
 	for _, tt := range []struct {
 		name     string
+		writers  string // SALES_WRITER_URLS
 		hook     func(*Gateway)
 		wantHits int64
 		want     string
 		applied  string // the access line's sale_applied
 	}{
-		{"panic before sending", func(g *Gateway) { g.keys = panicKeys{} }, 0,
+		{"panic before sending", writer.URL, func(g *Gateway) { g.keys = panicKeys{} }, 0,
 			"internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", "no"},
-		{"panic after sending", func(g *Gateway) { g.keys, g.tracer = saleKeys{}, panicAfterSending{tp.Tracer("test")} }, 1,
+		{"panic once every writer refused", refusing, func(g *Gateway) { g.keys, g.tracer = saleKeys{}, panicOnFailure{tp.Tracer("test")} }, 0,
+			"internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", "no"},
+		{"panic after sending", writer.URL, func(g *Gateway) { g.keys, g.tracer = saleKeys{}, panicAfterSending{tp.Tracer("test")} }, 1,
 			"internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists", "maybe"},
 	} {
 		hits.Store(0)
-		g, logs := startWithHook(t, env, tt.hook)
+		g, logs := startWithHook(t, map[string]string{"SALES_WRITER_URLS": tt.writers}, tt.hook)
 		req, err := http.NewRequest("POST", "http://"+g.Addr()+"/v1/export/items/coin-1/sales/confirm", strings.NewReader(`{"external_order_id":"o"}`))
 		if err != nil {
 			t.Fatal(err)
