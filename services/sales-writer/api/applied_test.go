@@ -227,6 +227,43 @@ func TestConnectionLostMidSaleMayHaveBeenApplied(t *testing.T) {
 	}
 }
 
+// A sale that PgBouncer ends with an error of its own (its query_timeout,
+// here while the sale waits for the item's row lock) was sent to
+// PostgreSQL, which goes on with it: the pooler only closes its server
+// connection, and the backend, which reads the whole batch before it
+// sees the close, commits it once the lock is free. The 503 must say the
+// sale may have been applied, and it was: a pooler's own error comes
+// before the outcome, so it is not a call that sent nothing
+// (postgres.NothingSent), whatever PgBouncer's words (its
+// query_wait_timeout, a wait for a server connection, looks alike).
+func TestSaleThePoolerEndedMayHaveBeenApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	pooled := testenv.PgBouncer(t, f.url, "transaction", "query_timeout = 1",
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+	db := testenv.Pool(t, pooled+" default_query_exec_mode=exec")
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, db, defaultRetention, &logs)
+	holder := lockItem(t, f, "coin-1")
+	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
+	if rec.Code != http.StatusServiceUnavailable || env.Error == nil || !strings.Contains(env.Error.Message, "may have been applied") ||
+		!strings.Contains(logs.String(), "query timeout") {
+		t.Fatalf("confirm that PgBouncer timed out = %d %s, want 503 saying the sale may have been applied; log:\n%s", rec.Code, rec.Body, logs.String())
+	}
+	if err := holder.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The sale's backend, no longer waiting, commits it.
+	for range 500 {
+		if f.count(t, "SELECT count(*) FROM sales WHERE item_id = 'coin-1'") == 1 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("the sale PgBouncer timed out was never committed: the test showed nothing that 'may have been applied' covers")
+}
+
 func parsePort(t *testing.T, port string) uint16 {
 	t.Helper()
 	p, err := net.LookupPort("tcp", port)
