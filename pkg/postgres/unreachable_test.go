@@ -184,21 +184,7 @@ func TestUnavailableClassifiesErrors(t *testing.T) {
 // statement_timeout, is Unavailable.
 func TestUnavailableOnRealRefusals(t *testing.T) {
 	ctx := context.Background()
-	url := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	readOnly, err := pgconn.Connect(ctx, url+" default_transaction_read_only=on")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer readOnly.Close(ctx)
-	_, err = readOnly.Exec(ctx, "INSERT INTO t VALUES (1)").ReadAll()
+	url, pool, err := tableRefusedOnAReadOnlySession(t)
 	if !postgres.Unavailable(err) {
 		t.Errorf("Unavailable(insert on a read-only session: %v) = false, want true", err)
 	}
@@ -347,21 +333,7 @@ func TestCauseAttrIsLeftOutWhenEmpty(t *testing.T) {
 // unlocalized severity (a pooler's own) and a connection error are not.
 func TestRolledBackIsAnErrorOfTheServer(t *testing.T) {
 	ctx := context.Background()
-	url := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	readOnly, err := pgconn.Connect(ctx, url+" default_transaction_read_only=on")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer readOnly.Close(ctx)
-	_, readOnlyErr := readOnly.Exec(ctx, "INSERT INTO t VALUES (1)").ReadAll()
+	url, pool, readOnlyErr := tableRefusedOnAReadOnlySession(t)
 	timed, err := pgconn.Connect(ctx, url+" statement_timeout=10")
 	if err != nil {
 		t.Fatal(err)
@@ -392,4 +364,28 @@ func TestRolledBackIsAnErrorOfTheServer(t *testing.T) {
 			t.Errorf("RolledBack(%s: %v) = %v, want %v", tt.name, tt.err, got, tt.want)
 		}
 	}
+}
+
+// tableRefusedOnAReadOnlySession makes table t on a test database and
+// returns its URL, a pool on it, and what a read-only session answered an
+// insert into t.
+func tableRefusedOnAReadOnlySession(t *testing.T) (url string, pool *pgxpool.Pool, refused error) {
+	t.Helper()
+	ctx := context.Background()
+	url = testenv.PostgresURL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	readOnly, err := pgconn.Connect(ctx, url+" default_transaction_read_only=on")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readOnly.Close(ctx)
+	_, refused = readOnly.Exec(ctx, "INSERT INTO t VALUES (1)").ReadAll()
+	return url, pool, refused
 }
