@@ -18,11 +18,17 @@ import (
 // File is the file at path, capped at max bytes. Writes are not
 // synchronized: one writer at a time (its caller's lock).
 type File struct {
-	path   string
-	max    int64
-	f      *os.File // nil after a rotation that failed: the next write tries again
-	size   int64
-	closed bool
+	path string
+	max  int64
+	f    *os.File // nil after a rotation that failed: the next write tries again
+	size int64
+	// lineStart is where the line being written began: size between
+	// lines, below it while a line given in parts is unfinished.
+	lineStart int64
+	// dropping is set once a part of a line is lost: its parts up to its
+	// end are dropped too.
+	dropping bool
+	closed   bool
 }
 
 // Open opens path for appending (creating it), counting what it holds
@@ -45,34 +51,62 @@ func (c *File) open() error {
 		f.Close()
 		return err
 	}
-	c.f, c.size = f, info.Size()
+	c.f, c.size, c.lineStart = f, info.Size(), info.Size()
 	return nil
 }
 
 // Write appends p, moving the file to NAME.1 first when p would take it
 // past the cap (never an empty file: a p larger than the cap is written
 // whole to a file of its own). Give it whole lines, so that each file
-// begins and ends with one; a write that fails part way is taken back.
+// begins and ends with one, or a line in parts (a p not ending in a
+// newline is followed by the rest of its line): its parts stay in one
+// file, which they may take past the cap. A write that fails part way is
+// taken back, with the parts of its line written before it, and the parts
+// of that line after it are dropped (an error each).
 func (c *File) Write(p []byte) (int, error) {
 	if c.closed {
 		return 0, errors.New("cappedfile: " + c.path + " is closed")
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	endsLine := p[len(p)-1] == '\n'
+	if c.dropping {
+		c.dropping = !endsLine
+		return 0, errors.New("cappedfile: " + c.path + ": the rest of a line whose start could not be written")
+	}
+	n, err := c.write(p)
+	if err != nil {
+		c.dropping = !endsLine
+		return n, err
+	}
+	if endsLine {
+		c.lineStart = c.size
+	}
+	return n, nil
+}
+
+// write appends p, rotating first between lines.
+func (c *File) write(p []byte) (int, error) {
 	if c.f == nil {
 		if err := c.open(); err != nil {
 			return 0, err
 		}
 	}
-	if c.max > 0 && c.size > 0 && c.size+int64(len(p)) > c.max {
+	betweenLines := c.lineStart == c.size
+	if c.max > 0 && c.size > 0 && betweenLines && c.size+int64(len(p)) > c.max {
 		if err := c.rotate(); err != nil {
 			return 0, err
 		}
 	}
 	n, err := c.f.Write(p)
-	if err != nil && n > 0 && c.f.Truncate(c.size) == nil {
+	if err != nil && (n > 0 || !betweenLines) && c.f.Truncate(c.lineStart) == nil {
 		// Cut short (a full disk), the write left part of a line, and the
 		// next line, once there was room again, went on it: two lines
-		// that read as one no reader could parse. The part is taken back.
-		n = 0
+		// that read as one no reader could parse. The part is taken back,
+		// from the line's start.
+		c.size = c.lineStart
+		return 0, err
 	}
 	c.size += int64(n)
 	return n, err
@@ -105,10 +139,11 @@ func (c *File) Close() error {
 }
 
 // CopyLines writes r's lines to c, each whole (a line longer than 64 KiB
-// in parts), until r ends. A write that fails is said once to errs, and
-// the lines go on being read and tried: r is a process's output, which
-// must never find its pipe closed (a Go program writing to a pipe nobody
-// reads ends on SIGPIPE), and a disk full for a while may have room again.
+// in parts, kept in one file), until r ends. A write that fails is said
+// once to errs, and the lines go on being read and tried: r is a process's
+// output, which must never find its pipe closed (a Go program writing to
+// a pipe nobody reads ends on SIGPIPE), and a disk full for a while may
+// have room again.
 func CopyLines(c *File, r io.Reader, errs io.Writer) error {
 	in := bufio.NewReaderSize(r, 64<<10)
 	failing := false

@@ -158,27 +158,15 @@ func TestAWriteCutShortLeavesNoPartOfALine(t *testing.T) {
 	}
 	defer c.Close()
 	line := func(i int) string { return fmt.Sprintf(`{"span":%d,"name":"GET /v1/export/items"}`+"\n", i) } // 41 bytes
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-		t.Fatal(err)
-	}
-	restore := func() {
-		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-			t.Fatal(err)
+	withFileSizeLimit(t, 100, func() {                                                                     // room for two lines and part of a third
+		for i := range 3 {
+			n, err := c.Write([]byte(line(i)))
+			if (i < 2) != (err == nil) {
+				t.Fatalf("Write of line %d with 100 bytes of room = %d, %v; want the third one refused", i, n, err)
+			}
 		}
-	}
-	defer restore()
-	full := syscall.Rlimit{Cur: 100, Max: old.Max} // room for two lines and part of a third
-	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &full); err != nil {
-		t.Skipf("the file size limit cannot be set here: %v", err)
-	}
-	for i := range 3 {
-		n, err := c.Write([]byte(line(i)))
-		if (i < 2) != (err == nil) {
-			t.Fatalf("Write of line %d with 100 bytes of room = %d, %v; want the third one refused", i, n, err)
-		}
-	}
-	restore() // room again
+	})
+	// Room again: the next line goes where the one cut short began.
 	if _, err := c.Write([]byte(line(3))); err != nil {
 		t.Fatal(err)
 	}
@@ -214,6 +202,80 @@ func TestAFailedCloseAtARotationLosesOneWrite(t *testing.T) {
 	if got := read(t, path); got != "then\non\n" {
 		t.Errorf("%s = %q, want the lines after the failed one", path, got)
 	}
+}
+
+// A line CopyLines gives in parts (over 64 KiB) stays in one file, which
+// it may take past the cap: rotated between its parts, NAME.1 ended in its
+// first part and NAME began with the rest, two lines no reader could
+// parse, the line before it gone with the NAME.1 it replaced.
+func TestALineInPartsStaysInOneFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shop-schema.log")
+	const max = 64<<10 + 4
+	c, err := Open(path, max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before, long, after := "before\n", strings.Repeat("l", 64<<10+9)+"\n", "after\n" // long: a 64 KiB part and 10 bytes
+	if err := CopyLines(c, strings.NewReader(before+long+after), io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if got, got1 := read(t, path), read(t, path+".1"); got != after || got1 != long {
+		t.Errorf("%s = %d bytes %.20q, %s.1 = %d bytes %.20q; want %q and the long line whole",
+			path, len(got), got, path, len(got1), got1, after)
+	}
+}
+
+// A line in parts that the disk cuts short is taken back whole, its parts
+// written before included, and its parts after it dropped: the part left
+// was where the next line went, and the rest of it read as a line. So
+// whether the disk took some of the part it cut short or none of it.
+func TestALineInPartsCutShortIsTakenBackWhole(t *testing.T) {
+	for _, room := range []uint64{50, 39} { // 13 + 26 bytes, and part of the next 23 or none
+		t.Run(fmt.Sprint(room), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "gateway.log")
+			c, err := Open(path, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			write := func(part string, wantErr bool) {
+				t.Helper()
+				if n, err := c.Write([]byte(part)); (err != nil) != wantErr {
+					t.Fatalf("Write(%q) = %d, %v; want an error: %v", part, n, err, wantErr)
+				}
+			}
+			write("a whole line\n", false)
+			write("the start of a long line, ", false)
+			withFileSizeLimit(t, room, func() { write("its middle part, lost, ", true) })
+			write("and its end\n", true)
+			write("the next line\n", false)
+			if got, want := read(t, path), "a whole line\nthe next line\n"; got != want {
+				t.Errorf("%s = %q, want the whole lines alone %q", path, got, want)
+			}
+		})
+	}
+}
+
+// withFileSizeLimit runs f with the process's file size limit at limit
+// bytes, which cuts a write short as a full disk does (Go takes no action
+// on SIGXFSZ); tests that use it must not run in parallel.
+func withFileSizeLimit(t *testing.T, limit uint64, f func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	full := syscall.Rlimit{Cur: limit, Max: old.Max}
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &full); err != nil {
+		t.Skipf("the file size limit cannot be set here: %v", err)
+	}
+	defer func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	f()
 }
 
 type countingReader struct {
