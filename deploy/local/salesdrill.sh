@@ -103,7 +103,7 @@ healthy "http://$GATEWAY_ADDR/v1/health"
 
 log "salesdrill for ${duration}s on $item_ids, a fault every ${every}s: $faults"
 bin/salesdrill -base "http://$GATEWAY_ADDR/v1" -keys "$keys" -database "$DATABASE_URL" -owner "$owner" \
-  -items "$item_ids" -duration "${duration}s" -report "$dir/history.html" -history "$dir/history.jsonl" ${SALESDRILL_ARGS:-} &
+  -items "$item_ids" -duration "${duration}s" -retention "${IDEMPOTENCY_RETENTION:-24h}" -report "$dir/history.html" -history "$dir/history.jsonl" ${SALESDRILL_ARGS:-} &
 drill=$!
 
 pg_bin=$(pg_bin_dir)

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,6 +72,11 @@ func TestHistoryUnderFaultsIsLinearizable(t *testing.T) {
 	if err := salescheck.Database(context.Background(), f.db, f.owner, calls); err != nil {
 		t.Error(err)
 	}
+	claims, err := salescheck.NothingAppliedHolds(context.Background(), f.db, f.owner, h, defaultRetention)
+	t.Log(claims)
+	if err != nil {
+		t.Error(err)
+	}
 }
 
 // historyGateway stands in for the gateway: a sale goes to one of hs in
@@ -133,4 +139,54 @@ func terminateWriterConnections(t *testing.T, f *fixture, n *atomic.Int64) (stop
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// The check of the answers that say nothing was applied, on a lie planted
+// in a history of the real writer: a confirm that sold, recorded as
+// answered 503 "nothing was applied". Its key's record was written within
+// that attempt, before any other attempt of the request was sent, so the
+// database check names it; and a read that saw the item sold before the
+// request's next attempt was sent leaves no order that explains the
+// history, so the linearizability check does too. The same history with a
+// true claim (an attempt that was never sent) passes both.
+func TestNothingAppliedIsHeldToTheHistoryAndTheDatabase(t *testing.T) {
+	t.Parallel()
+	for _, lie := range []bool{true, false} {
+		t.Run(map[bool]string{true: "lie", false: "truth"}[lie], func(t *testing.T) {
+			f := newFixture(t)
+			f.addItem(t, f.owner, "coin-0", true)
+			srv := httptest.NewServer(historyGateway(t, f, []http.Handler{f.handler}))
+			t.Cleanup(srv.Close)
+			send := salescheck.HTTPSender(srv.Client(), srv.URL+"/v1", map[string]string{"market-a": "key-market-a"}, "read-key")
+			ctx := context.Background()
+			confirm := salescheck.Input{Op: salescheck.Confirm, Platform: "market-a", Key: "k1", Item: "coin-0", Order: "o1"}
+			read := salescheck.Input{Op: salescheck.Read, Item: "coin-0"}
+			nothingApplied := salescheck.Output{Unknown: true, Status: http.StatusServiceUnavailable, Code: "unavailable", NothingApplied: true}
+
+			h := salescheck.NewHistory()
+			attempt := h.Begin(0, confirm)
+			if lie {
+				if out := send(ctx, confirm); out.Status != http.StatusOK {
+					t.Fatalf("confirm = %s, want 200", out)
+				}
+			}
+			attempt.Done(nothingApplied)
+			for _, in := range []salescheck.Input{read, confirm} {
+				call := h.Begin(0, in)
+				call.Done(send(ctx, in))
+			}
+
+			_, linErr := salescheck.Linearizable(h.Operations(), 10*time.Second)
+			claims, dbErr := salescheck.NothingAppliedHolds(ctx, f.db, f.owner, h, defaultRetention)
+			if claims != (salescheck.Claims{Said: 1, Checked: 1}) {
+				t.Errorf("NothingAppliedHolds counted %+v, want 1 said, 1 checked", claims)
+			}
+			if lie && (!errors.Is(linErr, salescheck.ErrNotLinearizable) || dbErr == nil) {
+				t.Errorf("a sale applied by an attempt answered 'nothing was applied': Linearizable = %v, NothingAppliedHolds = %v; want both to name it", linErr, dbErr)
+			}
+			if !lie && (linErr != nil || dbErr != nil) {
+				t.Errorf("a true 'nothing was applied': Linearizable = %v, NothingAppliedHolds = %v; want both nil", linErr, dbErr)
+			}
+		})
+	}
 }

@@ -54,6 +54,14 @@ func (c *Call) Done(out Output) {
 
 func (h *History) now() int64 { return int64(time.Since(h.start)) }
 
+// clockStep is how far the wall clock has been stepped since the history
+// began (the instants are read on the monotonic clock, which a step does
+// not move; both are slewed alike).
+func (h *History) clockStep() time.Duration {
+	now := time.Now()
+	return now.Round(0).Sub(h.start.Round(0)) - now.Sub(h.start)
+}
+
 // Calls returns the calls recorded so far, each attempt as it was sent
 // and answered.
 func (h *History) Calls() []porcupine.Operation {
@@ -76,8 +84,12 @@ func (h *History) Calls() []porcupine.Operation {
 // these bounds the checker would have to place each attempt at every
 // later point, and the tens of attempts a client makes through an outage
 // would make a history of a minute impossible to check. A read of unknown
-// outcome changes nothing and is left out. Calls never answered end after
-// every other.
+// outcome changes nothing and is left out, and so is an attempt answered
+// that nothing was applied (Output.NothingApplied): it is taken at its
+// word, a no-op, so the request's one call starts at the first sending
+// of an attempt that did not say so, and a history whose effect came
+// earlier (a read, or another request's answer, saw it) fails the check.
+// Calls never answered end after every other.
 func (h *History) Operations() []porcupine.Operation {
 	recorded := h.Calls()
 	var last int64
@@ -103,7 +115,7 @@ func (h *History) Operations() []porcupine.Operation {
 		}
 		end, told := answered[in]
 		switch {
-		case in.Op == Read, told && op.Call > end:
+		case in.Op == Read, out.NothingApplied, told && op.Call > end:
 			continue
 		case !told:
 			end = last + 1
@@ -217,10 +229,11 @@ func describeViolation(ops []porcupine.Operation, info porcupine.LinearizationIn
 	var b strings.Builder
 	parts := partitionByItem(ops)
 	for p, lins := range info.PartialLinearizations() {
-		if len(lins) == 0 {
-			continue
+		// None: not even the item's first call can be linearized.
+		var longest []int
+		if len(lins) > 0 {
+			longest = slices.MaxFunc(lins, func(a, b []int) int { return len(a) - len(b) })
 		}
-		longest := slices.MaxFunc(lins, func(a, b []int) int { return len(a) - len(b) })
 		if len(longest) == len(parts[p]) {
 			continue
 		}

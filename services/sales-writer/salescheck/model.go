@@ -21,7 +21,10 @@
 //     the item is sold, active with stock 1 otherwise.
 //
 // An answer that says nothing of the outcome (no answer, a 5xx) is unknown:
-// the call may take effect at any later instant or never.
+// the call may take effect at any later instant or never. A 5xx that says
+// nothing was applied speaks of its own attempt: that attempt took no
+// effect, though another attempt of the same request may have
+// (History.Operations, NothingAppliedHolds).
 package salescheck
 
 import (
@@ -69,8 +72,13 @@ type Output struct {
 	Unknown bool   // no answer, or one that does not say whether the call took effect (5xx)
 	Status  int    // HTTP status
 	Code    string // error.code of an error answer
-	Result  Result // data of a sale's 200
-	View    View   // data of a read's 200
+	// NothingApplied marks an unknown answer that says this attempt
+	// applied nothing (a 5xx "nothing was applied"; the gateway's 503
+	// upstream_unavailable): the check holds it to that (History.Operations,
+	// NothingAppliedHolds).
+	NothingApplied bool   `json:",omitempty"`
+	Result         Result // data of a sale's 200
+	View           View   // data of a read's 200
 	// RequestID is meta.request_id, or what the client saw instead
 	// (a transport error), for the report.
 	RequestID string
@@ -80,6 +88,8 @@ func (out Output) String() string {
 	switch {
 	case out.Unknown && out.Status == 0:
 		return "unknown (" + out.RequestID + ")"
+	case out.Unknown && out.NothingApplied:
+		return fmt.Sprintf("nothing applied: %d %s (%s)", out.Status, out.Code, out.RequestID)
 	case out.Unknown:
 		return fmt.Sprintf("unknown: %d %s (%s)", out.Status, out.Code, out.RequestID)
 	case out.Status == http.StatusOK && out.View != (View{}):

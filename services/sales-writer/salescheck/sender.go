@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 )
 
 // HTTPSender sends calls to the API at base (".../v1"): sales with the
@@ -53,12 +54,14 @@ func newRequest(ctx context.Context, base string, saleKeys map[string]string, re
 // parseAnswer reads an answer of status with body. Only a 200, 404 or 409
 // tells the outcome of a call; anything else (a 5xx, a 429, an answer that
 // is not the envelope) is unknown to the model, and is reported apart
-// (Counts).
+// (Counts). A sale's 5xx that says nothing was applied is marked so
+// (saysNothingApplied).
 func parseAnswer(in Input, status int, body []byte) Output {
 	var env struct {
 		Data  json.RawMessage `json:"data"`
 		Error *struct {
-			Code string `json:"code"`
+			Code    string `json:"code"`
+			Message string `json:"message"`
 		} `json:"error"`
 		Meta struct {
 			RequestID string `json:"request_id"`
@@ -72,6 +75,7 @@ func parseAnswer(in Input, status int, body []byte) Output {
 	out.RequestID = env.Meta.RequestID
 	if env.Error != nil {
 		out.Code = env.Error.Code
+		out.NothingApplied = in.Op != Read && saysNothingApplied(status, env.Error.Code, env.Error.Message)
 	}
 	switch {
 	case status == http.StatusOK && in.Op == Read:
@@ -83,4 +87,17 @@ func parseAnswer(in Input, status int, body []byte) Output {
 		out.Unknown = true
 	}
 	return out
+}
+
+// saysNothingApplied reports whether a sale's failure answer tells its
+// platform that this attempt applied nothing: the writer's and the
+// gateway's messages that say so ("… nothing was applied: retry …"), and
+// the gateway's 503 upstream_unavailable, which its README documents as
+// sent to no instance (its message says only "retry later").
+func saysNothingApplied(status int, code, message string) bool {
+	if status < http.StatusInternalServerError {
+		return false
+	}
+	return strings.Contains(message, "nothing was applied") ||
+		status == http.StatusServiceUnavailable && code == "upstream_unavailable"
 }

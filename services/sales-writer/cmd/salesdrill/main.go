@@ -48,7 +48,7 @@ type config struct {
 	base, keysFile, database, owner, report, history string
 	items                                            []string
 	workload                                         salescheck.Workload
-	duration, settle, checkTimeout                   time.Duration
+	duration, settle, checkTimeout, retention        time.Duration
 }
 
 func parseFlags(args []string) (config, error) {
@@ -71,6 +71,7 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&c.workload.ShortShare, "short-share", 0.1, "the share of calls given a short timeout")
 	fs.DurationVar(&c.settle, "settle", 3*time.Minute, "how long settling the unknown calls may take")
 	fs.DurationVar(&c.checkTimeout, "check-timeout", 5*time.Minute, "how long the linearizability check may take")
+	fs.DurationVar(&c.retention, "retention", 24*time.Hour, "the writers' IDEMPOTENCY_RETENTION (a refusal's binding is stamped as its expiry less this)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -175,8 +176,13 @@ func check(ctx context.Context, c config, db *pgxpool.Pool, h *salescheck.Histor
 	if err := salescheck.Database(ctx, db, c.owner, calls); err != nil {
 		errs = append(errs, fmt.Errorf("database: %w", err))
 	}
+	claims, err := salescheck.NothingAppliedHolds(ctx, db, c.owner, h, c.retention)
+	fmt.Fprintf(stdout, "salesdrill: %s\n", claims)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("nothing was applied, but: %w", err))
+	}
 	if len(errs) == 0 {
-		fmt.Fprintln(stdout, "salesdrill: PASS: linearizable, settled, database consistent with every answer")
+		fmt.Fprintln(stdout, "salesdrill: PASS: linearizable, settled, database consistent with every answer, every 'nothing was applied' held")
 	}
 	return errors.Join(errs...)
 }
