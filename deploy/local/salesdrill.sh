@@ -22,7 +22,7 @@ port=${SALESDRILL_PORT:-8180}        # gateway; +1 export-reader, +2 sales-write
 # fault once, writer-freeze ending about 100 s in.
 duration=${SALESDRILL_DURATION:-120}
 every=${SALESDRILL_FAULT_EVERY:-4}   # seconds between two faults
-faults=${SALESDRILL_FAULTS:-writer-kill pg-immediate gateway-restart pg-fast redis-stop writer-restart gateway-kill pg-freeze writer-kill-pg-down writer-freeze}
+faults=${SALESDRILL_FAULTS:-writer-kill pg-immediate gateway-restart pg-fast redis-stop pg-cancel writer-restart gateway-kill pg-read-only pg-freeze writer-kill-pg-down writer-freeze}
 items=${SALESDRILL_ITEMS:-6}
 
 rm -rf "$dir"
@@ -112,6 +112,9 @@ pg_signal() { # pg_signal SIG: the postmaster of $dir/pg and its children
   main=$(head -1 "$dir/pg/data/postmaster.pid")
   kill -"$1" "$main" $(pgrep -P "$main") 2>/dev/null || true
 }
+pg_sql() { # pg_sql SQL: runs SQL in the drill's database, as its superuser
+  psql -h "$dir/pg" -U postgres -d drill -qtAc "$1" >/dev/null 2>>"$dir/logs/psql.log" || log "fault: $1 failed"
+}
 fault() { # fault NAME: one fault, the stack whole again once it returns
   case $1 in
     writer-kill) kill -KILL "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true; sleep 0.5; start sales-writer ;;
@@ -123,6 +126,17 @@ fault() { # fault NAME: one fault, the stack whole again once it returns
       sleep 1
       pg_start "$dir/pg" ;;
     redis-stop) redis_stop "$dir/redis"; sleep 3; redis_start "$dir/redis" ;;
+    pg-cancel) # every statement of the writers cancelled (pg_cancel_backend), every millisecond for 3 s:
+      # ERRORs that say nothing was applied, and cancels that race a commit
+      pg_sql "DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '3 s'; BEGIN
+        WHILE clock_timestamp() < stop LOOP
+          PERFORM pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'sales-writer';
+          PERFORM pg_sleep(0.001);
+        END LOOP; END \$\$" ;;
+    pg-read-only) # the server read-only for 3 s (default_transaction_read_only, as a fenced primary):
+      # sales fail 25006 until the writers' readiness takes them out
+      pg_sql "ALTER SYSTEM SET default_transaction_read_only = on"; pg_sql "SELECT pg_reload_conf()"; sleep 3
+      pg_sql "ALTER SYSTEM RESET default_transaction_read_only"; pg_sql "SELECT pg_reload_conf()" ;;
     pg-freeze) # every PostgreSQL process stopped for 15 s: statements hang past the writers' timeouts
       pg_signal STOP; sleep 15; pg_signal CONT ;;
     writer-kill-pg-down) # a writer starts while PostgreSQL is down

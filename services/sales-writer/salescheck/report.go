@@ -11,7 +11,8 @@ import (
 )
 
 // Counts tells how the calls of ops were answered: "200", "409
-// item_already_sold", "503 unavailable", "no answer", … with their number.
+// item_already_sold", "503 unavailable", "503 unavailable, nothing
+// applied" (its message said so), "no answer", … with their number.
 func Counts(ops []porcupine.Operation) string {
 	n := map[string]int{}
 	for _, op := range ops {
@@ -34,6 +35,9 @@ func answerKind(in Input, out Output) string {
 		return "200 replay"
 	case out.Status == http.StatusOK:
 		return "200"
+	}
+	if out.NothingApplied {
+		return fmt.Sprintf("%d %s, nothing applied", out.Status, out.Code)
 	}
 	return fmt.Sprintf("%d %s", out.Status, out.Code)
 }
