@@ -19,6 +19,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/sales-writer/sales"
+	"github.com/coinexport/export/services/sales-writer/salescheck"
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -273,6 +274,12 @@ func TestFailuresOnTheWire(t *testing.T) {
 		cancel(nil)
 		if rec.Code != tt.wantStatus || env.Error == nil || env.Error.Code != tt.wantCode || env.Error.Message != tt.wantMsg {
 			t.Errorf("%s = %d %s, want %d %s %q", tt.name, rec.Code, rec.Body, tt.wantStatus, tt.wantCode, tt.wantMsg)
+		}
+		// The drill reads the claim from the answer alone: it must read
+		// the one the line records.
+		if env.Error != nil && rec.Code >= 500 && salescheck.SaysNothingApplied(rec.Code, env.Error.Code, env.Error.Message) != (tt.wantApplied == "no") {
+			t.Errorf("%s: salescheck.SaysNothingApplied(%d, %q, %q) = %v, want %v", tt.name, rec.Code, env.Error.Code, env.Error.Message,
+				!(tt.wantApplied == "no"), tt.wantApplied == "no")
 		}
 		note := `"sale_applied":"` + tt.wantApplied + `"`
 		if got := strings.Contains(logs.String(), `"sale_applied"`); got != (tt.wantApplied != "") || tt.wantApplied != "" && !strings.Contains(logs.String(), note) {

@@ -55,7 +55,7 @@ func newRequest(ctx context.Context, base string, saleKeys map[string]string, re
 // tells the outcome of a call; anything else (a 5xx, a 429, an answer that
 // is not the envelope) is unknown to the model, and is reported apart
 // (Counts). A sale's 5xx that says nothing was applied is marked so
-// (saysNothingApplied).
+// (SaysNothingApplied).
 func parseAnswer(in Input, status int, body []byte) Output {
 	var env struct {
 		Data  json.RawMessage `json:"data"`
@@ -75,7 +75,7 @@ func parseAnswer(in Input, status int, body []byte) Output {
 	out.RequestID = env.Meta.RequestID
 	if env.Error != nil {
 		out.Code = env.Error.Code
-		out.NothingApplied = in.Op != Read && saysNothingApplied(status, env.Error.Code, env.Error.Message)
+		out.NothingApplied = in.Op != Read && SaysNothingApplied(status, env.Error.Code, env.Error.Message)
 	}
 	switch {
 	case status == http.StatusOK && in.Op == Read:
@@ -89,12 +89,13 @@ func parseAnswer(in Input, status int, body []byte) Output {
 	return out
 }
 
-// saysNothingApplied reports whether a sale's failure answer tells its
+// SaysNothingApplied reports whether a sale's failure answer tells its
 // platform that this attempt applied nothing: the writer's and the
 // gateway's messages that say so ("… nothing was applied: retry …"), and
 // the gateway's 503 upstream_unavailable, which its README documents as
-// sent to no instance (its message says only "retry later").
-func saysNothingApplied(status int, code, message string) bool {
+// sent to no instance (its message says only "retry later"). The writer's
+// tests hold it to the claim each of its answers records (sale_applied).
+func SaysNothingApplied(status int, code, message string) bool {
 	if status < http.StatusInternalServerError {
 		return false
 	}
