@@ -56,6 +56,17 @@ func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
 	return client
 }
 
+// isProxy reports whether ip, a client IP as of gives it, is a trusted
+// proxy itself: a request the proxy made on its own behalf (a health
+// check), naming no client. With no proxy header, no address is one.
+func (a clientAddress) isProxy(ip string) bool {
+	if a.header == "" {
+		return false
+	}
+	addr, err := netip.ParseAddr(ip)
+	return err == nil && a.isTrusted(addr)
+}
+
 func (a clientAddress) isTrusted(addr netip.Addr) bool {
 	for _, p := range a.trusted {
 		if p.Contains(addr) {

@@ -1378,6 +1378,35 @@ func TestClientIPBehindATrustedProxy(t *testing.T) {
 	}
 }
 
+// A load balancer's own health checks, from a trusted proxy's address and
+// naming no client, spend no address's RATE_LIMIT_ANONYMOUS: every check of
+// every gateway came from that one address, shared in Redis, and past it the
+// checks got 429 and took the gateways out. A client the proxy names is
+// counted as before, and so is every caller where the peer is not trusted.
+func TestAProxysOwnHealthChecksSpendNoAddressBudget(t *testing.T) {
+	dsn, _, _ := seed(t)
+	for _, tc := range []struct {
+		name, trusted string
+		header        map[string]string
+		want          []int
+	}{
+		{"the proxy's own checks", "127.0.0.1", nil, []int{200, 200, 200, 200}},
+		{"a client the proxy names", "127.0.0.1", map[string]string{"X-Forwarded-For": "198.51.100.4"},
+			[]int{200, 200, 429, 429}},
+		{"a peer not trusted", "10.0.0.0/8", nil, []int{200, 200, 429, 429}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "RATE_LIMIT_ANONYMOUS": "2-M",
+				"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": tc.trusted})
+			for i, want := range tc.want {
+				if r := do(t, "GET", gw.URL+"/v1/health", tc.header, nil); r.Status != want {
+					t.Errorf("health check %d = %d %s, want %d", i+1, r.Status, r.Body, want)
+				}
+			}
+		})
+	}
+}
+
 // A chunked request that also carries Content-Length, is chunked in
 // HTTP/1.0, has another transfer coding or fields after its chunks, or a
 // header section with a bare LF or a Transfer_Encoding or Content_Length,
