@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
@@ -172,6 +173,10 @@ func readTrustedProxies(r *envconfig.Reader, proxyHeader string) []netip.Prefix 
 	// every client with the proxy's address, all in one per-IP bucket.
 	r.Check(proxyHeader == "" || httpguts.ValidHeaderFieldName(proxyHeader),
 		"GATEWAY_PROXY_HEADER must be a header name, such as X-Forwarded-For (no spaces, no colon)")
+	// RFC 7239's header holds for=… pairs, not addresses: no entry of it
+	// parsed, and every client was the proxy, all in one per-IP bucket.
+	r.Check(!strings.EqualFold(proxyHeader, "Forwarded"),
+		"GATEWAY_PROXY_HEADER=Forwarded is not read (its entries are for=…, not addresses): have the proxy append X-Forwarded-For, and name that")
 	r.Check(proxyHeader == "" || len(trusted) > 0,
 		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
 	// Every address trusted, the client is the header's left-most entry,

@@ -606,6 +606,14 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("LoadConfig(GATEWAY_PROXY_HEADER=%q) error = %v, want it refused", header, err)
 		}
 	}
+	// RFC 7239's Forwarded holds for=… pairs: never read as an address, it
+	// made every client the proxy.
+	for _, header := range []string{"Forwarded", "forwarded"} {
+		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": header, "GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8"}))
+		if err == nil || !strings.Contains(err.Error(), "GATEWAY_PROXY_HEADER=Forwarded is not read") {
+			t.Errorf("LoadConfig(GATEWAY_PROXY_HEADER=%q) error = %v, want it refused", header, err)
+		}
+	}
 	// Trusting every address believes the client's own entry of the header.
 	for _, everyone := range []string{"0.0.0.0/0", "10.0.0.0/8, ::/0"} {
 		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": everyone}))
