@@ -60,20 +60,30 @@ const replayedRefusalNote = " (the answer given before to this Idempotency-Key, 
 	"to try again, send the call with a new key)"
 
 // errorAnswer is what the writer sends for an error: status, code, message,
-// and, for a call that failed, what it says of the sale (applied).
+// and, for a call that failed, what its message says of the sale (applied;
+// the zero saleClaim where it says nothing of it).
 type errorAnswer struct {
 	status  int
 	code    string
 	message string
-	applied string
+	applied saleClaim
 }
 
-// What a failed call's answer says of the sale, in its access line and
-// span (sale_applied), for the SRE who traces its request id.
-const (
-	appliedNo    = "no"    // nothing was applied
-	appliedMaybe = "maybe" // the sale may have been applied
+// saleClaim is what a failed call's answer says of the sale: the words its
+// message says it in (said), which the drill reads from the answer
+// (salescheck.SaysNothingApplied), and the value its access line and span
+// record as sale_applied (note), for the SRE who traces its request id.
+// The two are kept together here so that no message can say one and its
+// line the other.
+type saleClaim struct{ said, note string }
+
+var (
+	nothingApplied     = saleClaim{said: "nothing was applied", note: "no"}
+	mayHaveBeenApplied = saleClaim{said: "the sale may have been applied", note: "maybe"}
 )
+
+// saleAppliedKey names the claim on the access line and span (app.sale_applied).
+const saleAppliedKey = "sale_applied"
 
 // writeError is the one place where an error becomes an HTTP answer; it
 // returns the error code it sent. A refusal (4xx) is answered as decided;
@@ -86,8 +96,8 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	if sales.IsReplayedRefusal(err) {
 		httpserver.AnnotateFlag(w, r, "idempotent_replay")
 	}
-	if a.applied != "" {
-		httpserver.Annotate(w, r, "sale_applied", a.applied)
+	if a.applied.note != "" {
+		httpserver.Annotate(w, r, saleAppliedKey, a.applied.note)
 	}
 	envelope.WriteError(w, a.status, a.code, a.message, httpserver.RequestID(r))
 	return a.code
@@ -115,7 +125,7 @@ func refusal(err error) (errorAnswer, bool) {
 		// caller that leaves while the sale runs; a 400 counted it as a
 		// bad request).
 		return errorAnswer{status: httpserver.StatusClientClosed, code: httpserver.CodeClientClosed,
-			message: "the caller closed the request before sending its body whole; nothing was applied", applied: appliedNo}, true
+			message: "the caller closed the request before sending its body whole; " + nothingApplied.said, applied: nothingApplied}, true
 	}
 	for _, m := range saleErrors {
 		if errors.Is(err, m.err) {
@@ -149,7 +159,7 @@ func (h *handler) failure(r *http.Request, err error) errorAnswer {
 	// by its request id. Whether the sale was applied is not known here,
 	// so the answer says how to retry it safely, as every 503 does.
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
-	return errorAnswer{status: http.StatusInternalServerError, code: "internal_error", message: InternalErrorMessage, applied: appliedMaybe}
+	return errorAnswer{status: http.StatusInternalServerError, code: "internal_error", message: InternalErrorMessage, applied: mayHaveBeenApplied}
 }
 
 // queryTimeoutRanOut reports whether SALES_WRITER_QUERY_TIMEOUT ran out: PostgreSQL
@@ -171,7 +181,7 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 		// (postgres.AcquireError; the error says so), or it met the
 		// deadline in pgx before a byte went out.
 		h.log.ErrorContext(r.Context(), "sale call timed out before reaching the database (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
-		return answer503("the sale store did not answer in time; nothing was applied"+retryWithTheKey, appliedNo)
+		return answer503("the sale store did not answer in time", nothingApplied)
 	case postgres.QueryCanceled(err):
 		// PostgreSQL's own statement_timeout cancelled the statement: an
 		// error answered for a statement rolls back the transaction it
@@ -179,12 +189,12 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 		// the timeout ends before the commit starts. A sales platform
 		// need not reconcile.
 		h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT) and was rolled back: an item locked by a long transaction, or the database overloaded", "error", err)
-		return answer503("the sale store did not answer in time and rolled the sale back; nothing was applied"+retryWithTheKey, appliedNo)
+		return answer503("the sale store did not answer in time and rolled the sale back", nothingApplied)
 	}
 	// The server did not answer within the grace after the timeout: a
 	// commit may have raced the end.
 	h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, or the database overloaded", "error", err)
-	return answer503("the sale store did not answer in time; the sale may have been applied"+retryWithTheKey, appliedMaybe)
+	return answer503("the sale store did not answer in time", mayHaveBeenApplied)
 }
 
 // cutOff answers a call the shutdown's drain ran out of time for and
@@ -192,9 +202,9 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 // reads the answer (the gateway sees the connection close), but the log
 // line and the span say whether a statement may have committed.
 func (h *handler) cutOff(r *http.Request, err error) errorAnswer {
-	said, claim := applied(err)
-	h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; "+said, "error", err)
-	return answer503("the sale writer is shutting down; "+said+retryWithTheKey, claim)
+	claim := applied(err)
+	h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; "+claim.said, "error", err)
+	return answer503("the sale writer is shutting down", claim)
 }
 
 // abandoned answers a call whose caller (the gateway, past its upstream
@@ -202,10 +212,10 @@ func (h *handler) cutOff(r *http.Request, err error) errorAnswer {
 // that the log, the metrics and the span do not report a failure; they
 // say whether a statement may have committed. No one reads the answer.
 func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
-	said, claim := applied(err)
-	h.log.InfoContext(r.Context(), "sale call abandoned by the caller: "+said+"; a retry with the same Idempotency-Key replays it if so", "error", err)
+	claim := applied(err)
+	h.log.InfoContext(r.Context(), "sale call abandoned by the caller: "+claim.said+"; a retry with the same Idempotency-Key replays it if so", "error", err)
 	return errorAnswer{status: httpserver.StatusClientClosed, code: httpserver.CodeClientClosed,
-		message: "the caller closed the request; " + said, applied: claim}
+		message: "the caller closed the request; " + claim.said, applied: claim}
 }
 
 // unreachable answers an outage, not a bug. The connection may have
@@ -215,8 +225,7 @@ func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
 // platform reconciling for nothing.
 func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
-	said, claim := applied(err)
-	return answer503("the sale store is unreachable; "+said+retryWithTheKey, claim)
+	return answer503("the sale store is unreachable", applied(err))
 }
 
 // unavailable answers PostgreSQL saying it cannot do the work now, having
@@ -229,24 +238,30 @@ func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 // (a new connection refused) or PostgreSQL answered the one sent with an
 // ERROR, which rolls back the transaction the call's statements and commit
 // share (postgres.RolledBack; the call's earlier runs changed nothing); a
-// FATAL may come after the commit. It still says how to settle it with
-// the key, as every 503 of the writer does.
+// FATAL may come after the commit, and the answer says nothing of the
+// sale. It still says how to settle it with the key, as every 503 of the
+// writer does.
 func (h *handler) unavailable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
 	if postgres.NothingSent(err) || postgres.RolledBack(err) {
-		return answer503("the sale store cannot take this call now; nothing was applied"+retryWithTheKey, appliedNo)
+		return answer503("the sale store cannot take this call now", nothingApplied)
 	}
-	return answer503("the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", "")
+	return answer503("the sale store cannot take this call now", saleClaim{})
 }
 
-// retryWithTheKey ends the message of a 503 that says what was applied:
-// whatever happened, the retry under the same key settles it.
-const retryWithTheKey = ": retry with backoff and the same Idempotency-Key"
-
-// answer503 is the writer's 503 with message, saying applied of the sale.
-func answer503(message, applied string) errorAnswer {
-	return errorAnswer{status: http.StatusServiceUnavailable, code: "unavailable", message: message, applied: applied}
+// answer503 is the writer's 503: what happened (situation), what it says
+// of the sale (claim, or nothing: the zero saleClaim), and the retry under
+// the same key that settles it whatever happened.
+func answer503(situation string, claim saleClaim) errorAnswer {
+	message := situation + "; " + retryWithTheKey
+	if claim.said != "" {
+		message = situation + "; " + claim.said + ": " + retryWithTheKey
+	}
+	return errorAnswer{status: http.StatusServiceUnavailable, code: "unavailable", message: message, applied: claim}
 }
+
+// retryWithTheKey ends the message of every 503 of the writer.
+const retryWithTheKey = "retry with backoff and the same Idempotency-Key"
 
 // InternalErrorMessage is the message of every 500 of the writer, a failure
 // nobody foresaw or a handler's panic (httpserver.Config.PanicMessage):
@@ -255,15 +270,14 @@ func answer503(message, applied string) errorAnswer {
 // retry it safely, as every 503 of the writer does.
 const InternalErrorMessage = "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
 
-// applied says what a call that ended before its answer did to the sale,
-// and its sale_applied: when no statement reached PostgreSQL
-// (postgres.NothingSent: no connection opened or taken from the pool, or
-// pgx stopped before a byte went out), nothing; else the sale may have
-// been applied (a statement cut off, or a connection lost, after the
-// commit).
-func applied(err error) (said, claim string) {
+// applied is what a call that ended before its answer did to the sale:
+// when no statement reached PostgreSQL (postgres.NothingSent: no
+// connection opened or taken from the pool, or pgx stopped before a byte
+// went out), nothing; else the sale may have been applied (a statement cut
+// off, or a connection lost, after the commit).
+func applied(err error) saleClaim {
 	if postgres.NothingSent(err) {
-		return "nothing was applied", appliedNo
+		return nothingApplied
 	}
-	return "the sale may have been applied", appliedMaybe
+	return mayHaveBeenApplied
 }
