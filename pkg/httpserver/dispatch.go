@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"path"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -108,6 +110,9 @@ func (s *Server) dispatch() http.Handler {
 				s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
 				if !rec.wroteHeader {
+					for _, key := range slices.Sorted(maps.Keys(s.cfg.PanicNotes)) {
+						Annotate(rec, r, key, s.cfg.PanicNotes[key])
+					}
 					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", s.panicMessage(), RequestID(r))
 				}
 			}

@@ -44,6 +44,10 @@ type Config struct {
 	// panicked; "internal error" when empty. A service whose calls change
 	// state says how to retry one that may have been done (sales-writer).
 	PanicMessage string
+	// PanicNotes are recorded on that 500's access line and span, as
+	// Annotate records them: what its message claims, where the service
+	// records the claim of its other answers (sales-writer's sale_applied).
+	PanicNotes map[string]string
 }
 
 // Server is a service's HTTP server.

@@ -101,6 +101,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		// A sale that panicked may have been applied: its 500 says how to
 		// retry it, as the writer's own 500s do.
 		PanicMessage: api.InternalErrorMessage,
+		PanicNotes:   api.PanicNotes,
 	}, mux)
 	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)

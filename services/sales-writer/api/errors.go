@@ -270,6 +270,11 @@ const retryWithTheKey = "retry with backoff and the same Idempotency-Key"
 // retry it safely, as every 503 of the writer does.
 const InternalErrorMessage = "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
 
+// PanicNotes are what the access line and span of a panic's 500
+// (httpserver.Config.PanicNotes) record of the sale: what
+// InternalErrorMessage says, as for a failure's 500.
+var PanicNotes = map[string]string{saleAppliedKey: mayHaveBeenApplied.note}
+
 // applied is what a call that ended before its answer did to the sale:
 // when no statement reached PostgreSQL (postgres.NothingSent: no
 // connection opened or taken from the pool, or pgx stopped before a byte

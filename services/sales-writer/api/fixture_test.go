@@ -88,7 +88,7 @@ func newServerOf(t testing.TB, writer *sales.Writer, logs io.Writer, queryTimeou
 	}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	mux := http.NewServeMux()
-	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer, PanicMessage: InternalErrorMessage}, mux)
+	srv := httpserver.New(httpserver.Config{Service: "sales-writer", Log: log, Signer: signer, PanicMessage: InternalErrorMessage, PanicNotes: PanicNotes}, mux)
 	Routes(mux, writer, log, srv.Registry(), queryTimeout)
 	return srv
 }

@@ -620,10 +620,16 @@ func TestUnforeseenFailureSaysHowToRetry(t *testing.T) {
 func TestPanicSaysHowToRetry(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.handler = newServerOf(t, nil, io.Discard, 10*time.Second).Handler()
+	var logs testenv.Output
+	f.handler = newServerOf(t, nil, &logs, 10*time.Second).Handler()
 	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
 	if rec.Code != http.StatusInternalServerError || errorCode(env) != "internal_error" || env.Error.Message != InternalErrorMessage {
 		t.Errorf("confirm that panics = %d %q %q, want 500 internal_error with the message of the writer's 500s", rec.Code, errorCode(env), env.Error.Message)
+	}
+	// Its message says the sale may have been applied: its line says so
+	// too, as every 5xx of the writer's does, for the SRE who traces it.
+	if !strings.Contains(logs.String(), `"sale_applied":"maybe"`) {
+		t.Errorf("the access line of a confirm that panics does not record sale_applied maybe:\n%s", logs.String())
 	}
 }
 
