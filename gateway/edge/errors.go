@@ -114,6 +114,18 @@ var (
 		Message: "the service did not answer in time; the sale may have been applied: retry it with the same Idempotency-Key"}
 )
 
+// saleClaims are what the gateway's own answers to a sale say of it: the
+// access line's and span's sale_applied, under the writer's key, so that
+// the SRE tracing a sale the writer has no line of reads it there. "maybe"
+// where the message says the sale may have been applied, "no" where it
+// says nothing was applied, or, for upstream_unavailable, where the README
+// says nothing was sent (its message, shared with every route, says only
+// to retry; salescheck.SaysNothingApplied reads it by its code).
+var saleClaims = map[*apiError]string{
+	errSaleBadGateway: "maybe", errSaleTimeout: "maybe", errSaleInternal: "maybe",
+	errUpstreamUnavailable: "no", errSaleInternalNothingSent: "no",
+}
+
 func errRateLimited(retryAfter time.Duration) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
 		Message: "rate limit exceeded; retry after the time in Retry-After", RetryAfter: retryAfter}

@@ -1262,3 +1262,21 @@ func TestAFailedListenerIsNamed(t *testing.T) {
 		t.Fatal("Failed() delivered nothing after the admin listener was closed")
 	}
 }
+
+// Each claim the gateway's line records of a sale (saleClaims) is what its
+// answer says: the drill reads the answer (salescheck.SaysNothingApplied:
+// "nothing was applied", or the code upstream_unavailable), the SRE the
+// line, and the two must not part.
+func TestSaleClaimsSayWhatTheirMessagesSay(t *testing.T) {
+	for ae, claim := range saleClaims {
+		saysMaybe := strings.Contains(ae.Message, "the sale may have been applied")
+		saysNo := strings.Contains(ae.Message, "nothing was applied") || ae.Code == "upstream_unavailable"
+		want := "no"
+		if saysMaybe {
+			want = "maybe"
+		}
+		if saysMaybe == saysNo || claim != want {
+			t.Errorf("saleClaims[%d %s %q] = %q, which its message does not say", ae.Status, ae.Code, ae.Message, claim)
+		}
+	}
+}

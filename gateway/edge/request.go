@@ -91,14 +91,6 @@ type saleNames struct {
 	applied string
 }
 
-// saleClaims are what the gateway's own answers to a sale say of it: the
-// access line's and span's sale_applied, under the writer's key, so that
-// the SRE tracing a sale the writer has no line of reads it there.
-var saleClaims = map[*apiError]string{
-	errSaleBadGateway: "maybe", errSaleTimeout: "maybe", errSaleInternal: "maybe",
-	errUpstreamUnavailable: "no", errSaleInternalNothingSent: "no",
-}
-
 // noteSale records the sale's item and Idempotency-Key (request.sale).
 // Fiber's strings point into buffers reused after the handler: copied.
 func (rq *request) noteSale(c *fiber.Ctx) {
