@@ -74,7 +74,8 @@ type errorAnswer struct {
 // (salescheck.SaysNothingApplied), and the value its access line and span
 // record as sale_applied (note), for the SRE who traces its request id.
 // The two are kept together here so that no message can say one and its
-// line the other.
+// line the other. The README's "What each answer of a sale says was
+// applied" lists every answer's claim, the gateway's included.
 type saleClaim struct{ said, note string }
 
 var (
