@@ -109,8 +109,9 @@ func serve(ctx context.Context, addr, file string, maxBytes int64, logs io.Write
 
 var traceIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
-// show prints the trace of requestID from file and from file.1, the spans
-// of the make run before, which make run keeps once when it starts.
+// show prints the trace of requestID from file and from file.1: the spans
+// of the make run before, which make run keeps once when it starts, or
+// this run's older ones, once serve's --max-bytes moved them there.
 func show(w io.Writer, file, requestID string) error {
 	// A request id quoted in a ticket often comes back upper-cased, or
 	// with the spaces a copy picked up; hex reads the same either way.
@@ -128,7 +129,7 @@ func show(w io.Writer, file, requestID string) error {
 	}
 	spans = append(last, spans...)
 	if len(spans) == 0 {
-		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the make run before (spans are exported in batches: retry in a few seconds)", requestID, file, file)
+		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans (spans are exported in batches: retry in a few seconds)", requestID, file, file)
 	}
 	tracestore.WriteTree(w, spans)
 	return nil
