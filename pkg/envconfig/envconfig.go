@@ -124,11 +124,9 @@ func (r *Reader) Addr(name, def string) string {
 // address a name has (net.ListenConfig.Listen, addrs.first(isIPv4)), and
 // every hosts file in use gives localhost 127.0.0.1 (many ::1 too, which
 // the listener passes over), so localhost:8080 beside [::1]:8080 both
-// listen (they were refused, localhost counted as ::1 too). A host whose
-// localhost has ::1 alone would take [::1]: there the second bind's own
-// error says so. Other host
-// names are compared as written, not resolved: looking them up at start
-// could ask DNS.
+// listen. A host whose localhost has ::1 alone would take [::1]: there
+// the second bind's own error says so. Other host names are compared as
+// written, not resolved: looking them up at start could ask DNS.
 func (r *Reader) SeparateListeners(nameA, addrA, nameB, addrB string) {
 	if listenersCollide(addrA, addrB) {
 		r.Failf("%s and %s must be different listening addresses (got %s and %s: the same port of the same host)",
