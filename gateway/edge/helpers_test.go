@@ -103,6 +103,24 @@ type seen struct {
 // otherwise, as the real services do) and echoes what it saw.
 func echoUpstream(t *testing.T, name string, hits *atomic.Int64) *httptest.Server {
 	t.Helper()
+	return signedUpstream(t, func(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+		if hits != nil {
+			hits.Add(1)
+		}
+		if r.URL.Query().Get("gzip") == "1" {
+			w.Header().Set("Content-Encoding", "gzip")
+		}
+		envelope.WriteData(w, http.StatusOK, seen{Identity: id, Headers: r.Header, Path: r.URL.RequestURI(), Instance: name},
+			envelope.Meta{RequestID: id.RequestID})
+	})
+}
+
+// signedUpstream is a fake service that answers the gateway's health
+// probe and, as the real services do, refuses 401 a call under /v1/ the
+// gateway did not sign; serve answers the others, given the identity
+// signed.
+func signedUpstream(t *testing.T, serve func(w http.ResponseWriter, r *http.Request, id identity.Identity)) *httptest.Server {
+	t.Helper()
 	signer, err := identity.NewSigner(gatewaytest.IdentitySecret)
 	if err != nil {
 		t.Fatal(err)
@@ -118,14 +136,7 @@ func echoUpstream(t *testing.T, name string, hits *atomic.Int64) *httptest.Serve
 				"the request did not come through the gateway", httpserver.RandomRequestID())
 			return
 		}
-		if hits != nil {
-			hits.Add(1)
-		}
-		if r.URL.Query().Get("gzip") == "1" {
-			w.Header().Set("Content-Encoding", "gzip")
-		}
-		envelope.WriteData(w, http.StatusOK, seen{Identity: id, Headers: r.Header, Path: r.URL.RequestURI(), Instance: name},
-			envelope.Meta{RequestID: id.RequestID})
+		serve(w, r, id)
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/gatewaytest"
-	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 )
 
@@ -42,20 +41,7 @@ func (u *upstreamCalls) all() []upstreamCall {
 // no Content-Length), as shop-schema's is.
 func versionUpstream(t *testing.T, calls *upstreamCalls) *httptest.Server {
 	t.Helper()
-	signer, err := identity.NewSigner(gatewaytest.IdentitySecret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		envelope.WriteData(w, http.StatusOK, map[string]string{"status": "ok"}, envelope.Meta{})
-	})
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		id, err := signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now())
-		if err != nil {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
+	return signedUpstream(t, func(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 		calls.add(r)
 		w.Header().Set("Content-Type", "application/json")
 		if r.URL.Path == "/v1/sync/prestashop/schema" {
@@ -66,9 +52,6 @@ func versionUpstream(t *testing.T, calls *upstreamCalls) *httptest.Server {
 		}
 		_, _ = io.WriteString(w, `{"data":{"id":"coin-1"},"meta":{"request_id":"`+id.RequestID+`"}}`)
 	})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv
 }
 
 // The gateway speaks HTTP/1.1 to the services whatever version its client
