@@ -637,6 +637,29 @@ func TestUpstreamErrorsNameTheirInstance(t *testing.T) {
 	)
 }
 
+// A sale that reached no writer (every one refused the connection, or was
+// out) is answered 503 upstream_unavailable in the words the writer's own
+// 503s use for the same outcome, "nothing was applied" and the same key
+// to retry with, so that a platform reads one message for it whoever
+// answered; a read keeps the route-neutral message.
+func TestSaleThatReachedNoWriterSaysNothingWasApplied(t *testing.T) {
+	dsn, _, k := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS": closedURL(t), "SALES_WRITER_URLS": closedURL(t)})
+	sale := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+		"Content-Type": "application/json", "Idempotency-Key": "k1"}, strings.NewReader(`{"external_order_id":"o"}`))
+	checkEnvelope(t, sale)
+	if sale.Status != 503 || sale.Env.Error == nil || sale.Env.Error.Code != "upstream_unavailable" ||
+		!strings.Contains(sale.Env.Error.Message, "nothing was applied") || !strings.Contains(sale.Env.Error.Message, "same Idempotency-Key") {
+		t.Errorf("a sale no writer got = %d %s, want 503 upstream_unavailable saying nothing was applied and to keep the key", sale.Status, sale.Body)
+	}
+	read := do(t, "GET", gw.URL+"/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}, nil)
+	checkEnvelope(t, read)
+	if read.Status != 503 || read.Env.Error == nil || strings.Contains(read.Env.Error.Message, "applied") {
+		t.Errorf("a read no reader got = %d %s, want 503 without a word of anything applied", read.Status, read.Body)
+	}
+}
+
 func TestHealth(t *testing.T) {
 	dsn, _, _ := seed(t)
 	reader := echoUpstream(t, "reader", nil)

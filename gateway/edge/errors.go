@@ -102,6 +102,8 @@ var (
 		Message: "the API key could not be checked; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
 		Message: "the service is temporarily unavailable; retry later", RetryAfter: envelope.UnavailableRetryAfter}
+	errSaleUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
+		Message: "the service is temporarily unavailable; nothing was applied: retry with backoff and the same Idempotency-Key", RetryAfter: envelope.UnavailableRetryAfter}
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service failed to answer; retry later"}
 	errSaleBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
@@ -118,12 +120,13 @@ var (
 // access line's and span's sale_applied, under the writer's key, so that
 // the SRE tracing a sale the writer has no line of reads it there. "maybe"
 // where the message says the sale may have been applied, "no" where it
-// says nothing was applied, or, for upstream_unavailable, where the README
-// says nothing was sent (its message, shared with every route, says only
-// to retry; salescheck.SaysNothingApplied reads it by its code).
+// says nothing was applied, or, for a sale sent without an
+// Idempotency-Key answered upstream_unavailable, where the README says
+// nothing was sent (its message, shared with every route, says only to
+// retry; salescheck.SaysNothingApplied reads it by its code).
 var saleClaims = map[*apiError]string{
 	errSaleBadGateway: "maybe", errSaleTimeout: "maybe", errSaleInternal: "maybe",
-	errUpstreamUnavailable: "no", errSaleInternalNothingSent: "no",
+	errUpstreamUnavailable: "no", errSaleUpstreamUnavailable: "no", errSaleInternalNothingSent: "no",
 }
 
 func errRateLimited(retryAfter time.Duration) *apiError {
@@ -187,6 +190,8 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		return ae, false
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return errUnauthenticated, false
+	case errors.Is(err, errSaleNothingApplied):
+		return errSaleUpstreamUnavailable, true
 	case nothingSent(err):
 		// Nothing was sent (every instance out, refused, or no connection
 		// free): a retry cannot apply anything twice, and Retry-After says

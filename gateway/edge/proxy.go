@@ -202,8 +202,11 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	if err != nil {
 		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, failedInstanceLabel(out.Instance, err), errorKind(err)).Inc()
 		span.SetStatus(codes.Error, errorKind(err))
-		if idempotentSale && mayHaveArrived(err) {
+		switch {
+		case idempotentSale && mayHaveArrived(err):
 			err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
+		case idempotentSale && nothingSent(err):
+			err = fmt.Errorf("%w: %w", errSaleNothingApplied, err)
 		}
 		return err
 	}
@@ -458,6 +461,12 @@ func nothingSent(err error) bool {
 // client to retry with the same key. A sale sent without one gets the
 // generic answer: there is no key to retry with.
 var errSaleMayBeApplied = errors.New("the sale may have been applied")
+
+// errSaleNothingApplied marks the failure of a sale sent with an
+// Idempotency-Key that reached no writer (nothingSent): its answer says so,
+// as the writer's own 503s do, so that a platform reads the same words for
+// the same outcome whoever answered.
+var errSaleNothingApplied = errors.New("nothing was applied")
 
 // mayHaveArrived reports whether the request may have reached the
 // instance before err: it timed out, or the connection closed or the answer
