@@ -97,7 +97,7 @@ func parseTrustedProxies(entries []string) ([]netip.Prefix, bool) {
 	prefixes := make([]netip.Prefix, 0, len(entries))
 	for _, e := range entries {
 		if p, err := netip.ParsePrefix(e); err == nil {
-			prefixes = append(prefixes, p.Masked())
+			prefixes = append(prefixes, unmapPrefix(p).Masked())
 			continue
 		}
 		addr, err := netip.ParseAddr(e)
@@ -108,6 +108,18 @@ func parseTrustedProxies(entries []string) ([]netip.Prefix, bool) {
 		prefixes = append(prefixes, netip.PrefixFrom(addr, addr.BitLen()))
 	}
 	return prefixes, true
+}
+
+// unmapPrefix gives an IPv4-mapped IPv6 CIDR (::ffff:10.0.0.0/104) as the
+// IPv4 one it spans (10.0.0.0/8): the addresses it is matched against are
+// unmapped, as a mapped single address is, and an IPv6 prefix contains no
+// IPv4 address, so kept as written it trusted no proxy at all, and every
+// client behind one had the proxy's address and its one per-IP budget.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if !p.Addr().Is4In6() || p.Bits() < 96 {
+		return p
+	}
+	return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 }
 
 // addressBucket is what the per-address limits (anonymous routes, failed

@@ -53,6 +53,18 @@ func TestClientAddress(t *testing.T) {
 			t.Errorf("%s: client = %s, want %s", tt.name, got, tt.want)
 		}
 	}
+	// An IPv4-mapped CIDR trusts the IPv4 addresses it spans, as a mapped
+	// address does: kept as an IPv6 prefix, it trusted none.
+	mapped, ok := parseTrustedProxies([]string{"::ffff:10.0.0.0/104", "::ffff:192.0.2.7/128"})
+	if !ok {
+		t.Fatal("parseTrustedProxies refused IPv4-mapped CIDRs")
+	}
+	behind := clientAddress{header: "X-Forwarded-For", trusted: mapped}
+	for _, peer := range []netip.Addr{proxy, netip.MustParseAddr("192.0.2.7")} {
+		if got := behind.of(peer, [][]byte{[]byte("198.51.100.4")}); got.String() != "198.51.100.4" {
+			t.Errorf("behind %s, trusted as %v: client = %s, want 198.51.100.4", peer, mapped, got)
+		}
+	}
 	if _, ok := parseTrustedProxies([]string{"10.0.0.0/8", "proxy.local"}); ok {
 		t.Error("parseTrustedProxies(a host name) = ok, want it refused")
 	}

@@ -615,7 +615,7 @@ func TestLoadConfig(t *testing.T) {
 		}
 	}
 	// Trusting every address believes the client's own entry of the header.
-	for _, everyone := range []string{"0.0.0.0/0", "10.0.0.0/8, ::/0"} {
+	for _, everyone := range []string{"0.0.0.0/0", "10.0.0.0/8, ::/0", "::ffff:0.0.0.0/96"} {
 		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": everyone}))
 		if err == nil || !strings.Contains(err.Error(), "GATEWAY_TRUSTED_PROXIES must list the proxies, not every address") {
 			t.Errorf("LoadConfig(GATEWAY_TRUSTED_PROXIES=%s) error = %v, want it refused", everyone, err)
