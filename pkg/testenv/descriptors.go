@@ -20,8 +20,11 @@ import (
 // highest open descriptor and takes every free number below it (the limit
 // bounds descriptor numbers, and a closed one leaves a hole that the next
 // open takes). It returns what it took, one at least: closing one gives a
-// descriptor back. The limit is the whole process's, so no other test may
-// run meanwhile (none of a package that calls this may be parallel).
+// descriptor back, and so does any other descriptor of the process closed
+// meanwhile (an earlier test's connection ending): a test that must have
+// none at all uses NoDescriptors. The limit is the whole process's, so no
+// other test may run meanwhile (none of a package that calls this may be
+// parallel).
 func ExhaustDescriptors(t testing.TB) []*os.File {
 	t.Helper()
 	fds, err := os.ReadDir("/proc/self/fd")
@@ -128,4 +131,30 @@ func closedByTheServer(addr string) bool {
 	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err = io.Copy(io.Discard, conn)
 	return err == nil
+}
+
+// NoDescriptors leaves the test process no file descriptor to open until
+// restore is called or the test ends, whatever is closed meanwhile: it
+// lowers the process's limit to zero, below every descriptor number, so
+// opening one fails with EMFILE as at any limit. Under ExhaustDescriptors'
+// limit, a descriptor that something else in the process closes (a
+// listener a garbage collection closed) is free for the next open, and a
+// test expecting none had a connection made. The limit is the whole
+// process's, so no other test may run meanwhile.
+func NoDescriptors(t testing.TB) (restore func()) {
+	t.Helper()
+	var was syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
+		t.Fatal(err)
+	}
+	restore = func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
+			t.Errorf("testenv: restoring the descriptor limit: %v", err)
+		}
+	}
+	t.Cleanup(restore)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 0, Max: was.Max}); err != nil {
+		t.Fatal(err)
+	}
+	return restore
 }
