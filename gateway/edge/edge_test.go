@@ -540,6 +540,42 @@ func TestRedisTimeoutAbove100msIsHonoured(t *testing.T) {
 	}
 }
 
+// A Redis that stops answering (paused past RATE_LIMIT_REDIS_TIMEOUT, as
+// a stalled or overloaded server would be, not refusing as a stopped one
+// does) holds no request beyond the timeout: the decision falls to the
+// in-process fallback, and Redis decides again once it answers. The
+// limiter's timeout and the Redis client's I/O bound (start) hold it:
+// with both longer than the pause, the request waits for it and Redis
+// decides (as TestRedisTimeoutAbove100msIsHonoured wants of a 2 s timeout).
+func TestRedisStalledPastItsTimeoutDecidesInProcess(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	redis := testenv.StartRedis(t) // its own: a pause stalls every client
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"REDIS_URL": redis.URL, "RATE_LIMIT_REDIS_TIMEOUT": "100ms"})
+	admin, err := redisclient.Open(redis.URL, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 2000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+		t.Fatalf("GET while Redis is paused = %d %s, want 200", r.Status, r.Body)
+	}
+	metrics := scrape(t, gw.AdminURL)
+	if !bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="local",class="export_read",decision="allowed"} 1`)) ||
+		!bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="redis",class="export_read",decision="allowed"} 0`)) {
+		t.Fatalf("the decision under a paused Redis was not the fallback's:\n%s", grep(metrics, "gateway_ratelimit_decisions"))
+	}
+	waitFor(t, 15*time.Second, func() bool {
+		do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil)
+		return !bytes.Contains(scrape(t, gw.AdminURL),
+			[]byte(`gateway_ratelimit_decisions_total{backend="redis",class="export_read",decision="allowed"} 0`))
+	})
+}
+
 // The admin port's net/http answers what it cannot read, and what its
 // handler has no route for, with the envelope too, its request id in
 // X-Request-Id and in the log: a request without Host (400 bad_request),
