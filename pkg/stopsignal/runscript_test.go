@@ -339,6 +339,19 @@ func (s *runScript) waitExit(t *testing.T) {
 	}
 }
 
+// stoppedBeforeStarting waits for make run, which refused what, to end,
+// and checks that it ended with a failing status, having started no binary.
+func (s *runScript) stoppedBeforeStarting(t *testing.T, what string) {
+	t.Helper()
+	s.waitExit(t)
+	if code := s.cmd.ProcessState.ExitCode(); code == 0 {
+		t.Errorf("make run refused %s with status 0", what)
+	}
+	if started, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid")); len(started) > 0 {
+		t.Errorf("make run refused %s after it started %v", what, started)
+	}
+}
+
 // left names what the script started and did not stop.
 func (s *runScript) left() []string {
 	var left []string
@@ -625,13 +638,7 @@ func TestRunScriptNamesATakenAddress(t *testing.T) {
 	s, env := prepareRunScript(t, "")
 	s.launch(t, append(env, "GATEWAY_ADDR="+taken.Addr().String())) // the last wins
 	s.waitFor(t, "GATEWAY_ADDR "+taken.Addr().String()+" is taken by ")
-	s.waitExit(t)
-	if code := s.cmd.ProcessState.ExitCode(); code == 0 {
-		t.Error("make run refused a taken address with status 0")
-	}
-	if started, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid")); len(started) > 0 {
-		t.Errorf("make run refused a taken address after it started %v", started)
-	}
+	s.stoppedBeforeStarting(t, "a taken address")
 	if left := s.left(); len(left) > 0 {
 		t.Errorf("make run refused a taken address and left %v running", left)
 	}
@@ -655,13 +662,7 @@ func TestRunScriptNamesTwoListenersOfOnePort(t *testing.T) {
 			other := host + shared[strings.LastIndexByte(shared, ':'):]
 			s.launch(t, append(env, "EXPORT_READER_ADMIN_ADDR="+shared, "SALES_WRITER_ADDR="+other)) // the last wins
 			s.waitFor(t, "EXPORT_READER_ADMIN_ADDR ("+shared+") and SALES_WRITER_ADDR ("+other+") take the same port")
-			s.waitExit(t)
-			if code := s.cmd.ProcessState.ExitCode(); code == 0 {
-				t.Error("make run refused two listeners of one port with status 0")
-			}
-			if started, _ := filepath.Glob(filepath.Join(s.stubs, "*.pid")); len(started) > 0 {
-				t.Errorf("make run refused two listeners of one port after it started %v", started)
-			}
+			s.stoppedBeforeStarting(t, "two listeners of one port")
 		})
 	}
 }
@@ -800,10 +801,7 @@ func TestRunScriptCapsTheLogsWithinARun(t *testing.T) {
 	bad, badEnv := prepareRunScript(t, "")
 	bad.launch(t, append(badEnv, "RUN_LOG_MAX_MB=1G"))
 	bad.waitFor(t, "RUN_LOG_MAX_MB must be a number of MiB")
-	bad.waitExit(t)
-	if started, _ := filepath.Glob(filepath.Join(bad.stubs, "*.pid")); len(started) > 0 {
-		t.Errorf("make run with RUN_LOG_MAX_MB=1G started %v", started)
-	}
+	bad.stoppedBeforeStarting(t, "RUN_LOG_MAX_MB=1G")
 }
 
 // A .run/demo.env kept while the database went (.run/pg deleted alone)
