@@ -517,23 +517,7 @@ func TestRedisOutage(t *testing.T) {
 // client's old fixed 100 ms I/O bound handed the decision to the
 // in-process fallback.
 func TestRedisTimeoutAbove100msIsHonoured(t *testing.T) {
-	dsn, _, k := seed(t)
-	reader := echoUpstream(t, "reader", nil)
-	redis := testenv.StartRedis(t) // its own: a pause stalls every client
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
-		"REDIS_URL": redis.URL, "RATE_LIMIT_REDIS_TIMEOUT": "2s"})
-	admin, err := redisclient.Open(redis.URL, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 300).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
-		t.Fatalf("GET while Redis is paused for 300 ms = %d %s, want 200", r.Status, r.Body)
-	}
-	metrics := scrape(t, gw.AdminURL)
+	_, _, metrics := getWhileRedisPaused(t, "2s", 300)
 	if !bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="redis",class="export_read",decision="allowed"} 1`)) ||
 		!bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="local",class="export_read",decision="allowed"} 0`)) {
 		t.Errorf("the decision was not Redis's:\n%s", grep(metrics, "gateway_ratelimit_decisions"))
@@ -548,23 +532,7 @@ func TestRedisTimeoutAbove100msIsHonoured(t *testing.T) {
 // with both longer than the pause, the request waits for it and Redis
 // decides (as TestRedisTimeoutAbove100msIsHonoured wants of a 2 s timeout).
 func TestRedisStalledPastItsTimeoutDecidesInProcess(t *testing.T) {
-	dsn, _, k := seed(t)
-	reader := echoUpstream(t, "reader", nil)
-	redis := testenv.StartRedis(t) // its own: a pause stalls every client
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
-		"REDIS_URL": redis.URL, "RATE_LIMIT_REDIS_TIMEOUT": "100ms"})
-	admin, err := redisclient.Open(redis.URL, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 2000).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
-		t.Fatalf("GET while Redis is paused = %d %s, want 200", r.Status, r.Body)
-	}
-	metrics := scrape(t, gw.AdminURL)
+	gw, k, metrics := getWhileRedisPaused(t, "100ms", 2000)
 	if !bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="local",class="export_read",decision="allowed"} 1`)) ||
 		!bytes.Contains(metrics, []byte(`gateway_ratelimit_decisions_total{backend="redis",class="export_read",decision="allowed"} 0`)) {
 		t.Fatalf("the decision under a paused Redis was not the fallback's:\n%s", grep(metrics, "gateway_ratelimit_decisions"))
@@ -574,6 +542,31 @@ func TestRedisStalledPastItsTimeoutDecidesInProcess(t *testing.T) {
 		return !bytes.Contains(scrape(t, gw.AdminURL),
 			[]byte(`gateway_ratelimit_decisions_total{backend="redis",class="export_read",decision="allowed"} 0`))
 	})
+}
+
+// getWhileRedisPaused starts a gateway with RATE_LIMIT_REDIS_TIMEOUT
+// timeout on a Redis of its own (a pause stalls every client), pauses that
+// Redis for pauseMs, and sends one GET, which must be answered 200; it
+// returns the gateway, the keys, and the gateway's metrics after it.
+func getWhileRedisPaused(t *testing.T, timeout string, pauseMs int) (*gatewaytest.Server, keys, []byte) {
+	t.Helper()
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	redis := testenv.StartRedis(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"REDIS_URL": redis.URL, "RATE_LIMIT_REDIS_TIMEOUT": timeout})
+	admin, err := redisclient.Open(redis.URL, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", pauseMs).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+		t.Fatalf("GET while Redis is paused for %d ms = %d %s, want 200", pauseMs, r.Status, r.Body)
+	}
+	return gw, k, scrape(t, gw.AdminURL)
 }
 
 // The admin port's net/http answers what it cannot read, and what its
