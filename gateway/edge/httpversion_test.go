@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -119,4 +121,79 @@ func TestServicesAreSpokenToInHTTP11WhateverTheClientSpoke(t *testing.T) {
 			t.Errorf("%s: came on connection %s, the first on %s: want one kept-alive connection", requests[i].name, c.conn, got[0].conn)
 		}
 	}
+}
+
+// A streamed answer (shop-schema's: no Content-Length) reaches a client
+// that does not speak HTTP/1.1 with its length, and no chunks: fasthttp
+// frames a stream of unknown length chunked whatever the client, and RFC
+// 9112 7.1 forbids chunked towards HTTP/1.0, whose clients that know 1.0
+// alone read the chunk sizes as part of the body. The answer is read whole
+// for them (relayWhole); an HTTP/1.1 client still gets it streamed.
+func TestStreamedAnswerReachesAnHTTP10ClientWithItsLength(t *testing.T) {
+	dsn, _, _ := seed(t)
+	var calls upstreamCalls
+	up := versionUpstream(t, &calls)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"EXPORT_READER_URLS": up.URL, "SHOP_SCHEMA_URLS": up.URL})
+	for _, version := range []string{"1.0", "1.2", "1.1"} {
+		status, fields, body := shopSchemaIn(t, gw.URL, version)
+		if !strings.Contains(status, " 200 ") {
+			t.Fatalf("HTTP/%s: %s %q, want a 200", version, status, body)
+		}
+		if version == "1.1" {
+			if fields.Get("Transfer-Encoding") != "chunked" {
+				t.Errorf("HTTP/1.1: Transfer-Encoding %q, want the answer streamed, chunked", fields.Get("Transfer-Encoding"))
+			}
+			continue
+		}
+		if te := fields.Get("Transfer-Encoding"); te != "" {
+			t.Errorf("HTTP/%s: Transfer-Encoding %q, want none", version, te)
+		}
+		if fields.Get("Content-Length") != strconv.Itoa(len(body)) || !strings.HasPrefix(body, `{"data":{"categories":[],"features":[]}`) {
+			t.Errorf("HTTP/%s: Content-Length %q, body %q: want the answer's JSON, with its length", version, fields.Get("Content-Length"), body)
+		}
+	}
+}
+
+// A streamed answer the service breaks off reaches an HTTP/1.0 client as
+// a 502 envelope, the answer being read whole for it before its first
+// byte is sent (an HTTP/1.1 client gets it cut short, as streamed).
+func TestStreamBrokenOffIsA502ForAnHTTP10Client(t *testing.T) {
+	dsn, _, _ := seed(t)
+	up := signedUpstream(t, func(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data":{"categories":[],`)
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler) // the connection is closed mid-answer
+	})
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": up.URL})
+	status, fields, body := shopSchemaIn(t, gw.URL, "1.0")
+	if !strings.Contains(status, " 502 ") || fields.Get("X-Error-Code") != "bad_gateway" ||
+		fields.Get("Content-Length") != strconv.Itoa(len(body)) || !strings.Contains(body, `"code":"bad_gateway"`) {
+		t.Errorf("answer %s %v %q, want the 502 bad_gateway envelope, with its length", status, fields, body)
+	}
+}
+
+// shopSchemaIn sends a shop schema call in HTTP/version and reads the
+// answer raw, to the connection's end: its status line, header fields and
+// body as sent.
+func shopSchemaIn(t *testing.T, baseURL, version string) (status string, fields textproto.MIMEHeader, body string) {
+	t.Helper()
+	conn := dial(t, baseURL)
+	head := "POST /v1/sync/prestashop/schema HTTP/" + version + "\r\nHost: gw\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+	if _, err := io.WriteString(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	raw, err := io.ReadAll(conn) // the connection is closed after the answer
+	if err != nil {
+		t.Fatalf("HTTP/%s: %v", version, err)
+	}
+	header, body, _ := strings.Cut(string(raw), "\r\n\r\n")
+	tp := textproto.NewReader(bufio.NewReader(strings.NewReader(header + "\r\n\r\n")))
+	status, _ = tp.ReadLine()
+	if fields, err = tp.ReadMIMEHeader(); err != nil {
+		t.Fatalf("HTTP/%s: answer %q: %v", version, raw, err)
+	}
+	return status, fields, body
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -111,8 +112,63 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 		return err
 	}
 	relayed = true
+	if !c.Request().Header.IsHTTP11() && answer.IsBodyStream() && answer.Header.ContentLength() < 0 {
+		return relayWhole(c.Response(), answer, done)
+	}
 	relay(c.Response(), answer, done)
 	return nil
+}
+
+// readWholeForHTTP10 bounds a streamed answer read whole for a client
+// that does not speak HTTP/1.1 (relayWhole): export-reader's bound
+// (readWholeUpTo), far above a large shop's full schema (a few MB).
+const readWholeForHTTP10 = 64 << 20
+
+// errTooLargeForHTTP10 is a streamed answer over readWholeForHTTP10 for
+// such a client: a 502, the answer being one the gateway cannot frame.
+var errTooLargeForHTTP10 = fmt.Errorf("%w: a streamed answer over %d MiB cannot be framed for an HTTP/1.0 client",
+	upstream.ErrBadResponse, readWholeForHTTP10>>20)
+
+// relayWhole is relay for a streamed answer of unknown length to a client
+// that fasthttp does not read as HTTP/1.1 (1.0, or 1.2 and up, served by
+// 1.0's rules): fasthttp frames such a stream chunked, whatever the
+// client, and RFC 9112 7.1 forbids chunked towards HTTP/1.0 (a client
+// that implements 1.0 alone reads the chunk sizes as part of the body).
+// The answer is read whole, up to readWholeForHTTP10, and sent with its
+// Content-Length, still as a stream, so that done runs once it has left,
+// as relay's. A read that fails, or passes the bound, is the error to
+// answer (nothing was written yet); done has run.
+func relayWhole(resp, answer *fasthttp.Response, done func()) error {
+	stream := answer.BodyStream()
+	body, err := io.ReadAll(io.LimitReader(stream, readWholeForHTTP10+1))
+	switch {
+	case err != nil:
+		err = upstreamReadError(err)
+	case len(body) > readWholeForHTTP10:
+		err = errTooLargeForHTTP10
+	}
+	if closer, ok := stream.(fasthttp.ReadCloserWithError); ok {
+		_ = closer.CloseWithError(err) // with an error, the connection is not reused
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(answer)
+		done()
+		return err
+	}
+	answer.Header.CopyTo(&resp.Header)
+	resp.SetBodyStream(&relayedStream{Reader: bytes.NewReader(body), answer: answer, done: done}, len(body))
+	return nil
+}
+
+// upstreamReadError names the kind of a failure to read an answer's body
+// as upstream.Do names those of an answer read whole: a timeout is a 504,
+// anything else a broken answer, a 502.
+func upstreamReadError(err error) error {
+	var ne net.Error
+	if errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+		return fmt.Errorf("%w: reading the answer: %w", upstream.ErrTimeout, err)
+	}
+	return fmt.Errorf("%w: reading the answer: %w", upstream.ErrBadResponse, err)
 }
 
 // relay moves answer into resp and releases answer, then calls done; for a
