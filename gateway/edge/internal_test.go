@@ -1280,3 +1280,38 @@ func TestSaleClaimsSayWhatTheirMessagesSay(t *testing.T) {
 		}
 	}
 }
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// relayWhole reads a stream for an HTTP/1.0 client up to its bound: one
+// byte more is a 502 bad_gateway (nothing has been written yet), the
+// answer released and its call ended (done) all the same; at the bound it
+// is sent, with its length.
+func TestRelayWholeBoundsTheStream(t *testing.T) {
+	for _, size := range []int{readWholeForHTTP10, readWholeForHTTP10 + 1} {
+		answer := fasthttp.AcquireResponse()
+		answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), -1)
+		var resp fasthttp.Response
+		ended := 0
+		err := relayWhole(&resp, answer, func() { ended++ })
+		if size > readWholeForHTTP10 {
+			if ae, _ := toAPIError(err); ae != errBadGateway || ended != 1 {
+				t.Errorf("%d bytes: error %v, call ended %d times; want a 502 bad_gateway, the call ended once", size, err, ended)
+			}
+			continue
+		}
+		if err != nil || resp.Header.ContentLength() != size || ended != 0 {
+			t.Errorf("%d bytes: error %v, Content-Length %d, call ended %d times; want the answer with its length, the call going on", size, err, resp.Header.ContentLength(), ended)
+		}
+		resp.Reset() // closes the stream, as fasthttp once it has written it
+		if ended != 1 {
+			t.Errorf("%d bytes: call ended %d times once written, want once", size, ended)
+		}
+	}
+}
