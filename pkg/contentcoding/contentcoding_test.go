@@ -1,4 +1,4 @@
-package api
+package contentcoding
 
 import "testing"
 
@@ -32,8 +32,8 @@ func TestAcceptsGzip(t *testing.T) {
 		{[]string{"br, *;q=0.1"}, true},
 		{[]string{"identity, *;q=0"}, false},
 	} {
-		if got := acceptsGzip(tt.in); got != tt.want {
-			t.Errorf("acceptsGzip(%q) = %v, want %v", tt.in, got, tt.want)
+		if got := AcceptsGzip(tt.in); got != tt.want {
+			t.Errorf("AcceptsGzip(%q) = %v, want %v", tt.in, got, tt.want)
 		}
 	}
 }
