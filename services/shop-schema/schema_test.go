@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -928,4 +929,51 @@ func TestBaseURLEndingInAPI(t *testing.T) {
 		}
 	}
 	checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
+}
+
+// A schema answer is gzipped for a client that accepts gzip (the gateway
+// passes Accept-Encoding on, and the answer's Content-Encoding back), and
+// not for one that does not; both vary by Accept-Encoding. It was sent
+// whole to every client: a large shop's schema is a few MB of JSON that
+// gzip cuts about fourteen times.
+func TestSchemaGzippedWhenAccepted(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	for i := range 50 {
+		shop.Categories = append(shop.Categories, fakeshop.Category{ID: 100 + i, ParentID: 2, Depth: 2, Position: 2 + i,
+			Active: true, Names: map[int]string{1: fmt.Sprint("Category ", i), 2: "Категория", 3: "Категорія"}})
+	}
+	shop.Start(t.Cleanup)
+	s := startService(t, shop, nil)
+	var plain []byte
+	for _, accept := range []string{"identity", "gzip, deflate, br"} {
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/sync/prestashop/schema", strings.NewReader(body(shop.URL(), fakeshop.Key)))
+		req.Header.Set("Accept-Encoding", accept) // set by hand, Go's transport leaves the body as sent
+		for _, h := range s.signer.Sign(identity.Identity{RequestID: "req-gzip"}, identity.RequestOf(req), time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Vary") != "Accept-Encoding" {
+			t.Fatalf("Accept-Encoding %q: %d, Vary %q, want 200 varying by Accept-Encoding", accept, resp.StatusCode, resp.Header.Get("Vary"))
+		}
+		if accept == "identity" {
+			if ce := resp.Header.Get("Content-Encoding"); ce != "" || !json.Valid(raw) {
+				t.Fatalf("Accept-Encoding identity: Content-Encoding %q, want the JSON as it is", ce)
+			}
+			plain = raw
+			continue
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil || resp.Header.Get("Content-Encoding") != "gzip" {
+			t.Fatalf("Accept-Encoding %q: Content-Encoding %q, %d bytes (%v), want gzip", accept, resp.Header.Get("Content-Encoding"), len(raw), err)
+		}
+		unzipped, err := io.ReadAll(zr)
+		if err != nil || !bytes.Equal(unzipped, plain) || len(raw) >= len(plain)/2 {
+			t.Errorf("gzipped: %d bytes, %d unzipped (%v), want the identity answer's %d bytes, at most half as many sent", len(raw), len(unzipped), err, len(plain))
+		}
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,7 +73,7 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 			h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req),
 				"shop_version", result.ShopVersion, "categories", len(result.Categories),
 				"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
-			envelope.WriteData(w, http.StatusOK, result, envelope.Meta{RequestID: requestID})
+			writeSchema(w, r, result, requestID)
 			return
 		}
 	}
