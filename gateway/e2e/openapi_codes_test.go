@@ -13,7 +13,6 @@ import (
 	bignum "math/big"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -87,12 +86,10 @@ func untrustedShop(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(serveShop))
-	srv.Listener = loopbackListener(t)
+	srv := testenv.LoopbackServer(t, http.HandlerFunc(serveShop))
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // each handshake it fails is the point, not news
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: priv}}}
 	srv.StartTLS()
-	t.Cleanup(srv.Close)
 	return srv.URL
 }
 

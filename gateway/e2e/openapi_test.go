@@ -11,7 +11,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -597,10 +596,8 @@ var shopRows = map[string]string{
 
 func startShop(t *testing.T) fakeShop {
 	t.Helper()
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(serveShop))
-	srv.Listener = loopbackListener(t)
+	srv := testenv.LoopbackServer(t, http.HandlerFunc(serveShop))
 	srv.StartTLS()
-	t.Cleanup(srv.Close)
 	caFile := filepath.Join(t.TempDir(), "shop-ca.pem")
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	if err := os.WriteFile(caFile, ca, 0o600); err != nil {

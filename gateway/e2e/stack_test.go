@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,10 +68,8 @@ func startStack(t *testing.T, dsn, redisURL string, settings ...string) *stack {
 	t.Helper()
 	bin := build(t)
 	store := tracestore.New(nil, 0)
-	receiver := httptest.NewUnstartedServer(store)
-	receiver.Listener = loopbackListener(t)
+	receiver := testenv.LoopbackServer(t, store)
 	receiver.Start()
-	t.Cleanup(receiver.Close)
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
 		s, exited, stop := launch(t, bin, receiver.URL, store, dsn, redisURL, settings)
@@ -172,8 +169,9 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 }
 
 // loopbackListener listens on an address from FreeAddr, as every
-// process of the stack does: a test's own servers (the trace receiver,
-// fake shops and services) keep to the same range of ports.
+// process of the stack does: a test's own servers keep to the same range
+// of ports (its httptest servers, the trace receiver and the fake shops,
+// are testenv.LoopbackServers, for the same reason).
 func loopbackListener(t *testing.T) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", testenv.FreeAddr(t))

@@ -3,7 +3,9 @@ package testenv
 import (
 	"errors"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -34,4 +36,49 @@ func TestNoDescriptorsLeavesNoneWhateverIsClosed(t *testing.T) {
 		t.Fatalf("Open after restore = %v, want a descriptor", err)
 	}
 	f.Close()
+}
+
+// A LoopbackServer closed leaves no listener open: the one
+// httptest.NewUnstartedServer opened, dropped, listened on until a garbage
+// collection closed it.
+func TestLoopbackServerLeavesNoListenerOpen(t *testing.T) {
+	before := listeningSockets(t)
+	srv := LoopbackServer(t, http.NotFoundHandler())
+	srv.Start()
+	srv.Close()
+	if after := listeningSockets(t); after != before {
+		t.Errorf("listening sockets: %d before the server, %d once it is closed; want as many", before, after)
+	}
+}
+
+// listeningSockets counts the process's descriptors that are listening
+// TCP sockets (their inodes in /proc/net/tcp and tcp6, state 0A).
+func listeningSockets(t *testing.T) int {
+	t.Helper()
+	listening := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			t.Skipf("no %s to find the listening sockets: %v", table, err)
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			if f := strings.Fields(line); len(f) > 9 && f[3] == "0A" {
+				listening[f[9]] = true
+			}
+		}
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd to find the open descriptors: %v", err)
+	}
+	n := 0
+	for _, fd := range fds {
+		link, _ := os.Readlink("/proc/self/fd/" + fd.Name())
+		inode, ok := strings.CutPrefix(link, "socket:[")
+		if ok && listening[strings.TrimSuffix(inode, "]")] {
+			n++
+		}
+	}
+	return n
 }
