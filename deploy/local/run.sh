@@ -303,7 +303,8 @@ done
 # turn (the last run's then gone) and starts afresh: a stack left up under
 # load for days filled the disk. The binaries' output goes through logcap,
 # which does so (they write to stdout, and a file the shell appends to
-# cannot be moved under them); tracestore caps its span file itself.
+# cannot be moved under them), tracestore's own lines too; tracestore caps
+# its span file itself.
 log_max_bytes=$((RUN_LOG_MAX_MB << 20))
 
 # Every binary runs in a session of its own, like PostgreSQL and Redis, so
@@ -316,10 +317,13 @@ own_session=$(command -v setsid || true)
 # logcap ignores the terminal's signals and ends when the binary's output
 # does: ended first, it would close the pipe under a binary still
 # draining, which SIGPIPE ends.
+log_to() { # log_to NAME: writes its input to .run/logs/NAME.log, capped
+  exec $own_session bin/logcap --file "$state/logs/$1.log" --max-bytes "$log_max_bytes" 9>&-
+}
 start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
   local name=$1
   [ -x "bin/$name" ] || { log "bin/$name not built: skipped"; return 0; }
-  $own_session "bin/$name" > >(exec $own_session bin/logcap --file "$state/logs/$name.log" --max-bytes "$log_max_bytes" 9>&-) 2>&1 9>&- &
+  $own_session "bin/$name" > >(log_to "$name") 2>&1 9>&- &
   pids+=($!); names[$!]=$name
   echo "$! $name $(start_time $!)" >>"$state/pids"
   log "$name started (pid $!, log .run/logs/$name.log)"
@@ -329,7 +333,7 @@ start() { # start NAME: runs bin/NAME in the background, logging to .run/logs
 # An OTEL_EXPORTER_OTLP_ENDPOINT already set (Jaeger, Tempo, a collector) wins.
 if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
   $own_session "bin/tracestore" serve --addr "${TRACESTORE_ADDR:-127.0.0.1:4318}" --file "$state/traces.jsonl" \
-    --max-bytes "$log_max_bytes" >>"$state/logs/tracestore.log" 2>&1 9>&- &
+    --max-bytes "$log_max_bytes" > >(log_to tracestore) 2>&1 9>&- &
   pids+=($!); names[$!]=tracestore
   echo "$! tracestore $(start_time $!)" >>"$state/pids"
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://$(reachable "${TRACESTORE_ADDR:-127.0.0.1:4318}")"

@@ -33,7 +33,7 @@ const (
 	stubEnv          = "STOPSIGNAL_RUNSH_STUB"
 	stubDirEnv       = "STOPSIGNAL_RUNSH_STUB_DIR"  // where each stand-in writes its pid and arguments
 	stubUnhealthyEnv = "STOPSIGNAL_RUNSH_UNHEALTHY" // the one whose health check fails
-	stubChattyEnv    = "STOPSIGNAL_RUNSH_CHATTY"    // NAME:BYTES, the one that logs that much as it starts
+	stubChattyEnv    = "STOPSIGNAL_RUNSH_CHATTY"    // NAME:BYTES,…: each one that logs that much as it starts
 )
 
 // stubAddrEnv is the variable that gives each server its address
@@ -60,8 +60,10 @@ func runStub(name string) int {
 	if strings.HasPrefix(addr, ":") { // every address: the tests listen on loopback alone
 		addr = "127.0.0.1" + addr
 	}
-	if chatty, size, _ := strings.Cut(os.Getenv(stubChattyEnv), ":"); chatty == name {
-		logLines(size)
+	for _, chatty := range strings.Split(os.Getenv(stubChattyEnv), ",") {
+		if who, size, _ := strings.Cut(chatty, ":"); who == name {
+			logLines(size)
+		}
 	}
 	pid := []byte(strconv.Itoa(os.Getpid()))
 	args := []byte(strings.Join(os.Args[1:], " "))
@@ -757,7 +759,8 @@ func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
 }
 
 // Within a run, a log that reaches RUN_LOG_MAX_MB becomes NAME.1 and
-// starts afresh, its lines whole and the newest kept, and tracestore is
+// starts afresh, its lines whole and the newest kept, tracestore's own
+// log too (appended by the shell, it was not capped), and tracestore is
 // told the same cap for the span file (make trace reads it and its .1):
 // appended for as long as make run was up, they filled the disk.
 func TestRunScriptCapsTheLogsWithinARun(t *testing.T) {
@@ -766,32 +769,36 @@ func TestRunScriptCapsTheLogsWithinARun(t *testing.T) {
 	}
 	t.Parallel()
 	s, env := prepareRunScript(t, "")
-	s.launch(t, append(env, "RUN_LOG_MAX_MB=1", stubChattyEnv+"=gateway:3500000"))
+	s.launch(t, append(env, "RUN_LOG_MAX_MB=1", stubChattyEnv+"=gateway:3500000,tracestore:3500000"))
 	s.waitFor(t, "Ctrl-C stops everything.")
-	log := filepath.Join(s.root, ".run/logs/gateway.log")
-	// The gateway wrote its lines before it answered; logcap writes them
-	// on its own time (a pipe's buffer behind).
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if b, _ := os.ReadFile(log); strings.Contains(string(b), lastLogLine) || time.Now().After(deadline) {
-			break
-		}
-	}
-	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	s.waitExit(t)
-	for _, f := range []string{log, log + ".1"} {
-		b, err := os.ReadFile(f)
-		if err != nil || len(b) == 0 || len(b) > 1<<20 {
-			t.Errorf("%s: %v, %d bytes; want it written and within RUN_LOG_MAX_MB=1 (1 MiB)", f, err, len(b))
-		}
-		for line := range strings.Lines(string(b)) {
-			if !strings.HasPrefix(line, "{") || !strings.HasSuffix(line, "}\n") {
-				t.Errorf("%s holds %q: want whole lines", f, line)
+	logs := []string{filepath.Join(s.root, ".run/logs/gateway.log"), filepath.Join(s.root, ".run/logs/tracestore.log")}
+	// Each wrote its lines before it answered; logcap writes them on its
+	// own time (a pipe's buffer behind).
+	for _, log := range logs {
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			if b, _ := os.ReadFile(log); strings.Contains(string(b), lastLogLine) || time.Now().After(deadline) {
 				break
 			}
 		}
 	}
-	if b, _ := os.ReadFile(log); !strings.Contains(string(b), lastLogLine) {
-		t.Errorf("%s lacks the gateway's last line", log)
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	for _, log := range logs {
+		for _, f := range []string{log, log + ".1"} {
+			b, err := os.ReadFile(f)
+			if err != nil || len(b) == 0 || len(b) > 1<<20 {
+				t.Errorf("%s: %v, %d bytes; want it written and within RUN_LOG_MAX_MB=1 (1 MiB)", f, err, len(b))
+			}
+			for line := range strings.Lines(string(b)) {
+				if !strings.HasPrefix(line, "{") || !strings.HasSuffix(line, "}\n") {
+					t.Errorf("%s holds %q: want whole lines", f, line)
+					break
+				}
+			}
+		}
+		if b, _ := os.ReadFile(log); !strings.Contains(string(b), lastLogLine) {
+			t.Errorf("%s lacks the last line", log)
+		}
 	}
 	args, err := os.ReadFile(filepath.Join(s.stubs, "tracestore.args"))
 	if err != nil || !strings.Contains(string(args), "--max-bytes 1048576") {
