@@ -8,6 +8,11 @@ root=$PWD
 . deploy/local/lib.sh
 ensure_packages
 
+# Every binary's output goes through bin/logcap (below): a bin/ built
+# before it existed, run.sh run on it directly (make run builds it), gave
+# each binary a pipe no one read, which SIGPIPE ended at its first line.
+[ -x bin/logcap ] || die "bin/logcap is missing (a bin/ built before it existed?): run make build first, or make run, which builds it"
+
 state=$root/.run
 mkdir -p "$state/logs"
 chmod 755 "$state"

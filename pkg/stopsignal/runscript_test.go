@@ -811,6 +811,21 @@ func TestRunScriptCapsTheLogsWithinARun(t *testing.T) {
 	bad.stoppedBeforeStarting(t, "RUN_LOG_MAX_MB=1G")
 }
 
+// run.sh run directly on a bin/ built before logcap existed refuses
+// before it starts anything: each binary's output went to a pipe no one
+// read, which SIGPIPE ended at its next line (make run builds it).
+func TestRunScriptRefusesABinWithoutLogcap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	must(t, os.Remove(filepath.Join(s.root, "bin", "logcap")))
+	s.launch(t, env)
+	s.waitFor(t, "bin/logcap is missing")
+	s.stoppedBeforeStarting(t, "a bin/ without logcap")
+}
+
 // A .run/demo.env kept while the database went (.run/pg deleted alone)
 // names an owner the new database lacks: make run makes the demo data
 // anew, where it said "Stack is up" with no demo data and keys that
