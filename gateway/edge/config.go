@@ -84,7 +84,6 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		Addr:             r.Addr("GATEWAY_ADDR", "127.0.0.1:8080"),
 		AdminAddr:        r.Addr("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
-		DatabaseURL:      r.String("DATABASE_URL", ""),
 		RedisURL:         r.String("REDIS_URL", "redis://127.0.0.1:6379/0"),
 		LogLevel:         r.LogLevel(),
 		TrustTraceparent: r.Bool("GATEWAY_TRUST_TRACEPARENT", false),
@@ -134,11 +133,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		GC: gcdefaults.Read(getenv),
 	}
 	r.SeparateListeners("GATEWAY_ADDR", cfg.Addr, "GATEWAY_ADMIN_ADDR", cfg.AdminAddr)
-	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
-	if cfg.DatabaseURL != "" {
-		dsnProblem := postgres.DSNProblem(cfg.DatabaseURL)
-		r.Check(dsnProblem == "", "DATABASE_URL "+dsnProblem)
-	}
+	cfg.DatabaseURL = postgres.ReadURL(r, "DATABASE_URL")
 	redisProblem := redisclient.URLProblem(cfg.RedisURL)
 	r.Check(redisProblem == "", "REDIS_URL "+redisProblem)
 	cfg.GC.Check(r)

@@ -48,7 +48,6 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		Addr:           r.Addr("EXPORT_READER_ADDR", "127.0.0.1:8081"),
 		AdminAddr:      r.Addr("EXPORT_READER_ADMIN_ADDR", "127.0.0.1:9081"),
-		DatabaseURL:    r.String("READ_DATABASE_URL", r.String("DATABASE_URL", "")),
 		ReadMaxLag:     r.Duration("READ_MAX_LAG", time.Minute, 0, time.Hour),
 		DBMaxConns:     r.Int("EXPORT_READER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
@@ -57,11 +56,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		LogLevel:       r.LogLevel(),
 	}
 	r.SeparateListeners("EXPORT_READER_ADDR", cfg.Addr, "EXPORT_READER_ADMIN_ADDR", cfg.AdminAddr)
-	r.Check(cfg.DatabaseURL != "", "READ_DATABASE_URL or DATABASE_URL is required")
-	if cfg.DatabaseURL != "" {
-		dsnProblem := postgres.DSNProblem(cfg.DatabaseURL)
-		r.Check(dsnProblem == "", databaseSetting(getenv)+" "+dsnProblem)
-	}
+	cfg.DatabaseURL = postgres.ReadURL(r, "READ_DATABASE_URL", "DATABASE_URL")
 	// The lag is read once a second: a lower bound would refuse syncs on
 	// the reading's own age.
 	r.Check(cfg.ReadMaxLag == 0 || cfg.ReadMaxLag >= 2*replica.DefaultInterval,
@@ -82,8 +77,9 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-// databaseSetting names the variable Config.DatabaseURL comes from, which
-// the log's causes name (postgres.CauseOf): a replica's READ_DATABASE_URL
+// databaseSetting names the variable Config.DatabaseURL comes from (the
+// one postgres.ReadURL took, and named a bad one by), which the log's
+// causes name (postgres.CauseOf): a replica's READ_DATABASE_URL
 // is not DATABASE_URL, the primary's. Not a Config field: it is no setting.
 func databaseSetting(getenv func(string) string) string {
 	if strings.TrimSpace(getenv("READ_DATABASE_URL")) != "" { // as envconfig's String reads it

@@ -36,7 +36,6 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		Addr:                 r.Addr("SALES_WRITER_ADDR", "127.0.0.1:8082"),
 		AdminAddr:            r.Addr("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
-		DatabaseURL:          r.String("DATABASE_URL", ""),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:         r.Duration("SALES_WRITER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
@@ -45,11 +44,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		GC:                   gcdefaults.Read(getenv),
 	}
 	r.SeparateListeners("SALES_WRITER_ADDR", cfg.Addr, "SALES_WRITER_ADMIN_ADDR", cfg.AdminAddr)
-	r.Check(cfg.DatabaseURL != "", "DATABASE_URL is required")
-	if cfg.DatabaseURL != "" {
-		dsnProblem := postgres.DSNProblem(cfg.DatabaseURL)
-		r.Check(dsnProblem == "", "DATABASE_URL "+dsnProblem)
-	}
+	cfg.DatabaseURL = postgres.ReadURL(r, "DATABASE_URL")
 	cfg.GC.Check(r)
 	cfg.IdentitySecret, cfg.IdentityPrevious = r.Secret("IDENTITY_SECRET")
 	cfg.IdentityAcceptUnbound = r.Bool("IDENTITY_ACCEPT_UNBOUND", false)
