@@ -2,6 +2,7 @@ package edge
 
 import (
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
@@ -172,6 +173,11 @@ func readTrustedProxies(r *envconfig.Reader, proxyHeader string) []netip.Prefix 
 	// parsed, and every client was the proxy, all in one per-IP bucket.
 	r.Check(!strings.EqualFold(proxyHeader, "Forwarded"),
 		"GATEWAY_PROXY_HEADER=Forwarded is not read (its entries are for=…, not addresses): have the proxy append X-Forwarded-For, and name that")
+	// A header proxies set beside X-Forwarded-For, named for it, started,
+	// and made every client the proxy, all in one per-IP bucket.
+	if holds, ok := notAnAddress[http.CanonicalHeaderKey(proxyHeader)]; ok {
+		r.Failf("GATEWAY_PROXY_HEADER=%s holds no address (%s): have the proxy set the client's address in X-Forwarded-For (or X-Real-IP), and name that", proxyHeader, holds)
+	}
 	r.Check(proxyHeader == "" || len(trusted) > 0,
 		"GATEWAY_TRUSTED_PROXIES is required with GATEWAY_PROXY_HEADER: without it any client could set its own IP")
 	// Every address trusted, the client is the header's left-most entry,
@@ -180,6 +186,23 @@ func readTrustedProxies(r *envconfig.Reader, proxyHeader string) []netip.Prefix 
 	r.Check(!slices.ContainsFunc(trusted, func(p netip.Prefix) bool { return p.Bits() == 0 }),
 		"GATEWAY_TRUSTED_PROXIES must list the proxies, not every address (0.0.0.0/0, ::/0): any client could set its own IP")
 	return trusted
+}
+
+// notAnAddress is what each header a proxy sets beside X-Forwarded-For
+// holds, by its canonical name: no address, whatever the request.
+var notAnAddress = map[string]string{
+	"X-Forwarded-Proto":       "the scheme the client used",
+	"X-Forwarded-Protocol":    "the scheme the client used",
+	"X-Forwarded-Scheme":      "the scheme the client used",
+	"X-Forwarded-Ssl":         "on or off",
+	"X-Forwarded-Host":        "the host the client asked for",
+	"Host":                    "the host the client asked for",
+	"X-Forwarded-Server":      "the proxy's host name",
+	"X-Forwarded-Port":        "the port the client connected to",
+	"X-Forwarded-Prefix":      "a path",
+	"X-Forwarded-Uri":         "a path",
+	"X-Forwarded-Client-Cert": "the client's certificate",
+	"Via":                     "the proxies' protocols and names",
 }
 
 // checkInstanceURLs records a problem unless urls, the list read from

@@ -614,6 +614,19 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("LoadConfig(GATEWAY_PROXY_HEADER=%q) error = %v, want it refused", header, err)
 		}
 	}
+	// The headers proxies set beside X-Forwarded-For hold no address:
+	// named for it, each made every client the proxy.
+	for _, header := range []string{"X-Forwarded-Proto", "x-forwarded-host", "X-FORWARDED-PORT", "Host", "Via"} {
+		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": header, "GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8"}))
+		if err == nil || !strings.Contains(err.Error(), "GATEWAY_PROXY_HEADER="+header+" holds no address") {
+			t.Errorf("LoadConfig(GATEWAY_PROXY_HEADER=%q) error = %v, want it refused", header, err)
+		}
+	}
+	for _, header := range []string{"X-Forwarded-For", "X-Real-IP", "True-Client-IP", "CF-Connecting-IP"} {
+		if _, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": header, "GATEWAY_TRUSTED_PROXIES": "10.0.0.0/8"})); err != nil {
+			t.Errorf("LoadConfig(GATEWAY_PROXY_HEADER=%q) = %v, want it read", header, err)
+		}
+	}
 	// Trusting every address believes the client's own entry of the header.
 	for _, everyone := range []string{"0.0.0.0/0", "10.0.0.0/8, ::/0", "::ffff:0.0.0.0/96"} {
 		_, err := LoadConfig(getenv(map[string]string{"GATEWAY_PROXY_HEADER": "X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES": everyone}))
