@@ -2,7 +2,9 @@ package edge
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -27,10 +29,19 @@ type clientAddress struct {
 // of returns the client IP of a request from peer whose proxy header has
 // the lines values (fasthttp's PeekAll, in order).
 func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
+	client, _ := a.read(peer, values)
+	return client
+}
+
+// read is of, with the entry of the header it stopped at because it is
+// no address (nil when none): a header a trusted proxy wrote that holds
+// something else (a custom header naming the scheme or the host) makes
+// every client the proxy, and says so no other way.
+func (a clientAddress) read(peer netip.Addr, values [][]byte) (client netip.Addr, notAnAddress []byte) {
 	if a.header == "" || !a.isTrusted(peer) {
-		return peer
+		return peer, nil
 	}
-	client := peer
+	client = peer
 	for line := len(values) - 1; line >= 0; line-- {
 		rest := values[line]
 		for len(rest) > 0 {
@@ -45,15 +56,57 @@ func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
 			}
 			addr, ok := parseForwardedAddr(field)
 			if !ok {
-				return client // what lies left of a malformed entry is not trusted
+				return client, field // what lies left of a malformed entry is not trusted
 			}
 			client = addr
 			if !a.isTrusted(addr) {
-				return addr
+				return addr, nil
 			}
 		}
 	}
-	return client
+	return client, nil
+}
+
+// entryShape describes a header entry without quoting it, for a log: a
+// header named by mistake may carry a secret (a token, a cookie). It
+// gives the entry's length and the kinds of characters it holds, each
+// punctuation mark by itself ("5 bytes: letters"; "16 bytes: letters,
+// digits, '.'").
+func entryShape(field []byte) string {
+	field = bytes.TrimSpace(field)
+	var letters, digits, spaces, other bool
+	var marks []string
+	for _, b := range field {
+		switch {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z':
+			letters = true
+		case '0' <= b && b <= '9':
+			digits = true
+		case b == ' ' || b == '\t':
+			spaces = true
+		case b > ' ' && b < 0x7f:
+			if mark := "'" + string(rune(b)) + "'"; !slices.Contains(marks, mark) {
+				marks = append(marks, mark)
+			}
+		default:
+			other = true
+		}
+	}
+	var kinds []string
+	if letters {
+		kinds = append(kinds, "letters")
+	}
+	if digits {
+		kinds = append(kinds, "digits")
+	}
+	if spaces {
+		kinds = append(kinds, "spaces")
+	}
+	kinds = append(kinds, marks...)
+	if other {
+		kinds = append(kinds, "other bytes")
+	}
+	return fmt.Sprintf("%d bytes: %s", len(field), strings.Join(kinds, ", "))
 }
 
 // isProxy reports whether ip, a client IP as of gives it, is a trusted

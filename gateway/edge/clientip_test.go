@@ -179,3 +179,17 @@ func referenceClient(a clientAddress, peer netip.Addr, lines []string) netip.Add
 	}
 	return client
 }
+
+// entryShape says what an entry is made of without quoting it.
+func TestEntryShape(t *testing.T) {
+	for entry, want := range map[string]string{
+		" https ":              "5 bytes: letters",
+		"shop.example.com:443": "20 bytes: letters, digits, '.', ':'",
+		"Bearer a.b.c":         "12 bytes: letters, spaces, '.'",
+		"é":                    "2 bytes: other bytes",
+	} {
+		if got := entryShape([]byte(entry)); got != want {
+			t.Errorf("entryShape(%q) = %q, want %q", entry, got, want)
+		}
+	}
+}

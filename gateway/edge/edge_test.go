@@ -1430,6 +1430,41 @@ func TestClientIPBehindATrustedProxy(t *testing.T) {
 	}
 }
 
+// A GATEWAY_PROXY_HEADER naming a header a trusted proxy sends that holds
+// no address (here a custom one of the scheme; the usual ones are refused
+// at start) makes every client the proxy: the first such entry is said
+// once, its shape and not its value (the header may hold a secret), and
+// no other request says it again.
+func TestAProxyHeaderThatIsNoAddressIsSaidOnce(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"GATEWAY_PROXY_HEADER": "X-Client-Scheme", "GATEWAY_TRUSTED_PROXIES": "127.0.0.1"})
+	for _, value := range []string{"https", "https", "token-s3cr3t"} {
+		r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read, "X-Client-Scheme": value}, nil)
+		if r.Status != 200 {
+			t.Fatalf("GET = %d %s, want 200", r.Status, r.Body)
+		}
+	}
+	logs := gw.Logs.String()
+	var warnings []string
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, `"setting":"GATEWAY_PROXY_HEADER"`) {
+			warnings = append(warnings, line)
+		}
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `"level":"WARN"`) || !strings.Contains(warnings[0], `"header":"X-Client-Scheme"`) ||
+		!strings.Contains(warnings[0], `"proxy":"127.0.0.1"`) || !strings.Contains(warnings[0], `"entry":"5 bytes: letters"`) {
+		t.Errorf("warnings naming GATEWAY_PROXY_HEADER = %q, want one WARN naming the header, the proxy and the entry's shape", warnings)
+	}
+	if strings.Contains(logs, "https") || strings.Contains(logs, "s3cr3t") {
+		t.Errorf("the logs quote the header's value:\n%s", logs)
+	}
+	if n := strings.Count(logs, `"client_ip":"127.0.0.1"`); n != 3 {
+		t.Errorf("%d access lines name the proxy as the client, want all 3:\n%s", n, logs)
+	}
+}
+
 // A load balancer's own health checks, from a trusted proxy's address and
 // naming no client, spend no address's RATE_LIMIT_ANONYMOUS: every check of
 // every gateway came from that one address, shared in Redis, and past it the

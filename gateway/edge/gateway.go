@@ -72,6 +72,10 @@ type Gateway struct {
 	// clientAddr reads the client IP (GATEWAY_PROXY_HEADER, only from
 	// GATEWAY_TRUSTED_PROXIES).
 	clientAddr clientAddress
+	// notAnAddressOnce lets through one warning per process of a proxy
+	// header entry that is no address (warnNotAnAddress): a header that
+	// never holds one would have it said on every request.
+	notAnAddressOnce sync.Once
 	// repeatLog lets through one "sent again" warning per upstream and
 	// kind every repeatLogInterval: a saturated or slow instance makes
 	// every request repeat, when the gateway is busiest.

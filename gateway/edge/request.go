@@ -172,7 +172,27 @@ func (g *Gateway) clientIP(c *fiber.Ctx) string {
 		return peer.String()
 	}
 	addr, _ := netip.AddrFromSlice(peer)
-	return g.clientAddr.of(addr.Unmap(), c.Request().Header.PeekAll(g.clientAddr.header)).String()
+	client, notAnAddress := g.clientAddr.read(addr.Unmap(), c.Request().Header.PeekAll(g.clientAddr.header))
+	if notAnAddress != nil {
+		g.warnNotAnAddress(addr.Unmap(), notAnAddress)
+	}
+	return client.String()
+}
+
+// warnNotAnAddress says, once per process, that a trusted proxy (peer)
+// sent the proxy header with an entry that is no address: a
+// GATEWAY_PROXY_HEADER naming a header that never holds one (a custom
+// header of the scheme or the host; the usual ones are refused at start,
+// LoadConfig) started, and made every client the proxy, all in one
+// per-IP bucket, with nothing in the logs but their client_ip. The entry
+// is described by its shape, not quoted: the header may carry a secret.
+func (g *Gateway) warnNotAnAddress(peer netip.Addr, entry []byte) {
+	g.notAnAddressOnce.Do(func() {
+		g.log.Warn("a trusted proxy sent GATEWAY_PROXY_HEADER's header with an entry that is no IP address: "+
+			"the client is taken to be a proxy (the peer, or the trusted address right of the entry); if this header never holds "+
+			"the client's address, have the proxy set it in X-Forwarded-For and name that (said once per process)",
+			"setting", "GATEWAY_PROXY_HEADER", "header", g.clientAddr.header, "proxy", peer.String(), "entry", entryShape(entry))
+	})
 }
 
 // end sets the headers every answer carries, then records the request.
