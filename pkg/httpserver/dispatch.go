@@ -87,12 +87,29 @@ func RandomRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// panicMessage is the message of the 500 answered for a panicking handler.
-func (s *Server) panicMessage() string {
-	if s.cfg.PanicMessage != "" {
-		return s.cfg.PanicMessage
+// panicAnswer is the message of the 500 answered for a panicking handler,
+// and the notes its line and span record: the handler's own
+// (AnswerPanicWith), else the service's.
+func (s *Server) panicAnswer(rec *statusRecorder) (message string, notes map[string]string) {
+	if rec.panicAnswer != nil {
+		return rec.panicAnswer()
 	}
-	return "internal error"
+	if s.cfg.PanicMessage != "" {
+		return s.cfg.PanicMessage, s.cfg.PanicNotes
+	}
+	return "internal error", s.cfg.PanicNotes
+}
+
+// AnswerPanicWith has a panic of the handler given w answered with the
+// message and notes that answer returns when the panic comes, in place of
+// Config's PanicMessage and PanicNotes: for a handler whose answer to a
+// panic depends on how far it got (the sales writer's: whether a
+// statement of the sale was sent to PostgreSQL, before which nothing was
+// applied). answer must not panic.
+func AnswerPanicWith(w http.ResponseWriter, answer func() (message string, notes map[string]string)) {
+	if rec, ok := w.(*statusRecorder); ok {
+		rec.panicAnswer = answer
+	}
 }
 
 // dispatch verifies the caller, routes, and records the outcome.
@@ -110,10 +127,11 @@ func (s *Server) dispatch() http.Handler {
 				s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 				trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
 				if !rec.wroteHeader {
-					for _, key := range slices.Sorted(maps.Keys(s.cfg.PanicNotes)) {
-						Annotate(rec, r, key, s.cfg.PanicNotes[key])
+					message, notes := s.panicAnswer(rec)
+					for _, key := range slices.Sorted(maps.Keys(notes)) {
+						Annotate(rec, r, key, notes[key])
 					}
-					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", s.panicMessage(), RequestID(r))
+					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", message, RequestID(r))
 				}
 			}
 			s.observe(r, route, rec, time.Since(start))
@@ -377,6 +395,8 @@ type statusRecorder struct {
 	wroteHeader bool
 	notes       []any // Annotate's key-value pairs, for the access line
 	keepNotes   bool  // the access line is written (info enabled): notes are kept
+	// panicAnswer is the handler's answer to its own panic (AnswerPanicWith).
+	panicAnswer func() (message string, notes map[string]string)
 }
 
 func (s *statusRecorder) WriteHeader(code int) {

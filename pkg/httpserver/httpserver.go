@@ -47,6 +47,8 @@ type Config struct {
 	// PanicNotes are recorded on that 500's access line and span, as
 	// Annotate records them: what its message claims, where the service
 	// records the claim of its other answers (sales-writer's sale_applied).
+	// A handler that knows better answers its panic itself
+	// (AnswerPanicWith).
 	PanicNotes map[string]string
 }
 

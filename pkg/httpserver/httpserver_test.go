@@ -793,6 +793,55 @@ func TestPanicMessage(t *testing.T) {
 	}
 }
 
+// A handler that answers its own panic (AnswerPanicWith) gets the message
+// and notes its answer gives when the panic comes, not those it would have
+// given when it was registered nor the service's PanicMessage and
+// PanicNotes; a handler that registers none gets the service's.
+func TestAnswerPanicWith(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/own", func(w http.ResponseWriter, r *http.Request) {
+		stage := "before"
+		AnswerPanicWith(w, func() (string, map[string]string) {
+			return "internal error " + stage, map[string]string{"stage": stage}
+		})
+		stage = "after"
+		panic("boom")
+	})
+	mux.HandleFunc("POST /v1/service", func(w http.ResponseWriter, r *http.Request) { panic("boom") })
+	var logs testenv.Output
+	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(&logs, nil)), Signer: signer,
+		PanicMessage: "the service's", PanicNotes: map[string]string{"stage": "unknown"}}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	for path, want := range map[string]string{"/v1/own": "internal error after", "/v1/service": "the service's"} {
+		req, _ := http.NewRequest("POST", ts.URL+path, nil)
+		signAsReader(signer, req)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env envelope.Parsed
+		decodeErr := json.NewDecoder(resp.Body).Decode(&env)
+		resp.Body.Close()
+		if decodeErr != nil || resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" || env.Error.Message != want {
+			t.Errorf("panic of %s = %d %+v (%v), want 500 internal_error %q", path, resp.StatusCode, env.Error, decodeErr, want)
+		}
+	}
+	for _, line := range []string{`"route":"POST /v1/own","status":500,`, `"route":"POST /v1/service","status":500,`} {
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("no access line with %s:\n%s", line, logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), `"stage":"after"`) || !strings.Contains(logs.String(), `"stage":"unknown"`) ||
+		strings.Contains(logs.String(), `"stage":"before"`) {
+		t.Errorf("the access lines do not record stage after (the handler's answer) and unknown (the service's):\n%s", logs.String())
+	}
+}
+
 // Error answers are counted by their code, and recovered panics on their
 // own: an alert can tell a run of invalid_cursor, or a bug, from other
 // 4xx and 5xx.

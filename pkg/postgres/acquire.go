@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -18,14 +19,40 @@ type AcquireError struct{ Err error }
 func (e *AcquireError) Error() string { return "waiting for a pool connection: " + e.Err.Error() }
 func (e *AcquireError) Unwrap() error { return e.Err }
 
-// Acquire is pool.Acquire whose error is an AcquireError.
+// Acquire is pool.Acquire whose error is an AcquireError. A connection
+// it gives under a context of TrackSent's marks that call's Sent.
 func Acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, &AcquireError{Err: err}
 	}
+	if sent, ok := ctx.Value(sentKey{}).(*Sent); ok {
+		sent.maybe.Store(true)
+	}
 	return conn, nil
 }
+
+// Sent tells whether a call may have sent PostgreSQL a statement, where
+// no error says so: a panic of the call has none to read NothingSent
+// from. It counts a statement as sent once Acquire (AcquireFunc) has
+// given the call a connection, before any statement is written, so it
+// errs only towards "may have been": a call that reaches PostgreSQL
+// otherwise than through Acquire (a query straight on the pool) is not
+// seen, and must not be made under it.
+type Sent struct{ maybe atomic.Bool }
+
+type sentKey struct{}
+
+// TrackSent returns ctx carrying a new Sent, which Acquire marks when it
+// gives a connection under ctx or a context derived from it.
+func TrackSent(ctx context.Context) (context.Context, *Sent) {
+	sent := &Sent{}
+	return context.WithValue(ctx, sentKey{}, sent), sent
+}
+
+// Nothing reports whether the call has not been given a connection yet:
+// none of its statements can have reached PostgreSQL.
+func (s *Sent) Nothing() bool { return !s.maybe.Load() }
 
 // AcquireFunc is pool.AcquireFunc whose failure to get a connection is an
 // AcquireError: f runs on a connection of pool, given back when f returns.

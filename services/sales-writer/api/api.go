@@ -78,6 +78,10 @@ type handler struct {
 // serve decodes and validates the call, executes it and encodes the result.
 func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A panic's 500 says what was applied, as every 5xx of a sale
+		// does: nothing until the call is given a connection (sent).
+		callCtx, sent := postgres.TrackSent(r.Context())
+		httpserver.AnswerPanicWith(w, func() (string, map[string]string) { return panicAnswer(sent) })
 		// A platform's support quotes a request id; what it must reconcile
 		// is the item and the order, and which call a key was bound to:
 		// each is in the access line and the span as soon as it is read,
@@ -89,7 +93,7 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 			return
 		}
 		httpserver.AnnotateClientValue(w, r, "external_order_id", req.ExternalOrderID)
-		ctx, cancel := context.WithTimeout(r.Context(), h.queryTimeout+queryTimeoutGrace)
+		ctx, cancel := context.WithTimeout(callCtx, h.queryTimeout+queryTimeoutGrace)
 		defer cancel()
 		res, err := h.writer.Execute(ctx, req)
 		if err != nil {

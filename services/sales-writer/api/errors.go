@@ -273,8 +273,30 @@ const InternalErrorMessage = "internal error; the sale may have been applied: re
 
 // PanicNotes are what the access line and span of a panic's 500
 // (httpserver.Config.PanicNotes) record of the sale: what
-// InternalErrorMessage says, as for a failure's 500.
+// InternalErrorMessage says, as for a failure's 500. They and the message
+// answer a panic outside a sale call's handler; within it, panicAnswer.
 var PanicNotes = map[string]string{saleAppliedKey: mayHaveBeenApplied.note}
+
+// internalErrorNothingApplied is InternalErrorMessage for a call that
+// applied nothing: the gateway's words for its own panic before a sale
+// went upstream.
+const internalErrorNothingApplied = "internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
+
+var panicNothingAppliedNotes = map[string]string{saleAppliedKey: nothingApplied.note}
+
+// panicAnswer is the 500 of a panic in a sale call
+// (httpserver.AnswerPanicWith), its message and its line's notes: nothing
+// was applied while the call had not been given a connection (sent: no
+// statement of it can have reached PostgreSQL; a panic in decoding, or in
+// the sale logic before its first statement), else the sale may have
+// been applied (a panic after the commit, encoding the answer, leaves it
+// applied).
+func panicAnswer(sent *postgres.Sent) (string, map[string]string) {
+	if sent.Nothing() {
+		return internalErrorNothingApplied, panicNothingAppliedNotes
+	}
+	return InternalErrorMessage, PanicNotes
+}
 
 // applied is what a call that ended before its answer did to the sale:
 // when no statement reached PostgreSQL (postgres.NothingSent: no

@@ -80,7 +80,7 @@ func newServer(t testing.TB, db *pgxpool.Pool, retention time.Duration, logs io.
 }
 
 // newServerOf is newServer around writer, built as run builds it.
-func newServerOf(t testing.TB, writer *sales.Writer, logs io.Writer, queryTimeout time.Duration) *httpserver.Server {
+func newServerOf(t testing.TB, writer Writer, logs io.Writer, queryTimeout time.Duration) *httpserver.Server {
 	t.Helper()
 	signer, err := identity.NewSigner(testSecret)
 	if err != nil {

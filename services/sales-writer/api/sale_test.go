@@ -15,6 +15,7 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/coinexport/export/services/sales-writer/sales"
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 )
@@ -613,24 +614,49 @@ func TestUnforeseenFailureSaysHowToRetry(t *testing.T) {
 	confirmed(t, f, "key-confirm")
 }
 
-// A panic in a sale call (a bug: here a writer that is nil) is answered,
-// by the server's recovery, with the same 500 as any unforeseen error: a
-// panic after the commit leaves the sale applied, and the answer said only
-// "internal error".
-func TestPanicSaysHowToRetry(t *testing.T) {
+// A panic in a sale call (a bug) is answered, by the server's recovery,
+// with a 500 that says what the writer's 500s say, and what is known of
+// the sale: nothing was applied when the panic came before the call was
+// given a connection (here a writer that is nil), so no statement of it
+// can have reached PostgreSQL; else the sale may have been applied (here
+// a writer that panics once the sale is done, as a panic encoding the
+// answer would). Its line and span record it too (sale_applied no, maybe),
+// as for every 5xx of the writer's. Every panic said "may" before.
+func TestPanicSaysWhatWasApplied(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	var logs testenv.Output
-	f.handler = newServerOf(t, nil, &logs, 10*time.Second).Handler()
-	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
-	if rec.Code != http.StatusInternalServerError || errorCode(env) != "internal_error" || env.Error.Message != InternalErrorMessage {
-		t.Errorf("confirm that panics = %d %q %q, want 500 internal_error with the message of the writer's 500s", rec.Code, errorCode(env), env.Error.Message)
+	f.addItem(t, f.owner, "coin-1", true)
+	for _, tc := range []struct {
+		name    string
+		writer  Writer
+		message string
+		note    string
+		sold    bool
+	}{
+		{"before any statement", (*sales.Writer)(nil), internalErrorNothingApplied, `"sale_applied":"no"`, false},
+		{"after the sale", panicsAfterTheSale{sales.NewWriter(f.db, defaultRetention)}, InternalErrorMessage, `"sale_applied":"maybe"`, true},
+	} {
+		var logs testenv.Output
+		f.handler = newServerOf(t, tc.writer, &logs, 10*time.Second).Handler()
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
+		if rec.Code != http.StatusInternalServerError || errorCode(env) != "internal_error" || env.Error.Message != tc.message {
+			t.Errorf("confirm that panics %s = %d %q %q, want 500 internal_error %q", tc.name, rec.Code, errorCode(env), env.Error.Message, tc.message)
+		}
+		if !strings.Contains(logs.String(), tc.note) {
+			t.Errorf("the access line of a confirm that panics %s does not record %s:\n%s", tc.name, tc.note, logs.String())
+		}
+		if got := f.item(t, f.owner, "coin-1").Sold; got != tc.sold {
+			t.Errorf("after the confirm that panics %s: sold = %v, want %v", tc.name, got, tc.sold)
+		}
 	}
-	// Its message says the sale may have been applied: its line says so
-	// too, as every 5xx of the writer's does, for the SRE who traces it.
-	if !strings.Contains(logs.String(), `"sale_applied":"maybe"`) {
-		t.Errorf("the access line of a confirm that panics does not record sale_applied maybe:\n%s", logs.String())
-	}
+}
+
+// panicsAfterTheSale is the real writer, panicking once a call is done.
+type panicsAfterTheSale struct{ *sales.Writer }
+
+func (w panicsAfterTheSale) Execute(ctx context.Context, req sales.Request) (sales.Result, error) {
+	_, _ = w.Writer.Execute(ctx, req)
+	panic("after the sale")
 }
 
 // A sale on a read-only database (a failover sent the writer to a standby,

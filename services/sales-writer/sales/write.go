@@ -24,6 +24,11 @@ import (
 // sales_one_open_sale_per_item stands behind that. "Executed at most once per
 // idempotency key" rests on the record's primary key: a second transaction
 // that stores the same key fails and rolls back everything it did.
+//
+// Every statement goes through postgres.AcquireFunc, whose connection
+// marks the call's postgres.Sent: a panic's answer says nothing was
+// applied until then (api's panicAnswer). A statement sent otherwise would
+// not be seen, and such an answer would lie.
 type Writer struct {
 	db        *pgxpool.Pool
 	retention time.Duration
