@@ -40,14 +40,32 @@ func Unreachable(err error) bool {
 // PostgreSQL, so that nothing the call asked for was done: no connection
 // was opened (refused by the system, or by the server for want of a slot,
 // a password, a role or a database: a pgconn.ConnectError), none came free
-// in the pool before the caller's deadline (Acquire's AcquireError), or
+// in the pool before the caller's deadline (Acquire's AcquireError),
 // pgx failed before sending a byte (pgconn.SafeToRetry, which a
-// ConnectError does not answer true: pgx v5.13 gives it no SafeToRetry).
-// A connection lost, or a deadline met, once a statement was sent is not:
-// that statement may have been done.
+// ConnectError does not answer true: pgx v5.13 gives it no SafeToRetry),
+// or a pooler kept the statement waiting for a server connection until it
+// gave up (poolerWaitedOut). A connection lost, or a deadline met, once a
+// statement was sent is not: that statement may have been done.
 func NothingSent(err error) bool {
 	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) || acquireFailed(err) || pgconn.SafeToRetry(err)
+	return errors.As(err, &connectErr) || acquireFailed(err) || pgconn.SafeToRetry(err) || poolerWaitedOut(err)
+}
+
+// poolerWaitedOut reports whether err is PgBouncer ending a client that
+// waited for a server connection past its query_wait_timeout. PgBouncer
+// (transaction pooling) forwards nothing of a client's transaction before
+// it links the client to a server connection, and it gives this one word
+// only to a client still waiting for one (its janitor's round of the
+// waiting clients: "query_wait_timeout", the whole message, in the
+// sources read, 1.18's, which the tests run, and today's; FATAL in both,
+// ERROR in older ones), so no statement of it reached PostgreSQL. Its other errors of the same kind
+// may come after a statement was sent: query_timeout ends waiting and
+// running clients alike (TestSaleThePoolerEndedMayHaveBeenApplied), and
+// "server conn crashed?" a linked one. The message is matched whole: a
+// pooler's words are all that tell these apart (08P01, without a routine).
+func poolerWaitedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && poolerError(pgErr) && pgErr.Message == "query_wait_timeout"
 }
 
 // unreachableCode: SQLSTATE class 08 (connection exception) but 08P01

@@ -51,6 +51,32 @@ func TestUnreachableClassifiesErrors(t *testing.T) {
 	}
 }
 
+// Of a pooler's own errors, only PgBouncer's query_wait_timeout, the
+// whole message, says that nothing was sent: its other words (its
+// query_timeout, a lost server connection) may come once a statement was,
+// and PostgreSQL's own 08P01, with its routine, is not a pooler's (its
+// message may quote anything). The real query_wait_timeout is met in
+// sales-writer's TestSaleThatWaitedInThePoolerSaysNothingWasApplied.
+func TestNothingSentReadsOnlyThePoolersWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no server connection in time (FATAL)", fmt.Errorf("sales: %w", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "query_wait_timeout"}), true},
+		{"no server connection in time (ERROR)", &pgconn.PgError{Severity: "ERROR", Code: "08P01", Message: "query_wait_timeout"}, true},
+		{"query_timeout", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "query_timeout"}, false},
+		{"server connection lost", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "server conn crashed?"}, false},
+		{"the words quoted in another message", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "server login has been failing, cached error: query_wait_timeout"}, false},
+		{"PostgreSQL's protocol violation", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "query_wait_timeout", Routine: "SocketBackend"}, false},
+		{"another code", &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "query_wait_timeout"}, false},
+	} {
+		if got := postgres.NothingSent(tc.err); got != tc.want {
+			t.Errorf("NothingSent(%s: %v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
 // Behind PgBouncer, what says that PostgreSQL is down or starting is
 // waited for at start, in the words of each release (notThereYet; 1.18's
 // are also met for real in TestOpenWhenReachedWaitsBehindAPooler*), and

@@ -234,8 +234,9 @@ func TestConnectionLostMidSaleMayHaveBeenApplied(t *testing.T) {
 // sees the close, commits it once the lock is free. The 503 must say the
 // sale may have been applied, and it was: a pooler's own error comes
 // before the outcome, so it is not a call that sent nothing
-// (postgres.NothingSent), whatever PgBouncer's words (its
-// query_wait_timeout, a wait for a server connection, looks alike).
+// (postgres.NothingSent); but for PgBouncer's query_wait_timeout, the
+// one it gives a client still waiting for a server connection (the test
+// below), which looks alike but for its words.
 func TestSaleThePoolerEndedMayHaveBeenApplied(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -262,6 +263,49 @@ func TestSaleThePoolerEndedMayHaveBeenApplied(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Errorf("the sale PgBouncer timed out was never committed: the test showed nothing that 'may have been applied' covers")
+}
+
+// A sale that waited in PgBouncer for a server connection past its
+// query_wait_timeout (every server connection of the pool held by other
+// clients' transactions) was never sent to PostgreSQL: PgBouncer forwards
+// nothing of a client's transaction until it links it to a server, and
+// ends the waiting client with that one word, where its other errors
+// (its query_timeout above) may come after the sale was sent. The 503
+// says nothing was applied (it said "may"), and it holds: once the
+// server connections are free, nothing of the sale is stored and the
+// same call under the same key executes, not a replay.
+func TestSaleThatWaitedInThePoolerSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	pooled := testenv.PgBouncer(t, f.url, "transaction", "query_wait_timeout = 1",
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+	// Both of the pool's server connections (testenv.PgBouncer's
+	// default_pool_size 2), each held by a transaction left open.
+	others := testenv.Pool(t, pooled+" default_query_exec_mode=exec")
+	holders := []pgx.Tx{testenv.InTransaction(t, others, "SELECT 1"), testenv.InTransaction(t, others, "SELECT 1")}
+	db := testenv.Pool(t, pooled+" default_query_exec_mode=exec")
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, db, defaultRetention, &logs)
+	sale := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1}
+	rec, env := f.do(t, sale)
+	if rec.Code != http.StatusServiceUnavailable || env.Error == nil || !strings.Contains(env.Error.Message, "nothing was applied") ||
+		!strings.Contains(logs.String(), "query_wait_timeout") || !strings.Contains(logs.String(), `"sale_applied":"no"`) {
+		t.Fatalf("confirm that waited past PgBouncer's query_wait_timeout = %d %s, want 503 saying nothing was applied; log:\n%s", rec.Code, rec.Body, logs.String())
+	}
+	for _, holder := range holders {
+		if err := holder.Rollback(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.count(t, "SELECT (SELECT count(*) FROM sales) + (SELECT count(*) FROM idempotency_records) + (SELECT count(*) FROM idempotency_refusals)"); n != 0 {
+		t.Errorf("after a confirm that said nothing was applied: %d sales, records and refusals stored, want none", n)
+	}
+	f.handler = newHandler(t, f.db, defaultRetention)
+	rec, env = f.do(t, sale)
+	if rec.Code != http.StatusOK || result(t, env)["idempotent_replay"] != false {
+		t.Errorf("the same confirm under the same key afterwards = %d %s, want 200, executed, not a replay", rec.Code, rec.Body)
+	}
 }
 
 func parsePort(t *testing.T, port string) uint16 {
