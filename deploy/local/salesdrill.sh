@@ -18,11 +18,16 @@ dir=${SALESDRILL_DIR:-$root/.run/salesdrill}
 port=${SALESDRILL_PORT:-8180}        # gateway; +1 export-reader, +2 sales-writer, +4 a second one, +10..+14 their admin listeners
 # seconds of calls under faults: at 60, the first nine faults (36 s of
 # pauses between them, 15 s of pg-freeze, a few seconds each to restart)
-# took the whole run, and writer-freeze (35 s) never came; 120 runs each
-# fault once, writer-freeze ending about 100 s in.
-duration=${SALESDRILL_DURATION:-120}
+# took the whole run, and writer-freeze (35 s) never came; 150 runs each
+# fault once, writer-freeze ending about 140 s in (at 120, since
+# pg-deadlock and pg-locks-full, its last 14 s came after the calls).
+duration=${SALESDRILL_DURATION:-150}
 every=${SALESDRILL_FAULT_EVERY:-4}   # seconds between two faults
-faults=${SALESDRILL_FAULTS:-writer-kill pg-immediate gateway-restart pg-fast redis-stop pg-cancel writer-restart gateway-kill pg-read-only pg-freeze writer-kill-pg-down writer-freeze}
+# pg-deadlock first: only a call that changes an item can be in its cycle,
+# and once the faults have begun, few do (in one drill, 98 of its 125
+# sales executed in its first 10 s, none in the 7 s of pg-deadlock after
+# pg-read-only, which then met no call to deadlock, twice).
+faults=${SALESDRILL_FAULTS:-pg-deadlock writer-kill pg-immediate gateway-restart pg-fast redis-stop pg-cancel writer-restart gateway-kill pg-read-only pg-locks-full pg-freeze writer-kill-pg-down writer-freeze}
 items=${SALESDRILL_ITEMS:-6}
 
 rm -rf "$dir"
@@ -137,6 +142,38 @@ fault() { # fault NAME: one fault, the stack whole again once it returns
       # sales fail 25006 until the writers' readiness takes them out
       pg_sql "ALTER SYSTEM SET default_transaction_read_only = on"; pg_sql "SELECT pg_reload_conf()"; sleep 3
       pg_sql "ALTER SYSTEM RESET default_transaction_read_only"; pg_sql "SELECT pg_reload_conf()" ;;
+    pg-deadlock) # deadlocks for 6 s: the drill's items locked (FOR UPDATE), and once a writer waits
+      # for one, the owner's sync lock asked for exclusively, which the waiting writers hold shared
+      # (catalog.WriterLock), again and again: each writer in that cycle is the first to run its
+      # deadlock check (deadlock_timeout, 50 ms for the fault's length, so that a call's 3 runs can
+      # all meet one; the fault's own is a minute) and is rolled back, 40P01, an ERROR; a call whose
+      # every run is rolled back so answers 503 "nothing was applied". Only a call that would change
+      # an item waits for its lock (a confirm of a sold item does not), a few a second in a drill
+      pg_sql "ALTER SYSTEM SET deadlock_timeout = '50ms'"; pg_sql "SELECT pg_reload_conf()"
+      pg_sql "DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '6 s'; BEGIN
+        PERFORM set_config('deadlock_timeout', '1min', false); PERFORM set_config('lock_timeout', '15s', false);
+        WHILE clock_timestamp() < stop LOOP
+          PERFORM 1 FROM export_items WHERE owner_id = '$owner' FOR UPDATE;
+          FOR i IN 1..200 LOOP
+            EXIT WHEN EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'sales-writer' AND pg_backend_pid() = ANY(pg_blocking_pids(pid)));
+            PERFORM pg_sleep(0.005);
+          END LOOP;
+          PERFORM pg_advisory_xact_lock(1868789363, hashtext('$owner'::uuid::text));
+          COMMIT;
+        END LOOP; END \$\$"
+      pg_sql "ALTER SYSTEM RESET deadlock_timeout"; pg_sql "SELECT pg_reload_conf()" ;;
+    pg-locks-full) # the server's lock table full for 3 s (class 53): a session takes advisory locks until
+      # PostgreSQL refuses one "out of shared memory" (53200), and holds them; a sale, whose key's
+      # lock needs an entry of that table, is refused 53200, an ERROR, and a new connection too (FATAL);
+      # its locks are of a class of their own (1718379891), apart from the writers' and the sync lock
+      pg_sql "DO \$\$ BEGIN
+        FOR i IN 0..999 LOOP
+          BEGIN
+            PERFORM pg_advisory_lock(1718379891, n) FROM generate_series(i * 1000, i * 1000 + 999) AS n;
+          EXCEPTION WHEN out_of_memory THEN EXIT;
+          END;
+        END LOOP;
+        PERFORM pg_sleep(3); END \$\$" ;;
     pg-freeze) # every PostgreSQL process stopped for 15 s: statements hang past the writers' timeouts
       pg_signal STOP; sleep 15; pg_signal CONT ;;
     writer-kill-pg-down) # a writer starts while PostgreSQL is down
