@@ -77,7 +77,10 @@ var causes = map[string]string{
 	"53200": "PostgreSQL is out of memory: check the server's memory and work_mem",
 	"53300": "PostgreSQL has no connection slot left (max_connections, or a CONNECTION LIMIT of the role or the database): " +
 		"see pg_stat_activity for what holds them",
-	"53*":   "PostgreSQL is out of a resource (see the SQLSTATE and the server's log)",
+	"53*": "PostgreSQL is out of a resource (see the SQLSTATE and the server's log)",
+	"54000": "PostgreSQL refuses to write, to avoid transaction-id wraparound (or reached another limit of its own, as its message says): " +
+		"autovacuum could not freeze a table; end what holds it back (an old transaction, a stale replication slot or prepared transaction) and VACUUM the database its message names " +
+		"(README, \"Disk over months\"); reads go on meanwhile",
 	"55P03": "a lock_timeout ran out behind another session's lock: see pg_locks and pg_stat_activity",
 	"57014": "the statement was cancelled (statement_timeout, or pg_cancel_backend)",
 	"57P01": "PostgreSQL is shutting down or ended the session (pg_terminate_backend, a restart, a failover)",

@@ -188,6 +188,17 @@ func Unavailable(err error) bool {
 //     max_locks_per_transaction (53400).
 //   - 55P03 lock_not_available: a lock_timeout ran out behind another
 //     session's lock.
+//   - 54000 program_limit_exceeded: PostgreSQL's guard against
+//     transaction-id (or MultiXact) wraparound, which refuses every
+//     statement that would write once autovacuum has not frozen a table
+//     for some 2 billion transactions (a year of sales at 70 calls a
+//     second; something held it back: a transaction left open, a stale
+//     replication slot or prepared transaction), until an operator's
+//     VACUUM has. Reads go on. The code's other uses are statements past
+//     a limit of the server (an index row over 2.7 kB, say), which the
+//     services' bounded values never reach: a sale refused so was
+//     answered 500, "the sale may have been applied", where nothing was,
+//     and its line named no cause.
 //   - class 57, operator intervention: a cancelled statement (57014, an
 //     operator's pg_cancel_backend or a statement_timeout), the server
 //     shutting down or starting (57P01-57P03), the database dropped or
@@ -209,7 +220,7 @@ func Unavailable(err error) bool {
 //     (Cause says where to look), the client's retry passes once it has.
 func unavailableCode(code string) bool {
 	switch code {
-	case "40001", "40P01", "25006", "55P03", "28P01", "28000", "3D000":
+	case "40001", "40P01", "25006", "55P03", "28P01", "28000", "3D000", "54000":
 		return true
 	}
 	for _, class := range []string{"53", "57", "58", "XX"} {

@@ -170,6 +170,7 @@ func TestUnavailableClassifiesErrors(t *testing.T) {
 		{"out of memory", &pgconn.PgError{Code: "53200"}, true},
 		{"too many connections", &pgconn.PgError{Code: "53300"}, true},
 		{"configuration limit exceeded", &pgconn.PgError{Code: "53400"}, true},
+		{"transaction-id wraparound guard (program limit exceeded)", &pgconn.PgError{Code: "54000"}, true},
 		{"lock_timeout", &pgconn.PgError{Code: "55P03"}, true},
 		{"operator intervention", &pgconn.PgError{Code: "57000"}, true},
 		{"query canceled", &pgconn.PgError{Code: "57014"}, true},
@@ -318,10 +319,39 @@ func TestResourceShortagesAreUnavailable(t *testing.T) {
 	}
 }
 
+// What a server past its guard against transaction-id wraparound answers
+// a write (a year or more of sales with autovacuum held back) is
+// Unavailable, the services' 503 with Retry-After, not a 500 "the sale may
+// have been applied": nothing is written, and the write passes once an
+// operator's VACUUM has frozen the tables. Reads go on, and Cause says
+// what to do.
+func TestTheWraparoundGuardIsUnavailable(t *testing.T) {
+	ctx := context.Background()
+	cluster := testenv.NewWraparoundCluster(t)
+	cluster.Guard(t)
+	pool := testenv.Pool(t, cluster.DSN)
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM export_items").Scan(&n); err != nil {
+		t.Fatalf("a read past the guard: %v", err)
+	}
+	_, err := pool.Exec(ctx, "INSERT INTO platforms (id) VALUES ('p1')")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "54000" {
+		t.Fatalf("a write past the guard: %v, want SQLSTATE 54000", err)
+	}
+	if !postgres.Unavailable(err) || postgres.Unreachable(err) || postgres.NothingSent(err) {
+		t.Errorf("Unavailable = %v, Unreachable = %v, NothingSent = %v, want true, false, false",
+			postgres.Unavailable(err), postgres.Unreachable(err), postgres.NothingSent(err))
+	}
+	if got := postgres.Cause(err); !strings.HasPrefix(got, "PostgreSQL refuses to write, to avoid transaction-id wraparound") {
+		t.Errorf("Cause = %q, want it to name the wraparound guard", got)
+	}
+}
+
 // Cause has a text for every SQLSTATE Unavailable takes, directly or by
 // its class, and none for an error without one.
 func TestCauseNamesWhatToDo(t *testing.T) {
-	for _, code := range []string{"28P01", "28000", "3D000", "25006", "53100", "53200", "53300", "53400", "55P03",
+	for _, code := range []string{"28P01", "28000", "3D000", "25006", "53100", "53200", "53300", "53400", "54000", "55P03",
 		"57014", "57P01", "57P03", "57P04", "58030", "58P01", "XX000", "XX001", "XX002", "40001", "40P01"} {
 		err := fmt.Errorf("sales: %w", &pgconn.PgError{Code: code})
 		if !postgres.Unavailable(err) {

@@ -130,6 +130,37 @@ func TestPasswordChangedUnderTheWriterSaysNothingWasApplied(t *testing.T) {
 	confirmed(t, f, "key-confirm")
 }
 
+// A sale on a database past its guard against transaction-id wraparound
+// (a year or more of sales with autovacuum held back: PostgreSQL refuses
+// every write, SQLSTATE 54000, until an operator's VACUUM) is 503
+// unavailable saying nothing was applied, and nothing was; its log line
+// names the guard and what to do. It was a 500 internal_error, "the sale
+// may have been applied", with no cause in the log.
+func TestSaleRefusedByTheWraparoundGuardSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	cluster := testenv.NewWraparoundCluster(t)
+	f := newFixtureOn(t, cluster.DSN)
+	f.addItem(t, f.owner, "coin-1", true)
+	var logs testenv.Output
+	f.handler = newLoggedHandler(t, f.db, defaultRetention, &logs)
+	cluster.Guard(t)
+	f.db.Reset() // its sessions ended with the restart
+	for _, op := range []string{"confirm", "cancel"} {
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+		if rec.Code != http.StatusServiceUnavailable || errorCode(env) != "unavailable" ||
+			!strings.Contains(env.Error.Message, "nothing was applied") || !strings.Contains(env.Error.Message, "same Idempotency-Key") {
+			t.Errorf("%s past the wraparound guard = %d %q %s, want 503 unavailable saying nothing was applied", op, rec.Code, errorCode(env), rec.Body)
+		}
+	}
+	if !strings.Contains(logs.String(), `"msg":"sale store unavailable"`) || !strings.Contains(logs.String(), "54000") ||
+		!strings.Contains(logs.String(), `"cause":"PostgreSQL refuses to write, to avoid transaction-id wraparound`) {
+		t.Errorf("the log does not name the refusal, its SQLSTATE and what to do:\n%s", logs.String())
+	}
+	if got := f.item(t, f.owner, "coin-1"); got.Sold || f.count(t, "SELECT count(*) FROM idempotency_records") != 0 {
+		t.Errorf("after the refused calls: coin-1 %+v, %d idempotency records; want it unsold, none", got, f.count(t, "SELECT count(*) FROM idempotency_records"))
+	}
+}
+
 // A sale that waited for a pool connection until its deadline (every
 // connection of the pool in use) sent nothing to PostgreSQL, and its 503
 // says nothing was applied: it said "the sale may have been applied", as
