@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -45,6 +46,11 @@ func FreeAddr(t testing.TB) string {
 func freeAddr() (string, error) {
 	givenMu.Lock()
 	defer givenMu.Unlock()
+	if v := os.Getenv("TEST_PORTS"); v != "" {
+		if _, _, ok := portsSet(v); !ok {
+			return "", fmt.Errorf("testenv: TEST_PORTS=%q is not low-high (24200-24299)", v)
+		}
+	}
 	low, high := freePortRange()
 	for range 1000 {
 		port := 0 // the kernel's choice, where there is no range to keep out of
@@ -74,7 +80,14 @@ func freeAddr() (string, error) {
 // runner's loopback; those below, the usual ones of PostgreSQL, Redis and
 // make run's stack), or low == high where that range cannot be read (not
 // Linux) or leaves fewer than 1,000 ports below it.
+//
+// TEST_PORTS=low-high (inclusive) chooses from those ports instead: a
+// machine whose runs share loopback (several checkouts tested at once)
+// gives each its own range.
 func freePortRange() (low, high int) {
+	if low, high, ok := portsSet(os.Getenv("TEST_PORTS")); ok {
+		return low, high
+	}
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		return 0, 0
@@ -92,6 +105,20 @@ func freePortRange() (low, high int) {
 		return 0, 0
 	}
 	return low, high
+}
+
+// portsSet reads TEST_PORTS's "low-high", inclusive, as [low, high+1).
+func portsSet(v string) (low, high int, ok bool) {
+	from, to, found := strings.Cut(v, "-")
+	if !found {
+		return 0, 0, false
+	}
+	low, err1 := strconv.Atoi(from)
+	last, err2 := strconv.Atoi(to)
+	if err1 != nil || err2 != nil || low < 1 || last > 65535 || last < low {
+		return 0, 0, false
+	}
+	return low, last + 1, true
 }
 
 // given holds the addresses FreeAddr returned.

@@ -90,7 +90,11 @@ func TestFreeAddrAndOutput(t *testing.T) {
 
 func TestFreeAddrNeverRepeats(t *testing.T) {
 	seen := map[string]bool{}
-	for range 200 {
+	n := 200
+	if low, high, ok := portsSet(os.Getenv("TEST_PORTS")); ok {
+		n = min(n, (high-low)/4) // the package's other tests take some too
+	}
+	for range n {
 		addr := FreeAddr(t)
 		if seen[addr] {
 			t.Fatalf("FreeAddr returned %s twice", addr)
@@ -103,6 +107,9 @@ func TestFreeAddrNeverRepeats(t *testing.T) {
 // listen on ":0" and no outgoing connection of another process can take
 // one before the server the test starts listens on it.
 func TestFreeAddrIsBelowTheEphemeralRange(t *testing.T) {
+	if v := os.Getenv("TEST_PORTS"); v != "" {
+		t.Skipf("TEST_PORTS=%s chooses the range", v)
+	}
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		t.Skipf("no ephemeral range to keep out of here: %v", err)
@@ -228,5 +235,42 @@ func TestPostgresSocketIsPrivate(t *testing.T) {
 	}
 	if perm := info.Mode().Perm(); perm&0o077 != 0 {
 		t.Errorf("mode of %s = %v, want no access for group and others", socket, perm)
+	}
+}
+
+// TEST_PORTS gives the range FreeAddr chooses from, both ends included;
+// anything else is not a range.
+func TestPortsSet(t *testing.T) {
+	for _, c := range []struct {
+		v         string
+		low, high int
+		ok        bool
+	}{
+		{"24200-24299", 24200, 24300, true},
+		{"24200-24200", 24200, 24201, true},
+		{"24299-24200", 0, 0, false},
+		{"24200", 0, 0, false},
+		{"0-10", 0, 0, false},
+		{"1-65536", 0, 0, false},
+		{"a-b", 0, 0, false},
+	} {
+		low, high, ok := portsSet(c.v)
+		if low != c.low || high != c.high || ok != c.ok {
+			t.Errorf("portsSet(%q) = %d, %d, %v, want %d, %d, %v", c.v, low, high, ok, c.low, c.high, c.ok)
+		}
+	}
+}
+
+// Under TEST_PORTS, every address FreeAddr gives is in that range.
+func TestFreeAddrKeepsToTestPorts(t *testing.T) {
+	low, high, ok := portsSet(os.Getenv("TEST_PORTS"))
+	if !ok {
+		t.Skip("TEST_PORTS is not set")
+	}
+	for range 5 {
+		_, port, _ := net.SplitHostPort(FreeAddr(t))
+		if p, _ := strconv.Atoi(port); p < low || p >= high {
+			t.Fatalf("FreeAddr gave port %d under TEST_PORTS=%s", p, os.Getenv("TEST_PORTS"))
+		}
 	}
 }
