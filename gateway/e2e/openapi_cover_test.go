@@ -300,7 +300,7 @@ func startGateway(t *testing.T, s *stack, settings ...string) (g *stack, stop fu
 	go func() { _ = cmd.Wait(); close(done) }()
 	stop = sync.OnceFunc(func() { _ = cmd.Process.Kill(); <-done })
 	t.Cleanup(stop)
-	g = &stack{baseURL: "http://" + addr + "/v1", common: s.common, bin: s.bin}
+	g = &stack{baseURL: "http://" + addr + "/v1", common: s.common, bin: s.bin, logs: map[string]*testenv.Output{"gateway": logs}}
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		if resp, err := healthClient.Get(g.baseURL + "/health"); err == nil {
 			resp.Body.Close()

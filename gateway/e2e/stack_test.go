@@ -39,6 +39,9 @@ type stack struct {
 	// (startGateway).
 	common []string
 	bin    string
+	// upstreams are the stack's gateway's *_URLS settings, its services:
+	// what another gateway in front of them is given.
+	upstreams []string
 	// sigterm, on a gateway of startGateway, asks it to stop.
 	sigterm func()
 }
@@ -124,9 +127,6 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 		"shop-schema":   {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + admin["shop-schema"]},
 		"gateway": {
 			"GATEWAY_ADDR=" + addr["gateway"], "GATEWAY_ADMIN_ADDR=" + admin["gateway"],
-			"EXPORT_READER_URLS=http://" + addr["export-reader"],
-			"SALES_WRITER_URLS=http://" + addr["sales-writer"],
-			"SHOP_SCHEMA_URLS=http://" + addr["shop-schema"],
 			// Limits counted apart from every other stack's and run's in
 			// the shared Redis: under the default prefix a second run
 			// within the minute (go test -count=2, make test again) found
@@ -135,7 +135,13 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 			"RATE_LIMIT_KEY_PREFIX=" + testenv.KeyPrefix(t),
 		},
 	}
-	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: traces, logs: map[string]*testenv.Output{}, admin: admin, common: common}
+	upstreams := []string{
+		"EXPORT_READER_URLS=http://" + addr["export-reader"],
+		"SALES_WRITER_URLS=http://" + addr["sales-writer"],
+		"SHOP_SCHEMA_URLS=http://" + addr["shop-schema"],
+	}
+	own["gateway"] = append(own["gateway"], upstreams...)
+	s = &stack{baseURL: "http://" + addr["gateway"] + "/v1", traces: traces, logs: map[string]*testenv.Output{}, admin: admin, common: common, upstreams: upstreams}
 	ended := make(chan string, len(binaries))
 	var stops []func()
 	stop = func() { // newest first: the gateway before the services it calls
