@@ -457,6 +457,40 @@ func TestDrainedAnswerClosesItsConnection(t *testing.T) {
 	}
 }
 
+// From the stop signal on (Drain, GATEWAY_SHUTDOWN_DELAY), every answer
+// says Connection: close, its 200s included, and the connection is
+// closed after it: a client that keeps its connections (nginx's to its
+// upstreams) lets each go at its next answer instead of holding it idle
+// until the drain closes it, maybe as it sends a POST on it, which is
+// then lost unanswered (nginx does not send a POST again: its 502).
+func TestAnswersWhileDrainingCloseTheirConnection(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	for _, draining := range []bool{false, true} {
+		if draining {
+			g.Drain()
+		}
+		conn, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := "GET /v1/export/items HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + wellFormedKey(t) + "\r\n\r\n"
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		conn.Close()
+		if resp.StatusCode != 200 || resp.Close != draining {
+			t.Errorf("draining %v: answer = %d, Connection %q; want 200, Connection: close only while draining",
+				draining, resp.StatusCode, resp.Header.Get("Connection"))
+		}
+	}
+}
+
 // Shutdown closes an idle kept-alive connection at once, also when its
 // client neither sends nor closes: the connection's goroutine, blocked
 // reading, returns as soon as the connection is closed, although the
