@@ -64,7 +64,8 @@ func HAProxy(t testing.TB, listen, cfg string) {
 
 // RequireIngressVariable, set to 1, makes a test that needs nginx or
 // haproxy fail when the binary is missing, where it is otherwise skipped:
-// .ci/run installs both and sets it, so that CI never passes without them.
+// .ci/run installs both and then sets it, so that a CI run that has them
+// never passes with the test skipped.
 const RequireIngressVariable = "REQUIRE_INGRESS"
 
 // NeedIngress skips the test, or fails it under REQUIRE_INGRESS=1, unless
