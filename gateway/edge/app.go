@@ -312,13 +312,13 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	// Redis round trip (an owner at its cap, retrying every second, used
 	// up its keys' budgets on requests that did no work, each counted
 	// allowed by the route's limit and limited by the cap).
-	if err := g.takeOwnerSlot(rq); err != nil {
+	if err := g.takeOwnerSlot(rq, rt); err != nil {
 		return err
 	}
 	// The keyed routes' answers are read whole before they are relayed:
 	// the slot is held while the upstream works, not while a slow client
 	// reads.
-	defer g.releaseOwnerSlot(rq)
+	defer g.releaseOwnerSlot(rq, rt)
 	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
 	}

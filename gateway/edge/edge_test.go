@@ -1777,7 +1777,7 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 }
 
 // An owner may have RATE_LIMIT_OWNER_IN_FLIGHT requests in flight on the
-// keyed routes, all of its keys and routes together, and no more: the
+// routes of one service, all of its keys together, and no more: the
 // per-key rate limits let an owner with many keys queue more requests than
 // the services serve, ahead of every other owner's (README, "Tenants
 // sharing a stack"). Another owner is not affected, and a slot freed is
@@ -1790,29 +1790,62 @@ func TestOwnerRequestsInFlight(t *testing.T) {
 }
 
 func testOwnerRequestsInFlight(t *testing.T, limits string) {
-	dsn, _, k := seed(t)
+	dsn, pool, k := seed(t)
+	read2 := insertKey(t, pool, k.ownerA, nil, identity.ScopeExportRead)
 	testSlotsHeld(t, slotsCase{
 		settings: func(upstream string) map[string]string {
 			return map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": upstream,
 				"SALES_WRITER_URLS": upstream, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_ENABLED": limits,
 				"KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"}
 		},
-		// Owner A: a list page with its read key, a sale with its write
-		// key, then a list page again; owner B: a list page.
+		// Owner A: a list page with each of its two read keys, then one
+		// more; owner B: a list page.
 		holder: func(gw *gatewaytest.Server) []func() response {
 			list := func(key string) func() response {
 				return func() response {
 					return do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": key}, nil)
 				}
 			}
-			sale := func() response {
-				return do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
-					"Idempotency-Key": "order-1", "Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"order-1"}`))
-			}
-			return []func() response{list(k.read), sale, list(k.read), list(k.readB)}
+			return []func() response{list(k.read), list(read2), list(k.read), list(k.readB)}
 		},
 		class: "owner_in_flight",
 	})
+}
+
+// The owner's cap counts the routes of each service apart: sales held by
+// a sales-writer that stopped answering (each until UPSTREAM_READ_TIMEOUT,
+// its client gone) fill the owner's slots on the sale routes, and its
+// syncs, which export-reader answers at once, still pass. With one count
+// for both, a platform replaying its backlog into a hung writer had the
+// owner's syncs refused 429 "too many requests in flight" until the
+// writer's calls timed out.
+func TestOwnerSlotsCountEachServiceApart(t *testing.T) {
+	dsn, _, k := seed(t)
+	writer, arrived, release := holdingUpstream(t, func(int64) bool { return true })
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"SALES_WRITER_URLS": writer, "RATE_LIMIT_OWNER_IN_FLIGHT": "2"})
+	sale := func(order string) response {
+		return do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+			"Idempotency-Key": order, "Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"`+order+`"}`))
+	}
+	held := make(chan int, 2)
+	for _, order := range []string{"order-1", "order-2"} {
+		go func() { held <- sale(order).Status }()
+	}
+	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 2 })
+	if r := sale("order-3"); r.Status != 429 || r.Env.Error == nil || !strings.Contains(r.Env.Error.Message, "sale routes") {
+		t.Errorf("a third sale in flight = %d %s, want 429 naming the sale routes", r.Status, r.Body)
+	}
+	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
+		t.Errorf("the owner's list page while its sales fill their slots = %d %s, want 200", r.Status, r.Body)
+	}
+	release()
+	for range 2 {
+		if got := <-held; got != 200 {
+			t.Errorf("a sale held by the writer = %d, want 200 once it answers", got)
+		}
+	}
 }
 
 // slotsCase is a cap of 2 requests in flight per holder (an address, an

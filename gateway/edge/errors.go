@@ -143,11 +143,12 @@ func errTooManyInFlight(limit int) *apiError {
 }
 
 // errOwnerTooManyInFlight is the 429 of a keyed request over its owner's
-// slots, whichever of the owner's keys sent it; a retry is worth it once
-// one of the owner's requests ends.
-func errOwnerTooManyInFlight(limit int) *apiError {
+// slots on the routes of one service (routes: export, sale), whichever of
+// the owner's keys sent it; a retry is worth it once one of the owner's
+// requests there ends.
+func errOwnerTooManyInFlight(limit int, routes string) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
-		Message:    fmt.Sprintf("too many requests in flight for this owner, all of its keys together (at most %d at once); retry when one ends", limit),
+		Message:    fmt.Sprintf("too many requests in flight for this owner on the %s routes, all of its keys together (at most %d at once); retry when one ends", routes, limit),
 		RetryAfter: time.Second}
 }
 

@@ -56,9 +56,10 @@ type Gateway struct {
 	shopSlots         *inFlightSlots
 	shopSlotDecisions slotDecisions
 	// ownerSlots bounds each owner's requests in flight on the keyed
-	// routes (nil when RATE_LIMIT_OWNER_IN_FLIGHT is 0); ownerSlotDecisions
-	// counts what it decided.
-	ownerSlots         *inFlightSlots
+	// routes, one count per upstream (nil when RATE_LIMIT_OWNER_IN_FLIGHT
+	// is 0; read only once built); ownerSlotDecisions counts what it
+	// decided.
+	ownerSlots         map[string]*inFlightSlots
 	ownerSlotDecisions slotDecisions
 	tracer             trace.Tracer
 	metrics            *metrics
@@ -117,7 +118,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		clientAddr: clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		served:     make(chan error, 2), limitDone: make(chan struct{})}
 	if cfg.OwnerInFlight > 0 {
-		g.ownerSlots = newInFlightSlots(cfg.OwnerInFlight)
+		g.ownerSlots = newOwnerSlots(cfg.OwnerInFlight)
 	}
 	cleanup := []func(){}
 	defer func() {

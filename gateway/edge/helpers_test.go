@@ -90,6 +90,22 @@ func seed(t *testing.T) (string, *pgxpool.Pool, keys) {
 	return dsn, pool, k
 }
 
+// insertKey stores one more key of owner (bound to platform, if given) and
+// returns its secret.
+func insertKey(t *testing.T, pool *pgxpool.Pool, owner string, platform *string, scopes ...string) string {
+	t.Helper()
+	secret, prefix, err := apikey.Generate(scopes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := apikey.HashOf(secret)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO api_keys (owner_id, platform_id, prefix, hash, scopes)
+		VALUES ($1, $2, $3, $4, $5)`, owner, platform, prefix, h[:], scopes); err != nil {
+		t.Fatal(err)
+	}
+	return secret
+}
+
 // seen is what a fake upstream echoes back: the verified identity and the
 // headers and path it received.
 type seen struct {

@@ -59,36 +59,64 @@ func (g *Gateway) takeShopSlot(rq *request, address string) (release func(), err
 	return func() { g.shopSlots.release(address) }, nil
 }
 
-// takeOwnerSlot takes one of the key's owner's slots for rq, or refuses it
-// 429 naming the cap (access line, span, decisions metric); the caller
-// defers releaseOwnerSlot once it is taken (a direct call, where a release
-// returned as a closure, as takeShopSlot's, cost every keyed request an
-// allocation). The per-key rate limits bound each key, not its owner: an
-// owner with 64 keys has 64 budgets of 6,000 a minute, far more than a
-// stack serves, and every request it has in flight waits in the same
-// queues as everyone's (the gateway's connections to an instance,
-// export-reader's database pool, the CPU), first come first served.
-// Measured (README, "Tenants sharing a stack"): 2,500 connections of one
-// owner took another owner's GET by id from 2 ms to 5 s, and its requests
-// from 600 to 3 in 15 s. Bounding what one owner holds in flight bounds
-// the queue its neighbours wait behind, whatever keys and connections it
-// uses.
-func (g *Gateway) takeOwnerSlot(rq *request) error {
+// newOwnerSlots gives every upstream of the keyed routes a count of its
+// own: an owner's requests to one service are bounded apart from those to
+// the other. With one count, the 64 sales of a replaying platform hung on
+// a sales-writer that stopped answering (each held until
+// UPSTREAM_READ_TIMEOUT, 30 s, its client long gone) took every slot of
+// the owner, and its syncs, which export-reader would have served at
+// once, were refused 429 "too many requests in flight for this owner" for
+// as long (README, "Sales guide"): an outage of one service shown as the
+// owner's fault on the other's routes.
+func newOwnerSlots(limit int) map[string]*inFlightSlots {
+	slots := map[string]*inFlightSlots{}
+	for _, rt := range routes {
+		if rt.Scope != "" {
+			slots[rt.Upstream] = newInFlightSlots(limit)
+		}
+	}
+	return slots
+}
+
+// takeOwnerSlot takes one of the key's owner's slots on rt's upstream for
+// rq, or refuses it 429 naming the cap (access line, span, decisions
+// metric); the caller defers releaseOwnerSlot once it is taken (a direct
+// call, where a release returned as a closure, as takeShopSlot's, cost
+// every keyed request an allocation). The per-key rate limits bound each
+// key, not its owner: an owner with 64 keys has 64 budgets of 6,000 a
+// minute, far more than a stack serves, and every request it has in flight
+// waits in the same queues as everyone's (the gateway's connections to an
+// instance, export-reader's database pool, the CPU), first come first
+// served. Measured (README, "Tenants sharing a stack"): 2,500 connections
+// of one owner took another owner's GET by id from 2 ms to 5 s, and its
+// requests from 600 to 3 in 15 s. Bounding what one owner holds in flight
+// bounds the queue its neighbours wait behind, whatever keys and
+// connections it uses.
+func (g *Gateway) takeOwnerSlot(rq *request, rt route) error {
 	if g.ownerSlots == nil { // RATE_LIMIT_OWNER_IN_FLIGHT=0
 		return nil
 	}
-	if !g.ownerSlots.acquire(rq.key.OwnerID) {
+	slots := g.ownerSlots[rt.Upstream]
+	if !slots.acquire(rq.key.OwnerID) {
 		g.ownerSlotDecisions.limited.Inc()
 		rq.limitedBy = classOwnerInFlight
-		return errOwnerTooManyInFlight(g.ownerSlots.limit)
+		return errOwnerTooManyInFlight(slots.limit, ownerSlotRoutes(rt))
 	}
 	g.ownerSlotDecisions.allowed.Inc()
 	return nil
 }
 
+// ownerSlotRoutes names the routes sharing rt's count, in the 429's message.
+func ownerSlotRoutes(rt route) string {
+	if rt.Upstream == upstreamSalesWriter {
+		return "sale"
+	}
+	return "export"
+}
+
 // releaseOwnerSlot gives back the slot takeOwnerSlot took for rq.
-func (g *Gateway) releaseOwnerSlot(rq *request) {
+func (g *Gateway) releaseOwnerSlot(rq *request, rt route) {
 	if g.ownerSlots != nil {
-		g.ownerSlots.release(rq.key.OwnerID)
+		g.ownerSlots[rt.Upstream].release(rq.key.OwnerID)
 	}
 }
