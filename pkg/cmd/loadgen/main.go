@@ -27,6 +27,7 @@ const usage = `usage: loadgen SCENARIO [flags]
   incremental  change a fraction of the items, then sync with updated_after
   get          GET /v1/export/items/{id} with random ids, run by wrk
   sales        confirm + cancel pairs, one platform key per worker
+  replay       platforms replaying a backlog of sales as the README's sales guide says, then checked
   ids          write random item ids of an owner to a file
   nginx-conf   write an nginx reverse-proxy config
   rss          record (or reset) the peak RSS of a process
@@ -61,6 +62,7 @@ var scenarios = map[string]scenario{
 	"incremental": runIncremental,
 	"get":         runGet,
 	"sales":       runSales,
+	"replay":      runReplay,
 	"ids":         runIDs,
 	"nginx-conf":  runNginxConf,
 	"rss":         runRSS,
