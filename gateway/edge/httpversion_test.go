@@ -197,3 +197,49 @@ func shopSchemaIn(t *testing.T, baseURL, version string) (status string, fields 
 	}
 	return status, fields, body
 }
+
+// A streamed answer that carries its length (shop-schema's, since it has
+// given one) reaches an HTTP/1.0 client as it comes, not read whole
+// first: read whole, it was held in the gateway, the service's slot free
+// again once it had written it, for as long as the client took to read
+// it. Here the service writes the first half and waits for the client to
+// have read it: read whole, the client got nothing, and its read timed out.
+func TestLengthedStreamReachesAnHTTP10ClientAsItComes(t *testing.T) {
+	dsn, _, _ := seed(t)
+	const half = 256 << 10
+	clientRead := make(chan struct{})
+	up := signedUpstream(t, func(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(2*half))
+		_, _ = io.WriteString(w, strings.Repeat(" ", half))
+		http.NewResponseController(w).Flush()
+		select {
+		case <-clientRead:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, strings.Repeat(" ", half))
+	})
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": up.URL})
+	conn := dial(t, gw.URL)
+	if _, err := io.WriteString(conn, "POST /v1/sync/prestashop/schema HTTP/1.0\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answer := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(answer, nil)
+	if err != nil {
+		t.Fatalf("no answer while the service waits for the client to read its first half: %v", err)
+	}
+	// Most of it: the last bytes may wait in the gateway's write buffer.
+	const most = half - 64<<10
+	if _, err := io.ReadFull(resp.Body, make([]byte, most)); err != nil {
+		t.Fatalf("the first half did not come while the service waited: %v", err)
+	}
+	close(clientRead)
+	rest, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || resp.ContentLength != 2*half || err != nil || len(rest) != 2*half-most || len(resp.TransferEncoding) > 0 {
+		t.Errorf("answer %d, Content-Length %d, Transfer-Encoding %v, rest %d bytes (%v): want 200 with the service's length",
+			resp.StatusCode, resp.ContentLength, resp.TransferEncoding, len(rest), err)
+	}
+}

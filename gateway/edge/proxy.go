@@ -131,7 +131,10 @@ var errTooLargeForHTTP10 = fmt.Errorf("%w: a streamed answer over %d MiB cannot 
 
 // relayWhole is relay for a streamed answer of unknown length to a client
 // that fasthttp does not read as HTTP/1.1 (1.0, or 1.2 and up, served by
-// 1.0's rules): fasthttp frames such a stream chunked, whatever the
+// 1.0's rules): only from a shop-schema of a build before its answer
+// carried its length (mid-upgrade), since the answer read here is held
+// in the gateway, the service's slot free again, for as long as the
+// client takes to read it. fasthttp frames such a stream chunked, whatever the
 // client, and RFC 9112 7.1 forbids chunked towards HTTP/1.0 (a client
 // that implements 1.0 alone reads the chunk sizes as part of the body).
 // The answer is read whole, up to readWholeForHTTP10, and sent with its

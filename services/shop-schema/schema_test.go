@@ -933,7 +933,8 @@ func TestBaseURLEndingInAPI(t *testing.T) {
 
 // A schema answer is gzipped for a client that accepts gzip (the gateway
 // passes Accept-Encoding on, and the answer's Content-Encoding back), and
-// not for one that does not; both vary by Accept-Encoding. It was sent
+// not for one that does not; both vary by Accept-Encoding and carry their
+// length. It was sent
 // whole to every client: a large shop's schema is a few MB of JSON that
 // gzip cuts about fourteen times.
 func TestSchemaGzippedWhenAccepted(t *testing.T) {
@@ -959,6 +960,12 @@ func TestSchemaGzippedWhenAccepted(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("Vary") != "Accept-Encoding" {
 			t.Fatalf("Accept-Encoding %q: %d, Vary %q, want 200 varying by Accept-Encoding", accept, resp.StatusCode, resp.Header.Get("Vary"))
+		}
+		// With its length, whatever its coding: without one, the gateway
+		// read it whole for an HTTP/1.0 client and held it there, this
+		// process's slot free again, however slowly the client read.
+		if resp.ContentLength != int64(len(raw)) || len(resp.TransferEncoding) > 0 {
+			t.Errorf("Accept-Encoding %q: Content-Length %d, Transfer-Encoding %v, %d bytes read: want the answer's length", accept, resp.ContentLength, resp.TransferEncoding, len(raw))
 		}
 		if accept == "identity" {
 			if ce := resp.Header.Get("Content-Encoding"); ce != "" || !json.Valid(raw) {

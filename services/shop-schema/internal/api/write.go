@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"net/http"
+	"strconv"
 
 	"github.com/coinexport/export/pkg/contentcoding"
 	"github.com/coinexport/export/pkg/envelope"
@@ -19,8 +20,11 @@ const minGzip = 1024
 // it (Accept-Encoding, read as export-reader reads it): a shop's schema is
 // repetitive JSON, a few MB for a large shop (2,999 categories in three
 // languages: 513,514 bytes, 37,110 gzipped), which a merchant's module
-// asking for gzip was sent whole. Like the uncompressed answer, it goes
-// without a length (net/http chunks a large one).
+// asking for gzip was sent whole. Either is sent with its length, which
+// it has whole: without one, the gateway read the answer whole for an
+// HTTP/1.0 client (which must get a length, not chunks), and so this
+// process's slot was free again while the gateway held the schema for a
+// client that read it slowly, or never, bounded by no count of slots.
 func writeSchema(w http.ResponseWriter, r *http.Request, result *shopschema.Result, requestID string) {
 	body, err := envelope.DataBytes(result, envelope.Meta{RequestID: requestID})
 	if err != nil {
@@ -35,6 +39,7 @@ func writeSchema(w http.ResponseWriter, r *http.Request, result *shopschema.Resu
 		body = gzipped(body)
 		h.Set("Content-Encoding", "gzip")
 	}
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
 }
