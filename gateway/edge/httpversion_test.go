@@ -243,3 +243,27 @@ func TestLengthedStreamReachesAnHTTP10ClientAsItComes(t *testing.T) {
 			resp.StatusCode, resp.ContentLength, resp.TransferEncoding, len(rest), err)
 	}
 }
+
+// A streamed answer whose service stops sending past UPSTREAM_READ_TIMEOUT,
+// read whole for an HTTP/1.0 client, is the 504 of a timeout
+// (upstreamReadError), as for an answer read whole, not a 502.
+func TestStreamTimedOutIsA504ForAnHTTP10Client(t *testing.T) {
+	dsn, _, _ := seed(t)
+	stalled := make(chan struct{})
+	t.Cleanup(func() { close(stalled) }) // runs before the upstream closes
+	up := signedUpstream(t, func(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data":{"categories":[],`)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-stalled:
+		case <-r.Context().Done():
+		}
+	})
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": up.URL, "UPSTREAM_READ_TIMEOUT": "300ms"})
+	status, fields, body := shopSchemaIn(t, gw.URL, "1.0")
+	if !strings.Contains(status, " 504 ") || fields.Get("X-Error-Code") != "upstream_timeout" ||
+		fields.Get("Content-Length") != strconv.Itoa(len(body)) || !strings.Contains(body, `"code":"upstream_timeout"`) {
+		t.Errorf("answer %s %v %q, want the 504 upstream_timeout envelope, with its length", status, fields, body)
+	}
+}
