@@ -12,6 +12,7 @@ import (
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/gofiber/fiber/v2"
 )
 
@@ -93,9 +94,9 @@ var (
 	// A panic on a sale sent with an Idempotency-Key (panicError) says
 	// what is known of the sale, as the writer's own 500 does.
 	errSaleInternalNothingSent = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
-		Message: "internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"}
+		Message: saleclaim.InternalNothingApplied}
 	errSaleInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal_error",
-		Message: "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"}
+		Message: saleclaim.InternalMayHaveBeenApplied}
 	errDraining = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "this gateway instance is shutting down; other instances answer", RetryAfter: envelope.UnavailableRetryAfter}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
@@ -103,7 +104,7 @@ var (
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
 		Message: "the service is temporarily unavailable; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errSaleUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
-		Message: "the service is temporarily unavailable; nothing was applied: retry with backoff and the same Idempotency-Key", RetryAfter: envelope.UnavailableRetryAfter}
+		Message: "the service is temporarily unavailable; " + saleclaim.NothingApplied + ": " + saleclaim.RetryWithTheKey, RetryAfter: envelope.UnavailableRetryAfter}
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service failed to answer; retry later"}
 	errSaleBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
@@ -125,8 +126,8 @@ var (
 // nothing was sent (its message, shared with every route, says only to
 // retry; salescheck.SaysNothingApplied reads it by its code).
 var saleClaims = map[*apiError]string{
-	errSaleBadGateway: "maybe", errSaleTimeout: "maybe", errSaleInternal: "maybe",
-	errUpstreamUnavailable: "no", errSaleUpstreamUnavailable: "no", errSaleInternalNothingSent: "no",
+	errSaleBadGateway: saleclaim.Maybe, errSaleTimeout: saleclaim.Maybe, errSaleInternal: saleclaim.Maybe,
+	errUpstreamUnavailable: saleclaim.Nothing, errSaleUpstreamUnavailable: saleclaim.Nothing, errSaleInternalNothingSent: saleclaim.Nothing,
 }
 
 func errRateLimited(retryAfter time.Duration) *apiError {

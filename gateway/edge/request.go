@@ -17,6 +17,7 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel"
@@ -315,7 +316,7 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 			attrs = append(attrs, slog.String("idempotency_key", rq.sale.idempotencyKey))
 		}
 		if rq.sale.applied != "" {
-			attrs = append(attrs, slog.String("sale_applied", rq.sale.applied))
+			attrs = append(attrs, slog.String(saleclaim.Key, rq.sale.applied))
 		}
 	}
 	if rq.instance != "" {

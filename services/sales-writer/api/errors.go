@@ -9,6 +9,7 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/coinexport/export/services/sales-writer/sales"
 )
 
@@ -79,12 +80,12 @@ type errorAnswer struct {
 type saleClaim struct{ said, note string }
 
 var (
-	nothingApplied     = saleClaim{said: "nothing was applied", note: "no"}
-	mayHaveBeenApplied = saleClaim{said: "the sale may have been applied", note: "maybe"}
+	nothingApplied     = saleClaim{said: saleclaim.NothingApplied, note: saleclaim.Nothing}
+	mayHaveBeenApplied = saleClaim{said: saleclaim.MayHaveBeenApplied, note: saleclaim.Maybe}
 )
 
 // saleAppliedKey names the claim on the access line and span (app.sale_applied).
-const saleAppliedKey = "sale_applied"
+const saleAppliedKey = saleclaim.Key
 
 // writeError is the one place where an error becomes an HTTP answer; it
 // returns the error code it sent. A refusal (4xx) is answered as decided;
@@ -262,14 +263,14 @@ func answer503(situation string, claim saleClaim) errorAnswer {
 }
 
 // retryWithTheKey ends the message of every 503 of the writer.
-const retryWithTheKey = "retry with backoff and the same Idempotency-Key"
+const retryWithTheKey = saleclaim.RetryWithTheKey
 
 // InternalErrorMessage is the message of every 500 of the writer, a failure
 // nobody foresaw or a handler's panic (httpserver.Config.PanicMessage):
 // spec 7's 500 is retried with backoff and reported by its request id, and
 // as the platform cannot know whether the sale was applied, it says how to
 // retry it safely, as every 503 of the writer does.
-const InternalErrorMessage = "internal error; the sale may have been applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
+const InternalErrorMessage = saleclaim.InternalMayHaveBeenApplied
 
 // PanicNotes are what the access line and span of a panic's 500
 // (httpserver.Config.PanicNotes) record of the sale: what
@@ -279,8 +280,8 @@ var PanicNotes = map[string]string{saleAppliedKey: mayHaveBeenApplied.note}
 
 // internalErrorNothingApplied is InternalErrorMessage for a call that
 // applied nothing: the gateway's words for its own panic before a sale
-// went upstream.
-const internalErrorNothingApplied = "internal error; nothing was applied: retry with backoff and the same Idempotency-Key, and quote meta.request_id if it persists"
+// went upstream (both from saleclaim).
+const internalErrorNothingApplied = saleclaim.InternalNothingApplied
 
 var panicNothingAppliedNotes = map[string]string{saleAppliedKey: nothingApplied.note}
 

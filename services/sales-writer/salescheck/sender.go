@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/coinexport/export/pkg/saleclaim"
 )
 
 // HTTPSender sends calls to the API at base (".../v1"): sales with the
@@ -99,6 +101,6 @@ func SaysNothingApplied(status int, code, message string) bool {
 	if status < http.StatusInternalServerError {
 		return false
 	}
-	return strings.Contains(message, "nothing was applied") ||
+	return strings.Contains(message, saleclaim.NothingApplied) ||
 		status == http.StatusServiceUnavailable && code == "upstream_unavailable"
 }
