@@ -17,15 +17,16 @@ import (
 // Nginx runs Debian's nginx for the test's length with http, the inside
 // of its http block (upstream and server blocks: the README's snippet),
 // and waits until it listens on listen, an address the caller wrote into
-// http. Its main configuration is the test's: one worker, no daemon, its
-// logs, pid and temporary files in a folder of its own. Its error log is
-// given to the test when it fails.
+// http. Its main configuration is the test's: one process (no master: a
+// worker left by a master killed with the test serves on, orphaned), no
+// daemon, its logs, pid and temporary files in a folder of its own. Its
+// error log is given to the test when it fails.
 func Nginx(t testing.TB, listen, http string) {
 	t.Helper()
 	bin := ingressBinary(t, "nginx")
 	dir := ingressDir(t, "nginx")
 	conf := fmt.Sprintf(`daemon off;
-worker_processes 1;
+master_process off;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log info;
 events { worker_connections 512; }
@@ -143,12 +144,16 @@ func ingressUser(t testing.TB) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 }
 
-// startIngress starts cmd in a process group of its own (nginx's worker
-// with it), stops the group when the test ends, and waits up to 10 s for
-// listen to accept. logFile, in dir, is shown with its output on failure.
+// startIngress starts cmd in a process group of its own, stops the group
+// when the test ends, and waits up to 10 s for listen to accept. The
+// process is killed with the test's too (Pdeathsig): a test binary killed
+// by go test's -timeout or a Ctrl-C runs no cleanup, and its own group
+// keeps the proxy from the terminal's SIGINT; it served on, listening,
+// until someone found it. logFile, in dir, is shown with its output on
+// failure.
 func startIngress(t testing.TB, listen, dir, logFile string, cmd *exec.Cmd) {
 	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: ingressUser(t)}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: ingressUser(t)}
 	var out Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
