@@ -50,7 +50,7 @@ type Gateway struct {
 	// inFlight counts the requests in the handler, for the shutdown's log
 	// lines: how many a drain waits for, and how many it cut off.
 	inFlight atomic.Int64
-	draining atomic.Bool // Drain was called: /v1/health answers 503
+	draining atomic.Bool // Drain was called: /v1/health answers 503, every answer Connection: close
 	// shopSlots bounds each client address's shop schema calls in flight;
 	// shopSlotDecisions counts what it decided.
 	shopSlots         *inFlightSlots

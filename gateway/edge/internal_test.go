@@ -462,31 +462,49 @@ func TestDrainedAnswerClosesItsConnection(t *testing.T) {
 // closed after it: a client that keeps its connections (nginx's to its
 // upstreams) lets each go at its next answer instead of holding it idle
 // until the drain closes it, maybe as it sends a POST on it, which is
-// then lost unanswered (nginx does not send a POST again: its 502).
+// then lost unanswered (nginx does not send a POST again: its 502). A
+// HEAD's answer and that of a method Fiber does not know (answered
+// outside Fiber's routing: answerUnknownMethods) say it too.
 func TestAnswersWhileDrainingCloseTheirConnection(t *testing.T) {
 	g, _, _ := startInternal(t, nil, fakeKeys{})
+	key := wellFormedKey(t)
+	requests := []struct {
+		method string
+		status int
+	}{{"GET", 200}, {"HEAD", 200}, {"FOO", 405}}
 	for _, draining := range []bool{false, true} {
 		if draining {
 			g.Drain()
 		}
-		conn, err := net.Dial("tcp", g.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := "GET /v1/export/items HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + wellFormedKey(t) + "\r\n\r\n"
-		if _, err := io.WriteString(conn, req); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		conn.Close()
-		if resp.StatusCode != 200 || resp.Close != draining {
-			t.Errorf("draining %v: answer = %d, Connection %q; want 200, Connection: close only while draining",
-				draining, resp.StatusCode, resp.Header.Get("Connection"))
+		for _, rq := range requests {
+			conn, err := net.Dial("tcp", g.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			head := rq.method + " /v1/export/items HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + key + "\r\n\r\n"
+			if _, err := io.WriteString(conn, head); err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, &http.Request{Method: rq.method})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			// After Connection: close, the gateway closes its end: the
+			// next read sees the end of the stream.
+			closed := false
+			if draining {
+				_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := br.ReadByte()
+				closed = err == io.EOF
+			}
+			conn.Close()
+			if resp.StatusCode != rq.status || resp.Close != draining || closed != draining {
+				t.Errorf("draining %v: %s = %d, Connection %q, connection closed %v; want %d, Connection: close and closed only while draining",
+					draining, rq.method, resp.StatusCode, resp.Header.Get("Connection"), closed, rq.status)
+			}
 		}
 	}
 }
