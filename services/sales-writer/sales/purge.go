@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/coinexport/export/pkg/postgres"
 )
 
 // purgeBatch bounds the records one purge statement deletes.
@@ -42,7 +44,9 @@ func (w *Writer) RunPurge(ctx context.Context, interval time.Duration, log *slog
 		case <-ticker.C:
 			n, err := w.Purge(ctx)
 			if err != nil && ctx.Err() == nil {
-				log.WarnContext(ctx, "idempotency purge failed", "error", err)
+				// PostgreSQL's refusals (its wraparound guard, a full disk,
+				// read-only) say what to do, as a sale's line does.
+				log.WarnContext(ctx, "idempotency purge failed", "error", err, postgres.CauseAttr(err))
 				continue
 			}
 			if n > 0 {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,4 +118,39 @@ func TestRunPurgeRunsInTheBackground(t *testing.T) {
 	}
 	stop()
 	<-done
+}
+
+// A purge refused by PostgreSQL's guard against transaction-id wraparound
+// (which refuses only what writes: a purge with nothing to delete passes)
+// is logged with the cause a sale's line gives, what to do; it gave the
+// error alone.
+func TestRefusedPurgeNamesItsCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := testenv.NewWraparoundCluster(t)
+	db := testenv.Pool(t, cluster.DSN)
+	owner := ownerWithPlatformP(t, db)
+	if _, err := db.Exec(ctx, `INSERT INTO idempotency_records (owner_id, platform_id, idempotency_key, fingerprint, response, expires_at)
+		VALUES ($1::uuid, 'p', 'old', '\x00'::bytea, '{}'::jsonb, now() - interval '1 second')`, owner); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Guard(t)
+	db.Reset() // its sessions ended with the restart
+	var logs testenv.Output
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		NewWriter(db, time.Hour).RunPurge(runCtx, time.Millisecond, slog.New(slog.NewJSONHandler(&logs, nil)))
+		close(done)
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), "idempotency purge failed"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failed purge logged within 30 s past the guard:\n%s", logs.String())
+		}
+	}
+	stop()
+	<-done
+	if !strings.Contains(logs.String(), `"cause":"PostgreSQL refuses to write, to avoid transaction-id wraparound`) {
+		t.Errorf("the purge's line does not say what to do:\n%s", logs.String())
+	}
 }
