@@ -293,6 +293,7 @@ func startGateway(t *testing.T, s *stack, settings ...string) (g *stack, stop fu
 		"RATE_LIMIT_KEY_PREFIX="+testenv.KeyPrefix(t)), settings...)
 	logs := &testenv.Output{}
 	cmd.Stdout, cmd.Stderr = logs, logs
+	testenv.DiesWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

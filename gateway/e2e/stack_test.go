@@ -155,6 +155,7 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 		cmd := exec.Command(filepath.Join(bin, name))
 		cmd.Env = append(append(append([]string{}, common...), own[name]...), settings...)
 		cmd.Stdout, cmd.Stderr = logs, logs
+		testenv.DiesWithTest(cmd)
 		if err := cmd.Start(); err != nil {
 			stop()
 			t.Fatalf("start %s: %v", name, err)

@@ -146,14 +146,13 @@ func ingressUser(t testing.TB) *syscall.Credential {
 
 // startIngress starts cmd in a process group of its own, stops the group
 // when the test ends, and waits up to 10 s for listen to accept. The
-// process is killed with the test's too (Pdeathsig): a test binary killed
-// by go test's -timeout or a Ctrl-C runs no cleanup, and its own group
-// keeps the proxy from the terminal's SIGINT; it served on, listening,
-// until someone found it. logFile, in dir, is shown with its output on
-// failure.
+// process dies with the test binary too (DiesWithTest): its own group
+// keeps it from a terminal's SIGINT. logFile, in dir, is shown with its
+// output on failure.
 func startIngress(t testing.TB, listen, dir, logFile string, cmd *exec.Cmd) {
 	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: ingressUser(t)}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: ingressUser(t)}
+	DiesWithTest(cmd)
 	var out Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
