@@ -19,6 +19,12 @@ import (
 // -timeout, a Ctrl-C): a server a test started served on, orphaned,
 // listening on its port and holding its database connections. Call it
 // before cmd.Start, after any SysProcAttr of the caller's own.
+//
+// The kernel sends the signal when the thread that started cmd ends, not
+// the process (golang/go#27505): the Go runtime ends a thread only when a
+// goroutine locked to it (runtime.LockOSThread) returns without
+// unlocking, which no test here does; one that did could see a process
+// it started killed mid-test.
 func DiesWithTest(cmd *exec.Cmd) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
