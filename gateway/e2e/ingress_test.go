@@ -29,8 +29,10 @@ import (
 // itself and run with Debian's nginx and HAProxy in front of two gateways
 // of a stack, hold what the section says of them: the client's own
 // address is the one limited and logged, the proxy's own errors are the
-// envelope with its request id (which leads to the gateway's line), its
-// connections to the gateways are kept, a slow sale is not cut by it
+// envelope with its request id (which leads to the gateway's line), the
+// gateway's headers, gzipped pages and the shop schema's lengthed answer
+// pass through (to HTTP/1.0 clients too), an X-Real-IP it does not write
+// is the client's own, its connections to the gateways are kept, a slow sale is not cut by it
 // first, and a gateway stopped with GATEWAY_SHUTDOWN_DELAY costs no
 // client an answer. Without nginx or haproxy the test is skipped, or
 // fails under REQUIRE_INGRESS=1 (.ci/run).
@@ -45,9 +47,12 @@ func TestTheREADMEsIngressSetUps(t *testing.T) {
 		"RATE_LIMIT_ANONYMOUS=5-M",                      // a client's budget, spent in a few calls
 		"RATE_LIMIT_KEY_PREFIX=" + testenv.KeyPrefix(t), // one budget in Redis for both gateways, as in production
 	}
-	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t), behindProxy...)
+	shop := startSchemaShop(t)
+	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t), slices.Concat(behindProxy, []string{"SHOP_SCHEMA_ALLOW_HOSTS=127.0.0.1", "SHOP_SCHEMA_CA_FILE=" + shop.caFile})...)
 	behindProxy = append(behindProxy, s.upstreams...)
 	g2, _ := startGateway(t, s, behindProxy...)
+	// A gateway reading the client from X-Real-IP, which neither snippet writes.
+	realIP, _ := startGateway(t, s, slices.Concat(behindProxy, []string{"GATEWAY_PROXY_HEADER=X-Real-IP"})...)
 	gateways := []*stack{s, g2}
 	// A gateway whose sales-writer refuses connections: its own 503.
 	g3, _ := startGateway(t, s, slices.Concat(behindProxy, []string{"SALES_WRITER_URLS=http://" + testenv.RefusingAddr(t)})...)
@@ -77,6 +82,12 @@ func TestTheREADMEsIngressSetUps(t *testing.T) {
 			})
 			t.Run("its own errors are the envelope", func(t *testing.T) {
 				checkIngressErrors(t, ing, proxy, pool, fx, gateways, g3)
+			})
+			t.Run("what passes through", func(t *testing.T) {
+				checkPassingThrough(t, front, s, fx, shop, clientFrom(fmt.Sprintf("127.0.0.%d", 10+i)))
+			})
+			t.Run("a one-address header it does not write is the client's", func(t *testing.T) {
+				checkOneAddressHeaderBelieved(t, ing.start(t, proxy, hostOf(realIP), hostOf(realIP)), realIP, clientFrom(fmt.Sprintf("127.0.0.%d", 12+i)))
 			})
 			t.Run("connections to the gateways are kept", func(t *testing.T) {
 				checkKeptConnections(t, ing, proxy, gateways, fx)
@@ -230,13 +241,16 @@ func saleHeaders(fx fixture, idempotencyKey string) map[string]string {
 func checkClientAddresses(t *testing.T, front string, gateways []*stack, a, b client) {
 	forged := map[string]string{"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "9.9.9.9"}
 	var statuses []int
+	var replies []reply
 	for range 6 {
 		got := send(t, a.Client, "GET", front+"/v1/health", forged, "")
 		statuses = append(statuses, got.status)
+		replies = append(replies, got)
 		if got.status == 200 {
 			wantLoggedAs(t, gateways, got, a.ip)
 		}
 	}
+	checkPassedHeaders(t, replies)
 	if want := []int{200, 200, 200, 200, 200, 429}; fmt.Sprint(statuses) != fmt.Sprint(want) {
 		t.Errorf("a client's 6 health calls through the proxy = %v, want %v (its budget of 5)", statuses, want)
 	}
