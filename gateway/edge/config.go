@@ -64,7 +64,7 @@ type Config struct {
 	RateAnonymous         limiter.Rate  // RATE_LIMIT_ANONYMOUS (600-M) per client IP
 	RateShopSchema        limiter.Rate  // RATE_LIMIT_SHOP_SCHEMA (30-M) per client IP
 	ShopSchemaInFlight    int           // RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT (4) shop schema calls at once per client IP
-	OwnerInFlight         int           // RATE_LIMIT_OWNER_IN_FLIGHT (64) keyed requests at once per owner; 0 = no cap
+	OwnerInFlight         int           // RATE_LIMIT_OWNER_IN_FLIGHT (64) keyed requests at once per owner and service; 0 = no cap
 	RateAuthFailures      limiter.Rate  // RATE_LIMIT_AUTH_FAILURES (60-M) per client IP
 
 	GC gcdefaults.Settings // GOGC (400), GOMEMLIMIT (100MiB)

@@ -1772,7 +1772,7 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 			}
 			return []func() response{call("203.0.113.7"), call("203.0.113.7"), call("203.0.113.7"), call("198.51.100.9")}
 		},
-		class: "shop_schema_in_flight",
+		class: "shop_schema_in_flight", says: "from this client address",
 	})
 }
 
@@ -1808,7 +1808,7 @@ func testOwnerRequestsInFlight(t *testing.T, limits string) {
 			}
 			return []func() response{list(k.read), list(read2), list(k.read), list(k.readB)}
 		},
-		class: "owner_in_flight",
+		class: "owner_in_flight", says: "on the export routes",
 	})
 }
 
@@ -1856,6 +1856,7 @@ type slotsCase struct {
 	// its slots, the third is one too many) and one of another holder.
 	holder func(gw *gatewaytest.Server) []func() response
 	class  string // the cap's rate_limit_class
+	says   string // what the 429's message names besides the limit
 }
 
 // testSlotsHeld holds a holder's two slots with requests the upstream
@@ -1877,9 +1878,9 @@ func testSlotsHeld(t *testing.T, c slotsCase) {
 	r := over()
 	checkEnvelope(t, r)
 	if r.Status != 429 || r.Env.Error == nil || r.Env.Error.Code != "rate_limited" || r.Header.Get("Retry-After") != "1" ||
-		!strings.Contains(r.Env.Error.Message, "at most 2") {
-		t.Errorf("a holder's third request in flight = %d %s (Retry-After %q), want 429 rate_limited naming the limit",
-			r.Status, r.Body, r.Header.Get("Retry-After"))
+		!strings.Contains(r.Env.Error.Message, "at most 2") || !strings.Contains(r.Env.Error.Message, c.says) {
+		t.Errorf("a holder's third request in flight = %d %s (Retry-After %q), want 429 rate_limited naming the limit and %q",
+			r.Status, r.Body, r.Header.Get("Retry-After"), c.says)
 	}
 	// Named as every limit's 429 is, in its access line and its decisions.
 	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"`+c.class+`"`) {
