@@ -108,13 +108,13 @@ var (
 	errBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service failed to answer; retry later"}
 	errSaleBadGateway = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
-		Message: "the service failed to answer; the sale may have been applied: retry it with the same Idempotency-Key"}
+		Message: "the service failed to answer; " + saleclaim.MayHaveBeenApplied + ": retry it with the same Idempotency-Key"}
 	errGatewayRefused = &apiError{Status: http.StatusBadGateway, Code: "bad_gateway",
 		Message: "the service refused the gateway's request; the fault is ours: quote the request id"}
 	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
 		Message: "the service did not answer in time"}
 	errSaleTimeout = &apiError{Status: http.StatusGatewayTimeout, Code: "upstream_timeout",
-		Message: "the service did not answer in time; the sale may have been applied: retry it with the same Idempotency-Key"}
+		Message: "the service did not answer in time; " + saleclaim.MayHaveBeenApplied + ": retry it with the same Idempotency-Key"}
 )
 
 // saleClaims are what the gateway's own answers to a sale say of it: the

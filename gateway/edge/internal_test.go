@@ -26,6 +26,7 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/pkg/tracestore"
 	"github.com/valyala/fasthttp"
@@ -1334,11 +1335,11 @@ func TestAFailedListenerIsNamed(t *testing.T) {
 // line, and the two must not part.
 func TestSaleClaimsSayWhatTheirMessagesSay(t *testing.T) {
 	for ae, claim := range saleClaims {
-		saysMaybe := strings.Contains(ae.Message, "the sale may have been applied")
-		saysNo := strings.Contains(ae.Message, "nothing was applied") || ae.Code == "upstream_unavailable"
-		want := "no"
+		saysMaybe := strings.Contains(ae.Message, saleclaim.MayHaveBeenApplied)
+		saysNo := strings.Contains(ae.Message, saleclaim.NothingApplied) || ae.Code == "upstream_unavailable"
+		want := saleclaim.Nothing
 		if saysMaybe {
-			want = "maybe"
+			want = saleclaim.Maybe
 		}
 		if saysMaybe == saysNo || claim != want {
 			t.Errorf("saleClaims[%d %s %q] = %q, which its message does not say", ae.Status, ae.Code, ae.Message, claim)
