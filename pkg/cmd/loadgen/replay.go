@@ -115,16 +115,20 @@ func runReplay(ctx context.Context, cfg Config, args []string, stdout io.Writer)
 
 // planReplay gives each platform its own items, each with an alternating
 // run of confirm/cancel calls (a new order per confirm), and a confirm of
-// every shared item.
+// every shared item. seed fixes the backlog's shape; the orders and
+// Idempotency-Keys are new each run (a random run id): drawn from the
+// seed, a second run with the same one sent the first run's keys again,
+// answered as replays of it with nothing executed, and its check passed.
 func planReplay(items []string, platforms, perPlatform, shared int, seed uint64) ([][]replayItem, error) {
 	rng := rand.New(rand.NewPCG(seed, 7))
-	if shared > len(items) {
-		return nil, errUsagef("not enough items")
+	if platforms < 1 || shared < 0 || perPlatform < shared || len(items) < shared+platforms {
+		return nil, errUsagef("replay needs --ops at least --shared (%d), and at least --shared + one item per platform (%d) in --items, got %d calls and %d items",
+			shared, shared+platforms, perPlatform, len(items))
 	}
 	sharedItems, own := items[:shared], items[shared:]
 	perOwn := len(own) / platforms
 	plan := make([][]replayItem, platforms)
-	run := fmt.Sprintf("%x", rng.Uint64())
+	run := randomHex(8)
 	for p := range platforms {
 		mine := own[p*perOwn : (p+1)*perOwn]
 		budget := perPlatform - shared
@@ -282,7 +286,10 @@ func printCounts(w io.Writer, m map[string]int) {
 // checkReplay compares every item's state with what the backlogs imply: an
 // own item is sold iff its run ends with a confirm, every call of it
 // answered 200; a shared item is sold to exactly one platform, the others
-// refused item_already_sold.
+// refused item_already_sold. The database's sales counted are the run's
+// orders only: an item the replay sold and canceled before, active again
+// and in the next run's --items, read as a mismatch with its earlier sales
+// counted.
 func checkReplay(ctx context.Context, client *http.Client, cfg Config, base string, plan [][]replayItem, stats *replayStats, w io.Writer) error {
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -293,8 +300,17 @@ func checkReplay(ctx context.Context, client *http.Client, cfg Config, base stri
 		open, total int
 		platform    string
 	}
+	var orders []string
+	for _, items := range plan {
+		for _, ri := range items {
+			for _, op := range ri.ops {
+				orders = append(orders, op.order)
+			}
+		}
+	}
 	rows, err := conn.Query(ctx, `SELECT item_id, count(*) FILTER (WHERE canceled_at IS NULL), count(*),
-		coalesce(max(platform_id) FILTER (WHERE canceled_at IS NULL), '') FROM sales WHERE owner_id = $1 GROUP BY item_id`, cfg.OwnerID)
+		coalesce(max(platform_id) FILTER (WHERE canceled_at IS NULL), '') FROM sales
+		WHERE owner_id = $1 AND external_order_id = ANY($2) GROUP BY item_id`, cfg.OwnerID, orders)
 	if err != nil {
 		return err
 	}
@@ -318,6 +334,12 @@ func checkReplay(ctx context.Context, client *http.Client, cfg Config, base stri
 		}
 	}
 	sharedWins := map[string][]int{}
+	var shared []string // every platform's backlog confirms them all
+	for _, ri := range plan[0] {
+		if ri.shared {
+			shared = append(shared, ri.item)
+		}
+	}
 	replays := 0
 	for p, items := range plan {
 		for _, ri := range items {
@@ -345,7 +367,10 @@ func checkReplay(ctx context.Context, client *http.Client, cfg Config, base stri
 			checkStatus(ctx, client, base, cfg.ReadKey, ri.item, wantSold, bad)
 		}
 	}
-	for item, wins := range sharedWins {
+	// Each shared item, won or not: one no platform won (every confirm
+	// refused) is a mismatch too.
+	for _, item := range shared {
+		wins := sharedWins[item]
 		if len(wins) != 1 || sales[item].open != 1 || sales[item].total != 1 {
 			bad("shared item %s: won by %v, database %+v", item, wins, sales[item])
 		}
