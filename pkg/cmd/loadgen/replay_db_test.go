@@ -21,9 +21,12 @@ func TestCheckReplayJudgesTheRunAndEverySharedItem(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	pool := testenv.Pool(t, dsn)
 	owner := seededOwner(t, pool, 3)
-	ids := sampleItems(t, pool, owner, 3)
-	own, won, lost := ids[0], ids[1], ids[2]
 	ctx := context.Background()
+	ids, err := sampleIDs(ctx, pool, owner, 3, false)
+	if err != nil || len(ids) != 3 {
+		t.Fatalf("the owner's items: %v, %v", ids, err)
+	}
+	own, won, lost := ids[0], ids[1], ids[2]
 	mustExec(t, pool, `INSERT INTO platforms (id) VALUES ('replay-test') ON CONFLICT DO NOTHING`)
 	mustExec(t, pool, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at, canceled_at)
 		VALUES ($1, $2, 'replay-test', 'earlier-run', now(), now()),
@@ -49,26 +52,6 @@ func TestCheckReplayJudgesTheRunAndEverySharedItem(t *testing.T) {
 	if err := checkReplay(ctx, api.Client(), cfg, api.URL+"/v1", plan, stats, &out); err == nil || !strings.Contains(out.String(), lost) {
 		t.Errorf("a shared item no platform won = %v, want a mismatch naming it:\n%s", err, out.String())
 	}
-}
-
-func sampleItems(t *testing.T, pool *pgxpool.Pool, owner string, n int) []string {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id FROM export_items WHERE owner_id = $1 ORDER BY id LIMIT $2`, owner, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if rows.Err() != nil || len(ids) != n {
-		t.Fatalf("items of the owner: %v, %v", ids, rows.Err())
-	}
-	return ids
 }
 
 func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
