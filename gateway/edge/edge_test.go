@@ -1846,6 +1846,13 @@ func TestOwnerSlotsCountEachServiceApart(t *testing.T) {
 			t.Errorf("a sale held by the writer = %d, want 200 once it answers", got)
 		}
 	}
+	// Their slots went back to the sale routes' count: released on the
+	// export routes' instead, every sale answered kept its slot, and the
+	// owner's sales were refused for good once the setting's worth had
+	// been answered.
+	if r := sale("order-4"); r.Status != 200 {
+		t.Errorf("a sale once the held ones were answered = %d %s, want 200", r.Status, r.Body)
+	}
 }
 
 // slotsCase is a cap of 2 requests in flight per holder (an address, an
