@@ -11,10 +11,7 @@ import (
 // confirm and cancel, a cancel naming its confirm's order, each call with
 // a key of its own.
 func TestPlanReplay(t *testing.T) {
-	items := make([]string, 120)
-	for i := range items {
-		items[i] = fmt.Sprintf("it-%d", i)
-	}
+	items := itemIDs(120)
 	plan, err := planReplay(items, 4, 50, 5, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -65,10 +62,7 @@ func TestPlanReplay(t *testing.T) {
 // run sent the first's keys again, was answered with replays of its
 // answers, executed nothing, and its check passed.
 func TestEachReplayHasKeysOfItsOwn(t *testing.T) {
-	items := make([]string, 120)
-	for i := range items {
-		items[i] = fmt.Sprintf("it-%d", i)
-	}
+	items := itemIDs(120)
 	first, err := planReplay(items, 4, 50, 5, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -104,13 +98,19 @@ func TestEachReplayHasKeysOfItsOwn(t *testing.T) {
 // items than the shared ones and one per platform; fewer calls than the
 // shared confirms).
 func TestPlanReplayRefusesWhatItCannotPlan(t *testing.T) {
-	items := make([]string, 10)
-	for i := range items {
-		items[i] = fmt.Sprintf("it-%d", i)
-	}
+	items := itemIDs(10)
 	for _, c := range []struct{ platforms, ops, shared int }{{4, 50, 8}, {2, 3, 5}, {0, 50, 5}} {
 		if _, err := planReplay(items, c.platforms, c.ops, c.shared, 1); !errors.Is(err, errUsage) {
 			t.Errorf("planReplay(10 items, %d platforms, %d calls, %d shared) error %v, want a usage error", c.platforms, c.ops, c.shared, err)
 		}
 	}
+}
+
+// itemIDs names n items it-0, it-1, ….
+func itemIDs(n int) []string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = fmt.Sprintf("it-%d", i)
+	}
+	return items
 }
