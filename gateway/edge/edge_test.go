@@ -1432,10 +1432,11 @@ func TestClientIPBehindATrustedProxy(t *testing.T) {
 
 // A GATEWAY_PROXY_HEADER naming a header a trusted proxy sends that holds
 // no address (here a custom one of the scheme; the usual ones are refused
-// at start) makes every client the proxy: the first such entry is said
-// once, its shape and not its value (the header may hold a secret), and
-// no other request says it again.
-func TestAProxyHeaderThatIsNoAddressIsSaidOnce(t *testing.T) {
+// at start) makes every client the proxy: the first such entry is said,
+// its shape and not its value (the header may hold a secret), and no other
+// request of the same minute says it again (a minute later it is said
+// again: TestAProxyHeaderThatIsNoAddressIsSaidAgainAMinuteLater).
+func TestAProxyHeaderThatIsNoAddressIsSaidOnceAMinute(t *testing.T) {
 	dsn, _, k := seed(t)
 	reader := echoUpstream(t, "reader", nil)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,

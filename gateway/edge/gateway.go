@@ -73,10 +73,12 @@ type Gateway struct {
 	// clientAddr reads the client IP (GATEWAY_PROXY_HEADER, only from
 	// GATEWAY_TRUSTED_PROXIES).
 	clientAddr clientAddress
-	// notAnAddressOnce lets through one warning per process of a proxy
-	// header entry that is no address (warnNotAnAddress): a header that
-	// never holds one would have it said on every request.
-	notAnAddressOnce sync.Once
+	// notAnAddressLog lets through one warning of a proxy header entry
+	// that is no address (warnNotAnAddress) every notAnAddressLogInterval:
+	// a header that never holds one would have it said on every request,
+	// and one said once per process was used up by the first trusted
+	// client that sent junk, leaving a later misconfiguration unsaid.
+	notAnAddressLog logging.Throttle
 	// repeatLog lets through one "sent again" warning per upstream and
 	// kind every repeatLogInterval: a saturated or slow instance makes
 	// every request repeat, when the gateway is busiest.
@@ -114,9 +116,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 // start is Start with a hook tests use to replace parts before serving.
 func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
 	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
-		shopSlots:  newInFlightSlots(cfg.ShopSchemaInFlight),
-		clientAddr: clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
-		served:     make(chan error, 2), limitDone: make(chan struct{})}
+		notAnAddressLog: logging.Throttle{Interval: notAnAddressLogInterval},
+		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
+		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
+		served:          make(chan error, 2), limitDone: make(chan struct{})}
 	if cfg.OwnerInFlight > 0 {
 		g.ownerSlots = newOwnerSlots(cfg.OwnerInFlight)
 	}

@@ -1381,3 +1381,55 @@ func TestRelayWholeBoundsTheStream(t *testing.T) {
 		}
 	}
 }
+
+// The WARN of a proxy header entry that is no address is said again a
+// minute later while it keeps happening, counting the entries held back
+// in between: said once per process, a trusted client that sent junk once
+// (here "x") used it up, and the misconfiguration that followed (a header
+// of the scheme, "https" on every request) was never said.
+func TestAProxyHeaderThatIsNoAddressIsSaidAgainAMinuteLater(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC).UnixNano())
+	g, logs := startWithHook(t, map[string]string{"GATEWAY_PROXY_HEADER": "X-Client-Scheme", "GATEWAY_TRUSTED_PROXIES": "127.0.0.1"},
+		func(g *Gateway) { g.notAnAddressLog.Now = func() time.Time { return time.Unix(0, now.Load()) } })
+	health := func(scheme string) {
+		t.Helper()
+		if resp, _ := get(t, "http://"+g.Addr()+"/v1/health", map[string]string{"X-Client-Scheme": scheme}); resp.StatusCode != 200 {
+			t.Fatalf("GET /v1/health = %d, want 200", resp.StatusCode)
+		}
+	}
+	health("x")
+	now.Add(int64(20 * time.Second))
+	health("https")
+	health("https")
+	now.Add(int64(41 * time.Second))
+	health("https")
+
+	type warning struct {
+		Level   string `json:"level"`
+		Proxy   string `json:"proxy"`
+		Entry   string `json:"entry"`
+		Skipped int    `json:"skipped_since_last"`
+	}
+	var warnings []warning
+	for line := range strings.Lines(logs.String()) {
+		if !strings.Contains(line, `"setting":"GATEWAY_PROXY_HEADER"`) {
+			continue
+		}
+		var w warning
+		if err := json.Unmarshal([]byte(line), &w); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		warnings = append(warnings, w)
+	}
+	want := []warning{
+		{Level: "WARN", Proxy: "127.0.0.1", Entry: "1 bytes: letters", Skipped: 0},
+		{Level: "WARN", Proxy: "127.0.0.1", Entry: "5 bytes: letters", Skipped: 2},
+	}
+	if !slices.Equal(warnings, want) {
+		t.Errorf("warnings naming GATEWAY_PROXY_HEADER = %+v, want %+v: the first entry, then a minute later the one seen then with the 2 held back", warnings, want)
+	}
+	if strings.Contains(logs.String(), "https") {
+		t.Errorf("the logs quote the header's value:\n%s", logs)
+	}
+}

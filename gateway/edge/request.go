@@ -180,20 +180,38 @@ func (g *Gateway) clientIP(c *fiber.Ctx) string {
 	return client.String()
 }
 
-// warnNotAnAddress says, once per process, that a trusted proxy (peer)
-// sent the proxy header with an entry that is no address: a
-// GATEWAY_PROXY_HEADER naming a header that never holds one (a custom
-// header of the scheme or the host; the usual ones are refused at start,
-// LoadConfig) started, and made every client the proxy, all in one
-// per-IP bucket, with nothing in the logs but their client_ip. The entry
-// is described by its shape, not quoted: the header may carry a secret.
+// notAnAddressLogInterval is how often at most warnNotAnAddress speaks:
+// a setting that is wrong is wrong on every request, and a line a minute
+// is still in any window of the logs someone looks at.
+const notAnAddressLogInterval = time.Minute
+
+// notAnAddressLogKey is warnNotAnAddress's one key in its Throttle: one
+// key per proxy address would grow with a trusted CIDR's addresses, and
+// a single ingress sending junk once would still use up its own.
+const notAnAddressLogKey = "GATEWAY_PROXY_HEADER"
+
+// warnNotAnAddress says, at most once a minute while it keeps happening,
+// that a trusted proxy (peer) sent the proxy header with an entry that is
+// no address: a GATEWAY_PROXY_HEADER naming a header that never holds one
+// (a custom header of the scheme or the host; the usual ones are refused
+// at start, LoadConfig) started, and made every client the proxy, all in
+// one per-IP bucket, with nothing in the logs but their client_ip. Said
+// once per process, a trusted internal client sending junk once used it
+// up, and the misconfiguration that came later was never said; each line
+// counts the entries held back since the last in skipped_since_last. The
+// entry is described by its shape, not quoted: the header may carry a
+// secret. Only a request whose entry is no address comes here; one whose
+// entries are addresses takes no lock and allocates nothing for it.
 func (g *Gateway) warnNotAnAddress(peer netip.Addr, entry []byte) {
-	g.notAnAddressOnce.Do(func() {
-		g.log.Warn("a trusted proxy sent GATEWAY_PROXY_HEADER's header with an entry that is no IP address: "+
-			"the client is taken to be a proxy (the peer, or the trusted address right of the entry); if this header never holds "+
-			"the client's address, have the proxy set it in X-Forwarded-For and name that (said once per process)",
-			"setting", "GATEWAY_PROXY_HEADER", "header", g.clientAddr.header, "proxy", peer.String(), "entry", entryShape(entry))
-	})
+	ok, skipped := g.notAnAddressLog.Allow(notAnAddressLogKey)
+	if !ok {
+		return
+	}
+	g.log.Warn("a trusted proxy sent GATEWAY_PROXY_HEADER's header with an entry that is no IP address: "+
+		"the client is taken to be a proxy (the peer, or the trusted address right of the entry); if this header never holds "+
+		"the client's address, have the proxy set it in X-Forwarded-For and name that (said at most once a minute)",
+		"setting", "GATEWAY_PROXY_HEADER", "header", g.clientAddr.header, "proxy", peer.String(), "entry", entryShape(entry),
+		"skipped_since_last", skipped)
 }
 
 // end sets the headers every answer carries, then records the request.
