@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,8 +49,12 @@ func freeAddr() (string, error) {
 	givenMu.Lock()
 	defer givenMu.Unlock()
 	if v := os.Getenv("TEST_PORTS"); v != "" {
-		if _, _, ok := portsSet(v); !ok {
+		low, high, ok := portsSet(v)
+		if !ok {
 			return "", fmt.Errorf("testenv: TEST_PORTS=%q is not low-high (24200-24299)", v)
+		}
+		if err := outsideEphemeralRange(v, low, high); err != nil {
+			return "", err
 		}
 	}
 	low, high := freePortRange()
@@ -83,7 +89,8 @@ func freeAddr() (string, error) {
 //
 // TEST_PORTS=low-high (inclusive) chooses from those ports instead: a
 // machine whose runs share loopback (several checkouts tested at once)
-// gives each its own range.
+// gives each its own range. One in the kernel's ephemeral range is
+// refused (outsideEphemeralRange).
 func freePortRange() (low, high int) {
 	if low, high, ok := portsSet(os.Getenv("TEST_PORTS")); ok {
 		return low, high
@@ -119,6 +126,61 @@ func portsSet(v string) (low, high int, ok bool) {
 		return 0, 0, false
 	}
 	return low, last + 1, true
+}
+
+// outsideEphemeralRange refuses a TEST_PORTS (v, [low, high)) that
+// overlaps the kernel's ephemeral range, where every outgoing connection
+// and every listen on ":0" of every process takes its port: one may take
+// a port FreeAddr handed out before the test's server listens on it, and
+// the test fails with "address already in use" (one in 14,000 ports, when
+// FreeAddr's own range was not kept out of it). Ports the kernel reserves
+// (ip_local_reserved_ports) it never hands out, and may be in the range.
+func outsideEphemeralRange(v string, low, high int) error {
+	portRange, err1 := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	reserved, err2 := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
+	if err1 != nil || err2 != nil {
+		return nil // not Linux: no range to read
+	}
+	first, last, ok := ephemeralOverlap(low, high, string(portRange), string(reserved))
+	if !ok {
+		return nil
+	}
+	var ephemeralLow, ephemeralHigh int
+	fmt.Sscan(string(portRange), &ephemeralLow, &ephemeralHigh)
+	return fmt.Errorf("testenv: TEST_PORTS=%s overlaps the kernel's ephemeral port range %d-%d (/proc/sys/net/ipv4/ip_local_port_range) "+
+		"at %d-%d: any process's outgoing connection may take one of those ports before the test's server listens on it; "+
+		"choose ports below %d, or have the kernel keep them (sysctl -w net.ipv4.ip_local_reserved_ports=%d-%d)",
+		v, ephemeralLow, ephemeralHigh, first, last, ephemeralLow, first, last)
+}
+
+// ephemeralOverlap returns the first and last port of [low, high) that
+// are in the ephemeral range portRange ("32768\t60999", as
+// ip_local_port_range reads) and not in reserved ("8080,9000-9010", as
+// ip_local_reserved_ports reads); false when there is none, or portRange
+// cannot be read.
+func ephemeralOverlap(low, high int, portRange, reserved string) (first, last int, ok bool) {
+	var ephemeralLow, ephemeralHigh int
+	if _, err := fmt.Sscan(portRange, &ephemeralLow, &ephemeralHigh); err != nil {
+		return 0, 0, false
+	}
+	var kept [][2]int
+	for _, r := range strings.Split(strings.TrimSpace(reserved), ",") {
+		from, to, _ := strings.Cut(r, "-")
+		a, errA := strconv.Atoi(from)
+		b, errB := strconv.Atoi(cmp.Or(to, from))
+		if errA == nil && errB == nil {
+			kept = append(kept, [2]int{a, b})
+		}
+	}
+	for port := max(low, ephemeralLow); port < high && port <= ephemeralHigh; port++ {
+		if !slices.ContainsFunc(kept, func(r [2]int) bool { return r[0] <= port && port <= r[1] }) {
+			if !ok {
+				first, ok = port, true
+			}
+			last = port
+		}
+	}
+	return first, last, ok
 }
 
 // given holds the addresses FreeAddr returned.

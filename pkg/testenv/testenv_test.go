@@ -274,3 +274,50 @@ func TestFreeAddrKeepsToTestPorts(t *testing.T) {
 		}
 	}
 }
+
+// A TEST_PORTS in the kernel's ephemeral range is refused, saying why and
+// what to do: an outgoing connection of any process may take a port of it
+// between FreeAddr and the server's listen. Ports the kernel reserves
+// (ip_local_reserved_ports) it never takes, and may be in it.
+func TestTestPortsInTheEphemeralRangeAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		low, last         int
+		reserved          string
+		wantFirst, wantTo int
+		wantOverlap       bool
+	}{
+		{24200, 24299, "", 0, 0, false},
+		{32700, 32799, "", 32768, 32799, true},
+		{32700, 32799, "\n", 32768, 32799, true},
+		{32700, 32799, "32768-32799\n", 0, 0, false},
+		{32700, 32799, "8080,32768-32780,32790\n", 32781, 32799, true},
+		{60990, 61100, "", 60990, 60999, true},
+		{61000, 61100, "", 0, 0, false},
+	} {
+		first, last, ok := ephemeralOverlap(tc.low, tc.last+1, "32768\t60999\n", tc.reserved)
+		if ok != tc.wantOverlap || first != tc.wantFirst || last != tc.wantTo {
+			t.Errorf("ephemeralOverlap(%d-%d, reserved %q) = %d, %d, %v; want %d, %d, %v",
+				tc.low, tc.last, tc.reserved, first, last, ok, tc.wantFirst, tc.wantTo, tc.wantOverlap)
+		}
+	}
+
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skipf("no ephemeral range here: %v", err)
+	}
+	var ephemeralLow, ephemeralHigh int
+	if _, err := fmt.Sscan(string(b), &ephemeralLow, &ephemeralHigh); err != nil {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	reserved, _ := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
+	if _, _, ok := ephemeralOverlap(ephemeralLow, ephemeralLow+100, string(b), string(reserved)); !ok {
+		t.Skipf("the kernel reserves ports %d-%d", ephemeralLow, ephemeralLow+99)
+	}
+	v := fmt.Sprintf("%d-%d", ephemeralLow, ephemeralLow+99)
+	t.Setenv("TEST_PORTS", v)
+	addr, err := freeAddr()
+	if err == nil || !strings.Contains(err.Error(), "TEST_PORTS="+v+" overlaps the kernel's ephemeral port range") ||
+		!strings.Contains(err.Error(), "net.ipv4.ip_local_reserved_ports") {
+		t.Errorf("FreeAddr with TEST_PORTS=%s = %q, %v; want it refused, naming the ephemeral range and the sysctl", v, addr, err)
+	}
+}
