@@ -62,8 +62,10 @@ func build(t *testing.T) string {
 
 // startStack starts the services and the gateway against dsn and redisURL.
 // Their ports come from FreeAddr: free when chosen, but open to any
-// process until the binary binds them, and another test binary running
-// beside this one can take one meanwhile ("address already in use"). A
+// process until the binary binds them, and one can take one meanwhile
+// ("address already in use"): the test binaries beside this one claim
+// theirs (testenv.FreeAddr), but another user's, another checkout's on an
+// older testenv, or any server of a fixed port do not. A
 // stack one of whose processes exits before the stack is healthy is
 // therefore stopped and started again on new ports, up to three times.
 // settings ("NAME=value") are given to every binary, after the stack's own.

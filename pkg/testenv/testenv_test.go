@@ -275,6 +275,43 @@ func TestFreeAddrKeepsToTestPorts(t *testing.T) {
 	}
 }
 
+// A port another test binary claimed (the test's own lock on its file
+// here, which conflicts as another process's does) is not handed out,
+// though nothing listens on it yet: that binary's server is about to.
+// Once let go it is, and then this binary holds it.
+func TestFreeAddrSkipsAPortAnotherBinaryClaimed(t *testing.T) {
+	low, high := freePortRange()
+	if low == high {
+		t.Skip("no port range here: FreeAddr takes the kernel's choice")
+	}
+	var other *os.File
+	port := high - 1
+	for ; port >= low && other == nil; port-- {
+		f, err := lockPortFile(port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other = f
+	}
+	if other == nil {
+		t.Fatalf("every port of %d-%d is claimed", low, high-1)
+	}
+	port++
+	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
+	if addr, err := freeAddr(); err == nil {
+		t.Fatalf("FreeAddr with only port %d, claimed by another binary = %s, want none", port, addr)
+	}
+	other.Close()
+	addr, err := freeAddr()
+	if want := fmt.Sprintf("127.0.0.1:%d", port); addr != want || err != nil {
+		t.Fatalf("FreeAddr with port %d let go = %q, %v; want %s", port, addr, err, want)
+	}
+	if f, err := lockPortFile(port); f != nil || err != nil {
+		f.Close()
+		t.Fatalf("port %d handed out could be claimed again (%v): the claim was not kept", port, err)
+	}
+}
+
 // A TEST_PORTS in the kernel's ephemeral range is refused, saying why and
 // what to do: an outgoing connection of any process may take a port of it
 // between FreeAddr and the server's listen. Ports the kernel reserves
