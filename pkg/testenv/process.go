@@ -24,9 +24,13 @@ import (
 
 // FreeAddr returns a loopback address with a port free at the time of the
 // call, for a server the test starts itself (a binary's run, a process).
-// It never returns one address twice in a test binary: two servers of one
-// stack were once given the same port; nor one that another test binary
-// of this user was given in the last two minutes (claimPort).
+// It never returns an address it gave a test still running: two servers
+// of one stack were once given the same port; nor one that another test
+// binary of this user was given in the last two minutes (claimPort). At
+// the end of the test (its cleanups, after those of the servers it started
+// after this call), the address is let go for the tests after it: held
+// for the binary's life, pkg/stopsignal's run.sh tests, 9 ports each, used
+// up a TEST_PORTS of 100 and failed.
 //
 // Between this call and the server's listen, the port is free for anyone
 // to take, so it is chosen below the kernel's ephemeral range (Linux's
@@ -42,6 +46,7 @@ func FreeAddr(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { letGo(addr) })
 	return addr
 }
 
@@ -62,27 +67,30 @@ func freeAddr() (string, error) {
 	low, high := freePortRange()
 	for range 1000 {
 		port := 0 // the kernel's choice, where there is no range to keep out of
+		var claim *os.File
 		if low < high {
 			port = low + rand.IntN(high-low)
-			claimed, err := claimPort(port)
-			if err != nil {
+			var err error
+			if claim, err = claimPort(port); err != nil {
 				return "", err
 			}
-			if !claimed {
-				continue // another test binary's
+			if claim == nil {
+				continue // another test binary's, or a running test's of this one
 			}
 		}
 		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if errors.Is(err, syscall.EADDRINUSE) && port != 0 {
+			claim.Close()
 			continue // another one
 		}
 		if err != nil {
+			claim.Close()
 			return "", err
 		}
 		addr := ln.Addr().String()
 		ln.Close()
-		if !given[addr] {
-			given[addr] = true
+		if _, held := given[addr]; !held {
+			given[addr] = claim
 			return addr, nil
 		}
 	}
@@ -148,15 +156,15 @@ func portsSet(v string) (low, high int, ok bool) {
 // lets go when the binary ends, however it ends, and the binary after
 // claimHold: by then its server listens, and FreeAddr's listen finds it
 // taken; held for the binary's life, a few binaries each given 50 ports
-// would use up a range of 100 between them. false: another binary holds
+// would use up a range of 100 between them. nil: another binary holds
 // it, or this one does.
-func claimPort(port int) (bool, error) {
+func claimPort(port int) (*os.File, error) {
 	f, err := lockPortFile(port)
 	if f == nil || err != nil {
-		return false, err
+		return nil, err
 	}
 	time.AfterFunc(claimHold, func() { f.Close() }) // keeps f, whose finalizer would let the claim go, until then
-	return true, nil
+	return f, nil
 }
 
 // claimHold is how long claimPort holds a claim: far longer than a server
@@ -240,11 +248,21 @@ func ephemeralOverlap(low, high int, portRange, reserved string) (first, last in
 	return first, last, ok
 }
 
-// given holds the addresses FreeAddr returned.
+// given holds the addresses FreeAddr returned and no test has let go of,
+// each with its claim (claimPort; nil for the kernel's choice).
 var (
 	givenMu sync.Mutex
-	given   = map[string]bool{}
+	given   = map[string]*os.File{}
 )
+
+// letGo gives addr back at the end of the test FreeAddr gave it to.
+func letGo(addr string) {
+	givenMu.Lock()
+	claim := given[addr]
+	delete(given, addr)
+	givenMu.Unlock()
+	claim.Close() // nil, or closed already after claimHold: nothing to do
+}
 
 // Output collects what a server under test writes (its logs) while the
 // test reads it: writes and reads may come from different goroutines.

@@ -280,23 +280,7 @@ func TestFreeAddrKeepsToTestPorts(t *testing.T) {
 // though nothing listens on it yet: that binary's server is about to.
 // Once let go it is, and then this binary holds it.
 func TestFreeAddrSkipsAPortAnotherBinaryClaimed(t *testing.T) {
-	low, high := freePortRange()
-	if low == high {
-		t.Skip("no port range here: FreeAddr takes the kernel's choice")
-	}
-	var other *os.File
-	port := high - 1
-	for ; port >= low && other == nil; port-- {
-		f, err := lockPortFile(port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		other = f
-	}
-	if other == nil {
-		t.Fatalf("every port of %d-%d is claimed", low, high-1)
-	}
-	port++
+	port, other := unclaimedPort(t)
 	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
 	if addr, err := freeAddr(); err == nil {
 		t.Fatalf("FreeAddr with only port %d, claimed by another binary = %s, want none", port, addr)
@@ -357,4 +341,45 @@ func TestTestPortsInTheEphemeralRangeAreRefused(t *testing.T) {
 		!strings.Contains(err.Error(), "net.ipv4.ip_local_reserved_ports") {
 		t.Errorf("FreeAddr with TEST_PORTS=%s = %q, %v; want it refused, naming the ephemeral range and the sysctl", v, addr, err)
 	}
+}
+
+// A port FreeAddr gave a test is not given again while the test runs, and
+// is given back at its end (after the servers it started stopped): held
+// for the binary's life, pkg/stopsignal's run.sh tests, 9 ports each, used
+// up a TEST_PORTS of 100 and failed.
+func TestFreeAddrGivesAPortBackAfterItsTest(t *testing.T) {
+	port, lock := unclaimedPort(t)
+	lock.Close()
+	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
+	var first string
+	t.Run("its test", func(t *testing.T) {
+		first = FreeAddr(t)
+		if addr, err := freeAddr(); err == nil {
+			t.Errorf("FreeAddr gave %s while its test runs, and %s again", first, addr)
+		}
+	})
+	if addr, err := freeAddr(); addr != first || err != nil {
+		t.Fatalf("FreeAddr with only port %d, after the test given it ended = %q, %v; want %s again", port, addr, err, first)
+	}
+}
+
+// unclaimedPort finds a port of FreeAddr's range that no test binary
+// claims, and claims it as another binary would: lock holds the claim.
+func unclaimedPort(t *testing.T) (port int, lock *os.File) {
+	t.Helper()
+	low, high := freePortRange()
+	if low == high {
+		t.Skip("no port range here: FreeAddr takes the kernel's choice")
+	}
+	for port = high - 1; port >= low; port-- {
+		f, err := lockPortFile(port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f != nil {
+			return port, f
+		}
+	}
+	t.Fatalf("every port of %d-%d is claimed", low, high-1)
+	return 0, nil
 }
