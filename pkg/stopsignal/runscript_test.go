@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -171,6 +172,12 @@ type runScript struct {
 	output      *os.File      // the script's stdout and stderr: its terminal
 	lines       chan string   // output's lines, closed at its end
 	exited      chan struct{} // closed once the script has ended
+	// stop is cleanUp, once: registered again after each port the test
+	// takes (freeAddr), so that it runs before the port is given back.
+	stop func()
+	// stopping, when set, is called as cleanUp starts (a test's look at
+	// what is still held then).
+	stopping func()
 }
 
 // startRunScript starts make run; unhealthy names the stand-in that
@@ -204,7 +211,8 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 		t.Fatal(err)
 	}
 	s := &runScript{root: root, stubs: filepath.Join(root, "stubs"), lines: make(chan string, 256), exited: make(chan struct{})}
-	t.Cleanup(func() { s.cleanUp(t) })
+	s.stop = sync.OnceFunc(func() { s.cleanUp(t) })
+	t.Cleanup(s.stop)
 	must(t, os.Chmod(root, 0o755))
 	for _, dir := range []string{"deploy/local", "bin", "stubs"} {
 		must(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
@@ -229,15 +237,27 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 	env := []string{
 		"PATH=" + os.Getenv("PATH"), "HOME=" + root, "PG_SHARED_BUFFERS=16MB",
 		stubDirEnv + "=" + s.stubs, stubUnhealthyEnv + "=" + unhealthy,
-		"TRACESTORE_ADDR=" + testenv.FreeAddr(t),
+		"TRACESTORE_ADDR=" + s.freeAddr(t),
 	}
 	// The admin listeners are checked free too (the stand-ins open none):
 	// their defaults may be taken on this machine.
 	for _, name := range stubAddrEnv {
 		admin := strings.TrimSuffix(name, "ADDR") + "ADMIN_ADDR"
-		env = append(env, name+"="+testenv.FreeAddr(t), admin+"="+testenv.FreeAddr(t))
+		env = append(env, name+"="+s.freeAddr(t), admin+"="+s.freeAddr(t))
 	}
 	return s, env
+}
+
+// freeAddr is testenv.FreeAddr for the script's processes: the port is
+// given back at the end of the test, and cleanUp, registered before it,
+// would run after that, while the processes the script started still
+// ran, or were about to listen on it; so cleanUp is registered again
+// after the port is taken, and runs first (once).
+func (s *runScript) freeAddr(t *testing.T) string {
+	t.Helper()
+	addr := testenv.FreeAddr(t)
+	t.Cleanup(s.stop)
+	return addr
 }
 
 // buildLogcap builds pkg/cmd/logcap as path (Go's build cache makes it
@@ -374,6 +394,9 @@ func (s *runScript) left() []string {
 
 // cleanUp stops what a failed test left running, and removes the folder.
 func (s *runScript) cleanUp(t *testing.T) {
+	if s.stopping != nil {
+		s.stopping()
+	}
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Kill()
 		<-s.exited
@@ -541,7 +564,7 @@ func TestRunScriptReachesAListenerOnEveryAddress(t *testing.T) {
 	t.Parallel()
 	s, env := prepareRunScript(t, "")
 	port := func(addr string) string { return addr[strings.LastIndexByte(addr, ':'):] }
-	gateway, reader := port(testenv.FreeAddr(t)), port(testenv.FreeAddr(t))
+	gateway, reader := port(s.freeAddr(t)), port(s.freeAddr(t))
 	s.launch(t, append(env, "GATEWAY_ADDR="+gateway, "EXPORT_READER_ADDR="+reader)) // the last wins
 	for _, line := range s.waitFor(t, "Ctrl-C stops everything.") {
 		if strings.Contains(line, "not answering") {
@@ -660,7 +683,7 @@ func TestRunScriptNamesTwoListenersOfOnePort(t *testing.T) {
 		t.Run("host="+host, func(t *testing.T) {
 			t.Parallel()
 			s, env := prepareRunScript(t, "")
-			shared := testenv.FreeAddr(t) // 127.0.0.1:port
+			shared := s.freeAddr(t) // 127.0.0.1:port
 			other := host + shared[strings.LastIndexByte(shared, ':'):]
 			s.launch(t, append(env, "EXPORT_READER_ADMIN_ADDR="+shared, "SALES_WRITER_ADDR="+other)) // the last wins
 			s.waitFor(t, "EXPORT_READER_ADMIN_ADDR ("+shared+") and SALES_WRITER_ADDR ("+other+") take the same port")
@@ -701,6 +724,61 @@ func TestRunScriptStartsLocalhostBesideTheIPv6Loopback(t *testing.T) {
 	s.waitExit(t)
 }
 
+// The ports a make run's processes were given (testenv.FreeAddr, which
+// gives a port back at the end of the test) are still held when the
+// script and its processes are stopped: cleanUp was registered before
+// them, so it ran after they were given back, and a test beside this one
+// could be given a port that a process of this script still held, or was
+// about to listen on. Each port's claim (testenv's flock on its file) is
+// looked at as cleanUp starts.
+func TestARunScriptsPortsAreHeldUntilItStops(t *testing.T) {
+	if _, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err != nil {
+		t.Skipf("FreeAddr claims no port here (the kernel's choice): %v", err)
+	}
+	var ports, given []string
+	t.Run("a make run", func(t *testing.T) {
+		s, env := prepareRunScript(t, "")
+		for _, setting := range env {
+			if name, addr, _ := strings.Cut(setting, "="); strings.HasSuffix(name, "_ADDR") {
+				ports = append(ports, addr)
+			}
+		}
+		ports = append(ports, s.freeAddr(t)) // as a test takes one of its own
+		for _, addr := range ports {
+			if !claimed(t, addr) {
+				t.Fatalf("%s from FreeAddr is not claimed while its test runs: claimed looks in the wrong place", addr)
+			}
+		}
+		s.stopping = func() {
+			for _, addr := range ports {
+				if !claimed(t, addr) {
+					given = append(given, addr)
+				}
+			}
+		}
+	})
+	if len(ports) == 0 {
+		t.Skip("no make run here")
+	}
+	if len(given) > 0 {
+		t.Errorf("ports %v of %v given back before the make run using them was stopped", given, ports)
+	}
+}
+
+// claimed reports whether testenv.FreeAddr's claim on addr's port (an
+// flock on $TMPDIR/testenv-ports-<uid>/<port>) is held.
+func claimed(t *testing.T, addr string) bool {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	must(t, err)
+	f, err := os.Open(filepath.Join(os.TempDir(), "testenv-ports-"+strconv.Itoa(os.Getuid()), port))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB), syscall.EWOULDBLOCK)
+}
+
 // A make run that stops before it starts a binary (here two listeners of
 // one port) leaves the last run's logs and spans where they were: it
 // moved them to NAME.1 and wrote none, so make trace could not open
@@ -716,7 +794,7 @@ func TestRunScriptThatStartsNothingKeepsTheLastRunsLogs(t *testing.T) {
 	for _, f := range files {
 		must(t, os.WriteFile(filepath.Join(s.root, f), []byte("the last run's\n"), 0o644))
 	}
-	shared := testenv.FreeAddr(t)
+	shared := s.freeAddr(t)
 	s.launch(t, append(env, "GATEWAY_ADDR="+shared, "GATEWAY_ADMIN_ADDR="+shared))
 	s.waitFor(t, "take the same port")
 	s.waitExit(t)

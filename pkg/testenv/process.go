@@ -30,7 +30,9 @@ import (
 // the end of the test (its cleanups, after those of the servers it started
 // after this call), the address is let go for the tests after it: held
 // for the binary's life, pkg/stopsignal's run.sh tests, 9 ports each, used
-// up a TEST_PORTS of 100 and failed.
+// up a TEST_PORTS of 100 and failed. A server stopped by a cleanup
+// registered before this call is stopped after its port is let go: stop
+// it in a cleanup registered after (pkg/stopsignal's runScript.freeAddr).
 //
 // Between this call and the server's listen, the port is free for anyone
 // to take, so it is chosen below the kernel's ephemeral range (Linux's
