@@ -264,3 +264,34 @@ func checkOneAddressHeaderBelieved(t *testing.T, front string, realIP *stack, c 
 		t.Errorf("a client's own X-Real-IP: 9.9.9.9 through the proxy to a gateway reading X-Real-IP was logged as %v, want 9.9.9.9 believed, as the README warns", line["client_ip"])
 	}
 }
+
+// settingRealIP is the change to proxy's snippet that the README names
+// for a one-address header (its X-Real-IP paragraph): the proxy's line
+// setting X-Real-IP on every request, after the line setting X-Request-Id.
+func settingRealIP(t *testing.T, proxy string) []string {
+	t.Helper()
+	after, line := "proxy_set_header X-Request-Id $request_id;", "proxy_set_header X-Real-IP $remote_addr;"
+	if proxy == "haproxy" {
+		after, line = `http-request set-header X-Request-Id "%[unique-id]"`, "http-request set-header X-Real-IP %[src]"
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "`"+line+"`") {
+		t.Fatalf("README.md names no %q for %s's X-Real-IP: the test adds the line it names", line, proxy)
+	}
+	return []string{after, after + "\n  " + line}
+}
+
+// checkOneAddressHeaderSet: behind the proxy's snippet with its line
+// setting X-Real-IP (settingRealIP), a gateway reading the client from
+// X-Real-IP logs the client's own address, not the one the client wrote:
+// the README's "with that line, its own address".
+func checkOneAddressHeaderSet(t *testing.T, front string, realIP *stack, c client) {
+	got := send(t, c.Client, "GET", front+"/v1/health", map[string]string{"X-Real-IP": "9.9.9.9"}, "")
+	line := waitForLine(t, []*stack{realIP}, "request_id", got.env.Meta.RequestID)
+	if line["client_ip"] != c.ip {
+		t.Errorf("a client's own X-Real-IP: 9.9.9.9 through the proxy setting X-Real-IP to a gateway reading it was logged as %v, want the client's %s", line["client_ip"], c.ip)
+	}
+}

@@ -89,6 +89,10 @@ func TestTheREADMEsIngressSetUps(t *testing.T) {
 			t.Run("a one-address header it does not write is the client's", func(t *testing.T) {
 				checkOneAddressHeaderBelieved(t, ing.start(t, proxy, hostOf(realIP), hostOf(realIP)), realIP, clientFrom(fmt.Sprintf("127.0.0.%d", 12+i)))
 			})
+			t.Run("a one-address header it writes is the client's address", func(t *testing.T) {
+				front := ing.start(t, proxy, hostOf(realIP), hostOf(realIP), settingRealIP(t, proxy)...)
+				checkOneAddressHeaderSet(t, front, realIP, clientFrom(fmt.Sprintf("127.0.0.%d", 14+i)))
+			})
 			t.Run("connections to the gateways are kept", func(t *testing.T) {
 				checkKeptConnections(t, ing, proxy, gateways, fx)
 			})
