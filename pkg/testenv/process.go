@@ -95,6 +95,10 @@ func freeAddr() (string, error) {
 			given[addr] = claim
 			return addr, nil
 		}
+		// A port a test of this binary still holds, whose claim ended
+		// (claimHold) while the test ran on: the claim just taken would
+		// keep it from this binary for claimHold after that test let go.
+		claim.Close()
 	}
 	return "", errors.New("testenv: no loopback port free that was not handed out already")
 }

@@ -363,6 +363,29 @@ func TestFreeAddrGivesAPortBackAfterItsTest(t *testing.T) {
 	}
 }
 
+// A port whose claim ended (claimHold) while the test given it runs on is
+// not given again, and once that test ends it is given again at once: the
+// claim taken while it was held was kept, and the port was this binary's
+// own for two more minutes.
+func TestFreeAddrKeepsNoClaimOfAPortItWillNotGive(t *testing.T) {
+	port, lock := unclaimedPort(t)
+	lock.Close()
+	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
+	var first string
+	t.Run("its test", func(t *testing.T) {
+		first = FreeAddr(t)
+		givenMu.Lock()
+		given[first].Close() // as claimPort's timer does after claimHold
+		givenMu.Unlock()
+		if addr, err := freeAddr(); err == nil {
+			t.Errorf("FreeAddr gave %s while its test runs, and %s again", first, addr)
+		}
+	})
+	if addr, err := freeAddr(); addr != first || err != nil {
+		t.Fatalf("FreeAddr with only port %d, after the test given it ended = %q, %v; want %s again", port, addr, err, first)
+	}
+}
+
 // unclaimedPort finds a port of FreeAddr's range that no test binary
 // claims, and claims it as another binary would: lock holds the claim.
 func unclaimedPort(t *testing.T) (port int, lock *os.File) {
