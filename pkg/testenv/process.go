@@ -185,7 +185,13 @@ func lockPortFile(port int) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("testenv: claiming a port: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_RDONLY|os.O_CREATE, 0o600)
+	if err := ownFolder(dir); err != nil {
+		return nil, err
+	}
+	// O_NOFOLLOW: a link in the folder is not followed (ownFolder keeps
+	// others out of it; this keeps a stray link from creating a file
+	// elsewhere).
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_RDONLY|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("testenv: claiming a port: %w", err)
 	}
@@ -197,6 +203,23 @@ func lockPortFile(port int) (*os.File, error) {
 		return nil, fmt.Errorf("testenv: claiming port %d: %w", port, err)
 	}
 	return f, nil
+}
+
+// ownFolder checks that dir, the claims' folder under the shared temp
+// folder, is a folder of this user's alone, not a link: another user who
+// made it first (its name is predictable) could hold every claim, or
+// plant links that make the claims create files where this user can
+// write.
+func ownFolder(dir string) error {
+	info, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("testenv: claiming a port: %w", err)
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !info.IsDir() || !ok || int(st.Uid) != os.Getuid() || info.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("testenv: claiming a port: %s is not a folder of this user's alone (mode %v): remove it, or set TMPDIR to a folder of your own", dir, info.Mode())
+	}
+	return nil
 }
 
 // outsideEphemeralRange refuses a TEST_PORTS (v, [low, high)) that

@@ -406,3 +406,37 @@ func unclaimedPort(t *testing.T) (port int, lock *os.File) {
 	t.Fatalf("every port of %d-%d is claimed", low, high-1)
 	return 0, nil
 }
+
+// The claims' folder must be this user's alone: one another user made
+// first (its name is predictable), or a link put in its place, or one
+// others may write in, is refused, naming what to do, where claims were
+// taken in it (that user holding every claim, or its links making the
+// claims create files where this user can write).
+func TestClaimsAreTakenOnlyInAFolderOfTheUsersOwn(t *testing.T) {
+	folder := func(tmp string) string { return filepath.Join(tmp, "testenv-ports-"+strconv.Itoa(os.Getuid())) }
+	for name, prepare := range map[string]func(dir string) error{
+		"a link to another folder": func(dir string) error { return os.Symlink(t.TempDir(), dir) },
+		"a folder others may write in": func(dir string) error {
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(dir, 0o777)
+		},
+	} {
+		tmp := t.TempDir()
+		if err := prepare(folder(tmp)); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("TMPDIR", tmp)
+		if f, err := lockPortFile(24999); f != nil || err == nil || !strings.Contains(err.Error(), "not a folder of this user's alone") {
+			f.Close()
+			t.Errorf("%s: lockPortFile = %v, %v; want it refused", name, f, err)
+		}
+	}
+	t.Setenv("TMPDIR", t.TempDir())
+	f, err := lockPortFile(24999)
+	if f == nil || err != nil {
+		t.Fatalf("a fresh folder of its own: lockPortFile = %v, %v; want the claim", f, err)
+	}
+	f.Close()
+}
