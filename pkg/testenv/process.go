@@ -118,16 +118,8 @@ func freePortRange() (low, high int) {
 	if low, high, ok := portsSet(os.Getenv("TEST_PORTS")); ok {
 		return low, high
 	}
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0, 0
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return 0, 0
-	}
-	ephemeralLow, err := strconv.Atoi(fields[0])
-	if err != nil {
+	ephemeralLow, _, ok := ephemeralRange()
+	if !ok {
 		return 0, 0
 	}
 	low, high = 22000, min(ephemeralLow, 30000)
@@ -230,33 +222,40 @@ func ownFolder(dir string) error {
 // FreeAddr's own range was not kept out of it). Ports the kernel reserves
 // (ip_local_reserved_ports) it never hands out, and may be in the range.
 func outsideEphemeralRange(v string, low, high int) error {
-	portRange, err1 := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	reserved, err2 := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
-	if err1 != nil || err2 != nil {
+	ephemeralLow, ephemeralHigh, ok := ephemeralRange()
+	reserved, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
+	if !ok || err != nil {
 		return nil // not Linux: no range to read
 	}
-	first, last, ok := ephemeralOverlap(low, high, string(portRange), string(reserved))
-	if !ok {
+	first, last, overlaps := ephemeralOverlap(low, high, ephemeralLow, ephemeralHigh, string(reserved))
+	if !overlaps {
 		return nil
 	}
-	var ephemeralLow, ephemeralHigh int
-	fmt.Sscan(string(portRange), &ephemeralLow, &ephemeralHigh)
 	return fmt.Errorf("testenv: TEST_PORTS=%s overlaps the kernel's ephemeral port range %d-%d (/proc/sys/net/ipv4/ip_local_port_range) "+
 		"at %d-%d: any process's outgoing connection may take one of those ports before the test's server listens on it; "+
 		"choose ports below %d, or have the kernel keep them (sysctl -w net.ipv4.ip_local_reserved_ports=%d-%d)",
 		v, ephemeralLow, ephemeralHigh, first, last, ephemeralLow, first, last)
 }
 
-// ephemeralOverlap returns the first and last port of [low, high) that
-// are in the ephemeral range portRange ("32768\t60999", as
-// ip_local_port_range reads) and not in reserved ("8080,9000-9010", as
-// ip_local_reserved_ports reads); false when there is none, or portRange
-// cannot be read.
-func ephemeralOverlap(low, high int, portRange, reserved string) (first, last int, ok bool) {
-	var ephemeralLow, ephemeralHigh int
-	if _, err := fmt.Sscan(portRange, &ephemeralLow, &ephemeralHigh); err != nil {
+// ephemeralRange is the kernel's ephemeral port range, both ends
+// included (ip_local_port_range, "32768\t60999"); false where it cannot be
+// read (not Linux).
+func ephemeralRange() (low, high int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
 		return 0, 0, false
 	}
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
+		return 0, 0, false
+	}
+	return low, high, true
+}
+
+// ephemeralOverlap returns the first and last port of [low, high) that
+// are in the ephemeral range [ephemeralLow, ephemeralHigh] and not in
+// reserved ("8080,9000-9010", as ip_local_reserved_ports reads); false
+// when there is none.
+func ephemeralOverlap(low, high, ephemeralLow, ephemeralHigh int, reserved string) (first, last int, ok bool) {
 	var kept [][2]int
 	for _, r := range strings.Split(strings.TrimSpace(reserved), ",") {
 		from, to, _ := strings.Cut(r, "-")

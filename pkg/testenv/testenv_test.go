@@ -110,13 +110,9 @@ func TestFreeAddrIsBelowTheEphemeralRange(t *testing.T) {
 	if v := os.Getenv("TEST_PORTS"); v != "" {
 		t.Skipf("TEST_PORTS=%s chooses the range", v)
 	}
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		t.Skipf("no ephemeral range to keep out of here: %v", err)
-	}
-	var ephemeralLow, ephemeralHigh int
-	if _, err := fmt.Sscan(string(b), &ephemeralLow, &ephemeralHigh); err != nil {
-		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	ephemeralLow, ephemeralHigh, ok := ephemeralRange()
+	if !ok {
+		t.Skip("no ephemeral range to keep out of here")
 	}
 	if ephemeralLow < 12000 {
 		t.Skipf("the ephemeral range starts at %d: too few ports below it", ephemeralLow)
@@ -315,23 +311,19 @@ func TestTestPortsInTheEphemeralRangeAreRefused(t *testing.T) {
 		{60990, 61100, "", 60990, 60999, true},
 		{61000, 61100, "", 0, 0, false},
 	} {
-		first, last, ok := ephemeralOverlap(tc.low, tc.last+1, "32768\t60999\n", tc.reserved)
+		first, last, ok := ephemeralOverlap(tc.low, tc.last+1, 32768, 60999, tc.reserved)
 		if ok != tc.wantOverlap || first != tc.wantFirst || last != tc.wantTo {
 			t.Errorf("ephemeralOverlap(%d-%d, reserved %q) = %d, %d, %v; want %d, %d, %v",
 				tc.low, tc.last, tc.reserved, first, last, ok, tc.wantFirst, tc.wantTo, tc.wantOverlap)
 		}
 	}
 
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		t.Skipf("no ephemeral range here: %v", err)
-	}
-	var ephemeralLow, ephemeralHigh int
-	if _, err := fmt.Sscan(string(b), &ephemeralLow, &ephemeralHigh); err != nil {
-		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	ephemeralLow, ephemeralHigh, ok := ephemeralRange()
+	if !ok {
+		t.Skip("no ephemeral range here")
 	}
 	reserved, _ := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
-	if _, _, ok := ephemeralOverlap(ephemeralLow, ephemeralLow+100, string(b), string(reserved)); !ok {
+	if _, _, ok := ephemeralOverlap(ephemeralLow, ephemeralLow+100, ephemeralLow, ephemeralHigh, string(reserved)); !ok {
 		t.Skipf("the kernel reserves ports %d-%d", ephemeralLow, ephemeralLow+99)
 	}
 	v := fmt.Sprintf("%d-%d", ephemeralLow, ephemeralLow+99)
