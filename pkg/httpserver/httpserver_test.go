@@ -777,18 +777,10 @@ func TestPanicMessage(t *testing.T) {
 		mux.HandleFunc("POST /v1/boom", func(w http.ResponseWriter, r *http.Request) { panic("boom") })
 		srv := New(Config{Service: "test", Log: slog.New(slog.DiscardHandler), Signer: signer, PanicMessage: configured}, mux)
 		ts := httptest.NewServer(srv.Handler())
-		req, _ := http.NewRequest("POST", ts.URL+"/v1/boom", nil)
-		signAsReader(signer, req)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var env envelope.Parsed
-		decodeErr := json.NewDecoder(resp.Body).Decode(&env)
-		resp.Body.Close()
+		status, env, decodeErr := postSigned(t, signer, ts.URL+"/v1/boom")
 		ts.Close()
-		if decodeErr != nil || resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" || env.Error.Message != want {
-			t.Errorf("panic with PanicMessage %q = %d %+v (%v), want 500 internal_error %q", configured, resp.StatusCode, env.Error, decodeErr, want)
+		if decodeErr != nil || status != 500 || env.Error == nil || env.Error.Code != "internal_error" || env.Error.Message != want {
+			t.Errorf("panic with PanicMessage %q = %d %+v (%v), want 500 internal_error %q", configured, status, env.Error, decodeErr, want)
 		}
 	}
 }
@@ -818,17 +810,9 @@ func TestAnswerPanicWith(t *testing.T) {
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 	for path, want := range map[string]string{"/v1/own": "internal error after", "/v1/service": "the service's"} {
-		req, _ := http.NewRequest("POST", ts.URL+path, nil)
-		signAsReader(signer, req)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var env envelope.Parsed
-		decodeErr := json.NewDecoder(resp.Body).Decode(&env)
-		resp.Body.Close()
-		if decodeErr != nil || resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" || env.Error.Message != want {
-			t.Errorf("panic of %s = %d %+v (%v), want 500 internal_error %q", path, resp.StatusCode, env.Error, decodeErr, want)
+		status, env, decodeErr := postSigned(t, signer, ts.URL+path)
+		if decodeErr != nil || status != 500 || env.Error == nil || env.Error.Code != "internal_error" || env.Error.Message != want {
+			t.Errorf("panic of %s = %d %+v (%v), want 500 internal_error %q", path, status, env.Error, decodeErr, want)
 		}
 	}
 	for _, line := range []string{`"route":"POST /v1/own","status":500,`, `"route":"POST /v1/service","status":500,`} {
@@ -922,4 +906,20 @@ func FuzzLoggableClientValue(f *testing.F) {
 			t.Fatalf("LoggableClientValue(%q) = %q, want it unchanged", value, got)
 		}
 	})
+}
+
+// postSigned sends an empty POST to url, signed as a reader, and returns
+// the answer's status and its envelope, with the error of decoding it.
+func postSigned(t *testing.T, signer *identity.Signer, url string) (int, envelope.Parsed, error) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, nil)
+	signAsReader(signer, req)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var env envelope.Parsed
+	decodeErr := json.NewDecoder(resp.Body).Decode(&env)
+	return resp.StatusCode, env, decodeErr
 }
