@@ -1777,13 +1777,13 @@ func testShopSchemaCallsInFlight(t *testing.T, limits string) {
 	})
 }
 
-// An owner may have RATE_LIMIT_OWNER_IN_FLIGHT requests in flight on the
-// routes of one service, all of its keys together, and no more: the
-// per-key rate limits let an owner with many keys queue more requests than
-// the services serve, ahead of every other owner's (README, "Tenants
-// sharing a stack"). Another owner is not affected, and a slot freed is
-// taken again. The cap holds with RATE_LIMIT_ENABLED=false too: it bounds
-// a queue, not a budget.
+// An owner may have its share of RATE_LIMIT_OWNER_IN_FLIGHT requests in
+// flight on the routes of one service, all of its keys together, and no
+// more: the per-key rate limits let an owner with many keys queue more
+// requests than the services serve, ahead of every other owner's (README,
+// "Tenants sharing a stack"). Another owner is not affected, and a slot
+// freed is taken again. The cap holds with RATE_LIMIT_ENABLED=false too:
+// it bounds a queue, not a budget.
 func TestOwnerRequestsInFlight(t *testing.T) {
 	for _, limits := range []string{"true", "false"} {
 		t.Run("RATE_LIMIT_ENABLED="+limits, func(t *testing.T) { testOwnerRequestsInFlight(t, limits) })
@@ -1795,9 +1795,10 @@ func testOwnerRequestsInFlight(t *testing.T, limits string) {
 	read2 := insertKey(t, pool, k.ownerA, nil, identity.ScopeExportRead)
 	testSlotsHeld(t, slotsCase{
 		settings: func(upstream string) map[string]string {
+			// 3 slots, 1 of them the sale routes': 2 for the export routes.
 			return map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": upstream,
-				"SALES_WRITER_URLS": upstream, "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_ENABLED": limits,
-				"KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"}
+				"SALES_WRITER_URLS": upstream, "RATE_LIMIT_OWNER_IN_FLIGHT": "3", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1",
+				"RATE_LIMIT_ENABLED": limits, "KEY_CACHE_TTL": "1h", "KEY_CACHE_UNHEARD_TTL": "1h"}
 		},
 		// Owner A: a list page with each of its two read keys, then one
 		// more; owner B: a list page.
@@ -1813,46 +1814,63 @@ func testOwnerRequestsInFlight(t *testing.T, limits string) {
 	})
 }
 
-// The owner's cap counts the routes of each service apart: sales held by
-// a sales-writer that stopped answering (each until UPSTREAM_READ_TIMEOUT,
-// its client gone) fill the owner's slots on the sale routes, and its
-// syncs, which export-reader answers at once, still pass. With one count
-// for both, a platform replaying its backlog into a hung writer had the
-// owner's syncs refused 429 "too many requests in flight" until the
-// writer's calls timed out.
-func TestOwnerSlotsCountEachServiceApart(t *testing.T) {
+// The owner's slots are split between the services, each share counted
+// apart: sales held by a sales-writer that stopped answering (each until
+// UPSTREAM_READ_TIMEOUT, its client gone) fill the sale routes' share, and
+// the owner's syncs, which export-reader answers at once, still pass; list
+// pages held by a stalled export-reader leave the owner's sales theirs.
+// And the owner holds no more than the setting in all. With one count, a
+// platform replaying its backlog into a hung writer had the owner's syncs
+// refused 429 "too many requests in flight" until the writer's calls timed
+// out; with a full count in each service, an owner flooding both queued
+// twice the setting, and a whole setting's worth of sales in front of the
+// writer's connections, ahead of its neighbours' sales.
+func TestOwnerSlotsAreSplitBetweenTheServices(t *testing.T) {
 	dsn, _, k := seed(t)
-	writer, arrived, release := holdingUpstream(t, func(int64) bool { return true })
-	reader := echoUpstream(t, "reader", nil)
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
-		"SALES_WRITER_URLS": writer, "RATE_LIMIT_OWNER_IN_FLIGHT": "2"})
+	writer, salesArrived, releaseSales := holdingUpstream(t, func(int64) bool { return true })
+	reader, listsArrived, releaseLists := holdingUpstream(t, func(n int64) bool { return n <= 2 })
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader,
+		"SALES_WRITER_URLS": writer, "RATE_LIMIT_OWNER_IN_FLIGHT": "3", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"})
 	sale := func(order string) response {
 		return do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
 			"Idempotency-Key": order, "Content-Type": "application/json"}, strings.NewReader(`{"external_order_id":"`+order+`"}`))
 	}
-	held := make(chan int, 2)
-	for _, order := range []string{"order-1", "order-2"} {
-		go func() { held <- sale(order).Status }()
+	list := func() response {
+		return do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil)
 	}
-	waitFor(t, 5*time.Second, func() bool { return arrived.Load() == 2 })
-	if r := sale("order-3"); r.Status != 429 || r.Env.Error == nil || !strings.Contains(r.Env.Error.Message, "sale routes") {
-		t.Errorf("a third sale in flight = %d %s, want 429 naming the sale routes", r.Status, r.Body)
+	held := make(chan int, 3)
+	go func() { held <- sale("order-1").Status }()
+	waitFor(t, 5*time.Second, func() bool { return salesArrived.Load() == 1 })
+	if r := sale("order-2"); r.Status != 429 || r.Env.Error == nil ||
+		!strings.Contains(r.Env.Error.Message, "sale routes") || !strings.Contains(r.Env.Error.Message, "at most 1") {
+		t.Errorf("a second sale in flight = %d %s, want 429 naming the sale routes' 1 slot", r.Status, r.Body)
 	}
-	if r := do(t, "GET", gw.URL+"/v1/export/items", map[string]string{"X-API-Key": k.read}, nil); r.Status != 200 {
-		t.Errorf("the owner's list page while its sales fill their slots = %d %s, want 200", r.Status, r.Body)
+	// The writer holds the sale routes' share; the export routes have
+	// theirs, and the owner fills it.
+	for range 2 {
+		go func() { held <- list().Status }()
 	}
-	release()
+	waitFor(t, 5*time.Second, func() bool { return listsArrived.Load() == 2 })
+	if r := list(); r.Status != 429 || r.Env.Error == nil ||
+		!strings.Contains(r.Env.Error.Message, "export routes") || !strings.Contains(r.Env.Error.Message, "at most 2") {
+		t.Errorf("a list page with 3 of the owner's requests in flight = %d %s, want 429 naming the export routes' 2 slots", r.Status, r.Body)
+	}
+	// The reader holds the export routes' share; once the writer answers,
+	// the sale routes' slot is free again (released to the sale routes'
+	// count: to the export routes' instead, the sale below would be
+	// refused).
+	releaseSales()
+	if got := <-held; got != 200 {
+		t.Errorf("the sale held by the writer = %d, want 200 once it answers", got)
+	}
+	if r := sale("order-3"); r.Status != 200 {
+		t.Errorf("a sale while the owner's list pages fill the export routes' share = %d %s, want 200", r.Status, r.Body)
+	}
+	releaseLists()
 	for range 2 {
 		if got := <-held; got != 200 {
-			t.Errorf("a sale held by the writer = %d, want 200 once it answers", got)
+			t.Errorf("a list page held by the reader = %d, want 200 once it answers", got)
 		}
-	}
-	// Their slots went back to the sale routes' count: released on the
-	// export routes' instead, every sale answered kept its slot, and the
-	// owner's sales were refused for good once the setting's worth had
-	// been answered.
-	if r := sale("order-4"); r.Status != 200 {
-		t.Errorf("a sale once the held ones were answered = %d %s, want 200", r.Status, r.Body)
 	}
 }
 
@@ -1922,7 +1940,7 @@ func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 	testCapSpendsNoBudget(t, capCase{
 		settings: func(upstream string) map[string]string {
 			return map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": upstream, "SALES_WRITER_URLS": upstream,
-				"RATE_LIMIT_OWNER_IN_FLIGHT": "1", "RATE_LIMIT_EXPORT_READ": "3-M"}
+				"RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1", "RATE_LIMIT_EXPORT_READ": "3-M"}
 		},
 		method: "GET", path: "/v1/export/items", headers: map[string]string{"X-API-Key": k.read},
 		class: "owner_in_flight",

@@ -56,9 +56,9 @@ type Gateway struct {
 	shopSlots         *inFlightSlots
 	shopSlotDecisions slotDecisions
 	// ownerSlots bounds each owner's requests in flight on the keyed
-	// routes, one count per upstream (nil when RATE_LIMIT_OWNER_IN_FLIGHT
-	// is 0; read only once built); ownerSlotDecisions counts what it
-	// decided.
+	// routes, its slots split between their two upstreams (nil when
+	// RATE_LIMIT_OWNER_IN_FLIGHT is 0; read only once built);
+	// ownerSlotDecisions counts what it decided.
 	ownerSlots         map[string]*inFlightSlots
 	ownerSlotDecisions slotDecisions
 	tracer             trace.Tracer
@@ -121,7 +121,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		served:          make(chan error, 2), limitDone: make(chan struct{})}
 	if cfg.OwnerInFlight > 0 {
-		g.ownerSlots = newOwnerSlots(cfg.OwnerInFlight)
+		g.ownerSlots = newOwnerSlots(cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
 	}
 	cleanup := []func(){}
 	defer func() {

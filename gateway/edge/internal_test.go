@@ -707,6 +707,58 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
+// An owner's slots are split between the sale routes and the export
+// routes: a quarter for the sales unless set, and never a split that
+// leaves the export routes none (a sale share at or over the whole
+// refused at start, not an owner whose list pages are all 429). With the
+// cap off, the share is not checked against it.
+func TestOwnerSlotsSplitAsConfigured(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://db/x", "IDENTITY_SECRET": testSecret}
+	load := func(extra map[string]string) (Config, error) {
+		return LoadConfig(func(k string) string {
+			if v, ok := extra[k]; ok {
+				return v
+			}
+			return base[k]
+		})
+	}
+	for _, c := range []struct {
+		total, sale       string
+		wantTotal, wantSa int
+	}{
+		{"", "", 64, 16}, {"32", "", 32, 8}, {"3", "", 3, 1}, {"2", "", 2, 1}, {"64", "40", 64, 40}, {"0", "", 0, 1}, {"0", "500", 0, 500},
+	} {
+		cfg, err := load(map[string]string{"RATE_LIMIT_OWNER_IN_FLIGHT": c.total, "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": c.sale})
+		if err != nil || cfg.OwnerInFlight != c.wantTotal || cfg.OwnerSaleInFlight != c.wantSa {
+			t.Errorf("RATE_LIMIT_OWNER_IN_FLIGHT=%q RATE_LIMIT_OWNER_SALE_IN_FLIGHT=%q: %d, %d, %v; want %d, %d",
+				c.total, c.sale, cfg.OwnerInFlight, cfg.OwnerSaleInFlight, err, c.wantTotal, c.wantSa)
+		}
+	}
+	for _, c := range []struct{ total, sale string }{{"1", ""}, {"64", "64"}, {"64", "100"}, {"64", "0"}} {
+		_, err := load(map[string]string{"RATE_LIMIT_OWNER_IN_FLIGHT": c.total, "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": c.sale})
+		if err == nil || !strings.Contains(err.Error(), "RATE_LIMIT_OWNER_SALE_IN_FLIGHT") {
+			t.Errorf("RATE_LIMIT_OWNER_IN_FLIGHT=%q RATE_LIMIT_OWNER_SALE_IN_FLIGHT=%q: error %v, want one naming the sale share", c.total, c.sale, err)
+		}
+	}
+	// Every keyed route has a share, and the shares add up to the whole.
+	slots := newOwnerSlots(64, 16)
+	sum := 0
+	for _, rt := range routes {
+		if rt.Scope == "" {
+			continue
+		}
+		if slots[rt.Upstream] == nil {
+			t.Errorf("route %s: no owner slots for %s", rt.Name(), rt.Upstream)
+		}
+	}
+	for _, s := range slots {
+		sum += s.limit
+	}
+	if sum != 64 || slots[upstreamSalesWriter].limit != 16 {
+		t.Errorf("newOwnerSlots(64, 16): %d in all, %d for sales; want 64 and 16", sum, slots[upstreamSalesWriter].limit)
+	}
+}
+
 // An instance that breaks off its answer halfway gets the client a whole
 // 502 envelope, never a 200 cut short.
 func TestAnswerCutOffUpstreamIsA502(t *testing.T) {

@@ -29,8 +29,8 @@ const (
 	// whose 429 is named like the others'.
 	classShopSchemaInFlight = "shop_schema_in_flight"
 	// classOwnerInFlight is the cap on an owner's requests in flight on
-	// the keyed routes of one service, all of its keys together
-	// (takeOwnerSlot).
+	// the keyed routes of one service, its share of the owner's slots, all
+	// of its keys together (takeOwnerSlot).
 	classOwnerInFlight = "owner_in_flight"
 )
 

@@ -59,23 +59,29 @@ func (g *Gateway) takeShopSlot(rq *request, address string) (release func(), err
 	return func() { g.shopSlots.release(address) }, nil
 }
 
-// newOwnerSlots gives every upstream of the keyed routes a count of its
-// own: an owner's requests to one service are bounded apart from those to
-// the other. With one count, the 64 sales of a replaying platform hung on
-// a sales-writer that stopped answering (each held until
+// newOwnerSlots splits an owner's limit slots between the services of
+// the keyed routes: sale of them for the sale routes (sales-writer), the
+// rest for the export routes (export-reader), each counted apart, so that
+// an owner holds at most limit in all and neither service's calls can
+// take the other's share.
+//
+// Apart, because a request holds its slot until its upstream answers:
+// with one count, the sales of a replaying platform hung on a
+// sales-writer that stopped answering (each held until
 // UPSTREAM_READ_TIMEOUT, 30 s, its client long gone) took every slot of
-// the owner, and its syncs, which export-reader would have served at
-// once, were refused 429 "too many requests in flight for this owner" for
-// as long (README, "Sales guide"): an outage of one service shown as the
-// owner's fault on the other's routes.
-func newOwnerSlots(limit int) map[string]*inFlightSlots {
-	slots := map[string]*inFlightSlots{}
-	for _, rt := range routes {
-		if rt.Scope != "" {
-			slots[rt.Upstream] = newInFlightSlots(limit)
-		}
+// the owner, and its syncs, which export-reader would have served at once,
+// were refused 429 "too many requests in flight for this owner" for as
+// long (README, "Sales guide"): an outage of one service shown as the
+// owner's fault on the other's routes. Split rather than a full count
+// each, because with 64 in each service an owner flooding both queued 64
+// sales in front of the writer's 8 connections and twice the requests in
+// all: a neighbour's sales took 65–84 ms at the median against 18–25 with
+// one count (gateway README, "Tenants sharing a stack").
+func newOwnerSlots(limit, sale int) map[string]*inFlightSlots {
+	return map[string]*inFlightSlots{
+		upstreamExportReader: newInFlightSlots(limit - sale),
+		upstreamSalesWriter:  newInFlightSlots(sale),
 	}
-	return slots
 }
 
 // takeOwnerSlot takes one of the key's owner's slots on rt's upstream for
