@@ -167,6 +167,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 // keep 48.
 func readOwnerSaleInFlight(r *envconfig.Reader, ownerInFlight int) int {
 	sale := r.Int("RATE_LIMIT_OWNER_SALE_IN_FLIGHT", max(1, ownerInFlight/4), 1, 100000)
+	if ownerInFlight == 1 {
+		r.Failf("RATE_LIMIT_OWNER_IN_FLIGHT must be 0 (no cap) or at least 2: its slots are split between the sale routes and the export routes, one at least each")
+		return sale
+	}
 	if ownerInFlight > 0 && sale >= ownerInFlight {
 		r.Failf("RATE_LIMIT_OWNER_SALE_IN_FLIGHT (%d) must be below RATE_LIMIT_OWNER_IN_FLIGHT (%d): the export routes have the owner's other slots, and need one at least", sale, ownerInFlight)
 	}

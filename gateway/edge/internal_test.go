@@ -734,10 +734,15 @@ func TestOwnerSlotsSplitAsConfigured(t *testing.T) {
 				c.total, c.sale, cfg.OwnerInFlight, cfg.OwnerSaleInFlight, err, c.wantTotal, c.wantSa)
 		}
 	}
-	for _, c := range []struct{ total, sale string }{{"1", ""}, {"64", "64"}, {"64", "100"}, {"64", "0"}} {
+	for _, c := range []struct{ total, sale, names string }{
+		{"1", "", "RATE_LIMIT_OWNER_IN_FLIGHT must be 0 (no cap) or at least 2"},
+		{"64", "64", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT (64) must be below"},
+		{"64", "100", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT (100) must be below"},
+		{"64", "0", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT must be an integer"},
+	} {
 		_, err := load(map[string]string{"RATE_LIMIT_OWNER_IN_FLIGHT": c.total, "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": c.sale})
-		if err == nil || !strings.Contains(err.Error(), "RATE_LIMIT_OWNER_SALE_IN_FLIGHT") {
-			t.Errorf("RATE_LIMIT_OWNER_IN_FLIGHT=%q RATE_LIMIT_OWNER_SALE_IN_FLIGHT=%q: error %v, want one naming the sale share", c.total, c.sale, err)
+		if err == nil || !strings.Contains(err.Error(), c.names) {
+			t.Errorf("RATE_LIMIT_OWNER_IN_FLIGHT=%q RATE_LIMIT_OWNER_SALE_IN_FLIGHT=%q: error %v, want %q", c.total, c.sale, err, c.names)
 		}
 	}
 	// Every keyed route has a share, and the shares add up to the whole.
