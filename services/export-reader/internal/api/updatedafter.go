@@ -12,7 +12,7 @@ const updatedAfterExample = "e.g. 2026-10-15T08:30:00.123456Z or 2026-10-15T10:3
 
 var (
 	errUpdatedAfter = &paramError{"invalid_updated_after",
-		"updated_after must be an RFC 3339 date-time with a time offset (±hhmm, ±hh and a ',' before the fraction are read too), " + updatedAfterExample}
+		"updated_after must be an RFC 3339 date-time with a time offset (±hhmm, ±hh, a ',' before the fraction and a time to the minute, hh:mm, are read too), " + updatedAfterExample}
 	errUpdatedAfterDate = &paramError{"invalid_updated_after",
 		"updated_after must be a date-time, not a date alone (whose start depends on the zone), " + updatedAfterExample}
 	errUpdatedAfterNoOffset = &paramError{"invalid_updated_after",
@@ -26,8 +26,10 @@ var (
 // with hh 00–23 and mm 00–59. Spec 4.3 says ISO 8601, so the variants of
 // it that client libraries write are read too: a fraction after a comma,
 // and an offset ±hhmm or ±hh (PHP's DATE_ISO8601 and Java's "Z" pattern
-// write +0200, mixing ISO's basic and extended forms). A date alone or a time without an offset is refused: taking
-// it as UTC would silently skip items for a client in another zone.
+// write +0200, mixing ISO's basic and extended forms), and a time to the
+// minute (withSeconds). A date alone or a time without an offset is
+// refused: taking it as UTC would silently skip items for a client in
+// another zone.
 //
 // The fraction is cut to microseconds, PostgreSQL's precision, never rounded
 // up: for a stored stamp s, s > t exactly when s > t cut to microseconds, so
@@ -39,6 +41,7 @@ var (
 // read as '+', since the value cannot mean anything else.
 func parseUpdatedAfter(v string) (time.Time, error) {
 	const dateTime = "dddd-dd-ddTdd:dd:dd"
+	v = withSeconds(v)
 	if len(v) < len(dateTime) {
 		if hasShape(v, "dddd-dd-dd") {
 			return time.Time{}, errUpdatedAfterDate
@@ -82,6 +85,29 @@ func parseUpdatedAfter(v string) (time.Time, error) {
 		return time.Time{}, errUpdatedAfter
 	}
 	return t.UTC(), nil
+}
+
+// withSeconds gives a time written to the minute, hh:mm then its offset,
+// its seconds (:00). ISO 8601 lets them be left out, and Java's
+// OffsetDateTime.toString() and ZonedDateTime.toString() leave them out
+// for a whole minute (2026-11-29T19:51Z): a Java client whose checkpoint
+// fell on one was refused 400 on every run, as a failed run keeps its
+// checkpoint. Only before an offset: a fraction after hh:mm would be one
+// of a minute, which no library writes, and stays refused.
+func withSeconds(v string) string {
+	const toTheMinute = "dddd-dd-ddTdd:dd"
+	n := len(toTheMinute)
+	if len(v) <= n || !strings.ContainsRune("Zz+- ", rune(v[n])) {
+		return v
+	}
+	head := []byte(v[:n])
+	if head[10] == 't' {
+		head[10] = 'T'
+	}
+	if !hasShape(string(head), toTheMinute) {
+		return v
+	}
+	return v[:n] + ":00" + v[n:]
 }
 
 // parseOffset checks a time offset (Z, ±hh:mm, ±hhmm or ±hh) and returns

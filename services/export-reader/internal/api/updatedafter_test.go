@@ -44,6 +44,13 @@ var updatedAfterCases = []struct {
 	{"2026-11-21T17:23:37 05", "2026-11-21T12:23:37Z", ""},
 	{"2026-11-21T17:23:37,5Z", "2026-11-21T17:23:37.5Z", ""},
 	{"2026-11-21T17:23:37,1234567+0000", "2026-11-21T17:23:37.123456Z", ""},
+	// A time to the minute (ISO 8601 lets the seconds be left out; Java's
+	// OffsetDateTime.toString() leaves them out for a whole minute).
+	{"2026-11-21T17:23Z", "2026-11-21T17:23:00Z", ""},
+	{"2026-11-21t17:23z", "2026-11-21T17:23:00Z", ""},
+	{"2026-11-21T19:23+02:00", "2026-11-21T17:23:00Z", ""},
+	{"2026-11-21T12:23-0500", "2026-11-21T17:23:00Z", ""},
+	{"2026-11-21T19:23 02:00", "2026-11-21T17:23:00Z", ""},
 	// A leap second is read as the last microsecond of the second before it.
 	{"2016-12-31T23:59:60Z", "2016-12-31T23:59:59.999999Z", ""},
 	{"2016-12-31T23:59:60.5Z", "2016-12-31T23:59:59.999999Z", ""},
@@ -65,7 +72,10 @@ var updatedAfterCases = []struct {
 	{"2026-11-21T17:23:37", "", "without one is ambiguous"},
 	{"2026-11-21T17:23:37.123", "", "without one is ambiguous"},
 	{"2026-11-21T17:23", "", "must be an RFC 3339"},
-	{"2026-11-21T17:23Z", "", "must be an RFC 3339"},
+	{"2026-11-21T17:23.5Z", "", "must be an RFC 3339"}, // a fraction of a minute
+	{"2026-11-21T17Z", "", "must be an RFC 3339"},
+	{"2026-11-21T17:60Z", "", "must be an RFC 3339"},
+	{"2026-11-21T17:23:Z", "", "must be an RFC 3339"},
 	{"2026-11-21 17:23:37Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:37.Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:37,Z", "", "must be an RFC 3339"},
@@ -131,11 +141,11 @@ func FuzzParseUpdatedAfter(f *testing.F) {
 	})
 }
 
-var updatedAfterForm = regexp.MustCompile(`^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(?:[Zz]|([+ -])(\d\d)(?::?(\d\d))?)$`)
+var updatedAfterForm = regexp.MustCompile(`^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?(?:[Zz]|([+ -])(\d\d)(?::?(\d\d))?)$`)
 
 // referenceUpdatedAfter is parseUpdatedAfter written another way, for the
-// fuzz target: the form by a regular expression, the ranges by hand, the
-// fraction cut to microseconds, second 60 as the microsecond before the
+// fuzz target: the form by a regular expression (the seconds, and their
+// fraction, optional), the ranges by hand, the fraction cut to microseconds, second 60 as the microsecond before the
 // next minute, the offset subtracted.
 func referenceUpdatedAfter(in string) (time.Time, bool) {
 	m := updatedAfterForm.FindStringSubmatch(in)
