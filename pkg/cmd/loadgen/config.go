@@ -17,6 +17,11 @@ type Config struct {
 	ReadKeyID      string   // LOADGEN_READ_KEY_ID: its id, put in signed identities (default "bench")
 	WriteKeys      []string // LOADGEN_WRITE_KEYS: comma-separated sales:write keys, one platform each
 	Results        string   // LOADGEN_RESULTS: the JSON Lines results file (default results.jsonl)
+
+	// The flooding owner of "loadgen neighbours" (owner A; the owner above is B).
+	FloodOwnerID   string   // LOADGEN_FLOOD_OWNER_ID: its owner id (its items are sold)
+	FloodReadKeys  []string // LOADGEN_FLOOD_READ_KEYS: comma-separated export:read keys of it
+	FloodWriteKeys []string // LOADGEN_FLOOD_WRITE_KEYS: comma-separated sales:write keys of it
 }
 
 // LoadConfig reads the environment. Defaults sit beside each field.
@@ -28,11 +33,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		ReadKey:        getenv("LOADGEN_READ_KEY"),
 		ReadKeyID:      orDefault(getenv("LOADGEN_READ_KEY_ID"), "bench"),
 		Results:        orDefault(getenv("LOADGEN_RESULTS"), "results.jsonl"),
-	}
-	for _, k := range strings.Split(getenv("LOADGEN_WRITE_KEYS"), ",") {
-		if k = strings.TrimSpace(k); k != "" {
-			cfg.WriteKeys = append(cfg.WriteKeys, k)
-		}
+		FloodOwnerID:   getenv("LOADGEN_FLOOD_OWNER_ID"),
+		WriteKeys:      keyList(getenv("LOADGEN_WRITE_KEYS")),
+		FloodReadKeys:  keyList(getenv("LOADGEN_FLOOD_READ_KEYS")),
+		FloodWriteKeys: keyList(getenv("LOADGEN_FLOOD_WRITE_KEYS")),
 	}
 	if cfg.IdentitySecret != "" && len(cfg.IdentitySecret) < 32 {
 		return Config{}, errors.New("IDENTITY_SECRET must be at least 32 bytes")
@@ -49,6 +53,10 @@ func (c Config) need(names ...string) error {
 		"LOADGEN_OWNER_ID":   c.OwnerID != "",
 		"LOADGEN_READ_KEY":   c.ReadKey != "",
 		"LOADGEN_WRITE_KEYS": len(c.WriteKeys) > 0,
+
+		"LOADGEN_FLOOD_OWNER_ID":   c.FloodOwnerID != "",
+		"LOADGEN_FLOOD_READ_KEYS":  len(c.FloodReadKeys) > 0,
+		"LOADGEN_FLOOD_WRITE_KEYS": len(c.FloodWriteKeys) > 0,
 	}
 	for _, n := range names {
 		if !values[n] {
@@ -56,6 +64,17 @@ func (c Config) need(names ...string) error {
 		}
 	}
 	return nil
+}
+
+// keyList splits a comma-separated list of keys, blanks left out.
+func keyList(v string) []string {
+	var keys []string
+	for _, k := range strings.Split(v, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 func orDefault(v, def string) string {

@@ -28,6 +28,7 @@ const usage = `usage: loadgen SCENARIO [flags]
   get          GET /v1/export/items/{id} with random ids, run by wrk
   sales        confirm + cancel pairs, one platform key per worker
   replay       platforms replaying a backlog of sales as the README's sales guide says, then checked
+  neighbours   what an owner flooding the stack costs another owner's paced load
   ids          write random item ids of an owner to a file
   nginx-conf   write an nginx reverse-proxy config
   rss          record (or reset) the peak RSS of a process
@@ -63,6 +64,7 @@ var scenarios = map[string]scenario{
 	"get":         runGet,
 	"sales":       runSales,
 	"replay":      runReplay,
+	"neighbours":  runNeighbours,
 	"ids":         runIDs,
 	"nginx-conf":  runNginxConf,
 	"rss":         runRSS,

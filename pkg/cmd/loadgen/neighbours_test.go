@@ -1,0 +1,261 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+func TestNeighboursFlagsDefaultsAreTheREADMEsLoad(t *testing.T) {
+	f, err := parseNeighboursFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.getRate != 40 || f.listRate != 5 || f.saleRate != 2 || f.floodListConns != 700 || f.floodSaleWorkers != 0 ||
+		f.duration != 15*time.Second || f.listLimit != 100 {
+		t.Errorf("defaults = %+v, want B at 40 GETs, 5 list pages and 2 pairs a second, A on 700 list connections and no sale workers, 15 s, limit 100", f)
+	}
+	if got := f.need(); strings.Join(got, ",") != "DATABASE_URL,LOADGEN_OWNER_ID,LOADGEN_READ_KEY,LOADGEN_WRITE_KEYS,LOADGEN_FLOOD_READ_KEYS" {
+		t.Errorf("need() = %v", got)
+	}
+	f, err = parseNeighboursFlags([]string{"--a-sale-workers", "320", "--a-list-conns", "0", "--b-sales", "0",
+		"--metrics", "export-reader=http://127.0.0.1:9081/metrics", "--metrics", "sales-writer=http://127.0.0.1:9082/metrics"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.metrics.String() != "export-reader=http://127.0.0.1:9081/metrics,sales-writer=http://127.0.0.1:9082/metrics" {
+		t.Errorf("metrics = %s", f.metrics.String())
+	}
+	if got := f.need(); strings.Join(got, ",") != "DATABASE_URL,LOADGEN_OWNER_ID,LOADGEN_READ_KEY,LOADGEN_FLOOD_OWNER_ID,LOADGEN_FLOOD_WRITE_KEYS" {
+		t.Errorf("need() with sale workers only = %v", got)
+	}
+}
+
+func TestNeighboursFlagsRefuseWhatCannotRun(t *testing.T) {
+	for _, args := range [][]string{
+		{"--duration", "0s"},
+		{"--timeout", "-1s"},
+		{"--b-gets", "-1"},
+		{"--b-sale-items", "0"},
+		{"--limit", "0"},
+		{"--a-list-conns", "-5"},
+		{"--a-items-per-worker", "0"},
+		{"--metrics", "export-reader"},
+		{"--metrics", "127.0.0.1:9081/metrics"},
+		{"--metrics", "=http://127.0.0.1:9081/metrics"},
+		{"stray"},
+	} {
+		if _, err := parseNeighboursFlags(args); !errors.Is(err, errUsage) {
+			t.Errorf("flags %q: got %v, want an invalid usage", args, err)
+		}
+	}
+	if _, err := parseNeighboursFlags([]string{"--b-sales", "0", "--b-sale-items", "0"}); err != nil {
+		t.Errorf("no sales and no sale items: %v, want accepted", err)
+	}
+}
+
+func TestRetryWaitIsWhatTheSalesGuideSays(t *testing.T) {
+	jitter := func(bound time.Duration) time.Duration { return bound / 4 } // a fixed draw below the bound
+	timeout := fasthttp.ErrTimeout
+	for _, c := range []struct {
+		name       string
+		status     int
+		retryAfter string
+		err        error
+		backoff    time.Duration
+		want       time.Duration
+	}{
+		{"a 200 goes on at once", 200, "", nil, time.Second, 0},
+		{"a final 409 goes on at once", 409, "", nil, time.Second, 0},
+		{"a 429 waits its Retry-After and part of a second", 429, "2", nil, 100 * time.Millisecond, 2250 * time.Millisecond},
+		{"a 429 naming no wait waits a second and part of one", 429, "", nil, 100 * time.Millisecond, 1250 * time.Millisecond},
+		{"a 503 waits at least its Retry-After", 503, "1", nil, 100 * time.Millisecond, 1250 * time.Millisecond},
+		{"a 503 waits at least the backoff", 503, "1", nil, 4 * time.Second, 4250 * time.Millisecond},
+		{"a 502 waits part of the backoff", 502, "", nil, 400 * time.Millisecond, 101 * time.Millisecond},
+		{"a timeout waits part of the backoff", 0, "", timeout, 400 * time.Millisecond, 101 * time.Millisecond},
+	} {
+		if got := retryWait(c.status, c.retryAfter, c.err, c.backoff, jitter); got != c.want {
+			t.Errorf("%s: retryWait = %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+func TestNeighboursReportNamesEveryFigure(t *testing.T) {
+	rep := neighboursReport{
+		duration: 15 * time.Second,
+		b: map[string]kindFigures{
+			kindGet:  {Planned: 600, Sent: 600, Late: 2, MaxLag: 31 * time.Millisecond, Answered: 598, P50: 27400 * time.Microsecond, P99: 118 * time.Millisecond, Outcomes: map[string]int{"200": 598, "timeout": 2}},
+			kindList: {Planned: 75, Sent: 75, Answered: 75, P50: 50 * time.Millisecond, P99: 90 * time.Millisecond, Outcomes: map[string]int{"200": 74, "429": 1}},
+			kindSale: {Planned: 30, Sent: 29, Answered: 58, P50: 3 * time.Millisecond, P99: 9 * time.Millisecond, Outcomes: map[string]int{"200": 58}},
+		},
+		skipped:     1,
+		a:           map[string]map[string]int{kindList: {"200": 40000, "429": 9400, "transport": 3}, kindSale: {"200": 900, "429": 3600}},
+		maxInFlight: 64,
+		pools:       []poolWait{{service: "export-reader", pool: "postgres", acquires: 1000, empty: 900, wait: 17 * time.Second}},
+	}
+	var out bytes.Buffer
+	if err := writeNeighboursReport(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"  get   p50 27.4 ms p99 118.0 ms, answered 598; sent 600 of 600 planned, 2 late (latest by 31.0 ms); 200: 598, timeout: 2\n",
+		"  list  p50 50.0 ms p99 90.0 ms, answered 75; sent 75 of 75 planned, 0 late (latest by 0.0 ms); 200: 74, 429: 1\n",
+		"  1 pairs not sent: every item of B's was in a pair or left sold\n",
+		"  list  429 9400; 200: 40000, transport: 3\n",
+		"  sale  429 3600; 200: 900\n",
+		"  sale calls in flight at once, at most: 64\n",
+		"  export-reader pool=postgres: 17.0 ms per acquire, 1000 acquires, 900 of them waited\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	rec := rep.record("neighbours")
+	for name, want := range map[string]float64{
+		"b_get_p50_ms": 27.4, "b_get_answered": 598, "b_get_failed": 2, "b_list_failed": 1, "b_sale_failed": 0,
+		"a_list_429": 9400, "a_sale_429": 3600, "a_list_answers": 49403, "b_skipped_pairs": 1, "a_sales_inflight": 64,
+		"pool_wait_ms.export-reader.postgres": 17,
+	} {
+		if got := rec.Figures[name]; got != want {
+			t.Errorf("record figure %s = %v, want %v", name, got, want)
+		}
+	}
+}
+
+const poolMetricsBefore = `# HELP pgxpool_acquire_total Connections acquired.
+# TYPE pgxpool_acquire_total counter
+pgxpool_acquire_total{pool="postgres"} 100
+# HELP pgxpool_empty_acquire_total Acquires that had to wait for a connection.
+# TYPE pgxpool_empty_acquire_total counter
+pgxpool_empty_acquire_total{pool="postgres"} 10
+# HELP pgxpool_acquire_wait_seconds_total Time spent waiting for a connection.
+# TYPE pgxpool_acquire_wait_seconds_total counter
+pgxpool_acquire_wait_seconds_total{pool="postgres"} 1.5
+# TYPE http_requests_total counter
+http_requests_total{route="x"} 7
+`
+
+func TestPoolWaitIsTheAcquireTimeOverTheRunPerAcquire(t *testing.T) {
+	before, err := parsePoolCounters(strings.NewReader(poolMetricsBefore))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parsePoolCounters(strings.NewReader(strings.NewReplacer(
+		`acquire_total{pool="postgres"} 100`, `acquire_total{pool="postgres"} 600`,
+		`empty_acquire_total{pool="postgres"} 10`, `empty_acquire_total{pool="postgres"} 410`,
+		`seconds_total{pool="postgres"} 1.5`, `seconds_total{pool="postgres"} 11.5`).Replace(poolMetricsBefore)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := metricsTargets{{"export-reader", "http://x/metrics"}}
+	waits := poolWaits(targets, map[string]map[string]poolCounters{"export-reader": before}, map[string]map[string]poolCounters{"export-reader": after})
+	if len(waits) != 1 {
+		t.Fatalf("waits = %+v, want one pool", waits)
+	}
+	w := waits[0]
+	if w.service != "export-reader" || w.pool != "postgres" || w.acquires != 500 || w.empty != 400 || w.perAcquire() != 20*time.Millisecond {
+		t.Errorf("wait = %+v, %s per acquire; want 500 acquires, 400 waited, 10 s over them: 20ms", w, w.perAcquire())
+	}
+}
+
+// fakeGateway answers as a gateway would the requests of both owners, and
+// records them: A's list pages are refused 429 with Retry-After: 1.
+type fakeGateway struct {
+	mu       sync.Mutex
+	byKey    map[string]int
+	sales    []string // "key path" of every sale call, in order
+	notFound []string
+}
+
+func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("X-API-Key")
+	g.mu.Lock()
+	g.byKey[key]++
+	path := r.URL.EscapedPath()
+	isSale := r.Method == http.MethodPost && strings.Contains(path, "/sales/")
+	if isSale {
+		g.sales = append(g.sales, key+" "+path+" "+r.Header.Get("Idempotency-Key"))
+	}
+	g.mu.Unlock()
+	switch {
+	case r.Method == http.MethodGet && path == "/v1/export/items" && strings.HasPrefix(key, "a-read"):
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		w.Write([]byte(`{"error":{"code":"rate_limited"}}`))
+	case r.Method == http.MethodGet && path == "/v1/export/items" && r.URL.Query().Get("limit") == "7",
+		r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/export/items/b"),
+		isSale && r.Header.Get("Idempotency-Key") != "":
+		w.Write([]byte(`{"data":{}}`))
+	default:
+		g.mu.Lock()
+		g.notFound = append(g.notFound, r.Method+" "+r.URL.String())
+		g.mu.Unlock()
+		w.WriteHeader(http.StatusNotFound)
+	}
+}
+
+// The whole run against a loopback fake: B sends every request it planned
+// and each is answered; each of A's list connections, refused 429 with
+// Retry-After: 1, sends no second page within the run (it waits out the
+// second and part of one more); A's sale workers each sell only their own
+// items, a confirm before each cancel.
+func TestNeighboursRunsBothOwnersAsTold(t *testing.T) {
+	g := &fakeGateway{byKey: map[string]int{}}
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+	f, err := parseNeighboursFlags([]string{"--base", srv.URL + "/v1", "--duration", "500ms", "--limit", "7",
+		"--b-gets", "20", "--b-lists", "4", "--b-sales", "2", "--a-list-conns", "3", "--a-sale-workers", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{ReadKey: "b-read", WriteKeys: []string{"b-write"}, FloodReadKeys: []string{"a-read-1", "a-read-2", "a-read-3"},
+		FloodWriteKeys: []string{"a-write-0", "a-write-1"}}
+	items := neighbourItemSets{get: []string{"b1", "b2"}, sale: []string{"b/sold"}, flood: [][]string{{"a0x", "a0y"}, {"a1x"}}}
+	var timeline bytes.Buffer
+	rep, err := neighbours(context.Background(), cfg, f, items, &timeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.notFound) > 0 {
+		t.Fatalf("requests the fake did not expect: %q", g.notFound)
+	}
+	for kind, want := range map[string]int{kindGet: 10, kindList: 2, kindSale: 2} {
+		k := rep.b[kind]
+		if k.Planned != k.Sent || k.Outcomes["200"] != want || k.Answered != want || k.failed() != 0 {
+			t.Errorf("B's %s: %+v, want %d answered 200, every planned one sent", kind, k, want)
+		}
+	}
+	for _, key := range cfg.FloodReadKeys {
+		if g.byKey[key] != 1 {
+			t.Errorf("A's list connection on %s sent %d pages, want 1 (the 429's Retry-After: 1 outlasts the run)", key, g.byKey[key])
+		}
+	}
+	if rep.a[kindList]["429"] != 3 {
+		t.Errorf("A's list answers = %v, want 3 429s", rep.a[kindList])
+	}
+	if rep.a[kindSale]["200"] == 0 || rep.maxInFlight < 1 || rep.maxInFlight > 2 {
+		t.Errorf("A's sale answers = %v, at most %d in flight; want 200s, 1 or 2 in flight", rep.a[kindSale], rep.maxInFlight)
+	}
+	own := map[string]string{"a-write-0": "/a0", "a-write-1": "/a1", "b-write": "/b%2Fsold/"}
+	last := map[string]string{} // per key, the last call's action
+	for _, call := range g.sales {
+		key, rest, _ := strings.Cut(call, " ")
+		path, _, _ := strings.Cut(rest, " ")
+		if !strings.Contains(path, own[key]) {
+			t.Errorf("%s sold %s, not one of its own items", key, path)
+		}
+		action := path[strings.LastIndexByte(path, '/')+1:]
+		if (action == "cancel") != (last[key] == "confirm") {
+			t.Errorf("%s: %s after %q, want confirm and cancel in turn", key, action, last[key])
+		}
+		last[key] = action
+	}
+}
