@@ -215,22 +215,22 @@ func (s *floodStats) snapshot() map[string]map[string]int {
 }
 
 // retryWait is how long an A client waits before its next request after
-// an answer of status (or an error): a 429 its Retry-After (1 s when it
-// names none) plus up to a second more at random, a 503 the same but at
-// least the backoff, another 5xx or no answer a random part of the
-// backoff, as the README's sales guide says; anything else none. jitter
-// draws a random duration below its bound.
-func retryWait(status int, retryAfter string, err error, backoff time.Duration, jitter func(time.Duration) time.Duration) time.Duration {
+// an answer (or an error), as the README's sales guide says: a 429 its
+// Retry-After (1 s when it names none) plus up to a second more at random,
+// a 503 the same but at least the backoff, another 5xx, a 409
+// request_in_progress or no answer a random part of the backoff; anything
+// else none. jitter draws a random duration below its bound.
+func retryWait(a answer, err error, backoff time.Duration, jitter func(time.Duration) time.Duration) time.Duration {
 	told := time.Second
-	if secs, convErr := strconv.Atoi(retryAfter); convErr == nil && secs >= 0 {
+	if secs, convErr := strconv.Atoi(a.retryAfter); convErr == nil && secs >= 0 {
 		told = time.Duration(secs) * time.Second
 	}
 	switch {
-	case err != nil || (status >= 500 && status != fasthttp.StatusServiceUnavailable):
+	case err != nil || a.inProgress || (a.status >= 500 && a.status != fasthttp.StatusServiceUnavailable):
 		return jitter(backoff) + time.Millisecond
-	case status == fasthttp.StatusTooManyRequests:
+	case a.status == fasthttp.StatusTooManyRequests:
 		return told + jitter(time.Second)
-	case status == fasthttp.StatusServiceUnavailable:
+	case a.status == fasthttp.StatusServiceUnavailable:
 		return max(told, backoff) + jitter(time.Second)
 	}
 	return 0

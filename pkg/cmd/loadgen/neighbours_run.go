@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,9 +20,16 @@ type neighbourClient struct {
 	timeout time.Duration
 }
 
+// answer is what a client acts on in an answer.
+type answer struct {
+	status     int
+	retryAfter string
+	inProgress bool // a 409 request_in_progress: the call's first attempt still runs, retried alike
+}
+
 // send sends method to uri with key (and, for a sale, the Idempotency-Key
-// and body) and returns the status, the Retry-After and the time taken.
-func (c neighbourClient) send(method, uri, key, idemKey string, body []byte) (int, string, time.Duration, error) {
+// and body) and returns the answer and the time taken.
+func (c neighbourClient) send(method, uri, key, idemKey string, body []byte) (answer, time.Duration, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -37,9 +45,11 @@ func (c neighbourClient) send(method, uri, key, idemKey string, body []byte) (in
 	err := c.http.hc.DoTimeout(req, resp, c.timeout)
 	d := time.Since(t0)
 	if err != nil {
-		return 0, "", d, err
+		return answer{}, d, err
 	}
-	return resp.StatusCode(), string(resp.Header.Peek("Retry-After")), d, nil
+	a := answer{status: resp.StatusCode(), retryAfter: string(resp.Header.Peek("Retry-After"))}
+	a.inProgress = a.status == fasthttp.StatusConflict && bytes.Contains(resp.Body(), []byte(`"request_in_progress"`))
+	return a, d, nil
 }
 
 // neighbour is owner B: requests at their due times, each in a goroutine
@@ -60,15 +70,15 @@ type neighbour struct {
 func (n *neighbour) get(i int) {
 	uri := n.base + "/export/items/" + url.PathEscape(n.getIDs[i%len(n.getIDs)])
 	n.inFlight.Go(func() {
-		status, _, d, err := n.c.send(fasthttp.MethodGet, uri, n.readKey, "", nil)
-		n.stats.add(kindGet, status, d, err)
+		ans, d, err := n.c.send(fasthttp.MethodGet, uri, n.readKey, "", nil)
+		n.stats.add(kindGet, ans.status, d, err)
 	})
 }
 
 func (n *neighbour) list(int) {
 	n.inFlight.Go(func() {
-		status, _, d, err := n.c.send(fasthttp.MethodGet, n.listURL, n.readKey, "", nil)
-		n.stats.add(kindList, status, d, err)
+		ans, d, err := n.c.send(fasthttp.MethodGet, n.listURL, n.readKey, "", nil)
+		n.stats.add(kindList, ans.status, d, err)
 	})
 }
 
@@ -91,17 +101,17 @@ func (n *neighbour) sale(i int) {
 	order := fmt.Sprintf("nb-%s-%d", n.run, i)
 	body := appendSalesBody(nil, []byte(order))
 	n.inFlight.Go(func() {
-		status, _, d, err := n.c.send(fasthttp.MethodPost, prefix+"confirm", key, order+"-c", body)
-		n.stats.add(kindSale, status, d, err)
-		if err != nil || status != fasthttp.StatusOK {
-			if err == nil && status == fasthttp.StatusTooManyRequests {
+		ans, d, err := n.c.send(fasthttp.MethodPost, prefix+"confirm", key, order+"-c", body)
+		n.stats.add(kindSale, ans.status, d, err)
+		if err != nil || ans.status != fasthttp.StatusOK {
+			if err == nil && ans.status == fasthttp.StatusTooManyRequests {
 				n.free <- item
 			}
 			return
 		}
-		status, _, d, err = n.c.send(fasthttp.MethodPost, prefix+"cancel", key, order+"-x", body)
-		n.stats.add(kindSale, status, d, err)
-		if err == nil && status == fasthttp.StatusOK {
+		ans, d, err = n.c.send(fasthttp.MethodPost, prefix+"cancel", key, order+"-x", body)
+		n.stats.add(kindSale, ans.status, d, err)
+		if err == nil && ans.status == fasthttp.StatusOK {
 			n.free <- item
 		}
 	})
@@ -123,9 +133,9 @@ type flood struct {
 func (a *flood) lists(ctx context.Context, conn int) {
 	key := a.readKeys[conn%len(a.readKeys)]
 	for ctx.Err() == nil {
-		status, ra, _, err := a.c.send(fasthttp.MethodGet, a.listURL, key, "", nil)
-		a.stats.add(kindList, status, err)
-		sleepCtx(ctx, retryWait(status, ra, err, 100*time.Millisecond, randomBelow))
+		ans, _, err := a.c.send(fasthttp.MethodGet, a.listURL, key, "", nil)
+		a.stats.add(kindList, ans.status, err)
+		sleepCtx(ctx, retryWait(ans, err, 100*time.Millisecond, randomBelow))
 	}
 }
 
@@ -147,20 +157,20 @@ func (a *flood) sales(ctx context.Context, w int) {
 }
 
 // call sends one sale call until it is settled (2xx or a 4xx other than
-// 429 and request_in_progress's 409, which is rare and taken as final here)
-// or the run ends, and returns its last status (0: none).
+// 429 and a 409 request_in_progress) or the run ends, and returns its last
+// status (0: none).
 func (a *flood) call(ctx context.Context, uri, key, idemKey string, body []byte) int {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		n := a.stats.salesInFlight.Add(1)
 		for m := a.stats.maxInFlight.Load(); n > m && !a.stats.maxInFlight.CompareAndSwap(m, n); m = a.stats.maxInFlight.Load() {
 		}
-		status, ra, _, err := a.c.send(fasthttp.MethodPost, uri, key, idemKey, body)
+		ans, _, err := a.c.send(fasthttp.MethodPost, uri, key, idemKey, body)
 		a.stats.salesInFlight.Add(-1)
-		a.stats.add(kindSale, status, err)
-		wait := retryWait(status, ra, err, backoff, randomBelow)
+		a.stats.add(kindSale, ans.status, err)
+		wait := retryWait(ans, err, backoff, randomBelow)
 		if wait == 0 {
-			return status
+			return ans.status
 		}
 		backoff = min(2*backoff, 5*time.Second)
 		sleepCtx(ctx, wait)

@@ -66,23 +66,23 @@ func TestRetryWaitIsWhatTheSalesGuideSays(t *testing.T) {
 	jitter := func(bound time.Duration) time.Duration { return bound / 4 } // a fixed draw below the bound
 	timeout := fasthttp.ErrTimeout
 	for _, c := range []struct {
-		name       string
-		status     int
-		retryAfter string
-		err        error
-		backoff    time.Duration
-		want       time.Duration
+		name    string
+		answer  answer
+		err     error
+		backoff time.Duration
+		want    time.Duration
 	}{
-		{"a 200 goes on at once", 200, "", nil, time.Second, 0},
-		{"a final 409 goes on at once", 409, "", nil, time.Second, 0},
-		{"a 429 waits its Retry-After and part of a second", 429, "2", nil, 100 * time.Millisecond, 2250 * time.Millisecond},
-		{"a 429 naming no wait waits a second and part of one", 429, "", nil, 100 * time.Millisecond, 1250 * time.Millisecond},
-		{"a 503 waits at least its Retry-After", 503, "1", nil, 100 * time.Millisecond, 1250 * time.Millisecond},
-		{"a 503 waits at least the backoff", 503, "1", nil, 4 * time.Second, 4250 * time.Millisecond},
-		{"a 502 waits part of the backoff", 502, "", nil, 400 * time.Millisecond, 101 * time.Millisecond},
-		{"a timeout waits part of the backoff", 0, "", timeout, 400 * time.Millisecond, 101 * time.Millisecond},
+		{"a 200 goes on at once", answer{status: 200}, nil, time.Second, 0},
+		{"a final 409 goes on at once", answer{status: 409}, nil, time.Second, 0},
+		{"a 409 request_in_progress waits part of the backoff", answer{status: 409, inProgress: true}, nil, 400 * time.Millisecond, 101 * time.Millisecond},
+		{"a 429 waits its Retry-After and part of a second", answer{429, "2", false}, nil, 100 * time.Millisecond, 2250 * time.Millisecond},
+		{"a 429 naming no wait waits a second and part of one", answer{status: 429}, nil, 100 * time.Millisecond, 1250 * time.Millisecond},
+		{"a 503 waits at least its Retry-After", answer{503, "1", false}, nil, 100 * time.Millisecond, 1250 * time.Millisecond},
+		{"a 503 waits at least the backoff", answer{503, "1", false}, nil, 4 * time.Second, 4250 * time.Millisecond},
+		{"a 502 waits part of the backoff", answer{status: 502}, nil, 400 * time.Millisecond, 101 * time.Millisecond},
+		{"a timeout waits part of the backoff", answer{}, timeout, 400 * time.Millisecond, 101 * time.Millisecond},
 	} {
-		if got := retryWait(c.status, c.retryAfter, c.err, c.backoff, jitter); got != c.want {
+		if got := retryWait(c.answer, c.err, c.backoff, jitter); got != c.want {
 			t.Errorf("%s: retryWait = %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -167,7 +167,8 @@ func TestPoolWaitIsTheAcquireTimeOverTheRunPerAcquire(t *testing.T) {
 }
 
 // fakeGateway answers as a gateway would the requests of both owners, and
-// records them: A's list pages are refused 429 with Retry-After: 1.
+// records them: A's list pages are refused 429 with Retry-After: 1, and
+// the first sale call of key a-write-1 is answered 409 request_in_progress.
 type fakeGateway struct {
 	mu       sync.Mutex
 	byKey    map[string]int
@@ -186,6 +187,9 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	g.mu.Unlock()
 	switch {
+	case isSale && key == "a-write-1" && g.byKey[key] == 1:
+		w.WriteHeader(http.StatusConflict)
+		w.Write([]byte(`{"error":{"code":"request_in_progress"}}`))
 	case r.Method == http.MethodGet && path == "/v1/export/items" && strings.HasPrefix(key, "a-read"):
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusTooManyRequests)
@@ -206,7 +210,8 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // and each is answered; each of A's list connections, refused 429 with
 // Retry-After: 1, sends no second page within the run (it waits out the
 // second and part of one more); A's sale workers each sell only their own
-// items, a confirm before each cancel.
+// items, a confirm before each cancel, and send a call answered 409
+// request_in_progress again with its Idempotency-Key.
 func TestNeighboursRunsBothOwnersAsTold(t *testing.T) {
 	g := &fakeGateway{byKey: map[string]int{}}
 	srv := httptest.NewServer(g)
@@ -245,17 +250,23 @@ func TestNeighboursRunsBothOwnersAsTold(t *testing.T) {
 		t.Errorf("A's sale answers = %v, at most %d in flight; want 200s, 1 or 2 in flight", rep.a[kindSale], rep.maxInFlight)
 	}
 	own := map[string]string{"a-write-0": "/a0", "a-write-1": "/a1", "b-write": "/b%2Fsold/"}
-	last := map[string]string{} // per key, the last call's action
+	last := map[string]string{} // per key, the last call's action and Idempotency-Key
+	var retried []string
 	for _, call := range g.sales {
 		key, rest, _ := strings.Cut(call, " ")
-		path, _, _ := strings.Cut(rest, " ")
+		path, idemKey, _ := strings.Cut(rest, " ")
 		if !strings.Contains(path, own[key]) {
 			t.Errorf("%s sold %s, not one of its own items", key, path)
 		}
 		action := path[strings.LastIndexByte(path, '/')+1:]
-		if (action == "cancel") != (last[key] == "confirm") {
-			t.Errorf("%s: %s after %q, want confirm and cancel in turn", key, action, last[key])
+		if prevAction, prevKey, _ := strings.Cut(last[key], " "); prevKey == idemKey {
+			retried = append(retried, key+" "+action)
+		} else if (action == "cancel") != (prevAction == "confirm") {
+			t.Errorf("%s: %s after %q, want confirm and cancel in turn", key, action, prevAction)
 		}
-		last[key] = action
+		last[key] = action + " " + idemKey
+	}
+	if strings.Join(retried, ",") != "a-write-1 confirm" {
+		t.Errorf("calls sent again with their Idempotency-Key: %q, want a-write-1's first confirm alone (answered request_in_progress)", retried)
 	}
 }
