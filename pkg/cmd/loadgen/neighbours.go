@@ -152,11 +152,27 @@ type kindStats struct {
 	outcomes  map[string]int // by outcome
 }
 
+// inFlightGauge counts requests in flight, and the most there were at once.
+type inFlightGauge struct{ now, most atomic.Int64 }
+
+func (g *inFlightGauge) enter() {
+	n := g.now.Add(1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+}
+
+func (g *inFlightGauge) leave() { g.now.Add(-1) }
+
 // neighbourStats is B's side, shared by its requests in flight.
 type neighbourStats struct {
 	mu      sync.Mutex
 	kinds   map[string]*kindStats
 	skipped int // pairs not sent: no item of B's free (each still in a pair, or left sold)
+
+	// B's own requests in flight on each service's routes: the gateway
+	// caps an owner's, so a neighbour whose answers slow down may meet
+	// its own cap.
+	exportInFlight, saleInFlight inFlightGauge
 }
 
 func newNeighbourStats() *neighbourStats {
@@ -183,8 +199,7 @@ type floodStats struct {
 	answers map[string]map[string]int // route → outcome → count
 	stop    time.Time                 // answers after it are not counted
 
-	salesInFlight atomic.Int64
-	maxInFlight   atomic.Int64
+	salesInFlight inFlightGauge
 }
 
 func newFloodStats(stop time.Time) *floodStats {

@@ -42,12 +42,15 @@ type neighboursReport struct {
 	a           map[string]map[string]int // A's answers: route → outcome → count
 	maxInFlight int64                     // A's sale calls in flight at once, at most
 	pools       []poolWait
+
+	bExportInFlight, bSaleInFlight int64 // B's requests in flight at once on each service's routes, at most
 }
 
 func newNeighboursReport(f neighboursFlags, b *neighbourStats, paced map[string]*pacing, a *floodStats) neighboursReport {
 	rates := map[string]float64{kindGet: f.getRate, kindList: f.listRate, kindSale: f.saleRate}
 	rep := neighboursReport{duration: f.duration, b: map[string]kindFigures{}, skipped: b.skipped,
-		a: a.snapshot(), maxInFlight: a.maxInFlight.Load()}
+		a: a.snapshot(), maxInFlight: a.salesInFlight.most.Load(),
+		bExportInFlight: b.exportInFlight.most.Load(), bSaleInFlight: b.saleInFlight.most.Load()}
 	for _, kind := range neighbourKinds {
 		k, p := b.kinds[kind], paced[kind]
 		rep.b[kind] = kindFigures{Planned: plannedIn(rates[kind], f.duration), Sent: p.Sent, Late: p.Late, MaxLag: p.MaxLag,
@@ -65,6 +68,7 @@ func writeNeighboursReport(w io.Writer, r neighboursReport) error {
 		fmt.Fprintf(&sb, "  %-5s p50 %s p99 %s, answered %d; sent %d of %d planned, %d late (latest by %s); %s\n",
 			kind, fmtMS(k.P50), fmtMS(k.P99), k.Answered, k.Sent, k.Planned, k.Late, fmtMS(k.MaxLag), fmtOutcomes(k.Outcomes))
 	}
+	fmt.Fprintf(&sb, "  in flight at once, at most: %d on the export routes, %d on the sale routes\n", r.bExportInFlight, r.bSaleInFlight)
 	if r.skipped > 0 {
 		fmt.Fprintf(&sb, "  %d pairs not sent: every item of B's was in a pair or left sold\n", r.skipped)
 	}
@@ -87,9 +91,11 @@ func writeNeighboursReport(w io.Writer, r neighboursReport) error {
 // record is the report as one line of the results file.
 func (r neighboursReport) record(name string) Record {
 	rec := Record{Scenario: name, Figures: map[string]float64{
-		"seconds":          r.duration.Seconds(),
-		"b_skipped_pairs":  float64(r.skipped),
-		"a_sales_inflight": float64(r.maxInFlight),
+		"seconds":           r.duration.Seconds(),
+		"b_skipped_pairs":   float64(r.skipped),
+		"a_sales_inflight":  float64(r.maxInFlight),
+		"b_export_inflight": float64(r.bExportInFlight),
+		"b_sale_inflight":   float64(r.bSaleInFlight),
 	}}
 	for kind, k := range r.b {
 		rec.Figures["b_"+kind+"_p50_ms"] = ms(k.P50)

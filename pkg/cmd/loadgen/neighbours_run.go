@@ -70,14 +70,18 @@ type neighbour struct {
 func (n *neighbour) get(i int) {
 	uri := n.base + "/export/items/" + url.PathEscape(n.getIDs[i%len(n.getIDs)])
 	n.inFlight.Go(func() {
+		n.stats.exportInFlight.enter()
 		ans, d, err := n.c.send(fasthttp.MethodGet, uri, n.readKey, "", nil)
+		n.stats.exportInFlight.leave()
 		n.stats.add(kindGet, ans.status, d, err)
 	})
 }
 
 func (n *neighbour) list(int) {
 	n.inFlight.Go(func() {
+		n.stats.exportInFlight.enter()
 		ans, d, err := n.c.send(fasthttp.MethodGet, n.listURL, n.readKey, "", nil)
+		n.stats.exportInFlight.leave()
 		n.stats.add(kindList, ans.status, d, err)
 	})
 }
@@ -101,7 +105,9 @@ func (n *neighbour) sale(i int) {
 	order := fmt.Sprintf("nb-%s-%d", n.run, i)
 	body := appendSalesBody(nil, []byte(order))
 	n.inFlight.Go(func() {
+		n.stats.saleInFlight.enter()
 		ans, d, err := n.c.send(fasthttp.MethodPost, prefix+"confirm", key, order+"-c", body)
+		n.stats.saleInFlight.leave()
 		n.stats.add(kindSale, ans.status, d, err)
 		if err != nil || ans.status != fasthttp.StatusOK {
 			if err == nil && ans.status == fasthttp.StatusTooManyRequests {
@@ -109,7 +115,9 @@ func (n *neighbour) sale(i int) {
 			}
 			return
 		}
+		n.stats.saleInFlight.enter()
 		ans, d, err = n.c.send(fasthttp.MethodPost, prefix+"cancel", key, order+"-x", body)
+		n.stats.saleInFlight.leave()
 		n.stats.add(kindSale, ans.status, d, err)
 		if err == nil && ans.status == fasthttp.StatusOK {
 			n.free <- item
@@ -162,11 +170,9 @@ func (a *flood) sales(ctx context.Context, w int) {
 func (a *flood) call(ctx context.Context, uri, key, idemKey string, body []byte) int {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		n := a.stats.salesInFlight.Add(1)
-		for m := a.stats.maxInFlight.Load(); n > m && !a.stats.maxInFlight.CompareAndSwap(m, n); m = a.stats.maxInFlight.Load() {
-		}
+		a.stats.salesInFlight.enter()
 		ans, _, err := a.c.send(fasthttp.MethodPost, uri, key, idemKey, body)
-		a.stats.salesInFlight.Add(-1)
+		a.stats.salesInFlight.leave()
 		a.stats.add(kindSale, ans.status, err)
 		wait := retryWait(ans, err, backoff, randomBelow)
 		if wait == 0 {
@@ -261,7 +267,7 @@ func timeline(ctx context.Context, w io.Writer, start time.Time, every time.Dura
 		fmt.Fprintf(w, "%5.1fs  A list 200 %d 429 %d  A sale 200 %d 429 %d, in flight %d  B answered get %d list %d sale %d\n",
 			time.Since(start).Seconds(),
 			now[kindList]["200"]-last[kindList]["200"], now[kindList]["429"]-last[kindList]["429"],
-			now[kindSale]["200"]-last[kindSale]["200"], now[kindSale]["429"]-last[kindSale]["429"], a.salesInFlight.Load(),
+			now[kindSale]["200"]-last[kindSale]["200"], now[kindSale]["429"]-last[kindSale]["429"], a.salesInFlight.now.Load(),
 			answeredB[kindGet]-lastB[kindGet], answeredB[kindList]-lastB[kindList], answeredB[kindSale]-lastB[kindSale])
 		last, lastB = now, answeredB
 	}

@@ -96,10 +96,11 @@ func TestNeighboursReportNamesEveryFigure(t *testing.T) {
 			kindList: {Planned: 75, Sent: 75, Answered: 75, P50: 50 * time.Millisecond, P99: 90 * time.Millisecond, Outcomes: map[string]int{"200": 74, "429": 1}},
 			kindSale: {Planned: 30, Sent: 29, Answered: 58, P50: 3 * time.Millisecond, P99: 9 * time.Millisecond, Outcomes: map[string]int{"200": 58}},
 		},
-		skipped:     1,
-		a:           map[string]map[string]int{kindList: {"200": 40000, "429": 9400, "transport": 3}, kindSale: {"200": 900, "429": 3600}},
-		maxInFlight: 64,
-		pools:       []poolWait{{service: "export-reader", pool: "postgres", acquires: 1000, empty: 900, wait: 17 * time.Second}},
+		skipped:         1,
+		a:               map[string]map[string]int{kindList: {"200": 40000, "429": 9400, "transport": 3}, kindSale: {"200": 900, "429": 3600}},
+		maxInFlight:     64,
+		bExportInFlight: 51, bSaleInFlight: 1,
+		pools: []poolWait{{service: "export-reader", pool: "postgres", acquires: 1000, empty: 900, wait: 17 * time.Second}},
 	}
 	var out bytes.Buffer
 	if err := writeNeighboursReport(&out, rep); err != nil {
@@ -108,6 +109,7 @@ func TestNeighboursReportNamesEveryFigure(t *testing.T) {
 	for _, want := range []string{
 		"  get   p50 27.4 ms p99 118.0 ms, answered 598; sent 600 of 600 planned, 2 late (latest by 31.0 ms); 200: 598, timeout: 2\n",
 		"  list  p50 50.0 ms p99 90.0 ms, answered 75; sent 75 of 75 planned, 0 late (latest by 0.0 ms); 200: 74, 429: 1\n",
+		"  in flight at once, at most: 51 on the export routes, 1 on the sale routes\n",
 		"  1 pairs not sent: every item of B's was in a pair or left sold\n",
 		"  list  429 9400; 200: 40000, transport: 3\n",
 		"  sale  429 3600; 200: 900\n",
@@ -121,7 +123,7 @@ func TestNeighboursReportNamesEveryFigure(t *testing.T) {
 	rec := rep.record("neighbours")
 	for name, want := range map[string]float64{
 		"b_get_p50_ms": 27.4, "b_get_answered": 598, "b_get_failed": 2, "b_list_failed": 1, "b_sale_failed": 0,
-		"a_list_429": 9400, "a_sale_429": 3600, "a_list_answers": 49403, "b_skipped_pairs": 1, "a_sales_inflight": 64,
+		"a_list_429": 9400, "a_sale_429": 3600, "a_list_answers": 49403, "b_skipped_pairs": 1, "a_sales_inflight": 64, "b_export_inflight": 51,
 		"pool_wait_ms.export-reader.postgres": 17,
 	} {
 		if got := rec.Figures[name]; got != want {
@@ -237,6 +239,9 @@ func TestNeighboursRunsBothOwnersAsTold(t *testing.T) {
 		if k.Planned != k.Sent || k.Outcomes["200"] != want || k.Answered != want || k.failed() != 0 {
 			t.Errorf("B's %s: %+v, want %d answered 200, every planned one sent", kind, k, want)
 		}
+	}
+	if rep.bExportInFlight < 1 || rep.bSaleInFlight != 1 {
+		t.Errorf("B's in flight at most: %d export, %d sale; want at least 1, and 1 (its one item: a pair at a time, a call at a time)", rep.bExportInFlight, rep.bSaleInFlight)
 	}
 	for _, key := range cfg.FloodReadKeys {
 		if g.byKey[key] != 1 {
