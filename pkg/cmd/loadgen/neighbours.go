@@ -48,7 +48,7 @@ type neighboursFlags struct {
 	metrics metricsTargets
 }
 
-// parseNeighboursFlags reads the scenario's flags; fs is returned for -h.
+// parseNeighboursFlags reads the scenario's flags and refuses settings that cannot run.
 func parseNeighboursFlags(args []string) (neighboursFlags, error) {
 	var f neighboursFlags
 	fs := flag.NewFlagSet("neighbours", flag.ContinueOnError)

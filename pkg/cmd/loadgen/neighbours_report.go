@@ -76,7 +76,7 @@ func writeNeighboursReport(w io.Writer, r neighboursReport) error {
 	for _, route := range []string{kindList, kindSale} {
 		fmt.Fprintf(&sb, "  %-5s 429 %d; %s\n", route, r.a[route]["429"], fmtOutcomes(without(r.a[route], "429")))
 	}
-	fmt.Fprintf(&sb, "  sale calls in flight at once, at most: %d\n", r.maxInFlight)
+	fmt.Fprintf(&sb, "  sale calls in flight at once, at most (the workers' first calls, sent together, included): %d\n", r.maxInFlight)
 	if len(r.pools) > 0 {
 		sb.WriteString("pool wait over the run (pgxpool acquire time per acquire):\n")
 		for _, p := range r.pools {

@@ -113,7 +113,7 @@ func TestNeighboursReportNamesEveryFigure(t *testing.T) {
 		"  1 pairs not sent: every item of B's was in a pair or left sold\n",
 		"  list  429 9400; 200: 40000, transport: 3\n",
 		"  sale  429 3600; 200: 900\n",
-		"  sale calls in flight at once, at most: 64\n",
+		"  sale calls in flight at once, at most (the workers' first calls, sent together, included): 64\n",
 		"  export-reader pool=postgres: 17.0 ms per acquire, 1000 acquires, 900 of them waited\n",
 	} {
 		if !strings.Contains(out.String(), want) {
