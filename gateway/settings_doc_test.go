@@ -114,3 +114,44 @@ func upstreamURLs(t *testing.T, list string) []*url.URL {
 	}
 	return out
 }
+
+// clusterDNSTTL is how old an answer of the cluster's DNS may be when the
+// gateway resolves a headless Service: CoreDNS's kubernetes plugin gives
+// its answers a TTL of 5 s by default, and its cache keeps them that long.
+// endpointsLag is a margin for the deletion of a pod to reach CoreDNS
+// (EndpointSlices, watched).
+const clusterDNSTTL, endpointsLag = 5 * time.Second, 2 * time.Second
+
+// A pod deleted (a rollout's old pod, an eviction, a scale-down) leaves its
+// headless Service at once, but a gateway goes on sending to it until it
+// resolves the name again, every UPSTREAM_RESOLVE_INTERVAL, to an answer
+// up to the DNS's TTL old. Each service's pods must serve on that long
+// before SIGTERM (a preStop sleep): stopped at once, a rollout of two
+// writers stopped the second old pod while the gateway still knew only
+// the two old ones, and every sale was answered 503 upstream_unavailable
+// for 7 s (a drill whose gateway resolved the writers' name; gateway
+// README, "Replicas behind one name").
+func TestDeletedPodsServeOnUntilTheGatewayResolvedThemAway(t *testing.T) {
+	m, err := envdoc.ReadManifest("../"+envdoc.ManifestFile, envdoc.Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := m.Containers["gateway"].Env
+	interval, err := time.ParseDuration(env["UPSTREAM_RESOLVE_INTERVAL"])
+	if err != nil || interval <= 0 {
+		t.Fatalf("%s: UPSTREAM_RESOLVE_INTERVAL=%q: the test expects the gateway to resolve the services' names", envdoc.ManifestFile, env["UPSTREAM_RESOLVE_INTERVAL"])
+	}
+	want := interval + clusterDNSTTL + endpointsLag
+	for _, urlsVar := range slices.Sorted(maps.Keys(upstreamListeners)) {
+		for _, u := range upstreamURLs(t, env[urlsVar]) {
+			svc, ok := m.Services[u.Hostname()]
+			if !ok {
+				continue // TestUpstreamURLsReachTheServicesListeners names it
+			}
+			if got := m.Containers[svc.App].PreStopSleep; got < want {
+				t.Errorf("%s: %s's pods sleep %s in preStop, want at least %s (UPSTREAM_RESOLVE_INTERVAL %s + the DNS's TTL %s + %s for the deletion to reach it)",
+					envdoc.ManifestFile, svc.App, got, want, interval, clusterDNSTTL, endpointsLag)
+			}
+		}
+	}
+}

@@ -294,7 +294,13 @@ func (b Binary[C]) CheckManifest(m *Manifest) []string {
 	addr, admin := b.Listeners(cfg)
 	problems = append(problems, notLoopback(addr, admin)...)
 	problems = append(problems, b.checkContainerPorts(c, Port(addr), Port(admin))...)
-	problems = append(problems, b.checkGrace("terminationGracePeriodSeconds", c.GracePeriod, cfg)...)
+	// Kubernetes counts the grace period from the pod's deletion: the
+	// preStop hook's sleep is spent from it before SIGTERM.
+	grace := "terminationGracePeriodSeconds"
+	if c.PreStopSleep > 0 {
+		grace = fmt.Sprintf("terminationGracePeriodSeconds less the %s preStop sleep", c.PreStopSleep)
+	}
+	problems = append(problems, b.checkGrace(grace, c.GracePeriod-c.PreStopSleep, cfg)...)
 	return append(problems, b.checkService(m, Port(addr), Port(admin))...)
 }
 

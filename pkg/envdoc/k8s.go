@@ -46,8 +46,13 @@ type Container struct {
 	Probes     map[string]Probe  // by kind: readiness, liveness, startup
 	ScrapePort string            // the pod's prometheus.io/port annotation
 	// GracePeriod is the pod's terminationGracePeriodSeconds (Kubernetes'
-	// default, 30 s, when left out): SIGTERM to SIGKILL.
+	// default, 30 s, when left out): from the pod's deletion to SIGKILL,
+	// the preStop hook's time included.
 	GracePeriod time.Duration
+	// PreStopSleep is the container's lifecycle.preStop.sleep (0 without
+	// one): how long it serves on, out of its Service's endpoints, before
+	// Kubernetes sends SIGTERM.
+	PreStopSleep time.Duration
 }
 
 // defaultGracePeriod is Kubernetes' terminationGracePeriodSeconds when a
@@ -246,6 +251,11 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 						ReadinessProbe *httpProbe `yaml:"readinessProbe"`
 						LivenessProbe  *httpProbe `yaml:"livenessProbe"`
 						StartupProbe   *httpProbe `yaml:"startupProbe"`
+						Lifecycle      struct {
+							PreStop struct {
+								Sleep struct{ Seconds int }
+							} `yaml:"preStop"`
+						}
 					}
 				}
 			}
@@ -264,6 +274,7 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 		if s := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; s != nil {
 			out.GracePeriod = time.Duration(*s) * time.Second
 		}
+		out.PreStopSleep = time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
 		for _, p := range c.Ports {
 			out.Ports = append(out.Ports, p.ContainerPort)
 		}
