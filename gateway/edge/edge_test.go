@@ -637,11 +637,17 @@ func TestUpstreamSeriesStartAtZero(t *testing.T) {
 // With several instances behind the gateway, a failure is counted under
 // the instance that failed (upstream_instance), which the operator takes
 // out or restarts; a failure no instance had, every one being out, under
-// "none".
+// "none". The writer is out for its readiness (503): one out for a refused
+// connection would be asked all the same (upstream.pickRefused), and its
+// refusal counted under it.
 func TestUpstreamErrorsNameTheirInstance(t *testing.T) {
 	dsn, _, k := seed(t)
 	slow, good := slowUpstream(t, 2*time.Second), echoUpstream(t, "good", nil)
-	down := closedURL(t)
+	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteError(w, http.StatusServiceUnavailable, "not_ready", "the database is not reachable", "r")
+	}))
+	t.Cleanup(notReady.Close)
+	down := notReady.URL
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "UPSTREAM_READ_TIMEOUT": "300ms",
 		"EXPORT_READER_URLS": slow.URL + "," + good.URL, "SALES_WRITER_URLS": down, "UPSTREAM_PROBE_INTERVAL": "100ms"})
 	statuses := map[int]int{}
