@@ -275,3 +275,84 @@ func TestNeighboursRunsBothOwnersAsTold(t *testing.T) {
 		t.Errorf("calls sent again with their Idempotency-Key: %q, want a-write-1's first confirm alone (answered request_in_progress)", retried)
 	}
 }
+
+// B's item goes back to its free items only when no sale of it can stand:
+// after a cancel answered 200, or a confirm refused 429 before it could
+// apply (the gateway's cap, which B meets when a flood slows its answers).
+// A confirm refused otherwise is not followed by a cancel, and a cancel
+// that failed leaves the item out: it may be sold.
+func TestNeighbourFreesItsItemOnlyWhenNoSaleStands(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.EscapedPath()
+		mu.Lock()
+		calls = append(calls, path[strings.LastIndexByte(path, '/')+1:])
+		mu.Unlock()
+		confirm := strings.HasSuffix(path, "/confirm")
+		switch {
+		case strings.Contains(path, "/refused/") && confirm:
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+		case strings.Contains(path, "/taken/") && confirm:
+			w.WriteHeader(http.StatusConflict)
+			w.Write([]byte(`{"error":{"code":"item_already_sold"}}`))
+		case strings.Contains(path, "/cancel-fails/") && !confirm:
+			w.WriteHeader(http.StatusBadGateway)
+		default:
+			w.Write([]byte(`{"data":{}}`))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	hc, err := newHTTPClient(srv.URL+"/v1", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		item      string
+		wantCalls string
+		wantFree  bool
+		wantOut   map[string]int
+	}{
+		{"sold-and-canceled", "confirm cancel", true, map[string]int{"200": 2}},
+		{"refused", "confirm", true, map[string]int{"429": 1}},
+		{"taken", "confirm", false, map[string]int{"409": 1}},
+		{"cancel-fails", "confirm cancel", false, map[string]int{"200": 1, "502": 1}},
+	} {
+		mu.Lock()
+		calls = nil
+		mu.Unlock()
+		n := &neighbour{c: neighbourClient{hc, 5 * time.Second}, base: hc.base, writeKeys: []string{"b-write"},
+			free: make(chan string, 1), run: "t", stats: newNeighbourStats()}
+		n.free <- c.item
+		n.sale(0)
+		n.inFlight.Wait()
+		mu.Lock()
+		got := strings.Join(calls, " ")
+		mu.Unlock()
+		if got != c.wantCalls {
+			t.Errorf("%s: calls %q, want %q", c.item, got, c.wantCalls)
+		}
+		if free := len(n.free) == 1; free != c.wantFree {
+			t.Errorf("%s: item free again = %v, want %v", c.item, free, c.wantFree)
+		}
+		if got := n.stats.kinds[kindSale].outcomes; fmtOutcomes(got) != fmtOutcomes(c.wantOut) {
+			t.Errorf("%s: outcomes %v, want %v", c.item, got, c.wantOut)
+		}
+	}
+}
+
+// A's answers are counted within the run only: its requests in flight at
+// the end are answered after it, under a load that has stopped.
+func TestFloodAnswersAfterTheRunAreNotCounted(t *testing.T) {
+	during := newFloodStats(time.Now().Add(time.Hour))
+	during.add(kindList, 200, nil)
+	after := newFloodStats(time.Now().Add(-time.Millisecond))
+	after.add(kindList, 200, nil)
+	if got := during.snapshot()[kindList]["200"]; got != 1 {
+		t.Errorf("an answer within the run counted %d times, want 1", got)
+	}
+	if got := after.snapshot()[kindList]; len(got) != 0 {
+		t.Errorf("answers after the run's end counted: %v, want none", got)
+	}
+}
