@@ -89,10 +89,11 @@ func parseUpdatedAfter(v string) (time.Time, error) {
 
 // withSeconds gives a time written to the minute, hh:mm then its offset,
 // its seconds (:00). ISO 8601 lets them be left out, and Java's
-// OffsetDateTime.toString() and ZonedDateTime.toString() leave them out
-// for a whole minute (2026-11-29T19:51Z): a Java client whose checkpoint
-// fell on one was refused 400 on every run, as a failed run keeps its
-// checkpoint. Only before an offset: a fraction after hh:mm would be one
+// OffsetDateTime.toString() leaves them out for a whole minute
+// (2026-11-29T19:51Z; ZonedDateTime.toString() too, but it adds its
+// zone's region, [Europe/Paris], which is refused as an offset): a Java
+// client whose checkpoint fell on one was refused 400 on every run, as a
+// failed run keeps its checkpoint. Only before an offset: a fraction after hh:mm would be one
 // of a minute, which no library writes, and stays refused.
 func withSeconds(v string) string {
 	const toTheMinute = "dddd-dd-ddTdd:dd"

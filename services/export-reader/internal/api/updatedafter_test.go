@@ -76,6 +76,10 @@ var updatedAfterCases = []struct {
 	{"2026-11-21T17Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:60Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:Z", "", "must be an RFC 3339"},
+	// Java's ZonedDateTime.toString(), a region after the offset (RFC 9557).
+	{"2026-11-29T19:51+01:00[Europe/Paris]", "", "invalid time offset"},
+	{"2026-11-29T19:51Z[Etc/UTC]", "", "invalid time offset"},
+	{"2026-11-29T19:51:30.5+01:00[Europe/Paris]", "", "invalid time offset"},
 	{"2026-11-21 17:23:37Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:37.Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:37,Z", "", "must be an RFC 3339"},
