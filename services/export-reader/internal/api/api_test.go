@@ -306,6 +306,7 @@ func TestCursorRejected(t *testing.T) {
 	}{
 		{"same query", owner, "status=active&updated_after=" + after + "&cursor=" + cur, 200},
 		{"same instant, other offset; other lang and limit", owner, "status=active&lang=UKR&limit=3&updated_after=" + url.QueryEscape("2000-01-01T02:00:00+02:00") + "&cursor=" + cur, 200},
+		{"same instant, to the minute", owner, "status=active&updated_after=" + url.QueryEscape("2000-01-01T02:00+0200") + "&cursor=" + cur, 200},
 		{"flipped version byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(0), 400},
 		{"flipped timestamp byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(5), 400},
 		{"flipped id byte", owner, "status=active&updated_after=" + after + "&cursor=" + flipped(10), 400},
