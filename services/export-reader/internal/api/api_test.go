@@ -78,6 +78,11 @@ func TestListParameters(t *testing.T) {
 		{"?updated_after=2000-01-01T00:00:00%2B24:00", 400, "invalid_updated_after", nil, "-23:59 to +23:59"},
 		{"?updated_after=2000-01-01T00:00:00%2B05:60", 400, "invalid_updated_after", nil, "-23:59 to +23:59"},
 		{"?updated_after=2000-01-01T00:00:00,5Z", 200, "", []string{"a", "b"}, ""},
+		// Java's OffsetDateTime and ZonedDateTime.toString() of a whole minute, as a query encoder sends them.
+		{"?updated_after=2000-01-01T01:00%2B01:00", 200, "", []string{"a", "b"}, ""},
+		{"?updated_after=2000-01-01T01:00%2B01:00%5BEurope%2FParis%5D", 200, "", []string{"a", "b"}, ""},
+		{"?updated_after=2999-01-01T00:00Z%5BEtc%2FUTC%5D", 200, "", []string{}, ""},
+		{"?updated_after=2000-01-01T00:00Z%5B%21Etc%2FUTC%5D", 400, "invalid_updated_after", nil, "RFC 9557"},
 		{"?updated_after=2000-01-01T02:00:00%2B0200", 200, "", []string{"a", "b"}, ""},
 		{"?updated_after=2999-01-01T02:00:00+0200", 200, "", []string{}, ""}, // unencoded + arrives as a space
 		{"?updated_after=2000-01-01T00:00:00%2B050", 400, "invalid_updated_after", nil, "-23:59 to +23:59"},

@@ -19,6 +19,8 @@ var (
 		"updated_after needs a time offset, Z or ±hh:mm (a time without one is ambiguous), " + updatedAfterExample}
 	errUpdatedAfterOffset = &paramError{"invalid_updated_after",
 		"updated_after has an invalid time offset: Z, ±hh:mm, ±hhmm or ±hh from -23:59 to +23:59, " + updatedAfterExample}
+	errUpdatedAfterSuffix = &paramError{"invalid_updated_after",
+		"updated_after may end in a time zone after its offset, as [Europe/Paris] (RFC 9557), and in nothing else; a critical one, [!…], is not read, " + updatedAfterExample}
 )
 
 // parseUpdatedAfter reads an RFC 3339 date-time (section 5.6): the T and Z
@@ -26,8 +28,8 @@ var (
 // with hh 00–23 and mm 00–59. Spec 4.3 says ISO 8601, so the variants of
 // it that client libraries write are read too: a fraction after a comma,
 // and an offset ±hhmm or ±hh (PHP's DATE_ISO8601 and Java's "Z" pattern
-// write +0200, mixing ISO's basic and extended forms), and a time to the
-// minute (withSeconds). A date alone or a time without an offset is
+// write +0200, mixing ISO's basic and extended forms), a time to the
+// minute (withSeconds) and a time zone after the offset (withoutSuffix). A date alone or a time without an offset is
 // refused: taking it as UTC would silently skip items for a client in
 // another zone.
 //
@@ -41,6 +43,10 @@ var (
 // read as '+', since the value cannot mean anything else.
 func parseUpdatedAfter(v string) (time.Time, error) {
 	const dateTime = "dddd-dd-ddTdd:dd:dd"
+	v, err := withoutSuffix(v)
+	if err != nil {
+		return time.Time{}, err
+	}
 	v = withSeconds(v)
 	if len(v) < len(dateTime) {
 		if hasShape(v, "dddd-dd-dd") {
@@ -89,11 +95,10 @@ func parseUpdatedAfter(v string) (time.Time, error) {
 
 // withSeconds gives a time written to the minute, hh:mm then its offset,
 // its seconds (:00). ISO 8601 lets them be left out, and Java's
-// OffsetDateTime.toString() leaves them out for a whole minute
-// (2026-11-29T19:51Z; ZonedDateTime.toString() too, but it adds its
-// zone's region, [Europe/Paris], which is refused as an offset): a Java
-// client whose checkpoint fell on one was refused 400 on every run, as a
-// failed run keeps its checkpoint. Only before an offset: a fraction after hh:mm would be one
+// OffsetDateTime.toString() and ZonedDateTime.toString() leave them out
+// for a whole minute (2026-11-29T19:51Z): a Java client whose checkpoint
+// fell on one was refused 400 on every run, as a failed run keeps its
+// checkpoint. Only before an offset: a fraction after hh:mm would be one
 // of a minute, which no library writes, and stays refused.
 func withSeconds(v string) string {
 	const toTheMinute = "dddd-dd-ddTdd:dd"
@@ -109,6 +114,42 @@ func withSeconds(v string) string {
 		return v
 	}
 	return v[:n] + ":00" + v[n:]
+}
+
+// withoutSuffix drops the RFC 9557 suffix after the offset, one or more
+// bracketed tags: Java's ZonedDateTime.toString() writes its zone's
+// region there whenever the zone is one, the system's included
+// (2026-11-29T19:51+01:00[Europe/Paris], …Z[Etc/UTC] from
+// ZonedDateTime.now() on a UTC machine), and was refused 400 on every
+// run. The offset before it fixes the instant, so an elective tag changes
+// nothing (RFC 9557, 3.4: a reader may ignore it); a critical one, [!…],
+// asks to be acted on, which this reader cannot, and is refused. A tag
+// holds what a zone name or a key=value tag may: letters, digits and
+// "/_-+.=".
+func withoutSuffix(v string) (string, error) {
+	for strings.HasSuffix(v, "]") {
+		open := strings.LastIndexByte(v, '[')
+		if open < 0 || !isSuffixTag(v[open+1:len(v)-1]) {
+			return "", errUpdatedAfterSuffix
+		}
+		v = v[:open]
+	}
+	return v, nil
+}
+
+// isSuffixTag reports whether tag, a bracketed tag's contents, is one
+// withoutSuffix drops: not empty, not critical, of a zone name's or a
+// key=value tag's characters.
+func isSuffixTag(tag string) bool {
+	if tag == "" || len(tag) > 255 {
+		return false
+	}
+	for _, c := range []byte(tag) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("/_-+.=", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // parseOffset checks a time offset (Z, ±hh:mm, ±hhmm or ±hh) and returns

@@ -51,6 +51,13 @@ var updatedAfterCases = []struct {
 	{"2026-11-21T19:23+02:00", "2026-11-21T17:23:00Z", ""},
 	{"2026-11-21T12:23-0500", "2026-11-21T17:23:00Z", ""},
 	{"2026-11-21T19:23 02:00", "2026-11-21T17:23:00Z", ""},
+	// Java's ZonedDateTime.toString(): its zone's region after the offset
+	// (RFC 9557), which the offset makes redundant.
+	{"2026-11-29T19:51+01:00[Europe/Paris]", "2026-11-29T18:51:00Z", ""},
+	{"2026-11-29T19:51Z[Etc/UTC]", "2026-11-29T19:51:00Z", ""},
+	{"2026-11-29T19:51:30.5+01:00[Europe/Paris]", "2026-11-29T18:51:30.5Z", ""},
+	{"2026-11-29T19:51:30-03:00[America/Argentina/Buenos_Aires][u-ca=iso8601]", "2026-11-29T22:51:30Z", ""},
+	{"2026-11-29T19:51:30+05:00[Etc/GMT-5]", "2026-11-29T14:51:30Z", ""},
 	// A leap second is read as the last microsecond of the second before it.
 	{"2016-12-31T23:59:60Z", "2016-12-31T23:59:59.999999Z", ""},
 	{"2016-12-31T23:59:60.5Z", "2016-12-31T23:59:59.999999Z", ""},
@@ -76,10 +83,16 @@ var updatedAfterCases = []struct {
 	{"2026-11-21T17Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:60Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:Z", "", "must be an RFC 3339"},
-	// Java's ZonedDateTime.toString(), a region after the offset (RFC 9557).
-	{"2026-11-29T19:51+01:00[Europe/Paris]", "", "invalid time offset"},
-	{"2026-11-29T19:51Z[Etc/UTC]", "", "invalid time offset"},
-	{"2026-11-29T19:51:30.5+01:00[Europe/Paris]", "", "invalid time offset"},
+	// A suffix after the offset (RFC 9557) other than elective tags of a
+	// zone name's or key=value's characters.
+	{"2026-11-29T19:51+01:00[!Europe/Paris]", "", "[!…], is not read"},
+	{"2026-11-29T19:51+01:00[]", "", "RFC 9557"},
+	{"2026-11-29T19:51+01:00[Europe Paris]", "", "RFC 9557"},
+	{"2026-11-29T19:51+01:00Europe/Paris]", "", "RFC 9557"},
+	{"2026-11-29T19:51+01:00[Europe/Paris", "", "invalid time offset"},
+	{"2026-11-29T19:51+01:00[[Europe/Paris]]", "", "RFC 9557"},
+	{"2026-11-29T19:51:00[Europe/Paris]", "", "without one is ambiguous"}, // a zone, no offset
+	{"2026-11-29[Europe/Paris]", "", "date alone"},
 	{"2026-11-21 17:23:37Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:37.Z", "", "must be an RFC 3339"},
 	{"2026-11-21T17:23:37,Z", "", "must be an RFC 3339"},
@@ -145,11 +158,11 @@ func FuzzParseUpdatedAfter(f *testing.F) {
 	})
 }
 
-var updatedAfterForm = regexp.MustCompile(`^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?(?:[Zz]|([+ -])(\d\d)(?::?(\d\d))?)$`)
+var updatedAfterForm = regexp.MustCompile(`^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?(?:[Zz]|([+ -])(\d\d)(?::?(\d\d))?)(?:\[[A-Za-z0-9/_+.=-]{1,255}\])*$`)
 
 // referenceUpdatedAfter is parseUpdatedAfter written another way, for the
 // fuzz target: the form by a regular expression (the seconds, and their
-// fraction, optional), the ranges by hand, the fraction cut to microseconds, second 60 as the microsecond before the
+// fraction, optional; elective RFC 9557 tags after the offset), the ranges by hand, the fraction cut to microseconds, second 60 as the microsecond before the
 // next minute, the offset subtracted.
 func referenceUpdatedAfter(in string) (time.Time, bool) {
 	m := updatedAfterForm.FindStringSubmatch(in)
