@@ -48,6 +48,16 @@ type neighboursFlags struct {
 	metrics metricsTargets
 }
 
+// The rates a pacer keeps to: below one request every 100 s, the due time
+// of a run's requests overflows time.Duration (dueAfter) and plannedIn
+// never returns; above a million a second, the schedule is no schedule.
+const minPacedRate, maxPacedRate = 0.01, 1e6
+
+// paceableRate reports whether rate is none (0) or one a pacer keeps to.
+func paceableRate(rate float64) bool {
+	return rate == 0 || rate >= minPacedRate && rate <= maxPacedRate
+}
+
 // parseNeighboursFlags reads the scenario's flags and refuses settings that cannot run.
 func parseNeighboursFlags(args []string) (neighboursFlags, error) {
 	var f neighboursFlags
@@ -74,8 +84,8 @@ func parseNeighboursFlags(args []string) (neighboursFlags, error) {
 	switch {
 	case f.duration <= 0 || f.timeout <= 0 || f.tolerance < 0 || f.every < 0:
 		return f, errUsagef("--duration and --timeout must be positive, --late and --every not negative")
-	case f.getRate < 0 || f.listRate < 0 || f.saleRate < 0:
-		return f, errUsagef("B's rates must not be negative")
+	case !paceableRate(f.getRate) || !paceableRate(f.listRate) || !paceableRate(f.saleRate):
+		return f, errUsagef("B's rates must be 0 (none) or from %g to %g a second", minPacedRate, maxPacedRate)
 	case f.getRate > 0 && f.getItems < 1, f.saleRate > 0 && f.saleItems < 1:
 		return f, errUsagef("B's GETs and sales need at least one item each (--b-get-items, --b-sale-items)")
 	case f.listLimit < 1:

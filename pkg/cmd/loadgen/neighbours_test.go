@@ -44,6 +44,9 @@ func TestNeighboursFlagsRefuseWhatCannotRun(t *testing.T) {
 		{"--duration", "0s"},
 		{"--timeout", "-1s"},
 		{"--b-gets", "-1"},
+		{"--b-lists", "1e-11"}, // its due times overflow: the pacer never returned
+		{"--b-sales", "NaN"},
+		{"--b-gets", "+Inf"},
 		{"--b-sale-items", "0"},
 		{"--limit", "0"},
 		{"--a-list-conns", "-5"},
