@@ -43,7 +43,10 @@ lint: ## gofmt, go vet (and staticcheck when installed) over every module
 	@if command -v staticcheck >/dev/null; then for m in $(MODULES); do (cd $$m && staticcheck ./...) || exit 1; done; \
 	else echo "make lint: staticcheck is not on PATH, so it did not run (go vet did): see README, \"Other make targets\""; fi
 
+# Without ID, tracestore's own usage (tracestore show [--file F] REQUEST_ID)
+# named neither make trace nor ID=.
 trace: ## print the trace of one request of make run: make trace ID=<meta.request_id>
+	@if [ -z "$(strip $(ID))" ]; then echo "usage: make trace ID=<meta.request_id>" >&2; exit 2; fi
 	@bin/tracestore show --file .run/traces.jsonl $(ID)
 
 bench: build ## measure the product against its baselines (BENCH_ITEMS, BENCH_QUICK=1)
