@@ -257,7 +257,7 @@ demo=$state/demo.env
 # an owner and keys the new one lacks: make run said "Stack is up" with no
 # demo data, and the curl it prints answered 401. Made anew then.
 if [ -f "$demo" ]; then
-  demo_owner=$(grep -o '^DEMO_OWNER_ID=.*' "$demo" | cut -d= -f2)
+  demo_owner=$(sed -n 's/^\(export \)\{0,1\}DEMO_OWNER_ID=//p' "$demo")
   owners=$(bin/exportctl owner list --json) # a failure stops make run, demo.env kept
   if [[ -z $demo_owner || $owners != *"\"id\":\"$demo_owner\""* ]]; then
     log ".run/demo.env names an owner the database lacks (.run/pg deleted?): making the demo data anew"
@@ -277,9 +277,14 @@ if [ ! -f "$demo" ]; then
   read_key=$(bin/exportctl key create --owner "$owner" --scope export:read --name demo-read --json | json_field key)
   write_key=$(bin/exportctl key create --owner "$owner" --scope sales:write --platform demo-market --name demo-write --json | json_field key)
   umask 077
-  printf 'DEMO_OWNER_ID=%s\nDEMO_READ_KEY=%s\nDEMO_WRITE_KEY=%s\n' "$owner" "$read_key" "$write_key" >"$demo"
+  printf 'export DEMO_OWNER_ID=%s\nexport DEMO_READ_KEY=%s\nexport DEMO_WRITE_KEY=%s\n' "$owner" "$read_key" "$write_key" >"$demo"
   umask 022
 fi
+# Exported, as .run/env's, so that a client started from the shell that
+# read it (a Python or Node program from the guides) sees the keys: set
+# alone, os.environ["DEMO_READ_KEY"] was a KeyError. A demo.env of an
+# earlier make run, kept, is given its exports.
+sed -i 's/^DEMO_/export DEMO_/' "$demo"
 
 # Exported, so that `. .run/env` serves exportctl and any other child; each
 # value single-quoted (shell_quote, lib.sh), which POSIX shells read

@@ -928,6 +928,38 @@ func TestRunScriptRemakesTheDemoDataOfADatabaseGone(t *testing.T) {
 	}
 }
 
+// .run/demo.env exports its keys, as .run/env does, so that a program
+// started from the shell that read it sees them (the guides' Python and
+// Node clients read os.environ); one kept from an earlier make run, which
+// set them only, is given its exports.
+func TestRunScriptsDemoKeysReachAProgramStartedAfterThem(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	for _, kept := range []bool{false, true} {
+		s, env := prepareRunScript(t, "")
+		if kept {
+			// The owner exists (the stub's database has it): the file is kept.
+			must(t, os.WriteFile(filepath.Join(s.stubs, "owner-1"), nil, 0o644))
+			must(t, os.MkdirAll(filepath.Join(s.root, ".run"), 0o755))
+			old := "DEMO_OWNER_ID=owner-1\nDEMO_READ_KEY=kept-read\nDEMO_WRITE_KEY=kept-write\n"
+			must(t, os.WriteFile(filepath.Join(s.root, ".run/demo.env"), []byte(old), 0o600))
+		}
+		s.launch(t, env)
+		s.waitFor(t, "Ctrl-C stops everything.")
+		must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+		s.waitExit(t)
+		out, err := exec.Command("sh", "-c", `cd "$1" && . ./.run/demo.env && env`, "sh", s.root).Output()
+		must(t, err)
+		for _, name := range []string{"DEMO_OWNER_ID=owner-1", "DEMO_READ_KEY=", "DEMO_WRITE_KEY="} {
+			if !strings.Contains(string(out), "\n"+name) {
+				t.Errorf("the environment of a program started after . .run/demo.env (kept from before: %v) lacks %s", kept, name)
+			}
+		}
+	}
+}
+
 // A pid in .run/pids given since to another process (a shell in the
 // clone, as a leftover binary would be there too) is not signalled: the
 // start time recorded with it differs.
