@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/gofiber/fiber/v2"
 	"github.com/ulule/limiter/v3"
@@ -34,7 +36,9 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	// The key store checks the key's form (and checksum) itself, on a cache
 	// miss only: a cached key is one that was well formed.
 	secret := c.Get(APIKeyHeader)
-	key, err := g.keys.Lookup(rq.ctx, secret, func() bool { return g.authBudgetLeft(rq) })
+	// Deferred before the lookup, so that a panic gives its place back too.
+	defer g.endGuessLookup(rq, secret)
+	key, err := g.keys.Lookup(rq.ctx, secret, func() bool { return g.authBudgetLeft(rq, secret) })
 	switch {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		rq.authFailure = authFailureThrottled
@@ -157,17 +161,118 @@ func (g *Gateway) refuseKeyInURL(rq *request, rt route) error {
 // that address, and every other tenant's behind it, was refused 429 for
 // up to a minute (a probe: 10 stale workers). Nor does a request without
 // any key (a monitor's).
-func (g *Gateway) authBudgetLeft(rq *request) bool {
+//
+// A guess is taken from the budget only once its lookup has failed, so
+// the budget alone let through every guess sent at once: 600 unknown keys
+// sent together from one address were all looked up in PostgreSQL against
+// a budget of 60. So the address may also have no more keys in lookup at
+// once than the budget has left (guessLookups); a request that holds one
+// of them says so in rq.lookingUp, and gives it back (endGuessLookup).
+func (g *Gateway) authBudgetLeft(rq *request, secret string) bool {
 	if g.limiter == nil {
 		return true
 	}
+	address := addressBucket(rq.clientIP)
+	since := g.guessLookups.peeking(address)
 	start := time.Now()
 	d := g.limiter.Peek(guessBudgetKey(rq), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d, guessBudget)
+	if !g.guessLookups.acquire(address, secret, since, d) && d.Allowed {
+		// What the budget has left is being looked up already: a second
+		// is far longer than any of those lookups takes.
+		d.Allowed, d.Remaining, d.RetryAfter = false, 0, time.Second
+	}
 	if !d.Allowed {
 		g.recordDecision(rq, classAuthFailures, d)
 	}
+	rq.lookingUp = d.Allowed
 	return d.Allowed
+}
+
+// endGuessLookup gives back the place rq holds among its address's keys in
+// lookup, if it holds one, once authenticate is done: after authFailed has
+// taken a failed guess from the budget, which it still stands for until
+// then.
+func (g *Gateway) endGuessLookup(rq *request, secret string) {
+	if rq.lookingUp {
+		rq.lookingUp = false
+		g.guessLookups.release(addressBucket(rq.clientIP), secret)
+	}
+}
+
+// guessLookups counts, per client address (addressBucket), the uncached
+// keys being looked up in the database for it, each with the requests
+// that wait on its lookup: the requests of one key share its lookup (the
+// key store's singleflight) and its place, so a platform's workers on a
+// key not yet cached (after a restart) take one between them.
+type guessLookups struct {
+	mu      sync.Mutex
+	address map[string]*addressLookups // only while it has lookups or peeks under way
+}
+
+type addressLookups struct {
+	// keys counts the requests waiting on each key's lookup; the key is
+	// the secret, held in memory only as long as the requests that carry it.
+	keys map[string]int
+	// peeks counts the budget's reads under way (peeking to acquire).
+	peeks int
+	// ended counts the lookups ended: a budget read before one ended
+	// may not show the failure authFailed took for it.
+	ended uint64
+}
+
+// peeking notes a read of address's budget about to be sent, and returns
+// what acquire compares with to count the lookups that end meanwhile.
+func (l *guessLookups) peeking(address string) (since uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.address[address]
+	if a == nil {
+		if l.address == nil {
+			l.address = make(map[string]*addressLookups)
+		}
+		a = &addressLookups{keys: make(map[string]int)}
+		l.address[address] = a
+	}
+	a.peeks++
+	return a.ended
+}
+
+// acquire ends the read peeking noted and counts a request waiting on
+// secret's lookup, if the budget d allows it and has more left than the
+// keys in lookup for address, counting those that ended since the read
+// was sent (their failures may have reached the budget after it); it
+// reports whether it counted one.
+func (l *guessLookups) acquire(address, secret string, since uint64, d ratelimit.Decision) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.address[address]
+	a.peeks--
+	ok := d.Allowed && (a.keys[secret] > 0 || int64(len(a.keys))+int64(a.ended-since) < d.Remaining)
+	if ok {
+		a.keys[secret]++
+	}
+	l.dropIdle(address, a)
+	return ok
+}
+
+// release gives back what acquire counted.
+func (l *guessLookups) release(address, secret string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.address[address]
+	if a.keys[secret]--; a.keys[secret] == 0 {
+		delete(a.keys, secret)
+	}
+	a.ended++
+	l.dropIdle(address, a)
+}
+
+// dropIdle forgets address once nothing is under way for it.
+func (l *guessLookups) dropIdle(address string, a *addressLookups) {
+	if len(a.keys) == 0 && a.peeks == 0 {
+		delete(l.address, address)
+	}
 }
 
 // keyInQuery reports a query parameter that looks like it carries an API

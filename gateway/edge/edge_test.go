@@ -24,6 +24,7 @@ import (
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/gateway/gatewaytest"
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/redisclient"
@@ -367,6 +368,91 @@ func TestRevokedKeyIsNoGuess(t *testing.T) {
 	r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil)
 	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 429 || !strings.Contains(line, `"auth_failure":"throttled"`) {
 		t.Errorf("an uncached key after two guesses = %d (%s), want 429 throttled: not looked up", r.Status, line)
+	}
+}
+
+// Guesses sent together from one address are looked up in PostgreSQL no
+// more than its guess budget allows. A guess is taken from the budget only
+// once its lookup has failed, and the budget alone let through every guess
+// sent at once: 600 unknown keys sent together from one address were all
+// looked up against a budget of 60. Here the lookups are held (api_keys
+// locked) while the guesses arrive, so all of them are in flight together;
+// those over the budget are answered 429 throttled at once, unlooked up.
+func TestGuessesSentTogetherAreLookedUpWithinTheBudget(t *testing.T) {
+	dsn, pool, _ := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"RATE_LIMIT_AUTH_FAILURES": "3-M", "KEY_LOOKUP_TIMEOUT": "30s"})
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below; a second time is a no-op
+	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	const guesses, budget = 10, 3
+	type answer struct {
+		status    int
+		requestID string
+		err       error
+	}
+	answers := make(chan answer, guesses)
+	for range guesses {
+		key, _, err := apikey.Generate([]string{identity.ScopeExportRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			req, _ := http.NewRequest("GET", gw.URL+"/v1/export/items", nil)
+			req.Header.Set("X-API-Key", key)
+			resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck // the status and request id are what count
+			resp.Body.Close()
+			answers <- answer{status: resp.StatusCode, requestID: resp.Header.Get("X-Request-Id")}
+		}()
+	}
+	// Those over the budget are answered while the lookups wait; without
+	// the bound every one waits, and the lock is let go after a while.
+	var got []answer
+	for deadline := time.After(10 * time.Second); len(got) < guesses-budget; {
+		select {
+		case a := <-answers:
+			got = append(got, a)
+			continue
+		case <-deadline:
+		}
+		break
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for len(got) < guesses {
+		got = append(got, <-answers)
+	}
+	lookedUp, throttled := 0, 0
+	for _, a := range got {
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		line := accessLine(gw.Logs.String(), a.requestID)
+		switch {
+		case strings.Contains(line, `"auth_failure":"unknown"`):
+			lookedUp++
+		case a.status == 429 && strings.Contains(line, `"auth_failure":"throttled"`):
+			throttled++
+		default:
+			t.Errorf("a guess answered %d, access line %s; want 401 unknown or 429 throttled", a.status, line)
+		}
+	}
+	if lookedUp != budget || throttled != guesses-budget {
+		t.Errorf("%d guesses sent together on a budget of %d: %d looked up, %d throttled; want %d and %d",
+			guesses, budget, lookedUp, throttled, budget, guesses-budget)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
@@ -1488,5 +1489,53 @@ func TestAProxyHeaderThatIsNoAddressIsSaidAgainAMinuteLater(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "https") {
 		t.Errorf("the logs quote the header's value:\n%s", logs)
+	}
+}
+
+// An address's keys in lookup at once are bounded by what its guess
+// budget has left, where the requests of one key share its lookup and its
+// place (a platform's workers on a key not yet cached), and a lookup that
+// ended while the budget was read counts still: its failure may have
+// reached the budget after the read.
+func TestGuessLookupsShareAKeysPlaceAndCountThoseEndedDuringARead(t *testing.T) {
+	var l guessLookups
+	left := func(n int64) ratelimit.Decision { return ratelimit.Decision{Allowed: n > 0, Remaining: n} }
+	acquire := func(address, secret string, d ratelimit.Decision) bool {
+		return l.acquire(address, secret, l.peeking(address), d)
+	}
+	for i := range 3 {
+		if !acquire("a", "k1", left(2)) {
+			t.Fatalf("request %d of one key on a budget of 2 refused; want them to share its lookup", i+1)
+		}
+	}
+	if !acquire("a", "k2", left(2)) {
+		t.Fatal("a second key on a budget of 2 refused")
+	}
+	if acquire("a", "k3", left(2)) {
+		t.Fatal("a third key on a budget of 2 taken; want it refused")
+	}
+	if !acquire("b", "k3", left(2)) {
+		t.Fatal("another address's key refused: want each address counted apart")
+	}
+	if acquire("a", "k1", left(0)) {
+		t.Fatal("a key in lookup joined on a spent budget; want it refused")
+	}
+	// k2's lookup ends while a read of the budget is under way (the read
+	// sent before its failure was taken): the read's 2 left still counts it.
+	since := l.peeking("a")
+	l.release("a", "k2")
+	if l.acquire("a", "k4", since, left(2)) {
+		t.Fatal("a key taken on a read sent before a lookup's end, counting it as ended; want it refused")
+	}
+	if !acquire("a", "k4", left(2)) {
+		t.Fatal("a key refused on a read sent after the lookup's end")
+	}
+	for range 3 {
+		l.release("a", "k1")
+	}
+	l.release("a", "k4")
+	l.release("b", "k3")
+	if len(l.address) != 0 {
+		t.Errorf("addresses kept with nothing under way: %v", l.address)
 	}
 }

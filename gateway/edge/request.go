@@ -43,8 +43,11 @@ type request struct {
 	// and the others), for the access line and the span only: every 401
 	// reads alike.
 	authFailure string
-	start       time.Time
-	key         keystore.Key
+	// lookingUp: the request holds one of its address's places among the
+	// keys in lookup at once (guessLookups) until authenticate is done.
+	lookingUp bool
+	start     time.Time
+	key       keystore.Key
 	// rate is the decision whose X-RateLimit-* headers the answer carries
 	// (when hasRate).
 	rate    ratelimit.Decision
