@@ -166,8 +166,12 @@ func (g *Guard) checkLiteral(ip netip.Addr, port uint16) (Target, error) {
 	return Target{Host: ip.String(), Addr: ip, Port: port}, nil
 }
 
-// internalSuffixes are name spaces that never hold a public shop.
-var internalSuffixes = []string{".localhost", ".local", ".internal", ".home.arpa", ".lan", ".intranet", ".corp"}
+// internalSuffixes are name spaces that never hold a public shop. .svc is
+// Kubernetes': name.namespace.svc reaches a Service through a pod's search
+// domain (cluster.local, refused as .local), and resolves to an address
+// the classifier refuses anyway where the cluster's are private; refused
+// by name too, for a cluster whose Service addresses are not.
+var internalSuffixes = []string{".localhost", ".local", ".internal", ".home.arpa", ".lan", ".intranet", ".corp", ".svc"}
 
 func (g *Guard) checkHostname(host string, port uint16) (Target, error) {
 	if !validHostname(host) {

@@ -102,7 +102,7 @@ func unsafeTarget(g *Guard, t Target) string {
 	case !t.IsIP() && !strings.Contains(t.Host, "."):
 		return "the host is a single label"
 	}
-	for _, s := range []string{".localhost", ".local", ".internal", ".home.arpa"} {
+	for _, s := range []string{".localhost", ".local", ".internal", ".home.arpa", ".svc"} {
 		if !t.IsIP() && (t.Host == "localhost" || strings.HasSuffix(t.Host, s)) {
 			return "the host is in an internal name space"
 		}

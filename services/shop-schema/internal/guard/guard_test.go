@@ -145,6 +145,9 @@ func TestParseBaseURL(t *testing.T) {
 		{"https://metadata/", "refused", ""},
 		{"https://metadata.google.internal/", "refused", ""},
 		{"https://printer.local/", "refused", ""},
+		{"https://kubernetes.default.svc/", "refused", ""}, // a cluster's API server, by its search-domain name
+		{"https://export-reader.prod.svc/", "refused", ""},
+		{"https://shop.svc.example.com/", "ok", "https://shop.svc.example.com"}, // .svc inside a public name: a shop like any
 		// IPv6 special ranges and embeddings
 		{"https://[fc00::1]/", "refused", ""},
 		{"https://[fdff:ffff::1]/", "refused", ""},
