@@ -167,6 +167,10 @@ pg_create_db() {
 redis_start() {
   local dir=$1
   mkdir -p "$dir"
+  # Absolute: redis-server changes into --dir before it opens its log file
+  # and socket, so a relative folder named files under itself that did not
+  # exist, and it did not start.
+  dir=$(cd "$dir" && pwd)
   if [ -f "$dir/redis.pid" ] && running "$(cat "$dir/redis.pid")"; then return 0; fi
   redis-server --port 0 --unixsocket "$dir/redis.sock" --unixsocketperm 700 --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null 9>&- \

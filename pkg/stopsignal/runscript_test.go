@@ -960,6 +960,23 @@ func TestRunScriptsDemoKeysReachAProgramStartedAfterThem(t *testing.T) {
 	}
 }
 
+// deploy/local/lib.sh's redis_start takes a folder relative to the
+// current one, as pg_start does: redis-server changes into its --dir
+// before it opens the log file and the socket named under it, and did not
+// start ("redis-server did not start") when given one by hand.
+func TestRedisStartTakesARelativeFolder(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skipf("needs redis-server: %v", err)
+	}
+	lib, err := filepath.Abs("../../deploy/local/lib.sh")
+	must(t, err)
+	cmd := exec.Command("bash", "-c", `. "$1" && redis_start rel/redis && redis_stop rel/redis`, "bash", lib)
+	cmd.Dir = t.TempDir()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("redis_start rel/redis: %v: %s", err, out)
+	}
+}
+
 // A pid in .run/pids given since to another process (a shell in the
 // clone, as a leftover binary would be there too) is not signalled: the
 // start time recorded with it differs.
