@@ -351,6 +351,23 @@ const stopBound = 6*30*time.Second + 5*time.Second + 60*time.Second + time.Minut
 
 // waitExit waits for the script to end, as make waits for it; past
 // stopBound it names what the script was running (its children).
+// upThenStopped launches make run with env, waits until it says it is
+// up, and stops it as Ctrl-C would.
+func (s *runScript) upThenStopped(t *testing.T, env []string) {
+	t.Helper()
+	s.launch(t, env)
+	s.waitFor(t, "Ctrl-C stops everything.")
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+}
+
+// keepDemoEnv leaves .run/demo.env as an earlier make run wrote it.
+func (s *runScript) keepDemoEnv(t *testing.T, contents string) {
+	t.Helper()
+	must(t, os.MkdirAll(filepath.Join(s.root, ".run"), 0o755))
+	must(t, os.WriteFile(filepath.Join(s.root, ".run/demo.env"), []byte(contents), 0o600))
+}
+
 func (s *runScript) waitExit(t *testing.T) {
 	t.Helper()
 	select {
@@ -914,13 +931,8 @@ func TestRunScriptRemakesTheDemoDataOfADatabaseGone(t *testing.T) {
 	}
 	t.Parallel()
 	s, env := prepareRunScript(t, "")
-	must(t, os.MkdirAll(filepath.Join(s.root, ".run"), 0o755))
-	stale := "DEMO_OWNER_ID=owner-of-a-database-gone\nDEMO_READ_KEY=gone\nDEMO_WRITE_KEY=gone\n"
-	must(t, os.WriteFile(filepath.Join(s.root, ".run/demo.env"), []byte(stale), 0o600))
-	s.launch(t, env)
-	s.waitFor(t, "Ctrl-C stops everything.")
-	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	s.waitExit(t)
+	s.keepDemoEnv(t, "DEMO_OWNER_ID=owner-of-a-database-gone\nDEMO_READ_KEY=gone\nDEMO_WRITE_KEY=gone\n")
+	s.upThenStopped(t, env)
 	demo, err := os.ReadFile(filepath.Join(s.root, ".run/demo.env"))
 	must(t, err)
 	if !strings.Contains(string(demo), "DEMO_OWNER_ID=owner-1\n") {
@@ -942,14 +954,9 @@ func TestRunScriptsDemoKeysReachAProgramStartedAfterThem(t *testing.T) {
 		if kept {
 			// The owner exists (the stub's database has it): the file is kept.
 			must(t, os.WriteFile(filepath.Join(s.stubs, "owner-1"), nil, 0o644))
-			must(t, os.MkdirAll(filepath.Join(s.root, ".run"), 0o755))
-			old := "DEMO_OWNER_ID=owner-1\nDEMO_READ_KEY=kept-read\nDEMO_WRITE_KEY=kept-write\n"
-			must(t, os.WriteFile(filepath.Join(s.root, ".run/demo.env"), []byte(old), 0o600))
+			s.keepDemoEnv(t, "DEMO_OWNER_ID=owner-1\nDEMO_READ_KEY=kept-read\nDEMO_WRITE_KEY=kept-write\n")
 		}
-		s.launch(t, env)
-		s.waitFor(t, "Ctrl-C stops everything.")
-		must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-		s.waitExit(t)
+		s.upThenStopped(t, env)
 		out, err := exec.Command("sh", "-c", `cd "$1" && . ./.run/demo.env && env`, "sh", s.root).Output()
 		must(t, err)
 		for _, name := range []string{"DEMO_OWNER_ID=owner-1", "DEMO_READ_KEY=", "DEMO_WRITE_KEY="} {
