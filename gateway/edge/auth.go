@@ -211,9 +211,14 @@ type guessLookups struct {
 }
 
 type addressLookups struct {
-	// keys counts the requests waiting on each key's lookup; the key is
-	// the secret, held in memory only as long as the requests that carry it.
-	keys map[string]int
+	// keys counts the requests waiting on each key's lookup, by the key's
+	// hash: the secret c.Get returns is the request's header buffer
+	// (Immutable off), which fasthttp fills with the connection's next
+	// request once the handler returns, while another request of the key
+	// may still hold the place. Kept as the map's key, the place was then
+	// lost, and its address kept it for good (one place fewer each time)
+	// with whatever the buffer held next. A hash is a copy, and no secret.
+	keys map[apikey.Hash]int
 	// peeks counts the budget's reads under way (peeking to acquire).
 	peeks int
 	// ended counts the lookups ended: a budget read before one ended
@@ -231,7 +236,7 @@ func (l *guessLookups) peeking(address string) (since uint64) {
 		if l.address == nil {
 			l.address = make(map[string]*addressLookups)
 		}
-		a = &addressLookups{keys: make(map[string]int)}
+		a = &addressLookups{keys: make(map[apikey.Hash]int)}
 		l.address[address] = a
 	}
 	a.peeks++
@@ -244,13 +249,14 @@ func (l *guessLookups) peeking(address string) (since uint64) {
 // was sent (their failures may have reached the budget after it); it
 // reports whether it counted one.
 func (l *guessLookups) acquire(address, secret string, since uint64, d ratelimit.Decision) bool {
+	key := apikey.HashOf(secret)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	a := l.address[address]
 	a.peeks--
-	ok := d.Allowed && (a.keys[secret] > 0 || int64(len(a.keys))+int64(a.ended-since) < d.Remaining)
+	ok := d.Allowed && (a.keys[key] > 0 || int64(len(a.keys))+int64(a.ended-since) < d.Remaining)
 	if ok {
-		a.keys[secret]++
+		a.keys[key]++
 	}
 	l.dropIdle(address, a)
 	return ok
@@ -258,11 +264,12 @@ func (l *guessLookups) acquire(address, secret string, since uint64, d ratelimit
 
 // release gives back what acquire counted.
 func (l *guessLookups) release(address, secret string) {
+	key := apikey.HashOf(secret)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	a := l.address[address]
-	if a.keys[secret]--; a.keys[secret] == 0 {
-		delete(a.keys, secret)
+	if a.keys[key]--; a.keys[key] == 0 {
+		delete(a.keys, key)
 	}
 	a.ended++
 	l.dropIdle(address, a)

@@ -1539,3 +1539,79 @@ func TestGuessLookupsShareAKeysPlaceAndCountThoseEndedDuringARead(t *testing.T) 
 		t.Errorf("addresses kept with nothing under way: %v", l.address)
 	}
 }
+
+// heldKeys holds each lookup of key that its budget allows until told to
+// go on (one per value sent on proceed), then refuses it as unknown; any
+// other key is refused at once.
+type heldKeys struct {
+	key     string
+	arrived chan struct{}
+	proceed chan struct{}
+}
+
+func (h heldKeys) Lookup(_ context.Context, secret string, mayFetch func() bool) (keystore.Key, error) {
+	if secret != h.key {
+		return keystore.Key{}, keystore.ErrUnknownKey
+	}
+	if !mayFetch() {
+		return keystore.Key{}, keystore.ErrThrottled
+	}
+	h.arrived <- struct{}{}
+	<-h.proceed
+	return keystore.Key{}, keystore.ErrUnknownKey
+}
+
+func (heldKeys) Known(string) (keystore.Key, bool) { return keystore.Key{}, false }
+
+// A key's place among its address's lookups outlives the request that took
+// it when another request of the key still waits on the lookup: what names
+// the place must not be that request's header. With Immutable off
+// (app.go), c.Get's string is the request's buffer, which fasthttp fills
+// with the connection's next request once the handler returns; kept as the
+// map's key, the place could no longer be found, the last request's
+// release counted a new one down to -1 instead, and the address kept both
+// for good (each such pair one place fewer, for as long as the gateway
+// ran; with what the buffer held next, other keys included, in memory).
+func TestGuessLookupsOutliveTheHeaderThatNamedThem(t *testing.T) {
+	keys := heldKeys{key: wellFormedKey(t), arrived: make(chan struct{}), proceed: make(chan struct{})}
+	g, _, _ := startInternal(t, map[string]string{"RATE_LIMIT_AUTH_FAILURES": "60-M"}, keys)
+	url := "http://" + g.Addr() + "/v1/export/items"
+	// Two connections, each kept alive: one per request of the key.
+	clients := [2]*http.Client{{Transport: &http.Transport{}}, {Transport: &http.Transport{}}}
+	send := func(c *http.Client, key string) int {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck // the status is what counts
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	done := [2]chan int{make(chan int, 1), make(chan int, 1)}
+	for i := range clients {
+		go func() { done[i] <- send(clients[i], keys.key) }()
+		<-keys.arrived
+	}
+	keys.proceed <- struct{}{}
+	var first int
+	select {
+	case <-done[0]:
+	case <-done[1]:
+		first = 1
+	}
+	// The first one's connection carries another key, of the same length,
+	// while the other request of the key still waits on its lookup.
+	if status := send(clients[first], wellFormedKey(t)); status != http.StatusUnauthorized {
+		t.Errorf("another key = %d, want 401", status)
+	}
+	keys.proceed <- struct{}{}
+	<-done[1-first]
+	g.guessLookups.mu.Lock()
+	defer g.guessLookups.mu.Unlock()
+	if a := g.guessLookups.address["127.0.0.1"]; a != nil {
+		t.Errorf("the address keeps %d keys in lookup with none under way", len(a.keys))
+	}
+}
