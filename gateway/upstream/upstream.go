@@ -330,27 +330,36 @@ func (o *Outcome) from(inst *Instance) { o.Instance, o.Host, o.Port = inst.base,
 // it instead of round-robin: requests with the same affinity go to the
 // same instance while it is up, and to the same next one when it is not.
 func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (out Outcome, err error) {
-	first := u.pick(nil, affinity)
+	first, firstOut := u.pick(nil, affinity), false
 	if first == nil {
-		first = u.pickRefused(nil)
+		first, firstOut = u.pickRefused(nil), true
 	}
 	if first == nil {
-		return out, fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
+		return out, u.allOut()
 	}
 	out.from(first)
 	err = u.send(first, req, resp, requestURI)
 	if err == nil {
 		return out, nil
 	}
+	// An instance out for a refusal that refuses again is still gone, as
+	// known: no failure of its own, nor a repeat, counted against it (a
+	// dead upstream would have every request counted as a repeat after an
+	// unreachable failure, the kind ExportUpstreamRetries warns of, and
+	// failed as unreachable, not as every instance out).
+	stillGone := firstOut && refusedAgain(err)
 	again := errors.Is(err, ErrUnreachable) || repeat.Always || (repeat.IfClosed && errors.Is(err, ErrClosed))
 	if !again {
 		return out, err
 	}
-	second := u.pick(first, affinity)
+	second, secondOut := u.pick(first, affinity), false
 	if second == nil {
-		second = u.pickRefused(first)
+		second, secondOut = u.pickRefused(first), true
 	}
 	if second == nil {
+		if stillGone {
+			return Outcome{}, u.allOut()
+		}
 		// A lone instance that dropped a kept-alive connection (it
 		// restarted) is asked again, on a new connection: send has
 		// already closed the idle ones from before the restart.
@@ -359,8 +368,13 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		}
 		second = first
 	}
-	out.Repeated = &FailedAttempt{Err: err, At: time.Now(), Instance: first.base}
+	if !stillGone {
+		out.Repeated = &FailedAttempt{Err: err, At: time.Now(), Instance: first.base}
+	}
 	err2 := u.resend(second, req, resp, requestURI, repeat)
+	if stillGone && secondOut && refusedAgain(err2) {
+		return Outcome{}, u.allOut()
+	}
 	if errors.Is(err2, ErrUnreachable) && errors.Is(err, ErrClosed) && second != first {
 		// The other instance refused the repeat (it is restarting in
 		// turn), but the first one is up: it only dropped a kept-alive
@@ -377,6 +391,20 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	}
 	out.from(second)
 	return out, err2
+}
+
+// allOut is the error of a request that found every instance out (those
+// out for a refusal asked, pickRefused, and refusing still): nothing was
+// sent.
+func (u *Upstream) allOut() error {
+	return fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
+}
+
+// refusedAgain reports whether err is a refused connection (dialError):
+// nothing was sent.
+func refusedAgain(err error) bool {
+	var dial dialError
+	return errors.As(err, &dial) && dial.reason() == reasonRefused
 }
 
 // resend sends a request again, to inst, on a new connection. A repeat is

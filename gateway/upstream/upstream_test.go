@@ -76,8 +76,8 @@ func TestRefusedInstanceIsSkippedThenUnreachable(t *testing.T) {
 	// The kept-alive connection is found closed first, then the dial is
 	// refused and the instance marked down; after that, every instance
 	// being out for a refusal, one is asked all the same (pickRefused),
-	// and refuses again: nothing is sent.
-	for i, want := range []error{ErrClosed, ErrUnreachable, ErrUnreachable} {
+	// and refuses again: nothing is sent, and every instance is out.
+	for i, want := range []error{ErrClosed, ErrUnreachable, ErrUnavailable} {
 		if _, _, err := send(u, Repeat{}); !errors.Is(err, want) {
 			t.Fatalf("Do #%d after the last instance stopped = %v, want %v", i+1, err, want)
 		}
@@ -291,6 +291,34 @@ func TestAnInstanceOutOnlyForARefusalIsAskedWhenNoneIsUp(t *testing.T) {
 	}
 	if out, err := post(u); err != nil || out.Instance != a.url() || out.Repeated != nil {
 		t.Fatalf("sale with every instance out, a only for a refusal = %+v, %v; want a's answer at the first attempt", out, err)
+	}
+}
+
+// An upstream whose every instance is out for a refusal and refuses still
+// fails a request as every instance out (ErrUnavailable, naming none, no
+// repeat): each was asked (pickRefused), found gone as known, and sent
+// nothing. Counted as a repeat after an unreachable failure, every request
+// to a dead upstream of two or more instances fired ExportUpstreamRetries
+// ("clients see nothing yet") beside ExportUpstreamDown, and its failures
+// were counted as the last instance's unreachable, not as unavailable.
+func TestADeadUpstreamIsEveryInstanceOutNotARepeat(t *testing.T) {
+	u, err := New("svc", []string{closedAddr(t), closedAddr(t), closedAddr(t)}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // each refuses once, and is out for it
+		if _, err := post(u); !errors.Is(err, ErrUnreachable) {
+			t.Fatalf("sale to instances refusing = %v, want unreachable", err)
+		}
+	}
+	if up, _ := u.Instances(); up != 0 {
+		t.Fatalf("%d instances up, want none", up)
+	}
+	for i := range 3 {
+		out, err := post(u)
+		if !errors.Is(err, ErrUnavailable) || out.Instance != "" || out.Repeated != nil {
+			t.Errorf("sale #%d with every instance out for a refusal, refusing still = %+v, %v; want ErrUnavailable, naming none, no repeat", i+1, out, err)
+		}
 	}
 }
 
@@ -834,10 +862,11 @@ func TestOutcomeNamesTheInstance(t *testing.T) {
 	if out, err := do(); err == nil || out.Instance != refusing {
 		t.Errorf("Do to a refusing instance = %+v, %v; want its failure, naming it", out, err)
 	}
-	// Out for a refusal, the lone instance is asked again (pickRefused);
-	// out for another reason, it is not.
-	if out, err := do(); !errors.Is(err, ErrUnreachable) || out.Instance != refusing {
-		t.Errorf("Do with the lone instance out for a refusal = %+v, %v; want its refusal again, naming it", out, err)
+	// Out for a refusal, the lone instance is asked again (pickRefused),
+	// and refusing still, it is out as known: none is named; out for
+	// another reason, it is not asked.
+	if out, err := do(); !errors.Is(err, ErrUnavailable) || out.Instance != "" {
+		t.Errorf("Do with the lone instance out for a refusal, refusing still = %+v, %v; want ErrUnavailable naming none", out, err)
 	}
 	u.markDown(u.current()[0], time.Minute, "its readiness answers 503 not_ready")
 	if out, err := do(); !errors.Is(err, ErrUnavailable) || out.Instance != "" {
