@@ -1615,3 +1615,29 @@ func TestGuessLookupsOutliveTheHeaderThatNamedThem(t *testing.T) {
 		t.Errorf("the address keeps %d keys in lookup with none under way", len(a.keys))
 	}
 }
+
+// panicAfterBudgetKeys takes its budget's place, then panics.
+type panicAfterBudgetKeys struct{}
+
+func (panicAfterBudgetKeys) Lookup(_ context.Context, _ string, mayFetch func() bool) (keystore.Key, error) {
+	mayFetch()
+	panic("boom after the budget was asked")
+}
+
+func (panicAfterBudgetKeys) Known(string) (keystore.Key, bool) { return keystore.Key{}, false }
+
+// A lookup that panics once its budget gave it a place among its address's
+// keys in lookup gives the place back: kept, each such panic would leave
+// the address one place fewer for as long as the gateway ran.
+func TestALookupThatPanicsGivesItsPlaceBack(t *testing.T) {
+	g, _, _ := startInternal(t, nil, panicAfterBudgetKeys{})
+	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{"X-API-Key": wellFormedKey(t)})
+	if resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" {
+		t.Fatalf("GET with a lookup panicking = %d %+v, want 500 internal_error", resp.StatusCode, env.Error)
+	}
+	g.guessLookups.mu.Lock()
+	defer g.guessLookups.mu.Unlock()
+	if a := g.guessLookups.address["127.0.0.1"]; a != nil {
+		t.Errorf("the address keeps %d keys in lookup after the lookup panicked", len(a.keys))
+	}
+}
