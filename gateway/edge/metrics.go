@@ -1,11 +1,14 @@
 package edge
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/prometheus/client_golang/prometheus"
@@ -122,6 +125,29 @@ func (m *metrics) watchInstances(u *upstream.Upstream) {
 			return float64(all - up)
 		}))
 	}
+}
+
+// watchHeld exports how full the gateway's bounded in-process structures
+// are, read at each scrape under each one's own lock (or from the count it
+// keeps anyway), so the request path pays nothing for them. Over weeks they
+// tell a structure full by design (at its bound, flat) from one that grows,
+// and say when a flood of new keys or addresses filled one.
+func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *ratelimit.Limiter) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gateway_key_cache_entries",
+		Help: fmt.Sprintf("API keys the key cache holds (valid, revoked and unknown ones): at most KEY_CACHE_SIZE (%d here), in two generations of half as many.", keyCacheSize),
+	}, func() float64 { return float64(keys.Entries()) }))
+	if limiter == nil { // RATE_LIMIT_ENABLED=false: no limiter, no series
+		return
+	}
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gateway_ratelimit_leases",
+		Help: fmt.Sprintf("Rate-limit leases held (one per key and client address used in the last 10 to 15 s): at most %d; past it a new key's decisions go to Redis one by one.", ratelimit.MaxLeases),
+	}, func() float64 { return float64(limiter.Leases()) }))
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gateway_ratelimit_local_keys",
+		Help: fmt.Sprintf("Keys and client addresses whose windows the in-process fallback limiter holds (filled only while Redis is unusable): at most %d, in two generations of half as many.", ratelimit.MaxLocalKeys),
+	}, func() float64 { return float64(limiter.LocalKeys()) }))
 }
 
 // statusClass turns 404 into "4xx".

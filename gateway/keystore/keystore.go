@@ -379,6 +379,14 @@ func (s *Store) putRecent(hash apikey.Hash, e entry) {
 	s.recent.put(hash, e)
 }
 
+// Entries is how many entries the cache holds, both generations: at most
+// MaxEntries (2 for a bound of 1). Read at each scrape, for the gauge.
+func (s *Store) Entries() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.recent.entries) + len(s.older.entries)
+}
+
 // Forget drops the key with id from the cache (a revocation).
 func (s *Store) Forget(id string) {
 	s.mu.Lock()

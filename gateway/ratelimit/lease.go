@@ -169,15 +169,15 @@ func (l *Limiter) shardOf(key string) *leaseShard {
 	return &l.shards[xxhash.Sum64String(key)%leaseShards]
 }
 
-// maxLeases bounds the leases held, about 250 bytes each with their keys.
+// MaxLeases bounds the leases held, about 250 bytes each with their keys.
 // A lease is kept for every key and client address used in the last 10 to
 // 15 s (sweepLeases), so a flood from new addresses held one or two per
 // address for as many seconds as it was fast, with no other bound
 // (measured: 13 MB of them during a flood from 8,400 new addresses a second
 // on two shared cores).
-const maxLeases = 100_000
+const MaxLeases = 100_000
 
-// leaseFor returns key's lease. Past maxLeases a new key's lease is not
+// leaseFor returns key's lease. Past MaxLeases a new key's lease is not
 // kept: its decisions then go to Redis one by one and its refusals are
 // not remembered, which costs Redis a round trip per request of such a
 // key (a flood's, or a new key's while a flood lasts), while the keys
@@ -199,6 +199,13 @@ func (l *Limiter) leaseFor(key string) *lease {
 	}
 	return ls
 }
+
+// Leases is how many leases are held, up to MaxLeases: read at each
+// scrape, from the count leaseFor and sweepLeases keep anyway.
+func (l *Limiter) Leases() int64 { return l.leases.Load() }
+
+// LocalKeys is how many keys' windows the in-process fallback holds.
+func (l *Limiter) LocalKeys() int { return l.local.Keys() }
 
 // sweepLeases forgets leases unused for a while, so memory follows the
 // set of active keys. One still holding units is kept until they have left

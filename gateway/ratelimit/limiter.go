@@ -59,7 +59,7 @@ type Limiter struct {
 	degraded atomic.Bool
 	pending  sync.Pool
 	shards   [leaseShards]leaseShard
-	// leases counts the leases the shards hold, up to maxLeases.
+	// leases counts the leases the shards hold, up to MaxLeases.
 	leases    atomic.Int64
 	maxLeases int64
 }
@@ -96,7 +96,7 @@ func New(store *SlidingStore, opts Options) *Limiter {
 	if opts.OnDegraded == nil {
 		opts.OnDegraded = func(error) {}
 	}
-	l := &Limiter{store: store, local: NewLocal(), opts: opts, maxLeases: maxLeases,
+	l := &Limiter{store: store, local: NewLocal(), opts: opts, maxLeases: MaxLeases,
 		queue: make(chan *pending, 4*opts.MaxBatch), done: make(chan struct{})}
 	l.pending.New = func() any { return &pending{reply: make(chan result, 1)} }
 	for i := range l.shards {

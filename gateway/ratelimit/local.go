@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// maxLocalKeys bounds the in-process limiter's memory: the windows of at
+// MaxLocalKeys bounds the in-process limiter's memory: the windows of at
 // most this many keys are held.
-const maxLocalKeys = 100_000
+const MaxLocalKeys = 100_000
 
 // Local is the in-process fallback: the same bucketed sliding window as the
 // Redis script, kept per gateway instance. While it decides, each instance
@@ -36,7 +36,7 @@ type Local struct {
 type bucket struct{ index, count int64 }
 
 // NewLocal returns an empty in-process limiter.
-func NewLocal() *Local { return newLocal(maxLocalKeys) }
+func NewLocal() *Local { return newLocal(MaxLocalKeys) }
 
 func newLocal(maxKeys int) *Local {
 	return &Local{recent: make(map[string][]bucket), older: make(map[string][]bucket), maxKeys: maxKeys}
@@ -111,6 +111,14 @@ func (l *Local) keep(key string, buckets []bucket, inRecent bool) {
 		l.older, l.recent = l.recent, make(map[string][]bucket)
 	}
 	l.recent[key] = buckets
+}
+
+// Keys is how many keys' windows are held, both generations: at most
+// maxKeys.
+func (l *Local) Keys() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.recent) + len(l.older)
 }
 
 // retryAfter mirrors the script: the time until enough of the oldest buckets
