@@ -93,7 +93,7 @@ func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec, ahead ReadAhead, opts 
 
 // Collectors are the Reader's metrics, for the service's registry.
 func (r *Reader) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.ahead.results}
+	return append([]prometheus.Collector{r.ahead.results}, r.ahead.gauges...)
 }
 
 // AppendPage appends the page's ExportItems, comma-separated, to dst and

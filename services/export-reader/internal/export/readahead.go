@@ -3,6 +3,7 @@ package export
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -154,6 +155,9 @@ type readAhead struct {
 	cfg     ReadAhead
 	slots   chan struct{}
 	results *prometheus.CounterVec
+	// gauges are those of what is held (entries, bytes), read at the
+	// scrape under mu: at their bound, flat, the set is full by design.
+	gauges []prometheus.Collector
 
 	mu    sync.Mutex
 	pages map[aheadKey]*aheadPage
@@ -181,12 +185,36 @@ func newReadAhead(cfg ReadAhead) *readAhead {
 		}, []string{"result"}),
 		pages: map[aheadKey]*aheadPage{},
 	}
+	ra.gauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "export_reader_read_ahead_pages",
+			Help: fmt.Sprintf("Read-ahead entries held: pages read or being read ahead, and issued cursors marked to start it again; at most EXPORT_READER_READ_AHEAD_PAGES (%d here), the oldest dropped first.", max(cfg.Pages, 0)),
+		}, func() float64 { return float64(ra.heldPages()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "export_reader_read_ahead_bytes",
+			Help: fmt.Sprintf("Bytes of the pages read ahead and held: at most EXPORT_READER_READ_AHEAD_PAGES × 128 KiB (%d here), the oldest dropped first.", max(cfg.Pages, 0)*pageBufferSize),
+		}, func() float64 { return float64(ra.heldBytes()) }),
+	}
 	// Every outcome's series exists from the start, at 0: an alert on a
 	// rate or a ratio has its series before the first such request.
 	for _, result := range []string{"hit", "stale", "failed", "unread", "miss"} {
 		ra.results.WithLabelValues(result)
 	}
 	return ra
+}
+
+// heldPages is how many entries are held, and heldBytes the bytes of their
+// pages.
+func (ra *readAhead) heldPages() int {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	return len(ra.pages)
+}
+
+func (ra *readAhead) heldBytes() int {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	return ra.bytes
 }
 
 func (ra *readAhead) enabled() bool { return ra.cfg.Pages > 0 && ra.cfg.Reads > 0 }

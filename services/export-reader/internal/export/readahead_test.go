@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -306,6 +308,36 @@ func TestReadAheadSeriesStartAtZero(t *testing.T) {
 	if n := testutil.CollectAndCount(ra.results); n != 5 {
 		t.Errorf("%d read-ahead series before any request, want 5 (hit, stale, failed, unread, miss)", n)
 	}
+}
+
+// What the read-ahead holds shows on the service's metrics, read at the
+// scrape: its entries (a page read, a cursor marked) and the bytes of their
+// pages, which a page taken by its request gives back.
+func TestReadAheadHeldShowsOnMetrics(t *testing.T) {
+	r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 3, TTL: time.Minute, Reads: 1, Timeout: time.Second})}
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(r.Collectors()...)
+	read := aheadKey{cursor: "read", lang: "ENG", limit: 10}
+	r.ahead.add(read, &aheadPage{started: time.Now(), ready: closedReady, body: make([]byte, 1000)})
+	r.ahead.mark(aheadKey{cursor: "marked", lang: "ENG", limit: 10})
+	want := func(pages, bytes int) {
+		t.Helper()
+		if err := testutil.GatherAndCompare(registry, strings.NewReader(fmt.Sprintf(`
+# HELP export_reader_read_ahead_bytes Bytes of the pages read ahead and held: at most EXPORT_READER_READ_AHEAD_PAGES × 128 KiB (393216 here), the oldest dropped first.
+# TYPE export_reader_read_ahead_bytes gauge
+export_reader_read_ahead_bytes %d
+# HELP export_reader_read_ahead_pages Read-ahead entries held: pages read or being read ahead, and issued cursors marked to start it again; at most EXPORT_READER_READ_AHEAD_PAGES (3 here), the oldest dropped first.
+# TYPE export_reader_read_ahead_pages gauge
+export_reader_read_ahead_pages %d
+`, bytes, pages)), "export_reader_read_ahead_pages", "export_reader_read_ahead_bytes"); err != nil {
+			t.Error(err)
+		}
+	}
+	want(2, 1000)
+	if _, ok := r.ahead.take(read); !ok {
+		t.Fatal("the page read ahead is not held")
+	}
+	want(1, 0)
 }
 
 // A HEAD gets no next cursor (no body): it starts no read-ahead, and one
