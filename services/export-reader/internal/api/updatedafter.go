@@ -124,8 +124,10 @@ func withSeconds(v string) string {
 // run. The offset before it fixes the instant, so an elective tag changes
 // nothing (RFC 9557, 3.4: a reader may ignore it); a critical one, [!…],
 // asks to be acted on, which this reader cannot, and is refused. A tag
-// holds what a zone name or a key=value tag may: letters, digits and
-// "/_-+.=".
+// holds what a zone name, a numeric offset or a key=value tag may: letters,
+// digits and "/_-+.=:" (RFC 9557's zone may be an offset, [+01:00], as
+// JavaScript's Temporal writes for a zone that is one, and Java's
+// ZonedDateTime writes a GMT-prefixed one as [GMT+01:00]).
 func withoutSuffix(v string) (string, error) {
 	for strings.HasSuffix(v, "]") {
 		open := strings.LastIndexByte(v, '[')
@@ -138,14 +140,14 @@ func withoutSuffix(v string) (string, error) {
 }
 
 // isSuffixTag reports whether tag, a bracketed tag's contents, is one
-// withoutSuffix drops: not empty, not critical, of a zone name's or a
-// key=value tag's characters.
+// withoutSuffix drops: not empty, not critical, of a zone name's, a
+// numeric offset's or a key=value tag's characters.
 func isSuffixTag(tag string) bool {
 	if tag == "" || len(tag) > 255 {
 		return false
 	}
 	for _, c := range []byte(tag) {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("/_-+.=", c) >= 0) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("/_-+.=:", c) >= 0) {
 			return false
 		}
 	}

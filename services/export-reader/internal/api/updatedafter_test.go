@@ -58,6 +58,8 @@ var updatedAfterCases = []struct {
 	{"2026-11-29T19:51:30.5+01:00[Europe/Paris]", "2026-11-29T18:51:30.5Z", ""},
 	{"2026-11-29T19:51:30-03:00[America/Argentina/Buenos_Aires][u-ca=iso8601]", "2026-11-29T22:51:30Z", ""},
 	{"2026-11-29T19:51:30+05:00[Etc/GMT-5]", "2026-11-29T14:51:30Z", ""},
+	{"2026-11-29T19:51:30+01:00[+01:00]", "2026-11-29T18:51:30Z", ""},        // RFC 9557's numeric zone, as Temporal writes it
+	{"2026-11-29T19:51:30.5+01:00[GMT+01:00]", "2026-11-29T18:51:30.5Z", ""}, // Java's ZoneId.of("GMT+01:00")
 	// A leap second is read as the last microsecond of the second before it.
 	{"2016-12-31T23:59:60Z", "2016-12-31T23:59:59.999999Z", ""},
 	{"2016-12-31T23:59:60.5Z", "2016-12-31T23:59:59.999999Z", ""},
@@ -158,7 +160,7 @@ func FuzzParseUpdatedAfter(f *testing.F) {
 	})
 }
 
-var updatedAfterForm = regexp.MustCompile(`^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?(?:[Zz]|([+ -])(\d\d)(?::?(\d\d))?)(?:\[[A-Za-z0-9/_+.=-]{1,255}\])*$`)
+var updatedAfterForm = regexp.MustCompile(`^(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?(?:[Zz]|([+ -])(\d\d)(?::?(\d\d))?)(?:\[[A-Za-z0-9/_+.=:-]{1,255}\])*$`)
 
 // referenceUpdatedAfter is parseUpdatedAfter written another way, for the
 // fuzz target: the form by a regular expression (the seconds, and their
