@@ -142,7 +142,7 @@ func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *rat
 	}
 	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gateway_ratelimit_leases",
-		Help: fmt.Sprintf("Rate-limit leases held (one per key and client address used in the last 10 to 15 s): at most %d; past it a new key's decisions go to Redis one by one.", ratelimit.MaxLeases),
+		Help: fmt.Sprintf("Rate-limit leases held (one per key and client address used in the last 10 to 15 s, or holding units or a refusal not yet past): at most %d; past it a new key's decisions go to Redis one by one.", ratelimit.MaxLeases),
 	}, func() float64 { return float64(limiter.Leases()) }))
 	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gateway_ratelimit_local_keys",
