@@ -723,9 +723,10 @@ func TestUpstreamSeriesStartAtZero(t *testing.T) {
 // With several instances behind the gateway, a failure is counted under
 // the instance that failed (upstream_instance), which the operator takes
 // out or restarts; a failure no instance had, every one being out, under
-// "none". The writer is out for its readiness (503): one out for a refused
-// connection would be asked all the same (upstream.pickRefused), and its
-// refusal counted under it.
+// "none". The writer is out for its readiness (503), never asked: one out
+// for a refused connection would be asked all the same
+// (upstream.pickRefused), and, refusing still, counted under "none" too
+// (upstream.TestADeadUpstreamIsEveryInstanceOutNotARepeat).
 func TestUpstreamErrorsNameTheirInstance(t *testing.T) {
 	dsn, _, k := seed(t)
 	slow, good := slowUpstream(t, 2*time.Second), echoUpstream(t, "good", nil)
