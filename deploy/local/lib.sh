@@ -169,8 +169,10 @@ redis_start() {
   mkdir -p "$dir"
   # Absolute: redis-server changes into --dir before it opens its log file
   # and socket, so a relative folder named files under itself that did not
-  # exist, and it did not start.
-  dir=$(cd "$dir" && pwd)
+  # exist, and it did not start. CDPATH emptied: a cd that finds its folder
+  # through the caller's CDPATH (.:~ is common) prints it, and dir was then
+  # the path twice, on two lines.
+  dir=$(CDPATH='' cd -- "$dir" && pwd)
   if [ -f "$dir/redis.pid" ] && running "$(cat "$dir/redis.pid")"; then return 0; fi
   redis-server --port 0 --unixsocket "$dir/redis.sock" --unixsocketperm 700 --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null 9>&- \

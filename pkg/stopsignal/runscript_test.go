@@ -977,10 +977,17 @@ func TestRedisStartTakesARelativeFolder(t *testing.T) {
 	}
 	lib, err := filepath.Abs("../../deploy/local/lib.sh")
 	must(t, err)
-	cmd := exec.Command("bash", "-c", `. "$1" && redis_start rel/redis && redis_stop rel/redis`, "bash", lib)
-	cmd.Dir = t.TempDir()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Errorf("redis_start rel/redis: %v: %s", err, out)
+	// And with CDPATH set in the shell that sourced lib.sh (CDPATH=.:~ is
+	// a common setting): a cd that finds its folder through CDPATH prints
+	// it, and a folder made absolute by $(cd ... && pwd) was then its path
+	// twice, on two lines.
+	for _, cdpath := range []string{"", "."} {
+		cmd := exec.Command("bash", "-c", `. "$1" && redis_start rel/redis && redis_stop rel/redis`, "bash", lib)
+		cmd.Dir = t.TempDir()
+		cmd.Env = append(os.Environ(), "CDPATH="+cdpath)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("redis_start rel/redis with CDPATH=%q: %v: %s", cdpath, err, out)
+		}
 	}
 }
 
