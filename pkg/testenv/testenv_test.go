@@ -340,9 +340,7 @@ func TestTestPortsInTheEphemeralRangeAreRefused(t *testing.T) {
 // for the binary's life, pkg/stopsignal's run.sh tests, 9 ports each, used
 // up a TEST_PORTS of 100 and failed.
 func TestFreeAddrGivesAPortBackAfterItsTest(t *testing.T) {
-	port, lock := unclaimedPort(t)
-	lock.Close()
-	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
+	port := onlyPort(t)
 	var first string
 	t.Run("its test", func(t *testing.T) {
 		first = FreeAddr(t)
@@ -360,9 +358,7 @@ func TestFreeAddrGivesAPortBackAfterItsTest(t *testing.T) {
 // claim taken while it was held was kept, and the port was this binary's
 // own for two more minutes.
 func TestFreeAddrKeepsNoClaimOfAPortItWillNotGive(t *testing.T) {
-	port, lock := unclaimedPort(t)
-	lock.Close()
-	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
+	port := onlyPort(t)
 	var first string
 	t.Run("its test", func(t *testing.T) {
 		first = FreeAddr(t)
@@ -376,6 +372,16 @@ func TestFreeAddrKeepsNoClaimOfAPortItWillNotGive(t *testing.T) {
 	if addr, err := freeAddr(); addr != first || err != nil {
 		t.Fatalf("FreeAddr with only port %d, after the test given it ended = %q, %v; want %s again", port, addr, err, first)
 	}
+}
+
+// onlyPort leaves FreeAddr one port, unclaimed, for the rest of t
+// (TEST_PORTS of that port alone).
+func onlyPort(t *testing.T) int {
+	t.Helper()
+	port, lock := unclaimedPort(t)
+	lock.Close()
+	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
+	return port
 }
 
 // unclaimedPort finds a port of FreeAddr's range that no test binary
