@@ -120,6 +120,12 @@ pg_start() {
   local dir=$1 bin
   bin=$(pg_bin_dir) || die "PostgreSQL server binaries not found"
   mkdir -p "$dir"
+  # Absolute, as in redis_start: the server changes into its data folder
+  # before it opens the socket's lock file named under -k, so a relative
+  # folder named one under the data folder that did not exist, and it did
+  # not start ("could not create lock file"); psql takes only an absolute
+  # folder for -h too.
+  dir=$(CDPATH='' cd -- "$dir" && pwd)
   if [ "$(id -u)" = 0 ]; then chown postgres: "$dir"; fi
   if [ ! -f "$dir/data/PG_VERSION" ]; then
     as_pg_user "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \

@@ -968,7 +968,7 @@ func TestRunScriptsDemoKeysReachAProgramStartedAfterThem(t *testing.T) {
 }
 
 // deploy/local/lib.sh's redis_start takes a folder relative to the
-// current one, as pg_start does: redis-server changes into its --dir
+// current one, as pg_start does (TestPgStartTakesARelativeFolder): redis-server changes into its --dir
 // before it opens the log file and the socket named under it, and did not
 // start ("redis-server did not start") when given one by hand.
 func TestRedisStartTakesARelativeFolder(t *testing.T) {
@@ -988,6 +988,43 @@ func TestRedisStartTakesARelativeFolder(t *testing.T) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("redis_start rel/redis with CDPATH=%q: %v: %s", cdpath, err, out)
 		}
+	}
+}
+
+// pg_start takes a folder relative to the current one, as redis_start
+// does: the server changes into its data folder before it opens the lock
+// file of the socket named under its -k folder, and did not start ("could
+// not create lock file ".run/bench/pg/.s.PGSQL.5432.lock"") when given
+// one by hand.
+func TestPgStartTakesARelativeFolder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	if initdb, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(initdb) == 0 {
+		if _, err := exec.LookPath("initdb"); err != nil {
+			t.Skip("needs PostgreSQL's initdb")
+		}
+	}
+	t.Parallel()
+	lib, err := filepath.Abs("../../deploy/local/lib.sh")
+	must(t, err)
+	// Open to the postgres user PostgreSQL runs as under root.
+	root, err := os.MkdirTemp("", "pgrel")
+	must(t, err)
+	must(t, os.Chmod(root, 0o755))
+	stop := func() {
+		cmd := exec.Command("bash", "-c", `. "$1" && pg_stop rel/pg`, "bash", lib)
+		cmd.Dir = root
+		_ = cmd.Run()
+		_ = os.RemoveAll(root)
+	}
+	t.Cleanup(stop)
+	cmd := exec.Command("bash", "-c", `. "$1" && pg_start rel/pg && psql -h "$PWD/rel/pg" -U postgres -d postgres -tAc 'SELECT 1'`, "bash", lib)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CDPATH=.", "PG_SHARED_BUFFERS=16MB")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "1") {
+		t.Errorf("pg_start rel/pg, then SELECT 1 on its socket: %v: %s", err, out)
 	}
 }
 
