@@ -132,7 +132,15 @@ func itemsRestamp(ctx context.Context, e *env, args []string) error {
 	}
 	took := time.Since(start)
 	return emit(e.out, *asJSON, map[string]any{"owners": len(owners), "restamped": stamped, "seconds": took.Seconds()},
-		fmt.Sprintf("restamped %d items of %d owners in %s: each client's next sync reads them all again", stamped, len(owners), took.Round(time.Millisecond)))
+		fmt.Sprintf("restamped %d items of %s in %s: each client's next sync reads them all again", stamped, ownersCount(len(owners)), took.Round(time.Millisecond)))
+}
+
+// ownersCount is n owners in words: "1 owner" after the usual --owner.
+func ownersCount(n int) string {
+	if n == 1 {
+		return "1 owner"
+	}
+	return fmt.Sprintf("%d owners", n)
 }
 
 func restampOwner(ctx context.Context, e *env, owner string) (int, error) {

@@ -619,6 +619,14 @@ func TestItemsRestamp(t *testing.T) {
 			t.Errorf("items restamp %v = %v, want the usage error naming both flags", args, err)
 		}
 	}
+
+	// The text an operator reads counts one owner as one.
+	var text bytes.Buffer
+	getenv := func(k string) string { return map[string]string{"DATABASE_URL": dsn}[k] }
+	if err := run(context.Background(), []string{"items", "restamp", "--owner", b.ID}, getenv, strings.NewReader(""), &text); err != nil ||
+		!strings.HasPrefix(text.String(), "restamped 3 items of 1 owner in ") {
+		t.Errorf("items restamp --owner printed %q, %v; want it to start with \"restamped 3 items of 1 owner in \"", text.String(), err)
+	}
 }
 
 // stampRange is the earliest and the latest updated_at of owner's items.
