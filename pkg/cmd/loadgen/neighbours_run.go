@@ -150,8 +150,12 @@ func (a *flood) lists(ctx context.Context, conn int) {
 // sales is worker w: a confirm + cancel pair on each of its items in turn,
 // each call sent until it is answered 2xx or a final 4xx, with the same
 // Idempotency-Key on every attempt (the README's sales guide); a confirm
-// refused 409 moves on to the next item.
-func (a *flood) sales(ctx context.Context, w int) {
+// refused 409 moves on to the next item. A confirm answered 200 is
+// canceled even once the run has ended (settle, not ctx, bounds that
+// cancel): a run used to leave the items whose confirms were answered
+// as it ended sold, each one fewer for A's next run, and a sale in the
+// catalog that nobody made.
+func (a *flood) sales(ctx, settle context.Context, w int) {
 	key, ids := a.writeKeys[w], newIDSource(a.run, w)
 	for i := 0; ctx.Err() == nil; i++ {
 		item := a.items[w][i%len(a.items[w])]
@@ -159,7 +163,7 @@ func (a *flood) sales(ctx context.Context, w int) {
 		order := string(ids.appendNext([]byte("flood-")))
 		body := appendSalesBody(nil, []byte(order))
 		if a.call(ctx, prefix+"confirm", key, order+"-c", body) == fasthttp.StatusOK {
-			a.call(ctx, prefix+"cancel", key, order+"-x", body)
+			a.call(settle, prefix+"cancel", key, order+"-x", body)
 		}
 	}
 }
@@ -209,13 +213,17 @@ func neighbours(ctx context.Context, cfg Config, f neighboursFlags, items neighb
 		writeKeys: cfg.FloodWriteKeys, items: items.flood, run: run, stats: newFloodStats(stop)}
 	runCtx, cancel := context.WithDeadline(ctx, stop)
 	defer cancel()
+	// A's cancels of sales confirmed as the run ended: a request's bound,
+	// and as long again for the retries a refusal asks for.
+	settleCtx, cancelSettle := context.WithDeadline(ctx, stop.Add(2*f.timeout))
+	defer cancelSettle()
 
 	var flooders sync.WaitGroup
 	for c := range f.floodListConns {
 		flooders.Go(func() { a.lists(runCtx, c) })
 	}
 	for w := range f.floodSaleWorkers {
-		flooders.Go(func() { a.sales(runCtx, w) })
+		flooders.Go(func() { a.sales(runCtx, settleCtx, w) })
 	}
 	if f.every > 0 {
 		flooders.Go(func() { timeline(runCtx, stdout, start, f.every, a.stats, b.stats) })

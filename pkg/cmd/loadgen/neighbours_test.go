@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -357,5 +358,41 @@ func TestFloodAnswersAfterTheRunAreNotCounted(t *testing.T) {
 	}
 	if got := after.snapshot()[kindList]; len(got) != 0 {
 		t.Errorf("answers after the run's end counted: %v, want none", got)
+	}
+}
+
+// A sale of A's confirmed as the run ends is canceled all the same: a
+// confirm answered after the run's end (the load has stopped, and its
+// answer is not counted) is followed by its cancel, so that no item of
+// A's is left sold.
+func TestFloodCancelsASaleConfirmedAsTheRunEnds(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.EscapedPath()
+		action := path[strings.LastIndexByte(path, '/')+1:]
+		if action == "confirm" {
+			time.Sleep(300 * time.Millisecond) // answered after the run's 100 ms
+		}
+		mu.Lock()
+		calls = append(calls, action)
+		mu.Unlock()
+		w.Write([]byte(`{"data":{}}`))
+	}))
+	t.Cleanup(srv.Close)
+	f, err := parseNeighboursFlags([]string{"--base", srv.URL + "/v1", "--duration", "100ms", "--b-gets", "0",
+		"--b-lists", "0", "--b-sales", "0", "--a-list-conns", "0", "--a-sale-workers", "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{FloodWriteKeys: []string{"a-write-0"}}
+	items := neighbourItemSets{flood: [][]string{{"a0x"}}}
+	if _, err := neighbours(context.Background(), cfg, f, items, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Join(calls, " "); got != "confirm cancel" {
+		t.Errorf("A's sale calls: %q, want \"confirm cancel\" (the confirm answered after the run, then its cancel)", got)
 	}
 }
