@@ -66,15 +66,7 @@ ensure_packages
 need_tools=()
 command -v wrk >/dev/null 2>&1 || need_tools+=(wrk)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || need_tools+=(nginx-light)
-if [ ${#need_tools[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing ${need_tools[*]} with apt-get"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_tools[@]}" >/dev/null || die "apt-get install ${need_tools[*]} failed"
-  else
-    die "missing ${need_tools[*]}: install them (Debian/Ubuntu: sudo apt-get install -y ${need_tools[*]})"
-  fi
-fi
+install_packages "${need_tools[@]}"
 nginx_bin=$(command -v nginx 2>/dev/null || echo /usr/sbin/nginx)
 for b in gateway export-reader sales-writer shop-schema exportctl; do
   [ -x "bin/$b" ] || die "bin/$b is missing: run make build (make bench does)"

@@ -22,20 +22,26 @@ pg_bin_dir() {
 }
 
 # ensure_packages installs redis-server, PostgreSQL (server and client) and curl
-# when missing: with apt-get as root, else it says exactly what to install.
+# when missing (install_packages).
 ensure_packages() {
   local missing=()
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   pg_bin_dir >/dev/null || missing+=(postgresql)
   command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
-  [ ${#missing[@]} -eq 0 ] && return 0
+  install_packages "${missing[@]}"
+}
+
+# install_packages installs the Debian packages it is given, if any: with
+# apt-get as root, else it stops saying exactly what to install.
+install_packages() {
+  [ $# -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing ${missing[*]} with apt-get"
+    log "installing $* with apt-get"
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
   else
-    die "missing ${missing[*]}: install them (Debian/Ubuntu: sudo apt-get install -y ${missing[*]})"
+    die "missing $*: install them (Debian/Ubuntu: sudo apt-get install -y $*)"
   fi
 }
 
