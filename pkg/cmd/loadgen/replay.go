@@ -286,45 +286,11 @@ func printCounts(w io.Writer, m map[string]int) {
 // checkReplay compares every item's state with what the backlogs imply: an
 // own item is sold iff its run ends with a confirm, every call of it
 // answered 200; a shared item is sold to exactly one platform, the others
-// refused item_already_sold. The database's sales counted are the run's
-// orders only: an item the replay sold and canceled before, active again
-// and in the next run's --items, read as a mismatch with its earlier sales
-// counted.
+// refused item_already_sold.
 func checkReplay(ctx context.Context, client *http.Client, cfg Config, base string, plan [][]replayItem, stats *replayStats, w io.Writer) error {
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	sales, err := salesOfOrders(ctx, cfg.DatabaseURL, cfg.OwnerID, ordersOf(plan))
 	if err != nil {
 		return err
-	}
-	defer conn.Close(ctx)
-	type dbSale struct {
-		open, total int
-		platform    string
-	}
-	var orders []string
-	for _, items := range plan {
-		for _, ri := range items {
-			for _, op := range ri.ops {
-				orders = append(orders, op.order)
-			}
-		}
-	}
-	rows, err := conn.Query(ctx, `SELECT item_id, count(*) FILTER (WHERE canceled_at IS NULL), count(*),
-		coalesce(max(platform_id) FILTER (WHERE canceled_at IS NULL), '') FROM sales
-		WHERE owner_id = $1 AND external_order_id = ANY($2) GROUP BY item_id`, cfg.OwnerID, orders)
-	if err != nil {
-		return err
-	}
-	sales := map[string]dbSale{}
-	for rows.Next() {
-		var id string
-		var s dbSale
-		if err := rows.Scan(&id, &s.open, &s.total, &s.platform); err != nil {
-			return err
-		}
-		sales[id] = s
-	}
-	if rows.Err() != nil {
-		return rows.Err()
 	}
 	problems := 0
 	bad := func(format string, args ...any) {
@@ -334,12 +300,6 @@ func checkReplay(ctx context.Context, client *http.Client, cfg Config, base stri
 		}
 	}
 	sharedWins := map[string][]int{}
-	var shared []string // every platform's backlog confirms them all
-	for _, ri := range plan[0] {
-		if ri.shared {
-			shared = append(shared, ri.item)
-		}
-	}
 	replays := 0
 	for p, items := range plan {
 		for _, ri := range items {
@@ -369,7 +329,7 @@ func checkReplay(ctx context.Context, client *http.Client, cfg Config, base stri
 	}
 	// Each shared item, won or not: one no platform won (every confirm
 	// refused) is a mismatch too.
-	for _, item := range shared {
+	for _, item := range sharedItems(plan) {
 		wins := sharedWins[item]
 		if len(wins) != 1 || sales[item].open != 1 || sales[item].total != 1 {
 			bad("shared item %s: won by %v, database %+v", item, wins, sales[item])
@@ -381,6 +341,64 @@ func checkReplay(ctx context.Context, client *http.Client, cfg Config, base stri
 		return fmt.Errorf("%d mismatches", problems)
 	}
 	return nil
+}
+
+// ordersOf is every order of the plan's calls.
+func ordersOf(plan [][]replayItem) []string {
+	var orders []string
+	for _, items := range plan {
+		for _, ri := range items {
+			for _, op := range ri.ops {
+				orders = append(orders, op.order)
+			}
+		}
+	}
+	return orders
+}
+
+// sharedItems is the items every platform's backlog confirms (the first
+// platform's list them all).
+func sharedItems(plan [][]replayItem) []string {
+	var shared []string
+	for _, ri := range plan[0] {
+		if ri.shared {
+			shared = append(shared, ri.item)
+		}
+	}
+	return shared
+}
+
+// itemSales is what the database holds of one item's sales: those not
+// canceled, all of them, and the platform of one not canceled.
+type itemSales struct {
+	open, total int
+	platform    string
+}
+
+// salesOfOrders reads owner's sales of orders, by item. Only the run's own
+// orders count: an item the replay sold and canceled before, active again
+// and in the next run's --items, read as a mismatch with its earlier sales
+// counted.
+func salesOfOrders(ctx context.Context, databaseURL, owner string, orders []string) (map[string]itemSales, error) {
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT item_id, count(*) FILTER (WHERE canceled_at IS NULL), count(*),
+		coalesce(max(platform_id) FILTER (WHERE canceled_at IS NULL), '') FROM sales
+		WHERE owner_id = $1 AND external_order_id = ANY($2) GROUP BY item_id`, owner, orders)
+	if err != nil {
+		return nil, err
+	}
+	sales := map[string]itemSales{}
+	var id string
+	var s itemSales
+	_, err = pgx.ForEachRow(rows, []any{&id, &s.open, &s.total, &s.platform}, func() error {
+		sales[id] = s
+		return nil
+	})
+	return sales, err
 }
 
 func checkStatus(ctx context.Context, client *http.Client, base, key, item string, wantSold bool, bad func(string, ...any)) {
