@@ -105,16 +105,9 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 		return dst, "", fmt.Errorf("export: %w", err)
 	}
 	binding := cursor.Binding{OwnerID: q.OwnerID, Status: q.Status, UpdatedAfter: q.UpdatedAfter}
-	var after *position
-	if q.Cursor != "" {
-		pos, err := r.cursors.Decode(q.Cursor, binding)
-		if errors.Is(err, cursor.ErrSignature) {
-			return dst, "", ErrCursorSignature
-		}
-		if err != nil {
-			return dst, "", ErrInvalidCursor
-		}
-		after = &pos
+	after, err := r.decodeCursor(q.Cursor, binding)
+	if err != nil {
+		return dst, "", err
 	}
 	// After the cursor's check: a cursor that can never work is a 400
 	// whatever the replica's state, not a 503 the client would retry.
@@ -123,22 +116,8 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 			return dst, "", err
 		}
 	}
-	if after == nil && !q.HeadOnly {
-		// A sync starts: changes stamped before now are committed before
-		// its first query (catalog's barrier.go). A HEAD starts none (it
-		// gets no items), so it does not hold up the owner's writers.
-		if err := catalog.SyncBarrier(ctx, r.pool, owner); err != nil {
-			return dst, "", fmt.Errorf("export: list: %w", err)
-		}
-	}
-	// A first page starts a sync, and so does a cursor of version 1 (from
-	// before cursors carried their sync).
-	var syncID uint64
-	if after != nil {
-		syncID = after.Sync
-	}
-	if syncID == 0 {
-		syncID = newSync()
+	if err := r.syncBarrier(ctx, owner, q, after); err != nil {
+		return dst, "", err
 	}
 	issued := true
 	readAhead := r.ahead.enabled() && !q.HeadOnly
@@ -154,12 +133,52 @@ func (r *Reader) AppendPage(ctx context.Context, dst []byte, q Query) ([]byte, s
 	if err != nil || next == nil {
 		return dst, "", err
 	}
-	next.Sync = syncID
+	next.Sync = syncOf(after)
 	nextCursor := r.cursors.Encode(*next, binding)
 	if readAhead {
 		r.readAheadFrom(ctx, q, owner, binding, *next, nextCursor, issued)
 	}
 	return dst, nextCursor, nil
+}
+
+// decodeCursor returns the position a list page starts after: nil for a
+// first page (no cursor).
+func (r *Reader) decodeCursor(c string, binding cursor.Binding) (*position, error) {
+	if c == "" {
+		return nil, nil
+	}
+	pos, err := r.cursors.Decode(c, binding)
+	if errors.Is(err, cursor.ErrSignature) {
+		return nil, ErrCursorSignature
+	}
+	if err != nil {
+		return nil, ErrInvalidCursor
+	}
+	return &pos, nil
+}
+
+// syncBarrier holds a first page (after nil), which starts a sync, until
+// the changes stamped before now are committed (catalog's barrier.go), so
+// that the sync sees them. A HEAD starts none (it gets no items), so it does
+// not hold up the owner's writers.
+func (r *Reader) syncBarrier(ctx context.Context, owner pgtype.UUID, q Query, after *position) error {
+	if after != nil || q.HeadOnly {
+		return nil
+	}
+	if err := catalog.SyncBarrier(ctx, r.pool, owner); err != nil {
+		return fmt.Errorf("export: list: %w", err)
+	}
+	return nil
+}
+
+// syncOf is the sync a page after the position belongs to: the cursor's,
+// or a new one for a first page, and for a cursor of version 1 (from
+// before cursors carried their sync).
+func syncOf(after *position) uint64 {
+	if after != nil && after.Sync != 0 {
+		return after.Sync
+	}
+	return newSync()
 }
 
 // fromReadAhead answers the request from the page read ahead for its cursor
