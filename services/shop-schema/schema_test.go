@@ -23,6 +23,7 @@ import (
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -42,6 +43,8 @@ type service struct {
 	signer *identity.Signer
 	logs   *testenv.Output
 	spans  *tracetest.SpanRecorder
+	// metrics is the registry the service's /metrics serves.
+	metrics *prometheus.Registry
 	// cutOff cancels every request in flight with its cause, as
 	// httpserver.Server.Run does with ErrCutOff when its drain times out.
 	cutOff context.CancelCauseFunc
@@ -93,7 +96,7 @@ func startServiceWith(t *testing.T, shop *fakeshop.Shop, env map[string]string, 
 	ts.Start()
 	t.Cleanup(ts.Close)
 	signer, _ := identity.NewSigner(testSecret)
-	return &service{url: ts.URL, signer: signer, logs: logs, spans: spans, cutOff: cutOff}
+	return &service{url: ts.URL, signer: signer, logs: logs, spans: spans, metrics: srv.Registry(), cutOff: cutOff}
 }
 
 // post sends body as application/json to the route and decodes the
@@ -729,6 +732,42 @@ func startHandler(t *testing.T, h http.Handler) string {
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	return ts.URL
+}
+
+// shop_schema_reads_total counts every read by its outcome (README,
+// "Metric"): ok, or the code answered, a body refused before any shop was
+// asked included.
+func TestReadsAreCountedByOutcome(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	for _, b := range []string{
+		body(shop.URL(), fakeshop.Key),
+		body(shop.URL(), fakeshop.Key),
+		body(shop.URL(), "ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ"),
+		`{"base_url":`,
+	} {
+		svc.post(t, b)
+	}
+	families, err := svc.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "shop_schema_reads_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				got[l.GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	want := map[string]float64{"ok": 2, "shop_401": 1, "invalid_body": 1}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("shop_schema_reads_total by outcome (-want +got):\n%s", diff)
+	}
 }
 
 // TestConcurrencyLimit: with one slot busy, the next read is answered 429
