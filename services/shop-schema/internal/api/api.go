@@ -65,20 +65,27 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, err := decode(w, r)
-	if err == nil {
-		var result *shopschema.Result
-		result, err = h.svc.Read(r.Context(), req)
-		if err == nil {
-			h.reads.WithLabelValues("ok").Inc()
-			h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req),
-				"shop_version", result.ShopVersion, "categories", len(result.Categories),
-				"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
-			writeSchema(w, r, result, requestID)
-			return
-		}
+	if err != nil {
+		h.refuse(w, r, req, err, start)
+		return
 	}
+	result, err := h.svc.Read(r.Context(), req)
+	if err != nil {
+		h.refuse(w, r, req, err, start)
+		return
+	}
+	h.reads.WithLabelValues("ok").Inc()
+	h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req),
+		"shop_version", result.ShopVersion, "categories", len(result.Categories),
+		"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
+	writeSchema(w, r, result, requestID)
+}
+
+// refuse answers err (writeError), counts the read under the code answered
+// and logs the refusal with the shop's host as the log may name it.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, req shopschema.Request, err error, start time.Time) {
 	host := h.svc.Host(req)
-	code := h.writeError(w, r, err, requestID, host)
+	code := h.writeError(w, r, err, httpserver.RequestID(r), host)
 	h.reads.WithLabelValues(code).Inc()
 	h.log.InfoContext(r.Context(), "shop schema refused", "shop_host", host,
 		"code", code, "duration_ms", time.Since(start).Milliseconds())
