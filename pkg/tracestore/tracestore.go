@@ -81,38 +81,12 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "OTLP/HTTP traces only: POST /v1/traces")
 		return
 	}
-	body, err := httpserver.ReadBody(w, r, maxExportBytes)
-	if errors.Is(err, httpserver.ErrBodyTooLarge) {
-		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", "an export over 32 MiB: send smaller batches")
+	req, refused := readExport(w, r)
+	if refused != nil {
+		writeError(w, refused.status, refused.code, refused.message)
 		return
 	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad_request", "the body could not be read")
-		return
-	}
-	body, err = decoded(body, r.Header.Get("Content-Encoding"))
-	switch {
-	case errors.Is(err, errUnknownEncoding):
-		writeError(w, http.StatusUnsupportedMediaType, "unsupported_content_encoding", "send the export uncompressed or gzip-compressed")
-		return
-	case errors.Is(err, httpserver.ErrBodyTooLarge):
-		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", "an export over 32 MiB once decompressed: send smaller batches")
-		return
-	case err != nil:
-		writeError(w, http.StatusBadRequest, "bad_request", "the body is not valid gzip")
-		return
-	}
-	var req collectortrace.ExportTraceServiceRequest
-	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mediaType == "application/json" {
-		err = protojson.Unmarshal(body, &req)
-	} else {
-		err = proto.Unmarshal(body, &req)
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "bad_request", "not an OTLP ExportTraceServiceRequest (protobuf, or JSON with Content-Type application/json)")
-		return
-	}
-	if err := s.add(flatten(&req)); err != nil {
+	if err := s.add(flatten(req)); err != nil {
 		// Not a 200: the exporter reports it in its process's log, where a
 		// span lost without a word left make trace saying "retry".
 		writeError(w, http.StatusInternalServerError, "internal_error", err.Error())
@@ -121,6 +95,44 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = w.Write(resp)
+}
+
+// refusal is an export refused as it was sent: the status, code and
+// message it is answered with.
+type refusal struct {
+	status        int
+	code, message string
+}
+
+// readExport reads r's export request: its body, decompressed, decoded as
+// its Content-Type says.
+func readExport(w http.ResponseWriter, r *http.Request) (*collectortrace.ExportTraceServiceRequest, *refusal) {
+	body, err := httpserver.ReadBody(w, r, maxExportBytes)
+	if errors.Is(err, httpserver.ErrBodyTooLarge) {
+		return nil, &refusal{http.StatusRequestEntityTooLarge, "payload_too_large", "an export over 32 MiB: send smaller batches"}
+	}
+	if err != nil {
+		return nil, &refusal{http.StatusBadRequest, "bad_request", "the body could not be read"}
+	}
+	body, err = decoded(body, r.Header.Get("Content-Encoding"))
+	switch {
+	case errors.Is(err, errUnknownEncoding):
+		return nil, &refusal{http.StatusUnsupportedMediaType, "unsupported_content_encoding", "send the export uncompressed or gzip-compressed"}
+	case errors.Is(err, httpserver.ErrBodyTooLarge):
+		return nil, &refusal{http.StatusRequestEntityTooLarge, "payload_too_large", "an export over 32 MiB once decompressed: send smaller batches"}
+	case err != nil:
+		return nil, &refusal{http.StatusBadRequest, "bad_request", "the body is not valid gzip"}
+	}
+	var req collectortrace.ExportTraceServiceRequest
+	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mediaType == "application/json" {
+		err = protojson.Unmarshal(body, &req)
+	} else {
+		err = proto.Unmarshal(body, &req)
+	}
+	if err != nil {
+		return nil, &refusal{http.StatusBadRequest, "bad_request", "not an OTLP ExportTraceServiceRequest (protobuf, or JSON with Content-Type application/json)"}
+	}
+	return &req, nil
 }
 
 // errUnknownEncoding is decoded's error for a Content-Encoding other than
