@@ -1,6 +1,6 @@
-// Package contentcoding reads a request's Accept-Encoding, for the
-// services that compress their answers (export-reader's pages, shop-schema's
-// schema).
+// Package contentcoding reads a request's Accept-Encoding and sends an
+// answer compressed as it allows, for the services that compress their
+// answers (export-reader's pages, shop-schema's schema).
 package contentcoding
 
 import (
