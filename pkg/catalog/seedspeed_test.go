@@ -20,10 +20,7 @@ func BenchmarkSeed(b *testing.B) {
 	}
 	ctx := context.Background()
 	pool := testenv.Postgres(b)
-	var owner string
-	if err := pool.QueryRow(ctx, `INSERT INTO owners (name) VALUES ('bench') RETURNING id::text`).Scan(&owner); err != nil {
-		b.Fatal(err)
-	}
+	owner := newOwner(b, pool)
 	b.ResetTimer()
 	for i := range b.N {
 		if got, err := catalog.Seed(ctx, pool, owner, n, int64(i)); err != nil || got != int64(n) {

@@ -21,7 +21,7 @@ import (
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 // newOwner inserts an owner and returns its id.
-func newOwner(t *testing.T, pool *pgxpool.Pool) string {
+func newOwner(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
 	var id string
 	if err := pool.QueryRow(context.Background(), `INSERT INTO owners (name) VALUES ('test') RETURNING id::text`).Scan(&id); err != nil {
