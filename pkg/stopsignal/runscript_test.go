@@ -349,8 +349,6 @@ func (s *runScript) waitFor(t *testing.T, text string) []string {
 // slow but within the script's bounds; unloaded it takes 1 to 2 s.
 const stopBound = 6*30*time.Second + 5*time.Second + 60*time.Second + time.Minute
 
-// waitExit waits for the script to end, as make waits for it; past
-// stopBound it names what the script was running (its children).
 // upThenStopped launches make run with env, waits until it says it is
 // up, and stops it as Ctrl-C would.
 func (s *runScript) upThenStopped(t *testing.T, env []string) {
@@ -368,6 +366,8 @@ func (s *runScript) keepDemoEnv(t *testing.T, contents string) {
 	must(t, os.WriteFile(filepath.Join(s.root, ".run/demo.env"), []byte(contents), 0o600))
 }
 
+// waitExit waits for the script to end, as make waits for it; past
+// stopBound it names what the script was running (its children).
 func (s *runScript) waitExit(t *testing.T) {
 	t.Helper()
 	select {
