@@ -23,7 +23,8 @@ import (
 
 // Setup installs a global tracer provider, the W3C trace-context
 // propagator and an error handler that logs to log, and returns a function
-// that flushes and stops the provider, for flushTimeout at most.
+// that flushes and stops the provider, for flushTimeout at most (spans it
+// could not flush then are a WARN in log too).
 //
 // Spans are exported over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set and the export is not turned
@@ -42,9 +43,7 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 	// The SDK reports what it could not do (an export that failed, a span
 	// dropped, a bad setting) through this handler; its default writes plain text with the
 	// standard log package, a line no JSON log pipeline reads.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("opentelemetry error (spans may be lost)", "error", err)
-	}))
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { warnSpansLost(log, err) }))
 	if name := getenv("OTEL_SERVICE_NAME"); name != "" {
 		serviceName = name
 	}
@@ -75,8 +74,22 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 	return func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, flushTimeout)
 		defer cancel()
-		return tp.Shutdown(ctx)
+		// The SDK does not say that it gave the flush up: the spans still
+		// queued are dropped without a line. Said here, as its other
+		// failures are, so that no binary's stop loses them unsaid; the
+		// caller need not log it again.
+		if err := tp.Shutdown(ctx); err != nil {
+			warnSpansLost(log, fmt.Errorf("telemetry: the last spans were not flushed at stop: %w", err))
+			return err
+		}
+		return nil
 	}, nil
+}
+
+// warnSpansLost logs what OpenTelemetry could not do, which may have lost
+// spans, at WARN in the binary's own log.
+func warnSpansLost(log *slog.Logger, err error) {
+	log.Warn("opentelemetry error (spans may be lost)", "error", err)
 }
 
 // exportWanted says whether spans are to be exported: an OTLP endpoint is
@@ -116,7 +129,8 @@ func warnOfOtherPropagators(getenv func(string) string, log *slog.Logger) {
 // collector that does not answer, the exporter's own timeout (30 s) would
 // hold the exit past a Kubernetes grace period (30 s, the HTTP drain
 // included), and the pod would be killed before its "stopped" line. The
-// spans still queued then are lost, and the SDK says so in the log.
+// spans still queued then are lost, which the function Setup returns says
+// in the log (the SDK says nothing of them).
 var flushTimeout = MaxFlushTime // a variable for the test only
 
 // MaxFlushTime is the longest the function Setup returns takes: a

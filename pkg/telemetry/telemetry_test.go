@@ -88,13 +88,16 @@ func TestSDKErrorsAreLogged(t *testing.T) {
 
 // Stopping gives up on a collector that does not answer after
 // flushTimeout, rather than holding the process's exit for the exporter's
-// own 30 s.
-func TestShutdownIsBounded(t *testing.T) {
+// own 30 s, and says in the log that spans were lost: the SDK drops them
+// without a word, and the binaries' run ignored the error (export-reader,
+// sales-writer, the gateway).
+func TestShutdownIsBoundedAndSaysSpansWereLost(t *testing.T) {
 	collector := testenv.ServeConns(t, func(c net.Conn) { io.Copy(io.Discard, c) }) // reads, never answers
 	defer func(d time.Duration) { flushTimeout = d }(flushTimeout)
 	flushTimeout = 300 * time.Millisecond
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+collector) // the exporter reads the process's environment
-	shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	var logs testenv.Output
+	shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.NewJSONHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +107,9 @@ func TestShutdownIsBounded(t *testing.T) {
 	_ = shutdown(context.Background())
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("shutdown with a silent collector took %s, want about flushTimeout (300ms)", took)
+	}
+	if got := logs.String(); !strings.Contains(got, `"level":"WARN","msg":"opentelemetry error (spans may be lost)","error":"telemetry: the last spans were not flushed at stop`) {
+		t.Errorf("log after a flush given up = %q, want a WARN that the last spans were not flushed", got)
 	}
 }
 

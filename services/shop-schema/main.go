@@ -52,15 +52,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if len(cfg.AllowHosts) > 0 || cfg.CAFile != "" {
 		log.Warn("test-only settings active: SHOP_SCHEMA_ALLOW_HOSTS or SHOP_SCHEMA_CA_FILE let the service reach addresses or trust CAs it otherwise would not")
 	}
-	shutdown, err := telemetry.Setup(ctx, getenv, "shop-schema", log)
+	stopTelemetry, err := telemetry.Setup(ctx, getenv, "shop-schema", log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err := shutdown(context.Background()); err != nil {
-			log.Warn("telemetry shutdown", "error", err)
-		}
-	}()
+	defer stopTelemetry(context.Background()) // spans it could not flush are logged there
 	srv, err := newServer(cfg, log, nil, net.DefaultResolver)
 	if err != nil {
 		return err
