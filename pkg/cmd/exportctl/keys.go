@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -170,26 +171,40 @@ func keyList(ctx context.Context, e *env, args []string) error {
 	if err := ownerExists(ctx, e, *owner); err != nil {
 		return err
 	}
-	rows, err := e.pool.Query(ctx, `
-		SELECT id::text, prefix, name, owner_id::text, platform_id, scopes, created_at, revoked_at
-		FROM api_keys WHERE owner_id = $1::uuid ORDER BY created_at, id`, *owner)
+	keys, err := ownerKeys(ctx, e, *owner)
 	if err != nil {
 		return fmt.Errorf("list keys: %w", err)
+	}
+	if *asJSON {
+		return emit(e.out, true, keys, "")
+	}
+	printKeys(e.out, keys)
+	return nil
+}
+
+// ownerKeys is the owner's keys, oldest first ([] for none: printed as
+// JSON, an empty list, not null).
+func ownerKeys(ctx context.Context, e *env, owner string) ([]listedKey, error) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT id::text, prefix, name, owner_id::text, platform_id, scopes, created_at, revoked_at
+		FROM api_keys WHERE owner_id = $1::uuid ORDER BY created_at, id`, owner)
+	if err != nil {
+		return nil, err
 	}
 	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (listedKey, error) {
 		var k listedKey
 		err := row.Scan(&k.ID, &k.Prefix, &k.Name, &k.OwnerID, &k.PlatformID, &k.Scopes, &k.CreatedAt, &k.RevokedAt)
 		return k, err
 	})
-	if err != nil {
-		return fmt.Errorf("list keys: %w", err)
+	if keys == nil {
+		keys = []listedKey{}
 	}
-	if *asJSON {
-		if keys == nil {
-			keys = []listedKey{}
-		}
-		return emit(e.out, true, keys, "")
-	}
+	return keys, err
+}
+
+// printKeys writes keys one a line for a person: id, prefix, scopes,
+// platform, state and name.
+func printKeys(out io.Writer, keys []listedKey) {
 	for _, k := range keys {
 		state := "active"
 		if k.RevokedAt != nil {
@@ -199,8 +214,7 @@ func keyList(ctx context.Context, e *env, args []string) error {
 		if k.PlatformID != nil {
 			platform = *k.PlatformID
 		}
-		fmt.Fprintf(e.out, "%s  %s…  %-24s  platform %-12s  %-26s  %q\n",
+		fmt.Fprintf(out, "%s  %s…  %-24s  platform %-12s  %-26s  %q\n",
 			k.ID, k.Prefix, strings.Join(k.Scopes, ","), platform, state, k.Name)
 	}
-	return nil
 }
