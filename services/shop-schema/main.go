@@ -29,11 +29,13 @@ import (
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
+const serviceName = "shop-schema"
+
 func main() {
 	ctx, stop := stopsignal.Context()
 	defer stop()
 	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "shop-schema:", err)
+		fmt.Fprintln(os.Stderr, serviceName+":", err)
 		os.Exit(1)
 	}
 }
@@ -44,7 +46,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
 	}
-	log := logging.New(stdout, cfg.LogLevel, "shop-schema")
+	log := logging.New(stdout, cfg.LogLevel, serviceName)
 	log.Info("starting", "config", cfg)
 	// The process's own environment, whatever getenv a test passes: a
 	// variable no one reads has no other way to be seen.
@@ -52,7 +54,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if len(cfg.AllowHosts) > 0 || cfg.CAFile != "" {
 		log.Warn("test-only settings active: SHOP_SCHEMA_ALLOW_HOSTS or SHOP_SCHEMA_CA_FILE let the service reach addresses or trust CAs it otherwise would not")
 	}
-	stopTelemetry, err := telemetry.Setup(ctx, getenv, "shop-schema", log)
+	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName, log)
 	if err != nil {
 		return err
 	}
@@ -86,7 +88,7 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 	svc := shopschema.New(g, resolver, client, cfg.Timeout)
 	mux := http.NewServeMux()
 	srv := httpserver.New(httpserver.Config{
-		Service: "shop-schema", Addr: cfg.Addr, AdminAddr: cfg.AdminAddr, Log: log, Signer: signer,
+		Service: serviceName, Addr: cfg.Addr, AdminAddr: cfg.AdminAddr, Log: log, Signer: signer,
 		ShutdownTimeout: drainTime(cfg),
 	}, mux)
 	api.Routes(mux, api.NewHandler(svc, log, srv.Registry(), cfg.MaxConcurrent))
