@@ -35,12 +35,8 @@ func runIncremental(ctx context.Context, cfg Config, args []string, stdout io.Wr
 	if err := cfg.need("DATABASE_URL", "LOADGEN_OWNER_ID"); err != nil {
 		return err
 	}
-	a, err := authFor(cfg, *auth)
-	if err != nil {
-		return err
-	}
-	// A bad --base fails here, before any item is changed.
-	client, err := newHTTPClient(*base, 1)
+	// A bad --base or --auth fails here, before any item is changed.
+	s, err := newSyncer(cfg, *auth, *base)
 	if err != nil {
 		return err
 	}
@@ -53,7 +49,6 @@ func runIncremental(ctx context.Context, cfg Config, args []string, stdout io.Wr
 	if err != nil {
 		return fmt.Errorf("%s: change items: %w", *name, err)
 	}
-	s := &syncer{client: client, auth: a}
 	res, err := s.run(ctx, syncQuery{Limit: *limit, Lang: *lang, UpdatedAfter: checkpoint.Format(time.RFC3339Nano)})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)

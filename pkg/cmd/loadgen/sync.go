@@ -37,6 +37,21 @@ type syncer struct {
 	uri    []byte
 }
 
+// newSyncer returns a syncer of base (the URL, /v1 included) that
+// authenticates as auth says (authFor); a bad base or auth fails here,
+// before any request.
+func newSyncer(cfg Config, auth, base string) (*syncer, error) {
+	a, err := authFor(cfg, auth)
+	if err != nil {
+		return nil, err
+	}
+	client, err := newHTTPClient(base, 1)
+	if err != nil {
+		return nil, err
+	}
+	return &syncer{client: client, auth: a}, nil
+}
+
 // run syncs until the last page.
 func (s *syncer) run(ctx context.Context, q syncQuery) (syncResult, error) {
 	var res syncResult
@@ -125,15 +140,10 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	a, err := authFor(cfg, *auth)
+	s, err := newSyncer(cfg, *auth, *base)
 	if err != nil {
 		return err
 	}
-	client, err := newHTTPClient(*base, 1)
-	if err != nil {
-		return err
-	}
-	s := &syncer{client: client, auth: a}
 	q := syncQuery{Limit: *limit, Lang: *lang}
 	if err := s.warm(q, *warmup); err != nil {
 		return fmt.Errorf("%s: warm-up: %w", *name, err)
