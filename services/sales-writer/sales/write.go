@@ -11,6 +11,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -123,7 +124,7 @@ func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, erro
 	switch {
 	case err != nil:
 		return Result{}, classify(err)
-	case wr.status != nil:
+	case wr.status.Valid:
 		return wr.result(req), nil
 	case wr.recordFingerprint != nil:
 		return replay(wr.recordFingerprint, wr.stored, fp)
@@ -132,13 +133,15 @@ func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, erro
 }
 
 // written is what the write statement reports: the live record it saw, or
-// the change it made (status set), or neither.
+// the change it made (status set), or neither. The change's columns are
+// pgtype's nullable types, which pgx scans into without planning a
+// pointer-to-pointer wrapper for each column of every call.
 type written struct {
-	recordFingerprint []byte  // of the key's live record; nil when none
-	stored            []byte  // response in that record
-	status            *string // exported status after the change; nil when nothing changed
-	confirmedAt       *time.Time
-	canceledAt        *time.Time // cancel only
+	recordFingerprint []byte      // of the key's live record; nil when none
+	stored            []byte      // response in that record
+	status            pgtype.Text // exported status after the change; not Valid when nothing changed
+	confirmedAt       pgtype.Timestamptz
+	canceledAt        pgtype.Timestamptz // cancel only
 }
 
 // result is the answer to req of the change just made; it equals the
@@ -147,18 +150,18 @@ type written struct {
 func (wr written) result(req Request) Result {
 	r := Result{
 		ItemID:          req.ItemID,
-		Status:          *wr.status,
+		Status:          wr.status.String,
 		PlatformID:      req.PlatformID,
 		ExternalOrderID: req.ExternalOrderID,
 	}
 	if r.Status == "active" {
 		r.StockQuantity = 1
 	}
-	if wr.confirmedAt != nil {
-		r.ConfirmedAt = wr.confirmedAt.UTC()
+	if wr.confirmedAt.Valid {
+		r.ConfirmedAt = wr.confirmedAt.Time.UTC()
 	}
-	if wr.canceledAt != nil {
-		r.CanceledAt = wr.canceledAt.UTC()
+	if wr.canceledAt.Valid {
+		r.CanceledAt = wr.canceledAt.Time.UTC()
 	}
 	return r
 }
