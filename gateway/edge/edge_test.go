@@ -1903,7 +1903,7 @@ func testOwnerRequestsInFlight(t *testing.T, limits string) {
 			}
 			return []func() response{list(k.read), list(read2), list(k.read), list(k.readB)}
 		},
-		class: "owner_in_flight", says: "on the export routes",
+		class: "owner_in_flight_export", says: "on the export routes",
 	})
 }
 
@@ -1934,7 +1934,8 @@ func TestOwnerSlotsAreSplitBetweenTheServices(t *testing.T) {
 	held := make(chan int, 3)
 	go func() { held <- sale("order-1").Status }()
 	waitFor(t, 5*time.Second, func() bool { return salesArrived.Load() == 1 })
-	if r := sale("order-2"); r.Status != 429 || r.Env.Error == nil ||
+	saleRefused := sale("order-2")
+	if r := saleRefused; r.Status != 429 || r.Env.Error == nil ||
 		!strings.Contains(r.Env.Error.Message, "sale routes") || !strings.Contains(r.Env.Error.Message, "at most 1") {
 		t.Errorf("a second sale in flight = %d %s, want 429 naming the sale routes' 1 slot", r.Status, r.Body)
 	}
@@ -1944,9 +1945,29 @@ func TestOwnerSlotsAreSplitBetweenTheServices(t *testing.T) {
 		go func() { held <- list().Status }()
 	}
 	waitFor(t, 5*time.Second, func() bool { return listsArrived.Load() == 2 })
-	if r := list(); r.Status != 429 || r.Env.Error == nil ||
+	listRefused := list()
+	if r := listRefused; r.Status != 429 || r.Env.Error == nil ||
 		!strings.Contains(r.Env.Error.Message, "export routes") || !strings.Contains(r.Env.Error.Message, "at most 2") {
 		t.Errorf("a list page with 3 of the owner's requests in flight = %d %s, want 429 naming the export routes' 2 slots", r.Status, r.Body)
+	}
+	// The SRE, who has the request id and not the message, is told which
+	// share was full by the access line (and the span), and the metric
+	// counts each share apart: one owner_in_flight for both hid whether
+	// sales-writer hung (the sale share full) or the owner synced hard.
+	for _, c := range []struct {
+		r     response
+		class string
+	}{{saleRefused, "owner_in_flight_sale"}, {listRefused, "owner_in_flight_export"}} {
+		if c.r.Env.Meta.RequestID == "" {
+			continue
+		}
+		if line := accessLine(gw.Logs.String(), c.r.Env.Meta.RequestID); !strings.Contains(line, `"rate_limit_class":"`+c.class+`"`) {
+			t.Errorf("access line of the 429 = %s, want rate_limit_class %s", line, c.class)
+		}
+		limited := `gateway_ratelimit_decisions_total{backend="process",class="` + c.class + `",decision="limited"} 1`
+		if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(limited)) {
+			t.Errorf("metrics lack %s:\n%s", limited, grep(metrics, "gateway_ratelimit_decisions_total"))
+		}
 	}
 	// The reader holds the export routes' share; once the writer answers,
 	// the sale routes' slot is free again (released to the sale routes'
@@ -2036,7 +2057,7 @@ func TestOwnerCapSpendsNoKeyBudget(t *testing.T) {
 				"RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1", "RATE_LIMIT_EXPORT_READ": "3-M"}
 		},
 		method: "GET", path: "/v1/export/items", headers: map[string]string{"X-API-Key": k.read},
-		class: "owner_in_flight",
+		class: "owner_in_flight_export",
 	})
 }
 

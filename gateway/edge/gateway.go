@@ -56,11 +56,10 @@ type Gateway struct {
 	shopSlots         *inFlightSlots
 	shopSlotDecisions slotDecisions
 	// ownerSlots bounds each owner's requests in flight on the keyed
-	// routes, its slots split between their two upstreams (nil when
-	// RATE_LIMIT_OWNER_IN_FLIGHT is 0; read only once built);
-	// ownerSlotDecisions counts what it decided.
-	ownerSlots         map[string]*inFlightSlots
-	ownerSlotDecisions slotDecisions
+	// routes, its slots split between their two upstreams, each share
+	// counting its own decisions (nil when RATE_LIMIT_OWNER_IN_FLIGHT is
+	// 0; read only once built).
+	ownerSlots map[string]*ownerShare
 	// guessLookups bounds each client address's uncached keys in lookup
 	// at once by what its guess budget has left (authBudgetLeft).
 	guessLookups guessLookups
@@ -124,7 +123,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		served:          make(chan error, 2), limitDone: make(chan struct{})}
 	if cfg.OwnerInFlight > 0 {
-		g.ownerSlots = newOwnerSlots(cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
+		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
 	}
 	cleanup := []func(){}
 	defer func() {

@@ -747,7 +747,7 @@ func TestOwnerSlotsSplitAsConfigured(t *testing.T) {
 		}
 	}
 	// Every keyed route has a share, and the shares add up to the whole.
-	slots := newOwnerSlots(64, 16)
+	slots := newOwnerSlots(newMetrics(), 64, 16)
 	sum := 0
 	for _, rt := range routes {
 		if rt.Scope == "" {
@@ -758,10 +758,10 @@ func TestOwnerSlotsSplitAsConfigured(t *testing.T) {
 		}
 	}
 	for _, s := range slots {
-		sum += s.limit
+		sum += s.slots.limit
 	}
-	if sum != 64 || slots[upstreamSalesWriter].limit != 16 {
-		t.Errorf("newOwnerSlots(64, 16): %d in all, %d for sales; want 64 and 16", sum, slots[upstreamSalesWriter].limit)
+	if sum != 64 || slots[upstreamSalesWriter].slots.limit != 16 {
+		t.Errorf("newOwnerSlots(64, 16): %d in all, %d for sales; want 64 and 16", sum, slots[upstreamSalesWriter].slots.limit)
 	}
 }
 

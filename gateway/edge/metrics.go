@@ -57,7 +57,7 @@ func newMetrics() *metrics {
 		}, []string{"route", "code"}),
 		rateDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_ratelimit_decisions_total",
-			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight, owner_in_flight).",
+			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight, owner_in_flight_export, owner_in_flight_sale).",
 		}, []string{"class", "decision", "backend"}),
 		rateDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gateway_ratelimit_degraded", Help: "1 while Redis is unusable and the in-process limiter decides.",
@@ -104,7 +104,6 @@ func (g *Gateway) resolveSeries() {
 	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
 		classShopSchema, classAuthFailures})
 	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
-	g.ownerSlotDecisions = g.metrics.forSlots(classOwnerInFlight)
 	g.metrics.forUpstreams(g.upstreams)
 }
 

@@ -28,10 +28,14 @@ const (
 	// in flight (inFlightSlots): no window and no Redis keys, but a limit
 	// whose 429 is named like the others'.
 	classShopSchemaInFlight = "shop_schema_in_flight"
-	// classOwnerInFlight is the cap on an owner's requests in flight on
-	// the keyed routes of one service, its share of the owner's slots, all
-	// of its keys together (takeOwnerSlot).
-	classOwnerInFlight = "owner_in_flight"
+	// classOwnerExportInFlight and classOwnerSaleInFlight are the caps on
+	// an owner's requests in flight on the keyed routes of one service,
+	// its share of the owner's slots, all of its keys together
+	// (takeOwnerSlot): each share is named apart, so that a 429's access
+	// line, span and decisions metric say which service's share was full
+	// (calls hung on sales-writer fill the sale share alone).
+	classOwnerExportInFlight = "owner_in_flight_export"
+	classOwnerSaleInFlight   = "owner_in_flight_sale"
 )
 
 // route is one line of the routing table.

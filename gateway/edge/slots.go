@@ -59,6 +59,16 @@ func (g *Gateway) takeShopSlot(rq *request, address string) (release func(), err
 	return func() { g.shopSlots.release(address) }, nil
 }
 
+// ownerShare is an owner's slots on the routes of one service: the count,
+// the rate_limit_class its refusals are named by, what their 429 says of
+// the routes, and its decisions metric.
+type ownerShare struct {
+	slots     *inFlightSlots
+	class     string // classOwnerExportInFlight, classOwnerSaleInFlight
+	routes    string // export, sale: in the 429's message
+	decisions slotDecisions
+}
+
 // newOwnerSlots splits an owner's limit slots between the services of
 // the keyed routes: sale of them for the sale routes (sales-writer), the
 // rest for the export routes (export-reader), each counted apart, so that
@@ -77,19 +87,21 @@ func (g *Gateway) takeShopSlot(rq *request, address string) (release func(), err
 // sales in front of the writer's 8 connections and twice the requests in
 // all: a neighbour's sales took 65–84 ms at the median against 18–25 with
 // one count (gateway README, "Tenants sharing a stack").
-func newOwnerSlots(limit, sale int) map[string]*inFlightSlots {
-	return map[string]*inFlightSlots{
-		upstreamExportReader: newInFlightSlots(limit - sale),
-		upstreamSalesWriter:  newInFlightSlots(sale),
+func newOwnerSlots(m *metrics, limit, sale int) map[string]*ownerShare {
+	return map[string]*ownerShare{
+		upstreamExportReader: {slots: newInFlightSlots(limit - sale), class: classOwnerExportInFlight, routes: "export",
+			decisions: m.forSlots(classOwnerExportInFlight)},
+		upstreamSalesWriter: {slots: newInFlightSlots(sale), class: classOwnerSaleInFlight, routes: "sale",
+			decisions: m.forSlots(classOwnerSaleInFlight)},
 	}
 }
 
 // takeOwnerSlot takes one of the key's owner's slots on rt's upstream for
-// rq, or refuses it 429 naming the cap (access line, span, decisions
-// metric); the caller defers releaseOwnerSlot once it is taken (a direct
-// call, where a release returned as a closure, as takeShopSlot's, cost
-// every keyed request an allocation). The per-key rate limits bound each
-// key, not its owner: an owner with 64 keys has 64 budgets of 6,000 a
+// rq, or refuses it 429 naming the share that was full (access line, span,
+// decisions metric); the caller defers releaseOwnerSlot once it is taken (a
+// direct call, where a release returned as a closure, as takeShopSlot's,
+// cost every keyed request an allocation). The per-key rate limits bound
+// each key, not its owner: an owner with 64 keys has 64 budgets of 6,000 a
 // minute, far more than a stack serves, and every request it has in flight
 // waits in the same queues as everyone's (the gateway's connections to an
 // instance, export-reader's database pool, the CPU), first come first
@@ -102,27 +114,19 @@ func (g *Gateway) takeOwnerSlot(rq *request, rt route) error {
 	if g.ownerSlots == nil { // RATE_LIMIT_OWNER_IN_FLIGHT=0
 		return nil
 	}
-	slots := g.ownerSlots[rt.Upstream]
-	if !slots.acquire(rq.key.OwnerID) {
-		g.ownerSlotDecisions.limited.Inc()
-		rq.limitedBy = classOwnerInFlight
-		return errOwnerTooManyInFlight(slots.limit, ownerSlotRoutes(rt))
+	share := g.ownerSlots[rt.Upstream]
+	if !share.slots.acquire(rq.key.OwnerID) {
+		share.decisions.limited.Inc()
+		rq.limitedBy = share.class
+		return errOwnerTooManyInFlight(share.slots.limit, share.routes)
 	}
-	g.ownerSlotDecisions.allowed.Inc()
+	share.decisions.allowed.Inc()
 	return nil
-}
-
-// ownerSlotRoutes names the routes sharing rt's count, in the 429's message.
-func ownerSlotRoutes(rt route) string {
-	if rt.Upstream == upstreamSalesWriter {
-		return "sale"
-	}
-	return "export"
 }
 
 // releaseOwnerSlot gives back the slot takeOwnerSlot took for rq.
 func (g *Gateway) releaseOwnerSlot(rq *request, rt route) {
 	if g.ownerSlots != nil {
-		g.ownerSlots[rt.Upstream].release(rq.key.OwnerID)
+		g.ownerSlots[rt.Upstream].slots.release(rq.key.OwnerID)
 	}
 }
