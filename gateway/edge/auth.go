@@ -40,6 +40,9 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 	switch {
 	case errors.Is(err, keystore.ErrThrottled) && rq.hasRate:
 		rq.authFailure = authFailureThrottled
+		if rq.limitedBy == classGuessesInLookup {
+			return errGuessesInLookup
+		}
 		return errAuthThrottled(rq.rate.RetryAfter)
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		rq.authFailure = authFailureOf(err)
@@ -175,16 +178,22 @@ func (g *Gateway) authBudgetLeft(rq *request, secret string) bool {
 	start := time.Now()
 	d := g.limiter.Peek(guessBudgetKey(rq), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d, guessBudget)
-	if !g.guessLookups.acquire(address, secret, since, d) && d.Allowed {
+	rq.lookingUp = g.guessLookups.acquire(address, secret, since, d)
+	switch {
+	case !d.Allowed:
+		g.recordDecision(rq, guessBudget, d)
+	case !rq.lookingUp:
 		// What the budget has left is being looked up already: a second
-		// is far longer than any of those lookups takes.
+		// is far longer than any of those lookups takes. Named apart from
+		// the budget, whose Retry-After may be a minute: the SRE tells the
+		// two from the request id alone.
+		g.guessLookupDecisions.limited.Inc()
 		d.Allowed, d.Remaining, d.RetryAfter = false, 0, time.Second
+		rq.rate, rq.hasRate, rq.limitedBy = d, true, classGuessesInLookup
+	default:
+		g.guessLookupDecisions.allowed.Inc()
 	}
-	if !d.Allowed {
-		g.recordDecision(rq, classAuthFailures, d)
-	}
-	rq.lookingUp = d.Allowed
-	return d.Allowed
+	return rq.lookingUp
 }
 
 // endGuessLookup gives back the place rq holds among its address's keys in
@@ -232,7 +241,9 @@ func rateClasses(cfg Config) map[string]limiter.Rate {
 	}
 }
 
-// guessBudget names the address's key-guessing budget on its spans.
+// guessBudget names the address's key-guessing budget on its spans, and
+// the refusals it decides (rate_limit_class, decisions metric), which are
+// not the failure budget's: another budget, and a key not looked up.
 const guessBudget = "auth_guesses"
 
 // guessBudgetKey is the limiter key of the client address's guesses: the

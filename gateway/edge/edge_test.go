@@ -317,13 +317,13 @@ func TestRateLimits(t *testing.T) {
 			r.Status, r.Header.Get("Retry-After"))
 	}
 	// Such a 429 says why, to the client and in the access line: the key
-	// was not checked, its address being over the failed-login budget.
+	// was not checked, its address being over its guess budget.
 	if r.Env.Error == nil || !strings.Contains(r.Env.Error.Message, "failed authentications from this address") {
 		t.Errorf("429 of a key not looked up: %s, want a message that names the failed-authentication budget", r.Body)
 	}
 	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"auth_failure":"throttled"`) ||
-		!strings.Contains(line, `"rate_limit_class":"auth_failures"`) {
-		t.Errorf("access line of that 429 = %s, want auth_failure throttled and rate_limit_class auth_failures", line)
+		!strings.Contains(line, `"rate_limit_class":"auth_guesses"`) {
+		t.Errorf("access line of that 429 = %s, want auth_failure throttled and rate_limit_class auth_guesses", line)
 	}
 	if r := do(t, "GET", items, map[string]string{"X-API-Key": k.readB}, nil); r.Status != 200 {
 		t.Errorf("cached key from an IP over its failure budget = %d, want 200", r.Status)
@@ -396,6 +396,7 @@ func TestGuessesSentTogetherAreLookedUpWithinTheBudget(t *testing.T) {
 	type answer struct {
 		status    int
 		requestID string
+		body      []byte
 		err       error
 	}
 	answers := make(chan answer, guesses)
@@ -412,9 +413,9 @@ func TestGuessesSentTogetherAreLookedUpWithinTheBudget(t *testing.T) {
 				answers <- answer{err: err}
 				return
 			}
-			io.Copy(io.Discard, resp.Body) //nolint:errcheck // the status and request id are what count
+			body, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			answers <- answer{status: resp.StatusCode, requestID: resp.Header.Get("X-Request-Id")}
+			answers <- answer{status: resp.StatusCode, requestID: resp.Header.Get("X-Request-Id"), body: body, err: err}
 		}()
 	}
 	// Those over the budget are answered while the lookups wait; without
@@ -446,6 +447,17 @@ func TestGuessesSentTogetherAreLookedUpWithinTheBudget(t *testing.T) {
 			lookedUp++
 		case a.status == 429 && strings.Contains(line, `"auth_failure":"throttled"`):
 			throttled++
+			// Named apart from the guess budget (auth_guesses, whose
+			// Retry-After may be a minute), so that the request id tells
+			// which of the two refused it: both read auth_failures.
+			if !strings.Contains(line, `"rate_limit_class":"auth_guesses_in_lookup"`) {
+				t.Errorf("access line of a guess over the keys in lookup = %s, want rate_limit_class auth_guesses_in_lookup", line)
+			}
+			// Nor does it tell the client of failed authentications,
+			// which it has not had.
+			if !bytes.Contains(a.body, []byte("being checked at once")) {
+				t.Errorf("429 of a guess over the keys in lookup: %s, want a message naming the keys being checked at once", a.body)
+			}
 		default:
 			t.Errorf("a guess answered %d, access line %s; want 401 unknown or 429 throttled", a.status, line)
 		}
@@ -453,6 +465,10 @@ func TestGuessesSentTogetherAreLookedUpWithinTheBudget(t *testing.T) {
 	if lookedUp != budget || throttled != guesses-budget {
 		t.Errorf("%d guesses sent together on a budget of %d: %d looked up, %d throttled; want %d and %d",
 			guesses, budget, lookedUp, throttled, budget, guesses-budget)
+	}
+	limited := fmt.Sprintf(`gateway_ratelimit_decisions_total{backend="process",class="auth_guesses_in_lookup",decision="limited"} %d`, guesses-budget)
+	if metrics := scrape(t, gw.AdminURL); !bytes.Contains(metrics, []byte(limited)) {
+		t.Errorf("metrics lack %s:\n%s", limited, grep(metrics, "gateway_ratelimit_decisions_total"))
 	}
 }
 

@@ -154,7 +154,7 @@ func errOwnerTooManyInFlight(limit int, routes string) *apiError {
 }
 
 // errAuthThrottled is the 429 of a key that was not even looked up: its
-// client's address is over the failed-authentication budget. It says so,
+// client's address is over its guess budget (unknown keys tried). It says so,
 // as a valid key refused this way would otherwise look limited for no
 // reason (its X-RateLimit-* are that budget's, not the key's).
 func errAuthThrottled(retryAfter time.Duration) *apiError {
@@ -162,6 +162,14 @@ func errAuthThrottled(retryAfter time.Duration) *apiError {
 		Message:    "too many failed authentications from this address; this key was not checked: retry after the time in Retry-After",
 		RetryAfter: retryAfter}
 }
+
+// errGuessesInLookup is the 429 of an uncached key not looked up because
+// its address has as many keys in lookup as its guess budget has left:
+// no failed authentication is over any budget yet, and a retry a second
+// later finds those lookups ended.
+var errGuessesInLookup = &apiError{Status: http.StatusTooManyRequests, Code: "rate_limited",
+	Message:    "too many keys from this address are being checked at once; this key was not checked: retry after the time in Retry-After",
+	RetryAfter: time.Second}
 
 // errMissingScope is the 403 of a key without the route's scope; it names
 // the scope needed and the key's, so that a client holding a read key and

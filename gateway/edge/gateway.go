@@ -61,17 +61,19 @@ type Gateway struct {
 	// 0; read only once built).
 	ownerSlots map[string]*ownerShare
 	// guessLookups bounds each client address's uncached keys in lookup
-	// at once by what its guess budget has left (authBudgetLeft).
-	guessLookups guessLookups
-	tracer       trace.Tracer
-	metrics      *metrics
-	signer       *identity.Signer // signs the identity sent upstream
-	pool         *pgxpool.Pool
-	redis        *redis.Client
-	keys         keyLookup
-	limiter      *ratelimit.Limiter // nil when rate limiting is off
-	rates        map[string]limiter.Rate
-	upstreams    map[string]*upstream.Upstream
+	// at once by what its guess budget has left (authBudgetLeft);
+	// guessLookupDecisions counts what it decided.
+	guessLookups         guessLookups
+	guessLookupDecisions slotDecisions
+	tracer               trace.Tracer
+	metrics              *metrics
+	signer               *identity.Signer // signs the identity sent upstream
+	pool                 *pgxpool.Pool
+	redis                *redis.Client
+	keys                 keyLookup
+	limiter              *ratelimit.Limiter // nil when rate limiting is off
+	rates                map[string]limiter.Rate
+	upstreams            map[string]*upstream.Upstream
 	// clientAddr reads the client IP (GATEWAY_PROXY_HEADER, only from
 	// GATEWAY_TRUSTED_PROXIES).
 	clientAddr clientAddress

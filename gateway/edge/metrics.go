@@ -57,7 +57,7 @@ func newMetrics() *metrics {
 		}, []string{"route", "code"}),
 		rateDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_ratelimit_decisions_total",
-			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight, owner_in_flight_export, owner_in_flight_sale).",
+			Help: "Rate-limit decisions by class, decision (allowed, limited) and backend (redis; local = Redis unusable, in-process fallback; process = a cap counted in the gateway process by design: shop_schema_in_flight, owner_in_flight_export, owner_in_flight_sale, auth_guesses_in_lookup). auth_guesses, the address's budget of unknown keys, is counted only when it refuses.",
 		}, []string{"class", "decision", "backend"}),
 		rateDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gateway_ratelimit_degraded", Help: "1 while Redis is unusable and the in-process limiter decides.",
@@ -103,6 +103,12 @@ func (g *Gateway) resolveSeries() {
 	}
 	g.decisionMetrics = g.metrics.forDecisions([]string{classExportRead, classSalesWrite, classAnonymous,
 		classShopSchema, classAuthFailures})
+	// The guess budget is only recorded when it refuses (authBudgetLeft).
+	for _, local := range []bool{true, false} {
+		g.decisionMetrics[decisionLabels{guessBudget, false, local}] = g.metrics.rateDecisions.WithLabelValues(
+			guessBudget, decisionLabel(false), backendLabel(local))
+	}
+	g.guessLookupDecisions = g.metrics.forSlots(classGuessesInLookup)
 	g.shopSlotDecisions = g.metrics.forSlots(classShopSchemaInFlight)
 	g.metrics.forUpstreams(g.upstreams)
 }

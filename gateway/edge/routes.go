@@ -36,6 +36,10 @@ const (
 	// (calls hung on sales-writer fill the sale share alone).
 	classOwnerExportInFlight = "owner_in_flight_export"
 	classOwnerSaleInFlight   = "owner_in_flight_sale"
+	// classGuessesInLookup is the bound on an address's uncached keys in
+	// lookup at once, by what its guess budget has left (authBudgetLeft):
+	// counted in the process, as the caps on calls in flight are.
+	classGuessesInLookup = "auth_guesses_in_lookup"
 )
 
 // route is one line of the routing table.
