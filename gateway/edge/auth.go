@@ -50,6 +50,10 @@ func (g *Gateway) authenticate(c *fiber.Ctx, rq *request, rt route) error {
 			rq.key = key // names the revoked key in the access line and the span
 		}
 		return g.authFailed(rq, errUnauthenticated)
+	case err != nil && isIdempotentSale(c, rt):
+		// Sent nowhere: its answer and access line say nothing was
+		// applied, as the gateway's other 503s of such a sale do.
+		return fmt.Errorf("%w: %w: %w", errSaleNothingApplied, errKeyLookup, err)
 	case err != nil:
 		return fmt.Errorf("%w: %w", errKeyLookup, err)
 	}

@@ -101,6 +101,11 @@ var (
 		Message: "this gateway instance is shutting down; other instances answer", RetryAfter: envelope.UnavailableRetryAfter}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "the API key could not be checked; retry later", RetryAfter: envelope.UnavailableRetryAfter}
+	// errSaleAuthUnavailable is errAuthUnavailable to a sale with an
+	// Idempotency-Key: sent nowhere, and saying so, as the gateway's
+	// other answers of a sale say what they know of it.
+	errSaleAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Message: "the API key could not be checked; " + saleclaim.NothingApplied + ": " + saleclaim.RetryWithTheKey, RetryAfter: envelope.UnavailableRetryAfter}
 	errUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
 		Message: "the service is temporarily unavailable; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errSaleUpstreamUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "upstream_unavailable",
@@ -124,10 +129,13 @@ var (
 // says nothing was applied, or, for a sale sent without an
 // Idempotency-Key answered upstream_unavailable, where the README says
 // nothing was sent (its message, shared with every route, says only to
-// retry; salescheck.SaysNothingApplied reads it by its code).
+// retry; salescheck.SaysNothingApplied reads it by its code), and for a
+// sale with an Idempotency-Key whose key could not be checked, refused
+// before anything was sent.
 var saleClaims = map[*apiError]string{
 	errSaleBadGateway: saleclaim.Maybe, errSaleTimeout: saleclaim.Maybe, errSaleInternal: saleclaim.Maybe,
 	errUpstreamUnavailable: saleclaim.Nothing, errSaleUpstreamUnavailable: saleclaim.Nothing, errSaleInternalNothingSent: saleclaim.Nothing,
+	errSaleAuthUnavailable: saleclaim.Nothing,
 }
 
 func errRateLimited(retryAfter time.Duration) *apiError {
@@ -200,6 +208,8 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 		return ae, false
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return errUnauthenticated, false
+	case errors.Is(err, errKeyLookup) && errors.Is(err, errSaleNothingApplied):
+		return errSaleAuthUnavailable, true
 	case errors.Is(err, errSaleNothingApplied):
 		return errSaleUpstreamUnavailable, true
 	case nothingSent(err):

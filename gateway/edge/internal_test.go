@@ -1027,6 +1027,43 @@ func TestShopSchemaInFlightRefusalNamesItsLimitOnTheSpan(t *testing.T) {
 	t.Fatal("no server span of the 429")
 }
 
+// A sale the gateway answers 503 unavailable because its key could not be
+// checked (the key store out of reach) was sent nowhere: its access line
+// and its answer say nothing was applied, as every other answer the
+// gateway gives a sale itself says what it knows of the sale. They said
+// nothing, and an SRE tracing the sale by its request id found neither a
+// claim there nor a line in sales-writer.
+func TestASaleWhoseKeyCouldNotBeCheckedWasNotApplied(t *testing.T) {
+	g, _, logs := startInternal(t, nil, refusingKeys{errors.New("dial unix /run/pg/.s.PGSQL.5432: connect: no such file or directory")})
+	req, err := http.NewRequest("POST", "http://"+g.Addr()+"/v1/export/items/coin-1/sales/confirm", strings.NewReader(`{"external_order_id":"o"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", wellFormedKey(t))
+	req.Header.Set("Idempotency-Key", "k1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer envelope.Parsed
+	err = json.NewDecoder(resp.Body).Decode(&answer)
+	resp.Body.Close()
+	if err != nil || answer.Error == nil || answer.Error.Message != errSaleAuthUnavailable.Message {
+		t.Errorf("a sale whose key could not be checked: %+v (%v), want the message %q", answer.Error, err, errSaleAuthUnavailable.Message)
+	}
+	requestID := resp.Header.Get("X-Request-Id")
+	var line string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, requestID) && strings.Contains(l, `"msg":"request"`) {
+			line = l
+		}
+	}
+	if resp.StatusCode != 503 || !strings.Contains(line, `"error_code":"unavailable"`) || !strings.Contains(line, `"sale_applied":"no"`) {
+		t.Errorf("a sale whose key could not be checked = %d, access line %s; want 503 unavailable and sale_applied no", resp.StatusCode, line)
+	}
+}
+
 // refusingKeys refuses every key, for the cause in err (and names the key
 // when it is revoked, as keystore does).
 type refusingKeys struct{ err error }
