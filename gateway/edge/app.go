@@ -177,9 +177,8 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 // read, so its method and path are then its defaults (GET /), not the
 // client's: it is unrouted.
 func (g *Gateway) unreadable(c *fiber.Ctx, err error) {
-	rq := g.begin(c, "unrouted")
+	rq := g.beginAt(c, "unrouted", readStart(c.Context(), time.Time{}))
 	rq.method, rq.path = httpserver.MethodOther, ""
-	rq.start = readStart(c.Context(), rq.start)
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 }

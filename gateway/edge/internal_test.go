@@ -1678,3 +1678,42 @@ func TestALookupThatPanicsGivesItsPlaceBack(t *testing.T) {
 		t.Errorf("the address keeps %d keys in lookup after the lookup panicked", len(a.keys))
 	}
 }
+
+// A 408 on a new connection is timed from the connection's start in its
+// server span too, as its access line is: the span began when the answer
+// did, and `make trace` showed a fraction of a millisecond for a request
+// whose client had held the connection for the whole read timeout, beside
+// a log line of 3 s for the same request id.
+func TestRequestTimeoutsSpanIsTimedFromTheConnectionsStart(t *testing.T) {
+	g, sr, _ := startInternal(t, map[string]string{"GATEWAY_READ_TIMEOUT": "300ms"}, fakeKeys{})
+	conn, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n"); err != nil { // never ended
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("an unfinished request = %d, want 408", resp.StatusCode)
+	}
+	var server sdktrace.ReadOnlySpan
+	for deadline := time.Now().Add(5 * time.Second); server == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, s := range sr.Ended() {
+			if s.SpanKind() == trace.SpanKindServer && s.SpanContext().TraceID().String() == resp.Header.Get("X-Request-Id") {
+				server = s
+			}
+		}
+	}
+	if server == nil {
+		t.Fatal("no server span of the 408")
+	}
+	if took := server.EndTime().Sub(server.StartTime()); took < 300*time.Millisecond {
+		t.Errorf("server span of the 408 lasted %v, want at least the 300 ms read timeout its client held the connection", took)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -145,13 +146,24 @@ const maxServerSpanAttrs = 16
 // an id chosen by an internet client would let it forge request ids. The
 // span's attributes are set once, when it ends (end).
 func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
+	return g.beginAt(c, routeName, time.Time{})
+}
+
+// beginAt is begin for a request that began before now, at since (an
+// unread request's connection start, readStart): its access line's
+// duration and its server span both run from it. A zero since is now.
+func (g *Gateway) beginAt(c *fiber.Ctx, routeName string, since time.Time) *request {
+	start := since
+	if start.IsZero() {
+		start = time.Now()
+	}
 	raw := c.Path() // Fiber leaves it escaped
 	// A whole key in the path is refused (keyInPath); what is recorded
 	// also hides one mistyped or cut short, which is no key to refuse.
 	// As valid UTF-8: fasthttp takes raw bytes that are not, which OTLP
 	// refuses to encode (the span's whole export batch would be dropped).
 	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(strings.ToValidUTF8(apikey.RedactKeyLikePath(raw), "\uFFFD")),
-		keyInPath: apikey.PathHoldsKey(raw), clientIP: g.clientIP(c), start: time.Now()}
+		keyInPath: apikey.PathHoldsKey(raw), clientIP: g.clientIP(c), start: start}
 	if own := c.Request().Header.Peek(envelope.RequestIDHeader); len(own) > 0 {
 		rq.clientRequestID = httpserver.LoggableClientValue(string(own))
 	}
@@ -159,6 +171,9 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	if g.cfg.TrustTraceparent {
 		parent = otel.GetTextMapPropagator().Extract(parent, headerCarrier{&c.Request().Header})
 		opts = serverSpanInTrace
+	}
+	if !since.IsZero() {
+		opts = append(slices.Clip(opts), trace.WithTimestamp(since))
 	}
 	rq.ctx, rq.span = g.tracer.Start(parent, routeName, opts...)
 	if tid := rq.span.SpanContext().TraceID(); tid.IsValid() {
