@@ -395,9 +395,24 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 
 // allOut is the error of a request that found every instance out (those
 // out for a refusal asked, pickRefused, and refusing still): nothing was
-// sent.
+// sent. It says why each one is out, as its "marked down" line did, so
+// that the request's own line tells the SRE holding its request id the
+// fault (a process gone, a database unready) without that line found by
+// its time. Only requests failing so pay for reading the reasons.
 func (u *Upstream) allOut() error {
-	return fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
+	var why []string
+	for _, inst := range u.current() {
+		inst.stateMu.Lock()
+		down, reason := inst.toldDown, inst.toldReason
+		inst.stateMu.Unlock()
+		if down { // one put back meanwhile has no reason to give
+			why = append(why, inst.base+": "+reason)
+		}
+	}
+	if len(why) == 0 {
+		return fmt.Errorf("%w: every instance of %s is out", ErrUnavailable, u.Name)
+	}
+	return fmt.Errorf("%w: every instance of %s is out (%s)", ErrUnavailable, u.Name, strings.Join(why, "; "))
 }
 
 // refusedAgain reports whether err is a refused connection (dialError):

@@ -322,6 +322,32 @@ func TestADeadUpstreamIsEveryInstanceOutNotARepeat(t *testing.T) {
 	}
 }
 
+// A request that finds every instance out names why each one is, as its
+// "upstream instance marked down" line said: the request's own line
+// ("request failed") then tells the SRE holding its request id a process
+// gone (a refused connection) from a database unready (a probe answered
+// 503 not_ready) without finding that line by its time. It said "every
+// instance of export-reader is out" alone.
+func TestEveryInstanceOutSaysWhyEachIs(t *testing.T) {
+	instances := []string{closedAddr(t), closedAddr(t)}
+	u, err := New("svc", instances, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := post(u); !errors.Is(err, ErrUnreachable) { // both refuse, and are out for it
+		t.Fatalf("sale to instances refusing = %v, want unreachable", err)
+	}
+	_, err = post(u)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("sale with every instance out = %v, want ErrUnavailable", err)
+	}
+	for _, inst := range instances {
+		if want := inst + ": " + reasonRefused; !strings.Contains(err.Error(), want) {
+			t.Errorf("every instance out = %q, want it to say %q", err, want)
+		}
+	}
+}
+
 // A request sent again is renewed first (the gateway signs its identity
 // again): the second instance sees the renewed header, the first did not.
 func TestRepeatIsRenewed(t *testing.T) {
