@@ -37,8 +37,9 @@ fuzz: ## run every Fuzz target of every module for FUZZTIME each (30s), one at a
 vulncheck: ## govulncheck over every module: known vulnerabilities the code can reach (VULNDB=module: a pinned offline snapshot)
 	@deploy/local/vulncheck.sh
 
-lint: ## gofmt, go vet (and staticcheck when installed) over every module
+lint: ## gofmt, go mod tidy -diff, go vet (and staticcheck when installed) over every module
 	@unformatted=$$(gofmt -l $(MODULES)); if [ -n "$$unformatted" ]; then echo "make lint: not gofmt-formatted (gofmt -w them):"; echo "$$unformatted"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && go mod tidy -diff >/dev/null) || { echo "make lint: $$m/go.mod is not tidy (cd $$m && go mod tidy)"; exit 1; }; done
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
 	@if command -v staticcheck >/dev/null; then for m in $(MODULES); do (cd $$m && staticcheck ./...) || exit 1; done; \
 	else echo "make lint: staticcheck is not on PATH, so it did not run (go vet did): see README, \"Other make targets\""; fi

@@ -157,4 +157,3 @@ func backendsCPU(b *testing.B, pids []int) int64 {
 
 // clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on Linux.
 const clockTicks = 100
-
