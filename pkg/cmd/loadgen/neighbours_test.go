@@ -191,9 +191,11 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if isSale {
 		g.sales = append(g.sales, key+" "+path+" "+r.Header.Get("Idempotency-Key"))
 	}
+	// Read under the lock: the fake serves every connection at once.
+	firstOfKey := g.byKey[key] == 1
 	g.mu.Unlock()
 	switch {
-	case isSale && key == "a-write-1" && g.byKey[key] == 1:
+	case isSale && key == "a-write-1" && firstOfKey:
 		w.WriteHeader(http.StatusConflict)
 		w.Write([]byte(`{"error":{"code":"request_in_progress"}}`))
 	case r.Method == http.MethodGet && path == "/v1/export/items" && strings.HasPrefix(key, "a-read"):
