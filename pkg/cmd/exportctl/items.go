@@ -132,15 +132,15 @@ func itemsRestamp(ctx context.Context, e *env, args []string) error {
 	}
 	took := time.Since(start)
 	return emit(e.out, *asJSON, map[string]any{"owners": len(owners), "restamped": stamped, "seconds": took.Seconds()},
-		fmt.Sprintf("restamped %d items of %s in %s: each client's next sync reads them all again", stamped, ownersCount(len(owners)), took.Round(time.Millisecond)))
+		fmt.Sprintf("restamped %s of %s in %s: each client's next sync reads them all again", count(stamped, "item"), count(len(owners), "owner"), took.Round(time.Millisecond)))
 }
 
-// ownersCount is n owners in words: "1 owner" after the usual --owner.
-func ownersCount(n int) string {
+// count is n things in words: "1 owner" after the usual --owner, "2 owners".
+func count(n int, thing string) string {
 	if n == 1 {
-		return "1 owner"
+		return "1 " + thing
 	}
-	return fmt.Sprintf("%d owners", n)
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 func restampOwner(ctx context.Context, e *env, owner string) (int, error) {

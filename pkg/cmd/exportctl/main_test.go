@@ -620,12 +620,18 @@ func TestItemsRestamp(t *testing.T) {
 		}
 	}
 
-	// The text an operator reads counts one owner as one.
-	var text bytes.Buffer
+	// The text an operator reads counts one owner, or one item, as one.
+	one := newOwner(t, dsn)
+	if err := cli(t, dsn, "", nil, "items", "seed", "--owner", one.ID, "--count", "1"); err != nil {
+		t.Fatalf("items seed = %v", err)
+	}
 	getenv := func(k string) string { return map[string]string{"DATABASE_URL": dsn}[k] }
-	if err := run(context.Background(), []string{"items", "restamp", "--owner", b.ID}, getenv, strings.NewReader(""), &text); err != nil ||
-		!strings.HasPrefix(text.String(), "restamped 3 items of 1 owner in ") {
-		t.Errorf("items restamp --owner printed %q, %v; want it to start with \"restamped 3 items of 1 owner in \"", text.String(), err)
+	for owner, want := range map[string]string{b.ID: "restamped 3 items of 1 owner in ", one.ID: "restamped 1 item of 1 owner in "} {
+		var text bytes.Buffer
+		if err := run(context.Background(), []string{"items", "restamp", "--owner", owner}, getenv, strings.NewReader(""), &text); err != nil ||
+			!strings.HasPrefix(text.String(), want) {
+			t.Errorf("items restamp --owner printed %q, %v; want it to start with %q", text.String(), err, want)
+		}
 	}
 }
 
