@@ -41,7 +41,7 @@ func TestTheREADMEsIngressSetUps(t *testing.T) {
 	snippets := map[string]string{"nginx": readmeIngressSnippet(t, "nginx"), "haproxy": readmeIngressSnippet(t, "haproxy")}
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool)
-	importItems(t, pool, fx.owner, []string{"ingress-nginx", "ingress-haproxy", "cut-nginx", "cut-haproxy", "stop-nginx", "stop-haproxy"})
+	importItems(t, pool, fx.owner, []string{"ingress-nginx", "ingress-haproxy", "cut-nginx", "cut-haproxy", "stop-nginx", "stop-haproxy", "reset-nginx-0", "reset-nginx-1", "reset-haproxy-0", "reset-haproxy-1"})
 	behindProxy := []string{
 		"GATEWAY_PROXY_HEADER=X-Forwarded-For", "GATEWAY_TRUSTED_PROXIES=127.0.0.1",
 		"RATE_LIMIT_ANONYMOUS=5-M",                      // a client's budget, spent in a few calls
@@ -109,6 +109,9 @@ func TestTheREADMEsIngressSetUps(t *testing.T) {
 				fx := fx
 				fx.writeKey = addKey(t, pool, fx.owner, ptr("e2e-market"), "sales:write") // its sales spend a budget of their own
 				checkStopCostsNothing(t, ing.start(t, proxy, hostOf(s), hostOf(stopping)), stopping, fx, "stop-"+proxy)
+			})
+			t.Run("a sale reset after it was sent is the other gateway's", func(t *testing.T) {
+				checkResetSaleTriedElsewhere(t, ing, proxy, s, fx)
 			})
 			if proxy == "haproxy" {
 				t.Run("its health checks spend no budget", func(t *testing.T) {
@@ -672,6 +675,74 @@ func checkStopCostsNothing(t *testing.T, front string, stopping *stack, fx fixtu
 	if len(failures) > 0 {
 		t.Errorf("%d of %d calls failed while a gateway stopped: %q", len(failures), answered, failures[:min(len(failures), 5)])
 	}
+}
+
+// checkResetSaleTriedElsewhere: a sale nginx sent on a connection the
+// gateway reset before answering is sent on to the other gateway, and
+// answered by it. A stopping gateway does that to every connection still
+// waiting to be accepted when its drain closes the listener: the kernel
+// resets them, after nginx has written its request on them (a POST nginx
+// did not send again was its 502, 1 of 1,780 calls while a gateway stopped
+// on a loaded machine). Here the first gateway is a listener that resets
+// each connection once it has read a request on it, so that every run
+// meets the reset the stop met now and then.
+func checkResetSaleTriedElsewhere(t *testing.T, ing ingresses, proxy string, s *stack, fx fixture) {
+	reset := resettingUpstream(t)
+	front := ing.start(t, proxy, reset.addr, hostOf(s))
+	// Round robin sends one of two requests to the first gateway; each
+	// sells an item of its own.
+	for i := 0; i < 2 && reset.requests.Load() == 0; i++ {
+		item := fmt.Sprintf("reset-%s-%d", proxy, i)
+		got := send(t, http.DefaultClient, "POST", front+"/v1/export/items/"+item+"/sales/confirm", saleHeaders(fx, item), order(item))
+		if got.status != 200 {
+			t.Errorf("a confirm through %s, whose first gateway reset its connection = %d %s, want the other gateway's 200", proxy, got.status, got.body)
+		}
+	}
+	if reset.requests.Load() == 0 {
+		t.Fatalf("%s sent no sale to the gateway that resets: nothing was tried", proxy)
+	}
+}
+
+// resetting is a gateway's address that reads each POST sent to it and
+// resets its connection instead of answering (requests counts them), and
+// answers any other request 200, so that health checks keep it in.
+type resetting struct {
+	addr     string
+	requests atomic.Int32
+}
+
+func resettingUpstream(t *testing.T) *resetting {
+	ln, err := net.Listen("tcp", testenv.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	r := &resetting{addr: ln.Addr().String()}
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go r.readThenReset(conn.(*net.TCPConn))
+		}
+	}()
+	return r
+}
+
+func (r *resetting) readThenReset(conn *net.TCPConn) {
+	defer conn.Close()
+	req, err := http.ReadRequest(bufio.NewReader(conn))
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, req.Body)
+	if req.Method != http.MethodPost { // HAProxy's health checks: the gateway is up as far as it knows
+		_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		return
+	}
+	r.requests.Add(1)
+	_ = conn.SetLinger(0) // Close sends RST, as a listener closed with the connection in its queue does
 }
 
 func lastLines(s string, n int) string {
