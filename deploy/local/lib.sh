@@ -189,9 +189,13 @@ redis_start() {
   redis-server --port 0 --unixsocket "$dir/redis.sock" --unixsocketperm 700 --save '' --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" >/dev/null 9>&- \
     || die "redis-server did not start"
+  # The pid file too: redis-server (7.0) opens its socket before it writes
+  # the file, and a redis_stop in between found no file and left the
+  # server running (a test that started and stopped one at once left one
+  # behind on a loaded machine).
   local i
-  for i in $(seq 50); do [ -S "$dir/redis.sock" ] && return 0; sleep 0.1; done
-  die "redis-server did not open $dir/redis.sock"
+  for i in $(seq 50); do [ -S "$dir/redis.sock" ] && [ -s "$dir/redis.pid" ] && return 0; sleep 0.1; done
+  die "redis-server did not open $dir/redis.sock (or write $dir/redis.pid)"
 }
 
 redis_stop() {

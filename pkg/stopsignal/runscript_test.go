@@ -991,6 +991,37 @@ func TestRedisStartTakesARelativeFolder(t *testing.T) {
 	}
 }
 
+// redis_start returns once redis-server has written its pid file, not
+// only opened its socket: redis-server 7.0 opens the socket first, and a
+// redis_stop in between found no pid file and left the server running.
+// A stand-in redis-server does the same, with the file half a second late.
+func TestRedisStartWaitsForThePidFile(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skipf("the stand-in redis-server needs python3: %v", err)
+	}
+	t.Parallel()
+	lib, err := filepath.Abs("../../deploy/local/lib.sh")
+	must(t, err)
+	bin, dir := t.TempDir(), t.TempDir()
+	const standIn = `#!/bin/sh
+# redis-server --unixsocket SOCK ... --pidfile PID ...: the socket now, the pid file later
+while [ $# -gt 0 ]; do case $1 in --unixsocket) sock=$2;; --pidfile) pid=$2;; esac; shift; done
+python3 -c '
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen()
+time.sleep(0.5)
+open(sys.argv[2], "w").write(str(os.getpid()))
+time.sleep(30)
+' "$sock" "$pid" >/dev/null 2>&1 &
+`
+	must(t, os.WriteFile(filepath.Join(bin, "redis-server"), []byte(standIn), 0o755))
+	cmd := exec.Command("bash", "-c", `. "$1" && redis_start "$2" && test -s "$2/redis.pid"; code=$?; redis_stop "$2"; exit $code`, "bash", lib, dir)
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("redis_start returned before the pid file was written (a redis_stop then stops nothing): %v: %s", err, out)
+	}
+}
+
 // pg_start takes a folder relative to the current one, as redis_start
 // does: the server changes into its data folder before it opens the lock
 // file of the socket named under its -k folder, and did not start ("could
