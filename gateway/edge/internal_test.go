@@ -233,20 +233,7 @@ func TestSalePanicSaysWhetherTheSaleWasSent(t *testing.T) {
 	} {
 		hits.Store(0)
 		g, logs := startWithHook(t, map[string]string{"SALES_WRITER_URLS": tt.writers}, tt.hook)
-		req, err := http.NewRequest("POST", "http://"+g.Addr()+"/v1/export/items/coin-1/sales/confirm", strings.NewReader(`{"external_order_id":"o"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("X-API-Key", wellFormedKey(t))
-		req.Header.Set("Idempotency-Key", "k1")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var answer envelope.Parsed
-		err = json.NewDecoder(resp.Body).Decode(&answer)
-		resp.Body.Close()
+		resp, answer, err := postConfirm(t, g.Addr())
 		if err != nil || resp.StatusCode != 500 || answer.Error == nil || answer.Error.Code != "internal_error" || answer.Error.Message != tt.want {
 			t.Errorf("%s: confirm = %d %+v (%v), want 500 internal_error %q", tt.name, resp.StatusCode, answer.Error, err, tt.want)
 		}
@@ -1035,20 +1022,7 @@ func TestShopSchemaInFlightRefusalNamesItsLimitOnTheSpan(t *testing.T) {
 // claim there nor a line in sales-writer.
 func TestASaleWhoseKeyCouldNotBeCheckedWasNotApplied(t *testing.T) {
 	g, _, logs := startInternal(t, nil, refusingKeys{errors.New("dial unix /run/pg/.s.PGSQL.5432: connect: no such file or directory")})
-	req, err := http.NewRequest("POST", "http://"+g.Addr()+"/v1/export/items/coin-1/sales/confirm", strings.NewReader(`{"external_order_id":"o"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("X-API-Key", wellFormedKey(t))
-	req.Header.Set("Idempotency-Key", "k1")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var answer envelope.Parsed
-	err = json.NewDecoder(resp.Body).Decode(&answer)
-	resp.Body.Close()
+	resp, answer, err := postConfirm(t, g.Addr())
 	if err != nil || answer.Error == nil || answer.Error.Message != errSaleAuthUnavailable.Message {
 		t.Errorf("a sale whose key could not be checked: %+v (%v), want the message %q", answer.Error, err, errSaleAuthUnavailable.Message)
 	}
@@ -1716,4 +1690,26 @@ func TestRequestTimeoutsSpanIsTimedFromTheConnectionsStart(t *testing.T) {
 	if took := server.EndTime().Sub(server.StartTime()); took < 300*time.Millisecond {
 		t.Errorf("server span of the 408 lasted %v, want at least the 300 ms read timeout its client held the connection", took)
 	}
+}
+
+// postConfirm sends, as a client would, a confirm of coin-1 under
+// Idempotency-Key k1 to the gateway at addr, and returns the answer and
+// its envelope (err: it was none).
+func postConfirm(t *testing.T, addr string) (*http.Response, envelope.Parsed, error) {
+	t.Helper()
+	req, err := http.NewRequest("POST", "http://"+addr+"/v1/export/items/coin-1/sales/confirm", strings.NewReader(`{"external_order_id":"o"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", wellFormedKey(t))
+	req.Header.Set("Idempotency-Key", "k1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer envelope.Parsed
+	err = json.NewDecoder(resp.Body).Decode(&answer)
+	resp.Body.Close()
+	return resp, answer, err
 }
