@@ -288,14 +288,10 @@ func TestNeighboursRunsBothOwnersAsTold(t *testing.T) {
 // A confirm refused otherwise is not followed by a cancel, and a cancel
 // that failed leaves the item out: it may be sold.
 func TestNeighbourFreesItsItemOnlyWhenNoSaleStands(t *testing.T) {
-	var mu sync.Mutex
-	var calls []string
+	var calls saleCalls
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		path := r.URL.EscapedPath()
-		mu.Lock()
-		calls = append(calls, path[strings.LastIndexByte(path, '/')+1:])
-		mu.Unlock()
-		confirm := strings.HasSuffix(path, "/confirm")
+		action, path := calls.record(r)
+		confirm := action == "confirm"
 		switch {
 		case strings.Contains(path, "/refused/") && confirm:
 			w.Header().Set("Retry-After", "1")
@@ -325,18 +321,13 @@ func TestNeighbourFreesItsItemOnlyWhenNoSaleStands(t *testing.T) {
 		{"taken", "confirm", false, map[string]int{"409": 1}},
 		{"cancel-fails", "confirm cancel", false, map[string]int{"200": 1, "502": 1}},
 	} {
-		mu.Lock()
-		calls = nil
-		mu.Unlock()
+		calls.taken() // the case before's
 		n := &neighbour{c: neighbourClient{hc, 5 * time.Second}, base: hc.base, writeKeys: []string{"b-write"},
 			free: make(chan string, 1), run: "t", stats: newNeighbourStats()}
 		n.free <- c.item
 		n.sale(0)
 		n.inFlight.Wait()
-		mu.Lock()
-		got := strings.Join(calls, " ")
-		mu.Unlock()
-		if got != c.wantCalls {
+		if got := calls.taken(); got != c.wantCalls {
 			t.Errorf("%s: calls %q, want %q", c.item, got, c.wantCalls)
 		}
 		if free := len(n.free) == 1; free != c.wantFree {
@@ -368,17 +359,11 @@ func TestFloodAnswersAfterTheRunAreNotCounted(t *testing.T) {
 // answer is not counted) is followed by its cancel, so that no item of
 // A's is left sold.
 func TestFloodCancelsASaleConfirmedAsTheRunEnds(t *testing.T) {
-	var mu sync.Mutex
-	var calls []string
+	var calls saleCalls
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		path := r.URL.EscapedPath()
-		action := path[strings.LastIndexByte(path, '/')+1:]
-		if action == "confirm" {
+		if action, _ := calls.record(r); action == "confirm" {
 			time.Sleep(300 * time.Millisecond) // answered after the run's 100 ms
 		}
-		mu.Lock()
-		calls = append(calls, action)
-		mu.Unlock()
 		w.Write([]byte(`{"data":{}}`))
 	}))
 	t.Cleanup(srv.Close)
@@ -392,9 +377,33 @@ func TestFloodCancelsASaleConfirmedAsTheRunEnds(t *testing.T) {
 	if _, err := neighbours(context.Background(), cfg, f, items, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if got := strings.Join(calls, " "); got != "confirm cancel" {
+	if got := calls.taken(); got != "confirm cancel" {
 		t.Errorf("A's sale calls: %q, want \"confirm cancel\" (the confirm answered after the run, then its cancel)", got)
 	}
+}
+
+// saleCalls records, in order, the action (confirm, cancel) of each sale
+// call a fake gateway is sent.
+type saleCalls struct {
+	mu      sync.Mutex
+	actions []string
+}
+
+// record notes r's action and returns it, with r's path as sent.
+func (c *saleCalls) record(r *http.Request) (action, path string) {
+	path = r.URL.EscapedPath()
+	action = path[strings.LastIndexByte(path, '/')+1:]
+	c.mu.Lock()
+	c.actions = append(c.actions, action)
+	c.mu.Unlock()
+	return action, path
+}
+
+// taken returns the actions recorded since the last call, space-separated.
+func (c *saleCalls) taken() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	got := strings.Join(c.actions, " ")
+	c.actions = nil
+	return got
 }
