@@ -1433,15 +1433,7 @@ func TestAClientStillSendingReadsTheRefusal(t *testing.T) {
 func TestRequestTimeoutIsTimedFromTheConnectionsStart(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "GATEWAY_READ_TIMEOUT": "300ms"})
-	conn := dial(t, gw.URL)
-	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n"); err != nil { // never ended
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp := edge.UnfinishedRequestAnswer(t, strings.TrimPrefix(gw.URL, "http://"))
 	if resp.StatusCode != http.StatusRequestTimeout {
 		t.Fatalf("an unfinished request = %d, want 408", resp.StatusCode)
 	}

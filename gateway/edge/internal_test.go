@@ -1660,19 +1660,7 @@ func TestALookupThatPanicsGivesItsPlaceBack(t *testing.T) {
 // a log line of 3 s for the same request id.
 func TestRequestTimeoutsSpanIsTimedFromTheConnectionsStart(t *testing.T) {
 	g, sr, _ := startInternal(t, map[string]string{"GATEWAY_READ_TIMEOUT": "300ms"}, fakeKeys{})
-	conn, err := net.Dial("tcp", g.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n"); err != nil { // never ended
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp := UnfinishedRequestAnswer(t, g.Addr())
 	if resp.StatusCode != http.StatusRequestTimeout {
 		t.Fatalf("an unfinished request = %d, want 408", resp.StatusCode)
 	}

@@ -1,0 +1,32 @@
+package edge
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+)
+
+// UnfinishedRequestAnswer sends the gateway at addr (host:port) a request
+// whose headers never end, on a new connection, and returns what it is
+// answered once the read timeout has passed (a 408; the body closed): for
+// the tests of both packages that time such a request, by its log line and
+// by its span.
+func UnfinishedRequestAnswer(t *testing.T, addr string) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n"); err != nil { // never ended
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
