@@ -186,6 +186,9 @@ func commandName(args []string) (string, []string, error) {
 	if len(args) >= 2 && commands[args[0]+" "+args[1]] != nil {
 		return args[0] + " " + args[1], args[2:], nil
 	}
+	if len(args) == 0 {
+		return "", nil, fmt.Errorf("%w: no command given", errUsage)
+	}
 	return "", nil, fmt.Errorf("%w: unknown command %q", errUsage, strings.Join(args, " "))
 }
 

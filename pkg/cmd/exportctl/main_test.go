@@ -220,6 +220,12 @@ func TestHelpIsNoError(t *testing.T) {
 	if err := run(context.Background(), []string{"--nope"}, func(string) string { return "" }, strings.NewReader(""), io.Discard); !errors.Is(err, errUsage) {
 		t.Errorf("exportctl --nope = %v, want a usage error", err)
 	}
+	// With nothing at all the administrator is told what is missing, not
+	// that "" is an unknown command.
+	err := run(context.Background(), nil, func(string) string { return "" }, strings.NewReader(""), io.Discard)
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "no command given") {
+		t.Errorf("exportctl with no arguments = %v, want the usage error \"no command given\"", err)
+	}
 }
 
 // An administrator's mistake is named in their terms (the owner, the
