@@ -58,7 +58,9 @@ func URLProblem(url string) string {
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with
 // no retries, one dial attempt per connection and context deadlines
-// honoured, traced with redisotel (spans only inside a traced request).
+// honoured, traced with redisotel (spans only inside a traced request; the
+// gateway, its one user, sends every command outside one, so its traces
+// have none: gateway README, "Request id and traces").
 // Key names are recorded on spans, so callers must never put a secret in
 // one.
 //
