@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,10 +11,8 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/edge"
-	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
-	"github.com/coinexport/export/pkg/logging"
-	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/startup"
 	"github.com/coinexport/export/pkg/stopsignal"
 )
 
@@ -38,23 +35,18 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	if err != nil {
 		// "config: " and every bad variable, and any variable set that is
 		// close to a setting's name: a typo is often why one is missing.
-		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
+		return startup.ConfigError(err, cfg.Settings)
 	}
 	// The collector's settings belong to the process: main applies them,
 	// tests (which call run inside the test binary) pass nil.
 	if applyGC != nil {
 		applyGC(cfg.GC)
 	}
-	log := logging.New(stdout, cfg.LogLevel, serviceName)
-	log.Info("starting", "config", cfg)
-	// The process's own environment, whatever getenv a test passes: a
-	// variable no one reads has no other way to be seen.
-	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
+	log := startup.Logger(stdout, serviceName, cfg.LogLevel, cfg, cfg.Settings)
 	routeRedisLogs(log)
 
 	gw, err := edge.Start(ctx, cfg, log, getenv)
-	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
-		log.Info("stopped before PostgreSQL was reached")
+	if startup.StoppedBeforePostgreSQL(err, log) {
 		return nil
 	}
 	if err != nil {

@@ -5,19 +5,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 
-	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
-	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/postgres/poolmetrics"
 	"github.com/coinexport/export/pkg/schema"
+	"github.com/coinexport/export/pkg/startup"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/export-reader/internal/api"
@@ -41,13 +39,9 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
-		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
+		return startup.ConfigError(err, cfg.Settings)
 	}
-	log := logging.New(stdout, cfg.LogLevel, serviceName)
-	log.Info("starting", "config", cfg)
-	// The process's own environment, whatever getenv a test passes: a
-	// variable no one reads has no other way to be seen.
-	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
+	log := startup.Logger(stdout, serviceName, cfg.LogLevel, cfg, cfg.Settings)
 	if cfg.ReadAheadPages > 0 && cfg.readAhead().Reads == 0 {
 		log.Warn("read-ahead off: it may use a quarter of the pool, and EXPORT_READER_DB_MAX_CONNS under 4 leaves it none",
 			"read_ahead_pages", cfg.ReadAheadPages, "db_max_conns", cfg.DBMaxConns)
@@ -61,8 +55,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
 		postgres.ApplicationName(serviceName))
-	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
-		log.Info("stopped before PostgreSQL was reached")
+	if startup.StoppedBeforePostgreSQL(err, log) {
 		return nil
 	}
 	if err != nil {

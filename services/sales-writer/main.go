@@ -5,21 +5,19 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"sync"
 
-	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
-	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/postgres/poolmetrics"
 	"github.com/coinexport/export/pkg/schema"
+	"github.com/coinexport/export/pkg/startup"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/sales-writer/api"
@@ -41,18 +39,14 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer, applyGC func(gcdefaults.Settings)) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
-		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
+		return startup.ConfigError(err, cfg.Settings)
 	}
 	// The collector's settings belong to the process: main applies them,
 	// tests (which call run inside the test binary) pass nil.
 	if applyGC != nil {
 		applyGC(cfg.GC)
 	}
-	log := logging.New(stdout, cfg.LogLevel, serviceName)
-	log.Info("starting", "config", cfg)
-	// The process's own environment, whatever getenv a test passes: a
-	// variable no one reads has no other way to be seen.
-	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
+	log := startup.Logger(stdout, serviceName, cfg.LogLevel, cfg, cfg.Settings)
 
 	stopTelemetry, err := telemetry.Setup(ctx, getenv, serviceName, log)
 	if err != nil {
@@ -67,8 +61,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
 		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout), postgres.ApplicationName(serviceName),
 		postgres.ReadCommitted())
-	if errors.Is(err, postgres.ErrStopped) { // told to stop while it waited: a stop, not a failure
-		log.Info("stopped before PostgreSQL was reached")
+	if startup.StoppedBeforePostgreSQL(err, log) {
 		return nil
 	}
 	if err != nil {

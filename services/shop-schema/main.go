@@ -15,10 +15,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
-	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/startup"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/pkg/telemetry"
 	"go.opentelemetry.io/otel/trace"
@@ -44,13 +43,9 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
-		return envconfig.WithMisspelt(err, os.Environ(), cfg.Settings)
+		return startup.ConfigError(err, cfg.Settings)
 	}
-	log := logging.New(stdout, cfg.LogLevel, serviceName)
-	log.Info("starting", "config", cfg)
-	// The process's own environment, whatever getenv a test passes: a
-	// variable no one reads has no other way to be seen.
-	envconfig.LogMisspelt(log, os.Environ(), cfg.Settings)
+	log := startup.Logger(stdout, serviceName, cfg.LogLevel, cfg, cfg.Settings)
 	if len(cfg.AllowHosts) > 0 || cfg.CAFile != "" {
 		log.Warn("test-only settings active: SHOP_SCHEMA_ALLOW_HOSTS or SHOP_SCHEMA_CA_FILE let the service reach addresses or trust CAs it otherwise would not")
 	}
