@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/sales-writer/api"
 	"github.com/coinexport/export/services/sales-writer/sales"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const serviceName = "sales-writer"
@@ -35,7 +37,9 @@ func main() {
 	}
 }
 
-// run starts the service and serves until ctx is done.
+// run starts the process's part (configuration, logger, telemetry, the
+// pool once PostgreSQL is reached) and serves until ctx is done. Tests call
+// it with their own getenv, and nil for applyGC.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer, applyGC func(gcdefaults.Settings)) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -68,7 +72,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 		return err
 	}
 	defer pool.Close()
+	return serve(ctx, cfg, log, pool)
+}
 
+// serve wires the writer on pool (the identity's check, readiness, routes,
+// metrics, the purge) and serves until ctx is done. The purge and the side
+// connection stop before it returns, so before run closes the pool.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool) error {
 	signer, err := identity.NewServiceSigner(cfg.IdentitySecret, cfg.IdentityPrevious, cfg.IdentityAcceptUnbound)
 	if err != nil {
 		return err
@@ -99,7 +109,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)
 
-	// The purge stops before the pool closes.
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { writer.RunPurge(purgeCtx, cfg.PurgeInterval, log) })
