@@ -245,6 +245,20 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	out, err := g.upstreams[rt.Upstream].Do(req, resp, uri, repeat, affinity)
 	rq.mayHaveSent = !nothingSent(err)
 	g.recordOutcome(rq, span, rt.Upstream, out, resp, err)
+	if failure := g.callFailure(rt.Upstream, span, idempotentSale, out, resp, err); failure != nil {
+		return failure
+	}
+	resp.Header.Del(fiber.HeaderConnection)
+	return nil
+}
+
+// callFailure is the failure that a call's outcome stands for, counted
+// and set on its proxy span, or nil for an answer to relay: Do's error, a
+// sale's repeat that left its first attempt in doubt (repeatLeftInDoubt),
+// or the service refusing the gateway's identity (a 401). The failure of a
+// sale sent with an Idempotency-Key is marked with what it says of the
+// sale (errSaleMayBeApplied, errSaleNothingApplied).
+func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, out upstream.Outcome, resp *fasthttp.Response, err error) error {
 	if err == nil && idempotentSale && repeatLeftInDoubt(out, resp) {
 		// The repeat's 5xx speaks of its own attempt (a writer's 503
 		// "nothing was applied" when it could not reach the database),
@@ -258,19 +272,18 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
 	}
-	if err != nil {
-		g.metrics.upstreamErrors.WithLabelValues(rt.Upstream, failedInstanceLabel(out.Instance, err), errorKind(err)).Inc()
-		span.SetStatus(codes.Error, errorKind(err))
-		switch {
-		case idempotentSale && mayHaveArrived(err):
-			err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
-		case idempotentSale && nothingSent(err):
-			err = fmt.Errorf("%w: %w", errSaleNothingApplied, err)
-		}
-		return err
+	if err == nil {
+		return nil
 	}
-	resp.Header.Del(fiber.HeaderConnection)
-	return nil
+	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(out.Instance, err), errorKind(err)).Inc()
+	span.SetStatus(codes.Error, errorKind(err))
+	switch {
+	case idempotentSale && mayHaveArrived(err):
+		err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
+	case idempotentSale && nothingSent(err):
+		err = fmt.Errorf("%w: %w", errSaleNothingApplied, err)
+	}
+	return err
 }
 
 // prepareUpstreamRequest makes the client's request the one a service
