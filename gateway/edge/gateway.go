@@ -119,14 +119,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 
 // start is Start with a hook tests use to replace parts before serving.
 func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string) string, hook func(*Gateway)) (_ *Gateway, err error) {
-	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
-		notAnAddressLog: logging.Throttle{Interval: notAnAddressLogInterval},
-		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
-		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
-		served:          make(chan error, 2), limitDone: make(chan struct{})}
-	if cfg.OwnerInFlight > 0 {
-		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
-	}
+	g := newGateway(cfg, log)
 	cleanup := []func(){}
 	defer func() {
 		if err != nil {
@@ -189,6 +182,20 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	g.startServing()
 	g.log.Info("serving", "addr", g.Addr(), "admin_addr", g.AdminAddr())
 	return g, nil
+}
+
+// newGateway is the gateway's own state, before anything is connected:
+// its metrics, log throttles and in-flight bounds.
+func newGateway(cfg Config, log *slog.Logger) *Gateway {
+	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
+		notAnAddressLog: logging.Throttle{Interval: notAnAddressLogInterval},
+		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
+		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
+		served:          make(chan error, 2), limitDone: make(chan struct{})}
+	if cfg.OwnerInFlight > 0 {
+		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
+	}
+	return g
 }
 
 // listen opens the public listener and the admin one; neither is left
