@@ -54,8 +54,10 @@ type request struct {
 	rate    ratelimit.Decision
 	hasRate bool
 	// limitedBy is the class of the limit that refused the request (a
-	// route class, auth_failures, or a cap on calls in flight: the shop
-	// schema route's per address, the keyed routes' per owner), named on a
+	// route class; an address's failure budget, auth_failures, or its guess
+	// budget, auth_guesses; or a cap on what is in flight at once: an
+	// address's keys in lookup, auth_guesses_in_lookup, the shop schema
+	// route's calls per address, the keyed routes' per owner), named on a
 	// 429's access line and span; empty when the last limit asked let it
 	// through.
 	limitedBy string

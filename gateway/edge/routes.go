@@ -17,7 +17,8 @@ const (
 	upstreamShopSchema   = "shop-schema"
 )
 
-// Rate-limit classes: each has its own limit and its own Redis keys.
+// Rate-limit classes: each of the first five has its own limit and its own
+// Redis keys; the caps on what is in flight below count in the process.
 const (
 	classExportRead   = "export_read"
 	classSalesWrite   = "sales_write"
