@@ -185,8 +185,9 @@ func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...
 	}
 }
 
-// ErrStopped is OpenWhenReached's error when ctx ended (the process was
-// told to stop) while it waited: a stop, which the binary exits 0 for.
+// ErrStopped is the error of OpenWhenReached and OpenServing when ctx
+// ended (the process was told to stop) before PostgreSQL was reached: a
+// stop, which the binary exits 0 for (startup.StoppedBeforePostgreSQL).
 var ErrStopped = errors.New("postgres: stopped")
 
 // notReachedYet tells a database that is not there yet (refused, no
