@@ -18,7 +18,7 @@ func TestSalesTakeTheWriterLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "p", "item-1")
+	owner := saleFixture(t, db, "item-1")
 	ownerID, err := catalog.ParseOwnerID(owner)
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ func TestARefusalRacingAnExecutionUnderItsKeyIsAConflict(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "p", "a")
+	owner := saleFixture(t, db, "a")
 	if _, err := db.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
 	    VALUES ($1, 'sold', true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner); err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestAnExecutionStartingDuringABindingIsAConflict(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "p", "a")
+	owner := saleFixture(t, db, "a")
 	w := NewWriter(db, time.Hour)
 	refused := Request{Operation: Confirm, OwnerID: owner, PlatformID: "p", IdempotencyKey: "k", ItemID: "gone", ExternalOrderID: "o", Quantity: 1}
 	tx, err := db.Begin(ctx) // the refused request's binding, held before its commit

@@ -18,7 +18,7 @@ func TestDatabaseRefusesBadSaleRecords(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "p", "item-1")
+	owner := saleFixture(t, db, "item-1")
 	if _, err := db.Exec(ctx, `INSERT INTO sales (owner_id, item_id, platform_id, external_order_id, confirmed_at)
 	    VALUES ($1, 'item-1', 'p', 'order-1', now())`, owner); err != nil {
 		t.Fatalf("insert of a valid sale: %v", err)
@@ -46,7 +46,7 @@ func TestCancelIsNeverBeforeConfirm(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "p", "item-1")
+	owner := saleFixture(t, db, "item-1")
 	confirmedAt := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
 	if _, err := db.Exec(ctx, `UPDATE export_items SET sold = true WHERE owner_id = $1 AND id = 'item-1'`, owner); err != nil {
 		t.Fatal(err)
@@ -74,19 +74,12 @@ func TestCancelIsNeverBeforeConfirm(t *testing.T) {
 	}
 }
 
-// saleFixture creates an owner, a platform and one listed item, and returns
-// the owner's id.
-func saleFixture(t *testing.T, db *pgxpool.Pool, platform, item string) string {
+// saleFixture creates an owner, the platform "p" (ownerWithPlatformP) and
+// one listed item, and returns the owner's id.
+func saleFixture(t *testing.T, db *pgxpool.Pool, item string) string {
 	t.Helper()
-	ctx := context.Background()
-	var owner string
-	if err := db.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ($1)", platform); err != nil {
-		t.Fatal(err)
-	}
-	_, err := db.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
+	owner := ownerWithPlatformP(t, db)
+	_, err := db.Exec(context.Background(), `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
 	    doc_eng, doc_rus, doc_ukr, updated_at)
 	    VALUES ($1, $2, true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner, item)
 	if err != nil {
@@ -102,7 +95,7 @@ func TestSaleNeverMovesUpdatedAtBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "p", "item-1")
+	owner := saleFixture(t, db, "item-1")
 	var ahead time.Time
 	if err := db.QueryRow(ctx, `UPDATE export_items SET updated_at = now() + interval '1 hour'
 	    WHERE owner_id = $1 AND id = 'item-1' RETURNING updated_at`, owner).Scan(&ahead); err != nil {
