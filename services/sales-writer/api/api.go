@@ -93,13 +93,8 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 			return
 		}
 		httpserver.AnnotateClientValue(w, r, "external_order_id", req.ExternalOrderID)
-		ctx, cancel := context.WithTimeout(callCtx, h.queryTimeout+queryTimeoutGrace)
-		defer cancel()
-		res, err := h.writer.Execute(ctx, req)
+		res, err := h.execute(callCtx, req)
 		if err != nil {
-			if canceledEarly(ctx, err) {
-				err = fmt.Errorf("%w: %w", errCanceledEarly, err)
-			}
 			h.countOutcome(op, err, h.writeError(w, r, err))
 			return
 		}
@@ -112,6 +107,20 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 		}
 		h.outcomes.WithLabelValues(string(op), outcome).Inc()
 	}
+}
+
+// execute runs the sale call within its deadline, queryTimeoutGrace past
+// the statement timeout (see Routes), and marks PostgreSQL's cancel of a
+// statement that came before that timeout could have run out
+// (errCanceledEarly), for writeError.
+func (h *handler) execute(ctx context.Context, req sales.Request) (sales.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.queryTimeout+queryTimeoutGrace)
+	defer cancel()
+	res, err := h.writer.Execute(ctx, req)
+	if err != nil && canceledEarly(ctx, err) {
+		err = fmt.Errorf("%w: %w", errCanceledEarly, err)
+	}
+	return res, err
 }
 
 // The outcomes of sales_writer_outcomes_total other than an error code.
