@@ -320,20 +320,16 @@ type Outcome struct {
 func (o *Outcome) from(inst *Instance) { o.Instance, o.Host, o.Port = inst.base, inst.host, inst.port }
 
 // Do sends req to one instance and fills resp (its body read whole or
-// streamed, as Options.ReadWholeUpTo says). A
-// request that never reached an instance (refused, no free connection) is
-// sent once more to another one; one that may have reached one only as
-// repeat allows. requestURI is the original path and query. err is the
+// streamed, as Options.ReadWholeUpTo says). A request that never reached
+// an instance (refused, no free connection) is sent once more to another
+// one; one that may have reached one only as repeat allows. requestURI is the original path and query. err is the
 // outcome's error, naming the instance that failed.
 //
 // affinity, when not empty, chooses the instance by rendezvous hashing of
 // it instead of round-robin: requests with the same affinity go to the
 // same instance while it is up, and to the same next one when it is not.
 func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat, affinity string) (out Outcome, err error) {
-	first, firstOut := u.pick(nil, affinity), false
-	if first == nil {
-		first, firstOut = u.pickRefused(nil), true
-	}
+	first, firstOut := u.pickOrRefused(nil, affinity)
 	if first == nil {
 		return out, u.allOut()
 	}
@@ -352,10 +348,7 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 	if !again {
 		return out, err
 	}
-	second, secondOut := u.pick(first, affinity), false
-	if second == nil {
-		second, secondOut = u.pickRefused(first), true
-	}
+	second, secondOut := u.pickOrRefused(first, affinity)
 	if second == nil {
 		if stillGone {
 			return Outcome{}, u.allOut()
@@ -521,6 +514,15 @@ func (u *Upstream) pick(not *Instance, affinity string) *Instance {
 		}
 	}
 	return nil
+}
+
+// pickOrRefused is pick, or, with no instance up, pickRefused; out says
+// it is an instance out for a refusal.
+func (u *Upstream) pickOrRefused(not *Instance, affinity string) (inst *Instance, out bool) {
+	if inst = u.pick(not, affinity); inst != nil {
+		return inst, false
+	}
+	return u.pickRefused(not), true
 }
 
 // pickRefused returns an instance other than not that is out only because
