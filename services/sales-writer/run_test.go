@@ -13,7 +13,6 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -22,13 +21,9 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // through a real HTTP connection, and stops it.
 func TestRunServesAndStops(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	setup, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer setup.Close()
+	setup := testenv.Pool(t, dsn)
 	var owner string
-	err = setup.QueryRow(context.Background(), "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner)
+	err := setup.QueryRow(context.Background(), "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,11 +169,7 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 func TestUnreadyOnAReadOnlyDatabase(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.PostgresURL(t)
-	admin, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	admin := testenv.Pool(t, dsn)
 	setReadOnly := func(on bool) {
 		t.Helper()
 		sql := "ALTER DATABASE " + admin.Config().ConnConfig.Database + " RESET default_transaction_read_only"
