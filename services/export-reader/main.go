@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 	"github.com/coinexport/export/services/export-reader/internal/replica"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const serviceName = "export-reader"
@@ -35,7 +37,9 @@ func main() {
 	}
 }
 
-// run starts the service and serves until ctx is done.
+// run starts the process's part (configuration, logger, telemetry, the
+// pool once PostgreSQL is reached) and serves until ctx is done. Tests call
+// it with their own getenv.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -62,7 +66,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	defer pool.Close()
+	return serve(ctx, cfg, log, pool, databaseSetting(getenv))
+}
 
+// serve wires the reader on pool (the identity's check, cursors, the
+// replica's lag, readiness, routes, metrics) and serves until ctx is done.
+// dsnSetting names the variable the pool's DSN came from, which the log's
+// causes name (databaseSetting). The replica's lag reading and the side
+// connection stop before it returns, so before run closes the pool.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool, dsnSetting string) error {
 	signer, err := identity.NewServiceSigner(cfg.IdentitySecret, cfg.IdentityPrevious, cfg.IdentityAcceptUnbound)
 	if err != nil {
 		return err
@@ -85,10 +97,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer lag.Close()
 	reader := export.NewReader(pool, cursors, cfg.readAhead(), export.RefuseListsUnless(lag.Check))
 	mux := http.NewServeMux()
-	api.New(reader, log, cfg.QueryTimeout, databaseSetting(getenv)).Register(mux)
+	api.New(reader, log, cfg.QueryTimeout, dsnSetting).Register(mux)
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness).
-	readiness := schema.NewReadiness(ctx, side, log, schema.ServingOn(pool), schema.SettingNamed(databaseSetting(getenv)))
+	readiness := schema.NewReadiness(ctx, side, log, schema.ServingOn(pool), schema.SettingNamed(dsnSetting))
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,
 		Addr:      cfg.Addr,
