@@ -726,6 +726,16 @@ func TestUpstreamSeriesStartAtZero(t *testing.T) {
 	if got := grep(metrics, `pgxpool_max_conns{pool="postgres"}`); !strings.HasSuffix(got, " 4") {
 		t.Errorf("pool size series = %q, want the key store's 4", got)
 	}
+	// And so is the Redis client's (go-redis PoolStats), read at the scrape.
+	for _, series := range []string{"redis_pool_total_conns", "redis_pool_idle_conns", "redis_pool_hits_total",
+		"redis_pool_misses_total", "redis_pool_waits_total", "redis_pool_timeouts_total", "redis_pool_stale_conns_total"} {
+		if grep(metrics, series+`{pool="redis"}`) == "" {
+			t.Errorf("no %s series for the Redis client", series)
+		}
+	}
+	if got := grep(metrics, `redis_pool_max_conns{pool="redis"}`); strings.HasSuffix(got, " 0") || got == "" {
+		t.Errorf("Redis pool size series = %q, want go-redis' pool size", got)
+	}
 	for up, instance := range instances {
 		wantSeries(t, metrics, "gateway_upstream",
 			`gateway_upstream_errors_total{kind="unavailable",upstream="`+up+`",upstream_instance="none"} 0`,

@@ -27,6 +27,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/postgres/poolmetrics"
 	"github.com/coinexport/export/pkg/redisclient"
+	redispool "github.com/coinexport/export/pkg/redisclient/poolmetrics"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/gofiber/fiber/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -157,6 +158,10 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { g.redis.Close() })
+	// Its pool's series beside PostgreSQL's: a Redis slow to accept
+	// connections shows as dials (misses) and waits before decisions fall
+	// back in-process.
+	redispool.Register(g.metrics.registry, "redis", g.redis)
 	store := keystore.New(g.pool, keystore.Options{
 		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize, LookupTimeout: cfg.KeyLookupTimeout,
 		OnLookup: g.metrics.countKeyLookup(),
