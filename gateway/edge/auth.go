@@ -127,10 +127,10 @@ func (g *Gateway) authFailed(rq *request, answer *apiError) error {
 		return answer
 	}
 	if rq.authFailure == authFailureUnknown || rq.authFailure == authFailureMalformed {
-		g.limiter.Take(guessBudgetKey(rq), g.rates[classAuthFailures])
+		g.limiter.Take(rq.ctx, guessBudgetKey(rq), g.rates[classAuthFailures])
 	}
 	start := time.Now()
-	d := g.limiter.Take(classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
+	d := g.limiter.Take(rq.ctx, classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d, classAuthFailures)
 	g.recordDecision(rq, classAuthFailures, d)
 	if !d.Allowed {
@@ -180,7 +180,7 @@ func (g *Gateway) authBudgetLeft(rq *request, secret string) bool {
 	address := addressBucket(rq.clientIP)
 	since := g.guessLookups.peeking(address)
 	start := time.Now()
-	d := g.limiter.Peek(guessBudgetKey(rq), g.rates[classAuthFailures])
+	d := g.limiter.Peek(rq.ctx, guessBudgetKey(rq), g.rates[classAuthFailures])
 	g.traceRedisWait(rq, start, d, guessBudget)
 	rq.lookingUp = g.guessLookups.acquire(address, secret, since, d)
 	switch {

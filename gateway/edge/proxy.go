@@ -28,7 +28,7 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 		return nil
 	}
 	start := time.Now()
-	d := g.limiter.Take(class+":"+kind+who, g.rates[class])
+	d := g.limiter.Take(rq.ctx, class+":"+kind+who, g.rates[class])
 	g.traceRedisWait(rq, start, d, class)
 	g.recordDecision(rq, class, d)
 	if !d.Allowed {

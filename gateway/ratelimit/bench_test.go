@@ -41,7 +41,7 @@ func BenchmarkTake(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if l.Take(keys[int(n.Add(1))%len(keys)], rate).Allowed {
+					if l.Take(context.Background(), keys[int(n.Add(1))%len(keys)], rate).Allowed {
 						allowed.Add(1)
 					}
 				}

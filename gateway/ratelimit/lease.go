@@ -1,11 +1,13 @@
 package ratelimit
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/ulule/limiter/v3"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // LeaseDivisor sets the largest lease: a gateway instance may take up to
@@ -38,6 +40,9 @@ type lease struct {
 	reset        time.Time
 	refusedUntil time.Time
 	used         time.Time // last use, for the sweep
+	// batch is the span of the last fetch's round trip, when recorded,
+	// for the requests that waited for that fetch.
+	batch *trace.SpanContext
 }
 
 // maxLease is the largest lease for rate.
@@ -52,8 +57,9 @@ func leaseTTL(rate limiter.Rate) time.Duration {
 }
 
 // Take records one request under key if it fits rate. Requests on a busy
-// key are served from a lease; see lease for the bound this keeps.
-func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
+// key are served from a lease; see lease for the bound this keeps. ctx is
+// the request's, read only for its span (Decision.Batch).
+func (l *Limiter) Take(ctx context.Context, key string, rate limiter.Rate) Decision {
 	if l.degraded.Load() {
 		return decisionOf(rate, l.takeLocally(Op{Key: key, Rate: rate, Cost: 1}))
 	}
@@ -66,11 +72,17 @@ func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
 		if ls.units > 0 && now.Before(ls.expires) {
 			ls.units--
 			d := Decision{Allowed: true, Limit: rate.Limit, Remaining: ls.remaining + ls.units, Reset: ls.reset, AskedRedis: waited}
+			if waited {
+				d.Batch = ls.batch
+			}
 			ls.mu.Unlock()
 			return d
 		}
 		if now.Before(ls.refusedUntil) {
 			d := Decision{Limit: rate.Limit, RetryAfter: ls.refusedUntil.Sub(now), Reset: ls.reset, AskedRedis: waited}
+			if waited {
+				d.Batch = ls.batch
+			}
 			ls.mu.Unlock()
 			return d
 		}
@@ -81,13 +93,13 @@ func (l *Limiter) Take(key string, rate limiter.Rate) Decision {
 			waited = true
 			continue
 		}
-		return l.refill(ls, key, rate, now)
+		return l.refill(ctx, ls, key, rate, now)
 	}
 }
 
 // refill takes a new lease (called with ls.mu held; returns with it
 // released) and uses its first unit for the caller.
-func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time) Decision {
+func (l *Limiter) refill(ctx context.Context, ls *lease, key string, rate limiter.Rate, now time.Time) Decision {
 	top := maxLease(rate)
 	switch {
 	case ls.units > 0: // the last lease expired unused: ask for less
@@ -104,19 +116,19 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 	ls.fetching = done
 	ls.mu.Unlock()
 
-	r := l.take(op)
+	r := l.take(ctx, op)
 
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.fetching = nil
 	close(done)
-	ls.remaining, ls.reset = r.remaining, r.reset
+	ls.remaining, ls.reset, ls.batch = r.remaining, r.reset, r.batch
 	if r.admitted == 0 {
 		// Counted from after the round trip, so never earlier than Redis
 		// meant.
 		ls.refusedUntil = l.opts.Now().Add(r.retryAfter)
 		d := decisionOf(rate, r)
-		d.AskedRedis = true
+		d.AskedRedis, d.Batch = true, r.batch
 		return d
 	}
 	// Units leased from the local fallback are not kept: it decides per
@@ -127,7 +139,7 @@ func (l *Limiter) refill(ls *lease, key string, rate limiter.Rate, now time.Time
 		ls.bucket = r.bucket
 	}
 	return Decision{Allowed: true, Limit: rate.Limit, Remaining: r.remaining + ls.units, Reset: r.reset, Local: r.local,
-		AskedRedis: true}
+		AskedRedis: true, Batch: r.batch}
 }
 
 // refused returns the remembered refusal of key, if one still holds.

@@ -8,17 +8,17 @@ import (
 	"time"
 
 	"github.com/ulule/limiter/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
-// Decision is the answer for one request.
+// Decision is the answer for one request. Its booleans are together and
+// Batch is a pointer so that it stays 64 bytes: the gateway keeps one in
+// each request's state, and a SpanContext (64 bytes) there cost every
+// request 64 more bytes, traced or not.
 type Decision struct {
-	Allowed   bool
-	Limit     int64
-	Remaining int64
-	// RetryAfter is how long until a request would pass; zero when allowed.
-	RetryAfter time.Duration
-	// Reset is when every counted request has left the window.
-	Reset time.Time
+	Allowed bool
 	// Local reports that the in-process fallback decided (Redis unusable).
 	Local bool
 	// AskedRedis reports that the decision waited for a lease fetch from
@@ -26,6 +26,18 @@ type Decision struct {
 	// ended in the local fallback); most decisions are made from a lease
 	// in memory.
 	AskedRedis bool
+	Limit      int64
+	Remaining  int64
+	// RetryAfter is how long until a request would pass; zero when allowed.
+	RetryAfter time.Duration
+	// Reset is when every counted request has left the window.
+	Reset time.Time
+	// Batch is the span of the Redis round trip the decision waited on
+	// (the "rate limit batch" span: see startBatchSpan), when one was
+	// recorded: for a traced request whose decision, or the lease fetch it
+	// waited for, went to Redis with a traced request among those of its
+	// batch. Nil otherwise, as always when no span is recorded.
+	Batch *trace.SpanContext
 }
 
 // Options tune a Limiter. Zero values take the defaults in brackets.
@@ -67,6 +79,9 @@ type Limiter struct {
 type pending struct {
 	op    Op
 	reply chan result
+	// from is the span of the request that asked, when it is sampled
+	// (nil otherwise): the batch's span is made for such requests only.
+	from trace.Span
 }
 
 // result is one op's share of a script run.
@@ -77,6 +92,7 @@ type result struct {
 	reset      time.Time
 	bucket     int64 // where Redis recorded the admitted units
 	local      bool
+	batch      *trace.SpanContext // the batch's span, when recorded
 }
 
 // New returns a limiter over store. Call Run before the first Take.
@@ -116,14 +132,14 @@ func (l *Limiter) Degraded() bool { return l.degraded.Load() }
 // Peek reports whether one more request under key would fit, recording
 // nothing. A key refused by an earlier Take is answered from memory until
 // its Retry-After moment.
-func (l *Limiter) Peek(key string, rate limiter.Rate) Decision {
+func (l *Limiter) Peek(ctx context.Context, key string, rate limiter.Rate) Decision {
 	if d, ok := l.refused(key, rate); ok {
 		return d
 	}
 	asked := !l.degraded.Load()
-	r := l.take(Op{Key: key, Rate: rate, Cost: 0})
+	r := l.take(ctx, Op{Key: key, Rate: rate, Cost: 0})
 	d := Decision{Allowed: r.remaining > 0, Limit: rate.Limit, Remaining: r.remaining, Reset: r.reset, Local: r.local,
-		AskedRedis: asked}
+		AskedRedis: asked, Batch: r.batch}
 	if !d.Allowed {
 		d.RetryAfter = r.retryAfter
 	}
@@ -131,20 +147,26 @@ func (l *Limiter) Peek(key string, rate limiter.Rate) Decision {
 }
 
 // take runs op in the next batch, or locally while Redis is unusable.
-func (l *Limiter) take(op Op) result {
+// ctx is the asking request's, for its span alone.
+func (l *Limiter) take(ctx context.Context, op Op) result {
 	if l.degraded.Load() {
 		return l.takeLocally(op)
 	}
 	p := l.pending.Get().(*pending)
-	p.op = op
+	p.op, p.from = op, nil
+	if span := trace.SpanFromContext(ctx); span.SpanContext().IsSampled() {
+		p.from = span
+	}
 	select {
 	case l.queue <- p:
 	case <-l.done:
+		p.from = nil
 		l.pending.Put(p)
 		return l.takeLocally(op)
 	}
 	select {
 	case r := <-p.reply:
+		p.from = nil // not kept alive by the pool
 		l.pending.Put(p)
 		return r
 	case <-l.done:
@@ -222,10 +244,17 @@ func (l *Limiter) send(ctx context.Context, batch []*pending) {
 	}
 	var results []Taken
 	var err error
+	var batchSpan *trace.SpanContext
 	if !l.degraded.Load() {
 		rctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+		rctx, span := startBatchSpan(rctx, batch, len(ops))
 		results, err = l.store.TakeMany(rctx, ops)
 		cancel()
+		if span != nil {
+			endBatchSpan(span, err)
+			sc := span.SpanContext()
+			batchSpan = &sc
+		}
 		if err != nil && l.degraded.CompareAndSwap(false, true) {
 			l.opts.OnDegraded(err)
 		}
@@ -233,7 +262,9 @@ func (l *Limiter) send(ctx context.Context, batch []*pending) {
 	for i, g := range groups {
 		if results == nil {
 			for _, p := range g.waiters {
-				p.reply <- l.takeLocally(p.op)
+				r := l.takeLocally(p.op)
+				r.batch = batchSpan
+				p.reply <- r
 			}
 			continue
 		}
@@ -242,9 +273,70 @@ func (l *Limiter) send(ctx context.Context, batch []*pending) {
 		for _, p := range g.waiters {
 			a := min(p.op.Cost, left)
 			left -= a
-			p.reply <- share(p.op, results[i], a, left)
+			r := share(p.op, results[i], a, left)
+			r.batch = batchSpan
+			p.reply <- r
 		}
 	}
+}
+
+// MaxBatchLinks bounds the links of a batch's span to the requests it
+// decided: a batch decides up to MaxBatch requests, and a span with
+// hundreds of links is more than a trace view shows or a backend keeps.
+const MaxBatchLinks = 32
+
+// Attributes of a batch's span.
+const (
+	attrBatchDecisions = attribute.Key("app.rate_limit.batch.decisions")
+	attrBatchScripts   = attribute.Key("app.rate_limit.batch.scripts")
+	attrBatchTraced    = attribute.Key("app.rate_limit.batch.traced_requests")
+)
+
+// startBatchSpan starts the span of one round trip to Redis, "rate limit
+// batch", when a sampled request is among those of batch, and returns ctx
+// with it, so that the Redis client's own spans (redisotel) are its
+// children; otherwise ctx and nil, at the cost of a look at each pending
+// request. The span is a child of the first sampled request's span, so
+// that it is sampled with it and adds no trace of its own, and it links
+// to the sampled requests it decided (at most MaxBatchLinks; their count
+// is an attribute): from a batch found slow, the requests it held. Each
+// request's "rate limit" span links back to it (Decision.Batch), so from
+// one request id an SRE finds the round trip it waited on, how long that
+// took and whether Redis failed it.
+func startBatchSpan(ctx context.Context, batch []*pending, scripts int) (context.Context, trace.Span) {
+	var parent trace.Span
+	var links []trace.Link
+	traced := 0
+	for _, p := range batch {
+		if p.from == nil {
+			continue
+		}
+		traced++
+		if parent == nil {
+			parent = p.from
+		}
+		if len(links) < MaxBatchLinks {
+			links = append(links, trace.Link{SpanContext: p.from.SpanContext()})
+		}
+	}
+	if parent == nil {
+		return ctx, nil
+	}
+	tracer := parent.TracerProvider().Tracer("github.com/coinexport/export/gateway/ratelimit")
+	return tracer.Start(trace.ContextWithSpan(ctx, parent), "rate limit batch", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithLinks(links...), trace.WithAttributes(attribute.String("db.system.name", "redis"),
+			attrBatchDecisions.Int(len(batch)), attrBatchScripts.Int(scripts), attrBatchTraced.Int(traced)))
+}
+
+// endBatchSpan ends a batch's span with the round trip's outcome: an error
+// (a timeout, a refused connection, an error reply) decided its requests
+// in-process.
+func endBatchSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
 
 // groupOps merges requests on the same key (and of the same kind: look or

@@ -244,7 +244,7 @@ func TestConcurrentDecisionsAreExact(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d := l.Take("hot", rate)
+			d := l.Take(context.Background(), "hot", rate)
 			if d.Allowed {
 				allowed.Add(1)
 			}
@@ -257,7 +257,7 @@ func TestConcurrentDecisionsAreExact(t *testing.T) {
 	if allowed.Load() != 25 || local.Load() != 0 {
 		t.Fatalf("200 concurrent Take on 25-M: allowed %d (local %d), want 25 (local 0)", allowed.Load(), local.Load())
 	}
-	if d := l.Take("hot", rate); d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Minute+time.Second {
+	if d := l.Take(context.Background(), "hot", rate); d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Minute+time.Second {
 		t.Fatalf("Take over the limit = %+v, want refused with 0 < RetryAfter <= 61s", d)
 	}
 }
@@ -267,22 +267,22 @@ func TestRedisOutageFallsBackAndRecovers(t *testing.T) {
 	var events atomic.Int64
 	l := startLimiter(t, srv.URL, Options{OnDegraded: func(error) { events.Add(1) }})
 	rate := mustRate(t, "3-M")
-	if d := l.Take("k", rate); !d.Allowed || d.Local {
+	if d := l.Take(context.Background(), "k", rate); !d.Allowed || d.Local {
 		t.Fatalf("Take with Redis up = %+v, want allowed by Redis", d)
 	}
 	srv.Stop()
-	d := l.Take("k", rate)
+	d := l.Take(context.Background(), "k", rate)
 	if !d.Allowed || !d.Local || !l.Degraded() {
 		t.Fatalf("Take with Redis down = %+v (degraded %v), want allowed locally and degraded", d, l.Degraded())
 	}
 	// The fallback still limits.
-	l.Take("k", rate)
-	l.Take("k", rate)
-	if d := l.Take("k", rate); d.Allowed {
+	l.Take(context.Background(), "k", rate)
+	l.Take(context.Background(), "k", rate)
+	if d := l.Take(context.Background(), "k", rate); d.Allowed {
 		t.Fatalf("4th Take on 3-M with Redis down = %+v, want refused by the fallback", d)
 	}
 	restartAndRecover(t, srv, l)
-	if d := l.Take("k", rate); !d.Allowed || d.Local {
+	if d := l.Take(context.Background(), "k", rate); !d.Allowed || d.Local {
 		t.Fatalf("Take after recovery = %+v, want allowed by Redis (a fresh server)", d)
 	}
 	if events.Load() != 2 {
@@ -327,7 +327,7 @@ func TestAnErrorReplyKeepsTheLimiterDegradedUntilDecisionsPass(t *testing.T) {
 			if err := admin.Ping(ctx).Err(); err != nil {
 				t.Fatalf("PING of the refusing Redis = %v, want answered", err)
 			}
-			if d := l.Take("k", rate); !d.Allowed || !d.Local {
+			if d := l.Take(context.Background(), "k", rate); !d.Allowed || !d.Local {
 				t.Fatalf("Take while Redis refuses writes = %+v, want allowed locally", d)
 			}
 			// Fifty probes' time: each one that passed would end the
@@ -346,7 +346,7 @@ func TestAnErrorReplyKeepsTheLimiterDegradedUntilDecisionsPass(t *testing.T) {
 			for l.Degraded() && time.Now().Before(deadline) {
 				time.Sleep(10 * time.Millisecond)
 			}
-			if d := l.Take("k2", rate); !d.Allowed || d.Local {
+			if d := l.Take(context.Background(), "k2", rate); !d.Allowed || d.Local {
 				t.Fatalf("Take once Redis accepts writes again = %+v, want allowed by Redis", d)
 			}
 			if got := events.Load(); got != 2 {
@@ -376,7 +376,7 @@ func TestLeasesKeepTheBound(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 200; i++ {
-				if instances[(g+i)%2].Take("busy", rate).Allowed {
+				if instances[(g+i)%2].Take(context.Background(), "busy", rate).Allowed {
 					allowed.Add(1)
 				}
 			}
@@ -389,7 +389,7 @@ func TestLeasesKeepTheBound(t *testing.T) {
 	if got := allowed.Load(); got > 1000 || got < lo {
 		t.Fatalf("3200 Take on 1000-M across 2 instances allowed %d, want %d..1000", got, lo)
 	}
-	d := instances[0].Take("busy", rate)
+	d := instances[0].Take(context.Background(), "busy", rate)
 	if d.Allowed || d.RetryAfter <= 0 {
 		t.Fatalf("Take after the window filled = %+v, want refused with RetryAfter", d)
 	}
@@ -403,7 +403,7 @@ func TestDecisionsSayWhenTheyAskedRedis(t *testing.T) {
 	rate := mustRate(t, "1000-M") // leases of up to 10
 	var asked []bool
 	for range 8 {
-		d := l.Take("k", rate)
+		d := l.Take(context.Background(), "k", rate)
 		if !d.Allowed {
 			t.Fatalf("Take = %+v, want allowed", d)
 		}
@@ -425,7 +425,7 @@ func TestDecisionsAfterRunStopsAreLocal(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { l.Run(ctx); close(stopped) }()
 	rate := mustRate(t, "1000-M")
-	if d := l.Take("k", rate); !d.Allowed || d.Local {
+	if d := l.Take(context.Background(), "k", rate); !d.Allowed || d.Local {
 		t.Fatalf("Take while running = %+v, want allowed by Redis", d)
 	}
 	cancel()
@@ -434,8 +434,8 @@ func TestDecisionsAfterRunStopsAreLocal(t *testing.T) {
 	decided := make(chan Decision)
 	for i := range 50 {
 		key := "k" + string(rune('a'+i%26)) // new keys: no lease to serve them
-		go func() { decided <- l.Peek(key, rate) }()
-		go func() { decided <- l.Take(key, rate) }()
+		go func() { decided <- l.Peek(context.Background(), key, rate) }()
+		go func() { decided <- l.Take(context.Background(), key, rate) }()
 	}
 	timeout := time.After(5 * time.Second)
 	for i := range 100 {
@@ -460,13 +460,13 @@ func TestFallbackCountsEachRequestOnce(t *testing.T) {
 	l := startLimiter(t, srv.URL, Options{})
 	rate := mustRate(t, "600-M") // leases of up to 6
 	for i := range 7 {           // leases of 1, 2 and 4, used up: the next asks for 6
-		if d := l.Take("k", rate); !d.Allowed || d.Local {
+		if d := l.Take(context.Background(), "k", rate); !d.Allowed || d.Local {
 			t.Fatalf("Take #%d with Redis up = %+v", i+1, d)
 		}
 	}
 	srv.Stop()
 	for i, want := range []int64{599, 598, 597} {
-		d := l.Take("k", rate)
+		d := l.Take(context.Background(), "k", rate)
 		if !d.Allowed || !d.Local || d.Remaining != want {
 			t.Errorf("Take #%d with Redis down = %+v, want allowed locally with %d remaining", i+1, d, want)
 		}
@@ -532,7 +532,7 @@ func TestAKeyWithoutALeaseIsLimitedByRedis(t *testing.T) {
 	l.maxLeases = 0
 	rate := mustRate(t, "3-M")
 	for i := range 4 {
-		d := l.Take("k", rate)
+		d := l.Take(context.Background(), "k", rate)
 		if want := i < 3; d.Allowed != want || d.Local {
 			t.Errorf("Take #%d = %+v, want allowed %v by Redis", i+1, d, want)
 		}
@@ -565,7 +565,7 @@ func TestExpiredLeaseUnitsAreGivenBack(t *testing.T) {
 	rate := mustRate(t, "600-M") // leases of up to 6, usable for 1 s
 	var d Decision
 	for i := range 8 { // leases of 1, 2 and 4, used up, then one of 6
-		if d = l.Take("k", rate); !d.Allowed || d.Local {
+		if d = l.Take(context.Background(), "k", rate); !d.Allowed || d.Local {
 			t.Fatalf("Take #%d = %+v, want allowed by Redis", i+1, d)
 		}
 	}
@@ -574,7 +574,7 @@ func TestExpiredLeaseUnitsAreGivenBack(t *testing.T) {
 	}
 	clk.add(2 * time.Second) // the lease of 6 expires with 5 unused
 	var admitted int64
-	for l.Take("k", rate).Allowed {
+	for l.Take(context.Background(), "k", rate).Allowed {
 		admitted++
 	}
 	if admitted != d.Remaining {
@@ -603,11 +603,11 @@ func TestSweepKeepsUnitsToGiveBack(t *testing.T) {
 
 	rate := mustRate(t, "600-M")
 	for range 8 { // the last lease, of 6, keeps 5 units
-		l.Take("k", rate)
+		l.Take(context.Background(), "k", rate)
 	}
 	clk.add(20 * time.Second)
 	l.sweepLeases(clk.now(), 10*time.Second)
-	if d := l.Take("k", rate); d.Remaining != 592-1 {
+	if d := l.Take(context.Background(), "k", rate); d.Remaining != 592-1 {
 		t.Errorf("Take after 20 s idle and a sweep: Remaining = %d, want 591 (the 5 unused units given back)", d.Remaining)
 	}
 	clk.add(2 * time.Minute)
@@ -664,13 +664,13 @@ func TestFallbackCountsSurviveRecovery(t *testing.T) {
 	rate := mustRate(t, "3-M")
 	srv.Stop()
 	for i := range 3 {
-		if d := l.Take("k", rate); !d.Allowed || !d.Local {
+		if d := l.Take(context.Background(), "k", rate); !d.Allowed || !d.Local {
 			t.Fatalf("Take #%d with Redis down = %+v, want allowed locally", i+1, d)
 		}
 	}
 	restartAndRecover(t, srv, l)
 	srv.Stop()
-	if d := l.Take("k", rate); d.Allowed {
+	if d := l.Take(context.Background(), "k", rate); d.Allowed {
 		t.Errorf("Take with Redis gone again, 3 admitted locally in the window = %+v, want refused", d)
 	}
 }

@@ -58,9 +58,10 @@ func URLProblem(url string) string {
 
 // Open parses url (redis://, rediss:// or unix://) and returns a client with
 // no retries, one dial attempt per connection and context deadlines
-// honoured, traced with redisotel (spans only inside a traced request; the
-// gateway, its one user, sends every command outside one, so its traces
-// have none: gateway README, "Request id and traces").
+// honoured, traced with redisotel (spans only under a span: the gateway,
+// its one user, sends its rate-limit round trips under a span of their
+// own for the traced requests they decide, "rate limit batch", and its
+// health pings under none: gateway README, "Request id and traces").
 // Key names are recorded on spans, so callers must never put a secret in
 // one.
 //

@@ -1,0 +1,152 @@
+package ratelimit
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/coinexport/export/pkg/testenv"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// recordSpans makes the global tracer provider (redisotel's, read when a
+// client is opened) and the returned one record into the returned recorder.
+func recordSpans(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	return tp, rec
+}
+
+// spanOf is the ended span whose context is sc, nil if none.
+func spanOf(rec *tracetest.SpanRecorder, sc trace.SpanContext) sdktrace.ReadOnlySpan {
+	for _, s := range rec.Ended() {
+		if s.SpanContext().Equal(sc) {
+			return s
+		}
+	}
+	return nil
+}
+
+// A traced request's decision that went to Redis names the round trip it
+// waited on (Decision.Batch): a "rate limit batch" span under the
+// request's span, linked to it, with the Redis client's span under it, so
+// from one request id an SRE finds how long Redis took for it. An untraced
+// request's decision makes no span at all.
+func TestATracedDecisionNamesItsRedisRoundTrip(t *testing.T) {
+	tp, rec := recordSpans(t)
+	l := startLimiter(t, testenv.RedisURL(t), Options{})
+	rate := mustRate(t, "600-M")
+
+	if d := l.Take(context.Background(), "untraced", rate); !d.AskedRedis || d.Batch != nil {
+		t.Errorf("untraced Take = %+v, want asked Redis with no batch span", d)
+	}
+	if n := len(rec.Ended()); n != 0 {
+		t.Errorf("an untraced decision made %d spans, want none", n)
+	}
+
+	ctx, request := tp.Tracer("test").Start(context.Background(), "request")
+	d := l.Take(ctx, "traced", rate)
+	request.End()
+	if !d.Allowed || d.Local || !d.AskedRedis || d.Batch == nil {
+		t.Fatalf("traced Take = %+v, want allowed by Redis with its batch's span", d)
+	}
+	batch := spanOf(rec, *d.Batch)
+	if batch == nil || batch.Name() != "rate limit batch" {
+		t.Fatalf("Decision.Batch %v is no recorded \"rate limit batch\" span", d.Batch)
+	}
+	if batch.Parent().SpanID() != request.SpanContext().SpanID() {
+		t.Errorf("batch span's parent = %v, want the request's span %v", batch.Parent().SpanID(), request.SpanContext().SpanID())
+	}
+	if links := batch.Links(); len(links) != 1 || !links[0].SpanContext.Equal(request.SpanContext()) {
+		t.Errorf("batch span's links = %v, want the request's span", links)
+	}
+	if batch.Status().Code == codes.Error {
+		t.Errorf("batch span status = %v, want no error", batch.Status())
+	}
+	redisSpans := 0
+	for _, s := range rec.Ended() {
+		if s.Parent().SpanID() == d.Batch.SpanID() && strings.HasPrefix(s.Name(), "redis.") {
+			redisSpans++
+		}
+	}
+	if redisSpans == 0 {
+		t.Error("no go-redis span under the batch's span")
+	}
+
+	// The next fetch leases 2 units (the first lease is 1), and the one
+	// after is served from memory: no round trip, no span.
+	l.Take(ctx, "traced", rate)
+	if d := l.Take(ctx, "traced", rate); d.AskedRedis || d.Batch != nil {
+		t.Errorf("Take from the lease = %+v, want neither a round trip nor a batch span", d)
+	}
+}
+
+// A round trip that failed says so on its span, which the request decided
+// in-process for it links to.
+func TestAFailedRoundTripIsAnErrorOnItsSpan(t *testing.T) {
+	tp, rec := recordSpans(t)
+	l := startLimiter(t, "redis://"+testenv.RefusingAddr(t), Options{})
+	ctx, request := tp.Tracer("test").Start(context.Background(), "request")
+	d := l.Take(ctx, "k", mustRate(t, "600-M"))
+	request.End()
+	if !d.Local || d.Batch == nil {
+		t.Fatalf("Take with Redis refusing = %+v, want decided locally, with its batch's span", d)
+	}
+	if batch := spanOf(rec, *d.Batch); batch == nil || batch.Status().Code != codes.Error || batch.Status().Description == "" {
+		t.Errorf("failed batch span = %v, want status error with the cause", batch)
+	}
+}
+
+// A batch links to at most MaxBatchLinks of the traced requests it
+// decides, and counts them all.
+func TestABatchSpansLinksAreBounded(t *testing.T) {
+	tp, rec := recordSpans(t)
+	l := New(NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)), Options{})
+	rate := mustRate(t, "600-M")
+	const traced = MaxBatchLinks + 8
+	var batch []*pending
+	for i := range traced + 3 { // three untraced among them
+		p := &pending{op: Op{Key: "k", Rate: rate, Cost: 1}, reply: make(chan result, 1)}
+		if i < traced {
+			_, span := tp.Tracer("test").Start(context.Background(), "request")
+			defer span.End()
+			p.from = span
+		}
+		batch = append(batch, p)
+	}
+	l.send(context.Background(), batch)
+	r := <-batch[0].reply
+	if r.batch == nil {
+		t.Fatal("no batch span for a batch of traced requests")
+	}
+	span := spanOf(rec, *r.batch)
+	if span == nil {
+		t.Fatal("no batch span for a batch of traced requests")
+	}
+	if n := len(span.Links()); n != MaxBatchLinks {
+		t.Errorf("batch span has %d links, want %d", n, MaxBatchLinks)
+	}
+	for _, a := range span.Attributes() {
+		if a.Key == attrBatchTraced && a.Value.AsInt64() != traced || a.Key == attrBatchDecisions && a.Value.AsInt64() != traced+3 {
+			t.Errorf("batch span %s = %d, want %d traced of %d", a.Key, a.Value.AsInt64(), traced, traced+3)
+		}
+	}
+}
+
+// A Decision is 64 bytes, as before it named its batch's span: the gateway
+// keeps one in every request's state, traced or not, and the span context
+// itself there (64 bytes more) cost each request 64 bytes more.
+func TestADecisionStays64Bytes(t *testing.T) {
+	if size := unsafe.Sizeof(Decision{}); size > 64 {
+		t.Errorf("a Decision is %d bytes, want at most 64", size)
+	}
+}
