@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/coinexport/export/pkg/testenv"
@@ -91,19 +92,57 @@ func TestATracedDecisionNamesItsRedisRoundTrip(t *testing.T) {
 }
 
 // A round trip that failed says so on its span, which the request decided
-// in-process for it links to.
+// in-process for it links to: status error with the cause, and error.type
+// the kind of failure, which make trace shows.
 func TestAFailedRoundTripIsAnErrorOnItsSpan(t *testing.T) {
-	tp, rec := recordSpans(t)
-	l := startLimiter(t, "redis://"+testenv.RefusingAddr(t), Options{})
-	ctx, request := tp.Tracer("test").Start(context.Background(), "request")
-	d := l.Take(ctx, "k", mustRate(t, "600-M"))
-	request.End()
-	if !d.Local || d.Batch == nil {
-		t.Fatalf("Take with Redis refusing = %+v, want decided locally, with its batch's span", d)
+	for _, tc := range []struct {
+		name, errorType string
+		redis           func(t *testing.T) string // the URL of a Redis that fails
+	}{
+		{"refused", "unreachable", func(t *testing.T) string { return "redis://" + testenv.RefusingAddr(t) }},
+		{"stalled", "timeout", func(t *testing.T) string {
+			srv := testenv.StartRedis(t)
+			if err := redisClient(t, srv.URL).Do(context.Background(), "CLIENT", "PAUSE", 2000).Err(); err != nil {
+				t.Fatal(err)
+			}
+			return srv.URL
+		}},
+		{"error reply", "error_reply", func(t *testing.T) string {
+			srv := testenv.StartRedis(t)
+			if err := redisClient(t, srv.URL).ReplicaOf(context.Background(), "127.0.0.1", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			return srv.URL
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tp, rec := recordSpans(t)
+			l := startLimiter(t, tc.redis(t), Options{Timeout: 100 * time.Millisecond})
+			ctx, request := tp.Tracer("test").Start(context.Background(), "request")
+			d := l.Take(ctx, "k", mustRate(t, "600-M"))
+			request.End()
+			if !d.Local || d.Batch == nil {
+				t.Fatalf("Take with Redis failing = %+v, want decided locally, with its batch's span", d)
+			}
+			batch := spanOf(rec, *d.Batch)
+			if batch == nil || batch.Status().Code != codes.Error || batch.Status().Description == "" {
+				t.Fatalf("failed batch span = %v, want status error with the cause", batch)
+			}
+			if got := attrOf(batch, "error.type"); got != tc.errorType {
+				t.Errorf("failed batch span error.type = %q, want %s (status %q)", got, tc.errorType, batch.Status().Description)
+			}
+		})
 	}
-	if batch := spanOf(rec, *d.Batch); batch == nil || batch.Status().Code != codes.Error || batch.Status().Description == "" {
-		t.Errorf("failed batch span = %v, want status error with the cause", batch)
+}
+
+// attrOf is the value of s's attribute key, "" when it has none.
+func attrOf(s sdktrace.ReadOnlySpan, key string) string {
+	for _, a := range s.Attributes() {
+		if string(a.Key) == key {
+			return a.Value.String()
+		}
 	}
+	return ""
 }
 
 // A batch links to at most MaxBatchLinks of the traced requests it
