@@ -43,6 +43,15 @@ type Span struct {
 	StatusCode string            `json:"status,omitempty"`
 	Attributes map[string]string `json:"attributes,omitempty"`
 	Events     []Event           `json:"events,omitempty"`
+	Links      []Link            `json:"links,omitempty"`
+}
+
+// Link is a span's link to another span, often of another trace: the
+// gateway's "rate limit" span links to the Redis round trip it waited on,
+// which another request's trace may hold.
+type Link struct {
+	TraceID string `json:"trace_id"`
+	SpanID  string `json:"span_id"`
 }
 
 // Event is one event of a span (the gateway's "sent again", an error
@@ -225,6 +234,10 @@ func flatten(req *collectortrace.ExportTraceServiceRequest) []Span {
 				for _, ev := range sp.GetEvents() {
 					events = append(events, Event{Name: ev.GetName(), Attributes: flattenAttrs(ev.GetAttributes())})
 				}
+				var links []Link
+				for _, l := range sp.GetLinks() {
+					links = append(links, Link{TraceID: hex.EncodeToString(l.GetTraceId()), SpanID: hex.EncodeToString(l.GetSpanId())})
+				}
 				start := time.Unix(0, int64(sp.GetStartTimeUnixNano()))
 				out = append(out, Span{
 					TraceID:    hex.EncodeToString(sp.GetTraceId()),
@@ -238,6 +251,7 @@ func flatten(req *collectortrace.ExportTraceServiceRequest) []Span {
 					StatusCode: sp.GetStatus().GetCode().String(),
 					Attributes: attrs,
 					Events:     events,
+					Links:      links,
 				})
 			}
 		}

@@ -56,7 +56,7 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 		t.Fatalf("Trace(%s) has %d spans, want 2", traceID, len(spans))
 	}
 	var tree bytes.Buffer
-	WriteTree(&tree, spans)
+	WriteTree(&tree, spans, nil)
 	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") ||
 		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked api_key.id=k1 app.item_id=coin-7 app.external_order_id=o-7 "+
@@ -214,7 +214,7 @@ func TestTreeEscapesControlCharacters(t *testing.T) {
 	var tree bytes.Buffer
 	WriteTree(&tree, []Span{{SpanID: "1", Name: "POST", Service: "sales-writer", Kind: "SPAN_KIND_SERVER",
 		Attributes: map[string]string{"app.item_id": "a\n\x1b[2Jforged", "url.path": "/v1/x\ny"},
-		Events:     []Event{{Name: "e", Attributes: map[string]string{"k": "v\rw"}}}}})
+		Events:     []Event{{Name: "e", Attributes: map[string]string{"k": "v\rw"}}}}}, nil)
 	out := tree.String()
 	if strings.Count(out, "\n") != 2 || strings.ContainsAny(out, "\x1b\r") ||
 		!strings.Contains(out, `app.item_id="a\n\x1b[2Jforged"`) || !strings.Contains(out, `url.path="/v1/x\ny"`) {
@@ -233,5 +233,30 @@ func TestServerAddressOnlyOutsideSQLSpans(t *testing.T) {
 	}
 	if got := interesting(sql); got != "db.operation.name=SELECT" {
 		t.Errorf("interesting(SQL span) = %q, want only its operation", got)
+	}
+}
+
+// A span's links are kept: the gateway's "rate limit" span links to the
+// Redis round trip it waited on, often in another request's trace.
+func TestKeepsLinks(t *testing.T) {
+	store := New(nil, 0)
+	srv := httptest.NewServer(store)
+	defer srv.Close()
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	_, other := tp.Tracer("test").Start(context.Background(), "rate limit batch")
+	other.End()
+	_, linking := tp.Tracer("test").Start(context.Background(), "rate limit", trace.WithLinks(trace.Link{SpanContext: other.SpanContext()}))
+	linking.End()
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := store.Trace(linking.SpanContext().TraceID().String())
+	want := Link{TraceID: other.SpanContext().TraceID().String(), SpanID: other.SpanContext().SpanID().String()}
+	if len(spans) != 1 || len(spans[0].Links) != 1 || spans[0].Links[0] != want {
+		t.Errorf("spans = %+v, want one with the link %+v", spans, want)
 	}
 }

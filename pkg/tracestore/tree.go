@@ -10,11 +10,22 @@ import (
 )
 
 // WriteTree prints spans as an indented tree, children under their parent.
-func WriteTree(w io.Writer, spans []Span) {
+// A span's links follow it, each as the span it links to, with that span's
+// children when it is of another trace: found among linked (see
+// LinkTargets), else named by its ids alone.
+func WriteTree(w io.Writer, spans, linked []Span) {
 	children := map[string][]Span{}
 	ids := map[string]bool{}
+	byID := map[string]Span{}
 	for _, sp := range spans {
 		ids[sp.SpanID] = true
+		byID[sp.SpanID] = sp
+	}
+	for _, sp := range linked {
+		if !ids[sp.SpanID] {
+			byID[sp.SpanID] = sp
+			children[sp.ParentID] = append(children[sp.ParentID], sp)
+		}
 	}
 	var roots []Span
 	for _, sp := range spans {
@@ -31,6 +42,9 @@ func WriteTree(w io.Writer, spans []Span) {
 		for _, ev := range sp.Events {
 			fmt.Fprintf(w, "%s  · %s %s\n", strings.Repeat("  ", depth), ev.Name, allAttrs(ev.Attributes))
 		}
+		for _, l := range sp.Links {
+			writeLink(w, sp, l, byID, depth, walk)
+		}
 		kids := children[sp.SpanID]
 		sort.SliceStable(kids, func(i, j int) bool { return kids[i].Start.Before(kids[j].Start) })
 		for _, k := range kids {
@@ -42,6 +56,37 @@ func WriteTree(w io.Writer, spans []Span) {
 	}
 }
 
+// writeLink prints sp's link l: the span it links to, with its children
+// (walk), when that is of another trace; named alone when it is of sp's
+// own, printed in its place; by its ids when not found.
+func writeLink(w io.Writer, sp Span, l Link, byID map[string]Span, depth int, walk func(Span, int)) {
+	indent := strings.Repeat("  ", depth)
+	target, ok := byID[l.SpanID]
+	switch {
+	case !ok || target.TraceID != l.TraceID:
+		fmt.Fprintf(w, "%s  ↪ links to span %s of trace %s (not found)\n", indent, l.SpanID, l.TraceID)
+	case l.TraceID == sp.TraceID:
+		fmt.Fprintf(w, "%s  ↪ links to %q (span %s) of this trace\n", indent, target.Name, target.SpanID)
+	default:
+		fmt.Fprintf(w, "%s  ↪ links to (trace %s):\n", indent, l.TraceID)
+		walk(target, depth+2)
+	}
+}
+
+// LinkTargets returns the ids of the spans that spans link to in other
+// traces: WriteTree shows those spans, and their children, under the link.
+func LinkTargets(spans []Span) map[string]bool {
+	targets := map[string]bool{}
+	for _, sp := range spans {
+		for _, l := range sp.Links {
+			if l.TraceID != sp.TraceID {
+				targets[l.SpanID] = true
+			}
+		}
+	}
+	return targets
+}
+
 // interestingAttrs are the attributes an SRE reads first, in the order
 // shown: the outcome and why, who called (and the id it gave the call
 // itself, an X-Request-Id of its own), what the call was about (item,
@@ -49,7 +94,8 @@ func WriteTree(w io.Writer, spans []Span) {
 // (server.*, on proxy and client spans) and, on a client span, the URL it
 // called (never secret: the shop's key goes in a header).
 var interestingAttrs = []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure",
-	"error.type", "app.cancel_reason", "app.cancel_cause", "app.rate_limit.class", "owner.id", "api_key.id", "platform.id",
+	"error.type", "app.cancel_reason", "app.cancel_cause", "app.rate_limit.class",
+	"app.rate_limit.batch.decisions", "app.rate_limit.batch.traced_requests", "owner.id", "api_key.id", "platform.id",
 	"app.client_request_id", "app.item_id",
 	"app.external_order_id", "app.idempotency_key", "app.idempotent_replay", "server.address", "server.port",
 	"url.full", "db.operation.name", "export.read_ahead"}

@@ -119,24 +119,41 @@ func show(w io.Writer, file, requestID string) error {
 	if !traceIDPattern.MatchString(requestID) {
 		return fmt.Errorf("%q is not a request id (32 hex characters)", requestID)
 	}
-	last, err := spansOf(file+".1", requestID)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	spans, err := spansOf(file, requestID)
+	spans, err := spansIn(file, func(sp tracestore.Span) bool { return sp.TraceID == requestID })
 	if err != nil {
 		return err
 	}
-	spans = append(last, spans...)
 	if len(spans) == 0 {
 		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans (spans are exported in batches: retry in a few seconds)", requestID, file, file)
 	}
-	tracestore.WriteTree(w, spans)
+	// The spans linked from other traces (the gateway's Redis round trip,
+	// held by the first traced request it decided) and their children.
+	var linked []tracestore.Span
+	if targets := tracestore.LinkTargets(spans); len(targets) > 0 {
+		linked, err = spansIn(file, func(sp tracestore.Span) bool { return targets[sp.SpanID] || targets[sp.ParentID] })
+		if err != nil {
+			return err
+		}
+	}
+	tracestore.WriteTree(w, spans, linked)
 	return nil
 }
 
-// spansOf returns the spans of the trace traceID in file.
-func spansOf(file, traceID string) ([]tracestore.Span, error) {
+// spansIn returns the spans of file.1 and file that keep takes.
+func spansIn(file string, keep func(tracestore.Span) bool) ([]tracestore.Span, error) {
+	last, err := spansOf(file+".1", keep)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	spans, err := spansOf(file, keep)
+	if err != nil {
+		return nil, err
+	}
+	return append(last, spans...), nil
+}
+
+// spansOf returns the spans in file that keep takes.
+func spansOf(file string, keep func(tracestore.Span) bool) ([]tracestore.Span, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
@@ -147,7 +164,7 @@ func spansOf(file, traceID string) ([]tracestore.Span, error) {
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		var sp tracestore.Span
-		if json.Unmarshal(sc.Bytes(), &sp) == nil && sp.TraceID == traceID {
+		if json.Unmarshal(sc.Bytes(), &sp) == nil && keep(sp) {
 			spans = append(spans, sp)
 		}
 	}

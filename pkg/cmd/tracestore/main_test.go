@@ -186,3 +186,33 @@ func TestServeCapsTheSpanFileAndShowReadsWhatMoved(t *testing.T) {
 		}
 	}
 }
+
+// A request's span that links to a span of another trace (the gateway's
+// "rate limit" span, to the Redis round trip another request's trace
+// holds) shows that span under it, with its children, and nothing else of
+// that trace.
+func TestShowFollowsLinksToOtherTraces(t *testing.T) {
+	const request, other = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
+	span := func(traceID, spanID, parentID, name, links string) string {
+		return `{"trace_id":"` + traceID + `","span_id":"` + spanID + `","parent_span_id":"` + parentID + `","service":"gateway","name":"` + name +
+			`","kind":"SPAN_KIND_INTERNAL","start":"2026-11-22T04:00:00Z","duration_ms":1.5,"links":[` + links + `]}` + "\n"
+	}
+	file := filepath.Join(t.TempDir(), "traces.jsonl")
+	lines := span(other, "00000000000000b0", "", "GET /v1/export/items/{item_id}", "") +
+		span(other, "00000000000000b1", "00000000000000b0", "rate limit batch", "") +
+		span(other, "00000000000000b2", "00000000000000b1", "redis.pipeline evalsha", "") +
+		span(request, "00000000000000a0", "", "GET /v1/export/items", "") +
+		span(request, "00000000000000a1", "00000000000000a0", "rate limit", `{"trace_id":"`+other+`","span_id":"00000000000000b1"}`)
+	if err := os.WriteFile(file, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := show(&out, file, request); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if !strings.Contains(got, "↪ links to (trace "+other+")") || !strings.Contains(got, "rate limit batch") ||
+		!strings.Contains(got, "redis.pipeline evalsha") || strings.Contains(got, "items/{item_id}") {
+		t.Errorf("show =\n%s\nwant the linked round trip and its Redis span under the rate limit span, and no other span of its trace", got)
+	}
+}
