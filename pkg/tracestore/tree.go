@@ -43,7 +43,9 @@ func WriteTree(w io.Writer, spans, linked []Span) {
 			fmt.Fprintf(w, "%s  · %s %s\n", strings.Repeat("  ", depth), ev.Name, allAttrs(ev.Attributes))
 		}
 		for _, l := range sp.Links {
-			writeLink(w, sp, l, byID, depth, walk)
+			if ids[sp.SpanID] { // a span shown under a link: its own links are not followed
+				writeLink(w, sp, l, byID, depth, walk)
+			}
 		}
 		kids := children[sp.SpanID]
 		sort.SliceStable(kids, func(i, j int) bool { return kids[i].Start.Before(kids[j].Start) })
@@ -57,8 +59,10 @@ func WriteTree(w io.Writer, spans, linked []Span) {
 }
 
 // writeLink prints sp's link l: the span it links to, with its children
-// (walk), when that is of another trace; named alone when it is of sp's
-// own, printed in its place; by its ids when not found.
+// (walk), when that is an operation in another trace (the Redis round
+// trip a request waited on); one line for a request of another trace (a
+// round trip's links to the requests it decided: their ids) or for a span
+// of sp's own trace, printed in its place; its ids when not found.
 func writeLink(w io.Writer, sp Span, l Link, byID map[string]Span, depth int, walk func(Span, int)) {
 	indent := strings.Repeat("  ", depth)
 	target, ok := byID[l.SpanID]
@@ -67,6 +71,8 @@ func writeLink(w io.Writer, sp Span, l Link, byID map[string]Span, depth int, wa
 		fmt.Fprintf(w, "%s  ↪ links to span %s of trace %s (not found)\n", indent, l.SpanID, l.TraceID)
 	case l.TraceID == sp.TraceID:
 		fmt.Fprintf(w, "%s  ↪ links to %q (span %s) of this trace\n", indent, target.Name, target.SpanID)
+	case target.ParentID == "":
+		fmt.Fprintf(w, "%s  ↪ links to request %s: %s %.2f ms %s\n", indent, l.TraceID, target.Name, target.DurationMS, interesting(target))
 	default:
 		fmt.Fprintf(w, "%s  ↪ links to (trace %s):\n", indent, l.TraceID)
 		walk(target, depth+2)
