@@ -326,6 +326,15 @@ func TestEachRequestIsOneNewTrace(t *testing.T) {
 			if class := attrOf(spans["rate limit"], "app.rate_limit.class"); class != classExportRead {
 				t.Errorf("rate limit span: app.rate_limit.class = %q, want %s (the budget it waited on)", class, classExportRead)
 			}
+			// It links to the Redis round trip it waited on, a child of
+			// the server span of the first traced request in its batch:
+			// this one's, alone in it.
+			batch, ok := spans["rate limit batch"]
+			if links := spans["rate limit"].Links(); !ok || len(links) != 1 || !links[0].SpanContext.Equal(batch.SpanContext()) {
+				t.Errorf(`rate limit span's links = %v, want the "rate limit batch" span (found: %v)`, links, ok)
+			} else if batch.Parent().SpanID() != server.SpanContext().SpanID() {
+				t.Errorf("batch span's parent = %v, want the server span", batch.Parent().SpanID())
+			}
 			if spans["proxy export-reader"].SpanKind() != trace.SpanKindClient {
 				t.Errorf("proxy span kind = %v, want client", spans["proxy export-reader"].SpanKind())
 			}

@@ -43,13 +43,20 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 // The span names the budget (app.rate_limit.class): a request can wait on
 // two, the address's key-guessing budget before an uncached key is looked
 // up and then its route's limit, and "rate limit" alone would not tell
-// which one was slow.
+// which one was slow. It links to the span of the Redis round trip it
+// waited on, "rate limit batch" (ratelimit.Decision.Batch, recorded only
+// for a traced request): that round trip's time, error and go-redis span.
 func (g *Gateway) traceRedisWait(rq *request, start time.Time, d ratelimit.Decision, budget string) {
-	if d.AskedRedis {
-		_, span := g.tracer.Start(rq.ctx, "rate limit", trace.WithTimestamp(start),
-			trace.WithAttributes(attrRateClass.String(budget)))
-		span.End()
+	if !d.AskedRedis {
+		return
 	}
+	opts := make([]trace.SpanStartOption, 0, 3) // one allocation, as the variadic call made
+	opts = append(opts, trace.WithTimestamp(start), trace.WithAttributes(attrRateClass.String(budget)))
+	if d.Batch != nil {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: *d.Batch}))
+	}
+	_, span := g.tracer.Start(rq.ctx, "rate limit", opts...)
+	span.End()
 }
 
 // recordDecision counts d and makes it the one the answer's headers show.
