@@ -98,8 +98,13 @@ func TestTheREADMEsIngressSetUps(t *testing.T) {
 			})
 			t.Run("a slow sale is the gateway's answer", func(t *testing.T) {
 				tx := testenv.InTransaction(t, pool, "SELECT 1 FROM export_items WHERE owner_id = $1 AND id = $2 FOR UPDATE", fx.owner, "ingress-"+proxy)
-				time.AfterFunc(2*time.Second, func() { _ = tx.Rollback(context.Background()) })
+				// The timer's rollback is waited for: the test's cleanup
+				// rolls tx back too, and a pgx Tx is not for two goroutines
+				// (-race saw them meet: nothing orders the timer's before it).
+				rolledBack := make(chan struct{})
+				time.AfterFunc(2*time.Second, func() { _ = tx.Rollback(context.Background()); close(rolledBack) })
 				resp := send(t, http.DefaultClient, "POST", front+"/v1/export/items/ingress-"+proxy+"/sales/confirm", saleHeaders(fx, "slow-"+proxy), order("slow-"+proxy))
+				<-rolledBack
 				if resp.status != 200 {
 					t.Errorf("a confirm held 2 s on its row through %s = %d %s, want 200", proxy, resp.status, resp.body)
 				}
