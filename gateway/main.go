@@ -12,6 +12,7 @@ import (
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/gcdefaults"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/startup"
 	"github.com/coinexport/export/pkg/stopsignal"
 )
@@ -46,7 +47,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	routeRedisLogs(log)
 
 	gw, err := edge.Start(ctx, cfg, log, getenv)
-	if startup.StoppedBeforePostgreSQL(err, log) {
+	if postgres.StoppedBeforeReached(err, log) {
 		return nil
 	}
 	if err != nil {

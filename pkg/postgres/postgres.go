@@ -187,8 +187,21 @@ func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...
 
 // ErrStopped is the error of OpenWhenReached and OpenServing when ctx
 // ended (the process was told to stop) before PostgreSQL was reached: a
-// stop, which the binary exits 0 for (startup.StoppedBeforePostgreSQL).
+// stop, which the binary exits 0 for (StoppedBeforeReached).
 var ErrStopped = errors.New("postgres: stopped")
+
+// StoppedBeforeReached reports whether err says the binary was told to
+// stop while it waited for PostgreSQL (ErrStopped), and logs so: a stop,
+// not a failure, which run returns nil for (exit status 0). It is here,
+// not in pkg/startup, so that a binary without a database (shop-schema)
+// links no PostgreSQL client.
+func StoppedBeforeReached(err error, log *slog.Logger) bool {
+	if !errors.Is(err, ErrStopped) {
+		return false
+	}
+	log.Info("stopped before PostgreSQL was reached")
+	return true
+}
 
 // notReachedYet tells a database that is not there yet (refused, no
 // socket, starting up, the ping timing out) from one that answered and

@@ -1,19 +1,19 @@
 // Package startup is the beginning of run that every binary shares, before
-// its own wiring: the refusal of its configuration, its logger's first
-// lines, and the stop that came while it waited for PostgreSQL. What
-// differs between the binaries (their settings, the collector's, telemetry,
-// their pools' options) stays in each run.
+// its own wiring: the refusal of its configuration and its logger's first
+// lines. What differs between the binaries (their settings, the
+// collector's, telemetry, their pools' options) stays in each run, and the
+// stop that came while PostgreSQL was awaited is postgres.StoppedBeforeReached:
+// shop-schema, which has no database, starts here too and must link no
+// PostgreSQL client.
 package startup
 
 import (
-	"errors"
 	"io"
 	"log/slog"
 	"os"
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/logging"
-	"github.com/coinexport/export/pkg/postgres"
 )
 
 // ConfigError is err, the binary's configuration refused, followed by each
@@ -37,15 +37,4 @@ func Logger(stdout io.Writer, service, level string, config any, settings []stri
 	// a variable no one reads has no other way to be seen.
 	envconfig.LogMisspelt(log, os.Environ(), settings)
 	return log
-}
-
-// StoppedBeforePostgreSQL reports whether err says the binary was told to
-// stop while it waited for PostgreSQL (postgres.ErrStopped), and logs so:
-// a stop, not a failure, which run returns nil for (exit status 0).
-func StoppedBeforePostgreSQL(err error, log *slog.Logger) bool {
-	if !errors.Is(err, postgres.ErrStopped) {
-		return false
-	}
-	log.Info("stopped before PostgreSQL was reached")
-	return true
 }

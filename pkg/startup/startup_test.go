@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
-	"github.com/coinexport/export/pkg/postgres"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -69,33 +67,5 @@ func TestConfigErrorNamesTheMisspelt(t *testing.T) {
 	if !errors.Is(err, refused) || !strings.Contains(err.Error(), "STARTUP_TEST_SECRT is set: did you mean STARTUP_TEST_SECRET?") ||
 		strings.Contains(err.Error(), "misspelt-value") {
 		t.Errorf("ConfigError = %q, want the error and the misspelt name, without its value", err)
-	}
-}
-
-// A stop while PostgreSQL was awaited is said, once, and reported as a
-// stop; any other error, or none, is not one and writes nothing.
-func TestStoppedBeforePostgreSQL(t *testing.T) {
-	tests := []struct {
-		name     string
-		err      error
-		want     bool
-		wantLine string
-	}{
-		{"stopped", fmt.Errorf("%w before PostgreSQL was reached", postgres.ErrStopped), true,
-			`"msg":"stopped before PostgreSQL was reached"`},
-		{"another error", errors.New("postgres: password authentication failed"), false, ""},
-		{"no error", nil, false, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var out bytes.Buffer
-			log := slog.New(slog.NewJSONHandler(&out, nil))
-			if got := StoppedBeforePostgreSQL(tt.err, log); got != tt.want {
-				t.Errorf("StoppedBeforePostgreSQL(%v) = %v, want %v", tt.err, got, tt.want)
-			}
-			if tt.wantLine == "" && out.Len() != 0 || tt.wantLine != "" && strings.Count(out.String(), tt.wantLine) != 1 {
-				t.Errorf("StoppedBeforePostgreSQL(%v) logged %q, want %q", tt.err, out.String(), tt.wantLine)
-			}
-		})
 	}
 }

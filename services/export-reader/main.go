@@ -59,7 +59,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
 		postgres.ApplicationName(serviceName))
-	if startup.StoppedBeforePostgreSQL(err, log) {
+	if postgres.StoppedBeforeReached(err, log) {
 		return nil
 	}
 	if err != nil {

@@ -65,7 +65,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	pool, err := postgres.OpenWhenReached(ctx, postgres.WithPoolSize(cfg.DatabaseURL, cfg.DBMaxConns), log,
 		postgres.IndexScansOnly(), postgres.StatementTimeout(cfg.QueryTimeout), postgres.ApplicationName(serviceName),
 		postgres.ReadCommitted())
-	if startup.StoppedBeforePostgreSQL(err, log) {
+	if postgres.StoppedBeforeReached(err, log) {
 		return nil
 	}
 	if err != nil {
