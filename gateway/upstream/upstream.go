@@ -322,8 +322,9 @@ func (o *Outcome) from(inst *Instance) { o.Instance, o.Host, o.Port = inst.base,
 // Do sends req to one instance and fills resp (its body read whole or
 // streamed, as Options.ReadWholeUpTo says). A request that never reached
 // an instance (refused, no free connection) is sent once more to another
-// one; one that may have reached one only as repeat allows. requestURI is the original path and query. err is the
-// outcome's error, naming the instance that failed.
+// one; one that may have reached one only as repeat allows. requestURI is
+// the original path and query. err is the outcome's error, naming the
+// instance that failed.
 //
 // affinity, when not empty, chooses the instance by rendezvous hashing of
 // it instead of round-robin: requests with the same affinity go to the
