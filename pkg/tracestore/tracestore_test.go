@@ -260,3 +260,55 @@ func TestKeepsLinks(t *testing.T) {
 		t.Errorf("spans = %+v, want one with the link %+v", spans, want)
 	}
 }
+
+// boundedWriter fails the test's tree once it has written more than a
+// tree of a few spans can: a tree that loops never ends on its own.
+type boundedWriter struct {
+	bytes.Buffer
+	limit int
+}
+
+func (w *boundedWriter) Write(p []byte) (int, error) {
+	if w.Len()+len(p) > w.limit {
+		panic("tree longer than its spans")
+	}
+	return w.Buffer.Write(p)
+}
+
+// Links into a span's own trace, to a trace not in the file, between two
+// traces both ways, and spans of a linked trace that are each other's
+// parent (a file any OTLP sender on loopback writes to) print each span
+// at most once: WriteTree walked from a link's target, where a parent
+// cycle has no root to stop it, and make trace grew until it was killed.
+func TestTreeEndsOnCyclicLinks(t *testing.T) {
+	const a, b = "0000000000000000000000000000000a", "0000000000000000000000000000000b"
+	spans := []Span{
+		{TraceID: a, SpanID: "a0", Name: "GET /v1/export/items"},
+		{TraceID: a, SpanID: "a1", ParentID: "a0", Name: "rate limit", Links: []Link{
+			{TraceID: a, SpanID: "a0"}, {TraceID: b, SpanID: "b1"}, {TraceID: "0000000000000000000000000000000c", SpanID: "c1"}}},
+		{TraceID: a, SpanID: "a2", ParentID: "a0", Name: "rate limit", Links: []Link{{TraceID: b, SpanID: "b1"}}},
+	}
+	linked := []Span{
+		{TraceID: b, SpanID: "b1", ParentID: "b2", Name: "rate limit batch", Links: []Link{{TraceID: a, SpanID: "a1"}}},
+		{TraceID: b, SpanID: "b2", ParentID: "b1", Name: "redis.pipeline evalsha"},
+		{TraceID: b, SpanID: "b3", ParentID: "b3", Name: "its own parent"},
+	}
+	out := &boundedWriter{limit: 1 << 16}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("WriteTree did not end: %v; first lines:\n%.600s", r, out.String())
+			}
+		}()
+		WriteTree(out, spans, linked)
+	}()
+	got := out.String()
+	for name, want := range map[string]int{"GET /v1/export/items": 1, "rate limit": 2, "rate limit batch": 1, "redis.pipeline evalsha": 1} {
+		if n := strings.Count(got, name+"  "); n != want {
+			t.Errorf("%q shown %d times, want %d:\n%s", name, n, want, got)
+		}
+	}
+	if !strings.Contains(got, "rate limit batch (span b1, shown above)") || !strings.Contains(got, "of this trace") || !strings.Contains(got, "c1 of trace 0000000000000000000000000000000c (not found)") {
+		t.Errorf("tree =\n%s\nwant the link into its own trace and the one to a missing trace named", got)
+	}
+}

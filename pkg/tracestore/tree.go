@@ -35,8 +35,18 @@ func WriteTree(w io.Writer, spans, linked []Span) {
 		}
 		children[sp.ParentID] = append(children[sp.ParentID], sp)
 	}
+	// Each span is shown once, then named: two decisions of a request can
+	// link to one round trip, and a link's target is walked from, not from
+	// a root, so spans that are each other's parent (sent so: the file
+	// takes any OTLP sender's) would loop forever.
+	shown := map[string]bool{}
 	var walk func(sp Span, depth int)
 	walk = func(sp Span, depth int) {
+		if shown[sp.SpanID] {
+			fmt.Fprintf(w, "%s%s (span %s, shown above)\n", strings.Repeat("  ", depth), sp.Name, sp.SpanID)
+			return
+		}
+		shown[sp.SpanID] = true
 		fmt.Fprintf(w, "%s%-*s %-14s %-8s %8.2f ms %s\n", strings.Repeat("  ", depth), 48-2*depth, sp.Name,
 			sp.Service, strings.TrimPrefix(sp.Kind, "SPAN_KIND_"), sp.DurationMS, interesting(sp))
 		for _, ev := range sp.Events {
