@@ -189,3 +189,35 @@ func TestADecisionStays64Bytes(t *testing.T) {
 		t.Errorf("a Decision is %d bytes, want at most 64", size)
 	}
 }
+
+// The request's context is read for its span alone: a traced request
+// whose client hung up (its context canceled) is still decided by Redis,
+// and the round trip it shares with others is not cut, failed nor
+// counted as Redis failing (the limiter stays out of its fallback).
+func TestACanceledRequestStillSharesARoundTrip(t *testing.T) {
+	tp, rec := recordSpans(t)
+	l := startLimiter(t, testenv.RedisURL(t), Options{})
+	rate := mustRate(t, "600-M")
+	ctx, request := tp.Tracer("test").Start(context.Background(), "request")
+	defer request.End()
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, decide := range []struct {
+		name string
+		do   func() Decision
+	}{
+		{"Take", func() Decision { return l.Take(canceled, "hung-up", rate) }},
+		{"Peek", func() Decision { return l.Peek(canceled, "hung-up-peek", rate) }},
+	} {
+		d := decide.do()
+		if !d.AskedRedis || d.Local || d.Batch == nil {
+			t.Fatalf("%s with a canceled request context = %+v, want decided by Redis, with its batch's span", decide.name, d)
+		}
+		if batch := spanOf(rec, *d.Batch); batch == nil || batch.Status().Code == codes.Error {
+			t.Errorf("%s: batch span of a canceled request = %v, want one with no error", decide.name, batch)
+		}
+	}
+	if l.Degraded() {
+		t.Error("a canceled request context made the limiter fall back in-process")
+	}
+}
