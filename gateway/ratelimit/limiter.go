@@ -38,9 +38,11 @@ type Decision struct {
 	Reset time.Time
 	// Batch is the span of the Redis round trip the decision waited on
 	// (the "rate limit batch" span: see startBatchSpan), when one was
-	// recorded: for a traced request whose decision, or the lease fetch it
-	// waited for, went to Redis with a traced request among those of its
-	// batch. Nil otherwise, as always when no span is recorded.
+	// recorded: when the decision, or the lease fetch it waited for, went
+	// to Redis with a traced request among those of its batch; so an
+	// untraced request sharing that round trip gets it too (its own span
+	// records nothing, link included). Nil otherwise, as always when no
+	// span is recorded.
 	Batch *trace.SpanContext
 }
 
