@@ -221,3 +221,34 @@ func TestACanceledRequestStillSharesARoundTrip(t *testing.T) {
 		t.Error("a canceled request context made the limiter fall back in-process")
 	}
 }
+
+// A sampled request's trace holds nothing of the untraced requests that
+// shared its round trip: go-redis' span under the batch recorded the
+// whole pipeline as db.statement, every request's key (other tenants' key
+// ids, other clients' addresses) and arguments, 59,903 bytes for a batch
+// of 512, so at a 10% sample nearly every round trip exported the keys of
+// all its requests, sampled or not.
+func TestATracedBatchRecordsNoOtherRequestsKey(t *testing.T) {
+	tp, rec := recordSpans(t)
+	l := New(NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)), Options{})
+	rate := mustRate(t, "600-M")
+	_, request := tp.Tracer("test").Start(context.Background(), "request")
+	defer request.End()
+	traced := &pending{op: Op{Key: "export_read:key:traced", Rate: rate, Cost: 1}, reply: make(chan result, 1), from: request}
+	untraced := &pending{op: Op{Key: "export_read:ip:192.0.2.77", Rate: rate, Cost: 1}, reply: make(chan result, 1)}
+	l.send(context.Background(), []*pending{traced, untraced})
+	if r := <-traced.reply; r.batch == nil {
+		t.Fatal("no batch span for a batch with a traced request")
+	}
+	spans := rec.Ended()
+	if len(spans) < 2 {
+		t.Fatalf("%d spans, want the batch's and go-redis' under it", len(spans))
+	}
+	for _, s := range spans {
+		for _, a := range s.Attributes() {
+			if strings.Contains(a.Value.String(), "192.0.2.77") {
+				t.Errorf("span %q attribute %s = %.200q: an untraced request's key in a traced request's trace", s.Name(), a.Key, a.Value.String())
+			}
+		}
+	}
+}

@@ -62,8 +62,9 @@ func URLProblem(url string) string {
 // its one user, sends its rate-limit round trips under a span of their
 // own for the traced requests they decide, "rate limit batch", and its
 // health pings under none: gateway README, "Request id and traces").
-// Key names are recorded on spans, so callers must never put a secret in
-// one.
+// The commands are not recorded (no db.statement): a round trip of the
+// gateway's carries the keys of every request it decides, sampled or not,
+// up to 512 of them (60 kB), into the trace of the one it is under.
 //
 // ioTimeout bounds each dial, each socket read and write and each wait for
 // a pooled connection: a call's own context deadline wins where it is
@@ -89,7 +90,7 @@ func Open(url string, ioTimeout time.Duration) (*redis.Client, error) {
 	opts.DialerRetries = 1
 	opts.PoolTimeout = ioTimeout
 	client := redis.NewClient(opts)
-	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false),
+	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false), redisotel.WithDBStatement(false),
 		redisotel.WithTracerProvider(childSpansOnly{provider: otel.GetTracerProvider()})); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("redisclient: tracing: %w", err)

@@ -50,6 +50,11 @@ func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
 		if sp.Parent().SpanID() == parent.SpanContext().SpanID() {
 			children++
 		}
+		for _, a := range sp.Attributes() {
+			if a.Key == "db.statement" || a.Key == "db.query.text" {
+				t.Errorf("span %q records the command (%s = %q): a pipeline's holds every request's key", sp.Name(), a.Key, a.Value.String())
+			}
+		}
 	}
 	if children == 0 {
 		t.Errorf("Ping inside a request made no child span of it; spans: %d", len(rec.Ended()))
