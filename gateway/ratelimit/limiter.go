@@ -338,7 +338,8 @@ func startBatchSpan(ctx context.Context, batch []*pending, scripts int) (context
 // decided its requests in-process. Its kind is error.type (shown by make
 // trace, which shows no status): timeout (RATE_LIMIT_REDIS_TIMEOUT passed),
 // error_reply (Redis answered with an error: OOM, READONLY, ...) or
-// unreachable (no connection, or one that broke).
+// unreachable (no connection, or one that broke), or canceled (the
+// limiter was stopped while it was in flight).
 func endBatchSpan(span trace.Span, err error) {
 	if err != nil {
 		span.RecordError(err)
@@ -356,6 +357,8 @@ func errorType(err error) string {
 		return "timeout"
 	case errors.As(err, &reply):
 		return "error_reply"
+	case errors.Is(err, context.Canceled):
+		return "canceled" // the limiter stopped with the round trip in flight: no fault of Redis
 	default:
 		return "unreachable"
 	}

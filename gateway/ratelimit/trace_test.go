@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +134,21 @@ func TestAFailedRoundTripIsAnErrorOnItsSpan(t *testing.T) {
 				t.Errorf("failed batch span error.type = %q, want %s (status %q)", got, tc.errorType, batch.Status().Description)
 			}
 		})
+	}
+}
+
+// A round trip cut short because the limiter stopped is named canceled,
+// not blamed on Redis as unreachable; a wrapped error is read through.
+func TestAStoppedRoundTripIsNamedCanceled(t *testing.T) {
+	for err, want := range map[error]string{
+		context.Canceled: "canceled",
+		fmt.Errorf("evalsha: %w", context.Canceled): "canceled",
+		context.DeadlineExceeded:                    "timeout",
+		errors.New("dial unix: connection refused"): "unreachable",
+	} {
+		if got := errorType(err); got != want {
+			t.Errorf("errorType(%v) = %q, want %q", err, got, want)
+		}
 	}
 }
 
