@@ -438,7 +438,10 @@ func checkIngressErrors(t *testing.T, ing ingresses, proxy string, pool *pgxpool
 			if got.status != 431 || got.env.Error == nil || got.env.Error.Code != "headers_too_large" {
 				t.Errorf("a 10 KiB head through HAProxy = %d %s, want the gateway's 431", got.status, got.body)
 			}
-			got = send(t, http.DefaultClient, "GET", front+"/v1/health", map[string]string{"X-Big": strings.Repeat("a", 17<<10)}, "")
+			got, err := sendHead(front, "/v1/health", map[string]string{"X-Big": strings.Repeat("a", 17<<10)})
+			if err != nil {
+				t.Fatal(err)
+			}
 			if got.status != 400 || got.env.Error != nil {
 				t.Errorf("a 17 KiB head through HAProxy = %d %s, want its own 400, not an envelope, as the README says", got.status, got.body)
 			}
@@ -784,4 +787,36 @@ func proxyHealthCalls(gateways []*stack) map[float64]int {
 		}
 	}
 	return statuses
+}
+
+// sendHead sends a GET of path with header to base on a connection of
+// its own and reads the answer even where the write failed: HAProxy
+// answers a head larger than its buffer with its 400 and closes with the
+// rest unread, and a client still writing it gets a broken pipe, which
+// net/http's client returns in place of the answer before it ("a 17 KiB
+// head": 37 of 300 sent with send beside a CPU hog; 0 of 900 with this,
+// also written in 4 KiB pieces, whose writes then failed 9 times in 10).
+func sendHead(base, path string, header map[string]string) (reply, error) {
+	host := strings.TrimPrefix(base, "http://")
+	conn, err := net.Dial("tcp", host)
+	if err != nil {
+		return reply{}, err
+	}
+	defer conn.Close()
+	var head strings.Builder
+	fmt.Fprintf(&head, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n", path, host)
+	for k, v := range header {
+		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+	}
+	head.WriteString("\r\n")
+	_, writeErr := io.WriteString(conn, head.String())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return reply{}, fmt.Errorf("GET %s%s: no answer (%v) after its write (%v)", base, path, err, writeErr)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	r := reply{status: resp.StatusCode, header: resp.Header, body: raw}
+	_ = json.Unmarshal(raw, &r.env)
+	return r, err
 }
