@@ -97,6 +97,9 @@ func (s *RedisServer) Start() error {
 	_, port, _ := net.SplitHostPort(s.addr)
 	s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port,
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--logfile", filepath.Join(s.dir, "log"))
+	// Killed with the test binary, also one killed before its cleanups
+	// ran: it served on, orphaned, on its port (TestRedisServerDiesWithItsTest).
+	DiesWithTest(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}

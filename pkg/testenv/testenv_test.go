@@ -56,6 +56,26 @@ func TestRedisServerStopsAndStarts(t *testing.T) {
 	}
 }
 
+// redisHelperEnv makes the test binary, started by
+// TestRedisServerDiesWithItsTest, start a redis-server of its own and wait
+// to be killed.
+const redisHelperEnv = "TESTENV_REDIS_HELPER"
+
+// A test binary killed before its cleanups run (go test's -timeout, a
+// Ctrl-C) takes the redis-servers it started (StartRedis) with it: they
+// served on, orphaned, on their ports.
+func TestRedisServerDiesWithItsTest(t *testing.T) {
+	if os.Getenv(redisHelperEnv) == "1" {
+		StartRedis(t)
+		fmt.Println("redis listening")
+		select {}
+	}
+	cmd := StartHelper(t, "TestRedisServerDiesWithItsTest", "redis listening", redisHelperEnv+"=1")
+	if left := SurvivorsOfKill(cmd); len(left) > 0 {
+		t.Errorf("10 s after their test binary was killed, its redis-servers still run: %v", left)
+	}
+}
+
 func TestSharedRedis(t *testing.T) {
 	opts, err := redis.ParseURL(RedisURL(t))
 	if err != nil {
