@@ -21,17 +21,7 @@ func TestProxiesDieWithTheirTest(t *testing.T) {
 		return
 	}
 	NeedIngress(t)
-	// The helper's folders, which its cleanups do not remove, are in one
-	// of this test's, which the proxies' user must be able to pass through.
-	tmp, err := os.MkdirTemp("", "testenv-proxies-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := StartHelper(t, "TestProxiesDieWithTheirTest", "proxies listening", proxiesHelperEnv+"=1", "TMPDIR="+tmp)
+	cmd := StartHelper(t, "TestProxiesDieWithTheirTest", "proxies listening", proxiesHelperEnv+"=1", "TMPDIR="+helperTempDir(t))
 	if left := SurvivorsOfKill(cmd); len(left) > 0 {
 		t.Errorf("10 s after their test binary was killed, its proxies still run: %v", left)
 	}
@@ -46,4 +36,20 @@ func startProxiesAndWait(t *testing.T) {
 		"frontend f\n  bind "+haproxy+"\n  http-request return status 204\n")
 	fmt.Println("proxies listening")
 	select {}
+}
+
+// helperTempDir is a TMPDIR for a helper that is killed: the folders its
+// cleanups do not remove are in one of the test's, which the servers'
+// user (postgres, as root) must be able to pass through.
+func helperTempDir(t *testing.T) string {
+	t.Helper()
+	tmp, err := os.MkdirTemp("", "testenv-helper-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return tmp
 }

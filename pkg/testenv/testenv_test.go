@@ -70,7 +70,7 @@ func TestRedisServerDiesWithItsTest(t *testing.T) {
 		fmt.Println("redis listening")
 		select {}
 	}
-	cmd := StartHelper(t, "TestRedisServerDiesWithItsTest", "redis listening", redisHelperEnv+"=1")
+	cmd := StartHelper(t, "TestRedisServerDiesWithItsTest", "redis listening", redisHelperEnv+"=1", "TMPDIR="+helperTempDir(t))
 	if left := SurvivorsOfKill(cmd); len(left) > 0 {
 		t.Errorf("10 s after their test binary was killed, its redis-servers still run: %v", left)
 	}
