@@ -5,9 +5,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,8 +51,8 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	// PgBouncer refuses to run as root: as root, its -u runs it as the
-	// server's user, which can reach the cluster's socket (mode 0700).
+	// PgBouncer refuses to run as root: as root, it runs as the server's
+	// user, which can reach the cluster's socket (mode 0700).
 	asUser, err := serverUser(dir)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
@@ -62,11 +64,19 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 			t.Fatal(err)
 		}
 	}
-	args := []string{filepath.Join(dir, "pgbouncer.ini")}
+	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	if asUser != "" {
-		args = append([]string{"-u", asUser}, args...)
+		// Started as that user, not switched to it by its own -u: the
+		// kernel drops DiesWithTest's signal from a process that changes
+		// its user, and a PgBouncer whose test binary was killed served
+		// on (TestPgBouncerDiesWithItsTest).
+		cred, err := credentialOf(asUser)
+		if err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
-	cmd := exec.Command(bin, args...)
+	DiesWithTest(cmd)
 	var out Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -136,4 +146,15 @@ func pgbouncerBinary() (string, error) {
 		return "/usr/sbin/pgbouncer", nil
 	}
 	return "", fmt.Errorf("pgbouncer not installed (apt-get install pgbouncer): the tests of the product behind it are skipped")
+}
+
+// credentialOf is the user name's uid and gid, to start a process as.
+func credentialOf(name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }

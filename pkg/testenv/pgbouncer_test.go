@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -33,5 +35,27 @@ func TestPgBouncerFiles(t *testing.T) {
 	noQuery := pgbouncerFiles(cfg, "/tmp/b", "24501", "session", "", nil)["pgbouncer.ini"]
 	if strings.Contains(noQuery, "connect_query") {
 		t.Errorf("pgbouncer.ini without a connect query has one:\n%s", noQuery)
+	}
+}
+
+// pgbouncerHelperEnv makes the test binary, started by
+// TestPgBouncerDiesWithItsTest, start a PgBouncer and wait to be killed.
+const pgbouncerHelperEnv = "TESTENV_PGBOUNCER_HELPER"
+
+// A test binary killed before its cleanups run (go test's -timeout, a
+// Ctrl-C) takes its PgBouncer with it: it served on, orphaned, on its port
+// and with its server connections.
+func TestPgBouncerDiesWithItsTest(t *testing.T) {
+	if os.Getenv(pgbouncerHelperEnv) == "1" {
+		PgBouncer(t, PostgresURL(t), "session")
+		fmt.Println("pgbouncer listening")
+		select {}
+	}
+	if _, err := pgbouncerBinary(); err != nil {
+		t.Skipf("testenv: %v", err)
+	}
+	cmd := StartHelper(t, "TestPgBouncerDiesWithItsTest", "pgbouncer listening", pgbouncerHelperEnv+"=1", "TMPDIR="+helperTempDir(t))
+	if left := SurvivorsOfKill(cmd); len(left) > 0 {
+		t.Errorf("10 s after its test binary was killed, its PgBouncer still runs: %v", left)
 	}
 }
