@@ -47,7 +47,10 @@ const pgbouncerHelperEnv = "TESTENV_PGBOUNCER_HELPER"
 // and with its server connections.
 func TestPgBouncerDiesWithItsTest(t *testing.T) {
 	if os.Getenv(pgbouncerHelperEnv) == "1" {
-		PgBouncer(t, PostgresURL(t), "session")
+		// A server it is never asked to reach: PostgresURL would start
+		// the harness's own cluster where TEST_DATABASE_URL is unset,
+		// which the helper's kill leaves running.
+		PgBouncer(t, "host=/nonexistent port=5432 user=postgres dbname=none", "session")
 		fmt.Println("pgbouncer listening")
 		select {}
 	}
