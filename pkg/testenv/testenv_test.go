@@ -298,11 +298,11 @@ func TestFreeAddrKeepsToTestPorts(t *testing.T) {
 func TestFreeAddrSkipsAPortAnotherBinaryClaimed(t *testing.T) {
 	port, other := unclaimedPort(t)
 	t.Setenv("TEST_PORTS", fmt.Sprintf("%d-%d", port, port))
-	if addr, err := freeAddr(); err == nil {
+	if addr, err := freeAddrUntilTheEnd(t); err == nil {
 		t.Fatalf("FreeAddr with only port %d, claimed by another binary = %s, want none", port, addr)
 	}
 	other.Close()
-	addr, err := freeAddr()
+	addr, err := freeAddrUntilTheEnd(t)
 	if want := fmt.Sprintf("127.0.0.1:%d", port); addr != want || err != nil {
 		t.Fatalf("FreeAddr with port %d let go = %q, %v; want %s", port, addr, err, want)
 	}
@@ -348,7 +348,7 @@ func TestTestPortsInTheEphemeralRangeAreRefused(t *testing.T) {
 	}
 	v := fmt.Sprintf("%d-%d", ephemeralLow, ephemeralLow+99)
 	t.Setenv("TEST_PORTS", v)
-	addr, err := freeAddr()
+	addr, err := freeAddrUntilTheEnd(t)
 	if err == nil || !strings.Contains(err.Error(), "TEST_PORTS="+v+" overlaps the kernel's ephemeral port range") ||
 		!strings.Contains(err.Error(), "net.ipv4.ip_local_reserved_ports") {
 		t.Errorf("FreeAddr with TEST_PORTS=%s = %q, %v; want it refused, naming the ephemeral range and the sysctl", v, addr, err)
@@ -364,11 +364,11 @@ func TestFreeAddrGivesAPortBackAfterItsTest(t *testing.T) {
 	var first string
 	t.Run("its test", func(t *testing.T) {
 		first = FreeAddr(t)
-		if addr, err := freeAddr(); err == nil {
+		if addr, err := freeAddrUntilTheEnd(t); err == nil {
 			t.Errorf("FreeAddr gave %s while its test runs, and %s again", first, addr)
 		}
 	})
-	if addr, err := freeAddr(); addr != first || err != nil {
+	if addr, err := freeAddrUntilTheEnd(t); addr != first || err != nil {
 		t.Fatalf("FreeAddr with only port %d, after the test given it ended = %q, %v; want %s again", port, addr, err, first)
 	}
 }
@@ -385,13 +385,28 @@ func TestFreeAddrKeepsNoClaimOfAPortItWillNotGive(t *testing.T) {
 		givenMu.Lock()
 		given[first].Close() // as claimPort's timer does after claimHold
 		givenMu.Unlock()
-		if addr, err := freeAddr(); err == nil {
+		if addr, err := freeAddrUntilTheEnd(t); err == nil {
 			t.Errorf("FreeAddr gave %s while its test runs, and %s again", first, addr)
 		}
 	})
-	if addr, err := freeAddr(); addr != first || err != nil {
+	if addr, err := freeAddrUntilTheEnd(t); addr != first || err != nil {
 		t.Fatalf("FreeAddr with only port %d, after the test given it ended = %q, %v; want %s again", port, addr, err, first)
 	}
+}
+
+// freeAddrUntilTheEnd is freeAddr whose address is let go when t ends,
+// as FreeAddr's is. Held, it stayed this binary's for good, and once its
+// claim ended (claimHold) the port tests of a run of the package 2
+// minutes later (go test -count=2) were given the same port, unclaimed,
+// which freeAddr would never give again: TestFreeAddrSkipsAPortAnotherBinaryClaimed,
+// TestFreeAddrGivesAPortBackAfterItsTest and
+// TestFreeAddrKeepsNoClaimOfAPortItWillNotGive failed.
+func freeAddrUntilTheEnd(t *testing.T) (string, error) {
+	addr, err := freeAddr()
+	if err == nil {
+		t.Cleanup(func() { letGo(addr) })
+	}
+	return addr, err
 }
 
 // onlyPort leaves FreeAddr one port, unclaimed, for the rest of t
