@@ -247,3 +247,33 @@ func TestCausesNameReadDatabaseURL(t *testing.T) {
 		t.Errorf("the log names DATABASE_URL, which the reader does not read with READ_DATABASE_URL set:\n%s", logs)
 	}
 }
+
+// A stop that comes while PostgreSQL is still awaited (the database not
+// up yet when the pod starts) is a clean stop: run returns nil, so the
+// process exits 0, and the log says why nothing was served.
+func TestAStopWhilePostgreSQLIsAwaitedIsClean(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, env(map[string]string{
+			"DATABASE_URL": "postgres://u@" + testenv.RefusingAddr(t) + "/x", "CURSOR_SECRET": cursorSecret,
+			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": testenv.FreeAddr(t), "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t),
+		}), &out)
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "PostgreSQL not reached"); {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("run did not say it was waiting for PostgreSQL:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run() = %v after a stop while PostgreSQL was awaited, want nil (exit 0)", err)
+	}
+	if !strings.Contains(out.String(), "stopped before PostgreSQL was reached") {
+		t.Errorf("log does not say the stop came before PostgreSQL was reached:\n%s", out.String())
+	}
+}

@@ -314,3 +314,32 @@ func TestSalesRunAtReadCommittedWhateverTheDatabaseDefault(t *testing.T) {
 		t.Errorf("coin-1 sold = %v (%v), want false: its key belonged to another request", sold, err)
 	}
 }
+
+// A stop that comes while PostgreSQL is still awaited (the database not
+// up yet when the pod starts) is a clean stop: run returns nil, so the
+// process exits 0, and the log says why nothing was served.
+func TestAStopWhilePostgreSQLIsAwaitedIsClean(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, env(map[string]string{
+			"DATABASE_URL": "postgres://u@" + testenv.RefusingAddr(t) + "/x", "IDENTITY_SECRET": secret,
+			"SALES_WRITER_ADDR": testenv.FreeAddr(t), "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t),
+		}), &out, nil)
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "PostgreSQL not reached"); {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("run did not say it was waiting for PostgreSQL:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run() = %v after a stop while PostgreSQL was awaited, want nil (exit 0)", err)
+	}
+	if !strings.Contains(out.String(), "stopped before PostgreSQL was reached") {
+		t.Errorf("log does not say the stop came before PostgreSQL was reached:\n%s", out.String())
+	}
+}
