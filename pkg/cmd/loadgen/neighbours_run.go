@@ -154,7 +154,10 @@ func (a *flood) lists(ctx context.Context, conn int) {
 // canceled even once the run has ended (settle, not ctx, bounds that
 // cancel): a run used to leave the items whose confirms were answered
 // as it ended sold, each one fewer for A's next run, and a sale in the
-// catalog that nobody made.
+// catalog that nobody made. So is a confirm the run's end left in doubt
+// (sent, and being retried after a 5xx, a timeout or a 409
+// request_in_progress): sent again under settle with its key, it replays
+// what it did, and is canceled if it sold.
 func (a *flood) sales(ctx, settle context.Context, w int) {
 	key, ids := a.writeKeys[w], newIDSource(a.run, w)
 	for i := 0; ctx.Err() == nil; i++ {
@@ -162,30 +165,35 @@ func (a *flood) sales(ctx, settle context.Context, w int) {
 		prefix := a.base + "/export/items/" + url.PathEscape(item) + "/sales/"
 		order := string(ids.appendNext([]byte("flood-")))
 		body := appendSalesBody(nil, []byte(order))
-		if a.call(ctx, prefix+"confirm", key, order+"-c", body) == fasthttp.StatusOK {
+		status, sent := a.call(ctx, prefix+"confirm", key, order+"-c", body)
+		if status == 0 && sent {
+			status, _ = a.call(settle, prefix+"confirm", key, order+"-c", body)
+		}
+		if status == fasthttp.StatusOK {
 			a.call(settle, prefix+"cancel", key, order+"-x", body)
 		}
 	}
 }
 
 // call sends one sale call until it is settled (2xx or a 4xx other than
-// 429 and a 409 request_in_progress) or the run ends, and returns its last
-// status (0: none).
-func (a *flood) call(ctx context.Context, uri, key, idemKey string, body []byte) int {
+// 429 and a 409 request_in_progress) or ctx ends, and returns its last
+// status (0: none settled it) and whether it was sent at all.
+func (a *flood) call(ctx context.Context, uri, key, idemKey string, body []byte) (status int, sent bool) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		a.stats.salesInFlight.enter()
 		ans, _, err := a.c.send(fasthttp.MethodPost, uri, key, idemKey, body)
 		a.stats.salesInFlight.leave()
+		sent = true
 		a.stats.add(kindSale, ans.status, err)
 		wait := retryWait(ans, err, backoff, randomBelow)
 		if wait == 0 {
-			return ans.status
+			return ans.status, true
 		}
 		backoff = min(2*backoff, 5*time.Second)
 		sleepCtx(ctx, wait)
 	}
-	return 0
+	return 0, sent
 }
 
 // neighbours runs both owners for f.duration and returns B's figures and

@@ -407,3 +407,35 @@ func (c *saleCalls) taken() string {
 	c.actions = nil
 	return got
 }
+
+// A confirm that the run's end finds in doubt (its first attempt still
+// running: 409 request_in_progress, retried) is sent again with its key
+// after the run, and canceled once it answers 200: the item is not left
+// sold by a run that ended mid-retry.
+func TestFloodCancelsASaleLeftInDoubtAsTheRunEnds(t *testing.T) {
+	var calls saleCalls
+	start := time.Now()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if action, _ := calls.record(r); action == "confirm" && time.Since(start) < 900*time.Millisecond {
+			w.WriteHeader(http.StatusConflict) // past the run's 300 ms: the run ends mid-retry
+			w.Write([]byte(`{"error":{"code":"request_in_progress","message":"m"},"meta":{"request_id":"r"}}`))
+			return
+		}
+		w.Write([]byte(`{"data":{}}`))
+	}))
+	t.Cleanup(srv.Close)
+	f, err := parseNeighboursFlags([]string{"--base", srv.URL + "/v1", "--duration", "300ms", "--b-gets", "0",
+		"--b-lists", "0", "--b-sales", "0", "--a-list-conns", "0", "--a-sale-workers", "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{FloodWriteKeys: []string{"a-write-0"}}
+	items := neighbourItemSets{flood: [][]string{{"a0x"}}}
+	if _, err := neighbours(context.Background(), cfg, f, items, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	got := calls.taken()
+	if !strings.HasPrefix(got, "confirm ") || !strings.HasSuffix(got, " cancel") || strings.Count(got, "cancel") != 1 {
+		t.Errorf("A's sale calls: %q, want confirms retried past the run's end, then one cancel", got)
+	}
+}
