@@ -312,6 +312,18 @@ func (o *Output) String() string {
 	return o.buf.String()
 }
 
+// WaitFor waits until text has been written, and fails the test with all
+// that was written if it is not within 30 s.
+func (o *Output) WaitFor(t testing.TB, text string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(o.String(), text); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q was not written within 30 s:\n%s", text, o.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // WantUnreadyUntilMigrated checks a service's readiness against the schema:
 // start runs the service's binary on a database one migration behind the
 // build, listening on addr and logging to logs, and returns the function

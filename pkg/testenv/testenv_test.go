@@ -473,3 +473,18 @@ func TestClaimsAreTakenOnlyInAFolderOfTheUsersOwn(t *testing.T) {
 	}
 	f.Close()
 }
+
+// WaitFor returns once another goroutine has written the text, which may
+// come in pieces.
+func TestOutputWaitForSeesTextWrittenLater(t *testing.T) {
+	var out Output
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		out.Write([]byte("PostgreSQL not "))
+		out.Write([]byte("reached\n"))
+	}()
+	out.WaitFor(t, "PostgreSQL not reached")
+	if !strings.Contains(out.String(), "PostgreSQL not reached") {
+		t.Fatalf("WaitFor returned before the text was written: %q", out.String())
+	}
+}

@@ -262,13 +262,8 @@ func TestAStopWhilePostgreSQLIsAwaitedIsClean(t *testing.T) {
 			"IDENTITY_SECRET": secret, "EXPORT_READER_ADDR": testenv.FreeAddr(t), "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t),
 		}), &out)
 	}()
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "PostgreSQL not reached"); {
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("run did not say it was waiting for PostgreSQL:\n%s", out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	t.Cleanup(cancel) // ends run if WaitFor fails the test
+	out.WaitFor(t, "PostgreSQL not reached")
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("run() = %v after a stop while PostgreSQL was awaited, want nil (exit 0)", err)

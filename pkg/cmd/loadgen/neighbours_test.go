@@ -367,7 +367,17 @@ func TestFloodCancelsASaleConfirmedAsTheRunEnds(t *testing.T) {
 		w.Write([]byte(`{"data":{}}`))
 	}))
 	t.Cleanup(srv.Close)
-	f, err := parseNeighboursFlags([]string{"--base", srv.URL + "/v1", "--duration", "100ms", "--b-gets", "0",
+	runOneSaleWorker(t, srv.URL, "100ms")
+	if got := calls.taken(); got != "confirm cancel" {
+		t.Errorf("A's sale calls: %q, want \"confirm cancel\" (the confirm answered after the run, then its cancel)", got)
+	}
+}
+
+// runOneSaleWorker runs neighbours against the fake gateway at url for
+// duration with nothing but one sale worker of A's, on one item (a0x).
+func runOneSaleWorker(t *testing.T, url, duration string) {
+	t.Helper()
+	f, err := parseNeighboursFlags([]string{"--base", url + "/v1", "--duration", duration, "--b-gets", "0",
 		"--b-lists", "0", "--b-sales", "0", "--a-list-conns", "0", "--a-sale-workers", "1"})
 	if err != nil {
 		t.Fatal(err)
@@ -376,9 +386,6 @@ func TestFloodCancelsASaleConfirmedAsTheRunEnds(t *testing.T) {
 	items := neighbourItemSets{flood: [][]string{{"a0x"}}}
 	if _, err := neighbours(context.Background(), cfg, f, items, io.Discard); err != nil {
 		t.Fatal(err)
-	}
-	if got := calls.taken(); got != "confirm cancel" {
-		t.Errorf("A's sale calls: %q, want \"confirm cancel\" (the confirm answered after the run, then its cancel)", got)
 	}
 }
 
@@ -424,16 +431,7 @@ func TestFloodCancelsASaleLeftInDoubtAsTheRunEnds(t *testing.T) {
 		w.Write([]byte(`{"data":{}}`))
 	}))
 	t.Cleanup(srv.Close)
-	f, err := parseNeighboursFlags([]string{"--base", srv.URL + "/v1", "--duration", "300ms", "--b-gets", "0",
-		"--b-lists", "0", "--b-sales", "0", "--a-list-conns", "0", "--a-sale-workers", "1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{FloodWriteKeys: []string{"a-write-0"}}
-	items := neighbourItemSets{flood: [][]string{{"a0x"}}}
-	if _, err := neighbours(context.Background(), cfg, f, items, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	runOneSaleWorker(t, srv.URL, "300ms")
 	got := calls.taken()
 	if !strings.HasPrefix(got, "confirm ") || !strings.HasSuffix(got, " cancel") || strings.Count(got, "cancel") != 1 {
 		t.Errorf("A's sale calls: %q, want confirms retried past the run's end, then one cancel", got)
