@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -321,6 +322,29 @@ func (o *Output) WaitFor(t testing.TB, text string) {
 			t.Fatalf("%q was not written within 30 s:\n%s", text, o.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WantCleanStopWhilePostgreSQLIsAwaited checks a binary's run against a
+// stop that comes while PostgreSQL is still awaited (the database not up
+// yet when the pod starts): run, given a database that refuses
+// connections, says it is waiting, and once stopped returns nil (the
+// process exits 0) and says why nothing was served.
+func WantCleanStopWhilePostgreSQLIsAwaited(t *testing.T, run func(ctx context.Context, dsn string, logs *Output) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // ends run if WaitFor fails the test
+	var logs Output
+	done := make(chan error, 1)
+	dsn := "postgres://u@" + RefusingAddr(t) + "/x"
+	go func() { done <- run(ctx, dsn, &logs) }()
+	logs.WaitFor(t, "PostgreSQL not reached")
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run() = %v after a stop while PostgreSQL was awaited, want nil (exit 0)", err)
+	}
+	if !strings.Contains(logs.String(), "stopped before PostgreSQL was reached") {
+		t.Errorf("log does not say the stop came before PostgreSQL was reached:\n%s", logs.String())
 	}
 }
 

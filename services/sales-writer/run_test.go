@@ -319,22 +319,8 @@ func TestSalesRunAtReadCommittedWhateverTheDatabaseDefault(t *testing.T) {
 // up yet when the pod starts) is a clean stop: run returns nil, so the
 // process exits 0, and the log says why nothing was served.
 func TestAStopWhilePostgreSQLIsAwaitedIsClean(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, env(map[string]string{
-			"DATABASE_URL": "postgres://u@" + testenv.RefusingAddr(t) + "/x", "IDENTITY_SECRET": secret,
-			"SALES_WRITER_ADDR": testenv.FreeAddr(t), "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t),
-		}), &out, nil)
-	}()
-	t.Cleanup(cancel) // ends run if WaitFor fails the test
-	out.WaitFor(t, "PostgreSQL not reached")
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("run() = %v after a stop while PostgreSQL was awaited, want nil (exit 0)", err)
-	}
-	if !strings.Contains(out.String(), "stopped before PostgreSQL was reached") {
-		t.Errorf("log does not say the stop came before PostgreSQL was reached:\n%s", out.String())
-	}
+	testenv.WantCleanStopWhilePostgreSQLIsAwaited(t, func(ctx context.Context, dsn string, logs *testenv.Output) error {
+		return run(ctx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
+			"SALES_WRITER_ADDR": testenv.FreeAddr(t), "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs, nil)
+	})
 }
