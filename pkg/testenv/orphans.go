@@ -74,7 +74,20 @@ func readUpTo(r io.Reader, line string) (string, bool) {
 // killing them and their process groups, so that a failing test leaves
 // none.
 func SurvivorsOfKill(helper *exec.Cmd) []string {
-	below := processesBelow(helper.Process.Pid)
+	return survivorsOfKill(helper, processesBelow(helper.Process.Pid))
+}
+
+// SurvivorsOfKillIn is SurvivorsOfKill that also counts the processes
+// working in a folder under dir (the helper's TMPDIR): a daemon the
+// helper's children started (pg_ctl's postmaster) is no longer below it,
+// and a PostgreSQL server's processes all work in its data folder.
+func SurvivorsOfKillIn(helper *exec.Cmd, dir string) []string {
+	return survivorsOfKill(helper, append(processesBelow(helper.Process.Pid), processesWorkingIn(dir)...))
+}
+
+// survivorsOfKill kills helper and returns those of below still running
+// 10 s later, killing them too.
+func survivorsOfKill(helper *exec.Cmd, below []int) []string {
 	_ = helper.Process.Kill()
 	_ = helper.Wait()
 	var left []string
@@ -120,6 +133,22 @@ func processesBelow(pid int) []int {
 		}
 	}
 	return below
+}
+
+// processesWorkingIn lists the processes whose working folder is dir or
+// under it, read from /proc (this user's, or every one as root).
+func processesWorkingIn(dir string) []int {
+	var in []int
+	cwds, _ := filepath.Glob("/proc/[0-9]*/cwd")
+	for _, cwd := range cwds {
+		folder, err := os.Readlink(cwd)
+		if err != nil || (folder != dir && !strings.HasPrefix(folder, dir+"/")) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(cwd)))
+		in = append(in, pid)
+	}
+	return in
 }
 
 // runningCommand is the command line of pid, or "" once it has ended (a

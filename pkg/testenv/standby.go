@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/coinexport/export/pkg/schema"
@@ -96,8 +95,8 @@ func (p *clusters) start(t testing.TB, name string, opts ...string) {
 	p.startUnder(t, name, nil, opts...)
 }
 
-// startUnder is start with pg_ctl run under command (its words, before
-// pg_ctl's: prlimit and its limits, which the server inherits).
+// startUnder is start with the server run under command (its words,
+// before postgres's: prlimit and its limits, which the server inherits).
 func (p *clusters) startUnder(t testing.TB, name string, command []string, opts ...string) {
 	t.Helper()
 	sock := p.socketDir(name)
@@ -109,16 +108,15 @@ func (p *clusters) startUnder(t testing.TB, name string, command []string, opts 
 			t.Fatalf("testenv: chown: %v: %s", err, out)
 		}
 	}
-	o := fmt.Sprintf("-c listen_addresses='' -k %s -c unix_socket_permissions=0700 -c fsync=off -c synchronous_commit=off", sock)
+	args := []string{"-c", "listen_addresses=", "-k", sock, "-c", "unix_socket_permissions=0700", "-c", "fsync=off", "-c", "synchronous_commit=off"}
 	for _, opt := range opts {
-		o += " -c " + opt
+		args = append(args, "-c", opt)
 	}
-	data := filepath.Join(p.dir, name)
-	args := append(slices.Clone(command), filepath.Join(p.bin, "pg_ctl"), "-D", data, "-l", filepath.Join(p.dir, name+".log"), "-w", "-o", o, "start")
-	if out, err := runAs(p.user, args[0], args[1:]...); err != nil {
-		t.Fatalf("testenv: pg_ctl start %s: %v: %s", name, err, out)
+	pm, err := startPostmaster(p.bin, p.user, filepath.Join(p.dir, name), filepath.Join(p.dir, name+".log"), command, args...)
+	if err != nil {
+		t.Fatalf("testenv: start %s: %v", name, err)
 	}
-	t.Cleanup(func() { runAs(p.user, filepath.Join(p.bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop") })
+	t.Cleanup(pm.stop)
 }
 
 func (p *clusters) socketDir(name string) string { return filepath.Join(p.dir, name+"-socket") }

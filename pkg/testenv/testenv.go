@@ -212,11 +212,12 @@ func startPostgres() (string, error) {
 	}
 	// The cluster trusts whoever connects: its socket is the server
 	// user's alone (deploy/local/lib.sh, pg_start).
-	opts := fmt.Sprintf("-c listen_addresses='' -k %s -c unix_socket_permissions=0700 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", dir)
-	if out, err := runAs(asUser, filepath.Join(bin, "pg_ctl"), "-D", data, "-l", filepath.Join(dir, "log"), "-w", "-o", opts, "start"); err != nil {
-		return "", fmt.Errorf("pg_ctl start: %v: %s", err, out)
+	pm, err := startPostmaster(bin, asUser, data, filepath.Join(dir, "log"), nil, "-c", "listen_addresses=", "-k", dir,
+		"-c", "unix_socket_permissions=0700", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=300")
+	if err != nil {
+		return "", err
 	}
-	atExit(func() { runAs(asUser, filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop") })
+	atExit(pm.stop)
 	return fmt.Sprintf("host=%s user=postgres dbname=postgres sslmode=disable", dir), nil
 }
 
