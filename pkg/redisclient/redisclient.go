@@ -64,7 +64,8 @@ func URLProblem(url string) string {
 // health pings under none: gateway README, "Request id and traces").
 // The commands are not recorded (no db.statement): a round trip of the
 // gateway's carries the keys of every request it decides, sampled or not,
-// up to 512 of them (60 kB), into the trace of the one it is under.
+// up to 512 of them (60 kB), into the trace of the one it is under; nor
+// formatted for a pipeline under no span (pipelinesUnderSpans).
 //
 // ioTimeout bounds each dial, each socket read and write and each wait for
 // a pooled connection: a call's own context deadline wins where it is
@@ -90,7 +91,10 @@ func Open(url string, ioTimeout time.Duration) (*redis.Client, error) {
 	opts.DialerRetries = 1
 	opts.PoolTimeout = ioTimeout
 	client := redis.NewClient(opts)
+	gate := &pipelinesUnderSpans{}
+	client.AddHook(gate) // before redisotel's, which it tells what to skip
 	if err := redisotel.InstrumentTracing(client, redisotel.WithCallerEnabled(false), redisotel.WithDBStatement(false),
+		redisotel.WithCommandsFilter(gate.skip),
 		redisotel.WithTracerProvider(childSpansOnly{provider: otel.GetTracerProvider()})); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("redisclient: tracing: %w", err)

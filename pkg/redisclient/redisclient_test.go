@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,5 +187,67 @@ func TestDescribe(t *testing.T) {
 		if strings.Contains(got, "s3cret") || strings.Contains(got, "1234") || strings.Contains(got, "2024") {
 			t.Errorf("Describe(%q) = %q shows part of the password", tt.url, got)
 		}
+	}
+}
+
+// formatCounter is a command argument that counts how often it is
+// formatted as text (redisotel's rediscmd formats an argument of a type it
+// does not know with fmt.Sprint); Redis is sent its binary form.
+type formatCounter struct{ formatted *atomic.Int64 }
+
+func (f formatCounter) MarshalBinary() ([]byte, error) { return []byte("v"), nil }
+func (f formatCounter) String() string                 { f.formatted.Add(1); return "v" }
+
+// A pipeline sent under no span (the gateway's limiter's batch with no
+// sampled request in it, nearly all of them) has none of its commands
+// formatted: redisotel formatted every one, some 440 B a decision, for a
+// span that was never recorded. Under a request's span, it is traced as
+// before.
+func TestAPipelineUnderNoSpanIsNotFormatted(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	client, err := Open(testenv.RedisURL(t), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	key := testenv.KeyPrefix(t) + "k"
+	var formatted atomic.Int64
+	send := func(ctx context.Context) {
+		t.Helper()
+		if _, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, key, formatCounter{&formatted}, time.Minute)
+			p.Get(ctx, key)
+			return nil
+		}); err != nil {
+			t.Fatalf("pipeline: %v", err)
+		}
+	}
+
+	send(context.Background())
+	if n := formatted.Load(); n != 0 {
+		t.Errorf("a pipeline under no span had its argument formatted %d times, want 0", n)
+	}
+	if n := len(rec.Ended()); n != 0 {
+		t.Errorf("a pipeline under no span made %d spans, want 0", n)
+	}
+
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
+	send(ctx)
+	parent.End()
+	var names []string
+	for _, sp := range rec.Ended() {
+		if sp.Parent().SpanID() == parent.SpanContext().SpanID() {
+			names = append(names, sp.Name())
+		}
+	}
+	if !slices.Contains(names, "redis.pipeline set get") {
+		t.Errorf("a pipeline under a request's span made children %q, want one named \"redis.pipeline set get\"", names)
+	}
+	if formatted.Load() == 0 {
+		t.Error("a pipeline under a span was not formatted either: this test cannot tell the two apart")
 	}
 }
