@@ -446,6 +446,75 @@ func TestExpiredKeyCanBeReused(t *testing.T) {
 	}
 }
 
+// A key replays for IDEMPOTENCY_RETENTION and no longer: just before its
+// record expires the identical retry is its replay; just after, the call
+// is judged anew, as if sent with a new key. What a platform retrying past
+// the retention then meets (README, sales guide, step 4): a confirm whose
+// sale is still open is refused 409 item_already_sold naming its own order,
+// a cancel already applied 409 sale_not_cancelable, and a confirm whose
+// sale was canceled since sells the item again.
+func TestARetryPastTheRetentionIsJudgedAnew(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	f.addItem(t, f.owner, "coin-2", true)
+	confirmed(t, f, "confirm-1")
+	cancel(t, f, "market-a", "cancel-1", order1, 200)
+	rec, _ := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "confirm-2", body: order1})
+	if rec.Code != 200 {
+		t.Fatalf("confirm coin-2 = %d %s, want 200", rec.Code, rec.Body)
+	}
+	type step struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string // "" for a 200
+		wantReplay bool
+	}
+	retries := []step{
+		{"confirm of a sale canceled since", call{op: "confirm", item: "coin-1", key: "confirm-1", body: order1}, 200, "", true},
+		{"confirm of an open sale", call{op: "confirm", item: "coin-2", key: "confirm-2", body: order1}, 200, "", true},
+		{"cancel applied", call{op: "cancel", item: "coin-1", key: "cancel-1", body: order1}, 200, "", true},
+	}
+	check := func(s step) envelope.Parsed {
+		t.Helper()
+		c := s.c
+		c.id = f.writer("market-a")
+		rec, env := f.do(t, c)
+		if rec.Code != s.wantStatus || errorCode(env) != s.wantCode {
+			t.Fatalf("%s = %d %q %s, want %d %q", s.name, rec.Code, errorCode(env), rec.Body, s.wantStatus, s.wantCode)
+		}
+		if rec.Code == 200 && result(t, env)["idempotent_replay"] != s.wantReplay {
+			t.Errorf("%s: idempotent_replay = %v, want %v", s.name, result(t, env)["idempotent_replay"], s.wantReplay)
+		}
+		return env
+	}
+
+	// Just before: every record has a minute left, and replays.
+	f.exec(t, "UPDATE idempotency_records SET expires_at = now() + interval '1 minute'")
+	for _, s := range retries {
+		check(s)
+	}
+	if st := f.item(t, f.owner, "coin-1"); st.Sold {
+		t.Fatalf("coin-1 = %+v after replays, want unsold", st)
+	}
+
+	// Just after: the records' time has passed (expires_at is exclusive).
+	f.exec(t, "UPDATE idempotency_records SET expires_at = now()")
+	env := check(step{"confirm of an open sale, past the retention", retries[1].c, 409, "item_already_sold", false})
+	if !strings.Contains(env.Error.Message, "to this platform under this external_order_id") {
+		t.Errorf("late confirm of an open sale: message %q, want it to name the platform's own order", env.Error.Message)
+	}
+	check(step{"cancel applied, past the retention, while coin-1 is unsold", retries[2].c, 409, "sale_not_cancelable", false})
+	check(step{"confirm of a sale canceled since, past the retention", retries[0].c, 200, "", false})
+	if st := f.item(t, f.owner, "coin-1"); !st.Sold {
+		t.Errorf("coin-1 = %+v after its confirm was retried past the retention, want sold again", st)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales WHERE item_id = 'coin-1'"); n != 2 {
+		t.Errorf("%d sales of coin-1, want 2: the canceled one and the late retry's", n)
+	}
+}
+
 // Spec 4.7 rule 3 holds after a refusal too: a refused request's key is
 // bound to it and to its refusal, so its identical retry is answered the
 // refusal again (even once the cause is gone: a new key tries again), and a
