@@ -1,0 +1,83 @@
+package api
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// documentedRenewal is the SQL of the repository README's "Restoring the
+// database", step 2, that gives the Idempotency-Key bindings a restore kept
+// the time they had left at the point restored to, with its TIME given.
+func documentedRenewal(t *testing.T, point string) string {
+	t.Helper()
+	readme, err := os.ReadFile("../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, block := range strings.Split(string(readme), "```sql")[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		if strings.Contains(block, "UPDATE idempotency_records") {
+			return strings.ReplaceAll(block, "'TIME'", "'"+point+"'")
+		}
+	}
+	t.Fatal("the README has no ```sql block that renews idempotency records after a restore")
+	return ""
+}
+
+// After a restore to a point older than IDEMPOTENCY_RETENTION, the calls the
+// restore kept still replay once the README's renewal has run: the sales
+// platforms are asked to send them again (step 7), and without it a confirm
+// whose sale was canceled sold the item again, and a refusal whose cause had
+// gone ran (TestARetryPastTheRetentionIsJudgedAnew).
+func TestDocumentedRenewalAfterARestoreReplaysKeptCalls(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	orderB := `{"external_order_id":"b"}`
+	calls := []struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string
+	}{
+		{"market-a sells", call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "a-confirm", body: order1}, 200, ""},
+		{"market-b refused", call{id: f.writer("market-b"), op: "confirm", item: "coin-1", key: "b-confirm", body: orderB}, 409, "item_already_sold"},
+		{"market-a cancels", call{id: f.writer("market-a"), op: "cancel", item: "coin-1", key: "a-cancel", body: order1}, 200, ""},
+	}
+	for _, s := range calls {
+		if rec, env := f.do(t, s.c); rec.Code != s.wantStatus || errorCode(env) != s.wantCode {
+			t.Fatalf("%s = %d %q %s, want %d %q", s.name, rec.Code, errorCode(env), rec.Body, s.wantStatus, s.wantCode)
+		}
+	}
+	// The database restored to a point two days ago, at which the three
+	// bindings had an hour left: expired by now.
+	var point string
+	if err := f.db.QueryRow(t.Context(), "SELECT (now() - interval '2 days')::text").Scan(&point); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"idempotency_records", "idempotency_refusals"} {
+		f.exec(t, "UPDATE "+table+" SET expires_at = $1::timestamptz + interval '1 hour'", point)
+	}
+	f.exec(t, documentedRenewal(t, point))
+
+	for _, s := range calls {
+		rec, env := f.do(t, s.c)
+		if rec.Code != s.wantStatus || errorCode(env) != s.wantCode {
+			t.Errorf("%s, sent again = %d %q %s, want %d %q", s.name, rec.Code, errorCode(env), rec.Body, s.wantStatus, s.wantCode)
+			continue
+		}
+		if rec.Code == 200 && result(t, env)["idempotent_replay"] != true {
+			t.Errorf("%s, sent again: %s, want its replay", s.name, rec.Body)
+		}
+		if rec.Code != 200 && !strings.Contains(env.Error.Message, strings.TrimSpace(replayedRefusalNote[:30])) {
+			t.Errorf("%s, sent again: message %q, want the refusal given before", s.name, env.Error.Message)
+		}
+	}
+	if st := f.item(t, f.owner, "coin-1"); st.Sold {
+		t.Errorf("coin-1 = %+v, want unsold, as the kept calls left it", st)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales"); n != 1 {
+		t.Errorf("%d sales, want 1: the kept calls ran nothing again", n)
+	}
+}
