@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/coinexport/export/pkg/gcdefaults"
 	"github.com/coinexport/export/pkg/httpserver"
@@ -101,6 +102,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 		Log:       log,
 		Signer:    signer,
 		Ready:     readiness.Ready,
+		// Every sale call in flight at SIGTERM ends by its own bound.
+		ShutdownTimeout: drainTime(cfg),
 		// A sale that panicked may have been applied: its 500 says how to
 		// retry it, as the writer's own 500s do.
 		PanicMessage: api.InternalErrorMessage,
@@ -116,4 +119,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 	defer stopPurge()
 
 	return srv.Run(ctx)
+}
+
+// answerWriteMargin is the time the drain leaves a call's answer to be
+// written once the call has ended.
+const answerWriteMargin = 2 * time.Second
+
+// drainTime is how long a stopping writer lets its sale calls in flight
+// end: the longest call (api.CallBound: SALES_WRITER_QUERY_TIMEOUT and the
+// grace past it) and the writing of its answer, never less than the
+// services' usual drain. Cut off at the usual 10 s, a call started just
+// before SIGTERM that waited out its bound (a locked row) was cancelled by
+// the drain, answered 503 "the sale may have been applied" or its
+// connection closed, where its own timeout, a moment later, would have
+// answered that nothing was applied (PostgreSQL's statement_timeout rolls
+// it back); with SALES_WRITER_QUERY_TIMEOUT over 10 s every call waiting
+// past 10 s when SIGTERM came was.
+func drainTime(cfg Config) time.Duration {
+	return max(api.CallBound(cfg.QueryTimeout)+answerWriteMargin, httpserver.DefaultShutdownTimeout)
 }

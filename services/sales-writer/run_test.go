@@ -13,6 +13,7 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -323,4 +324,116 @@ func TestAStopWhilePostgreSQLIsAwaitedIsClean(t *testing.T) {
 		return run(ctx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
 			"SALES_WRITER_ADDR": testenv.FreeAddr(t), "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs, nil)
 	})
+}
+
+// A sale call in flight when the writer is stopped ends by its own bound,
+// not by the drain: here one waits on its item's row, locked by another
+// session, through a SALES_WRITER_QUERY_TIMEOUT just over the services'
+// usual 10 s drain. PostgreSQL's statement_timeout rolls it back, and it is
+// answered so (503, "nothing was applied"). Drained for 10 s, the writer
+// cancelled it first: its connection was closed, or it was answered that
+// the sale may have been applied.
+func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	setup := testenv.Pool(t, dsn)
+	ctx := context.Background()
+	var owner string
+	if err := setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		"INSERT INTO platforms (id) VALUES ('market-a') ON CONFLICT DO NOTHING",
+		`INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
+		 VALUES ('` + owner + `', 'coin-1', true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"coin-1"', '"id":"coin-1"', '"id":"coin-1"', now())`,
+	} {
+		if _, err := setup.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock, err := setup.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, "SELECT FROM export_items WHERE owner_id = $1 AND id = 'coin-1' FOR UPDATE", owner); err != nil {
+		t.Fatal(err)
+	}
+
+	addr, admin := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	vars := map[string]string{
+		"DATABASE_URL": dsn, "IDENTITY_SECRET": secret, "SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": admin,
+		"SALES_WRITER_QUERY_TIMEOUT": "11s",
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var out testenv.Output
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, env(vars), &out, nil) }()
+	waitReady(t, "http://"+addr+"/healthz", &out)
+
+	type answer struct {
+		status int
+		body   envelope.Parsed
+		err    error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		signer, _ := identity.NewSigner(secret)
+		id := identity.Identity{OwnerID: owner, PlatformID: "market-a", KeyID: "k",
+			Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-stop"}
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/export/items/coin-1/sales/confirm",
+			strings.NewReader(`{"external_order_id":"o-1"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "k-stop")
+		for _, h := range signer.Sign(id, identity.RequestOf(req), time.Now()) {
+			req.Header.Set(h.Name, h.Value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var body envelope.Parsed
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		answered <- answer{status: resp.StatusCode, body: body, err: err}
+	}()
+	waitForALockWait(t, setup, owner)
+	stop() // SIGTERM, while the call waits for the row
+
+	a := <-answered
+	if a.err != nil {
+		t.Fatalf("the sale in flight at the stop got no answer: %v\n%s", a.err, out.String())
+	}
+	if a.status != http.StatusServiceUnavailable || a.body.Error == nil || a.body.Error.Code != "unavailable" ||
+		!strings.Contains(a.body.Error.Message, "nothing was applied") {
+		t.Errorf("the sale in flight at the stop = %d %+v, want 503 unavailable saying nothing was applied (its statement_timeout)", a.status, a.body.Error)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("run() = %v, want nil after a clean stop", err)
+	}
+	if strings.Contains(out.String(), "sale call cut off") {
+		t.Errorf("the drain cut the call off:\n%s", out.String())
+	}
+}
+
+// waitForALockWait waits until a session of the writer waits for a lock
+// on owner's item (the call is then in its sale statement).
+func waitForALockWait(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, owner string) {
+	t.Helper()
+	for range 500 {
+		var waiting bool
+		err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'sales-writer' AND wait_event_type = 'Lock')`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no sale of %s's item came to wait for its lock", owner)
 }

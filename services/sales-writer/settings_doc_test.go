@@ -4,8 +4,11 @@ import (
 	"context"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/envdoc"
+	"github.com/coinexport/export/pkg/telemetry"
+	"github.com/coinexport/export/services/sales-writer/api"
 )
 
 // The sales-writer's settings as the READMEs document them and the manifests
@@ -36,6 +39,23 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop:       envdoc.ServiceStop[Config],
+		Stop:       func(c Config) time.Duration { return drainTime(c) + telemetry.MaxFlushTime },
+	}
+}
+
+// A stopping writer drains until every sale call in flight at SIGTERM has
+// ended by its own bound (api.CallBound) and its answer has been written:
+// cut off at the services' usual 10 s, a call started just before that
+// waited out its statement timeout on a locked row was cancelled by the
+// drain, its sale "may have been applied", rather than answered by its
+// timeout that nothing was; with SALES_WRITER_QUERY_TIMEOUT raised past
+// 10 s, every call waiting that long was.
+func TestTheDrainOutlastsEverySaleCall(t *testing.T) {
+	for _, queryTimeout := range []time.Duration{time.Millisecond, time.Second, 10 * time.Second, 25 * time.Second, time.Hour} {
+		cfg := Config{QueryTimeout: queryTimeout}
+		if drain, call := drainTime(cfg), api.CallBound(queryTimeout); drain < call+answerWriteMargin {
+			t.Errorf("SALES_WRITER_QUERY_TIMEOUT=%s: the drain is %s, a call may run %s and its answer be written %s later",
+				queryTimeout, drain, call, answerWriteMargin)
+		}
 	}
 }

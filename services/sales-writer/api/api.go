@@ -51,6 +51,10 @@ func Routes(mux *http.ServeMux, writer Writer, log *slog.Logger, reg prometheus.
 // for PostgreSQL's own cancel before it gives up on the server.
 const queryTimeoutGrace = 2 * time.Second
 
+// CallBound is the longest a sale call runs once its request is read: the
+// statement timeout and the grace past it (see Routes).
+func CallBound(queryTimeout time.Duration) time.Duration { return queryTimeout + queryTimeoutGrace }
+
 // errCanceledEarly marks PostgreSQL's cancel of a statement (57014, which
 // a statement_timeout's and an operator's pg_cancel_backend share) in a
 // call that has not yet run for queryTimeout, so no statement of it can
@@ -114,7 +118,7 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 // statement that came before that timeout could have run out
 // (errCanceledEarly), for writeError.
 func (h *handler) execute(ctx context.Context, req sales.Request) (sales.Result, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.queryTimeout+queryTimeoutGrace)
+	ctx, cancel := context.WithTimeout(ctx, CallBound(h.queryTimeout))
 	defer cancel()
 	res, err := h.writer.Execute(ctx, req)
 	if err != nil && canceledEarly(ctx, err) {
