@@ -417,8 +417,9 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 	}
 }
 
-// waitForALockWait waits until a session of the writer waits for a lock
-// on owner's item (the call is then in its sale statement).
+// waitForALockWait waits until a session of the writer in this test's
+// database waits for a lock on owner's item (the call is then in its sale
+// statement).
 func waitForALockWait(t *testing.T, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, owner string) {
@@ -426,7 +427,7 @@ func waitForALockWait(t *testing.T, db interface {
 	for range 500 {
 		var waiting bool
 		err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE application_name = 'sales-writer' AND wait_event_type = 'Lock')`).Scan(&waiting)
+			WHERE datname = current_database() AND application_name = 'sales-writer' AND wait_event_type = 'Lock')`).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
