@@ -431,8 +431,8 @@ func fieldDiff(want, got any) string {
 
 // ServiceStop is the Stop of a service served by pkg/httpserver with the
 // default drain (DefaultShutdownTimeout), then the last flush of its spans:
-// export-reader's and sales-writer's. A service that sets its own
-// ShutdownTimeout (shop-schema) gives its Binary a Stop of its own.
+// export-reader's. A service that sets its own ShutdownTimeout
+// (shop-schema, sales-writer) gives its Binary a Stop of its own.
 func ServiceStop[C any](C) time.Duration {
 	return httpserver.DefaultShutdownTimeout + telemetry.MaxFlushTime
 }
