@@ -145,7 +145,7 @@ func (g *Gateway) unmatchedHandler() fiber.Handler {
 func (g *Gateway) serveAs(c *fiber.Ctx, rt route, name string, rm *routeMetrics) {
 	g.inFlight.Add(1)
 	defer g.inFlight.Add(-1)
-	rq := g.begin(c, name)
+	rq := g.beginRecorded(c, name, time.Time{}, !rt.HealthCheck)
 	defer g.end(c, rq, rm)
 	if err := g.guardedServe(c, rq, rt); err != nil {
 		g.writeError(c, rq, err)

@@ -342,6 +342,57 @@ func TestEachRequestIsOneNewTrace(t *testing.T) {
 	}
 }
 
+// Health checks record no span (issue 7: "health checks not sampled"):
+// /v1/health is what Kubernetes' readiness probe and a load balancer poll,
+// every few seconds for each gateway, and each probe was a trace of its
+// own (a make run stack's traces.jsonl held its own checks' GET /v1/health
+// spans). The answer still has a request id, and its access line the ids
+// to grep; other routes still record. Under always_on, which samples a
+// child whatever its parent, so that no "rate limit" span of the check's
+// first lease fetch from Redis is recorded either.
+func TestHealthChecksRecordNoSpan(t *testing.T) {
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	g, logs := startWithHook(t, nil, func(g *Gateway) {
+		g.keys = fakeKeys{}
+		g.tracer = tp.Tracer("test")
+	})
+	base := "http://" + g.Addr()
+	ids := map[string]bool{}
+	for _, method := range []string{"GET", "HEAD", "GET"} {
+		req, _ := http.NewRequest(method, base+"/v1/health", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-Id")
+		if resp.StatusCode != 200 || len(id) != 32 || ids[id] {
+			t.Fatalf("%s /v1/health = %d, X-Request-Id %q; want 200 and a new 32-hex id", method, resp.StatusCode, id)
+		}
+		ids[id] = true
+		if !logLine(logs.String(), `"route":"`+method+` /v1/health"`, `"request_id":"`+id+`"`, `"trace_id":"`+id+`"`, `"span_id":"`) {
+			t.Errorf("no access line of %s /v1/health with request_id, trace_id %s and a span_id:\n%s", method, id, logs.String())
+		}
+	}
+	if spans := sr.Ended(); len(spans) != 0 {
+		var names []string
+		for _, s := range spans {
+			names = append(names, s.Name()+" (trace "+s.SpanContext().TraceID().String()+")")
+		}
+		t.Errorf("health checks recorded %d spans, want none: %v", len(spans), names)
+	}
+	resp, env := get(t, base+"/v1/export/items", map[string]string{"X-API-Key": wellFormedKey(t)})
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET /v1/export/items = %d %+v, want 200", resp.StatusCode, env.Error)
+	}
+	if !slices.ContainsFunc(sr.Ended(), func(s sdktrace.ReadOnlySpan) bool {
+		return s.Name() == "GET /v1/export/items" && s.SpanContext().TraceID().String() == resp.Header.Get("X-Request-Id")
+	}) {
+		t.Errorf("GET /v1/export/items recorded no server span in trace %s", resp.Header.Get("X-Request-Id"))
+	}
+}
+
 // attrOf is the value of a span's attribute key ("" when s is nil or has
 // none).
 func attrOf(s sdktrace.ReadOnlySpan, key string) string {

@@ -47,7 +47,10 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 // waited on, "rate limit batch" (ratelimit.Decision.Batch, recorded only
 // for a traced request): that round trip's time, error and go-redis span.
 func (g *Gateway) traceRedisWait(rq *request, start time.Time, d ratelimit.Decision, budget string) {
-	if !d.AskedRedis {
+	// A request whose server span is not recorded gets none: a health
+	// check's, which whatever the sampler (always_on samples a child of an
+	// unsampled span) would be a trace of its own.
+	if !d.AskedRedis || !rq.span.IsRecording() {
 		return
 	}
 	opts := make([]trace.SpanStartOption, 0, 3) // one allocation, as the variadic call made

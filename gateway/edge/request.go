@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"math"
 	"net/netip"
@@ -155,6 +156,14 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 // unread request's connection start, readStart): its access line's
 // duration and its server span both run from it. A zero since is now.
 func (g *Gateway) beginAt(c *fiber.Ctx, routeName string, since time.Time) *request {
+	return g.beginRecorded(c, routeName, since, true)
+}
+
+// beginRecorded is beginAt whose server span is recorded (if sampled) only
+// when record is true. Without it the request still has a trace id, its
+// request id, and span ids for its log lines, but no span, recorded or
+// sampled, whatever the sampler says: a health check's (route.HealthCheck).
+func (g *Gateway) beginRecorded(c *fiber.Ctx, routeName string, since time.Time, record bool) *request {
 	start := since
 	if start.IsZero() {
 		start = time.Now()
@@ -177,13 +186,34 @@ func (g *Gateway) beginAt(c *fiber.Ctx, routeName string, since time.Time) *requ
 	if !since.IsZero() {
 		opts = append(slices.Clip(opts), trace.WithTimestamp(since))
 	}
-	rq.ctx, rq.span = g.tracer.Start(parent, routeName, opts...)
+	if record {
+		rq.ctx, rq.span = g.tracer.Start(parent, routeName, opts...)
+	} else {
+		rq.ctx = trace.ContextWithSpanContext(parent, unrecordedSpanContext(trace.SpanContextFromContext(parent).TraceID()))
+		rq.span = trace.SpanFromContext(rq.ctx) // records nothing
+	}
 	if tid := rq.span.SpanContext().TraceID(); tid.IsValid() {
 		rq.id = tid.String()
 	} else {
 		rq.id = httpserver.RandomRequestID() // if tracing ever yields no trace id
 	}
 	return rq
+}
+
+// unrecordedSpanContext is the span context of a request whose span is not
+// recorded: in the trace traceID (a trusted traceparent's) or, if that is
+// not valid, a new one, with a span id of its own, flagged not sampled, so
+// that a span started under it is not sampled either (a parent-based
+// sampler, the SDK's default) and the context passed on says so.
+func unrecordedSpanContext(traceID trace.TraceID) trace.SpanContext {
+	var ids [24]byte
+	_, _ = rand.Read(ids[:]) // never fails (crypto/rand)
+	var sid trace.SpanID
+	copy(sid[:], ids[16:])
+	if !traceID.IsValid() {
+		copy(traceID[:], ids[:16])
+	}
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: sid})
 }
 
 // clientIP is the caller's address, as a string of its own.

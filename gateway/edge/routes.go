@@ -65,6 +65,11 @@ type route struct {
 	// (rendezvous hashing) instead of round-robin, so every page of one
 	// key's sync reaches the instance that read ahead the next page.
 	StickyByKey bool
+	// HealthCheck: the route is what load balancers and Kubernetes'
+	// readiness probe poll, every few seconds for each gateway; its
+	// requests record no span (begin), as the services' /healthz records
+	// none, or each probe would be a trace of its own in the trace store.
+	HealthCheck bool
 }
 
 // Name labels metrics, spans and log lines. A parameter is written
@@ -123,7 +128,7 @@ func routeNames() []string {
 
 // routes is the whole public surface of the API (spec 4).
 var routes = []route{
-	{Method: "GET", Path: "/v1/health", Class: classAnonymous},
+	{Method: "GET", Path: "/v1/health", Class: classAnonymous, HealthCheck: true},
 	{Method: "POST", Path: "/v1/sync/prestashop/schema", Upstream: upstreamShopSchema, Class: classShopSchema, ReadOnly: true},
 	{Method: "GET", Path: "/v1/export/items", Upstream: upstreamExportReader,
 		Scope: identity.ScopeExportRead, Class: classExportRead, StickyByKey: true},
