@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,8 @@ import (
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -41,7 +44,8 @@ func spanText(s sdktrace.ReadOnlySpan) string {
 
 // TestKeyNeverLeaks runs schema calls that succeed and fail, with the
 // server span and the outbound client spans recorded, and looks for the
-// key (and its Basic encoding) in every log line and span.
+// key (and its Basic encoding) in every log line and span, the answer and
+// the metrics.
 func TestKeyNeverLeaks(t *testing.T) {
 	// The server span comes from the global provider (pkg/httpserver).
 	server := tracetest.NewSpanRecorder()
@@ -147,10 +151,11 @@ func TestKeyNeverLeaks(t *testing.T) {
 			if env.Error != nil {
 				all.WriteString(env.Error.Message)
 			}
+			all.WriteString(metricsText(t, svc.metrics)) // no metric label either (issue 6)
 			basic := strings.TrimPrefix(basicHeader(tt.key), "Basic ")
 			for _, secret := range []string{tt.key, basic, strings.ToLower(tt.key), percentEncoded(tt.key)} {
 				if strings.Contains(all.String(), secret) {
-					t.Errorf("logs, spans or the answer contain the key (%q)", secret)
+					t.Errorf("logs, spans, metrics or the answer contain the key (%q)", secret)
 				}
 			}
 			if !strings.Contains(all.String(), "/api/categories") && !strings.Contains(all.String(), "dispatcher.php") {
@@ -158,6 +163,17 @@ func TestKeyNeverLeaks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// metricsText is what the service's /metrics serves from reg.
+func metricsText(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), "shop_schema_reads_total{") {
+		t.Fatalf("no shop_schema_reads_total in the metrics; the test would not see a key in its labels:\n%s", rec.Body)
+	}
+	return rec.Body.String()
 }
 
 // noDNS finds no name: the shop is at an address, and a redirect to a
