@@ -144,10 +144,24 @@ func TestOneTracePerRequestWhoseIDIsTheRequestID(t *testing.T) {
 		{"confirm", confirm.Meta.RequestID, "sales-writer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			checkTrace(t, waitForTrace(s, tc.requestID, "gateway", tc.service), tc.requestID, tc.service)
+			spans := waitForTrace(s, tc.requestID, "gateway", tc.service)
+			checkTrace(t, spans, tc.requestID, tc.service)
+			for _, process := range []string{"gateway", tc.service} {
+				line := checkAccessLog(t, s.logs[process].String(), tc.requestID, "")
+				checkLineNamesItsSpan(t, line, spans, process, fx.owner)
+			}
 		})
 	}
 
+	// SQL spans hold the statements, not the values bound to them: the
+	// confirm's order id and Idempotency-Key are arguments of the writer's.
+	for _, sp := range s.traces.Trace(confirm.Meta.RequestID) {
+		for k, v := range sp.Attributes {
+			if isSQL(sp) && (strings.Contains(v, "e2e-confirm-1") || strings.Contains(v, "e2e-1")) {
+				t.Errorf("SQL span %q of %s: %s = %q holds a value of the request", sp.Name, sp.Service, k, v)
+			}
+		}
+	}
 	secrets := []string{fx.readKey, fx.writeKey, wsKey}
 	time.Sleep(300 * time.Millisecond) // let the last batches arrive
 	for _, sp := range s.traces.All() {
@@ -260,8 +274,8 @@ func names(spans []tracestore.Span) []string {
 }
 
 // checkAccessLog finds the access line of the request in a JSON log, with
-// errorCode as its error_code ("": none).
-func checkAccessLog(t *testing.T, logs, requestID, errorCode string) {
+// errorCode as its error_code ("": none), and returns it (nil if none).
+func checkAccessLog(t *testing.T, logs, requestID, errorCode string) map[string]any {
 	t.Helper()
 	for _, line := range strings.Split(logs, "\n") {
 		var rec map[string]any
@@ -269,16 +283,41 @@ func checkAccessLog(t *testing.T, logs, requestID, errorCode string) {
 			continue
 		}
 		if rec["msg"] == "request" && rec["request_id"] == requestID {
-			if rec["status"] == nil || rec["route"] == nil || rec["duration_ms"] == nil {
-				t.Errorf("access line %s lacks status, route or duration", line)
+			if rec["method"] == nil || rec["status"] == nil || rec["route"] == nil || rec["duration_ms"] == nil {
+				t.Errorf("access line %s lacks method, status, route or duration", line)
 			}
 			if got, _ := rec["error_code"].(string); got != errorCode {
 				t.Errorf("access line %s: error_code %q, want %q", line, got, errorCode)
 			}
-			return
+			return rec
 		}
 	}
 	t.Errorf("no access line with request_id %s in:\n%s", requestID, logs)
+	return nil
+}
+
+// checkLineNamesItsSpan: the access line of process leads to its server
+// span in the request's trace (trace_id, span_id; issue 7's access line)
+// and names the key's owner.
+func checkLineNamesItsSpan(t *testing.T, line map[string]any, spans []tracestore.Span, process, owner string) {
+	t.Helper()
+	if line == nil {
+		return
+	}
+	var server *tracestore.Span
+	for i, sp := range spans {
+		if sp.Service == process && sp.Kind == "SPAN_KIND_SERVER" {
+			server = &spans[i]
+		}
+	}
+	if server == nil {
+		t.Errorf("no server span of %s in %v", process, names(spans))
+		return
+	}
+	if line["trace_id"] != server.TraceID || line["span_id"] != server.SpanID || line["owner_id"] != owner {
+		t.Errorf("%s access line: trace_id %v, span_id %v, owner_id %v; want its server span's %s, %s and owner %s",
+			process, line["trace_id"], line["span_id"], line["owner_id"], server.TraceID, server.SpanID, owner)
+	}
 }
 
 // dsnOf returns the connection string of pool's database.
