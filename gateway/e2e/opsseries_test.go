@@ -26,7 +26,9 @@ func TestOpsQueriesReadExposedSeries(t *testing.T) {
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool)
 	s := startStack(t, dsnOf(t, pool), testenv.RedisURL(t))
+	before := s.requestCounts(t)
 	s.serveOneOfEach(t, fx)
+	checkRequestCountersMoved(t, before, s.requestCounts(t))
 	exposed := s.scrape(t)
 
 	queries := append(dashboardQueries(t, dashboardFile), alertQueries(t, alertsFile)...)
@@ -133,6 +135,58 @@ func (s *stack) serveOneOfEach(t *testing.T, fx fixture) {
 		`{"base_url":"https://127.0.0.1/shop","ws_key":"WSKEY-e2e-0123456789ABCDEFGHIJKLMN"}`, nil)
 	if status != 400 || shop.Error == nil || shop.Error.Code != "base_url_not_allowed" {
 		t.Fatalf("shop schema with a loopback address = %d %+v, want 400 base_url_not_allowed", status, shop.Error)
+	}
+}
+
+// requestCounts reads each binary's request counter from its /metrics
+// (the gateway's gateway_http_requests_total, a service's
+// http_requests_total), summed by route over the status classes:
+// binary -> route -> requests.
+func (s *stack) requestCounts(t *testing.T) map[string]map[string]float64 {
+	t.Helper()
+	counts := map[string]map[string]float64{}
+	for name, admin := range s.admin {
+		resp, err := http.Get("http://" + admin + "/metrics")
+		if err != nil {
+			t.Fatalf("scrape %s: %v", name, err)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("scrape %s: %v", name, err)
+		}
+		counter := map[bool]string{true: "gateway_http_requests_total", false: "http_requests_total"}[name == "gateway"]
+		counts[name] = map[string]float64{}
+		for _, m := range families[counter].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "route" {
+					counts[name][l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return counts
+}
+
+// checkRequestCountersMoved: each binary's request counter moved by the
+// requests serveOneOfEach sent it, route by route (issue 7: curl on each
+// binary's /metrics shows the request counters moving).
+func checkRequestCountersMoved(t *testing.T, before, after map[string]map[string]float64) {
+	t.Helper()
+	const list, confirm, shop = "GET /v1/export/items", "POST /v1/export/items/{item_id}/sales/confirm", "POST /v1/sync/prestashop/schema"
+	want := map[string]map[string]float64{ // a page and a refused cursor, a sale, a shop schema refused
+		"gateway":       {list: 2, confirm: 1, shop: 1},
+		"export-reader": {list: 2},
+		"sales-writer":  {confirm: 1},
+		"shop-schema":   {shop: 1},
+	}
+	for name, routes := range want {
+		for route, n := range routes {
+			if got := after[name][route] - before[name][route]; got != n {
+				t.Errorf("%s's request counter for %s moved by %v, want %v", name, route, got, n)
+			}
+		}
 	}
 }
 
