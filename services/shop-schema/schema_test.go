@@ -515,12 +515,14 @@ func logLine(t *testing.T, logs *testenv.Output, msg string) map[string]any {
 }
 
 // TestGuardRefusesLoopback: with an empty allow-list, a running shop on
-// 127.0.0.1 is refused and never sees a connection.
+// 127.0.0.1 is refused and never sees a connection. Its port is allowed,
+// so that the address alone is refused: on a port the guard refuses
+// anyway, the test passed with loopback let through.
 func TestGuardRefusesLoopback(t *testing.T) {
 	shop := fakeshop.Sample("8", false)
 	shop.Start(t.Cleanup)
-	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""})
 	_, port, _ := net.SplitHostPort(shop.Addr())
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": "", "SHOP_SCHEMA_PORTS": "443," + port})
 	for _, base := range []string{shop.URL(), "https://127.1:" + port, "https://[::ffff:127.0.0.1]:" + port, "https://localhost:" + port} {
 		status, env := svc.post(t, body(base, fakeshop.Key))
 		if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
