@@ -488,9 +488,9 @@ func serviceRole(t *testing.T, maxConns int) (pool *pgxpool.Pool, refuseNewSessi
 	}
 }
 
-func mustExec(t *testing.T, pool *pgxpool.Pool, sql string) {
+func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), sql); err != nil {
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
