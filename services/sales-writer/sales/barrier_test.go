@@ -11,7 +11,7 @@ import (
 
 // A confirm and a cancel each take their owner's shared sync lock before
 // they stamp the item: while a sync's barrier holds the lock they wait,
-// and they complete once it is released. Without the lock a sync starting
+// and they complete once it is released, stamping the item after that. Without the lock a sync starting
 // between the stamp and the commit would miss the sale for good
 // (catalog's barrier.go).
 func TestSalesTakeTheWriterLock(t *testing.T) {
@@ -43,6 +43,14 @@ func TestSalesTakeTheWriterLock(t *testing.T) {
 			t.Errorf("%s completed (err %v) while the owner's sync barrier held the lock", op, err)
 		case <-time.After(300 * time.Millisecond):
 		}
+		// The database's clock as the barrier is released: the sale's stamp
+		// must come after it, not from before its wait (a statement's now()),
+		// or a sync whose first page the barrier served would skip it
+		// (issue 4: stamp updated_at as late as possible).
+		var released time.Time
+		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&released); err != nil {
+			t.Fatal(err)
+		}
 		_ = tx.Rollback(ctx)
 		select {
 		case err := <-done:
@@ -51,6 +59,13 @@ func TestSalesTakeTheWriterLock(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s still waiting 10 s after the barrier was released", op)
+		}
+		var stamped time.Time
+		if err := db.QueryRow(ctx, `SELECT updated_at FROM export_items WHERE owner_id = $1 AND id = 'item-1'`, owner).Scan(&stamped); err != nil {
+			t.Fatal(err)
+		}
+		if !stamped.After(released) {
+			t.Errorf("%s stamped the item %v, not after the barrier's release at %v", op, stamped, released)
 		}
 	}
 	var sold bool
