@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,7 +21,7 @@ import (
 // (TestPostgreSQLDiesWithItsTest).
 type postmaster struct {
 	cmd    *exec.Cmd
-	exited chan struct{} // closed once the process has ended and been reaped
+	exited <-chan struct{} // closed once the process has ended and been reaped
 }
 
 // startPostmaster runs bin's postgres on the cluster in data as asUser
@@ -55,17 +56,46 @@ func startPostmaster(bin, asUser, data, logPath string, command []string, args .
 	}
 	defer log.Close() // the server has its own copy once started
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	exited, err := startOnOwnThread(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	pm := &postmaster{cmd: cmd, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(pm.exited) }()
+	pm := &postmaster{cmd: cmd, exited: exited}
 	if err := pm.awaitReady(data); err != nil {
 		pm.stop()
 		out, _ := os.ReadFile(logPath)
 		return nil, fmt.Errorf("%w; its log (%s):\n%s", err, logPath, out)
 	}
 	return pm, nil
+}
+
+// startOnOwnThread starts cmd from a goroutine locked to its thread until
+// cmd has ended and been reaped, and returns a channel closed then. The
+// kernel sends the parent-death signal when the thread that forked the
+// child ends, not the process (golang/go#27505), and the Go runtime ends a
+// thread when a goroutine locked to it returns without unlocking: forked
+// from whichever thread its caller ran on, a cluster shared by the whole
+// run was stopped mid-run, under every test after, once any goroutine (a
+// test's, a library's) had locked that thread and returned locked
+// (TestPostmasterOutlivesTheThreadOfItsStarter). One thread a server.
+func startOnOwnThread(cmd *exec.Cmd) (<-chan struct{}, error) {
+	started := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread() // the child is gone: the thread may serve others
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
 }
 
 // startTimeout is how long startPostmaster waits for the server to accept

@@ -99,24 +99,30 @@ func (p *clusters) start(t testing.TB, name string, opts ...string) {
 // before postgres's: prlimit and its limits, which the server inherits).
 func (p *clusters) startUnder(t testing.TB, name string, command []string, opts ...string) {
 	t.Helper()
+	pm, err := p.launch(name, command, opts...)
+	if err != nil {
+		t.Fatalf("testenv: start %s: %v", name, err)
+	}
+	t.Cleanup(pm.stop)
+}
+
+// launch starts the server of the cluster name, as startUnder, and
+// returns it running; its caller stops it.
+func (p *clusters) launch(name string, command []string, opts ...string) (*postmaster, error) {
 	sock := p.socketDir(name)
 	if err := os.MkdirAll(sock, 0o700); err != nil {
-		t.Fatalf("testenv: %v", err)
+		return nil, err
 	}
 	if p.user != "" {
 		if out, err := runAs("", "chown", p.user, sock); err != nil {
-			t.Fatalf("testenv: chown: %v: %s", err, out)
+			return nil, fmt.Errorf("chown: %v: %s", err, out)
 		}
 	}
 	args := []string{"-c", "listen_addresses=", "-k", sock, "-c", "unix_socket_permissions=0700", "-c", "fsync=off", "-c", "synchronous_commit=off"}
 	for _, opt := range opts {
 		args = append(args, "-c", opt)
 	}
-	pm, err := startPostmaster(p.bin, p.user, filepath.Join(p.dir, name), filepath.Join(p.dir, name+".log"), command, args...)
-	if err != nil {
-		t.Fatalf("testenv: start %s: %v", name, err)
-	}
-	t.Cleanup(pm.stop)
+	return startPostmaster(p.bin, p.user, filepath.Join(p.dir, name), filepath.Join(p.dir, name+".log"), command, args...)
 }
 
 func (p *clusters) socketDir(name string) string { return filepath.Join(p.dir, name+"-socket") }
