@@ -59,7 +59,27 @@ func TestDocumentedRenewalAfterARestoreReplaysKeptCalls(t *testing.T) {
 	for _, table := range []string{"idempotency_records", "idempotency_refusals"} {
 		f.exec(t, "UPDATE "+table+" SET expires_at = $1::timestamptz + interval '1 hour'", point)
 	}
+	// And a binding that had expired at the point: judged anew then, it
+	// stays so.
+	f.addItem(t, f.owner, "coin-2", true)
+	if rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "old", body: order1}); rec.Code != 200 {
+		t.Fatalf("confirm coin-2 = %d %q, want 200", rec.Code, errorCode(env))
+	}
+	f.exec(t, "UPDATE idempotency_records SET expires_at = $1::timestamptz - interval '1 minute' WHERE idempotency_key = 'old'", point)
 	f.exec(t, documentedRenewal(t, point))
+
+	// Each kept binding has the hour it had left at the point, from now:
+	// not less (it would expire under the calls sent again), not more (the
+	// key bound past its retention, as a second run of the block does).
+	for _, table := range []string{"idempotency_records", "idempotency_refusals"} {
+		if n := f.count(t, "SELECT count(*) FROM "+table+` WHERE idempotency_key <> 'old'
+			AND expires_at NOT BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes'`); n != 0 {
+			t.Errorf("%d bindings in %s do not expire an hour from now, the time they had left at the point", n, table)
+		}
+	}
+	if n := f.count(t, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'old' AND expires_at > now()"); n != 0 {
+		t.Error("the binding that had expired at the point was renewed")
+	}
 
 	for _, s := range calls {
 		rec, env := f.do(t, s.c)
@@ -77,7 +97,7 @@ func TestDocumentedRenewalAfterARestoreReplaysKeptCalls(t *testing.T) {
 	if st := f.item(t, f.owner, "coin-1"); st.Sold {
 		t.Errorf("coin-1 = %+v, want unsold, as the kept calls left it", st)
 	}
-	if n := f.count(t, "SELECT count(*) FROM sales"); n != 1 {
-		t.Errorf("%d sales, want 1: the kept calls ran nothing again", n)
+	if n := f.count(t, "SELECT count(*) FROM sales WHERE item_id = 'coin-1'"); n != 1 {
+		t.Errorf("%d sales of coin-1, want 1: the kept calls ran nothing again", n)
 	}
 }
