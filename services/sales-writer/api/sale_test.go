@@ -451,8 +451,9 @@ func TestExpiredKeyCanBeReused(t *testing.T) {
 // is judged anew, as if sent with a new key. What a platform retrying past
 // the retention then meets (README, sales guide, step 4): a confirm whose
 // sale is still open is refused 409 item_already_sold naming its own order,
-// a cancel already applied 409 sale_not_cancelable, and a confirm whose
-// sale was canceled since sells the item again.
+// a cancel already applied 409 sale_not_cancelable (or, once the order has
+// bought the item again under a new key, cancels that sale), and a confirm
+// whose sale was canceled since sells the item again.
 func TestARetryPastTheRetentionIsJudgedAnew(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -463,6 +464,18 @@ func TestARetryPastTheRetentionIsJudgedAnew(t *testing.T) {
 	rec, _ := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "confirm-2", body: order1})
 	if rec.Code != 200 {
 		t.Fatalf("confirm coin-2 = %d %s, want 200", rec.Code, rec.Body)
+	}
+	// coin-3: sold, canceled, then sold again to the same order.
+	f.addItem(t, f.owner, "coin-3", true)
+	for _, c := range []call{
+		{op: "confirm", item: "coin-3", key: "confirm-3", body: order1},
+		{op: "cancel", item: "coin-3", key: "cancel-3", body: order1},
+		{op: "confirm", item: "coin-3", key: "confirm-3-again", body: order1},
+	} {
+		c.id = f.writer("market-a")
+		if rec, _ := f.do(t, c); rec.Code != 200 {
+			t.Fatalf("%s coin-3 with %s = %d %s, want 200", c.op, c.key, rec.Code, rec.Body)
+		}
 	}
 	type step struct {
 		name       string
@@ -512,6 +525,13 @@ func TestARetryPastTheRetentionIsJudgedAnew(t *testing.T) {
 	}
 	if n := f.count(t, "SELECT count(*) FROM sales WHERE item_id = 'coin-1'"); n != 2 {
 		t.Errorf("%d sales of coin-1, want 2: the canceled one and the late retry's", n)
+	}
+	// And a cancel applied, whose order has confirmed the item again since,
+	// cancels that second sale.
+	check(step{"cancel applied, past the retention, once the order bought coin-3 again",
+		call{op: "cancel", item: "coin-3", key: "cancel-3", body: order1}, 200, "", false})
+	if st := f.item(t, f.owner, "coin-3"); st.Sold {
+		t.Errorf("coin-3 = %+v after its cancel was retried past the retention, want its second sale canceled", st)
 	}
 }
 
