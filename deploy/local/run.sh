@@ -166,13 +166,13 @@ declare -A names # pid → name, to say which process exited
 stopping=
 hurry=
 # stop_one PID: TERM, then wait; a process still there after stop_grace
-# (longer than any binary's own stop: shop-schema drains for 22 s and
-# flushes its spans for 5 s more) is killed, so that Ctrl-C always ends
+# (longer than any binary's own stop: the gateway drains for 25 s,
+# shop-schema for 22 s, and each flushes its spans for 5 s more) is killed, so that Ctrl-C always ends
 # make run (once, under heavy load, tracestore was seen to outlive its TERM
 # and make run waited for ever). Once hurried (a second Ctrl-C), TERM is
 # sent again: a second signal ends a binary at once (pkg/stopsignal); sent
 # until it is gone, as two sent together may arrive as one.
-stop_grace=30
+stop_grace=35
 stop_one() {
   local pid=$1 t state
   kill -TERM "$pid" 2>/dev/null || return 0

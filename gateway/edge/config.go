@@ -34,7 +34,7 @@ type Config struct {
 	ReadTimeout      time.Duration  // GATEWAY_READ_TIMEOUT (15s)
 	WriteTimeout     time.Duration  // GATEWAY_WRITE_TIMEOUT (60s)
 	IdleTimeout      time.Duration  // GATEWAY_IDLE_TIMEOUT (60s)
-	ShutdownTimeout  time.Duration  // GATEWAY_SHUTDOWN_TIMEOUT (15s)
+	ShutdownTimeout  time.Duration  // GATEWAY_SHUTDOWN_TIMEOUT (25s): no shorter than any service's drain
 	ShutdownDelay    time.Duration  // GATEWAY_SHUTDOWN_DELAY (0s): serving on after the stop signal
 
 	ExportReaderURLs []string // EXPORT_READER_URLS (http://127.0.0.1:8081)
@@ -94,7 +94,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		ReadTimeout:      timeout("GATEWAY_READ_TIMEOUT", 15*time.Second),
 		WriteTimeout:     timeout("GATEWAY_WRITE_TIMEOUT", 60*time.Second),
 		IdleTimeout:      timeout("GATEWAY_IDLE_TIMEOUT", 60*time.Second),
-		ShutdownTimeout:  timeout("GATEWAY_SHUTDOWN_TIMEOUT", 15*time.Second),
+		ShutdownTimeout:  timeout("GATEWAY_SHUTDOWN_TIMEOUT", 25*time.Second),
 		ShutdownDelay:    r.Duration("GATEWAY_SHUTDOWN_DELAY", 0, 0, time.Minute),
 
 		ExportReaderURLs: r.List("EXPORT_READER_URLS", "http://127.0.0.1:8081"),

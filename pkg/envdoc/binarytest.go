@@ -3,6 +3,7 @@ package envdoc
 import (
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Secrets are sample values of what an operator provides: the keys of the
@@ -23,6 +24,10 @@ var Secrets = map[string]string{
 func sampleSecret(what string) string {
 	return (what + "-sample-secret-0123456789abcdefghijklmnopqrstuvwxyz")[:44]
 }
+
+// runScriptVars are the shell variables make run's script sets before
+// the environment it gives each binary: its state folder's path.
+var runScriptVars = map[string]string{"state": "/home/dev/export/.run", "state_in_url": "/home/dev/export/.run"}
 
 // Where the files are, from the repository's root.
 const (
@@ -61,13 +66,59 @@ func (b Binary[C]) Test(t *testing.T, root, dir string) {
 		report(t, b.CheckCompose(services))
 	})
 	t.Run(RunScriptFile, func(t *testing.T) {
-		env, err := ReadRunScript(filepath.Join(root, RunScriptFile), map[string]string{"state": "/home/dev/export/.run", "state_in_url": "/home/dev/export/.run"}, Secrets)
+		env, err := ReadRunScript(filepath.Join(root, RunScriptFile), runScriptVars, Secrets)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, problems := b.CheckSharedEnv(env)
 		report(t, problems)
 	})
+	if b.Drain != nil {
+		t.Run("the gateway's drain", func(t *testing.T) { b.testGatewayDrain(t, root) })
+	}
+}
+
+// testGatewayDrain holds, in each deployment, the gateway's drain to the
+// binary's (checkGatewayDrain), the gateway's default read from its
+// README's table (the gateway's own test holds that to its code).
+func (b Binary[C]) testGatewayDrain(t *testing.T, root string) {
+	var gatewayDefault time.Duration
+	for _, s := range table(t, filepath.Join(root, "gateway", "README.md")) {
+		if s.Name == "GATEWAY_SHUTDOWN_TIMEOUT" {
+			d, err := time.ParseDuration(s.Default)
+			if err != nil {
+				t.Fatalf("gateway/README.md's default of GATEWAY_SHUTDOWN_TIMEOUT %q: %v", s.Default, err)
+			}
+			gatewayDefault = d
+		}
+	}
+	if gatewayDefault == 0 {
+		t.Fatal("gateway/README.md's table gives no default for GATEWAY_SHUTDOWN_TIMEOUT")
+	}
+	m, err := ReadManifest(filepath.Join(root, ManifestFile), Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report(t, prefixed(ManifestFile, b.checkGatewayDrain(m.Containers["gateway"].Env, m.Containers[b.Name].Env, gatewayDefault)))
+	services, err := ReadCompose(filepath.Join(root, ComposeFile), Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report(t, prefixed(ComposeFile, b.checkGatewayDrain(services["gateway"].Env, services[b.Name].Env, gatewayDefault)))
+	env, err := ReadRunScript(filepath.Join(root, RunScriptFile), runScriptVars, Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report(t, prefixed(RunScriptFile, b.checkGatewayDrain(env, env, gatewayDefault)))
+}
+
+// prefixed is problems, each said of file.
+func prefixed(file string, problems []string) []string {
+	out := make([]string, len(problems))
+	for i, p := range problems {
+		out[i] = file + ": " + p
+	}
+	return out
 }
 
 func table(t *testing.T, path string) []Setting {

@@ -119,6 +119,11 @@ type Binary[C any] struct {
 	// serves nothing. A grace period no longer than that has the binary
 	// killed while it drains.
 	Stop func(C) time.Duration
+	// Drain is how long a service the gateway relays to lets its calls in
+	// flight run after SIGTERM (its httpserver ShutdownTimeout); nil for
+	// the gateway and commands. The gateway's own drain must be no
+	// shorter (checkGatewayDrain).
+	Drain func(C) time.Duration
 }
 
 // reads reports whether the binary reads name, itself or through the
@@ -429,10 +434,45 @@ func fieldDiff(want, got any) string {
 	return strings.Join(diffs, "; ")
 }
 
+// checkGatewayDrain holds the gateway's drain (GATEWAY_SHUTDOWN_TIMEOUT
+// in gatewayEnv, else gatewayDefault) to the service's own, with the
+// service's settings in env: a call the gateway relays runs as long as the
+// service lets it, and where the gateway drains for less, a call still
+// running when the gateway stops is cut off there, its client answered
+// nothing, where the service would have answered it (a sale waiting on a
+// locked row: "nothing was applied" at its statement timeout; a schema
+// read of a slow shop: shop_timeout).
+func (b Binary[C]) checkGatewayDrain(gatewayEnv, env map[string]string, gatewayDefault time.Duration) []string {
+	if b.Drain == nil {
+		return nil
+	}
+	cfg, err := b.Load(mapGetenv(env)) // what else env holds is the other checks'
+	if err != nil {
+		return []string{fmt.Sprintf("%s's settings: %v", b.Name, err)}
+	}
+	gatewayDrain := gatewayDefault
+	if setting, ok := gatewayEnv["GATEWAY_SHUTDOWN_TIMEOUT"]; ok {
+		d, err := time.ParseDuration(setting)
+		if err != nil {
+			return []string{fmt.Sprintf("GATEWAY_SHUTDOWN_TIMEOUT %q: %v", setting, err)}
+		}
+		gatewayDrain = d
+	}
+	if drain := b.Drain(cfg); gatewayDrain < drain {
+		return []string{fmt.Sprintf("the gateway drains for %s (GATEWAY_SHUTDOWN_TIMEOUT), but a call it relays to %s may run %s after SIGTERM: raise GATEWAY_SHUTDOWN_TIMEOUT, and the gateway's grace period with it",
+			gatewayDrain, b.Name, drain)}
+	}
+	return nil
+}
+
+// ServiceDrain is the Drain of a service served by pkg/httpserver with the
+// default drain (DefaultShutdownTimeout): export-reader's.
+func ServiceDrain[C any](C) time.Duration { return httpserver.DefaultShutdownTimeout }
+
 // ServiceStop is the Stop of a service served by pkg/httpserver with the
 // default drain (DefaultShutdownTimeout), then the last flush of its spans:
 // export-reader's. A service that sets its own ShutdownTimeout
 // (shop-schema, sales-writer) gives its Binary a Stop of its own.
-func ServiceStop[C any](C) time.Duration {
-	return httpserver.DefaultShutdownTimeout + telemetry.MaxFlushTime
+func ServiceStop[C any](c C) time.Duration {
+	return ServiceDrain(c) + telemetry.MaxFlushTime
 }

@@ -34,5 +34,6 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
 		Stop:       envdoc.ServiceStop[Config],
+		Drain:      envdoc.ServiceDrain[Config],
 	}
 }

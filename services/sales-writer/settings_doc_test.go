@@ -1,10 +1,8 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"io"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -42,6 +40,7 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
 		Stop:       func(c Config) time.Duration { return drainTime(c) + telemetry.MaxFlushTime },
+		Drain:      drainTime,
 	}
 }
 
@@ -60,70 +59,4 @@ func TestTheDrainOutlastsEverySaleCall(t *testing.T) {
 				queryTimeout, drain, call, answerWriteMargin)
 		}
 	}
-}
-
-// A stopping gateway drains the requests it relays for
-// GATEWAY_SHUTDOWN_TIMEOUT, and a sale it relays may run as long as the
-// writer's own drain (drainTime: the call's bound and its answer). Where the
-// gateway drains for less, a sale waiting on a locked row when the gateway
-// stops is cut off there: on a make run stack with
-// SALES_WRITER_QUERY_TIMEOUT=16s (under UPSTREAM_READ_TIMEOUT, as its row
-// asks) the client got no answer at 15 s, the gateway's WARN "drain timed
-// out", and the writer logged a 499 "may have been applied", where at 16 s
-// it answers 503 "nothing was applied". Each deployment is held to it, the
-// gateway's default taken from its README's table (the gateway's own test
-// holds that to the code).
-func TestTheGatewaysDrainOutlastsTheSalesItRelays(t *testing.T) {
-	const root = "../.."
-	settings, err := envdoc.ReadTable(filepath.Join(root, "gateway", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gatewayDefault := ""
-	for _, s := range settings {
-		if s.Name == "GATEWAY_SHUTDOWN_TIMEOUT" {
-			gatewayDefault = s.Default
-		}
-	}
-	if gatewayDefault == "" {
-		t.Fatal("gateway/README.md's table gives no default for GATEWAY_SHUTDOWN_TIMEOUT")
-	}
-	check := func(t *testing.T, gateway, writer map[string]string) {
-		t.Helper()
-		cfg, err := loadConfig(func(name string) string { return writer[name] })
-		if err != nil {
-			t.Fatal(err)
-		}
-		setting := cmp.Or(gateway["GATEWAY_SHUTDOWN_TIMEOUT"], gatewayDefault)
-		gatewayDrain, err := time.ParseDuration(setting)
-		if err != nil {
-			t.Fatalf("GATEWAY_SHUTDOWN_TIMEOUT %q: %v", setting, err)
-		}
-		if drain := drainTime(cfg); gatewayDrain < drain {
-			t.Errorf("the gateway drains for %s (GATEWAY_SHUTDOWN_TIMEOUT), but a sale it relays may run %s (SALES_WRITER_QUERY_TIMEOUT %s, the grace past it and its answer): raise GATEWAY_SHUTDOWN_TIMEOUT, and the gateway's grace period with it",
-				gatewayDrain, drain, cfg.QueryTimeout)
-		}
-	}
-	t.Run(envdoc.ManifestFile, func(t *testing.T) {
-		m, err := envdoc.ReadManifest(filepath.Join(root, envdoc.ManifestFile), envdoc.Secrets)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(t, m.Containers["gateway"].Env, m.Containers["sales-writer"].Env)
-	})
-	t.Run(envdoc.ComposeFile, func(t *testing.T) {
-		services, err := envdoc.ReadCompose(filepath.Join(root, envdoc.ComposeFile), envdoc.Secrets)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(t, services["gateway"].Env, services["sales-writer"].Env)
-	})
-	t.Run(envdoc.RunScriptFile, func(t *testing.T) {
-		env, err := envdoc.ReadRunScript(filepath.Join(root, envdoc.RunScriptFile),
-			map[string]string{"state": "/home/dev/export/.run", "state_in_url": "/home/dev/export/.run"}, envdoc.Secrets)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(t, env, env)
-	})
 }

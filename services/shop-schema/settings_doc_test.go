@@ -34,5 +34,6 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
 		Stop:       func(c Config) time.Duration { return drainTime(c) + telemetry.MaxFlushTime },
+		Drain:      drainTime,
 	}
 }
