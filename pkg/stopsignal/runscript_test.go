@@ -341,13 +341,13 @@ func (s *runScript) waitFor(t *testing.T, text string) []string {
 }
 
 // stopBound is how long make run may take to stop before the tests call
-// it hung: longer than the longest stop its script allows, 30 s for each of
+// it hung: longer than the longest stop its script allows, 35 s for each of
 // its six binaries (stop_grace), 5 s for Redis and 60 s for pg_ctl's stop
 // (PGCTLTIMEOUT's default). A minute was shorter than that: with the
 // machine loaded (the pkg module's tests beside other work), a hang-up
 // test failed "still runs a minute after its signal" where the stop was
 // slow but within the script's bounds; unloaded it takes 1 to 2 s.
-const stopBound = 6*30*time.Second + 5*time.Second + 60*time.Second + time.Minute
+const stopBound = 6*35*time.Second + 5*time.Second + 60*time.Second + time.Minute
 
 // upThenStopped launches make run with env, waits until it says it is
 // up, and stops it as Ctrl-C would.
