@@ -314,14 +314,40 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := g.takeOwnerSlot(rq, rt); err != nil {
 		return err
 	}
-	// The keyed routes' answers are read whole before they are relayed:
-	// the slot is held while the upstream works, not while a slow client
-	// reads.
+	if rt.StreamsLargeAnswers {
+		return g.serveUntilRelayed(c, rq, rt)
+	}
+	// These routes' answers are read whole before they are relayed (an
+	// item, a sale: at most about 2 MiB): the slot is held while the
+	// upstream works, not while a slow client reads.
 	defer g.releaseOwnerSlot(rq, rt)
 	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
 	}
 	return g.proxy(c, rq, rt)
+}
+
+// serveUntilRelayed is the rest of serve for a route whose answers may be
+// large (StreamsLargeAnswers: list pages): the owner's slot taken is held
+// until the answer has left the gateway, so that an owner's clients,
+// however slowly they read, have at most its share of the export routes'
+// answers in the gateway and export-reader's connections at once.
+// Released when the upstream had answered, as for the other routes, the
+// slot let one key hold a 5 MB page in the gateway for each request it
+// sent: 100 connections reading large pages slowly held 850 MB there
+// (gateway README, "Answers of large items").
+func (g *Gateway) serveUntilRelayed(c *fiber.Ctx, rq *request, rt route) error {
+	handedOver := false
+	defer func() { // also on a panic, which guardedServe answers
+		if !handedOver {
+			g.releaseOwnerSlot(rq, rt)
+		}
+	}()
+	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
+		return err
+	}
+	handedOver = true
+	return g.proxyUntilRelayed(c, rq, rt, func() { g.releaseOwnerSlot(rq, rt) })
 }
 
 // serveKeyless serves a route that takes no key (spec 5: health, shop

@@ -2232,6 +2232,101 @@ func TestShopSchemaSlotIsHeldUntilTheAnswerIsRelayed(t *testing.T) {
 	waitFor(t, 5*time.Second, slotFree)
 }
 
+// A list page of large items (up to MaxPageBytes, 4 MiB, and the item that
+// passed it) is relayed as it comes once the gateway holds its budget of
+// pages read whole (heldAnswersLimit), and the owner's slot is held until
+// the client has taken it: read whole, with the slot given back once the
+// reader had answered, each page was held in the gateway while its client
+// read it, and one key's 100 connections reading 5 MB pages slowly held
+// 850 MB there (the deployment's limit is 256 Mi). A page within the
+// budget is still read whole: an instance that breaks it off gets the
+// client a 502 envelope, not a 200 cut short.
+func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
+	dsn, _, k := seed(t)
+	edge.SetHeldAnswersLimit(t, 1<<20)
+	release := make(chan struct{}, 64)
+	var arrived, finished atomic.Int64
+	// Over the budget, and more than the buffers between the reader and
+	// the client hold, so that a client gets the head of a streamed page
+	// before its end.
+	head, tail := `{"data":[{"id":"big","pad":"`+strings.Repeat("x", 3<<20), `"}],"meta":{"next_cursor":null}}`
+	small := `{"data":[` + strings.Repeat(`{"id":"a1"},`, 50_000/12)
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("cursor") == "small" { // an ordinary page, broken off halfway
+			w.Header().Set("Content-Length", strconv.Itoa(2*len(small)))
+			_, _ = io.WriteString(w, small)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		arrived.Add(1)
+		w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(tail)))
+		_, _ = io.WriteString(w, head)
+		w.(http.Flusher).Flush()
+		select { // bounded, so that a failing gateway does not hang the test
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		_, _ = io.WriteString(w, tail)
+		finished.Add(1)
+	}))
+	t.Cleanup(reader.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"})
+	list := func(query string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest("GET", gw.URL+"/v1/export/items"+query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-API-Key", k.read)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	first := list("")
+	defer first.Body.Close()
+	if first.StatusCode != 200 || finished.Load() != 0 {
+		t.Fatalf("first page = %d with the reader's answer finished %d times, want 200 before the reader has finished it (relayed as it comes)",
+			first.StatusCode, finished.Load())
+	}
+	// The first page's head is here, its body still on its way: the
+	// owner's only export slot is still taken.
+	second := list("")
+	body, _ := io.ReadAll(second.Body)
+	second.Body.Close()
+	if second.StatusCode != 429 || arrived.Load() != 1 || !strings.Contains(string(body), "in flight") {
+		t.Errorf("second page while the first is relayed = %d %.200s (%d reached the reader), want 429 of the owner's cap and 1",
+			second.StatusCode, body, arrived.Load())
+	}
+	release <- struct{}{}
+	if b, err := io.ReadAll(first.Body); err != nil || string(b) != head+tail {
+		t.Fatalf("first page: %d bytes, %v; want it whole (%d bytes)", len(b), err, len(head+tail))
+	}
+	first.Body.Close()
+	// The slot is given back once the page is through.
+	for len(release) < cap(release) {
+		release <- struct{}{}
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		r := list("")
+		defer r.Body.Close()
+		_, _ = io.Copy(io.Discard, r.Body)
+		return r.StatusCode == 200
+	})
+	broken := list("?cursor=small")
+	b, _ := io.ReadAll(broken.Body)
+	broken.Body.Close()
+	if broken.StatusCode != 502 || !strings.Contains(string(b), `"bad_gateway"`) {
+		t.Errorf("an ordinary page the reader broke off = %d %.200s, want the 502 bad_gateway envelope", broken.StatusCode, b)
+	}
+}
+
 // A shop schema read changes nothing, so, as a GET, it is sent again when
 // its connection was found closed before any answer: the usual fate of a
 // kept-alive connection to a shop-schema instance that restarted (an ops

@@ -30,3 +30,11 @@ func UnfinishedRequestAnswer(t *testing.T, addr string) *http.Response {
 	resp.Body.Close()
 	return resp
 }
+
+// SetHeldAnswersLimit sets the bytes of list pages a gateway started after
+// it holds whole at once, until the test ends.
+func SetHeldAnswersLimit(t *testing.T, n int) {
+	old := heldAnswersLimit
+	heldAnswersLimit = n
+	t.Cleanup(func() { heldAnswersLimit = old })
+}

@@ -56,6 +56,9 @@ type Gateway struct {
 	// shopSlotDecisions counts what it decided.
 	shopSlots         *inFlightSlots
 	shopSlotDecisions slotDecisions
+	// heldAnswers counts the bytes of list pages held whole until their
+	// clients have taken them (proxyUntilRelayed).
+	heldAnswers *byteBudget
 	// ownerSlots bounds each owner's requests in flight on the keyed
 	// routes, its slots split between their two upstreams, each share
 	// counting its own decisions (nil when RATE_LIMIT_OWNER_IN_FLIGHT is
@@ -195,6 +198,7 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
 		notAnAddressLog: logging.Throttle{Interval: notAnAddressLogInterval},
 		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
+		heldAnswers:     &byteBudget{limit: heldAnswersLimit},
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		served:          make(chan error, 2), limitDone: make(chan struct{})}
 	if cfg.OwnerInFlight > 0 {
@@ -237,9 +241,11 @@ const keyStorePoolSize = 4
 
 // readWholeUpTo is, per upstream, the size up to which its answers are read
 // whole before they are relayed (upstream.Options.ReadWholeUpTo): far above
-// a list page (export-reader ends one at 4 MiB of items, MaxPageBytes, plus
-// the one item that passed it, at most about 2 MiB) or a sale's answer, so
-// only a broken instance reaches it. A GET by id read whole costs the gateway ~3 % less CPU than streamed,
+// an item (at most about 2 MiB) or a sale's answer, so only a broken
+// instance reaches it. List pages (export-reader ends one at 4 MiB of
+// items, MaxPageBytes, plus the one item that passed it) are asked for as
+// streams instead, and read whole only within heldAnswersLimit
+// (proxyUntilRelayed). A GET by id read whole costs the gateway ~3 % less CPU than streamed,
 // a ~100 KB sync page the same (both measured). shop-schema's answers
 // stream: by configuration (SHOP_SCHEMA_MAX_ROWS, up to 10 million rows per
 // resource) they may be larger than the gateway should hold.

@@ -100,17 +100,29 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 }
 
 // proxyUntilRelayed is proxy for a call whose end matters (the shop schema
-// slots): done runs once the answer has left the gateway. An answer read
-// whole has, when proxy returns; a streamed one (shop-schema's) only once
-// fasthttp has written it to the client, which a slow reader can make a
-// long time, with shop-schema's own slot held all along: released when
-// proxy returned, the address's slot let one address start a call for each
-// rate-limit token and hold every one of shop-schema's slots by reading
-// slowly. The answer is read into a response of its own, whose stream is
-// handed to the client's wrapped (relayedStream): a response's body stream
-// cannot be replaced without closing it.
+// slots, an owner's slots on the list route): done runs once the answer
+// has left the gateway. An answer read whole has, when proxy returns; a
+// streamed one (shop-schema's, a large list page) only once fasthttp has
+// written it to the client, which a slow reader can make a long time, with
+// the slot held all along: released when proxy returned, the address's
+// slot let one address start a call for each rate-limit token and hold
+// every one of shop-schema's slots by reading slowly. The answer is read
+// into a response of its own, whose stream is handed to the client's
+// wrapped (relayedStream): a response's body stream cannot be replaced
+// without closing it.
+//
+// A route that StreamsLargeAnswers (list pages, up to MaxPageBytes and an
+// item: about 5 MB) has its answers asked for as streams, and each is read
+// whole, as the other routes' answers are, while the gateway holds less
+// than heldAnswersLimit bytes of such answers (heldAnswers); past it, it is
+// relayed as it comes, through fasthttp's buffers. An answer read whole
+// keeps the 502 envelope of an instance that breaks it off, and has
+// GATEWAY_WRITE_TIMEOUT to be read; a streamed one reaches the client cut
+// short (its Content-Length shows it), and must be read within
+// UPSTREAM_READ_TIMEOUT, the bound of the read from the service.
 func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done func()) error {
 	answer := fasthttp.AcquireResponse()
+	answer.StreamBody = rt.StreamsLargeAnswers
 	relayed := false
 	defer func() { // also on a panic, which guardedServe answers
 		if !relayed {
@@ -122,11 +134,50 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 		return err
 	}
 	relayed = true
-	if !c.Request().Header.IsHTTP11() && answer.IsBodyStream() && answer.Header.ContentLength() < 0 {
+	length := answer.Header.ContentLength()
+	switch {
+	case !answer.IsBodyStream():
+	case rt.StreamsLargeAnswers && length >= 0 && g.heldAnswers.take(length):
+		return relayWhole(c.Response(), answer, func() { g.heldAnswers.give(length); done() })
+	case length < 0 && !c.Request().Header.IsHTTP11():
 		return relayWhole(c.Response(), answer, done)
 	}
 	relay(c.Response(), answer, done)
 	return nil
+}
+
+// heldAnswersLimit bounds the bytes of list pages a gateway holds whole at
+// once, each from its read until its client has taken it: 320 ordinary
+// pages of 100 items, or 6 pages of large items. Without it nothing did:
+// with 160 items of 1 MB (pages of 5.2 MB), 48 syncs at once held 302 MB
+// in the gateway, and one key's connections reading slowly 853 MB, past
+// the 256 Mi of deploy/k8s's gateway pod, which serves every tenant. A var
+// for the tests.
+var heldAnswersLimit = 32 << 20
+
+// byteBudget counts bytes held against a limit.
+type byteBudget struct {
+	mu    sync.Mutex
+	held  int
+	limit int
+}
+
+// take counts n bytes held, or reports that they would pass the limit.
+func (b *byteBudget) take(n int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held+n > b.limit {
+		return false
+	}
+	b.held += n
+	return true
+}
+
+// give counts n bytes take counted as no longer held.
+func (b *byteBudget) give(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held -= n
 }
 
 // readWholeForHTTP10 bounds a streamed answer read whole for a client
@@ -139,21 +190,31 @@ const readWholeForHTTP10 = 64 << 20
 var errTooLargeForHTTP10 = fmt.Errorf("%w: a streamed answer over %d MiB cannot be framed for an HTTP/1.0 client",
 	upstream.ErrBadResponse, readWholeForHTTP10>>20)
 
-// relayWhole is relay for a streamed answer of unknown length to a client
-// that fasthttp does not read as HTTP/1.1 (1.0, or 1.2 and up, served by
-// 1.0's rules): only from a shop-schema of a build before its answer
-// carried its length (mid-upgrade), since the answer read here is held
-// in the gateway, the service's slot free again, for as long as the
-// client takes to read it. fasthttp frames such a stream chunked, whatever the
-// client, and RFC 9112 7.1 forbids chunked towards HTTP/1.0 (a client
-// that implements 1.0 alone reads the chunk sizes as part of the body).
-// The answer is read whole, up to readWholeForHTTP10, and sent with its
-// Content-Length, still as a stream, so that done runs once it has left,
-// as relay's. A read that fails, or passes the bound, is the error to
-// answer (nothing was written yet); done has run.
+// relayWhole is relay for a streamed answer read whole first
+// (proxyUntilRelayed): a list page within heldAnswersLimit, or one of
+// unknown length to a client of HTTP/1.0.
+// One of unknown length comes only from a shop-schema of a build before
+// its answer carried its length (mid-upgrade), to a client that fasthttp
+// does not read as HTTP/1.1 (1.0, or 1.2 and up, served by 1.0's rules):
+// the answer read here is held in the gateway, the service's slot free
+// again, for as long as the client takes to read it. fasthttp frames such
+// a stream chunked, whatever the client, and RFC 9112 7.1 forbids chunked
+// towards HTTP/1.0 (a client that implements 1.0 alone reads the chunk
+// sizes as part of the body). The answer is read whole, its length's
+// bytes or up to readWholeForHTTP10, and sent with its Content-Length,
+// still as a stream, so that done runs once it has left, as relay's. A
+// read that fails, or passes the bound, is the error to answer (nothing
+// was written yet); done has run.
 func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 	stream := answer.BodyStream()
-	body, err := io.ReadAll(io.LimitReader(stream, readWholeForHTTP10+1))
+	var body []byte
+	var err error
+	if length := answer.Header.ContentLength(); length >= 0 {
+		body = make([]byte, length) // within heldAnswersLimit (proxyUntilRelayed)
+		_, err = io.ReadFull(stream, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(stream, readWholeForHTTP10+1))
+	}
 	switch {
 	case err != nil:
 		err = upstreamReadError(err)

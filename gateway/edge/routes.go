@@ -70,6 +70,14 @@ type route struct {
 	// requests record no span (begin), as the services' /healthz records
 	// none, or each probe would be a trace of its own in the trace store.
 	HealthCheck bool
+	// StreamsLargeAnswers: the answers are asked for as streams, read
+	// whole within the gateway's heldAnswersLimit and relayed as they come
+	// past it, and the owner's slot is held until the answer has left
+	// (proxyUntilRelayed). A list page may hold MaxPageBytes (4 MiB) of
+	// items and the item that passed it; read whole, each was held in the
+	// gateway while its client read it, and nothing bounded how many:
+	// gateway README, "Answers of large items".
+	StreamsLargeAnswers bool
 }
 
 // Name labels metrics, spans and log lines. A parameter is written
@@ -131,7 +139,7 @@ var routes = []route{
 	{Method: "GET", Path: "/v1/health", Class: classAnonymous, HealthCheck: true},
 	{Method: "POST", Path: "/v1/sync/prestashop/schema", Upstream: upstreamShopSchema, Class: classShopSchema, ReadOnly: true},
 	{Method: "GET", Path: "/v1/export/items", Upstream: upstreamExportReader,
-		Scope: identity.ScopeExportRead, Class: classExportRead, StickyByKey: true},
+		Scope: identity.ScopeExportRead, Class: classExportRead, StickyByKey: true, StreamsLargeAnswers: true},
 	{Method: "GET", Path: "/v1/export/items/:item_id", Upstream: upstreamExportReader,
 		Scope: identity.ScopeExportRead, Class: classExportRead},
 	{Method: "POST", Path: "/v1/export/items/:item_id/sales/confirm", Upstream: upstreamSalesWriter,

@@ -70,7 +70,9 @@ type Options struct {
 	// before the first byte goes to the client, and bounds it: an instance
 	// that fails halfway through an answer, or sends more, then gets the
 	// client a 502 envelope instead of an answer cut short. Zero streams
-	// answers of any size through.
+	// answers of any size through. A caller may ask for one answer as a
+	// stream all the same (Response.StreamBody set before Do, kept for a
+	// repeat): the bound does not apply to it.
 	ReadWholeUpTo int
 }
 
@@ -423,7 +425,9 @@ func refusedAgain(err error) bool {
 // from before fails whatever is sent on it.
 func (u *Upstream) resend(inst *Instance, req *fasthttp.Request, resp *fasthttp.Response, requestURI string, repeat Repeat) error {
 	inst.client.CloseIdleConnections()
+	stream := resp.StreamBody // the caller's choice for this answer, which Reset clears
 	resp.Reset()
+	resp.StreamBody = stream
 	if repeat.Renew != nil {
 		repeat.Renew(&req.Header, requestURI)
 	}

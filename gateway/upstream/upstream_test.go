@@ -238,6 +238,34 @@ func TestARepeatGoesOutOnANewConnection(t *testing.T) {
 	}
 }
 
+// An answer the caller asked for as a stream (the gateway's list pages,
+// which may be 5 MB) is streamed on a repeat too: Reset, before the repeat,
+// clears the request's choice, and the repeat's page was read whole, into
+// the gateway's memory, up to ReadWholeUpTo.
+func TestARepeatKeepsTheStreamAskedFor(t *testing.T) {
+	a, b := newRestartable(t), newRestartable(t)
+	o := opts()
+	o.ReadWholeUpTo = 1 << 20 // answers read whole unless asked otherwise
+	u, err := New("svc", []string{a.url(), b.url()}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toA := preferring(t, u, a.url())
+	a.stop()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("GET")
+	resp.StreamBody = true
+	out, err := u.Do(req, resp, "/v1/x", Repeat{IfClosed: true}, toA)
+	if err != nil || out.Repeated == nil || resp.StatusCode() != 200 {
+		t.Fatalf("GET to a (down) = %d, repeated %v, %v; want 200 from b on a repeat", resp.StatusCode(), out.Repeated, err)
+	}
+	if !resp.IsBodyStream() {
+		t.Error("the repeat's answer was read whole, not streamed as asked")
+	}
+}
+
 // A rolling restart: a restarted a moment ago, unseen, and b is down now.
 // A request sent to a first finds a's kept-alive connection closed, and b
 // refuses the repeat; a, which is up, must be asked again on a new
