@@ -22,6 +22,7 @@ func TestAKeyRevokedWithExportctlIsRefusedWithinASecond(t *testing.T) {
 	fx := newFixture(t, pool)
 	dsn := dsnOf(t, pool)
 	s := startStack(t, dsn, testenv.RedisURL(t), "KEY_CACHE_TTL=1h", "KEY_CACHE_UNHEARD_TTL=1h")
+	s.waitHearsRevocations(t)
 	exportctl := filepath.Join(t.TempDir(), "exportctl")
 	if out, err := exec.Command("go", "build", "-o", exportctl, "github.com/coinexport/export/pkg/cmd/exportctl").CombinedOutput(); err != nil {
 		t.Fatalf("go build exportctl: %v\n%s", err, out)

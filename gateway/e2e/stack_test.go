@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -205,6 +206,25 @@ func (s *stack) waitHealthy(exited <-chan string) error {
 	}
 	return nil
 }
+
+// waitHearsRevocations waits up to 10 s for the gateway's revocation
+// listener to connect, as gatewaytest.Start does: /v1/health does not wait
+// for it, and until it listens a cached key is trusted for
+// KEY_CACHE_UNHEARD_TTL (an hour in a test that means to see only what
+// the listener hears), so a revocation made before it connects is not
+// heard at all.
+func (s *stack) waitHearsRevocations(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.logs["gateway"].String(), revocationListenerListening); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the gateway's revocation listener did not connect within 10 s:\n%s", s.logs["gateway"].String())
+		}
+	}
+}
+
+// revocationListenerListening is the message of the gateway's line once
+// its revocation listener listens (keystore.Listen).
+const revocationListenerListening = "revocation listener listening"
 
 // healthClient gives up on a health check that gets no answer: a port
 // taken by another process may accept the connection and say nothing.
