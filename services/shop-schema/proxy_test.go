@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -29,12 +30,14 @@ func TestNoProxyFromTheEnvironment(t *testing.T) {
 	}
 	var proxied atomic.Int64
 	proxy := testenv.ServeConns(t, func(net.Conn) { proxied.Add(1) })
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNoProxyFromTheEnvironment$", "-test.count=1")
+	// -test.v and its "--- PASS" line: a helper whose -test.run matched
+	// no test (this one renamed) would exit 0 having read nothing.
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), proxyHelperEnv+"=1", "HTTPS_PROXY=http://"+proxy, "https_proxy=http://"+proxy,
 		"NO_PROXY=", "no_proxy=")
 	testenv.DiesWithTest(cmd)
 	out, err := cmd.CombinedOutput()
-	if err != nil || proxied.Load() != 0 {
+	if err != nil || proxied.Load() != 0 || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
 		t.Errorf("with HTTPS_PROXY set: the proxy accepted %d connections (want 0), the helper %v:\n%s", proxied.Load(), err, out)
 	}
 }
