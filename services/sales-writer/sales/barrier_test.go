@@ -2,11 +2,14 @@ package sales
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A confirm and a cancel each take their owner's shared sync lock before
@@ -38,10 +41,12 @@ func TestSalesTakeTheWriterLock(t *testing.T) {
 				IdempotencyKey: "k-" + string(op), ItemID: "item-1", ExternalOrderID: "order-1"})
 			done <- err
 		}()
-		select {
-		case err := <-done:
-			t.Errorf("%s completed (err %v) while the owner's sync barrier held the lock", op, err)
-		case <-time.After(300 * time.Millisecond):
+		// Waited for: on a loaded machine the goroutine's statement may not
+		// have reached PostgreSQL after any fixed delay, and a stamp taken
+		// after the release then passed whatever the statement stamps.
+		if err := waitBlockedOnAdvisoryLock(ctx, db, done); err != nil {
+			_ = tx.Rollback(ctx) // or the test's pool waits for its connection at cleanup, for ever
+			t.Fatalf("%s: %v", op, err)
 		}
 		// The database's clock as the barrier is released: the sale's stamp
 		// must come after it, not from before its wait (a statement's now()),
@@ -71,5 +76,29 @@ func TestSalesTakeTheWriterLock(t *testing.T) {
 	var sold bool
 	if err := db.QueryRow(ctx, `SELECT sold FROM export_items WHERE owner_id = $1 AND id = 'item-1'`, owner).Scan(&sold); err != nil || sold {
 		t.Errorf("after confirm and cancel the item reads sold = %v (%v), want false", sold, err)
+	}
+}
+
+// waitBlockedOnAdvisoryLock waits (up to 10 s) until a session of this
+// test's database waits for an advisory lock, the owner's writer lock the
+// barrier holds, and says so if the operation (done) completes first.
+func waitBlockedOnAdvisoryLock(ctx context.Context, db *pgxpool.Pool, done <-chan error) error {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("completed (err %v) while the owner's sync barrier held the lock", err)
+		default:
+		}
+		var waiting bool
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database())`).Scan(&waiting); err != nil {
+			return err
+		}
+		if waiting {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("did not wait for the owner's writer lock within 10 s")
+		}
 	}
 }
