@@ -472,7 +472,7 @@ func ServiceDrain[C any](C) time.Duration { return httpserver.DefaultShutdownTim
 // ServiceStop is the Stop of a service served by pkg/httpserver with the
 // default drain (DefaultShutdownTimeout), then the last flush of its spans:
 // export-reader's. A service that sets its own ShutdownTimeout
-// (shop-schema, sales-writer) gives its Binary a Stop of its own.
+// (shop-schema, sales-writer) gives its Binary a Stop and a Drain of its own.
 func ServiceStop[C any](c C) time.Duration {
 	return ServiceDrain(c) + telemetry.MaxFlushTime
 }
