@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/coinexport/export/pkg/testenv"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -145,17 +146,7 @@ func (s *stack) serveOneOfEach(t *testing.T, fx fixture) {
 func (s *stack) requestCounts(t *testing.T) map[string]map[string]float64 {
 	t.Helper()
 	counts := map[string]map[string]float64{}
-	for name, admin := range s.admin {
-		resp, err := http.Get("http://" + admin + "/metrics")
-		if err != nil {
-			t.Fatalf("scrape %s: %v", name, err)
-		}
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("scrape %s: %v", name, err)
-		}
+	for name, families := range s.metricFamilies(t) {
 		counter := map[bool]string{true: "gateway_http_requests_total", false: "http_requests_total"}[name == "gateway"]
 		counts[name] = map[string]float64{}
 		for _, m := range families[counter].GetMetric() {
@@ -194,6 +185,19 @@ func checkRequestCountersMoved(t *testing.T, before, after map[string]map[string
 func (s *stack) scrape(t *testing.T) exposure {
 	t.Helper()
 	exposed := exposure{}
+	for _, families := range s.metricFamilies(t) {
+		for _, f := range families {
+			exposed.add(f)
+		}
+	}
+	return exposed
+}
+
+// metricFamilies reads every binary's /metrics, as Prometheus does:
+// binary -> metric name -> family.
+func (s *stack) metricFamilies(t *testing.T) map[string]map[string]*dto.MetricFamily {
+	t.Helper()
+	all := map[string]map[string]*dto.MetricFamily{}
 	for name, admin := range s.admin {
 		resp, err := http.Get("http://" + admin + "/metrics")
 		if err != nil {
@@ -205,9 +209,7 @@ func (s *stack) scrape(t *testing.T) exposure {
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("scrape %s = %d, %v", name, resp.StatusCode, err)
 		}
-		for _, f := range families {
-			exposed.add(f)
-		}
+		all[name] = families
 	}
-	return exposed
+	return all
 }
