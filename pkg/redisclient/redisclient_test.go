@@ -22,18 +22,26 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
+// tracedClient opens a client on the test Redis with the global tracer
+// provider recording every span (the one Open's redisotel takes), both
+// undone when the test ends.
+func tracedClient(t *testing.T) (*tracetest.SpanRecorder, *redis.Client) {
+	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	prev := otel.GetTracerProvider()
 	otel.SetTracerProvider(tp)
 	t.Cleanup(func() { otel.SetTracerProvider(prev) })
-
 	client, err := Open(testenv.RedisURL(t), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.Close()
+	t.Cleanup(func() { client.Close() })
+	return rec, client
+}
+
+func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
+	rec, client := tracedClient(t)
 	ctx := context.Background()
 	if err := client.Ping(ctx).Err(); err != nil {
 		t.Fatalf("Ping = %v", err)
@@ -42,7 +50,7 @@ func TestCommandsAreTracedOnlyInsideARequest(t *testing.T) {
 		t.Errorf("Ping outside a request made %d spans, want 0", n)
 	}
 
-	ctx, parent := tp.Tracer("test").Start(ctx, "request")
+	ctx, parent := otel.Tracer("test").Start(ctx, "request")
 	if err := client.Ping(ctx).Err(); err != nil {
 		t.Fatalf("Ping = %v", err)
 	}
@@ -204,16 +212,7 @@ func (f formatCounter) String() string                 { f.formatted.Add(1); ret
 // span that was never recorded. Under a request's span, it is traced as
 // before.
 func TestAPipelineUnderNoSpanIsNotFormatted(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev) })
-	client, err := Open(testenv.RedisURL(t), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	rec, client := tracedClient(t)
 	key := testenv.KeyPrefix(t) + "k"
 	var formatted atomic.Int64
 	send := func(ctx context.Context) {
@@ -235,7 +234,7 @@ func TestAPipelineUnderNoSpanIsNotFormatted(t *testing.T) {
 		t.Errorf("a pipeline under no span made %d spans, want 0", n)
 	}
 
-	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
+	ctx, parent := otel.Tracer("test").Start(context.Background(), "request")
 	send(ctx)
 	parent.End()
 	var names []string
