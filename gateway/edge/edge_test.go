@@ -2635,3 +2635,81 @@ func TestManyHeaderFieldsAreRefused(t *testing.T) {
 		t.Errorf("the reader got %d requests, want 1 (the 100 fields')", hits.Load())
 	}
 }
+
+// The bytes of a list page held whole (heldAnswersLimit) and the owner's
+// slot come back on every way a page ends: a page whose instance stalls
+// halfway (a 504 once UPSTREAM_READ_TIMEOUT passes), a page held whole
+// whose client hangs up before taking it, a page past the budget relayed as
+// it comes whose client hangs up. Then a page broken off is still read
+// whole (its 502 envelope; streamed, it would be a 200 cut short), and the
+// owner's one export slot is free (a 429 otherwise).
+func TestHeldPageBytesAndOwnerSlotComeBackOnEveryEnd(t *testing.T) {
+	dsn, _, k := seed(t)
+	const limit = 10 << 20
+	edge.SetHeldAnswersLimit(t, limit)
+	held := strings.Repeat("x", 8<<20)      // held whole
+	streamed := strings.Repeat("y", 12<<20) // past the budget
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Query().Get("cursor") {
+		case "stall":
+			w.Header().Set("Content-Length", "100000")
+			_, _ = io.WriteString(w, `{"data":[`)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		case "held":
+			w.Header().Set("Content-Length", strconv.Itoa(len(held)))
+			_, _ = io.WriteString(w, held)
+		case "streamed":
+			w.Header().Set("Content-Length", strconv.Itoa(len(streamed)))
+			_, _ = io.WriteString(w, streamed)
+		case "broken": // within what is left of the budget only if all came back
+			w.Header().Set("Content-Length", strconv.Itoa(limit/2))
+			_, _ = io.WriteString(w, `{"data":[`)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
+	}))
+	t.Cleanup(reader.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"UPSTREAM_READ_TIMEOUT": "1s", "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"})
+	list := func(cursor string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", gw.URL+"/v1/export/items?cursor="+cursor, nil)
+		req.Header.Set("X-API-Key", k.read)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil { // a page streamed and cut short: its head said 200
+			return 0, err.Error()
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
+	}
+	hangUp := func(cursor string) { // reads the head and a little, then leaves
+		t.Helper()
+		conn, err := net.Dial("tcp", gw.URL[len("http://"):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, _ = fmt.Fprintf(conn, "GET /v1/export/items?cursor=%s HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n\r\n", cursor, k.read)
+		head := make([]byte, 64<<10)
+		if n, err := io.ReadAtLeast(conn, head, 1024); err != nil || !strings.HasPrefix(string(head[:n]), "HTTP/1.1 200") {
+			t.Fatalf("%s page: %.100q, %v; want its head", cursor, head[:n], err)
+		}
+	}
+	if status, body := list("stall"); status != 504 || !strings.Contains(body, `"upstream_timeout"`) {
+		t.Errorf("a page its instance stalled = %d %.200s, want the 504 upstream_timeout envelope", status, body)
+	}
+	slotFree := func() bool { status, _ := list(""); return status == 200 } // an empty page
+	hangUp("held")
+	waitFor(t, 10*time.Second, slotFree)
+	hangUp("streamed")
+	waitFor(t, 10*time.Second, slotFree)
+	if status, body := list("broken"); status != 502 || !strings.Contains(body, `"bad_gateway"`) {
+		t.Errorf("a page broken off after the others ended = %d %.200s, want the 502 bad_gateway envelope (read whole: the budget came back)", status, body)
+	}
+}
