@@ -1559,6 +1559,25 @@ func TestAPageReadWholeLeavesInOneWriteFromAPooledBuffer(t *testing.T) {
 	}
 }
 
+// A page of large items (about 5 MB) read whole is not pooled once it has
+// left: its buffer would be held for the ordinary pages after it, outside
+// heldAnswersLimit's count.
+func TestAPageOfLargeItemsLeavesNoBufferPooled(t *testing.T) {
+	page := bytes.Repeat([]byte("x"), 5<<20)
+	answer := fasthttp.AcquireResponse()
+	answer.SetBodyStream(bytes.NewReader(page), len(page))
+	var resp fasthttp.Response
+	if err := relayWhole(&resp, answer, func() {}); err != nil {
+		t.Fatalf("relayWhole: %v", err)
+	}
+	resp.Reset() // closes the stream, as fasthttp once it has written it
+	next := pages.Get()
+	defer releasePage(next)
+	if cap(next.B) > maxPooledPage {
+		t.Errorf("the next page's buffer holds %d bytes, want at most %d pooled", cap(next.B), maxPooledPage)
+	}
+}
+
 // countedWrites is a connection that keeps what is written and counts the
 // writes. It has no ReadFrom (bytes.Buffer's is not promoted), through
 // which bufio would hand it the rest of a stream uncounted.

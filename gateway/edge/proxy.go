@@ -212,7 +212,7 @@ func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 	// A pooled buffer, given back once the answer has left: a page of a
 	// sync made afresh each time cost the gateway 110 KB of garbage per
 	// ~100 KB page (BenchmarkGatewaySyncPage).
-	page := bytebufferpool.Get()
+	page := pages.Get()
 	var err error
 	if length := answer.Header.ContentLength(); length >= 0 {
 		page.B = slices.Grow(page.B[:0], length)[:length] // within heldAnswersLimit (proxyUntilRelayed)
@@ -230,7 +230,7 @@ func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 		_ = closer.CloseWithError(err) // with an error, the connection is not reused
 	}
 	if err != nil {
-		bytebufferpool.Put(page)
+		releasePage(page)
 		fasthttp.ReleaseResponse(answer)
 		done()
 		return err
@@ -238,6 +238,22 @@ func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 	answer.Header.CopyTo(&resp.Header)
 	resp.SetBodyStream(&relayedStream{Reader: bytes.NewReader(page.B), page: page, answer: answer, done: done}, page.Len())
 	return nil
+}
+
+// pages pools the buffers of answers read whole (relayWhole). One over
+// maxPooledPage (a page of large items, up to about 5 MB) is left to the
+// collector, as export-reader does with its own: pooled, a few such pages
+// would pin their buffers for the ordinary pages after them, outside
+// heldAnswersLimit's count.
+var pages bytebufferpool.Pool
+
+// maxPooledPage is the largest buffer pages keeps: 10 ordinary pages.
+const maxPooledPage = 1 << 20
+
+func releasePage(page *bytebufferpool.ByteBuffer) {
+	if cap(page.B) <= maxPooledPage {
+		pages.Put(page)
+	}
 }
 
 // upstreamReadError names the kind of a failure to read an answer's body
@@ -303,7 +319,7 @@ func (s *relayedStream) CloseWithError(err error) error {
 			_ = stream.CloseWithError(err)
 		}
 		if s.page != nil {
-			bytebufferpool.Put(s.page)
+			releasePage(s.page)
 		}
 		fasthttp.ReleaseResponse(s.answer)
 		s.done()
