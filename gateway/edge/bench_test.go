@@ -119,11 +119,16 @@ func benchGet(b *testing.B, client *fasthttp.HostClient, key string) {
 // fastUpstream answers every request with a small page, as cheaply as
 // possible, so the gateway's own cost dominates.
 func fastUpstream(b *testing.B) string {
+	return upstreamAnswering(b, []byte(`{"data":[],"meta":{"request_id":"x","next_cursor":null}}`))
+}
+
+// upstreamAnswering answers every request with body, as JSON, and returns
+// its URL.
+func upstreamAnswering(b *testing.B, body []byte) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	body := []byte(`{"data":[],"meta":{"request_id":"x","next_cursor":null}}`)
 	srv := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) {
 		c.SetContentType("application/json")
 		c.SetBody(body)
@@ -218,16 +223,5 @@ func BenchmarkGatewaySyncPage(b *testing.B) {
 
 // pageUpstream answers every request with a JSON page of size bytes.
 func pageUpstream(b *testing.B, size int) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	body := []byte(`{"data":["` + strings.Repeat("x", size-64) + `"],"meta":{"request_id":"x","next_cursor":null}}`)
-	srv := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) {
-		c.SetContentType("application/json")
-		c.SetBody(body)
-	}}
-	go srv.Serve(l)
-	b.Cleanup(func() { srv.Shutdown() })
-	return "http://" + l.Addr().String()
+	return upstreamAnswering(b, []byte(`{"data":["`+strings.Repeat("x", size-64)+`"],"meta":{"request_id":"x","next_cursor":null}}`))
 }
