@@ -20,8 +20,9 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// BenchmarkGateway measures the gateway's throughput on the hot route with
-// rate limits off and on (limits no key reaches, so every request is
+// BenchmarkGateway measures the gateway's throughput on GET by id (make
+// bench's GET scenario; until session 40 a small list page, whose relay is
+// now its own: BenchmarkGatewaySyncPage) with rate limits off and on (limits no key reaches, so every request is
 // proxied and pays for its decision), against a trivial upstream, and a
 // plain Fiber proxy hop beside it; compare ns/op and cpu-ns/op +
 // redis-cpu-ns/op. The upstream runs in this process, so its parsing of
@@ -56,9 +57,9 @@ func BenchmarkGateway(b *testing.B) {
 			})
 			client := &fasthttp.HostClient{Addr: gw.URL[len("http://"):], MaxConns: 256}
 			for _, k := range bc.keys { // warm the key cache
-				benchGet(b, client, k)
+				benchGet(b, client, itemPath, k)
 			}
-			runGets(b, client, bc.keys, rdb)
+			runGets(b, client, itemPath, bc.keys, rdb)
 		})
 	}
 	// The reference: Fiber's proxy and nothing else (gateway/cmd/plainhop),
@@ -66,21 +67,21 @@ func BenchmarkGateway(b *testing.B) {
 	// what the gateway's own work costs.
 	b.Run("plainhop", func(b *testing.B) {
 		client := &fasthttp.HostClient{Addr: plainHop(b, upstream), MaxConns: 256}
-		benchGet(b, client, keys[0])
-		runGets(b, client, keys, rdb)
+		benchGet(b, client, itemPath, keys[0])
+		runGets(b, client, itemPath, keys, rdb)
 	})
 }
 
 // runGets sends b.N GETs from 8 goroutines per CPU over client and
 // reports the CPU time per request of this process and of Redis.
-func runGets(b *testing.B, client *fasthttp.HostClient, keys []string, rdb *redis.Client) {
+func runGets(b *testing.B, client *fasthttp.HostClient, path string, keys []string, rdb *redis.Client) {
 	var n atomic.Int64
 	b.SetParallelism(8)
 	cpu0, redis0 := processCPU(), redisCPU(b, rdb)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			benchGet(b, client, keys[int(n.Add(1))%len(keys)])
+			benchGet(b, client, path, keys[int(n.Add(1))%len(keys)])
 		}
 	})
 	b.StopTimer()
@@ -105,11 +106,19 @@ func plainHop(b *testing.B, upstream string) string {
 	return l.Addr().String()
 }
 
-func benchGet(b *testing.B, client *fasthttp.HostClient, key string) {
+// Paths the benchmarks GET: an item, as make bench's GET scenario (the
+// routes whose answers are read whole), and a list page, whose relay is
+// its own (proxyUntilRelayed).
+const (
+	itemPath = "/v1/export/items/bench-item"
+	pagePath = "/v1/export/items?limit=100"
+)
+
+func benchGet(b *testing.B, client *fasthttp.HostClient, path, key string) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + client.Addr + "/v1/export/items?limit=25")
+	req.SetRequestURI("http://" + client.Addr + path)
 	req.Header.Set("X-API-Key", key)
 	if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
 		b.Errorf("GET = %d, %v, want 200", resp.StatusCode(), err)
@@ -211,13 +220,13 @@ func BenchmarkGatewaySyncPage(b *testing.B) {
 			"RATE_LIMIT_ENABLED": "false",
 		})
 		client := &fasthttp.HostClient{Addr: gw.URL[len("http://"):], MaxConns: 64}
-		benchGet(b, client, keys[0])
-		runGets(b, client, keys, rdb)
+		benchGet(b, client, pagePath, keys[0])
+		runGets(b, client, pagePath, keys, rdb)
 	})
 	b.Run("plainhop", func(b *testing.B) {
 		client := &fasthttp.HostClient{Addr: plainHop(b, upstream), MaxConns: 64}
-		benchGet(b, client, keys[0])
-		runGets(b, client, keys, rdb)
+		benchGet(b, client, pagePath, keys[0])
+		runGets(b, client, pagePath, keys, rdb)
 	})
 }
 
