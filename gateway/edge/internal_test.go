@@ -32,6 +32,7 @@ import (
 	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/pkg/tracestore"
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -1579,6 +1580,36 @@ func TestAPageOfLargeItemsLeavesNoBufferPooled(t *testing.T) {
 	defer releasePage(next)
 	if cap(next.B) > maxPooledPage {
 		t.Errorf("the next page's buffer holds %d bytes, want at most %d pooled", cap(next.B), maxPooledPage)
+	}
+}
+
+// A list page held whole counts, against heldAnswersLimit, the buffer it
+// is read into: a pooled one may have been grown by a page of up to
+// maxPooledPage, and a smaller page held in it holds all of it. Counted
+// by the pages' lengths, 33 pages of 1 KB in buffers of 1 MiB were counted
+// 33 KB of the 32 MiB.
+func TestAHeldPageCountsTheBufferItIsReadInto(t *testing.T) {
+	budget := &byteBudget{limit: 32 << 20}
+	grown := func() *bytebufferpool.ByteBuffer {
+		return &bytebufferpool.ByteBuffer{B: make([]byte, 0, maxPooledPage)}
+	}
+	held := 0
+	for range 32 {
+		_, n, ok := budget.takePage(grown(), 1000)
+		if !ok {
+			t.Fatalf("a 1 KB page in a buffer of %d bytes refused with %d held, want it held", maxPooledPage, held)
+		}
+		held += n
+	}
+	if _, _, ok := budget.takePage(grown(), 1000); ok {
+		t.Errorf("a 33rd page of 1 KB, each in a buffer of %d bytes, was held: the budget counts %d bytes of %d held",
+			maxPooledPage, budget.held, 33*maxPooledPage)
+	}
+	budget.give(held)
+	// A page larger than the buffer counts its own length, which the
+	// buffer will grow to.
+	if _, n, ok := budget.takePage(&bytebufferpool.ByteBuffer{}, 5<<20); !ok || n != 5<<20 {
+		t.Errorf("a 5 MiB page in an empty buffer: held %v counting %d bytes, want it held counting %d", ok, n, 5<<20)
 	}
 }
 

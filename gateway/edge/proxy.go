@@ -139,8 +139,10 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
-	case rt.StreamsLargeAnswers && length >= 0 && g.heldAnswers.take(length):
-		return relayWhole(c.Response(), answer, func() { g.heldAnswers.give(length); done() })
+	case rt.StreamsLargeAnswers && length >= 0:
+		if page, held, ok := g.heldAnswers.takePage(pages.Get(), length); ok {
+			return relayWholeInto(c.Response(), answer, page, func() { g.heldAnswers.give(held); done() })
+		}
 	case length < 0 && !c.Request().Header.IsHTTP11():
 		return relayWhole(c.Response(), answer, done)
 	}
@@ -173,6 +175,22 @@ func (b *byteBudget) take(n int) bool {
 	}
 	b.held += n
 	return true
+}
+
+// takePage counts held the bytes that page, a pooled buffer, will hold
+// once an answer of length bytes is read into it (relayWholeInto): its
+// capacity, which may be far more than length (up to maxPooledPage, a
+// buffer last grown by a larger page), or length if it must grow. Counted
+// by length, a page held in a buffer of 1 MiB counted only its own bytes,
+// and the budget no longer bounded the memory its pages held.
+// Past the limit, page goes back to the pool and ok is false.
+func (b *byteBudget) takePage(page *bytebufferpool.ByteBuffer, length int) (_ *bytebufferpool.ByteBuffer, held int, ok bool) {
+	held = max(cap(page.B), length)
+	if !b.take(held) {
+		releasePage(page)
+		return nil, 0, false
+	}
+	return page, held, true
 }
 
 // give counts n bytes take counted as no longer held.
@@ -208,11 +226,15 @@ var errTooLargeForHTTP10 = fmt.Errorf("%w: a streamed answer over %d MiB cannot 
 // read that fails, or passes the bound, is the error to answer (nothing
 // was written yet); done has run.
 func relayWhole(resp, answer *fasthttp.Response, done func()) error {
+	return relayWholeInto(resp, answer, pages.Get(), done)
+}
+
+// relayWholeInto is relayWhole reading the answer into page, a buffer of
+// pages given back once the answer has left: a page of a sync made afresh
+// each time cost the gateway 110 KB of garbage per ~100 KB page
+// (BenchmarkGatewaySyncPage).
+func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, done func()) error {
 	stream := answer.BodyStream()
-	// A pooled buffer, given back once the answer has left: a page of a
-	// sync made afresh each time cost the gateway 110 KB of garbage per
-	// ~100 KB page (BenchmarkGatewaySyncPage).
-	page := pages.Get()
 	var err error
 	if length := answer.Header.ContentLength(); length >= 0 {
 		page.B = slices.Grow(page.B[:0], length)[:length] // within heldAnswersLimit (proxyUntilRelayed)
