@@ -10,24 +10,11 @@ import (
 	"unsafe"
 
 	"github.com/coinexport/export/pkg/testenv"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
-
-// recordSpans makes the global tracer provider (redisotel's, read when a
-// client is opened) and the returned one record into the returned recorder.
-func recordSpans(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
-	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev) })
-	return tp, rec
-}
 
 // spanOf is the ended span whose context is sc, nil if none.
 func spanOf(rec *tracetest.SpanRecorder, sc trace.SpanContext) sdktrace.ReadOnlySpan {
@@ -45,7 +32,7 @@ func spanOf(rec *tracetest.SpanRecorder, sc trace.SpanContext) sdktrace.ReadOnly
 // from one request id an SRE finds how long Redis took for it. An untraced
 // request's decision makes no span at all.
 func TestATracedDecisionNamesItsRedisRoundTrip(t *testing.T) {
-	tp, rec := recordSpans(t)
+	tp, rec := testenv.RecordGlobalSpans(t)
 	l := startLimiter(t, testenv.RedisURL(t), Options{})
 	rate := mustRate(t, "600-M")
 
@@ -118,7 +105,7 @@ func TestAFailedRoundTripIsAnErrorOnItsSpan(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tp, rec := recordSpans(t)
+			tp, rec := testenv.RecordGlobalSpans(t)
 			l := startLimiter(t, tc.redis(t), Options{Timeout: 100 * time.Millisecond})
 			ctx, request := tp.Tracer("test").Start(context.Background(), "request")
 			d := l.Take(ctx, "k", mustRate(t, "600-M"))
@@ -165,7 +152,7 @@ func attrOf(s sdktrace.ReadOnlySpan, key string) string {
 // A batch links to at most MaxBatchLinks of the traced requests it
 // decides, and counts them all.
 func TestABatchSpansLinksAreBounded(t *testing.T) {
-	tp, rec := recordSpans(t)
+	tp, rec := testenv.RecordGlobalSpans(t)
 	l := New(NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)), Options{})
 	rate := mustRate(t, "600-M")
 	const traced = MaxBatchLinks + 8
@@ -212,7 +199,7 @@ func TestADecisionStays64Bytes(t *testing.T) {
 // and the round trip it shares with others is not cut, failed nor
 // counted as Redis failing (the limiter stays out of its fallback).
 func TestACanceledRequestStillSharesARoundTrip(t *testing.T) {
-	tp, rec := recordSpans(t)
+	tp, rec := testenv.RecordGlobalSpans(t)
 	l := startLimiter(t, testenv.RedisURL(t), Options{})
 	rate := mustRate(t, "600-M")
 	ctx, request := tp.Tracer("test").Start(context.Background(), "request")
@@ -246,7 +233,7 @@ func TestACanceledRequestStillSharesARoundTrip(t *testing.T) {
 // of 512, so at a 10% sample nearly every round trip exported the keys of
 // all its requests, sampled or not.
 func TestATracedBatchRecordsNoOtherRequestsKey(t *testing.T) {
-	tp, rec := recordSpans(t)
+	tp, rec := testenv.RecordGlobalSpans(t)
 	l := New(NewSlidingStore(redisClient(t, testenv.RedisURL(t)), testenv.KeyPrefix(t)), Options{})
 	rate := mustRate(t, "600-M")
 	_, request := tp.Tracer("test").Start(context.Background(), "request")

@@ -16,7 +16,6 @@ import (
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
@@ -27,11 +26,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // undone when the test ends.
 func tracedClient(t *testing.T) (*tracetest.SpanRecorder, *redis.Client) {
 	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	_, rec := testenv.RecordGlobalSpans(t)
 	client, err := Open(testenv.RedisURL(t), time.Second)
 	if err != nil {
 		t.Fatal(err)
