@@ -2145,6 +2145,21 @@ func testCapSpendsNoBudget(t *testing.T, c capCase) {
 	}
 }
 
+// writeHeadThenTail answers with head and the length of head and tail,
+// flushes, and writes tail only once released (or after 10 s, so that a
+// failing gateway does not hang the test): a large answer whose first
+// bytes reach the client while its service is still writing.
+func writeHeadThenTail(w http.ResponseWriter, head, tail string, release <-chan struct{}) {
+	w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(tail)))
+	_, _ = io.WriteString(w, head)
+	w.(http.Flusher).Flush()
+	select {
+	case <-release:
+	case <-time.After(10 * time.Second):
+	}
+	_, _ = io.WriteString(w, tail)
+}
+
 // A shop schema answer is streamed to the client, and shop-schema holds its
 // read's slot until the client has taken the whole answer: a large schema
 // (a shop of the caller's own can make one) read slowly keeps the call in
@@ -2164,17 +2179,9 @@ func TestShopSchemaSlotIsHeldUntilTheAnswerIsRelayed(t *testing.T) {
 			return
 		}
 		arrived.Add(1)
-		// The head and the first bytes of a large answer, then the rest
-		// only once released: shop-schema blocked writing to a slow reader.
+		// shop-schema blocked writing to a slow reader.
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(tail)))
-		_, _ = io.WriteString(w, head)
-		w.(http.Flusher).Flush()
-		select { // bounded, so that a failing gateway does not hang the test
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
-		_, _ = io.WriteString(w, tail)
+		writeHeadThenTail(w, head, tail, release)
 	}))
 	t.Cleanup(shop.Close)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL,
@@ -2263,14 +2270,7 @@ func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		}
 		arrived.Add(1)
-		w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(tail)))
-		_, _ = io.WriteString(w, head)
-		w.(http.Flusher).Flush()
-		select { // bounded, so that a failing gateway does not hang the test
-		case <-release:
-		case <-time.After(10 * time.Second):
-		}
-		_, _ = io.WriteString(w, tail)
+		writeHeadThenTail(w, head, tail, release)
 		finished.Add(1)
 	}))
 	t.Cleanup(reader.Close)
