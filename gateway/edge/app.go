@@ -317,9 +317,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if rt.StreamsLargeAnswers {
 		return g.serveUntilRelayed(c, rq, rt)
 	}
-	// These routes' answers are read whole before they are relayed (an
-	// item, a sale: at most about 2 MiB): the slot is held while the
-	// upstream works, not while a slow client reads.
+	// These routes' answers are read whole before they are relayed (a
+	// sale's: a few hundred bytes): the slot is held while the upstream
+	// works, not while a slow client reads.
 	defer g.releaseOwnerSlot(rq, rt)
 	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
@@ -328,10 +328,11 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 }
 
 // serveUntilRelayed is the rest of serve for a route whose answers may be
-// large (StreamsLargeAnswers: list pages): the owner's slot taken is held
-// until the answer has left the gateway, so that an owner's clients,
-// however slowly they read, have at most its share of the export routes'
-// answers in the gateway and export-reader's connections at once.
+// large (StreamsLargeAnswers: list pages, items): the owner's slot taken
+// is held until an answer over smallAnswerBytes has left the gateway, so
+// that an owner's clients, however slowly they read, have at most its
+// share of the export routes' large answers in the gateway and
+// export-reader's connections at once.
 // Released when the upstream had answered, as for the other routes, the
 // slot let one key hold a 5 MB page in the gateway for each request it
 // sent: 100 connections reading large pages slowly held 850 MB there

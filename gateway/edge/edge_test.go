@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -2240,15 +2241,34 @@ func TestShopSchemaSlotIsHeldUntilTheAnswerIsRelayed(t *testing.T) {
 }
 
 // A list page of large items (up to MaxPageBytes, 4 MiB, and the item that
-// passed it) is relayed as it comes once the gateway holds its budget of
-// pages read whole (heldAnswersLimit), and the owner's slot is held until
-// the client has taken it: read whole, with the slot given back once the
-// reader had answered, each page was held in the gateway while its client
-// read it, and one key's 100 connections reading 5 MB pages slowly held
-// 850 MB there (the deployment's limit is 256 Mi). A page within the
-// budget is still read whole: an instance that breaks it off gets the
-// client a 502 envelope, not a 200 cut short.
+// passed it), or a large item, is relayed as it comes once the gateway
+// holds its budget of answers read whole (heldAnswersLimit), and the
+// owner's slot is held until the client has taken it: read whole, with the
+// slot given back once the reader had answered, each page was held in the
+// gateway while its client read it, and one key's 100 connections reading
+// 5 MB pages slowly held 850 MB there (the deployment's limit is 256 Mi);
+// 400 connections reading 1 MB items, 450 MB. An answer within the budget
+// is still read whole: an instance that breaks it off gets the client a 502
+// envelope, not a 200 cut short.
 func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
+	for _, route := range []struct{ name, prefix string }{
+		{"list page", "/v1/export/items?cursor="},
+		{"item", "/v1/export/items/"},
+	} {
+		t.Run(route.name, func(t *testing.T) { testLargeAnswerIsStreamedAndHoldsTheOwnersSlot(t, route.prefix) })
+	}
+}
+
+// answerAsked is what a fake export-reader is asked to answer: the list
+// page's cursor, or the item's id.
+func answerAsked(r *http.Request) string {
+	if cursor := r.URL.Query().Get("cursor"); cursor != "" {
+		return cursor
+	}
+	return path.Base(r.URL.Path)
+}
+
+func testLargeAnswerIsStreamedAndHoldsTheOwnersSlot(t *testing.T, prefix string) {
 	dsn, _, k := seed(t)
 	edge.SetHeldAnswersLimit(t, 1<<20)
 	release := make(chan struct{}, 64)
@@ -2263,7 +2283,7 @@ func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		if r.URL.Query().Get("cursor") == "small" { // an ordinary page, broken off halfway
+		if answerAsked(r) == "small" { // an ordinary page, broken off halfway
 			w.Header().Set("Content-Length", strconv.Itoa(2*len(small)))
 			_, _ = io.WriteString(w, small)
 			w.(http.Flusher).Flush()
@@ -2276,9 +2296,9 @@ func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
 	t.Cleanup(reader.Close)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
 		"RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"})
-	list := func(query string) *http.Response {
+	get := func(answer string) *http.Response {
 		t.Helper()
-		req, err := http.NewRequest("GET", gw.URL+"/v1/export/items"+query, nil)
+		req, err := http.NewRequest("GET", gw.URL+prefix+answer, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -2289,24 +2309,24 @@ func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
 		}
 		return r
 	}
-	first := list("")
+	first := get("big")
 	defer first.Body.Close()
 	if first.StatusCode != 200 || finished.Load() != 0 {
-		t.Fatalf("first page = %d with the reader's answer finished %d times, want 200 before the reader has finished it (relayed as it comes)",
+		t.Fatalf("first answer = %d with the reader's answer finished %d times, want 200 before the reader has finished it (relayed as it comes)",
 			first.StatusCode, finished.Load())
 	}
-	// The first page's head is here, its body still on its way: the
+	// The first answer's head is here, its body still on its way: the
 	// owner's only export slot is still taken.
-	second := list("")
+	second := get("big")
 	body, _ := io.ReadAll(second.Body)
 	second.Body.Close()
 	if second.StatusCode != 429 || arrived.Load() != 1 || !strings.Contains(string(body), "in flight") {
-		t.Errorf("second page while the first is relayed = %d %.200s (%d reached the reader), want 429 of the owner's cap and 1",
+		t.Errorf("second answer while the first is relayed = %d %.200s (%d reached the reader), want 429 of the owner's cap and 1",
 			second.StatusCode, body, arrived.Load())
 	}
 	release <- struct{}{}
 	if b, err := io.ReadAll(first.Body); err != nil || string(b) != head+tail {
-		t.Fatalf("first page: %d bytes, %v; want it whole (%d bytes)", len(b), err, len(head+tail))
+		t.Fatalf("first answer: %d bytes, %v; want it whole (%d bytes)", len(b), err, len(head+tail))
 	}
 	first.Body.Close()
 	// The slot is given back once the page is through.
@@ -2314,16 +2334,16 @@ func TestLargeListPageIsStreamedAndHoldsTheOwnersSlot(t *testing.T) {
 		release <- struct{}{}
 	}
 	waitFor(t, 5*time.Second, func() bool {
-		r := list("")
+		r := get("big")
 		defer r.Body.Close()
 		_, _ = io.Copy(io.Discard, r.Body)
 		return r.StatusCode == 200
 	})
-	broken := list("?cursor=small")
+	broken := get("small")
 	b, _ := io.ReadAll(broken.Body)
 	broken.Body.Close()
 	if broken.StatusCode != 502 || !strings.Contains(string(b), `"bad_gateway"`) {
-		t.Errorf("an ordinary page the reader broke off = %d %.200s, want the 502 bad_gateway envelope", broken.StatusCode, b)
+		t.Errorf("an ordinary answer the reader broke off = %d %.200s, want the 502 bad_gateway envelope", broken.StatusCode, b)
 	}
 }
 
@@ -2636,14 +2656,27 @@ func TestManyHeaderFieldsAreRefused(t *testing.T) {
 	}
 }
 
-// The bytes of a list page held whole (heldAnswersLimit) and the owner's
-// slot come back on every way a page ends: a page whose instance stalls
-// halfway (a 504 once UPSTREAM_READ_TIMEOUT passes), a page held whole
-// whose client hangs up before taking it, a page past the budget relayed as
-// it comes whose client hangs up. Then a page broken off is still read
-// whole (its 502 envelope; streamed, it would be a 200 cut short), and the
-// owner's one export slot is free (a 429 otherwise).
+// The bytes of an answer held whole (heldAnswersLimit) and the owner's
+// slot come back on every way a list page or an item ends: one whose
+// instance stalls halfway (a 504 once UPSTREAM_READ_TIMEOUT passes), one
+// held whole whose client hangs up before taking it, one past the budget
+// relayed as it comes whose client hangs up, a small one (relaySmall) its
+// instance breaks off (the 502 envelope). Then one broken off is still
+// read whole (its 502 envelope; streamed, it would be a 200 cut short),
+// and the owner's one export slot is free (a 429 otherwise).
 func TestHeldPageBytesAndOwnerSlotComeBackOnEveryEnd(t *testing.T) {
+	for _, route := range []struct{ name, prefix string }{
+		{"list page", "/v1/export/items?cursor="},
+		{"item", "/v1/export/items/"},
+	} {
+		t.Run(route.name, func(t *testing.T) { testHeldBytesAndSlotComeBack(t, route.prefix) })
+	}
+}
+
+// testHeldBytesAndSlotComeBack is TestHeldPageBytesAndOwnerSlotComeBackOnEveryEnd
+// for the route whose answers prefix+NAME asks for: NAME is what the
+// fake reader answers (a cursor, or an item id).
+func testHeldBytesAndSlotComeBack(t *testing.T, prefix string) {
 	dsn, _, k := seed(t)
 	const limit = 10 << 20
 	edge.SetHeldAnswersLimit(t, limit)
@@ -2654,7 +2687,7 @@ func TestHeldPageBytesAndOwnerSlotComeBackOnEveryEnd(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		switch r.URL.Query().Get("cursor") {
+		switch answerAsked(r) {
 		case "stall":
 			w.Header().Set("Content-Length", "100000")
 			_, _ = io.WriteString(w, `{"data":[`)
@@ -2666,6 +2699,11 @@ func TestHeldPageBytesAndOwnerSlotComeBackOnEveryEnd(t *testing.T) {
 		case "streamed":
 			w.Header().Set("Content-Length", strconv.Itoa(len(streamed)))
 			_, _ = io.WriteString(w, streamed)
+		case "small-broken": // read into the client's response at once, were it whole
+			w.Header().Set("Content-Length", "8000")
+			_, _ = io.WriteString(w, `{"data":[`)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
 		case "broken": // within what is left of the budget only if all came back
 			w.Header().Set("Content-Length", strconv.Itoa(limit/2))
 			_, _ = io.WriteString(w, `{"data":[`)
@@ -2676,40 +2714,44 @@ func TestHeldPageBytesAndOwnerSlotComeBackOnEveryEnd(t *testing.T) {
 	t.Cleanup(reader.Close)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
 		"UPSTREAM_READ_TIMEOUT": "1s", "RATE_LIMIT_OWNER_IN_FLIGHT": "2", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"})
-	list := func(cursor string) (int, string) {
+	get := func(answer string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", gw.URL+"/v1/export/items?cursor="+cursor, nil)
+		req, _ := http.NewRequest("GET", gw.URL+prefix+answer, nil)
 		req.Header.Set("X-API-Key", k.read)
 		r, err := http.DefaultClient.Do(req)
-		if err != nil { // a page streamed and cut short: its head said 200
+		if err != nil { // an answer streamed and cut short: its head said 200
 			return 0, err.Error()
 		}
 		defer r.Body.Close()
 		b, _ := io.ReadAll(r.Body)
 		return r.StatusCode, string(b)
 	}
-	hangUp := func(cursor string) { // reads the head and a little, then leaves
+	hangUp := func(answer string) { // reads the head and a little, then leaves
 		t.Helper()
 		conn, err := net.Dial("tcp", gw.URL[len("http://"):])
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		_, _ = fmt.Fprintf(conn, "GET /v1/export/items?cursor=%s HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n\r\n", cursor, k.read)
+		_, _ = fmt.Fprintf(conn, "GET %s%s HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n\r\n", prefix, answer, k.read)
 		head := make([]byte, 64<<10)
 		if n, err := io.ReadAtLeast(conn, head, 1024); err != nil || !strings.HasPrefix(string(head[:n]), "HTTP/1.1 200") {
-			t.Fatalf("%s page: %.100q, %v; want its head", cursor, head[:n], err)
+			t.Fatalf("%s answer: %.100q, %v; want its head", answer, head[:n], err)
 		}
 	}
-	if status, body := list("stall"); status != 504 || !strings.Contains(body, `"upstream_timeout"`) {
-		t.Errorf("a page its instance stalled = %d %.200s, want the 504 upstream_timeout envelope", status, body)
+	if status, body := get("stall"); status != 504 || !strings.Contains(body, `"upstream_timeout"`) {
+		t.Errorf("an answer its instance stalled = %d %.200s, want the 504 upstream_timeout envelope", status, body)
 	}
-	slotFree := func() bool { status, _ := list(""); return status == 200 } // an empty page
+	slotFree := func() bool { status, _ := get("empty"); return status == 200 } // an empty answer
 	hangUp("held")
 	waitFor(t, 10*time.Second, slotFree)
 	hangUp("streamed")
 	waitFor(t, 10*time.Second, slotFree)
-	if status, body := list("broken"); status != 502 || !strings.Contains(body, `"bad_gateway"`) {
-		t.Errorf("a page broken off after the others ended = %d %.200s, want the 502 bad_gateway envelope (read whole: the budget came back)", status, body)
+	if status, body := get("small-broken"); status != 502 || !strings.Contains(body, `"bad_gateway"`) {
+		t.Errorf("a small answer broken off = %d %.200s, want the 502 bad_gateway envelope", status, body)
+	}
+	waitFor(t, 10*time.Second, slotFree)
+	if status, body := get("broken"); status != 502 || !strings.Contains(body, `"bad_gateway"`) {
+		t.Errorf("an answer broken off after the others ended = %d %.200s, want the 502 bad_gateway envelope (read whole: the budget came back)", status, body)
 	}
 }

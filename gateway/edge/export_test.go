@@ -31,8 +31,8 @@ func UnfinishedRequestAnswer(t *testing.T, addr string) *http.Response {
 	return resp
 }
 
-// SetHeldAnswersLimit sets the bytes of list pages a gateway started after
-// it holds whole at once, until the test ends.
+// SetHeldAnswersLimit sets the bytes of list pages and items a gateway
+// started after it holds whole at once, until the test ends.
 func SetHeldAnswersLimit(t *testing.T, n int) {
 	old := heldAnswersLimit
 	heldAnswersLimit = n

@@ -56,8 +56,8 @@ type Gateway struct {
 	// shopSlotDecisions counts what it decided.
 	shopSlots         *inFlightSlots
 	shopSlotDecisions slotDecisions
-	// heldAnswers counts the bytes of list pages held whole until their
-	// clients have taken them (proxyUntilRelayed).
+	// heldAnswers counts the bytes of list pages and items held whole
+	// until their clients have taken them (proxyUntilRelayed).
 	heldAnswers *byteBudget
 	// ownerSlots bounds each owner's requests in flight on the keyed
 	// routes, its slots split between their two upstreams, each share
@@ -241,14 +241,14 @@ const keyStorePoolSize = 4
 
 // readWholeUpTo is, per upstream, the size up to which its answers are read
 // whole before they are relayed (upstream.Options.ReadWholeUpTo): far above
-// an item (at most about 2 MiB) or a sale's answer, so only a broken
-// instance reaches it. List pages (export-reader ends one at 4 MiB of
-// items, MaxPageBytes, plus the one item that passed it) are asked for as
-// streams instead, and read whole only within heldAnswersLimit
-// (proxyUntilRelayed). A GET by id read whole costs the gateway ~3 % less CPU than streamed,
-// a ~100 KB sync page the same (both measured). shop-schema's answers
-// stream: by configuration (SHOP_SCHEMA_MAX_ROWS, up to 10 million rows per
-// resource) they may be larger than the gateway should hold.
+// a sale's answer, so only a broken instance reaches it. export-reader's
+// answers (a list page ends at 4 MiB of items, MaxPageBytes, plus the one
+// item that passed it; an item is at most about 2 MiB) are asked for as
+// streams instead, and read whole at once up to smallAnswerBytes, past it
+// within heldAnswersLimit (proxyUntilRelayed); the bound here is for a
+// route that does not stream. shop-schema's answers stream: by
+// configuration (SHOP_SCHEMA_MAX_ROWS, up to 10 million rows per resource)
+// they may be larger than the gateway should hold.
 var readWholeUpTo = map[string]int{
 	upstreamExportReader: 64 << 20,
 	upstreamSalesWriter:  1 << 20,

@@ -816,7 +816,9 @@ func TestOwnerSlotsSplitAsConfigured(t *testing.T) {
 }
 
 // An instance that breaks off its answer halfway gets the client a whole
-// 502 envelope, never a 200 cut short.
+// 502 envelope, never a 200 cut short: an answer without a length (which
+// export-reader never sends) is read whole, on the list route as on GET
+// by id.
 func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 	upstream := testenv.ServeConns(t, func(conn net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
@@ -829,9 +831,12 @@ func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 		_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
 	})
 	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream}, fakeKeys{})
-	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/a1", map[string]string{"X-API-Key": wellFormedKey(t)})
-	if resp.StatusCode != 502 || env.Error == nil || env.Error.Code != "bad_gateway" || env.Meta.RequestID == "" {
-		t.Fatalf("GET through an instance that cut its answer = %d %+v %+v, want 502 bad_gateway with a request id", resp.StatusCode, env.Error, env.Meta)
+	for _, path := range []string{"/v1/export/items/a1", "/v1/export/items"} {
+		resp, env := get(t, "http://"+g.Addr()+path, map[string]string{"X-API-Key": wellFormedKey(t)})
+		if resp.StatusCode != 502 || env.Error == nil || env.Error.Code != "bad_gateway" || env.Meta.RequestID == "" {
+			t.Errorf("GET %s through an instance that cut its answer = %d %+v %+v, want 502 bad_gateway with a request id",
+				path, resp.StatusCode, env.Error, env.Meta)
+		}
 	}
 }
 
@@ -1492,13 +1497,13 @@ func (zeros) Read(p []byte) (int, error) {
 // answer released and its call ended (done) all the same; at the bound it
 // is sent, with its length.
 func TestRelayWholeBoundsTheStream(t *testing.T) {
-	for _, size := range []int{readWholeForHTTP10, readWholeForHTTP10 + 1} {
+	for _, size := range []int{readWholeWithoutLength, readWholeWithoutLength + 1} {
 		answer := fasthttp.AcquireResponse()
 		answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), -1)
 		var resp fasthttp.Response
 		ended := 0
 		err := relayWhole(&resp, answer, func() { ended++ })
-		if size > readWholeForHTTP10 {
+		if size > readWholeWithoutLength {
 			if ae, _ := toAPIError(err); ae != errBadGateway || ended != 1 {
 				t.Errorf("%d bytes: error %v, call ended %d times; want a 502 bad_gateway, the call ended once", size, err, ended)
 			}

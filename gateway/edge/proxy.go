@@ -114,8 +114,10 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 // without closing it.
 //
 // A route that StreamsLargeAnswers (list pages, up to MaxPageBytes and an
-// item: about 5 MB) has its answers asked for as streams, and each is read
-// whole, as the other routes' answers are, while the gateway holds less
+// item: about 5 MB; an item, up to about 2 MiB) has its answers asked for
+// as streams. One of at most smallAnswerBytes (most items, a short page) is
+// read into the client's response at once and its call ended, done run
+// (relaySmall). A larger one is read whole while the gateway holds less
 // than heldAnswersLimit bytes of such answers (heldAnswers); past it, it is
 // relayed as it comes, through fasthttp's buffers. An answer read whole
 // keeps the 502 envelope of an instance that breaks it off, and has
@@ -139,10 +141,18 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
+	case rt.StreamsLargeAnswers && length >= 0 && length <= smallAnswerBytes:
+		return relaySmall(c.Response(), answer, done)
 	case rt.StreamsLargeAnswers && length >= 0:
 		if page, held, ok := g.heldAnswers.takePage(pages.Get(), length); ok {
 			return relayWholeInto(c.Response(), answer, page, func() { g.heldAnswers.give(held); done() })
 		}
+	case rt.StreamsLargeAnswers:
+		// No length: not export-reader's (each of its answers has one),
+		// but an instance's in front of it or a broken one. Read whole, as
+		// every answer of these routes once was, so that one broken off is
+		// the 502 envelope, not a 200 cut short.
+		return relayWhole(c.Response(), answer, done)
 	case length < 0 && !c.Request().Header.IsHTTP11():
 		return relayWhole(c.Response(), answer, done)
 	}
@@ -150,13 +160,14 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 	return nil
 }
 
-// heldAnswersLimit bounds the bytes of list pages a gateway holds whole at
-// once, each from its read until its client has taken it: 320 ordinary
-// pages of 100 items, or 6 pages of large items. Without it nothing did:
-// with 160 items of 1 MB (pages of 5.2 MB), 48 syncs at once held 302 MB
-// in the gateway, and one key's connections reading slowly 853 MB, past
-// the 256 Mi of deploy/k8s's gateway pod, which serves every tenant. A var
-// for the tests.
+// heldAnswersLimit bounds the bytes of list pages and items (past
+// smallAnswerBytes) a gateway holds whole at once, each from its read
+// until its client has taken it: 320 ordinary pages of 100 items, or 6
+// pages of large items, or 32 items of 1 MiB. Without it nothing did: with
+// 160 items of 1 MB (pages of 5.2 MB), 48 syncs at once held 302 MB in the
+// gateway, and one key's connections reading slowly 853 MB, past the 256
+// Mi of deploy/k8s's gateway pod, which serves every tenant; 400
+// connections reading 1 MB items slowly, 450 MB. A var for the tests.
 var heldAnswersLimit = 32 << 20
 
 // byteBudget counts bytes held against a limit.
@@ -200,31 +211,36 @@ func (b *byteBudget) give(n int) {
 	b.held -= n
 }
 
-// readWholeForHTTP10 bounds a streamed answer read whole for a client
-// that does not speak HTTP/1.1 (relayWhole): export-reader's bound
-// (readWholeUpTo), far above a large shop's full schema (a few MB).
-const readWholeForHTTP10 = 64 << 20
+// readWholeWithoutLength bounds a streamed answer without a length read
+// whole (relayWhole): export-reader's bound (readWholeUpTo), far above a
+// large shop's full schema (a few MB) or a list page (about 5 MB).
+const readWholeWithoutLength = 64 << 20
 
-// errTooLargeForHTTP10 is a streamed answer over readWholeForHTTP10 for
-// such a client: a 502, the answer being one the gateway cannot frame.
-var errTooLargeForHTTP10 = fmt.Errorf("%w: a streamed answer over %d MiB cannot be framed for an HTTP/1.0 client",
-	upstream.ErrBadResponse, readWholeForHTTP10>>20)
+// errTooLargeWithoutLength is a streamed answer without a length over
+// readWholeWithoutLength: a 502, the answer being one the gateway does not
+// frame.
+var errTooLargeWithoutLength = fmt.Errorf("%w: a streamed answer without a length over %d MiB is not relayed",
+	upstream.ErrBadResponse, readWholeWithoutLength>>20)
 
 // relayWhole is relay for a streamed answer read whole first
-// (proxyUntilRelayed): a list page within heldAnswersLimit, or one of
-// unknown length to a client of HTTP/1.0.
-// One of unknown length comes only from a shop-schema of a build before
-// its answer carried its length (mid-upgrade), to a client that fasthttp
-// does not read as HTTP/1.1 (1.0, or 1.2 and up, served by 1.0's rules):
-// the answer read here is held in the gateway, the service's slot free
-// again, for as long as the client takes to read it. fasthttp frames such
-// a stream chunked, whatever the client, and RFC 9112 7.1 forbids chunked
-// towards HTTP/1.0 (a client that implements 1.0 alone reads the chunk
-// sizes as part of the body). The answer is read whole, its length's
-// bytes or up to readWholeForHTTP10, and sent with its Content-Length,
-// still as a stream, so that done runs once it has left, as relay's. A
-// read that fails, or passes the bound, is the error to answer (nothing
-// was written yet); done has run.
+// (proxyUntilRelayed): one of unknown length on the export routes, or to a
+// client of HTTP/1.0.
+// On the export routes it comes from no export-reader (each of its
+// answers has its length), but from something in front of it or broken:
+// read whole, one broken off is the 502 envelope, not a 200 cut short, as
+// when every answer of theirs was read whole.
+// To a client of HTTP/1.0 it comes only from a shop-schema of a build
+// before its answer carried its length (mid-upgrade), to a client that
+// fasthttp does not read as HTTP/1.1 (1.0, or 1.2 and up, served by 1.0's
+// rules): the answer read here is held in the gateway, the service's slot
+// free again, for as long as the client takes to read it. fasthttp frames
+// such a stream chunked, whatever the client, and RFC 9112 7.1 forbids
+// chunked towards HTTP/1.0 (a client that implements 1.0 alone reads the
+// chunk sizes as part of the body).
+// The answer is read whole, up to readWholeWithoutLength, and sent with
+// its Content-Length, still as a stream, so that done runs once it has
+// left, as relay's. A read that fails, or passes the bound, is the error
+// to answer (nothing was written yet); done has run.
 func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 	return relayWholeInto(resp, answer, pages.Get(), done)
 }
@@ -234,24 +250,7 @@ func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 // each time cost the gateway 110 KB of garbage per ~100 KB page
 // (BenchmarkGatewaySyncPage).
 func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, done func()) error {
-	stream := answer.BodyStream()
-	var err error
-	if length := answer.Header.ContentLength(); length >= 0 {
-		page.B = slices.Grow(page.B[:0], length)[:length] // within heldAnswersLimit (proxyUntilRelayed)
-		_, err = io.ReadFull(stream, page.B)
-	} else {
-		_, err = page.ReadFrom(io.LimitReader(stream, readWholeForHTTP10+1))
-	}
-	switch {
-	case err != nil:
-		err = upstreamReadError(err)
-	case page.Len() > readWholeForHTTP10:
-		err = errTooLargeForHTTP10
-	}
-	if closer, ok := stream.(fasthttp.ReadCloserWithError); ok {
-		_ = closer.CloseWithError(err) // with an error, the connection is not reused
-	}
-	if err != nil {
+	if err := readWhole(answer, page); err != nil {
 		releasePage(page)
 		fasthttp.ReleaseResponse(answer)
 		done()
@@ -260,6 +259,60 @@ func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBu
 	answer.Header.CopyTo(&resp.Header)
 	resp.SetBodyStream(&relayedStream{Reader: bytes.NewReader(page.B), page: page, answer: answer, done: done}, page.Len())
 	return nil
+}
+
+// smallAnswerBytes is the size up to which an answer asked for as a
+// stream (StreamsLargeAnswers) is read into the client's response at once
+// and its call ended (relaySmall), as the other routes' answers are: 8 of
+// make bench's items (~2 KB each), and the last short page of a sync. Such
+// answers weigh no more than a sale's answer or an error, and counting
+// them against heldAnswersLimit, or holding the owner's slot while a slow
+// client reads them, would bound nothing that matters.
+const smallAnswerBytes = 16 << 10
+
+// relaySmall is relay for a streamed answer of at most smallAnswerBytes
+// (by its Content-Length): it is read into resp's body, the upstream connection
+// given back and done run before the client reads it. Read into resp
+// (pooled, as every response's body) through a pooled buffer, a GET by id
+// asked for as a stream costs the gateway about what one read whole does
+// (BenchmarkGateway). A read that fails is the error to answer (502, or
+// 504 on a timeout); done has run.
+func relaySmall(resp, answer *fasthttp.Response, done func()) error {
+	defer done()
+	defer fasthttp.ReleaseResponse(answer)
+	page := pages.Get()
+	defer releasePage(page)
+	if err := readWhole(answer, page); err != nil {
+		return err
+	}
+	answer.Header.CopyTo(&resp.Header)
+	resp.SetBody(page.B)
+	return nil
+}
+
+// readWhole reads answer's body stream into page, its Content-Length's
+// bytes (within heldAnswersLimit or smallAnswerBytes: proxyUntilRelayed)
+// or, without one, up to readWholeWithoutLength, and closes the stream: the
+// upstream connection is reused only after a read that did not fail.
+func readWhole(answer *fasthttp.Response, page *bytebufferpool.ByteBuffer) error {
+	stream := answer.BodyStream()
+	var err error
+	if length := answer.Header.ContentLength(); length >= 0 {
+		page.B = slices.Grow(page.B[:0], length)[:length]
+		_, err = io.ReadFull(stream, page.B)
+	} else {
+		_, err = page.ReadFrom(io.LimitReader(stream, readWholeWithoutLength+1))
+	}
+	switch {
+	case err != nil:
+		err = upstreamReadError(err)
+	case page.Len() > readWholeWithoutLength:
+		err = errTooLargeWithoutLength
+	}
+	if closer, ok := stream.(fasthttp.ReadCloserWithError); ok {
+		_ = closer.CloseWithError(err) // with an error, the connection is not reused
+	}
+	return err
 }
 
 // pages pools the buffers of answers read whole (relayWhole). One over

@@ -70,11 +70,12 @@ type route struct {
 	// requests record no span (begin), as the services' /healthz records
 	// none, or each probe would be a trace of its own in the trace store.
 	HealthCheck bool
-	// StreamsLargeAnswers: the answers are asked for as streams, read
-	// whole within the gateway's heldAnswersLimit and relayed as they come
-	// past it, and the owner's slot is held until the answer has left
-	// (proxyUntilRelayed). A list page may hold MaxPageBytes (4 MiB) of
-	// items and the item that passed it; read whole, each was held in the
+	// StreamsLargeAnswers: the answers are asked for as streams; one up
+	// to smallAnswerBytes is read whole at once, a larger one read whole
+	// within the gateway's heldAnswersLimit and relayed as it comes past
+	// it, with the owner's slot held until it has left (proxyUntilRelayed).
+	// A list page may hold MaxPageBytes (4 MiB) of items and the item that
+	// passed it, an item about 2 MiB; read whole, each was held in the
 	// gateway while its client read it, and nothing bounded how many:
 	// gateway README, "Answers of large items".
 	StreamsLargeAnswers bool
@@ -141,7 +142,7 @@ var routes = []route{
 	{Method: "GET", Path: "/v1/export/items", Upstream: upstreamExportReader,
 		Scope: identity.ScopeExportRead, Class: classExportRead, StickyByKey: true, StreamsLargeAnswers: true},
 	{Method: "GET", Path: "/v1/export/items/:item_id", Upstream: upstreamExportReader,
-		Scope: identity.ScopeExportRead, Class: classExportRead},
+		Scope: identity.ScopeExportRead, Class: classExportRead, StreamsLargeAnswers: true},
 	{Method: "POST", Path: "/v1/export/items/:item_id/sales/confirm", Upstream: upstreamSalesWriter,
 		Scope: identity.ScopeSalesWrite, NeedsPlatform: true, Class: classSalesWrite, RepeatWithIdempotencyKey: true},
 	{Method: "POST", Path: "/v1/export/items/:item_id/sales/cancel", Upstream: upstreamSalesWriter,
