@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
-	"github.com/coinexport/export/pkg/httpserver"
-	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // Recorder is a getenv that answers from Env and remembers every name it
@@ -463,16 +461,4 @@ func (b Binary[C]) checkGatewayDrain(gatewayEnv, env map[string]string, gatewayD
 			gatewayDrain, b.Name, drain)}
 	}
 	return nil
-}
-
-// ServiceDrain is the Drain of a service served by pkg/httpserver with the
-// default drain (DefaultShutdownTimeout): export-reader's.
-func ServiceDrain[C any](C) time.Duration { return httpserver.DefaultShutdownTimeout }
-
-// ServiceStop is the Stop of a service served by pkg/httpserver with the
-// default drain (DefaultShutdownTimeout), then the last flush of its spans:
-// export-reader's. A service that sets its own ShutdownTimeout
-// (shop-schema, sales-writer) gives its Binary a Stop and a Drain of its own.
-func ServiceStop[C any](c C) time.Duration {
-	return ServiceDrain(c) + telemetry.MaxFlushTime
 }

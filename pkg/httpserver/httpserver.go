@@ -76,12 +76,26 @@ type Server struct {
 }
 
 // DefaultShutdownTimeout is how long a service drains its in-flight
-// requests after the stop signal, unless its Config says otherwise:
-// export-reader and sales-writer keep it; shop-schema drains a whole schema
-// read (its drainTime). A pod's or container's grace period must outlast
-// the drain and the last flush of spans (each binary's settings test holds
-// the manifests to its own: Binary.Stop in pkg/envdoc).
+// requests after the stop signal, unless its Config says otherwise: each
+// service sets a drain that outlasts its calls (DrainOutlasting), this one
+// at least. A pod's or container's grace period must outlast the drain and
+// the last flush of spans (each binary's settings test holds the manifests
+// to its own: Binary.Stop in pkg/envdoc).
 const DefaultShutdownTimeout = 10 * time.Second
+
+// AnswerWriteMargin is the time a drain leaves a call's answer to be
+// written once the call has ended by its own bound (DrainOutlasting).
+const AnswerWriteMargin = 2 * time.Second
+
+// DrainOutlasting is the ShutdownTimeout of a service whose calls end by
+// their own bound, call: the longest call in flight at the stop signal
+// and the writing of its answer, never less than DefaultShutdownTimeout.
+// A drain no longer than a call's bound cuts off the call that started
+// just before the signal and took its whole bound, where the call would
+// have answered (its result, or its own timeout's answer) a moment later.
+func DrainOutlasting(call time.Duration) time.Duration {
+	return max(call+AnswerWriteMargin, DefaultShutdownTimeout)
+}
 
 // refusedLogInterval is how often at most a refused identity is logged.
 const refusedLogInterval = 10 * time.Second

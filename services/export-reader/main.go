@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
@@ -108,9 +109,25 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 		Log:       log,
 		Signer:    signer,
 		Ready:     readiness.Ready,
+		// Every call in flight at SIGTERM ends by its own bound.
+		ShutdownTimeout: drainTime(cfg),
 	}, mux)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)
 	srv.Registry().MustRegister(reader.Collectors()...)
 	srv.Registry().MustRegister(lag.Collector())
 	return srv.Run(ctx)
+}
+
+// drainTime is how long a stopping reader lets its calls in flight end:
+// EXPORT_READER_QUERY_TIMEOUT bounds a call's whole database work (the
+// wait for a pool connection, a first page's sync barrier, the wait for a
+// page read ahead, the scan), then its answer is written, up to a page of
+// about 6 MB (httpserver.DrainOutlasting). Drained for the services'
+// usual 10 s, a page waiting on export_items' lock (a migration's) when
+// SIGTERM came was cut off at 10 s, its client answered 503 or nothing,
+// where the lock's release a moment later, within its own timeout, would
+// have had it answered; with EXPORT_READER_QUERY_TIMEOUT over 10 s every
+// page still running 10 s after SIGTERM was.
+func drainTime(cfg Config) time.Duration {
+	return httpserver.DrainOutlasting(cfg.QueryTimeout)
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/envdoc"
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // The export-reader's settings as the READMEs document them and the manifests
@@ -33,7 +36,21 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop:       envdoc.ServiceStop[Config],
-		Drain:      envdoc.ServiceDrain[Config],
+		Stop:       func(c Config) time.Duration { return drainTime(c) + telemetry.MaxFlushTime },
+		Drain:      drainTime,
+	}
+}
+
+// A stopping reader drains until every call in flight at SIGTERM has ended
+// by its own bound (EXPORT_READER_QUERY_TIMEOUT) and its answer has been
+// written: drained for the services' usual 10 s, a page that waited on a
+// lock past it was cut off, and with EXPORT_READER_QUERY_TIMEOUT raised
+// past 10 s, every page still running then.
+func TestTheDrainOutlastsEveryCall(t *testing.T) {
+	for _, queryTimeout := range []time.Duration{time.Millisecond, time.Second, 10 * time.Second, 25 * time.Second, time.Hour} {
+		if drain := drainTime(Config{QueryTimeout: queryTimeout}); drain < queryTimeout+httpserver.AnswerWriteMargin {
+			t.Errorf("EXPORT_READER_QUERY_TIMEOUT=%s: the drain is %s, a call may run %s and its answer be written %s later",
+				queryTimeout, drain, queryTimeout, httpserver.AnswerWriteMargin)
+		}
 	}
 }

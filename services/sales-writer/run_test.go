@@ -13,7 +13,6 @@ import (
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
-	"github.com/jackc/pgx/v5"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -425,7 +424,7 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 		err = json.NewDecoder(resp.Body).Decode(&body)
 		answered <- answer{status: resp.StatusCode, body: body, err: err}
 	}()
-	waitForALockWait(t, setup, owner)
+	testenv.WaitForALockWait(t, setup, serviceName)
 	stop() // SIGTERM, while the call waits for the row
 
 	a := <-answered
@@ -442,26 +441,4 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 	if strings.Contains(out.String(), "sale call cut off") {
 		t.Errorf("the drain cut the call off:\n%s", out.String())
 	}
-}
-
-// waitForALockWait waits until a session of the writer in this test's
-// database waits for a lock on owner's item (the call is then in its sale
-// statement).
-func waitForALockWait(t *testing.T, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, owner string) {
-	t.Helper()
-	for range 500 {
-		var waiting bool
-		err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'sales-writer' AND wait_event_type = 'Lock')`).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no sale of %s's item came to wait for its lock", owner)
 }
