@@ -121,20 +121,16 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 	return srv.Run(ctx)
 }
 
-// answerWriteMargin is the time the drain leaves a call's answer to be
-// written once the call has ended.
-const answerWriteMargin = 2 * time.Second
-
 // drainTime is how long a stopping writer lets its sale calls in flight
 // end: the longest call (api.CallBound: SALES_WRITER_QUERY_TIMEOUT and the
-// grace past it) and the writing of its answer, never less than the
-// services' usual drain. Cut off at the usual 10 s, a call started just
-// before SIGTERM that waited out its bound (a locked row) was cancelled by
-// the drain, answered 503 "the sale may have been applied" or its
-// connection closed, where its own timeout, a moment later, would have
-// answered that nothing was applied (PostgreSQL's statement_timeout rolls
-// it back); with SALES_WRITER_QUERY_TIMEOUT over 10 s every call waiting
-// past 10 s when SIGTERM came was.
+// grace past it) and the writing of its answer (httpserver.DrainOutlasting).
+// Cut off at the usual 10 s, a call started just before SIGTERM that
+// waited out its bound (a locked row) was cancelled by the drain, answered
+// 503 "the sale may have been applied" or its connection closed, where its
+// own timeout, a moment later, would have answered that nothing was
+// applied (PostgreSQL's statement_timeout rolls it back); with
+// SALES_WRITER_QUERY_TIMEOUT over 10 s every call waiting past 10 s when
+// SIGTERM came was.
 func drainTime(cfg Config) time.Duration {
-	return max(api.CallBound(cfg.QueryTimeout)+answerWriteMargin, httpserver.DefaultShutdownTimeout)
+	return httpserver.DrainOutlasting(api.CallBound(cfg.QueryTimeout))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envdoc"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/sales-writer/api"
 )
@@ -54,9 +55,9 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 func TestTheDrainOutlastsEverySaleCall(t *testing.T) {
 	for _, queryTimeout := range []time.Duration{time.Millisecond, time.Second, 10 * time.Second, 25 * time.Second, time.Hour} {
 		cfg := Config{QueryTimeout: queryTimeout}
-		if drain, call := drainTime(cfg), api.CallBound(queryTimeout); drain < call+answerWriteMargin {
+		if drain, call := drainTime(cfg), api.CallBound(queryTimeout); drain < call+httpserver.AnswerWriteMargin {
 			t.Errorf("SALES_WRITER_QUERY_TIMEOUT=%s: the drain is %s, a call may run %s and its answer be written %s later",
-				queryTimeout, drain, call, answerWriteMargin)
+				queryTimeout, drain, call, httpserver.AnswerWriteMargin)
 		}
 	}
 }

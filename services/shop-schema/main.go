@@ -92,16 +92,13 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 
 // drainTime is how long a stopping shop-schema lets its calls in flight
 // finish: a whole schema read (SHOP_SCHEMA_TIMEOUT) and the writing of its
-// answer, and never less than the services' usual drain. Cut off at the
-// usual 10 s, a read of a slow shop started just before SIGTERM was lost,
-// and with a single instance (Compose) its client got a 503.
+// answer, a few MB at most (the call's memory cap), never less than the
+// services' usual drain (httpserver.DrainOutlasting). Cut off at the usual
+// 10 s, a read of a slow shop started just before SIGTERM was lost, and
+// with a single instance (Compose) its client got a 503.
 func drainTime(cfg Config) time.Duration {
-	return max(cfg.Timeout+answerWriteMargin, httpserver.DefaultShutdownTimeout)
+	return httpserver.DrainOutlasting(cfg.Timeout)
 }
-
-// answerWriteMargin is the time left, past a read's own bound, to write its
-// answer (a few MB at most: the call's memory cap).
-const answerWriteMargin = 2 * time.Second
 
 // rootCAs is the system pool plus, for tests, the CAs in file.
 func rootCAs(file string) (*x509.CertPool, error) {
