@@ -7,7 +7,7 @@ import (
 )
 
 // documentedRenewal is the SQL of the repository README's "Restoring the
-// database", step 2, that gives the Idempotency-Key bindings a restore kept
+// database", step 6, that gives the Idempotency-Key bindings a restore kept
 // the time they had left at the point restored to, with its TIME given.
 func documentedRenewal(t *testing.T, point string) string {
 	t.Helper()
