@@ -6,23 +6,65 @@ import (
 	"testing"
 )
 
+// renewalBlock is where the repository README's ```sql block that renews
+// the idempotency records after a restore starts and ends, with the README.
+func renewalBlock(t *testing.T) (readme string, start, end int) {
+	t.Helper()
+	b, err := os.ReadFile("../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme = string(b)
+	for from := 0; ; from = end {
+		start = strings.Index(readme[from:], "```sql")
+		if start < 0 {
+			t.Fatal("the README has no ```sql block that renews idempotency records after a restore")
+		}
+		start += from
+		end = start + len("```sql")
+		if n := strings.Index(readme[end:], "```"); n >= 0 {
+			end += n
+		}
+		if strings.Contains(readme[start:end], "UPDATE idempotency_records") {
+			return readme, start, end
+		}
+	}
+}
+
 // documentedRenewal is the SQL of the repository README's "Restoring the
 // database", step 6, that gives the Idempotency-Key bindings a restore kept
 // the time they had left at the point restored to, with its TIME given.
 func documentedRenewal(t *testing.T, point string) string {
 	t.Helper()
-	readme, err := os.ReadFile("../../../README.md")
-	if err != nil {
-		t.Fatal(err)
+	readme, start, end := renewalBlock(t)
+	return strings.ReplaceAll(readme[start+len("```sql"):end], "'TIME'", "'"+point+"'")
+}
+
+// The renewal's time counts from when it runs, so the README puts it in the
+// step that starts the services, after the steps that may take hours
+// (owners importing again): at step 2, those hours came off every binding,
+// and a binding could lapse before its platform sent the call again.
+func TestTheDocumentedRenewalRunsJustBeforeTheServicesStart(t *testing.T) {
+	t.Parallel()
+	readme, start, _ := renewalBlock(t)
+	section := strings.Index(readme, "\n## Restoring the database\n")
+	if section < 0 {
+		t.Fatal(`the README has no "Restoring the database"`)
 	}
-	for _, block := range strings.Split(string(readme), "```sql")[1:] {
-		block, _, _ = strings.Cut(block, "```")
-		if strings.Contains(block, "UPDATE idempotency_records") {
-			return strings.ReplaceAll(block, "'TIME'", "'"+point+"'")
+	step := func(n string) int {
+		at := strings.Index(readme[section:], "\n"+n+". ")
+		if at < 0 {
+			t.Fatalf(`"Restoring the database" has no step %s`, n)
 		}
+		return section + at
 	}
-	t.Fatal("the README has no ```sql block that renews idempotency records after a restore")
-	return ""
+	step6, step7 := step("6"), step("7")
+	if start < step6 || start > step7 {
+		t.Fatalf(`the renewal is not in step 6 of "Restoring the database" (byte %d; step 6 is bytes %d to %d)`, start, step6, step7)
+	}
+	if heading := strings.Join(strings.Fields(readme[step6:start]), " "); !strings.Contains(heading, "then start export-reader and sales-writer") {
+		t.Errorf("step 6, which renews the bindings, does not say it then starts the services: %q", heading)
+	}
 }
 
 // After a restore to a point older than IDEMPOTENCY_RETENTION, the calls the
