@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
@@ -54,23 +52,7 @@ func TestAPageInFlightAtTheStopIsAnsweredWithinItsOwnTimeout(t *testing.T) {
 	if _, err := lock.Exec(ctx, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	type answer struct {
-		status int
-		body   envelope.Parsed
-		err    error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		resp, err := signedGet(addr, "/v1/export/items", owner)
-		if err != nil {
-			answered <- answer{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		var body envelope.Parsed
-		err = json.NewDecoder(resp.Body).Decode(&body)
-		answered <- answer{status: resp.StatusCode, body: body, err: err}
-	}()
+	answered := testenv.AnswerLater(func() (*http.Response, error) { return signedGet(addr, "/v1/export/items", owner) })
 	testenv.WaitForALockWait(t, setup, serviceName)
 	stop() // SIGTERM, while the page waits for the table
 	out.WaitFor(t, `"msg":"draining"`)
@@ -80,11 +62,11 @@ func TestAPageInFlightAtTheStopIsAnsweredWithinItsOwnTimeout(t *testing.T) {
 	}
 
 	a := <-answered
-	if a.err != nil {
-		t.Fatalf("the page in flight at the stop got no answer: %v\n%s", a.err, out.String())
+	if a.Err != nil {
+		t.Fatalf("the page in flight at the stop got no answer: %v\n%s", a.Err, out.String())
 	}
-	if a.status != http.StatusOK || !strings.Contains(string(a.body.Data), `"id":"coin-1"`) {
-		t.Errorf("the page in flight at the stop = %d %s %+v, want 200 with coin-1", a.status, a.body.Data, a.body.Error)
+	if a.Status != http.StatusOK || !strings.Contains(string(a.Body.Data), `"id":"coin-1"`) {
+		t.Errorf("the page in flight at the stop = %d %s %+v, want 200 with coin-1", a.Status, a.Body.Data, a.Body.Error)
 	}
 	if err := <-done; err != nil {
 		t.Errorf("run() = %v, want nil after a clean stop", err)

@@ -397,13 +397,7 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 	go func() { done <- run(runCtx, env(vars), &out, nil) }()
 	waitReady(t, "http://"+addr+"/healthz", &out)
 
-	type answer struct {
-		status int
-		body   envelope.Parsed
-		err    error
-	}
-	answered := make(chan answer, 1)
-	go func() {
+	answered := testenv.AnswerLater(func() (*http.Response, error) {
 		signer, _ := identity.NewSigner(secret)
 		id := identity.Identity{OwnerID: owner, PlatformID: "market-a", KeyID: "k",
 			Scopes: []string{identity.ScopeSalesWrite}, RequestID: "req-stop"}
@@ -414,26 +408,18 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 		for _, h := range signer.Sign(id, identity.RequestOf(req), time.Now()) {
 			req.Header.Set(h.Name, h.Value)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			answered <- answer{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		var body envelope.Parsed
-		err = json.NewDecoder(resp.Body).Decode(&body)
-		answered <- answer{status: resp.StatusCode, body: body, err: err}
-	}()
+		return http.DefaultClient.Do(req)
+	})
 	testenv.WaitForALockWait(t, setup, serviceName)
 	stop() // SIGTERM, while the call waits for the row
 
 	a := <-answered
-	if a.err != nil {
-		t.Fatalf("the sale in flight at the stop got no answer: %v\n%s", a.err, out.String())
+	if a.Err != nil {
+		t.Fatalf("the sale in flight at the stop got no answer: %v\n%s", a.Err, out.String())
 	}
-	if a.status != http.StatusServiceUnavailable || a.body.Error == nil || a.body.Error.Code != "unavailable" ||
-		!strings.Contains(a.body.Error.Message, "nothing was applied") {
-		t.Errorf("the sale in flight at the stop = %d %+v, want 503 unavailable saying nothing was applied (its statement_timeout)", a.status, a.body.Error)
+	if a.Status != http.StatusServiceUnavailable || a.Body.Error == nil || a.Body.Error.Code != "unavailable" ||
+		!strings.Contains(a.Body.Error.Message, "nothing was applied") {
+		t.Errorf("the sale in flight at the stop = %d %+v, want 503 unavailable saying nothing was applied (its statement_timeout)", a.Status, a.Body.Error)
 	}
 	if err := <-done; err != nil {
 		t.Errorf("run() = %v, want nil after a clean stop", err)
