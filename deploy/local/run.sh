@@ -228,7 +228,9 @@ stop_all() {
 # A shell starts a background job with SIGINT ignored, and bash cannot trap
 # a signal ignored when it started: such a make run (`make run &` in a
 # script) stops on TERM only.
+stop_how="Ctrl-C stops everything."
 if [ -n "$(trap -p INT)" ]; then
+  stop_how="kill -TERM $$ stops everything (started in the background: SIGINT is ignored)."
   log "SIGINT is ignored here (started in the background): stop with kill -TERM $$ (this script alone: its binaries must not be signalled twice)"
 fi
 # A signal during the start ends the script once everything is stopped:
@@ -379,7 +381,7 @@ cat <<MSG
   . .run/env; . .run/demo.env
   curl -s -H "X-API-Key: \$DEMO_READ_KEY" "\$BASE_URL/export/items?limit=2"
 
-  Ctrl-C stops everything.
+  $stop_how
 MSG
 
 # Stay in the foreground until a process dies or the user presses Ctrl-C.

@@ -284,12 +284,14 @@ func (s *runScript) again(t *testing.T) *runScript {
 // launch starts the script with env, its output read into s.lines.
 func (s *runScript) launch(t *testing.T, env []string) {
 	t.Helper()
-	// SIGHUP at its default, whatever this test was started with: bash
-	// can neither trap nor die of a signal ignored when it starts, and
-	// under nohup (go test passes an ignored SIGHUP on) the hang-up test's
-	// script ran on until the test gave up 5 minutes later. env execs
-	// bash: the pid signalled is the script's.
-	s.cmd = exec.Command("env", "--default-signal=HUP", "bash", filepath.Join(s.root, "deploy/local/run.sh"))
+	// SIGHUP and SIGINT at their defaults, whatever this test was started
+	// with: bash can neither trap nor die of a signal ignored when it
+	// starts, and under nohup (go test passes an ignored SIGHUP on) the
+	// hang-up test's script ran on until the test gave up 5 minutes later;
+	// a go test started in the background passes an ignored SIGINT on, and
+	// the script then tells to stop it with kill -TERM, not Ctrl-C, which
+	// the tests wait for. env execs bash: the pid signalled is the script's.
+	s.cmd = exec.Command("env", "--default-signal=HUP,INT", "bash", filepath.Join(s.root, "deploy/local/run.sh"))
 	s.cmd.Env = env
 	output, w, err := os.Pipe()
 	must(t, err)
