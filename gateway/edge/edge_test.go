@@ -786,6 +786,48 @@ func TestUpstreamErrorsNameTheirInstance(t *testing.T) {
 	)
 }
 
+// An answer an instance breaks off or stalls after its head, on the routes
+// whose answers are asked for as streams and read whole in the gateway (a
+// GET by id, a list page within the budget), is counted under the instance
+// that failed it, as one that fails before its head is:
+// gateway_upstream_errors_total counts what clients saw (the 502 and 504
+// envelopes), and ExportGatewayErrorRatioHigh sends the operator there.
+// Read after upstream.Do had returned, such failures were counted
+// nowhere: an item broken off, counted when it was read whole in Do,
+// no longer was once items were asked for as streams.
+func TestAnswerFailingAfterItsHeadIsCountedUnderItsInstance(t *testing.T) {
+	dsn, _, k := seed(t)
+	stalled := make(chan struct{})
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		length := map[string]string{"small-broken": "8000", "large-broken": "100000", "small-stall": "8000"}[answerAsked(r)]
+		w.Header().Set("Content-Length", length)
+		_, _ = io.WriteString(w, `{"data":[`)
+		w.(http.Flusher).Flush()
+		if answerAsked(r) == "small-stall" {
+			<-stalled
+		}
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(reader.Close)
+	t.Cleanup(func() { close(stalled) }) // before the reader closes, which waits for its handlers
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"UPSTREAM_READ_TIMEOUT": "300ms"})
+	for _, prefix := range []string{"/v1/export/items/", "/v1/export/items?cursor="} {
+		for answer, want := range map[string]int{"small-broken": 502, "large-broken": 502, "small-stall": 504} {
+			if r := do(t, "GET", gw.URL+prefix+answer, map[string]string{"X-API-Key": k.read}, nil); r.Status != want {
+				t.Errorf("GET %s%s = %d %s, want %d", prefix, answer, r.Status, r.Body, want)
+			}
+		}
+	}
+	wantSeries(t, scrape(t, gw.AdminURL), "gateway_upstream_errors_total",
+		`gateway_upstream_errors_total{kind="bad_response",upstream="export-reader",upstream_instance="`+reader.URL+`"} 4`,
+		`gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+reader.URL+`"} 2`)
+}
+
 // A sale that reached no writer (every one refused the connection, or was
 // out) is answered 503 upstream_unavailable in the words the writer's own
 // 503s use for the same outcome, "nothing was applied" and the same key

@@ -138,6 +138,18 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 		return err
 	}
 	relayed = true
+	if err := g.relayAnswer(c, rt, answer, done); err != nil {
+		g.countReadFailure(rq, rt.Upstream, err)
+		return err
+	}
+	return nil
+}
+
+// relayAnswer is the rest of proxyUntilRelayed once the answer's head has
+// come: answer is released and done run as each way of relaying it says.
+// An error is the failure to read an answer read whole (relayWhole,
+// relaySmall): nothing was written yet.
+func (g *Gateway) relayAnswer(c *fiber.Ctx, rt route, answer *fasthttp.Response, done func()) error {
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
@@ -158,6 +170,17 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 	}
 	relay(c.Response(), answer, done)
 	return nil
+}
+
+// countReadFailure counts err, an answer whose head had come but whose
+// body could not be read whole (broken off, stalled, past its bound), under
+// the instance that sent it, as callFailure counts a failure before the
+// head: the client gets the same 502 or 504. Read in upstream.Do, an
+// item's were counted there; read after it, as every answer asked for as
+// a stream is, they were counted nowhere, and gateway_upstream_errors_total,
+// where ExportGatewayErrorRatioHigh sends the operator, missed them.
+func (g *Gateway) countReadFailure(rq *request, up string, err error) {
+	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(rq.instance, err), errorKind(err)).Inc()
 }
 
 // heldAnswersLimit bounds the bytes of list pages and items (past
