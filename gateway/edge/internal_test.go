@@ -840,6 +840,40 @@ func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 	}
 }
 
+// An answer read whole in the gateway that its instance breaks off after
+// its head fails its proxy span, as one that fails before its head does:
+// the span covers the read, which for an item once happened in upstream.Do.
+// Ended at the head, an item broken off showed a proxy span of 200 and no
+// error under its client's 502.
+func TestAnswerBrokenOffAfterItsHeadFailsItsProxySpan(t *testing.T) {
+	upstream := testenv.ServeConns(t, func(conn net.Conn) {
+		r, err := http.ReadRequest(bufio.NewReader(conn))
+		if err != nil {
+			return
+		}
+		length := 8000 // read into the client's answer at once (relaySmall)
+		if r.URL.Query().Get("cursor") == "held" {
+			length = 100_000 // held whole (relayWholeInto)
+		}
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"data\":[", length)
+	})
+	g, sr, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream}, fakeKeys{})
+	for _, path := range []string{"/v1/export/items/a1", "/v1/export/items?cursor=held"} {
+		if resp, env := get(t, "http://"+g.Addr()+path, map[string]string{"X-API-Key": wellFormedKey(t)}); resp.StatusCode != 502 {
+			t.Fatalf("GET %s through an instance that broke its answer off = %d %+v, want 502", path, resp.StatusCode, env.Error)
+		}
+	}
+	var failed int
+	for _, s := range sr.Ended() {
+		if s.Name() == "proxy export-reader" && s.Status().Code == codes.Error && s.Status().Description == "bad_response" {
+			failed++
+		}
+	}
+	if failed != 2 {
+		t.Errorf("%d proxy spans failed bad_response, want 2 (an item, a list page held whole)", failed)
+	}
+}
+
 // A key a client puts in the path is refused like one in the query, and no
 // span records it: spans carry url.path.
 func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {

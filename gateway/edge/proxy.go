@@ -98,7 +98,7 @@ var proxySpanNames = map[string]string{
 // proxy sends the request to the route's upstream with the signed identity
 // and the trace context, and puts its answer in the response.
 func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
-	return g.proxyInto(c, rq, rt, c.Response())
+	return g.proxyInto(c, rq, rt, c.Response(), nil)
 }
 
 // proxyUntilRelayed is proxy for a call whose end matters (the shop schema
@@ -134,53 +134,45 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 			done()
 		}
 	}()
-	if err := g.proxyInto(c, rq, rt, answer); err != nil {
-		return err
-	}
-	relayed = true
-	if err := g.relayAnswer(c, rt, answer, done); err != nil {
-		g.countReadFailure(rq, rt.Upstream, err)
-		return err
-	}
-	return nil
+	// Taken before the call, which speaks HTTP/1.1 to the service
+	// (inHTTP11) until proxyInto returns.
+	http11 := c.Request().Header.IsHTTP11()
+	return g.proxyInto(c, rq, rt, answer, func(span trace.Span) error {
+		relayed = true
+		if err := g.relayAnswer(c.Response(), rt, http11, answer, done); err != nil {
+			g.countFailure(rt.Upstream, rq.instance, span, err)
+			return err
+		}
+		return nil
+	})
 }
 
 // relayAnswer is the rest of proxyUntilRelayed once the answer's head has
-// come: answer is released and done run as each way of relaying it says.
-// An error is the failure to read an answer read whole (relayWhole,
+// come, relaying it into resp for a client that speaks HTTP/1.1 or not:
+// answer is released and done run as each way of relaying it says. An
+// error is the failure to read an answer read whole (relayWhole,
 // relaySmall): nothing was written yet.
-func (g *Gateway) relayAnswer(c *fiber.Ctx, rt route, answer *fasthttp.Response, done func()) error {
+func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, http11 bool, answer *fasthttp.Response, done func()) error {
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
 	case rt.StreamsLargeAnswers && length >= 0 && length <= smallAnswerBytes:
-		return relaySmall(c.Response(), answer, done)
+		return relaySmall(resp, answer, done)
 	case rt.StreamsLargeAnswers && length >= 0:
 		if page, held, ok := g.heldAnswers.takePage(pages.Get(), length); ok {
-			return relayWholeInto(c.Response(), answer, page, func() { g.heldAnswers.give(held); done() })
+			return relayWholeInto(resp, answer, page, func() { g.heldAnswers.give(held); done() })
 		}
 	case rt.StreamsLargeAnswers:
 		// No length: not export-reader's (each of its answers has one),
 		// but an instance's in front of it or a broken one. Read whole, as
 		// every answer of these routes once was, so that one broken off is
 		// the 502 envelope, not a 200 cut short.
-		return relayWhole(c.Response(), answer, done)
-	case length < 0 && !c.Request().Header.IsHTTP11():
-		return relayWhole(c.Response(), answer, done)
+		return relayWhole(resp, answer, done)
+	case length < 0 && !http11:
+		return relayWhole(resp, answer, done)
 	}
-	relay(c.Response(), answer, done)
+	relay(resp, answer, done)
 	return nil
-}
-
-// countReadFailure counts err, an answer whose head had come but whose
-// body could not be read whole (broken off, stalled, past its bound), under
-// the instance that sent it, as callFailure counts a failure before the
-// head: the client gets the same 502 or 504. Read in upstream.Do, an
-// item's were counted there; read after it, as every answer asked for as
-// a stream is, they were counted nowhere, and gateway_upstream_errors_total,
-// where ExportGatewayErrorRatioHigh sends the operator, missed them.
-func (g *Gateway) countReadFailure(rq *request, up string, err error) {
-	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(rq.instance, err), errorKind(err)).Inc()
 }
 
 // heldAnswersLimit bounds the bytes of list pages and items (past
@@ -426,8 +418,15 @@ func (s *relayedStream) CloseWithError(err error) error {
 	return nil
 }
 
-// proxyInto is proxy, putting the answer in resp.
-func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.Response) error {
+// proxyInto is proxy, putting the answer in resp; then relay, if not nil,
+// relays an answer that is not a failure, within the proxy span: an
+// answer asked for as a stream is read after upstream.Do returns
+// (proxyUntilRelayed), and the span, its failure (relay's, counted as
+// callFailure counts Do's: an answer broken off or stalled after its head)
+// and gateway_upstream_errors_total cover that read as they cover one in
+// Do. Read after the span had ended, an item broken off, counted when it
+// was read whole in Do, was counted nowhere, and its proxy span said 200.
+func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.Response, relay func(trace.Span) error) error {
 	req := c.Request()
 	uri := receivedRequestURI(req.URI())
 	if err := g.prepareUpstreamRequest(req, rq, uri); err != nil {
@@ -463,6 +462,9 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 		return failure
 	}
 	resp.Header.Del(fiber.HeaderConnection)
+	if relay != nil {
+		return relay(span)
+	}
 	return nil
 }
 
@@ -489,8 +491,7 @@ func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, o
 	if err == nil {
 		return nil
 	}
-	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(out.Instance, err), errorKind(err)).Inc()
-	span.SetStatus(codes.Error, errorKind(err))
+	g.countFailure(up, out.Instance, span, err)
 	switch {
 	case idempotentSale && mayHaveArrived(err):
 		err = fmt.Errorf("%w: %w", errSaleMayBeApplied, err)
@@ -498,6 +499,13 @@ func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, o
 		err = fmt.Errorf("%w: %w", errSaleNothingApplied, err)
 	}
 	return err
+}
+
+// countFailure counts err, a failure of a call to instance, in
+// gateway_upstream_errors_total and sets it on the call's proxy span.
+func (g *Gateway) countFailure(up, instance string, span trace.Span, err error) {
+	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(instance, err), errorKind(err)).Inc()
+	span.SetStatus(codes.Error, errorKind(err))
 }
 
 // prepareUpstreamRequest makes the client's request the one a service
