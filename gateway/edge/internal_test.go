@@ -1526,6 +1526,35 @@ func (zeros) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// panicking is a body stream whose read panics.
+type panicking struct{}
+
+func (panicking) Read([]byte) (int, error) { panic("boom while reading the answer") }
+
+// An answer whose read panics (guardedServe answers the 500) still ends
+// its call once, done run and the held page given back, as a read that
+// fails does, and as relaySmall's reads do: proxyUntilRelayed has handed
+// both over by then. Without, the owner's slot and the page's bytes of
+// heldAnswersLimit were held for the process's life.
+func TestAPanicWhileReadingAPageEndsItsCallOnce(t *testing.T) {
+	for name, relayed := range map[string]func(resp, answer *fasthttp.Response, done func()) error{
+		"held whole": relayWhole,
+		"small":      relaySmall,
+	} {
+		answer := fasthttp.AcquireResponse()
+		answer.SetBodyStream(panicking{}, 100)
+		var resp fasthttp.Response
+		ended := 0
+		func() {
+			defer func() { _ = recover() }()
+			_ = relayed(&resp, answer, func() { ended++ })
+		}()
+		if ended != 1 {
+			t.Errorf("%s: a read that panicked ended its call %d times, want once", name, ended)
+		}
+	}
+}
+
 // relayWhole reads a stream for an HTTP/1.0 client up to its bound: one
 // byte more is a 502 bad_gateway (nothing has been written yet), the
 // answer released and its call ended (done) all the same; at the bound it

@@ -266,14 +266,20 @@ func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 // each time cost the gateway 110 KB of garbage per ~100 KB page
 // (BenchmarkGatewaySyncPage).
 func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, done func()) error {
+	handedOver := false
+	defer func() { // after a read that failed, or panicked: proxyUntilRelayed no longer ends the call
+		if !handedOver {
+			releasePage(page)
+			fasthttp.ReleaseResponse(answer)
+			done()
+		}
+	}()
 	if err := readWhole(answer, page); err != nil {
-		releasePage(page)
-		fasthttp.ReleaseResponse(answer)
-		done()
 		return err
 	}
 	answer.Header.CopyTo(&resp.Header)
 	resp.SetBodyStream(&relayedStream{Reader: bytes.NewReader(page.B), page: page, answer: answer, done: done}, page.Len())
+	handedOver = true
 	return nil
 }
 
