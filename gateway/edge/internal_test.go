@@ -3,6 +3,7 @@ package edge
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"runtime"
 	"slices"
 	"strconv"
@@ -1524,6 +1526,105 @@ type zeros struct{}
 func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// Every way a GET by id (or its HEAD) can end gives its upstream
+// connection back for the next request, its owner's slot and its held
+// bytes: 2,000 of them over UPSTREAM_MAX_CONNS=2 all get the reader's
+// answer (none a 503 for want of a free connection, nor a 504 waiting for
+// one), over a handful of connections (a streamed answer's connection is
+// reused only once its body has been read to its end: closed otherwise,
+// each GET would dial one), and nothing is left held.
+func TestEveryEndingOfAnItemGivesBackItsConnection(t *testing.T) {
+	var gzipped bytes.Buffer
+	zw := gzip.NewWriter(&gzipped)
+	_, _ = zw.Write(bytes.Repeat([]byte(`{"id":"a1"},`), 5000))
+	_ = zw.Close()
+	var dialled atomic.Int64
+	reader := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch item := path.Base(r.URL.Path); item {
+		case "healthz":
+		case "gone":
+			envelope.WriteError(w, http.StatusNotFound, "not_found", "no such item", "r")
+		case "failing":
+			envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", "r")
+		case "unchanged":
+			w.WriteHeader(http.StatusNotModified)
+		case "none":
+			w.WriteHeader(http.StatusNoContent)
+		case "gzipped":
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Header().Set("Content-Length", strconv.Itoa(gzipped.Len()))
+			_, _ = w.Write(gzipped.Bytes())
+		default: // its size in bytes
+			n, _ := strconv.Atoi(item)
+			w.Header().Set("Content-Length", item)
+			_, _ = w.Write(bytes.Repeat([]byte("x"), n))
+		}
+	}))
+	reader.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		if state == http.StateNew {
+			dialled.Add(1)
+		}
+	}
+	reader.Start()
+	t.Cleanup(reader.Close)
+	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": reader.URL, "UPSTREAM_MAX_CONNS": "2",
+		"RATE_LIMIT_ENABLED": "false", "RATE_LIMIT_OWNER_IN_FLIGHT": "8", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"}, fakeKeys{})
+	want := map[string]int{"2000": 200, "0": 200, "16384": 200, "16385": 200, "100000": 200, "gzipped": 200,
+		"gone": 404, "failing": 500, "unchanged": 304, "none": 204}
+	items := slices.Sorted(maps.Keys(want))
+	key := wellFormedKey(t)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				item, method := items[i%len(items)], "GET"
+				if i%3 == 0 {
+					method = "HEAD"
+				}
+				req, _ := http.NewRequest(method, "http://"+g.Addr()+"/v1/export/items/"+item, nil)
+				req.Header.Set("X-API-Key", key)
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Errorf("%s %s: %v", method, item, err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != want[item] {
+					t.Errorf("%s %s = %d, want %d", method, item, resp.StatusCode, want[item])
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := dialled.Load(); n > 4 { // 2, and the health probe's
+		t.Errorf("2,000 GETs over UPSTREAM_MAX_CONNS=2 dialled the reader %d times, want at most 4", n)
+	}
+	// fasthttp gives an answer's stream back once it has written it,
+	// which may be after its client has read it.
+	for deadline := time.Now().Add(5 * time.Second); heldBytes(g) != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes of answers still held after every GET ended, want none", heldBytes(g))
+		}
+	}
+	share := g.ownerSlots[upstreamExportReader].slots
+	share.mu.Lock()
+	defer share.mu.Unlock()
+	if len(share.held) != 0 {
+		t.Errorf("owner slots held after every GET ended: %v, want none", share.held)
+	}
+}
+
+// heldBytes is what g's heldAnswers counts held.
+func heldBytes(g *Gateway) int {
+	g.heldAnswers.mu.Lock()
+	defer g.heldAnswers.mu.Unlock()
+	return g.heldAnswers.held
 }
 
 // panicking is a body stream whose read panics.
