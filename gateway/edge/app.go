@@ -320,7 +320,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	// These routes' answers are read whole before they are relayed (a
 	// sale's: a few hundred bytes): the slot is held while the upstream
 	// works, not while a slow client reads.
-	defer g.releaseOwnerSlot(rq, rt)
+	defer rq.endCall()
 	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
 	}
@@ -341,14 +341,14 @@ func (g *Gateway) serveUntilRelayed(c *fiber.Ctx, rq *request, rt route) error {
 	handedOver := false
 	defer func() { // also on a panic, which guardedServe answers
 		if !handedOver {
-			g.releaseOwnerSlot(rq, rt)
+			rq.endCall()
 		}
 	}()
 	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
 		return err
 	}
 	handedOver = true
-	return g.proxyUntilRelayed(c, rq, rt, func() { g.releaseOwnerSlot(rq, rt) })
+	return g.proxyUntilRelayed(c, rq, rt, rq)
 }
 
 // serveKeyless serves a route that takes no key (spec 5: health, shop
@@ -391,5 +391,5 @@ func (g *Gateway) serveShopSchema(c *fiber.Ctx, rq *request, rt route, address s
 		release()
 		return err
 	}
-	return g.proxyUntilRelayed(c, rq, rt, release)
+	return g.proxyUntilRelayed(c, rq, rt, endFunc(release))
 }

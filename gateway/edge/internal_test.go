@@ -1638,7 +1638,7 @@ func (panicking) Read([]byte) (int, error) { panic("boom while reading the answe
 // both over by then. Without, the owner's slot and the page's bytes of
 // heldAnswersLimit were held for the process's life.
 func TestAPanicWhileReadingAPageEndsItsCallOnce(t *testing.T) {
-	for name, relayed := range map[string]func(resp, answer *fasthttp.Response, done func()) error{
+	for name, relayed := range map[string]func(resp, answer *fasthttp.Response, done callEnd) error{
 		"held whole": relayWhole,
 		"small":      relaySmall,
 	} {
@@ -1648,7 +1648,7 @@ func TestAPanicWhileReadingAPageEndsItsCallOnce(t *testing.T) {
 		ended := 0
 		func() {
 			defer func() { _ = recover() }()
-			_ = relayed(&resp, answer, func() { ended++ })
+			_ = relayed(&resp, answer, endFunc(func() { ended++ }))
 		}()
 		if ended != 1 {
 			t.Errorf("%s: a read that panicked ended its call %d times, want once", name, ended)
@@ -1666,7 +1666,7 @@ func TestRelayWholeBoundsTheStream(t *testing.T) {
 		answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), -1)
 		var resp fasthttp.Response
 		ended := 0
-		err := relayWhole(&resp, answer, func() { ended++ })
+		err := relayWhole(&resp, answer, endFunc(func() { ended++ }))
 		if size > readWholeWithoutLength {
 			if ae, _ := toAPIError(err); ae != errBadGateway || ended != 1 {
 				t.Errorf("%d bytes: error %v, call ended %d times; want a 502 bad_gateway, the call ended once", size, err, ended)
@@ -1701,7 +1701,7 @@ func TestAPageReadWholeLeavesInOneWriteFromAPooledBuffer(t *testing.T) {
 		answer.SetBodyStream(bytes.NewReader(page), len(page))
 		var resp fasthttp.Response
 		ended := 0
-		if err := relayWhole(&resp, answer, func() { ended++ }); err != nil {
+		if err := relayWhole(&resp, answer, endFunc(func() { ended++ })); err != nil {
 			t.Fatalf("relayWhole: %v", err)
 		}
 		conn.kept.Reset()
@@ -1741,7 +1741,7 @@ func TestAPageOfLargeItemsLeavesNoBufferPooled(t *testing.T) {
 	answer := fasthttp.AcquireResponse()
 	answer.SetBodyStream(bytes.NewReader(page), len(page))
 	var resp fasthttp.Response
-	if err := relayWhole(&resp, answer, func() {}); err != nil {
+	if err := relayWhole(&resp, answer, endFunc(func() {})); err != nil {
 		t.Fatalf("relayWhole: %v", err)
 	}
 	resp.Reset() // closes the stream, as fasthttp once it has written it

@@ -124,14 +124,14 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 // GATEWAY_WRITE_TIMEOUT to be read; a streamed one reaches the client cut
 // short (its Content-Length shows it), and must be read within
 // UPSTREAM_READ_TIMEOUT, the bound of the read from the service.
-func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done func()) error {
+func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done callEnd) error {
 	answer := fasthttp.AcquireResponse()
 	answer.StreamBody = rt.StreamsLargeAnswers
 	relayed := false
 	defer func() { // also on a panic, which guardedServe answers
 		if !relayed {
 			fasthttp.ReleaseResponse(answer)
-			done()
+			done.endCall()
 		}
 	}()
 	// Taken before the call, which speaks HTTP/1.1 to the service
@@ -152,7 +152,7 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done fu
 // answer is released and done run as each way of relaying it says. An
 // error is the failure to read an answer read whole (relayWhole,
 // relaySmall): nothing was written yet.
-func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, http11 bool, answer *fasthttp.Response, done func()) error {
+func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, http11 bool, answer *fasthttp.Response, done callEnd) error {
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
@@ -160,7 +160,7 @@ func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, http11 bool, an
 		return relaySmall(resp, answer, done)
 	case rt.StreamsLargeAnswers && length >= 0:
 		if page, held, ok := g.heldAnswers.takePage(pages.Get(), length); ok {
-			return relayWholeInto(resp, answer, page, func() { g.heldAnswers.give(held); done() })
+			return relayWholeInto(resp, answer, page, &heldPageEnd{budget: g.heldAnswers, held: held, then: done})
 		}
 	case rt.StreamsLargeAnswers:
 		// No length: not export-reader's (each of its answers has one),
@@ -227,6 +227,32 @@ func (b *byteBudget) give(n int) {
 	b.held -= n
 }
 
+// callEnd ends a call once its answer has left the gateway
+// (proxyUntilRelayed): it gives back what the call held, its owner's slot
+// (request.endCall) or its address's shop schema slot (endFunc), and the
+// bytes of a page held whole (heldPageEnd). An interface, not a func: the
+// request ends its owner's call itself, where a closure over it cost every
+// GET by id and list page an allocation of 128 bytes (BenchmarkGateway).
+type callEnd interface{ endCall() }
+
+// endFunc is a func that ends a call.
+type endFunc func()
+
+func (f endFunc) endCall() { f() }
+
+// heldPageEnd ends a call whose answer was held whole within budget: its
+// held bytes are given back, then the call ends as then says.
+type heldPageEnd struct {
+	budget *byteBudget
+	held   int
+	then   callEnd
+}
+
+func (e *heldPageEnd) endCall() {
+	e.budget.give(e.held)
+	e.then.endCall()
+}
+
 // readWholeWithoutLength bounds a streamed answer without a length read
 // whole (relayWhole): export-reader's bound (readWholeUpTo), far above a
 // large shop's full schema (a few MB) or a list page (about 5 MB).
@@ -257,7 +283,7 @@ var errTooLargeWithoutLength = fmt.Errorf("%w: a streamed answer without a lengt
 // its Content-Length, still as a stream, so that done runs once it has
 // left, as relay's. A read that fails, or passes the bound, is the error
 // to answer (nothing was written yet); done has run.
-func relayWhole(resp, answer *fasthttp.Response, done func()) error {
+func relayWhole(resp, answer *fasthttp.Response, done callEnd) error {
 	return relayWholeInto(resp, answer, pages.Get(), done)
 }
 
@@ -265,13 +291,13 @@ func relayWhole(resp, answer *fasthttp.Response, done func()) error {
 // pages given back once the answer has left: a page of a sync made afresh
 // each time cost the gateway 110 KB of garbage per ~100 KB page
 // (BenchmarkGatewaySyncPage).
-func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, done func()) error {
+func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, done callEnd) error {
 	handedOver := false
 	defer func() { // after a read that failed, or panicked: proxyUntilRelayed no longer ends the call
 		if !handedOver {
 			releasePage(page)
 			fasthttp.ReleaseResponse(answer)
-			done()
+			done.endCall()
 		}
 	}()
 	if err := readWhole(answer, page); err != nil {
@@ -299,8 +325,8 @@ const smallAnswerBytes = 16 << 10
 // asked for as a stream costs the gateway about what one read whole does
 // (BenchmarkGateway). A read that fails is the error to answer (502, or
 // 504 on a timeout); done has run.
-func relaySmall(resp, answer *fasthttp.Response, done func()) error {
-	defer done()
+func relaySmall(resp, answer *fasthttp.Response, done callEnd) error {
+	defer done.endCall()
 	defer fasthttp.ReleaseResponse(answer)
 	page := pages.Get()
 	defer releasePage(page)
@@ -366,12 +392,12 @@ func upstreamReadError(err error) error {
 
 // relay moves answer into resp and releases answer, then calls done; for a
 // streamed answer, both once the stream is closed (written, or failed).
-func relay(resp, answer *fasthttp.Response, done func()) {
+func relay(resp, answer *fasthttp.Response, done callEnd) {
 	answer.Header.CopyTo(&resp.Header)
 	if !answer.IsBodyStream() {
 		resp.SetBody(answer.Body())
 		fasthttp.ReleaseResponse(answer)
-		done()
+		done.endCall()
 		return
 	}
 	resp.SetBodyStream(&relayedStream{Reader: answer.BodyStream(), answer: answer, done: done},
@@ -387,7 +413,7 @@ type relayedStream struct {
 	// nil for one relayed as it comes.
 	page   *bytebufferpool.ByteBuffer
 	answer *fasthttp.Response
-	done   func()
+	done   callEnd
 	once   sync.Once
 }
 
@@ -419,7 +445,7 @@ func (s *relayedStream) CloseWithError(err error) error {
 			releasePage(s.page)
 		}
 		fasthttp.ReleaseResponse(s.answer)
-		s.done()
+		s.done.endCall()
 	})
 	return nil
 }

@@ -83,6 +83,10 @@ type request struct {
 	// have been applied") leaves no line of the writer's, and its request
 	// id must still lead to the item and key to reconcile.
 	sale *saleNames
+	// ownerSlots is the share of its owner's slots takeOwnerSlot took one
+	// of for the request, which endCall gives back; nil when none was
+	// taken (a keyless route, no cap).
+	ownerSlots *inFlightSlots
 	// mayHaveSent: an attempt of the request may have reached its
 	// service (proxy passed it on, and upstream.Do did not say that none
 	// left): a panic's answer to a sale says so (panicError).

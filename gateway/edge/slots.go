@@ -98,14 +98,14 @@ func newOwnerSlots(m *metrics, limit, sale int) map[string]*ownerShare {
 
 // takeOwnerSlot takes one of the key's owner's slots on rt's upstream for
 // rq, or refuses it 429 naming the share that was full (access line, span,
-// decisions metric); the caller defers releaseOwnerSlot once it is taken (a
+// decisions metric); the caller defers rq.endCall once it is taken (a
 // direct call, where a release returned as a closure, as takeShopSlot's,
-// cost every keyed request an allocation). The per-key rate limits bound
-// each key, not its owner: an owner with 64 keys has 64 budgets of 6,000 a
-// minute, far more than a stack serves, and every request it has in flight
-// waits in the same queues as everyone's (the gateway's connections to an
-// instance, export-reader's database pool, the CPU), first come first
-// served. Measured (README, "Tenants sharing a stack"): 2,500 connections
+// cost every keyed request an allocation), or hands rq over as the call's
+// callEnd. The per-key rate limits bound each key, not its owner: an owner
+// with 64 keys has 64 budgets of 6,000 a minute, far more than a stack
+// serves, and every request it has in flight waits in the same queues as
+// everyone's (the gateway's connections to an instance, export-reader's
+// database pool, the CPU), first come first served. Measured (README, "Tenants sharing a stack"): 2,500 connections
 // of one owner took another owner's GET by id from 2 ms to 5 s, and its
 // requests from 600 to 3 in 15 s. Bounding what one owner holds in flight
 // bounds the queue its neighbours wait behind, whatever keys and
@@ -121,12 +121,14 @@ func (g *Gateway) takeOwnerSlot(rq *request, rt route) error {
 		return errOwnerTooManyInFlight(share.slots.limit, share.routes)
 	}
 	share.decisions.allowed.Inc()
+	rq.ownerSlots = share.slots
 	return nil
 }
 
-// releaseOwnerSlot gives back the slot takeOwnerSlot took for rq.
-func (g *Gateway) releaseOwnerSlot(rq *request, rt route) {
-	if g.ownerSlots != nil {
-		g.ownerSlots[rt.Upstream].slots.release(rq.key.OwnerID)
+// endCall gives back the owner's slot takeOwnerSlot took for rq, if it
+// took one: a callEnd, handed over as rq itself (proxyUntilRelayed).
+func (rq *request) endCall() {
+	if rq.ownerSlots != nil {
+		rq.ownerSlots.release(rq.key.OwnerID)
 	}
 }
