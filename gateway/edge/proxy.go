@@ -321,15 +321,15 @@ const smallAnswerBytes = 16 << 10
 // relaySmall is relay for a streamed answer of at most smallAnswerBytes
 // (by its Content-Length): it is read into resp's body, the upstream connection
 // given back and done run before the client reads it. Read into resp
-// (pooled, as every response's body) through a pooled buffer, a GET by id
+// (pooled, as every response's body) through a pooled buffer (smallAnswers), a GET by id
 // asked for as a stream costs the gateway about what one read whole does
 // (BenchmarkGateway). A read that fails is the error to answer (502, or
 // 504 on a timeout); done has run.
 func relaySmall(resp, answer *fasthttp.Response, done callEnd) error {
 	defer done.endCall()
 	defer fasthttp.ReleaseResponse(answer)
-	page := pages.Get()
-	defer releasePage(page)
+	page := smallAnswers.Get()
+	defer smallAnswers.Put(page)
 	if err := readWhole(answer, page); err != nil {
 		return err
 	}
@@ -369,6 +369,14 @@ func readWhole(answer *fasthttp.Response, page *bytebufferpool.ByteBuffer) error
 // would pin their buffers for the ordinary pages after them, outside
 // heldAnswersLimit's count.
 var pages bytebufferpool.Pool
+
+// smallAnswers pools the buffers of answers relaySmall reads, apart from
+// pages: bytebufferpool keeps only buffers up to the size of 95 % of those
+// put back (it calibrates every 42,000 of a size), and items of ~2 KB,
+// far more numerous than a sync's pages, had every page's buffer dropped
+// when put back, each page read into one made afresh
+// (TestItemsLeaveThePagesBuffersPooled).
+var smallAnswers bytebufferpool.Pool
 
 // maxPooledPage is the largest buffer pages keeps: 10 ordinary pages.
 const maxPooledPage = 1 << 20
