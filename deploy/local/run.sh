@@ -167,7 +167,8 @@ stopping=
 hurry=
 # stop_one PID: TERM, then wait; a process still there after stop_grace
 # (longer than any binary's own stop: the gateway drains for 25 s,
-# shop-schema for 22 s, and each flushes its spans for 5 s more) is killed, so that Ctrl-C always ends
+# shop-schema for 22 s, and each flushes its spans for 5 s more; each
+# binary's TestSettingsAsDocumentedAndDeployed holds it so) is killed, so that Ctrl-C always ends
 # make run (once, under heavy load, tracestore was seen to outlive its TERM
 # and make run waited for ever). Once hurried (a second Ctrl-C), TERM is
 # sent again: a second signal ends a binary at once (pkg/stopsignal); sent

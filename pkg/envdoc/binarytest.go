@@ -38,7 +38,8 @@ const (
 
 // Test runs every check of the binary, one subtest per file: its own
 // README's table (dir/README.md), the root README's, the Kubernetes
-// manifest, the Compose file and make run's script; and one of the names
+// manifest, the Compose file and make run's script (their environments
+// and the time each gives the binary to stop); and one of the names
 // its start warns of misspellings of. root is the
 // repository's root and dir the binary's folder in it.
 func (b Binary[C]) Test(t *testing.T, root, dir string) {
@@ -70,7 +71,16 @@ func (b Binary[C]) Test(t *testing.T, root, dir string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, problems := b.CheckSharedEnv(env)
+		cfg, problems := b.CheckSharedEnv(env)
+		if len(problems) == 0 {
+			// The script kills a binary still there stop_grace after its
+			// TERM, as a supervisor does past its grace period.
+			grace, err := ReadRunScriptStopGrace(filepath.Join(root, RunScriptFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			problems = b.checkGrace("stop_grace", grace, cfg)
+		}
 		report(t, problems)
 	})
 	if b.Drain != nil {

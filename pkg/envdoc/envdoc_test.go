@@ -104,6 +104,28 @@ export C_URL="http://$(reachable "[::]:80"),http://$(reachable "localhost:81")"
 	}
 }
 
+// make run's grace is read from its stop_grace line, and a script without
+// one is an error, not a grace of 0 (every check would fail, naming the
+// wrong cause) or one left unchecked.
+func TestReadRunScriptStopGrace(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "run.sh")
+	for _, tt := range []struct {
+		lines string
+		want  time.Duration
+	}{
+		{"stopping=\nstop_grace=35\nstop_one() {\n", 35 * time.Second},
+		{"# stop_grace=35 in a comment\n  stop_grace=35\n", 0},
+	} {
+		if err := os.WriteFile(script, []byte(tt.lines), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadRunScriptStopGrace(script)
+		if tt.want == 0 && err == nil || tt.want != 0 && (err != nil || got != tt.want) {
+			t.Errorf("ReadRunScriptStopGrace(%q) = %s, %v; want %s (0: an error)", tt.lines, got, err, tt.want)
+		}
+	}
+}
+
 // fakeConfig is a binary's Config in small: what the checks compare.
 type fakeConfig struct {
 	Addr, AdminAddr string

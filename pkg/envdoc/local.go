@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,7 +68,30 @@ var (
 	secretLine = regexp.MustCompile(`echo "([A-Z_][A-Z0-9_]*)=\$\(random_secret\)"`)
 	// reachableCall is run.sh's $(reachable "ADDR"), read as reachable reads it.
 	reachableCall = regexp.MustCompile(`\$\(reachable "([^"]*)"\)`)
+	// stopGraceLine is run.sh's setting of stop_grace, at the start of a
+	// line (not a comment's mention).
+	stopGraceLine = regexp.MustCompile(`^stop_grace=([0-9]+)$`)
 )
+
+// ReadRunScriptStopGrace reads the time make run's script
+// (deploy/local/run.sh) gives each binary from its TERM to its KILL: the
+// script's stop_grace, in seconds.
+func ReadRunScriptStopGrace(path string) (time.Duration, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for n, line := range strings.Split(string(raw), "\n") {
+		if m := stopGraceLine.FindStringSubmatch(line); m != nil {
+			seconds, err := strconv.Atoi(m[1])
+			if err != nil {
+				return 0, fmt.Errorf("%s:%d: stop_grace: %w", path, n+1, err)
+			}
+			return time.Duration(seconds) * time.Second, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no stop_grace=SECONDS line", path)
+}
 
 // reachable is run.sh's function of that name: where a client on the
 // machine reaches a listener on addr, on loopback for a listener on every
