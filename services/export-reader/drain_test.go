@@ -2,14 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A list page in flight at SIGTERM, waiting on export_items' table lock (a
@@ -20,38 +26,11 @@ import (
 // its own bound would have let it be answered.
 func TestAPageInFlightAtTheStopIsAnsweredWithinItsOwnTimeout(t *testing.T) {
 	t.Parallel()
-	dsn := testenv.PostgresURL(t)
-	setup := testenv.Pool(t, dsn)
+	r := startReader(t, 1, map[string]string{"EXPORT_READER_QUERY_TIMEOUT": "13s"})
+	setup, owner, addr, out, stop, done := r.setup, r.owner, r.addr, r.out, r.stop, r.done
 	ctx := context.Background()
-	var owner string
-	if err := setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := setup.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
-		VALUES ($1, 'coin-1', true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"coin-1"', '"id":"coin-1"', '"id":"coin-1"', now())`, owner); err != nil {
-		t.Fatal(err)
-	}
 
-	addr := testenv.FreeAddr(t)
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() {
-		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
-			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t),
-			"EXPORT_READER_QUERY_TIMEOUT": "13s"}), &out)
-	}()
-	waitReady(t, "http://"+addr+"/healthz", &out)
-
-	lock, err := setup.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback(ctx)
-	if _, err := lock.Exec(ctx, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := lockTable(t, setup)
 	answered := testenv.AnswerLater(func() (*http.Response, error) { return signedGet(addr, "/v1/export/items", owner) })
 	testenv.WaitForALockWait(t, setup, serviceName)
 	stop() // SIGTERM, while the page waits for the table
@@ -74,6 +53,42 @@ func TestAPageInFlightAtTheStopIsAnsweredWithinItsOwnTimeout(t *testing.T) {
 	if strings.Contains(out.String(), "export read cut off") {
 		t.Errorf("the drain cut the page off:\n%s", out.String())
 	}
+}
+
+// startedReader is a reader serving (run) on a database of its own, with
+// an owner's items: stop sends it SIGTERM, done gets run's error.
+type startedReader struct {
+	setup       *pgxpool.Pool
+	owner, addr string
+	out         *testenv.Output
+	stop        context.CancelFunc
+	done        chan error
+}
+
+// startReader starts a reader with settings, once an owner has items
+// coin-1 to coin-n, and waits until it is ready.
+func startReader(t *testing.T, items int, settings map[string]string) startedReader {
+	t.Helper()
+	dsn := testenv.PostgresURL(t)
+	r := startedReader{setup: testenv.Pool(t, dsn), addr: testenv.FreeAddr(t), out: &testenv.Output{}, done: make(chan error, 1)}
+	ctx := context.Background()
+	if err := r.setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&r.owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.setup.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
+		SELECT $1, 'coin-' || n, true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"coin-' || n || '"', '"id":"coin-' || n || '"', '"id":"coin-' || n || '"', now()
+		FROM generate_series(1, $2::int) AS n`, r.owner, items); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
+		"EXPORT_READER_ADDR": r.addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}
+	maps.Copy(vars, settings)
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	r.stop = stop
+	go func() { r.done <- run(runCtx, env(vars), r.out) }()
+	waitReady(t, "http://"+r.addr+"/healthz", r.out)
+	return r
 }
 
 // signedGet sends a GET of path to the reader at addr with the identity
@@ -107,4 +122,116 @@ func waitReady(t *testing.T, url string, out *testenv.Output) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("the reader never became ready:\n%s", out.String())
+}
+
+// A page read ahead in the background (for a sync's next request) that
+// waits on export_items' lock when the drain has ended does not hold the
+// reader's stop: nothing will ask for it. Left to its own bound
+// (EXPORT_READER_QUERY_TIMEOUT, here an hour), it held the pool's Close,
+// and so the stop, past the drain and the grace period counted for it,
+// for as long as the lock lasted: a migration's, in the rollout that
+// stops the old readers.
+func TestAReadAheadWaitingOnALockDoesNotHoldTheStop(t *testing.T) {
+	t.Parallel()
+	// Pages read ahead are stale at once, so that the second page's
+	// request reads its page itself, one statement, and starts a new
+	// read-ahead once answered.
+	r := startReader(t, 4, map[string]string{"EXPORT_READER_QUERY_TIMEOUT": "1h", "EXPORT_READER_READ_AHEAD_TTL": "1ms"})
+	setup, owner, addr, out, stop, done := r.setup, r.owner, r.addr, r.out, r.stop, r.done
+	ctx := context.Background()
+	firstPage := getPage(t, addr, "/v1/export/items?limit=1", owner)
+	if firstPage.Meta.NextCursor == nil {
+		t.Fatalf("the first page has no next cursor: %s", firstPage.Data)
+	}
+	time.Sleep(10 * time.Millisecond) // past the read-ahead's TTL
+
+	// The second page waits behind one lock on the table, a second lock
+	// waits behind the page: once the first goes, the page is read and
+	// answered, and the read-ahead it starts waits behind the second,
+	// which the test holds until the reader has stopped.
+	first := lockTable(t, setup)
+	answered := make(chan envelope.Parsed, 1)
+	go func() {
+		answered <- getPage(t, addr, "/v1/export/items?limit=1&cursor="+url.QueryEscape(*firstPage.Meta.NextCursor), owner)
+	}()
+	testenv.WaitForALockWait(t, setup, serviceName)
+	second, err := setup.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Rollback(ctx)
+	secondLocked := make(chan error, 1)
+	go func() {
+		_, err := second.Exec(ctx, "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE")
+		secondLocked <- err
+	}()
+	waitForLockWaits(t, setup, 2)
+	if err := first.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-secondLocked; err != nil {
+		t.Fatal(err)
+	}
+	<-answered
+	testenv.WaitForALockWait(t, setup, serviceName) // the read-ahead
+
+	stop() // SIGTERM, nothing in flight, a read-ahead waiting on the lock
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run() = %v, want nil after a clean stop", err)
+		}
+	case <-time.After(time.Minute):
+		second.Rollback(ctx) // the read-ahead ends, and the stop with it
+		<-done
+		t.Fatalf("the reader did not stop within a minute of SIGTERM, with nothing in flight and a read-ahead waiting on a lock:\n%s", out.String())
+	}
+}
+
+// getPage gets a list page of owner's from the reader at addr; anything
+// but a 200 fails the test.
+func getPage(t *testing.T, addr, path, owner string) envelope.Parsed {
+	resp, err := signedGet(addr, path, owner)
+	if err != nil {
+		t.Error(err)
+		return envelope.Parsed{}
+	}
+	defer resp.Body.Close()
+	var page envelope.Parsed
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("GET %s = %d %+v (%v), want 200", path, resp.StatusCode, page.Error, err)
+	}
+	return page
+}
+
+// lockTable takes export_items' ACCESS EXCLUSIVE lock in a transaction of
+// db's, rolled back at the test's end if not before.
+func lockTable(t *testing.T, db *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := db.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(context.Background(), "LOCK TABLE export_items IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// waitForLockWaits waits until n sessions of db's database wait for a lock.
+func waitForLockWaits(t *testing.T, db *pgxpool.Pool, n int) {
+	t.Helper()
+	for range 500 {
+		var waiting int
+		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%d sessions never came to wait for a lock", n)
 }

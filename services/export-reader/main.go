@@ -97,6 +97,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 	lag := replica.Start(ctx, side, log, replica.Options{MaxLag: cfg.ReadMaxLag})
 	defer lag.Close()
 	reader := export.NewReader(pool, cursors, cfg.readAhead(), export.RefuseListsUnless(lag.Check))
+	defer reader.StopReadingAhead() // drained: its pages go to no one
 	mux := http.NewServeMux()
 	api.New(reader, log, cfg.QueryTimeout, dsnSetting).Register(mux)
 	// A build newer than the database's schema waits, unready, for the

@@ -91,6 +91,14 @@ func NewReader(pool *pgxpool.Pool, cursors *cursor.Codec, ahead ReadAhead, opts 
 	return r
 }
 
+// StopReadingAhead ends the reads of pages ahead still running and makes
+// any started later fail at once: call it once the server has drained, as
+// no request will ask for those pages. Left to their own bound
+// (EXPORT_READER_QUERY_TIMEOUT), a read waiting on export_items' lock (a
+// migration's) held the pool's Close, and so the stop, past the drain and
+// the grace period that counts only the drain and the last flush of spans.
+func (r *Reader) StopReadingAhead() { r.ahead.stop() }
+
 // Collectors are the Reader's metrics, for the service's registry.
 func (r *Reader) Collectors() []prometheus.Collector {
 	return append([]prometheus.Collector{r.ahead.results}, r.ahead.gauges...)

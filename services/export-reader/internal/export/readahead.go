@@ -152,8 +152,12 @@ type chain struct {
 // sync that moved to this reader is read ahead again from its second page
 // here.
 type readAhead struct {
-	cfg     ReadAhead
-	slots   chan struct{}
+	cfg   ReadAhead
+	slots chan struct{}
+	// stopped ends every read in the background once the reader stops
+	// (stop): no request will ask for its pages.
+	stopped context.Context
+	stop    context.CancelFunc
 	results *prometheus.CounterVec
 	// gauges are those of what is held (entries, bytes), read at the
 	// scrape under mu: at their bound, flat, the set is full by design.
@@ -176,9 +180,12 @@ type entered struct {
 }
 
 func newReadAhead(cfg ReadAhead) *readAhead {
+	stopped, stop := context.WithCancel(context.Background())
 	ra := &readAhead{
-		cfg:   cfg,
-		slots: make(chan struct{}, max(cfg.Reads, 0)),
+		cfg:     cfg,
+		slots:   make(chan struct{}, max(cfg.Reads, 0)),
+		stopped: stopped,
+		stop:    stop,
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "export_reader_read_ahead_total",
 			Help: "List requests with a cursor by read-ahead outcome: hit (answered from the page read ahead), stale (read ahead longer than the TTL ago: read again), failed (the background read failed: read again), unread (not read ahead: no free slot, the previous page was a miss, or the read replica was behind), miss (this reader did not serve the previous page).",
@@ -420,6 +427,8 @@ func (c *chain) fill(ctx context.Context, p *aheadPage) *aheadPage {
 	// The read's spans join the trace of the request that caused it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.ra.cfg.Timeout)
 	defer cancel()
+	unregister := context.AfterFunc(c.ra.stopped, cancel)
+	defer unregister()
 	ctx, span := tracer.Start(ctx, "export read-ahead")
 	defer span.End()
 	pages, err := c.fetch(ctx, p.after, aheadBatch)
