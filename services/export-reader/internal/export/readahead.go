@@ -429,6 +429,13 @@ func (c *chain) fill(ctx context.Context, p *aheadPage) *aheadPage {
 	defer cancel()
 	unregister := context.AfterFunc(c.ra.stopped, cancel)
 	defer unregister()
+	// On a reader already stopped, AfterFunc cancels in a goroutine of its
+	// own: without this check the read took a connection and sent its
+	// query first, and one answered before that goroutine ran read on.
+	if err := c.ra.stopped.Err(); err != nil {
+		p.err = err
+		return nil
+	}
 	ctx, span := tracer.Start(ctx, "export read-ahead")
 	defer span.End()
 	pages, err := c.fetch(ctx, p.after, aheadBatch)

@@ -477,3 +477,82 @@ func TestAPageIsNotReadAheadWhileTheReplicaIsBehind(t *testing.T) {
 		t.Errorf("page 2, asked for while the replica was behind: %d read-ahead hits, %d unread; want 0 and 1 (read by its request)", hits, unread)
 	}
 }
+
+// A read ahead started once the reader has stopped (a page answered by a
+// request the drain cut off, or by one ending as it stopped) sends no
+// query: StopReadingAhead said such reads fail at once, but the cancel
+// that context.AfterFunc runs on a context already done runs in a
+// goroutine of its own, so the read took a pool connection and sent its
+// query first, and a fetch that answered before that goroutine ran read
+// the chain on. Stopping twice, and before any read, is fine.
+func TestAReadAheadStartedOnceStoppedReadsNothing(t *testing.T) {
+	r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Hour})}
+	r.StopReadingAhead()
+	r.StopReadingAhead()
+	var fetched atomic.Int32
+	fetch := func(_ context.Context, after position, _ int) ([]scannedPage, error) {
+		fetched.Add(1)
+		next := position{ID: after.ID + "+"}
+		return []scannedPage{{body: []byte("{}"), next: &next}}, nil
+	}
+	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+	r.ahead.begin(context.Background(), c, position{ID: "1"}, "1")
+	p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
+	if !ok {
+		t.Fatal("the page after the one answered has no entry")
+	}
+	if hit, err := r.ahead.use(context.Background(), p); hit || err != nil {
+		t.Errorf("its request: hit %v, error %v; want it to read the page itself", hit, err)
+	}
+	waitForFreeSlots(t, r.ahead)
+	if n := fetched.Load(); n != 0 {
+		t.Errorf("%d queries sent by reads ahead started once the reader had stopped, want none", n)
+	}
+}
+
+// A request waiting for a page read ahead when the reader stops (one the
+// drain gave up on) gets its answer: the read it waits for ends, failed,
+// and the request reads the page itself (under its own context, which
+// the drain cut off: httpserver's 503), neither waiting out the read's
+// bound nor taking a page that is not there.
+func TestStoppingEndsTheReadAheadARequestWaitsFor(t *testing.T) {
+	r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Hour})}
+	started := make(chan struct{})
+	fetch := func(ctx context.Context, _ position, _ int) ([]scannedPage, error) {
+		close(started)
+		<-ctx.Done() // a lock held past the drain
+		return nil, ctx.Err()
+	}
+	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+	r.ahead.begin(context.Background(), c, position{ID: "1"}, "1")
+	<-started
+	p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
+	if !ok {
+		t.Fatal("the page being read ahead has no entry")
+	}
+	r.StopReadingAhead()
+	// Not a timing: a bound on the wait, so that a read left running
+	// fails the test instead of hanging it for the read's hour.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if hit, err := r.ahead.use(ctx, p); hit || err != nil {
+		t.Errorf("the request waiting for it: hit %v, error %v; want it to read the page itself", hit, err)
+	}
+	if n := outcome(r, "failed"); n != 1 {
+		t.Errorf("%v reads ahead counted failed, want 1", n)
+	}
+	waitForFreeSlots(t, r.ahead)
+}
+
+// waitForFreeSlots waits until no read ahead holds a background slot: every
+// chain ended or paused.
+func waitForFreeSlots(t *testing.T, ra *readAhead) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(ra.slots) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a read ahead still holds its slot")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
