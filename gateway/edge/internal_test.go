@@ -1570,8 +1570,22 @@ func TestEveryEndingOfAnItemGivesBackItsConnection(t *testing.T) {
 	}
 	reader.Start()
 	t.Cleanup(reader.Close)
-	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": reader.URL, "UPSTREAM_MAX_CONNS": "2",
-		"RATE_LIMIT_ENABLED": "false", "RATE_LIMIT_OWNER_IN_FLIGHT": "8", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"}, fakeKeys{})
+	// The owner's cap off (0) too: no slot is taken, and request.endCall,
+	// which each of these calls ends with, has none to give back.
+	for _, ownerCap := range []string{"8", "0"} {
+		t.Run("RATE_LIMIT_OWNER_IN_FLIGHT="+ownerCap, func(t *testing.T) {
+			dialled.Store(0)
+			getEveryEnding(t, reader.URL, ownerCap, &dialled)
+		})
+	}
+}
+
+// getEveryEnding is TestEveryEndingOfAnItemGivesBackItsConnection with
+// the owner's cap at ownerCap, against reader, which counts its dials in
+// dialled.
+func getEveryEnding(t *testing.T, reader, ownerCap string, dialled *atomic.Int64) {
+	g, _, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": reader, "UPSTREAM_MAX_CONNS": "2",
+		"RATE_LIMIT_ENABLED": "false", "RATE_LIMIT_OWNER_IN_FLIGHT": ownerCap, "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"}, fakeKeys{})
 	want := map[string]int{"2000": 200, "0": 200, "16384": 200, "16385": 200, "100000": 200, "gzipped": 200,
 		"gone": 404, "failing": 500, "unchanged": 304, "none": 204}
 	items := slices.Sorted(maps.Keys(want))
@@ -1611,6 +1625,9 @@ func TestEveryEndingOfAnItemGivesBackItsConnection(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d bytes of answers still held after every GET ended, want none", heldBytes(g))
 		}
+	}
+	if g.ownerSlots == nil { // no cap: no slot taken
+		return
 	}
 	share := g.ownerSlots[upstreamExportReader].slots
 	share.mu.Lock()
@@ -2082,4 +2099,67 @@ func postConfirm(t *testing.T, addr string) (*http.Response, envelope.Parsed, er
 	err = json.NewDecoder(resp.Body).Decode(&answer)
 	resp.Body.Close()
 	return resp, answer, err
+}
+
+// Every way relayAnswer relays an answer ends its call exactly once, on the
+// list and item routes (StreamsLargeAnswers) and shop-schema's, for a
+// client of HTTP/1.1 and of 1.0: at once for one read into the client's
+// answer or one that failed, once fasthttp closes the stream for one
+// handed to it (after its write, or at the response's reset), and the
+// bytes of a page held whole come back. A call ended twice gives back a
+// slot of another call of the same owner (inFlightSlots.release forgets a
+// count at 0), which the end-to-end tests, looking at the slots left
+// (TestEveryEndingOfAnItemGivesBackItsConnection), do not see.
+func TestEveryRelayOfAnAnswerEndsItsCallOnce(t *testing.T) {
+	const held = 100_000 // past smallAnswerBytes
+	stream := func(size, length int) func() *fasthttp.Response {
+		return func() *fasthttp.Response {
+			answer := fasthttp.AcquireResponse()
+			answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), length)
+			return answer
+		}
+	}
+	whole := func() *fasthttp.Response {
+		answer := fasthttp.AcquireResponse()
+		answer.SetBody([]byte(`{"data":[]}`))
+		return answer
+	}
+	for _, c := range []struct {
+		name         string
+		streams      bool // the route StreamsLargeAnswers
+		http11       bool
+		budget       int
+		answer       func() *fasthttp.Response
+		failed       bool // the read fails: the error to answer
+		endedAtFirst int  // before fasthttp closes the client's stream
+	}{
+		{"item read whole by Do (a HEAD's)", true, true, heldAnswersLimit, whole, false, 1},
+		{"small item", true, true, heldAnswersLimit, stream(2000, 2000), false, 1},
+		{"small item broken off", true, true, heldAnswersLimit, stream(1000, 2000), true, 1},
+		{"page held whole", true, true, heldAnswersLimit, stream(held, held), false, 0},
+		{"page held whole broken off", true, true, heldAnswersLimit, stream(held-1, held), true, 1},
+		{"page past the budget", true, true, held - 1, stream(held, held), false, 0},
+		{"page without a length", true, true, heldAnswersLimit, stream(held, -1), false, 0},
+		{"page without a length, HTTP/1.0", true, false, heldAnswersLimit, stream(held, -1), false, 0},
+		{"shop schema", false, true, heldAnswersLimit, stream(held, held), false, 0},
+		{"shop schema without a length", false, true, heldAnswersLimit, stream(held, -1), false, 0},
+		{"shop schema without a length, HTTP/1.0", false, false, heldAnswersLimit, stream(held, -1), false, 0},
+		{"shop schema read whole by Do", false, true, heldAnswersLimit, whole, false, 1},
+	} {
+		g := &Gateway{heldAnswers: &byteBudget{limit: c.budget}}
+		var resp fasthttp.Response
+		ended := 0
+		err := g.relayAnswer(&resp, route{StreamsLargeAnswers: c.streams}, c.http11, c.answer(), endFunc(func() { ended++ }))
+		if (err != nil) != c.failed || ended != c.endedAtFirst {
+			t.Errorf("%s: error %v, call ended %d times; want failed %v, ended %d times", c.name, err, ended, c.failed, c.endedAtFirst)
+			continue
+		}
+		if err == nil {
+			_ = resp.BodyWriteTo(io.Discard) // fasthttp writes it to the client
+		}
+		resp.Reset() // closes the stream, as fasthttp once it has written it
+		if ended != 1 || heldBytes(g) != 0 {
+			t.Errorf("%s: once relayed, call ended %d times and %d bytes held; want once and none", c.name, ended, heldBytes(g))
+		}
+	}
 }
