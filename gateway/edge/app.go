@@ -338,17 +338,27 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 // sent: 100 connections reading large pages slowly held 850 MB there
 // (gateway README, "Answers of large items").
 func (g *Gateway) serveUntilRelayed(c *fiber.Ctx, rq *request, rt route) error {
+	return g.limitThenRelay(c, rq, rt, "key:", rq.key.ID, rq)
+}
+
+// limitThenRelay asks the route's rate limit for who, then proxies until
+// the answer has left (proxyUntilRelayed), which ends the call taken
+// before it (end: an owner's slot, an address's shop schema slot). Until
+// then the call is ended here, on a refusal or on a panic, which
+// guardedServe answers: released on the refusal alone, a panic there would
+// hold the slot for the process's life.
+func (g *Gateway) limitThenRelay(c *fiber.Ctx, rq *request, rt route, kind, who string, end callEnd) error {
 	handedOver := false
-	defer func() { // also on a panic, which guardedServe answers
+	defer func() {
 		if !handedOver {
-			rq.endCall()
+			end.endCall()
 		}
 	}()
-	if err := g.limit(rq, rt.Class, "key:", rq.key.ID); err != nil {
+	if err := g.limit(rq, rt.Class, kind, who); err != nil {
 		return err
 	}
 	handedOver = true
-	return g.proxyUntilRelayed(c, rq, rt, rq)
+	return g.proxyUntilRelayed(c, rq, rt, end)
 }
 
 // serveKeyless serves a route that takes no key (spec 5: health, shop
@@ -387,9 +397,5 @@ func (g *Gateway) serveShopSchema(c *fiber.Ctx, rq *request, rt route, address s
 	if err != nil {
 		return err
 	}
-	if err := g.limit(rq, rt.Class, "ip:", address); err != nil {
-		release()
-		return err
-	}
-	return g.proxyUntilRelayed(c, rq, rt, endFunc(release))
+	return g.limitThenRelay(c, rq, rt, "ip:", address, endFunc(release))
 }
