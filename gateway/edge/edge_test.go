@@ -828,6 +828,55 @@ func TestAnswerFailingAfterItsHeadIsCountedUnderItsInstance(t *testing.T) {
 		`gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+reader.URL+`"} 2`)
 }
 
+// An answer relayed as it comes (past the gateway's budget of answers held
+// whole) that its instance breaks off reaches its client as a 200 cut
+// short, which its access line cannot tell from a whole one; it is counted
+// under that instance in gateway_upstream_errors_total once it has ended,
+// as one read whole is, so that the operator sees it. One that stalls past
+// UPSTREAM_READ_TIMEOUT is not: a slow client's reading ends the same way.
+func TestAStreamCutShortIsCountedUnderItsInstance(t *testing.T) {
+	dsn, _, k := seed(t)
+	edge.SetHeldAnswersLimit(t, 1) // every answer over 16 KiB relayed as it comes
+	stalled := make(chan struct{})
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "200000")
+		_, _ = io.WriteString(w, `{"data":[`+strings.Repeat(" ", 40_000))
+		w.(http.Flusher).Flush()
+		if answerAsked(r) == "stall" {
+			<-stalled
+		}
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(reader.Close)
+	t.Cleanup(func() { close(stalled) }) // before the reader closes, which waits for its handlers
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"UPSTREAM_READ_TIMEOUT": "300ms"})
+	for _, path := range []string{"/v1/export/items/broken", "/v1/export/items?cursor=broken", "/v1/export/items/stall"} {
+		req, _ := http.NewRequest("GET", gw.URL+path, nil)
+		req.Header.Set("X-API-Key", k.read)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || err == nil {
+			t.Errorf("GET %s = %d, %d bytes read, %v; want a 200 cut short", path, resp.StatusCode, len(body), err)
+		}
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		return strings.Contains(string(scrape(t, gw.AdminURL)),
+			`gateway_upstream_errors_total{kind="bad_response",upstream="export-reader",upstream_instance="`+reader.URL+`"} 2`)
+	})
+	if m := string(scrape(t, gw.AdminURL)); !strings.Contains(m, `gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+reader.URL+`"} 0`) {
+		t.Errorf("a stream that stalled past UPSTREAM_READ_TIMEOUT was counted a timeout of its instance:\n%s", m)
+	}
+}
+
 // A sale that reached no writer (every one refused the connection, or was
 // out) is answered 503 upstream_unavailable in the words the writer's own
 // 503s use for the same outcome, "nothing was applied" and the same key

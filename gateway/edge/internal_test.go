@@ -2149,7 +2149,7 @@ func TestEveryRelayOfAnAnswerEndsItsCallOnce(t *testing.T) {
 		g := &Gateway{heldAnswers: &byteBudget{limit: c.budget}}
 		var resp fasthttp.Response
 		ended := 0
-		err := g.relayAnswer(&resp, route{StreamsLargeAnswers: c.streams}, c.http11, c.answer(), endFunc(func() { ended++ }))
+		err := g.relayAnswer(&resp, route{StreamsLargeAnswers: c.streams}, "", c.http11, c.answer(), endFunc(func() { ended++ }))
 		if (err != nil) != c.failed || ended != c.endedAtFirst {
 			t.Errorf("%s: error %v, call ended %d times; want failed %v, ended %d times", c.name, err, ended, c.failed, c.endedAtFirst)
 			continue

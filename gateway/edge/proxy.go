@@ -139,7 +139,7 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done ca
 	http11 := c.Request().Header.IsHTTP11()
 	return g.proxyInto(c, rq, rt, answer, func(span trace.Span) error {
 		relayed = true
-		if err := g.relayAnswer(c.Response(), rt, http11, answer, done); err != nil {
+		if err := g.relayAnswer(c.Response(), rt, rq.instance, http11, answer, done); err != nil {
 			g.countFailure(rt.Upstream, rq.instance, span, err)
 			return err
 		}
@@ -148,11 +148,12 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done ca
 }
 
 // relayAnswer is the rest of proxyUntilRelayed once the answer's head has
-// come, relaying it into resp for a client that speaks HTTP/1.1 or not:
-// answer is released and done run as each way of relaying it says. An
-// error is the failure to read an answer read whole (relayWhole,
-// relaySmall): nothing was written yet.
-func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, http11 bool, answer *fasthttp.Response, done callEnd) error {
+// come from instance, relaying it into resp for a client that speaks
+// HTTP/1.1 or not: answer is released and done run as each way of relaying
+// it says. An error is the failure to read an answer read whole
+// (relayWhole, relaySmall): nothing was written yet. A stream relayed as
+// it comes that fails to be read is counted once it has ended.
+func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string, http11 bool, answer *fasthttp.Response, done callEnd) error {
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
@@ -171,7 +172,11 @@ func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, http11 bool, an
 	case length < 0 && !http11:
 		return relayWhole(resp, answer, done)
 	}
-	relay(resp, answer, done)
+	var readFailed func(error)
+	if answer.IsBodyStream() { // made here alone: a closure the stream keeps costs an allocation
+		readFailed = func(err error) { g.countUpstreamError(rt.Upstream, instance, err) }
+	}
+	relay(resp, answer, done, readFailed)
 	return nil
 }
 
@@ -399,8 +404,10 @@ func upstreamReadError(err error) error {
 }
 
 // relay moves answer into resp and releases answer, then calls done; for a
-// streamed answer, both once the stream is closed (written, or failed).
-func relay(resp, answer *fasthttp.Response, done callEnd) {
+// streamed answer, both once the stream is closed (written, or failed),
+// and readFailed with the failure to read it from the service, if it
+// failed so (a 200 its client got cut short).
+func relay(resp, answer *fasthttp.Response, done callEnd, readFailed func(error)) {
 	answer.Header.CopyTo(&resp.Header)
 	if !answer.IsBodyStream() {
 		resp.SetBody(answer.Body())
@@ -408,7 +415,7 @@ func relay(resp, answer *fasthttp.Response, done callEnd) {
 		done.endCall()
 		return
 	}
-	resp.SetBodyStream(&relayedStream{Reader: answer.BodyStream(), answer: answer, done: done},
+	resp.SetBodyStream(&relayedStream{Reader: answer.BodyStream(), answer: answer, done: done, readFailed: readFailed},
 		answer.Header.ContentLength())
 }
 
@@ -423,6 +430,26 @@ type relayedStream struct {
 	answer *fasthttp.Response
 	done   callEnd
 	once   sync.Once
+	// readFailed, when set, is told of readErr, the first failure to read
+	// the stream from the service (not a write's to the client), once the
+	// stream is closed: the client got a 200 cut short, which its access
+	// line cannot tell, so gateway_upstream_errors_total counts it. Not a
+	// timeout: the stream is read from the service as fast as its client
+	// takes it, so UPSTREAM_READ_TIMEOUT passing mid-stream is as likely a
+	// slow client's (a 5 MB page at under 170 KB/s) as a stalled
+	// instance's, and counted under the instance it would set off its
+	// alerts for clients' slowness.
+	readFailed func(error)
+	readErr    error
+}
+
+// Read reads the answer, keeping its first failure (readErr).
+func (s *relayedStream) Read(p []byte) (int, error) {
+	n, err := s.Reader.Read(p)
+	if err != nil && err != io.EOF && s.readErr == nil {
+		s.readErr = err
+	}
+	return n, err
 }
 
 // WriteTo writes the rest of the answer to w. fasthttp copies a body
@@ -438,7 +465,7 @@ func (s *relayedStream) WriteTo(w io.Writer) (int64, error) {
 	if page, ok := s.Reader.(io.WriterTo); ok {
 		return page.WriteTo(w)
 	}
-	return io.Copy(w, s.Reader)
+	return io.Copy(w, struct{ io.Reader }{s}) // through Read, not back into WriteTo
 }
 
 // CloseWithError closes the upstream stream, passing on the write's error
@@ -454,6 +481,11 @@ func (s *relayedStream) CloseWithError(err error) error {
 		}
 		fasthttp.ReleaseResponse(s.answer)
 		s.done.endCall()
+		if s.readErr != nil && s.readFailed != nil {
+			if err := upstreamReadError(s.readErr); !errors.Is(err, upstream.ErrTimeout) {
+				s.readFailed(err)
+			}
+		}
 	})
 	return nil
 }
@@ -544,8 +576,14 @@ func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, o
 // countFailure counts err, a failure of a call to instance, in
 // gateway_upstream_errors_total and sets it on the call's proxy span.
 func (g *Gateway) countFailure(up, instance string, span trace.Span, err error) {
-	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(instance, err), errorKind(err)).Inc()
+	g.countUpstreamError(up, instance, err)
 	span.SetStatus(codes.Error, errorKind(err))
+}
+
+// countUpstreamError counts err, a failure of up's instance, in
+// gateway_upstream_errors_total.
+func (g *Gateway) countUpstreamError(up, instance string, err error) {
+	g.metrics.upstreamErrors.WithLabelValues(up, failedInstanceLabel(instance, err), errorKind(err)).Inc()
 }
 
 // prepareUpstreamRequest makes the client's request the one a service
