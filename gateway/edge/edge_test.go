@@ -859,14 +859,7 @@ func TestAStreamCutShortIsCountedUnderItsInstance(t *testing.T) {
 		req, _ := http.NewRequest("GET", gw.URL+path, nil)
 		req.Header.Set("X-API-Key", k.read)
 		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || err == nil {
-			t.Errorf("GET %s = %d, %d bytes read, %v; want a 200 cut short", path, resp.StatusCode, len(body), err)
-		}
+		wantCutShort(t, "GET "+path, resp, err)
 	}
 	waitFor(t, 5*time.Second, func() bool {
 		return strings.Contains(string(scrape(t, gw.AdminURL)),
@@ -874,6 +867,130 @@ func TestAStreamCutShortIsCountedUnderItsInstance(t *testing.T) {
 	})
 	if m := string(scrape(t, gw.AdminURL)); !strings.Contains(m, `gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+reader.URL+`"} 0`) {
 		t.Errorf("a stream that stalled past UPSTREAM_READ_TIMEOUT was counted a timeout of its instance:\n%s", m)
+	}
+}
+
+// A stream that ends because its client left is not its instance's
+// failure, nor is one its client reads whole: only a failure to read the
+// stream from the service is counted (relayedStream.Read), not the write's
+// to the client that fasthttp passes to CloseWithError. Here a client
+// takes an item's head and hangs up while export-reader is still writing,
+// another reads one whole; then one broken off by its instance is counted
+// alone.
+func TestAStreamItsClientLeavesIsNotCounted(t *testing.T) {
+	dsn, _, k := seed(t)
+	edge.SetHeldAnswersLimit(t, 1) // every answer over 16 KiB relayed as it comes
+	const size = 32 << 20          // past every buffer between the service and the client
+	writerGaveUp := make(chan struct{}, 1)
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		if answerAsked(r) == "broken" {
+			_, _ = io.WriteString(w, strings.Repeat(" ", 40_000))
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		chunk := []byte(strings.Repeat(" ", 64<<10))
+		for written := 0; written < size; written += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				writerGaveUp <- struct{}{}
+				return
+			}
+		}
+	}))
+	t.Cleanup(reader.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	series := `gateway_upstream_errors_total{kind="bad_response",upstream="export-reader",upstream_instance="` + reader.URL + `"} `
+
+	conn := dial(t, gw.URL)
+	if _, err := io.WriteString(conn, "GET /v1/export/items/left HTTP/1.1\r\nHost: gw\r\nX-API-Key: "+k.read+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET an item: %v, %v; want a 200", resp, err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	select {
+	case <-writerGaveUp: // the gateway has closed the stream
+	case <-time.After(10 * time.Second):
+		t.Fatal("export-reader was still writing an item 10 s after its client left")
+	}
+
+	req, _ := http.NewRequest("GET", gw.URL+"/v1/export/items/whole", nil)
+	req.Header.Set("X-API-Key", k.read)
+	whole, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, whole.Body)
+	whole.Body.Close()
+	if whole.StatusCode != 200 || n != size || err != nil {
+		t.Fatalf("GET an item read whole = %d, %d bytes, %v; want 200 and %d bytes", whole.StatusCode, n, err, size)
+	}
+
+	req, _ = http.NewRequest("GET", gw.URL+"/v1/export/items/broken", nil)
+	req.Header.Set("X-API-Key", k.read)
+	broken, err := http.DefaultClient.Do(req)
+	wantCutShort(t, "GET an item broken off", broken, err)
+	waitFor(t, 5*time.Second, func() bool {
+		m := string(scrape(t, gw.AdminURL))
+		return strings.Contains(m, series+"1") || strings.Contains(m, series+"2") || strings.Contains(m, series+"3")
+	})
+	if m := string(scrape(t, gw.AdminURL)); !strings.Contains(m, series+"1") {
+		t.Errorf("want the stream its instance broke off counted alone, not the one its client left nor the one read whole:\n%s", m)
+	}
+}
+
+// shop-schema's answers are relayed as they come (its upstream reads none
+// whole), with their length to an HTTP/1.1 client or in chunks without
+// one (fasthttp's writeBodyChunked reads the stream without WriteTo): one
+// broken off either way is counted under shop-schema's instance.
+func TestAShopSchemaStreamCutShortIsCountedUnderShopSchema(t *testing.T) {
+	dsn, _, _ := seed(t)
+	var calls atomic.Int64
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if calls.Add(1) == 1 {
+			w.Header().Set("Content-Length", "200000")
+		}
+		_, _ = io.WriteString(w, `{"data":{"pad":"`+strings.Repeat("x", 40_000))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(shop.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": shop.URL})
+	for _, framing := range []string{"with a length", "chunked"} {
+		resp, err := http.Post(gw.URL+"/v1/sync/prestashop/schema", "application/json", strings.NewReader(`{}`))
+		wantCutShort(t, "a shop schema "+framing, resp, err)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		return strings.Contains(string(scrape(t, gw.AdminURL)),
+			`gateway_upstream_errors_total{kind="bad_response",upstream="shop-schema",upstream_instance="`+shop.URL+`"} 2`)
+	})
+}
+
+// wantCutShort reads resp, the answer to what (err, the request's
+// failure), and reports it unless it is a 200 whose body ended short.
+func wantCutShort(t *testing.T, what string, resp *http.Response, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err == nil {
+		t.Errorf("%s = %d, %d bytes read, %v; want a 200 cut short", what, resp.StatusCode, len(body), err)
 	}
 }
 
