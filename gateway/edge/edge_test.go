@@ -797,23 +797,9 @@ func TestUpstreamErrorsNameTheirInstance(t *testing.T) {
 // no longer was once items were asked for as streams.
 func TestAnswerFailingAfterItsHeadIsCountedUnderItsInstance(t *testing.T) {
 	dsn, _, k := seed(t)
-	stalled := make(chan struct{})
-	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		length := map[string]string{"small-broken": "8000", "large-broken": "100000", "small-stall": "8000"}[answerAsked(r)]
-		w.Header().Set("Content-Length", length)
-		_, _ = io.WriteString(w, `{"data":[`)
-		w.(http.Flusher).Flush()
-		if answerAsked(r) == "small-stall" {
-			<-stalled
-		}
-		panic(http.ErrAbortHandler)
-	}))
-	t.Cleanup(reader.Close)
-	t.Cleanup(func() { close(stalled) }) // before the reader closes, which waits for its handlers
+	reader := readerBreakingOff(t, `{"data":[`, func(answer string) string {
+		return map[string]string{"small-broken": "8000", "large-broken": "100000", "small-stall": "8000"}[answer]
+	})
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
 		"UPSTREAM_READ_TIMEOUT": "300ms"})
 	for _, prefix := range []string{"/v1/export/items/", "/v1/export/items?cursor="} {
@@ -828,6 +814,31 @@ func TestAnswerFailingAfterItsHeadIsCountedUnderItsInstance(t *testing.T) {
 		`gateway_upstream_errors_total{kind="timeout",upstream="export-reader",upstream_instance="`+reader.URL+`"} 2`)
 }
 
+// readerBreakingOff is a fake export-reader that answers each request with
+// the Content-Length lengthOf gives its answer's name (answerAsked), writes
+// start, and breaks the answer off; one whose name ends in "stall" it
+// holds until the test ends first.
+func readerBreakingOff(t *testing.T, start string, lengthOf func(answer string) string) *httptest.Server {
+	t.Helper()
+	stalled := make(chan struct{})
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", lengthOf(answerAsked(r)))
+		_, _ = io.WriteString(w, start)
+		w.(http.Flusher).Flush()
+		if strings.HasSuffix(answerAsked(r), "stall") {
+			<-stalled
+		}
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(reader.Close)
+	t.Cleanup(func() { close(stalled) }) // before the reader closes, which waits for its handlers
+	return reader
+}
+
 // An answer relayed as it comes (past the gateway's budget of answers held
 // whole) that its instance breaks off reaches its client as a 200 cut
 // short, which its access line cannot tell from a whole one; it is counted
@@ -837,22 +848,7 @@ func TestAnswerFailingAfterItsHeadIsCountedUnderItsInstance(t *testing.T) {
 func TestAStreamCutShortIsCountedUnderItsInstance(t *testing.T) {
 	dsn, _, k := seed(t)
 	edge.SetHeldAnswersLimit(t, 1) // every answer over 16 KiB relayed as it comes
-	stalled := make(chan struct{})
-	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", "200000")
-		_, _ = io.WriteString(w, `{"data":[`+strings.Repeat(" ", 40_000))
-		w.(http.Flusher).Flush()
-		if answerAsked(r) == "stall" {
-			<-stalled
-		}
-		panic(http.ErrAbortHandler)
-	}))
-	t.Cleanup(reader.Close)
-	t.Cleanup(func() { close(stalled) }) // before the reader closes, which waits for its handlers
+	reader := readerBreakingOff(t, `{"data":[`+strings.Repeat(" ", 40_000), func(string) string { return "200000" })
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
 		"UPSTREAM_READ_TIMEOUT": "300ms"})
 	for _, path := range []string{"/v1/export/items/broken", "/v1/export/items?cursor=broken", "/v1/export/items/stall"} {
