@@ -2959,3 +2959,74 @@ func testHeldBytesAndSlotComeBack(t *testing.T, prefix string) {
 		t.Errorf("an answer broken off after the others ended = %d %.200s, want the 502 bad_gateway envelope (read whole: the budget came back)", status, body)
 	}
 }
+
+// A list page without a length (from no export-reader: from something in
+// front of it) is read whole within the gateway's budget of answers held
+// whole (heldAnswersLimit), as one with its length is: while a client that
+// does not read holds most of the budget, another such page is a 503
+// unavailable with Retry-After, which is not counted against the instance
+// (gateway_upstream_errors_total), and once that client has left it is
+// served. Read outside the budget, up to 64 MiB each, such pages were
+// bounded by nothing together.
+func TestAPageWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
+	dsn, _, k := seed(t)
+	edge.SetHeldAnswersLimit(t, 40<<20)
+	// More than the sockets between the gateway and a client that reads
+	// nothing take in, so that the first page stays held.
+	big := strings.Repeat("x", 24<<20)
+	reader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		page := big
+		if answerAsked(r) == "smaller" {
+			page = big[:12<<20]
+		}
+		for rest := page; rest != ""; rest = rest[min(len(rest), 1<<20):] { // flushed, so chunked: no length
+			_, _ = io.WriteString(w, rest[:min(len(rest), 1<<20)])
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(reader.Close)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	holder, err := net.Dial("tcp", gw.URL[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	_, _ = fmt.Fprintf(holder, "GET /v1/export/items?cursor=big HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n\r\n", k.read)
+	head := make([]byte, 4096)
+	if n, err := io.ReadAtLeast(holder, head, 100); err != nil || !strings.HasPrefix(string(head[:n]), "HTTP/1.1 200") {
+		t.Fatalf("the first page: %.100q, %v; want its head", head[:n], err)
+	}
+	get := func() *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", gw.URL+"/v1/export/items?cursor=smaller", nil)
+		req.Header.Set("X-API-Key", k.read)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := get()
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.StatusCode != 503 || !strings.Contains(string(body), `"unavailable"`) || r.Header.Get("Retry-After") == "" {
+		t.Errorf("a page without a length while another holds the budget = %d %.200s (Retry-After %q), want the 503 unavailable envelope with Retry-After",
+			r.StatusCode, body, r.Header.Get("Retry-After"))
+	}
+	for _, series := range strings.Split(grep(scrape(t, gw.AdminURL), "gateway_upstream_errors_total{"), "\n") {
+		if !strings.HasSuffix(series, " 0") {
+			t.Errorf("the gateway's own 503 was counted against the instance: %s", series)
+		}
+	}
+	holder.Close()
+	waitFor(t, 10*time.Second, func() bool {
+		r := get()
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode == 200 && len(b) == 12<<20
+	})
+}

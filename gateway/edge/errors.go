@@ -99,6 +99,11 @@ var (
 		Message: saleclaim.InternalMayHaveBeenApplied}
 	errDraining = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "this gateway instance is shutting down; other instances answer", RetryAfter: envelope.UnavailableRetryAfter}
+	// errAnswersHeldFull is an answer without a length the gateway would
+	// read whole (relayWithoutLength) while other answers hold the bytes
+	// it may hold (heldAnswersLimit): not the service's failure.
+	errAnswersHeldFull = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Message: "the gateway holds as many answers as it may; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	errAuthUnavailable = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "the API key could not be checked; retry later", RetryAfter: envelope.UnavailableRetryAfter}
 	// errSaleAuthUnavailable is errAuthUnavailable to a sale with an

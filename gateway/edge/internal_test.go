@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1819,22 +1820,82 @@ func TestAHeldPageCountsTheBufferItIsReadInto(t *testing.T) {
 	}
 	held := 0
 	for range 32 {
-		_, n, ok := budget.takePage(grown(), 1000)
-		if !ok {
+		page := &heldPageEnd{budget: budget}
+		if !page.growTo(grown(), 1000) {
 			t.Fatalf("a 1 KB page in a buffer of %d bytes refused with %d held, want it held", maxPooledPage, held)
 		}
-		held += n
+		held += page.held
 	}
-	if _, _, ok := budget.takePage(grown(), 1000); ok {
+	if (&heldPageEnd{budget: budget}).growTo(grown(), 1000) {
 		t.Errorf("a 33rd page of 1 KB, each in a buffer of %d bytes, was held: the budget counts %d bytes of %d held",
 			maxPooledPage, budget.held, 33*maxPooledPage)
 	}
 	budget.give(held)
-	// A page larger than the buffer counts its own length, which the
-	// buffer will grow to.
-	if _, n, ok := budget.takePage(&bytebufferpool.ByteBuffer{}, 5<<20); !ok || n != 5<<20 {
-		t.Errorf("a 5 MiB page in an empty buffer: held %v counting %d bytes, want it held counting %d", ok, n, 5<<20)
+}
+
+// A page larger than its buffer counts what the buffer grows to: its
+// length and what the allocation rounds it up to (its size class, or 8 KiB
+// pages past 32 KiB). Counted by its length, a page of 100,001 bytes held
+// 106,496 and was counted 100,001.
+func TestAHeldPageCountsItsBufferOnceGrown(t *testing.T) {
+	for _, length := range []int{20_001, 100_001, 5 << 20} {
+		budget := &byteBudget{limit: 32 << 20}
+		page, held := &bytebufferpool.ByteBuffer{}, &heldPageEnd{budget: budget}
+		if !held.growTo(page, length) {
+			t.Fatalf("a page of %d bytes in an empty buffer was refused", length)
+		}
+		if cap(page.B) < length || held.held != cap(page.B) || budget.held != cap(page.B) {
+			t.Errorf("a page of %d bytes grew its buffer to %d bytes and counted %d (budget %d), want the buffer's bytes counted",
+				length, cap(page.B), held.held, budget.held)
+		}
 	}
+}
+
+// An answer without a length (relayWithoutLength) counts its buffer
+// against heldAnswersLimit while it is held, as a list page does, and gives
+// it back once it has left: read outside the budget, up to 64 MiB each,
+// such answers were bounded by nothing together. While other answers hold
+// the budget it is the 503 errAnswersHeldFull, not the service's failure;
+// one larger than the whole budget, the 502 of an answer too large.
+func TestAnAnswerWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
+	const size = 100_000
+	g := &Gateway{heldAnswers: &byteBudget{limit: 3 * size}}
+	lengthless := func(size int) *fasthttp.Response {
+		answer := fasthttp.AcquireResponse()
+		answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), -1)
+		return answer
+	}
+	var resp fasthttp.Response
+	ended := 0
+	if err := g.relayWithoutLength(&resp, lengthless(size), endFunc(func() { ended++ })); err != nil {
+		t.Fatalf("an answer of %d bytes without a length: %v, want it relayed", size, err)
+	}
+	if held := heldBytes(g); held < size || resp.Header.ContentLength() != size {
+		t.Errorf("while relayed: %d bytes held, Content-Length %d; want at least %d held, and its length", held, resp.Header.ContentLength(), size)
+	}
+	var other fasthttp.Response
+	err := g.relayWithoutLength(&other, lengthless(2*size), endFunc(func() { ended++ }))
+	if ae, _ := toAPIError(err); ae != errAnswersHeldFull || ended != 1 {
+		t.Errorf("another while the budget is held: %v, call ended %d times; want errAnswersHeldFull, the call ended", err, ended)
+	}
+	resp.Reset() // closes the stream, as fasthttp once it has written it
+	if ended != 2 || heldBytes(g) != 0 {
+		t.Errorf("once both ended: calls ended %d times and %d bytes held; want 2 and none", ended, heldBytes(g))
+	}
+	err = g.relayWithoutLength(&other, lengthless(3*size), endFunc(func() {}))
+	if ae, _ := toAPIError(err); ae != errBadGateway || heldBytes(g) != 0 {
+		t.Errorf("an answer as large as the whole budget: %v, %d bytes held; want the 502 bad_gateway, none held", err, heldBytes(g))
+	}
+	if err := g.relayWithoutLength(&other, lengthless(2*size), endFunc(func() {})); err != nil {
+		t.Errorf("an answer of %d bytes with nothing else held: %v, want it relayed", 2*size, err)
+	}
+	other.Reset()
+}
+
+// relayWhole relays answer read whole, as relayAnswer does a list page,
+// within a budget that holds anything.
+func relayWhole(resp, answer *fasthttp.Response, done callEnd) error {
+	return relayWholeInto(resp, answer, pages.Get(), &heldPageEnd{budget: &byteBudget{limit: math.MaxInt}, then: done})
 }
 
 // countedWrites is a connection that keeps what is written and counts the
@@ -2141,9 +2202,11 @@ func TestEveryRelayOfAnAnswerEndsItsCallOnce(t *testing.T) {
 		{"page past the budget", true, true, held - 1, stream(held, held), false, 0},
 		{"page without a length", true, true, heldAnswersLimit, stream(held, -1), false, 0},
 		{"page without a length, HTTP/1.0", true, false, heldAnswersLimit, stream(held, -1), false, 0},
+		{"page without a length past the budget", true, true, held, stream(held, -1), true, 1},
 		{"shop schema", false, true, heldAnswersLimit, stream(held, held), false, 0},
 		{"shop schema without a length", false, true, heldAnswersLimit, stream(held, -1), false, 0},
 		{"shop schema without a length, HTTP/1.0", false, false, heldAnswersLimit, stream(held, -1), false, 0},
+		{"shop schema without a length, HTTP/1.0, past the budget", false, false, held, stream(held, -1), true, 1},
 		{"shop schema read whole by Do", false, true, heldAnswersLimit, whole, false, 1},
 	} {
 		g := &Gateway{heldAnswers: &byteBudget{limit: c.budget}}

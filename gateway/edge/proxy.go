@@ -139,11 +139,12 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done ca
 	http11 := c.Request().Header.IsHTTP11()
 	return g.proxyInto(c, rq, rt, answer, func(span trace.Span) error {
 		relayed = true
-		if err := g.relayAnswer(c.Response(), rt, rq.instance, http11, answer, done); err != nil {
+		err := g.relayAnswer(c.Response(), rt, rq.instance, http11, answer, done)
+		var own *apiError // the gateway's (errAnswersHeldFull), not the instance's failure
+		if err != nil && !errors.As(err, &own) {
 			g.countFailure(rt.Upstream, rq.instance, span, err)
-			return err
 		}
-		return nil
+		return err
 	})
 }
 
@@ -160,17 +161,19 @@ func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string
 	case rt.StreamsLargeAnswers && length >= 0 && length <= smallAnswerBytes:
 		return relaySmall(resp, answer, done)
 	case rt.StreamsLargeAnswers && length >= 0:
-		if page, held, ok := g.heldAnswers.takePage(pages.Get(), length); ok {
-			return relayWholeInto(resp, answer, page, &heldPageEnd{budget: g.heldAnswers, held: held, then: done})
+		page, held := pages.Get(), &heldPageEnd{budget: g.heldAnswers, then: done}
+		if held.growTo(page, length) {
+			return relayWholeInto(resp, answer, page, held)
 		}
+		releasePage(page)
 	case rt.StreamsLargeAnswers:
 		// No length: not export-reader's (each of its answers has one),
 		// but an instance's in front of it or a broken one. Read whole, as
 		// every answer of these routes once was, so that one broken off is
 		// the 502 envelope, not a 200 cut short.
-		return relayWhole(resp, answer, done)
+		return g.relayWithoutLength(resp, answer, done)
 	case length < 0 && !http11:
-		return relayWhole(resp, answer, done)
+		return g.relayWithoutLength(resp, answer, done)
 	}
 	var readFailed func(error)
 	if answer.IsBodyStream() { // made here alone: a closure the stream keeps costs an allocation
@@ -209,20 +212,11 @@ func (b *byteBudget) take(n int) bool {
 	return true
 }
 
-// takePage counts held the bytes that page, a pooled buffer, will hold
-// once an answer of length bytes is read into it (relayWholeInto): its
-// capacity, which may be far more than length (up to maxPooledPage, a
-// buffer last grown by a larger page), or length if it must grow. Counted
-// by length, a page held in a buffer of 1 MiB counted only its own bytes,
-// and the budget no longer bounded the memory its pages held.
-// Past the limit, page goes back to the pool and ok is false.
-func (b *byteBudget) takePage(page *bytebufferpool.ByteBuffer, length int) (_ *bytebufferpool.ByteBuffer, held int, ok bool) {
-	held = max(cap(page.B), length)
-	if !b.take(held) {
-		releasePage(page)
-		return nil, 0, false
-	}
-	return page, held, true
+// add counts n bytes held, past the limit if need be.
+func (b *byteBudget) add(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held += n
 }
 
 // give counts n bytes take counted as no longer held.
@@ -245,8 +239,9 @@ type endFunc func()
 
 func (f endFunc) endCall() { f() }
 
-// heldPageEnd ends a call whose answer was held whole within budget: its
-// held bytes are given back, then the call ends as then says.
+// heldPageEnd ends a call whose answer was held whole within budget: the
+// bytes its buffer held (held) are given back, then the call ends as then
+// says.
 type heldPageEnd struct {
 	budget *byteBudget
 	held   int
@@ -258,18 +253,47 @@ func (e *heldPageEnd) endCall() {
 	e.then.endCall()
 }
 
+// growTo grows page, a pooled buffer, to hold at least n bytes, and counts
+// held the buffer's whole capacity, which may be far more than n (up to
+// maxPooledPage, a buffer last grown by a larger page): counted by the
+// answers' lengths, a page held in a buffer of 1 MiB counted only its own
+// bytes, and the budget no longer bounded the memory its pages held. It
+// reports false, the buffer not grown, when that would pass the budget.
+// What an allocation rounds up past n (its size class: at most 8 KiB past
+// 32 KiB) is counted once made, past the budget if need be: counted by n
+// alone, a buffer's first growth went uncounted by up to 6.5 %.
+func (e *heldPageEnd) growTo(page *bytebufferpool.ByteBuffer, n int) bool {
+	if want := max(cap(page.B), n); want > e.held {
+		if !e.budget.take(want - e.held) {
+			return false
+		}
+		e.held = want
+	}
+	page.B = slices.Grow(page.B, max(n-len(page.B), 0))
+	if rounded := cap(page.B) - e.held; rounded > 0 {
+		e.budget.add(rounded)
+		e.held += rounded
+	}
+	return true
+}
+
 // readWholeWithoutLength bounds a streamed answer without a length read
-// whole (relayWhole): export-reader's bound (readWholeUpTo), far above a
-// large shop's full schema (a few MB) or a list page (about 5 MB).
+// whole (relayWithoutLength), with heldAnswersLimit: export-reader's bound
+// (readWholeUpTo), far above a large shop's full schema (a few MB) or a
+// list page (about 5 MB).
 const readWholeWithoutLength = 64 << 20
 
-// errTooLargeWithoutLength is a streamed answer without a length over
-// readWholeWithoutLength: a 502, the answer being one the gateway does not
-// frame.
-var errTooLargeWithoutLength = fmt.Errorf("%w: a streamed answer without a length over %d MiB is not relayed",
-	upstream.ErrBadResponse, readWholeWithoutLength>>20)
+// errTooLargeWithoutLength is a streamed answer without a length larger
+// than the gateway reads whole: a 502, the answer being one the gateway
+// does not frame.
+var errTooLargeWithoutLength = fmt.Errorf("%w: a streamed answer without a length larger than the gateway holds whole is not relayed",
+	upstream.ErrBadResponse)
 
-// relayWhole is relay for a streamed answer read whole first
+// firstReadWithoutLength is the buffer an answer without a length is first
+// read into, doubled as it fills.
+const firstReadWithoutLength = 4 << 10
+
+// relayWithoutLength is relay for a streamed answer read whole first
 // (proxyUntilRelayed): one of unknown length on the export routes, or to a
 // client of HTTP/1.0.
 // On the export routes it comes from no export-reader (each of its
@@ -284,19 +308,25 @@ var errTooLargeWithoutLength = fmt.Errorf("%w: a streamed answer without a lengt
 // such a stream chunked, whatever the client, and RFC 9112 7.1 forbids
 // chunked towards HTTP/1.0 (a client that implements 1.0 alone reads the
 // chunk sizes as part of the body).
-// The answer is read whole, up to readWholeWithoutLength, and sent with
-// its Content-Length, still as a stream, so that done runs once it has
-// left, as relay's. A read that fails, or passes the bound, is the error
-// to answer (nothing was written yet); done has run.
-func relayWhole(resp, answer *fasthttp.Response, done callEnd) error {
-	return relayWholeInto(resp, answer, pages.Get(), done)
+// The answer is read whole, its buffer counted against heldAnswersLimit as
+// it grows, as a list page's is (read outside it, up to 64 MiB each, such
+// answers were not bounded together), and sent with its Content-Length,
+// still as a stream, so that done runs once it has left, as relay's. A
+// read that fails is the error to answer (nothing was written yet): a 502
+// past readWholeWithoutLength or the whole budget, and a 503 with
+// Retry-After while other answers hold the budget (errAnswersHeldFull);
+// done has run.
+func (g *Gateway) relayWithoutLength(resp, answer *fasthttp.Response, done callEnd) error {
+	return relayWholeInto(resp, answer, pages.Get(), &heldPageEnd{budget: g.heldAnswers, then: done})
 }
 
-// relayWholeInto is relayWhole reading the answer into page, a buffer of
-// pages given back once the answer has left: a page of a sync made afresh
-// each time cost the gateway 110 KB of garbage per ~100 KB page
+// relayWholeInto reads the answer whole into page, a buffer of pages
+// counted held (held, which ends the call) and given back once the answer
+// has left, and hands it to fasthttp as a stream: a page of a sync made
+// afresh each time cost the gateway 110 KB of garbage per ~100 KB page
 // (BenchmarkGatewaySyncPage).
-func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, done callEnd) error {
+func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, held *heldPageEnd) error {
+	done := callEnd(held)
 	handedOver := false
 	defer func() { // after a read that failed, or panicked: proxyUntilRelayed no longer ends the call
 		if !handedOver {
@@ -305,7 +335,7 @@ func relayWholeInto(resp, answer *fasthttp.Response, page *bytebufferpool.ByteBu
 			done.endCall()
 		}
 	}()
-	if err := readWhole(answer, page); err != nil {
+	if err := readWhole(answer, page, held); err != nil {
 		return err
 	}
 	answer.Header.CopyTo(&resp.Header)
@@ -335,7 +365,7 @@ func relaySmall(resp, answer *fasthttp.Response, done callEnd) error {
 	defer fasthttp.ReleaseResponse(answer)
 	page := smallAnswers.Get()
 	defer smallAnswers.Put(page)
-	if err := readWhole(answer, page); err != nil {
+	if err := readWhole(answer, page, nil); err != nil {
 		return err
 	}
 	answer.Header.CopyTo(&resp.Header)
@@ -345,27 +375,59 @@ func relaySmall(resp, answer *fasthttp.Response, done callEnd) error {
 
 // readWhole reads answer's body stream into page, its Content-Length's
 // bytes (within heldAnswersLimit or smallAnswerBytes: proxyUntilRelayed)
-// or, without one, up to readWholeWithoutLength, and closes the stream: the
-// upstream connection is reused only after a read that did not fail.
-func readWhole(answer *fasthttp.Response, page *bytebufferpool.ByteBuffer) error {
+// or, without one, as readWithoutLength does, counted in held, and closes
+// the stream: the upstream connection is reused only after a read that
+// did not fail.
+func readWhole(answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, held *heldPageEnd) error {
 	stream := answer.BodyStream()
 	var err error
 	if length := answer.Header.ContentLength(); length >= 0 {
 		page.B = slices.Grow(page.B[:0], length)[:length]
 		_, err = io.ReadFull(stream, page.B)
+		if err != nil {
+			err = upstreamReadError(err)
+		}
 	} else {
-		_, err = page.ReadFrom(io.LimitReader(stream, readWholeWithoutLength+1))
-	}
-	switch {
-	case err != nil:
-		err = upstreamReadError(err)
-	case page.Len() > readWholeWithoutLength:
-		err = errTooLargeWithoutLength
+		err = readWithoutLength(stream, page, held)
 	}
 	if closer, ok := stream.(fasthttp.ReadCloserWithError); ok {
 		_ = closer.CloseWithError(err) // with an error, the connection is not reused
 	}
 	return err
+}
+
+// readWithoutLength reads stream, an answer without a length, into page
+// up to its end, growing page as it fills, each growth counted in held
+// first: past readWholeWithoutLength, or past what the budget holds with
+// nothing else held, it is errTooLargeWithoutLength, and while other
+// answers hold the budget errAnswersHeldFull.
+func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *heldPageEnd) error {
+	// A byte under the budget's limit, so that the buffer that finds an
+	// answer one byte too large is within it: a growth refused is then
+	// other answers' doing.
+	limit := min(readWholeWithoutLength, held.budget.limit-1)
+	page.B = page.B[:0]
+	for {
+		if len(page.B) == cap(page.B) {
+			if len(page.B) > limit {
+				return errTooLargeWithoutLength
+			}
+			next := min(max(2*cap(page.B), firstReadWithoutLength), limit+1)
+			if !held.growTo(page, next) {
+				return errAnswersHeldFull
+			}
+		}
+		n, err := stream.Read(page.B[len(page.B):cap(page.B)])
+		page.B = page.B[:len(page.B)+n]
+		switch {
+		case err == io.EOF && len(page.B) > limit:
+			return errTooLargeWithoutLength
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return upstreamReadError(err)
+		}
+	}
 }
 
 // pages pools the buffers of answers read whole (relayWhole). One over
