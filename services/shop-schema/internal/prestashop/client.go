@@ -190,10 +190,27 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	if !looksLikeJSON(body) {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON}
 	}
-	if v := resp.Header.Get("PSWS-Version"); v != "" && len(v) < 32 {
+	if v := shopVersion(resp.Header.Get("PSWS-Version"), c.key); v != "" {
 		c.version.Store(v)
 	}
 	return body, nil
+}
+
+// shopVersion returns v, a PSWS-Version header, when it reads as a
+// version ("8.2.1", "9.0.0-beta.1"), else "". The header is the shop's to
+// write and goes into the answer and the "shop schema read" line, so
+// nothing else gets through: not the key, which a shop can write back
+// there (in another letter case, after "8."), and not free text.
+func shopVersion(v, key string) string {
+	if v == "" || len(v) > 31 || v[0] < '0' || v[0] > '9' || HoldsKey(v, key) {
+		return ""
+	}
+	for _, c := range v {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '.' || c == '-' || c == '+') {
+			return ""
+		}
+	}
+	return v
 }
 
 // keyDropped reports whether the answer is to a redirected request that no

@@ -302,3 +302,27 @@ func FuzzHoldsKey(f *testing.F) {
 		}
 	})
 }
+
+// TestShopVersion: PSWS-Version goes into the answer and a log line only
+// when it reads as a version, and never when it holds the key.
+func TestShopVersion(t *testing.T) {
+	const key = "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"
+	for v, want := range map[string]string{
+		"8.2.1":                          "8.2.1",
+		"1.7.8.10":                       "1.7.8.10",
+		"9.0.0-beta.1":                   "9.0.0-beta.1",
+		"":                               "",
+		"8.2.1 <b>Notice</b>":            "",
+		"PrestaShop 8":                   "",
+		"8." + strings.Repeat("1", 30):   "",
+		"8." + strings.ToLower(key[:20]): "8." + strings.ToLower(key[:20]),
+	} {
+		if got := shopVersion(v, key); got != want {
+			t.Errorf("shopVersion(%q) = %q, want %q", v, got, want)
+		}
+	}
+	const short = "SHORTKEY"
+	if got := shopVersion("8."+strings.ToLower(short), short); got != "" {
+		t.Errorf("shopVersion kept a version holding the key: %q", got)
+	}
+}
