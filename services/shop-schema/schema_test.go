@@ -265,6 +265,15 @@ func TestSchemaShopQuirks(t *testing.T) {
 	}{
 		{"subfolder", func(s *fakeshop.Shop) { s.Prefix = "/shop/prestashop" }, nil},
 		{"no rewrite: dispatcher.php fallback", func(s *fakeshop.Shop) { s.NoRewrite = true; s.Prefix = "/ps" }, nil},
+		// Without the rewrite rule, /api/ is a front-office page, which
+		// PrestaShop answers 503 in maintenance mode and 403 to a country
+		// the shop restricts; the webservice answers all the same.
+		{"no rewrite, shop in maintenance: dispatcher.php fallback", func(s *fakeshop.Shop) {
+			s.NoRewrite, s.FrontOfficeStatus = true, http.StatusServiceUnavailable
+		}, nil},
+		{"no rewrite, caller's country restricted: dispatcher.php fallback", func(s *fakeshop.Shop) {
+			s.NoRewrite, s.FrontOfficeStatus = true, http.StatusForbidden
+		}, nil},
 		{"field lists refused: display=full fallback", func(s *fakeshop.Shop) { s.RejectFieldLists = true }, nil},
 		{"small pages", func(s *fakeshop.Shop) {}, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "1"}},
 		{"shop ignores limit", func(s *fakeshop.Shop) { s.IgnoreLimit = true }, map[string]string{"SHOP_SCHEMA_PAGE_SIZE": "2"}},

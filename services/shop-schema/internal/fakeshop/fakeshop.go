@@ -8,6 +8,7 @@ package fakeshop
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
@@ -70,20 +71,26 @@ type Shop struct {
 	Values     []Value
 
 	// Behaviour switches.
-	Disabled         bool                         // 503 code 22
-	WrongShop        bool                         // 403 code 132
-	DeniedResources  map[string]bool              // 401 code 26 for these resources
-	GetDenied        map[string]bool              // 405 code 25: other permissions on these resources, not GET
-	RejectFieldLists bool                         // 400 code 35 for display=[...]
-	IgnoreLimit      bool                         // answers every row whatever limit= says
-	Delay            time.Duration                // before every answer
-	Oversize         int                          // pad every list answer to at least this many bytes
-	ServerError      bool                         // 500 with a PHP warning error body
-	HTML             bool                         // answers an HTML page with 200
-	DropAuth         bool                         // CGI without forwarding: PHP never sees Authorization
-	Redirect         func(r *http.Request) string // a redirect target, or ""
-	HeaderPadding    int                          // an answer header of this many bytes
-	CutShort         bool                         // a list answer's body ends before its Content-Length, the connection closed
+	Disabled         bool            // 503 code 22
+	WrongShop        bool            // 403 code 132
+	DeniedResources  map[string]bool // 401 code 26 for these resources
+	GetDenied        map[string]bool // 405 code 25: other permissions on these resources, not GET
+	RejectFieldLists bool            // 400 code 35 for display=[...]
+	IgnoreLimit      bool            // answers every row whatever limit= says
+	Delay            time.Duration   // before every answer
+	Oversize         int             // pad every list answer to at least this many bytes
+	ServerError      bool            // 500 with a PHP warning error body
+	HTML             bool            // answers an HTML page with 200
+	// FrontOfficeStatus is the status of the front office's HTML pages,
+	// which answer a path that is not the webservice (/api/ without
+	// NoRewrite's rewrite rule): 404 when 0; 503 when the shop is in
+	// maintenance mode, 403 when it restricts the caller's country. Only
+	// the front office does so: the webservice answers as ever.
+	FrontOfficeStatus int
+	DropAuth          bool                         // CGI without forwarding: PHP never sees Authorization
+	Redirect          func(r *http.Request) string // a redirect target, or ""
+	HeaderPadding     int                          // an answer header of this many bytes
+	CutShort          bool                         // a list answer's body ends before its Content-Length, the connection closed
 	// StatusLine, when set, is written as the whole answer, the status
 	// line of a broken shop, made from the key received (the connection is
 	// then closed): a shop may answer garbage, even the key sent back.
@@ -208,7 +215,7 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	if !ok || s.HTML {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		if !s.HTML {
-			w.WriteHeader(http.StatusNotFound)
+			w.WriteHeader(cmp.Or(s.FrontOfficeStatus, http.StatusNotFound))
 		}
 		fmt.Fprint(w, "<!doctype html><html><body><h1>Page not found</h1></body></html>")
 		return

@@ -125,9 +125,16 @@ func (cl *Client) fetch(ctx context.Context, c *call, resource, query string) ([
 	return body, err
 }
 
+// notWebservice reports whether err is an answer that the webservice did
+// not write: a 404, or a page that is neither JSON nor a PrestaShop error
+// body, whatever its status (without the rewrite rule /api/ is a
+// front-office page: 200, or 503 in maintenance mode, 403 to a country
+// the shop restricts, which the webservice ignores). Not a 401: the
+// webservice's own answer to a request without a key is a plain-text page,
+// and dispatcher.php would not get the key either.
 func notWebservice(err error) bool {
 	e, ok := err.(*Error)
-	return ok && (e.Kind == KindNotFound || e.Kind == KindBadResponse && e.Reason == reasonNotJSON)
+	return ok && (e.Kind == KindNotFound || e.foreign && e.Status != http.StatusUnauthorized)
 }
 
 const reasonNotJSON = "the shop's answer is not JSON"
@@ -188,7 +195,7 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	// Judged by the body, not Content-Type: a front-office page starts with
 	// "<", while some hosts relabel the webservice's JSON.
 	if !looksLikeJSON(body) {
-		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON}
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON, foreign: true}
 	}
 	if v := shopVersion(resp.Header.Get("PSWS-Version"), c.key); v != "" {
 		c.version.Store(v)

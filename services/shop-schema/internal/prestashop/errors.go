@@ -84,6 +84,9 @@ type Error struct {
 	Codes    []int  // PrestaShop error codes of the answer
 	Reason   string // safe, fixed text
 	err      error  // underlying transport or decoding error, for logs
+	// foreign is set for an answer that is neither JSON nor a PrestaShop
+	// error body: a page the webservice did not write (notWebservice).
+	foreign bool
 }
 
 func (e *Error) Error() string {
@@ -120,6 +123,7 @@ func (e *Error) resourceRefused() bool {
 // statusError classifies a non-2xx answer.
 func statusError(resource string, status int, body []byte) *Error {
 	e := &Error{Resource: resource, Status: status, Codes: shopErrors(body)}
+	e.foreign = len(e.Codes) == 0 && !looksLikeJSON(body)
 	switch {
 	case status == 401 && len(e.Codes) == 0:
 		// PrestaShop answers a request without a key with a bare
