@@ -338,6 +338,30 @@ func TestSchemaEmptyShop(t *testing.T) {
 	}
 }
 
+// PrestaShop answers 200 with an empty body when json_encode fails on a
+// text of the shop that is not valid UTF-8: an answer of the webservice,
+// told apart from a page that is not JSON, and not a sign that /api/ is
+// not the webservice (dispatcher.php, blocked on some hosts, would then
+// have its answer taken for the shop's).
+func TestSchemaEmptyAnswer(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Unencodable = map[string]bool{"categories": true}
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusBadGateway || errCode(env) != "shop_bad_response" {
+		t.Fatalf("POST schema = %d %s, want 502 shop_bad_response", status, errCode(env))
+	}
+	if want := "categories: the shop's answer is empty"; !strings.HasPrefix(env.Error.Message, want) {
+		t.Errorf("message = %q, want it to start with %q", env.Error.Message, want)
+	}
+	for _, r := range shop.Requests() {
+		if strings.Contains(r, "dispatcher.php") {
+			t.Errorf("the shop was asked %s: an empty answer came from the webservice at /api/", r)
+		}
+	}
+}
+
 func TestSchemaSingleLanguageShop(t *testing.T) {
 	shop := fakeshop.Sample("1.7", false)
 	shop.Languages[1].Active = false

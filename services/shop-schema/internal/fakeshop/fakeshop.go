@@ -102,6 +102,10 @@ type Shop struct {
 	// requests have arrived, so that fetches sent at once each meet the
 	// shop as it is before any of them is answered.
 	HoldUntil int
+	// Unencodable lists resources holding a text that is not valid UTF-8:
+	// PHP's json_encode fails on their lists, and PrestaShop answers 200
+	// with an empty body.
+	Unencodable map[string]bool
 	// Stall lists resources whose requests get no answer until the client
 	// gives up on them.
 	Stall map[string]bool
@@ -380,6 +384,9 @@ func (s *Shop) list(w http.ResponseWriter, r *http.Request, resource string) {
 	if !ok {
 		writeErrors(w, 400, 27, fmt.Sprintf("Resource of type \"%s\" does not exists.", resource))
 		return
+	}
+	if s.Unencodable[resource] {
+		return // echo json_encode(...) printed false: nothing
 	}
 	if q.Get("sort") == "[id_ASC]" {
 		sort.SliceStable(rows, func(i, j int) bool { return rows[i]["id"].(int) < rows[j]["id"].(int) })

@@ -4,6 +4,7 @@
 package prestashop
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -139,6 +140,10 @@ func notWebservice(err error) bool {
 
 const reasonNotJSON = "the shop's answer is not JSON"
 
+// reasonEmpty names a 2xx answer without a body: PrestaShop's when PHP's
+// json_encode fails, which it does on a text that is not valid UTF-8.
+const reasonEmpty = "the shop's answer is empty (PrestaShop sends none when it cannot encode its data as JSON: a text in the shop that is not valid UTF-8)"
+
 // get performs one request and classifies the answer, and names a failure
 // in the request's span.
 func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]byte, error) {
@@ -191,6 +196,12 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 			e.Reason = "the shop redirected to another host name, which is not sent the key: set base_url to the shop's address after its redirects"
 		}
 		return nil, e
+	}
+	if len(bytes.TrimSpace(bytes.TrimPrefix(body, utf8BOM))) == 0 {
+		// The webservice's own answer when json_encode fails: not a page
+		// of the front office, so no switch to dispatcher.php, whose answer
+		// (a 404 or 403 where hosts block it) would be taken for the shop's.
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonEmpty}
 	}
 	// Judged by the body, not Content-Type: a front-office page starts with
 	// "<", while some hosts relabel the webservice's JSON.
