@@ -132,7 +132,8 @@ func TestStatusError(t *testing.T) {
 		{404, ``, KindNotFound, ""},
 		{400, `{"errors":[{"code":35,"message":"a"}]}`, KindBadResponse, ""},
 		{400, `{"errors":[{"code":27,"message":"Resource of type \"api\" does not exists."}]}`, KindNotShopRoot, "without /api"},
-		{429, `slow down`, KindBadResponse, ""},
+		// A limit of the shop's or of something in front of it: passing.
+		{429, `slow down`, KindUnavailable, "retry later"},
 	}
 	for _, tt := range tests {
 		got := statusError("categories", tt.status, []byte(tt.body))

@@ -28,7 +28,7 @@ const (
 	KindBadResponse                  // not JSON, wrong shape, unexpected status
 	KindTooLarge                     // an answer, its headers or the call's answers together over their cap, or too many rows
 	KindDisabled                     // 503 code 22: webservice switched off
-	KindUnavailable                  // any other 5xx
+	KindUnavailable                  // any other 5xx, or a 429
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
 	KindNotShopRoot                  // 400 code 27: base_url is not the shop's root (it ends in /api)
 )
@@ -159,6 +159,11 @@ func statusError(resource string, status int, body []byte) *Error {
 		e.Kind, e.Reason = KindNotFound, "no webservice at this address"
 	case status >= 500:
 		e.Kind, e.Reason = KindUnavailable, "the shop answered with a server error"
+	case status == 429:
+		// The shop, or a CDN or firewall in front of it, limits how fast
+		// it is read: passing, as a 5xx is, not a shop to fix, which
+		// shop_bad_response ("fix the shop") told the caller.
+		e.Kind, e.Reason = KindUnavailable, "the shop refused the request as one too many; retry later"
 	default:
 		e.Kind, e.Reason = KindBadResponse, "the shop answered with an unexpected status"
 	}
