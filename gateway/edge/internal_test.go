@@ -1860,11 +1860,6 @@ func TestAHeldPageCountsItsBufferOnceGrown(t *testing.T) {
 func TestAnAnswerWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
 	const size = 100_000
 	g := &Gateway{heldAnswers: &byteBudget{limit: 3 * size}}
-	lengthless := func(size int) *fasthttp.Response {
-		answer := fasthttp.AcquireResponse()
-		answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), -1)
-		return answer
-	}
 	var resp fasthttp.Response
 	ended := 0
 	if err := g.relayWithoutLength(&resp, lengthless(size), endFunc(func() { ended++ })); err != nil {
@@ -1890,6 +1885,79 @@ func TestAnAnswerWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
 		t.Errorf("an answer of %d bytes with nothing else held: %v, want it relayed", 2*size, err)
 	}
 	other.Reset()
+}
+
+// lengthless is an answer of size bytes without a length, as
+// relayWithoutLength reads.
+func lengthless(size int) *fasthttp.Response {
+	answer := fasthttp.AcquireResponse()
+	answer.SetBodyStream(io.LimitReader(zeros{}, int64(size)), -1)
+	return answer
+}
+
+// readWithoutLength keeps a byte of the budget to tell an answer too large
+// from one that fits: within a budget of limit bytes, with nothing else
+// held, an answer of limit-1 bytes is relayed with its length, and one of
+// limit bytes or more is the 502 of an answer too large, not the 503 of a
+// budget others hold; with a budget nearly full, an answer that fits in
+// what is left is relayed and a larger one is the 503. None counts more
+// than the budget, but for what an allocation rounds up, and every one
+// gives back what it held.
+func TestAnAnswerWithoutALengthAtTheBudgetsEdges(t *testing.T) {
+	const limit = 1 << 20
+	for _, c := range []struct {
+		name         string
+		limit, other int
+		size         int
+		want         *apiError // nil: relayed
+	}{
+		{"a byte under the budget", limit, 0, limit - 1, nil},
+		{"as large as the budget", limit, 0, limit, errBadGateway},
+		{"a byte over the budget", limit, 0, limit + 1, errBadGateway},
+		{"far over the budget", limit, 0, 3 * limit, errBadGateway},
+		{"empty within a budget of 1", 1, 0, 0, nil},
+		{"a byte within a budget of 1", 1, 0, 1, errBadGateway},
+		{"within what is left of a budget nearly full", limit, limit - firstReadWithoutLength, firstReadWithoutLength - 1, nil},
+		{"past what is left of a budget nearly full", limit, limit - firstReadWithoutLength, firstReadWithoutLength + 1, errAnswersHeldFull},
+	} {
+		budget := &byteBudget{limit: c.limit, held: c.other}
+		ended := 0
+		var resp fasthttp.Response
+		err := relayWholeInto(&resp, lengthless(c.size), &bytebufferpool.ByteBuffer{}, &heldPageEnd{budget: budget, then: endFunc(func() { ended++ })})
+		switch ae, _ := toAPIError(err); {
+		case c.want == nil && (err != nil || resp.Header.ContentLength() != c.size):
+			t.Errorf("%s: %v, Content-Length %d; want it relayed with %d", c.name, err, resp.Header.ContentLength(), c.size)
+		case c.want != nil && ae != c.want:
+			t.Errorf("%s: %v, want %s %s", c.name, err, c.want.Code, c.want.Message)
+		case budget.held > c.limit+8<<10:
+			t.Errorf("%s: %d bytes counted of a budget of %d, want at most what the allocation rounds up past it", c.name, budget.held, c.limit)
+		}
+		resp.Reset()
+		if ended != 1 || budget.held != c.other {
+			t.Errorf("%s: once it has ended, the call ended %d times and %d bytes held; want once and the others' %d", c.name, ended, budget.held, c.other)
+		}
+	}
+}
+
+// A buffer grown from one that holds something (a pooled page's, or the
+// one an answer without a length doubles as it fills) grows to what it
+// must hold, rounded up to its size class alone (at most 8 KiB past 32
+// KiB), not by append's steps of a quarter past 256 bytes: grown so, a
+// buffer of 20 MiB asked to hold 32 MiB became 39 MiB, 7 MiB counted past
+// a budget of 32 MiB, and one of 100,000 bytes asked to hold 150,000 became
+// 163,840.
+func TestAHeldBufferGrowsToWhatItMustHold(t *testing.T) {
+	for _, c := range []struct{ from, to int }{{4 << 10, 8 << 10}, {100_000, 150_000}, {1 << 20, 2 << 20}, {20 << 20, 32 << 20}} {
+		budget := &byteBudget{limit: 32 << 20}
+		page, held := &bytebufferpool.ByteBuffer{B: make([]byte, c.from)}, &heldPageEnd{budget: budget}
+		if !held.growTo(page, c.to) {
+			t.Fatalf("a buffer of %d bytes grown to %d refused", c.from, c.to)
+		}
+		if cap(page.B) < c.to || cap(page.B) >= c.to+8<<10 || budget.held != cap(page.B) || len(page.B) != c.from {
+			t.Errorf("a buffer of %d bytes grown to hold %d: %d bytes (%d of them kept), %d counted; want at most 8 KiB more, counted, its bytes kept",
+				c.from, c.to, cap(page.B), len(page.B), budget.held)
+		}
+	}
 }
 
 // relayWhole relays answer read whole, as relayAnswer does a list page,
