@@ -1895,6 +1895,52 @@ func lengthless(size int) *fasthttp.Response {
 	return answer
 }
 
+// An answer without a length read into a pooled buffer that already holds
+// more than the answer (a page's, up to maxPooledPage) counts that buffer
+// while it is held, as a page with its length does (growTo): counted only
+// once it had to grow, a 500 KB answer held in a buffer of 1 MiB was
+// counted nothing, and was relayed while other answers held the budget.
+func TestAnAnswerWithoutALengthCountsItsPooledBuffer(t *testing.T) {
+	budget := &byteBudget{limit: 32 << 20}
+	pooled := func() *bytebufferpool.ByteBuffer {
+		return &bytebufferpool.ByteBuffer{B: make([]byte, 0, maxPooledPage)}
+	}
+	var resp fasthttp.Response
+	if err := relayWholeInto(&resp, lengthless(500_000), pooled(), &heldPageEnd{budget: budget, then: endFunc(func() {})}); err != nil {
+		t.Fatalf("an answer of 500,000 bytes without a length: %v, want it relayed", err)
+	}
+	if budget.held < maxPooledPage {
+		t.Errorf("an answer of 500,000 bytes held in a buffer of %d bytes counted %d, want the buffer counted", maxPooledPage, budget.held)
+	}
+	resp.Reset() // closes the stream, as fasthttp once it has written it
+	if budget.held != 0 {
+		t.Errorf("once it has left, %d bytes held, want none", budget.held)
+	}
+	budget.take(budget.limit - maxPooledPage/2) // other answers'
+	err := relayWholeInto(&resp, lengthless(1000), pooled(), &heldPageEnd{budget: budget, then: endFunc(func() {})})
+	if ae, _ := toAPIError(err); ae != errAnswersHeldFull {
+		t.Errorf("an answer of 1,000 bytes in a buffer of %d bytes with %d of %d bytes held: %v, want errAnswersHeldFull",
+			maxPooledPage, budget.held, budget.limit, err)
+	}
+	resp.Reset()
+}
+
+// A pooled buffer larger than the whole budget allows an answer without a
+// length (with a budget under maxPooledPage) is not read into: the answer
+// is read into a buffer of its own, within the budget.
+func TestAnAnswerWithoutALengthLeavesAPooledBufferLargerThanTheBudget(t *testing.T) {
+	budget := &byteBudget{limit: 64 << 10}
+	page := &bytebufferpool.ByteBuffer{B: make([]byte, 0, maxPooledPage)}
+	var resp fasthttp.Response
+	if err := relayWholeInto(&resp, lengthless(10_000), page, &heldPageEnd{budget: budget, then: endFunc(func() {})}); err != nil {
+		t.Fatalf("an answer of 10,000 bytes without a length within a budget of %d: %v, want it relayed", budget.limit, err)
+	}
+	if budget.held > budget.limit || budget.held < 10_000 {
+		t.Errorf("%d bytes counted for an answer of 10,000 bytes within a budget of %d", budget.held, budget.limit)
+	}
+	resp.Reset()
+}
+
 // readWithoutLength keeps a byte of the budget to tell an answer too large
 // from one that fits: within a budget of limit bytes, with nothing else
 // held, an answer of limit-1 bytes is relayed with its length, and one of

@@ -410,8 +410,8 @@ func readWhole(answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, held 
 }
 
 // readWithoutLength reads stream, an answer without a length, into page
-// up to its end, growing page as it fills, each growth counted in held
-// first: past readWholeWithoutLength, or past what the budget holds with
+// up to its end, growing page as it fills, its buffer and each growth
+// counted in held first: past readWholeWithoutLength, or past what the budget holds with
 // nothing else held, it is errTooLargeWithoutLength, and while other
 // answers hold the budget errAnswersHeldFull.
 func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *heldPageEnd) error {
@@ -420,6 +420,16 @@ func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *
 	// other answers' doing.
 	limit := min(readWholeWithoutLength, held.budget.limit-1)
 	page.B = page.B[:0]
+	if cap(page.B) > limit+1 { // pooled, larger than the whole budget (a budget under maxPooledPage): left to the collector
+		page.B = nil
+	}
+	// The pooled buffer is counted before it is read into, as a page's
+	// with its length is: counted only once it had to grow, an answer that
+	// fit in a buffer of up to maxPooledPage was counted nothing, and
+	// relayed while other answers held the budget.
+	if !held.growTo(page, cap(page.B)) {
+		return errAnswersHeldFull
+	}
 	for {
 		if len(page.B) == cap(page.B) {
 			if len(page.B) > limit {
