@@ -2340,3 +2340,15 @@ func TestEveryRelayOfAnAnswerEndsItsCallOnce(t *testing.T) {
 		}
 	}
 }
+
+// The relay of every answer that is not a failure costs no allocation of
+// its own: the check that keeps the gateway's own errAnswersHeldFull off
+// the instance's count, with errors.As's target declared for every answer,
+// cost each GET by id and list page one (BenchmarkGateway: 15 allocs/op,
+// 14 without).
+func TestARelayThatDidNotFailAllocatesNothing(t *testing.T) {
+	g, span := &Gateway{}, trace.SpanFromContext(context.Background())
+	if n := testing.AllocsPerRun(100, func() { _ = g.countRelayFailure(upstreamExportReader, "i", span, nil) }); n != 0 {
+		t.Errorf("a relay that did not fail: %v allocations, want none", n)
+	}
+}

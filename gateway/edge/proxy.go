@@ -139,13 +139,20 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done ca
 	http11 := c.Request().Header.IsHTTP11()
 	return g.proxyInto(c, rq, rt, answer, func(span trace.Span) error {
 		relayed = true
-		err := g.relayAnswer(c.Response(), rt, rq.instance, http11, answer, done)
-		var own *apiError // the gateway's (errAnswersHeldFull), not the instance's failure
-		if err != nil && !errors.As(err, &own) {
-			g.countFailure(rt.Upstream, rq.instance, span, err)
-		}
-		return err
+		return g.countRelayFailure(rt.Upstream, rq.instance, span, g.relayAnswer(c.Response(), rt, rq.instance, http11, answer, done))
 	})
+}
+
+// countRelayFailure counts err, relayAnswer's, as a failure of instance
+// unless it is the gateway's own (errAnswersHeldFull), and returns it.
+// errors.Is, not errors.As: the target errors.As is given escapes, and
+// declared for every answer it cost each GET by id and list page an
+// allocation (BenchmarkGateway: 15 allocs/op, 14 without).
+func (g *Gateway) countRelayFailure(up, instance string, span trace.Span, err error) error {
+	if err != nil && !errors.Is(err, errAnswersHeldFull) {
+		g.countFailure(up, instance, span, err)
+	}
+	return err
 }
 
 // relayAnswer is the rest of proxyUntilRelayed once the answer's head has
