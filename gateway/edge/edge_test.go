@@ -3010,12 +3010,15 @@ func TestAPageWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
 		}
 		return r
 	}
-	r := get()
-	body, _ := io.ReadAll(r.Body)
-	r.Body.Close()
-	if r.StatusCode != 503 || !strings.Contains(string(body), `"unavailable"`) || r.Header.Get("Retry-After") == "" {
-		t.Errorf("a page without a length while another holds the budget = %d %.200s (Retry-After %q), want the 503 unavailable envelope with Retry-After",
-			r.StatusCode, body, r.Header.Get("Retry-After"))
+	r := do(t, "GET", gw.URL+"/v1/export/items?cursor=smaller", map[string]string{"X-API-Key": k.read}, nil)
+	if r.Status != 503 || r.Env.Error == nil || r.Env.Error.Code != "unavailable" || r.Header.Get("Retry-After") != "1" {
+		t.Errorf("a page without a length while another holds the budget = %d %.200s (Retry-After %q), want the 503 unavailable envelope with Retry-After: 1",
+			r.Status, r.Body, r.Header.Get("Retry-After"))
+	}
+	checkEnvelope(t, r)
+	waitFor(t, 5*time.Second, func() bool { return accessLine(gw.Logs.String(), r.Env.Meta.RequestID) != "" })
+	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"status":503`) || !strings.Contains(line, `"error_code":"unavailable"`) {
+		t.Errorf("its access line %s, want status 503 and error_code unavailable", line)
 	}
 	for _, series := range strings.Split(grep(scrape(t, gw.AdminURL), "gateway_upstream_errors_total{"), "\n") {
 		if !strings.HasSuffix(series, " 0") {
