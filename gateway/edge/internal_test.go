@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
@@ -1981,6 +1982,37 @@ func TestAnAnswerWithoutALengthAtTheBudgetsEdges(t *testing.T) {
 		resp.Reset()
 		if ended != 1 || budget.held != c.other {
 			t.Errorf("%s: once it has ended, the call ended %d times and %d bytes held; want once and the others' %d", c.name, ended, budget.held, c.other)
+		}
+	}
+}
+
+// An answer without a length that breaks off, or whose read panics, after
+// its buffer has grown a few times, in a pooled buffer or a new one, gives
+// back every byte it counted and ends its call once.
+func TestAnAnswerWithoutALengthCutShortGivesBackWhatItHeld(t *testing.T) {
+	for name, body := range map[string]func() io.Reader{
+		"broken off": func() io.Reader {
+			return io.MultiReader(io.LimitReader(zeros{}, 300_000), iotest.ErrReader(io.ErrUnexpectedEOF))
+		},
+		"panicking": func() io.Reader { return io.MultiReader(io.LimitReader(zeros{}, 300_000), panicking{}) },
+	} {
+		for _, pooled := range []int{0, 100_000} {
+			budget := &byteBudget{limit: 32 << 20, held: 1000}
+			answer := fasthttp.AcquireResponse()
+			answer.SetBodyStream(body(), -1)
+			ended := 0
+			var resp fasthttp.Response
+			func() {
+				defer func() { _ = recover() }()
+				page := &bytebufferpool.ByteBuffer{B: make([]byte, 0, pooled)}
+				err := relayWholeInto(&resp, answer, page, &heldPageEnd{budget: budget, then: endFunc(func() { ended++ })})
+				if ae, _ := toAPIError(err); ae != errBadGateway {
+					t.Errorf("%s in a buffer of %d: %v, want the 502 bad_gateway", name, pooled, err)
+				}
+			}()
+			if ended != 1 || budget.held != 1000 {
+				t.Errorf("%s in a buffer of %d: the call ended %d times, %d bytes held; want once and the others' 1000", name, pooled, ended, budget.held)
+			}
 		}
 	}
 }
