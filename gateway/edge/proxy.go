@@ -268,7 +268,8 @@ func (e *heldPageEnd) endCall() {
 // reports false, the buffer not grown, when that would pass the budget.
 // What an allocation rounds up past n (its size class: at most 8 KiB past
 // 32 KiB) is counted once made, past the budget if need be: counted by n
-// alone, a buffer's first growth went uncounted by up to 6.5 %.
+// alone, a buffer's first growth went uncounted by up to 25 % (32 KiB and
+// a byte held in 40 KiB; 100,001 bytes in 106,496).
 // The buffer is grown to n alone (grownTo), not by append's steps.
 func (e *heldPageEnd) growTo(page *bytebufferpool.ByteBuffer, n int) bool {
 	if want := max(cap(page.B), n); want > e.held {
@@ -333,9 +334,9 @@ const firstReadWithoutLength = 4 << 10
 // answers were not bounded together), and sent with its Content-Length,
 // still as a stream, so that done runs once it has left, as relay's. A
 // read that fails is the error to answer (nothing was written yet): a 502
-// past readWholeWithoutLength or the whole budget, and a 503 with
-// Retry-After while other answers hold the budget (errAnswersHeldFull);
-// done has run.
+// past readWholeWithoutLength or of the whole budget or more, and a 503
+// with Retry-After while other answers hold the budget
+// (errAnswersHeldFull); done has run.
 func (g *Gateway) relayWithoutLength(resp, answer *fasthttp.Response, done callEnd) error {
 	return relayWholeInto(resp, answer, pages.Get(), &heldPageEnd{budget: g.heldAnswers, then: done})
 }
@@ -418,9 +419,10 @@ func readWhole(answer *fasthttp.Response, page *bytebufferpool.ByteBuffer, held 
 
 // readWithoutLength reads stream, an answer without a length, into page
 // up to its end, growing page as it fills, its buffer and each growth
-// counted in held first: past readWholeWithoutLength, or past what the budget holds with
-// nothing else held, it is errTooLargeWithoutLength, and while other
-// answers hold the budget errAnswersHeldFull.
+// counted in held first: past readWholeWithoutLength, or of the budget's
+// whole limit or more (one of exactly the limit too: a byte is kept to
+// tell it from a larger one), it is errTooLargeWithoutLength, and while
+// other answers hold the budget errAnswersHeldFull.
 func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *heldPageEnd) error {
 	// A byte under the budget's limit, so that the buffer that finds an
 	// answer one byte too large is within it: a growth refused is then
