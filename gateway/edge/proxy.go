@@ -159,8 +159,9 @@ func (g *Gateway) countRelayFailure(up, instance string, span trace.Span, err er
 // come from instance, relaying it into resp for a client that speaks
 // HTTP/1.1 or not: answer is released and done run as each way of relaying
 // it says. An error is the failure to read an answer read whole
-// (relayWhole, relaySmall): nothing was written yet. A stream relayed as
-// it comes that fails to be read is counted once it has ended.
+// (relayWholeInto, relaySmall), or the gateway's own errAnswersHeldFull:
+// nothing was written yet. A stream relayed as it comes that fails to be
+// read is counted once it has ended.
 func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string, http11 bool, answer *fasthttp.Response, done callEnd) error {
 	length := answer.Header.ContentLength()
 	switch {
@@ -462,7 +463,7 @@ func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *
 	}
 }
 
-// pages pools the buffers of answers read whole (relayWhole). One over
+// pages pools the buffers of answers read whole (relayWholeInto). One over
 // maxPooledPage (a page of large items, up to about 5 MB) is left to the
 // collector, as export-reader does with its own: pooled, a few such pages
 // would pin their buffers for the ordinary pages after them, outside
@@ -518,7 +519,7 @@ func relay(resp, answer *fasthttp.Response, done callEnd, readFailed func(error)
 // to), and that is when the call ends.
 type relayedStream struct {
 	io.Reader
-	// page holds the answer a relayWhole read whole (Reader reads it),
+	// page holds the answer relayWholeInto read whole (Reader reads it),
 	// nil for one relayed as it comes.
 	page   *bytebufferpool.ByteBuffer
 	answer *fasthttp.Response
