@@ -2528,6 +2528,8 @@ func testLargeAnswerIsStreamedAndHoldsTheOwnersSlot(t *testing.T, prefix string)
 		t.Errorf("second answer while the first is relayed = %d %.200s (%d reached the reader), want 429 of the owner's cap and 1",
 			second.StatusCode, body, arrived.Load())
 	}
+	wantSeries(t, scrape(t, gw.AdminURL), "gateway_answers_past_held_limit_total",
+		`gateway_answers_past_held_limit_total{way="streamed"} 1`)
 	release <- struct{}{}
 	if b, err := io.ReadAll(first.Body); err != nil || string(b) != head+tail {
 		t.Fatalf("first answer: %d bytes, %v; want it whole (%d bytes)", len(b), err, len(head+tail))
@@ -3020,10 +3022,17 @@ func TestAPageWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
 	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"status":503`) || !strings.Contains(line, `"error_code":"unavailable"`) {
 		t.Errorf("its access line %s, want status 503 and error_code unavailable", line)
 	}
-	for _, series := range strings.Split(grep(scrape(t, gw.AdminURL), "gateway_upstream_errors_total{"), "\n") {
+	metrics := scrape(t, gw.AdminURL)
+	for _, series := range strings.Split(grep(metrics, "gateway_upstream_errors_total{"), "\n") {
 		if !strings.HasSuffix(series, " 0") {
 			t.Errorf("the gateway's own 503 was counted against the instance: %s", series)
 		}
+	}
+	// What ops see of it: the budget held, and the answer it refused.
+	wantSeries(t, metrics, "gateway_answers_past_held_limit_total",
+		`gateway_answers_past_held_limit_total{way="refused"} 1`, `gateway_answers_past_held_limit_total{way="streamed"} 0`)
+	if held := seriesValue(metrics, "gateway_answers_held_bytes"); held < 24<<20 {
+		t.Errorf("while the first page is held: gateway_answers_held_bytes %v, want its 24 MiB and more", held)
 	}
 	holder.Close()
 	waitFor(t, 10*time.Second, func() bool {
@@ -3032,4 +3041,5 @@ func TestAPageWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		return r.StatusCode == 200 && len(b) == 12<<20
 	})
+	waitFor(t, 5*time.Second, func() bool { return seriesValue(scrape(t, gw.AdminURL), "gateway_answers_held_bytes") == 0 })
 }

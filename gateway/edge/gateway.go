@@ -176,7 +176,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 			Timeout: cfg.RateLimitRedisTimeout, OnDegraded: g.onRedisState,
 		})
 	}
-	g.metrics.watchHeld(store, cfg.KeyCacheSize, g.limiter)
+	g.metrics.watchHeld(store, cfg.KeyCacheSize, g.limiter, g.heldAnswers)
 	g.resolveSeries()
 	g.app = g.newApp()
 	if hook != nil {

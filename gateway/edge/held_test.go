@@ -19,7 +19,8 @@ func TestHeldStructuresShowOnMetrics(t *testing.T) {
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
 		"REDIS_URL": redis.URL, "KEY_CACHE_SIZE": "1000"})
 	wantSeries(t, scrape(t, gw.AdminURL), "gateway_",
-		"gateway_key_cache_entries 0", "gateway_ratelimit_leases 0", "gateway_ratelimit_local_keys 0")
+		"gateway_key_cache_entries 0", "gateway_ratelimit_leases 0", "gateway_ratelimit_local_keys 0",
+		"gateway_answers_held_bytes 0", `gateway_answers_past_held_limit_total{way="refused"} 0`, `gateway_answers_past_held_limit_total{way="streamed"} 0`)
 
 	items := gw.URL + "/v1/export/items"
 	for _, key := range []string{k.read, k.write, k.revoked, k.unknown} {

@@ -1685,11 +1685,7 @@ func allocatedPerRun(runs int, f func()) uint64 {
 }
 
 // heldBytes is what g's heldAnswers counts held.
-func heldBytes(g *Gateway) int {
-	g.heldAnswers.mu.Lock()
-	defer g.heldAnswers.mu.Unlock()
-	return g.heldAnswers.held
-}
+func heldBytes(g *Gateway) int { return g.heldAnswers.bytesHeld() }
 
 // panicking is a body stream whose read panics.
 type panicking struct{}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coinexport/export/gateway/keystore"
@@ -137,11 +138,12 @@ func (m *metrics) watchInstances(u *upstream.Upstream) {
 // keeps anyway), so the request path pays nothing for them. Over weeks they
 // tell a structure full by design (at its bound, flat) from one that grows,
 // and say when a flood of new keys or addresses filled one.
-func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *ratelimit.Limiter) {
+func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *ratelimit.Limiter, answers *byteBudget) {
 	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gateway_key_cache_entries",
 		Help: fmt.Sprintf("API keys the key cache holds (valid, revoked and unknown ones): at most KEY_CACHE_SIZE (%d here), in two generations of half as many.", keyCacheSize),
 	}, func() float64 { return float64(keys.Entries()) }))
+	m.watchHeldAnswers(answers)
 	if limiter == nil { // RATE_LIMIT_ENABLED=false: no limiter, no series
 		return
 	}
@@ -153,6 +155,26 @@ func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *rat
 		Name: "gateway_ratelimit_local_keys",
 		Help: fmt.Sprintf("Keys and client addresses whose windows the in-process fallback limiter holds (filled only while Redis is unusable): at most %d, in two generations of half as many.", ratelimit.MaxLocalKeys),
 	}, func() float64 { return float64(limiter.LocalKeys()) }))
+}
+
+// watchHeldAnswers exports the budget of answers held whole (list pages
+// and items over 16 KiB while their clients read them, answers without a
+// length): the bytes held, and the answers that found it full, by what
+// became of them. At its bound, pages and items leave as they come, and a
+// client that drops them gets a 200 cut short instead of a 502; answers
+// without a length are refused 503.
+func (m *metrics) watchHeldAnswers(answers *byteBudget) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gateway_answers_held_bytes",
+		Help: fmt.Sprintf("Bytes of answers the gateway holds whole while their clients read them (list pages and items over 16 KiB, answers without a length), counted by their buffers: at most %d (32 MiB), with allocation rounding.", answers.limit),
+	}, func() float64 { return float64(answers.bytesHeld()) }))
+	for way, count := range map[string]*atomic.Uint64{"streamed": &answers.streamed, "refused": &answers.refused} {
+		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "gateway_answers_past_held_limit_total",
+			Help:        "Answers that found the gateway holding its limit of answers held whole, by what became of them: streamed (relayed as they come, with their length) or refused (503 unavailable: without a length).",
+			ConstLabels: prometheus.Labels{"way": way},
+		}, func() float64 { return float64(count.Load()) }))
+	}
 }
 
 // statusClass turns 404 into "4xx".

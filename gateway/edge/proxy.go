@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coinexport/export/gateway/ratelimit"
@@ -174,6 +175,7 @@ func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string
 			return relayWholeInto(resp, answer, page, held)
 		}
 		releasePage(page)
+		g.heldAnswers.streamed.Add(1)
 	case rt.StreamsLargeAnswers:
 		// No length: not export-reader's (each of its answers has one),
 		// but an instance's in front of it or a broken one. Read whole, as
@@ -207,6 +209,17 @@ type byteBudget struct {
 	mu    sync.Mutex
 	held  int
 	limit int
+	// streamed and refused count the answers that found the budget full:
+	// relayed as they come (with their length), or refused 503 (without
+	// one). /metrics reads them (watchHeld): how often the bound bites.
+	streamed, refused atomic.Uint64
+}
+
+// bytesHeld is the bytes counted held now.
+func (b *byteBudget) bytesHeld() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held
 }
 
 // take counts n bytes held, or reports that they would pass the limit.
@@ -438,6 +451,7 @@ func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *
 	// fit in a buffer of up to maxPooledPage was counted nothing, and
 	// relayed while other answers held the budget.
 	if !held.growTo(page, cap(page.B)) {
+		held.budget.refused.Add(1)
 		return errAnswersHeldFull
 	}
 	for {
@@ -447,6 +461,7 @@ func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *
 			}
 			next := min(max(2*cap(page.B), firstReadWithoutLength), limit+1)
 			if !held.growTo(page, next) {
+				held.budget.refused.Add(1)
 				return errAnswersHeldFull
 			}
 		}

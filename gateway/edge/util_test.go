@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -65,6 +66,19 @@ func wantSeries(t *testing.T, metrics []byte, family string, series ...string) {
 			t.Errorf("metrics lack %s:\n%s", line, grep(metrics, family))
 		}
 	}
+}
+
+// seriesValue is the value of the series named series (its name and
+// labels, as written) in metrics, or -1 if metrics lack it.
+func seriesValue(metrics []byte, series string) float64 {
+	for _, l := range bytes.Split(metrics, []byte("\n")) {
+		if name, value, ok := bytes.Cut(l, []byte(" ")); ok && string(name) == series {
+			if v, err := strconv.ParseFloat(string(value), 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
 
 // scrape returns the gateway's Prometheus exposition.
