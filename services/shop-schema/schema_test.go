@@ -443,6 +443,16 @@ func TestSchemaShopErrors(t *testing.T) {
 		{"PHP warning (500)", func(s *fakeshop.Shop) { s.ServerError = true }, "", nil, 502, "shop_unavailable"},
 		{"HTML instead of JSON", func(s *fakeshop.Shop) { s.HTML = true }, "", nil, 502, "shop_bad_response"},
 		{"no webservice at all", func(s *fakeshop.Shop) { s.Prefix = "/elsewhere" }, "", nil, 502, "shop_not_found"},
+		{"server down: a 503 page at every path", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusServiceUnavailable }, "", nil, 502, "shop_unavailable"},
+		// /api's page switches the call to dispatcher.php, in case /api is
+		// the front office's; where a host blocks dispatcher.php, its 404
+		// says nothing of the webservice behind /api, which answered.
+		{"server down, dispatcher.php blocked", func(s *fakeshop.Shop) {
+			s.ErrorPage, s.DispatcherBlocked = http.StatusServiceUnavailable, true
+		}, "", nil, 502, "shop_unavailable"},
+		{"a firewall's 403 page, dispatcher.php blocked", func(s *fakeshop.Shop) {
+			s.ErrorPage, s.DispatcherBlocked = http.StatusForbidden, true
+		}, "", nil, 400, "shop_403"},
 		{"slow shop", func(s *fakeshop.Shop) { s.Delay = 3 * time.Second }, "", map[string]string{"SHOP_SCHEMA_TIMEOUT": "300ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "300ms"}, 504, "shop_timeout"},
 		{"oversized answer", func(s *fakeshop.Shop) { s.Oversize = 200 << 10 }, "", map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536"}, 502, "shop_too_large"},
 		// Each answer under its cap (64 KiB), four of them over the call's.
@@ -496,6 +506,24 @@ func TestSchemaShopErrors(t *testing.T) {
 				t.Errorf("no span has error.type %s: %+v", tt.wantCode, spans)
 			}
 		})
+	}
+}
+
+// A 401 without a PrestaShop error code is the webservice's answer to a
+// request that reached it without the key (a plain-text page, not JSON):
+// dispatcher.php would not get the key either, and is not asked.
+func TestKeyLostIsNotAskedOfDispatcher(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.DropAuth = true
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	if status, env := svc.post(t, body(shop.URL(), fakeshop.Key)); status != http.StatusBadRequest || errCode(env) != "shop_401" {
+		t.Errorf("POST schema = %d %s, want 400 shop_401", status, errCode(env))
+	}
+	for _, r := range shop.Requests() {
+		if strings.Contains(r, "dispatcher.php") {
+			t.Errorf("the shop was asked %s after /api's 401", r)
+		}
 	}
 }
 

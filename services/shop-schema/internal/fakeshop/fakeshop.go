@@ -87,6 +87,14 @@ type Shop struct {
 	// maintenance mode, 403 when it restricts the caller's country. Only
 	// the front office does so: the webservice answers as ever.
 	FrontOfficeStatus int
+	// ErrorPage, when set, is the status of an HTML page that the server
+	// answers every request with before PHP sees it: 503 while PHP is
+	// down, 403 from a firewall.
+	ErrorPage int
+	// DispatcherBlocked: a server rule answers a request for
+	// webservice/dispatcher.php itself with a 404 page, as some hosts
+	// harden PHP; /api's rewrite still reaches it.
+	DispatcherBlocked bool
 	DropAuth          bool                         // CGI without forwarding: PHP never sees Authorization
 	Redirect          func(r *http.Request) string // a redirect target, or ""
 	HeaderPadding     int                          // an answer header of this many bytes
@@ -211,23 +219,38 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 		s.writeRaw(w, r)
 		return
 	}
+	if s.DispatcherBlocked && r.URL.Path == s.Prefix+"/webservice/dispatcher.php" {
+		writePage(w, http.StatusNotFound)
+		return
+	}
+	if s.ErrorPage != 0 {
+		writePage(w, s.ErrorPage)
+		return
+	}
 	resource, ok := s.route(r)
 	if ok && s.Stall[resource] {
 		<-r.Context().Done()
 		return
 	}
-	if !ok || s.HTML {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		if !s.HTML {
-			w.WriteHeader(cmp.Or(s.FrontOfficeStatus, http.StatusNotFound))
-		}
-		fmt.Fprint(w, "<!doctype html><html><body><h1>Page not found</h1></body></html>")
+	if s.HTML {
+		writePage(w, http.StatusOK)
+		return
+	}
+	if !ok {
+		writePage(w, cmp.Or(s.FrontOfficeStatus, http.StatusNotFound))
 		return
 	}
 	w.Header().Set("X-Powered-By", "PrestaShop Webservice")
 	w.Header().Set("Access-Time", strconv.FormatInt(time.Now().Unix(), 10))
 	w.Header().Set("Execution-Time", "0.012")
 	s.answer(w, r, resource)
+}
+
+// writePage answers an HTML page, not the webservice's.
+func writePage(w http.ResponseWriter, status int) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	fmt.Fprint(w, "<!doctype html><html><body><h1>Page not found</h1></body></html>")
 }
 
 // record logs r, and returns the channel closed once HoldUntil requests

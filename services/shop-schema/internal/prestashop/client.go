@@ -115,15 +115,32 @@ func (c *call) resourceURL(resource, query string, dispatcher bool) string {
 
 // fetch GETs one page. When /api/ is not the webservice (no rewrite rule:
 // the front office answers 404 or HTML), it switches the whole call to
-// webservice/dispatcher.php, which needs no rewriting.
+// webservice/dispatcher.php, which needs no rewriting, once dispatcher.php
+// has answered as the webservice.
 func (cl *Client) fetch(ctx context.Context, c *call, resource, query string) ([]byte, error) {
 	dispatcher := c.dispatcher.Load()
 	body, err := cl.get(ctx, c, resource, c.resourceURL(resource, query, dispatcher))
-	if err != nil && !dispatcher && notWebservice(err) {
-		c.dispatcher.Store(true)
-		body, err = cl.get(ctx, c, resource, c.resourceURL(resource, query, true))
+	if err == nil || dispatcher || !notWebservice(err) {
+		return body, err
 	}
-	return body, err
+	body, dispatcherErr := cl.get(ctx, c, resource, c.resourceURL(resource, query, true))
+	if dispatcherErr != nil && notWebservice(dispatcherErr) {
+		return nil, moreTelling(err, dispatcherErr)
+	}
+	c.dispatcher.Store(true)
+	return body, dispatcherErr
+}
+
+// moreTelling picks what to answer when neither /api nor dispatcher.php
+// answered as the webservice: /api's refusal (a 403 or 5xx page: a
+// firewall, the server down), which was answered so before dispatcher.php
+// was tried on such pages, over dispatcher.php's 404 or page where a host
+// blocks it; else dispatcher.php's, so that 404 at both is shop_not_found.
+func moreTelling(apiErr, dispatcherErr error) error {
+	if e, ok := apiErr.(*Error); ok && e.Kind != KindNotFound && (e.Status < 200 || e.Status > 299) {
+		return apiErr
+	}
+	return dispatcherErr
 }
 
 // notWebservice reports whether err is an answer that the webservice did
