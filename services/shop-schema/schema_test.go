@@ -509,21 +509,39 @@ func TestSchemaShopErrors(t *testing.T) {
 	}
 }
 
-// A 401 without a PrestaShop error code is the webservice's answer to a
-// request that reached it without the key (a plain-text page, not JSON):
-// dispatcher.php would not get the key either, and is not asked.
-func TestKeyLostIsNotAskedOfDispatcher(t *testing.T) {
-	shop := fakeshop.Sample("8", false)
-	shop.DropAuth = true
-	shop.Start(t.Cleanup)
-	svc := startService(t, shop, nil)
-	if status, env := svc.post(t, body(shop.URL(), fakeshop.Key)); status != http.StatusBadRequest || errCode(env) != "shop_401" {
-		t.Errorf("POST schema = %d %s, want 400 shop_401", status, errCode(env))
-	}
-	for _, r := range shop.Requests() {
-		if strings.Contains(r, "dispatcher.php") {
-			t.Errorf("the shop was asked %s after /api's 401", r)
-		}
+// Pages at /api that dispatcher.php, behind the same server, would answer
+// alike send no request there. A 401 without a PrestaShop error code is the
+// webservice's answer to a request that reached it without the key (a
+// plain-text page): dispatcher.php would not get the key either. A 5xx page
+// other than 503 (the front office's in maintenance mode) is a server
+// failing, a gateway's 502 or 504: asked again, it cost the rest of the
+// call's budget when it came slowly, and shop_unavailable became
+// shop_timeout.
+func TestPagesNotAskedOfDispatcher(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		setup      func(*fakeshop.Shop)
+		wantStatus int
+		wantCode   string
+	}{
+		{"authorization header lost (plain-text 401)", func(s *fakeshop.Shop) { s.DropAuth = true }, 400, "shop_401"},
+		{"a gateway's 502 page", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusBadGateway }, 502, "shop_unavailable"},
+		{"a gateway's 504 page", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusGatewayTimeout }, 502, "shop_unavailable"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			tt.setup(shop)
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, nil)
+			if status, env := svc.post(t, body(shop.URL(), fakeshop.Key)); status != tt.wantStatus || errCode(env) != tt.wantCode {
+				t.Errorf("POST schema = %d %s, want %d %s", status, errCode(env), tt.wantStatus, tt.wantCode)
+			}
+			for _, r := range shop.Requests() {
+				if strings.Contains(r, "dispatcher.php") {
+					t.Errorf("the shop was asked %s", r)
+				}
+			}
+		})
 	}
 }
 

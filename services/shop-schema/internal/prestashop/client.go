@@ -145,14 +145,24 @@ func moreTelling(apiErr, dispatcherErr error) error {
 
 // notWebservice reports whether err is an answer that the webservice did
 // not write: a 404, or a page that is neither JSON nor a PrestaShop error
-// body, whatever its status (without the rewrite rule /api/ is a
-// front-office page: 200, or 503 in maintenance mode, 403 to a country
-// the shop restricts, which the webservice ignores). Not a 401: the
-// webservice's own answer to a request without a key is a plain-text page,
-// and dispatcher.php would not get the key either.
+// body with a status the front office may give it (without the rewrite
+// rule /api/ is a front-office page: 200, or 503 in maintenance mode, 403
+// to a country the shop restricts, which the webservice ignores).
 func notWebservice(err error) bool {
 	e, ok := err.(*Error)
-	return ok && (e.Kind == KindNotFound || e.foreign && e.Status != http.StatusUnauthorized)
+	return ok && (e.Kind == KindNotFound || e.foreign && mayBeFrontOffice(e.Status))
+}
+
+// mayBeFrontOffice reports whether a page of this status at /api may be
+// the front office's. Not a 401: the webservice's own answer to a request
+// without a key is a plain-text page, and dispatcher.php would not get the
+// key either. Of the 5xx, only 503: another (a gateway's 502 or 504,
+// Cloudflare's 52x) is a server failing, which dispatcher.php behind it
+// meets too; asked, it cost one more request and, after a page that came
+// slowly, the rest of the call's budget (shop_timeout for
+// shop_unavailable).
+func mayBeFrontOffice(status int) bool {
+	return status != http.StatusUnauthorized && (status < 500 || status == http.StatusServiceUnavailable)
 }
 
 const reasonNotJSON = "the shop's answer is not JSON"
