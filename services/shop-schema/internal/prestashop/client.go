@@ -245,9 +245,10 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 // version ("8.2.1", "9.0.0-beta.1"), else "". The header is the shop's to
 // write and goes into the answer and the "shop schema read" line, so
 // nothing else gets through: not the key, which a shop can write back
-// there (in another letter case, after "8."), and not free text.
+// there (in another letter case, after "8."), nor a part of it, and not
+// free text.
 func shopVersion(v, key string) string {
-	if v == "" || len(v) > 31 || v[0] < '0' || v[0] > '9' || HoldsKey(v, key) {
+	if v == "" || len(v) > 31 || v[0] < '0' || v[0] > '9' || HoldsKey(v, key) || holdsPartOfKey(v, key) {
 		return ""
 	}
 	for _, c := range v {

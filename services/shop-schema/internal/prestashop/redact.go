@@ -192,3 +192,23 @@ type keyInContext struct{}
 func withKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyInContext{}, key)
 }
+
+// keyPartRun is the shortest run of a key's characters that holdsPartOfKey
+// finds: longer than any letters a real version's suffix runs to ("beta",
+// "build"), short enough that a version keeps no useful part of a key.
+const keyPartRun = 6
+
+// holdsPartOfKey reports whether v holds keyPartRun characters in a row of
+// key, in any case. HoldsKey finds the whole key; a version header of 31
+// characters could carry 29 of a key's 32 ("8." and the rest), which the
+// answer and the log line would keep.
+func holdsPartOfKey(v, key string) bool {
+	lower := strings.ToLower(v)
+	key = strings.ToLower(key)
+	for i := 0; i+keyPartRun <= len(key); i++ {
+		if strings.Contains(lower, key[i:i+keyPartRun]) {
+			return true
+		}
+	}
+	return false
+}

@@ -327,7 +327,9 @@ func TestShopVersion(t *testing.T) {
 		"8.2.1 <b>Notice</b>":            "",
 		"PrestaShop 8":                   "",
 		"8." + strings.Repeat("1", 30):   "",
-		"8." + strings.ToLower(key[:20]): "8." + strings.ToLower(key[:20]),
+		"8." + strings.ToLower(key[:20]): "", // part of the key, in another case
+		"8.2.1-" + key[10:16]:            "", // six of its characters in a row
+		"8.2.1-" + key[10:15]:            "8.2.1-" + key[10:15],
 	} {
 		if got := shopVersion(v, key); got != want {
 			t.Errorf("shopVersion(%q) = %q, want %q", v, got, want)
