@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -148,7 +149,9 @@ func Versions(ctx context.Context, pool *pgxpool.Pool) (database, build int64, e
 // appliedVersions are the versions of the migrations applied to the
 // database, in order. goose appends a row per migration applied or rolled
 // back; a version is applied when its latest row says so. It only reads
-// goose's version table, with no lock.
+// goose's version table, with no lock. A database without that table was
+// never migrated (the first migration creates it): none is applied, so
+// that Check and Versions say version 0 of it, not that a table is missing.
 func appliedVersions(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	var applied []int64
 	err := pool.QueryRow(ctx, `
@@ -156,6 +159,9 @@ func appliedVersions(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 		    SELECT DISTINCT ON (version_id) version_id, is_applied
 		    FROM goose_db_version ORDER BY version_id, id DESC) latest
 		WHERE is_applied`).Scan(&applied)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return nil, nil
+	}
 	return applied, err
 }
 

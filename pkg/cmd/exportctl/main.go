@@ -15,11 +15,14 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/schema"
 	"github.com/coinexport/export/pkg/stopsignal"
 )
 
@@ -139,7 +142,30 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return withCause(err)
 	}
 	defer pool.Close()
-	return withCause(commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest))
+	err = commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest)
+	return withCause(withMigrationsMissing(ctx, pool, dsn, err))
+}
+
+// withMigrationsMissing adds to a command's error, when PostgreSQL found
+// no such table or column (42P01, 42703) and the database lacks this
+// build's migrations, that it does, which database it is and what to run:
+// on a new database, or with DATABASE_URL naming another database of the
+// cluster (its "postgres"), every command printed only `relation "owners"
+// does not exist`.
+func withMigrationsMissing(ctx context.Context, pool *pgxpool.Pool, dsn string, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" && pgErr.Code != "42703" || errors.Is(err, catalog.ErrStagingLost) {
+		return err
+	}
+	database, build, versionErr := schema.Versions(ctx, pool)
+	switch {
+	case versionErr != nil || database >= build:
+		return err
+	case database == 0:
+		return fmt.Errorf("%w: no migration has been applied to the database %s (DATABASE_URL leads to %s): run exportctl migrate, unless that is the wrong database",
+			err, pool.Config().ConnConfig.Database, postgres.Describe(dsn))
+	}
+	return fmt.Errorf("%w: the database is at schema version %d, this exportctl needs %d: run exportctl migrate", err, database, build)
 }
 
 // withCause adds to err what PostgreSQL refused and what puts it right

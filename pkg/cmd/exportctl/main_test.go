@@ -709,3 +709,60 @@ func TestRefusalsNameTheirCause(t *testing.T) {
 		}
 	}
 }
+
+// A command run on a database no migration has reached (a new one, or a
+// DATABASE_URL naming another database of the cluster) says so, names the
+// database, and says what to run: it printed only `relation "owners" does
+// not exist (SQLSTATE 42P01)`.
+func TestCommandsOnADatabaseNotMigratedSaySo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const owner = "00000000-0000-0000-0000-000000000000"
+	// Behind, with a table of a later migration's making missing (as
+	// a later release's table would be): the versions are named.
+	provider, db := migratedDownTo(t, dsn, 6)
+	latest := provider.ListSources()[len(provider.ListSources())-1].Version
+	if _, err := db.Exec("ALTER TABLE owners RENAME TO owners_aside"); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("the database is at schema version 6, this exportctl needs %d: run exportctl migrate", latest)
+	if err := cli(t, dsn, "", nil, "owner", "list"); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("exportctl owner list at version 6 = %v, want it to say %q", err, want)
+	}
+	if _, err := db.Exec("ALTER TABLE owners_aside RENAME TO owners"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := provider.DownTo(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	commands := [][]string{
+		{"owner", "list"}, {"owner", "create", "--name", "x"}, {"platform", "list"},
+		{"key", "create", "--owner", owner, "--scope", "export:read"}, {"key", "revoke", owner},
+		{"key", "list", "--owner", owner}, {"items", "import", "--owner", owner, "--file", "-"},
+		{"items", "seed", "--owner", owner, "--count", "1"}, {"items", "restamp", "--all-owners"},
+	}
+	for _, state := range []string{"migrated down to 0", "never migrated"} {
+		if state == "never migrated" {
+			if _, err := db.Exec("DROP TABLE goose_db_version"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, args := range commands {
+			err := cli(t, dsn, "", nil, args...)
+			if err == nil || !strings.Contains(err.Error(), "no migration has been applied to the database "+cfg.Database) ||
+				!strings.Contains(err.Error(), "run exportctl migrate") {
+				t.Errorf("%s: exportctl %v = %v, want it to say that no migration was applied to %s, and to run exportctl migrate",
+					state, args, err, cfg.Database)
+			}
+		}
+	}
+	if err := cli(t, dsn, "", nil, "migrate"); err != nil {
+		t.Fatalf("migrate = %v", err)
+	}
+	if err := cli(t, dsn, "", nil, "owner", "list"); err != nil {
+		t.Errorf("owner list once migrated = %v", err)
+	}
+}
