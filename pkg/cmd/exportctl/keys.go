@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -64,7 +65,7 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 		// route looks at: a mistake for a sales key, most likely.
 		return fmt.Errorf("%w: --platform binds a sales:write key; an export:read key is bound to its owner only", errUsage)
 	}
-	if !isOwnerID(*owner) {
+	if !isUUID(*owner) {
 		return fmt.Errorf("%w: --owner %q is not an owner id (a UUID)", errUsage, *owner)
 	}
 	secret, prefix, err := apikey.Generate(scopes)
@@ -130,12 +131,9 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 	if len(positional) != 1 {
 		return fmt.Errorf("%w: key revoke takes one KEY_ID (or the key itself)", errUsage)
 	}
-	// A key pasted with a space or a line end around it is still the key.
-	arg := strings.TrimSpace(positional[0])
-	where, param, notFound := "id::text = $1", any(arg), fmt.Sprintf("no key with id %q", arg)
-	if apikey.WellFormed(arg) {
-		hash := apikey.HashOf(arg)
-		where, param, notFound = "hash = $1", hash[:], "no such key (it was never issued here)"
+	where, param, notFound, err := revokeTarget(positional[0])
+	if err != nil {
+		return err
 	}
 	// COALESCE keeps the first revocation time when a key is revoked twice;
 	// a time other than this statement's now() is that earlier one.
@@ -156,6 +154,34 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 		text = "key " + id + " was revoked already, at " + revokedAt.UTC().Format(time.RFC3339)
 	}
 	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt, "already_revoked": already}, text)
+}
+
+// keyPrefix is a key's prefix as key create and key list print it (with
+// or without the ellipsis after it): no key's whole, nor its id.
+var keyPrefix = regexp.MustCompile(`^cx[raw]_[0-9A-Za-z]{8}(…|\.\.\.)?$`)
+
+// revokeTarget reads key revoke's argument: a key's id (in either case)
+// or a key, and the statement's condition on it. Anything else is named
+// for what it is, not looked for as "a key with id", which no key has: a
+// key mistyped or cut short (not quoted: most of a secret), its prefix
+// from key list, a word that is neither.
+func revokeTarget(arg string) (where string, param any, notFound string, err error) {
+	// A key pasted with a space or a line end around it is still the key.
+	arg = strings.TrimSpace(arg)
+	switch {
+	case isUUID(arg): // a key's id
+		return "id = $1::uuid", arg, fmt.Sprintf("no key with id %q", arg), nil
+	case apikey.WellFormed(arg):
+		hash := apikey.HashOf(arg)
+		return "hash = $1", hash[:], "no such key (it was never issued here)", nil
+	case apikey.ContainsKeyLike(arg):
+		return "", nil, "", fmt.Errorf("%w: key revoke's argument looks like a key, but its checksum does not match "+
+			"(a character mistyped, or the key cut short): nothing revoked", errUsage)
+	case keyPrefix.MatchString(arg):
+		return "", nil, "", fmt.Errorf("%w: %q is a key's prefix, as key list prints it: give the key's id (key list's first column) or the whole key",
+			errUsage, arg)
+	}
+	return "", nil, "", fmt.Errorf("%w: %q is neither a key id (a UUID) nor a key", errUsage, arg)
 }
 
 func keyList(ctx context.Context, e *env, args []string) error {

@@ -402,6 +402,42 @@ func TestKeyRevokeByKey(t *testing.T) {
 	}
 }
 
+// key revoke takes a key's id in either case, and names what else it was
+// given instead of looking for "a key with id" that no key can have: a key
+// mistyped or cut short (its checksum fails), a key's prefix as key list
+// prints it, a word that is neither. None of them revokes anything, and
+// none is quoted when it holds most of a key.
+func TestKeyRevokeNamesWhatItWasGiven(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	var key createdKey
+	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	last := key.Key[len(key.Key)-1:]
+	mistyped := key.Key[:len(key.Key)-1] + map[bool]string{true: "B", false: "A"}[last == "A"]
+	for _, tc := range []struct{ name, arg, want string }{
+		{"mistyped key", mistyped, "looks like a key, but its checksum does not match"},
+		{"key cut short", key.Key[:30], "looks like a key, but its checksum does not match"},
+		{"key's prefix", key.Prefix + "…", "a key's prefix, as key list prints it"},
+		{"key's prefix", key.Prefix, "a key's prefix, as key list prints it"},
+		{"neither", "nonsense", `"nonsense" is neither a key id (a UUID) nor a key`},
+	} {
+		err := cli(t, dsn, "", nil, "key", "revoke", tc.arg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), key.Key[4:20]) {
+			t.Errorf("key revoke <%s> = %v, want it to say %q (and quote no key)", tc.name, err, tc.want)
+		}
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt != nil {
+		t.Fatalf("key list after the refused revocations = %+v, %v; want the key active", keys, err)
+	}
+	var revoked struct{ ID string }
+	if err := cli(t, dsn, "", &revoked, "key", "revoke", strings.ToUpper(key.ID)); err != nil || revoked.ID != key.ID {
+		t.Errorf("key revoke <id in capitals> = %+v, %v; want key %s revoked", revoked, err, key.ID)
+	}
+}
+
 // No key reaches standard error, whatever argument quoted it.
 func TestRedactKeys(t *testing.T) {
 	key, _, err := apikey.Generate([]string{"sales:write"})

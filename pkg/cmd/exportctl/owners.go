@@ -163,7 +163,7 @@ func platformCreateError(err error, id string) error {
 // ownerExists is nil when owner is the id of an owner, and otherwise says
 // what it is not.
 func ownerExists(ctx context.Context, e *env, owner string) error {
-	if !isOwnerID(owner) {
+	if !isUUID(owner) {
 		return fmt.Errorf("%w: --owner %q is not an owner id (a UUID)", errUsage, owner)
 	}
 	var found bool
@@ -176,9 +176,10 @@ func ownerExists(ctx context.Context, e *env, owner string) error {
 	return nil
 }
 
-// ownerIDPattern is a UUID as PostgreSQL prints it (either case): the
-// form owner create prints and every command takes. pgtype's parser lets
-// other characters stand where the dashes go, which PostgreSQL refuses.
-var ownerIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+// uuidPattern is a UUID as PostgreSQL prints it (either case): the
+// form of the ids owner create and key create print, which the other
+// commands take. pgtype's parser lets other characters stand where the
+// dashes go, which PostgreSQL refuses.
+var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
-func isOwnerID(s string) bool { return ownerIDPattern.MatchString(s) }
+func isUUID(s string) bool { return uuidPattern.MatchString(s) }
