@@ -154,7 +154,7 @@ func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging
 	for written := 0; written < total; {
 		var inserted, touched, read int
 		if err := conn.QueryRow(ctx, upsert, owner, after, ImportChunk, chunkLockWait).Scan(&inserted, &touched, &read, &after); err != nil {
-			return res, fmt.Errorf("catalog: upsert after %d of %d items: %w", written, total, chunkError(ctx, conn, err))
+			return res, &WriteError{Written: written, Total: total, Err: chunkError(ctx, conn, err)}
 		}
 		if read == 0 { // cannot happen: every staged id follows the last one written
 			return res, fmt.Errorf("catalog: %d of %d items not reached", total-written, total)
@@ -166,6 +166,21 @@ func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging
 	}
 	return res, nil
 }
+
+// WriteError is an import's error once its items are staged, in a chunk:
+// the chunks before it are committed, Written of the Total items (an
+// item as imported already counts as written), and an import run again
+// completes it.
+type WriteError struct {
+	Written, Total int
+	Err            error
+}
+
+func (e *WriteError) Error() string {
+	return fmt.Sprintf("catalog: stopped after writing %d of %d items: %v", e.Written, e.Total, e.Err)
+}
+
+func (e *WriteError) Unwrap() error { return e.Err }
 
 // ErrStagingLost is an import's error when a statement of it ran in a
 // session without its staging table: its connection is not one session,

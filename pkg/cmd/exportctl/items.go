@@ -39,19 +39,30 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	// The whole file is validated before anything is written: one bad line
 	// rejects the file.
 	res, err := catalog.ImportJSONL(ctx, e.pool, *owner, in)
-	var bad *catalog.LineError
-	if errors.As(err, &bad) {
-		return fmt.Errorf("%s: nothing imported: %w", *file, err)
-	}
-	if errors.Is(err, catalog.ErrItemsLocked) {
-		return fmt.Errorf("import: %w; once that transaction has ended, run the import again (items already written are left alone)", err)
-	}
 	if err != nil {
-		return fmt.Errorf("import: %w", err)
+		return importError(err, *file)
 	}
 	total := res.Inserted + res.Updated + res.Unchanged
 	return emit(e.out, *asJSON, map[string]int{"inserted": res.Inserted, "updated": res.Updated, "unchanged": res.Unchanged},
 		fmt.Sprintf("imported %d items: %d inserted, %d updated, %d unchanged", total, res.Inserted, res.Updated, res.Unchanged))
+}
+
+// importError says of an import that failed whether it wrote anything:
+// nothing when a line was refused or before its items were staged, and
+// otherwise how many it wrote, the chunks before the one that failed,
+// and to run it again to complete it.
+func importError(err error, file string) error {
+	var bad *catalog.LineError
+	var cut *catalog.WriteError
+	switch {
+	case errors.As(err, &bad):
+		return fmt.Errorf("%s: nothing imported: %w", file, err)
+	case errors.As(err, &cut) && errors.Is(err, catalog.ErrItemsLocked):
+		return fmt.Errorf("import: %w; once that transaction has ended, run it again to complete it (items already as imported are left alone)", err)
+	case errors.As(err, &cut):
+		return fmt.Errorf("import: %w; run it again to complete it (items already as imported are left alone)", err)
+	}
+	return fmt.Errorf("import: nothing written: %w", err)
 }
 
 func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {

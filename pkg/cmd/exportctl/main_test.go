@@ -153,6 +153,48 @@ func TestItemsImportAndSeed(t *testing.T) {
 	}
 }
 
+// An import that stops once its chunks are being written says how many
+// items it wrote (committed, 1,000 a chunk) and to run it again, and one
+// that stops before says that nothing was written: "upsert after 1000 of
+// 3000 items: context canceled" said neither.
+func TestItemsImportCutShortSaysWhatItWrote(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	lines := func(n int, price string) string {
+		var b strings.Builder
+		for i := range n {
+			line := strings.Replace(goodLine, "coin-%d", fmt.Sprintf("coin-%04d", i), 1)
+			fmt.Fprintln(&b, strings.Replace(line, `"price":10.5`, `"price":`+price, 1))
+		}
+		return b.String()
+	}
+	if err := cli(t, dsn, lines(1501, "1"), nil, "items", "import", "--owner", owner.ID, "--file", "-"); err != nil {
+		t.Fatal(err)
+	}
+	// The second chunk's first item stays locked past the chunk's bound.
+	testenv.InTransaction(t, testenv.Pool(t, dsn), `SELECT FROM export_items WHERE id = 'coin-1000' FOR UPDATE`)
+	err := cli(t, dsn, lines(3000, "2"), nil, "items", "import", "--owner", owner.ID, "--file", "-")
+	if want := "stopped after writing 1000 of 3000 items"; err == nil || !strings.Contains(err.Error(), want) ||
+		!strings.Contains(err.Error(), "run it again to complete it") {
+		t.Errorf("import stopped at its second chunk = %v, want it to say %q, and to run it again", err, want)
+	}
+
+	// Ctrl-C while the file is read.
+	ctx, cancel := context.WithCancel(context.Background())
+	stdin := readerFunc(func(p []byte) (int, error) { cancel(); return copy(p, lines(10, "3")), io.EOF })
+	err = run(ctx, []string{"items", "import", "--owner", owner.ID, "--file", "-"},
+		func(string) string { return dsn }, stdin, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "import: nothing written") {
+		t.Errorf("import cancelled before its first chunk = %v, want it to say that nothing was written", err)
+	}
+}
+
+// readerFunc is a function as an io.Reader.
+type readerFunc func(p []byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
 // An item id that cannot travel as one URL path segment could be listed
 // but never read nor sold, so the import refuses the file, naming the line.
 func TestItemsImportRefusesUnaddressableIDs(t *testing.T) {
