@@ -40,11 +40,20 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	// rejects the file.
 	res, err := catalog.ImportJSONL(ctx, e.pool, *owner, in)
 	if err != nil {
-		return importError(err, *file)
+		return importError(err, inputName(*file))
 	}
 	total := res.Inserted + res.Updated + res.Unchanged
 	return emit(e.out, *asJSON, map[string]int{"inserted": res.Inserted, "updated": res.Updated, "unchanged": res.Unchanged},
-		fmt.Sprintf("imported %d items: %d inserted, %d updated, %d unchanged", total, res.Inserted, res.Updated, res.Unchanged))
+		fmt.Sprintf("imported %s: %d inserted, %d updated, %d unchanged", count(total, "item"), res.Inserted, res.Updated, res.Unchanged))
+}
+
+// inputName is how an error names --file: "-" said alone, before a colon,
+// read as a typo.
+func inputName(file string) string {
+	if file == "-" {
+		return "standard input"
+	}
+	return file
 }
 
 // importError says of an import that failed whether it wrote anything:

@@ -139,8 +139,15 @@ func TestItemsImportAndSeed(t *testing.T) {
 		`{"id":"new-3","status":"sold"}`,
 	}, "\n")
 	err := cli(t, dsn, bad, nil, "items", "import", "--owner", owner.ID, "--file", "-")
-	if err == nil || !strings.Contains(err.Error(), "line 3") {
-		t.Errorf("import of a bad file = %v, want an error naming line 3", err)
+	if want := "standard input: nothing imported: line 3"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("import of a bad file = %v, want an error saying %q", err, want)
+	}
+	// The text an operator reads counts one item as one.
+	var text bytes.Buffer
+	err = run(context.Background(), []string{"items", "import", "--owner", owner.ID, "--file", "-"},
+		func(string) string { return dsn }, strings.NewReader(strings.Replace(goodLine, "%d", "one", 1)), &text)
+	if want := "imported 1 item: 1 inserted, 0 updated, 0 unchanged\n"; err != nil || text.String() != want {
+		t.Errorf("import of one item printed %q, %v; want %q", text.String(), err, want)
 	}
 
 	var seeded map[string]float64
@@ -148,8 +155,8 @@ func TestItemsImportAndSeed(t *testing.T) {
 		t.Fatalf("items seed = %v", err)
 	}
 	count := countItems(t, dsn, owner.ID)
-	if count != 3+500 {
-		t.Errorf("owner has %d items, want 503 (3 imported, none of the bad file, 500 seeded)", count)
+	if count != 4+500 {
+		t.Errorf("owner has %d items, want 504 (4 imported, none of the bad file, 500 seeded)", count)
 	}
 }
 
