@@ -226,9 +226,15 @@ func isJSONFlag(arg string) bool {
 }
 
 // flags parses args, allowing positional arguments between flags, and
-// returns the positional ones.
+// returns the positional ones. A flag that takes a value takes one
+// (onlyOnce).
 func flags(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard)
+	fs.VisitAll(func(f *flag.Flag) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+			f.Value = &onlyOnce{Value: f.Value, name: f.Name}
+		}
+	})
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -240,6 +246,24 @@ func flags(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+}
+
+// onlyOnce is a flag's value that refuses a second one: the flag package
+// keeps the last, so "--scope export:read --scope sales:write" made a key
+// without export:read, and "--owner A … --owner B" a key of B. A switch
+// (--json) given twice says the same thing twice, and is left alone.
+type onlyOnce struct {
+	flag.Value
+	name string
+	set  bool
+}
+
+func (o *onlyOnce) Set(value string) error {
+	if o.set {
+		return fmt.Errorf("--%s is given twice: it takes one value (join scopes with a comma)", o.name)
+	}
+	o.set = true
+	return o.Value.Set(value)
 }
 
 // flagsOnly parses args for a command that takes flags only. A word

@@ -366,7 +366,7 @@ func TestMissingFlagsAreNamedInUsageOrder(t *testing.T) {
 
 // A word outside a flag is refused, not dropped: dropped, it would make an
 // owner of another name, a key without the scope typed after a space, or
-// import one file of two.
+// import one file of two. A flag given twice is refused too.
 func TestStrayArgumentsAreRefused(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	owner := newOwner(t, dsn)
@@ -391,6 +391,27 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "takes flags only") {
 			t.Errorf("exportctl %v = %v, want a usage error naming the stray argument", args, err)
 		}
+	}
+	// Nor is a flag given twice read as its last value: "--scope export:read
+	// --scope sales:write" made a key without export:read, and "--owner A
+	// ... --owner B" a key of B.
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"key", "create", "--owner", owner.ID, "--scope", "export:read", "--scope", "sales:write", "--platform", "market-1"}, "--scope"},
+		{[]string{"key", "create", "--owner", owner.ID, "--scope", "export:read", "--owner=" + owner.ID}, "--owner"},
+		{[]string{"owner", "create", "--name", "Acme", "-name", "Coins"}, "--name"},
+		{[]string{"items", "import", "--owner", owner.ID, "--file", file, "--file", file}, "--file"},
+	} {
+		err := cli(t, dsn, "", nil, tc.args...)
+		if want := tc.flag + " is given twice"; !errors.Is(err, errUsage) || !strings.Contains(err.Error(), want) {
+			t.Errorf("exportctl %v = %v, want a usage error saying %q", tc.args, err, want)
+		}
+	}
+	// A switch given twice says the same thing twice: no harm.
+	if err := cli(t, dsn, "", nil, "--json", "key", "list", "--owner", owner.ID, "--json"); err != nil {
+		t.Errorf("exportctl --json key list --json = %v, want it to list the keys", err)
 	}
 	var keys []listedKey
 	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 0 {
