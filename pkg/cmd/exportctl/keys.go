@@ -129,9 +129,15 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if len(positional) != 1 {
-		return fmt.Errorf("%w: key revoke takes one KEY_ID (or the key itself)", errUsage)
+		return fmt.Errorf("%w: key revoke takes one KEY_ID (or the key itself, or - to read it from standard input)", errUsage)
 	}
-	where, param, notFound, err := revokeTarget(positional[0])
+	arg := positional[0]
+	if arg == "-" {
+		if arg, err = oneLine(e.stdin); err != nil {
+			return err
+		}
+	}
+	where, param, notFound, err := revokeTarget(arg)
 	if err != nil {
 		return err
 	}
@@ -154,6 +160,23 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 		text = "key " + id + " was revoked already, at " + revokedAt.UTC().Format(time.RFC3339)
 	}
 	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt, "already_revoked": already}, text)
+}
+
+// oneLine reads key revoke -'s argument: the one line of stdin (a key
+// pasted, then Ctrl-D), which keeps a key that is still valid out of ps
+// and the shell's history. More than one line is refused, not read as its
+// first: another key after it would stay unrevoked.
+func oneLine(stdin io.Reader) (string, error) {
+	const max = 4096 // far more than a key or an id with spaces around it
+	text, err := io.ReadAll(io.LimitReader(stdin, max+1))
+	if err != nil {
+		return "", fmt.Errorf("key revoke -: reading standard input: %w", err)
+	}
+	line := strings.TrimSpace(string(text))
+	if line == "" || strings.ContainsAny(line, "\r\n") || len(text) > max {
+		return "", fmt.Errorf("%w: key revoke - reads one line from standard input: one key id, or one key", errUsage)
+	}
+	return line, nil
 }
 
 // keyPrefix is a key's prefix as key create and key list print it (with

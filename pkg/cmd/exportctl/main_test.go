@@ -472,6 +472,27 @@ func TestKeyRevokeByKey(t *testing.T) {
 	}
 }
 
+// key revoke - reads the key (or its id) from standard input, which keeps
+// a key that is still valid out of ps and the shell's history.
+func TestKeyRevokeReadsTheKeyFromStandardInput(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	var key createdKey
+	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	for _, stdin := range []string{"", "\n", key.Key + "\n" + key.Key + "\n"} {
+		err := cli(t, dsn, stdin, nil, "key", "revoke", "-")
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "one line") || strings.Contains(err.Error(), key.Key[4:20]) {
+			t.Errorf("key revoke - of %d bytes = %v, want a usage error asking for one line (and quoting no key)", len(stdin), err)
+		}
+	}
+	var revoked struct{ ID string }
+	if err := cli(t, dsn, key.Key+"\n", &revoked, "key", "revoke", "-"); err != nil || revoked.ID != key.ID {
+		t.Errorf("key revoke - with the key on standard input = %+v, %v; want key %s revoked", revoked, err, key.ID)
+	}
+}
+
 // key revoke takes a key's id in either case, and names what else it was
 // given instead of looking for "a key with id" that no key can have: a key
 // mistyped or cut short (its checksum fails), a key's prefix as key list
