@@ -155,9 +155,10 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)
 	}
+	revokedAt = revokedAt.UTC() // pgx gives the host's zone
 	text := "revoked key " + id
 	if already {
-		text = "key " + id + " was revoked already, at " + revokedAt.UTC().Format(time.RFC3339)
+		text = "key " + id + " was revoked already, at " + revokedAt.Format(time.RFC3339)
 	}
 	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt, "already_revoked": already}, text)
 }
@@ -243,6 +244,11 @@ func ownerKeys(ctx context.Context, e *env, owner string) ([]listedKey, error) {
 	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (listedKey, error) {
 		var k listedKey
 		err := row.Scan(&k.ID, &k.Prefix, &k.Name, &k.OwnerID, &k.PlatformID, &k.Scopes, &k.CreatedAt, &k.RevokedAt)
+		// pgx gives the host's zone; exportctl prints UTC, as owner list does.
+		k.CreatedAt = k.CreatedAt.UTC()
+		if k.RevokedAt != nil {
+			*k.RevokedAt = k.RevokedAt.UTC()
+		}
 		return k, err
 	})
 	if keys == nil {

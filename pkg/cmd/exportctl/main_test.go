@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,12 @@ import (
 	"github.com/coinexport/export/pkg/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+// TestMain runs the tests in a zone other than UTC, as on an operator's
+// laptop (set here, before any test's goroutine reads time.Local).
+func TestMain(m *testing.M) {
+	time.Local = time.FixedZone("UTC+3", 3*60*60)
+	os.Exit(testenv.Run(m))
+}
 
 // cli runs exportctl against dsn and decodes its --json output into out.
 func cli(t *testing.T, dsn string, stdin string, out any, args ...string) error {
@@ -603,6 +609,41 @@ func TestKeyListShowsBinding(t *testing.T) {
 	for _, want := range []string{"sales:write", "platform market-1", `"east-shop"`, "active"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("key list printed %q, want it to hold %q", stdout.String(), want)
+		}
+	}
+}
+
+// Every time exportctl prints is in UTC, whatever the zone of the host it
+// runs on: key list printed the operator's local time ("revoked
+// 2026-11-30T08:49:34+01:00") where owner list and key revoke said UTC.
+func TestTimesArePrintedInUTC(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	var key createdKey
+	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
+		t.Fatal(err)
+	}
+	stamp := regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([^.\d]\S*?)["\s]`)
+	for _, args := range [][]string{
+		{"key", "revoke", key.ID}, {"key", "revoke", key.ID}, {"--json", "key", "revoke", key.ID},
+		{"key", "list", "--owner", owner.ID}, {"--json", "key", "list", "--owner", owner.ID},
+		{"owner", "list"}, {"--json", "owner", "list"}, {"platform", "list"}, {"--json", "platform", "list"},
+	} {
+		var stdout bytes.Buffer
+		if err := run(context.Background(), args, func(string) string { return dsn }, strings.NewReader(""), &stdout); err != nil {
+			t.Fatalf("exportctl %v = %v", args, err)
+		}
+		found := stamp.FindAllStringSubmatch(stdout.String()+"\n", -1)
+		if len(found) == 0 && args[len(args)-2] != "revoke" {
+			t.Errorf("exportctl %v printed %q: no time in it", args, stdout.String())
+		}
+		for _, m := range found {
+			if m[2] != "Z" {
+				t.Errorf("exportctl %v printed %q, in zone %q: want UTC (Z)", args, m[0], m[2])
+			}
 		}
 	}
 }

@@ -128,6 +128,7 @@ func list(ctx context.Context, e *env, args []string, name, query string) error 
 	all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (listed, error) {
 		var l listed
 		err := row.Scan(&l.ID, &l.Name, &l.CreatedAt)
+		l.CreatedAt = l.CreatedAt.UTC() // pgx gives the host's zone
 		return l, err
 	})
 	if err != nil {
@@ -140,7 +141,7 @@ func list(ctx context.Context, e *env, args []string, name, query string) error 
 		return emit(e.out, true, all, "")
 	}
 	for _, l := range all {
-		fmt.Fprintf(e.out, "%s  %s  %q\n", l.ID, l.CreatedAt.UTC().Format(time.RFC3339), l.Name)
+		fmt.Fprintf(e.out, "%s  %s  %q\n", l.ID, l.CreatedAt.Format(time.RFC3339), l.Name)
 	}
 	return nil
 }
