@@ -84,7 +84,21 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("create key: %w", keyCreateError(err, *owner, *platform))
 	}
-	return emit(e.out, *asJSON, k, fmt.Sprintf("key %s (%s)\n%s\nThis secret is shown once: store it now.", k.ID, strings.Join(scopes, ","), secret))
+	err = emit(e.out, *asJSON, k, fmt.Sprintf("key %s (%s)\n%s\nThis secret is shown once: store it now.", k.ID, strings.Join(scopes, ","), secret))
+	if err != nil {
+		return unprintedKey(ctx, e, k.ID, err)
+	}
+	return nil
+}
+
+// unprintedKey revokes a key whose secret could not be printed (a full
+// disk, a closed pipe): nobody holds the secret, and the key stayed
+// active, with the write's error alone to tell why.
+func unprintedKey(ctx context.Context, e *env, id string, printErr error) error {
+	if _, err := e.pool.Exec(ctx, "UPDATE api_keys SET revoked_at = now() WHERE id = $1::uuid", id); err != nil {
+		return fmt.Errorf("key %s was made, but its secret could not be printed (%w), nor the key revoked (%w): revoke it", id, printErr, err)
+	}
+	return fmt.Errorf("key %s was made, but its secret could not be printed (%w): revoked it; run key create again", id, printErr)
 }
 
 // keyCreateError names the owner or platform that does not exist instead

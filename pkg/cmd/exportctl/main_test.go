@@ -478,6 +478,29 @@ func TestKeyRevokeByKey(t *testing.T) {
 	}
 }
 
+// A key whose secret could not be printed (a full disk, a closed pipe)
+// is revoked at once: nobody holds its secret, and it stayed active in key
+// list with the command's error alone to tell why.
+func TestKeyCreateRevokesAKeyItCouldNotPrint(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	full := writerFunc(func([]byte) (int, error) { return 0, errors.New("no space left on device") })
+	err := run(context.Background(), []string{"key", "create", "--owner", owner.ID, "--scope", "export:read"},
+		func(string) string { return dsn }, strings.NewReader(""), full)
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "revoked it") {
+		t.Errorf("key create printing to a full disk = %v, want the write's error and that the key was revoked", err)
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
+		t.Errorf("key list after the key could not be printed = %+v, %v; want the one key, revoked", keys, err)
+	}
+}
+
+// writerFunc is a function as an io.Writer.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
 // key revoke - reads the key (or its id) from standard input, which keeps
 // a key that is still valid out of ps and the shell's history.
 func TestKeyRevokeReadsTheKeyFromStandardInput(t *testing.T) {
