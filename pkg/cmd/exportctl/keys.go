@@ -65,8 +65,8 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 		// route looks at: a mistake for a sales key, most likely.
 		return fmt.Errorf("%w: --platform binds a sales:write key; an export:read key is bound to its owner only", errUsage)
 	}
-	if !isUUID(*owner) {
-		return fmt.Errorf("%w: --owner %q is not an owner id (a UUID)", errUsage, *owner)
+	if err := ownerExists(ctx, e, *owner); err != nil {
+		return err
 	}
 	secret, prefix, err := apikey.Generate(scopes)
 	if err != nil {
@@ -164,7 +164,7 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
 		WHERE `+where+` RETURNING id::text, revoked_at, revoked_at <> now()`, param).Scan(&id, &revokedAt, &already)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return errors.New(notFound)
+		return errors.New(notFound + idMixUp(ctx, e, strings.TrimSpace(arg)))
 	}
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)

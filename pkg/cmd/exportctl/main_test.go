@@ -348,6 +348,31 @@ func TestMistakesAreNamed(t *testing.T) {
 	}
 }
 
+// Both ids are UUIDs: an owner's id given to key revoke, or a key's id
+// given as --owner, is named for what it is, not only as "no key" or "no
+// owner" with that id.
+func TestOwnerAndKeyIDsMixedUpAreNamed(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	var key createdKey
+	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"key", "revoke", owner.ID}, "no key with id " + `"` + owner.ID + `": it is an owner's id`},
+		{[]string{"key", "list", "--owner", key.ID}, "no owner with id " + `"` + key.ID + `": it is a key's id`},
+		{[]string{"key", "create", "--owner", key.ID, "--scope", "export:read"}, "no owner with id " + `"` + key.ID + `": it is a key's id`},
+		{[]string{"items", "import", "--owner", key.ID, "--file", "-"}, "no owner with id " + `"` + key.ID + `": it is a key's id`},
+	} {
+		if err := cli(t, dsn, "", nil, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("exportctl %v = %v, want it to say %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 // A command missing several flags names the first the usage lists, the
 // same one every time (a map of them named one at random).
 func TestMissingFlagsAreNamedInUsageOrder(t *testing.T) {

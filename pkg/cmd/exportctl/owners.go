@@ -172,9 +172,33 @@ func ownerExists(ctx context.Context, e *env, owner string) error {
 		return err
 	}
 	if !found {
-		return fmt.Errorf("no owner with id %q", owner)
+		hint := idMixUp(ctx, e, owner)
+		if hint == "" {
+			hint = " (owner list lists the owners; owner create makes one)"
+		}
+		return fmt.Errorf("no owner with id %q%s", owner, hint)
 	}
 	return nil
+}
+
+// idMixUp says, after a command found no owner or no key of the id it was
+// given, that the id is the other's: both are UUIDs, and an owner's id
+// given to key revoke, or a key's as --owner, was refused as "no such"
+// alone. It is "" for an id of neither, or when the look-up fails (the
+// refusal says enough then).
+func idMixUp(ctx context.Context, e *env, id string) string {
+	var owner, key bool
+	if !isUUID(id) || e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM owners WHERE id = $1::uuid),
+		EXISTS (SELECT FROM api_keys WHERE id = $1::uuid)`, id).Scan(&owner, &key) != nil {
+		return ""
+	}
+	switch {
+	case owner:
+		return fmt.Sprintf(": it is an owner's id (key list --owner %s lists its keys)", id)
+	case key:
+		return ": it is a key's id (owner list lists the owners)"
+	}
+	return ""
 }
 
 // uuidPattern is a UUID as PostgreSQL prints it (either case): the
