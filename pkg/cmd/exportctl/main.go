@@ -180,11 +180,11 @@ func withCause(err error) error {
 	return err
 }
 
-// wantsHelp reports "exportctl help", or -h or --help anywhere (before a
-// "--"), as "exportctl key create -h": the usage is printed whatever
-// else is given, and without a database.
+// wantsHelp reports "exportctl help" (with a command after it or not),
+// or -h or --help anywhere (before a "--"), as "exportctl key create -h":
+// the usage is printed whatever else is given, and without a database.
 func wantsHelp(args []string) bool {
-	if len(args) == 1 && args[0] == "help" {
+	if len(args) >= 1 && args[0] == "help" {
 		return true
 	}
 	for _, a := range args {
