@@ -143,7 +143,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	defer pool.Close()
 	err = commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest)
-	return withCause(withMigrationsMissing(ctx, pool, dsn, err))
+	if name != "migrate" { // a migration failing on a missing table needs other advice than "run migrate"
+		err = withMigrationsMissing(ctx, pool, dsn, err)
+	}
+	return withCause(err)
 }
 
 // withMigrationsMissing adds to a command's error, when PostgreSQL found
