@@ -249,6 +249,17 @@ func newOwner(t *testing.T, dsn string) createdOwner {
 	return owner
 }
 
+// newReadKey creates an owner (newOwner) and an export:read key of it.
+func newReadKey(t *testing.T, dsn string) (createdOwner, createdKey) {
+	t.Helper()
+	owner := newOwner(t, dsn)
+	var key createdKey
+	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
+		t.Fatal(err)
+	}
+	return owner, key
+}
+
 func countItems(t *testing.T, dsn, owner string) int {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -353,11 +364,7 @@ func TestMistakesAreNamed(t *testing.T) {
 // owner" with that id.
 func TestOwnerAndKeyIDsMixedUpAreNamed(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	owner := newOwner(t, dsn)
-	var key createdKey
-	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
-		t.Fatal(err)
-	}
+	owner, key := newReadKey(t, dsn)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -470,11 +477,7 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 // as well as the key's id, finds it by its hash, and prints only the id.
 func TestKeyRevokeByKey(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	owner := newOwner(t, dsn)
-	var key createdKey
-	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
-		t.Fatal(err)
-	}
+	owner, key := newReadKey(t, dsn)
 	var stdout bytes.Buffer
 	err := run(context.Background(), []string{"key", "revoke", key.Key},
 		func(string) string { return dsn }, strings.NewReader(""), &stdout)
@@ -530,11 +533,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // a key that is still valid out of ps and the shell's history.
 func TestKeyRevokeReadsTheKeyFromStandardInput(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	owner := newOwner(t, dsn)
-	var key createdKey
-	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
-		t.Fatal(err)
-	}
+	_, key := newReadKey(t, dsn)
 	for _, stdin := range []string{"", "\n", key.Key + "\n" + key.Key + "\n"} {
 		err := cli(t, dsn, stdin, nil, "key", "revoke", "-")
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "one line") || strings.Contains(err.Error(), key.Key[4:20]) {
@@ -554,11 +553,7 @@ func TestKeyRevokeReadsTheKeyFromStandardInput(t *testing.T) {
 // none is quoted when it holds most of a key.
 func TestKeyRevokeNamesWhatItWasGiven(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	owner := newOwner(t, dsn)
-	var key createdKey
-	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
-		t.Fatal(err)
-	}
+	owner, key := newReadKey(t, dsn)
 	last := key.Key[len(key.Key)-1:]
 	mistyped := key.Key[:len(key.Key)-1] + map[bool]string{true: "B", false: "A"}[last == "A"]
 	for _, tc := range []struct{ name, arg, want string }{
@@ -666,11 +661,7 @@ func TestKeyListShowsBinding(t *testing.T) {
 // 2026-11-30T08:49:34+01:00") where owner list and key revoke said UTC.
 func TestTimesArePrintedInUTC(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	owner := newOwner(t, dsn)
-	var key createdKey
-	if err := cli(t, dsn, "", &key, "key", "create", "--owner", owner.ID, "--scope", "export:read"); err != nil {
-		t.Fatal(err)
-	}
+	owner, key := newReadKey(t, dsn)
 	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
 		t.Fatal(err)
 	}
