@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/signal"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,6 +86,10 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("create key: %w", keyCreateError(err, *owner, *platform))
 	}
+	// A pipe whose reader has gone must fail the write, as a full disk
+	// does: by default Go ends a process writing to one on its stdout with
+	// SIGPIPE, before unprintedKey could revoke the key.
+	signal.Ignore(syscall.SIGPIPE)
 	err = emit(e.out, *asJSON, k, fmt.Sprintf("key %s (%s)\n%s\nThis secret is shown once: store it now.", k.ID, strings.Join(scopes, ","), secret))
 	if err != nil {
 		return unprintedKey(ctx, e, k.ID, err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -26,6 +27,10 @@ import (
 // TestMain runs the tests in a zone other than UTC, as on an operator's
 // laptop (set here, before any test's goroutine reads time.Local).
 func TestMain(m *testing.M) {
+	if os.Getenv(asExportctl) != "" { // a test's child process: exportctl itself (runExportctl)
+		main()
+		os.Exit(0)
+	}
 	time.Local = time.FixedZone("UTC+3", 3*60*60)
 	os.Exit(testenv.Run(m))
 }
@@ -522,6 +527,43 @@ func TestKeyCreateRevokesAKeyItCouldNotPrint(t *testing.T) {
 	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
 		t.Errorf("key list after the key could not be printed = %+v, %v; want the one key, revoked", keys, err)
 	}
+}
+
+// A key printed to a pipe whose reader has gone (a script's "| head -c0",
+// a terminal closed) is revoked as one printed to a full disk: Go ends a
+// process that writes to such a pipe on its stdout with SIGPIPE, before
+// the write's error reached key create, and the key stayed active.
+func TestKeyCreateRevokesAKeyItPrintedToAClosedPipe(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	read, write, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read.Close()
+	defer write.Close()
+	cmd := runExportctl(dsn, "key", "create", "--owner", owner.ID, "--scope", "export:read")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = write, &stderr
+	err = cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(stderr.String(), "revoked it") {
+		t.Errorf("key create printing to a closed pipe: %v (exit %d), stderr %q; want exit 1 saying the key was revoked", err, code, stderr.String())
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
+		t.Errorf("key list after the key was printed to a closed pipe = %+v, %v; want the one key, revoked", keys, err)
+	}
+}
+
+// asExportctl, set, makes the test binary exportctl (TestMain).
+const asExportctl = "EXPORTCTL_TEST_AS_MAIN"
+
+// runExportctl is exportctl run as a process of its own (the test binary,
+// asExportctl), for what only a process shows: its signals, its exit status.
+func runExportctl(dsn string, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asExportctl+"=1", "DATABASE_URL="+dsn)
+	return cmd
 }
 
 // writerFunc is a function as an io.Writer.
