@@ -101,6 +101,9 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 // disk, a closed pipe): nobody holds the secret, and the key stayed
 // active, with the write's error alone to tell why.
 func unprintedKey(ctx context.Context, e *env, id string, printErr error) error {
+	// Not stopped by Ctrl-C: an interrupted pipeline fails the print and
+	// the command at once, and the key would stay active.
+	ctx = context.WithoutCancel(ctx)
 	if _, err := e.pool.Exec(ctx, "UPDATE api_keys SET revoked_at = now() WHERE id = $1::uuid", id); err != nil {
 		return fmt.Errorf("key %s was made, but its secret could not be printed (%w), nor the key revoked (%w): revoke it", id, printErr, err)
 	}

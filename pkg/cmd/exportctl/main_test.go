@@ -513,19 +513,30 @@ func TestKeyRevokeByKey(t *testing.T) {
 
 // A key whose secret could not be printed (a full disk, a closed pipe)
 // is revoked at once: nobody holds its secret, and it stayed active in key
-// list with the command's error alone to tell why.
+// list with the command's error alone to tell why. So is one whose print
+// failed as Ctrl-C stopped it (a pipeline interrupted whole): the revoke
+// does not stop with the command.
 func TestKeyCreateRevokesAKeyItCouldNotPrint(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
-	owner := newOwner(t, dsn)
-	full := writerFunc(func([]byte) (int, error) { return 0, errors.New("no space left on device") })
-	err := run(context.Background(), []string{"key", "create", "--owner", owner.ID, "--scope", "export:read"},
-		func(string) string { return dsn }, strings.NewReader(""), full)
-	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "revoked it") {
-		t.Errorf("key create printing to a full disk = %v, want the write's error and that the key was revoked", err)
-	}
-	var keys []listedKey
-	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
-		t.Errorf("key list after the key could not be printed = %+v, %v; want the one key, revoked", keys, err)
+	for _, interrupted := range []bool{false, true} {
+		owner := newOwner(t, dsn)
+		ctx, cancel := context.WithCancel(context.Background())
+		full := writerFunc(func([]byte) (int, error) {
+			if interrupted {
+				cancel()
+			}
+			return 0, errors.New("no space left on device")
+		})
+		err := run(ctx, []string{"key", "create", "--owner", owner.ID, "--scope", "export:read"},
+			func(string) string { return dsn }, strings.NewReader(""), full)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "revoked it") {
+			t.Errorf("key create printing to a full disk (interrupted: %v) = %v, want the write's error and that the key was revoked", interrupted, err)
+		}
+		var keys []listedKey
+		if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt == nil {
+			t.Errorf("key list after the key could not be printed (interrupted: %v) = %+v, %v; want the one key, revoked", interrupted, keys, err)
+		}
 	}
 }
 
