@@ -262,8 +262,11 @@ type onlyOnce struct {
 }
 
 func (o *onlyOnce) Set(value string) error {
+	if o.set && o.name == "scope" {
+		return errors.New("--scope is given twice: it takes one value (join scopes with a comma)")
+	}
 	if o.set {
-		return fmt.Errorf("--%s is given twice: it takes one value (join scopes with a comma)", o.name)
+		return fmt.Errorf("--%s is given twice: it takes one value", o.name)
 	}
 	o.set = true
 	return o.Value.Set(value)

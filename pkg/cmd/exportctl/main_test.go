@@ -451,6 +451,10 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		if want := tc.flag + " is given twice"; !errors.Is(err, errUsage) || !strings.Contains(err.Error(), want) {
 			t.Errorf("exportctl %v = %v, want a usage error saying %q", tc.args, err, want)
 		}
+		// Joining with a comma is the advice for --scope alone.
+		if hint := "join scopes with a comma"; err != nil && strings.Contains(err.Error(), hint) != (tc.flag == "--scope") {
+			t.Errorf("exportctl %v = %v: %q is said of --scope alone", tc.args, err, hint)
+		}
 	}
 	// A switch given twice says the same thing twice: no harm.
 	if err := cli(t, dsn, "", nil, "--json", "key", "list", "--owner", owner.ID, "--json"); err != nil {
