@@ -138,8 +138,14 @@ func TestCheckOfADatabaseNeverMigrated(t *testing.T) {
 	if _, err := pool.Exec(ctx, "DROP TABLE goose_db_version"); err != nil {
 		t.Fatal(err)
 	}
-	if err := schema.Check(ctx, pool); err == nil || !strings.Contains(err.Error(), "run exportctl migrate") {
-		t.Errorf("Check = %v, want an error telling to run exportctl migrate", err)
+	// At version 0, as one migrated down to it: not "a table is missing".
+	database, build, err := schema.Versions(ctx, pool)
+	if err != nil || database != 0 {
+		t.Errorf("Versions = %d, %d, %v; want the database at 0", database, build, err)
+	}
+	want := fmt.Sprintf("the database is at version 0, this build needs %d: run exportctl migrate", build)
+	if err := schema.Check(ctx, pool); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Check = %v, want an error saying %q", err, want)
 	}
 	// A readiness probe writes nothing, even where goose would create its table.
 	var table *string
