@@ -186,8 +186,8 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt, "already_revoked": already}, text)
 }
 
-// oneLine reads key revoke -'s argument: the one line of stdin (a key
-// pasted, then Ctrl-D), which keeps a key that is still valid out of ps
+// oneLine reads key revoke -'s argument: the one line of stdin, to its end (a key
+// pasted, Enter, then Ctrl-D), which keeps a key that is still valid out of ps
 // and the shell's history. More than one line is refused, not read as its
 // first: another key after it would stay unrevoked.
 func oneLine(stdin io.Reader) (string, error) {
