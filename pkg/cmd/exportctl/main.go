@@ -183,10 +183,14 @@ func withCause(err error) error {
 	return err
 }
 
-// wantsHelp reports "exportctl help" (with a command after it or not),
-// or -h or --help anywhere (before a "--"), as "exportctl key create -h":
-// the usage is printed whatever else is given, and without a database.
+// wantsHelp reports "exportctl help" (with a command after it or not,
+// and a --json before it, as before any command), or -h or --help
+// anywhere (before a "--"), as "exportctl key create -h": the usage is
+// printed whatever else is given, and without a database.
 func wantsHelp(args []string) bool {
+	for len(args) >= 1 && isJSONFlag(args[0]) {
+		args = args[1:]
+	}
 	if len(args) >= 1 && args[0] == "help" {
 		return true
 	}

@@ -281,7 +281,7 @@ func countItems(t *testing.T, dsn, owner string) int {
 
 // Asking for help prints the usage and is no error, without a database.
 func TestHelpIsNoError(t *testing.T) {
-	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"help", "key", "create"}, {"key", "create", "-h"}, {"items", "seed", "--owner", "x", "--help"}} {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"help", "key", "create"}, {"--json", "help"}, {"--json", "help", "key", "create"}, {"key", "create", "-h"}, {"items", "seed", "--owner", "x", "--help"}} {
 		var stdout bytes.Buffer
 		err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout)
 		if err != nil || !strings.Contains(stdout.String(), "usage: exportctl") {
