@@ -88,7 +88,7 @@ func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {
 func itemsSeed(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("items seed", flag.ContinueOnError)
 	owner := fs.String("owner", "", "owner id")
-	count := fs.Int("count", 0, "how many items")
+	wanted := fs.Int("count", 0, "how many items")
 	seed := fs.Int64("seed", 1, "random seed (same seed, same items)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := flagsOnly(fs, args); err != nil {
@@ -97,14 +97,14 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	if err := required(fs, "owner"); err != nil {
 		return err
 	}
-	if *count <= 0 {
+	if *wanted <= 0 {
 		return fmt.Errorf("%w: --count must be a positive number of items", errUsage)
 	}
 	if err := ownerExists(ctx, e, *owner); err != nil {
 		return err
 	}
 	start := time.Now()
-	n, err := catalog.Seed(ctx, e.pool, *owner, *count, *seed)
+	n, err := catalog.Seed(ctx, e.pool, *owner, *wanted, *seed)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 		return fmt.Errorf("seed: the owner has items of seed %d already (ids s%d-…): nothing seeded; pick another --seed", *seed, *seed)
@@ -114,7 +114,7 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	}
 	took := time.Since(start)
 	return emit(e.out, *asJSON, map[string]any{"seeded": n, "seconds": took.Seconds()},
-		fmt.Sprintf("seeded %d items in %s", n, took.Round(time.Millisecond)))
+		fmt.Sprintf("seeded %s in %s", count(int(n), "item"), took.Round(time.Millisecond)))
 }
 
 // itemsRestamp stamps every item of one owner, or of every owner, anew:

@@ -165,9 +165,15 @@ func TestItemsImportAndSeed(t *testing.T) {
 	if err := cli(t, dsn, "", &seeded, "items", "seed", "--owner", owner.ID, "--count", "500", "--seed", "7"); err != nil {
 		t.Fatalf("items seed = %v", err)
 	}
+	text.Reset()
+	err = run(context.Background(), []string{"items", "seed", "--owner", owner.ID, "--count", "1", "--seed", "8"},
+		func(string) string { return dsn }, strings.NewReader(""), &text)
+	if want := "seeded 1 item in "; err != nil || !strings.HasPrefix(text.String(), want) {
+		t.Errorf("seed of one item printed %q, %v; want %q…", text.String(), err, want)
+	}
 	count := countItems(t, dsn, owner.ID)
-	if count != 4+500 {
-		t.Errorf("owner has %d items, want 504 (4 imported, none of the bad file, 500 seeded)", count)
+	if count != 4+500+1 {
+		t.Errorf("owner has %d items, want 505 (4 imported, none of the bad file, 501 seeded)", count)
 	}
 }
 
