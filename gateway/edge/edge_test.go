@@ -3022,6 +3022,11 @@ func TestAPageWithoutALengthIsHeldWithinTheBudget(t *testing.T) {
 	if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); !strings.Contains(line, `"status":503`) || !strings.Contains(line, `"error_code":"unavailable"`) {
 		t.Errorf("its access line %s, want status 503 and error_code unavailable", line)
 	}
+	// Its cause is logged, as every 5xx's is: the access line names the
+	// instance the answer came from, which is not why it was refused.
+	if cause := grep([]byte(gw.Logs.String()), `"msg":"request failed"`); !strings.Contains(cause, r.Env.Meta.RequestID) || !strings.Contains(cause, "other answers held whole") {
+		t.Errorf("the 503's cause line: %q, want one with its request id saying what the answers held", cause)
+	}
 	metrics := scrape(t, gw.AdminURL)
 	for _, series := range strings.Split(grep(metrics, "gateway_upstream_errors_total{"), "\n") {
 		if !strings.HasSuffix(series, " 0") {

@@ -210,7 +210,9 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 	var fe *fiber.Error
 	switch {
 	case errors.As(err, &ae):
-		return ae, false
+		// The gateway's own answers are not worth a line, but for the one
+		// 5xx that has a cause of its own: its figures (heldPageEnd.refuse).
+		return ae, ae == errAnswersHeldFull
 	case errors.Is(err, keystore.ErrUnauthenticated):
 		return errUnauthenticated, false
 	case errors.Is(err, errKeyLookup) && errors.Is(err, errSaleNothingApplied):

@@ -300,6 +300,16 @@ func (e *heldPageEnd) growTo(page *bytebufferpool.ByteBuffer, n int) bool {
 	return true
 }
 
+// refuse counts an answer without a length refused for the budget, read
+// bytes of it read, and is its error: errAnswersHeldFull, with the figures
+// that say why for the cause's log line (the access line names only the
+// instance the answer came from).
+func (e *heldPageEnd) refuse(read int) error {
+	e.budget.refused.Add(1)
+	return fmt.Errorf("%w: %d bytes of an answer without a length read, %d bytes of other answers held whole, of at most %d",
+		errAnswersHeldFull, read, e.budget.bytesHeld()-e.held, e.budget.limit)
+}
+
 // grownTo is b with room for n bytes, its bytes kept: a slice made for n
 // alone, whose capacity is n rounded up to its size class. Grown by
 // append (slices.Grow on b), a buffer that held something grew by steps
@@ -451,8 +461,7 @@ func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *
 	// fit in a buffer of up to maxPooledPage was counted nothing, and
 	// relayed while other answers held the budget.
 	if !held.growTo(page, cap(page.B)) {
-		held.budget.refused.Add(1)
-		return errAnswersHeldFull
+		return held.refuse(0)
 	}
 	for {
 		if len(page.B) == cap(page.B) {
@@ -461,8 +470,7 @@ func readWithoutLength(stream io.Reader, page *bytebufferpool.ByteBuffer, held *
 			}
 			next := min(max(2*cap(page.B), firstReadWithoutLength), limit+1)
 			if !held.growTo(page, next) {
-				held.budget.refused.Add(1)
-				return errAnswersHeldFull
+				return held.refuse(len(page.B))
 			}
 		}
 		n, err := stream.Read(page.B[len(page.B):cap(page.B)])
