@@ -166,7 +166,7 @@ func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *rat
 func (m *metrics) watchHeldAnswers(answers *byteBudget) {
 	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gateway_answers_held_bytes",
-		Help: fmt.Sprintf("Bytes of answers the gateway holds whole while their clients read them (list pages and items over 16 KiB, answers without a length), counted by their buffers: at most %d (32 MiB), with allocation rounding.", answers.limit),
+		Help: fmt.Sprintf("Bytes of answers the gateway holds whole while their clients read them (list pages and items over 16 KiB, answers without a length), counted by their buffers: at most %d (%d MiB), with allocation rounding.", answers.limit, answers.limit>>20),
 	}, func() float64 { return float64(answers.bytesHeld()) }))
 	for way, count := range map[string]*atomic.Uint64{"streamed": &answers.streamed, "refused": &answers.refused} {
 		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
