@@ -21,6 +21,11 @@ func TestHeldStructuresShowOnMetrics(t *testing.T) {
 	wantSeries(t, scrape(t, gw.AdminURL), "gateway_",
 		"gateway_key_cache_entries 0", "gateway_ratelimit_leases 0", "gateway_ratelimit_local_keys 0",
 		"gateway_answers_held_bytes 0", `gateway_answers_past_held_limit_total{way="refused"} 0`, `gateway_answers_past_held_limit_total{way="streamed"} 0`)
+	// Their bounds too, which the alerts read the gauges against: a bound
+	// written into a rule would go on alerting at the old figure once the
+	// code changed it.
+	wantSeries(t, scrape(t, gw.AdminURL), "gateway_",
+		"gateway_answers_held_max_bytes 3.3554432e+07", "gateway_ratelimit_max_leases 100000")
 
 	items := gw.URL + "/v1/export/items"
 	for _, key := range []string{k.read, k.write, k.revoked, k.unknown} {

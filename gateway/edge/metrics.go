@@ -151,6 +151,7 @@ func (m *metrics) watchHeld(keys *keystore.Store, keyCacheSize int, limiter *rat
 		Name: "gateway_ratelimit_leases",
 		Help: fmt.Sprintf("Rate-limit leases held (one per key and client address used in the last 10 to 15 s, or holding units or a refusal not yet past): at most %d; past it a new key's decisions go to Redis one by one.", ratelimit.MaxLeases),
 	}, func() float64 { return float64(limiter.Leases()) }))
+	m.registry.MustRegister(bound("gateway_ratelimit_max_leases", "gateway_ratelimit_leases", ratelimit.MaxLeases))
 	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gateway_ratelimit_local_keys",
 		Help: fmt.Sprintf("Keys and client addresses whose windows the in-process fallback limiter holds (filled only while Redis is unusable): at most %d, in two generations of half as many.", ratelimit.MaxLocalKeys),
@@ -168,6 +169,7 @@ func (m *metrics) watchHeldAnswers(answers *byteBudget) {
 		Name: "gateway_answers_held_bytes",
 		Help: fmt.Sprintf("Bytes of answers the gateway holds whole while their clients read them (list pages and items over 16 KiB, answers without a length), counted by their buffers: at most %d (%d MiB), with allocation rounding.", answers.limit, answers.limit>>20),
 	}, func() float64 { return float64(answers.bytesHeld()) }))
+	m.registry.MustRegister(bound("gateway_answers_held_max_bytes", "gateway_answers_held_bytes", answers.limit))
 	for way, count := range map[string]*atomic.Uint64{"streamed": &answers.streamed, "refused": &answers.refused} {
 		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "gateway_answers_past_held_limit_total",
@@ -175,6 +177,17 @@ func (m *metrics) watchHeldAnswers(answers *byteBudget) {
 			ConstLabels: prometheus.Labels{"way": way},
 		}, func() float64 { return float64(count.Load()) }))
 	}
+}
+
+// bound exports the bound of the gauge named of as a series of its own, as
+// pgxpool_max_conns and process_max_fds are: the alerts read the gauge
+// against it, where a figure written into a rule would go on alerting at
+// the old bound once the code changed it.
+func bound(name, of string, limit int) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: name,
+		Help: fmt.Sprintf("The bound of %s: %d.", of, limit),
+	}, func() float64 { return float64(limit) })
 }
 
 // statusClass turns 404 into "4xx".
