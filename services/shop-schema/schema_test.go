@@ -818,7 +818,9 @@ func startHandler(t *testing.T, h http.Handler) string {
 
 // shop_schema_reads_total counts every read by its outcome (README,
 // "Metric"): ok, or the code answered, a body refused before any shop was
-// asked included.
+// asked included. The refusal for every slot taken (rate_limited) shows
+// at 0 from the start: an alert on its rate needs the series before the
+// first one.
 func TestReadsAreCountedByOutcome(t *testing.T) {
 	shop := fakeshop.Sample("8", false)
 	shop.Start(t.Cleanup)
@@ -836,6 +838,7 @@ func TestReadsAreCountedByOutcome(t *testing.T) {
 # TYPE shop_schema_reads_total counter
 shop_schema_reads_total{outcome="invalid_body"} 1
 shop_schema_reads_total{outcome="ok"} 2
+shop_schema_reads_total{outcome="rate_limited"} 0
 shop_schema_reads_total{outcome="shop_401"} 1
 `), "shop_schema_reads_total")
 	if err != nil {

@@ -39,12 +39,10 @@ var shopStatus = map[prestashop.Kind]int{
 // host is the shop's host as the log may name it (shopschema.Service.Host).
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID, host string) string {
 	if errors.Is(err, errBusy) {
-		// The gateway's own rate limit answers the same code.
-		const code = "rate_limited"
 		w.Header().Set("Retry-After", "1")
-		envelope.WriteError(w, http.StatusTooManyRequests, code,
+		envelope.WriteError(w, http.StatusTooManyRequests, busyCode,
 			"too many shop schema reads in progress; retry with backoff", requestID)
-		return code
+		return busyCode
 	}
 	if errors.Is(err, httpserver.ErrBodyTooLarge) {
 		// 413, as the sales routes answer it.
