@@ -31,7 +31,7 @@ const (
 
 // HeaderPrefix starts every header this package writes. A client's headers
 // with it never reach a service: the gateway forwards only the few headers
-// of its allowlist (forwardedHeaders, gateway/edge/proxy.go).
+// of its allowlist (forwardedHeaders, gateway/edge/outbound.go).
 const HeaderPrefix = "X-Identity-"
 
 // Header names of the signed identity.
