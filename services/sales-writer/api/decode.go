@@ -28,6 +28,15 @@ const (
 	maxNameInMessage   = 64
 )
 
+// holdsAPIKey ends the refusal of an Idempotency-Key or external_order_id
+// holding a well-formed API key (a client that pasted its key in the wrong
+// place). Both are stored as sent, for the retention and in the sale's
+// row, where a key would sit in plain text beside the hashes kept of keys
+// (spec 5: never in logs or the like). Only a whole key, checksum and all,
+// is refused: a value that merely starts like one (an order numbered
+// "CXR-…") is an order id like any other, masked in logs only.
+const holdsAPIKey = "holds an API key: send the key only as X-API-Key, and revoke this one, as it may have been logged on its way here"
+
 // Error codes of a bad request.
 const (
 	codeInvalidBody        = "invalid_body"
@@ -49,7 +58,7 @@ func decode(w http.ResponseWriter, r *http.Request, op sales.Operation) (sales.R
 	// 400); its own refusal still comes after those of the query and the
 	// Content-Type, as before.
 	key, keyErr := idempotencyKey(r.Header.Values("Idempotency-Key"))
-	if keyErr == nil {
+	if key != "" {
 		httpserver.AnnotateClientValue(w, r, "idempotency_key", key)
 	}
 	if r.URL.RawQuery != "" {
@@ -186,6 +195,11 @@ func idempotencyKey(values []string) (string, error) {
 	if len(values[0]) > maxIdempotencyKey {
 		return "", badRequest(codeInvalidKey, "Idempotency-Key must be at most 128 characters")
 	}
+	if apikey.ContainsKey(values[0]) {
+		// Returned with its refusal, so that the call's line says
+		// "[holds an API key]" where the key would have been.
+		return values[0], badRequest(codeInvalidKey, "Idempotency-Key "+holdsAPIKey)
+	}
 	return values[0], nil
 }
 
@@ -312,6 +326,9 @@ func externalOrderID(value jsontext.Value) (string, error) {
 	if strings.ContainsRune(s, 0) {
 		// PostgreSQL text cannot hold NUL.
 		return "", badRequest(codeInvalidBody, "external_order_id must not contain NUL characters")
+	}
+	if apikey.ContainsKey(s) {
+		return "", badRequest(codeInvalidBody, "external_order_id "+holdsAPIKey)
 	}
 	return s, nil
 }

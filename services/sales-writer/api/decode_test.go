@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
@@ -303,6 +304,9 @@ func referenceKey(values []string) string {
 		if c < ' ' || c > '~' {
 			return "not printable ASCII"
 		}
+	}
+	if apikey.ContainsKey(values[0]) {
+		return "holds an API key"
 	}
 	return ""
 }

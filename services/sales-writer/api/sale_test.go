@@ -803,7 +803,11 @@ func TestAccessLinesNameTheCall(t *testing.T) {
 		{call{op: "confirm", item: "coin-1", key: "k-type", contentType: "text/plain", body: order1},
 			`"error_code":"invalid_content_type","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"k-type"}`},
 		{call{op: "confirm", item: "coin-1", key: apiKey, body: `{"external_order_id":"` + apiKey + `"}`},
-			`"item_id":"coin-1","idempotency_key":"[holds an API key]","external_order_id":"[holds an API key]"}`},
+			`"error_code":"invalid_idempotency_key","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"[holds an API key]"}`},
+		{call{op: "confirm", item: "coin-1", key: "k-pasted", body: `{"external_order_id":"` + apiKey + `"}`},
+			`"error_code":"invalid_body","owner_id":"` + f.owner + `","item_id":"coin-1","idempotency_key":"k-pasted"}`},
+		{call{op: "confirm", item: "coin-1", key: "k-masked", body: `{"external_order_id":"cxw_ORDER000000000000000000000000000001"}`},
+			`"item_id":"coin-1","idempotency_key":"k-masked","external_order_id":"[holds an API key]"}`},
 	}
 	for _, c := range calls {
 		c.call.id = f.writer("market-a")

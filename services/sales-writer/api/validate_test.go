@@ -24,6 +24,12 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 	readOnly := w
 	readOnly.Scopes = []string{identity.ScopeExportRead}
 	anonymous := identity.Identity{RequestID: "req-anon"}
+	// A platform's own key pasted in the wrong place: stored as sent, it
+	// would sit in plain text in idempotency_records or sales.
+	pastedKey, _, err := apikey.Generate([]string{identity.ScopeSalesWrite})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	tests := []struct {
 		name       string
@@ -41,6 +47,8 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"key of 128 Cyrillic letters", call{key: strings.Repeat("я", 128), body: good}, 400, "invalid_idempotency_key", "printable ASCII"},
 		{"key with a tab", call{key: "a\tb", body: good}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"two keys", call{body: good, header: http.Header{"Idempotency-Key": {"k1", "k2"}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
+		{"key holding an API key", call{key: "retry-" + pastedKey, body: good}, 400, "invalid_idempotency_key", "holds an API key"},
+		{"order id holding an API key", call{key: "k", body: `{"external_order_id":"` + pastedKey + `"}`}, 400, "invalid_body", "holds an API key"},
 		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type"},
 		{"text content type", call{key: "k", body: good, contentType: "text/plain"}, 400, "invalid_content_type", "Content-Type"},
 		{"form content type", call{key: "k", body: good, contentType: "application/x-www-form-urlencoded"}, 400, "invalid_content_type", "Content-Type"},
@@ -174,6 +182,9 @@ func TestOrderIDIsTheTextSent(t *testing.T) {
 		{"literal U+FFFD", "\uFFFD", "\uFFFD"},
 		{"128 escaped emoji", strings.Repeat(`\ud83d\ude00`, 128), strings.Repeat("😀", 128)},
 		{"128 literal emoji", strings.Repeat("😀", 128), strings.Repeat("😀", 128)},
+		// Shaped like a key but no key (its checksum fails): an order id
+		// like any other, refused only when it holds a whole key.
+		{"starts like an API key", "cxw_ORDER000000000000000000000000000001", "cxw_ORDER000000000000000000000000000001"},
 	}
 	for i, tt := range tests {
 		item := fmt.Sprintf("coin-%d", i)
