@@ -1,0 +1,256 @@
+package edge
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/tracestore"
+)
+
+func TestShutdownDrainsInFlightRequests(t *testing.T) {
+	g, _, logs := startInternal(t, nil, fakeKeys{})
+	url := "http://" + g.Addr() + "/v1/export/items?slow=1"
+	key := wellFormedKey(t)
+	status := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			status <- 0
+			return
+		}
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	waitInFlight(t, g, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown() = %v, want nil", err)
+	}
+	if got := <-status; got != 200 {
+		t.Fatalf("in-flight request during shutdown = %d, want 200", got)
+	}
+	if _, err := http.Get("http://" + g.Addr() + "/v1/health"); err == nil {
+		t.Error("a new request after shutdown was served, want connection refused")
+	}
+	if !logLine(logs.String(), `"msg":"draining"`, `"in_flight":1`) || strings.Contains(logs.String(), "cut off") {
+		t.Errorf("logs = %s, want draining with in_flight 1 and nothing cut off", logs.String())
+	}
+}
+
+// A Shutdown right after Start (a stop signal while the gateway started,
+// with no GATEWAY_SHUTDOWN_DELAY) closes the public listener too: fasthttp's
+// Shutdown closes only the listeners its Serve has taken, and Serve runs in
+// a goroutine of its own, which may not have reached that yet. The listener
+// then stayed open, served by a Serve no one stops.
+func TestShutdownRightAfterStartClosesTheListener(t *testing.T) {
+	for run := range 20 { // the race is lost now and then: a few runs show it
+		g, _, _ := startInternal(t, nil, fakeKeys{})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := g.Shutdown(ctx); err != nil {
+			t.Fatalf("Shutdown() = %v, want nil", err)
+		}
+		cancel()
+		// Long enough for a late Serve to have taken the listener.
+		time.Sleep(50 * time.Millisecond)
+		if conn, err := net.Dial("tcp", g.Addr()); err == nil {
+			conn.Close()
+			t.Fatalf("run %d: the public address accepts connections after Shutdown", run)
+		}
+	}
+}
+
+// An answer the drain waits for says Connection: close. fasthttp closes
+// the connection once it is written; said without the header, the client
+// takes the connection for kept alive and sends its next request on it,
+// into a connection closing under it: a POST is then lost without an
+// answer, and the client cannot tell whether it arrived. Told, it opens a
+// new connection, which a stopped gateway refuses, a failure that is safe
+// to retry elsewhere.
+func TestDrainedAnswerClosesItsConnection(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	conn, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := "GET /v1/export/items?slow=1 HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + wellFormedKey(t) + "\r\n\r\n"
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	waitInFlight(t, g, 1)
+	stopped := make(chan error, 1)
+	go func() { stopped <- g.Shutdown(context.Background()) }()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("in-flight request during the drain: %v, want its answer", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("answer during the drain = %d, Connection %q; want 200 with Connection: close",
+			resp.StatusCode, resp.Header.Get("Connection"))
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Shutdown() = %v, want nil", err)
+	}
+}
+
+// From the stop signal on (Drain, GATEWAY_SHUTDOWN_DELAY), every answer
+// says Connection: close, its 200s included, and the connection is
+// closed after it: a client that keeps its connections (nginx's to its
+// upstreams) lets each go at its next answer instead of holding it idle
+// until the drain closes it, maybe as it sends a POST on it, which is
+// then lost unanswered (nginx does not send a POST again: its 502). A
+// HEAD's answer and that of a method Fiber does not know (answered
+// outside Fiber's routing: answerUnknownMethods) say it too.
+func TestAnswersWhileDrainingCloseTheirConnection(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	key := wellFormedKey(t)
+	requests := []struct {
+		method string
+		status int
+	}{{"GET", 200}, {"HEAD", 200}, {"FOO", 405}}
+	for _, draining := range []bool{false, true} {
+		if draining {
+			g.Drain()
+		}
+		for _, rq := range requests {
+			conn, err := net.Dial("tcp", g.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			head := rq.method + " /v1/export/items HTTP/1.1\r\nHost: gateway\r\nX-API-Key: " + key + "\r\n\r\n"
+			if _, err := io.WriteString(conn, head); err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, &http.Request{Method: rq.method})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			// After Connection: close, the gateway closes its end: the
+			// next read sees the end of the stream.
+			closed := false
+			if draining {
+				_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := br.ReadByte()
+				closed = err == io.EOF
+			}
+			conn.Close()
+			if resp.StatusCode != rq.status || resp.Close != draining || closed != draining {
+				t.Errorf("draining %v: %s = %d, Connection %q, connection closed %v; want %d, Connection: close and closed only while draining",
+					draining, rq.method, resp.StatusCode, resp.Header.Get("Connection"), closed, rq.status)
+			}
+		}
+	}
+}
+
+// Shutdown closes an idle kept-alive connection at once, also when its
+// client neither sends nor closes: the connection's goroutine, blocked
+// reading, returns as soon as the connection is closed, although the
+// socket lingers (gateway/lingerclose).
+func TestShutdownLetsGoOfASilentIdleConnection(t *testing.T) {
+	g, _, _ := startInternal(t, nil, fakeKeys{})
+	conn, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	time.Sleep(1100 * time.Millisecond) // fasthttp's idle bookkeeping counts in whole seconds
+	start := time.Now()
+	if err := g.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown() = %v, want nil", err)
+	}
+	// Lingering, the drain would hold it for lingerclose.Defaults.IdleTimeout (2 s).
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Errorf("Shutdown with a silent idle client took %v, want it let go at once (about 0.1 s)", took)
+	}
+}
+
+// A drain that runs out of time says how many requests it cut off: their
+// clients saw the connection close, and they get no access line.
+func TestShutdownSaysWhatItCutOff(t *testing.T) {
+	g, _, logs := startInternal(t, nil, fakeKeys{})
+	shutDownCuttingOffOne(t, g, wellFormedKey(t))
+	if !logLine(logs.String(), `"msg":"drain timed out: requests cut off"`, `"cut_off":1`) {
+		t.Errorf("logs = %s, want a drain timed out line with cut_off 1", logs.String())
+	}
+}
+
+// A drain that runs out of time still leaves the last spans their own
+// time to reach the collector: those of the requests around the stop are
+// the ones an SRE looks for. The flush shared the drain's deadline, and
+// with none of it left, the spans still queued were dropped unsent.
+func TestShutdownFlushesSpansAfterADrainThatTimedOut(t *testing.T) {
+	store := tracestore.New(nil, 0)
+	collector := httptest.NewServer(store)
+	defer collector.Close()
+	// The exporter and its batcher read the process's environment.
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "60000") // queued until the last flush
+	g, _ := startWithHook(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL},
+		func(g *Gateway) { g.keys = fakeKeys{} })
+	key := wellFormedKey(t)
+	served, _ := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{"X-API-Key": key})
+	requestID := served.Header.Get("X-Request-Id")
+	shutDownCuttingOffOne(t, g, key)
+	if spans := store.Trace(requestID); len(spans) == 0 {
+		t.Errorf("spans of request %q at the collector once Shutdown returned: none, want its trace", requestID)
+	}
+}
+
+// shutDownCuttingOffOne stops g with one request (sent with key) still
+// waiting on the upstream, so that the drain runs out of time.
+func shutDownCuttingOffOne(t *testing.T, g *Gateway, key string) {
+	t.Helper()
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+g.Addr()+"/v1/export/items?slow=1", nil)
+		req.Header.Set("X-API-Key", key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitInFlight(t, g, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := g.Shutdown(ctx); err == nil {
+		t.Error("Shutdown() = nil with a request still in flight at its deadline, want an error")
+	}
+}
+
+// waitInFlight waits until g has n requests in its handler, so that a stop
+// comes while they are in flight (startWithHook's upstream answers a slow
+// one 0.5 s after it arrives). A fixed 200 ms for the client's goroutine
+// to get its request there was too short on a loaded machine: the stop
+// came first, and the request was refused, or the drain had nothing to
+// wait for.
+func waitInFlight(t *testing.T, g *Gateway, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); g.inFlight.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests in flight after 10 s, want %d", g.inFlight.Load(), n)
+		}
+	}
+}
