@@ -44,7 +44,11 @@ type Client struct {
 	Lang    string        // default ENG
 	Limit   int           // default 100
 	Overlap time.Duration // default DefaultOverlap; negative means none
-	Now     func() time.Time
+	// PageTimeout bounds one attempt at a page, its body read included:
+	// past it the page is asked for again, as after a network error.
+	// Default DefaultPageTimeout; negative means none.
+	PageTimeout time.Duration
+	Now         func() time.Time
 	// Retries is how many times one page is asked for again after a 5xx,
 	// a 408 or a network error, before the sync gives up. A 429 is asked
 	// for again once its Retry-After has passed, as often as it comes, and
@@ -60,6 +64,14 @@ type Client struct {
 
 // DefaultRetries is Client.Retries when unset.
 const DefaultRetries = 8
+
+// DefaultPageTimeout is Client.PageTimeout when unset. Without a bound an
+// answer that never comes (a connection dropped without a word) holds the
+// run for ever: http.DefaultClient has no timeout. Well above the 5 s the
+// sync guide asks for (a first page may wait 2 s for the owner's writes)
+// and the gateway's own 504 at UPSTREAM_READ_TIMEOUT (30 s), leaving time
+// to read a 4 MiB page over a slow link.
+const DefaultPageTimeout = 60 * time.Second
 
 // The waits between attempts: a 429's Retry-After when it has one, else
 // doubling from firstBackoff to longestBackoff, and never less than a 5xx's
@@ -194,6 +206,11 @@ func retryDelay(err error, attempt int) (time.Duration, bool) {
 }
 
 func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
+	if d := c.pageTimeout(); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.BaseURL+"/export/items?"+q.Encode(), nil)
 	if err != nil {
 		return pageBody{}, err
@@ -306,6 +323,8 @@ func (c *Client) limit() int {
 }
 
 func (c *Client) overlap() time.Duration { return setting(c.Overlap, DefaultOverlap) }
+
+func (c *Client) pageTimeout() time.Duration { return setting(c.PageTimeout, DefaultPageTimeout) }
 
 // setting is a Client field's value in force: def when unset (zero), none
 // (zero) when negative.
