@@ -102,3 +102,26 @@ func acquire(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
 	t.Cleanup(c.Release)
 	return c.Conn()
 }
+
+// An import whose staging table ends before the count it staged (it
+// cannot, but writeStaged checks) says how many it wrote before: it
+// returned an error without the count, which exportctl read as "nothing
+// written".
+func TestImportShortOfItsStagedCountSaysWhatItWrote(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	var owner pgtype.UUID
+	if err := pool.QueryRow(ctx, `INSERT INTO owners (name) VALUES ('test') RETURNING id`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	conn := acquire(t, pool)
+	staging := stagingTable()
+	if _, err := stage(ctx, conn, staging, itemRows([]Item{itemFor(t, "only-one")})); err != nil {
+		t.Fatal(err)
+	}
+	_, err := writeStaged(ctx, conn, owner, staging, 2)
+	var cut *WriteError
+	if !errors.As(err, &cut) || cut.Written != 1 || cut.Total != 2 || cut.AtLeast {
+		t.Errorf("writeStaged of 1 item staged, 2 counted = %v, want a WriteError of 1 written of 2", err)
+	}
+}

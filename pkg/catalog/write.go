@@ -154,10 +154,10 @@ func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging
 	for written := 0; written < total; {
 		var inserted, touched, read int
 		if err := conn.QueryRow(ctx, upsert, owner, after, ImportChunk, chunkLockWait).Scan(&inserted, &touched, &read, &after); err != nil {
-			return res, &WriteError{Written: written, Total: total, Err: chunkError(ctx, conn, err)}
+			return res, &WriteError{Written: written, Total: total, AtLeast: mayHaveCommitted(err), Err: chunkError(ctx, conn, err)}
 		}
 		if read == 0 { // cannot happen: every staged id follows the last one written
-			return res, fmt.Errorf("catalog: %d of %d items not reached", total-written, total)
+			return res, &WriteError{Written: written, Total: total, Err: errors.New("catalog: the staged items after the last one written were not found")}
 		}
 		res.Inserted += inserted
 		res.Updated += touched - inserted
@@ -170,14 +170,30 @@ func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging
 // WriteError is an import's error once its items are staged, in a chunk:
 // the chunks before it are committed, Written of the Total items (an
 // item as imported already counts as written), and an import run again
-// completes it.
+// completes it. AtLeast is set when the failed chunk may have been
+// committed all the same, so Written is a floor (mayHaveCommitted).
 type WriteError struct {
 	Written, Total int
+	AtLeast        bool
 	Err            error
 }
 
 func (e *WriteError) Error() string {
-	return fmt.Sprintf("catalog: stopped after writing %d of %d items: %v", e.Written, e.Total, e.Err)
+	floor := ""
+	if e.AtLeast {
+		floor = "at least "
+	}
+	return fmt.Sprintf("catalog: stopped after writing %s%d of %d items: %v", floor, e.Written, e.Total, e.Err)
+}
+
+// mayHaveCommitted reports whether a chunk's statement that failed with
+// err may have been committed anyway: it was sent, and no answer of
+// PostgreSQL's says it failed. A Ctrl-C (the context cancelled) or a
+// connection lost between the statement's commit and its reply are such:
+// pgx's cancel request comes too late to roll it back.
+func mayHaveCommitted(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
 }
 
 func (e *WriteError) Unwrap() error { return e.Err }
@@ -486,11 +502,17 @@ func ParseOwnerID(s string) (pgtype.UUID, error) {
 }
 
 // ownerError turns the foreign-key violation of a missing owner into
-// ErrOwnerNotFound.
+// ErrOwnerNotFound, keeping a WriteError's count of the chunks before it:
+// an owner deleted during an import (with its items) is missing only from
+// the chunk that failed.
 func ownerError(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23503" && strings.Contains(pgErr.ConstraintName, "owner") {
-		return ErrOwnerNotFound
+	if !errors.As(err, &pgErr) || pgErr.Code != "23503" || !strings.Contains(pgErr.ConstraintName, "owner") {
+		return err
 	}
-	return err
+	var cut *WriteError
+	if errors.As(err, &cut) {
+		return &WriteError{Written: cut.Written, Total: cut.Total, Err: ErrOwnerNotFound}
+	}
+	return ErrOwnerNotFound
 }

@@ -58,20 +58,27 @@ func inputName(file string) string {
 
 // importError says of an import that failed whether it wrote anything:
 // nothing when a line was refused or before its items were staged, and
-// otherwise how many it wrote, the chunks before the one that failed,
-// and to run it again to complete it.
+// otherwise how many it wrote (at least), the chunks before the one that
+// failed, and to run it again to complete it, unless its owner is gone.
 func importError(err error, file string) error {
 	var bad *catalog.LineError
 	var cut *catalog.WriteError
+	written := errors.As(err, &cut)
 	switch {
 	case errors.As(err, &bad):
 		return fmt.Errorf("%s: nothing imported: %w", file, err)
-	case errors.As(err, &cut) && errors.Is(err, catalog.ErrItemsLocked):
-		return fmt.Errorf("import: %w; once that transaction has ended, run it again to complete it (items already as imported are left alone)", err)
-	case errors.As(err, &cut):
-		return fmt.Errorf("import: %w; run it again to complete it (items already as imported are left alone)", err)
+	case !written:
+		err = fmt.Errorf("nothing written: %w", err)
 	}
-	return fmt.Errorf("import: nothing written: %w", err)
+	switch {
+	case errors.Is(err, catalog.ErrOwnerNotFound): // ownerExists found it before the import began
+		return fmt.Errorf("import: %w: the owner was deleted while the import ran", err)
+	case !written:
+		return fmt.Errorf("import: %w", err)
+	case errors.Is(err, catalog.ErrItemsLocked):
+		return fmt.Errorf("import: %w; once that transaction has ended, run it again to complete it (items already as imported are left alone)", err)
+	}
+	return fmt.Errorf("import: %w; run it again to complete it (items already as imported are left alone)", err)
 }
 
 func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {

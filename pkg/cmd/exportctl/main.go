@@ -46,7 +46,7 @@ Environment: DATABASE_URL (required).`
 func main() {
 	ctx, stop := stopsignal.Context()
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout); err != nil {
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
 		if errors.Is(err, errNoDatabaseURL) {
 			err = envconfig.WithMisspelt(err, os.Environ(), []string{"DATABASE_URL"})
 		}
@@ -103,11 +103,14 @@ func redactKeys(msg string) string {
 // command is one "noun verb" of the CLI.
 type command func(ctx context.Context, env *env, args []string) error
 
-// env is what every command gets: the database and where to write.
+// env is what every command gets: the database and where to write. out
+// is for what the command prints; notes, for a person at a terminal (a
+// prompt, "no owners"), where a script reading out does not read them.
 type env struct {
 	pool  *pgxpool.Pool
 	stdin io.Reader
 	out   io.Writer
+	notes io.Writer
 }
 
 var commands = map[string]command{
@@ -124,7 +127,7 @@ var commands = map[string]command{
 	"items restamp":   itemsRestamp,
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if wantsHelp(args) {
 		_, err := fmt.Fprintln(stdout, usage) // asked for: on stdout, and no error
 		return err
@@ -142,7 +145,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return withCause(err)
 	}
 	defer pool.Close()
-	err = commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout}, rest)
+	err = commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout, notes: stderr}, rest)
 	if name != "migrate" { // a migration failing on a missing table needs other advice than "run migrate"
 		err = withMigrationsMissing(ctx, pool, dsn, err)
 	}

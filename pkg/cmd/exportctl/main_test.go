@@ -45,7 +45,7 @@ func cli(t *testing.T, dsn string, stdin string, out any, args ...string) error 
 		}
 		return ""
 	}
-	err := run(context.Background(), append(args, "--json"), getenv, strings.NewReader(stdin), &stdout)
+	err := run(context.Background(), append(args, "--json"), getenv, strings.NewReader(stdin), &stdout, io.Discard)
 	if err == nil && out != nil {
 		if jerr := json.Unmarshal(stdout.Bytes(), out); jerr != nil {
 			t.Fatalf("exportctl %v printed %q: not JSON: %v", args, stdout.String(), jerr)
@@ -91,7 +91,7 @@ func TestKeyRoundTrip(t *testing.T) {
 	}
 	var before bytes.Buffer // --json before the command, as a global flag
 	if err := run(context.Background(), []string{"-json=true", "key", "list", "--owner", owner.ID},
-		func(string) string { return dsn }, strings.NewReader(""), &before); err != nil {
+		func(string) string { return dsn }, strings.NewReader(""), &before, io.Discard); err != nil {
 		t.Fatalf("exportctl --json key list = %v", err)
 	}
 	if err := json.Unmarshal(before.Bytes(), &listed); err != nil || len(listed) != 2 {
@@ -156,7 +156,7 @@ func TestItemsImportAndSeed(t *testing.T) {
 	// The text an operator reads counts one item as one.
 	var text bytes.Buffer
 	err = run(context.Background(), []string{"items", "import", "--owner", owner.ID, "--file", "-"},
-		func(string) string { return dsn }, strings.NewReader(strings.Replace(goodLine, "%d", "one", 1)), &text)
+		func(string) string { return dsn }, strings.NewReader(strings.Replace(goodLine, "%d", "one", 1)), &text, io.Discard)
 	if want := "imported 1 item: 1 inserted, 0 updated, 0 unchanged\n"; err != nil || text.String() != want {
 		t.Errorf("import of one item printed %q, %v; want %q", text.String(), err, want)
 	}
@@ -167,7 +167,7 @@ func TestItemsImportAndSeed(t *testing.T) {
 	}
 	text.Reset()
 	err = run(context.Background(), []string{"items", "seed", "--owner", owner.ID, "--count", "1", "--seed", "8"},
-		func(string) string { return dsn }, strings.NewReader(""), &text)
+		func(string) string { return dsn }, strings.NewReader(""), &text, io.Discard)
 	if want := "seeded 1 item in "; err != nil || !strings.HasPrefix(text.String(), want) {
 		t.Errorf("seed of one item printed %q, %v; want %q…", text.String(), err, want)
 	}
@@ -185,20 +185,12 @@ func TestItemsImportCutShortSaysWhatItWrote(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.PostgresURL(t)
 	owner := newOwner(t, dsn)
-	lines := func(n int, price string) string {
-		var b strings.Builder
-		for i := range n {
-			line := strings.Replace(goodLine, "coin-%d", fmt.Sprintf("coin-%04d", i), 1)
-			fmt.Fprintln(&b, strings.Replace(line, `"price":10.5`, `"price":`+price, 1))
-		}
-		return b.String()
-	}
-	if err := cli(t, dsn, lines(1501, "1"), nil, "items", "import", "--owner", owner.ID, "--file", "-"); err != nil {
+	if err := cli(t, dsn, pricedLines(1501, "1"), nil, "items", "import", "--owner", owner.ID, "--file", "-"); err != nil {
 		t.Fatal(err)
 	}
 	// The second chunk's first item stays locked past the chunk's bound.
 	testenv.InTransaction(t, testenv.Pool(t, dsn), `SELECT FROM export_items WHERE id = 'coin-1000' FOR UPDATE`)
-	err := cli(t, dsn, lines(3000, "2"), nil, "items", "import", "--owner", owner.ID, "--file", "-")
+	err := cli(t, dsn, pricedLines(3000, "2"), nil, "items", "import", "--owner", owner.ID, "--file", "-")
 	if want := "stopped after writing 1000 of 3000 items"; err == nil || !strings.Contains(err.Error(), want) ||
 		!strings.Contains(err.Error(), "once that transaction has ended, run it again to complete it") {
 		t.Errorf("import stopped at its second chunk = %v, want it to say %q, and to run it again", err, want)
@@ -206,9 +198,9 @@ func TestItemsImportCutShortSaysWhatItWrote(t *testing.T) {
 
 	// Ctrl-C while the file is read.
 	ctx, cancel := context.WithCancel(context.Background())
-	stdin := readerFunc(func(p []byte) (int, error) { cancel(); return copy(p, lines(10, "3")), io.EOF })
+	stdin := readerFunc(func(p []byte) (int, error) { cancel(); return copy(p, pricedLines(10, "3")), io.EOF })
 	err = run(ctx, []string{"items", "import", "--owner", owner.ID, "--file", "-"},
-		func(string) string { return dsn }, stdin, io.Discard)
+		func(string) string { return dsn }, stdin, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "import: nothing written") {
 		t.Errorf("import cancelled before its first chunk = %v, want it to say that nothing was written", err)
 	}
@@ -289,17 +281,17 @@ func countItems(t *testing.T, dsn, owner string) int {
 func TestHelpIsNoError(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"help", "key", "create"}, {"--json", "help"}, {"--json", "help", "key", "create"}, {"key", "create", "-h"}, {"items", "seed", "--owner", "x", "--help"}} {
 		var stdout bytes.Buffer
-		err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout)
+		err := run(context.Background(), args, func(string) string { return "" }, strings.NewReader(""), &stdout, io.Discard)
 		if err != nil || !strings.Contains(stdout.String(), "usage: exportctl") {
 			t.Errorf("exportctl %v = %v, printed %q; want the usage and no error", args, err, stdout.String())
 		}
 	}
-	if err := run(context.Background(), []string{"--nope"}, func(string) string { return "" }, strings.NewReader(""), io.Discard); !errors.Is(err, errUsage) {
+	if err := run(context.Background(), []string{"--nope"}, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard); !errors.Is(err, errUsage) {
 		t.Errorf("exportctl --nope = %v, want a usage error", err)
 	}
 	// With nothing at all the administrator is told what is missing, not
 	// that "" is an unknown command.
-	err := run(context.Background(), nil, func(string) string { return "" }, strings.NewReader(""), io.Discard)
+	err := run(context.Background(), nil, func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard)
 	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "no command given") {
 		t.Errorf("exportctl with no arguments = %v, want the usage error \"no command given\"", err)
 	}
@@ -495,7 +487,7 @@ func TestKeyRevokeByKey(t *testing.T) {
 	owner, key := newReadKey(t, dsn)
 	var stdout bytes.Buffer
 	err := run(context.Background(), []string{"key", "revoke", key.Key},
-		func(string) string { return dsn }, strings.NewReader(""), &stdout)
+		func(string) string { return dsn }, strings.NewReader(""), &stdout, io.Discard)
 	if err != nil || stdout.String() != "revoked key "+key.ID+"\n" {
 		t.Errorf("key revoke <key> = %v, printed %q; want %q", err, stdout.String(), "revoked key "+key.ID+"\n")
 	}
@@ -506,7 +498,7 @@ func TestKeyRevokeByKey(t *testing.T) {
 	// Again, pasted with a line end: the key still, revoked already.
 	stdout.Reset()
 	err = run(context.Background(), []string{"key", "revoke", key.Key + "\n"},
-		func(string) string { return dsn }, strings.NewReader(""), &stdout)
+		func(string) string { return dsn }, strings.NewReader(""), &stdout, io.Discard)
 	if err != nil || !strings.HasPrefix(stdout.String(), "key "+key.ID+" was revoked already, at ") {
 		t.Errorf("key revoke <key> again = %v, printed %q; want it to say the key was revoked already", err, stdout.String())
 	}
@@ -538,7 +530,7 @@ func TestKeyCreateRevokesAKeyItCouldNotPrint(t *testing.T) {
 			return 0, errors.New("no space left on device")
 		})
 		err := run(ctx, []string{"key", "create", "--owner", owner.ID, "--scope", "export:read"},
-			func(string) string { return dsn }, strings.NewReader(""), full)
+			func(string) string { return dsn }, strings.NewReader(""), full, io.Discard)
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "revoked it") {
 			t.Errorf("key create printing to a full disk (interrupted: %v) = %v, want the write's error and that the key was revoked", interrupted, err)
@@ -712,7 +704,7 @@ func TestKeyListShowsBinding(t *testing.T) {
 	}
 	var stdout bytes.Buffer
 	if err := run(context.Background(), []string{"key", "list", "--owner", owner.ID},
-		func(string) string { return dsn }, strings.NewReader(""), &stdout); err != nil {
+		func(string) string { return dsn }, strings.NewReader(""), &stdout, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"sales:write", "platform market-1", `"east-shop"`, "active"} {
@@ -738,7 +730,7 @@ func TestTimesArePrintedInUTC(t *testing.T) {
 		{"owner", "list"}, {"--json", "owner", "list"}, {"platform", "list"}, {"--json", "platform", "list"},
 	} {
 		var stdout bytes.Buffer
-		if err := run(context.Background(), args, func(string) string { return dsn }, strings.NewReader(""), &stdout); err != nil {
+		if err := run(context.Background(), args, func(string) string { return dsn }, strings.NewReader(""), &stdout, io.Discard); err != nil {
 			t.Fatalf("exportctl %v = %v", args, err)
 		}
 		found := stamp.FindAllStringSubmatch(stdout.String()+"\n", -1)
@@ -773,7 +765,7 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 	migrate := func() string {
 		t.Helper()
 		var stdout bytes.Buffer
-		if err := run(ctx, []string{"migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout); err != nil {
+		if err := run(ctx, []string{"migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout, io.Discard); err != nil {
 			t.Fatalf("migrate = %v", err)
 		}
 		return stdout.String()
@@ -826,7 +818,7 @@ func TestMigrateJSONNamesWhatItAppliedBeforeAFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout bytes.Buffer
-	err := run(ctx, []string{"--json", "migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout)
+	err := run(ctx, []string{"--json", "migrate"}, func(string) string { return dsn }, strings.NewReader(""), &stdout, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "applied before it: 00005_") || stdout.Len() != 0 {
 		t.Errorf("migrate --json failing at 00006 = %v, stdout %q; want the error to name 00005, nothing on stdout", err, stdout.String())
 	}
@@ -922,7 +914,7 @@ func TestItemsRestamp(t *testing.T) {
 	getenv := func(k string) string { return map[string]string{"DATABASE_URL": dsn}[k] }
 	for owner, want := range map[string]string{b.ID: "restamped 3 items of 1 owner in ", one.ID: "restamped 1 item of 1 owner in "} {
 		var text bytes.Buffer
-		if err := run(context.Background(), []string{"items", "restamp", "--owner", owner}, getenv, strings.NewReader(""), &text); err != nil ||
+		if err := run(context.Background(), []string{"items", "restamp", "--owner", owner}, getenv, strings.NewReader(""), &text, io.Discard); err != nil ||
 			!strings.HasPrefix(text.String(), want) {
 			t.Errorf("items restamp --owner printed %q, %v; want it to start with %q", text.String(), err, want)
 		}
@@ -1059,5 +1051,90 @@ func TestCommandsOnADatabaseNotMigratedSaySo(t *testing.T) {
 	}
 	if err := cli(t, dsn, "", nil, "owner", "list"); err == nil || strings.Contains(err.Error(), "migrate") {
 		t.Errorf("exportctl owner list on a database up to date, owners renamed = %v, want PostgreSQL's error without the advice to migrate", err)
+	}
+}
+
+// pricedLines is n import lines, coin-0000 onwards, each at price.
+func pricedLines(n int, price string) string {
+	var b strings.Builder
+	for i := range n {
+		line := strings.Replace(goodLine, "coin-%d", fmt.Sprintf("coin-%04d", i), 1)
+		fmt.Fprintln(&b, strings.Replace(line, `"price":10.5`, `"price":`+price, 1))
+	}
+	return b.String()
+}
+
+// importWaitingForALock starts an import of 3,000 items at price 2 for
+// owner (which has coin-0000 to coin-1500 at price 1), whose second chunk
+// waits for coin-1000, locked by the transaction it returns; the import's
+// error arrives on the channel. cancel is the import's Ctrl-C.
+func importWaitingForALock(t *testing.T, dsn, owner string) (locker pgx.Tx, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	if err := cli(t, dsn, pricedLines(1501, "1"), nil, "items", "import", "--owner", owner, "--file", "-"); err != nil {
+		t.Fatal(err)
+	}
+	pool := testenv.Pool(t, dsn)
+	locker = testenv.InTransaction(t, pool, `SELECT FROM export_items WHERE id = 'coin-1000' FOR UPDATE`)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	errs := make(chan error, 1)
+	go func() {
+		errs <- run(ctx, []string{"items", "import", "--owner", owner, "--file", "-"},
+			func(string) string { return dsn }, strings.NewReader(pricedLines(3000, "2")), io.Discard, io.Discard)
+	}()
+	for waiting := 0; waiting == 0; {
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'exportctl' AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-errs:
+			t.Fatalf("import ended before its second chunk waited for the lock: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return locker, cancel, errs
+}
+
+// Ctrl-C while a chunk's statement runs: pgx closes the connection and
+// sends PostgreSQL a cancel request, which rolls the chunk back unless it
+// lands after the chunk's commit, before its reply was read. Which of the
+// two happened is not known, so the count is a floor: it said "stopped
+// after writing 1000", one chunk low in the second case.
+func TestItemsImportInterruptedInAChunkSaysAtLeast(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	_, cancel, done := importWaitingForALock(t, dsn, owner.ID)
+	cancel()
+	err := <-done
+	if want := "stopped after writing at least 1000 of 3000 items"; err == nil || !strings.Contains(err.Error(), want) ||
+		!strings.Contains(err.Error(), "run it again to complete it") {
+		t.Errorf("import interrupted in its second chunk = %v, want it to say %q, and to run it again", err, want)
+	}
+}
+
+// An owner deleted while its import runs (its items with it) stops the
+// import with that said, and the chunks written before it counted: it
+// said "nothing written" and that the owner did not exist.
+func TestItemsImportOfAnOwnerDeletedMeanwhile(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	locker, _, done := importWaitingForALock(t, dsn, owner.ID)
+	ctx := context.Background()
+	for _, stmt := range []string{"DELETE FROM export_items WHERE owner_id = $1", "DELETE FROM owners WHERE id = $1"} {
+		if _, err := locker.Exec(ctx, stmt, owner.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := locker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := <-done
+	if err == nil || !strings.Contains(err.Error(), "stopped after writing 1000 of 3000 items") ||
+		!strings.Contains(err.Error(), "the owner was deleted while the import ran") || strings.Contains(err.Error(), "run it again") {
+		t.Errorf("import of an owner deleted meanwhile = %v, want it to count the 1000 items written, and to say the owner was deleted (not to run it again)", err)
 	}
 }

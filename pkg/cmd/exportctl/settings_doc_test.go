@@ -45,7 +45,7 @@ func exportctlForDocs(t *testing.T) envdoc.Binary[struct{}] {
 	rec := &envdoc.Recorder{Env: map[string]string{"DATABASE_URL": envdoc.Secrets["DATABASE_URL"]}}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := run(ctx, []string{"migrate"}, rec.Getenv, strings.NewReader(""), io.Discard); err == nil {
+	if err := run(ctx, []string{"migrate"}, rec.Getenv, strings.NewReader(""), io.Discard, io.Discard); err == nil {
 		t.Fatal("exportctl migrate with a stopped context = nil, want an error")
 	}
 	return envdoc.Binary[struct{}]{
