@@ -19,6 +19,7 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("items import", flag.ContinueOnError)
 	owner := fs.String("owner", "", "owner id")
 	file := fs.String("file", "", "JSON Lines file, or - for standard input")
+	allowEmpty := fs.Bool("allow-empty", false, "accept a file with no items")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := flagsOnly(fs, args); err != nil {
 		return err
@@ -43,6 +44,11 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 		return importError(err, inputName(*file))
 	}
 	total := res.Inserted + res.Updated + res.Unchanged
+	if total == 0 && !*allowEmpty {
+		// An import only adds and changes items, so a file of none does
+		// nothing: most likely it is the wrong file, or one cut to nothing.
+		return fmt.Errorf("%s: no items in it: nothing imported (the wrong file? --allow-empty accepts a file with no items)", inputName(*file))
+	}
 	return emit(e.out, *asJSON, map[string]int{"inserted": res.Inserted, "updated": res.Updated, "unchanged": res.Unchanged},
 		fmt.Sprintf("imported %s: %d inserted, %d updated, %d unchanged", count(total, "item"), res.Inserted, res.Updated, res.Unchanged))
 }

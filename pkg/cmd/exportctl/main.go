@@ -36,7 +36,7 @@ const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; 
   key create --owner OWNER_ID --scope SCOPE[,SCOPE] [--platform PLATFORM_ID] [--name NAME]
   key revoke KEY_ID|KEY|-   (-: read from standard input, out of ps and shell history)
   key list --owner OWNER_ID
-  items import --owner OWNER_ID --file PATH|-
+  items import --owner OWNER_ID --file PATH|- [--allow-empty]
   items seed --owner OWNER_ID --count N [--seed S]
   items restamp --owner OWNER_ID | --all-owners   (after a restore of the database)
 

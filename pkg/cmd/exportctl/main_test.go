@@ -1138,3 +1138,33 @@ func TestItemsImportOfAnOwnerDeletedMeanwhile(t *testing.T) {
 		t.Errorf("import of an owner deleted meanwhile = %v, want it to count the 1000 items written, and to say the owner was deleted (not to run it again)", err)
 	}
 }
+
+// A file with no items (empty, or blank lines only) is refused, exit 1:
+// an operator who gave the wrong file was told "imported 0 items", exit
+// 0. --allow-empty accepts one, for a script whose file may be empty.
+func TestItemsImportOfNoItemsIsRefused(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	empty := filepath.Join(t.TempDir(), "items.jsonl")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ file, stdin, named string }{{empty, "", empty}, {"-", "\n  \n", "standard input"}} {
+		err := cli(t, dsn, tc.stdin, nil, "items", "import", "--owner", owner.ID, "--file", tc.file)
+		if want := tc.named + ": no items in it: nothing imported"; err == nil || !strings.Contains(err.Error(), want) ||
+			!strings.Contains(err.Error(), "--allow-empty") {
+			t.Errorf("import of no items from %s = %v, want it refused saying %q, and naming --allow-empty", tc.named, err, want)
+		}
+		var res map[string]int
+		if err := cli(t, dsn, tc.stdin, &res, "items", "import", "--owner", owner.ID, "--file", tc.file, "--allow-empty"); err != nil || res["inserted"] != 0 {
+			t.Errorf("import --allow-empty of no items from %s = %v, %v; want 0 inserted, no error", tc.named, res, err)
+		}
+	}
+	cmd := runExportctl(dsn, "items", "import", "--owner", owner.ID, "--file", empty)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	_ = cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != 1 || stdout.Len() != 0 || strings.Contains(stderr.String(), "usage:") {
+		t.Errorf("exportctl items import of an empty file: exit %d, stdout %q, stderr %q; want exit 1, nothing on stdout, no usage", code, stdout.String(), stderr.String())
+	}
+}
