@@ -18,6 +18,7 @@ import (
 
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/postgres"
 )
 
 // createdKey is printed once: it is the only place the secret ever appears.
@@ -103,9 +104,13 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 func unprintedKey(ctx context.Context, e *env, id string, printErr error) error {
 	// Not stopped by Ctrl-C: an interrupted pipeline fails the print and
 	// the command at once, and the key would stay active.
-	ctx = context.WithoutCancel(ctx)
-	if _, err := e.pool.Exec(ctx, "UPDATE api_keys SET revoked_at = now() WHERE id = $1::uuid", id); err != nil {
-		return fmt.Errorf("key %s was made, but its secret could not be printed (%w), nor the key revoked (%w): revoke it", id, printErr, err)
+	// Bounded all the same: a database that stopped answering, or a lock
+	// on the row, held the command, and the operator with it, without a word.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unprintedRevokeWait)
+	defer cancel()
+	if _, err := revoke(ctx, e, "id = $1::uuid", id); err != nil {
+		return fmt.Errorf("key %s was made, but its secret could not be printed (%w), nor the key revoked (%w): revoke it (exportctl key revoke %s)",
+			id, printErr, err, id)
 	}
 	return fmt.Errorf("key %s was made, but its secret could not be printed (%w): revoked it; run key create again", id, printErr)
 }
@@ -164,26 +169,61 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	// COALESCE keeps the first revocation time when a key is revoked twice;
-	// a time other than this statement's now() is that earlier one.
-	var id string
-	var revokedAt time.Time
-	var already bool
-	err = e.pool.QueryRow(ctx, `
-		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-		WHERE `+where+` RETURNING id::text, revoked_at, revoked_at <> now()`, param).Scan(&id, &revokedAt, &already)
+	r, err := revoke(ctx, e, where, param)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errors.New(notFound + idMixUp(ctx, e, strings.TrimSpace(arg)))
 	}
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)
 	}
-	revokedAt = revokedAt.UTC() // pgx gives the host's zone
-	text := "revoked key " + id
-	if already {
-		text = "key " + id + " was revoked already, at " + revokedAt.Format(time.RFC3339)
+	text := "revoked key " + r.ID
+	if r.Already {
+		text = "key " + r.ID + " was revoked already, at " + r.RevokedAt.Format(time.RFC3339)
 	}
-	return emit(e.out, *asJSON, map[string]any{"id": id, "revoked_at": revokedAt, "already_revoked": already}, text)
+	return emit(e.out, *asJSON, r, text)
+}
+
+// revoked is what key revoke did, as --json prints it.
+type revoked struct {
+	ID        string    `json:"id"`
+	RevokedAt time.Time `json:"revoked_at"`
+	Already   bool      `json:"already_revoked"`
+}
+
+// revokeLockWait bounds a revoke's wait for a lock on the key's row (or on
+// api_keys): behind an operator's SELECT … FOR UPDATE left open, or a
+// migration, key revoke waited without end and without a word, the key
+// working all the while. A lock_timeout in DATABASE_URL does not change it.
+const revokeLockWait = 5 * time.Second
+
+// unprintedRevokeWait bounds the whole revoke of a key whose secret could
+// not be printed, which Ctrl-C does not stop.
+const unprintedRevokeWait = 15 * time.Second
+
+// revoke revokes the key that where (a condition on api_keys, param its
+// $1) finds, waiting at most revokeLockWait for a lock. COALESCE keeps the
+// first revocation time when a key is revoked twice; a time other than
+// this statement's now() is that earlier one. No such key is
+// pgx.ErrNoRows.
+func revoke(ctx context.Context, e *env, where string, param any) (revoked, error) {
+	var r revoked
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		// SET LOCAL, before the UPDATE takes its table's lock: the bound
+		// covers that one too, and ends with the transaction.
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", revokeLockWait.String()); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
+			UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
+			WHERE `+where+` RETURNING id::text, revoked_at, revoked_at <> now()`, param).Scan(&r.ID, &r.RevokedAt, &r.Already)
+	})
+	if postgres.LockTimedOut(err) {
+		return r, fmt.Errorf("%w: the key stayed locked by another transaction for over %s, nothing revoked (%s); "+
+			"once that transaction has ended (or its session: SELECT pg_terminate_backend(pid)), run key revoke again",
+			err, revokeLockWait, postgres.OldTransactions(ctx, e.pool, revokeLockWait))
+	}
+	r.RevokedAt = r.RevokedAt.UTC() // pgx gives the host's zone
+	return r, err
 }
 
 // oneLine reads key revoke -'s argument: the one line of stdin, to its end (a key

@@ -1168,3 +1168,43 @@ func TestItemsImportOfNoItemsIsRefused(t *testing.T) {
 		t.Errorf("exportctl items import of an empty file: exit %d, stdout %q, stderr %q; want exit 1, nothing on stdout, no usage", code, stdout.String(), stderr.String())
 	}
 }
+
+// A key whose row another transaction keeps locked (an operator's
+// SELECT … FOR UPDATE left open) is waited for revokeLockWait, not
+// without end, and the refusal names the session and what to do.
+func TestKeyRevokeOfALockedKeyGivesUp(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	_, key := newReadKey(t, dsn)
+	locker := testenv.InTransaction(t, testenv.Pool(t, dsn), "SELECT FROM api_keys WHERE id = $1 FOR UPDATE", key.ID)
+	err := cli(t, dsn, "", nil, "key", "revoke", key.ID)
+	if err == nil || !strings.Contains(err.Error(), "nothing revoked") || !strings.Contains(err.Error(), "in a transaction that long: pid ") ||
+		!strings.Contains(err.Error(), "run key revoke again") {
+		t.Errorf("key revoke of a locked key = %v, want it to give up, naming the session, nothing revoked, and to run it again", err)
+	}
+	if err := locker.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli(t, dsn, "", nil, "key", "revoke", key.ID); err != nil {
+		t.Errorf("key revoke once the lock is gone = %v", err)
+	}
+}
+
+// The revoke of a key whose secret could not be printed is bounded too: a
+// lock on its row held elsewhere, it said nothing until that ended.
+func TestKeyCreateGivesUpRevokingAnUnprintedKeyThatStaysLocked(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	pool := testenv.Pool(t, dsn)
+	full := writerFunc(func(p []byte) (int, error) {
+		id := strings.Fields(string(p))[1] // "key <id> (export:read)…"
+		testenv.InTransaction(t, pool, "SELECT FROM api_keys WHERE id = $1 FOR UPDATE", id)
+		return 0, errors.New("no space left on device")
+	})
+	err := run(context.Background(), []string{"key", "create", "--owner", owner.ID, "--scope", "export:read"},
+		func(string) string { return dsn }, strings.NewReader(""), full, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "nor the key revoked") || !strings.Contains(err.Error(), "exportctl key revoke ") {
+		t.Errorf("key create, its key unprinted and locked elsewhere = %v, want it to give up revoking, saying what to run", err)
+	}
+}
