@@ -291,6 +291,10 @@ func keyList(ctx context.Context, e *env, args []string) error {
 	if *asJSON {
 		return emit(e.out, true, keys, "")
 	}
+	if len(keys) == 0 {
+		e.note("owner " + *owner + " has no keys (key create makes one)")
+		return nil
+	}
 	printKeys(e.out, keys)
 	return nil
 }

@@ -306,6 +306,13 @@ func required(fs *flag.FlagSet, names ...string) error {
 	return nil
 }
 
+// note writes a line for a person (notes): a list of nothing says so
+// there, and a script reading out still reads nothing. It is no output of
+// the command's, so a failure to write it is no failure of the command.
+func (e *env) note(line string) {
+	_, _ = fmt.Fprintln(e.notes, line)
+}
+
 // emit prints v as JSON when asJSON, else the human line.
 func emit(out io.Writer, asJSON bool, v any, human string) error {
 	if !asJSON {

@@ -1208,3 +1208,37 @@ func TestKeyCreateGivesUpRevokingAnUnprintedKeyThatStaysLocked(t *testing.T) {
 		t.Errorf("key create, its key unprinted and locked elsewhere = %v, want it to give up revoking, saying what to run", err)
 	}
 }
+
+// A list with nothing in it says so, on stderr (stdout stays empty for a
+// script reading it), where it printed nothing; --json prints [].
+func TestEmptyListsSaySo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	for _, tc := range []struct {
+		args []string
+		note string
+	}{
+		{[]string{"key", "list", "--owner", owner.ID}, "owner " + owner.ID + " has no keys (key create makes one)\n"},
+		{[]string{"platform", "list"}, "no platforms (platform create makes one)\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), tc.args, func(string) string { return dsn }, strings.NewReader(""), &stdout, &stderr)
+		if err != nil || stdout.Len() != 0 || stderr.String() != tc.note {
+			t.Errorf("exportctl %v = %v, stdout %q, stderr %q; want nothing on stdout, %q on stderr", tc.args, err, stdout.String(), stderr.String(), tc.note)
+		}
+		stdout.Reset()
+		stderr.Reset()
+		err = run(context.Background(), append(tc.args, "--json"), func(string) string { return dsn }, strings.NewReader(""), &stdout, &stderr)
+		if err != nil || stdout.String() != "[]\n" || stderr.Len() != 0 {
+			t.Errorf("exportctl %v --json = %v, stdout %q, stderr %q; want [] and nothing on stderr", tc.args, err, stdout.String(), stderr.String())
+		}
+	}
+	if _, err := testenv.Pool(t, dsn).Exec(context.Background(), "DELETE FROM owners"); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"owner", "list"}, func(string) string { return dsn }, strings.NewReader(""), &stdout, &stderr)
+	if want := "no owners (owner create makes one)\n"; err != nil || stdout.Len() != 0 || stderr.String() != want {
+		t.Errorf("exportctl owner list of none = %v, stdout %q, stderr %q; want %q on stderr", err, stdout.String(), stderr.String(), want)
+	}
+}

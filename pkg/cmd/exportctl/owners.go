@@ -107,15 +107,19 @@ type listed struct {
 // ownerList prints every owner: an owner's id is printed once, by owner
 // create, and every other command needs it.
 func ownerList(ctx context.Context, e *env, args []string) error {
-	return list(ctx, e, args, "owner list", "SELECT id::text, name, created_at FROM owners ORDER BY created_at, id")
+	return list(ctx, e, args, "owner list", "SELECT id::text, name, created_at FROM owners ORDER BY created_at, id",
+		"no owners (owner create makes one)")
 }
 
 // platformList prints every platform, for the --platform of a sales key.
 func platformList(ctx context.Context, e *env, args []string) error {
-	return list(ctx, e, args, "platform list", "SELECT id, name, created_at FROM platforms ORDER BY id")
+	return list(ctx, e, args, "platform list", "SELECT id, name, created_at FROM platforms ORDER BY id",
+		"no platforms (platform create makes one)")
 }
 
-func list(ctx context.Context, e *env, args []string, name, query string) error {
+// list runs the list command name, printing what query finds, or the note
+// none when it finds nothing.
+func list(ctx context.Context, e *env, args []string, name, query, none string) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := flagsOnly(fs, args); err != nil {
@@ -139,6 +143,10 @@ func list(ctx context.Context, e *env, args []string, name, query string) error 
 			all = []listed{}
 		}
 		return emit(e.out, true, all, "")
+	}
+	if len(all) == 0 {
+		e.note(none)
+		return nil
 	}
 	for _, l := range all {
 		fmt.Fprintf(e.out, "%s  %s  %q\n", l.ID, l.CreatedAt.Format(time.RFC3339), l.Name)
