@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"regexp"
 	"slices"
@@ -161,7 +163,7 @@ func keyRevoke(ctx context.Context, e *env, args []string) error {
 	}
 	arg := positional[0]
 	if arg == "-" {
-		if arg, err = oneLine(e.stdin); err != nil {
+		if arg, err = stdinArgument(ctx, e); err != nil {
 			return err
 		}
 	}
@@ -238,9 +240,46 @@ func oneLine(stdin io.Reader) (string, error) {
 	}
 	line := strings.TrimSpace(string(text))
 	if line == "" || strings.ContainsAny(line, "\r\n") || len(text) > max {
-		return "", fmt.Errorf("%w: key revoke - reads one line from standard input: one key id, or one key", errUsage)
+		return "", errNotOneLine
 	}
 	return line, nil
+}
+
+var errNotOneLine = fmt.Errorf("%w: key revoke - reads one line from standard input: one key id, or one key", errUsage)
+
+// stdinArgument is key revoke -'s argument: at a terminal, the line typed
+// after a prompt on stderr, up to Enter and not shown (a person met a
+// silent wait for Ctrl-D, and a key that still works stayed on the
+// screen); from a pipe or a file, oneLine.
+func stdinArgument(ctx context.Context, e *env) (string, error) {
+	tty, ok := e.stdin.(*os.File)
+	if !ok || !isTerminal(tty) {
+		return oneLine(e.stdin)
+	}
+	restore, err := withoutEcho(tty)
+	if err != nil {
+		return "", fmt.Errorf("key revoke -: the terminal: %w", err)
+	}
+	defer restore()
+	fmt.Fprint(e.notes, "Key or key id to revoke (not shown; Enter ends it): ")
+	defer fmt.Fprintln(e.notes) // the Enter, not echoed
+	// A terminal's read returns one line. Ctrl-C (ctx) ends the wait, the
+	// echo turned on again first: a read is not interrupted by a signal.
+	typed := make(chan []byte, 1)
+	go func() {
+		line := make([]byte, 4096) // a terminal's longest line
+		n, _ := tty.Read(line)
+		typed <- line[:n]
+	}()
+	select {
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case line := <-typed:
+		if discardTyped(tty) { // a line more: refused as from a pipe
+			return "", errNotOneLine
+		}
+		return oneLine(bytes.NewReader(line))
+	}
 }
 
 // keyPrefix is a key's prefix as key create and key list print it (with

@@ -34,7 +34,7 @@ const usage = `usage: exportctl [--json] COMMAND [flags]   (--json: print JSON; 
   platform create --id PLATFORM_ID [--name NAME]
   platform list
   key create --owner OWNER_ID --scope SCOPE[,SCOPE] [--platform PLATFORM_ID] [--name NAME]
-  key revoke KEY_ID|KEY|-   (-: read from standard input, out of ps and shell history)
+  key revoke KEY_ID|KEY|-   (-: read from standard input, out of ps and shell history; prompted at a terminal)
   key list --owner OWNER_ID
   items import --owner OWNER_ID --file PATH|- [--allow-empty]
   items seed --owner OWNER_ID --count N [--seed S]
