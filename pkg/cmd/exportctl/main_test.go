@@ -1242,3 +1242,20 @@ func TestEmptyListsSaySo(t *testing.T) {
 		t.Errorf("exportctl owner list of none = %v, stdout %q, stderr %q; want %q on stderr", err, stdout.String(), stderr.String(), want)
 	}
 }
+
+// A column missing (42703), as a later migration's column would be in a
+// database behind this build, is told as a table missing is: the
+// versions, and to run exportctl migrate.
+func TestCommandOnADatabaseBehindMissingAColumnSaysSo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	provider, db := migratedDownTo(t, dsn, 6)
+	latest := provider.ListSources()[len(provider.ListSources())-1].Version
+	if _, err := db.Exec("ALTER TABLE owners RENAME COLUMN created_at TO created_at_aside"); err != nil {
+		t.Fatal(err)
+	}
+	err := cli(t, dsn, "", nil, "owner", "list")
+	want := fmt.Sprintf("the database is at schema version 6, this exportctl needs %d: run exportctl migrate", latest)
+	if err == nil || !strings.Contains(err.Error(), "42703") || !strings.Contains(err.Error(), want) {
+		t.Errorf("exportctl owner list, a column missing at version 6 = %v, want PostgreSQL's 42703 and %q", err, want)
+	}
+}
