@@ -273,7 +273,7 @@ func stdinArgument(ctx context.Context, e *env) (string, error) {
 	}()
 	select {
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return "", fmt.Errorf("key revoke -: %w before a key was given: nothing revoked", ctx.Err())
 	case line := <-typed:
 		if discardTyped(tty) { // a line more: refused as from a pipe
 			return "", errNotOneLine
