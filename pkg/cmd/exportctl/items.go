@@ -37,6 +37,11 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer closeIn()
+	if tty, ok := in.(*os.File); ok && isTerminal(tty) {
+		// Waiting without a word for lines a person was not going to type
+		// (the file's "<" forgotten) read as a hang.
+		e.note("items import --file -: reading JSON Lines from the terminal, up to Ctrl-D (a file: --file PATH, or --file - < PATH)")
+	}
 	// The whole file is validated before anything is written: one bad line
 	// rejects the file.
 	res, err := catalog.ImportJSONL(ctx, e.pool, *owner, in)

@@ -113,3 +113,23 @@ func TestKeyRevokeAtATerminalRefusesTwoLines(t *testing.T) {
 		t.Errorf("after key revoke - refused two lines, %d bytes (%v) are left typed for the shell, want none", left, err)
 	}
 }
+
+// items import --file - at a terminal says that it reads the terminal:
+// it waited silently, for a file whose "<" was forgotten.
+func TestItemsImportFromATerminalSaysSo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	typist, tty := openTerminal(t)
+	var notes bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), []string{"items", "import", "--owner", owner.ID, "--file", "-", "--allow-empty"},
+			func(string) string { return dsn }, tty, io.Discard, &notes)
+	}()
+	if _, err := typist.Write([]byte{4}); err != nil { // Ctrl-D: the end of the input
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !strings.Contains(notes.String(), "reading JSON Lines from the terminal, up to Ctrl-D") {
+		t.Errorf("items import --file - at a terminal = %v, said %q; want it to say that it reads the terminal", err, notes.String())
+	}
+}
