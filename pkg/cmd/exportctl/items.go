@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -39,8 +41,12 @@ func itemsImport(ctx context.Context, e *env, args []string) error {
 	defer closeIn()
 	if tty, ok := in.(*os.File); ok && isTerminal(tty) {
 		// Waiting without a word for lines a person was not going to type
-		// (the file's "<" forgotten) read as a hang.
+		// (the file's "<" forgotten) read as a hang. Nobody types gzip, and
+		// a terminal's Ctrl-D ends one read, not the input: uncompressed's
+		// look ahead would take it.
 		e.note("items import --file -: reading JSON Lines from the terminal, up to Ctrl-D (a file: --file PATH, or --file - < PATH)")
+	} else if in, err = uncompressed(in, inputName(*file)); err != nil {
+		return err
 	}
 	// The whole file is validated before anything is written: one bad line
 	// rejects the file.
@@ -90,6 +96,21 @@ func importError(err error, file string) error {
 		return fmt.Errorf("import: %w; once that transaction has ended, run it again to complete it (items already as imported are left alone)", err)
 	}
 	return fmt.Errorf("import: %w; run it again to complete it (items already as imported are left alone)", err)
+}
+
+// gzipMagic is how a gzip file starts.
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// uncompressed is in, or a refusal when in is gzip-compressed: read as JSON
+// Lines, such a file was refused as "line 1: the line must be a JSON
+// object", which sent the operator to a file that looks fine unpacked.
+func uncompressed(in io.Reader, name string) (io.Reader, error) {
+	buffered := bufio.NewReader(in)
+	// A failed read is the import's to report, as it reads on.
+	if start, _ := buffered.Peek(len(gzipMagic)); bytes.Equal(start, gzipMagic) {
+		return nil, fmt.Errorf("%s: nothing imported: it is gzip-compressed: unpack it first (gunzip, or zcat FILE | exportctl items import … --file -)", name)
+	}
+	return buffered, nil
 }
 
 func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -1257,5 +1258,23 @@ func TestCommandOnADatabaseBehindMissingAColumnSaysSo(t *testing.T) {
 	want := fmt.Sprintf("the database is at schema version 6, this exportctl needs %d: run exportctl migrate", latest)
 	if err == nil || !strings.Contains(err.Error(), "42703") || !strings.Contains(err.Error(), want) {
 		t.Errorf("exportctl owner list, a column missing at version 6 = %v, want PostgreSQL's 42703 and %q", err, want)
+	}
+}
+
+// A gzip-compressed file is named as such: "line 1: the line must be a
+// JSON object" sent the operator to read a file that looks fine once
+// unpacked.
+func TestItemsImportOfAGzipFileSaysSo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	var packed bytes.Buffer
+	zw := gzip.NewWriter(&packed)
+	fmt.Fprintln(zw, strings.Replace(goodLine, "%d", "1", 1))
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err := cli(t, dsn, packed.String(), nil, "items", "import", "--owner", owner.ID, "--file", "-")
+	if want := "standard input: nothing imported: it is gzip-compressed"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("import of a gzip file = %v, want it to say %q", err, want)
 	}
 }
