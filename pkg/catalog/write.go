@@ -171,7 +171,8 @@ func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging
 // the chunks before it are committed, Written of the Total items (an
 // item as imported already counts as written), and an import run again
 // completes it. AtLeast is set when the failed chunk may have been
-// committed all the same, so Written is a floor (mayHaveCommitted).
+// committed all the same (mayHaveCommitted), so Written is a floor, and
+// Written plus that chunk the most it wrote.
 type WriteError struct {
 	Written, Total int
 	AtLeast        bool
@@ -179,11 +180,11 @@ type WriteError struct {
 }
 
 func (e *WriteError) Error() string {
-	floor := ""
 	if e.AtLeast {
-		floor = "at least "
+		return fmt.Sprintf("catalog: stopped after writing %d of %d items (or %d: the chunk under way may have committed): %v",
+			e.Written, e.Total, min(e.Written+ImportChunk, e.Total), e.Err)
 	}
-	return fmt.Sprintf("catalog: stopped after writing %s%d of %d items: %v", floor, e.Written, e.Total, e.Err)
+	return fmt.Sprintf("catalog: stopped after writing %d of %d items: %v", e.Written, e.Total, e.Err)
 }
 
 // mayHaveCommitted reports whether a chunk's statement that failed with
