@@ -22,12 +22,7 @@ import (
 func TestImportWritesOnlyItsOwnStaging(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	owners := make([]pgtype.UUID, 2)
-	for i := range owners {
-		if err := pool.QueryRow(ctx, `INSERT INTO owners (name) VALUES ('test') RETURNING id`).Scan(&owners[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	owners := []pgtype.UUID{ownerIn(t, pool), ownerIn(t, pool)}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +52,16 @@ func TestImportWritesOnlyItsOwnStaging(t *testing.T) {
 	}
 }
 
+// ownerIn creates an owner in pool's database and returns its id.
+func ownerIn(t *testing.T, pool *pgxpool.Pool) pgtype.UUID {
+	t.Helper()
+	var owner pgtype.UUID
+	if err := pool.QueryRow(context.Background(), `INSERT INTO owners (name) VALUES ('test') RETURNING id`).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
 // itemFor is a valid item with id.
 func itemFor(t *testing.T, id string) Item {
 	t.Helper()
@@ -73,10 +78,7 @@ func itemFor(t *testing.T, id string) Item {
 func TestImportInAnotherSessionIsNamed(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	var owner pgtype.UUID
-	if err := pool.QueryRow(ctx, `INSERT INTO owners (name) VALUES ('test') RETURNING id`).Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
+	owner := ownerIn(t, pool)
 	staging, other := acquire(t, pool), acquire(t, pool)
 	name := stagingTable()
 	if _, err := stage(ctx, staging, name, itemRows([]Item{itemFor(t, "a-1")})); err != nil {
@@ -110,10 +112,7 @@ func acquire(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
 func TestImportShortOfItsStagedCountSaysWhatItWrote(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	var owner pgtype.UUID
-	if err := pool.QueryRow(ctx, `INSERT INTO owners (name) VALUES ('test') RETURNING id`).Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
+	owner := ownerIn(t, pool)
 	conn := acquire(t, pool)
 	staging := stagingTable()
 	if _, err := stage(ctx, conn, staging, itemRows([]Item{itemFor(t, "only-one")})); err != nil {

@@ -43,9 +43,9 @@ func openTerminal(t *testing.T) (typist, tty *os.File) {
 }
 
 // revokeAtTerminal runs key revoke - with the terminal tty as standard
-// input, types typed once its prompt is shown, and returns its error and
-// stdout, and what the terminal showed.
-func revokeAtTerminal(t *testing.T, dsn string, typist, tty *os.File, typed string) (err error, stdout, shown string) {
+// input, types typed once its prompt is shown, and returns its stdout,
+// what the terminal showed, and its error.
+func revokeAtTerminal(t *testing.T, dsn string, typist, tty *os.File, typed string) (stdout, shown string, err error) {
 	t.Helper()
 	prompts, notes := io.Pipe()
 	var out bytes.Buffer
@@ -78,7 +78,7 @@ func revokeAtTerminal(t *testing.T, dsn string, typist, tty *os.File, typed stri
 	// command can read it: the echo, if any, is there now.
 	_ = typist.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	echo, _ := io.ReadAll(typist)
-	return err, out.String(), string(echo)
+	return out.String(), string(echo), err
 }
 
 // key revoke - at a terminal prompts on stderr, reads the line typed up
@@ -89,7 +89,7 @@ func TestKeyRevokeAtATerminalPrompts(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	_, key := newReadKey(t, dsn)
 	typist, tty := openTerminal(t)
-	err, stdout, shown := revokeAtTerminal(t, dsn, typist, tty, key.Key+"\n")
+	stdout, shown, err := revokeAtTerminal(t, dsn, typist, tty, key.Key+"\n")
 	if err != nil || stdout != "revoked key "+key.ID+"\n" {
 		t.Errorf("key revoke - at a terminal, the key typed = %v, printed %q; want key %s revoked", err, stdout, key.ID)
 	}
@@ -104,7 +104,7 @@ func TestKeyRevokeAtATerminalRefusesTwoLines(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
 	_, key := newReadKey(t, dsn)
 	typist, tty := openTerminal(t)
-	err, _, _ := revokeAtTerminal(t, dsn, typist, tty, key.Key+"\n"+key.Key+"\n")
+	_, _, err := revokeAtTerminal(t, dsn, typist, tty, key.Key+"\n"+key.Key+"\n")
 	if err == nil || !strings.Contains(err.Error(), "one line") {
 		t.Errorf("key revoke - at a terminal, two lines typed = %v, want them refused", err)
 	}
