@@ -148,6 +148,12 @@ func itemsSeed(ctx context.Context, e *env, args []string) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 		return fmt.Errorf("seed: the owner has items of seed %d already (ids s%d-…): nothing seeded; pick another --seed", *seed, *seed)
 	}
+	if err != nil && ctx.Err() != nil {
+		// One transaction, so nothing, unless the stop came as it
+		// committed: the same seed is then refused as seeded already.
+		return fmt.Errorf("seed: interrupted (%w): nothing seeded, unless it came as the items were committed (--seed %d is refused then, as seeded already)",
+			ctx.Err(), *seed)
+	}
 	if err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}

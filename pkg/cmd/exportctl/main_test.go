@@ -1278,3 +1278,38 @@ func TestItemsImportOfAGzipFileSaysSo(t *testing.T) {
 		t.Errorf("import of a gzip file = %v, want it to say %q", err, want)
 	}
 }
+
+// Ctrl-C during items seed says that nothing was seeded (one
+// transaction): it said "seed: catalog: seed copy: read unix …: use of
+// closed network connection".
+func TestItemsSeedInterruptedSaysNothingSeeded(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	pool := testenv.Pool(t, dsn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"items", "seed", "--owner", owner.ID, "--count", "2000000"},
+			func(string) string { return dsn }, strings.NewReader(""), io.Discard, io.Discard)
+	}()
+	for copying := 0; copying == 0; {
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'exportctl' AND query LIKE 'copy%'`).Scan(&copying); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("seed ended before its COPY was seen: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	err := <-done
+	if want := "seed: interrupted (context canceled): nothing seeded"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("items seed interrupted = %v, want it to say %q", err, want)
+	}
+	if n := countItems(t, dsn, owner.ID); n != 0 {
+		t.Errorf("owner has %d items after an interrupted seed, want 0", n)
+	}
+}
