@@ -75,8 +75,9 @@ func inputName(file string) string {
 
 // importError says of an import that failed whether it wrote anything:
 // nothing when a line was refused or before its items were staged, and
-// otherwise how many it wrote (at least), the chunks before the one that
-// failed, and to run it again to complete it, unless its owner is gone.
+// otherwise how many it wrote, the chunks before the one that failed (and
+// that one's too, when its fate is unknown: WriteError.AtLeast), and to
+// run it again to complete it, unless its owner is gone.
 func importError(err error, file string) error {
 	var bad *catalog.LineError
 	var cut *catalog.WriteError
