@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -144,26 +145,43 @@ func TestSyncRetriesOnlyWhatMayPass(t *testing.T) {
 }
 
 // A page whose answer does not come (a connection the network dropped
-// without a word, a peer that stopped reading) is timed out and asked for
-// again with the same cursor: without a bound, http.DefaultClient waits on
-// it for ever, and the run with it, however long the caller meant to sync.
+// without a word, a peer that stopped reading), or stops halfway through
+// its body, is timed out and asked for again with the same cursor:
+// without a bound, http.DefaultClient waits on it for ever, and the run
+// with it, however long the caller meant to sync. The body's read is
+// timed too: a bound on the answer's head alone left a page whose body
+// stalled holding the run.
 func TestSyncTimesOutAPageThatNeverComes(t *testing.T) {
-	var calls atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) == 1 {
-			<-r.Context().Done() // the first answer never comes: held until the client gives up on it
-			return
-		}
-		fmt.Fprint(w, `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r","next_cursor":null}}`)
-	}))
-	t.Cleanup(srv.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var waits int
-	c := &Client{BaseURL: srv.URL + "/v1", PageTimeout: 100 * time.Millisecond,
-		Wait: func(context.Context, time.Duration) error { waits++; return nil }}
-	if _, n, err := c.Sync(ctx, time.Time{}, Mirror{}.Upsert); err != nil || n != 1 || waits != 1 || calls.Load() != 2 {
-		t.Errorf("Sync = %d items, %v after %d requests and %d waits; want the page timed out, asked again once, and 1 item", n, err, calls.Load(), waits)
+	const page = `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r","next_cursor":null}}`
+	stalls := map[string]func(w http.ResponseWriter){
+		"no answer": func(http.ResponseWriter) {},
+		"half a body": func(w http.ResponseWriter) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(page)))
+			fmt.Fprint(w, page[:len(page)/2])
+			w.(http.Flusher).Flush()
+		},
+	}
+	for name, stall := range stalls {
+		t.Run(name, func(t *testing.T) {
+			var calls atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 1 {
+					stall(w)
+					<-r.Context().Done() // the rest never comes: held until the client gives up on it
+					return
+				}
+				fmt.Fprint(w, page)
+			}))
+			t.Cleanup(srv.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var waits int
+			c := &Client{BaseURL: srv.URL + "/v1", PageTimeout: 100 * time.Millisecond,
+				Wait: func(context.Context, time.Duration) error { waits++; return nil }}
+			if _, n, err := c.Sync(ctx, time.Time{}, Mirror{}.Upsert); err != nil || n != 1 || waits != 1 || calls.Load() != 2 {
+				t.Errorf("Sync = %d items, %v after %d requests and %d waits; want the page timed out, asked again once, and 1 item", n, err, calls.Load(), waits)
+			}
+		})
 	}
 }
 
