@@ -209,7 +209,7 @@ func basicHeader(key string) string {
 type rebindResolver struct{ calls atomic.Int64 }
 
 func (r *rebindResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if host != "rebind.example.com" {
+	if host != "rebind.example.com." {
 		return nil, errors.New("no such host")
 	}
 	if r.calls.Add(1) == 1 {

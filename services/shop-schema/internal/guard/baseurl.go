@@ -167,10 +167,10 @@ func (g *Guard) checkLiteral(ip netip.Addr, port uint16) (Target, error) {
 }
 
 // internalSuffixes are name spaces that never hold a public shop. .svc is
-// Kubernetes': name.namespace.svc reaches a Service through a pod's search
-// domain (cluster.local, refused as .local), and resolves to an address
-// the classifier refuses anyway where the cluster's are private; refused
-// by name too, for a cluster whose Service addresses are not.
+// Kubernetes': name.namespace.svc is a Service's name once a pod's search
+// domain (cluster.local, refused as .local) completes it, which the
+// guard's lookups, of absolute names, no longer let happen (lookup); it
+// is refused by name all the same, as a name no public shop has.
 var internalSuffixes = []string{".localhost", ".local", ".internal", ".home.arpa", ".lan", ".intranet", ".corp", ".svc"}
 
 func (g *Guard) checkHostname(host string, port uint16) (Target, error) {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -28,7 +29,7 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 	if t.IsIP() || g.allowHosts[t.Host] {
 		return nil
 	}
-	addrs, err := r.LookupNetIP(ctx, "ip", t.Host)
+	addrs, err := r.LookupNetIP(ctx, "ip", absolute(t.Host))
 	if err != nil || len(addrs) == 0 {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -44,6 +45,20 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 		}
 	}
 	return nil
+}
+
+// absolute is host as the absolute name it is (a trailing dot added), the
+// name the guard's lookups ask for, so that the name resolved is the one
+// the guard judged: unrooted, the resolver tries it with each of
+// resolv.conf's search domains too, and "kubernetes.default", allowed by
+// name, became a pod's API server (kubernetes.default.svc.cluster.local),
+// "wiki.hr" a company's intranet host (wiki.hr.corp.example), which only
+// their addresses then refused.
+func absolute(host string) string {
+	if strings.HasSuffix(host, ".") {
+		return host
+	}
+	return host + "."
 }
 
 // noSuchHost reports whether a lookup's error says the name does not exist
@@ -109,10 +124,13 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	if ip, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{ip}
 	} else {
+		lookupName := absolute(host)
 		if d.guard.allowHosts[host] {
-			dialer = d.listed
+			// The operator's name (a test's), resolved as the machine
+			// resolves it: /etc/hosts keeps a single-label name unrooted.
+			dialer, lookupName = d.listed, host
 		}
-		addrs, err = d.resolver.LookupNetIP(ctx, "ip", host)
+		addrs, err = d.resolver.LookupNetIP(ctx, "ip", lookupName)
 		if err != nil {
 			return nil, err
 		}

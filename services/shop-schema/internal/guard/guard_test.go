@@ -3,10 +3,13 @@ package guard
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
 )
 
@@ -311,5 +314,84 @@ func TestParseWHATWGIPv4(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("parseWHATWGIPv4(%q) = %q, want %q", tt.in, got, tt.want)
 		}
+	}
+}
+
+// searchingResolver answers as a stub resolver with a search list does
+// (resolv.conf's search, Kubernetes' namespace.svc.cluster.local): a name
+// without a trailing dot that does not resolve as it is gets each suffix
+// appended in turn; a rooted name ("shop.example.") is looked up as it is
+// only. Its map holds rooted names.
+type searchingResolver struct {
+	search []string
+	names  map[string]string
+}
+
+func (r searchingResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	candidates := []string{host}
+	if !strings.HasSuffix(host, ".") {
+		candidates = []string{host + "."}
+		for _, s := range r.search {
+			candidates = append(candidates, host+"."+s+".")
+		}
+	}
+	for _, name := range candidates {
+		if a, ok := r.names[name]; ok {
+			return []netip.Addr{netip.MustParseAddr(a)}, nil
+		}
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// TestLookupsIgnoreTheSearchList: the name the guard judged is the name
+// resolved, never one the machine's search list made of it. Unrooted,
+// "kubernetes.default" (two labels, no internal suffix: allowed by name)
+// resolved in a pod as kubernetes.default.svc.cluster.local, the API
+// server, and "wiki.hr" on a host searching corp.example as an intranet
+// server; only their addresses were left to refuse them, and an internal
+// address that is public passed.
+func TestLookupsIgnoreTheSearchList(t *testing.T) {
+	r := searchingResolver{
+		search: []string{"svc.cluster.local", "corp.example"},
+		names: map[string]string{
+			"shop.example.com.":                     "93.184.216.34",
+			"kubernetes.default.svc.cluster.local.": "93.184.216.35", // a cluster whose Service addresses are public
+			"wiki.hr.corp.example.":                 "93.184.216.36",
+			"loopback.test.corp.example.":           "127.0.0.1",
+		},
+	}
+	g := newGuard(t)
+	for _, tt := range []struct{ in, want string }{
+		{"https://shop.example.com/", "ok"},
+		{"https://shop.example.com./", "ok"},
+		{"https://kubernetes.default/", "no such host"},
+		{"https://wiki.hr/", "no such host"},
+	} {
+		target, err := g.ParseBaseURL(tt.in)
+		if err != nil {
+			t.Fatalf("ParseBaseURL(%q) = %v", tt.in, err)
+		}
+		if err := g.CheckResolved(context.Background(), r, target); outcome(err) != tt.want {
+			t.Errorf("CheckResolved(%q) = %s (%v), want %s", tt.in, outcome(err), err, tt.want)
+		}
+	}
+
+	// The dial's own lookup: "loopback.test" found through the search
+	// list would reach the listener (127.0.0.1 is on this guard's list, so
+	// only the name decides); looked up as written, it does not resolve.
+	ln, err := net.Listen("tcp", testenv.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	d := NewDialer(newGuard(t, "127.0.0.1"), r, time.Second)
+	conn, err := d.DialContext(context.Background(), "tcp", net.JoinHostPort("loopback.test", port))
+	if err == nil {
+		conn.Close()
+		t.Fatal("DialContext(loopback.test) connected through a name of the search list, want no such host")
+	}
+	if !noSuchHost(err) {
+		t.Errorf("DialContext(loopback.test) = %v, want no such host", err)
 	}
 }
