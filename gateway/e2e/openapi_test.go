@@ -156,9 +156,9 @@ func (c contract) check(req *http.Request, x exchange, a answer) error {
 	route, params, err := c.router.FindRoute(req)
 	switch {
 	case errors.Is(err, routers.ErrPathNotFound):
-		return c.met.add("RouteNotFound", a.status, a.header.Get("X-Error-Code"), c.checkUnrouted(req, "RouteNotFound", a))
+		return c.met.add("RouteNotFound", a, c.checkUnrouted(req, "RouteNotFound", a))
 	case errors.Is(err, routers.ErrMethodNotAllowed):
-		return c.met.add("MethodNotAllowed", a.status, a.header.Get("X-Error-Code"), c.checkUnrouted(req, "MethodNotAllowed", a))
+		return c.met.add("MethodNotAllowed", a, c.checkUnrouted(req, "MethodNotAllowed", a))
 	case err != nil:
 		return fmt.Errorf("finding the operation: %w", err)
 	}
@@ -173,7 +173,7 @@ func (c contract) check(req *http.Request, x exchange, a answer) error {
 	case !x.docRefuses && reqErr != nil:
 		return fmt.Errorf("the document refuses the request: %w", reqErr)
 	}
-	return c.met.add(route.Operation.OperationID, a.status, a.header.Get("X-Error-Code"), checkAnswer(in, route.Operation.Responses, a))
+	return c.met.add(route.Operation.OperationID, a, checkAnswer(in, route.Operation.Responses, a))
 }
 
 // checkUnrouted checks the answer to a request no operation has against
@@ -298,7 +298,8 @@ var gzipped = map[string]string{"Content-Encoding": "gzip"}
 // validated, request and answer, against it. The document must refuse the
 // requests that break its own constraints, and accept the others; every
 // answer's status, headers and body must be as it says, and every error
-// code must be among those it lists for that answer.
+// code must be among those it lists for that answer. Each error response's
+// example must be an answer an exchange got: its code and its message.
 func TestOpenAPIDescribesTheStack(t *testing.T) {
 	c := loadContract(t)
 	pool := testenv.Postgres(t)
@@ -325,6 +326,7 @@ func TestOpenAPIDescribesTheStack(t *testing.T) {
 	t.Run("services failing", func(t *testing.T) { checkServicesFailing(t, c, s, fx) })
 	t.Run("services down", func(t *testing.T) { checkServicesDown(t, c, s, fx) })
 	c.wantEveryAnswerMet(t)
+	c.wantExamplesMet(t)
 }
 
 func checkHealth(t *testing.T, c contract, s *stack) {

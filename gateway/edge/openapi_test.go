@@ -120,3 +120,67 @@ func forEachSchema(s *openapi3.Schema, where string, f func(string, *openapi3.Sc
 		inner(a, fmt.Sprintf("%s.allOf[%d]", where, i))
 	}
 }
+
+// Every error answer with a body has an example of its own, which a
+// generated client's docs show for its status (they showed the envelope
+// schema's one, invalid_limit, for a 401 or a 502), and the example is true
+// of its response: an ErrorEnvelope whose error.code is one of its
+// x-error-codes. That its message is one the stack sends with that code is
+// e2e.TestOpenAPIDescribesTheStack's to check.
+func TestOpenAPIErrorExamplesAreTheirResponses(t *testing.T) {
+	doc, err := openapi3.NewLoader().LoadFromFile("../openapi.yaml")
+	if err != nil {
+		t.Fatalf("load ../openapi.yaml: %v", err)
+	}
+	responses := map[string]*openapi3.Response{}
+	for name, ref := range doc.Components.Responses {
+		responses["components.responses."+name] = ref.Value
+	}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			for status, ref := range op.Responses.Map() {
+				if ref.Ref == "" {
+					responses[method+" "+path+" "+status] = ref.Value
+				}
+			}
+		}
+	}
+	for where, r := range responses {
+		codes, listed := r.Extensions["x-error-codes"].([]any)
+		media := r.Content.Get("application/json")
+		if !listed || media == nil { // a success, or a HEAD answer
+			continue
+		}
+		examples := examplesOf(media)
+		if len(examples) == 0 {
+			t.Errorf("openapi.yaml: %s has no example: a client's docs show none, or another answer's", where)
+		}
+		for name, value := range examples {
+			which := "its example"
+			if name != "" {
+				which += " " + name
+			}
+			if err := media.Schema.Value.VisitJSON(value); err != nil {
+				t.Errorf("openapi.yaml: %s, %s, is not its schema's: %v", where, which, err)
+			}
+			env, _ := value.(map[string]any)
+			e, _ := env["error"].(map[string]any)
+			if !slices.Contains(codes, e["code"]) {
+				t.Errorf("openapi.yaml: %s, %s, has code %v, which is not in its x-error-codes %v", where, which, e["code"], codes)
+			}
+		}
+	}
+}
+
+// examplesOf is a media type's example (named "") or its examples, by
+// name.
+func examplesOf(media *openapi3.MediaType) map[string]any {
+	examples := map[string]any{}
+	if media.Example != nil {
+		examples[""] = media.Example
+	}
+	for name, ex := range media.Examples {
+		examples[name] = ex.Value.Value
+	}
+	return examples
+}
