@@ -112,6 +112,48 @@ func TestTimeoutIsNotRepeatedUnlessAllowed(t *testing.T) {
 	}
 }
 
+// A sale with an Idempotency-Key (Repeat.Always) whose lone instance
+// failed is asked again only when the connection was found closed (the
+// instance dropped it, or was killed mid-call), and its outcome names the
+// one instance twice; after a timeout it is not sent again, there being no
+// other instance to send it to (root README, "Statuses beyond the
+// contract's table").
+func TestALoneInstanceIsAskedASaleAgainOnlyAfterAClosedConnection(t *testing.T) {
+	var hits atomic.Int64
+	dropping := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				conn.Close()
+			}
+		}
+	}))
+	defer dropping.Close()
+	u, err := New("svc", []string{dropping.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := post(u)
+	if err != nil || out.Repeated == nil || !errors.Is(out.Repeated.Err, ErrClosed) ||
+		out.Repeated.Instance != out.Instance || hits.Load() != 2 {
+		t.Fatalf("sale on a lone instance that dropped it = %+v, %v, %d hits; want answered by the same instance on a repeat", out, err, hits.Load())
+	}
+
+	var slowHits atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slowHits.Add(1)
+		time.Sleep(time.Second)
+	}))
+	defer slow.Close()
+	u, err = New("svc", []string{slow.URL}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = post(u)
+	if !errors.Is(err, ErrTimeout) || out.Repeated != nil || slowHits.Load() != 1 {
+		t.Fatalf("sale on a lone instance that timed out = %+v, %v, %d hits; want ErrTimeout, not repeated, 1 hit", out, err, slowHits.Load())
+	}
+}
+
 func TestLoneInstanceRestartIsRetriedOnANewConnection(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
