@@ -50,11 +50,28 @@ func openTerminal(t *testing.T) (typist, tty *os.File) {
 // what the terminal showed, and its error.
 func revokeAtTerminal(t *testing.T, dsn string, typist, tty *os.File, typed string) (stdout, shown string, err error) {
 	t.Helper()
+	stdout, err = revokeAfterPrompt(t, context.Background(), dsn, tty, func() {
+		if _, err := typist.WriteString(typed); err != nil {
+			t.Error(err)
+		}
+	})
+	// The terminal echoes what it is given as it is given it, before the
+	// command can read it: the echo, if any, is there now.
+	_ = typist.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	echo, _ := io.ReadAll(typist)
+	return stdout, string(echo), err
+}
+
+// revokeAfterPrompt runs key revoke - with ctx and the terminal tty as
+// standard input, calls answer once its prompt is shown, and returns its
+// stdout and its error.
+func revokeAfterPrompt(t *testing.T, ctx context.Context, dsn string, tty *os.File, answer func()) (stdout string, err error) {
+	t.Helper()
 	prompts, notes := io.Pipe()
 	var out bytes.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(context.Background(), []string{"key", "revoke", "-"}, func(string) string { return dsn }, tty, &out, notes)
+		done <- run(ctx, []string{"key", "revoke", "-"}, func(string) string { return dsn }, tty, &out, notes)
 		notes.Close()
 	}()
 	prompt := make(chan string, 1)
@@ -73,15 +90,28 @@ func revokeAtTerminal(t *testing.T, dsn string, typist, tty *os.File, typed stri
 	case <-time.After(10 * time.Second): // a safeguard, not a measure: without a prompt it waits for ever
 		t.Fatal("key revoke - at a terminal showed no prompt on stderr")
 	}
-	if _, err := typist.WriteString(typed); err != nil {
-		t.Fatal(err)
+	answer()
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second): // a safeguard, not a measure
+		t.Fatal("key revoke - at a terminal still waits after the answer to its prompt")
 	}
-	err = <-done
-	// The terminal echoes what it is given as it is given it, before the
-	// command can read it: the echo, if any, is there now.
-	_ = typist.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	echo, _ := io.ReadAll(typist)
-	return out.String(), string(echo), err
+	return out.String(), err
+}
+
+// Ctrl-C at the prompt ends the wait, says that nothing was revoked, and
+// leaves the terminal echoing again: a read of the terminal is not
+// interrupted by the signal, so the command stops waiting for it.
+func TestKeyRevokeAtATerminalStopsAtCtrlC(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	_, tty := openTerminal(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := revokeAfterPrompt(t, ctx, dsn, tty, cancel)
+	if want := "key revoke -: context canceled before a key was given: nothing revoked"; err == nil || err.Error() != want {
+		t.Errorf("key revoke - at a terminal, Ctrl-C at the prompt = %v, want %q", err, want)
+	}
+	echoAndLinesBack(t, tty)
 }
 
 // key revoke - at a terminal prompts on stderr, reads the line typed up
