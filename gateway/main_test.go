@@ -76,8 +76,11 @@ func TestRunServesAndDrains(t *testing.T) {
 	if strings.Contains(logs, "misspelt-value") {
 		t.Error("the value of a misspelt variable appears in the logs")
 	}
+	// Without SHOP_SCHEMA_IDENTITY_SECRET, shop-schema's calls are signed
+	// with IDENTITY_SECRET, and the operator is told what that risks.
 	for _, want := range []string{`"msg":"starting"`, `"identity_secret":"***"`, `"msg":"stopped"`,
-		`"name":"RATE_LIMIT_EXPORT_RAED","did_you_mean":"RATE_LIMIT_EXPORT_READ"`} {
+		`"name":"RATE_LIMIT_EXPORT_RAED","did_you_mean":"RATE_LIMIT_EXPORT_READ"`,
+		`"shop_schema_identity_secret":"unset: IDENTITY_SECRET"`, `"level":"WARN","msg":"SHOP_SCHEMA_IDENTITY_SECRET is unset`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s", want)
 		}
@@ -94,10 +97,12 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 		"GATEWAY_ADDR": addr, "GATEWAY_ADMIN_ADDR": testenv.FreeAddr(t),
 		"DATABASE_URL": testenv.PostgresURL(t), "REDIS_URL": testenv.RedisURL(t),
 		"IDENTITY_SECRET": "run-test-identity-secret-0123456789abcdef", "GATEWAY_SHUTDOWN_DELAY": "1500ms",
+		"SHOP_SCHEMA_IDENTITY_SECRET": shopSchemaSecret,
 	}
 	maps.Copy(env, downUpstreams(t))
 	cancel, out, done := runGateway(env)
 	defer cancel()
+	defer checkShopSchemaSecretMasked(t, out)
 	health := func() int {
 		resp, err := http.Get("http://" + addr + "/v1/health")
 		if err != nil {
@@ -133,6 +138,23 @@ func TestRunServesOnForTheShutdownDelay(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("run() did not return after the delay")
+	}
+}
+
+// shopSchemaSecret is the SHOP_SCHEMA_IDENTITY_SECRET of the runs that
+// set one.
+const shopSchemaSecret = "run-test-shop-schema-identity-secret-0123456789"
+
+// checkShopSchemaSecretMasked checks the log of a run given
+// shopSchemaSecret: the secret masked, and no warning of it unset.
+func checkShopSchemaSecretMasked(t *testing.T, out *testenv.Output) {
+	t.Helper()
+	logs := out.String()
+	if strings.Contains(logs, shopSchemaSecret) {
+		t.Error("SHOP_SCHEMA_IDENTITY_SECRET appears in the logs")
+	}
+	if !strings.Contains(logs, `"shop_schema_identity_secret":"***"`) || strings.Contains(logs, "SHOP_SCHEMA_IDENTITY_SECRET is unset") {
+		t.Errorf("the log of a run with SHOP_SCHEMA_IDENTITY_SECRET set, want it masked and no warning of it unset:\n%s", logs)
 	}
 }
 

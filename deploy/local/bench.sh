@@ -106,6 +106,9 @@ if [ ! -f "$state/secrets" ]; then
   { echo "IDENTITY_SECRET=$(random_secret)"; echo "CURSOR_SECRET=$(random_secret)"; } >"$state/secrets"
   umask 022
 fi
+# shop-schema's own identity secret, as deployed (added to an older state).
+grep -q '^SHOP_SCHEMA_IDENTITY_SECRET=' "$state/secrets" ||
+  echo "SHOP_SCHEMA_IDENTITY_SECRET=$(random_secret)" >>"$state/secrets"
 set -a; . "$state/secrets"; set +a
 
 # Nothing from the caller's stack may leak in: our own database, Redis and
@@ -200,7 +203,7 @@ wait_http() { # wait_http NAME URL [CURL_ARGS...]: up to 15 s for a 200
 log "starting the services, then two gateways, nginx and the plain Fiber hop"
 start export-reader env EXPORT_READER_ADDR=127.0.0.1:$reader_port EXPORT_READER_ADMIN_ADDR=127.0.0.1:19081 bin/export-reader
 start sales-writer env SALES_WRITER_ADDR=127.0.0.1:$writer_port SALES_WRITER_ADMIN_ADDR=127.0.0.1:19082 bin/sales-writer
-start shop-schema env SHOP_SCHEMA_ADDR=127.0.0.1:$shop_port SHOP_SCHEMA_ADMIN_ADDR=127.0.0.1:19083 bin/shop-schema
+start shop-schema env IDENTITY_SECRET="$SHOP_SCHEMA_IDENTITY_SECRET" SHOP_SCHEMA_ADDR=127.0.0.1:$shop_port SHOP_SCHEMA_ADMIN_ADDR=127.0.0.1:19083 bin/shop-schema
 # The gateways start once the services answer: a gateway's first probe
 # would otherwise mark a service down for a few seconds.
 wait_http export-reader http://127.0.0.1:$reader_port/healthz

@@ -67,6 +67,10 @@ if [ ! -f "$state/secrets" ]; then
   { echo "IDENTITY_SECRET=$(random_secret)"; echo "CURSOR_SECRET=$(random_secret)"; } >"$state/secrets"
   umask 022
 fi
+# shop-schema's identity secret, its own (below): added to a .run/ made
+# before it had one, the file's mode kept.
+grep -q '^SHOP_SCHEMA_IDENTITY_SECRET=' "$state/secrets" ||
+  echo "SHOP_SCHEMA_IDENTITY_SECRET=$(random_secret)" >>"$state/secrets"
 # They fill in only what the environment leaves unset: a secret given to
 # make run (CURSOR_SECRET with CURSOR_SECRET_PREVIOUS, to try a rotation)
 # wins, as every other setting does.
@@ -352,7 +356,13 @@ if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ]; then
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://$(reachable "${TRACESTORE_ADDR:-127.0.0.1:4318}")"
   export OTEL_BSP_SCHEDULE_DELAY="${OTEL_BSP_SCHEDULE_DELAY:-500}"
 fi
-for svc in export-reader sales-writer shop-schema; do start "$svc"; done
+start export-reader
+start sales-writer
+# shop-schema verifies with a secret of its own, the gateway's
+# SHOP_SCHEMA_IDENTITY_SECRET, and holds no IDENTITY_SECRET, current or
+# previous: it reads merchants' servers, and must hold nothing that signs
+# for the other two (README, "Rotating IDENTITY_SECRET").
+IDENTITY_SECRET=$SHOP_SCHEMA_IDENTITY_SECRET IDENTITY_SECRET_PREVIOUS= start shop-schema
 # The gateway starts once the services answer: its first health probe would
 # otherwise find one still starting and report it down for a few seconds.
 for addr in "$EXPORT_READER_ADDR" "$SALES_WRITER_ADDR" "$SHOP_SCHEMA_ADDR"; do

@@ -60,6 +60,9 @@ pg_create_db "$dir/pg" drill
 export DATABASE_URL="postgres://postgres@/drill?host=$(url_path "$dir/pg")"
 export REDIS_URL="unix://$(url_path "$dir")/redis/redis.sock"
 export IDENTITY_SECRET=$(random_secret) CURSOR_SECRET=$(random_secret)
+# No shop-schema runs (below), but the gateway signs for one with a secret
+# of its own, as deployed.
+export SHOP_SCHEMA_IDENTITY_SECRET=$(random_secret)
 export GATEWAY_ADDR=127.0.0.1:$port GATEWAY_ADMIN_ADDR=127.0.0.1:$((port + 10))
 export EXPORT_READER_ADDR=127.0.0.1:$((port + 1)) EXPORT_READER_ADMIN_ADDR=127.0.0.1:$((port + 11))
 export SALES_WRITER_ADDR=127.0.0.1:$((port + 2)) SALES_WRITER_ADMIN_ADDR=127.0.0.1:$((port + 12))

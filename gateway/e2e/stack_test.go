@@ -99,6 +99,14 @@ func startStack(t *testing.T, dsn, redisURL string, settings ...string) *stack {
 	}
 }
 
+// The stack's identity secrets: IDENTITY_SECRET, which the gateway, export-reader
+// and sales-writer hold, and shop-schema's own, the gateway's
+// SHOP_SCHEMA_IDENTITY_SECRET and shop-schema's IDENTITY_SECRET.
+const (
+	identitySecret   = "e2e-identity-secret-0123456789abcdef"
+	shopSchemaSecret = "e2e-shop-schema-identity-secret-0123456789"
+)
+
 // errExited is a process of the stack that ended before the stack was
 // healthy.
 var errExited = errors.New("a process of the stack exited")
@@ -117,7 +125,8 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 		"PATH=" + os.Getenv("PATH"),
 		"DATABASE_URL=" + dsn,
 		"REDIS_URL=" + redisURL,
-		"IDENTITY_SECRET=e2e-identity-secret-0123456789abcdef",
+		"IDENTITY_SECRET=" + identitySecret,
+		"SHOP_SCHEMA_IDENTITY_SECRET=" + shopSchemaSecret,
 		"CURSOR_SECRET=e2e-cursor-secret-0123456789abcdefgh",
 		"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiverURL,
 		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
@@ -127,7 +136,9 @@ func launch(t *testing.T, bin, receiverURL string, traces *tracestore.Store, dsn
 	own := map[string][]string{
 		"export-reader": {"EXPORT_READER_ADDR=" + addr["export-reader"], "EXPORT_READER_ADMIN_ADDR=" + admin["export-reader"]},
 		"sales-writer":  {"SALES_WRITER_ADDR=" + addr["sales-writer"], "SALES_WRITER_ADMIN_ADDR=" + admin["sales-writer"]},
-		"shop-schema":   {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + admin["shop-schema"]},
+		// Its own identity secret, as deployed: the last value of a name wins.
+		"shop-schema": {"SHOP_SCHEMA_ADDR=" + addr["shop-schema"], "SHOP_SCHEMA_ADMIN_ADDR=" + admin["shop-schema"],
+			"IDENTITY_SECRET=" + shopSchemaSecret},
 		"gateway": {
 			"GATEWAY_ADDR=" + addr["gateway"], "GATEWAY_ADMIN_ADDR=" + admin["gateway"],
 			// Limits counted apart from every other stack's and run's in

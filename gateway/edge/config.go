@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"cmp"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -36,6 +37,12 @@ type Config struct {
 	IdleTimeout      time.Duration  // GATEWAY_IDLE_TIMEOUT (60s)
 	ShutdownTimeout  time.Duration  // GATEWAY_SHUTDOWN_TIMEOUT (25s): no shorter than any service's drain
 	ShutdownDelay    time.Duration  // GATEWAY_SHUTDOWN_DELAY (0s): serving on after the stop signal
+
+	// ShopSchemaIdentitySecret signs shop-schema's calls in IdentitySecret's
+	// place: shop-schema reads merchants' servers, and holding
+	// IDENTITY_SECRET it could sign identities export-reader and
+	// sales-writer accept.
+	ShopSchemaIdentitySecret string // SHOP_SCHEMA_IDENTITY_SECRET ("": IDENTITY_SECRET signs them, with a warning; ≥32 bytes, not IDENTITY_SECRET; secret)
 
 	ExportReaderURLs []string // EXPORT_READER_URLS (http://127.0.0.1:8081)
 	SalesWriterURLs  []string // SALES_WRITER_URLS (http://127.0.0.1:8082)
@@ -141,6 +148,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg.GC.Check(r)
 	// Only signed with here: IDENTITY_SECRET_PREVIOUS is for the services.
 	cfg.IdentitySecret = r.SigningSecret("IDENTITY_SECRET")
+	cfg.ShopSchemaIdentitySecret = readShopSchemaIdentitySecret(r, cfg.IdentitySecret)
 	cfg.TrustedProxies = readTrustedProxies(r, cfg.ProxyHeader)
 	cfg.OwnerSaleInFlight = readOwnerSaleInFlight(r, cfg.OwnerInFlight)
 	// Trusted longer once revocations go unheard than while heard, a key
@@ -157,6 +165,30 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
 	}
 	return cfg, nil
+}
+
+// readShopSchemaIdentitySecret reads SHOP_SCHEMA_IDENTITY_SECRET, "" when
+// unset: a gateway upgraded without it signs shop-schema's calls with
+// identitySecret as before (run warns), so that the upgrade and the split
+// of the secret are two steps (README, "Rotating IDENTITY_SECRET"). Set,
+// it is held to IDENTITY_SECRET's rules and must differ from it: the same
+// value would leave shop-schema holding a secret the other services
+// accept, the one thing the setting is for.
+func readShopSchemaIdentitySecret(r *envconfig.Reader, identitySecret string) string {
+	const name = "SHOP_SCHEMA_IDENTITY_SECRET"
+	if r.String(name, "") == "" {
+		return ""
+	}
+	secret := r.SigningSecret(name)
+	r.Check(secret != identitySecret,
+		name+" must differ from IDENTITY_SECRET: shop-schema would hold a secret export-reader and sales-writer accept (unset it to sign shop-schema's calls with IDENTITY_SECRET)")
+	return secret
+}
+
+// ShopSchemaSigningSecret is the secret shop-schema's calls are signed
+// with: SHOP_SCHEMA_IDENTITY_SECRET, or IDENTITY_SECRET when it is unset.
+func (c Config) ShopSchemaSigningSecret() string {
+	return cmp.Or(c.ShopSchemaIdentitySecret, c.IdentitySecret)
 }
 
 // readOwnerSaleInFlight reads how many of an owner's ownerInFlight slots
@@ -258,6 +290,15 @@ func rate(r *envconfig.Reader, name, def string) limiter.Rate {
 	return rate
 }
 
+// maskedOr is an optional secret as the start-up log shows it: masked,
+// or unset when it is "".
+func maskedOr(secret, unset string) string {
+	if secret == "" {
+		return unset
+	}
+	return "***"
+}
+
 // LogValue describes the configuration for the start-up log, secrets
 // masked (slog calls it for a Config given as a value).
 func (c Config) LogValue() slog.Value {
@@ -265,6 +306,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis", redisclient.Describe(c.RedisURL)),
 		slog.String("identity_secret", "***"),
+		slog.String("shop_schema_identity_secret", maskedOr(c.ShopSchemaIdentitySecret, "unset: IDENTITY_SECRET")),
 		slog.String("log_level", c.LogLevel),
 		slog.Bool("trust_traceparent", c.TrustTraceparent), slog.String("proxy_header", c.ProxyHeader),
 		slog.Any("trusted_proxies", c.TrustedProxies), slog.Int("max_header_bytes", c.MaxHeaderBytes),

@@ -71,7 +71,8 @@ type Gateway struct {
 	guessLookupDecisions slotDecisions
 	tracer               trace.Tracer
 	metrics              *metrics
-	signer               *identity.Signer // signs the identity sent upstream
+	signer               *identity.Signer // signs the identity sent to export-reader and sales-writer
+	shopSchemaSigner     *identity.Signer // signs the one sent to shop-schema (Config.ShopSchemaSigningSecret)
 	pool                 *pgxpool.Pool
 	redis                *redis.Client
 	keys                 keyLookup
@@ -140,6 +141,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	// Keep this provider's tracer even if another Setup replaces the global.
 	g.tracer = otel.GetTracerProvider().Tracer("github.com/coinexport/export/gateway")
 	if g.signer, err = identity.NewSigner(cfg.IdentitySecret); err != nil {
+		return nil, err
+	}
+	if g.shopSchemaSigner, err = identity.NewSigner(cfg.ShopSchemaSigningSecret()); err != nil {
 		return nil, err
 	}
 	if err = g.buildUpstreams(); err != nil {
@@ -259,7 +263,6 @@ func (g *Gateway) buildUpstreams() error {
 		ConnectTimeout: g.cfg.UpstreamConnectTimeout, ReadTimeout: g.cfg.UpstreamReadTimeout,
 		WriteTimeout: g.cfg.UpstreamWriteTimeout, DownFor: g.cfg.UpstreamDownFor, MaxConns: g.cfg.UpstreamMaxConns,
 		OnStateChange: g.logInstanceState,
-		SignProbe:     g.signProbe,
 	}
 	g.upstreams = map[string]*upstream.Upstream{}
 	for name, urls := range map[string][]string{
@@ -268,6 +271,7 @@ func (g *Gateway) buildUpstreams() error {
 		upstreamShopSchema:   g.cfg.ShopSchemaURLs,
 	} {
 		opts.ReadWholeUpTo = readWholeUpTo[name]
+		opts.SignProbe = probeSigner(g.signerFor(name))
 		u, err := upstream.New(name, urls, opts)
 		if err != nil {
 			return err

@@ -100,13 +100,15 @@ func (g *Gateway) healthReport() healthData {
 	return healthData{Status: status, Version: ContractVersion, Checks: checks}
 }
 
-// signProbe signs an anonymous identity for an instance's health probe: a
-// service whose IDENTITY_SECRET differs answers it 503, and is taken out
-// and shown down in /v1/health, rather than refusing every request while
-// it looks healthy.
-func (g *Gateway) signProbe(h *fasthttp.RequestHeader) {
-	g.signer.SignInto(h.SetBytesV, identity.Identity{RequestID: "health-probe"},
-		identity.Request{Method: fasthttp.MethodGet, Target: upstream.HealthPath}, time.Now())
+// probeSigner signs with signer an anonymous identity for each health
+// probe of an upstream's instances: a service whose IDENTITY_SECRET
+// differs answers it 503, and is taken out and shown down in /v1/health,
+// rather than refusing every request while it looks healthy.
+func probeSigner(signer *identity.Signer) func(h *fasthttp.RequestHeader) {
+	return func(h *fasthttp.RequestHeader) {
+		signer.SignInto(h.SetBytesV, identity.Identity{RequestID: "health-probe"},
+			identity.Request{Method: fasthttp.MethodGet, Target: upstream.HealthPath}, time.Now())
+	}
 }
 
 func (g *Gateway) serveHealth(c *fiber.Ctx, rq *request) error {

@@ -416,6 +416,44 @@ func keysOf(m map[string]sdktrace.ReadOnlySpan) []string {
 	return out
 }
 
+// shop-schema's calls are signed with SHOP_SCHEMA_IDENTITY_SECRET, or,
+// unset, with IDENTITY_SECRET (a gateway upgraded without it goes on as
+// before); set, it is a secret by IDENTITY_SECRET's rules, not
+// IDENTITY_SECRET's value, and never quoted in an error or the start-up
+// log.
+func TestShopSchemaIdentitySecret(t *testing.T) {
+	const own = "internal-test-shop-schema-identity-secret-0123456789"
+	load := func(shopSchema string) (Config, error) {
+		env := map[string]string{"DATABASE_URL": "postgres://db/x", "IDENTITY_SECRET": testSecret, "SHOP_SCHEMA_IDENTITY_SECRET": shopSchema}
+		return LoadConfig(func(k string) string { return env[k] })
+	}
+	for _, tt := range []struct{ set, signs string }{{"", testSecret}, {own, own}} {
+		cfg, err := load(tt.set)
+		if err != nil {
+			t.Fatalf("LoadConfig(SHOP_SCHEMA_IDENTITY_SECRET=%q) error = %v", tt.set, err)
+		}
+		if got := cfg.ShopSchemaSigningSecret(); got != tt.signs {
+			t.Errorf("LoadConfig(SHOP_SCHEMA_IDENTITY_SECRET=%q).ShopSchemaSigningSecret() = %q, want %q", tt.set, got, tt.signs)
+		}
+		if logged := fmt.Sprint(cfg.LogValue()); strings.Contains(logged, own) || strings.Contains(logged, testSecret) {
+			t.Errorf("the start-up log shows a secret: %s", logged)
+		}
+	}
+	for _, tt := range []struct{ value, want string }{
+		{testSecret, "must differ from IDENTITY_SECRET"},
+		{"short-secret", "at least 32 bytes"},
+		{strings.Repeat("ab", 20), "at least 8 different bytes"},
+		{own + ",", "nor hold a comma"},
+	} {
+		_, err := load(tt.value)
+		if err == nil || !strings.Contains(err.Error(), "SHOP_SCHEMA_IDENTITY_SECRET must") || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("LoadConfig(SHOP_SCHEMA_IDENTITY_SECRET=%q) error = %v, want one saying it %s", tt.value, err, tt.want)
+		} else if strings.Contains(err.Error(), tt.value) {
+			t.Errorf("LoadConfig(SHOP_SCHEMA_IDENTITY_SECRET=%q) error = %v quotes the value", tt.value, err)
+		}
+	}
+}
+
 func TestLoadConfig(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://db/x", "IDENTITY_SECRET": testSecret}
 	getenv := func(extra map[string]string) func(string) string {

@@ -26,9 +26,9 @@ var forwardedHeaders = map[string]bool{
 
 // prepareUpstreamRequest makes the client's request the one a service
 // gets: only the forwarded headers, X-Forwarded-For and the signed
-// identity for uri, the path and query as sent. It refuses a compressed
-// body (errEncodedBody).
-func (g *Gateway) prepareUpstreamRequest(req *fasthttp.Request, rq *request, uri string) error {
+// identity for uri, the path and query as sent, signed by signer (the
+// upstream's: signerFor). It refuses a compressed body (errEncodedBody).
+func (g *Gateway) prepareUpstreamRequest(req *fasthttp.Request, rq *request, uri string, signer *identity.Signer) error {
 	// Once scrubbed, the request holds none of the headers set below, so
 	// they are added, without the search for one to replace that Set does.
 	if encoded := scrubHeaders(&req.Header); encoded && len(req.Body()) > 0 {
@@ -40,7 +40,7 @@ func (g *Gateway) prepareUpstreamRequest(req *fasthttp.Request, rq *request, uri
 	// which reads any, would log a type no client sent.
 	req.Header.SetNoDefaultContentType(true)
 	req.Header.Add(fiber.HeaderXForwardedFor, rq.clientIP)
-	g.signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
+	signer.SignInto(req.Header.AddBytesV, identity.Identity{OwnerID: rq.key.OwnerID, PlatformID: rq.key.PlatformID,
 		KeyID: rq.key.ID, Scopes: rq.key.Scopes, RequestID: rq.id}, signedRequest(rq.method, &req.Header, uri), time.Now())
 	return nil
 }
@@ -75,7 +75,8 @@ func inHTTP11(h *fasthttp.RequestHeader) (restore func()) {
 // fault is ours, and relaying the 401 would send the client to rotate a
 // valid key.
 var errIdentityRefused = errors.New("the service refused the gateway's signed identity: " +
-	"IDENTITY_SECRET differs between the gateway and the service, their clocks differ by more than identity.MaxSkew, " +
+	"IDENTITY_SECRET differs between the gateway and the service (shop-schema's: the gateway's SHOP_SCHEMA_IDENTITY_SECRET), " +
+	"their clocks differ by more than identity.MaxSkew, " +
 	"something between them rewrote the request's method, path, query or Idempotency-Key, " +
 	"or the service is of a build before identity-v2 (upgrade services first: README, Upgrading to identity-v2)")
 
@@ -97,14 +98,25 @@ func signedRequest(method string, h *fasthttp.RequestHeader, requestURI string) 
 
 const idempotencyKeyHeader = "Idempotency-Key"
 
-// renewIdentity signs again, at the time of a repeat, the identity proxy
-// signed: a sale repeated after a whole UPSTREAM_READ_TIMEOUT would
-// otherwise reach the second instance with a signature the service may
-// find too old (identity.MaxSkew), and the client would get a 401 for a
-// valid key.
-func (g *Gateway) renewIdentity(h *fasthttp.RequestHeader, requestURI string) {
+// signerFor is the signer of the identity sent to the upstream named up:
+// shop-schema's has a secret of its own, so that shop-schema, which talks
+// to merchants' servers, holds none that export-reader or sales-writer
+// accept.
+func (g *Gateway) signerFor(up string) *identity.Signer {
+	if up == upstreamShopSchema {
+		return g.shopSchemaSigner
+	}
+	return g.signer
+}
+
+// renewIdentity signs again with signer, at the time of a repeat, the
+// identity proxy signed: a sale repeated after a whole
+// UPSTREAM_READ_TIMEOUT would otherwise reach the second instance with a
+// signature the service may find too old (identity.MaxSkew), and the
+// client would get a 401 for a valid key.
+func (g *Gateway) renewIdentity(signer *identity.Signer, h *fasthttp.RequestHeader, requestURI string) {
 	get := func(name string) string { return string(h.Peek(name)) }
-	if err := g.signer.Renew(get, signedRequest(string(h.Method()), h, requestURI), h.SetBytesV, time.Now()); err != nil {
+	if err := signer.Renew(get, signedRequest(string(h.Method()), h, requestURI), h.SetBytesV, time.Now()); err != nil {
 		// Only if the headers were not the ones proxy signed: a bug. The
 		// request id is the signed one, for the SRE who greps for it.
 		g.log.Error("could not renew the identity of a repeated request", "error", err,

@@ -128,14 +128,15 @@ func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string
 func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.Response, relay func(trace.Span) error) error {
 	req := c.Request()
 	uri := receivedRequestURI(req.URI())
-	if err := g.prepareUpstreamRequest(req, rq, uri); err != nil {
+	signer := g.signerFor(rt.Upstream)
+	if err := g.prepareUpstreamRequest(req, rq, uri, signer); err != nil {
 		return err
 	}
 	idempotentSale := isIdempotentSale(c, rt)
 	repeat := upstream.Repeat{
 		Always:   idempotentSale,
 		IfClosed: rt.safe(),
-		Renew:    g.renewIdentity,
+		Renew:    func(h *fasthttp.RequestHeader, requestURI string) { g.renewIdentity(signer, h, requestURI) },
 	}
 	// The client span only where the trace is recorded: otherwise it would
 	// be one more span that goes nowhere, and the service continues the

@@ -492,19 +492,8 @@ func TestServiceRefusingTheIdentityIsNotTheClientsFault(t *testing.T) {
 // every call through it is a 502.
 func TestServiceWithAnotherSecretIsShownDown(t *testing.T) {
 	dsn, _, _ := seed(t)
-	verify := func(secret string) string {
-		signer, err := identity.NewSigner(secret)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httpserver.New(httpserver.Config{Service: "reader", Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Signer: signer},
-			http.NewServeMux())
-		ts := httptest.NewServer(srv.Handler())
-		t.Cleanup(ts.Close)
-		return ts.URL
-	}
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "UPSTREAM_PROBE_INTERVAL": "100ms",
-		"EXPORT_READER_URLS": verify(gatewaytest.IdentitySecret), "SALES_WRITER_URLS": verify(gatewaytest.IdentitySecret + "-other")})
+		"EXPORT_READER_URLS": serviceHolding(t, gatewaytest.IdentitySecret), "SALES_WRITER_URLS": serviceHolding(t, gatewaytest.IdentitySecret+"-other")})
 	waitFor(t, 5*time.Second, func() bool { return healthCheck(t, gw.URL, "sales-writer") == "down" })
 	if got := healthCheck(t, gw.URL, "export-reader"); got != "ok" {
 		t.Errorf("health of a service with the same secret = %q, want ok", got)
@@ -513,6 +502,62 @@ func TestServiceWithAnotherSecretIsShownDown(t *testing.T) {
 	if !strings.Contains(gw.Logs.String(), `"reason":"its health probe was answered 503 identity_refused"`) {
 		t.Errorf("no log line names the identity refusal:\n%s", gw.Logs.String())
 	}
+}
+
+// shopSchemaSecret is the SHOP_SCHEMA_IDENTITY_SECRET of the tests that
+// set one.
+const shopSchemaSecret = "edge-test-shop-schema-identity-secret-0123456789"
+
+// shop-schema's calls and health probes are signed with
+// SHOP_SCHEMA_IDENTITY_SECRET, and only theirs: with each service holding
+// its own secret, every call through the gateway is answered, and with the
+// two secrets swapped between the services, every service is taken out (a
+// shop-schema that holds IDENTITY_SECRET, or an export-reader or a
+// sales-writer that accepts shop-schema's, would be a way around the
+// separation).
+func TestShopSchemaIsSignedForWithASecretOfItsOwn(t *testing.T) {
+	dsn, _, k := seed(t)
+	services := func(others, shopSchema string) map[string]string {
+		return map[string]string{"DATABASE_URL": dsn, "UPSTREAM_PROBE_INTERVAL": "100ms", "SHOP_SCHEMA_IDENTITY_SECRET": shopSchemaSecret,
+			"EXPORT_READER_URLS": serviceHolding(t, others), "SALES_WRITER_URLS": serviceHolding(t, others),
+			"SHOP_SCHEMA_URLS": serviceHolding(t, shopSchema)}
+	}
+	gw := gatewaytest.Start(t, services(gatewaytest.IdentitySecret, shopSchemaSecret))
+	calls := []struct{ method, path, key string }{
+		{"GET", "/v1/export/items/coin-1", k.read},
+		{"POST", "/v1/export/items/coin-1/sales/confirm", k.write},
+		{"POST", "/v1/sync/prestashop/schema", ""},
+	}
+	for _, c := range calls {
+		r := do(t, c.method, gw.URL+c.path, map[string]string{"X-API-Key": c.key}, strings.NewReader("{}"))
+		if r.Status != http.StatusOK {
+			t.Errorf("%s %s to a service holding its own secret = %d %s, want 200", c.method, c.path, r.Status, r.Body)
+		}
+	}
+	swapped := gatewaytest.Start(t, services(shopSchemaSecret, gatewaytest.IdentitySecret))
+	for _, name := range []string{"export-reader", "sales-writer", "shop-schema"} {
+		waitFor(t, 5*time.Second, func() bool { return healthCheck(t, swapped.URL, name) == "down" })
+	}
+}
+
+// serviceHolding is a service that holds secret as a real one does
+// (httpserver): its health probe answers 503 identity_refused and its
+// calls 401 unless signed with secret; a call signed with it is answered
+// 200.
+func serviceHolding(t *testing.T, secret string) string {
+	t.Helper()
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteData(w, http.StatusOK, map[string]string{}, envelope.Meta{})
+	})
+	srv := httpserver.New(httpserver.Config{Service: "holding", Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Signer: signer}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return ts.URL
 }
 
 // The access line names the upstream instance that answered: with several
@@ -569,10 +614,12 @@ func TestAccessLineNamesTheInstanceThatFailedARepeatedRequest(t *testing.T) {
 // tells the client to retry under the same key.
 func TestShopSchemaReadIsRepeatedWhenItsConnectionClosed(t *testing.T) {
 	dsn, _, k := seed(t)
-	var broken, good atomic.Int64
+	var broken atomic.Int64
 	brokenURL := brokenUpstream(t, &broken).URL
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
-		"SHOP_SCHEMA_URLS": brokenURL + "," + echoUpstream(t, "good", &good).URL})
+	// The repeat is signed again (renewIdentity), with shop-schema's own
+	// secret, which the good instance holds.
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_IDENTITY_SECRET": shopSchemaSecret,
+		"SHOP_SCHEMA_URLS": brokenURL + "," + serviceHolding(t, shopSchemaSecret)})
 	json := map[string]string{"Content-Type": "application/json"}
 	for i := range 4 {
 		if r := do(t, "POST", gw.URL+"/v1/sync/prestashop/schema", json, strings.NewReader(`{}`)); r.Status != 200 {
@@ -581,6 +628,9 @@ func TestShopSchemaReadIsRepeatedWhenItsConnectionClosed(t *testing.T) {
 	}
 	if broken.Load() == 0 {
 		t.Fatal("no read reached the broken instance first; the test proved nothing")
+	}
+	if strings.Contains(gw.Logs.String(), "could not renew the identity") {
+		t.Errorf("a repeated shop schema read's identity was not signed again:\n%s", gw.Logs.String())
 	}
 
 	only := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "SHOP_SCHEMA_URLS": brokenURL, "SALES_WRITER_URLS": brokenURL})

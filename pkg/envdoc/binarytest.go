@@ -18,6 +18,9 @@ var Secrets = map[string]string{
 	"IDENTITY_SECRET_PREVIOUS": sampleSecret("identity-previous"),
 	"CURSOR_SECRET":            sampleSecret("cursor"),
 	"CURSOR_SECRET_PREVIOUS":   sampleSecret("cursor-previous"),
+	// shop-schema's own identity secret: the gateway's
+	// SHOP_SCHEMA_IDENTITY_SECRET, shop-schema's IDENTITY_SECRET.
+	"SHOP_SCHEMA_IDENTITY_SECRET": sampleSecret("shop-schema-identity"),
 }
 
 // sampleSecret is a value as long as `openssl rand -base64 32` makes.

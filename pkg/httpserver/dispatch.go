@@ -247,7 +247,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		if _, err := s.cfg.Signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now()); err != nil {
 			s.logRefused(r)
 			envelope.WriteError(w, http.StatusServiceUnavailable, "identity_refused",
-				"the prober's signed identity is refused: IDENTITY_SECRET differs from the gateway's, or the clocks do", requestID)
+				"the prober's signed identity is refused: IDENTITY_SECRET differs from the gateway's (shop-schema's: from its SHOP_SCHEMA_IDENTITY_SECRET), or the clocks do", requestID)
 			return
 		}
 	}
