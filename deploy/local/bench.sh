@@ -107,8 +107,7 @@ if [ ! -f "$state/secrets" ]; then
   umask 022
 fi
 # shop-schema's own identity secret, as deployed (added to an older state).
-grep -q '^SHOP_SCHEMA_IDENTITY_SECRET=' "$state/secrets" ||
-  echo "SHOP_SCHEMA_IDENTITY_SECRET=$(random_secret)" >>"$state/secrets"
+add_secret "$state/secrets" SHOP_SCHEMA_IDENTITY_SECRET
 set -a; . "$state/secrets"; set +a
 
 # Nothing from the caller's stack may leak in: our own database, Redis and

@@ -223,6 +223,17 @@ running() {
 # random_secret prints 48 random url-safe characters.
 random_secret() { head -c 36 /dev/urandom | base64 | tr '+/' '-_'; }
 
+# add_secret FILE NAME: adds NAME=<a random secret> to FILE, a secrets file
+# of NAME=value lines, unless it has a NAME line already (one made before
+# NAME existed); appended, the file keeps its mode. A last line without its
+# newline (a hand edit) gets one first: the new line glued to it changed
+# that secret, and NAME was still missing.
+add_secret() {
+  grep -q "^$2=" "$1" && return 0
+  [ -z "$(tail -c 1 "$1")" ] || echo >>"$1"
+  echo "$2=$(random_secret)" >>"$1"
+}
+
 # json_field NAME reads one flat JSON object on stdin and prints the string
 # value of NAME (enough for exportctl's --json output; no jq needed).
 json_field() { grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }

@@ -67,10 +67,9 @@ if [ ! -f "$state/secrets" ]; then
   { echo "IDENTITY_SECRET=$(random_secret)"; echo "CURSOR_SECRET=$(random_secret)"; } >"$state/secrets"
   umask 022
 fi
-# shop-schema's identity secret, its own (below): added to a .run/ made
-# before it had one, the file's mode kept.
-grep -q '^SHOP_SCHEMA_IDENTITY_SECRET=' "$state/secrets" ||
-  echo "SHOP_SCHEMA_IDENTITY_SECRET=$(random_secret)" >>"$state/secrets"
+# shop-schema's identity secret, its own (below), also in a .run/ made
+# before it had one.
+add_secret "$state/secrets" SHOP_SCHEMA_IDENTITY_SECRET
 # They fill in only what the environment leaves unset: a secret given to
 # make run (CURSOR_SECRET with CURSOR_SECRET_PREVIOUS, to try a rotation)
 # wins, as every other setting does.

@@ -1087,3 +1087,73 @@ func TestRunScriptLeavesAProcessGivenALeftoverPid(t *testing.T) {
 	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
 	s.waitExit(t)
 }
+
+// make run gives shop-schema a secret of its own: the gateway's
+// SHOP_SCHEMA_IDENTITY_SECRET is shop-schema's IDENTITY_SECRET, and
+// shop-schema holds no IDENTITY_SECRET of the other services, current or
+// previous. A .run/ made before that secret existed gains it, the file
+// still readable by its owner alone and its other secrets as they were,
+// also when its last line has no newline (an editor or printf left it so:
+// the new line was glued to it, and CURSOR_SECRET silently changed); the
+// next make run keeps the file as it is.
+func TestRunScriptGivesShopSchemaASecretOfItsOwn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	const identity, cursor = "IDENTITY_SECRET=kept-identity-secret-0123456789abcdef", "CURSOR_SECRET=kept-cursor-secret-0123456789abcdefgh"
+	s, env := prepareRunScript(t, "")
+	secrets := filepath.Join(s.root, ".run/secrets")
+	must(t, os.MkdirAll(filepath.Dir(secrets), 0o755))
+	must(t, os.WriteFile(secrets, []byte(identity+"\n"+cursor), 0o600))
+	// A rotation of IDENTITY_SECRET tried on make run: not shop-schema's.
+	const previous = "rotating-identity-secret-0123456789abcdef"
+	env = append(env, "IDENTITY_SECRET_PREVIOUS="+previous)
+	s.launch(t, env)
+	s.waitFor(t, "Ctrl-C stops everything.")
+	written, err := os.ReadFile(secrets)
+	must(t, err)
+	lines := strings.Split(strings.TrimSuffix(string(written), "\n"), "\n")
+	if len(lines) != 3 || lines[0] != identity || lines[1] != cursor || !strings.HasPrefix(lines[2], "SHOP_SCHEMA_IDENTITY_SECRET=") {
+		t.Fatalf(".run/secrets of an older make run, after this one:\n%s\nwant its two lines as they were and SHOP_SCHEMA_IDENTITY_SECRET added", written)
+	}
+	if info, err := os.Stat(secrets); err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf(".run/secrets after a secret was added: %v, %v, want mode 0600", info.Mode(), err)
+	}
+	_, shopSchema, _ := strings.Cut(lines[2], "=")
+	_, main, _ := strings.Cut(identity, "=")
+	for name, want := range map[string]map[string]string{
+		"gateway":       {"IDENTITY_SECRET": main, "SHOP_SCHEMA_IDENTITY_SECRET": shopSchema},
+		"export-reader": {"IDENTITY_SECRET": main, "CURSOR_SECRET": strings.TrimPrefix(cursor, "CURSOR_SECRET=")},
+		"sales-writer":  {"IDENTITY_SECRET": main, "IDENTITY_SECRET_PREVIOUS": previous},
+		"shop-schema":   {"IDENTITY_SECRET": shopSchema, "IDENTITY_SECRET_PREVIOUS": ""},
+	} {
+		environ := processEnv(t, readPid(filepath.Join(s.stubs, name+".pid")))
+		for variable, value := range want {
+			if got := environ[variable]; got != value {
+				t.Errorf("%s started by make run has %s=%q, want %q", name, variable, got, value)
+			}
+		}
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	next := &runScript{root: s.root, stubs: s.stubs, lines: make(chan string, 256), exited: make(chan struct{})}
+	next.upThenStopped(t, env)
+	if again, err := os.ReadFile(secrets); err != nil || string(again) != string(written) {
+		t.Errorf(".run/secrets after the next make run:\n%s\n(%v), want it as this one left it:\n%s", again, err, written)
+	}
+}
+
+// processEnv is the environment process pid was started with.
+func processEnv(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	must(t, err)
+	env := map[string]string{}
+	for _, entry := range strings.Split(string(raw), "\x00") {
+		if name, value, ok := strings.Cut(entry, "="); ok {
+			env[name] = value
+		}
+	}
+	return env
+}
