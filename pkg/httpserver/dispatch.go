@@ -182,7 +182,8 @@ func (s *Server) dispatch() http.Handler {
 func (s *Server) logRefused(r *http.Request) {
 	if ok, skipped := s.refusedLog.Allow("identity"); ok {
 		s.cfg.Log.WarnContext(r.Context(), "request refused: its identity is unsigned, signed with a secret other than "+
-			"IDENTITY_SECRET and IDENTITY_SECRET_PREVIOUS, older than identity.MaxSkew (clocks apart), signed for "+
+			"IDENTITY_SECRET and IDENTITY_SECRET_PREVIOUS (shop-schema's: the gateway signs its calls with SHOP_SCHEMA_IDENTITY_SECRET), "+
+			"older than identity.MaxSkew (clocks apart), signed for "+
 			"another request (a proxy between gateway and service rewrote it), or identity-v1 from a gateway of an "+
 			"older build (IDENTITY_ACCEPT_UNBOUND=true while upgrading)",
 			"skipped_since_last", skipped, "signed", r.Header.Get(identity.HeaderSignature) != "",
