@@ -261,10 +261,16 @@ func stdinArgument(ctx context.Context, e *env) (string, error) {
 		return "", fmt.Errorf("key revoke -: the terminal: %w", err)
 	}
 	defer restore()
+	// Ctrl-\ (SIGQUIT) ends the wait as Ctrl-C does: Go's own answer to
+	// it ends the process at once, its echo still off, and the shell after
+	// it showed nothing typed.
+	ctx, stopQuit := signal.NotifyContext(ctx, syscall.SIGQUIT)
+	defer stopQuit()
 	fmt.Fprint(e.notes, "Key or key id to revoke (not shown; Enter ends it): ")
 	defer fmt.Fprintln(e.notes) // the Enter, not echoed
-	// A terminal's read returns one line. Ctrl-C (ctx) ends the wait, the
-	// echo turned on again first: a read is not interrupted by a signal.
+	// A terminal's read returns one line. Ctrl-C or Ctrl-\ (ctx) ends the
+	// wait, the echo turned on again first: a read is not interrupted by a
+	// signal.
 	typed := make(chan []byte, 1)
 	go func() {
 		line := make([]byte, 4096) // a terminal's longest line

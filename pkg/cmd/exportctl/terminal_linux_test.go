@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,6 +112,29 @@ func TestKeyRevokeAtATerminalStopsAtCtrlC(t *testing.T) {
 	_, err := revokeAfterPrompt(t, ctx, dsn, tty, cancel)
 	if want := "key revoke -: context canceled before a key was given: nothing revoked"; err == nil || err.Error() != want {
 		t.Errorf("key revoke - at a terminal, Ctrl-C at the prompt = %v, want %q", err, want)
+	}
+	echoAndLinesBack(t, tty)
+}
+
+// Ctrl-\ at the prompt ends the wait as Ctrl-C does, the terminal echoing
+// again: Go's own answer to SIGQUIT ended the process at once, its echo
+// off, and the shell after it showed nothing typed.
+func TestKeyRevokeAtATerminalStopsAtCtrlBackslash(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	_, tty := openTerminal(t)
+	// The test binary's own catch: without the command's, the signal is
+	// taken here and the command waits on, which fails the test instead
+	// of ending the test binary.
+	quit := make(chan os.Signal, 1)
+	signal.Notify(quit, syscall.SIGQUIT)
+	defer signal.Stop(quit)
+	_, err := revokeAfterPrompt(t, context.Background(), dsn, tty, func() {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGQUIT); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if want := "key revoke -: context canceled before a key was given: nothing revoked"; err == nil || err.Error() != want {
+		t.Errorf("key revoke - at a terminal, Ctrl-\\ at the prompt = %v, want %q", err, want)
 	}
 	echoAndLinesBack(t, tty)
 }
