@@ -122,6 +122,12 @@ func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// A folder opens as a file does; read, it was refused as "catalog:
+	// read line 1: read /tmp: is a directory".
+	if info, err := f.Stat(); err == nil && info.IsDir() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: nothing imported: it is a folder: give a file of JSON Lines, one item a line", path)
+	}
 	return f, func() { f.Close() }, nil
 }
 

@@ -1279,6 +1279,18 @@ func TestItemsImportOfAGzipFileSaysSo(t *testing.T) {
 	}
 }
 
+// A folder given as the file is named as such: it was refused as
+// "catalog: read line 1: read DIR: is a directory".
+func TestItemsImportOfAFolderSaysSo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	folder := t.TempDir()
+	err := cli(t, dsn, "", nil, "items", "import", "--owner", owner.ID, "--file", folder)
+	if want := folder + ": nothing imported: it is a folder"; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("import of a folder = %v, want %q", err, want)
+	}
+}
+
 // Ctrl-C during items seed says that nothing was seeded (one
 // transaction): it said "seed: catalog: seed copy: read unix …: use of
 // closed network connection".
