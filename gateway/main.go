@@ -45,7 +45,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	}
 	log := startup.Logger(stdout, serviceName, cfg.LogLevel, cfg, cfg.Settings)
 	if cfg.ShopSchemaIdentitySecret == "" {
-		log.Warn("SHOP_SCHEMA_IDENTITY_SECRET is unset: shop-schema's calls are signed with IDENTITY_SECRET, " +
+		log.Warn("SHOP_SCHEMA_IDENTITY_SECRET is unset or blank: shop-schema's calls are signed with IDENTITY_SECRET, " +
 			"so shop-schema holds a secret export-reader and sales-writer accept (README, \"Rotating IDENTITY_SECRET\", gives it one of its own)")
 	}
 	routeRedisLogs(log)

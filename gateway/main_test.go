@@ -80,7 +80,7 @@ func TestRunServesAndDrains(t *testing.T) {
 	// with IDENTITY_SECRET, and the operator is told what that risks.
 	for _, want := range []string{`"msg":"starting"`, `"identity_secret":"***"`, `"msg":"stopped"`,
 		`"name":"RATE_LIMIT_EXPORT_RAED","did_you_mean":"RATE_LIMIT_EXPORT_READ"`,
-		`"shop_schema_identity_secret":"unset: IDENTITY_SECRET"`, `"level":"WARN","msg":"SHOP_SCHEMA_IDENTITY_SECRET is unset`} {
+		`"shop_schema_identity_secret":"unset or blank: IDENTITY_SECRET"`, `"level":"WARN","msg":"SHOP_SCHEMA_IDENTITY_SECRET is unset or blank`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s", want)
 		}
@@ -153,7 +153,7 @@ func checkShopSchemaSecretMasked(t *testing.T, out *testenv.Output) {
 	if strings.Contains(logs, shopSchemaSecret) {
 		t.Error("SHOP_SCHEMA_IDENTITY_SECRET appears in the logs")
 	}
-	if !strings.Contains(logs, `"shop_schema_identity_secret":"***"`) || strings.Contains(logs, "SHOP_SCHEMA_IDENTITY_SECRET is unset") {
+	if !strings.Contains(logs, `"shop_schema_identity_secret":"***"`) || strings.Contains(logs, "SHOP_SCHEMA_IDENTITY_SECRET is unset or blank") {
 		t.Errorf("the log of a run with SHOP_SCHEMA_IDENTITY_SECRET set, want it masked and no warning of it unset:\n%s", logs)
 	}
 }

@@ -306,7 +306,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.String("redis", redisclient.Describe(c.RedisURL)),
 		slog.String("identity_secret", "***"),
-		slog.String("shop_schema_identity_secret", maskedOr(c.ShopSchemaIdentitySecret, "unset: IDENTITY_SECRET")),
+		slog.String("shop_schema_identity_secret", maskedOr(c.ShopSchemaIdentitySecret, "unset or blank: IDENTITY_SECRET")),
 		slog.String("log_level", c.LogLevel),
 		slog.Bool("trust_traceparent", c.TrustTraceparent), slog.String("proxy_header", c.ProxyHeader),
 		slog.Any("trusted_proxies", c.TrustedProxies), slog.Int("max_header_bytes", c.MaxHeaderBytes),
