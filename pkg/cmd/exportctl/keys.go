@@ -340,8 +340,7 @@ func keyList(ctx context.Context, e *env, args []string) error {
 		e.note("owner " + *owner + " has no keys (key create makes one)")
 		return nil
 	}
-	printKeys(e.out, keys)
-	return nil
+	return printKeys(e.out, keys)
 }
 
 // ownerKeys is the owner's keys, oldest first ([] for none: printed as
@@ -370,8 +369,8 @@ func ownerKeys(ctx context.Context, e *env, owner string) ([]listedKey, error) {
 }
 
 // printKeys writes keys one a line for a person: id, prefix, scopes,
-// platform, state and name.
-func printKeys(out io.Writer, keys []listedKey) {
+// platform, state and name. A line not written is its error, as emit's.
+func printKeys(out io.Writer, keys []listedKey) error {
 	for _, k := range keys {
 		state := "active"
 		if k.RevokedAt != nil {
@@ -381,7 +380,10 @@ func printKeys(out io.Writer, keys []listedKey) {
 		if k.PlatformID != nil {
 			platform = *k.PlatformID
 		}
-		fmt.Fprintf(out, "%s  %s…  %-24s  platform %-12s  %-26s  %q\n",
-			k.ID, k.Prefix, strings.Join(k.Scopes, ","), platform, state, k.Name)
+		if _, err := fmt.Fprintf(out, "%s  %s…  %-24s  platform %-12s  %-26s  %q\n",
+			k.ID, k.Prefix, strings.Join(k.Scopes, ","), platform, state, k.Name); err != nil {
+			return err
+		}
 	}
+	return nil
 }

@@ -1325,3 +1325,21 @@ func TestItemsSeedInterruptedSaysNothingSeeded(t *testing.T) {
 		t.Errorf("owner has %d items after an interrupted seed, want 0", n)
 	}
 }
+
+// A list whose lines could not be written (a full disk under
+// "> owners.txt") fails naming the write's error, as every other
+// command's output does (emit): it exited 0 with the list missing.
+func TestListsFailWhenTheirLinesCannotBeWritten(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner, _ := newReadKey(t, dsn)
+	if err := cli(t, dsn, "", nil, "platform", "create", "--id", "market-1"); err != nil {
+		t.Fatal(err)
+	}
+	full := writerFunc(func([]byte) (int, error) { return 0, errors.New("no space left on device") })
+	for _, args := range [][]string{{"owner", "list"}, {"platform", "list"}, {"key", "list", "--owner", owner.ID}} {
+		err := run(context.Background(), args, func(string) string { return dsn }, strings.NewReader(""), full, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "no space left on device") {
+			t.Errorf("exportctl %v printing to a full disk = %v, want the write's error", args, err)
+		}
+	}
+}

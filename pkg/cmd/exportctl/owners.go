@@ -149,7 +149,11 @@ func list(ctx context.Context, e *env, args []string, name, query, none string) 
 		return nil
 	}
 	for _, l := range all {
-		fmt.Fprintf(e.out, "%s  %s  %q\n", l.ID, l.CreatedAt.Format(time.RFC3339), l.Name)
+		// A line not written fails the command, as emit does: a list cut
+		// short by a full disk exited 0.
+		if _, err := fmt.Fprintf(e.out, "%s  %s  %q\n", l.ID, l.CreatedAt.Format(time.RFC3339), l.Name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
