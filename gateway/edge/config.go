@@ -280,15 +280,25 @@ func checkInstanceURLs(r *envconfig.Reader, name string, urls []string) {
 	r.Check(len(urls) > 0, name+" must list at least one URL")
 }
 
-// rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>", limit ≥ 1).
+// rate reads ulule's formatted syntax ("<limit>-<S|M|H|D>", limit from 1
+// to maxRateLimit).
 func rate(r *envconfig.Reader, name, def string) limiter.Rate {
 	v := r.String(name, def)
 	rate, err := limiter.NewRateFromFormatted(v)
-	if err != nil || rate.Limit < 1 {
-		r.Failf("%s must be <limit>-<S|M|H|D> with a limit of at least 1, such as %s (got %s)", name, def, envconfig.Shown(v))
+	if err != nil || rate.Limit < 1 || rate.Limit > maxRateLimit {
+		r.Failf("%s must be <limit>-<S|M|H|D> with a limit from 1 to %d, such as %s (got %s)", name, int64(maxRateLimit), def, envconfig.Shown(v))
 	}
 	return rate
 }
+
+// maxRateLimit bounds a rate's limit. Redis counts a window in Lua
+// numbers (ratelimit's script), doubles, exact up to 2^53: past that the
+// counts went wrong (a limit of 10^17 answered X-RateLimit-Remaining above
+// it), and with a limit of 2^63-1, which ulule reads, every decision read
+// none remaining, so RATE_LIMIT_AUTH_FAILURES set so refused every key
+// not in the cache 429, valid ones too. 10^12 a period is far above any
+// stack's rate and keeps the script's sums exact.
+const maxRateLimit = 1_000_000_000_000
 
 // maskedOr is an optional secret as the start-up log shows it: masked,
 // or unset when it is "".

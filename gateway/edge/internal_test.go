@@ -482,6 +482,8 @@ func TestLoadConfig(t *testing.T) {
 		"DATABASE_URL": "", "IDENTITY_SECRET": "short", "GATEWAY_MAX_HEADER_BYTES": "100",
 		"UPSTREAM_MAX_CONNS": "0", "KEY_CACHE_TTL": "-1s", "RATE_LIMIT_ENABLED": "perhaps",
 		"RATE_LIMIT_EXPORT_READ": "0-M", "RATE_LIMIT_SALES_WRITE": "lots",
+		// Past what Redis's script counts exactly (maxRateLimit).
+		"RATE_LIMIT_AUTH_FAILURES": "9223372036854775807-M", "RATE_LIMIT_ANONYMOUS": "1000000000001-S",
 		"UPSTREAM_RESOLVE_INTERVAL": "50ms", "LOG_LEVEL": "verbose",
 		// Values that would take every instance out, hold every request
 		// behind a stalled database or Redis, or do nothing.
@@ -550,6 +552,31 @@ func TestLoadConfig(t *testing.T) {
 	logged := cfg.LogValue().String()
 	if !strings.Contains(logged, "upstream_read_timeout=30s") || strings.Contains(logged, "dbpw") || strings.Contains(logged, testSecret) {
 		t.Errorf("LogValue() = %s, want durations like 30s and no secret", logged)
+	}
+}
+
+// The largest limit a rate may be set to (maxRateLimit) is counted
+// exactly: an unknown key is looked up and refused 401, its address's
+// failure budget showing one spent, and a known key's budget one spent per
+// request. At 2^63-1, which start took, every decision read none
+// remaining: every key not in the cache, valid or not, was refused 429.
+func TestTheLargestRateLimitIsCountedExactly(t *testing.T) {
+	largest := strconv.FormatInt(maxRateLimit, 10)
+	g, _ := startWithHook(t, map[string]string{"RATE_LIMIT_AUTH_FAILURES": largest + "-M"}, nil)
+	for spent := range int64(2) {
+		resp, _ := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{"X-API-Key": wellFormedKey(t)})
+		if want := strconv.FormatInt(maxRateLimit-spent-1, 10); resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("X-RateLimit-Remaining") != want {
+			t.Errorf("an unknown key at RATE_LIMIT_AUTH_FAILURES=%s-M = %d, X-RateLimit-Remaining %s; want 401, %s",
+				largest, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"), want)
+		}
+	}
+	g, _, _ = startInternal(t, map[string]string{"RATE_LIMIT_EXPORT_READ": largest + "-S"}, fakeKeys{})
+	for spent := range int64(2) {
+		resp, _ := get(t, "http://"+g.Addr()+"/v1/export/items/a1", map[string]string{"X-API-Key": wellFormedKey(t)})
+		if want := strconv.FormatInt(maxRateLimit-spent-1, 10); resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Remaining") != want {
+			t.Errorf("a GET at RATE_LIMIT_EXPORT_READ=%s-S = %d, X-RateLimit-Remaining %s; want 200, %s",
+				largest, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"), want)
+		}
 	}
 }
 
