@@ -43,10 +43,15 @@ func (b *byteBudget) bytesHeld() int {
 }
 
 // take counts n bytes held, or reports that they would pass the limit.
+// n is compared with what is left, not added to what is held: it comes
+// from an answer's Content-Length, which fasthttp reads up to the largest
+// int, and the sum of such a length and the bytes held overflowed, was
+// taken for within the limit, and left the budget negative, bounding
+// nothing.
 func (b *byteBudget) take(n int) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.held+n > b.limit {
+	if n > b.limit-b.held {
 		return false
 	}
 	b.held += n

@@ -627,3 +627,34 @@ func TestARelayThatDidNotFailAllocatesNothing(t *testing.T) {
 		t.Errorf("a relay that did not fail: %v allocations, want none", n)
 	}
 }
+
+// An answer whose Content-Length no budget holds, up to the largest an
+// int takes (fasthttp reads any that fits), is relayed as it comes while
+// other answers are held: the budget's sum of what is held and what it
+// asks overflowed, take counted it held, and growing the buffer to it
+// panicked, leaving the call never ended (the owner's slot and the
+// upstream connection held for good) and the budget negative, bounding
+// nothing from then on.
+func TestAnAnswerOfAnyLengthLeavesTheBudgetBounded(t *testing.T) {
+	for _, length := range []int{math.MaxInt, math.MaxInt - 1<<20, math.MaxInt/2 + 1} {
+		g := &Gateway{heldAnswers: &byteBudget{limit: 32 << 20}}
+		other := &heldPageEnd{budget: g.heldAnswers, then: endFunc(func() {})}
+		if !other.growTo(&bytebufferpool.ByteBuffer{}, 1<<20) {
+			t.Fatal("a page of 1 MiB refused by an empty budget")
+		}
+		answer := fasthttp.AcquireResponse()
+		answer.SetBodyStream(io.LimitReader(zeros{}, 1000), length)
+		var resp fasthttp.Response
+		ended := 0
+		err := g.relayAnswer(&resp, route{StreamsLargeAnswers: true}, "", true, answer, endFunc(func() { ended++ }))
+		if err != nil || !resp.IsBodyStream() || heldBytes(g) != other.held {
+			t.Errorf("an answer of %d bytes with %d held = %v, streamed %v, %d bytes held; want it streamed, the budget unchanged",
+				length, other.held, err, resp.IsBodyStream(), heldBytes(g))
+		}
+		resp.Reset() // closes the stream, as fasthttp once it has written it (or failed to)
+		other.endCall()
+		if ended != 1 || heldBytes(g) != 0 {
+			t.Errorf("an answer of %d bytes, once relayed: call ended %d times, %d bytes held; want once, none", length, ended, heldBytes(g))
+		}
+	}
+}
