@@ -80,6 +80,11 @@ var (
 		Message: "end every header line with CRLF: a bare LF is refused", Close: true}
 	errObsFold = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "a header line starts with a space or tab (obs-fold): send each field on one line", Close: true}
+	// fasthttp keeps the last of several Content-Type lines alone, and the
+	// services are sent that one: the framing is clear, so the connection
+	// stays open.
+	errSeveralContentTypes = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "send one Content-Type header, not several"}
 	errFramingLookalike = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "a field named like Transfer-Encoding or Content-Length (Transfer_Encoding, Content Length) is refused: send Transfer-Encoding or Content-Length", Close: true}
 	// fasthttp reads a request line of any HTTP/d.d, and the services'

@@ -465,6 +465,61 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 	}
 }
 
+// A request with more than one Content-Type line is refused, 400
+// bad_request, and not relayed: fasthttp keeps the last line alone, so the
+// writer, which refuses "text/plain, application/json" in one line, was
+// sent application/json and sold, while anything in front that reads the
+// first line (a WAF allowing JSON only) saw text/plain. The framing is
+// clear, so the connection stays open for the next request.
+func TestSeveralContentTypeLinesAreRefused(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"SALES_WRITER_URLS": echoUpstream(t, "writer", &hits).URL})
+	body := `{"external_order_id":"o-1"}`
+	for _, types := range [][]string{
+		{"text/plain", "application/json"},
+		{"application/json", "text/plain"},
+		{"application/json", "application/json"},
+	} {
+		conn := dial(t, gw.URL)
+		fmt.Fprintf(conn, "POST /v1/export/items/coin-1/sales/confirm HTTP/1.1\r\nHost: gateway\r\nX-API-Key: %s\r\n"+
+			"Idempotency-Key: k-1\r\nContent-Type: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"+
+			"GET /v1/health HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n",
+			k.write, types[0], types[1], len(body), body)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var env struct {
+			Error struct{ Code, Message string } `json:"error"`
+			Meta  struct {
+				RequestID string `json:"request_id"`
+			} `json:"meta"`
+		}
+		if resp.StatusCode != 400 || json.Unmarshal(b, &env) != nil || env.Error.Code != "bad_request" ||
+			!strings.Contains(env.Error.Message, "one Content-Type") ||
+			env.Meta.RequestID == "" || resp.Header.Get("X-Request-Id") != env.Meta.RequestID {
+			t.Errorf("Content-Type %q: %d %s, want a 400 bad_request envelope asking for one Content-Type", types, resp.StatusCode, b)
+		}
+		if next, err := http.ReadResponse(br, nil); err != nil || next.StatusCode != 200 {
+			t.Errorf("Content-Type %q: the next request on the connection was not answered 200: %v", types, err)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the writer was sent %d of the refused sales, want none", n)
+	}
+	r := do(t, "POST", gw.URL+"/v1/export/items/coin-1/sales/confirm", map[string]string{"X-API-Key": k.write,
+		"Idempotency-Key": "k-1", "Content-Type": "application/json"}, strings.NewReader(body))
+	if r.Status != 200 || hits.Load() != 1 {
+		t.Errorf("one Content-Type: %d %s (writer hits %d), want the sale relayed", r.Status, r.Body, hits.Load())
+	}
+}
+
 // A request line of another HTTP major version is answered by the gateway,
 // 400 with its own request id in the envelope and X-Request-Id alike, and
 // never relayed: the service's net/http would refuse it 505 under another

@@ -1052,6 +1052,9 @@ func TestMisreadHead(t *testing.T) {
 		{"Transfer Encoding", "Host: g\r\nTransfer Encoding: chunked\r\n\r\n", errFramingLookalike},
 		{"Content Length", "Host: g\r\nContent Length: 0\r\n\r\n", errFramingLookalike},
 		{"chunked and a length", "Host: g\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n", errAmbiguousFraming},
+		{"a Content-Type", "Host: g\r\ncontent-type: application/json\r\nContent-Types: x\r\n\r\n", nil},
+		{"two Content-Types", "Host: g\r\nContent-Type: text/plain\r\nX-A: a\r\ncontent-type: application/json\r\n\r\n", errSeveralContentTypes},
+		{"the same Content-Type twice", "Host: g\r\nContent-Type: application/json\r\nContent-Type: application/json\r\n\r\n", errSeveralContentTypes},
 	} {
 		var h fasthttp.RequestHeader
 		raw := "POST /v1/x HTTP/1.1\r\n" + tt.head + next

@@ -39,7 +39,8 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 // front could read otherwise than fasthttp did, or nil. Each is refused
 // with a 400 and the connection closed (RFC 9112 6.1 requires the close
 // after a framing refusal; the others get it too, as the bytes after such
-// a head cannot be trusted to start a request):
+// a head cannot be trusted to start a request), but for several
+// Content-Type lines, whose framing is clear:
 //
 //   - a bare LF ending a header line, or the empty line that ends the
 //     head: fasthttp takes it as a line's end (RFC 9112 2.2 lets it), a
@@ -55,6 +56,12 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 //     CGI-style front ends do), or reads a space there, frames the body by
 //     them (errFramingLookalike);
 //   - a length two parsers could read differently (framing.ambiguous);
+//   - more than one Content-Type line (errSeveralContentTypes): fasthttp
+//     keeps the last alone, and the services are sent that one, where
+//     anything in front that checks the type reads the first, and the
+//     sales-writer refuses the two in one line ("text/plain,
+//     application/json", RFC 9110 5.3); the same type twice too, as the
+//     duplicate X-API-Key and Idempotency-Key are;
 //   - more than maxHeaderFields header lines (errTooManyHeaderFields).
 //
 // The raw headers are read, not fasthttp's parsed ones: after an empty
@@ -92,6 +99,9 @@ func misreadHead(h *fasthttp.RequestHeader) error {
 	if f.ambiguous(h) {
 		return errAmbiguousFraming
 	}
+	if f.typed > 1 {
+		return errSeveralContentTypes
+	}
 	return nil
 }
 
@@ -105,10 +115,12 @@ func misreadHead(h *fasthttp.RequestHeader) error {
 // holder of a key.
 const maxHeaderFields = 100
 
-// framing is what a header section says of the body's length.
+// framing is what a header section says of the body's length, and how
+// many times it names the body's type.
 type framing struct {
 	codings, sized int  // Transfer-Encoding and Content-Length lines
 	chunked        bool // the last Transfer-Encoding line is "chunked"
+	typed          int  // Content-Type lines
 }
 
 // read counts a raw header line (not empty, without its line end) if it
@@ -129,6 +141,8 @@ func (f *framing) read(line []byte) error {
 		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
 	case bytes.EqualFold(name, []byte("content-length")):
 		f.sized++
+	case bytes.EqualFold(name, []byte("content-type")):
+		f.typed++
 	case lookalike(name, "transfer-encoding"), lookalike(name, "content-length"):
 		return errFramingLookalike
 	}
