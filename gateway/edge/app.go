@@ -295,7 +295,7 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if rt.RepeatWithIdempotencyKey { // the sale routes
 		rq.noteSale(c)
 	}
-	if rq.keyInPath || keyInQuery(c) {
+	if rq.keyInPath || keyInQuery(c) || keyInUserInfo(c) {
 		if err := g.refuseKeyInURL(rq, rt); err != nil {
 			return err
 		}

@@ -222,6 +222,15 @@ func keyInQuery(c *fiber.Ctx) bool {
 	return false
 }
 
+// keyInUserInfo reports an API key in the user info of an absolute-form
+// request target (GET http://user:<key>@host/v1/...): fasthttp keeps it
+// apart from the path and query, which are all the other checks read, but
+// the key travelled in a URL all the same, seen by every proxy in front.
+func keyInUserInfo(c *fiber.Ctx) bool {
+	u := c.Request().URI()
+	return apikey.ContainsKey(u.Username()) || apikey.ContainsKey(u.Password())
+}
+
 // keyParamNames are the parameter names refused as carrying a key.
 var keyParamNames = []string{"api_key", "apikey", "x-api-key", "x_api_key", "key"}
 

@@ -275,6 +275,29 @@ func TestKeyInURLOfARouteWithoutKey(t *testing.T) {
 	}
 }
 
+// A key in the user info of an absolute-form request target (GET
+// http://user:<key>@host/v1/...) is a key in the URL like one in the path
+// or query: refused 401 with the message to revoke it, and not proxied.
+// fasthttp keeps user info apart from the path and query, so it was served.
+func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", &hits).URL})
+	for _, userinfo := range []string{"user:" + k.read, k.read, k.read + ":x"} {
+		r := doRaw(t, gw.URL, "GET", "http://"+userinfo+"@gateway/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read})
+		checkEnvelope(t, r)
+		if r.Status != 401 || !strings.Contains(r.Env.Error.Message, "never in the URL") {
+			t.Errorf("a key in the target's user info (%.12s…) = %d %s, want 401 naming the key in the URL", userinfo, r.Status, r.Body)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the reader was sent %d of them, want none", n)
+	}
+	if r := doRaw(t, gw.URL, "GET", "http://user:pw@gateway/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}); r.Status != 200 {
+		t.Errorf("user info without a key = %d %s, want it served as before", r.Status, r.Body)
+	}
+}
+
 // The routes without a key (spec 4.1 "no authentication", 4.2 "no service
 // API key is used or required", spec 5) answer a request carrying an
 // X-API-Key header as one without: no 401 for a malformed, unknown or
