@@ -40,6 +40,12 @@ func diagnose(body []byte) *Fault {
 	if fault := encodingFault(body); fault != nil {
 		return fault
 	}
+	// An HTTP/1.0 POST without Content-Length, or a client that sent its
+	// body nowhere, was told "must be a JSON object", which sent its sender
+	// looking at a JSON it had written.
+	if len(bytes.TrimLeft(body, " \t\r\n")) == 0 {
+		return &Fault{Message: "the body is empty: send a JSON object"}
+	}
 	if !startsObject(body) {
 		return &Fault{Message: "the body must be a JSON object"}
 	}

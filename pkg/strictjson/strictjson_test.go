@@ -21,7 +21,8 @@ func TestCheckObject(t *testing.T) {
 		{"replacement character literal", "{\"a\":\"\uFFFD\"}", "", ""},
 		{"same name in two objects", `{"a":{"x":1},"b":{"x":1}}`, "", ""},
 		{"array", `[1]`, "the body must be a JSON object", ""},
-		{"empty", ``, "the body must be a JSON object", ""},
+		{"empty", ``, "the body is empty: send a JSON object", ""},
+		{"white space only", " \r\n\t", "the body is empty: send a JSON object", ""},
 		{"null", `null`, "the body must be a JSON object", ""},
 		{"trailing object", `{"a":1}{}`, "unexpected data after the JSON object", ""},
 		{"trailing garbage", `{"a":1} x`, "unexpected data after the JSON object", ""},
@@ -112,6 +113,10 @@ func untrue(body []byte, fault *Fault) string {
 	case "the body must be a JSON object":
 		if startsObject(body) {
 			return "the body starts with an object"
+		}
+	case "the body is empty: send a JSON object":
+		if len(bytes.TrimLeft(body, " \t\r\n")) > 0 {
+			return "it is not"
 		}
 	case "unexpected data after the JSON object":
 		dec := json.NewDecoder(bytes.NewReader(body))

@@ -98,7 +98,7 @@ func TestRefusalsBeforeTheSaleOnTheWire(t *testing.T) {
 		// context then): the caller left, 499, not a bad request.
 		{"body abandoned by the caller", call{key: "k", bodyReader: iotest.ErrReader(io.ErrUnexpectedEOF), ctx: callerGone}, 499,
 			"client_closed_request", "the caller closed the request before sending its body whole; nothing was applied"},
-		{"empty body", call{key: "k", body: ""}, 400, "invalid_body", "the body must be a JSON object"},
+		{"empty body", call{key: "k", body: ""}, 400, "invalid_body", "the body is empty: send a JSON object"},
 		{"trailing object", call{key: "k", body: good + `{}`}, 400, "invalid_body", "unexpected data after the JSON object"},
 		{"duplicate property", call{key: "k", body: `{"external_order_id":"o","external_order_id":"p"}`}, 400, "invalid_body",
 			`property "external_order_id" appears twice`},
