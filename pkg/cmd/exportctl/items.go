@@ -116,19 +116,33 @@ func uncompressed(in io.Reader, name string) (io.Reader, error) {
 
 func openInput(path string, stdin io.Reader) (io.Reader, func(), error) {
 	if path == "-" {
+		// The shell opens a folder for "--file - < FOLDER" as well.
+		if f, ok := stdin.(*os.File); ok && isFolder(f) {
+			return nil, nil, folderRefusal(inputName(path))
+		}
 		return stdin, func() {}, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
 	}
-	// A folder opens as a file does; read, it was refused as "catalog:
-	// read line 1: read /tmp: is a directory".
-	if info, err := f.Stat(); err == nil && info.IsDir() {
+	if isFolder(f) {
 		f.Close()
-		return nil, nil, fmt.Errorf("%s: nothing imported: it is a folder: give a file of JSON Lines, one item a line", path)
+		return nil, nil, folderRefusal(path)
 	}
 	return f, func() { f.Close() }, nil
+}
+
+// isFolder reports whether f is a folder. A folder opens as a file does;
+// read, it was refused as "catalog: read line 1: read /tmp: is a
+// directory".
+func isFolder(f *os.File) bool {
+	info, err := f.Stat()
+	return err == nil && info.IsDir()
+}
+
+func folderRefusal(name string) error {
+	return fmt.Errorf("%s: nothing imported: it is a folder: give a file of JSON Lines, one item a line", name)
 }
 
 func itemsSeed(ctx context.Context, e *env, args []string) error {

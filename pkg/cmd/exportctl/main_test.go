@@ -1291,6 +1291,24 @@ func TestItemsImportOfAFolderSaysSo(t *testing.T) {
 	}
 }
 
+// A folder given as standard input ("--file - < FOLDER", which the shell
+// opens) is named as such too: it was refused as "catalog: read line 1:
+// read /dev/stdin: is a directory".
+func TestItemsImportOfAFolderOnStandardInputSaysSo(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	folder, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer folder.Close()
+	err = run(context.Background(), []string{"items", "import", "--owner", owner.ID, "--file", "-"},
+		func(string) string { return dsn }, folder, io.Discard, io.Discard)
+	if want := "standard input: nothing imported: it is a folder"; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("import of a folder on standard input = %v, want %q", err, want)
+	}
+}
+
 // Ctrl-C during items seed says that nothing was seeded (one
 // transaction): it said "seed: catalog: seed copy: read unix …: use of
 // closed network connection".
