@@ -223,9 +223,11 @@ func keyInQuery(c *fiber.Ctx) bool {
 }
 
 // keyInUserInfo reports an API key in the user info of an absolute-form
-// request target (GET http://user:<key>@host/v1/...): fasthttp keeps it
-// apart from the path and query, which are all the other checks read, but
-// the key travelled in a URL all the same, seen by every proxy in front.
+// request target (GET http://user:<key>@host/v1/...), or of the Host
+// header of an origin-form one, the URL's authority, which fasthttp parses
+// alike (both %-decoded): fasthttp keeps it apart from the path and query,
+// which are all the other checks read, but the key travelled in a URL all
+// the same, seen by every proxy in front.
 func keyInUserInfo(c *fiber.Ctx) bool {
 	u := c.Request().URI()
 	return apikey.ContainsKey(u.Username()) || apikey.ContainsKey(u.Password())
