@@ -1053,6 +1053,8 @@ func TestMisreadHead(t *testing.T) {
 		{"Content Length", "Host: g\r\nContent Length: 0\r\n\r\n", errFramingLookalike},
 		{"chunked and a length", "Host: g\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n", errAmbiguousFraming},
 		{"a Content-Type", "Host: g\r\ncontent-type: application/json\r\nContent-Types: x\r\n\r\n", nil},
+		{"Content-Type in other fields' values", "Host: g\r\nContent-Type: a/b\r\nCache-Control: Content-Type: c/d\r\nX-A: content-type: e/f\r\n\r\n", nil},
+		{"two Content-Types in upper case", "Host: g\r\nCONTENT-TYPE: a/b\r\nContent-type: a/b\r\n\r\n", errSeveralContentTypes},
 		{"two Content-Types", "Host: g\r\nContent-Type: text/plain\r\nX-A: a\r\ncontent-type: application/json\r\n\r\n", errSeveralContentTypes},
 		{"the same Content-Type twice", "Host: g\r\nContent-Type: application/json\r\nContent-Type: application/json\r\n\r\n", errSeveralContentTypes},
 	} {
