@@ -256,16 +256,17 @@ func stdinArgument(ctx context.Context, e *env) (string, error) {
 	if !ok || !isTerminal(tty) {
 		return oneLine(e.stdin)
 	}
+	// Ctrl-\ (SIGQUIT) ends the wait as Ctrl-C does: Go's own answer to
+	// it ends the process at once, its echo still off, and the shell after
+	// it showed nothing typed. Caught before the echo goes off and until
+	// it is on again (deferred calls run last first).
+	ctx, stopQuit := signal.NotifyContext(ctx, syscall.SIGQUIT)
+	defer stopQuit()
 	restore, err := withoutEcho(tty)
 	if err != nil {
 		return "", fmt.Errorf("key revoke -: the terminal: %w", err)
 	}
 	defer restore()
-	// Ctrl-\ (SIGQUIT) ends the wait as Ctrl-C does: Go's own answer to
-	// it ends the process at once, its echo still off, and the shell after
-	// it showed nothing typed.
-	ctx, stopQuit := signal.NotifyContext(ctx, syscall.SIGQUIT)
-	defer stopQuit()
 	fmt.Fprint(e.notes, "Key or key id to revoke (not shown; Enter ends it): ")
 	defer fmt.Fprintln(e.notes) // the Enter, not echoed
 	// A terminal's read returns one line. Ctrl-C or Ctrl-\ (ctx) ends the
