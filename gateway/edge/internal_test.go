@@ -73,7 +73,7 @@ func startInternal(t *testing.T, env map[string]string, keys keyLookup) (*Gatewa
 // startWithHook starts a gateway in front of a test upstream (which takes
 // 0.5 s to answer a query with slow set), with env over the test's
 // settings and hook applied before it serves.
-func startWithHook(t *testing.T, env map[string]string, hook func(*Gateway)) (*Gateway, *testenv.Output) {
+func startWithHook(t testing.TB, env map[string]string, hook func(*Gateway)) (*Gateway, *testenv.Output) {
 	t.Helper()
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("slow") != "" {
@@ -260,7 +260,7 @@ func hex32(s string) bool {
 	return true
 }
 
-func wellFormedKey(t *testing.T) string {
+func wellFormedKey(t testing.TB) string {
 	t.Helper()
 	secret, _, err := apikey.Generate([]string{identity.ScopeExportRead})
 	if err != nil {
