@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"math"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/racedetector"
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
@@ -656,5 +658,84 @@ func TestAnAnswerOfAnyLengthLeavesTheBudgetBounded(t *testing.T) {
 		if ended != 1 || heldBytes(g) != 0 {
 			t.Errorf("an answer of %d bytes, once relayed: call ended %d times, %d bytes held; want once, none", length, ended, heldBytes(g))
 		}
+	}
+}
+
+// closeCounted is a body stream that counts its closes (fasthttp closes a
+// response's stream when the response is released).
+type closeCounted struct {
+	io.Reader
+	closes *int
+}
+
+func (s closeCounted) Close() error {
+	*s.closes++
+	return nil
+}
+
+// A panic in relayAnswer releases the answer and ends the call exactly
+// once, gives back what the budget counted for it, and is still a panic
+// for guardedServe to answer, wherever it comes: before a way of
+// relaying has taken the answer (the panic 8af2e97 removed, a budget
+// that takes an answer's length near the largest int, here one of that
+// limit, whose buffer cannot be made), or in a way of relaying, which
+// cleans up after itself (a read that panics). proxyUntilRelayed hands
+// both over as it calls relayAnswer; before, nothing cleaned up after the
+// first kind, and the owner's slot and the upstream connection were held
+// for the process's life.
+func TestAPanicInRelayAnswerEndsItsCallOnce(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		limit  int
+		body   io.Reader
+		length int
+	}{
+		{"growing a page's buffer", math.MaxInt, io.LimitReader(zeros{}, 1000), math.MaxInt},
+		{"reading a small answer", 32 << 20, panicking{}, 100},
+		{"reading a page whole", 32 << 20, panicking{}, 100_000},
+		{"reading an answer without a length", 32 << 20, panicking{}, -1},
+	} {
+		g := &Gateway{heldAnswers: &byteBudget{limit: tt.limit}}
+		answer := fasthttp.AcquireResponse()
+		closes := 0
+		answer.SetBodyStream(closeCounted{tt.body, &closes}, tt.length)
+		var resp fasthttp.Response
+		ended := 0
+		recovered := func() (r any) {
+			defer func() { r = recover() }()
+			_ = g.relayAnswer(&resp, route{StreamsLargeAnswers: true}, "", true, answer, endFunc(func() { ended++ }))
+			return nil
+		}()
+		if recovered == nil || ended != 1 || closes != 1 || heldBytes(g) != 0 {
+			t.Errorf("%s, panicking: panic %v, call ended %d times, answer's stream closed %d times, %d bytes held; want a panic, once, once, none",
+				tt.name, recovered, ended, closes, heldBytes(g))
+		}
+	}
+}
+
+// Through the gateway: the request that panicked while its answer was
+// relayed (a 500) gives back its owner's slot, and only its own: another
+// call of the owner's in flight keeps its slot.
+func TestAPanicWhileRelayingGivesTheOwnersSlotBackOnce(t *testing.T) {
+	upstream := testenv.ServeConns(t, func(conn net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+			return
+		}
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n{}", math.MaxInt)
+	})
+	g, _ := startWithHook(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream,
+		"RATE_LIMIT_OWNER_IN_FLIGHT": "3", "RATE_LIMIT_OWNER_SALE_IN_FLIGHT": "1"},
+		func(g *Gateway) { g.keys, g.heldAnswers = fakeKeys{}, &byteBudget{limit: math.MaxInt} })
+	slots := g.ownerSlots[upstreamExportReader].slots
+	slots.acquire("o1") // another call of o1's, in flight throughout
+	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items/a1", map[string]string{"X-API-Key": wellFormedKey(t)})
+	if resp.StatusCode != 500 || env.Error == nil || env.Error.Code != "internal_error" {
+		t.Fatalf("GET of an item whose relay panics = %d %+v, want 500 internal_error", resp.StatusCode, env.Error)
+	}
+	slots.mu.Lock()
+	held := slots.held["o1"]
+	slots.mu.Unlock()
+	if held != 1 || heldBytes(g) != 0 {
+		t.Errorf("after the call that panicked: o1 holds %d export slots, %d bytes held; want 1 (the other call's), none", held, heldBytes(g))
 	}
 }

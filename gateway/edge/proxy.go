@@ -63,7 +63,7 @@ func (g *Gateway) proxyUntilRelayed(c *fiber.Ctx, rq *request, rt route, done ca
 	// (inHTTP11) until proxyInto returns.
 	http11 := c.Request().Header.IsHTTP11()
 	return g.proxyInto(c, rq, rt, answer, func(span trace.Span) error {
-		relayed = true
+		relayed = true // relayAnswer's from here, also on a panic in it
 		return g.countRelayFailure(rt.Upstream, rq.instance, span, g.relayAnswer(c.Response(), rt, rq.instance, http11, answer, done))
 	})
 }
@@ -87,15 +87,34 @@ func (g *Gateway) countRelayFailure(up, instance string, span trace.Span, err er
 // (relayWholeInto, relaySmall), or the gateway's own errAnswersHeldFull:
 // nothing was written yet. A stream relayed as it comes that fails to be
 // read is counted once it has ended.
+//
+// answer and done are relayAnswer's from its start: each way of relaying
+// takes them over as it is called (and cleans up after a panic of its
+// own); until then a panic here releases the answer and ends the call
+// (end: done, or the page's held bytes then done), exactly once. Left to
+// proxyUntilRelayed, which hands them over as it calls relayAnswer, a
+// panic in between (growing a page's buffer to a length near the largest
+// int, before 8af2e97) held the owner's slot and the upstream connection
+// for the process's life.
 func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string, http11 bool, answer *fasthttp.Response, done callEnd) error {
+	end, handedOver := done, false
+	defer func() {
+		if !handedOver {
+			fasthttp.ReleaseResponse(answer)
+			end.endCall()
+		}
+	}()
 	length := answer.Header.ContentLength()
 	switch {
 	case !answer.IsBodyStream():
 	case rt.StreamsLargeAnswers && length >= 0 && length <= smallAnswerBytes:
+		handedOver = true
 		return relaySmall(resp, answer, done)
 	case rt.StreamsLargeAnswers && length >= 0:
 		page, held := pages.Get(), &heldPageEnd{budget: g.heldAnswers, then: done}
+		end = held
 		if held.growTo(page, length) {
+			handedOver = true
 			return relayWholeInto(resp, answer, page, held)
 		}
 		releasePage(page)
@@ -105,15 +124,21 @@ func (g *Gateway) relayAnswer(resp *fasthttp.Response, rt route, instance string
 		// but an instance's in front of it or a broken one. Read whole, as
 		// every answer of these routes once was, so that one broken off is
 		// the 502 envelope, not a 200 cut short.
+		handedOver = true
 		return g.relayWithoutLength(resp, answer, done)
 	case length < 0 && !http11:
+		handedOver = true
 		return g.relayWithoutLength(resp, answer, done)
 	}
 	var readFailed func(error)
 	if answer.IsBodyStream() { // made here alone: a closure the stream keeps costs an allocation
 		readFailed = func(err error) { g.countUpstreamError(rt.Upstream, instance, err) }
 	}
+	// Marked after: relay releases the answer and ends the call (or hands
+	// both to resp's stream) as its last steps, and a panic before them
+	// is this function's to clean up after.
 	relay(resp, answer, done, readFailed)
+	handedOver = true
 	return nil
 }
 
