@@ -662,6 +662,37 @@ func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 	}
 }
 
+// An answer whose status is outside HTTP's 200-599 (fasthttp reads any
+// three digits, and reads past 1xx but 101) is the instance's failure, a
+// 502 envelope, as RFC 9110 15 says a client treats it: relayed, "001"
+// reached the client as the status line "HTTP/1.1 1 ..." that its HTTP
+// client refused (FuzzRelay), and a 101 told it the connection had
+// switched protocols.
+func TestAnAnswerWithAStatusOutsideHTTPsRangeIsA502(t *testing.T) {
+	var status atomic.Value
+	upstream := testenv.ServeConns(t, func(conn net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+			return
+		}
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 %s X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", status.Load())
+	})
+	g, _ := startWithHook(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream, "SALES_WRITER_URLS": "http://" + upstream},
+		func(g *Gateway) { g.keys = relayKeys{} })
+	for _, code := range []string{"001", "099", "101", "600", "999"} {
+		status.Store(code)
+		for _, rt := range relayRoutes[:3] {
+			got, err := callRelayed(g.Addr(), wellFormedKey(t), rt.method, rt.target, readWhole11, nil, nil)
+			if err != nil || got.status != 502 || !strings.Contains(string(got.body), `"bad_gateway"`) {
+				t.Errorf("%s %s, the instance answering %s: %+v (%v), want 502 bad_gateway", rt.method, rt.target, code, got, err)
+			}
+		}
+	}
+	status.Store("599")
+	if got, err := callRelayed(g.Addr(), wellFormedKey(t), "GET", "/v1/export/items/a1", readWhole11, nil, nil); err != nil || got.status != 599 {
+		t.Errorf("the instance answering 599: %+v (%v), want it relayed", got, err)
+	}
+}
+
 // An answer read whole in the gateway that its instance breaks off after
 // its head fails its proxy span, as one that fails before its head does:
 // the span covers the read, which for an item once happened in upstream.Do.

@@ -196,7 +196,13 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 // callFailure is the failure that a call's outcome stands for, counted
 // and set on its proxy span, or nil for an answer to relay: Do's error, a
 // sale's repeat that left its first attempt in doubt (repeatLeftInDoubt),
-// or the service refusing the gateway's identity (a 401). The failure of a
+// or the service refusing the gateway's identity (a 401), or a status
+// outside 200-599. fasthttp reads any three digits and reads past 1xx
+// answers but 101: relayed, "001" reached the client as the status line
+// "HTTP/1.1 1 ..." that HTTP clients refuse, a 101 told it the connection
+// had switched protocols, and RFC 9110 15 has a client treat any status
+// outside 100-599 as a 5xx (FuzzRelay). A "000" is fasthttp's 200 (its
+// status unset), relayed as such: fasthttp shows no other. The failure of a
 // sale sent with an Idempotency-Key is marked with what it says of the
 // sale (errSaleMayBeApplied, errSaleNothingApplied).
 func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, out upstream.Outcome, resp *fasthttp.Response, err error) error {
@@ -212,6 +218,9 @@ func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, o
 	}
 	if err == nil && resp.StatusCode() == fiber.StatusUnauthorized {
 		err = errIdentityRefused
+	}
+	if code := resp.StatusCode(); err == nil && (code < 200 || code > 599) {
+		err = fmt.Errorf("%w: status %d, outside HTTP's 200-599", upstream.ErrBadResponse, code)
 	}
 	if err == nil {
 		return nil

@@ -114,11 +114,17 @@ func (u *scriptedUpstream) serve(conn net.Conn) {
 }
 
 // relayRoutes are the routes FuzzRelay calls: the two whose answers are
-// asked for as streams, and a sale, read whole.
-var relayRoutes = []struct{ method, target, upstream string }{
-	{"GET", "/v1/export/items?cursor=c1", upstreamExportReader},
-	{"GET", "/v1/export/items/coin-1", upstreamExportReader},
-	{"POST", "/v1/export/items/coin-1/sales/confirm", upstreamSalesWriter},
+// asked for as streams and read whole up to a bound, a sale, read whole,
+// and the shop schema.
+var relayRoutes = []struct {
+	method, target, upstream string
+	streamed                 bool // every answer with a length relayed as it comes
+}{
+	{"GET", "/v1/export/items?cursor=c1", upstreamExportReader, false},
+	{"GET", "/v1/export/items/coin-1", upstreamExportReader, false},
+	{"POST", "/v1/export/items/coin-1/sales/confirm", upstreamSalesWriter, false},
+	// The address's slot held until the answer has left.
+	{"POST", "/v1/sync/prestashop/schema", upstreamShopSchema, true},
 }
 
 // clientWay is how FuzzRelay's client takes its answer.
@@ -151,7 +157,7 @@ func answerOf(status string, headers []string, body string) []byte {
 // and sale routes, for a client that reads the answer whole (in HTTP/1.1
 // or 1.0) or not at all. Once the call has ended, whatever the answer: the
 // client got the relayed answer or an envelope, never waited past the
-// gateway's timeouts, the gateway did not panic, and the owner's slots,
+// gateway's timeouts, the gateway did not panic, and the owner's slots (and the address's, on the shop schema route),
 // the held-answers budget and the upstream connection (one per instance)
 // are all free again. An answer with a Content-Length near the largest
 // int, while another was held, once panicked the relay and held the
@@ -176,7 +182,7 @@ func FuzzRelay(f *testing.F) {
 	f.Cleanup(func() { heldAnswersLimit = old })
 	up := &scriptedUpstream{}
 	addr := "http://" + testenv.ServeConns(f, up.serve)
-	env := map[string]string{"EXPORT_READER_URLS": addr, "SALES_WRITER_URLS": addr}
+	env := map[string]string{"EXPORT_READER_URLS": addr, "SALES_WRITER_URLS": addr, "SHOP_SCHEMA_URLS": addr}
 	for k, v := range fuzzRelayEnv {
 		env[k] = v
 	}
@@ -192,17 +198,17 @@ func FuzzRelay(f *testing.F) {
 		others := int(othersHeld) % (fuzzRelayHeldLimit + 1)
 		g.heldAnswers.add(others)
 		defer g.heldAnswers.give(others)
-		ended := func() bool { return ownerSlotsHeld(g) == 0 && heldBytes(g) == others }
+		ended := func() bool { return slotsHeld(g) == 0 && heldBytes(g) == others }
 		got, err := callRelayed(g.Addr(), key, rt.method, rt.target, clientWay(way%uint8(clientWays)), answered, ended)
 		if err != nil {
 			t.Fatalf("%s %s, upstream answering %q: %v", rt.method, rt.target, answer, err)
 		}
 		if got != nil {
-			checkRelayed(t, answer, got)
+			checkRelayed(t, answer, got, rt.streamed)
 		}
 		if !within(fuzzRelayClientBound, ended) {
-			t.Fatalf("%s %s, upstream answering %q: %d owner slots, %d bytes held %s after the call",
-				rt.method, rt.target, answer, ownerSlotsHeld(g), heldBytes(g), fuzzRelayClientBound)
+			t.Fatalf("%s %s, upstream answering %q: %d slots, %d bytes held %s after the call",
+				rt.method, rt.target, answer, slotsHeld(g), heldBytes(g), fuzzRelayClientBound)
 		}
 		if n := strings.Count(logs.String(), "panic while serving"); n != panicsBefore {
 			t.Fatalf("%s %s, upstream answering %q: the gateway panicked", rt.method, rt.target, answer)
@@ -222,7 +228,7 @@ func FuzzRelay(f *testing.F) {
 				rt.method, rt.target, answer, last, err)
 		}
 		if !within(fuzzRelayClientBound, ended) {
-			t.Fatalf("after an answer of 200: %d owner slots, %d bytes held", ownerSlotsHeld(g), heldBytes(g))
+			t.Fatalf("after an answer of 200: %d slots, %d bytes held", slotsHeld(g), heldBytes(g))
 		}
 	})
 }
@@ -332,8 +338,10 @@ func callRelayed(addr, key, method, target string, way clientWay, answered, ende
 }
 
 // checkRelayed fails t unless got is the gateway's envelope or the
-// instance's answer, as fasthttp reads its status.
-func checkRelayed(t *testing.T, answer []byte, got *relayedAnswer) {
+// instance's answer, as fasthttp reads its status, or for an answer
+// relayed as it comes (streamed, or one cut short that may have been)
+// nothing at all.
+func checkRelayed(t *testing.T, answer []byte, got *relayedAnswer, streamed bool) {
 	t.Helper()
 	var env struct {
 		Error *struct{ Code, Message string } `json:"error"`
@@ -348,7 +356,7 @@ func checkRelayed(t *testing.T, answer []byte, got *relayedAnswer) {
 		return
 	}
 	head, cutShort, err := answerHead(answer)
-	if got.status == 0 && cutShort {
+	if got.status == 0 && (cutShort || streamed) {
 		// Relayed as it comes, broken off before fasthttp had flushed
 		// the head it wrote: the client sees the connection closed, as
 		// it would have after any part of the body.
@@ -390,14 +398,19 @@ func within(d time.Duration, ok func() bool) bool {
 	return true
 }
 
-// ownerSlotsHeld is the slots o1, relayKeys' owner, holds on every
-// service.
-func ownerSlotsHeld(g *Gateway) int {
+// slotsHeld is the slots held by o1, relayKeys' owner, on every service,
+// and by every address on the shop schema route.
+func slotsHeld(g *Gateway) int {
 	n := 0
 	for _, share := range g.ownerSlots {
 		share.slots.mu.Lock()
 		n += share.slots.held["o1"]
 		share.slots.mu.Unlock()
+	}
+	g.shopSlots.mu.Lock()
+	defer g.shopSlots.mu.Unlock()
+	for _, held := range g.shopSlots.held {
+		n += held
 	}
 	return n
 }
