@@ -288,8 +288,8 @@ type relayedAnswer struct {
 
 // callRelayed sends method target with key to the gateway at addr, on a
 // connection of its own, and takes the answer as way says (a client that
-// never reads waits until the instance has answered, then until the call
-// has ended); err is an answer not had within fuzzRelayClientBound, or
+// closes at once returns once the instance has answered; one that never
+// reads waits until then, then until the call has ended); err is an answer not had within fuzzRelayClientBound, or
 // none that HTTP reads.
 func callRelayed(addr, key, method, target string, way clientWay, answered, ended func() bool) (*relayedAnswer, error) {
 	conn, err := net.Dial("tcp", addr)
@@ -312,6 +312,13 @@ func callRelayed(addr, key, method, target string, way clientWay, answered, ende
 	}
 	switch way {
 	case closeAtOnce:
+		// Closed; the call goes on, and is only under way once the
+		// instance has answered: checked ended before then, it had not
+		// begun, and its slot was taken after the check.
+		conn.Close()
+		if !within(fuzzRelayClientBound, answered) {
+			return nil, fmt.Errorf("the instance was not asked within %s", fuzzRelayClientBound)
+		}
 		return nil, nil
 	case neverRead: // held open unread until the call has ended, then closed
 		if !within(fuzzRelayClientBound, answered) || !within(fuzzRelayClientBound, ended) {
