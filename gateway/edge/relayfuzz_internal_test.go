@@ -153,10 +153,11 @@ func answerOf(status string, headers []string, body string) []byte {
 // FuzzRelay puts the gateway in front of an instance whose raw answer
 // comes from the fuzzer (any status line, Content-Length or none or
 // several, Transfer-Encoding, chunk sizes, a body cut short or longer than
-// announced, the connection closed or stalled after it) on the list, item
-// and sale routes, for a client that reads the answer whole (in HTTP/1.1
-// or 1.0) or not at all. Once the call has ended, whatever the answer: the
-// client got the relayed answer or an envelope, never waited past the
+// announced, the connection closed or stalled after it) on the list, item,
+// sale and shop schema routes, for a client that reads the answer whole (in
+// HTTP/1.1 or 1.0), closes at once or never reads. Once the call has ended,
+// whatever the answer: the client got the relayed answer (its status within
+// 200-599) or an envelope, never waited past the
 // gateway's timeouts, the gateway did not panic, and the owner's slots (and the address's, on the shop schema route),
 // the held-answers budget and the upstream connection (one per instance)
 // are all free again. An answer with a Content-Length near the largest
@@ -270,6 +271,7 @@ func relaySeeds() [][]byte {
 		{"HTTP/1.1 503 Service Unavailable", []string{"Content-Length: 2", "Retry-After: 1"}, "{}"},
 		{"HTTP/1.1 100 Continue", nil, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"},
 		{"HTTP/1.1 999 X", []string{"Content-Length: 2"}, "{}"},
+		{"HTTP/1.1 101 Switching Protocols", []string{"Upgrade: h2c", "Connection: Upgrade"}, ""}, // kept alive: its connection reused
 		{"HTTP/1.1 200 OK", []string{"Connection: close"}, "{}"},
 	} {
 		seeds = append(seeds, answerOf(tt.status, tt.headers, tt.body))
@@ -372,6 +374,13 @@ func checkRelayed(t *testing.T, answer []byte, got *relayedAnswer, streamed bool
 	if err != nil || head.StatusCode() != got.status {
 		t.Fatalf("upstream answering %q: the client got %d %q (%v), neither an envelope nor the answer (read: %v, status %d)",
 			answer, got.status, got.body, got.cut, err, head.StatusCode())
+	}
+	// The instance's answer as it came, but not with a status outside
+	// 200-599: that one is a 502 (callFailure). Compared with the answer
+	// alone, a 101 or a 999 relayed passed, and only a status its client
+	// could not read (001) failed.
+	if got.status < 200 || got.status > 599 {
+		t.Fatalf("upstream answering %q: the client got its status %d relayed, want a 502 envelope", answer, got.status)
 	}
 }
 
