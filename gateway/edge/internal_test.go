@@ -693,6 +693,57 @@ func TestAnAnswerWithAStatusOutsideHTTPsRangeIsA502(t *testing.T) {
 	}
 }
 
+// The statuses the services answer are relayed as they were before the
+// 200-599 check, also after interim 1xx answers of the instance's
+// (fasthttp's client reads past them: the check sees the final status),
+// to a client that sent its sale with "Expect: 100-continue" (the
+// gateway's own 100 Continue, then the instance's final answer). The
+// instance is not sent Expect (not a forwarded header).
+func TestServicesStatusesAreRelayedAfterInterimAnswers(t *testing.T) {
+	var status atomic.Value
+	var expectSent atomic.Bool
+	upstream := testenv.ServeConns(t, func(conn net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(conn))
+		if err != nil {
+			return
+		}
+		expectSent.Store(expectSent.Load() || req.Header.Get("Expect") != "")
+		_, _ = fmt.Fprintf(conn, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"+
+			"HTTP/1.1 %s X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", status.Load())
+	})
+	g, _ := startWithHook(t, map[string]string{"SALES_WRITER_URLS": "http://" + upstream},
+		func(g *Gateway) { g.keys = relayKeys{} })
+	body := `{"external_order_id":"o"}`
+	for _, code := range []string{"200", "201", "204", "304", "400", "404", "409", "422", "429", "500", "503", "504"} {
+		status.Store(code)
+		conn, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = fmt.Fprintf(conn, "POST /v1/export/items/coin-1/sales/confirm HTTP/1.1\r\nHost: gateway\r\nX-API-Key: %s\r\n"+
+			"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
+			wellFormedKey(t), len(body))
+		r := bufio.NewReader(conn)
+		interim, err := http.ReadResponse(r, nil)
+		if err != nil || interim.StatusCode != http.StatusContinue {
+			t.Fatalf("the instance to answer %s: the gateway's first answer %v (%v), want 100 Continue", code, interim, err)
+		}
+		_, _ = io.WriteString(conn, body)
+		final, err := http.ReadResponse(r, &http.Request{Method: "POST"})
+		switch {
+		case err != nil:
+			t.Errorf("the instance answering 100, 103, then %s: reading the client's answer: %v", code, err)
+		case strconv.Itoa(final.StatusCode) != code:
+			t.Errorf("the instance answering 100, 103, then %s: the client got %s, want %s relayed", code, final.Status, code)
+		}
+		conn.Close()
+	}
+	if expectSent.Load() {
+		t.Error("the instance was sent Expect")
+	}
+}
+
 // An answer read whole in the gateway that its instance breaks off after
 // its head fails its proxy span, as one that fails before its head does:
 // the span covers the read, which for an item once happened in upstream.Do.
