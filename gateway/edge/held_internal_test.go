@@ -739,3 +739,40 @@ func TestAPanicWhileRelayingGivesTheOwnersSlotBackOnce(t *testing.T) {
 		t.Errorf("after the call that panicked: o1 holds %d export slots, %d bytes held; want 1 (the other call's), none", held, heldBytes(g))
 	}
 }
+
+// A panic in relay before it has handed the answer over (to the client's
+// response as its stream, or released it) is relayAnswer's to clean up
+// after, exactly once: relayAnswer marks the answer handed over only once
+// relay has returned. Here the client's response is missing (relay's first
+// step panics), for an answer relayed as it comes on a route that does not
+// stream large answers, and for one that found the held-answers budget
+// full, where relayAnswer's end is the page's (nothing held) and then the
+// call's. Marked before relay's call, neither answer was released nor its
+// call ended.
+func TestAPanicInRelayBeforeItHandsOverEndsItsCallOnce(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		streams bool
+	}{
+		{"a route whose answers are relayed as they come", false},
+		{"a page past the held-answers budget", true},
+	} {
+		g := &Gateway{heldAnswers: &byteBudget{limit: 1000}}
+		answer := fasthttp.AcquireResponse()
+		closes := 0
+		answer.SetBodyStream(closeCounted{io.LimitReader(zeros{}, 100_000), &closes}, 100_000)
+		ended := 0
+		recovered := func() (r any) {
+			defer func() { r = recover() }()
+			_ = g.relayAnswer(nil, route{StreamsLargeAnswers: tt.streams}, "", true, answer, endFunc(func() { ended++ }))
+			return nil
+		}()
+		if recovered == nil || ended != 1 || closes != 1 || heldBytes(g) != 0 {
+			t.Errorf("%s, relay panicking: panic %v, call ended %d times, answer's stream closed %d times, %d bytes held; want a panic, once, once, none",
+				tt.name, recovered, ended, closes, heldBytes(g))
+		}
+		if tt.streams && g.heldAnswers.streamed.Load() != 1 {
+			t.Errorf("%s: %d answers found the budget full, want 1", tt.name, g.heldAnswers.streamed.Load())
+		}
+	}
+}
