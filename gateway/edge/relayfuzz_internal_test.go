@@ -271,7 +271,7 @@ func relaySeeds() [][]byte {
 		{"HTTP/1.1 503 Service Unavailable", []string{"Content-Length: 2", "Retry-After: 1"}, "{}"},
 		{"HTTP/1.1 100 Continue", nil, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"},
 		{"HTTP/1.1 999 X", []string{"Content-Length: 2"}, "{}"},
-		{"HTTP/1.1 101 Switching Protocols", []string{"Upgrade: h2c", "Connection: Upgrade"}, ""}, // kept alive: its connection reused
+		{"HTTP/1.1 101 Switching Protocols", []string{"Upgrade: h2c", "Connection: Upgrade"}, ""}, // no Connection: close
 		{"HTTP/1.1 200 OK", []string{"Connection: close"}, "{}"},
 	} {
 		seeds = append(seeds, answerOf(tt.status, tt.headers, tt.body))
