@@ -712,6 +712,7 @@ func TestInputErrorMessages(t *testing.T) {
 		{"unique local IPv6", body("https://[fd12:3456::1]", key), "base_url_not_allowed", "base_url not allowed: fd12:3456::1 is a special-purpose address"},
 		{"port", body("https://shop.example.com:22", key), "base_url_not_allowed", "base_url not allowed: port 22 (shops may use 443, 8443)"},
 		{"internal name space", body("https://shop.internal", key), "base_url_not_allowed", "base_url not allowed: .internal is an internal name space"},
+		{"name DNS never answers for", body("https://shop.invalid", key), "invalid_base_url", "invalid base_url: .invalid names are never in DNS"},
 		{"name resolving to a private address", body("https://intranet.example.com", key), "base_url_not_allowed", "base_url resolves to an address that is not allowed"},
 		{"name with one private address", body("https://mixed.example.com", key), "base_url_not_allowed", "base_url resolves to an address that is not allowed"},
 		{"key as user info", body("https://"+key+"@shop.example.com", key), "invalid_base_url", "invalid base_url: base_url must not contain user info; send the key as ws_key"},

@@ -173,6 +173,15 @@ func (g *Guard) checkLiteral(ip netip.Addr, port uint16) (Target, error) {
 // is refused by name all the same, as a name no public shop has.
 var internalSuffixes = []string{".localhost", ".local", ".internal", ".home.arpa", ".lan", ".intranet", ".corp", ".svc"}
 
+// unresolvableSuffixes are top-level names that DNS never answers for:
+// .invalid (RFC 6761), .onion (Tor's, RFC 7686) and .alt (RFC 9476). A
+// base_url under one is refused by name, as invalid: a lookup would only
+// send the name to the resolver, to come back "no such host". (.test and
+// .example are reserved too, but the tests use them for public shops with
+// a resolver of their own, and the system resolver refuses them all the
+// same.)
+var unresolvableSuffixes = []string{".invalid", ".onion", ".alt"}
+
 func (g *Guard) checkHostname(host string, port uint16) (Target, error) {
 	if !validHostname(host) {
 		return Target{}, fmt.Errorf("%w: invalid host", ErrInvalid)
@@ -180,6 +189,11 @@ func (g *Guard) checkHostname(host string, port uint16) (Target, error) {
 	t := Target{Host: host, Port: port}
 	if g.allowHosts[host] {
 		return t, nil
+	}
+	for _, s := range unresolvableSuffixes {
+		if strings.HasSuffix(host, s) {
+			return Target{}, fmt.Errorf("%w: %s names are never in DNS", ErrInvalid, s)
+		}
 	}
 	if !g.portAllowed(port) {
 		return Target{}, g.portError(port)

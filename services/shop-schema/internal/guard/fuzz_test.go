@@ -107,6 +107,11 @@ func unsafeTarget(g *Guard, t Target) string {
 			return "the host is in an internal name space"
 		}
 	}
+	for _, s := range []string{".invalid", ".onion", ".alt"} {
+		if !t.IsIP() && strings.HasSuffix(t.Host, s) {
+			return "the host is under a name DNS never answers for"
+		}
+	}
 	return ""
 }
 
@@ -138,13 +143,13 @@ var messageWords = func() map[string]bool {
 		"base_url must not contain user info; send the key as ws_key", "base_url must not contain a query",
 		"base_url must not contain a fragment", "empty port", "invalid port", "invalid host", "invalid IPv6 address",
 		"scoped IPv6 address", "write the IPv4 address in dotted decimal form", "single-label host names are internal",
-		"is an internal name space", "port (shops may use )", "scoped address", "is a special-purpose address",
+		"is an internal name space", "names are never in DNS", "port (shops may use )", "scoped address", "is a special-purpose address",
 	} {
 		for _, w := range strings.Fields(text) {
 			words[strings.Trim(w, ",;:()")] = true
 		}
 	}
-	for _, s := range internalSuffixes {
+	for _, s := range append(internalSuffixes, unresolvableSuffixes...) {
 		words[s] = true
 	}
 	return words

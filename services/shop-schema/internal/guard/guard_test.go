@@ -151,6 +151,12 @@ func TestParseBaseURL(t *testing.T) {
 		{"https://kubernetes.default.svc/", "refused", ""}, // a cluster's API server, by its search-domain name
 		{"https://export-reader.prod.svc/", "refused", ""},
 		{"https://shop.svc.example.com/", "ok", "https://shop.svc.example.com"}, // .svc inside a public name: a shop like any
+		// names that are never in DNS (RFC 6761, 7686, 9476): refused without a lookup
+		{"https://shop.invalid/", "invalid", ""},
+		{"https://SHOP.INVALID./", "invalid", ""},
+		{"https://duckduckgogg42xjoc72x3sjasowoarfbgcmvfimaftt6twagswzczad.onion/", "invalid", ""},
+		{"https://shop.alt/", "invalid", ""},
+		{"https://invalid.example.com/", "ok", "https://invalid.example.com"}, // only as the last label
 		// IPv6 special ranges and embeddings
 		{"https://[fc00::1]/", "refused", ""},
 		{"https://[fdff:ffff::1]/", "refused", ""},
