@@ -166,6 +166,43 @@ func TestReadAheadServesOnlyItsOwnSync(t *testing.T) {
 	}
 }
 
+// A page read ahead is held under its cursor alone (aheadKey has no
+// owner), so only the cursor's check, before the read-ahead is asked, keeps
+// another owner from being served it: owner B sending owner A's cursor,
+// while A's next page waits in memory, is refused as any foreign cursor is,
+// takes nothing, and A is still served that page. Both owners have the same
+// item ids (one seed), as two tenants importing one supplier's catalog do.
+func TestAPageReadAheadIsServedToNoOtherOwner(t *testing.T) {
+	pool := testenv.Postgres(t)
+	a, b := seededOwner(t, pool, 30), seededOwner(t, pool, 30)
+	r := newTestReader(t, pool, readAheadFor(time.Minute))
+	ctx := context.Background()
+	ofA := &pageReader{t: t, q: Query{OwnerID: a, Lang: "ENG", Limit: 10}}
+	ofA.next(r) // page 1; page 2 is read ahead under its cursor
+	waitReadAhead(t, r, ofA.q)
+
+	for _, q := range []Query{
+		{OwnerID: b, Lang: "ENG", Limit: 10, Cursor: ofA.q.Cursor},
+		{OwnerID: b, Lang: "ENG", Limit: 10, Cursor: ofA.q.Cursor, HeadOnly: true},
+	} {
+		body, next, err := r.AppendPage(ctx, nil, q)
+		if !errors.Is(err, ErrInvalidCursor) || len(body) != 0 || next != "" {
+			t.Errorf("owner B with owner A's cursor (HEAD %v) = %d bytes, next %q, %v; want nothing, ErrInvalidCursor",
+				q.HeadOnly, len(body), next, err)
+		}
+	}
+	if hits, misses := outcome(r, "hit"), outcome(r, "miss"); hits != 0 || misses != 0 {
+		t.Errorf("after owner B's requests: %d read-ahead hits, %d misses; want none", hits, misses)
+	}
+
+	ofA.next(r)
+	want := readAll(t, newTestReader(t, pool, ReadAhead{}), Query{OwnerID: a, Lang: "ENG", Limit: 10})[1]
+	if diff := cmp.Diff(string(want), string(ofA.pages[1])); diff != "" || outcome(r, "hit") != 1 {
+		t.Errorf("owner A's page 2 (read-ahead hits %d, want 1) differs from the database's (-database +served):\n%s",
+			outcome(r, "hit"), diff)
+	}
+}
+
 func TestReadAheadReadsAgainWhenStale(t *testing.T) {
 	pool := testenv.Postgres(t)
 	owner := seededOwner(t, pool, 30)
