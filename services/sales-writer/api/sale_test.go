@@ -247,6 +247,62 @@ func TestOtherOwnersItemIsNotFound(t *testing.T) {
 	}
 }
 
+// Idempotency keys belong to an owner and a platform (spec 4.7, README's
+// "Keys"): two owners selling through one platform may pick the same key,
+// for the same item id and order, and neither replays, conflicts with or
+// is bound by the other's call. Replaying the other owner's record would
+// tell one tenant the other's sale (its confirmed_at) and sell nothing.
+func TestIdempotencyKeysOfTwoOwnersAreApart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	other := f.addOwner(t, "other owner")
+	for _, owner := range []string{f.owner, other} {
+		f.addItem(t, owner, "coin-1", true)
+		f.addItem(t, owner, "coin-2", true)
+	}
+	ofOther := f.writer("market-a")
+	ofOther.OwnerID, ofOther.KeyID = other, "key-of-the-other-owner"
+	steps := []struct {
+		name       string
+		c          call
+		wantStatus int
+		wantCode   string // "" for a sale executed, not replayed
+	}{
+		{"owner's confirm", call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "shared", body: order1}, 200, ""},
+		{"other owner's, the same key and request", call{id: ofOther, op: "confirm", item: "coin-1", key: "shared", body: order1}, 200, ""},
+		{"owner's refused call binds its key", call{id: f.writer("market-a"), op: "confirm", item: "nope", key: "bound", body: order1}, 404, "not_found"},
+		{"other owner's, that key for a sale", call{id: ofOther, op: "confirm", item: "coin-2", key: "bound", body: order1}, 200, ""},
+		{"other owner's cancel", call{id: ofOther, op: "cancel", item: "coin-1", key: "shared-cancel", body: order1}, 200, ""},
+		{"owner's, that cancel's key", call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "shared-cancel", body: order1}, 200, ""},
+	}
+	confirmedAt := map[string]any{}
+	for _, s := range steps {
+		rec, env := f.do(t, s.c)
+		executed := rec.Code == 200 && result(t, env)["idempotent_replay"] == false
+		if rec.Code != s.wantStatus || errorCode(env) != s.wantCode || (s.wantStatus == 200 && !executed) {
+			t.Errorf("%s: %s %s with %s = %d %q %s, want %d %q", s.name, s.c.op, s.c.item, s.c.key, rec.Code, errorCode(env), rec.Body, s.wantStatus, s.wantCode)
+		}
+		if s.c.key == "shared" && rec.Code == 200 {
+			confirmedAt[s.c.id.OwnerID] = result(t, env)["confirmed_at"]
+		}
+	}
+	// Each owner's retry replays its own sale, the other's cancel notwithstanding.
+	for _, id := range []identity.Identity{f.writer("market-a"), ofOther} {
+		rec, env := f.do(t, call{id: id, op: "confirm", item: "coin-1", key: "shared", body: order1})
+		if rec.Code != 200 || result(t, env)["idempotent_replay"] != true || result(t, env)["confirmed_at"] != confirmedAt[id.OwnerID] {
+			t.Errorf("retry of %s's confirm = %d %s, want its own sale replayed (confirmed_at %v)", id.KeyID, rec.Code, rec.Body, confirmedAt[id.OwnerID])
+		}
+	}
+	for _, want := range []struct {
+		owner, item string
+		sold        bool
+	}{{f.owner, "coin-1", true}, {f.owner, "coin-2", true}, {other, "coin-1", false}, {other, "coin-2", true}} {
+		if got := f.item(t, want.owner, want.item); got.Sold != want.sold {
+			t.Errorf("item %s of owner %s = %+v, want sold %v", want.item, want.owner, got, want.sold)
+		}
+	}
+}
+
 // A signed identity whose platform is not in the database sells nothing:
 // the confirm statement changes nothing, so no idempotency record is stored
 // either, and the answer is 404. It has no sale to cancel: 409, as for any
