@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,20 +65,40 @@ func TestSaleStatesThroughTheStack(t *testing.T) {
 	readers := []string{fx.readKey, secondReader}
 
 	// Spec 4.4: 404 for an item not owned, the same answer as for one that
-	// does not exist (spec 1: never another owner's data).
+	// does not exist (spec 1: never another owner's data): status, body and
+	// headers, of a GET, a HEAD and each sale, the sale's retry under its
+	// Idempotency-Key included (a refusal binds the key).
 	t.Run("not owned is not found", func(t *testing.T) {
-		missing := wantError(t, "GET", s.baseURL+"/export/items/no-such-item", fx.readKey, "", "", 404, "not_found")
-		for _, c := range []struct{ key, path string }{
-			{readerB, "/export/items/" + url.PathEscape(item)},
-			{fx.readKey, "/export/items/b-only"},
+		for _, c := range []struct {
+			method, key, theirs, suffix, body string
+		}{
+			{"GET", readerB, item, "", ""},
+			{"GET", fx.readKey, "b-only", "", ""},
+			{"HEAD", readerB, item, "", ""},
+			{"HEAD", fx.readKey, "b-only", "", ""},
+			{"POST", writerB, item, "/sales/confirm", order("b-1")},
+			{"POST", writerB, item, "/sales/cancel", order("b-1")},
+			{"POST", fx.writeKey, "b-only", "/sales/confirm", order("a-1")},
+			{"POST", fx.writeKey, "b-only", "/sales/cancel", order("a-1")},
 		} {
-			theirs := wantError(t, "GET", s.baseURL+c.path, c.key, "", "", 404, "not_found")
-			if diff := cmp.Diff(missing.Error, theirs.Error); diff != "" {
-				t.Errorf("GET %s: another owner's item answers otherwise than a missing one (-missing +theirs):\n%s", c.path, diff)
+			var answers [2][]notFound
+			for i, id := range []string{"no-such-item", c.theirs} {
+				target := s.baseURL + "/export/items/" + url.PathEscape(id) + c.suffix
+				tries := 1
+				if c.method == "POST" {
+					tries = 2
+				}
+				for range tries {
+					answers[i] = append(answers[i], answerOf(t, c.method, target, c.key, c.body, id+c.suffix))
+				}
 			}
-		}
-		for _, op := range []string{"confirm", "cancel"} {
-			wantError(t, "POST", itemURL+"/sales/"+op, writerB, "b-"+op, order("b-1"), 404, "not_found")
+			if answers[0][0].status != 404 {
+				t.Errorf("%s %s of a missing item = %d, want 404", c.method, c.suffix, answers[0][0].status)
+			}
+			if diff := cmp.Diff(answers[0], answers[1], cmp.AllowUnexported(notFound{})); diff != "" {
+				t.Errorf("%s %s%s: another owner's item answers otherwise than a missing one (-missing +theirs):\n%s",
+					c.method, c.theirs, c.suffix, diff)
+			}
 		}
 		wantExported(t, s, itemURL, readers, "active", 1, time.Time{})
 	})
@@ -141,6 +164,44 @@ func TestSaleStatesThroughTheStack(t *testing.T) {
 		t.Errorf("confirm by %s after the cancel = %+v, want executed for it", otherPlatform, again)
 	}
 	wantExported(t, s, itemURL, readers, "inactive", 0, time.Time{})
+}
+
+// notFound is an answer as far as it may differ between an item that does
+// not exist and one of another owner: all of it but what differs between
+// any two calls (request id, date, rate-limit count).
+type notFound struct {
+	status int
+	body   string
+	header http.Header
+}
+
+// answerOf sends a request (the sale routes' with an Idempotency-Key made
+// of idempotencyKey) and returns its answer without what varies per call.
+func answerOf(t *testing.T, method, target, apiKey, body, idempotencyKey string) notFound {
+	t.Helper()
+	req, err := http.NewRequest(method, target, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", apiKey)
+	if method == "POST" {
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "k-"+strings.ReplaceAll(idempotencyKey, "/", "-"))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requestID := resp.Header.Get("X-Request-Id")
+	for _, varies := range []string{"X-Request-Id", "Date", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"} {
+		resp.Header.Del(varies)
+	}
+	return notFound{resp.StatusCode, strings.ReplaceAll(string(raw), requestID, "REQUEST_ID"), resp.Header}
 }
 
 // order is a SaleWriteRequest body.
