@@ -81,11 +81,7 @@ func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		name := routeNameOf(c.Method(), c.Path())
-		rq := g.begin(c, name)
-		defer g.end(c, rq, g.routeMetrics[name])
-		g.nameKnownKey(c, rq)
-		g.writeError(c, rq, errTooLarge)
+		g.refuseTooLarge(c, errTooLarge)
 		return errTooLarge.Status // fasthttp sets the answer's status to this
 	}
 }
@@ -161,15 +157,26 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 		// named after its route, as the 413 with Expect is. A chunked body
 		// passing the limit comes with the request reset (fasthttp's
 		// ReadBody), its method and path lost: unrouted, below.
-		name := routeNameOf(c.Method(), c.Path())
-		rq := g.begin(c, name)
-		defer g.end(c, rq, g.routeMetrics[name])
-		g.nameKnownKey(c, rq)
-		g.writeError(c, rq, err)
+		g.refuseTooLarge(c, err)
 		return nil
 	}
 	g.unreadable(c, err)
 	return nil
+}
+
+// refuseTooLarge answers a body over BodyLimit refused before its route
+// ran, named as that route would name it: the route, the key when the
+// cache knows it, and a sale's item and Idempotency-Key, which the line of
+// every other sale the gateway answers names (no writer's line does).
+func (g *Gateway) refuseTooLarge(c *fiber.Ctx, err error) {
+	name := routeNameOf(c.Method(), c.Path())
+	rq := g.begin(c, name)
+	defer g.end(c, rq, g.routeMetrics[name])
+	g.nameKnownKey(c, rq)
+	if item, ok := saleItemOf(c.Method(), c.Path()); ok {
+		rq.noteSaleOf(item, c)
+	}
+	g.writeError(c, rq, err)
 }
 
 // unreadable answers (and logs, and counts) a request that could not be

@@ -66,23 +66,32 @@ func TestExpectContinueIsRefusedForABodyOverTheLimit(t *testing.T) {
 // A 413 is named after the route it was sent to, refused on its declared
 // length or before the body with Expect: 100-continue; a chunked body
 // passing the limit is unrouted, as fasthttp resets its request then (its
-// method and path would read GET /).
+// method and path would read GET /). A sale's 413 names its item (decoded)
+// and Idempotency-Key, as every sale's line in the gateway does: it
+// reaches no writer, whose line would name them.
 func TestBodyTooLargeIsNamedAfterItsRoute(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
-	confirm := "/v1/export/items/coin-1/sales/confirm"
+	confirm := "/v1/export/items/coin%201/sales/confirm"
 	const route = `"method":"POST","route":"POST /v1/export/items/{item_id}/sales/confirm","status":413`
-	json := map[string]string{"Content-Type": "application/json"}
+	const sale = `"item_id":"coin 1","idempotency_key":"order-9-confirm"`
+	json := map[string]string{"Content-Type": "application/json", "Idempotency-Key": "order-9-confirm"}
 	overLimit := strings.Repeat(" ", edge.BodyLimit+1)
 	answers := map[string]response{
 		"declared length": do(t, "POST", gw.URL+confirm, json, strings.NewReader(overLimit)),
 		"Expect: 100-continue": doRaw(t, gw.URL, "POST", confirm, map[string]string{"Content-Type": "application/json",
-			"Expect": "100-continue", "Content-Length": strconv.Itoa(edge.BodyLimit + 1)}),
+			"Idempotency-Key": "order-9-confirm", "Expect": "100-continue", "Content-Length": strconv.Itoa(edge.BodyLimit + 1)}),
 	}
 	for how, r := range answers {
-		if line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID); r.Status != 413 || !strings.Contains(line, route) {
-			t.Errorf("%s: %d, access line %s; want 413 with %s", how, r.Status, line, route)
+		line := accessLine(gw.Logs.String(), r.Env.Meta.RequestID)
+		if r.Status != 413 || !strings.Contains(line, route) || !strings.Contains(line, sale) {
+			t.Errorf("%s: %d, access line %s; want 413 with %s and %s", how, r.Status, line, route, sale)
 		}
+	}
+	if r := do(t, "POST", gw.URL+"/v1/export/items", json, strings.NewReader(overLimit)); r.Status != 413 ||
+		strings.Contains(accessLine(gw.Logs.String(), r.Env.Meta.RequestID), `"item_id"`) {
+		t.Errorf("POST /v1/export/items: %d, access line %s; want 413 naming no item", r.Status,
+			accessLine(gw.Logs.String(), r.Env.Meta.RequestID))
 	}
 	chunked := do(t, "POST", gw.URL+confirm, json, io.MultiReader(strings.NewReader(overLimit))) // no Size: chunked
 	const unrouted = `"method":"_OTHER","route":"unrouted","status":413`

@@ -104,9 +104,15 @@ type saleNames struct {
 }
 
 // noteSale records the sale's item and Idempotency-Key (request.sale).
-// Fiber's strings point into buffers reused after the handler: copied.
 func (rq *request) noteSale(c *fiber.Ctx) {
-	item := strings.Clone(c.Params("item_id")) // raw: Fiber leaves the path escaped
+	rq.noteSaleOf(c.Params("item_id"), c)
+}
+
+// noteSaleOf is noteSale with the item as its path has it, escaped (Fiber
+// leaves the path so). Fiber's strings point into buffers reused after the
+// handler: copied.
+func (rq *request) noteSaleOf(escapedItem string, c *fiber.Ctx) {
+	item := strings.Clone(escapedItem)
 	if decoded, err := url.PathUnescape(item); err == nil {
 		item = decoded
 	}

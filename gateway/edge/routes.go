@@ -120,6 +120,19 @@ func routeNameOf(method, path string) string {
 	return name
 }
 
+// saleItemOf is the item_id segment of a request to a sale route, escaped
+// as Fiber's c.Params gives it, for a request refused before routing (a
+// body over BodyLimit); ok is false for a request to any other route.
+func saleItemOf(method, path string) (item string, ok bool) {
+	for _, r := range routes {
+		if r.RepeatWithIdempotencyKey && r.Method == method && matchPath(r.Path, path) {
+			at := slices.Index(strings.Split(r.Path, "/"), ":item_id")
+			return strings.Split(path, "/")[at], true
+		}
+	}
+	return "", false
+}
+
 // routeNames are every name routeNameOf returns, for the metric series
 // made at start.
 func routeNames() []string {
