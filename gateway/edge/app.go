@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -53,7 +55,7 @@ func (g *Gateway) newApp() *fiber.App {
 	app.Use(serveUnmatched)
 	g.answerUnknownMethods(app, serveUnmatched)
 	g.refuseLargeBodiesBeforeContinue(app)
-	g.noteClientsThatLeave(app)
+	g.answerUnreadableRequests(app)
 	g.closeConnectionsWhileDraining(app)
 	// An answer written while the gateway drains says Connection: close:
 	// fasthttp closes the connection after it all the same, and a client
@@ -190,25 +192,41 @@ func (g *Gateway) unreadable(c *fiber.Ctx, err error) {
 	g.writeError(c, rq, err)
 }
 
-// noteClientsThatLeave answers a request whose client closed or reset the
+// answerUnreadableRequests answers a request whose client closed or reset the
 // connection before sending it whole (a client killed or timed out
 // mid-upload, a load balancer's TCP check) as a client that left: 499
 // client_closed_request, the services' and nginx's status for it, which no
 // one reads. Fiber's own handler made it a 502 (a network error) or a 400
 // with the error's text, which the gateway answered 400 bad_request, a
-// client's fault it had not made.
-func (g *Gateway) noteClientsThatLeave(app *fiber.App) {
+// client's fault it had not made. It also answers a malformed request whose
+// bytes hold the word "timeout" 400 bad_request, which Fiber's handler,
+// taking any error whose text has "timeout" for one (fasthttp's text quotes
+// the bytes it could not read), answered and logged 408 request_timeout.
+func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 	server := app.Server()
 	fiberErrors := server.ErrorHandler
 	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
-		if !clientLeft(err) {
+		var answer error
+		switch {
+		case clientLeft(err):
+			answer = errClientLeft
+		case strings.Contains(err.Error(), "timeout") && !timedOut(err):
+			answer = errBadRequest
+		default:
 			fiberErrors(rctx, err)
 			return
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		g.unreadable(c, errClientLeft)
+		g.unreadable(c, answer)
 	}
+}
+
+// timedOut reports whether err, fasthttp's for a request it could not
+// read, is its connection's read deadline passing.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // closeConnectionsWhileDraining answers Connection: close from the stop

@@ -69,7 +69,7 @@ var (
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request could not be read"}
 	// A client that closed or reset its connection mid-request: no one
-	// reads this (noteClientsThatLeave), but the access line and metrics
+	// reads this (answerUnreadableRequests), but the access line and metrics
 	// say 499, as the services and nginx do, not a client's bad request.
 	errClientLeft = &apiError{Status: httpserver.StatusClientClosed, Code: httpserver.CodeClientClosed,
 		Message: "the client closed the connection before sending its request whole", Close: true}

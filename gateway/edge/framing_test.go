@@ -200,6 +200,41 @@ func TestAClientStillSendingReadsTheRefusal(t *testing.T) {
 	}
 }
 
+// A request that cannot be read is a 400 bad_request whatever its bytes
+// say: one holding the word "timeout" (a header's value, its path) was
+// answered at once 408 request_timeout, "not received in time", and
+// logged so, as Fiber takes any error whose text has "timeout" for one,
+// and fasthttp's text quotes the bytes it could not read: its request id
+// led to a client too slow to send, not to a malformed request.
+func TestAnUnreadableRequestSayingTimeoutIsA400(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
+	for name, request := range map[string]string{
+		"a Content-Length not a number": "GET /v1/export/items HTTP/1.1\r\nHost: gateway\r\nX-Note: timeout\r\n" +
+			"Content-Length: timeout\r\n\r\n",
+		"a request line with two spaces": "GET /v1/timeout  HTTP/1.1\r\nHost: gateway\r\n\r\n",
+	} {
+		conn := dial(t, gw.URL)
+		if _, err := io.WriteString(conn, request); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-Id")
+		waitFor(t, 2*time.Second, func() bool { return accessLine(gw.Logs.String(), id) != "" })
+		line := accessLine(gw.Logs.String(), id)
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"code":"bad_request"`) ||
+			!strings.Contains(line, `"status":400,`) || !strings.Contains(line, `"error_code":"bad_request"`) {
+			t.Errorf("%s: %d %s, access line %s; want 400 bad_request in both", name, resp.StatusCode, body, line)
+		}
+	}
+}
+
 // A request not received within GATEWAY_READ_TIMEOUT on a new connection
 // is logged with the time its client held the connection, from the
 // connection's start, not the moment the 408 took to write: its
