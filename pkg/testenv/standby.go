@@ -63,6 +63,14 @@ func (c *clusters) initdb(t testing.TB, name string) {
 // seconds.
 func StandbyPair(t testing.TB, standbyOpts ...string) *Pair {
 	t.Helper()
+	return standbyPair(t, nil, standbyOpts...)
+}
+
+// standbyPair is StandbyPair; link, when not nil, is called once the
+// primary is up and returns more settings of the standby (how it reaches
+// the primary).
+func standbyPair(t testing.TB, link func(*Pair) []string, standbyOpts ...string) *Pair {
+	t.Helper()
 	p := &Pair{clusters: ownClusters(t, "testenv-pair-")}
 	p.initdb(t, "primary")
 	p.start(t, "primary")
@@ -73,6 +81,9 @@ func StandbyPair(t testing.TB, standbyOpts ...string) *Pair {
 	if out, err := runAs(p.user, filepath.Join(p.bin, "pg_basebackup"), "-h", p.socketDir("primary"), "-U", "postgres",
 		"-D", filepath.Join(p.dir, "standby"), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"); err != nil {
 		t.Fatalf("testenv: pg_basebackup: %v: %s", err, out)
+	}
+	if link != nil {
+		standbyOpts = append(link(p), standbyOpts...)
 	}
 	p.start(t, "standby", standbyOpts...)
 	p.Primary, p.Standby = p.dsn("primary", "export"), p.dsn("standby", "export")

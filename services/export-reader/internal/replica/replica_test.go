@@ -30,6 +30,8 @@ func TestSampleLag(t *testing.T) {
 		{"primary", sample{recovery: false}, 0, nil},
 		{"idle primary: all replayed, last commit old", sample{recovery: true, replayedAll: true, sinceReplay: f(3600), receiver: s("streaming"), silence: f(0.5)}, 500 * time.Millisecond, nil},
 		{"replay behind", sample{recovery: true, sinceReplay: f(70), receiver: s("streaming"), silence: f(0.2)}, 70 * time.Second, nil},
+		{"every message late, all received replayed", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), silence: f(0.1), sinceSent: f(4)}, 4 * time.Second, nil},
+		{"the standby's clock behind the primary's", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), silence: f(0.3), sinceSent: f(-2)}, 300 * time.Millisecond, nil},
 		{"receiver silent longer than replay is behind", sample{recovery: true, sinceReplay: f(3), receiver: s("streaming"), silence: f(45)}, 45 * time.Second, nil},
 		{"no receiver", sample{recovery: true, replayedAll: true}, 0, errNoReceiver},
 		{"receiver not streaming", sample{recovery: true, replayedAll: true, receiver: s("waiting"), silence: f(1)}, 0, errNoReceiver},
@@ -127,5 +129,109 @@ func TestAPrimarysReadingDoesNotAge(t *testing.T) {
 	m.last.Store(&reading{at: time.Now().Add(-time.Minute)})
 	if lag, err := m.Lag(), m.Check(); lag != 0 || err != nil {
 		t.Errorf("a primary's reading a minute old: Lag() = %v, Check() = %v, want 0, nil", lag, err)
+	}
+}
+
+// A standby that hears from its primary without a gap, and replays all it
+// has received, can still lag: every message comes late (a distant
+// standby, a saturated link). The time since the receiver last heard says
+// nothing of that; the primary's send time of what it heard does.
+func TestALinkThatDeliversLateIsLag(t *testing.T) {
+	t.Parallel()
+	const delay = 4 * time.Second
+	pair := testenv.StandbyPairOver(t, testenv.Link{Delay: delay})
+	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
+	ctx := context.Background()
+	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (at timestamptz)"); err != nil {
+		t.Fatal(err)
+	}
+	writing, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { // a commit every 50 ms: the link is never idle
+		for writing.Err() == nil {
+			_, _ = primary.Exec(writing, "INSERT INTO lag_probe VALUES (clock_timestamp())")
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	// Once the standby has the table, it is delay behind.
+	deadline := time.Now().Add(30 * time.Second)
+	var behind time.Duration
+	for behind < delay/2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby never showed itself %v behind (last: %v)", delay/2, behind)
+		}
+		var seconds *float64
+		err := standby.QueryRow(ctx, "SELECT extract(epoch FROM clock_timestamp() - max(at))::float8 FROM lag_probe").Scan(&seconds)
+		if err == nil && seconds != nil {
+			behind = time.Duration(*seconds * float64(time.Second))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	m := Start(ctx, standby, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: delay / 2, Interval: 100 * time.Millisecond})
+	defer m.Close()
+	if lag, err := m.Lag(), m.Check(); lag < delay/2 || !errors.Is(err, ErrBehind) {
+		t.Errorf("a standby %v behind (its newest row %v old): Lag() = %v, Check() = %v, want at least %v, ErrBehind",
+			delay, behind, lag, err, delay/2)
+	}
+}
+
+// A link slower than the primary writes WAL leaves the backlog on the
+// primary's side: the standby receives on without a gap, messages sent a
+// moment ago, and replays all it has, yet lacks what waits to be sent.
+// Only the primary's WAL end, which each message carries, tells it: what
+// is received, sent in whole 8 KB pages, mostly ends inside a record
+// that cannot be replayed yet, so receiving ahead of replaying showed the
+// lag, but not whenever a message ended on a record's end (1 reading in
+// 20 here; every reading is checked, many a second).
+func TestALinkSlowerThanThePrimaryWritesIsLag(t *testing.T) {
+	t.Parallel()
+	const maxLag = 2 * time.Second
+	pair := testenv.StandbyPairOver(t, testenv.Link{BytesPerSecond: 1 << 20})
+	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
+	ctx := context.Background()
+	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (n int); CREATE TABLE bulk (n int)"); err != nil {
+		t.Fatal(err)
+	}
+	probe := func(n int) {
+		if _, err := primary.Exec(ctx, "INSERT INTO lag_probe VALUES ($1)", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onStandby := func(n int) bool {
+		var there bool
+		err := standby.QueryRow(ctx, "SELECT EXISTS (SELECT FROM lag_probe WHERE n = $1)", n).Scan(&there)
+		return err == nil && there
+	}
+	probe(1)
+	for deadline := time.Now().Add(30 * time.Second); !onStandby(1); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby never caught up before the load")
+		}
+	}
+	m := Start(ctx, standby, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: maxLag, Interval: 5 * time.Millisecond})
+	defer m.Close()
+	// About 10 MB of WAL: 8 s or so at 1 MB/s. Small rows, so that many
+	// messages end on a record's end.
+	if _, err := primary.Exec(ctx, "INSERT INTO bulk SELECT g FROM generate_series(1, 150000) AS g"); err != nil {
+		t.Fatal(err)
+	}
+	probe(2)
+	committed := time.Now()
+	time.Sleep(maxLag + 200*time.Millisecond)
+	readings, under := 0, time.Duration(0)
+	for ; !onStandby(2); time.Sleep(5 * time.Millisecond) {
+		if time.Since(committed) > 30*time.Second {
+			t.Fatal("the standby never received the load")
+		}
+		readings++
+		if lag := m.Lag(); lag <= maxLag && under == 0 {
+			under = lag
+		}
+	}
+	if readings < 100 {
+		t.Fatalf("the standby had a commit %v old behind 10 MB of WAL at 1 MB/s: the link held too short a backlog (%d readings)", time.Since(committed), readings)
+	}
+	if under != 0 {
+		t.Errorf("a standby without a commit over %v old: one of %d readings was %v, under the bound", maxLag, readings, under)
 	}
 }

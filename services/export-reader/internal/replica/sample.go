@@ -8,23 +8,26 @@ import (
 // sampleSQL reads, in one round trip, what the lag is computed from. On a
 // primary only the first column matters. pg_stat_wal_receiver has at most
 // one row; its columns other than pid are NULL for a role without
-// pg_read_all_stats (pg_monitor has it).
+// pg_read_all_stats (pg_monitor has it). latest_end_lsn is the end of the
+// primary's WAL as its last message said (greatest skips it when NULL).
 const sampleSQL = `SELECT pg_is_in_recovery(),
-	coalesce(pg_last_wal_receive_lsn() <= pg_last_wal_replay_lsn(), false),
+	coalesce(pg_last_wal_replay_lsn() >= greatest(pg_last_wal_receive_lsn(), w.latest_end_lsn), false),
 	extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8,
 	w.status,
 	w.pid IS NOT NULL AND w.status IS NULL,
-	extract(epoch FROM clock_timestamp() - w.last_msg_receipt_time)::float8
+	extract(epoch FROM clock_timestamp() - w.last_msg_receipt_time)::float8,
+	extract(epoch FROM clock_timestamp() - w.last_msg_send_time)::float8
 FROM (SELECT) AS one LEFT JOIN pg_stat_wal_receiver AS w ON true`
 
 // sample is one row of sampleSQL.
 type sample struct {
 	recovery       bool     // a standby
-	replayedAll    bool     // everything received is replayed
+	replayedAll    bool     // everything received, and all the primary had when it last sent, is replayed
 	sinceReplay    *float64 // seconds since the commit of the last transaction replayed (its primary's stamp)
 	receiver       *string  // the WAL receiver's status; nil without one
 	receiverHidden bool     // there is one, but the role may not see its state
 	silence        *float64 // seconds since the WAL receiver last heard from the primary
+	sinceSent      *float64 // seconds since the primary sent the last message heard (its clock)
 }
 
 // Why a standby's lag cannot be told; the last reading then ages.
@@ -36,15 +39,21 @@ var (
 
 // lag is how far the standby is behind, at most: the age of the oldest
 // commit it may lack. Two ways to lack one:
-//   - received, not replayed: then it committed after the last replayed
-//     one, so it is younger than that one's stamp (a lag measured as the
-//     age of the last replayed commit alone would grow on a standby of an
-//     idle primary, which lacks nothing);
-//   - not received: the WAL receiver's last message from the primary (WAL
-//     or a keepalive, which a healthy link gets at least every
+//   - not replayed, whether received or still on its way (the primary's
+//     last message said its WAL went further than what is replayed): then
+//     it committed after the last replayed one, so it is younger than that
+//     one's stamp (a lag measured as the age of the last replayed commit
+//     alone would grow on a standby of an idle primary, which lacks
+//     nothing). A link slower than the primary writes WAL keeps a backlog
+//     on the primary's side, which only its WAL end tells;
+//   - sent after the last message heard: that message (WAL or a
+//     keepalive, which a healthy link gets at least every
 //     wal_receiver_timeout/2, 30 s by default) brought what was committed
-//     before it; a receiver that heard nothing for longer lags that much
-//     (a cut link, a stuck primary).
+//     before the primary sent it, so the standby lags by the age of that
+//     send, or of its receipt if later by the standby's clock. The receipt
+//     alone (a cut link, a stuck primary) missed a link that streams on,
+//     every message late: a standby 4 s behind read 0.2 s
+//     (TestALinkThatDeliversLateIsLag).
 //
 // Without a streaming receiver it cannot be told (errNoReceiver).
 func (s sample) lag() (time.Duration, error) {
@@ -58,6 +67,9 @@ func (s sample) lag() (time.Duration, error) {
 		return 0, errNoReceiver
 	}
 	lag := max(0, *s.silence)
+	if s.sinceSent != nil {
+		lag = max(lag, *s.sinceSent)
+	}
 	if !s.replayedAll {
 		if s.sinceReplay == nil {
 			return 0, errNoReplay
