@@ -119,10 +119,10 @@ func (c *Client) Sync(ctx context.Context, checkpoint time.Time, upsert func(Ite
 			}
 			n++
 		}
-		if page.Meta.NextCursor == nil {
+		if page.Meta.NextCursor.value == nil {
 			return start, n, nil
 		}
-		q.Set("cursor", *page.Meta.NextCursor)
+		q.Set("cursor", *page.Meta.NextCursor.value)
 	}
 }
 
@@ -133,10 +133,28 @@ type pageBody struct {
 		Message string `json:"message"`
 	} `json:"error"`
 	Meta struct {
-		RequestID  string  `json:"request_id"`
-		NextCursor *string `json:"next_cursor"`
+		RequestID  string     `json:"request_id"`
+		NextCursor nextCursor `json:"next_cursor"`
 	} `json:"meta"`
 }
+
+// nextCursor is meta.next_cursor, and whether the answer had one: null
+// ends a run, no next_cursor at all is no list page.
+type nextCursor struct {
+	present bool
+	value   *string // nil on the last page
+}
+
+func (c *nextCursor) UnmarshalJSON(b []byte) error {
+	c.present = true
+	return json.Unmarshal(b, &c.value)
+}
+
+// errNotAPage is a 200 whose body is JSON but no list page: no data, or no
+// meta.next_cursor (a proxy's or a portal's page, a BaseURL naming
+// another API). Read as a last page it ended the run a success with what
+// it had, and its checkpoint skipped the rest for good.
+var errNotAPage = errors.New("the answer is not a list page (no data or no meta.next_cursor)")
 
 // pageWithRetries asks for the page of q until it comes, a failure that
 // will not pass by waiting comes, or the retries are spent. A 429 spends
@@ -244,6 +262,9 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	}
 	if decodeErr != nil { // an answer cut short, most likely
 		return pageBody{}, fmt.Errorf("syncclient: status 200: %w", transientError{decodeErr})
+	}
+	if page.Data == nil || !page.Meta.NextCursor.present { // asked for again, as an answer cut short
+		return pageBody{}, fmt.Errorf("syncclient: status 200 (request %s): %w", page.Meta.RequestID, transientError{errNotAPage})
 	}
 	return page, nil
 }

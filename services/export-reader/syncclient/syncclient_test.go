@@ -185,6 +185,45 @@ func TestSyncTimesOutAPageThatNeverComes(t *testing.T) {
 	}
 }
 
+// A 200 that is not a list page (no meta.next_cursor, or no data: a
+// proxy's or a portal's page, a BaseURL that names another API) is not the
+// end of the run: read as one, the run "succeeded" with what it had, and
+// its checkpoint skipped the rest for good, the very failure the sync
+// guide warns a script of. It is asked for again, as an answer cut short.
+func TestSyncTakesOnlyAListPageForOne(t *testing.T) {
+	const page = `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r","next_cursor":null}}`
+	for name, body := range map[string]string{
+		"an empty object":          `{}`,
+		"items without meta":       `{"data":[{"id":"b","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}]}`,
+		"meta without next_cursor": `{"data":[],"meta":{"request_id":"r"}}`,
+		"an error with a 200":      `{"error":{"code":"blocked","message":"m"},"meta":{"request_id":"r"}}`,
+		"not an object":            `[]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var calls atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 1 {
+					fmt.Fprint(w, body)
+					return
+				}
+				fmt.Fprint(w, page)
+			}))
+			t.Cleanup(srv.Close)
+			var waits int
+			c := &Client{BaseURL: srv.URL + "/v1", Wait: func(context.Context, time.Duration) error { waits++; return nil }}
+			mirror := Mirror{}
+			if _, n, err := c.Sync(context.Background(), time.Time{}, mirror.Upsert); err != nil || n != 1 || waits != 1 || mirror["b"].ID != "" {
+				t.Errorf("Sync = %d items (%v), %v after %d requests and %d waits; want the answer asked for again once, and the page's 1 item", n, mirror, err, calls.Load(), waits)
+			}
+			c.Retries = -1
+			calls.Store(0)
+			if checkpoint, _, err := c.Sync(context.Background(), time.Time{}, Mirror{}.Upsert); err == nil || !checkpoint.IsZero() {
+				t.Errorf("Sync without retries = %v, %v; want no checkpoint and an error", checkpoint, err)
+			}
+		})
+	}
+}
+
 // A redirect is not followed: the service never redirects, and net/http
 // sends every header Prepare set, the API key among them, to wherever a
 // redirect points (it keeps back only Authorization and cookies from
