@@ -10,6 +10,7 @@ import (
 
 	"github.com/coinexport/export/pkg/catalog"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
 )
 
 // Restamp under the owner's sales stamps every item anew: a sale that
@@ -26,19 +27,9 @@ func TestRestampStampsEveryItemUnderSales(t *testing.T) {
 	if n, err := catalog.Seed(ctx, pool, owner, items, 11); err != nil || n != items {
 		t.Fatalf("Seed = %d, %v", n, err)
 	}
-	var ids []string
-	rows, err := pool.Query(ctx, "SELECT id FROM export_items WHERE owner_id = $1", owner)
+	rows, _ := pool.Query(ctx, "SELECT id FROM export_items WHERE owner_id = $1", owner)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
 	// A sale or a cancel, as the sales-writer's statements write one.

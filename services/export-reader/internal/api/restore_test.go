@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
-	"github.com/coinexport/export/pkg/identity"
-	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/export-reader/syncclient"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,12 +22,7 @@ import (
 func TestRestampMendsMirrorsAfterARestore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pair := testenv.StandbyPair(t)
-	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
-	signer, err := identity.NewSigner(identitySecret)
-	if err != nil {
-		t.Fatal(err)
-	}
+	primary, standby, signer := pairAndSigner(t)
 	before := serve(t, primary, signer)
 	owner := before.owner(t)
 	before.importLines(t, owner, itemLine("a", "active", "A v1"), itemLine("b", "active", "B v1"), itemLine("c", "active", "C v1"))

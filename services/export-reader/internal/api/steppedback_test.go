@@ -9,6 +9,7 @@ import (
 
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A sync's pages must all be read from one database. Two readers on two
@@ -26,12 +27,7 @@ import (
 func TestPagesReadFromTwoDatabasesCanStepBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pair := testenv.StandbyPair(t)
-	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
-	signer, err := identity.NewSigner(identitySecret)
-	if err != nil {
-		t.Fatal(err)
-	}
+	primary, standby, signer := pairAndSigner(t)
 	onPrimary, onStandby := serve(t, primary, signer), serve(t, standby, signer)
 	owner := onPrimary.owner(t)
 	onPrimary.importLines(t, owner, itemLine("x", "active", "X v1"))
@@ -62,4 +58,17 @@ func TestPagesReadFromTwoDatabasesCanStepBack(t *testing.T) {
 	if len(read) != 6 {
 		t.Errorf("a full sync over two databases read %v; want the six others without x (the rule's reason), or, with pages that no longer step back, the README's rule can go", read)
 	}
+}
+
+// pairAndSigner starts a standby pair of the test's own and returns pools
+// on its primary and its standby, and the signer of the readers served on
+// them.
+func pairAndSigner(t *testing.T) (primary, standby *pgxpool.Pool, signer *identity.Signer) {
+	t.Helper()
+	pair := testenv.StandbyPair(t)
+	signer, err := identity.NewSigner(identitySecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby), signer
 }
