@@ -9,6 +9,7 @@ package fakeshop
 import (
 	"bytes"
 	"cmp"
+	"compress/gzip"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
@@ -118,6 +119,29 @@ type Shop struct {
 	// gives up on them.
 	Stall map[string]bool
 
+	// What a host's server, or PHP itself, does to the webservice's
+	// answers (reference §4, §5; README, "PrestaShop client").
+	Gzip bool // the server compresses every answer (Content-Encoding: gzip)
+	// Endless: a list answer whose rows never end, streamed until the
+	// client leaves.
+	Endless bool
+	// Drip writes a list answer a byte at a time, this long apart.
+	Drip time.Duration
+	// PHPNotice: display_errors is on, and PHP prints a notice, as HTML,
+	// before the JSON.
+	PHPNotice bool
+	// Charset is declared in the JSON answers' Content-Type;
+	// "windows-1251" also re-encodes their bodies so, as a server that
+	// transcodes does (PrestaShop writes UTF-8 only).
+	Charset string
+	// RewriteDropsQuery: the /api rewrite rule lacks [QSA], so the
+	// webservice reads none of the query, output_format included, and
+	// answers XML; dispatcher.php, asked directly, reads it.
+	RewriteDropsQuery bool
+	// XMLOnly: a webservice that answers XML whatever output_format says,
+	// as PrestaShop did before 1.6.0.9.
+	XMLOnly bool
+
 	released chan struct{} // closed once HoldUntil requests have arrived
 	srv      *httptest.Server
 	conns    atomic.Int64
@@ -196,6 +220,12 @@ func (s *Shop) Requests() []string {
 }
 
 func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
+	if s.Gzip {
+		gz := gzip.NewWriter(w)
+		defer gz.Close()
+		w.Header().Set("Content-Encoding", "gzip")
+		w = gzipWriter{ResponseWriter: w, gz: gz}
+	}
 	// Each wait ends with the answer unwritten if the caller goes first.
 	if released := s.record(r); released != nil && !waited(r, released) {
 		return
@@ -305,6 +335,9 @@ func (s *Shop) route(r *http.Request) (string, bool) {
 	case path == "/webservice/dispatcher.php":
 		return r.URL.Query().Get("url"), true
 	case strings.HasPrefix(path, "/api/") && !s.NoRewrite:
+		if s.RewriteDropsQuery {
+			r.URL.RawQuery = ""
+		}
 		return strings.TrimPrefix(path, "/api/"), true
 	}
 	return "", false
@@ -393,9 +426,9 @@ func writeErrors(w http.ResponseWriter, status int, pairs ...any) {
 // filter[custom] handling.
 func (s *Shop) list(w http.ResponseWriter, r *http.Request, resource string) {
 	q := r.URL.Query()
-	if q.Get("output_format") != "JSON" && r.Header.Get("Output-Format") != "JSON" {
+	if s.XMLOnly || q.Get("output_format") != "JSON" && r.Header.Get("Output-Format") != "JSON" {
 		w.Header().Set("Content-Type", "text/xml")
-		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><prestashop></prestashop>`)
+		fmt.Fprintf(w, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop xmlns:xlink=\"http://www.w3.org/1999/xlink\">\n<%s>\n</%[1]s>\n</prestashop>\n", resource)
 		return
 	}
 	display := q.Get("display")
@@ -418,6 +451,13 @@ func (s *Shop) list(w http.ResponseWriter, r *http.Request, resource string) {
 		rows = applyLimit(rows, lim)
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if s.Charset != "" {
+		w.Header().Set("Content-Type", "application/json; charset="+s.Charset)
+	}
+	if s.Endless {
+		s.writeEndless(w, r, resource)
+		return
+	}
 	if len(rows) == 0 {
 		w.Write([]byte("[]")) // PrestaShop drops the wrapper of an empty list
 		return
@@ -430,7 +470,17 @@ func (s *Shop) list(w http.ResponseWriter, r *http.Request, resource string) {
 	if s.Oversize > len(body) {
 		body = append(body[:len(body)-1], []byte(`,"padding":"`+strings.Repeat("x", s.Oversize)+`"}`)...)
 	}
+	if s.PHPNotice {
+		body = append([]byte(phpNotice), body...)
+	}
+	if s.Charset == "windows-1251" {
+		body = windows1251(body)
+	}
 	w.Header().Set("Content-Sha1", "da39a3ee5e6b4b0d3255bfef95601890afd80709")
+	if s.Drip > 0 {
+		drip(w, r, body, s.Drip)
+		return
+	}
 	w.Write(body)
 }
 

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
+)
+
+// TestWhatHostsDoToAnswers: what a host's server, or PHP, does to the
+// webservice's answers (reference §4, §5): the right schema when the
+// answer can still be read, else the error code with a message that says
+// what the merchant is to fix; never a 500, and never the key in the
+// answer, the log or a span.
+func TestWhatHostsDoToAnswers(t *testing.T) {
+	smallCaps := map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536"}
+	tests := []struct {
+		name        string
+		setup       func(*fakeshop.Shop)
+		env         map[string]string
+		wantStatus  int
+		wantCode    string // "" for the sample's schema
+		wantMessage string // a part of the error's message
+	}{
+		{"gzipped", func(s *fakeshop.Shop) { s.Gzip = true }, nil, 200, "", ""},
+		// Apache's AddDefaultCharset labels PHP's UTF-8 so.
+		{"UTF-8 labelled iso-8859-1", func(s *fakeshop.Shop) { s.Charset = "iso-8859-1" }, nil, 200, "", ""},
+		{"rewrite rule without [QSA]: XML at /api, dispatcher.php reads the query", func(s *fakeshop.Shop) { s.RewriteDropsQuery = true }, nil, 200, "", ""},
+		{"endless answer", func(s *fakeshop.Shop) { s.Endless = true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
+		{"endless gzipped answer", func(s *fakeshop.Shop) { s.Endless, s.Gzip = true, true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
+		{"slow drip", func(s *fakeshop.Shop) { s.Drip = 20 * time.Millisecond }, map[string]string{"SHOP_SCHEMA_TIMEOUT": "500ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "500ms"}, 504, "shop_timeout", "did not answer in time"},
+		{"a password in front of the shop (401 page)", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusUnauthorized }, nil, 400, "shop_401", "password"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			tt.setup(shop)
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, tt.env)
+			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+			if status != tt.wantStatus || tt.wantCode != "" && errCode(env) != tt.wantCode {
+				t.Fatalf("POST schema = %d %s %+v, want %d %s", status, errCode(env), env.Error, tt.wantStatus, tt.wantCode)
+			}
+			if tt.wantCode == "" {
+				got := decodeResult(t, env)
+				got.ShopVersion = ""
+				if diff := cmp.Diff(wantSample(), got); diff != "" {
+					t.Errorf("schema mismatch (-want +got):\n%s", diff)
+				}
+			} else if !strings.Contains(env.Error.Message, tt.wantMessage) {
+				t.Errorf("message %q, want it to say %q", env.Error.Message, tt.wantMessage)
+			}
+			checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
+			seen := []string{string(env.Data), svc.logs.String()}
+			if env.Error != nil {
+				seen = append(seen, env.Error.Message)
+			}
+			for _, s := range svc.spans.Ended() {
+				seen = append(seen, spanText(s))
+			}
+			for _, text := range seen {
+				if strings.Contains(text, fakeshop.Key) || strings.Contains(text, strings.TrimPrefix(basicHeader(fakeshop.Key), "Basic ")) {
+					t.Errorf("the key is in %q", text)
+				}
+			}
+		})
+	}
+}
