@@ -33,6 +33,10 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		{"endless answer", func(s *fakeshop.Shop) { s.Endless = true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
 		{"endless gzipped answer", func(s *fakeshop.Shop) { s.Endless, s.Gzip = true, true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
 		{"slow drip", func(s *fakeshop.Shop) { s.Drip = 20 * time.Millisecond }, map[string]string{"SHOP_SCHEMA_TIMEOUT": "500ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "500ms"}, 504, "shop_timeout", "did not answer in time"},
+		// PrestaShop writes UTF-8 only (json_encode); a server that
+		// transcodes its answer, read as UTF-8, made every Cyrillic name
+		// U+FFFD and answered 200.
+		{"body re-encoded as windows-1251", func(s *fakeshop.Shop) { s.Charset = "windows-1251" }, nil, 502, "shop_bad_response", "not UTF-8"},
 		{"a password in front of the shop (401 page)", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusUnauthorized }, nil, 400, "shop_401", "password"},
 	}
 	for _, tt := range tests {

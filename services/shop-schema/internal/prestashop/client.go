@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
@@ -171,6 +172,10 @@ const reasonNotJSON = "the shop's answer is not JSON"
 // json_encode fails, which it does on a text that is not valid UTF-8.
 const reasonEmpty = "the shop's answer is empty (PrestaShop sends none when it cannot encode its data as JSON: a text in the shop that is not valid UTF-8)"
 
+// reasonNotUTF8 names a JSON answer that is not UTF-8 text, which
+// PrestaShop never writes: its json_encode writes UTF-8 or nothing.
+const reasonNotUTF8 = "the shop's answer is not UTF-8 (PrestaShop writes UTF-8: a server or proxy in front of the webservice re-encoded it, in windows-1251 or another charset)"
+
 // get performs one request and classifies the answer, and names a failure
 // in the request's span.
 func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]byte, error) {
@@ -234,6 +239,12 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	// "<", while some hosts relabel the webservice's JSON.
 	if !looksLikeJSON(body) {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON, foreign: true}
+	}
+	if !utf8.Valid(body) {
+		// encoding/json reads each byte that is not UTF-8 as U+FFFD: every
+		// Cyrillic name of a shop whose server re-encodes the answer
+		// (windows-1251, say) came back as a row of them, answered 200.
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotUTF8}
 	}
 	if v := shopVersion(resp.Header.Get("PSWS-Version"), c.key); v != "" {
 		c.version.Store(v)
