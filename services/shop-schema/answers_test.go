@@ -33,6 +33,11 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		{"endless answer", func(s *fakeshop.Shop) { s.Endless = true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
 		{"endless gzipped answer", func(s *fakeshop.Shop) { s.Endless, s.Gzip = true, true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
 		{"slow drip", func(s *fakeshop.Shop) { s.Drip = 20 * time.Millisecond }, map[string]string{"SHOP_SCHEMA_TIMEOUT": "500ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "500ms"}, 504, "shop_timeout", "did not answer in time"},
+		// An answer that is not JSON says what it is, for the merchant
+		// to know what to fix; it said "not JSON" whatever it was.
+		{"XML only (before 1.6.0.9)", func(s *fakeshop.Shop) { s.XMLOnly = true }, nil, 502, "shop_bad_response", "answered XML"},
+		{"PHP notice printed before the JSON", func(s *fakeshop.Shop) { s.PHPNotice = true }, nil, 502, "shop_bad_response", "display_errors"},
+		{"maintenance page with 200", func(s *fakeshop.Shop) { s.HTML = true }, nil, 502, "shop_bad_response", "HTML page"},
 		// PrestaShop writes UTF-8 only (json_encode); a server that
 		// transcodes its answer, read as UTF-8, made every Cyrillic name
 		// U+FFFD and answered 200.

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -166,7 +167,25 @@ func mayBeFrontOffice(status int) bool {
 	return status != http.StatusUnauthorized && (status < 500 || status == http.StatusServiceUnavailable)
 }
 
-const reasonNotJSON = "the shop's answer is not JSON"
+// notJSON names what an answer that is not JSON is, so that the merchant
+// knows what to fix: the webservice's XML, a message PHP printed before
+// the JSON, or a page; the shop's words themselves are never repeated.
+func notJSON(body []byte) string {
+	head := bytes.TrimSpace(bytes.TrimPrefix(body[:min(len(body), 1024)], utf8BOM))
+	switch {
+	case phpMessage.Match(head):
+		return "PHP printed an error message into the shop's answer: turn display_errors (and the shop's debug mode) off"
+	case bytes.Contains(head, []byte("<prestashop")):
+		return "the shop's webservice answered XML, not the JSON asked for (output_format=JSON): a PrestaShop too old to answer JSON (the service reads 1.7, 8 and 9)"
+	case bytes.HasPrefix(head, []byte("<")):
+		return "the shop answered an HTML page, not the webservice's JSON (a maintenance, error or front-office page)"
+	}
+	return "the shop's answer is not JSON"
+}
+
+// phpMessage matches the start of what PHP prints with display_errors on,
+// with html_errors ("<br />\n<b>Warning</b>:  ...") or without.
+var phpMessage = regexp.MustCompile(`^(<br\s*/?>\s*)?(<b>)?(PHP )?(Warning|Notice|Deprecated|Fatal error|Parse error|Strict Standards)(</b>)?:`)
 
 // reasonEmpty names a 2xx answer without a body: PrestaShop's when PHP's
 // json_encode fails, which it does on a text that is not valid UTF-8.
@@ -238,7 +257,7 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	// Judged by the body, not Content-Type: a front-office page starts with
 	// "<", while some hosts relabel the webservice's JSON.
 	if !looksLikeJSON(body) {
-		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: reasonNotJSON, foreign: true}
+		return nil, &Error{Kind: KindBadResponse, Resource: resource, Status: resp.StatusCode, Reason: notJSON(body), foreign: true}
 	}
 	if !utf8.Valid(body) {
 		// encoding/json reads each byte that is not UTF-8 as U+FFFD: every

@@ -397,3 +397,26 @@ func exactInteger(b []byte) (Int, bool) {
 	}
 	return 0, false
 }
+
+// TestNotJSONSaysWhatTheAnswerIs: PHP's messages with html_errors on and
+// off, the webservice's XML and a page are each named; anything else is
+// "not JSON".
+func TestNotJSONSaysWhatTheAnswerIs(t *testing.T) {
+	const php, xml, page, other = "display_errors", "answered XML", "HTML page", "is not JSON"
+	for body, want := range map[string]string{
+		"<br />\n<b>Warning</b>:  Undefined array key 1 in <b>/var/www/webservice/dispatcher.php</b> on line <b>59</b><br />\n{}":                           php,
+		"\n<br />\n<b>Fatal error</b>:  Allowed memory size exhausted":                                                                                      php,
+		"Deprecated: Return type of X::count() should be compatible":                                                                                        php,
+		"PHP Notice:  Undefined index: url in /var/www/x.php":                                                                                               php,
+		"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop xmlns:xlink=\"http://www.w3.org/1999/xlink\">\n<categories>\n</categories>\n</prestashop>": xml,
+		"<prestashop><categories></categories></prestashop>":                                                                                                xml,
+		"\xef\xbb\xbf<!DOCTYPE html><html><body>Maintenance</body></html>":                                                                                  page,
+		"<html><head><title>503 Service Unavailable</title></head></html>":                                                                                  page,
+		"Service temporarily unavailable":                                                                                                                   other,
+		"Warnings: none":                                                                                                                                    other,
+	} {
+		if got := notJSON([]byte(body)); !strings.Contains(got, want) {
+			t.Errorf("notJSON(%q) = %q, want it to say %q", body, got, want)
+		}
+	}
+}
