@@ -43,6 +43,17 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		// U+FFFD and answered 200.
 		{"body re-encoded as windows-1251", func(s *fakeshop.Shop) { s.Charset = "windows-1251" }, nil, 502, "shop_bad_response", "not UTF-8"},
 		{"a password in front of the shop (401 page)", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusUnauthorized }, nil, 400, "shop_401", "password"},
+		// A redirect refused says why: it was "an unusable address" for
+		// each.
+		{"redirect to http", func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "http://127.0.0.1:1" + r.URL.RequestURI() }
+		}, nil, 502, "shop_bad_response", "to an http:// address"},
+		{"redirect loop", func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return r.URL.RequestURI() }
+		}, nil, 502, "shop_bad_response", "redirected more than 3 times"},
+		{"redirect to an invalid address", func(s *fakeshop.Shop) {
+			s.Redirect = func(r *http.Request) string { return "https://127.0.0.1:0" + r.URL.RequestURI() }
+		}, nil, 502, "shop_bad_response", "to an invalid address"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

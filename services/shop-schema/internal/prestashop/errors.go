@@ -207,8 +207,12 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	switch {
 	case errors.Is(err, guard.ErrNotAllowed):
 		e.Kind, e.Reason = KindNotAllowed, "the shop's address or a redirect target is not allowed"
-	case errors.Is(err, guard.ErrNotHTTPS), errors.Is(err, guard.ErrInvalid), errors.Is(err, guard.ErrTooManyRedirects):
-		e.Kind, e.Reason = KindBadResponse, "the shop redirected to an unusable address"
+	case errors.Is(err, guard.ErrNotHTTPS):
+		e.Kind, e.Reason = KindBadResponse, "the shop redirected to an http:// address: shops are read over https only (have the shop answer its webservice over https without redirecting to http)"
+	case errors.Is(err, guard.ErrTooManyRedirects):
+		e.Kind, e.Reason = KindBadResponse, fmt.Sprintf("the shop redirected more than %d times (a redirect loop?): set base_url to the shop's address after its redirects", guard.MaxRedirects)
+	case errors.Is(err, guard.ErrInvalid):
+		e.Kind, e.Reason = KindBadResponse, "the shop redirected to an invalid address"
 	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
 	case errors.Is(err, http.ErrSchemeMismatch):
