@@ -32,6 +32,7 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		{"rewrite rule without [QSA]: XML at /api, dispatcher.php reads the query", func(s *fakeshop.Shop) { s.RewriteDropsQuery = true }, nil, 200, "", ""},
 		{"endless answer", func(s *fakeshop.Shop) { s.Endless = true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
 		{"endless gzipped answer", func(s *fakeshop.Shop) { s.Endless, s.Gzip = true, true }, smallCaps, 502, "shop_too_large", "larger than 65536 bytes"},
+		{"labelled gzip, not gzip", func(s *fakeshop.Shop) { s.BadGzip = true }, nil, 502, "shop_bad_response", "could not be decoded"},
 		{"slow drip", func(s *fakeshop.Shop) { s.Drip = 20 * time.Millisecond }, map[string]string{"SHOP_SCHEMA_TIMEOUT": "500ms", "SHOP_SCHEMA_CONNECT_TIMEOUT": "500ms"}, 504, "shop_timeout", "did not answer in time"},
 		// An answer that is not JSON says what it is, for the merchant
 		// to know what to fix; it said "not JSON" whatever it was.

@@ -121,7 +121,8 @@ type Shop struct {
 
 	// What a host's server, or PHP itself, does to the webservice's
 	// answers (reference §4, §5; README, "PrestaShop client").
-	Gzip bool // the server compresses every answer (Content-Encoding: gzip)
+	Gzip    bool // the server compresses every answer (Content-Encoding: gzip)
+	BadGzip bool // answers are labelled Content-Encoding: gzip, and are not
 	// Endless: a list answer whose rows never end, streamed until the
 	// client leaves.
 	Endless bool
@@ -225,6 +226,9 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 		defer gz.Close()
 		w.Header().Set("Content-Encoding", "gzip")
 		w = gzipWriter{ResponseWriter: w, gz: gz}
+	}
+	if s.BadGzip {
+		w.Header().Set("Content-Encoding", "gzip")
 	}
 	// Each wait ends with the answer unwritten if the caller goes first.
 	if released := s.record(r); released != nil && !waited(r, released) {
