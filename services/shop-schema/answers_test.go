@@ -18,6 +18,13 @@ import (
 // answer, the log or a span.
 func TestWhatHostsDoToAnswers(t *testing.T) {
 	smallCaps := map[string]string{"SHOP_SCHEMA_MAX_RESPONSE_BYTES": "65536"}
+	certificate := func(host string, notAfter time.Time) func(*fakeshop.Shop) {
+		return func(s *fakeshop.Shop) {
+			c := fakeshop.SelfSigned([]string{host}, time.Now().Add(-100*24*time.Hour), notAfter)
+			s.Certificate = &c
+		}
+	}
+	year := time.Now().Add(365 * 24 * time.Hour)
 	tests := []struct {
 		name        string
 		setup       func(*fakeshop.Shop)
@@ -44,6 +51,13 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		// U+FFFD and answered 200.
 		{"body re-encoded as windows-1251", func(s *fakeshop.Shop) { s.Charset = "windows-1251" }, nil, 502, "shop_bad_response", "not UTF-8"},
 		{"a password in front of the shop (401 page)", func(s *fakeshop.Shop) { s.ErrorPage = http.StatusUnauthorized }, nil, 400, "shop_401", "password"},
+		// TLS: the certificate, trusted unless SHOP_SCHEMA_CA_FILE is
+		// emptied, is the shop's own (certificate) or httptest's. Each
+		// failure says which of the three it is; it was one phrase for all.
+		{"trusted certificate for 127.0.0.1", certificate("127.0.0.1", year), nil, 200, "", ""},
+		{"self-signed certificate", nil, map[string]string{"SHOP_SCHEMA_CA_FILE": ""}, 502, "shop_tls_error", "not signed by a trusted authority"},
+		{"certificate expired", certificate("127.0.0.1", time.Now().Add(-time.Hour)), nil, 502, "shop_tls_error", "has expired"},
+		{"certificate for another name", certificate("shop.example.com", year), nil, 502, "shop_tls_error", "is for another name than"},
 		// A redirect refused says why: it was "an unusable address" for
 		// each.
 		{"redirect to http", func(s *fakeshop.Shop) {
@@ -59,12 +73,14 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			shop := fakeshop.Sample("8", false)
-			tt.setup(shop)
+			if tt.setup != nil {
+				tt.setup(shop)
+			}
 			shop.Start(t.Cleanup)
 			svc := startService(t, shop, tt.env)
 			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
 			if status != tt.wantStatus || tt.wantCode != "" && errCode(env) != tt.wantCode {
-				t.Fatalf("POST schema = %d %s %+v, want %d %s", status, errCode(env), env.Error, tt.wantStatus, tt.wantCode)
+				t.Fatalf("POST schema = %d %s %+v, want %d %s\n%s", status, errCode(env), env.Error, tt.wantStatus, tt.wantCode, svc.logs)
 			}
 			if tt.wantCode == "" {
 				got := decodeResult(t, env)

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"cmp"
 	"compress/gzip"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
@@ -105,6 +106,11 @@ type Shop struct {
 	// then closed): a shop may answer garbage, even the key sent back.
 	StatusLine func(key string) string
 
+	// Certificate, when set, is the shop's TLS certificate instead of
+	// httptest's (which names example.com and 127.0.0.1); CAPEM is then
+	// its own.
+	Certificate *tls.Certificate
+
 	// Hold, when set, makes every answer wait until it is closed.
 	Hold chan struct{}
 	// HoldUntil, when above 0, makes the answers wait until that many
@@ -173,6 +179,9 @@ func (s *Shop) StartOn(addr string, cleanup func(func())) {
 		}
 	}
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut short by tests are expected
+	if s.Certificate != nil {
+		s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*s.Certificate}}
+	}
 	s.srv.StartTLS()
 	cleanup(s.srv.Close)
 }

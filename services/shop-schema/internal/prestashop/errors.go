@@ -218,9 +218,14 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	case errors.Is(err, http.ErrSchemeMismatch):
 		// net/http's name for a TLS record header that reads "HTTP/".
 		e.Kind, e.Reason = KindTLS, "the shop's port does not speak TLS (plain HTTP answered)"
-	case errors.As(err, &certErr), errors.As(err, &unknownAuth), errors.As(err, &hostErr),
-		errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
-		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (certificate not trusted, expired or for another name)"
+	case errors.As(err, &unknownAuth):
+		e.Kind, e.Reason = KindTLS, "the shop's certificate is not signed by a trusted authority (self-signed, or its chain is incomplete): the shop needs one from a public certificate authority"
+	case errors.As(err, &invalidErr) && invalidErr.Reason == x509.Expired:
+		e.Kind, e.Reason = KindTLS, "the shop's certificate has expired, or is not valid yet: renew it, or check the server's clock"
+	case errors.As(err, &hostErr):
+		e.Kind, e.Reason = KindTLS, "the shop's certificate is for another name than base_url's host: use the name the certificate is for, or one for this name"
+	case errors.As(err, &certErr), errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
+		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (its certificate is not valid for a server, or the handshake was refused)"
 	case errors.As(err, &netErr) && netErr.Timeout():
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
 	case strings.Contains(err.Error(), headersTooLarge):
