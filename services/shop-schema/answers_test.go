@@ -92,7 +92,7 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 				t.Errorf("message %q, want it to say %q", env.Error.Message, tt.wantMessage)
 			}
 			checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
-			seen := []string{string(env.Data), svc.logs.String()}
+			seen := []string{string(env.Data), svc.logs.String(), metricsText(t, svc.metrics)}
 			if env.Error != nil {
 				seen = append(seen, env.Error.Message)
 			}
@@ -105,5 +105,23 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestShopInASubfolderAskedWithoutIt: a shop installed in a subfolder,
+// asked at its host's root, is found at neither /api nor dispatcher.php;
+// the message says where the caller's base_url is likely wrong. It said
+// "no webservice at this address".
+func TestShopInASubfolderAskedWithoutIt(t *testing.T) {
+	shop := fakeshop.Sample("1.7", false)
+	shop.Prefix = "/prestashop"
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(strings.TrimSuffix(shop.URL(), shop.Prefix), fakeshop.Key))
+	if status != http.StatusBadGateway || errCode(env) != "shop_not_found" {
+		t.Fatalf("POST schema = %d %s, want 502 shop_not_found", status, errCode(env))
+	}
+	if want := "its subfolder included"; !strings.Contains(env.Error.Message, want) {
+		t.Errorf("message %q, want it to say %q", env.Error.Message, want)
 	}
 }

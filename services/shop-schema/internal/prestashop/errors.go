@@ -156,7 +156,7 @@ func statusError(resource string, status int, body []byte) *Error {
 	case status == 503 && e.HasCode(22):
 		e.Kind, e.Reason = KindDisabled, "the shop's webservice is disabled"
 	case status == 404:
-		e.Kind, e.Reason = KindNotFound, "no webservice at this address"
+		e.Kind, e.Reason = KindNotFound, "no PrestaShop webservice at this address: base_url must be the shop's own address, its subfolder included"
 	case status >= 500:
 		e.Kind, e.Reason = KindUnavailable, "the shop answered with a server error"
 	case status == 429:
