@@ -71,40 +71,49 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		}, nil, 502, "shop_bad_response", "to an invalid address"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			shop := fakeshop.Sample("8", false)
-			if tt.setup != nil {
-				tt.setup(shop)
-			}
-			shop.Start(t.Cleanup)
-			svc := startService(t, shop, tt.env)
-			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-			if status != tt.wantStatus || tt.wantCode != "" && errCode(env) != tt.wantCode {
-				t.Fatalf("POST schema = %d %s %+v, want %d %s\n%s", status, errCode(env), env.Error, tt.wantStatus, tt.wantCode, svc.logs)
-			}
-			if tt.wantCode == "" {
-				got := decodeResult(t, env)
-				got.ShopVersion = ""
-				if diff := cmp.Diff(wantSample(), got); diff != "" {
-					t.Errorf("schema mismatch (-want +got):\n%s", diff)
+		for _, http2 := range []bool{false, true} {
+			t.Run(map[bool]string{false: "HTTP/1.1 ", true: "HTTP/2 "}[http2]+tt.name, func(t *testing.T) {
+				shop := fakeshop.Sample("8", false)
+				shop.HTTP2 = http2
+				if tt.setup != nil {
+					tt.setup(shop)
 				}
-			} else if !strings.Contains(env.Error.Message, tt.wantMessage) {
-				t.Errorf("message %q, want it to say %q", env.Error.Message, tt.wantMessage)
-			}
-			checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
-			seen := []string{string(env.Data), svc.logs.String(), metricsText(t, svc.metrics)}
-			if env.Error != nil {
-				seen = append(seen, env.Error.Message)
-			}
-			for _, s := range svc.spans.Ended() {
-				seen = append(seen, spanText(s))
-			}
-			for _, text := range seen {
-				if strings.Contains(text, fakeshop.Key) || strings.Contains(text, strings.TrimPrefix(basicHeader(fakeshop.Key), "Basic ")) {
-					t.Errorf("the key is in %q", text)
+				shop.Start(t.Cleanup)
+				svc := startService(t, shop, tt.env)
+				status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+				if status != tt.wantStatus || tt.wantCode != "" && errCode(env) != tt.wantCode {
+					t.Fatalf("POST schema = %d %s %+v, want %d %s\n%s", status, errCode(env), env.Error, tt.wantStatus, tt.wantCode, svc.logs)
 				}
-			}
-		})
+				if tt.wantCode == "" {
+					got := decodeResult(t, env)
+					got.ShopVersion = ""
+					if diff := cmp.Diff(wantSample(), got); diff != "" {
+						t.Errorf("schema mismatch (-want +got):\n%s", diff)
+					}
+				} else if !strings.Contains(env.Error.Message, tt.wantMessage) {
+					t.Errorf("message %q, want it to say %q", env.Error.Message, tt.wantMessage)
+				}
+				checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
+				// The shop spoke the protocol the case is named for.
+				for _, s := range svc.spans.Ended() {
+					if v := attrOf(s, "network.protocol.version").AsString(); v != "" && v != map[bool]string{false: "1.1", true: "2.0"}[http2] {
+						t.Errorf("span of %s: network.protocol.version %q, want the case's protocol", spanURL(s), v)
+					}
+				}
+				seen := []string{string(env.Data), svc.logs.String(), metricsText(t, svc.metrics)}
+				if env.Error != nil {
+					seen = append(seen, env.Error.Message)
+				}
+				for _, s := range svc.spans.Ended() {
+					seen = append(seen, spanText(s))
+				}
+				for _, text := range seen {
+					if strings.Contains(text, fakeshop.Key) || strings.Contains(text, strings.TrimPrefix(basicHeader(fakeshop.Key), "Basic ")) {
+						t.Errorf("the key is in %q", text)
+					}
+				}
+			})
+		}
 	}
 }
 

@@ -100,6 +100,7 @@ type Shop struct {
 	DropAuth          bool                         // CGI without forwarding: PHP never sees Authorization
 	Redirect          func(r *http.Request) string // a redirect target, or ""
 	HeaderPadding     int                          // an answer header of this many bytes
+	HeaderLines       int                          // this many answer headers of 1 KiB each
 	CutShort          bool                         // a list answer's body ends before its Content-Length, the connection closed
 	// StatusLine, when set, is written as the whole answer, the status
 	// line of a broken shop, made from the key received (the connection is
@@ -110,6 +111,9 @@ type Shop struct {
 	// httptest's (which names example.com and 127.0.0.1); CAPEM is then
 	// its own.
 	Certificate *tls.Certificate
+	// HTTP2: the shop's server speaks HTTP/2 (ALPN h2), as most hosts'
+	// nginx or CDN in front of PHP do.
+	HTTP2 bool
 
 	// Hold, when set, makes every answer wait until it is closed.
 	Hold chan struct{}
@@ -179,6 +183,7 @@ func (s *Shop) StartOn(addr string, cleanup func(func())) {
 		}
 	}
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut short by tests are expected
+	s.srv.EnableHTTP2 = s.HTTP2
 	if s.Certificate != nil {
 		s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*s.Certificate}}
 	}
@@ -251,6 +256,9 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.HeaderPadding > 0 {
 		w.Header().Set("X-Padding", strings.Repeat("p", s.HeaderPadding))
+	}
+	for i := range s.HeaderLines {
+		w.Header().Set(fmt.Sprint("X-Padding-", i), strings.Repeat("p", 1<<10))
 	}
 	if s.Redirect != nil {
 		if target := s.Redirect(r); target != "" {
