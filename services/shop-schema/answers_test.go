@@ -134,3 +134,32 @@ func TestShopInASubfolderAskedWithoutIt(t *testing.T) {
 		t.Errorf("message %q, want it to say %q", env.Error.Message, want)
 	}
 }
+
+// TestHTTP2AnswerHeadersOverTheLimit: over HTTP/2, answer headers over the
+// 64 KiB the client allows end the connection with a protocol error of
+// Go's HTTP/2 reader (COMPRESSION_ERROR for one header too long,
+// PROTOCOL_ERROR for many), where HTTP/1.1 names the size. It was
+// shop_unreachable, which sends the merchant to check DNS and firewalls
+// for a shop that answered.
+func TestHTTP2AnswerHeadersOverTheLimit(t *testing.T) {
+	for name, setup := range map[string]func(*fakeshop.Shop){
+		"one header of 100 KiB": func(s *fakeshop.Shop) { s.HeaderPadding = 100 << 10 },
+		"100 headers of 1 KiB":  func(s *fakeshop.Shop) { s.HeaderLines = 100 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			shop.HTTP2 = true
+			setup(shop)
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, nil)
+			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+			if status != http.StatusBadGateway || errCode(env) != "shop_bad_response" {
+				t.Fatalf("POST schema = %d %s %+v, want 502 shop_bad_response", status, errCode(env), env.Error)
+			}
+			if want := "larger than 64 KiB"; !strings.Contains(env.Error.Message, want) {
+				t.Errorf("message %q, want it to say %q", env.Error.Message, want)
+			}
+			checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
+		})
+	}
+}

@@ -191,6 +191,17 @@ func bodyError(ctx context.Context, resource string, status int, err error) *Err
 // sentinel error; TestSchemaShopErrors fails if a Go release rewords it.
 const headersTooLarge = "server response headers exceeded"
 
+// h2Broken reports whether err is net/http's HTTP/2 reader ending the
+// connection over what the shop sent: COMPRESSION_ERROR when a header does
+// not decode or one is longer than MaxResponseHeaderBytes, PROTOCOL_ERROR
+// when the headers go on past it. Their types are unexported, so their
+// text is matched; TestHTTP2AnswerHeadersOverTheLimit fails if a Go
+// release rewords it. The shop answered: not shop_unreachable.
+func h2Broken(err error) bool {
+	text := err.Error()
+	return strings.Contains(text, "connection error: COMPRESSION_ERROR") || strings.Contains(text, "connection error: PROTOCOL_ERROR")
+}
+
 // transportError classifies an error from http.Client.Do or reading the
 // body.
 func transportError(ctx context.Context, resource string, err error) *Error {
@@ -230,6 +241,8 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
 	case strings.Contains(err.Error(), headersTooLarge):
 		e.Kind, e.Reason = KindTooLarge, "the shop's answer headers are larger than 64 KiB"
+	case h2Broken(err):
+		e.Kind, e.Reason = KindBadResponse, "the shop's server broke HTTP/2: an answer's headers are larger than 64 KiB, or malformed"
 	default:
 		e.Kind, e.Reason = KindUnreachable, "the shop could not be reached"
 	}
