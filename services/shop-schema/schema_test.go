@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -247,6 +248,12 @@ func TestSchemaVersions(t *testing.T) {
 				if strings.Contains(r, "ws_key") || strings.Contains(r, fakeshop.Key) {
 					t.Errorf("shop saw the key in a URL: %s", r)
 				}
+				// Lists only, as JSON, sorted and paged: not the resource index
+				// /api/ (500 on 8 and 9), not one object (8 and 9 drop its falsy
+				// fields), not ?schema= (a description, not data).
+				if !listRequest.MatchString(r) {
+					t.Errorf("shop was asked %s, want a paged JSON list of one of the four resources", r)
+				}
 			}
 			for _, ua := range shop.UserAgents() {
 				if ua != prestashop.UserAgent {
@@ -256,6 +263,9 @@ func TestSchemaVersions(t *testing.T) {
 		})
 	}
 }
+
+// listRequest is a request of a list page (reference §2, §4.3, §4.4).
+var listRequest = regexp.MustCompile(`^/api/(languages|categories|product_features|product_feature_values)\?output_format=JSON&display=(full|\[[a-z_,]+\])&sort=\[id_ASC\]&limit=[0-9]+,[0-9]+(&filter\[custom\]=0)?$`)
 
 func TestSchemaShopQuirks(t *testing.T) {
 	tests := []struct {
