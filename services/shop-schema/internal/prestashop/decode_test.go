@@ -113,7 +113,11 @@ func TestStatusError(t *testing.T) {
 	}{
 		{401, `401 Unauthorized`, KindUnauthorized, notReceived},
 		{401, `<html><body>Authorization Required</body></html>`, KindUnauthorized, notReceived},
-		{401, `{"errors":[{"code":20,"message":"a"},{"code":21,"message":"b"}]}`, KindUnauthorized, rejected},
+		// Which of the key's faults, in words the merchant acts on.
+		{401, `{"errors":[{"code":20,"message":"a"},{"code":21,"message":"b"}]}`, KindUnauthorized, rejected + ": it is unknown to the shop, or disabled"},
+		{401, `{"errors":[{"code":18,"message":"a"}]}`, KindUnauthorized, rejected + ": PrestaShop keys are 32 characters"},
+		{401, `{"errors":[{"code":21,"message":"a"}]}`, KindUnauthorized, rejected + ": it has no permission at all (the key needs GET on categories"},
+		{401, `{"errors":[{"code":99,"message":"a"}]}`, KindUnauthorized, rejected},
 		{401, `{"errors":[{"code":26,"message":"a"}]}`, KindUnauthorized, noGet},
 		// The same errors in XML: the shop read the key all the same.
 		{401, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop xmlns:xlink=\"http://www.w3.org/1999/xlink\">\n<errors>\n<error>\n<code><![CDATA[20]]></code>\n<message><![CDATA[Authentification key is not active]]></message>\n</error>\n<error>\n<code><![CDATA[21]]></code>\n<message><![CDATA[No permission for this authentication key]]></message>\n</error>\n</errors>\n</prestashop>", KindUnauthorized, rejected},
@@ -125,7 +129,7 @@ func TestStatusError(t *testing.T) {
 		// Not PrestaShop's: a firewall's page, or a bare 403 of the server.
 		{403, `<html><head><title>403 Forbidden</title></head><body>Access denied</body></html>`, KindForbidden, "before the PrestaShop webservice read it"},
 		{403, ``, KindForbidden, "before the PrestaShop webservice read it"},
-		{503, `{"errors":[{"code":22,"message":"a"}]}`, KindDisabled, ""},
+		{503, `{"errors":[{"code":22,"message":"a"}]}`, KindDisabled, "enable it in the back office"},
 		{503, `<prestashop><errors><error><code><![CDATA[22]]></code></error></errors></prestashop>`, KindDisabled, ""},
 		{503, `Service Unavailable`, KindUnavailable, ""},
 		{500, `{"errors":[{"code":2,"message":"[PHP Warning #2]"}]}`, KindUnavailable, ""},

@@ -136,7 +136,7 @@ func statusError(resource string, status int, body []byte) *Error {
 		status == 405 && e.HasCode(codeMethodNotAllowed):
 		e.Kind, e.Reason = KindUnauthorized, "the key has no GET permission on this resource ("+permissionsNeeded+")"
 	case status == 401:
-		e.Kind, e.Reason = KindUnauthorized, "the shop rejected the key"
+		e.Kind, e.Reason = KindUnauthorized, "the shop rejected the key"+keyFault(e)
 	case status == 403 && len(e.Codes) == 0:
 		// PrestaShop's only 403 is code 132. One without any PrestaShop
 		// error code came from in front of the webservice (a web
@@ -154,7 +154,7 @@ func statusError(resource string, status int, body []byte) *Error {
 		// rule hands the dispatcher as resource "api". The caller's to fix.
 		e.Kind, e.Reason = KindNotShopRoot, "the shop's webservice does not know the resource asked for: base_url must be the shop's own address, without /api"
 	case status == 503 && e.HasCode(22):
-		e.Kind, e.Reason = KindDisabled, "the shop's webservice is disabled"
+		e.Kind, e.Reason = KindDisabled, "the shop's webservice is disabled: enable it in the back office, under Advanced Parameters"
 	case status == 404:
 		e.Kind, e.Reason = KindNotFound, "no PrestaShop webservice at this address: base_url must be the shop's own address, its subfolder included"
 	case status >= 500:
@@ -168,6 +168,22 @@ func statusError(resource string, status int, body []byte) *Error {
 		e.Kind, e.Reason = KindBadResponse, "the shop answered with an unexpected status"
 	}
 	return e
+}
+
+// keyFault names, from PrestaShop's codes (reference §1.2), what is wrong
+// with a key the shop refused: ": ..." or "".
+func keyFault(e *Error) string {
+	switch {
+	case e.HasCode(18):
+		return ": PrestaShop keys are 32 characters"
+	case e.HasCode(20):
+		// 20 ("not active") comes with 21 for a key the shop does not have
+		// as well as for one it has disabled.
+		return ": it is unknown to the shop, or disabled in its webservice settings"
+	case e.HasCode(21):
+		return ": it has no permission at all (" + permissionsNeeded + ")"
+	}
+	return ""
 }
 
 // bodyError classifies a failure to read the body of an answer whose
