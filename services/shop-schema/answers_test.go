@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"net/http"
 	"strings"
 	"testing"
@@ -58,6 +59,19 @@ func TestWhatHostsDoToAnswers(t *testing.T) {
 		{"self-signed certificate", nil, map[string]string{"SHOP_SCHEMA_CA_FILE": ""}, 502, "shop_tls_error", "not signed by a trusted authority"},
 		{"certificate expired", certificate("127.0.0.1", time.Now().Add(-time.Hour)), nil, 502, "shop_tls_error", "has expired"},
 		{"certificate for another name", certificate("shop.example.com", year), nil, 502, "shop_tls_error", "is for another name than"},
+		{"server speaks TLS 1.1 at most", func(s *fakeshop.Shop) { s.MaxTLS = tls.VersionTLS11 }, nil, 502, "shop_tls_error", "older than 1.2"},
+		{"server offers RSA key exchange only", func(s *fakeshop.Shop) { s.LegacyCiphers = true }, nil, 502, "shop_tls_error", "refused the TLS handshake"},
+		// Without the rewrite rule, PrestaShop's front office redirects
+		// /api/... to its canonical page, a 404 in the shop's language.
+		{"no rewrite, /api redirected to a 404 page", func(s *fakeshop.Shop) {
+			s.NoRewrite = true
+			s.Redirect = func(r *http.Request) string {
+				if strings.HasPrefix(r.URL.Path, "/api/") {
+					return "/en/404"
+				}
+				return ""
+			}
+		}, nil, 200, "", ""},
 		// A redirect refused says why: it was "an unusable address" for
 		// each.
 		{"redirect to http", func(s *fakeshop.Shop) {

@@ -111,6 +111,12 @@ type Shop struct {
 	// httptest's (which names example.com and 127.0.0.1); CAPEM is then
 	// its own.
 	Certificate *tls.Certificate
+	// MaxTLS, when set, is the newest TLS version the shop's server
+	// speaks (tls.VersionTLS11: a host not updated for years).
+	MaxTLS uint16
+	// LegacyCiphers: the server offers only RSA key exchange, which
+	// clients no longer accept.
+	LegacyCiphers bool
 	// HTTP2: the shop's server speaks HTTP/2 (ALPN h2), as most hosts'
 	// nginx or CDN in front of PHP do.
 	HTTP2 bool
@@ -184,8 +190,15 @@ func (s *Shop) StartOn(addr string, cleanup func(func())) {
 	}
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut short by tests are expected
 	s.srv.EnableHTTP2 = s.HTTP2
+	s.srv.TLS = &tls.Config{MaxVersion: s.MaxTLS}
+	if s.MaxTLS != 0 {
+		s.srv.TLS.MinVersion = tls.VersionTLS10
+	}
+	if s.LegacyCiphers {
+		s.srv.TLS.MaxVersion, s.srv.TLS.CipherSuites = tls.VersionTLS12, []uint16{tls.TLS_RSA_WITH_AES_128_CBC_SHA}
+	}
 	if s.Certificate != nil {
-		s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*s.Certificate}}
+		s.srv.TLS.Certificates = []tls.Certificate{*s.Certificate}
 	}
 	s.srv.StartTLS()
 	cleanup(s.srv.Close)

@@ -218,6 +218,12 @@ func h2Broken(err error) bool {
 	return strings.Contains(text, "connection error: COMPRESSION_ERROR") || strings.Contains(text, "connection error: PROTOCOL_ERROR")
 }
 
+// tlsAlertOp is the Op of the net.OpError crypto/tls returns for an alert
+// the server sent (its alert type is unexported): a server that refused
+// the handshake, TLS 1.0 or 1.1 only among them, which was
+// shop_unreachable ("check DNS and firewalls").
+const tlsAlertOp = "remote error"
+
 // transportError classifies an error from http.Client.Do or reading the
 // body.
 func transportError(ctx context.Context, resource string, err error) *Error {
@@ -230,6 +236,7 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		recordErr   tls.RecordHeaderError
 		alertErr    tls.AlertError
 		netErr      net.Error
+		opErr       *net.OpError
 	)
 	switch {
 	case errors.Is(err, guard.ErrNotAllowed):
@@ -253,6 +260,10 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		e.Kind, e.Reason = KindTLS, "the shop's certificate is for another name than base_url's host: use the name the certificate is for, or one for this name"
 	case errors.As(err, &certErr), errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
 		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (its certificate is not valid for a server, or the handshake was refused)"
+	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp && strings.Contains(opErr.Err.Error(), "protocol version"):
+		e.Kind, e.Reason = KindTLS, "the shop's server speaks only TLS versions older than 1.2, which are not used: it must offer TLS 1.2 or 1.3"
+	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp:
+		e.Kind, e.Reason = KindTLS, "the shop's server refused the TLS handshake (no TLS version or cipher suite in common)"
 	case errors.As(err, &netErr) && netErr.Timeout():
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
 	case strings.Contains(err.Error(), headersTooLarge):
