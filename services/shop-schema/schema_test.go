@@ -643,6 +643,31 @@ func TestRedirectToLoopbackRefused(t *testing.T) {
 	}
 }
 
+// TestRedirectToANameOfLoopbackRefused: a redirect to a host name passes
+// the redirect check (a name says nothing of its address); the name
+// resolves to loopback, and the dial's check refuses it before a packet
+// is sent.
+func TestRedirectToANameOfLoopbackRefused(t *testing.T) {
+	target := fakeshop.Sample("8", false)
+	target.StartOn("127.0.0.2:0", t.Cleanup)
+	_, port, _ := net.SplitHostPort(target.Addr())
+	shop := fakeshop.Sample("8", false)
+	shop.Redirect = func(r *http.Request) string { return "https://shop-cdn.example.com:" + port + r.URL.RequestURI() }
+	shop.Start(t.Cleanup)
+	svc := startServiceWith(t, shop, map[string]string{"SHOP_SCHEMA_PORTS": "443," + port},
+		fakeshop.Resolver{"shop-cdn.example.com": {"127.0.0.2"}})
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusBadRequest || errCode(env) != "base_url_not_allowed" {
+		t.Errorf("POST schema with a redirect to a name of 127.0.0.2 = %d %s, want 400 base_url_not_allowed", status, errCode(env))
+	}
+	if env.Error != nil && strings.Contains(env.Error.Message, "127.0.0.2") {
+		t.Errorf("message %q names the address the redirect's name resolved to", env.Error.Message)
+	}
+	if n := target.Connections(); n != 0 {
+		t.Errorf("redirect target accepted %d connections, want 0", n)
+	}
+}
+
 func TestSchemaInput(t *testing.T) {
 	svc := startService(t, nil, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": ""})
 	tests := []struct {
