@@ -40,6 +40,7 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 	})
 	items := gw.URL + "/v1/export/items"
 	confirm := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	cancel := gw.URL + "/v1/export/items/coin-1/sales/cancel"
 	tests := []struct {
 		name    string
 		method  string
@@ -61,6 +62,11 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"read key on a sales route", "POST", confirm, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
 		{"sales key without platform", "POST", confirm, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
 		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
+		// Spec 5, per route: each keyed route's scope and platform are the
+		// gateway's to check, not only the service's (which checks again).
+		{"read key on the cancel route", "POST", cancel, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
+		{"sales key without platform on the cancel route", "POST", cancel, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
+		{"write key on the item route", "GET", items + "/coin-1", map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
 		{"unknown route", "GET", gw.URL + "/v1/nope", nil, "", 404, "not_found"},
 		// Spec 9: the version is part of the base address; no route
 		// answers without it or under another.
