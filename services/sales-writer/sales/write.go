@@ -172,7 +172,7 @@ func replay(recordFingerprint, stored, fp []byte) (Result, error) {
 	if !bytes.Equal(recordFingerprint, fp) {
 		return Result{}, ErrIdempotencyConflict
 	}
-	return decodeResult(stored, true)
+	return decodeReplay(stored)
 }
 
 // explain finds out, in a snapshot taken after the write statement, why it
@@ -351,12 +351,16 @@ func IsReplayedRefusal(err error) bool {
 	return errors.As(err, &r)
 }
 
-func decodeResult(stored []byte, replay bool) (Result, error) {
+// decodeReplay is a stored response as its replay answers it: the stored
+// result, marked idempotent_replay (spec 4.7 rule 2). A fresh result is never
+// read back from its record (written.result builds it), so every decoded one
+// is a replay.
+func decodeReplay(stored []byte) (Result, error) {
 	var r Result
 	if err := json.Unmarshal(stored, &r); err != nil {
 		return Result{}, fmt.Errorf("sales: stored response: %w", err)
 	}
 	r.ConfirmedAt, r.CanceledAt = r.ConfirmedAt.UTC(), r.CanceledAt.UTC()
-	r.IdempotentReplay = replay
+	r.IdempotentReplay = true
 	return r, nil
 }
