@@ -667,7 +667,8 @@ func TestAnswerCutOffUpstreamIsA502(t *testing.T) {
 // 502 envelope, as RFC 9110 15 says a client treats it: relayed, "001"
 // reached the client as the status line "HTTP/1.1 1 ..." that its HTTP
 // client refused (FuzzRelay), and a 101 told it the connection had
-// switched protocols.
+// switched protocols. A "000", which fasthttp reads as 200, was relayed
+// as a 200.
 func TestAnAnswerWithAStatusOutsideHTTPsRangeIsA502(t *testing.T) {
 	var status atomic.Value
 	upstream := testenv.ServeConns(t, func(conn net.Conn) {
@@ -678,7 +679,7 @@ func TestAnAnswerWithAStatusOutsideHTTPsRangeIsA502(t *testing.T) {
 	})
 	g, _ := startWithHook(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream, "SALES_WRITER_URLS": "http://" + upstream},
 		func(g *Gateway) { g.keys = relayKeys{} })
-	for _, code := range []string{"001", "099", "101", "600", "999"} {
+	for _, code := range []string{"000", "001", "099", "101", "600", "999"} {
 		status.Store(code)
 		for _, rt := range relayRoutes[:3] {
 			got, err := callRelayed(g.Addr(), wellFormedKey(t), rt.method, rt.target, readWhole11, nil, nil)
@@ -690,6 +691,59 @@ func TestAnAnswerWithAStatusOutsideHTTPsRangeIsA502(t *testing.T) {
 	status.Store("599")
 	if got, err := callRelayed(g.Addr(), wellFormedKey(t), "GET", "/v1/export/items/a1", readWhole11, nil, nil); err != nil || got.status != 599 {
 		t.Errorf("the instance answering 599: %+v (%v), want it relayed", got, err)
+	}
+}
+
+// The connection an instance answered 101 Switching Protocols on (or an
+// interim 100 then 101) no longer speaks HTTP, and is not used again:
+// kept, the bytes the instance sent after the 101 (here a whole second
+// answer, sent once the first call had its 502) were the answer the next
+// call through it got. One connection per instance, so that a connection
+// kept would be the one the next call takes.
+func TestAConnectionAnswered101IsNotUsedAgain(t *testing.T) {
+	for _, first := range []string{
+		"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
+	} {
+		answeredFirst := make(chan struct{})
+		switched, leftOver := make(chan net.Conn, 1), make(chan struct{})
+		var calls atomic.Int64
+		upstream := testenv.ServeConns(t, func(conn net.Conn) {
+			r := bufio.NewReader(conn)
+			for {
+				req, err := http.ReadRequest(r)
+				if err != nil {
+					return
+				}
+				answer := answerOf("HTTP/1.1 200 OK", []string{"Content-Length: 19"}, `{"data":"fresh"}`+"\n\n\n")
+				if req.URL.Path != "/healthz" && calls.Add(1) == 1 {
+					answer = []byte(first)
+					switched <- conn
+				}
+				if _, err := conn.Write(answer); err != nil {
+					return
+				}
+			}
+		})
+		go func() { // the second answer, after the 101, once the first call had its 502
+			conn := <-switched
+			<-answeredFirst
+			_, _ = conn.Write(answerOf("HTTP/1.1 200 OK", []string{"Content-Length: 21"}, `{"data":"left over"}`+"\n"))
+			close(leftOver)
+		}()
+		g, _ := startWithHook(t, map[string]string{"EXPORT_READER_URLS": "http://" + upstream, "UPSTREAM_MAX_CONNS": "1"},
+			func(g *Gateway) { g.keys = relayKeys{} })
+		got, err := callRelayed(g.Addr(), wellFormedKey(t), "GET", "/v1/export/items/coin-1", readWhole11, nil, nil)
+		if err != nil || got.status != 502 {
+			t.Fatalf("the instance answering %q: %+v (%v), want 502", first, got, err)
+		}
+		close(answeredFirst)
+		<-leftOver
+		got, err = callRelayed(g.Addr(), wellFormedKey(t), "GET", "/v1/export/items/coin-1", readWhole11, nil, nil)
+		if err != nil || got.status != 200 || !strings.Contains(string(got.body), "fresh") {
+			t.Errorf("the call after the instance answered %q: %d %q (%v), want the instance's next answer, 200 fresh",
+				first, got.status, got.body, err)
+		}
 	}
 }
 

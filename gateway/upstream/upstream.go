@@ -216,7 +216,7 @@ func newInstance(p *url.URL, opts Options) *Instance {
 		if err != nil {
 			return nil, err
 		}
-		return lazydeadline.Wrap(c, tick), nil
+		return watch(lazydeadline.Wrap(c, tick)), nil
 	}
 	base := Base(p)
 	return &Instance{
