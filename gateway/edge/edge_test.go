@@ -285,6 +285,7 @@ func TestKeyInURLOfARouteWithoutKey(t *testing.T) {
 // http://user:<key>@host/v1/...) is a key in the URL like one in the path
 // or query: refused 401 with the message to revoke it, and not proxied.
 // fasthttp keeps user info apart from the path and query, so it was served.
+// So is one in the Host header's user info, whatever the target's form.
 func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 	dsn, _, k := seed(t)
 	var hits atomic.Int64
@@ -298,16 +299,26 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 		}
 	}
 	// The Host header of an origin-form target is the URL's authority, and
-	// fasthttp reads user info there alike.
-	r := doRawAt(t, gw.URL, "GET", "/v1/export/items/coin-1", "user:"+k.read+"@gateway", map[string]string{"X-API-Key": k.read})
-	if r.Status != 401 || !strings.Contains(r.Env.Error.Message, "never in the URL") {
-		t.Errorf("a key in the user info of the Host header = %d %s, want 401 naming the key in the URL", r.Status, r.Body)
+	// fasthttp reads user info there alike. Beside an absolute-form target
+	// fasthttp reads the target's authority alone, and the Host header's
+	// user info was served.
+	for _, target := range []string{"/v1/export/items/coin-1", "http://gateway/v1/export/items/coin-1"} {
+		for _, userinfo := range []string{"user:" + k.read, "user:" + strings.Replace(k.read, "_", "%5F", 1)} {
+			r := doRawAt(t, gw.URL, "GET", target, userinfo+"@gateway", map[string]string{"X-API-Key": k.read})
+			if r.Status != 401 || !strings.Contains(r.Env.Error.Message, "never in the URL") {
+				t.Errorf("GET %s, a key in the user info of the Host header (%.12s…) = %d %s, want 401 naming the key in the URL",
+					target, userinfo, r.Status, r.Body)
+			}
+		}
 	}
 	if n := hits.Load(); n != 0 {
 		t.Errorf("the reader was sent %d of them, want none", n)
 	}
 	if r := doRaw(t, gw.URL, "GET", "http://user:pw@gateway/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}); r.Status != 200 {
 		t.Errorf("user info without a key = %d %s, want it served as before", r.Status, r.Body)
+	}
+	if r := doRawAt(t, gw.URL, "GET", "http://gateway/v1/export/items/coin-1", "user:pw@gateway", map[string]string{"X-API-Key": k.read}); r.Status != 200 {
+		t.Errorf("user info without a key in the Host header, beside an absolute-form target = %d %s, want it served as before", r.Status, r.Body)
 	}
 }
 
