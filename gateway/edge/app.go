@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -56,6 +57,7 @@ func (g *Gateway) newApp() *fiber.App {
 	g.answerUnknownMethods(app, serveUnmatched)
 	g.refuseLargeBodiesBeforeContinue(app)
 	g.answerUnreadableRequests(app)
+	g.noteUnreadableUserInfo(app)
 	g.closeConnectionsWhileDraining(app)
 	// An answer written while the gateway drains says Connection: close:
 	// fasthttp closes the connection after it all the same, and a client
@@ -227,6 +229,46 @@ func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 func timedOut(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// noteUnreadableUserInfo answers a request whose URL fasthttp could not
+// read, and whose authority holds user info (userInfoSent), with the
+// advice to revoke a key that may have travelled in it
+// (errUnreadableUserInfo): user info with a character a URL's may not
+// hold fails fasthttp's parse before any route, and was answered "the
+// request could not be read" alone, where a readable one with a key is
+// refused with that advice (keyInUserInfo). The user info is looked for,
+// not read: nothing of it is kept, logged or traced.
+func (g *Gateway) noteUnreadableUserInfo(app *fiber.App) {
+	server := app.Server()
+	otherErrors := server.ErrorHandler
+	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
+		if !errors.Is(err, fasthttp.ErrorInvalidURI) || !userInfoSent(&rctx.Request.Header) {
+			otherErrors(rctx, err)
+			return
+		}
+		c := app.AcquireCtx(rctx)
+		defer app.ReleaseCtx(c)
+		g.unreadable(c, errUnreadableUserInfo)
+	}
+}
+
+// userInfoSent reports an '@' in the authority of the request's URL as
+// fasthttp takes it (URI.parse, splitHostURI): the Host header, but for a
+// target not in origin-form that holds "://", or any without a Host
+// header, the target's, between "//" and its path, query or fragment.
+func userInfoSent(h *fasthttp.RequestHeader) bool {
+	target, authority := h.RequestURI(), h.Host()
+	originForm := len(target) > 1 && target[0] == '/' && target[1] != '/'
+	if len(authority) == 0 || (!originForm && bytes.Contains(target, []byte("://"))) {
+		if scheme, rest, found := bytes.Cut(target, []byte("//")); found && bytes.IndexByte(scheme, '/') < 0 {
+			authority = rest
+			if end := bytes.IndexAny(rest, "/?#"); end >= 0 {
+				authority = rest[:end]
+			}
+		}
+	}
+	return bytes.IndexByte(authority, '@') >= 0
 }
 
 // closeConnectionsWhileDraining answers Connection: close from the stop

@@ -322,6 +322,38 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 	}
 }
 
+// User info that fasthttp cannot read (a character outside those a URL's
+// user info may hold) fails the request before any route: 400, as before,
+// but its message says that credentials in the URL are refused and that a
+// key sent so is to be revoked, in the target of either form or in the Host
+// header; it said "the request could not be read" alone. A URL fasthttp
+// cannot read for another reason (a control character in the path) keeps
+// that message.
+func TestUnreadableUserInfoIsAnsweredWithTheAdviceToRevoke(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", &hits).URL})
+	for _, tt := range []struct{ target, host string }{
+		{"http://user:" + k.read + "|@gateway/v1/export/items/coin-1", "gateway"},
+		{"http://" + k.read + "\"@gateway/v1/export/items/coin-1", "gateway"},
+		{"/v1/export/items/coin-1", "user:" + k.read + "|@gateway"},
+	} {
+		r := doRawAt(t, gw.URL, "GET", tt.target, tt.host, map[string]string{"X-API-Key": k.read})
+		checkEnvelope(t, r)
+		if r.Status != 400 || !strings.Contains(r.Env.Error.Message, "never in the URL") || !strings.Contains(r.Env.Error.Message, "revoke") {
+			t.Errorf("unreadable user info (%.20s…, Host %.20s…) = %d %s, want 400 saying credentials in the URL are refused, and to revoke the key",
+				tt.target, tt.host, r.Status, r.Body)
+		}
+	}
+	r := doRawAt(t, gw.URL, "GET", "/v1/export/items/coin-1\x7f", "gateway", map[string]string{"X-API-Key": k.read})
+	if r.Status != 400 || r.Env.Error.Message != "the request could not be read" {
+		t.Errorf("a control character in the path = %d %s, want 400 \"the request could not be read\"", r.Status, r.Body)
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the reader was sent %d of them, want none", n)
+	}
+}
+
 // The routes without a key (spec 4.1 "no authentication", 4.2 "no service
 // API key is used or required", spec 5) answer a request carrying an
 // X-API-Key header as one without: no 401 for a malformed, unknown or

@@ -68,6 +68,11 @@ var (
 		Message: "the request was not received in time"}
 	errBadRequest = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the request could not be read"}
+	// A URL whose user info fasthttp could not read (noteUnreadableUserInfo):
+	// as unreadable as any, and as exposed as a key in a readable one
+	// (errKeyInURL).
+	errUnreadableUserInfo = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the request could not be read: its URL holds credentials (user info), which are refused; API keys are accepted in the X-API-Key header only, never in the URL, and a key sent in a URL is exposed: revoke it and use a new one"}
 	// A client that closed or reset its connection mid-request: no one
 	// reads this (answerUnreadableRequests), but the access line and metrics
 	// say 499, as the services and nginx do, not a client's bad request.

@@ -694,6 +694,26 @@ func TestAnAnswerWithAStatusOutsideHTTPsRangeIsA502(t *testing.T) {
 	}
 }
 
+// userInfoSent looks for user info where fasthttp's URI parse takes the
+// authority from (the Host header, or the target's): for user info it can
+// read, exactly when it reads a user name.
+func TestUserInfoSentIsWhereFasthttpReadsIt(t *testing.T) {
+	for _, tt := range []struct{ target, host string }{
+		{"/v1/a", "u@gw"}, {"/v1/a", "gw"}, {"/v1/a@b", "gw"}, {"http://u@gw/v1/a", "gw"}, {"http://gw/v1/a", "u@gw"},
+		{"//u@gw/v1/a", "gw"}, {"//gw/v1/a", "u@gw"}, {"http://gw/v1/a?x=u@y", "gw"}, {"http://gw?u@y", "gw"},
+		{"http://gw#u@y", "gw"}, {"http://u:p@gw", "gw"}, {"*", "u@gw"}, {"http://u@gw/v1/a", ""}, {"//u@gw/v1/a", ""},
+		{"a/b://c@d/x", "gw"}, {"a/b://c/x", "u@gw"}, {"/a://u@b", "gw"},
+	} {
+		var req fasthttp.Request
+		req.Header.SetRequestURI(tt.target)
+		req.Header.SetHost(tt.host)
+		want := len(req.URI().Username()) > 0
+		if got := userInfoSent(&req.Header); got != want {
+			t.Errorf("target %q, Host %q: userInfoSent = %v, fasthttp reads user %q", tt.target, tt.host, got, req.URI().Username())
+		}
+	}
+}
+
 // The connection an instance answered 101 Switching Protocols on (or an
 // interim 100 then 101) no longer speaks HTTP, and is not used again:
 // kept, the bytes the instance sent after the 101 (here a whole second
