@@ -16,7 +16,8 @@ import (
 // connection, and Do's error is a bad response (a 502).
 //
 // Only the status lines are read, as they pass: a few bytes of each
-// answer, then nothing until the next request is written.
+// answer, then nothing until the next request is written. Plain
+// connections alone: fasthttp puts TLS over the connection Dial returns.
 type watchedConn struct {
 	net.Conn
 	head statusScan

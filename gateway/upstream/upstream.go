@@ -211,10 +211,17 @@ func newInstance(p *url.URL, opts Options) *Instance {
 	// The client sets a write and a read deadline per request; the probe's
 	// short timeouts are kept exact.
 	tick := lazydeadline.TickFor(opts.ReadTimeout, opts.WriteTimeout)
+	isTLS := p.Scheme == "https"
 	dialLazy := func(addr string) (net.Conn, error) {
 		c, err := dial(addr)
 		if err != nil {
 			return nil, err
+		}
+		if isTLS {
+			// fasthttp puts TLS over the connection Dial returns: under
+			// it, the watch would read ciphertext, and take a few of
+			// its bytes for a status to refuse.
+			return lazydeadline.Wrap(c, tick), nil
 		}
 		return watch(lazydeadline.Wrap(c, tick)), nil
 	}
@@ -235,7 +242,7 @@ func newInstance(p *url.URL, opts Options) *Instance {
 		},
 		client: &fasthttp.HostClient{
 			Addr:                      addr,
-			IsTLS:                     p.Scheme == "https",
+			IsTLS:                     isTLS,
 			Dial:                      dialLazy,
 			ReadTimeout:               opts.ReadTimeout,
 			WriteTimeout:              opts.WriteTimeout,
