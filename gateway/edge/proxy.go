@@ -201,12 +201,13 @@ func (g *Gateway) proxyInto(c *fiber.Ctx, rq *request, rt route, resp *fasthttp.
 // answers but 101: relayed, "001" reached the client as the status line
 // "HTTP/1.1 1 ..." that HTTP clients refuse, a 101 told it the connection
 // had switched protocols, and RFC 9110 15 has a client treat any status
-// outside 100-599 as a 5xx (FuzzRelay). upstream's connections refuse
-// such answers as they read them (watchedConn: a 101's connection must not
-// be kept, and a "000" is fasthttp's 200), so Do fails on them first; the
-// check here holds should the two ever read a status line apart. The
-// failure of a sale sent with an Idempotency-Key is marked with what it
-// says of the sale (errSaleMayBeApplied, errSaleNothingApplied).
+// outside 100-599 as a 5xx (FuzzRelay). upstream's plain connections
+// refuse such answers as they read them (watchedConn: a 101's connection
+// must not be kept, and a "000" is fasthttp's 200), so Do fails on them
+// first; the check here is what refuses them from an https instance,
+// whose connections are not watched. The failure of a sale sent with an
+// Idempotency-Key is marked with what it says of the sale
+// (errSaleMayBeApplied, errSaleNothingApplied).
 func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, out upstream.Outcome, resp *fasthttp.Response, err error) error {
 	if err == nil && idempotentSale && repeatLeftInDoubt(out, resp) {
 		// The repeat's 5xx speaks of its own attempt (a writer's 503
