@@ -2,6 +2,8 @@ package main
 
 import (
 	"crypto/tls"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -176,4 +178,62 @@ func TestHTTP2AnswerHeadersOverTheLimit(t *testing.T) {
 			checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
 		})
 	}
+}
+
+// TestServerThatPicksAnOldTLSVersion: a server older than TLS 1.2 (an old
+// OpenSSL or IIS) does not refuse the handshake with an alert, as Go's
+// server does (the "TLS 1.1 at most" case above): it answers the
+// ClientHello with a ServerHello of its own version, which the client
+// refuses. That was shop_unreachable ("check DNS and firewalls").
+func TestServerThatPicksAnOldTLSVersion(t *testing.T) {
+	for name, version := range map[string]uint16{"TLS 1.0": tls.VersionTLS10, "TLS 1.1": tls.VersionTLS11} {
+		t.Run(name, func(t *testing.T) {
+			addr := serveServerHello(t, version)
+			svc := startService(t, nil, nil)
+			status, env := svc.post(t, body("https://"+addr, fakeshop.Key))
+			if status != http.StatusBadGateway || errCode(env) != "shop_tls_error" {
+				t.Fatalf("POST schema = %d %s %+v, want 502 shop_tls_error\n%s", status, errCode(env), env.Error, svc.logs)
+			}
+			if want := "older than 1.2"; !strings.Contains(env.Error.Message, want) {
+				t.Errorf("message %q, want it to say %q", env.Error.Message, want)
+			}
+		})
+	}
+}
+
+// serveServerHello listens on 127.0.0.1 and answers each connection's
+// ClientHello with a bare ServerHello of version, the way a server that
+// supports nothing newer negotiates, then reads until the client leaves.
+func serveServerHello(t *testing.T, version uint16) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	// version, random (32 bytes), session id (none), cipher suite
+	// TLS_RSA_WITH_AES_128_CBC_SHA, compression (none).
+	hello := append([]byte{byte(version >> 8), byte(version)}, make([]byte, 32)...)
+	hello = append(hello, 0, 0x00, 0x2f, 0)
+	handshake := append([]byte{2, 0, 0, byte(len(hello))}, hello...)
+	record := append([]byte{22, byte(version >> 8), byte(version), 0, byte(len(handshake))}, handshake...)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				if _, err := conn.Read(make([]byte, 4096)); err != nil {
+					return
+				}
+				if _, err := conn.Write(record); err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

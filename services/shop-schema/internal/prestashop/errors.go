@@ -224,6 +224,14 @@ func h2Broken(err error) bool {
 // shop_unreachable ("check DNS and firewalls").
 const tlsAlertOp = "remote error"
 
+// serverPickedOldTLS is in the text of crypto/tls's error (it has no type)
+// for a ServerHello of a version older than the client's minimum, TLS 1.2:
+// a server too old to know the version the client asks for answers with
+// its own instead of an alert (an old OpenSSL or IIS), which was
+// shop_unreachable too. TestServerThatPicksAnOldTLSVersion fails if a Go
+// release rewords it.
+const serverPickedOldTLS = "tls: server selected unsupported protocol version"
+
 // transportError classifies an error from http.Client.Do or reading the
 // body.
 func transportError(ctx context.Context, resource string, err error) *Error {
@@ -260,7 +268,8 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		e.Kind, e.Reason = KindTLS, "the shop's certificate is for another name than base_url's host: use the name the certificate is for, or one for this name"
 	case errors.As(err, &certErr), errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
 		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (its certificate is not valid for a server, or the handshake was refused)"
-	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp && strings.Contains(opErr.Err.Error(), "protocol version"):
+	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp && strings.Contains(opErr.Err.Error(), "protocol version"),
+		strings.Contains(err.Error(), serverPickedOldTLS):
 		e.Kind, e.Reason = KindTLS, "the shop's server speaks only TLS versions older than 1.2, which are not used: it must offer TLS 1.2 or 1.3"
 	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp:
 		e.Kind, e.Reason = KindTLS, "the shop's server refused the TLS handshake (no TLS version or cipher suite in common)"
