@@ -237,3 +237,39 @@ func serveServerHello(t *testing.T, version uint16) string {
 	}()
 	return ln.Addr().String()
 }
+
+// TestShopWordsInTheLogAreBounded: Go's transport quotes what a shop
+// wrote in its error (a status line that does not parse, up to the 64 KiB
+// of headers allowed, each byte that is not text written \xff), and that
+// error is the "shop call failed" line's: one answer of 60 KiB made a log
+// line of 307,625 bytes. The line keeps the start of the error (the URL
+// asked) and its end, with the key still out of both.
+func TestShopWordsInTheLogAreBounded(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.StatusLine = func(key string) string { return "HTTP/1.1 " + key + strings.Repeat("\xff", 60<<10) + "END" }
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	if status, env := svc.post(t, body(shop.URL(), fakeshop.Key)); status != http.StatusBadGateway {
+		t.Fatalf("POST schema = %d %s, want 502", status, errCode(env))
+	}
+	var line string
+	for _, l := range strings.Split(svc.logs.String(), "\n") {
+		if strings.Contains(l, `"shop call failed"`) {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no \"shop call failed\" line:\n%.2000s", svc.logs.String())
+	}
+	if len(line) > 8<<10 {
+		t.Errorf("the \"shop call failed\" line is %d bytes, want at most 8 KiB", len(line))
+	}
+	for _, want := range []string{"/api/", "bytes left out", `END`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the line lacks %q: %.600s", want, line)
+		}
+	}
+	if strings.Contains(line, fakeshop.Key) {
+		t.Error("the line holds the key")
+	}
+}

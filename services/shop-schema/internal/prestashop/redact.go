@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/coinexport/export/pkg/percent"
 )
@@ -141,7 +143,32 @@ func redactErrorURL(err error, key string) {
 // errors.Is and errors.As.
 func keyFree(err error, key string) error {
 	redactErrorURL(err, key)
-	return &keyFreeError{text: redactText(err.Error(), key), err: err}
+	return &keyFreeError{text: bounded(redactText(err.Error(), key)), err: err}
+}
+
+// errorTextEnds is how much of a logged error's text is kept at each end.
+// Go's transport quotes what the shop sent: a status line that does not
+// parse, up to the 64 KiB of headers allowed (a byte that is not text
+// written \xff, four times its size), or a GOAWAY's debug data; one answer
+// made a "shop call failed" line of 300 KB. The start holds the URL asked,
+// the end what failed.
+const errorTextEnds = 1024
+
+// bounded returns s, or its first and last errorTextEnds bytes (cut at
+// a character's start) with what lies between them left out. It is applied
+// once the key is out of s: a key that spanned the cut is out of it too.
+func bounded(s string) string {
+	if len(s) <= 2*errorTextEnds+64 {
+		return s
+	}
+	head, tail := errorTextEnds, len(s)-errorTextEnds
+	for head > 0 && !utf8.RuneStart(s[head]) {
+		head--
+	}
+	for tail < len(s) && !utf8.RuneStart(s[tail]) {
+		tail++
+	}
+	return s[:head] + fmt.Sprintf(" ... (%d bytes left out) ... ", tail-head) + s[tail:]
 }
 
 // keyFreeError is an error whose text was freed of the key (keyFree).

@@ -340,3 +340,22 @@ func TestShopVersion(t *testing.T) {
 		t.Errorf("shopVersion kept a version holding the key: %q", got)
 	}
 }
+
+// TestBounded: a short text is kept whole; a long one keeps its two ends,
+// cut at a character's start, and says how much was left out.
+func TestBounded(t *testing.T) {
+	if s := strings.Repeat("a", 2*errorTextEnds); bounded(s) != s {
+		t.Error("a text of 2 KiB was cut")
+	}
+	// Odd lengths at both ends, so that each cut falls inside a "я".
+	long := "Get \"https://shop.example/api/language\": " + strings.Repeat("я", 40<<10) + " the end."
+	got := bounded(long)
+	if len(got) > 2*errorTextEnds+64 || !utf8.ValidString(got) {
+		t.Errorf("bounded: %d bytes, valid UTF-8 %v; want at most %d, valid", len(got), utf8.ValidString(got), 2*errorTextEnds+64)
+	}
+	for _, want := range []string{`Get "https://shop.example/api/language": `, " the end.", "bytes left out"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bounded text lacks %q", want)
+		}
+	}
+}
