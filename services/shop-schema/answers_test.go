@@ -273,3 +273,31 @@ func TestShopWordsInTheLogAreBounded(t *testing.T) {
 		t.Error("the line holds the key")
 	}
 }
+
+// TestMalformedHTTP1Answer: a shop whose server answers what is not HTTP
+// (a status line or a header that does not parse) was reached, and is at
+// fault: shop_bad_response, as over HTTP/2 (TestHTTP2AnswerHeadersOverTheLimit).
+// It was shop_unreachable, which sends the merchant to check DNS and
+// firewalls.
+func TestMalformedHTTP1Answer(t *testing.T) {
+	for name, answer := range map[string]string{
+		"no status line":                  "<html><body>hello</body></html>",
+		"status code not a number":        "HTTP/1.1 OK 200",
+		"header line without a colon":     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Broken header",
+		"status line of 60 KiB, not text": "HTTP/1.1 " + strings.Repeat("\xff", 60<<10),
+	} {
+		t.Run(name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			shop.StatusLine = func(string) string { return answer }
+			shop.Start(t.Cleanup)
+			svc := startService(t, shop, nil)
+			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+			if status != http.StatusBadGateway || errCode(env) != "shop_bad_response" {
+				t.Fatalf("POST schema = %d %s %+v, want 502 shop_bad_response", status, errCode(env), env.Error)
+			}
+			if want := "not HTTP"; !strings.Contains(env.Error.Message, want) {
+				t.Errorf("message %q, want it to say %q", env.Error.Message, want)
+			}
+		})
+	}
+}

@@ -103,10 +103,10 @@ func TestKeyNeverLeaks(t *testing.T) {
 		// logged: a shop that writes the key back there.
 		{"status line echoing the key", fakeshop.Key, func(s *fakeshop.Shop) {
 			s.StatusLine = func(key string) string { return "HTTP/1.1 " + key }
-		}, "shop_unreachable"},
+		}, "shop_bad_response"},
 		{"status line echoing the key %-encoded", fakeshop.Key, func(s *fakeshop.Shop) {
 			s.StatusLine = func(key string) string { return "HTTP/1.1 " + percentEncoded(key) }
-		}, "shop_unreachable"},
+		}, "shop_bad_response"},
 		// The decoder's error, which is logged, quotes a string where an
 		// integer belongs: a shop that writes the key back there.
 		{"body echoing the key as an id", fakeshop.Key, func(s *fakeshop.Shop) {

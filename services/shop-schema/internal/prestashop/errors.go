@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strings"
 
@@ -207,14 +208,13 @@ func bodyError(ctx context.Context, resource string, status int, err error) *Err
 // sentinel error; TestSchemaShopErrors fails if a Go release rewords it.
 const headersTooLarge = "server response headers exceeded"
 
-// h2Broken reports whether err is net/http's HTTP/2 reader ending the
+// h2Broken reports whether text is that of net/http's HTTP/2 reader ending the
 // connection over what the shop sent: COMPRESSION_ERROR when a header does
 // not decode or one is longer than MaxResponseHeaderBytes, PROTOCOL_ERROR
 // when the headers go on past it. Their types are unexported, so their
 // text is matched; TestHTTP2AnswerHeadersOverTheLimit fails if a Go
 // release rewords it. The shop answered: not shop_unreachable.
-func h2Broken(err error) bool {
-	text := err.Error()
+func h2Broken(text string) bool {
 	return strings.Contains(text, "connection error: COMPRESSION_ERROR") || strings.Contains(text, "connection error: PROTOCOL_ERROR")
 }
 
@@ -232,10 +232,33 @@ const tlsAlertOp = "remote error"
 // release rewords it.
 const serverPickedOldTLS = "tls: server selected unsupported protocol version"
 
+// malformedHTTP1 reports whether text is net/http's error for an HTTP/1.1
+// answer that does not parse: its status line ("malformed HTTP response",
+// "malformed HTTP status code", "malformed HTTP version": an unexported
+// type, so its text; TestMalformedHTTP1Answer fails if a Go release
+// rewords it) or a header line (textproto.ProtocolError). The shop
+// answered: not shop_unreachable.
+func malformedHTTP1(err error, text string) bool {
+	var headerErr textproto.ProtocolError
+	return strings.Contains(text, "malformed HTTP ") || errors.As(err, &headerErr)
+}
+
+// ownText is the text of err itself, in which Go's words that classify it
+// are matched: keyFree's copy leaves out the middle of a long text, where
+// they are after a long URL, and withholds one with a '%' that does not
+// decode, as the shop's bytes Go quotes can be. It is never shown.
+func ownText(err error) string {
+	if kf, ok := err.(*keyFreeError); ok {
+		return kf.err.Error()
+	}
+	return err.Error()
+}
+
 // transportError classifies an error from http.Client.Do or reading the
 // body.
 func transportError(ctx context.Context, resource string, err error) *Error {
 	e := &Error{Resource: resource, err: err}
+	text := ownText(err)
 	var (
 		certErr     *tls.CertificateVerificationError
 		unknownAuth x509.UnknownAuthorityError
@@ -269,16 +292,18 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	case errors.As(err, &certErr), errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
 		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (its certificate is not valid for a server, or the handshake was refused)"
 	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp && strings.Contains(opErr.Err.Error(), "protocol version"),
-		strings.Contains(err.Error(), serverPickedOldTLS):
+		strings.Contains(text, serverPickedOldTLS):
 		e.Kind, e.Reason = KindTLS, "the shop's server speaks only TLS versions older than 1.2, which are not used: it must offer TLS 1.2 or 1.3"
 	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp:
 		e.Kind, e.Reason = KindTLS, "the shop's server refused the TLS handshake (no TLS version or cipher suite in common)"
 	case errors.As(err, &netErr) && netErr.Timeout():
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
-	case strings.Contains(err.Error(), headersTooLarge):
+	case strings.Contains(text, headersTooLarge):
 		e.Kind, e.Reason = KindTooLarge, "the shop's answer headers are larger than 64 KiB"
-	case h2Broken(err):
+	case h2Broken(text):
 		e.Kind, e.Reason = KindBadResponse, "the shop's server broke HTTP/2: an answer's headers are larger than 64 KiB, or malformed"
+	case malformedHTTP1(err, text):
+		e.Kind, e.Reason = KindBadResponse, "the shop's server answered what is not HTTP (a status line or header that does not parse)"
 	default:
 		e.Kind, e.Reason = KindUnreachable, "the shop could not be reached"
 	}

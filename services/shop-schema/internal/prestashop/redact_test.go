@@ -1,6 +1,7 @@
 package prestashop
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -356,6 +357,27 @@ func TestBounded(t *testing.T) {
 	for _, want := range []string{`Get "https://shop.example/api/language": `, " the end.", "bytes left out"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("bounded text lacks %q", want)
+		}
+	}
+}
+
+// TestClassifiedByTheErrorsOwnText: Go's words that classify an error are
+// matched in its own text, not in keyFree's copy, which leaves out the
+// middle of a long text (after a URL of 3 KiB, where a redirect can take
+// the request, the words are there) and withholds one with a '%' that does
+// not decode (the shop's bytes quoted).
+func TestClassifiedByTheErrorsOwnText(t *testing.T) {
+	const key = "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"
+	long := "https://shop.example/" + strings.Repeat("x", 3<<10) + "/api/languages"
+	for cause, want := range map[error]Kind{
+		errors.New("net/http: server response headers exceeded 65536 bytes; aborted"):                                           KindTooLarge,
+		errors.New("tls: server selected unsupported protocol version 302"):                                                     KindTLS,
+		errors.New(`net/http: HTTP/1.x transport connection broken: malformed HTTP status code "100%"`):                         KindBadResponse,
+		fmt.Errorf("net/http: HTTP/1.x transport connection broken: malformed HTTP response %q", strings.Repeat("\xff", 4<<10)): KindBadResponse,
+	} {
+		err := keyFree(&url.Error{Op: "Get", URL: long, Err: cause}, key)
+		if got := transportError(context.Background(), "languages", err).Kind; got != want {
+			t.Errorf("%.80s...: kind %v, want %v", cause, got, want)
 		}
 	}
 }
