@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
@@ -166,15 +167,7 @@ func TestHTTP2AnswerHeadersOverTheLimit(t *testing.T) {
 			shop := fakeshop.Sample("8", false)
 			shop.HTTP2 = true
 			setup(shop)
-			shop.Start(t.Cleanup)
-			svc := startService(t, shop, nil)
-			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-			if status != http.StatusBadGateway || errCode(env) != "shop_bad_response" {
-				t.Fatalf("POST schema = %d %s %+v, want 502 shop_bad_response", status, errCode(env), env.Error)
-			}
-			if want := "larger than 64 KiB"; !strings.Contains(env.Error.Message, want) {
-				t.Errorf("message %q, want it to say %q", env.Error.Message, want)
-			}
+			svc := readFails(t, shop, "shop_bad_response", "larger than 64 KiB")
 			checkSpanVocabulary(t, clientSpans(svc.spans.Ended()))
 		})
 	}
@@ -206,36 +199,21 @@ func TestServerThatPicksAnOldTLSVersion(t *testing.T) {
 // supports nothing newer negotiates, then reads until the client leaves.
 func serveServerHello(t *testing.T, version uint16) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	// version, random (32 bytes), session id (none), cipher suite
 	// TLS_RSA_WITH_AES_128_CBC_SHA, compression (none).
 	hello := append([]byte{byte(version >> 8), byte(version)}, make([]byte, 32)...)
 	hello = append(hello, 0, 0x00, 0x2f, 0)
 	handshake := append([]byte{2, 0, 0, byte(len(hello))}, hello...)
 	record := append([]byte{22, byte(version >> 8), byte(version), 0, byte(len(handshake))}, handshake...)
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				if _, err := conn.Read(make([]byte, 4096)); err != nil {
-					return
-				}
-				if _, err := conn.Write(record); err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, conn)
-			}()
+	return testenv.ServeConns(t, func(conn net.Conn) {
+		if _, err := conn.Read(make([]byte, 4096)); err != nil {
+			return
 		}
-	}()
-	return ln.Addr().String()
+		if _, err := conn.Write(record); err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, conn)
+	})
 }
 
 // TestShopWordsInTheLogAreBounded: Go's transport quotes what a shop
@@ -289,15 +267,23 @@ func TestMalformedHTTP1Answer(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			shop := fakeshop.Sample("8", false)
 			shop.StatusLine = func(string) string { return answer }
-			shop.Start(t.Cleanup)
-			svc := startService(t, shop, nil)
-			status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
-			if status != http.StatusBadGateway || errCode(env) != "shop_bad_response" {
-				t.Fatalf("POST schema = %d %s %+v, want 502 shop_bad_response", status, errCode(env), env.Error)
-			}
-			if want := "not HTTP"; !strings.Contains(env.Error.Message, want) {
-				t.Errorf("message %q, want it to say %q", env.Error.Message, want)
-			}
+			readFails(t, shop, "shop_bad_response", "not HTTP")
 		})
 	}
+}
+
+// readFails starts shop, has the service read its schema, and holds that
+// the answer is 502 code with a message that says want.
+func readFails(t *testing.T, shop *fakeshop.Shop, code, want string) *service {
+	t.Helper()
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, env := svc.post(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusBadGateway || errCode(env) != code {
+		t.Fatalf("POST schema = %d %s %+v, want 502 %s", status, errCode(env), env.Error, code)
+	}
+	if !strings.Contains(env.Error.Message, want) {
+		t.Errorf("message %q, want it to say %q", env.Error.Message, want)
+	}
+	return svc
 }
