@@ -184,8 +184,10 @@ func notJSON(body []byte) string {
 }
 
 // phpMessage matches the start of what PHP prints with display_errors on,
-// with html_errors ("<br />\n<b>Warning</b>:  ...") or without.
-var phpMessage = regexp.MustCompile(`^(<br\s*/?>\s*)?(<b>)?(PHP )?(Warning|Notice|Deprecated|Fatal error|Parse error|Strict Standards)(</b>)?:`)
+// with html_errors ("<br />\n<b>Warning</b>:  ...") or without. An
+// E_RECOVERABLE_ERROR is a "Recoverable fatal error" (PHP 7, 8) or a
+// "Catchable fatal error" (PHP 5, which PrestaShop 1.7 ran on).
+var phpMessage = regexp.MustCompile(`^(<br\s*/?>\s*)?(<b>)?(PHP )?(Warning|Notice|Deprecated|Fatal error|Parse error|Strict Standards|Recoverable fatal error|Catchable fatal error)(</b>)?:`)
 
 // reasonEmpty names a 2xx answer without a body: PrestaShop's when PHP's
 // json_encode fails, which it does on a text that is not valid UTF-8.

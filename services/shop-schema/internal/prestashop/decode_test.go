@@ -408,10 +408,13 @@ func exactInteger(b []byte) (Int, bool) {
 func TestNotJSONSaysWhatTheAnswerIs(t *testing.T) {
 	const php, xml, page, other = "display_errors", "answered XML", "HTML page", "is not JSON"
 	for body, want := range map[string]string{
-		"<br />\n<b>Warning</b>:  Undefined array key 1 in <b>/var/www/webservice/dispatcher.php</b> on line <b>59</b><br />\n{}":                           php,
-		"\n<br />\n<b>Fatal error</b>:  Allowed memory size exhausted":                                                                                      php,
-		"Deprecated: Return type of X::count() should be compatible":                                                                                        php,
-		"PHP Notice:  Undefined index: url in /var/www/x.php":                                                                                               php,
+		"<br />\n<b>Warning</b>:  Undefined array key 1 in <b>/var/www/webservice/dispatcher.php</b> on line <b>59</b><br />\n{}": php,
+		"\n<br />\n<b>Fatal error</b>:  Allowed memory size exhausted":                                                            php,
+		"Deprecated: Return type of X::count() should be compatible":                                                              php,
+		"PHP Notice:  Undefined index: url in /var/www/x.php":                                                                     php,
+		// E_RECOVERABLE_ERROR, as PHP 7 and 8 name it, and PHP 5 (PrestaShop 1.7 ran on 5.6).
+		"<br />\n<b>Recoverable fatal error</b>:  Object of class X could not be converted to string":                                                       php,
+		"Catchable fatal error: Argument 1 passed to X::y() must be an instance of Z":                                                                       php,
 		"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<prestashop xmlns:xlink=\"http://www.w3.org/1999/xlink\">\n<categories>\n</categories>\n</prestashop>": xml,
 		"<prestashop><categories></categories></prestashop>":                                                                                                xml,
 		"\xef\xbb\xbf<!DOCTYPE html><html><body>Maintenance</body></html>":                                                                                  page,
