@@ -26,6 +26,10 @@ func TestCheckRedirect(t *testing.T) {
 		{"ftp://shop.example.com/", "https"},
 		{"https://user:pass@shop.example.com/", "invalid"},
 		{"https://shop.example.com:0/", "invalid"},
+		// Names DNS never answers for, refused by name as base_url is.
+		{"https://shop.invalid/", "invalid"},
+		{"https://SHOP.ONION./", "invalid"},
+		{"https://shop.alt/", "invalid"},
 		{"https://127.0.0.1/", "refused"},
 		{"https://127.1/", "refused"},
 		{"https://2130706433/", "refused"},
