@@ -225,10 +225,17 @@ func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 }
 
 // timedOut reports whether err, fasthttp's for a request it could not
-// read, is its connection's read deadline passing.
+// read, is its connection's read deadline passing. fasthttp wraps most
+// such errors, but two come without the net.Error: a chunk's size line
+// cut short (ErrBrokenChunk, which does not unwrap: its text quotes at
+// most one byte of the request, so "timeout" there is its read's) and a
+// chunked body's missing trailer (its own ErrTimeout). Both are a client
+// that stopped sending: a 408 (TestAClientThatStopsSendingIsA408WhereverItStops).
 func timedOut(err error) bool {
 	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	var brokenChunk fasthttp.ErrBrokenChunk
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, fasthttp.ErrTimeout) ||
+		errors.As(err, &brokenChunk)
 }
 
 // noteUnreadableUserInfo answers a request whose URL fasthttp could not

@@ -235,6 +235,44 @@ func TestAnUnreadableRequestSayingTimeoutIsA400(t *testing.T) {
 	}
 }
 
+// A client that stops sending mid-request is answered 408 request_timeout
+// once GATEWAY_READ_TIMEOUT passes, wherever it stopped, while a malformed
+// request whose bytes say "timeout" is a 400: fasthttp hands some timeouts
+// over without the net.Error inside (a chunk's size line wraps it in
+// ErrBrokenChunk, a missing trailer is its own ErrTimeout), and those read
+// as a 400 bad_request when a timeout was told from the error's type alone.
+func TestAClientThatStopsSendingIsA408WhereverItStops(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "GATEWAY_READ_TIMEOUT": "300ms"})
+	const post = "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\n"
+	const chunked = post + "Transfer-Encoding: chunked\r\n\r\n"
+	stopped := map[string]string{
+		"in its head":                   "GET /v1/health HTTP/1.1\r\nHost: gateway\r\n",
+		"in a body of declared length":  post + "Content-Length: 100\r\n\r\n{\"base",
+		"in a chunk":                    chunked + "10\r\n{\"base_url\":\"htt",
+		"in a chunk's size":             chunked + "10",
+		"in a chunk's size extension":   chunked + "10;x",
+		"between a chunk's size and LF": chunked + "10\r",
+		"before the trailer":            chunked + "0\r\n",
+	}
+	for _, name := range slices.Sorted(maps.Keys(stopped)) {
+		conn := dial(t, gw.URL)
+		if _, err := io.WriteString(conn, stopped[name]); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), `"code":"request_timeout"`) {
+			t.Errorf("stopped %s: %d %s, want 408 request_timeout", name, resp.StatusCode, body)
+		}
+	}
+}
+
 // A request not received within GATEWAY_READ_TIMEOUT on a new connection
 // is logged with the time its client held the connection, from the
 // connection's start, not the moment the 408 took to write: its
