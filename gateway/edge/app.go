@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"runtime/debug"
-	"strings"
 	"syscall"
 	"time"
 
@@ -200,29 +199,35 @@ func (g *Gateway) unreadable(c *fiber.Ctx, err error) {
 // client_closed_request, the services' and nginx's status for it, which no
 // one reads. Fiber's own handler made it a 502 (a network error) or a 400
 // with the error's text, which the gateway answered 400 bad_request, a
-// client's fault it had not made. It also answers a malformed request whose
-// bytes hold the word "timeout" 400 bad_request, which Fiber's handler,
-// taking any error whose text has "timeout" for one (fasthttp's text quotes
-// the bytes it could not read), answered and logged 408 request_timeout.
+// client's fault it had not made. Every other error goes to Fiber's handler
+// without its text unless it is a timeout (untold): Fiber takes any error
+// whose text has "timeout" for one, and fasthttp's text quotes the bytes it
+// could not read, so a malformed request saying "timeout" was answered and
+// logged 408 request_timeout. Its chain stays, so that Fiber's checks by
+// type before the text (an oversized head's 431, a body's 413) still hold.
 func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 	server := app.Server()
 	fiberErrors := server.ErrorHandler
 	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
-		var answer error
-		switch {
-		case clientLeft(err):
-			answer = errClientLeft
-		case strings.Contains(err.Error(), "timeout") && !timedOut(err):
-			answer = errBadRequest
-		default:
+		if !clientLeft(err) {
+			if !timedOut(err) {
+				err = untold{err}
+			}
 			fiberErrors(rctx, err)
 			return
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		g.unreadable(c, answer)
+		g.unreadable(c, errClientLeft)
 	}
 }
+
+// untold is an error without its text: fasthttp's quotes the request's
+// bytes, which Fiber's handler reads for the word "timeout".
+type untold struct{ err error }
+
+func (u untold) Error() string { return "the request could not be read" }
+func (u untold) Unwrap() error { return u.err }
 
 // timedOut reports whether err, fasthttp's for a request it could not
 // read, is its connection's read deadline passing. fasthttp wraps most
