@@ -99,6 +99,13 @@ func (p *Pair) StopPrimary(t testing.TB) {
 	}
 }
 
+// StartPrimary starts the primary again after StopPrimary: it recovers
+// as after a crash, and the standby's WAL receiver, retrying, reconnects.
+func (p *Pair) StartPrimary(t testing.TB) {
+	t.Helper()
+	p.start(t, "primary")
+}
+
 // start starts the cluster in folder name, listening only on a socket of
 // its own folder, and stops it when the test ends.
 func (p *clusters) start(t testing.TB, name string, opts ...string) {

@@ -132,6 +132,54 @@ func TestAPrimarysReadingDoesNotAge(t *testing.T) {
 	}
 }
 
+// A standby of an idle primary lacks nothing: whatever the age of its last
+// commit, and again once its primary restarted, it reads a lag under the
+// bound, and keeps serving syncs. The lag is read from the primary's WAL
+// end and send time too, which must not make a standby that has replayed
+// all there is look behind while the primary writes nothing. Every
+// reading is checked, many a second, for twice the bound.
+func TestAnIdleStandbyReadsNoLag(t *testing.T) {
+	t.Parallel()
+	const maxLag = 2 * time.Second
+	pair := testenv.StandbyPair(t, "wal_receiver_timeout=1s") // a keepalive every half second
+	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
+	ctx := context.Background()
+	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (n int); INSERT INTO lag_probe VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	m := Start(ctx, standby, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: maxLag, Interval: 20 * time.Millisecond})
+	defer m.Close()
+	stayUnder := func(when string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); m.Check() != nil; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the standby never read under %v (Lag() = %v, cause %v)", when, maxLag, m.Lag(), m.cause)
+			}
+		}
+		for end := time.Now().Add(2 * maxLag); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if err := m.Check(); err != nil {
+				t.Fatalf("%s: a standby that has replayed all its idle primary wrote: Lag() = %v, Check() = %v, want under %v",
+					when, m.Lag(), err, maxLag)
+			}
+		}
+	}
+	stayUnder("idle")
+	receiverPID := func() (pid int) {
+		_ = standby.QueryRow(ctx, "SELECT coalesce(max(pid), 0) FROM pg_stat_wal_receiver WHERE status = 'streaming'").Scan(&pid)
+		return pid
+	}
+	before := receiverPID()
+	pair.StopPrimary(t)
+	pair.StartPrimary(t)
+	// The reading ages while the receiver is gone: count from its return.
+	for deadline := time.Now().Add(30 * time.Second); receiverPID() == before || receiverPID() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby's WAL receiver never streamed from the restarted primary")
+		}
+	}
+	stayUnder("idle, its primary restarted")
+}
+
 // A standby that hears from its primary without a gap, and replays all it
 // has received, can still lag: every message comes late (a distant
 // standby, a saturated link). The time since the receiver last heard says
