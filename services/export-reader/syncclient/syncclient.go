@@ -119,10 +119,10 @@ func (c *Client) Sync(ctx context.Context, checkpoint time.Time, upsert func(Ite
 			}
 			n++
 		}
-		if page.Meta.NextCursor.value == nil {
+		if page.Meta.NextCursor == nil {
 			return start, n, nil
 		}
-		q.Set("cursor", *page.Meta.NextCursor.value)
+		q.Set("cursor", *page.Meta.NextCursor)
 	}
 }
 
@@ -133,28 +133,18 @@ type pageBody struct {
 		Message string `json:"message"`
 	} `json:"error"`
 	Meta struct {
-		RequestID  string     `json:"request_id"`
-		NextCursor nextCursor `json:"next_cursor"`
+		RequestID  string  `json:"request_id"`
+		NextCursor *string `json:"next_cursor"` // null or absent on the last page (spec 2.1)
 	} `json:"meta"`
 }
 
-// nextCursor is meta.next_cursor, and whether the answer had one: null
-// ends a run, no next_cursor at all is no list page.
-type nextCursor struct {
-	present bool
-	value   *string // nil on the last page
-}
-
-func (c *nextCursor) UnmarshalJSON(b []byte) error {
-	c.present = true
-	return json.Unmarshal(b, &c.value)
-}
-
 // errNotAPage is a 200 whose body is JSON but no list page: no data, or no
-// meta.next_cursor (a proxy's or a portal's page, a BaseURL naming
-// another API). Read as a last page it ended the run a success with what
-// it had, and its checkpoint skipped the rest for good.
-var errNotAPage = errors.New("the answer is not a list page (no data or no meta.next_cursor)")
+// meta.request_id, which spec 2.1 puts in every answer (a proxy's or a
+// portal's page, a BaseURL naming another API). Read as a last page it
+// ended the run a success with what it had, and its checkpoint skipped
+// the rest for good. A missing meta.next_cursor alone does not tell one:
+// spec 2.1 lets the last page leave it out.
+var errNotAPage = errors.New("the answer is not a list page (no data or no meta.request_id)")
 
 // pageWithRetries asks for the page of q until it comes, a failure that
 // will not pass by waiting comes, or the retries are spent. A 429 spends
@@ -263,7 +253,7 @@ func (c *Client) page(ctx context.Context, q url.Values) (pageBody, error) {
 	if decodeErr != nil { // an answer cut short, most likely
 		return pageBody{}, fmt.Errorf("syncclient: status 200: %w", transientError{decodeErr})
 	}
-	if page.Data == nil || !page.Meta.NextCursor.present { // asked for again, as an answer cut short
+	if page.Data == nil || page.Meta.RequestID == "" { // asked for again, as an answer cut short
 		return pageBody{}, fmt.Errorf("syncclient: status 200 (request %s): %w", page.Meta.RequestID, transientError{errNotAPage})
 	}
 	return page, nil

@@ -185,7 +185,7 @@ func TestSyncTimesOutAPageThatNeverComes(t *testing.T) {
 	}
 }
 
-// A 200 that is not a list page (no meta.next_cursor, or no data: a
+// A 200 that is not a list page (no data, or no meta.request_id: a
 // proxy's or a portal's page, a BaseURL that names another API) is not the
 // end of the run: read as one, the run "succeeded" with what it had, and
 // its checkpoint skipped the rest for good, the very failure the sync
@@ -193,11 +193,12 @@ func TestSyncTimesOutAPageThatNeverComes(t *testing.T) {
 func TestSyncTakesOnlyAListPageForOne(t *testing.T) {
 	const page = `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r","next_cursor":null}}`
 	for name, body := range map[string]string{
-		"an empty object":          `{}`,
-		"items without meta":       `{"data":[{"id":"b","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}]}`,
-		"meta without next_cursor": `{"data":[],"meta":{"request_id":"r"}}`,
-		"an error with a 200":      `{"error":{"code":"blocked","message":"m"},"meta":{"request_id":"r"}}`,
-		"not an object":            `[]`,
+		"an empty object":         `{}`,
+		"items without meta":      `{"data":[{"id":"b","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}]}`,
+		"meta without request_id": `{"data":[],"meta":{"next_cursor":null}}`,
+		"data null":               `{"data":null,"meta":{"request_id":"r","next_cursor":null}}`,
+		"an error with a 200":     `{"error":{"code":"blocked","message":"m"},"meta":{"request_id":"r"}}`,
+		"not an object":           `[]`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			var calls atomic.Int64
@@ -219,6 +220,33 @@ func TestSyncTakesOnlyAListPageForOne(t *testing.T) {
 			calls.Store(0)
 			if checkpoint, _, err := c.Sync(context.Background(), time.Time{}, Mirror{}.Upsert); err == nil || !checkpoint.IsZero() {
 				t.Errorf("Sync without retries = %v, %v; want no checkpoint and an error", checkpoint, err)
+			}
+		})
+	}
+}
+
+// Spec 2.1: meta.next_cursor is "null or absent when there is no further
+// page". A list page without it (data, and meta with its request_id, as
+// every answer has) is the last one, as with null: the run ends a success.
+// Asked for again as no page, every run against a server that leaves it
+// out spent its retries and failed, its checkpoint never moving.
+func TestSyncEndsOnAPageWithoutNextCursor(t *testing.T) {
+	for name, body := range map[string]string{
+		"items":    `{"data":[{"id":"a","status":"active","stock_quantity":1,"updated_at":"2026-11-21T10:00:00.000001Z"}],"meta":{"request_id":"r"}}`,
+		"no items": `{"data":[],"meta":{"request_id":"r"}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var calls atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				fmt.Fprint(w, body)
+			}))
+			t.Cleanup(srv.Close)
+			c := &Client{BaseURL: srv.URL + "/v1", Wait: func(context.Context, time.Duration) error { return nil }}
+			mirror := Mirror{}
+			checkpoint, n, err := c.Sync(context.Background(), time.Time{}, mirror.Upsert)
+			if err != nil || checkpoint.IsZero() || n != len(mirror) || calls.Load() != 1 {
+				t.Errorf("Sync = %v, %d items, %v after %d requests; want a checkpoint after one request", checkpoint, n, err, calls.Load())
 			}
 		})
 	}
