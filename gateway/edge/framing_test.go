@@ -214,17 +214,7 @@ func TestAnUnreadableRequestSayingTimeoutIsA400(t *testing.T) {
 			"Content-Length: timeout\r\n\r\n",
 		"a request line with two spaces": "GET /v1/timeout  HTTP/1.1\r\nHost: gateway\r\n\r\n",
 	} {
-		conn := dial(t, gw.URL)
-		if _, err := io.WriteString(conn, request); err != nil {
-			t.Fatal(err)
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, body := rawAnswer(t, gw.URL, request)
 		id := resp.Header.Get("X-Request-Id")
 		waitFor(t, 2*time.Second, func() bool { return accessLine(gw.Logs.String(), id) != "" })
 		line := accessLine(gw.Logs.String(), id)
@@ -256,21 +246,29 @@ func TestAClientThatStopsSendingIsA408WhereverItStops(t *testing.T) {
 		"before the trailer":            chunked + "0\r\n",
 	}
 	for _, name := range slices.Sorted(maps.Keys(stopped)) {
-		conn := dial(t, gw.URL)
-		if _, err := io.WriteString(conn, stopped[name]); err != nil {
-			t.Fatal(err)
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, body := rawAnswer(t, gw.URL, stopped[name])
 		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), `"code":"request_timeout"`) {
 			t.Errorf("stopped %s: %d %s, want 408 request_timeout", name, resp.StatusCode, body)
 		}
 	}
+}
+
+// rawAnswer sends request, written as is, on a new connection to the
+// gateway at baseURL, and returns the answer and its body.
+func rawAnswer(t *testing.T, baseURL, request string) (*http.Response, []byte) {
+	t.Helper()
+	conn := dial(t, baseURL)
+	if _, err := io.WriteString(conn, request); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", request, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
 }
 
 // A request not received within GATEWAY_READ_TIMEOUT on a new connection
