@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"maps"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,11 +60,11 @@ func TestAPageInFlightAtTheStopIsAnsweredWithinItsOwnTimeout(t *testing.T) {
 // startedReader is a reader serving (run) on a database of its own, with
 // an owner's items: stop sends it SIGTERM, done gets run's error.
 type startedReader struct {
-	setup       *pgxpool.Pool
-	owner, addr string
-	out         *testenv.Output
-	stop        context.CancelFunc
-	done        chan error
+	setup                  *pgxpool.Pool
+	owner, addr, adminAddr string
+	out                    *testenv.Output
+	stop                   context.CancelFunc
+	done                   chan error
 }
 
 // startReader starts a reader with settings, once an owner has items
@@ -70,7 +72,7 @@ type startedReader struct {
 func startReader(t *testing.T, items int, settings map[string]string) startedReader {
 	t.Helper()
 	dsn := testenv.PostgresURL(t)
-	r := startedReader{setup: testenv.Pool(t, dsn), addr: testenv.FreeAddr(t), out: &testenv.Output{}, done: make(chan error, 1)}
+	r := startedReader{setup: testenv.Pool(t, dsn), addr: testenv.FreeAddr(t), adminAddr: testenv.FreeAddr(t), out: &testenv.Output{}, done: make(chan error, 1)}
 	ctx := context.Background()
 	if err := r.setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&r.owner); err != nil {
 		t.Fatal(err)
@@ -81,7 +83,7 @@ func startReader(t *testing.T, items int, settings map[string]string) startedRea
 		t.Fatal(err)
 	}
 	vars := map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
-		"EXPORT_READER_ADDR": r.addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}
+		"EXPORT_READER_ADDR": r.addr, "EXPORT_READER_ADMIN_ADDR": r.adminAddr}
 	maps.Copy(vars, settings)
 	runCtx, stop := context.WithCancel(ctx)
 	t.Cleanup(stop)
@@ -143,6 +145,11 @@ func TestAReadAheadWaitingOnALockDoesNotHoldTheStop(t *testing.T) {
 	if firstPage.Meta.NextCursor == nil {
 		t.Fatalf("the first page has no next cursor: %s", firstPage.Data)
 	}
+	// The first page's read-ahead of the second must be over before the
+	// table is locked: on a loaded machine it started late, came to wait
+	// on the lock first, and the second page's request, queued behind
+	// the second lock, was never answered (a CI run hung here 10 minutes).
+	waitForAPageReadAhead(t, r.adminAddr)
 	time.Sleep(10 * time.Millisecond) // past the read-ahead's TTL
 
 	// The second page waits behind one lock on the table, a second lock
@@ -186,6 +193,44 @@ func TestAReadAheadWaitingOnALockDoesNotHoldTheStop(t *testing.T) {
 		<-done
 		t.Fatalf("the reader did not stop within a minute of SIGTERM, with nothing in flight and a read-ahead waiting on a lock:\n%s", out.String())
 	}
+}
+
+// waitForAPageReadAhead waits until the reader whose admin listener is at
+// adminAddr holds the bytes of a page it read ahead.
+func waitForAPageReadAhead(t *testing.T, adminAddr string) {
+	t.Helper()
+	for range 500 {
+		if heldReadAheadBytes(t, adminAddr) > 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("the reader never held a page read ahead")
+}
+
+// heldReadAheadBytes reads export_reader_read_ahead_bytes from the
+// reader's /metrics at adminAddr.
+func heldReadAheadBytes(t *testing.T, adminAddr string) float64 {
+	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(body)) {
+		if value, ok := strings.CutPrefix(strings.TrimSpace(line), "export_reader_read_ahead_bytes "); ok {
+			held, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				t.Fatalf("export_reader_read_ahead_bytes %q: %v", value, err)
+			}
+			return held
+		}
+	}
+	t.Fatalf("no export_reader_read_ahead_bytes in /metrics:\n%s", body)
+	return 0
 }
 
 // getPage gets a list page of owner's from the reader at addr; anything
