@@ -3,10 +3,14 @@ package upstream
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/valyala/fasthttp"
@@ -140,4 +144,205 @@ func TestOnlyPlainConnectionsAreWatched(t *testing.T) {
 			t.Errorf("%s: a connection watched: %v, want %v", scheme, watched, scheme == "http")
 		}
 	}
+}
+
+// The watch reads each answer's status line as fasthttp's client reads it,
+// whatever the answer's shape: over answers built from blank lines before
+// it, interim answers, protocols, spacing, statuses (three digits and
+// not), status messages, line ends, and bodies holding status lines, in
+// reads of sizes that split the status line at every place, an answer
+// fasthttp reads with a status to refuse is refused, one it reads with
+// another is taken as it reads it, and one it cannot read is not taken.
+// The watch parses the bytes itself: this holds it to fasthttp's parser,
+// also across fasthttp upgrades.
+func TestWatchedConnReadsStatusLinesAsFasthttpDoes(t *testing.T) {
+	refusedStatuses := map[string]bool{"000": true, "099": true, "101": true, "600": true, "999": true}
+	statuses := []string{"000", "099", "100", "101", "103", "200", "204", "304", "599", "600", "999", "1010", "20", "2x0", "0200"}
+	var answers []string
+	for _, lead := range []string{"", "\r\n", "\n\n", " \r\n"} {
+		for _, interim := range []string{"", "HTTP/1.1 100 Continue\r\n\r\n", "HTTP/1.1 103 E\r\nLink: <HTTP/1.1 101>\r\n\r\n", "HTTP/1.1 100 C\n\n"} {
+			for _, proto := range []string{"HTTP/1.1 ", "HTTP/1.0   ", "HTTP/2.0 ", "HTP/1.1 ", "HTTP/1.1\t"} {
+				for _, status := range statuses {
+					for _, rest := range []string{
+						"\r\nContent-Length: 0\r\n\r\n",
+						" OK\nContent-Length: 0\n\n",
+						" 101\r\r\nContent-Length: 0\r\n\r\n",
+						" OK\r\nContent-Length: 17\r\n\r\nHTTP/1.1 101 X\r\n\r\n",
+						" OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n 101 \r\n0\r\n\r\n",
+					} {
+						answers = append(answers, lead+interim+proto+status+rest)
+					}
+				}
+			}
+		}
+	}
+	for _, answer := range answers {
+		for _, chunk := range []int{1, 2, 3, 9, 10, 11, 12, 13, 4096} {
+			want := &fasthttp.Response{}
+			wantErr := want.Read(bufio.NewReader(&chunkedConn{answer: []byte(answer), chunk: chunk}))
+			got, err := readThrough(answer, chunk)
+			refused := errors.As(err, new(refusedStatusError))
+			switch final := finalStatus(answer); {
+			case wantErr != nil:
+				if err == nil {
+					t.Fatalf("%q in reads of %d: taken %d, fasthttp cannot read it (%v)", answer, chunk, got.StatusCode(), wantErr)
+				}
+			case refusedStatuses[final] || want.StatusCode() == fasthttp.StatusSwitchingProtocols:
+				if !refused {
+					t.Fatalf("%q in reads of %d: %d (%v), want it refused (its status %s, fasthttp reads %d)", answer, chunk, got.StatusCode(), err, final, want.StatusCode())
+				}
+			case err != nil || got.StatusCode() != want.StatusCode() || string(got.Body()) != string(want.Body()):
+				t.Fatalf("%q in reads of %d: %d %q (%v), want %d %q as fasthttp reads it",
+					answer, chunk, got.StatusCode(), got.Body(), err, want.StatusCode(), want.Body())
+			}
+		}
+	}
+}
+
+// finalStatus is the status of the last status line in the head of
+// answer, one TestWatchedConnReadsStatusLinesAsFasthttpDoes built: the
+// token after the protocol, before the line that says a body follows
+// (after an interim status, what follows that line is read as the final
+// answer: the test also reads fasthttp's status).
+func finalStatus(answer string) string {
+	var status string
+	for _, line := range strings.Split(answer, "\n") {
+		if strings.HasPrefix(line, "Content-Length: 17") || strings.HasPrefix(line, "Transfer-Encoding") {
+			break
+		}
+		if fields := strings.Fields(line); len(fields) > 1 && strings.Contains(fields[0], "TP/") {
+			status = fields[1]
+		}
+	}
+	return status
+}
+
+// watchedAnswers are what the instance in TestWatchedConnectionsUnderConcurrentUse
+// answers, by path: the answers the gateway relays (bodies that hold
+// status lines, 100 KB of them chunked or with a length, HEAD, 204, 304,
+// interim answers, a 413 sent before the request's body was read), and a
+// 101 and a "000", each followed by a whole answer that is no one's.
+func watchedAnswer(path, id string) (answer string, early bool) {
+	lines := strings.Repeat("HTTP/1.1 101 Switching Protocols\r\n", 3000)
+	switch path {
+	case "/ok":
+		body := id + " HTTP/1.1 101 X\r\n"
+		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body), false
+	case "/head":
+		return "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Id: " + id + "\r\n\r\n", false
+	case "/204":
+		return "HTTP/1.1 204 No Content\r\nX-Id: " + id + "\r\n\r\n", false
+	case "/304":
+		return "HTTP/1.1 304 Not Modified\r\nX-Id: " + id + "\r\n\r\n", false
+	case "/chunked":
+		return fmt.Sprintf("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Id: %s\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", id, len(lines), lines), false
+	case "/length":
+		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Id: %s\r\n\r\n%s", len(lines), id, lines), false
+	case "/interim":
+		return "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Id: " + id + "\r\n\r\n", false
+	case "/early":
+		return "HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\nX-Id: " + id + "\r\n\r\n", true
+	case "/switch":
+		return "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n" +
+			"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nX-Id: left\r\n\r\nleft over", false
+	default: // "/zero"
+		return "HTTP/1.1 000 X\r\nContent-Length: 0\r\nX-Id: left\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 9\r\nX-Id: left\r\n\r\nleft over", false
+	}
+}
+
+// Through an instance's client, its answers read whole or as streams,
+// requests from several goroutines on connections kept alive (fewer
+// than the goroutines) each get their own answer, whatever the answers
+// before them on the connection: none is refused, cut or taken for
+// another's, and a connection a 101 or a "000" came on is not used
+// again (a kept one would hand its "left over" answer to the next
+// request). Run under -race, it also holds that the watch is touched by
+// one goroutine at a time.
+func TestWatchedConnectionsUnderConcurrentUse(t *testing.T) {
+	addr := testenv.ServeConns(t, func(conn net.Conn) {
+		r := bufio.NewReader(conn)
+		for {
+			req, err := http.ReadRequest(r)
+			if err != nil {
+				return
+			}
+			answer, early := watchedAnswer(req.URL.Path, req.URL.Query().Get("id"))
+			if !early {
+				_, _ = io.Copy(io.Discard, req.Body)
+			}
+			if _, err := conn.Write([]byte(answer)); err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+		}
+	})
+	paths := []string{"/ok", "/head", "/204", "/304", "/chunked", "/length", "/interim", "/early", "/switch", "/zero"}
+	for _, whole := range []bool{true, false} {
+		o := opts()
+		o.MaxConns, o.ReadTimeout = 3, 5*time.Second
+		if whole {
+			o.ReadWholeUpTo = 1 << 20
+		}
+		p, err := ParseInstanceURL("http://" + addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst := newInstance(p, o)
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					path, id := paths[(g*7+i)%len(paths)], fmt.Sprintf("g%di%d", g, i)
+					if err := callWatched(inst, addr, path, id, i%4 == 0); err != nil {
+						t.Errorf("read whole %v: %s %s: %v", whole, path, id, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		inst.client.CloseIdleConnections()
+	}
+}
+
+// callWatched sends inst a request for path, with a body of 200 KB if
+// withBody (always to /early), and checks it got its own answer, or a
+// failure for a 101 or a "000".
+func callWatched(inst *Instance, addr, path, id string, withBody bool) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + path + "?id=" + id)
+	switch {
+	case path == "/head":
+		req.Header.SetMethod(fasthttp.MethodHead)
+	case withBody || path == "/early":
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetBody(make([]byte, 200<<10))
+	}
+	err := inst.client.Do(req, resp)
+	body := resp.Body()
+	if err == nil && resp.IsBodyStream() {
+		body, err = io.ReadAll(resp.BodyStream())
+		_ = resp.CloseBodyStream()
+	}
+	switch {
+	case path == "/switch" || path == "/zero":
+		if err == nil {
+			return fmt.Errorf("%d %q, want a failure", resp.StatusCode(), body)
+		}
+	case err != nil:
+		return err
+	case path == "/ok":
+		if !strings.HasPrefix(string(body), id+" ") {
+			return fmt.Errorf("%d %q, want its own answer", resp.StatusCode(), body)
+		}
+	case string(resp.Header.Peek("X-Id")) != id:
+		return fmt.Errorf("%d, X-Id %q, want its own answer", resp.StatusCode(), resp.Header.Peek("X-Id"))
+	case (path == "/chunked" || path == "/length") && len(body) != 3000*len("HTTP/1.1 101 Switching Protocols\r\n"):
+		return fmt.Errorf("a body of %d bytes", len(body))
+	}
+	return nil
 }
