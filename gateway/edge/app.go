@@ -244,18 +244,20 @@ func timedOut(err error) bool {
 }
 
 // noteUnreadableUserInfo answers a request whose URL fasthttp could not
-// read, and whose authority holds user info (userInfoSent), with the
-// advice to revoke a key that may have travelled in it
-// (errUnreadableUserInfo): user info with a character a URL's may not
-// hold fails fasthttp's parse before any route, and was answered "the
-// request could not be read" alone, where a readable one with a key is
-// refused with that advice (keyInUserInfo). The user info is looked for,
-// not read: nothing of it is kept, logged or traced.
+// read (urlUnreadable), and whose authority holds user info
+// (userInfoSent), with the advice to revoke a key that may have travelled
+// in it (errUnreadableUserInfo): user info with a character a URL's may
+// not hold, or readable user info before a host fasthttp cannot read,
+// fails fasthttp's parse before any route, and was answered "the request
+// could not be read" alone, where a readable URL with a key is refused
+// with that advice (keyInUserInfo). Nothing of the user info is kept,
+// logged or traced: urlUnreadable's parse drops it with its error.
 func (g *Gateway) noteUnreadableUserInfo(app *fiber.App) {
 	server := app.Server()
 	otherErrors := server.ErrorHandler
 	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
-		if !errors.Is(err, fasthttp.ErrorInvalidURI) || !userInfoSent(&rctx.Request.Header) {
+		h := &rctx.Request.Header
+		if !userInfoSent(h) || !urlUnreadable(h) {
 			otherErrors(rctx, err)
 			return
 		}
@@ -263,6 +265,20 @@ func (g *Gateway) noteUnreadableUserInfo(app *fiber.App) {
 		defer app.ReleaseCtx(c)
 		g.unreadable(c, errUnreadableUserInfo)
 	}
+}
+
+// urlUnreadable reports whether fasthttp cannot read the URL of the
+// request h heads, which then failed on it: fasthttp reads the URL as soon
+// as the head is whole, before the body, and hands its error handler a
+// request it could not read whole (a read timeout, a client that left)
+// with an empty head. Its error alone does not say: ErrorInvalidURI for
+// user info or a control character, errors of their own for a host it
+// cannot read (a port that is not digits, a '[' without ']', a bad
+// %-escape). Only requests that failed with user info sent pay for the
+// parse.
+func urlUnreadable(h *fasthttp.RequestHeader) bool {
+	var u fasthttp.URI
+	return u.Parse(h.Host(), h.RequestURI()) != nil
 }
 
 // userInfoSent reports an '@' in the authority of the request's URL as

@@ -330,17 +330,26 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 // user info may hold) fails the request before any route: 400, as before,
 // but its message says that credentials in the URL are refused and that a
 // key sent so is to be revoked, in the target of either form or in the Host
-// header; it said "the request could not be read" alone. A URL fasthttp
-// cannot read for another reason (a control character in the path) keeps
-// that message.
+// header; it said "the request could not be read" alone. So is readable
+// user info before a host fasthttp cannot read (a port not digits, a '['
+// without ']', a bad %-escape), which failed with errors other than
+// fasthttp's ErrorInvalidURI. A URL fasthttp cannot read for another
+// reason (a control character in the path) keeps that message; a request
+// not received whole (its head or its body) is still a 408, and a body
+// too large on its declared length a 413, whatever user info its URL
+// holds.
 func TestUnreadableUserInfoIsAnsweredWithTheAdviceToRevoke(t *testing.T) {
 	dsn, _, k := seed(t)
 	var hits atomic.Int64
-	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", &hits).URL})
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", &hits).URL,
+		"GATEWAY_READ_TIMEOUT": "300ms"})
 	for _, tt := range []struct{ target, host string }{
 		{"http://user:" + k.read + "|@gateway/v1/export/items/coin-1", "gateway"},
 		{"http://" + k.read + "\"@gateway/v1/export/items/coin-1", "gateway"},
 		{"/v1/export/items/coin-1", "user:" + k.read + "|@gateway"},
+		{"/v1/export/items/coin-1", "user:" + k.read + "@gateway:8x"},
+		{"/v1/export/items/coin-1", "user:" + k.read + "@[gateway"},
+		{"http://user:" + k.read + "@gate%zzway/v1/export/items/coin-1", "gateway"},
 	} {
 		r := doRawAt(t, gw.URL, "GET", tt.target, tt.host, map[string]string{"X-API-Key": k.read})
 		checkEnvelope(t, r)
@@ -352,6 +361,30 @@ func TestUnreadableUserInfoIsAnsweredWithTheAdviceToRevoke(t *testing.T) {
 	r := doRawAt(t, gw.URL, "GET", "/v1/export/items/coin-1\x7f", "gateway", map[string]string{"X-API-Key": k.read})
 	if r.Status != 400 || r.Env.Error.Message != "the request could not be read" {
 		t.Errorf("a control character in the path = %d %s, want 400 \"the request could not be read\"", r.Status, r.Body)
+	}
+	for _, tt := range []struct {
+		head   string
+		status int
+	}{
+		{"GET http://user:pw@gateway:8x/v1/export/items/coin-1 HTTP/1.1\r\nHost: user:pw@gateway:8x\r\n", http.StatusRequestTimeout},
+		{"GET /v1/export/items/coin-1 HTTP/1.1\r\nHost: user:pw@[gateway\r\nX-Note: more\r\n", http.StatusRequestTimeout},
+		{"POST /v1/export/items HTTP/1.1\r\nHost: user:pw@gateway\r\nContent-Length: 10\r\n\r\n", http.StatusRequestTimeout},
+		{"POST /v1/sales/prestashop/items/coin-1/sell HTTP/1.1\r\nHost: user:pw@gateway\r\nContent-Length: 100000000\r\n\r\n",
+			http.StatusRequestEntityTooLarge},
+	} {
+		conn := dial(t, gw.URL)
+		if _, err := io.WriteString(conn, tt.head); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tt.status {
+			t.Errorf("%q = %d, want %d", tt.head, resp.StatusCode, tt.status)
+		}
 	}
 	if n := hits.Load(); n != 0 {
 		t.Errorf("the reader was sent %d of them, want none", n)
