@@ -257,18 +257,7 @@ func TestAClientThatStopsSendingIsA408WhereverItStops(t *testing.T) {
 // gateway at baseURL, and returns the answer and its body.
 func rawAnswer(t *testing.T, baseURL, request string) (*http.Response, []byte) {
 	t.Helper()
-	conn := dial(t, baseURL)
-	if _, err := io.WriteString(conn, request); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("%q: %v", request, err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp, body
+	return edge.RawAnswer(t, strings.TrimPrefix(baseURL, "http://"), request)
 }
 
 // A request not received within GATEWAY_READ_TIMEOUT on a new connection
