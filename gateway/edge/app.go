@@ -163,7 +163,7 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 		g.refuseTooLarge(c, err)
 		return nil
 	}
-	g.unreadable(c, err)
+	g.unreadable(c, err, notedUnreadReason(c.Context()))
 	return nil
 }
 
@@ -185,12 +185,16 @@ func (g *Gateway) refuseTooLarge(c *fiber.Ctx, err error) {
 // unreadable answers (and logs, and counts) a request that could not be
 // read whole. fasthttp hands it over with the request reset or partly
 // read, so its method and path are then its defaults (GET /), not the
-// client's: it is unrouted.
-func (g *Gateway) unreadable(c *fiber.Ctx, err error) {
+// client's: it is unrouted. A 400 names reason, the part that could not
+// be read (unreadReason); a 408, 413, 431 or 499 says it by its status.
+func (g *Gateway) unreadable(c *fiber.Ctx, err error, reason string) {
 	rq := g.beginAt(c, "unrouted", readStart(c.Context(), time.Time{}))
 	rq.method, rq.path = httpserver.MethodOther, ""
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
+	if c.Response().StatusCode() == fiber.StatusBadRequest {
+		rq.unreadReason = reason
+	}
 }
 
 // answerUnreadableRequests answers a request whose client closed or reset the
@@ -210,6 +214,7 @@ func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 	fiberErrors := server.ErrorHandler
 	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
 		if !clientLeft(err) {
+			noteUnreadReason(rctx, err)
 			if !timedOut(err) {
 				err = untold{err}
 			}
@@ -218,7 +223,7 @@ func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		g.unreadable(c, errClientLeft)
+		g.unreadable(c, errClientLeft, "")
 	}
 }
 
@@ -263,7 +268,7 @@ func (g *Gateway) noteUnreadableUserInfo(app *fiber.App) {
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		g.unreadable(c, errUnreadableUserInfo)
+		g.unreadable(c, errUnreadableUserInfo, unreadUserInfo)
 	}
 }
 

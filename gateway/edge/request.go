@@ -45,6 +45,9 @@ type request struct {
 	// and the others), for the access line and the span only: every 401
 	// reads alike.
 	authFailure string
+	// unreadReason is the part of a request that could not be read
+	// (unreadReason) on its 400, for the access line and the span.
+	unreadReason string
 	// lookingUp: the request holds one of its address's places among the
 	// keys in lookup at once (guessLookups) until authenticate is done.
 	lookingUp bool
@@ -129,6 +132,8 @@ const (
 	attrErrorCode   = httpserver.AttrErrorCode // the services' key too
 	attrAuthFailure = attribute.Key("app.auth_failure")
 	attrRateClass   = attribute.Key("app.rate_limit.class")
+	// attrUnreadReason is the part of a request that could not be read.
+	attrUnreadReason = attribute.Key("app.unread_reason")
 	// attrItemID and attrIdempotencyKey name a sale's item and key, under
 	// the writer's keys.
 	attrItemID         = attribute.Key("app.item_id")
@@ -342,6 +347,9 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if status == fiber.StatusTooManyRequests && rq.limitedBy != "" {
 		attrs = append(attrs, attrRateClass.String(rq.limitedBy))
 	}
+	if rq.unreadReason != "" {
+		attrs = append(attrs, attrUnreadReason.String(rq.unreadReason))
+	}
 	if len(errorCode) > 0 {
 		attrs = append(attrs, attrErrorCode.String(string(errorCode)))
 		if status >= 500 { // error.type marks a failure, which a 4xx is not for a server
@@ -381,6 +389,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	}
 	if status == fiber.StatusTooManyRequests && rq.limitedBy != "" {
 		attrs = append(attrs, slog.String("rate_limit_class", rq.limitedBy))
+	}
+	if rq.unreadReason != "" {
+		attrs = append(attrs, slog.String("reason", rq.unreadReason))
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))

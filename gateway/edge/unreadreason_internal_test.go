@@ -1,0 +1,105 @@
+package edge
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/coinexport/export/pkg/apikey"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// A request fasthttp could not read is answered 400 bad_request "the
+// request could not be read" whatever failed, and its access line and
+// server span say which part failed, in a word of the gateway's
+// (unreadReason), never in the request's bytes: fasthttp's error text
+// quotes them, and they may hold an API key, which no log line holds.
+func TestAnUnreadableRequestSaysWhichPartCouldNotBeRead(t *testing.T) {
+	g, sr, logs := startInternal(t, nil, fakeKeys{})
+	key, _, err := apikey.Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const post = "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\n"
+	const chunked = post + "Transfer-Encoding: chunked\r\n\r\n"
+	for _, tt := range []struct{ name, request, reason string }{
+		{"no method", "GARBAGE\r\n\r\n", "request_line"},
+		{"no protocol", "GET /v1/health\r\nHost: gateway\r\n\r\n", "request_line"},
+		{"two spaces before the protocol", "GET /v1/health  HTTP/1.1\r\nHost: gateway\r\n\r\n", "request_line"},
+		{"a method of control characters", "G\x01T /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n", "request_line"},
+		{"a control character in the target", "GET /v1/he\x7falth HTTP/1.1\r\nHost: gateway\r\n\r\n", "invalid_uri"},
+		{"a port not digits", "GET /v1/health HTTP/1.1\r\nHost: gateway:8x\r\nX-API-Key: " + key + "\r\n\r\n", "invalid_uri"},
+		{"a '[' without ']' in Host", "GET /v1/health HTTP/1.1\r\nHost: [gateway\r\n\r\n", "invalid_uri"},
+		{"a header line without a colon", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-API-Key " + key + "\r\n\r\n", "header"},
+		{"a header name with a control character", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-\x01: " + key + "\r\n\r\n", "header"},
+		{"a space before a header's colon", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-API-Key : " + key + "\r\n\r\n", "header"},
+		{"no Host", "GET /v1/health HTTP/1.1\r\nX-API-Key: " + key + "\r\n\r\n", "host"},
+		{"two Host lines", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nHost: " + key + "\r\n\r\n", "host"},
+		{"two Content-Length lines", post + "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", "content_length"},
+		{"a Content-Length not a number", post + "X-API-Key: " + key + "\r\nContent-Length: timeout\r\n\r\n", "content_length"},
+		{"a Transfer-Encoding other than chunked", post + "Transfer-Encoding: gzip\r\n\r\n", "transfer_encoding"},
+		{"two Transfer-Encoding lines", post + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", "transfer_encoding"},
+		{"Transfer-Encoding in HTTP/1.0", "POST /v1/sync/prestashop/schema HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "transfer_encoding"},
+		{"a chunk size not hex", chunked + "zz\r\n\r\n", "chunked_body"},
+		{"a chunk size too long", chunked + "1234567890abcdef01\r\n", "chunked_body"},
+		{"a chunk not ended by CRLF", chunked + "2\r\n{}xx0\r\n\r\n", "chunked_body"},
+		{"a forbidden trailer field", chunked + "0\r\nContent-Length: 5\r\n\r\n", "trailer"},
+		{"a forbidden field declared in Trailer", post + "Trailer: Content-Length\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "trailer"},
+		{"user info fasthttp cannot read", "GET /v1/health HTTP/1.1\r\nHost: user:" + key + "|@gateway\r\n\r\n", "user_info"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := RawAnswer(t, g.Addr(), tt.request)
+			id := resp.Header.Get("X-Request-Id")
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":"bad_request"`) {
+				t.Fatalf("%d %s, want 400 bad_request", resp.StatusCode, body)
+			}
+			var line struct{ Method, Route, Reason string }
+			if err := json.Unmarshal([]byte(accessLineOf(logs.String(), id)), &line); err != nil {
+				t.Fatalf("access line of %s: %v\n%s", id, err, logs.String())
+			}
+			if line.Method != "_OTHER" || line.Route != "unrouted" || line.Reason != tt.reason {
+				t.Errorf("access line: method %q, route %q, reason %q; want _OTHER, unrouted, %q", line.Method, line.Route, line.Reason, tt.reason)
+			}
+			if got := unreadReasonOfSpan(sr.Ended(), id); got != tt.reason {
+				t.Errorf("server span's %s = %q, want %q", attrUnreadReason, got, tt.reason)
+			}
+		})
+	}
+	if strings.Contains(logs.String(), key) || strings.Contains(logs.String(), key[len(key)-16:]) {
+		t.Errorf("the key sent in unreadable requests reached the logs:\n%s", logs.String())
+	}
+}
+
+// A request read whole, and one refused for its size or its time, says
+// no reason: the status and code say it.
+func TestOnlyAnUnreadableRequestSaysAReason(t *testing.T) {
+	g, _, logs := startInternal(t, map[string]string{"GATEWAY_READ_TIMEOUT": "300ms"}, fakeKeys{})
+	for _, request := range []string{
+		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n",
+		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-Big: " + strings.Repeat("a", 64<<10) + "\r\n\r\n",
+		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\n",
+	} {
+		resp, _ := RawAnswer(t, g.Addr(), request)
+		if line := accessLineOf(logs.String(), resp.Header.Get("X-Request-Id")); line == "" || strings.Contains(line, `"reason"`) {
+			t.Errorf("a %d's access line %q, want one without a reason", resp.StatusCode, line)
+		}
+	}
+}
+
+// unreadReasonOfSpan is the attrUnreadReason of the server span of the
+// request id, "" if it has none.
+func unreadReasonOfSpan(spans []sdktrace.ReadOnlySpan, id string) string {
+	for _, s := range spans {
+		if s.SpanContext().TraceID().String() != id || s.SpanKind() != trace.SpanKindServer {
+			continue
+		}
+		for _, a := range s.Attributes() {
+			if a.Key == attrUnreadReason {
+				return a.Value.AsString()
+			}
+		}
+	}
+	return ""
+}
