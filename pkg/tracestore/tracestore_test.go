@@ -39,7 +39,7 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	tracer := tp.Tracer("test")
 	ctx, parent := tracer.Start(ctx, "parent")
 	_, child := tracer.Start(ctx, "child", trace.WithAttributes(attribute.String("app.error_code", "unauthenticated"),
-		attribute.String("app.auth_failure", "revoked"), attribute.String("api_key.id", "k1"),
+		attribute.String("app.auth_failure", "revoked"), attribute.String("app.unread_reason", "header"), attribute.String("api_key.id", "k1"),
 		attribute.String("app.item_id", "coin-7"), attribute.String("app.external_order_id", "o-7"),
 		attribute.String("app.idempotency_key", "k-7"), attribute.Bool("app.idempotent_replay", true),
 		attribute.String("server.address", "10.1.2.3"), attribute.String("server.port", "8082")))
@@ -59,7 +59,7 @@ func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	WriteTree(&tree, spans, nil)
 	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "parent") || !strings.HasPrefix(lines[1], "  child") || !strings.Contains(lines[0], "svc") ||
-		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked api_key.id=k1 app.item_id=coin-7 app.external_order_id=o-7 "+
+		!strings.Contains(lines[1], "app.error_code=unauthenticated app.auth_failure=revoked app.unread_reason=header api_key.id=k1 app.item_id=coin-7 app.external_order_id=o-7 "+
 			"app.idempotency_key=k-7 app.idempotent_replay=true server.address=10.1.2.3 server.port=8082") || lines[2] != "    · sent again upstream.failed_attempt.kind=closed" {
 		t.Errorf("WriteTree =\n%s\nwant parent, then the indented child with its error code, auth failure and key, then its event", tree.String())
 	}

@@ -104,13 +104,14 @@ func LinkTargets(spans []Span) map[string]bool {
 }
 
 // interestingAttrs are the attributes an SRE reads first, in the order
-// shown: the outcome and why, who called (and the id it gave the call
+// shown: the outcome and why (a 401's auth failure, the part of a request
+// the gateway could not read), who called (and the id it gave the call
 // itself, an X-Request-Id of its own), what the call was about (item,
 // order, key, replay), which limit refused it, which instance answered
 // (server.*, on proxy and client spans) and, on a client span, the URL it
 // called (never secret: the shop's key goes in a header).
 var interestingAttrs = []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure",
-	"error.type", "app.cancel_reason", "app.cancel_cause", "app.rate_limit.class",
+	"app.unread_reason", "error.type", "app.cancel_reason", "app.cancel_cause", "app.rate_limit.class",
 	"app.rate_limit.batch.decisions", "app.rate_limit.batch.traced_requests", "owner.id", "api_key.id", "platform.id",
 	"app.client_request_id", "app.item_id",
 	"app.external_order_id", "app.idempotency_key", "app.idempotent_replay", "server.address", "server.port",
