@@ -391,7 +391,7 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 		attrs = append(attrs, slog.String("rate_limit_class", rq.limitedBy))
 	}
 	if rq.unreadReason != "" {
-		attrs = append(attrs, slog.String("reason", rq.unreadReason))
+		attrs = append(attrs, slog.String("unread_reason", rq.unreadReason))
 	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, slog.String("owner_id", rq.key.OwnerID), slog.String("key_id", rq.key.ID))

@@ -55,7 +55,10 @@ func TestAnUnreadableRequestSaysWhichPartCouldNotBeRead(t *testing.T) {
 			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":"bad_request"`) {
 				t.Fatalf("%d %s, want 400 bad_request", resp.StatusCode, body)
 			}
-			var line struct{ Method, Route, Reason string }
+			var line struct {
+				Method, Route string
+				Reason        string `json:"unread_reason"`
+			}
 			if err := json.Unmarshal([]byte(accessLineOf(logs.String(), id)), &line); err != nil {
 				t.Fatalf("access line of %s: %v\n%s", id, err, logs.String())
 			}
@@ -82,7 +85,7 @@ func TestOnlyAnUnreadableRequestSaysAReason(t *testing.T) {
 		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\n",
 	} {
 		resp, _ := RawAnswer(t, g.Addr(), request)
-		if line := accessLineOf(logs.String(), resp.Header.Get("X-Request-Id")); line == "" || strings.Contains(line, `"reason"`) {
+		if line := accessLineOf(logs.String(), resp.Header.Get("X-Request-Id")); line == "" || strings.Contains(line, `"unread_reason"`) {
 			t.Errorf("a %d's access line %q, want one without a reason", resp.StatusCode, line)
 		}
 	}
