@@ -56,10 +56,11 @@ var unreadPrefixes = []struct{ prefix, reason string }{
 
 // unreadReason is the word for the part of the request h heads that
 // fasthttp failed to read with err: by fasthttp's exported errors first,
-// then by the start of its own words (unreadPrefixes), then, the head
-// read whole, by its URL (fasthttp reads it after the head, and its
-// errors for a host say nothing of their own). Only a request that could
-// not be read pays for it.
+// then by the start of its own words (unreadPrefixes), then by its URL
+// (fasthttp reads it once the head is whole, and its errors for a host
+// say nothing of their own; a head cut short holds no Host, so it says
+// invalid_uri only for a target that is itself no URL). Only a request
+// that could not be read pays for it.
 func unreadReason(err error, h *fasthttp.RequestHeader) string {
 	if reason := unreadReasonByType(err); reason != "" {
 		return reason
@@ -72,7 +73,7 @@ func unreadReason(err error, h *fasthttp.RequestHeader) string {
 			}
 		}
 	}
-	if len(h.RequestURI()) > 0 && urlUnreadable(h) {
+	if urlUnreadable(h) {
 		return unreadURI
 	}
 	return unreadOther
