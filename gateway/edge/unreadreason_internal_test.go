@@ -3,6 +3,7 @@ package edge
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -75,14 +76,17 @@ func TestAnUnreadableRequestSaysWhichPartCouldNotBeRead(t *testing.T) {
 	}
 }
 
-// A request read whole, and one refused for its size or its time, says
-// no reason: the status and code say it.
+// A request read whole, and one refused for its size (431, 413) or its
+// time (408), says no reason: the status and code say it.
 func TestOnlyAnUnreadableRequestSaysAReason(t *testing.T) {
 	g, _, logs := startInternal(t, map[string]string{"GATEWAY_READ_TIMEOUT": "300ms"}, fakeKeys{})
 	for _, request := range []string{
 		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\n\r\n",
 		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-Big: " + strings.Repeat("a", 64<<10) + "\r\n\r\n",
 		"GET /v1/health HTTP/1.1\r\nHost: gateway\r\n",
+		// a chunked body over the limit: unrouted, fasthttp resets its head
+		"POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			strconv.FormatInt(BodyLimit+1, 16) + "\r\n" + strings.Repeat("a", BodyLimit+1) + "\r\n0\r\n\r\n",
 	} {
 		resp, _ := RawAnswer(t, g.Addr(), request)
 		if line := accessLineOf(logs.String(), resp.Header.Get("X-Request-Id")); line == "" || strings.Contains(line, `"unread_reason"`) {
