@@ -57,7 +57,6 @@ type Monitor struct {
 	opts     Options
 	last     atomic.Pointer[reading]
 	behind   bool  // as last logged; the poll goroutine's alone
-	mark     mark  // the last reading's, for the next (sample.lag); the poll goroutine's alone
 	cause    error // why the last poll gave no reading; the poll goroutine's alone
 	stop     context.CancelFunc
 	finished chan struct{}
@@ -155,12 +154,8 @@ func (m *Monitor) poll(ctx context.Context) {
 	defer cancel()
 	at := time.Now()
 	var s sample
-	err := m.conn.QueryRow(ctx, sampleSQL, m.mark.end, m.mark.sent).Scan(&s.recovery, &s.replayedAll, &s.sinceReplay,
-		&s.receiver, &s.receiverHidden, &s.silence, &s.sinceSent, &s.markReplayed, &s.sinceMark, &s.mark.end, &s.mark.sent)
+	err := m.conn.QueryRow(ctx, sampleSQL).Scan(&s.recovery, &s.replayedAll, &s.sinceReplay, &s.receiver, &s.receiverHidden, &s.silence, &s.sinceSent)
 	if err == nil {
-		if s.mark.end != nil && s.mark.sent != nil {
-			m.mark = s.mark
-		}
 		var lag time.Duration
 		if lag, err = s.lag(); err == nil {
 			m.last.Store(&reading{lag: lag, at: at, standby: s.recovery})
