@@ -149,13 +149,17 @@ func TestAnIdleStandbyReadsNoLag(t *testing.T) {
 	}
 	m := Start(ctx, standby, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{MaxLag: maxLag, Interval: 20 * time.Millisecond})
 	defer m.Close()
-	stayUnder := func(when string) {
+	comeUnder := func(when string) {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); m.Check() != nil; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: the standby never read under %v (Lag() = %v, cause %v)", when, maxLag, m.Lag(), m.cause)
 			}
 		}
+	}
+	stayUnder := func(when string) {
+		t.Helper()
+		comeUnder(when)
 		for end := time.Now().Add(2 * maxLag); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			if err := m.Check(); err != nil {
 				t.Fatalf("%s: a standby that has replayed all its idle primary wrote: Lag() = %v, Check() = %v, want under %v",
@@ -177,7 +181,13 @@ func TestAnIdleStandbyReadsNoLag(t *testing.T) {
 			t.Fatal("the standby's WAL receiver never streamed from the restarted primary")
 		}
 	}
-	stayUnder("idle, its primary restarted")
+	// Not stayUnder: a restarted primary writes WAL of no commit (its
+	// checkpoint, a snapshot of running transactions), and a reading
+	// taken while that is received and not yet replayed reads the age of
+	// the last replayed commit, an upper bound (README, "How the lag is
+	// read"): a fresh-clone CI run read 9.27 s once, seconds after the
+	// restart. What must hold is that the reading comes back under.
+	comeUnder("idle, its primary restarted")
 }
 
 // A standby that hears from its primary without a gap, and replays all it
