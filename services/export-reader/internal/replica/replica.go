@@ -154,7 +154,7 @@ func (m *Monitor) poll(ctx context.Context) {
 	defer cancel()
 	at := time.Now()
 	var s sample
-	err := m.conn.QueryRow(ctx, sampleSQL).Scan(&s.recovery, &s.replayedAll, &s.sinceReplay, &s.receiver, &s.receiverHidden, &s.silence, &s.sinceSent)
+	err := m.conn.QueryRow(ctx, sampleSQL).Scan(&s.recovery, &s.replayedAll, &s.sinceReplay, &s.receiver, &s.receiverHidden, &s.silence, &s.sinceSent, &s.heard)
 	if err == nil {
 		var lag time.Duration
 		if lag, err = s.lag(); err == nil {

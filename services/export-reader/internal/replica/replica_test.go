@@ -28,15 +28,16 @@ func TestSampleLag(t *testing.T) {
 		wantErr error
 	}{
 		{"primary", sample{recovery: false}, 0, nil},
-		{"idle primary: all replayed, last commit old", sample{recovery: true, replayedAll: true, sinceReplay: f(3600), receiver: s("streaming"), silence: f(0.5)}, 500 * time.Millisecond, nil},
-		{"replay behind", sample{recovery: true, sinceReplay: f(70), receiver: s("streaming"), silence: f(0.2)}, 70 * time.Second, nil},
-		{"every message late, all received replayed", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), silence: f(0.1), sinceSent: f(4)}, 4 * time.Second, nil},
-		{"the standby's clock behind the primary's", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), silence: f(0.3), sinceSent: f(-2)}, 300 * time.Millisecond, nil},
-		{"receiver silent longer than replay is behind", sample{recovery: true, sinceReplay: f(3), receiver: s("streaming"), silence: f(45)}, 45 * time.Second, nil},
+		{"idle primary: all replayed, last commit old", sample{recovery: true, replayedAll: true, sinceReplay: f(3600), receiver: s("streaming"), heard: true, silence: f(0.5)}, 500 * time.Millisecond, nil},
+		{"replay behind", sample{recovery: true, sinceReplay: f(70), receiver: s("streaming"), heard: true, silence: f(0.2)}, 70 * time.Second, nil},
+		{"every message late, all received replayed", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), heard: true, silence: f(0.1), sinceSent: f(4)}, 4 * time.Second, nil},
+		{"the standby's clock behind the primary's", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), heard: true, silence: f(0.3), sinceSent: f(-2)}, 300 * time.Millisecond, nil},
+		{"receiver silent longer than replay is behind", sample{recovery: true, sinceReplay: f(3), receiver: s("streaming"), heard: true, silence: f(45)}, 45 * time.Second, nil},
+		{"receiver reconnected, nothing heard yet", sample{recovery: true, replayedAll: true, sinceReplay: f(9), receiver: s("streaming"), silence: f(0.1), sinceSent: f(0.1)}, 0, errNotHeard},
 		{"no receiver", sample{recovery: true, replayedAll: true}, 0, errNoReceiver},
 		{"receiver not streaming", sample{recovery: true, replayedAll: true, receiver: s("waiting"), silence: f(1)}, 0, errNoReceiver},
 		{"receiver hidden from the role", sample{recovery: true, replayedAll: true, receiverHidden: true}, 0, errReceiverHidden},
-		{"nothing replayed yet", sample{recovery: true, receiver: s("streaming"), silence: f(0)}, 0, errNoReplay},
+		{"nothing replayed yet", sample{recovery: true, receiver: s("streaming"), heard: true, silence: f(0)}, 0, errNoReplay},
 	}
 	for _, tt := range tests {
 		got, err := tt.in.lag()
@@ -291,5 +292,64 @@ func TestALinkSlowerThanThePrimaryWritesIsLag(t *testing.T) {
 	}
 	if under != 0 {
 		t.Errorf("a standby without a commit over %v old: one of %d readings was %v, under the bound", maxLag, readings, under)
+	}
+}
+
+// A WAL receiver that has just reconnected (its primary restarted, or
+// the link came back) shows, until the primary's first message, its
+// start time as the send time, with the WAL end heard before: all of
+// that replayed and "sent" a moment ago read as no lag, while the
+// primary committed on in the meantime (a 4 s backlog read 0.3 s, about
+// 200 readings 2 ms apart after each of 3 restarts here).
+// Every reading is checked against the age of the oldest row the
+// standby lacks, measured after the reading, which can only be less.
+func TestAReconnectedReceiverHidesNoBacklog(t *testing.T) {
+	t.Parallel()
+	const slack = time.Second
+	pair := testenv.StandbyPairOver(t, testenv.Link{Delay: 300 * time.Millisecond}) // a first message 2 round trips after connecting
+	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
+	ctx := context.Background()
+	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (at timestamptz)"); err != nil {
+		t.Fatal(err)
+	}
+	writing, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { // a commit every 20 ms, across the primary's restart
+		for writing.Err() == nil {
+			_, _ = primary.Exec(writing, "INSERT INTO lag_probe VALUES (clock_timestamp())")
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	m := Start(ctx, standby, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Interval: time.Hour}) // polled below
+	defer m.Close()
+	newest := func() (at *time.Time) {
+		_ = standby.QueryRow(ctx, "SELECT max(at) FROM lag_probe").Scan(&at)
+		return at
+	}
+	lacking := func() (oldest *time.Time) {
+		newest := newest()
+		if newest == nil {
+			return nil
+		}
+		_ = primary.QueryRow(ctx, "SELECT min(at) FROM lag_probe WHERE at > $1", *newest).Scan(&oldest)
+		return oldest
+	}
+	for deadline := time.Now().Add(30 * time.Second); newest() == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby never streamed the rows")
+		}
+	}
+	pair.StopPrimary(t)
+	time.Sleep(time.Second)
+	pair.StartPrimary(t) // the receiver retries every 5 s (wal_retrieve_retry_interval): a backlog builds
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		m.poll(ctx)
+		r := m.last.Load()
+		if m.cause != nil {
+			continue
+		}
+		if oldest := lacking(); oldest != nil && r.at.Sub(*oldest) > r.lag+slack {
+			t.Fatalf("the standby lacked a row %v old at a reading, which read %v", r.at.Sub(*oldest), r.lag)
+		}
 	}
 }

@@ -10,13 +10,18 @@ import (
 // one row; its columns other than pid are NULL for a role without
 // pg_read_all_stats (pg_monitor has it). latest_end_lsn is the end of the
 // primary's WAL as its last message said (greatest skips it when NULL).
+// A WAL receiver that has just (re)connected shows, until the primary's
+// first message, its start time as both send and receipt time, and the
+// WAL end the last connection heard: the last column tells a message
+// heard from that.
 const sampleSQL = `SELECT pg_is_in_recovery(),
 	coalesce(pg_last_wal_replay_lsn() >= greatest(pg_last_wal_receive_lsn(), w.latest_end_lsn), false),
 	extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8,
 	w.status,
 	w.pid IS NOT NULL AND w.status IS NULL,
 	extract(epoch FROM clock_timestamp() - w.last_msg_receipt_time)::float8,
-	extract(epoch FROM clock_timestamp() - w.last_msg_send_time)::float8
+	extract(epoch FROM clock_timestamp() - w.last_msg_send_time)::float8,
+	w.last_msg_send_time IS DISTINCT FROM w.last_msg_receipt_time
 FROM (SELECT) AS one LEFT JOIN pg_stat_wal_receiver AS w ON true`
 
 // sample is one row of sampleSQL.
@@ -26,6 +31,7 @@ type sample struct {
 	sinceReplay    *float64 // seconds since the commit of the last transaction replayed (its primary's stamp)
 	receiver       *string  // the WAL receiver's status; nil without one
 	receiverHidden bool     // there is one, but the role may not see its state
+	heard          bool     // the receiver has heard a message since it (re)connected
 	silence        *float64 // seconds since the WAL receiver last heard from the primary
 	sinceSent      *float64 // seconds since the primary sent the last message heard (its clock)
 }
@@ -34,6 +40,7 @@ type sample struct {
 var (
 	errNoReceiver     = errors.New("no WAL receiver streaming from the primary (primary down or unreachable, or archive recovery): what it has committed since is unknown")
 	errReceiverHidden = errors.New("the role may not read pg_stat_wal_receiver: grant it pg_monitor so that the lag can be measured")
+	errNotHeard       = errors.New("the WAL receiver has heard nothing from the primary since it (re)connected: what it has committed since is unknown")
 	errNoReplay       = errors.New("WAL received but no transaction replayed since the standby started")
 )
 
@@ -65,6 +72,9 @@ func (s sample) lag() (time.Duration, error) {
 	}
 	if s.receiver == nil || *s.receiver != "streaming" || s.silence == nil {
 		return 0, errNoReceiver
+	}
+	if !s.heard {
+		return 0, errNotHeard
 	}
 	lag := max(0, *s.silence)
 	if s.sinceSent != nil {
