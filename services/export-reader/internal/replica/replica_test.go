@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -201,17 +202,7 @@ func TestALinkThatDeliversLateIsLag(t *testing.T) {
 	pair := testenv.StandbyPairOver(t, testenv.Link{Delay: delay})
 	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
 	ctx := context.Background()
-	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (at timestamptz)"); err != nil {
-		t.Fatal(err)
-	}
-	writing, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() { // a commit every 50 ms: the link is never idle
-		for writing.Err() == nil {
-			_, _ = primary.Exec(writing, "INSERT INTO lag_probe VALUES (clock_timestamp())")
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
+	stampedCommits(t, primary, 50*time.Millisecond) // the link is never idle
 	// Once the standby has the table, it is delay behind.
 	deadline := time.Now().Add(30 * time.Second)
 	var behind time.Duration
@@ -309,17 +300,7 @@ func TestAReconnectedReceiverHidesNoBacklog(t *testing.T) {
 	pair := testenv.StandbyPairOver(t, testenv.Link{Delay: 300 * time.Millisecond}) // a first message 2 round trips after connecting
 	primary, standby := testenv.Pool(t, pair.Primary), testenv.Pool(t, pair.Standby)
 	ctx := context.Background()
-	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (at timestamptz)"); err != nil {
-		t.Fatal(err)
-	}
-	writing, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() { // a commit every 20 ms, across the primary's restart
-		for writing.Err() == nil {
-			_, _ = primary.Exec(writing, "INSERT INTO lag_probe VALUES (clock_timestamp())")
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
+	stampedCommits(t, primary, 20*time.Millisecond)                                                        // across the primary's restart
 	m := Start(ctx, standby, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Interval: time.Hour}) // polled below
 	defer m.Close()
 	newest := func() (at *time.Time) {
@@ -352,4 +333,25 @@ func TestAReconnectedReceiverHidesNoBacklog(t *testing.T) {
 			t.Fatalf("the standby lacked a row %v old at a reading, which read %v", r.at.Sub(*oldest), r.lag)
 		}
 	}
+}
+
+// stampedCommits creates lag_probe (at timestamptz) on primary and, until
+// the test ends, commits a row stamped with the primary's clock every
+// interval (failures, as while the primary restarts, are passed over).
+func stampedCommits(t *testing.T, primary *pgxpool.Pool, every time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := primary.Exec(ctx, "CREATE TABLE lag_probe (at timestamptz)"); err != nil {
+		t.Fatal(err)
+	}
+	writing, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	t.Cleanup(func() { stop(); <-done })
+	go func() {
+		defer close(done)
+		for writing.Err() == nil {
+			_, _ = primary.Exec(writing, "INSERT INTO lag_probe VALUES (clock_timestamp())")
+			time.Sleep(every)
+		}
+	}()
 }
