@@ -97,7 +97,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		LogLevel:         r.LogLevel(),
 		TrustTraceparent: r.Bool("GATEWAY_TRUST_TRACEPARENT", false),
 		ProxyHeader:      r.String("GATEWAY_PROXY_HEADER", ""),
-		MaxHeaderBytes:   r.Int("GATEWAY_MAX_HEADER_BYTES", 8192, 1024, 1<<20),
+		MaxHeaderBytes:   r.Int("GATEWAY_MAX_HEADER_BYTES", 8192, minHeaderBytes, 1<<20),
 		ReadTimeout:      timeout("GATEWAY_READ_TIMEOUT", 15*time.Second),
 		WriteTimeout:     timeout("GATEWAY_WRITE_TIMEOUT", 60*time.Second),
 		IdleTimeout:      timeout("GATEWAY_IDLE_TIMEOUT", 60*time.Second),
@@ -345,3 +345,11 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("gc", c.GC),
 	)
 }
+
+// minHeaderBytes is the smallest GATEWAY_MAX_HEADER_BYTES. A sync must not
+// be refused 431 halfway through a catalog of long ids: a list page's URL
+// with the longest cursor export-reader issues (an id of 128 four-byte
+// characters: 751 characters of cursor, ~900 bytes of request line) and
+// what a client, its tracing and an ingress add fit under it. At 1,024 (the
+// minimum until session 46) they did not.
+const minHeaderBytes = 4096

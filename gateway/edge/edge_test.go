@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/coinexport/export/pkg/httpserver"
 
+	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/gateway/gatewaytest"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/google/go-cmp/cmp"
@@ -828,4 +830,38 @@ func holdingUpstream(t *testing.T, hold func(n int64) bool) (url string, arrived
 	}))
 	t.Cleanup(upstream.Close)
 	return upstream.URL, arrived, sync.OnceFunc(func() { close(released) })
+}
+
+// A sync must not be refused 431 halfway because its catalog's ids are
+// long. At the smallest GATEWAY_MAX_HEADER_BYTES, a list page asked for with
+// a cursor as long as export-reader decodes (cursor.MaxLen, 1,024
+// characters, above the 751 of the longest it issues) and the headers a
+// browser, its tracing and an ingress send is relayed whole.
+func TestTheLongestCursorFitsTheSmallestHeaderLimit(t *testing.T) {
+	dsn, _, k := seed(t)
+	reader := echoUpstream(t, "reader", nil)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
+		"GATEWAY_MAX_HEADER_BYTES": strconv.Itoa(edge.MinHeaderBytes)})
+	cursor := strings.Repeat("Ab-_", 1024/4)
+	query := "/v1/export/items?limit=100&lang=ENG&status=active&updated_after=2026-11-30T15%3A59%3A55.123456Z&cursor=" + cursor
+	r := do(t, "GET", gw.URL+query, map[string]string{
+		"X-API-Key":         k.read,
+		"User-Agent":        "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
+		"Accept":            "application/json, text/plain, */*",
+		"Accept-Language":   "ru-RU,ru;q=0.9,en-US;q=0.8,en;q=0.7,uk;q=0.6",
+		"Traceparent":       "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"Tracestate":        "vendorname1=opaqueValue1,vendorname2=opaqueValue2",
+		"X-Forwarded-For":   "203.0.113.7, 198.51.100.2",
+		"X-Forwarded-Proto": "https",
+		"X-Forwarded-Host":  "api.marketplace.example",
+		"X-Amzn-Trace-Id":   "Root=1-67891233-abcdef012345678912345678",
+	}, nil)
+	if r.Status != 200 {
+		t.Fatalf("a list page with a %d-character cursor at GATEWAY_MAX_HEADER_BYTES=%d: %d %s, want it relayed",
+			len(cursor), edge.MinHeaderBytes, r.Status, r.Body)
+	}
+	var s seen
+	if err := json.Unmarshal(r.Env.Data, &s); err != nil || !strings.HasSuffix(s.Path, "cursor="+cursor) {
+		t.Errorf("export-reader was asked for %q (%v), want the cursor unchanged", s.Path, err)
+	}
 }

@@ -9,6 +9,9 @@ import (
 	"time"
 )
 
+// MinHeaderBytes is the smallest GATEWAY_MAX_HEADER_BYTES.
+const MinHeaderBytes = minHeaderBytes
+
 // UnfinishedRequestAnswer sends the gateway at addr (host:port) a request
 // whose headers never end, on a new connection, and returns what it is
 // answered once the read timeout has passed (a 408; the body closed): for
