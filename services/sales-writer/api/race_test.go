@@ -1,12 +1,15 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
 )
 
 // instances starts n service instances, each with its own connection pool,
@@ -232,4 +235,87 @@ func TestOneKeyForDifferentRequestsInFlight(t *testing.T) {
 	if got := f.count(t, "SELECT count(*) FROM sales") + f.count(t, "SELECT count(*) FROM idempotency_records"); got != 2 {
 		t.Errorf("sale rows + idempotency records = %d, want 2", got)
 	}
+}
+
+// A retry of a sale that arrives while its first attempt still waits for
+// the item's row lock (the first attempt's answer lost: its writer killed,
+// or the gateway's read timed out, while its statements, sent in one round
+// trip, stay queued in PostgreSQL) waits behind it on the key's lock and
+// replays what it did: the same result, timestamps included, and one sale.
+// Seen on a make run stack: 12 confirms waited on locked rows when their
+// writer was killed (-9), their backends committed once the rows were free,
+// and the 7 retries sent while they still waited replayed them. Three
+// things make the retry a replay, and each alone passes this test: the
+// key's lock (the retry's statement starts once the first attempt has
+// committed, and sees its record), explain (a retry that queued on the row
+// and found it sold reads the record committed meanwhile), and bindRefused
+// (a refusal loses to a record of its key). With the three gone, the retry
+// was refused 409, its platform told that its own sale failed.
+func TestARetryBehindItsFirstAttemptOnALockedItemReplaysIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	hs := instances(t, f, 2)
+	holder := lockItem(t, f, "coin-1")
+	confirm := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1}
+	first, retry := make(chan map[string]any, 1), make(chan map[string]any, 1)
+	send := func(h http.Handler, to chan<- map[string]any) {
+		rec, env := serve(t, h, f.signer, confirm)
+		if rec.Code != http.StatusOK {
+			t.Errorf("confirm = %d %s, want 200", rec.Code, rec.Body)
+			to <- nil
+			return
+		}
+		to <- result(t, env)
+	}
+	go send(hs[0], first)
+	firstPid := waitBlockedBy(t, f, backendPid(t, holder))
+	go send(hs[1], retry)
+	waitBlockedBy(t, f, firstPid)
+	if err := holder.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a, b := <-first, <-retry
+	if a == nil || b == nil {
+		return
+	}
+	if a["idempotent_replay"] != false || b["idempotent_replay"] != true {
+		t.Errorf("idempotent_replay = %v then %v, want false then true", a["idempotent_replay"], b["idempotent_replay"])
+	}
+	b["idempotent_replay"] = false
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Errorf("the retry answered %v, the first attempt %v: want the same result", b, a)
+	}
+	if n := f.count(t, "SELECT count(*) FROM sales"); n != 1 {
+		t.Errorf("sales = %d, want 1", n)
+	}
+}
+
+func backendPid(t *testing.T, tx pgx.Tx) int {
+	t.Helper()
+	var pid int
+	if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// waitBlockedBy waits until a backend of f's database waits for a lock
+// that backend pid holds (or waits for before it), and returns its pid.
+func waitBlockedBy(t *testing.T, f *fixture, pid int) int {
+	t.Helper()
+	for range 1000 {
+		var blocked int
+		err := f.db.QueryRow(context.Background(), `SELECT coalesce(min(pid), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&blocked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if blocked != 0 {
+			return blocked
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no backend waited for backend %d within 10 s", pid)
+	return 0
 }
