@@ -117,6 +117,9 @@ type Shop struct {
 	// LegacyCiphers: the server offers only RSA key exchange, which
 	// clients no longer accept.
 	LegacyCiphers bool
+	// ClientCertificate: the server asks every client for a certificate
+	// (mutual TLS), as a host that guards its back office so does.
+	ClientCertificate bool
 	// HTTP2: the shop's server speaks HTTP/2 (ALPN h2), as most hosts'
 	// nginx or CDN in front of PHP do.
 	HTTP2 bool
@@ -196,6 +199,9 @@ func (s *Shop) StartOn(addr string, cleanup func(func())) {
 	}
 	if s.LegacyCiphers {
 		s.srv.TLS.MaxVersion, s.srv.TLS.CipherSuites = tls.VersionTLS12, []uint16{tls.TLS_RSA_WITH_AES_128_CBC_SHA}
+	}
+	if s.ClientCertificate {
+		s.srv.TLS.ClientAuth = tls.RequireAnyClientCert
 	}
 	if s.Certificate != nil {
 		s.srv.TLS.Certificates = []tls.Certificate{*s.Certificate}

@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/textproto"
 	"slices"
-	"strings"
 
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
@@ -203,72 +201,19 @@ func bodyError(ctx context.Context, resource string, status int, err error) *Err
 	return e
 }
 
-// headersTooLarge is in the text of net/http's error for an answer whose
-// headers exceed the transport's MaxResponseHeaderBytes, which has no
-// sentinel error; TestSchemaShopErrors fails if a Go release rewords it.
-const headersTooLarge = "server response headers exceeded"
-
-// h2Broken reports whether text is that of net/http's HTTP/2 reader ending the
-// connection over what the shop sent: COMPRESSION_ERROR when a header does
-// not decode or one is longer than MaxResponseHeaderBytes, PROTOCOL_ERROR
-// when the headers go on past it. Their types are unexported, so their
-// text is matched; TestHTTP2AnswerHeadersOverTheLimit fails if a Go
-// release rewords it. The shop answered: not shop_unreachable.
-func h2Broken(text string) bool {
-	return strings.Contains(text, "connection error: COMPRESSION_ERROR") || strings.Contains(text, "connection error: PROTOCOL_ERROR")
-}
-
-// tlsAlertOp is the Op of the net.OpError crypto/tls returns for an alert
-// the server sent (its alert type is unexported): a server that refused
-// the handshake, TLS 1.0 or 1.1 only among them, which was
-// shop_unreachable ("check DNS and firewalls").
-const tlsAlertOp = "remote error"
-
-// serverPickedOldTLS is in the text of crypto/tls's error (it has no type)
-// for a ServerHello of a version older than the client's minimum, TLS 1.2:
-// a server too old to know the version the client asks for answers with
-// its own instead of an alert (an old OpenSSL or IIS), which was
-// shop_unreachable too. TestServerThatPicksAnOldTLSVersion fails if a Go
-// release rewords it.
-const serverPickedOldTLS = "tls: server selected unsupported protocol version"
-
-// malformedHTTP1 reports whether text is net/http's error for an HTTP/1.1
-// answer that does not parse: its status line ("malformed HTTP response",
-// "malformed HTTP status code", "malformed HTTP version": an unexported
-// type, so its text; TestMalformedHTTP1Answer fails if a Go release
-// rewords it) or a header line (textproto.ProtocolError). The shop
-// answered: not shop_unreachable.
-func malformedHTTP1(err error, text string) bool {
-	var headerErr textproto.ProtocolError
-	return strings.Contains(text, "malformed HTTP ") || errors.As(err, &headerErr)
-}
-
-// ownText is the text of err itself, in which Go's words that classify it
-// are matched: keyFree's copy leaves out the middle of a long text, where
-// they are after a long URL, and withholds one with a '%' that does not
-// decode, as the shop's bytes Go quotes can be. It is never shown.
-func ownText(err error) string {
-	if kf, ok := err.(*keyFreeError); ok {
-		return kf.err.Error()
-	}
-	return err.Error()
-}
-
 // transportError classifies an error from http.Client.Do or reading the
 // body.
 func transportError(ctx context.Context, resource string, err error) *Error {
 	e := &Error{Resource: resource, err: err}
-	text := ownText(err)
 	var (
 		certErr     *tls.CertificateVerificationError
 		unknownAuth x509.UnknownAuthorityError
 		hostErr     x509.HostnameError
 		invalidErr  x509.CertificateInvalidError
 		recordErr   tls.RecordHeaderError
-		alertErr    tls.AlertError
 		netErr      net.Error
-		opErr       *net.OpError
 	)
+	alert, alerted := remoteAlert(err)
 	switch {
 	case errors.Is(err, guard.ErrNotAllowed):
 		e.Kind, e.Reason = KindNotAllowed, "the shop's address or a redirect target is not allowed"
@@ -289,23 +234,36 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 		e.Kind, e.Reason = KindTLS, "the shop's certificate has expired, or is not valid yet: renew it, or check the server's clock"
 	case errors.As(err, &hostErr):
 		e.Kind, e.Reason = KindTLS, "the shop's certificate is for another name than base_url's host: use the name the certificate is for, or one for this name"
-	case errors.As(err, &certErr), errors.As(err, &invalidErr), errors.As(err, &recordErr), errors.As(err, &alertErr):
-		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (its certificate is not valid for a server, or the handshake was refused)"
-	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp && strings.Contains(opErr.Err.Error(), "protocol version"),
-		strings.Contains(text, serverPickedOldTLS):
-		e.Kind, e.Reason = KindTLS, "the shop's server speaks only TLS versions older than 1.2, which are not used: it must offer TLS 1.2 or 1.3"
-	case errors.As(err, &opErr) && opErr.Op == tlsAlertOp:
-		e.Kind, e.Reason = KindTLS, "the shop's server refused the TLS handshake (no TLS version or cipher suite in common)"
+	case errors.As(err, &certErr), errors.As(err, &invalidErr), errors.As(err, &recordErr):
+		e.Kind, e.Reason = KindTLS, "TLS with the shop failed (its certificate is not valid for a server, or its port does not speak TLS)"
+	case goSays(err, serverPickedOldTLS):
+		e.Kind, e.Reason = KindTLS, reasonOldTLS
+	case alerted:
+		// A server that refused the handshake was shop_unreachable
+		// ("check DNS and firewalls"), and then every alert read "no TLS
+		// version or cipher suite in common".
+		e.Kind, e.Reason = KindTLS, alertReason(alert)
 	case errors.As(err, &netErr) && netErr.Timeout():
 		e.Kind, e.Reason = KindTimeout, "the shop did not answer in time"
-	case strings.Contains(text, headersTooLarge):
-		e.Kind, e.Reason = KindTooLarge, "the shop's answer headers are larger than 64 KiB"
-	case h2Broken(text):
-		e.Kind, e.Reason = KindBadResponse, "the shop's server broke HTTP/2: an answer's headers are larger than 64 KiB, or malformed"
-	case malformedHTTP1(err, text):
-		e.Kind, e.Reason = KindBadResponse, "the shop's server answered what is not HTTP (a status line or header that does not parse)"
 	default:
-		e.Kind, e.Reason = KindUnreachable, "the shop could not be reached"
+		e.Kind, e.Reason = answerFault(err)
 	}
 	return e
+}
+
+// answerFault classifies a failure of an answer's protocol, HTTP/1.1 or
+// HTTP/2, after TLS. The shop answered: none of them is shop_unreachable,
+// which sends the merchant to check DNS and firewalls, but a connection
+// closed or reset before an answer came.
+func answerFault(err error) (Kind, string) {
+	if kind, reason, ok := http2Fault(err); ok {
+		return kind, reason
+	}
+	switch {
+	case goSays(err, headersTooLarge):
+		return KindTooLarge, reasonHeadersTooLarge
+	case malformedHTTP1(err):
+		return KindBadResponse, "the shop's server answered what is not HTTP (a status line or header that does not parse)"
+	}
+	return KindUnreachable, "the shop could not be reached"
 }
