@@ -164,14 +164,9 @@ func alertReason(alert tls.AlertError) string {
 // and answer headers over the limit are shop_too_large, as over HTTP/1.1.
 func http2Fault(err error) (Kind, string, bool) {
 	var streamErr http2.StreamError // net/http's own converts to it (h2_error.go)
-	switch {
-	case errors.As(err, &streamErr) && streamErr.Cause != nil && streamErr.Cause.Error() == h2FromPeer:
-		kind, reason := sentByServer(streamErr.Code)
+	if errors.As(err, &streamErr) {
+		kind, reason := streamFault(streamErr)
 		return kind, reason, true
-	case errors.As(err, &streamErr) && streamErr.Cause != nil && streamErr.Cause.Error() == h2HeaderListTooLarge:
-		return KindTooLarge, reasonHeadersTooLarge, true
-	case errors.As(err, &streamErr):
-		return KindBadResponse, "the shop's server sent a malformed HTTP/2 answer (a header that does not parse)", true
 	}
 	if code, ok := goAwayCode(err); ok {
 		kind, reason := sentByServer(code)
@@ -185,6 +180,22 @@ func http2Fault(err error) (Kind, string, bool) {
 		return KindBadResponse, "the shop's server broke HTTP/2 (a frame larger than the client allows)", true
 	}
 	return 0, "", false
+}
+
+// streamFault labels one request's stream ended by the server (its
+// RST_STREAM) or by Go's reader over the answer's headers.
+func streamFault(streamErr http2.StreamError) (Kind, string) {
+	cause := ""
+	if streamErr.Cause != nil {
+		cause = streamErr.Cause.Error()
+	}
+	switch cause {
+	case h2FromPeer:
+		return sentByServer(streamErr.Code)
+	case h2HeaderListTooLarge:
+		return KindTooLarge, reasonHeadersTooLarge
+	}
+	return KindBadResponse, "the shop's server sent a malformed HTTP/2 answer (a header that does not parse)"
 }
 
 // goAwayCode returns the error code of a GOAWAY that ended the request:
