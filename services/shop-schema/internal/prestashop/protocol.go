@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/textproto"
-	"reflect"
 	"strconv"
 	"strings"
 
@@ -109,26 +108,33 @@ const tlsAlertOp = "remote error"
 
 // remoteAlert returns the TLS alert the shop's server sent. crypto/tls
 // (Go 1.26) returns it as a *net.OpError "remote error" holding its
-// unexported alert type, a uint8: tls.AlertError, its exported twin, is
-// what QUIC connections return for an alert sent, and errors.As finds no
-// AlertError in a TCP connection's error (golang/go#35234), so the
-// alert's number is read from its type, and from an AlertError should a
-// Go release return one.
+// unexported alert type: tls.AlertError, its exported twin, is what QUIC
+// connections return, and errors.As finds none in a TCP connection's error
+// (golang/go#35234). Both write the same text, crypto/tls's name for the
+// alert number, so the number is found by that text (alertsByText), from
+// Go's own table: a shop sends an alert's number, never its words.
 func remoteAlert(err error) (tls.AlertError, bool) {
 	var opErr *net.OpError
-	if !errors.As(err, &opErr) || opErr.Op != tlsAlertOp {
+	if !errors.As(err, &opErr) || opErr.Op != tlsAlertOp || opErr.Err == nil {
 		return 0, false
 	}
 	var alert tls.AlertError
 	if errors.As(opErr.Err, &alert) {
 		return alert, true
 	}
-	v := reflect.ValueOf(opErr.Err)
-	if v.Kind() != reflect.Uint8 || v.Type().PkgPath() != "crypto/tls" {
-		return 0, false
-	}
-	return tls.AlertError(v.Uint()), true
+	alert, ok := alertsByText[opErr.Err.Error()]
+	return alert, ok
 }
+
+// alertsByText maps each TLS alert's text, as crypto/tls writes it
+// ("tls: handshake failure", "tls: alert(200)"), to its number.
+var alertsByText = func() map[string]tls.AlertError {
+	m := make(map[string]tls.AlertError, 256)
+	for n := range 256 {
+		m[tls.AlertError(n).Error()] = tls.AlertError(n)
+	}
+	return m
+}()
 
 // alertReason says what a TLS alert from the shop's server means for the
 // merchant, naming it as crypto/tls does ("handshake failure").
