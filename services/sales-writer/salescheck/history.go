@@ -140,8 +140,8 @@ type record struct {
 	Return int64  `json:"return"`
 }
 
-// WriteJSON writes the calls recorded, one JSON object a line, for
-// ReadJSON: a history to check again, or to read.
+// WriteJSON writes the calls recorded, one JSON object a line, for a
+// person to read (salesdrill -history).
 func (h *History) WriteJSON(w io.Writer) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -152,21 +152,6 @@ func (h *History) WriteJSON(w io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// ReadJSON reads a history WriteJSON wrote.
-func ReadJSON(r io.Reader) (*History, error) {
-	h := &History{}
-	dec := json.NewDecoder(r)
-	for {
-		var rec record
-		if err := dec.Decode(&rec); errors.Is(err, io.EOF) {
-			return h, nil
-		} else if err != nil {
-			return nil, err
-		}
-		h.ops = append(h.ops, porcupine.Operation{ClientId: rec.Client, Input: rec.Input, Output: rec.Output, Call: rec.Call, Return: rec.Return})
-	}
 }
 
 // Model is the sale state machine as a porcupine model, partitioned by item.
