@@ -26,17 +26,12 @@ type clientAddress struct {
 	trusted []netip.Prefix
 }
 
-// of returns the client IP of a request from peer whose proxy header has
-// the lines values (fasthttp's PeekAll, in order).
-func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
-	client, _ := a.read(peer, values)
-	return client
-}
-
-// read is of, with the entry of the header it stopped at because it is
-// no address (nil when none): a header a trusted proxy wrote that holds
-// something else (a custom header naming the scheme or the host) makes
-// every client the proxy, and says so no other way.
+// read returns the client IP of a request from peer whose proxy header
+// has the lines values (fasthttp's PeekAll, in order), with the entry of
+// the header it stopped at because it is no address (nil when none): a
+// header a trusted proxy wrote that holds something else (a custom header
+// naming the scheme or the host) makes every client the proxy, and says
+// so no other way.
 func (a clientAddress) read(peer netip.Addr, values [][]byte) (client netip.Addr, notAnAddress []byte) {
 	if a.header == "" || !a.isTrusted(peer) {
 		return peer, nil

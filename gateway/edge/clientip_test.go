@@ -7,6 +7,12 @@ import (
 	"testing"
 )
 
+// of is read's client IP alone, what most of these tests hold.
+func (a clientAddress) of(peer netip.Addr, values [][]byte) netip.Addr {
+	client, _ := a.read(peer, values)
+	return client
+}
+
 // The client IP is the peer's unless a trusted proxy says otherwise, and
 // nothing a client writes into the header itself is believed.
 func TestClientAddress(t *testing.T) {
