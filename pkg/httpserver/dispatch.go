@@ -123,16 +123,7 @@ func (s *Server) dispatch() http.Handler {
 		route := "unmatched"
 		defer func() {
 			if p := recover(); p != nil {
-				s.metrics.panics.Inc()
-				s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-				trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
-				if !rec.wroteHeader {
-					message, notes := s.panicAnswer(rec)
-					for _, key := range slices.Sorted(maps.Keys(notes)) {
-						Annotate(rec, r, key, notes[key])
-					}
-					envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", message, RequestID(r))
-				}
+				s.recovered(rec, r, p)
 			}
 			s.observe(r, route, rec, time.Since(start))
 		}()
@@ -174,6 +165,24 @@ func (s *Server) dispatch() http.Handler {
 		}
 		s.routes.ServeHTTP(rec, r)
 	})
+}
+
+// recovered answers a handler's panic p: counted, logged with its stack,
+// the span marked, and a 500 envelope (the handler's own panic answer, see
+// AnswerPanicWith) unless the handler had already sent its status: a
+// second one cannot follow.
+func (s *Server) recovered(rec *statusRecorder, r *http.Request, p any) {
+	s.metrics.panics.Inc()
+	s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	trace.SpanFromContext(r.Context()).SetStatus(codes.Error, "panic")
+	if rec.wroteHeader {
+		return
+	}
+	message, notes := s.panicAnswer(rec)
+	for _, key := range slices.Sorted(maps.Keys(notes)) {
+		Annotate(rec, r, key, notes[key])
+	}
+	envelope.WriteError(rec, http.StatusInternalServerError, "internal_error", message, RequestID(r))
 }
 
 // logRefused says why a request was refused, at most once per interval:
