@@ -197,34 +197,9 @@ func (u *Upstream) current() []*Instance { return *u.instances.Load() }
 
 func newInstance(p *url.URL, opts Options) *Instance {
 	addr := net.JoinHostPort(p.Hostname(), strconv.Itoa(int(portOf(p))))
-	connect := opts.ConnectTimeout
-	dial := func(addr string) (net.Conn, error) {
-		c, err := fasthttp.DialDualStackTimeout(addr, connect) // IPv6 too: fasthttp.Dial is IPv4 only
-		if acceptretry.Shortage(err) {
-			return nil, shortageError{err}
-		}
-		if err != nil {
-			return nil, dialError{err}
-		}
-		return c, nil
-	}
-	// The client sets a write and a read deadline per request; the probe's
-	// short timeouts are kept exact.
-	tick := lazydeadline.TickFor(opts.ReadTimeout, opts.WriteTimeout)
 	isTLS := p.Scheme == "https"
-	dialLazy := func(addr string) (net.Conn, error) {
-		c, err := dial(addr)
-		if err != nil {
-			return nil, err
-		}
-		if isTLS {
-			// fasthttp puts TLS over the connection Dial returns: under
-			// it, the watch would read ciphertext, and take a few of
-			// its bytes for a status to refuse.
-			return lazydeadline.Wrap(c, tick), nil
-		}
-		return watch(lazydeadline.Wrap(c, tick)), nil
-	}
+	dial := dialer(opts.ConnectTimeout)
+	dialLazy := requestDialer(dial, opts, isTLS)
 	base := Base(p)
 	return &Instance{
 		base:      base,
@@ -234,7 +209,7 @@ func newInstance(p *url.URL, opts Options) *Instance {
 		signProbe: opts.SignProbe,
 		probe: &fasthttp.HostClient{
 			Addr:                      addr,
-			IsTLS:                     p.Scheme == "https",
+			IsTLS:                     isTLS,
 			Dial:                      dial,
 			MaxConns:                  1,
 			MaxIdemponentCallAttempts: 1,
@@ -256,6 +231,44 @@ func newInstance(p *url.URL, opts Options) *Instance {
 			DisablePathNormalizing:    true,
 			NoDefaultUserAgentHeader:  true,
 		},
+	}
+}
+
+// dialer connects to an instance within connect, over IPv6 too
+// (fasthttp.Dial is IPv4 only), and marks why a connection was not made:
+// the gateway's own shortage of descriptors or memory (shortageError), or
+// the connect step (dialError).
+func dialer(connect time.Duration) fasthttp.DialFunc {
+	return func(addr string) (net.Conn, error) {
+		c, err := fasthttp.DialDualStackTimeout(addr, connect)
+		if acceptretry.Shortage(err) {
+			return nil, shortageError{err}
+		}
+		if err != nil {
+			return nil, dialError{err}
+		}
+		return c, nil
+	}
+}
+
+// requestDialer is dial for the connections requests are sent on: their
+// per-request write and read deadlines are set lazily (lazydeadline), and
+// a plain connection's answers are watched (watch). The probe dials with
+// dial alone, so that its short timeouts are kept exact.
+func requestDialer(dial fasthttp.DialFunc, opts Options, isTLS bool) fasthttp.DialFunc {
+	tick := lazydeadline.TickFor(opts.ReadTimeout, opts.WriteTimeout)
+	return func(addr string) (net.Conn, error) {
+		c, err := dial(addr)
+		if err != nil {
+			return nil, err
+		}
+		if isTLS {
+			// fasthttp puts TLS over the connection Dial returns: under
+			// it, the watch would read ciphertext, and take a few of
+			// its bytes for a status to refuse.
+			return lazydeadline.Wrap(c, tick), nil
+		}
+		return watch(lazydeadline.Wrap(c, tick)), nil
 	}
 }
 
