@@ -149,26 +149,11 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	if err = g.buildUpstreams(); err != nil {
 		return nil, err
 	}
-	// Serving while PostgreSQL is out of reach, as when it goes away later:
-	// keys answer 503 and /v1/health says postgres down (OpenServing).
-	if g.pool, err = postgres.OpenServing(ctx, postgres.WithPoolSize(cfg.DatabaseURL, keyStorePoolSize), log,
-		postgres.ApplicationName("gateway")); err != nil {
+	closeStores, err := g.openStores(ctx)
+	if err != nil {
 		return nil, err
 	}
-	cleanup = append(cleanup, g.pool.Close)
-	// The pool's series are the services' (and the dashboard's panels'):
-	// key-cache misses waiting for a connection show here first.
-	poolmetrics.Register(g.metrics.registry, "postgres", g.pool)
-	// The I/O bound is the longer of the two deadlines its calls carry, so
-	// that each call is held to its own (see redisclient.Open).
-	if g.redis, err = redisclient.Open(cfg.RedisURL, max(cfg.RateLimitRedisTimeout, healthPingTimeout)); err != nil {
-		return nil, err
-	}
-	cleanup = append(cleanup, func() { g.redis.Close() })
-	// Its pool's series beside PostgreSQL's: a Redis slow to accept
-	// connections shows as dials (misses) and waits before decisions fall
-	// back in-process.
-	redispool.Register(g.metrics.registry, "redis", g.redis)
+	cleanup = append(cleanup, closeStores)
 	store := keystore.New(g.pool, keystore.Options{
 		TTL: cfg.KeyCacheTTL, UnheardTTL: cfg.KeyCacheUnheardTTL, MaxEntries: cfg.KeyCacheSize, LookupTimeout: cfg.KeyLookupTimeout,
 		OnLookup: g.metrics.countKeyLookup(),
@@ -194,6 +179,35 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	g.startServing()
 	g.log.Info("serving", "addr", g.Addr(), "admin_addr", g.AdminAddr())
 	return g, nil
+}
+
+// openStores opens the key store's PostgreSQL pool and the limiter's
+// Redis client, and registers their pools' series; closeStores closes
+// both.
+func (g *Gateway) openStores(ctx context.Context) (closeStores func(), err error) {
+	// Serving while PostgreSQL is out of reach, as when it goes away later:
+	// keys answer 503 and /v1/health says postgres down (OpenServing).
+	if g.pool, err = postgres.OpenServing(ctx, postgres.WithPoolSize(g.cfg.DatabaseURL, keyStorePoolSize), g.log,
+		postgres.ApplicationName("gateway")); err != nil {
+		return nil, err
+	}
+	// The pool's series are the services' (and the dashboard's panels'):
+	// key-cache misses waiting for a connection show here first.
+	poolmetrics.Register(g.metrics.registry, "postgres", g.pool)
+	// The I/O bound is the longer of the two deadlines its calls carry, so
+	// that each call is held to its own (see redisclient.Open).
+	if g.redis, err = redisclient.Open(g.cfg.RedisURL, max(g.cfg.RateLimitRedisTimeout, healthPingTimeout)); err != nil {
+		g.pool.Close()
+		return nil, err
+	}
+	// Its pool's series beside PostgreSQL's: a Redis slow to accept
+	// connections shows as dials (misses) and waits before decisions fall
+	// back in-process.
+	redispool.Register(g.metrics.registry, "redis", g.redis)
+	return func() {
+		g.redis.Close()
+		g.pool.Close()
+	}, nil
 }
 
 // newGateway is the gateway's own state, before anything is connected:
