@@ -156,8 +156,9 @@ func writeBody(w http.ResponseWriter, status int, body []byte, requestID string)
 	_, _ = w.Write(body)
 }
 
-// Parsed is an envelope as a client reads it; tests and the reference sync
-// client decode responses into it.
+// Parsed is an envelope as a client reads it; tests, testenv, loadgen and
+// salescheck decode responses into it. (The reference sync client,
+// syncclient, declares its own: it imports nothing of this repository.)
 type Parsed struct {
 	Data  json.RawMessage `json:"data"`
 	Error *ErrorBody      `json:"error"`

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/saleclaim"
 )
 
@@ -59,16 +60,7 @@ func newRequest(ctx context.Context, base string, saleKeys map[string]string, re
 // (Counts). A sale's 5xx that says nothing was applied is marked so
 // (SaysNothingApplied).
 func parseAnswer(in Input, status int, body []byte) Output {
-	var env struct {
-		Data  json.RawMessage `json:"data"`
-		Error *struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-		Meta struct {
-			RequestID string `json:"request_id"`
-		} `json:"meta"`
-	}
+	var env envelope.Parsed
 	out := Output{Status: status}
 	if err := json.Unmarshal(body, &env); err != nil {
 		out.Unknown, out.RequestID = true, "not an envelope: "+err.Error()
