@@ -7,10 +7,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,11 +83,18 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, req, err, start)
 		return
 	}
+	// Encoded before the read counts as ok: a failure is answered, logged
+	// and counted once, by writeError, as any other.
+	answer, err := envelope.DataBytes(result, envelope.Meta{RequestID: requestID})
+	if err != nil {
+		h.refuse(w, r, req, fmt.Errorf("encode the schema: %w", err), start)
+		return
+	}
 	h.reads.WithLabelValues("ok").Inc()
 	h.log.InfoContext(r.Context(), "shop schema read", "shop_host", h.svc.Host(req),
 		"shop_version", result.ShopVersion, "categories", len(result.Categories),
 		"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
-	writeSchema(w, r, result, requestID)
+	writeSchema(w, r, answer, requestID)
 }
 
 // refuse answers err (writeError), counts the read under the code answered

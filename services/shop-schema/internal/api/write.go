@@ -5,8 +5,6 @@ import (
 
 	"github.com/coinexport/export/pkg/contentcoding"
 	"github.com/coinexport/export/pkg/envelope"
-
-	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
 // writeSchema sends the schema's envelope, gzipped when the client accepts
@@ -19,12 +17,7 @@ import (
 // HTTP/1.0 client (which must get a length, not chunks), and so this
 // process's slot was free again while the gateway held the schema for a
 // client that read it slowly, or never, bounded by no count of slots.
-func writeSchema(w http.ResponseWriter, r *http.Request, result *shopschema.Result, requestID string) {
-	body, err := envelope.DataBytes(result, envelope.Meta{RequestID: requestID})
-	if err != nil {
-		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
-		return
-	}
+func writeSchema(w http.ResponseWriter, r *http.Request, body []byte, requestID string) {
 	h := w.Header()
 	h.Set("Content-Type", envelope.ContentType)
 	h.Set(envelope.RequestIDHeader, requestID)
