@@ -100,9 +100,9 @@ LEFT JOIN result ON true`
 // instant. Not after a wait for the row: PostgreSQL computes the new row
 // before it waits for a transaction that only locked it (SELECT … FOR
 // UPDATE), and recomputes it only if the row was updated meanwhile, so such
-// a stamp is the time the wait began (README, "How a call works"). It never moves backwards: if the clock stepped back below
-// the row's last stamp, the row gets that stamp plus a microsecond (see
-// catalog.NextUpdatedAt).
+// a stamp is the time the wait began (README, "How a call works"). It never
+// moves backwards: if the clock stepped back below the row's last stamp,
+// the row gets that stamp plus a microsecond (see catalog.NextUpdatedAt).
 var confirmSQL = keyState + writerLock + `
 , item AS (
     UPDATE export_items SET sold = true, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
