@@ -232,7 +232,8 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 // lazydeadline applies only those that change by a tick. fasthttp also
 // closes a connection at once, even while the client is still sending a
 // request it refused: lingerclose closes in stages, so that the client
-// reads the refusal instead of a reset. acceptretry waits out a shortage
+// reads the refusal instead of a reset. answerListener knows the answer
+// each connection writes, to log and count one cut short. acceptretry waits out a shortage
 // of descriptors: fasthttp would take EMFILE for the listener's end, and
 // the gateway would exit.
 func (g *Gateway) listen(ctx context.Context) error {
@@ -241,9 +242,9 @@ func (g *Gateway) listen(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", g.cfg.Addr, err)
 	}
-	g.listener = lazydeadline.NewListener(
+	g.listener = &answerListener{Listener: lazydeadline.NewListener(
 		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), lingerclose.Defaults),
-		lazydeadline.TickFor(g.cfg.ReadTimeout, g.cfg.WriteTimeout, g.cfg.IdleTimeout))
+		lazydeadline.TickFor(g.cfg.ReadTimeout, g.cfg.WriteTimeout, g.cfg.IdleTimeout)), cut: g.cutAnswer}
 	if g.adminLn, err = lc.Listen(ctx, "tcp", g.cfg.AdminAddr); err != nil {
 		g.listener.Close()
 		return fmt.Errorf("listen %s: %w", g.cfg.AdminAddr, err)

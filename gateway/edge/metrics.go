@@ -29,6 +29,7 @@ type metrics struct {
 	keyCache        *prometheus.CounterVec
 	upstreamErrors  *prometheus.CounterVec
 	upstreamRetries *prometheus.CounterVec
+	answersCut      *prometheus.CounterVec
 	panics          prometheus.Counter
 
 	// seriesMu makes one followInstances at a time.
@@ -81,12 +82,16 @@ func newMetrics() *metrics {
 			Name: "gateway_upstream_retries_total",
 			Help: "Requests sent a second time, by upstream, upstream_instance (scheme://host:port of the instance that failed the first attempt; none for gateway_shortage, the gateway out of file descriptors or memory) and the kind of that failure: failures a client did not see.",
 		}, []string{"upstream", "upstream_instance", "kind"}),
+		answersCut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gateway_answers_cut_total",
+			Help: "Answers the gateway could not finish writing to their client, by route and cause (client_left: the client closed or reset its connection; write_timeout: GATEWAY_WRITE_TIMEOUT passed, the client had stopped reading; other). Each also has a warn line, \"answer cut short\", with its request id.",
+		}, []string{"route", "cause"}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
 		}),
 	}
 	m.registry.MustRegister(m.requests, m.duration, m.errors, m.rateDecisions, m.rateDegraded, m.rateRedisErrors,
-		m.keyCache, m.upstreamErrors, m.upstreamRetries, m.panics,
+		m.keyCache, m.upstreamErrors, m.upstreamRetries, m.answersCut, m.panics,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -203,6 +208,7 @@ type routeMetrics struct {
 	m        *metrics
 	requests [6]prometheus.Counter  // by status/100; 0 unused
 	duration [6]prometheus.Observer // same
+	cuts     [len(cutCauses)]prometheus.Counter
 }
 
 func (m *metrics) forRoute(route string) *routeMetrics {
@@ -211,6 +217,9 @@ func (m *metrics) forRoute(route string) *routeMetrics {
 		label := statusClass(class * 100)
 		rm.requests[class] = m.requests.WithLabelValues(route, label)
 		rm.duration[class] = m.duration.WithLabelValues(route, label)
+	}
+	for i, cause := range cutCauses {
+		rm.cuts[i] = m.answersCut.WithLabelValues(route, cause)
 	}
 	return rm
 }

@@ -302,6 +302,7 @@ func (g *Gateway) end(c *fiber.Ctx, rq *request, rm *routeMetrics) {
 	}
 	g.endSpan(rq, status, errorCode)
 	g.logAccess(rq, status, errorCode, elapsed)
+	g.noteAnswer(c, rq, status, rm)
 	rq.span.End()
 }
 

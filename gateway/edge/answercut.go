@@ -1,0 +1,148 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// An answer cut short at its client: fasthttp writes an answer after the
+// handler has returned, after its access line, and drops a failed write
+// ("broken pipe", "reset by peer", its write deadline passing) without a
+// word. Each client connection is wrapped (answerConn) so that it knows the
+// answer it is writing, and a failed write is logged and counted under
+// that answer's request id (cutAnswer).
+
+// Causes of a cut, the cause label of gateway_answers_cut_total and the
+// cause field of its log line.
+const (
+	cutClientLeft   = "client_left"   // the client closed or reset its connection
+	cutWriteTimeout = "write_timeout" // GATEWAY_WRITE_TIMEOUT passed: the client stopped reading
+	cutOther        = "other"         // anything else (the connection closed at shutdown)
+)
+
+var cutCauses = [...]string{cutClientLeft, cutWriteTimeout, cutOther}
+
+// cutCause names err, a failed write to a client's connection.
+func cutCause(err error) int {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET):
+		return 0
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		return 1
+	}
+	return 2
+}
+
+// answerListener hands out answerConns that report a cut through cut.
+type answerListener struct {
+	net.Listener
+	cut func(a *answerNote, sent int64, err error)
+}
+
+func (l *answerListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &answerConn{Conn: c, cut: l.cut}, nil
+}
+
+// answerConn is a client's connection that knows the answer it is writing.
+// fasthttp serves a connection's requests and writes their answers on one
+// goroutine, the one that runs the handler: no lock is needed.
+type answerConn struct {
+	net.Conn
+	cut func(a *answerNote, sent int64, err error)
+	// sent is the bytes the socket has taken, answers' heads included.
+	sent   int64
+	answer answerNote
+}
+
+// answerNote is the answer being written: set when its request ends (end),
+// before fasthttp writes it; cleared once a write failed, or when fasthttp
+// writes something that is not it (a later request's 100 Continue).
+type answerNote struct {
+	set           bool
+	span          trace.SpanContext // the request id's
+	method, route string
+	status        int
+	cuts          *[len(cutCauses)]prometheus.Counter
+	// from is sent when the request ended. The answer before it was flushed
+	// whole by then (noteAnswer), so every byte written from there on is
+	// this answer's.
+	from int64
+}
+
+// Write writes, and reports a failure to the answer it cut.
+func (c *answerConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.sent += int64(n)
+	if err != nil && c.answer.set {
+		c.answer.set = false
+		c.cut(&c.answer, c.sent-c.answer.from, err)
+	}
+	return n, err
+}
+
+// noteAnswer tells the connection of c, if it is an answerConn, the answer
+// about to be written, and has fasthttp flush it on its own: a handler
+// that sets the write deadline makes fasthttp flush each answer once
+// written. Without it, an answer to a pipelined request (the next one
+// already read) waits in fasthttp's write buffer, to go with the next
+// answer's first bytes: a write that failed then cut two answers, and the
+// bytes written from the second's start counted the first's. The deadline
+// is the one fasthttp would set itself at the same moment.
+func (g *Gateway) noteAnswer(c *fiber.Ctx, rq *request, status int, rm *routeMetrics) {
+	rctx := c.Context()
+	ac, ok := rctx.Conn().(*answerConn)
+	if !ok {
+		return
+	}
+	if status == httpserver.StatusClientClosed {
+		// Its client left before its request was whole (answerUnreadableRequests),
+		// as its access line says: the answer is written to no one, and a
+		// line for it would repeat that for each load balancer's TCP check.
+		ac.answer.set = false
+		return
+	}
+	ac.answer = answerNote{set: true, span: rq.span.SpanContext(), method: rq.method, route: rq.route, status: status,
+		cuts: &rm.cuts, from: ac.sent}
+	var deadline time.Time
+	if g.cfg.WriteTimeout > 0 {
+		deadline = time.Now().Add(g.cfg.WriteTimeout)
+	}
+	_ = rctx.SetWriteDeadline(deadline) // fails only on a connection already closed
+}
+
+// forgetAnswer tells the connection of c, if it is an answerConn, that
+// what it writes next is not the last answer noted (a 100 Continue, sent
+// once that answer was flushed).
+func forgetAnswer(c net.Conn) {
+	if ac, ok := c.(*answerConn); ok {
+		ac.answer.set = false
+	}
+}
+
+// cutAnswer logs and counts answer a, cut short by err once its client's
+// connection had taken sent bytes of it (its head included; the client got
+// at most these: a reset drops what it had not read). No header or byte
+// of the request is logged, nor the error's text (it names addresses).
+func (g *Gateway) cutAnswer(a *answerNote, sent int64, err error) {
+	cause := cutCause(err)
+	a.cuts[cause].Inc()
+	ctx := trace.ContextWithSpanContext(context.Background(), a.span)
+	g.log.LogAttrs(ctx, slog.LevelWarn, "answer cut short",
+		slog.String("method", a.method), slog.String("route", a.route), slog.Int("status", a.status),
+		slog.String("cause", cutCauses[cause]), slog.Int64("answer_bytes_sent", sent))
+}
