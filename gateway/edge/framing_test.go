@@ -295,6 +295,9 @@ func TestAResetConnectionIsNoServerError(t *testing.T) {
 	dsn, _, _ := seed(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn})
 	const halfABody = "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nContent-Length: 100\r\n\r\n{\"base"
+	const chunked = "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"10\r\n{\"base_url\":\"htt\r\n"
+	const halfASizeLine, halfATrailer = chunked + "1", chunked + "0\r\nX-Trailer: a"
 	sent := map[string]string{
 		"nothing":           "",
 		"half a head":       "GET /v1/health HTTP/1.1\r\nHo",
@@ -302,6 +305,12 @@ func TestAResetConnectionIsNoServerError(t *testing.T) {
 		"half a body, shut": halfABody, // closed, not reset
 		"half a chunked body": "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n\r\n" +
 			"10\r\n{\"base_url\":\"htt",
+		// A chunk's size line begun, or every chunk sent and the trailer
+		// begun: closed there, fasthttp calls it a broken chunk.
+		"half a size line":       halfASizeLine,
+		"half a size line, shut": halfASizeLine,
+		"half a trailer":         halfATrailer,
+		"half a trailer, shut":   halfATrailer,
 	}
 	for _, name := range slices.Sorted(maps.Keys(sent)) {
 		conn := dial(t, gw.URL)

@@ -1,13 +1,20 @@
 package edge
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
+	"io"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -110,3 +117,42 @@ func unreadReasonOfSpan(spans []sdktrace.ReadOnlySpan, id string) string {
 	}
 	return ""
 }
+
+// A chunked body whose client closed or reset its connection in a chunk's
+// size line or in the trailer is a client that left (chunkCutByClient),
+// as fasthttp's read reports it: a broken chunk, which does not unwrap.
+// A size line that stops for a timeout, or holds a character it may not,
+// is not. (The raw connections of TestAResetConnectionIsNoServerError
+// meet the closes; a reset there comes as the read's own error, so the
+// reset inside a broken chunk is made here.)
+func TestABrokenChunkOfAClientThatLeftIsAClientThatLeft(t *testing.T) {
+	const chunked = "POST /v1/sync/prestashop/schema HTTP/1.1\r\nHost: gateway\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"10\r\n{\"base_url\":\"htt\r\n"
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	for _, tt := range []struct {
+		name, sent string
+		then       error
+		left       bool
+	}{
+		{"a size line, then the end", chunked + "1", io.EOF, true},
+		{"a size line, then a reset", chunked + "1\r", reset, true},
+		{"a trailer, then the end", chunked + "0\r\nX-Trailer: a", io.EOF, true},
+		{"a size line, then a timeout", chunked + "1\r", timeout, false},
+		{"a size line with a character it may not hold", chunked + "1x\r\n", io.EOF, false},
+	} {
+		var req fasthttp.Request
+		err := req.Read(bufio.NewReader(io.MultiReader(strings.NewReader(tt.sent), failingReader{tt.then})))
+		var brokenChunk fasthttp.ErrBrokenChunk
+		if !errors.As(err, &brokenChunk) {
+			t.Fatalf("%s: fasthttp's error = %v, want a broken chunk (its read changed: update chunkCutByClient)", tt.name, err)
+		}
+		if clientLeft(err) != tt.left {
+			t.Errorf("%s (%v): a client that left = %v, want %v", tt.name, err, !tt.left, tt.left)
+		}
+	}
+}
+
+type failingReader struct{ err error }
+
+func (r failingReader) Read([]byte) (int, error) { return 0, r.err }
