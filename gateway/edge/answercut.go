@@ -22,26 +22,28 @@ import (
 // answer it is writing, and a failed write is logged and counted under
 // that answer's request id (cutAnswer).
 
-// Causes of a cut, the cause label of gateway_answers_cut_total and the
-// cause field of its log line.
+// cutCause is why an answer was cut short: its name (cutCauses) is the
+// cause label of gateway_answers_cut_total and the cause field of its line.
+type cutCause int
+
 const (
-	cutClientLeft   = "client_left"   // the client closed or reset its connection
-	cutWriteTimeout = "write_timeout" // GATEWAY_WRITE_TIMEOUT passed: the client stopped reading
-	cutOther        = "other"         // anything else (the connection closed at shutdown)
+	cutClientLeft   cutCause = iota // the client closed or reset its connection
+	cutWriteTimeout                 // GATEWAY_WRITE_TIMEOUT passed: the client had stopped reading
+	cutOther                        // anything else (the connection closed under it at shutdown)
 )
 
-var cutCauses = [...]string{cutClientLeft, cutWriteTimeout, cutOther}
+var cutCauses = [...]string{cutClientLeft: "client_left", cutWriteTimeout: "write_timeout", cutOther: "other"}
 
-// cutCause names err, a failed write to a client's connection.
-func cutCause(err error) int {
+// causeOf names err, a failed write to a client's connection.
+func causeOf(err error) cutCause {
 	var ne net.Error
 	switch {
 	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET):
-		return 0
+		return cutClientLeft
 	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
-		return 1
+		return cutWriteTimeout
 	}
-	return 2
+	return cutOther
 }
 
 // answerListener hands out answerConns that report a cut through cut.
@@ -139,7 +141,7 @@ func forgetAnswer(c net.Conn) {
 // at most these: a reset drops what it had not read). No header or byte
 // of the request is logged, nor the error's text (it names addresses).
 func (g *Gateway) cutAnswer(a *answerNote, sent int64, err error) {
-	cause := cutCause(err)
+	cause := causeOf(err)
 	a.cuts[cause].Inc()
 	ctx := trace.ContextWithSpanContext(context.Background(), a.span)
 	g.log.LogAttrs(ctx, slog.LevelWarn, "answer cut short",
