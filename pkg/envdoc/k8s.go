@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -53,6 +54,9 @@ type Container struct {
 	// one): how long it serves on, out of its Service's endpoints, before
 	// Kubernetes sends SIGTERM.
 	PreStopSleep time.Duration
+	// MemoryRequest and MemoryLimit are resources.requests.memory and
+	// resources.limits.memory in bytes, 0 when left out.
+	MemoryRequest, MemoryLimit int64
 }
 
 // defaultGracePeriod is Kubernetes' terminationGracePeriodSeconds when a
@@ -256,6 +260,9 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 								Sleep struct{ Seconds int }
 							} `yaml:"preStop"`
 						}
+						Resources struct {
+							Requests, Limits struct{ Memory string }
+						}
 					}
 				}
 			}
@@ -275,6 +282,12 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 			out.GracePeriod = time.Duration(*s) * time.Second
 		}
 		out.PreStopSleep = time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
+		if out.MemoryRequest, err = quantity(c.Resources.Requests.Memory); err != nil {
+			return fmt.Errorf("container %s: resources.requests.memory: %w", c.Name, err)
+		}
+		if out.MemoryLimit, err = quantity(c.Resources.Limits.Memory); err != nil {
+			return fmt.Errorf("container %s: resources.limits.memory: %w", c.Name, err)
+		}
 		for _, p := range c.Ports {
 			out.Ports = append(out.Ports, p.ContainerPort)
 		}
@@ -286,6 +299,28 @@ func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, se
 		m.Containers[c.Name] = out
 	}
 	return nil
+}
+
+// quantity reads a Kubernetes memory quantity (64Mi, 1Gi, 500M, 1000) as
+// bytes; "" is 0 (left out). The forms this file could use, not all of
+// Kubernetes' (no exponents or fractions).
+func quantity(q string) (int64, error) {
+	if q == "" {
+		return 0, nil
+	}
+	for _, unit := range []struct {
+		suffix string
+		factor int64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"", 1}} {
+		if n, ok := strings.CutSuffix(q, unit.suffix); ok {
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err != nil || v < 0 {
+				break
+			}
+			return v * unit.factor, nil
+		}
+	}
+	return 0, fmt.Errorf("%q is no quantity this reader knows", q)
 }
 
 // addPolicy records the ports a NetworkPolicy lets in, for each app its pod

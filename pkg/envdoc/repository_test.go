@@ -5,8 +5,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/coinexport/export/pkg/gcdefaults"
 )
 
 // root is the repository's root, from this package's folder.
@@ -350,3 +353,68 @@ func namesAny(text string, funcs []string) bool {
 // one: from the root (gateway/e2e/spec_test.go, services/…/api/), or a
 // test file alone.
 var citedPath = regexp.MustCompile(`\b(?:(?:gateway|services|pkg|deploy)/[\w./-]*[\w/]|[\w-]+_test\.go)`)
+
+// benchmarkPeakRSS are the peak RSS rows of BENCHMARKS.md's table (loadgen
+// rss: VmHWM in MiB), by container name: "| peak RSS, export reader | 116 MB |".
+var benchmarkPeakRSS = regexp.MustCompile(`(?m)^\| peak RSS, ([a-z]+(?: [a-z]+)?) \| (\d+) MB \|`)
+
+// Each Deployment's memory request holds its binary's peak RSS measured
+// under the bench's load, and its limit stays above the Go soft limit the
+// binary runs with. A request below what the pod uses lets the scheduler
+// pack nodes past their memory, and a node under pressure evicts first the
+// pods using more than they requested: export-reader requested 64Mi while
+// BENCHMARKS.md measured it at 116 MB, so every busy reader was the first
+// to go. A GOMEMLIMIT at or above the limit would have the pod killed
+// before the collector works harder.
+func TestMemoryRequestsHoldTheMeasuredPeaks(t *testing.T) {
+	m, err := ReadManifest(filepath.Join(root, ManifestFile), Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bench, err := os.ReadFile(filepath.Join(root, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peaks := map[string]int64{}
+	for _, row := range benchmarkPeakRSS.FindAllStringSubmatch(string(bench), -1) {
+		name := strings.ReplaceAll(row[1], " ", "-")
+		if _, ok := m.Containers[name]; ok {
+			mib, _ := strconv.ParseInt(row[2], 10, 64)
+			peaks[name] = mib << 20
+		}
+	}
+	for _, name := range []string{"gateway", "export-reader", "sales-writer", "shop-schema"} {
+		c, ok := m.Containers[name]
+		peak, measured := peaks[name]
+		switch {
+		case !ok:
+			t.Errorf("%s: no container %s", ManifestFile, name)
+			continue
+		case !measured:
+			t.Errorf("BENCHMARKS.md: no row \"| peak RSS, %s | N MB |\"", strings.ReplaceAll(name, "-", " "))
+		case c.MemoryRequest < peak:
+			t.Errorf("%s: %s requests %d MiB of memory, under its peak RSS in BENCHMARKS.md, %d MiB", ManifestFile, name, c.MemoryRequest>>20, peak>>20)
+		}
+		if soft := goMemoryLimit(t, name, c.Env); soft > 0 && c.MemoryLimit > 0 && soft >= c.MemoryLimit {
+			t.Errorf("%s: %s's memory limit, %d MiB, is not above the GOMEMLIMIT it runs with, %d MiB", ManifestFile, name, c.MemoryLimit>>20, soft>>20)
+		}
+	}
+}
+
+// goMemoryLimit is the Go soft memory limit a binary runs with in env: its
+// GOMEMLIMIT, else gcdefaults' for the binaries that apply it (README's
+// table: the gateway and sales-writer), else 0 (none).
+func goMemoryLimit(t *testing.T, binary string, env map[string]string) int64 {
+	v, ok := env["GOMEMLIMIT"]
+	if !ok || v == "off" {
+		if !ok && (binary == "gateway" || binary == "sales-writer") {
+			return gcdefaults.MemoryLimit
+		}
+		return 0
+	}
+	n, err := quantity(strings.TrimSuffix(v, "B"))
+	if err != nil {
+		t.Fatalf("%s: %s's GOMEMLIMIT: %v", ManifestFile, binary, err)
+	}
+	return n
+}
