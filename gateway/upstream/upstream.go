@@ -639,13 +639,18 @@ func (u *Upstream) markDown(inst *Instance, d time.Duration, reason string) {
 	}
 }
 
-// markUp takes inst back at once, and tells of it if it was down.
+// markUp takes inst back at once, and tells of it if it was down. An
+// instance back from down is most often a process started again (a
+// rolling restart): the connections kept alive to the one that stopped
+// are dead, and the first request sent on one would fail and be repeated,
+// so they are closed first.
 func (u *Upstream) markUp(inst *Instance) {
 	inst.stateMu.Lock()
 	defer inst.stateMu.Unlock()
 	inst.downUntil.Store(0)
 	if inst.toldDown {
 		inst.toldDown, inst.toldReason = false, ""
+		inst.client.CloseIdleConnections()
 		u.tell(inst, true, "its health probe answers")
 	}
 }

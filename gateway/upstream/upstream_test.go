@@ -280,6 +280,30 @@ func TestARepeatGoesOutOnANewConnection(t *testing.T) {
 	}
 }
 
+// A rolling restart seen by the prober: a stopped (its probe refused, so
+// it is out), started again, and its probe answers. The connections kept
+// alive to the process that stopped are dead; the first request to a must
+// not go out on one of them: it did, failed "closed" and was sent again,
+// once per restart, in a drill restarting two export-reader instances in
+// turn under syncs (7 repeats in 16 restarts, gateway_upstream_retries_total
+// and a WARN each).
+func TestAnInstanceBackUpIsAskedOnANewConnection(t *testing.T) {
+	a, _, u, toA := twoInstancesWithKeptConnections(t)
+	instA := u.rendezvous(nil, toA)
+	a.stop()
+	u.judge(instA, probeFailed, reasonRefused, time.Second)
+	a.start()
+	u.judge(instA, probeAnswered, "", time.Second)
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod("GET")
+	out, err := u.Do(req, resp, "/v1/x", Repeat{IfClosed: true}, toA)
+	if err != nil || resp.StatusCode() != 200 || out.Repeated != nil || out.Instance != a.url() {
+		t.Fatalf("GET to a once back up = %d from %s, repeated after %v, %v; want 200 from a at the first attempt", resp.StatusCode(), out.Instance, out.Repeated, err)
+	}
+}
+
 // An answer the caller asked for as a stream (the gateway's list pages,
 // which may be 5 MB) is streamed on a repeat too: Reset, before the repeat,
 // clears the request's choice, and the repeat's page was read whole, into
