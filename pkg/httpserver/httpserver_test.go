@@ -863,6 +863,54 @@ func TestErrorsAreCountedByCode(t *testing.T) {
 	}
 }
 
+// A handler that panics after it has sent its status gets no envelope
+// after its bytes (a second status cannot follow), and its panic is still
+// counted, logged once and marks its span failed, though the status says
+// 200: the one request whose span nothing else marks.
+func TestAPanicAfterTheStatusIsStillRecorded(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/half", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"data":[`))
+		panic("boom")
+	})
+	var logs bytes.Buffer
+	sr := tracetest.NewSpanRecorder()
+	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(&logs, nil)), Signer: signer,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	req, _ := http.NewRequest("GET", ts.URL+"/v1/half", nil)
+	signAsReader(signer, req)
+	req.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != `{"data":[` {
+		t.Errorf("answer = %d %q, want the handler's 200 and its bytes alone", resp.StatusCode, body)
+	}
+	if got := testutil.ToFloat64(srv.metrics.panics); got != 1 {
+		t.Errorf("http_panics_total = %v, want 1", got)
+	}
+	if n := strings.Count(logs.String(), `"msg":"panic"`); n != 1 {
+		t.Errorf("%d panic lines, want 1:\n%s", n, logs.String())
+	}
+	spans := sr.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1", len(spans))
+	}
+	if status := spans[0].Status(); status.Code != codes.Error {
+		t.Errorf("span status = %+v, want an error", status)
+	}
+}
+
 func TestLoggableClientValue(t *testing.T) {
 	long := strings.Repeat("é", maxClientValue+1)
 	for _, tt := range []struct{ value, want string }{
