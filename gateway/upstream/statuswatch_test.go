@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/gateway/lazydeadline"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/valyala/fasthttp"
 )
@@ -127,7 +128,9 @@ func TestWatchedConnWatchesEachAnswer(t *testing.T) {
 // watch would read ciphertext, where a space then three digits would pass
 // for a status (one to refuse about once in 70,000 answers: a space before
 // a line feed, 1/2, three digits, (10/256)^3, half of the codes refused).
-func TestOnlyPlainConnectionsAreWatched(t *testing.T) {
+// Requests' connections set their deadlines lazily; the probe's are the
+// connections dialled, bare; both speak TLS exactly to an https instance.
+func TestEachClientOfAnInstanceDialsItsOwnConnections(t *testing.T) {
 	addr := testenv.ServeConns(t, func(conn net.Conn) { _, _ = io.Copy(io.Discard, conn) })
 	for _, scheme := range []string{"http", "https"} {
 		p, err := ParseInstanceURL(scheme + "://" + addr)
@@ -142,6 +145,25 @@ func TestOnlyPlainConnectionsAreWatched(t *testing.T) {
 		conn.Close()
 		if _, watched := conn.(*watchedConn); watched != (scheme == "http") {
 			t.Errorf("%s: a connection watched: %v, want %v", scheme, watched, scheme == "http")
+		}
+		if w, ok := conn.(*watchedConn); ok {
+			conn = w.Conn
+		}
+		if _, lazy := conn.(*lazydeadline.Conn); !lazy {
+			t.Errorf("%s: a request's connection is a %T, want its deadlines set lazily", scheme, conn)
+		}
+		// The probe's short timeouts are kept exact, and its answers are
+		// read by itself: its connection is the one dialled, bare.
+		probed, err := inst.probe.Dial(inst.probe.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		probed.Close()
+		if _, bare := probed.(*net.TCPConn); !bare {
+			t.Errorf("%s: the probe's connection is a %T, want the one dialled", scheme, probed)
+		}
+		if inst.client.IsTLS != (scheme == "https") || inst.probe.IsTLS != (scheme == "https") {
+			t.Errorf("%s: TLS for requests %v, for the probe %v; want both %v", scheme, inst.client.IsTLS, inst.probe.IsTLS, scheme == "https")
 		}
 	}
 }
