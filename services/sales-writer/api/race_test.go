@@ -256,21 +256,29 @@ func TestARetryBehindItsFirstAttemptOnALockedItemReplaysIt(t *testing.T) {
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
 	hs := instances(t, f, 2)
+	// Registered before the row is locked, so run after its rollback: a
+	// test that fails early still waits for its calls, which log.
+	var sending sync.WaitGroup
+	t.Cleanup(sending.Wait)
 	holder := lockItem(t, f, "coin-1")
 	confirm := call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1}
 	first, retry := make(chan map[string]any, 1), make(chan map[string]any, 1)
 	send := func(h http.Handler, to chan<- map[string]any) {
+		var got map[string]any
+		// Deferred, so that serve's or result's t.Fatalf, which ends this
+		// goroutine, still answers (nil) instead of leaving the test
+		// waiting for the answer until its binary times out.
+		defer func() { to <- got }()
 		rec, env := serve(t, h, f.signer, confirm)
 		if rec.Code != http.StatusOK {
 			t.Errorf("confirm = %d %s, want 200", rec.Code, rec.Body)
-			to <- nil
 			return
 		}
-		to <- result(t, env)
+		got = result(t, env)
 	}
-	go send(hs[0], first)
+	sending.Go(func() { send(hs[0], first) })
 	firstPid := waitBlockedBy(t, f, backendPid(t, holder))
-	go send(hs[1], retry)
+	sending.Go(func() { send(hs[1], retry) })
 	waitBlockedBy(t, f, firstPid)
 	if err := holder.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
