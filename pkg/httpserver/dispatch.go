@@ -122,10 +122,19 @@ func (s *Server) dispatch() http.Handler {
 			keepNotes: s.cfg.Log.Enabled(r.Context(), slog.LevelInfo)}
 		route := "unmatched"
 		defer func() {
-			if p := recover(); p != nil {
+			p := recover()
+			// The status and part of the body already gone: ended
+			// normally, a chunked answer would end well formed, a 200
+			// holding half a document. Aborted, the caller reads a broken
+			// answer (the gateway: a 502 or a cut relay), never a whole one.
+			abort := p != nil && rec.wroteHeader
+			if p != nil {
 				s.recovered(rec, r, p)
 			}
 			s.observe(r, route, rec, time.Since(start))
+			if abort {
+				panic(http.ErrAbortHandler)
+			}
 		}()
 
 		if r.URL.Path == healthPath {
@@ -170,7 +179,7 @@ func (s *Server) dispatch() http.Handler {
 // recovered answers a handler's panic p: counted, logged with its stack,
 // the span marked, and a 500 envelope (the handler's own panic answer, see
 // AnswerPanicWith) unless the handler had already sent its status: a
-// second one cannot follow.
+// second one cannot follow, and dispatch aborts the answer instead.
 func (s *Server) recovered(rec *statusRecorder, r *http.Request, p any) {
 	s.metrics.panics.Inc()
 	s.cfg.Log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
