@@ -168,6 +168,20 @@ func TestHTTP2Faults(t *testing.T) {
 		{"RST_STREAM HTTP_1_1_REQUIRED", reset(http2.ErrCodeHTTP11Required), "shop_bad_response", []string{"HTTP/2 error HTTP_1_1_REQUIRED"}},
 		{"RST_STREAM INTERNAL_ERROR", reset(http2.ErrCodeInternal), "shop_unavailable", []string{"INTERNAL_ERROR"}},
 		{"RST_STREAM ENHANCE_YOUR_CALM", reset(http2.ErrCodeEnhanceYourCalm), "shop_unavailable", []string{"retry later"}},
+		// A code RFC 9113 does not define, which Go names by number.
+		{"GOAWAY of an unknown code", goAway(false, 0x99), "shop_bad_response", []string{"HTTP/2 error of an unknown code"}},
+		{"RST_STREAM of an unknown code", reset(0x99), "shop_bad_response", []string{"HTTP/2 error of an unknown code"}},
+		// Go's reader ends the stream without a cause for a frame the
+		// server may not send there: no header is at fault.
+		{"DATA before the answer's HEADERS", func(fr *http2.Framer, stream uint32, _ string) bool {
+			_ = fr.WriteData(stream, true, []byte("{}"))
+			return false
+		}, "shop_bad_response", []string{"a frame out of place"}},
+		{"a frame larger than the client allows", func(fr *http2.Framer, stream uint32, _ string) bool {
+			writeHeaders(fr, stream, hpack.HeaderField{Name: ":status", Value: "200"})
+			_ = fr.WriteData(stream, false, bytes.Repeat([]byte("{"), 2<<20))
+			return false
+		}, "shop_bad_response", []string{"a frame larger than the client allows"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			base, env := serveHTTP2Frames(t, tt.answer)

@@ -200,6 +200,11 @@ func streamFault(streamErr http2.StreamError) (Kind, string) {
 		return sentByServer(streamErr.Code)
 	case h2HeaderListTooLarge:
 		return KindTooLarge, reasonHeadersTooLarge
+	case "":
+		// Go's reader gives no cause for a frame the server may not send
+		// where it did (DATA before the answer's HEADERS or after its
+		// end, a padding longer than the frame): no header is at fault.
+		return KindBadResponse, "the shop's server broke HTTP/2 (a frame out of place or malformed)"
 	}
 	return KindBadResponse, "the shop's server sent a malformed HTTP/2 answer (a header that does not parse)"
 }
