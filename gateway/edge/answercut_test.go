@@ -241,3 +241,50 @@ func TestAClientThatStopsReadingIsCutByTheWriteTimeout(t *testing.T) {
 		t.Errorf("cut lines = %+v, want one of %s, write_timeout, 200", lines, id)
 	}
 }
+
+// An answer written on a kept-alive connection after the last answer's
+// GATEWAY_WRITE_TIMEOUT has passed has a write deadline of its own: the
+// refusal of a head that cannot be read or comes too slowly, and a 100
+// Continue. fasthttp sets the deadline only before a handler's answer and
+// left it on the connection; its error handler's answer and its 100
+// Continue were written under the last one's, passed, and never reached
+// the client (the connection closed without a word: a client idle for
+// 50 s whose next head then stalled had no 408). The gateway now sets each
+// answer's deadline as it notes it (noteAnswer), and fasthttp clears it
+// once the answer is written.
+func TestALateAnswerOnAKeptAliveConnectionIsWritten(t *testing.T) {
+	dsn, _, _ := seed(t)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn,
+		"GATEWAY_WRITE_TIMEOUT": "300ms", "GATEWAY_READ_TIMEOUT": "200ms"})
+	const unmatched = "POST /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\n"
+	for _, tc := range []struct {
+		name, second string
+		want         []int // the answers to it
+	}{
+		{"a head that cannot be read", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nBad Header\r\n\r\n", []int{400}},
+		{"a head that stops coming", "GET /v1/health HTTP/1.1\r\nHo", []int{408}},
+		{"a 100 Continue", unmatched + "Expect: 100-continue\r\n\r\n{}", []int{100, 404}},
+	} {
+		conn := dial(t, gw.URL)
+		r := bufio.NewReader(conn)
+		if _, err := io.WriteString(conn, unmatched+"\r\n{}"); err != nil {
+			t.Fatal(err)
+		}
+		first, _ := readHead(t, r)
+		if _, err := io.Copy(io.Discard, first.Body); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond) // past the first answer's write deadline
+		if _, err := io.WriteString(conn, tc.second); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for _, want := range tc.want {
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil || resp.StatusCode != want {
+				t.Errorf("%s: answer %v, %v; want %d", tc.name, resp, err, want)
+				break
+			}
+		}
+	}
+}
