@@ -27,20 +27,22 @@ import (
 type cutCause int
 
 const (
-	cutClientLeft   cutCause = iota // the client closed or reset its connection
+	cutClientLeft   cutCause = iota // the client closed or reset its connection, or the kernel gave up on it
 	cutWriteTimeout                 // GATEWAY_WRITE_TIMEOUT passed: the client had stopped reading
 	cutOther                        // anything else (the connection closed under it at shutdown)
 )
 
 var cutCauses = [...]string{cutClientLeft: "client_left", cutWriteTimeout: "write_timeout", cutOther: "other"}
 
-// causeOf names err, a failed write to a client's connection.
+// causeOf names err, a failed write to a client's connection. Only the
+// deadline's own error is the write timeout: ETIMEDOUT, the kernel giving
+// up on a client that stopped acknowledging, says Timeout() too, and is a
+// client gone (TestAnAnswerIsCutByTheWriteTimeoutOnlyWhenItPassed).
 func causeOf(err error) cutCause {
-	var ne net.Error
 	switch {
-	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET):
+	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ETIMEDOUT):
 		return cutClientLeft
-	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		return cutWriteTimeout
 	}
 	return cutOther

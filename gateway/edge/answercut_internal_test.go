@@ -136,3 +136,27 @@ func TestAWriteAfterAnAnswerTakenWholeIsNotBlamedOnIt(t *testing.T) {
 		}
 	}
 }
+
+// A failed write is write_timeout only when GATEWAY_WRITE_TIMEOUT passed
+// (the deadline's own error). The kernel giving up on a client that
+// stopped answering (ETIMEDOUT, once its retransmissions went unanswered
+// for about 15 minutes: reached with GATEWAY_WRITE_TIMEOUT set longer) is
+// a Timeout() error too, and was counted as the write timeout, which was
+// not set to pass yet: it is a client gone, as a reset is.
+func TestAnAnswerIsCutByTheWriteTimeoutOnlyWhenItPassed(t *testing.T) {
+	writeErr := func(err error) error { return &net.OpError{Op: "write", Net: "tcp", Err: err} }
+	for _, tc := range []struct {
+		err  error
+		want cutCause
+	}{
+		{writeErr(os.NewSyscallError("write", syscall.EPIPE)), cutClientLeft},
+		{writeErr(os.NewSyscallError("write", syscall.ECONNRESET)), cutClientLeft},
+		{writeErr(os.NewSyscallError("write", syscall.ETIMEDOUT)), cutClientLeft},
+		{writeErr(os.ErrDeadlineExceeded), cutWriteTimeout},
+		{writeErr(net.ErrClosed), cutOther},
+	} {
+		if got := causeOf(tc.err); got != tc.want {
+			t.Errorf("causeOf(%v) = %s, want %s", tc.err, cutCauses[got], cutCauses[tc.want])
+		}
+	}
+}

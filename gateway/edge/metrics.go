@@ -84,7 +84,7 @@ func newMetrics() *metrics {
 		}, []string{"upstream", "upstream_instance", "kind"}),
 		answersCut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gateway_answers_cut_total",
-			Help: "Answers the gateway could not finish writing to their client, by route and cause (client_left: the client closed or reset its connection; write_timeout: GATEWAY_WRITE_TIMEOUT passed, the client had stopped reading; other). Each also has a warn line, \"answer cut short\", with its request id.",
+			Help: "Answers the gateway could not finish writing to their client, by route and cause (client_left: the client closed or reset its connection, or the kernel gave up on it; write_timeout: GATEWAY_WRITE_TIMEOUT passed, the client had stopped reading; other). Each also has a warn line, \"answer cut short\", with its request id.",
 		}, []string{"route", "cause"}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
