@@ -12,6 +12,7 @@ import (
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -105,14 +106,14 @@ func (c *answerConn) Write(p []byte) (int, error) {
 // written. Without it, an answer to a pipelined request (the next one
 // already read) waits in fasthttp's write buffer, to go with the next
 // answer's first bytes: a write that failed then cut two answers, and the
-// bytes written from the second's start counted the first's. The deadline
-// is the one fasthttp would set itself at the same moment.
+// bytes written from the second's start counted the first's.
 func (g *Gateway) noteAnswer(c *fiber.Ctx, rq *request, status int, rm *routeMetrics) {
 	rctx := c.Context()
 	ac, ok := rctx.Conn().(*answerConn)
 	if !ok {
 		return
 	}
+	g.setWriteDeadline(rctx)
 	if status == httpserver.StatusClientClosed {
 		// Its client left before its request was whole (answerUnreadableRequests),
 		// as its access line says: the answer is written to no one, and a
@@ -122,20 +123,31 @@ func (g *Gateway) noteAnswer(c *fiber.Ctx, rq *request, status int, rm *routeMet
 	}
 	ac.answer = answerNote{set: true, span: rq.span.SpanContext(), method: rq.method, route: rq.route, status: status,
 		cuts: &rm.cuts, from: ac.sent}
+}
+
+// noteContinue tells the connection of rctx, if it is an answerConn, that
+// what it writes next is a 100 Continue, not the last answer noted (which
+// was flushed by then), and gives it a write deadline.
+func (g *Gateway) noteContinue(rctx *fasthttp.RequestCtx) {
+	if ac, ok := rctx.Conn().(*answerConn); ok {
+		ac.answer.set = false
+		g.setWriteDeadline(rctx)
+	}
+}
+
+// setWriteDeadline gives what fasthttp writes next on rctx's connection
+// GATEWAY_WRITE_TIMEOUT from now, the deadline fasthttp sets itself before
+// a handler's answer alone. Once a deadline the handler set has served its
+// answer, fasthttp clears it: a write after it that the gateway gives none
+// (a 100 Continue, a 499) had none, and to a client that reads nothing
+// could block for as long as that client kept its connection
+// (TestEveryWriteToAClientHasADeadline).
+func (g *Gateway) setWriteDeadline(rctx *fasthttp.RequestCtx) {
 	var deadline time.Time
 	if g.cfg.WriteTimeout > 0 {
 		deadline = time.Now().Add(g.cfg.WriteTimeout)
 	}
 	_ = rctx.SetWriteDeadline(deadline) // fails only on a connection already closed
-}
-
-// forgetAnswer tells the connection of c, if it is an answerConn, that
-// what it writes next is not the last answer noted (a 100 Continue, sent
-// once that answer was flushed).
-func forgetAnswer(c net.Conn) {
-	if ac, ok := c.(*answerConn); ok {
-		ac.answer.set = false
-	}
 }
 
 // cutAnswer logs and counts answer a, cut short by err once its client's

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
 )
 
 // clientConn is a client's connection as fasthttp's server sees it, played
@@ -21,12 +23,15 @@ import (
 // from then on fails as a write to a reset connection does, and every read
 // past the script fails with then. It is driven on the server's one
 // goroutine (ServeConn), so a failed write is the one the script says,
-// where a real client's reset races the server's reads.
+// where a real client's reset races the server's reads. undated are the
+// first lines of the writes made with no write deadline set.
 type clientConn struct {
-	reads   []string
-	then    error
-	left    bool
-	written bytes.Buffer
+	reads         []string
+	then          error
+	left          bool
+	written       bytes.Buffer
+	writeDeadline time.Time
+	undated       []string
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -42,6 +47,10 @@ func (c *clientConn) Read(p []byte) (int, error) {
 }
 
 func (c *clientConn) Write(p []byte) (int, error) {
+	if c.writeDeadline.IsZero() {
+		line, _, _ := bytes.Cut(p, []byte("\r\n"))
+		c.undated = append(c.undated, string(line))
+	}
 	if c.left {
 		return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.ECONNRESET)}
 	}
@@ -55,9 +64,59 @@ func (c *clientConn) LocalAddr() net.Addr {
 func (c *clientConn) RemoteAddr() net.Addr {
 	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
 }
-func (c *clientConn) SetDeadline(time.Time) error      { return nil }
-func (c *clientConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *clientConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *clientConn) SetDeadline(t time.Time) error      { return c.SetWriteDeadline(t) }
+func (c *clientConn) SetReadDeadline(time.Time) error    { return nil }
+func (c *clientConn) SetWriteDeadline(t time.Time) error { c.writeDeadline = t; return nil }
+
+// serveScript serves a connection that plays reads, then then, as the
+// listener's would be (answerConn), and returns it once served.
+func serveScript(g *Gateway, then error, reads ...string) *clientConn {
+	conn := &clientConn{reads: reads, then: then}
+	_ = g.app.Server().ServeConn(&answerConn{Conn: conn, cut: g.cutAnswer})
+	return conn
+}
+
+// startForScripts starts a gateway for serveScript: served once through
+// its listener, as Fiber builds its routes when it starts serving
+// (Listener), and ServeConn must not come before.
+func startForScripts(t *testing.T) (*Gateway, *testenv.Output) {
+	g, logs := startWithHook(t, nil, nil)
+	get(t, "http://"+g.Addr()+"/v1/no-such-route", nil)
+	return g, logs
+}
+
+// firstRequest is the request each script of afterAnAnswer starts with,
+// answered 404 and taken whole.
+const firstRequest = "GET /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\n\r\n"
+
+// overLimit is the head of a sale whose body is over BodyLimit, but for
+// its empty line.
+var overLimit = fmt.Sprintf("POST /v1/export/items/a/sales/confirm HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\n",
+	BodyLimit+1)
+
+// afterAnAnswer are second requests on a kept-alive connection after the
+// answer to firstRequest, each answered by a different writer: the
+// route's handler, fasthttp's error handler, ExpectHandler, fasthttp's
+// 100 Continue.
+var afterAnAnswer = []struct {
+	name   string
+	second string
+	then   error  // the reads past it
+	status int    // of the second answer's cut line; 0: none
+	route  string // of that line
+}{
+	{"a 100 Continue", "POST /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n",
+		io.EOF, 0, ""},
+	{"a HEAD", "HEAD /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\n\r\n", io.EOF, 404, "unmatched"},
+	{"a malformed head", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nBad Header\r\n\r\n", io.EOF, 400, "unrouted"},
+	{"a head too large", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-Large: " + strings.Repeat("a", 9000) + "\r\n\r\n",
+		io.EOF, 431, "unrouted"},
+	{"a body over the limit", overLimit + "\r\n", io.EOF, 413, "POST /v1/export/items/{item_id}/sales/confirm"},
+	{"a body over the limit with Expect", overLimit + "Expect: 100-continue\r\n\r\n", io.EOF, 413,
+		"POST /v1/export/items/{item_id}/sales/confirm"},
+	{"a head that stops coming", "GET /v1/health HTTP/1.1\r\nHo", timeoutErr, 408, "unrouted"},
+	{"a client that left mid-head", "GET /v1/health HTTP/1.1\r\nHo", resetErr, 0, ""},
+}
 
 // Reads past the script: its deadline passed, its client reset it.
 var (
@@ -79,38 +138,14 @@ type cutLineOf struct {
 // bytes). fasthttp writes its own refusals (a head it cannot read, too
 // large, too slow; a body over the limit) through the error handler, which
 // notes them as every answer is (end); a 100 Continue is noted as no
-// answer (forgetAnswer: without it, its failed write was logged under the
+// answer (noteContinue: without it, its failed write was logged under the
 // first request's id, status 404); a 499, to a client that left, is not
 // noted. The client here leaves once it has sent its second request.
 func TestAWriteAfterAnAnswerTakenWholeIsNotBlamedOnIt(t *testing.T) {
-	g, logs := startWithHook(t, nil, nil)
-	// Served once through its listener: Fiber builds its routes as it
-	// starts serving (Listener), and ServeConn must not come before.
-	get(t, "http://"+g.Addr()+"/v1/no-such-route", nil)
-	const first = "GET /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\n\r\n"
-	overLimit := fmt.Sprintf("POST /v1/export/items/a/sales/confirm HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\n", BodyLimit+1)
-	for _, tc := range []struct {
-		name   string
-		second string
-		then   error  // the reads past it
-		status int    // of the second answer's cut line; 0: none
-		route  string // of that line
-	}{
-		{"a 100 Continue", "POST /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n",
-			io.EOF, 0, ""},
-		{"a HEAD", "HEAD /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\n\r\n", io.EOF, 404, "unmatched"},
-		{"a malformed head", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nBad Header\r\n\r\n", io.EOF, 400, "unrouted"},
-		{"a head too large", "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nX-Large: " + strings.Repeat("a", 9000) + "\r\n\r\n",
-			io.EOF, 431, "unrouted"},
-		{"a body over the limit", overLimit + "\r\n", io.EOF, 413, "POST /v1/export/items/{item_id}/sales/confirm"},
-		{"a body over the limit with Expect", overLimit + "Expect: 100-continue\r\n\r\n", io.EOF, 413,
-			"POST /v1/export/items/{item_id}/sales/confirm"},
-		{"a head that stops coming", "GET /v1/health HTTP/1.1\r\nHo", timeoutErr, 408, "unrouted"},
-		{"a client that left mid-head", "GET /v1/health HTTP/1.1\r\nHo", resetErr, 0, ""},
-	} {
+	g, logs := startForScripts(t)
+	for _, tc := range afterAnAnswer {
 		before := len(logs.String())
-		conn := &clientConn{reads: []string{first, tc.second}, then: tc.then}
-		_ = g.app.Server().ServeConn(&answerConn{Conn: conn, cut: g.cutAnswer})
+		conn := serveScript(g, tc.then, firstRequest, tc.second)
 		resp, err := http.ReadResponse(bufio.NewReader(&conn.written), nil)
 		if err != nil || resp.StatusCode != http.StatusNotFound {
 			t.Fatalf("%s: the first answer: %v, %v", tc.name, resp, err)
@@ -158,5 +193,28 @@ func TestAnAnswerIsCutByTheWriteTimeoutOnlyWhenItPassed(t *testing.T) {
 		if got := causeOf(tc.err); got != tc.want {
 			t.Errorf("causeOf(%v) = %s, want %s", tc.err, cutCauses[got], cutCauses[tc.want])
 		}
+	}
+}
+
+// Every write to a client has a write deadline: each answer's is set as it
+// is noted (noteAnswer), and fasthttp clears it once the answer is
+// written, so what the gateway does not note had none. A 100 Continue and
+// the 499 to a client that left mid-request were written so: to a client
+// that reads nothing (its window closed, the socket's buffer full) such a
+// write could block, holding the connection and its goroutine for as long
+// as the client kept it open. (fasthttp alone left the last answer's
+// deadline on the connection for them, passed or not.)
+func TestEveryWriteToAClientHasADeadline(t *testing.T) {
+	g, _ := startForScripts(t)
+	for _, tc := range afterAnAnswer {
+		if conn := serveScript(g, tc.then, firstRequest, tc.second); len(conn.undated) != 0 {
+			t.Errorf("%s: written without a write deadline: %q", tc.name, conn.undated)
+		}
+	}
+	// The 100 Continue to a client that stays, and the answer after it.
+	conn := serveScript(g, io.EOF, "POST /v1/no-such-route HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n",
+		"{}", firstRequest)
+	if len(conn.undated) != 0 || !strings.HasPrefix(conn.written.String(), "HTTP/1.1 100 Continue") {
+		t.Errorf("a 100 Continue first: written without a write deadline: %q (written %q)", conn.undated, conn.written.String())
 	}
 }

@@ -81,7 +81,7 @@ func (g *Gateway) newApp() *fiber.App {
 func (g *Gateway) refuseLargeBodiesBeforeContinue(app *fiber.App) {
 	app.Server().ExpectHandler = func(rctx *fasthttp.RequestCtx) int {
 		if rctx.Request.Header.ContentLength() <= BodyLimit {
-			forgetAnswer(rctx.Conn()) // the 100 Continue is not the last answer's
+			g.noteContinue(rctx)
 			return fasthttp.StatusContinue
 		}
 		c := app.AcquireCtx(rctx)
