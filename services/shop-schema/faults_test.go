@@ -192,6 +192,21 @@ func TestHTTP2Faults(t *testing.T) {
 	}
 }
 
+// A shop that pushes a stream's flow-control window past 2^31-1 (two
+// WINDOW_UPDATEs: a FLOW_CONTROL_ERROR, RFC 9113 6.9.1) gets its call
+// refused at once. The HTTP/2 client bundled in Go 1.26.8's net/http
+// deadlocked its connection's read loop on it: the call outlived its 5 s
+// for good, holding its slot, and any shop could take every slot so.
+func TestAShopCannotHangACallOverHTTP2(t *testing.T) {
+	base, env := serveHTTP2Frames(t, func(fr *http2.Framer, stream uint32, _ string) bool {
+		_ = fr.WriteWindowUpdate(stream, 1<<31-1)
+		_ = fr.WriteWindowUpdate(stream, 1<<31-1)
+		return false
+	})
+	svc := startService(t, nil, env)
+	readFailsWith(t, svc, base, "shop_bad_response", "broke HTTP/2")
+}
+
 // readFailsWith has svc read the shop at base and holds that the answer is
 // 502 code with a message that says each of want, and that neither the
 // message nor the log holds the key.
