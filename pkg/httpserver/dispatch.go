@@ -126,7 +126,9 @@ func (s *Server) dispatch() http.Handler {
 			// The status and part of the body already gone: ended
 			// normally, a chunked answer would end well formed, a 200
 			// holding half a document. Aborted, the caller reads a broken
-			// answer (the gateway: a 502 or a cut relay), never a whole one.
+			// answer (the gateway: a 502 or a cut relay), or none when all
+			// of it was still in net/http's buffer (the gateway sends a GET
+			// or a keyed sale again), never a whole one.
 			abort := p != nil && rec.wroteHeader
 			if p != nil {
 				s.recovered(rec, r, p)

@@ -916,6 +916,46 @@ func TestAPanicAfterTheStatusIsStillRecorded(t *testing.T) {
 	}
 }
 
+// A handler that panics after writing a whole answer that is still in
+// net/http's buffer (every envelope under 2 KiB, a sale's among them) has
+// it dropped whole: the connection closes before a byte is sent, which
+// the gateway takes for a connection closed before any answer (a GET and
+// a sale with its Idempotency-Key are sent again, the sale's repeat
+// replaying it). The access line still says the status the handler set.
+func TestAPanicAfterAWholeUnsentAnswerDropsIt(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/whole", func(w http.ResponseWriter, r *http.Request) {
+		envelope.WriteData(w, http.StatusOK, map[string]string{"sale": "applied"}, envelope.Meta{RequestID: RequestID(r)})
+		panic("boom")
+	})
+	var logs bytes.Buffer
+	srv := New(Config{Service: "test", Log: slog.New(slog.NewJSONHandler(&logs, nil)), Signer: signer}, mux)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	req, _ := http.NewRequest("GET", ts.URL+"/v1/whole", nil)
+	signAsReader(signer, req)
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(conn)
+	if len(got) != 0 || err != nil {
+		t.Errorf("read %q, %v; want the connection closed before any byte", got, err)
+	}
+	if !strings.Contains(logs.String(), `"status":200`) {
+		t.Errorf("the access line does not say the handler's 200:\n%s", logs.String())
+	}
+}
+
 func TestLoggableClientValue(t *testing.T) {
 	long := strings.Repeat("é", maxClientValue+1)
 	for _, tt := range []struct{ value, want string }{
