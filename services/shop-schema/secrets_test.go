@@ -259,6 +259,54 @@ func percentEncoded(s string) string {
 	return b.String()
 }
 
+// dialCounter resolves every name to loopback and counts the lookups: for
+// an allow-listed name the guard's dialer makes one per connection, and
+// nothing else looks it up.
+type dialCounter struct{ lookups atomic.Int64 }
+
+func (d *dialCounter) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	d.lookups.Add(1)
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+}
+
+// Every connection to a shop is opened by the guard's dialer, over HTTP/2
+// (negotiated by ALPN) and HTTP/1.1 (a shop that offers no h2) alike: the
+// HTTP/2 client, golang.org/x/net's since 5029d21, takes the connections
+// net/http dialled and opens none of its own, whose address no guard
+// would check. The reads' spans say which protocol was spoken.
+func TestEveryShopConnectionIsDialledByTheGuard(t *testing.T) {
+	for _, http2 := range []bool{true, false} {
+		shop := fakeshop.Sample("8", false)
+		shop.HTTP2 = http2
+		shop.Start(t.Cleanup)
+		_, port, _ := net.SplitHostPort(shop.Addr())
+		dials := &dialCounter{}
+		// example.com: a name httptest's certificate holds.
+		svc := startServiceWith(t, shop, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": "example.com"}, dials)
+		for range 3 {
+			if status, env := svc.post(t, body("https://example.com:"+port, fakeshop.Key)); status != http.StatusOK {
+				t.Fatalf("POST schema (HTTP/2 %v) = %d %+v, want 200", http2, status, env.Error)
+			}
+		}
+		if conns := shop.Connections(); conns == 0 || conns != dials.lookups.Load() {
+			t.Errorf("HTTP/2 %v: the shop accepted %d connections, the guard's dialer opened %d; want every one by the guard",
+				http2, conns, dials.lookups.Load())
+		}
+		want := map[bool]string{true: "2.0", false: "1.1"}[http2]
+		spoken := map[string]int{}
+		for _, span := range svc.spans.Ended() {
+			for _, a := range span.Attributes() {
+				if a.Key == "network.protocol.version" {
+					spoken[a.Value.AsString()]++
+				}
+			}
+		}
+		if len(spoken) != 1 || spoken[want] == 0 {
+			t.Errorf("HTTP/2 %v: the shop requests' spans say protocols %v, want %s alone", http2, spoken, want)
+		}
+	}
+}
+
 // TestKeyInBaseURLsHostIsNotLogged: a caller that writes its key into
 // base_url's host (as a subdomain) has it sent to DNS, but not written to
 // the log lines that name the shop's host (shop_host), which the client
