@@ -76,13 +76,10 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 	if err != nil {
 		return nil, err
 	}
-	client, err := prestashop.NewClient(prestashop.Config{
+	client := prestashop.NewClient(prestashop.Config{
 		Guard: g, Resolver: resolver, RootCAs: roots, ConnectTimeout: cfg.ConnectTimeout,
 		MaxBytes: cfg.MaxBytes, MaxCallBytes: cfg.MaxCallBytes, PageSize: cfg.PageSize, MaxRows: cfg.MaxRows, TracerProvider: tp,
 	})
-	if err != nil {
-		return nil, err
-	}
 	svc := shopschema.New(g, resolver, client, cfg.Timeout)
 	mux := http.NewServeMux()
 	srv := httpserver.New(httpserver.Config{

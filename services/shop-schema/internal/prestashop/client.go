@@ -20,8 +20,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/net/http2"
-
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
@@ -55,7 +53,7 @@ type Client struct {
 // proxy only the proxy's address would be checked), the guard's dialer and
 // redirect check, TLS verified against RootCAs, and a client span for each
 // hop of a shop request (spans.go).
-func NewClient(cfg Config) (*Client, error) {
+func NewClient(cfg Config) *Client {
 	resolver := cfg.Resolver
 	if resolver == nil {
 		resolver = net.DefaultResolver
@@ -72,14 +70,6 @@ func NewClient(cfg Config) (*Client, error) {
 		IdleConnTimeout:        30 * time.Second,
 		MaxResponseHeaderBytes: 64 << 10,
 	}
-	// HTTP/2 by golang.org/x/net's client rather than the copy bundled in
-	// net/http: Go 1.26.8's deadlocks its connection's read loop on a
-	// stream's flow-control window pushed past 2^31-1 (two WINDOW_UPDATEs
-	// from the shop), and the call then outlives its deadline for good,
-	// its slot held (TestAShopCannotHangACallOverHTTP2).
-	if _, err := http2.ConfigureTransports(transport); err != nil {
-		return nil, fmt.Errorf("prestashop: HTTP/2 client: %w", err)
-	}
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -93,7 +83,7 @@ func NewClient(cfg Config) (*Client, error) {
 		maxCallBytes: cfg.MaxCallBytes,
 		pageSize:     cfg.PageSize,
 		maxRows:      cfg.MaxRows,
-	}, nil
+	}
 }
 
 // call is the state of one schema read: where the shop is and which of its
