@@ -286,6 +286,26 @@ func TestMalformedHTTP1Answer(t *testing.T) {
 	}
 }
 
+// An answer whose body's framing cannot be read was shop_unreachable ("the
+// shop could not be reached"), which sends the merchant to DNS and
+// firewalls though the shop answered.
+func TestUnreadableHTTP1Framing(t *testing.T) {
+	for name, answer := range map[string]string{
+		"Content-Length not a number":            "HTTP/1.1 200 OK\r\nContent-Length: abc",
+		"Content-Length empty":                   "HTTP/1.1 200 OK\r\nContent-Length: ",
+		"two Content-Lengths that differ":        "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
+		"a Transfer-Encoding other than chunked": "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip",
+		"a coding before chunked":                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked",
+		"two Transfer-Encoding lines":            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+	} {
+		t.Run(name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			shop.StatusLine = func(string) string { return answer }
+			readFails(t, shop, "shop_bad_response", "a body whose length cannot be read")
+		})
+	}
+}
+
 // readFails starts shop, has the service read its schema, and holds that
 // the answer is 502 code with a message that says want.
 func readFails(t *testing.T, shop *fakeshop.Shop, code, want string) *service {

@@ -264,6 +264,8 @@ func answerFault(err error) (Kind, string) {
 		return KindTooLarge, reasonHeadersTooLarge
 	case malformedHTTP1(err):
 		return KindBadResponse, "the shop's server answered what is not HTTP (a status line or header that does not parse)"
+	case framingUnreadable(err):
+		return KindBadResponse, "the shop's server answered a body whose length cannot be read (a Content-Length that is not a number, two that differ, or a Transfer-Encoding other than chunked)"
 	}
 	return KindUnreachable, "the shop could not be reached"
 }

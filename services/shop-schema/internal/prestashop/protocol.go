@@ -280,6 +280,29 @@ func errCodeName(code http2.ErrCode) string {
 	return "HTTP/2 error " + code.String()
 }
 
+// unreadableFraming lists net/http's words (transfer.go) for an HTTP/1.1
+// answer whose body's framing cannot be read: a Content-Length that is not
+// a number or empty, two that differ, a Transfer-Encoding other than one
+// chunked.
+var unreadableFraming = []string{
+	"bad Content-Length ",
+	"invalid empty Content-Length ",
+	"http: message cannot contain multiple Content-Length headers",
+	"unsupported transfer encoding: ",
+	"too many transfer encodings: ",
+}
+
+// framingUnreadable reports whether err is net/http's for an HTTP/1.1
+// answer whose body's framing cannot be read (unreadableFraming).
+func framingUnreadable(err error) bool {
+	for _, words := range unreadableFraming {
+		if goSays(err, words) {
+			return true
+		}
+	}
+	return false
+}
+
 // malformedHTTP1 reports whether err is net/http's for an HTTP/1.1 answer
 // that does not parse: its status line (an unexported type, so Go's
 // words) or a header line (textproto.ProtocolError).
