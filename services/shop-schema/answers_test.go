@@ -267,41 +267,28 @@ func TestShopWordsInTheLogAreBounded(t *testing.T) {
 }
 
 // TestMalformedHTTP1Answer: a shop whose server answers what is not HTTP
-// (a status line or a header that does not parse) was reached, and is at
-// fault: shop_bad_response, as over HTTP/2 (TestShopWordsDoNotSteerTheLabel).
-// It was shop_unreachable, which sends the merchant to check DNS and
-// firewalls.
+// (a status line or a header that does not parse), or a body whose framing
+// cannot be read, was reached, and is at fault: shop_bad_response, as over
+// HTTP/2 (TestShopWordsDoNotSteerTheLabel). It was shop_unreachable, which
+// sends the merchant to check DNS and firewalls.
 func TestMalformedHTTP1Answer(t *testing.T) {
-	for name, answer := range map[string]string{
-		"no status line":                  "<html><body>hello</body></html>",
-		"status code not a number":        "HTTP/1.1 OK 200",
-		"header line without a colon":     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Broken header",
-		"status line of 60 KiB, not text": "HTTP/1.1 " + strings.Repeat("\xff", 60<<10),
+	const notHTTP, unframed = "not HTTP", "a body whose length cannot be read"
+	for _, tt := range []struct{ name, answer, want string }{
+		{"no status line", "<html><body>hello</body></html>", notHTTP},
+		{"status code not a number", "HTTP/1.1 OK 200", notHTTP},
+		{"header line without a colon", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Broken header", notHTTP},
+		{"status line of 60 KiB, not text", "HTTP/1.1 " + strings.Repeat("\xff", 60<<10), notHTTP},
+		{"Content-Length not a number", "HTTP/1.1 200 OK\r\nContent-Length: abc", unframed},
+		{"Content-Length empty", "HTTP/1.1 200 OK\r\nContent-Length: ", unframed},
+		{"two Content-Lengths that differ", "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2", unframed},
+		{"a Transfer-Encoding other than chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip", unframed},
+		{"a coding before chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", unframed},
+		{"two Transfer-Encoding lines", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked", unframed},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			shop := fakeshop.Sample("8", false)
-			shop.StatusLine = func(string) string { return answer }
-			readFails(t, shop, "shop_bad_response", "not HTTP")
-		})
-	}
-}
-
-// An answer whose body's framing cannot be read was shop_unreachable ("the
-// shop could not be reached"), which sends the merchant to DNS and
-// firewalls though the shop answered.
-func TestUnreadableHTTP1Framing(t *testing.T) {
-	for name, answer := range map[string]string{
-		"Content-Length not a number":            "HTTP/1.1 200 OK\r\nContent-Length: abc",
-		"Content-Length empty":                   "HTTP/1.1 200 OK\r\nContent-Length: ",
-		"two Content-Lengths that differ":        "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
-		"a Transfer-Encoding other than chunked": "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip",
-		"a coding before chunked":                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked",
-		"two Transfer-Encoding lines":            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
-	} {
-		t.Run(name, func(t *testing.T) {
-			shop := fakeshop.Sample("8", false)
-			shop.StatusLine = func(string) string { return answer }
-			readFails(t, shop, "shop_bad_response", "a body whose length cannot be read")
+			shop.StatusLine = func(string) string { return tt.answer }
+			readFails(t, shop, "shop_bad_response", tt.want)
 		})
 	}
 }
