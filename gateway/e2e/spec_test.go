@@ -19,7 +19,8 @@ import (
 // services' own tests hold each rule of one service alone (SPEC-MAP.md),
 // TestOpenAPIDescribesTheStack the shape of each answer; these hold the
 // rules no schema can say (order, defaults, filters, languages, stock
-// following status and sales) end to end.
+// following status and sales) end to end, and the sale routes' limits of
+// spec 8 at both ends.
 func TestContractRulesThroughTheStack(t *testing.T) {
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool) // 50 seeded items, about 15 % inactive
@@ -30,6 +31,7 @@ func TestContractRulesThroughTheStack(t *testing.T) {
 	t.Run("list", func(t *testing.T) { checkListRules(t, s, fx, other, pool) })
 	t.Run("languages", func(t *testing.T) { checkLanguages(t, s, fx) })
 	t.Run("sale", func(t *testing.T) { checkSaleReachesEveryConsumer(t, s, fx, pool) })
+	t.Run("limits", func(t *testing.T) { checkSaleLimits(t, s, fx) })
 }
 
 // thalerLine is an item whose every field is known: translations, a
@@ -364,4 +366,32 @@ func readItem(t *testing.T, s *stack, key, id string) exportItem {
 		t.Fatalf("GET item %s = %d %+v", id, status, env.Error)
 	}
 	return it
+}
+
+// checkSaleLimits: spec 8's bounds of the sale routes are inclusive end to
+// end. An Idempotency-Key of 128 characters and an external_order_id of 128
+// characters (two bytes each in UTF-8: the bound counts characters) pass
+// the gateway, which signs the key into the identity it forwards, and the
+// writer, and come back as sent; quantity 1 may be given, and a key of one
+// character serves the cancel. 129 of either is refused 400. The writer's
+// TestLimitsAreInclusive holds the same bounds without the gateway.
+func checkSaleLimits(t *testing.T, s *stack, fx fixture) {
+	target := s.baseURL + "/export/items/" + url.PathEscape(itemOfStatus(t, s, fx, "active")) + "/sales/"
+	longKey, longOrder := strings.Repeat("k", 128), strings.Repeat("é", 128)
+	body := func(order string) string { return `{"external_order_id":"` + order + `","quantity":1}` }
+
+	wantError(t, "POST", target+"confirm", fx.writeKey, longKey+"k", body(longOrder), 400, "invalid_idempotency_key")
+	wantError(t, "POST", target+"confirm", fx.writeKey, longKey, body(longOrder+"é"), 400, "invalid_body")
+	for _, c := range []struct{ op, idempotencyKey, status string }{
+		{"confirm", longKey, "inactive"},
+		{"cancel", "c", "active"},
+	} {
+		for _, replay := range []bool{false, true} {
+			got := wantSale(t, "POST", target+c.op, fx.writeKey, body(longOrder), key(c.idempotencyKey))
+			if got.ExternalOrderID != longOrder || got.Status != c.status || got.IdempotentReplay != replay {
+				t.Errorf("%s with a %d-character Idempotency-Key (replay %v) = %+v, want order %q, %s, idempotent_replay %v",
+					c.op, len(c.idempotencyKey), replay, got, longOrder, c.status, replay)
+			}
+		}
+	}
 }
