@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/testenv"
@@ -326,4 +327,60 @@ func TestKeyInBaseURLsHostIsNotLogged(t *testing.T) {
 			t.Errorf("POST schema for %s: the logs hold the key:\n%s", base, logs)
 		}
 	}
+}
+
+// TestAPIKeyInBaseURLIsRefused: a caller that pastes one of this service's
+// API keys into base_url (as a path segment, %-encoded or not, where a shop
+// installed in a subfolder has its folder) is refused invalid_base_url
+// before any call. Sent, the key would travel in a URL to the shop, and
+// the URL of every shop request is in the client spans' url.full and, when
+// the shop cannot be reached, in the WARN "shop call failed" (spec 5: keys
+// never in URLs or logs).
+func TestAPIKeyInBaseURLIsRefused(t *testing.T) {
+	apiKey, _, err := apikey.Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	closed := closedLoopbackPort(t)
+	for _, base := range []string{
+		shop.URL() + "/" + apiKey, // the shop answers 404 (shop_not_found)
+		shop.URL() + "/shop/%" + fmt.Sprintf("%X", apiKey[0]) + apiKey[1:], // %-encoded
+		"https://" + closed + "/shop/" + apiKey,                            // unreachable: the error quotes the URL
+	} {
+		svc := startServiceWith(t, shop, nil, noDNS{})
+		before := len(shop.Requests())
+		status, env := svc.post(t, body(base, fakeshop.Key))
+		if status != http.StatusBadRequest || errCode(env) != "invalid_base_url" {
+			t.Errorf("POST schema with an API key in base_url = %d %s, want 400 invalid_base_url", status, errCode(env))
+		}
+		if n := len(shop.Requests()) - before; n > 0 {
+			t.Errorf("the shop received %d requests, the key in their URL", n)
+		}
+		var all strings.Builder
+		all.WriteString(svc.logs.String())
+		for _, s := range svc.spans.Ended() {
+			all.WriteString(spanText(s))
+		}
+		if env.Error != nil {
+			all.WriteString(env.Error.Message)
+		}
+		if strings.Contains(all.String(), apiKey) {
+			t.Errorf("POST schema with an API key in base_url: the logs, spans or answer hold it:\n%s", all.String())
+		}
+	}
+}
+
+// closedLoopbackPort is 127.0.0.1:port of a port just released: nothing
+// listens there.
+func closedLoopbackPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
 )
@@ -66,6 +67,14 @@ func New(g *guard.Guard, r guard.Resolver, shop Shop, timeout time.Duration) *Se
 // shop's DNS lookup (its caller hung up, or a stopping server's drain cut
 // it off).
 func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
+	if apikey.PathHoldsKey(strings.TrimSpace(req.BaseURL)) {
+		// Sent, the key would be in the URL of every shop request: in the
+		// shop's access log, our client spans' url.full, and the WARN of a
+		// call that fails. Read as a path, each part of the URL is searched
+		// as sent and %-decoded.
+		return nil, &InputError{CodeInvalidBaseURL,
+			"base_url holds an API key of this service: it is never sent to a shop; revoke it, as it may have been logged on its way here"}
+	}
 	target, err := s.guard.ParseBaseURL(req.BaseURL)
 	if err != nil {
 		return nil, inputError(err)
