@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/percent"
 )
 
@@ -49,6 +50,7 @@ func redactURL(raw, key string) string {
 		u.Host = redacted
 	}
 	redactPath(u, key)
+	redactKeyLikePath(u)
 	if u.RawQuery != "" {
 		params := strings.Split(u.RawQuery, "&")
 		for i, p := range params {
@@ -88,6 +90,24 @@ func redactPath(u *url.URL, key string) {
 	escaped := strings.Join(segments, "/")
 	if path, err := url.PathUnescape(escaped); err == nil && !HoldsKey(path, key) {
 		u.Path, u.RawPath = path, escaped
+		return
+	}
+	u.Path, u.RawPath = "/"+redacted, ""
+}
+
+// redactKeyLikePath replaces the segments of u's path that look like an
+// API key of this service (apikey.RedactKeyLikePath, "[key]"). A base_url
+// holding a key is refused before any call (shopschema.Service.Read), but
+// a key mistyped or cut short is no key and is sent: the URL would
+// record most of a secret in url.full and in the logged error chain.
+func redactKeyLikePath(u *url.URL) {
+	escaped := u.EscapedPath()
+	redactedPath := apikey.RedactKeyLikePath(escaped)
+	if redactedPath == escaped {
+		return
+	}
+	if path, err := url.PathUnescape(redactedPath); err == nil {
+		u.Path, u.RawPath = path, redactedPath
 		return
 	}
 	u.Path, u.RawPath = "/"+redacted, ""

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/coinexport/export/pkg/apikey"
 )
 
 func TestRedactURL(t *testing.T) {
@@ -38,6 +40,28 @@ func TestRedactURL(t *testing.T) {
 		"https://shop.example/api/categories?url=" + strings.ReplaceAll(percentEncoded(key), "%", "%25"):  "https://shop.example/api/categories?url=REDACTED",
 	} {
 		if got := redactURL(raw, key); got != want {
+			t.Errorf("redactURL(%q)\n = %q\nwant %q", raw, got, want)
+		}
+	}
+}
+
+// An API key of this service mistyped or cut short in base_url's path is
+// sent (only a well-formed one is refused), but most of a secret is not
+// recorded: the segment that holds it is "[key]" in url.full and in the
+// logged error chain, as sent or %-encoded.
+func TestRedactURLKeyLikeText(t *testing.T) {
+	apiKey, _, err := apikey.Generate([]string{"export:read"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mistyped := apiKey[:len(apiKey)-1] + "-"
+	for raw, want := range map[string]string{
+		"https://shop.example/" + mistyped + "/api/categories?output_format=JSON": "https://shop.example/[key]/api/categories?output_format=JSON",
+		"https://shop.example/shop/" + apiKey[:30] + "/api/categories":            "https://shop.example/shop/[key]/api/categories",
+		"https://shop.example/" + percentEncoded(mistyped) + "/api/categories":    "https://shop.example/[key]/api/categories",
+		"https://shop.example/cxr_shop/api/categories?output_format=JSON":         "https://shop.example/cxr_shop/api/categories?output_format=JSON", // a tag alone is no secret
+	} {
+		if got := redactURL(raw, "ABCDEFGHIJKLMNOPQRSTUVWXYZ123456"); got != want {
 			t.Errorf("redactURL(%q)\n = %q\nwant %q", raw, got, want)
 		}
 	}
