@@ -214,6 +214,36 @@ func ContainsKey[T string | []byte](s T) bool {
 	return false
 }
 
+// ContainsKeySecret reports whether s holds a key's tag (in any case, with
+// '-' or ' ' for its '_', as ContainsKeyLike reads one) followed by a
+// whole key's body: bodyLen characters of its alphabet within
+// keySecretWindow bytes. That is a key, or one whose checksum is cut off
+// or mistyped, with a typo in its body or a character slipped into it.
+// Such text fails WellFormed, but its secret is whole: the checksum is
+// recomputed, and a typo found by it. What is stored as a client sent it
+// must hold none (the sales-writer refuses it).
+func ContainsKeySecret[T string | []byte](s T) bool {
+	for i := 0; i+tagLen+bodyLen <= len(s); i++ {
+		if !isKeyTag(s[i], s[i+1], s[i+2], s[i+3]) {
+			continue
+		}
+		alphabetic := 0
+		for j := i + tagLen; j < len(s) && j < i+tagLen+keySecretWindow; j++ {
+			if inAlphabet[s[j]] {
+				if alphabetic++; alphabetic >= bodyLen {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// keySecretWindow is how many bytes after a tag ContainsKeySecret counts a
+// body's characters in: a few more than a body, so that a dash or a space
+// typed into it does not hide the rest.
+const keySecretWindow = bodyLen + 4
+
 // minKeyLikeRun is how many characters of the keys' alphabet after a tag
 // make text look like a key to ContainsKeyLike: 16 of them are 95 bits,
 // most of a key's secret (it has 256), far more than any guess. They are

@@ -167,6 +167,37 @@ func TestContainsKey(t *testing.T) {
 	}
 }
 
+// A key's whole secret (its tag and body) is found whatever its checksum
+// says; a tag with less than a body after it, or a body without a tag, is
+// not.
+func TestContainsKeySecret(t *testing.T) {
+	key, _, err := Generate([]string{"sales:write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mistyped := key[:20] + string(key[20]^1) + key[21:]
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{key, true},
+		{"order " + key[:tagLen+bodyLen], true}, // checksum cut off
+		{key[:Len-1] + "-", true},               // checksum mistyped
+		{mistyped, true},                        // a typo in the body
+		{"CXW-" + key[tagLen:], true},
+		{key[:tagLen+bodyLen-1], false},
+		{key[:30] + "-" + key[30:], true},      // a dash typed into the body
+		{key[:20] + "-----" + key[20:], false}, // more than a body's width
+		{key[tagLen:], false},
+		{"cxw_ORDER000000000000000000000000000001", false},
+		{"", false},
+	} {
+		if got := ContainsKeySecret(tc.s); got != tc.want {
+			t.Errorf("ContainsKeySecret(%.24q…) = %v, want %v", tc.s, got, tc.want)
+		}
+	}
+}
+
 // The query check runs on every request before any limit: bytes full of
 // tag-like "cx" must not cost an allocation each.
 func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {

@@ -195,7 +195,7 @@ func idempotencyKey(values []string) (string, error) {
 	if len(values[0]) > maxIdempotencyKey {
 		return "", badRequest(codeInvalidKey, "Idempotency-Key must be at most 128 characters")
 	}
-	if apikey.ContainsKey(values[0]) {
+	if apikey.ContainsKeySecret(values[0]) {
 		// Returned with its refusal, so that the call's line says
 		// "[holds an API key]" where the key would have been.
 		return values[0], badRequest(codeInvalidKey, "Idempotency-Key "+holdsAPIKey)
@@ -327,7 +327,7 @@ func externalOrderID(value jsontext.Value) (string, error) {
 		// PostgreSQL text cannot hold NUL.
 		return "", badRequest(codeInvalidBody, "external_order_id must not contain NUL characters")
 	}
-	if apikey.ContainsKey(s) {
+	if apikey.ContainsKeySecret(s) {
 		return "", badRequest(codeInvalidBody, "external_order_id "+holdsAPIKey)
 	}
 	return s, nil

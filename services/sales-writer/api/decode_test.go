@@ -305,7 +305,7 @@ func referenceKey(values []string) string {
 			return "not printable ASCII"
 		}
 	}
-	if apikey.ContainsKey(values[0]) {
+	if apikey.ContainsKeySecret(values[0]) {
 		return "holds an API key"
 	}
 	return ""

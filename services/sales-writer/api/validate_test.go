@@ -49,6 +49,13 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"two keys", call{body: good, header: http.Header{"Idempotency-Key": {"k1", "k2"}}}, 400, "invalid_idempotency_key", "Idempotency-Key"},
 		{"key holding an API key", call{key: "retry-" + pastedKey, body: good}, 400, "invalid_idempotency_key", "holds an API key"},
 		{"order id holding an API key", call{key: "k", body: `{"external_order_id":"` + pastedKey + `"}`}, 400, "invalid_body", "holds an API key"},
+		// Its checksum cut off or mistyped, or a typo in its body, a key
+		// is no key, but its secret is whole: the checksum is recomputed,
+		// a typo found by it. Stored, it would be recovered from the table.
+		{"key holding an API key without its checksum", call{key: pastedKey[:len(pastedKey)-6], body: good}, 400, "invalid_idempotency_key", "holds an API key"},
+		{"key holding an API key, checksum mistyped", call{key: mistyped(pastedKey, len(pastedKey)-1), body: good}, 400, "invalid_idempotency_key", "holds an API key"},
+		{"order id holding an API key without its checksum", call{key: "k", body: `{"external_order_id":"order ` + pastedKey[:len(pastedKey)-6] + `"}`}, 400, "invalid_body", "holds an API key"},
+		{"order id holding an API key, a typo in its body", call{key: "k", body: `{"external_order_id":"` + mistyped(pastedKey, 10) + `"}`}, 400, "invalid_body", "holds an API key"},
 		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type"},
 		{"text content type", call{key: "k", body: good, contentType: "text/plain"}, 400, "invalid_content_type", "Content-Type"},
 		{"form content type", call{key: "k", body: good, contentType: "application/x-www-form-urlencoded"}, 400, "invalid_content_type", "Content-Type"},
@@ -255,4 +262,14 @@ func TestQuantityOneInAnySpelling(t *testing.T) {
 			t.Errorf("confirm with quantity %s under the same key = %d %s, want 200 replayed", q, rec.Code, rec.Body)
 		}
 	}
+}
+
+// mistyped is key with its character at i replaced by another of the
+// keys' alphabet.
+func mistyped(key string, i int) string {
+	c := byte('A')
+	if key[i] == c {
+		c = 'B'
+	}
+	return key[:i] + string(c) + key[i+1:]
 }
