@@ -348,6 +348,10 @@ func TestAPIKeyInBaseURLIsRefused(t *testing.T) {
 		shop.URL() + "/" + apiKey, // the shop answers 404 (shop_not_found)
 		shop.URL() + "/shop/%" + fmt.Sprintf("%X", apiKey[0]) + apiKey[1:], // %-encoded
 		"https://" + closed + "/shop/" + apiKey,                            // unreachable: the error quotes the URL
+		// Its checksum cut off or mistyped, a key is no key, but its secret
+		// is whole (apikey.ContainsKeySecret).
+		shop.URL() + "/" + apiKey[:len(apiKey)-6],
+		shop.URL() + "/shop/%" + fmt.Sprintf("%X", apiKey[0]) + apiKey[1:len(apiKey)-1] + "-",
 	} {
 		svc := startServiceWith(t, shop, nil, noDNS{})
 		before := len(shop.Requests())

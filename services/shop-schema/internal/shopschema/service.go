@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/percent"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
 )
@@ -67,11 +68,10 @@ func New(g *guard.Guard, r guard.Resolver, shop Shop, timeout time.Duration) *Se
 // shop's DNS lookup (its caller hung up, or a stopping server's drain cut
 // it off).
 func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
-	if apikey.PathHoldsKey(strings.TrimSpace(req.BaseURL)) {
+	if holdsAPIKey(req.BaseURL) {
 		// Sent, the key would be in the URL of every shop request: in the
 		// shop's access log, our client spans' url.full, and the WARN of a
-		// call that fails. Read as a path, each part of the URL is searched
-		// as sent and %-decoded.
+		// call that fails.
 		return nil, &InputError{CodeInvalidBaseURL,
 			"base_url holds an API key of this service: it is never sent to a shop; revoke it, as it may have been logged on its way here"}
 	}
@@ -96,6 +96,15 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 		return nil, err
 	}
 	return build(schema), nil
+}
+
+// holdsAPIKey reports whether base_url holds an API key of this service,
+// or a key's secret with its checksum cut off or mistyped
+// (apikey.ContainsKeySecret), as sent or %-decoded. Read as a path, each
+// part of the URL is searched decoded as often as a key could hide in it.
+func holdsAPIKey(baseURL string) bool {
+	raw := strings.TrimSpace(baseURL)
+	return apikey.PathHoldsKey(raw) || apikey.ContainsKeySecret(raw) || apikey.ContainsKeySecret(percent.DecodeLeniently(raw))
 }
 
 // Host returns the host of req's base_url, for logs: the ASCII host of a
