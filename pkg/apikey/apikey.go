@@ -223,20 +223,7 @@ func ContainsKey[T string | []byte](s T) bool {
 // recomputed, and a typo found by it. What is stored as a client sent it
 // must hold none (the sales-writer refuses it).
 func ContainsKeySecret[T string | []byte](s T) bool {
-	for i := 0; i+tagLen+bodyLen <= len(s); i++ {
-		if !isKeyTag(s[i], s[i+1], s[i+2], s[i+3]) {
-			continue
-		}
-		alphabetic := 0
-		for j := i + tagLen; j < len(s) && j < i+tagLen+keySecretWindow; j++ {
-			if inAlphabet[s[j]] {
-				if alphabetic++; alphabetic >= bodyLen {
-					return true
-				}
-			}
-		}
-	}
-	return false
+	return holdsTaggedRun(s, bodyLen, keySecretWindow)
 }
 
 // keySecretWindow is how many bytes after a tag ContainsKeySecret counts a
@@ -264,14 +251,20 @@ const (
 // its tag is not found: 49 characters of base62 cannot be told from a
 // client's random id or Idempotency-Key, which the logs must keep.
 func ContainsKeyLike[T string | []byte](s T) bool {
-	for i := 0; i+tagLen+minKeyLikeRun <= len(s); i++ {
+	return holdsTaggedRun(s, minKeyLikeRun, keyLikeWindow)
+}
+
+// holdsTaggedRun reports whether s holds a key's tag as isKeyTag reads one,
+// followed by run characters of the keys' alphabet within window bytes.
+func holdsTaggedRun[T string | []byte](s T, run, window int) bool {
+	for i := 0; i+tagLen+run <= len(s); i++ {
 		if !isKeyTag(s[i], s[i+1], s[i+2], s[i+3]) {
 			continue
 		}
 		alphabetic := 0
-		for j := i + tagLen; j < len(s) && j < i+tagLen+keyLikeWindow; j++ {
+		for j := i + tagLen; j < len(s) && j < i+tagLen+window; j++ {
 			if inAlphabet[s[j]] {
-				if alphabetic++; alphabetic >= minKeyLikeRun {
+				if alphabetic++; alphabetic >= run {
 					return true
 				}
 			}

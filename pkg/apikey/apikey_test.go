@@ -171,11 +171,7 @@ func TestContainsKey(t *testing.T) {
 // says; a tag with less than a body after it, or a body without a tag, is
 // not.
 func TestContainsKeySecret(t *testing.T) {
-	key, _, err := Generate([]string{"sales:write"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mistyped := key[:20] + string(key[20]^1) + key[21:]
+	key, mistyped := keyAndMistyped(t, "sales:write")
 	for _, tc := range []struct {
 		s    string
 		want bool
@@ -213,11 +209,7 @@ func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {
 // Text that looks like a key, whole, mistyped or cut short, is found for
 // redaction; a tag with a few characters after it, or none, is not.
 func TestContainsKeyLike(t *testing.T) {
-	key, _, err := Generate([]string{"export:read"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mistyped := key[:20] + string(key[20]^1) + key[21:]
+	key, mistyped := keyAndMistyped(t, "export:read")
 	for _, tc := range []struct {
 		s    string
 		want bool
@@ -413,4 +405,15 @@ func FuzzRedactKeyLikePath(f *testing.F) {
 			t.Fatalf("RedactKeyLikePath(%q) = %q, want it unchanged", p, got)
 		}
 	})
+}
+
+// keyAndMistyped returns a new key of scope, and the key with a typo in its
+// body (its checksum then fails).
+func keyAndMistyped(t *testing.T, scope string) (key, mistyped string) {
+	t.Helper()
+	key, _, err := Generate([]string{scope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, key[:20] + string(key[20]^1) + key[21:]
 }
