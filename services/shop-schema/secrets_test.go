@@ -388,3 +388,29 @@ func closedLoopbackPort(t *testing.T) string {
 	ln.Close()
 	return addr
 }
+
+// TestAPIKeyAsWSKeyIsNotSent: one of this service's API keys sent as
+// ws_key (the two keys mixed up) is refused invalid_body before any call:
+// sent, it would reach the shop's server as the Basic user of every
+// request, a third party's logs.
+func TestAPIKeyAsWSKeyIsNotSent(t *testing.T) {
+	apiKey, _, err := apikey.Generate([]string{"sales:write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	svc := startServiceWith(t, shop, nil, noDNS{})
+	for _, key := range []string{apiKey, " " + apiKey[:len(apiKey)-6] + " "} { // whole, and without its checksum
+		status, env := svc.post(t, body(shop.URL(), key))
+		if status != http.StatusBadRequest || errCode(env) != "invalid_body" {
+			t.Errorf("POST schema with an API key as ws_key = %d %s, want 400 invalid_body", status, errCode(env))
+		}
+	}
+	if got := shop.Keys(); len(got) > 0 {
+		t.Errorf("the shop received %d requests with a Basic user, the API key", len(got))
+	}
+	if strings.Contains(svc.logs.String(), apiKey[:len(apiKey)-6]) {
+		t.Errorf("the logs hold the API key:\n%s", svc.logs.String())
+	}
+}

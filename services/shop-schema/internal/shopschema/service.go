@@ -86,6 +86,12 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	if len(key) > maxKeyLength {
 		return nil, &InputError{CodeInvalidBody, "ws_key is too long"}
 	}
+	if apikey.ContainsKeySecret(key) {
+		// The two keys mixed up: sent, ours would reach the shop's server
+		// as the Basic user of every request.
+		return nil, &InputError{CodeInvalidBody,
+			"ws_key holds an API key of this service, not the shop's webservice key: it is never sent to a shop; revoke it, as it may have been logged on its way here"}
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.guard.CheckResolved(ctx, s.resolver, target); err != nil {
