@@ -272,6 +272,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if s.stopping.Load() {
+		// Unready from the stop signal on, so that the gateways stop
+		// sending here while the listener is still open (serveOn).
+		envelope.WriteError(w, http.StatusServiceUnavailable, "not_ready", "service stopping", requestID)
+		return
+	}
 	if s.cfg.Ready != nil {
 		start := time.Now()
 		err := s.cfg.Ready(r.Context())

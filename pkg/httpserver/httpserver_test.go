@@ -1016,3 +1016,28 @@ func postSigned(t *testing.T, signer *identity.Signer, url string) (int, envelop
 	decodeErr := json.NewDecoder(resp.Body).Decode(&env)
 	return resp.StatusCode, env, decodeErr
 }
+
+// A stop with no connection open drains at once, whatever the
+// ShutdownDelay: there is no connection to close under a request (make
+// run's Ctrl-C stops the gateway first, and must not wait out each
+// service's delay). An hour's delay waited out would time the test out.
+func TestAStopWithNoConnectionOpenSkipsTheDelay(t *testing.T) {
+	addr := testenv.FreeAddr(t)
+	logs := &testenv.Output{}
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.NewJSONHandler(logs, nil)), ShutdownDelay: time.Hour},
+		http.NewServeMux())
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	testenv.WaitListening(t, addr)
+	for srv.conns.Load() != 0 { // WaitListening's connection, until the server has seen it close
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+	if !strings.Contains(logs.String(), "no connection open, draining at once") {
+		t.Errorf("the log does not say the delay was skipped:\n%s", logs.String())
+	}
+}

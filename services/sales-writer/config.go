@@ -18,6 +18,7 @@ type Config struct {
 	DatabaseURL           string              // DATABASE_URL (required; secret: may hold a password)
 	DBMaxConns            int                 // SALES_WRITER_DB_MAX_CONNS (8)
 	QueryTimeout          time.Duration       // SALES_WRITER_QUERY_TIMEOUT (10s): a sale call's bound in the database
+	ShutdownDelay         time.Duration       // SALES_WRITER_SHUTDOWN_DELAY (3s): serving on, unready, after SIGTERM
 	IdentitySecret        string              // IDENTITY_SECRET (required, ≥32 bytes; secret)
 	IdentityPrevious      []string            // IDENTITY_SECRET_PREVIOUS (accepted while rotating; secret)
 	IdentityAcceptUnbound bool                // IDENTITY_ACCEPT_UNBOUND (false): identity-v1 accepted too, while upgrading
@@ -30,6 +31,11 @@ type Config struct {
 	Settings []string
 }
 
+// DefaultShutdownDelay outlasts a gateway's probe interval and its wait
+// for the answer (UPSTREAM_PROBE_INTERVAL, 2 s, and 1 s): by its end every
+// gateway has heard the writer's 503 and sends it nothing more.
+const DefaultShutdownDelay = 3 * time.Second
+
 // loadConfig reads the environment, applies the defaults and validates.
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
@@ -38,6 +44,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		AdminAddr:            r.Addr("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:         r.Duration("SALES_WRITER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
+		ShutdownDelay:        r.Duration("SALES_WRITER_SHUTDOWN_DELAY", DefaultShutdownDelay, 0, time.Minute),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
 		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),
 		LogLevel:             r.LogLevel(),
@@ -61,7 +68,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
-		slog.String("query_timeout", c.QueryTimeout.String()),
+		slog.String("query_timeout", c.QueryTimeout.String()), slog.String("shutdown_delay", c.ShutdownDelay.String()),
 		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
 		slog.Bool("identity_accept_unbound", c.IdentityAcceptUnbound),
 		slog.String("idempotency_retention", c.IdempotencyRetention.String()),

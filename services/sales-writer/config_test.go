@@ -20,7 +20,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{Addr: "127.0.0.1:8082", AdminAddr: "127.0.0.1:9082", DatabaseURL: "host=/tmp", DBMaxConns: 8,
-		QueryTimeout: 10 * time.Second, IdentitySecret: secret, IdentityPrevious: []string{secret + "-old"}, IdempotencyRetention: 24 * time.Hour, PurgeInterval: 5 * time.Minute, LogLevel: "info"}
+		QueryTimeout: 10 * time.Second, ShutdownDelay: 3 * time.Second, IdentitySecret: secret, IdentityPrevious: []string{secret + "-old"}, IdempotencyRetention: 24 * time.Hour, PurgeInterval: 5 * time.Minute, LogLevel: "info"}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(Config{}, "Settings")); diff != "" {
 		t.Errorf("loadConfig mismatch (-want +got):\n%s", diff)
 	}
@@ -38,6 +38,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{"bad purge interval", "IDEMPOTENCY_PURGE_INTERVAL", "0s", "IDEMPOTENCY_PURGE_INTERVAL"},
 		{"bad pool size", "SALES_WRITER_DB_MAX_CONNS", "0", "SALES_WRITER_DB_MAX_CONNS"},
 		{"bad query timeout", "SALES_WRITER_QUERY_TIMEOUT", "0s", "SALES_WRITER_QUERY_TIMEOUT"},
+		{"shutdown delay over a minute", "SALES_WRITER_SHUTDOWN_DELAY", "2m", "SALES_WRITER_SHUTDOWN_DELAY"},
 		{"admin on the main address", "SALES_WRITER_ADMIN_ADDR", "127.0.0.1:8082", "SALES_WRITER_ADDR and SALES_WRITER_ADMIN_ADDR must be different"},
 		{"bad GOGC", "GOGC", "abc", "GOGC"},
 		{"GOMEMLIMIT of 0, not off", "GOMEMLIMIT", "0", "GOMEMLIMIT"},

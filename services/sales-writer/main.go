@@ -104,6 +104,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 		Ready:     readiness.Ready,
 		// Every sale call in flight at SIGTERM ends by its own bound.
 		ShutdownTimeout: drainTime(cfg),
+		// No keyed sale is sent on a connection the drain closes unread
+		// and then sent again to a listener already closed.
+		ShutdownDelay: cfg.ShutdownDelay,
 		// A sale that panicked may have been applied: its 500 says how to
 		// retry it, as the writer's own 500s do.
 		PanicMessage: api.InternalErrorMessage,
