@@ -1086,3 +1086,26 @@ func probeUntilTheEnd(t *testing.T, u *Upstream, interval time.Duration) (stop f
 	t.Cleanup(stop)
 	return stop
 }
+
+// A lone instance taken out after it stopped has its kept-alive
+// connections closed: a sale sent to it while it is out for a refusal
+// (pickRefused) dials, is refused, and is failed as every instance out,
+// nothing sent. Sent on a connection kept from before the stop, it was
+// failed as closed, its repeat refused, and the gateway answered 502 "the
+// sale may have been applied".
+func TestAnInstanceTakenOutHasItsKeptConnectionsClosed(t *testing.T) {
+	r := newRestartable(t)
+	u, err := New("svc", []string{r.url()}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := post(u); err != nil {
+		t.Fatalf("sale before the stop: %v", err)
+	}
+	r.stop()
+	u.judge(u.current()[0], probeFailed, reasonRefused, time.Second)
+	out, err := post(u)
+	if !errors.Is(err, ErrUnavailable) || out.Repeated != nil {
+		t.Fatalf("sale to the stopped lone instance = %+v, %v; want every instance out, nothing sent", out, err)
+	}
+}
