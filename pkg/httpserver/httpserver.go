@@ -94,6 +94,13 @@ type Server struct {
 // to its own: Binary.Stop in pkg/envdoc).
 const DefaultShutdownTimeout = 10 * time.Second
 
+// DefaultShutdownDelay is the ShutdownDelay of the services that serve on
+// after the stop signal (sales-writer, export-reader): a gateway's probe
+// interval and its wait for the answer (UPSTREAM_PROBE_INTERVAL, 2 s, and
+// 1 s), so that by its end every gateway has heard the 503 and sends the
+// instance nothing more.
+const DefaultShutdownDelay = 3 * time.Second
+
 // AnswerWriteMargin is the time a drain leaves a call's answer to be
 // written once the call has ended by its own bound (DrainOutlasting).
 const AnswerWriteMargin = 2 * time.Second

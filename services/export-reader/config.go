@@ -8,6 +8,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/export-reader/internal/export"
@@ -24,6 +25,7 @@ type Config struct {
 	ReadMaxLag     time.Duration
 	DBMaxConns     int           // EXPORT_READER_DB_MAX_CONNS (8)
 	QueryTimeout   time.Duration // EXPORT_READER_QUERY_TIMEOUT (10s)
+	ShutdownDelay  time.Duration // EXPORT_READER_SHUTDOWN_DELAY (3s): serving on, unready, after SIGTERM
 	ReadAheadPages int           // EXPORT_READER_READ_AHEAD_PAGES (256); 0 turns read-ahead off
 	ReadAheadTTL   time.Duration // EXPORT_READER_READ_AHEAD_TTL (2s)
 	CursorSecret   string        // CURSOR_SECRET (required, ≥32 bytes; secret)
@@ -51,6 +53,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		ReadMaxLag:     r.Duration("READ_MAX_LAG", time.Minute, 0, time.Hour),
 		DBMaxConns:     r.Int("EXPORT_READER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:   r.Duration("EXPORT_READER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
+		ShutdownDelay:  r.Duration("EXPORT_READER_SHUTDOWN_DELAY", httpserver.DefaultShutdownDelay, 0, time.Minute),
 		ReadAheadPages: r.Int("EXPORT_READER_READ_AHEAD_PAGES", 256, 0, 8192), // 8192 pages ≈ 1 GB
 		ReadAheadTTL:   r.Duration("EXPORT_READER_READ_AHEAD_TTL", 2*time.Second, time.Millisecond, time.Minute),
 		LogLevel:       r.LogLevel(),
@@ -94,7 +97,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
-		slog.String("query_timeout", c.QueryTimeout.String()), slog.String("read_max_lag", c.ReadMaxLag.String()),
+		slog.String("query_timeout", c.QueryTimeout.String()), slog.String("shutdown_delay", c.ShutdownDelay.String()), slog.String("read_max_lag", c.ReadMaxLag.String()),
 		slog.Int("read_ahead_pages", c.ReadAheadPages), slog.String("read_ahead_ttl", c.ReadAheadTTL.String()),
 		slog.String("cursor_secret", "***"), slog.Int("cursor_secrets_previous", len(c.CursorPrevious)),
 		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),

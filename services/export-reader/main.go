@@ -112,6 +112,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 		Ready:     readiness.Ready,
 		// Every call in flight at SIGTERM ends by its own bound.
 		ShutdownTimeout: drainTime(cfg),
+		// No page asked for on a connection the drain closes unread is
+		// asked for again of a listener already closed.
+		ShutdownDelay: cfg.ShutdownDelay,
 	}, mux)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)
 	srv.Registry().MustRegister(reader.Collectors()...)

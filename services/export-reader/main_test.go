@@ -32,7 +32,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatalf("loadConfig(minimal) error = %v", err)
 	}
 	if cfg.Addr != "127.0.0.1:8081" || cfg.AdminAddr != "127.0.0.1:9081" || cfg.DBMaxConns != 8 || cfg.QueryTimeout != 10*time.Second ||
-		cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second || cfg.ReadMaxLag != time.Minute {
+		cfg.ShutdownDelay != 3*time.Second || cfg.ReadAheadPages != 256 || cfg.ReadAheadTTL != 2*time.Second || cfg.ReadMaxLag != time.Minute {
 		t.Errorf("loadConfig(minimal) = %+v, want the documented defaults", cfg)
 	}
 	cfg, err = loadConfig(env(map[string]string{"DATABASE_URL": "postgres://u:pw@db/x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
@@ -70,6 +70,7 @@ func TestLoadConfig(t *testing.T) {
 		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_DB_MAX_CONNS": "0"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_QUERY_TIMEOUT": "soon"},
+		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_SHUTDOWN_DELAY": "2m"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_PAGES": "-1"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "EXPORT_READER_READ_AHEAD_TTL": "0s"},
 		{"DATABASE_URL": "x", "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret, "CURSOR_SECRET_PREVIOUS": secret + ",short"},

@@ -7,6 +7,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/gcdefaults"
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/telemetry"
 )
@@ -31,11 +32,6 @@ type Config struct {
 	Settings []string
 }
 
-// DefaultShutdownDelay outlasts a gateway's probe interval and its wait
-// for the answer (UPSTREAM_PROBE_INTERVAL, 2 s, and 1 s): by its end every
-// gateway has heard the writer's 503 and sends it nothing more.
-const DefaultShutdownDelay = 3 * time.Second
-
 // loadConfig reads the environment, applies the defaults and validates.
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
@@ -44,7 +40,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		AdminAddr:            r.Addr("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
 		QueryTimeout:         r.Duration("SALES_WRITER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
-		ShutdownDelay:        r.Duration("SALES_WRITER_SHUTDOWN_DELAY", DefaultShutdownDelay, 0, time.Minute),
+		ShutdownDelay:        r.Duration("SALES_WRITER_SHUTDOWN_DELAY", httpserver.DefaultShutdownDelay, 0, time.Minute),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
 		PurgeInterval:        r.Duration("IDEMPOTENCY_PURGE_INTERVAL", 5*time.Minute, time.Second, 24*time.Hour),
 		LogLevel:             r.LogLevel(),
