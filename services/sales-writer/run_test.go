@@ -360,22 +360,8 @@ func TestAStopWhilePostgreSQLIsAwaitedIsClean(t *testing.T) {
 // cancelled it first: its connection was closed, or it was answered that
 // the sale may have been applied.
 func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
-	dsn := testenv.PostgresURL(t)
-	setup := testenv.Pool(t, dsn)
+	dsn, setup, owner := ownerWithItems(t, "coin-1")
 	ctx := context.Background()
-	var owner string
-	if err := setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	for _, sql := range []string{
-		"INSERT INTO platforms (id) VALUES ('market-a') ON CONFLICT DO NOTHING",
-		`INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
-		 VALUES ('` + owner + `', 'coin-1', true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"coin-1"', '"id":"coin-1"', '"id":"coin-1"', now())`,
-	} {
-		if _, err := setup.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
 	lock, err := setup.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A stopping writer closes the gateway's kept-alive connections while its
@@ -26,21 +27,8 @@ import (
 // restarts of a lone writer). Meanwhile /healthz answers 503, so that the
 // gateways stop sending here before the listener closes.
 func TestAConnectionClosedAtTheStopLeavesItsRepeatAListener(t *testing.T) {
-	dsn := testenv.PostgresURL(t)
-	setup := testenv.Pool(t, dsn)
+	dsn, setup, owner := ownerWithItems(t, "coin-1", "coin-2")
 	ctx := context.Background()
-	var owner string
-	if err := setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := setup.Exec(ctx, "INSERT INTO platforms (id) VALUES ('market-a') ON CONFLICT DO NOTHING"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := setup.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
-		SELECT $1, i, true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"' || i || '"', '"id":"' || i || '"', '"id":"' || i || '"', now()
-		FROM unnest(ARRAY['coin-1', 'coin-2']) AS i`, owner); err != nil {
-		t.Fatal(err)
-	}
 	addr := testenv.FreeAddr(t)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -100,6 +88,27 @@ func TestAConnectionClosedAtTheStopLeavesItsRepeatAListener(t *testing.T) {
 	if sales != 2 || open != 2 {
 		t.Errorf("the database holds %d sales (%d open), want 2 (one per item, each applied once)", sales, open)
 	}
+}
+
+// ownerWithItems is a database with an owner, platform market-a and the
+// owner's items, for sale: its DSN, a pool on it and the owner's id.
+func ownerWithItems(t *testing.T, items ...string) (dsn string, setup *pgxpool.Pool, owner string) {
+	t.Helper()
+	dsn = testenv.PostgresURL(t)
+	setup = testenv.Pool(t, dsn)
+	ctx := context.Background()
+	if err := setup.QueryRow(ctx, "INSERT INTO owners (name) VALUES ('o') RETURNING id::text").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setup.Exec(ctx, "INSERT INTO platforms (id) VALUES ('market-a') ON CONFLICT DO NOTHING"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setup.Exec(ctx, `INSERT INTO export_items (owner_id, id, listed_active, currency, texts, doc_eng, doc_rus, doc_ukr, updated_at)
+		SELECT $1, i, true, 'EUR', '{"ENG": {"title": "c"}}', '"id":"' || i || '"', '"id":"' || i || '"', '"id":"' || i || '"', now()
+		FROM unnest($2::text[]) AS i`, owner, items); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, setup, owner
 }
 
 // confirmOn sends a signed confirm of owner's item with Idempotency-Key key on
