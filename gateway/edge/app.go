@@ -45,8 +45,10 @@ func (g *Gateway) newApp() *fiber.App {
 		ReadTimeout:    g.cfg.ReadTimeout,
 		WriteTimeout:   g.cfg.WriteTimeout,
 		IdleTimeout:    g.cfg.IdleTimeout,
-		// Errors Fiber raises before a handler runs (413, 431, 408, 400,
-		// and 502 for a connection the client reset: fromFiber).
+		// Errors Fiber raises before a handler runs (413, 431, 408, and
+		// 400, a network error's 502 included: fromFiber). A client that
+		// left mid-request is answered 499 before them
+		// (answerUnreadableRequests).
 		ErrorHandler: g.serverError,
 	})
 	for _, rt := range servedRoutes {

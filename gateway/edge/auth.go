@@ -102,7 +102,8 @@ const (
 	authFailureSeveralKeys = "several_keys"
 	authFailureKeyInURL    = "key_in_url"
 	// authFailureThrottled: not looked up, the client's address being over
-	// its failed-authentication budget (the key itself may be valid).
+	// its guess budget, or holding as many keys in lookup as that budget
+	// has left (authBudgetLeft); the key itself may be valid.
 	authFailureThrottled = "throttled"
 )
 

@@ -257,10 +257,11 @@ var errKeyLookup = errors.New("key lookup failed")
 
 // fromFiber maps the errors Fiber raises before a handler runs: each is a
 // request the server could not read whole. Fiber's server error handler
-// gives a network error while reading (the client reset the connection, as
-// load balancers' TCP checks and port scans do) 502, a proxy's status: the
-// client's failure, not the gateway's, so it is a 400 like any other
-// request that could not be read, not a 5xx that would page on-call.
+// gives a network error while reading 502, a proxy's status: the client's
+// failure, not the gateway's, so it is a 400 like any other request that
+// could not be read, not a 5xx that would page on-call. A client that
+// closed or reset its connection never comes here: its 499 is answered
+// before Fiber's handler (answerUnreadableRequests).
 // Fiber's 404 and 405 never come here: the catch-all answers every path
 // and method (unmatchedHandler, answerUnknownMethods).
 func fromFiber(fe *fiber.Error) *apiError {

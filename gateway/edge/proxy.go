@@ -27,7 +27,7 @@ func (g *Gateway) proxy(c *fiber.Ctx, rq *request, rt route) error {
 }
 
 // proxyUntilRelayed is proxy for a call whose end matters (the shop schema
-// slots, an owner's slots on the list route): done runs once the answer
+// slots, an owner's slots on the export routes): done runs once the answer
 // has left the gateway. An answer read whole has, when proxy returns; a
 // streamed one (shop-schema's, a large list page) only once fasthttp has
 // written it to the client, which a slow reader can make a long time, with
