@@ -141,23 +141,15 @@ func (s *Server) dispatch() http.Handler {
 
 		if r.URL.Path == healthPath {
 			route = healthPath
-			if r.Method != http.MethodGet && r.Method != http.MethodHead {
-				methodNotAllowed(rec, r, "GET, HEAD")
-				return
-			}
-			s.health(rec, r)
+			s.serveHealthPath(rec, r)
 			return
 		}
-		id, err := s.cfg.Signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now())
-		if err != nil {
-			s.logRefused(r)
-			envelope.WriteError(rec, http.StatusUnauthorized, "unauthenticated",
-				"the request did not come through the gateway", RequestID(r))
+		// r, from here on with the caller's identity, is also what the
+		// deferred observe logs (owner_id) and a panic's answer reads.
+		var verified bool
+		if r, verified = s.verify(rec, r); !verified {
 			return
 		}
-		r = r.WithContext(identity.WithContext(r.Context(), id))
-		annotate(r, id)
-
 		// ServeMux would answer an unclean path ("//", "..") with a bare
 		// redirect; no route of ours has such a path, so it is a 404 envelope.
 		if path.Clean(r.URL.Path) != r.URL.Path {
@@ -170,12 +162,41 @@ func (s *Server) dispatch() http.Handler {
 			return
 		}
 		route = pattern
-		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
-			span.SetName(pattern)
-			span.SetAttributes(semconv.HTTPRoute(pattern))
-		}
+		nameSpan(r, pattern)
 		s.routes.ServeHTTP(rec, r)
 	})
+}
+
+// serveHealthPath answers the health check, to GET and HEAD alone.
+func (s *Server) serveHealthPath(rec *statusRecorder, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(rec, r, "GET, HEAD")
+		return
+	}
+	s.health(rec, r)
+}
+
+// verify checks the identity the gateway signed and returns r carrying it
+// (and its span annotated with it), or answers 401 and returns false.
+func (s *Server) verify(rec *statusRecorder, r *http.Request) (*http.Request, bool) {
+	id, err := s.cfg.Signer.Verify(r.Header.Get, identity.RequestOf(r), time.Now())
+	if err != nil {
+		s.logRefused(r)
+		envelope.WriteError(rec, http.StatusUnauthorized, "unauthenticated",
+			"the request did not come through the gateway", RequestID(r))
+		return r, false
+	}
+	r = r.WithContext(identity.WithContext(r.Context(), id))
+	annotate(r, id)
+	return r, true
+}
+
+// nameSpan names r's server span after the route pattern that serves it.
+func nameSpan(r *http.Request, pattern string) {
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		span.SetName(pattern)
+		span.SetAttributes(semconv.HTTPRoute(pattern))
+	}
 }
 
 // recovered answers a handler's panic p: counted, logged with its stack,
