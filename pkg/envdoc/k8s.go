@@ -237,66 +237,84 @@ type httpProbe struct {
 	} `yaml:"httpGet"`
 }
 
-// addPods adds the containers of a pod template.
-func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, secrets map[string]string) error {
-	var dep struct {
-		Spec struct {
-			Template struct {
-				Metadata struct{ Annotations map[string]string }
-				Spec     struct {
-					TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
-					Containers                    []struct {
-						Name    string
-						Env     []envVar
-						EnvFrom []envFromSource `yaml:"envFrom"`
-						Ports   []struct {
-							ContainerPort int `yaml:"containerPort"`
-						}
-						ReadinessProbe *httpProbe `yaml:"readinessProbe"`
-						LivenessProbe  *httpProbe `yaml:"livenessProbe"`
-						StartupProbe   *httpProbe `yaml:"startupProbe"`
-						Lifecycle      struct {
-							PreStop struct {
-								Sleep struct{ Seconds int }
-							} `yaml:"preStop"`
-						}
-						Resources struct {
-							Requests, Limits struct{ Memory string }
-						}
-					}
-				}
+// podOwner is what addPods reads of an object that owns a pod template
+// (a Deployment, a Job).
+type podOwner struct {
+	Spec struct {
+		Template struct {
+			Metadata struct{ Annotations map[string]string }
+			Spec     struct {
+				TerminationGracePeriodSeconds *int `yaml:"terminationGracePeriodSeconds"`
+				Containers                    []podContainer
 			}
 		}
 	}
-	if err := d.node.Decode(&dep); err != nil {
+}
+
+// podContainer is what addPods reads of one container of a pod template.
+type podContainer struct {
+	Name    string
+	Env     []envVar
+	EnvFrom []envFromSource `yaml:"envFrom"`
+	Ports   []struct {
+		ContainerPort int `yaml:"containerPort"`
+	}
+	ReadinessProbe *httpProbe `yaml:"readinessProbe"`
+	LivenessProbe  *httpProbe `yaml:"livenessProbe"`
+	StartupProbe   *httpProbe `yaml:"startupProbe"`
+	Lifecycle      struct {
+		PreStop struct {
+			Sleep struct{ Seconds int }
+		} `yaml:"preStop"`
+	}
+	Resources struct {
+		Requests, Limits struct{ Memory string }
+	}
+}
+
+// addPods adds the containers of a pod template.
+func (m *Manifest) addPods(d object, configMaps map[string]map[string]string, secrets map[string]string) error {
+	var owner podOwner
+	if err := d.node.Decode(&owner); err != nil {
 		return err
 	}
-	for _, c := range dep.Spec.Template.Spec.Containers {
+	pod := owner.Spec.Template
+	gracePeriod := defaultGracePeriod
+	if s := pod.Spec.TerminationGracePeriodSeconds; s != nil {
+		gracePeriod = time.Duration(*s) * time.Second
+	}
+	for _, c := range pod.Spec.Containers {
 		env, err := containerEnv(c.Env, c.EnvFrom, configMaps, secrets)
 		if err != nil {
 			return fmt.Errorf("container %s: %w", c.Name, err)
 		}
-		out := Container{Env: env, Probes: map[string]Probe{},
-			ScrapePort: dep.Spec.Template.Metadata.Annotations["prometheus.io/port"], GracePeriod: defaultGracePeriod}
-		if s := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; s != nil {
-			out.GracePeriod = time.Duration(*s) * time.Second
-		}
-		out.PreStopSleep = time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
-		if out.MemoryRequest, err = quantity(c.Resources.Requests.Memory); err != nil {
-			return fmt.Errorf("container %s: resources.requests.memory: %w", c.Name, err)
-		}
-		if out.MemoryLimit, err = quantity(c.Resources.Limits.Memory); err != nil {
-			return fmt.Errorf("container %s: resources.limits.memory: %w", c.Name, err)
-		}
-		for _, p := range c.Ports {
-			out.Ports = append(out.Ports, p.ContainerPort)
-		}
-		for kind, p := range map[string]*httpProbe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
-			if p != nil {
-				out.Probes[kind] = Probe{Path: p.HTTPGet.Path, Port: p.HTTPGet.Port}
-			}
+		out := Container{Env: env, ScrapePort: pod.Metadata.Annotations["prometheus.io/port"], GracePeriod: gracePeriod}
+		if err := c.fill(&out); err != nil {
+			return fmt.Errorf("container %s: %w", c.Name, err)
 		}
 		m.Containers[c.Name] = out
+	}
+	return nil
+}
+
+// fill sets out's fields that c alone gives: its ports, probes, preStop
+// sleep and memory.
+func (c podContainer) fill(out *Container) (err error) {
+	out.PreStopSleep = time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
+	if out.MemoryRequest, err = quantity(c.Resources.Requests.Memory); err != nil {
+		return fmt.Errorf("resources.requests.memory: %w", err)
+	}
+	if out.MemoryLimit, err = quantity(c.Resources.Limits.Memory); err != nil {
+		return fmt.Errorf("resources.limits.memory: %w", err)
+	}
+	for _, p := range c.Ports {
+		out.Ports = append(out.Ports, p.ContainerPort)
+	}
+	out.Probes = map[string]Probe{}
+	for kind, p := range map[string]*httpProbe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+		if p != nil {
+			out.Probes[kind] = Probe{Path: p.HTTPGet.Path, Port: p.HTTPGet.Port}
+		}
 	}
 	return nil
 }
