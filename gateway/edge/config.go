@@ -87,10 +87,22 @@ const BodyLimit = 64 << 10
 // LoadConfig reads and validates the configuration.
 func LoadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
+	cfg := readSettings(r, getenv)
+	readDependentSettings(r, &cfg)
+	cfg.Settings = slices.Concat(r.Names(), gcdefaults.Names, telemetry.Names)
+	if err := r.Err(); err != nil {
+		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
+	}
+	return cfg, nil
+}
+
+// readSettings reads every setting that stands on its own: a default and
+// its own bounds.
+func readSettings(r *envconfig.Reader, getenv func(string) string) Config {
 	timeout := func(name string, def time.Duration) time.Duration {
 		return r.Duration(name, def, time.Millisecond, time.Hour)
 	}
-	cfg := Config{
+	return Config{
 		Addr:             r.Addr("GATEWAY_ADDR", "127.0.0.1:8080"),
 		AdminAddr:        r.Addr("GATEWAY_ADMIN_ADDR", "127.0.0.1:9080"),
 		RedisURL:         r.String("REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -141,6 +153,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 
 		GC: gcdefaults.Read(getenv),
 	}
+}
+
+// readDependentSettings reads into cfg the settings that are required or
+// read against others (DATABASE_URL, the secrets, the trusted proxies, the
+// owner's sale slots), and checks what readSettings read beyond each
+// setting's own bounds: the Redis URL's form, the instance URLs, and
+// settings wrong together (the two listeners, the key cache's TTLs).
+func readDependentSettings(r *envconfig.Reader, cfg *Config) {
 	r.SeparateListeners("GATEWAY_ADDR", cfg.Addr, "GATEWAY_ADMIN_ADDR", cfg.AdminAddr)
 	cfg.DatabaseURL = postgres.ReadURL(r, "DATABASE_URL")
 	redisProblem := redisclient.URLProblem(cfg.RedisURL)
@@ -160,11 +180,6 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	checkInstanceURLs(r, "EXPORT_READER_URLS", cfg.ExportReaderURLs)
 	checkInstanceURLs(r, "SALES_WRITER_URLS", cfg.SalesWriterURLs)
 	checkInstanceURLs(r, "SHOP_SCHEMA_URLS", cfg.ShopSchemaURLs)
-	cfg.Settings = slices.Concat(r.Names(), gcdefaults.Names, telemetry.Names)
-	if err := r.Err(); err != nil {
-		return Config{Settings: cfg.Settings}, err // only the names, for run's misspelling hint
-	}
-	return cfg, nil
 }
 
 // readShopSchemaIdentitySecret reads SHOP_SCHEMA_IDENTITY_SECRET, "" when
