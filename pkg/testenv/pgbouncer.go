@@ -64,6 +64,25 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 			t.Fatal(err)
 		}
 	}
+	out := startPgBouncer(t, bin, dir, asUser)
+	if !waitFor(10*time.Second, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}) {
+		log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+		t.Fatalf("testenv: pgbouncer did not listen on %s: %s%s", addr, out.String(), log)
+	}
+	return fmt.Sprintf("host=127.0.0.1 port=%s user=%s dbname=db sslmode=disable", port, cfg.User)
+}
+
+// startPgBouncer starts bin on dir's pgbouncer.ini, as asUser when it is
+// not "" (the server's user, when the test runs as root), killed with the
+// test, and returns what it writes.
+func startPgBouncer(t testing.TB, bin, dir, asUser string) *Output {
+	t.Helper()
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	if asUser != "" {
 		// Started as that user, not switched to it by its own -u: the
@@ -77,8 +96,8 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
 	DiesWithTest(cmd)
-	var out Output
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &Output{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("testenv: start pgbouncer: %v", err)
 	}
@@ -88,17 +107,7 @@ func PgBouncerConnecting(t testing.TB, dsn, mode, connectQuery string, settings 
 		_ = cmd.Process.Kill()
 		<-exited
 	})
-	if !waitFor(10*time.Second, func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	}) {
-		log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
-		t.Fatalf("testenv: pgbouncer did not listen on %s: %s%s", addr, out.String(), log)
-	}
-	return fmt.Sprintf("host=127.0.0.1 port=%s user=%s dbname=db sslmode=disable", port, cfg.User)
+	return out
 }
 
 // pgbouncerFiles are PgBouncer's files in dir, by name: its ini, with one
