@@ -68,7 +68,7 @@ type exchange struct {
 	// parameter, a bad cursor) is accepted by it.
 	docRefuses bool
 	// raw, when set, sends the request as bytes on a connection of its
-	// own, malformed as no HTTP client would write it (rawRequest); the
+	// own, malformed as no HTTP client would write it (sendRaw); the
 	// document still sees it as method, path, key, header and body.
 	raw rawFault
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/VictoriaMetrics/metricsql"
 )
 
-// ownTargets is the matcher every selector of the files carries: deploy/k8s's
+// ownTargetsLabel=ownTargetsValue is the matcher every selector of the files carries: deploy/k8s's
 // pod label app.kubernetes.io/part-of, as the usual kubernetes-pods job's
 // labelmap names it. Another team's pods share that job, the app names
 // (app=gateway) and the series names of every Go program
@@ -28,7 +28,7 @@ const ownTargetsLabel, ownTargetsValue = "app_kubernetes_io_part_of", "export-se
 // alone or job alone (kubernetes-pods gives all four services
 // job=kubernetes-pods, a scrape job per service gives no app): name it by
 // app, else job, as {{ with $labels.app }}…{{ else }}{{ $labels.job }} or
-// label_replace's service do; or a selector without ownTargets.
+// label_replace's service do; or a selector without ownTargetsLabel.
 func checkDeploymentsApart(exposed exposure, q opsQuery) []string {
 	var problems []string
 	if labels, _ := checkQuery(exposed, apartOfAbsent(q.expr)); !labels["namespace"] {

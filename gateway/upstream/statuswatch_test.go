@@ -239,7 +239,7 @@ func finalStatus(answer string) string {
 	return status
 }
 
-// watchedAnswers are what the instance in TestWatchedConnectionsUnderConcurrentUse
+// watchedAnswer is what the instance in TestWatchedConnectionsUnderConcurrentUse
 // answers, by path: the answers the gateway relays (bodies that hold
 // status lines, 100 KB of them chunked or with a length, HEAD, 204, 304,
 // interim answers, a 413 sent before the request's body was read), and a
