@@ -169,14 +169,8 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		run.IDsFile = filepath.Join(dir, "signed-requests")
 		return writeSignedRequests(run.IDsFile, a, *prefix, *ids)
 	}
-	if *warmup > 0 {
-		run.Duration = *warmup
-		if err := authorize(); err != nil {
-			return fmt.Errorf("%s: %w", *name, err)
-		}
-		if _, err := run.exec(ctx); err != nil {
-			return fmt.Errorf("%s: warm-up: %w", *name, err)
-		}
+	if err := run.warmUp(ctx, *warmup, authorize); err != nil {
+		return fmt.Errorf("%s: %w", *name, err)
 	}
 	run.Duration = *duration
 	if err := authorize(); err != nil {
@@ -187,6 +181,22 @@ func runGet(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 		return fmt.Errorf("%s: %w", *name, err)
 	}
 	return appendRecord(cfg.Results, getRecord(*name, *conns, s, used), stdout)
+}
+
+// warmUp runs wrk for d, unmeasured, with the credentials authorize gives
+// it; none when d is 0.
+func (g *getRun) warmUp(ctx context.Context, d time.Duration, authorize func() error) error {
+	if d <= 0 {
+		return nil
+	}
+	g.Duration = d
+	if err := authorize(); err != nil {
+		return err
+	}
+	if _, err := g.exec(ctx); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	return nil
 }
 
 // measure runs wrk once, with the CPU time of parts taken over the run.
