@@ -100,11 +100,13 @@ type Gateway struct {
 	routeMetrics    map[string]*routeMetrics
 	decisionMetrics decisionMetrics
 
-	app        *fiber.App
-	listener   net.Listener
-	admin      *http.Server
-	adminLn    net.Listener
-	served     chan error
+	app      *fiber.App
+	listener net.Listener
+	admin    *http.Server
+	adminLn  net.Listener
+	// failed carries the error of a listener that stopped serving on its
+	// own (Failed), with room for both listeners'.
+	failed     chan error
 	stopBg     context.CancelFunc
 	stopLimit  context.CancelFunc
 	bg         sync.WaitGroup
@@ -218,7 +220,7 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
 		heldAnswers:     &byteBudget{limit: heldAnswersLimit},
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
-		served:          make(chan error, 2), limitDone: make(chan struct{})}
+		failed:          make(chan error, 2), limitDone: make(chan struct{})}
 	if cfg.OwnerInFlight > 0 {
 		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
 	}
@@ -381,7 +383,7 @@ func (g *Gateway) goBg(f func()) {
 func (g *Gateway) startServing() {
 	go func() {
 		if err := g.app.Listener(g.listener); err != nil {
-			g.served <- fmt.Errorf("public listener %s stopped serving: %w", g.Addr(), err)
+			g.failed <- fmt.Errorf("public listener %s stopped serving: %w", g.Addr(), err)
 		}
 	}()
 	g.admin = &http.Server{Handler: httpserver.AdminHandler(g.metrics.registry), ReadHeaderTimeout: 5 * time.Second,
@@ -393,14 +395,14 @@ func (g *Gateway) startServing() {
 		httpserver.LogUnread(g.log))
 	go func() {
 		if err := g.admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			g.served <- fmt.Errorf("admin listener %s stopped serving: %w", g.AdminAddr(), err)
+			g.failed <- fmt.Errorf("admin listener %s stopped serving: %w", g.AdminAddr(), err)
 		}
 	}()
 }
 
 // Failed delivers the error of a listener that stopped serving on its own,
 // naming it; the binary then shuts the gateway down, both listeners.
-func (g *Gateway) Failed() <-chan error { return g.served }
+func (g *Gateway) Failed() <-chan error { return g.failed }
 
 // Addr is the public listener's address.
 func (g *Gateway) Addr() string { return g.listener.Addr().String() }
