@@ -115,7 +115,9 @@ func DrainOutlasting(call time.Duration) time.Duration {
 	return max(call+AnswerWriteMargin, DefaultShutdownTimeout)
 }
 
-// refusedLogInterval is how often at most a refused identity is logged.
+// refusedLogInterval is how often at most each throttled warning is
+// logged: a refused identity, not ready (refusedLog), and each error code
+// of an answer net/http gave before routing (LogUnread).
 const refusedLogInterval = 10 * time.Second
 
 // New wraps routes. Register every route of the service on routes before
