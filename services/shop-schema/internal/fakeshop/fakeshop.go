@@ -263,22 +263,10 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	if s.BadGzip {
 		w.Header().Set("Content-Encoding", "gzip")
 	}
-	// Each wait ends with the answer unwritten if the caller goes first.
-	if released := s.record(r); released != nil && !waited(r, released) {
+	if !s.recordAndWait(r) {
 		return
 	}
-	if s.Hold != nil && !waited(r, s.Hold) {
-		return
-	}
-	if s.Delay > 0 && !waited(r, time.After(s.Delay)) {
-		return
-	}
-	if s.HeaderPadding > 0 {
-		w.Header().Set("X-Padding", strings.Repeat("p", s.HeaderPadding))
-	}
-	for i := range s.HeaderLines {
-		w.Header().Set(fmt.Sprint("X-Padding-", i), strings.Repeat("p", 1<<10))
-	}
+	s.padHeaders(w)
 	if s.Redirect != nil {
 		if target := s.Redirect(r); target != "" {
 			http.Redirect(w, r, target, http.StatusFound)
@@ -314,6 +302,30 @@ func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Access-Time", strconv.FormatInt(time.Now().Unix(), 10))
 	w.Header().Set("Execution-Time", "0.012")
 	s.answer(w, r, resource)
+}
+
+// recordAndWait records r, then makes each wait the shop is set to
+// (HoldUntil, Hold, Delay); false if the caller went first, and the answer
+// is then left unwritten.
+func (s *Shop) recordAndWait(r *http.Request) bool {
+	if released := s.record(r); released != nil && !waited(r, released) {
+		return false
+	}
+	if s.Hold != nil && !waited(r, s.Hold) {
+		return false
+	}
+	return s.Delay <= 0 || waited(r, time.After(s.Delay))
+}
+
+// padHeaders adds the header bytes and lines the shop is set to send
+// (HeaderPadding, HeaderLines).
+func (s *Shop) padHeaders(w http.ResponseWriter) {
+	if s.HeaderPadding > 0 {
+		w.Header().Set("X-Padding", strings.Repeat("p", s.HeaderPadding))
+	}
+	for i := range s.HeaderLines {
+		w.Header().Set(fmt.Sprint("X-Padding-", i), strings.Repeat("p", 1<<10))
+	}
 }
 
 // writePage answers an HTML page, not the webservice's.
