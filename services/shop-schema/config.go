@@ -28,7 +28,7 @@ type Config struct {
 	Ports                 []uint16      // SHOP_SCHEMA_PORTS (443,8443)
 	Timeout               time.Duration // SHOP_SCHEMA_TIMEOUT (20s)
 	ConnectTimeout        time.Duration // SHOP_SCHEMA_CONNECT_TIMEOUT (5s)
-	MaxBytes              int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
+	MaxResponseBytes      int64         // SHOP_SCHEMA_MAX_RESPONSE_BYTES (16 MiB)
 	MaxCallBytes          int64         // SHOP_SCHEMA_MAX_CALL_BYTES (32 MiB)
 	PageSize              int           // SHOP_SCHEMA_PAGE_SIZE (250)
 	MaxRows               int           // SHOP_SCHEMA_MAX_ROWS (100000)
@@ -51,19 +51,19 @@ func validTimeout(d time.Duration) bool { return minTimeout <= d && d <= maxTime
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
 	c := Config{
-		Addr:           r.Addr("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
-		AdminAddr:      r.Addr("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
-		LogLevel:       r.LogLevel(),
-		AllowHosts:     r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
-		CAFile:         r.String("SHOP_SCHEMA_CA_FILE", ""),
-		Ports:          ports(r, "SHOP_SCHEMA_PORTS", "443,8443"),
-		Timeout:        r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, minTimeout, maxTimeout),
-		ConnectTimeout: r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, minTimeout, maxTimeout),
-		MaxBytes:       int64(r.Int("SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)),
-		MaxCallBytes:   int64(r.Int("SHOP_SCHEMA_MAX_CALL_BYTES", 32<<20, 1<<10, 1<<30)),
-		PageSize:       r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
-		MaxRows:        r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
-		MaxConcurrent:  r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
+		Addr:             r.Addr("SHOP_SCHEMA_ADDR", "127.0.0.1:8083"),
+		AdminAddr:        r.Addr("SHOP_SCHEMA_ADMIN_ADDR", "127.0.0.1:9083"),
+		LogLevel:         r.LogLevel(),
+		AllowHosts:       r.List("SHOP_SCHEMA_ALLOW_HOSTS", ""),
+		CAFile:           r.String("SHOP_SCHEMA_CA_FILE", ""),
+		Ports:            ports(r, "SHOP_SCHEMA_PORTS", "443,8443"),
+		Timeout:          r.Duration("SHOP_SCHEMA_TIMEOUT", 20*time.Second, minTimeout, maxTimeout),
+		ConnectTimeout:   r.Duration("SHOP_SCHEMA_CONNECT_TIMEOUT", 5*time.Second, minTimeout, maxTimeout),
+		MaxResponseBytes: int64(r.Int("SHOP_SCHEMA_MAX_RESPONSE_BYTES", 16<<20, 1<<10, 1<<30)),
+		MaxCallBytes:     int64(r.Int("SHOP_SCHEMA_MAX_CALL_BYTES", 32<<20, 1<<10, 1<<30)),
+		PageSize:         r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
+		MaxRows:          r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
+		MaxConcurrent:    r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 	}
 	r.SeparateListeners("SHOP_SCHEMA_ADDR", c.Addr, "SHOP_SCHEMA_ADMIN_ADDR", c.AdminAddr)
 	// Checked here, with the other settings, so that a bad entry is named
@@ -98,7 +98,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("log_level", c.LogLevel),
 		slog.Any("allow_hosts", c.AllowHosts), slog.String("ca_file", c.CAFile),
 		slog.Any("ports", c.Ports), slog.String("timeout", c.Timeout.String()),
-		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxBytes),
+		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxResponseBytes),
 		slog.Int64("max_call_bytes", c.MaxCallBytes),
 		slog.Int("page_size", c.PageSize), slog.Int("max_rows", c.MaxRows),
 		slog.Int("max_concurrent", c.MaxConcurrent),

@@ -78,7 +78,7 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 	}
 	client := prestashop.NewClient(prestashop.Config{
 		Guard: g, Resolver: resolver, RootCAs: roots, ConnectTimeout: cfg.ConnectTimeout,
-		MaxBytes: cfg.MaxBytes, MaxCallBytes: cfg.MaxCallBytes, PageSize: cfg.PageSize, MaxRows: cfg.MaxRows, TracerProvider: tp,
+		MaxBytes: cfg.MaxResponseBytes, MaxCallBytes: cfg.MaxCallBytes, PageSize: cfg.PageSize, MaxRows: cfg.MaxRows, TracerProvider: tp,
 	})
 	svc := shopschema.New(g, resolver, client, cfg.Timeout)
 	mux := http.NewServeMux()
