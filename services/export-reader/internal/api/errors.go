@@ -13,7 +13,8 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/replica"
 )
 
-// fail is the service's one error-to-HTTP mapping. What on-call must see is
+// fail is the service's one error-to-HTTP mapping (a client's 4xx:
+// refused). What on-call must see is
 // logged here, once: a 503's cause (the store out of reach or refusing, a
 // timeout, the barrier giving up, a read cut off by the drain), a hang-up
 // at INFO, and any unexpected error, whose body says only "internal error"
@@ -23,23 +24,10 @@ import (
 // its crossings).
 func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	requestID := httpserver.RequestID(r)
-	var pe *paramError
+	if a.refused(w, r, err, requestID) {
+		return
+	}
 	switch {
-	case errors.As(err, &pe):
-		envelope.WriteError(w, http.StatusBadRequest, pe.Code, pe.Message, requestID)
-	case errors.Is(err, export.ErrInvalidCursor):
-		if errors.Is(err, export.ErrCursorSignature) {
-			a.warnCursorSignature(r)
-		}
-		envelope.WriteError(w, http.StatusBadRequest, "invalid_cursor",
-			"cursor is invalid or belongs to another query; pass meta.next_cursor unchanged with the same status and updated_after", requestID)
-	case errors.Is(err, export.ErrNotFound):
-		// The same body for a missing item and another owner's item.
-		envelope.WriteError(w, http.StatusNotFound, "not_found", "export item not found", requestID)
-	case errors.Is(err, errNoKey):
-		envelope.WriteError(w, http.StatusUnauthorized, "unauthenticated", "an API key is required", requestID)
-	case errors.Is(err, errNoScope):
-		envelope.WriteError(w, http.StatusForbidden, "forbidden", "the API key lacks the export:read scope", requestID)
 	case errors.Is(err, catalog.ErrSyncBusy):
 		// A writer of the owner's items stuck in flight (catalog's
 		// barrier.go): not the reader's fault, and over once it ends.
@@ -84,6 +72,32 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		a.log.ErrorContext(r.Context(), "export read failed", "error", err)
 		envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	}
+}
+
+// refused answers err if it is the client's to fix (a 4xx), and reports
+// whether it was.
+func (a *API) refused(w http.ResponseWriter, r *http.Request, err error, requestID string) bool {
+	var pe *paramError
+	switch {
+	case errors.As(err, &pe):
+		envelope.WriteError(w, http.StatusBadRequest, pe.Code, pe.Message, requestID)
+	case errors.Is(err, export.ErrInvalidCursor):
+		if errors.Is(err, export.ErrCursorSignature) {
+			a.warnCursorSignature(r)
+		}
+		envelope.WriteError(w, http.StatusBadRequest, "invalid_cursor",
+			"cursor is invalid or belongs to another query; pass meta.next_cursor unchanged with the same status and updated_after", requestID)
+	case errors.Is(err, export.ErrNotFound):
+		// The same body for a missing item and another owner's item.
+		envelope.WriteError(w, http.StatusNotFound, "not_found", "export item not found", requestID)
+	case errors.Is(err, errNoKey):
+		envelope.WriteError(w, http.StatusUnauthorized, "unauthenticated", "an API key is required", requestID)
+	case errors.Is(err, errNoScope):
+		envelope.WriteError(w, http.StatusForbidden, "forbidden", "the API key lacks the export:read scope", requestID)
+	default:
+		return false
+	}
+	return true
 }
 
 // warnCursorSignature says, at most once per interval, that a well-formed
