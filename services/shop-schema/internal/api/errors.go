@@ -32,37 +32,15 @@ var shopStatus = map[prestashop.Kind]int{
 	prestashop.KindNotShopRoot:  http.StatusBadRequest,
 }
 
-// writeError is the service's one error-to-HTTP mapper. It returns the
-// error code it answered. Messages are fixed phrases that at most name the
-// IP address or port written in base_url: never the key, the rest of
-// base_url, an address a name resolved to, or what the shop answered.
+// writeError is the service's one error-to-HTTP mapper (a call refused as
+// sent: refused). It returns the error code it answered. Messages are
+// fixed phrases that at most name the IP address or port written in
+// base_url: never the key, the rest of base_url, an address a name
+// resolved to, or what the shop answered.
 // host is the shop's host as the log may name it (shopschema.Service.Host).
 func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, requestID, host string) string {
-	if errors.Is(err, errBusy) {
-		w.Header().Set("Retry-After", "1")
-		envelope.WriteError(w, http.StatusTooManyRequests, busyCode,
-			"too many shop schema reads in progress; retry with backoff", requestID)
-		return busyCode
-	}
-	if errors.Is(err, httpserver.ErrBodyTooLarge) {
-		// 413, as the sales routes answer it.
-		const code = "payload_too_large"
-		envelope.WriteError(w, http.StatusRequestEntityTooLarge, code,
-			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
+	if code, ok := refused(w, err, requestID); ok {
 		return code
-	}
-	if errors.Is(err, httpserver.ErrBodyAbandoned) {
-		// The caller closed the connection before its body was whole: no
-		// one reads this answer (499, as for a caller that leaves while
-		// the shop is read; a 400 counted it as a bad request).
-		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed,
-			"the caller closed the request before sending its body whole", requestID)
-		return httpserver.CodeClientClosed
-	}
-	var inputErr *shopschema.InputError
-	if errors.As(err, &inputErr) {
-		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
-		return inputErr.Code
 	}
 	if httpserver.CutOff(r, err) {
 		// The drain ran out of time and cut this read off, which cancelled
@@ -98,4 +76,37 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	h.log.ErrorContext(r.Context(), "shop schema read failed", "error", err)
 	envelope.WriteError(w, http.StatusInternalServerError, "internal_error", "internal error", requestID)
 	return "internal_error"
+}
+
+// refused answers err if the call was refused as sent (too many reads at
+// once, a body too large or abandoned, bad input), and returns the error
+// code it answered; ok is false for any other error.
+func refused(w http.ResponseWriter, err error, requestID string) (code string, ok bool) {
+	if errors.Is(err, errBusy) {
+		w.Header().Set("Retry-After", "1")
+		envelope.WriteError(w, http.StatusTooManyRequests, busyCode,
+			"too many shop schema reads in progress; retry with backoff", requestID)
+		return busyCode, true
+	}
+	if errors.Is(err, httpserver.ErrBodyTooLarge) {
+		// 413, as the sales routes answer it.
+		const code = "payload_too_large"
+		envelope.WriteError(w, http.StatusRequestEntityTooLarge, code,
+			fmt.Sprintf("the body must be at most %d bytes", maxBodyBytes), requestID)
+		return code, true
+	}
+	if errors.Is(err, httpserver.ErrBodyAbandoned) {
+		// The caller closed the connection before its body was whole: no
+		// one reads this answer (499, as for a caller that leaves while
+		// the shop is read; a 400 counted it as a bad request).
+		envelope.WriteError(w, httpserver.StatusClientClosed, httpserver.CodeClientClosed,
+			"the caller closed the request before sending its body whole", requestID)
+		return httpserver.CodeClientClosed, true
+	}
+	var inputErr *shopschema.InputError
+	if errors.As(err, &inputErr) {
+		envelope.WriteError(w, http.StatusBadRequest, inputErr.Code, inputErr.Message, requestID)
+		return inputErr.Code, true
+	}
+	return "", false
 }
