@@ -196,6 +196,17 @@ func TestUnroutedServerSpanShowsItsPath(t *testing.T) {
 	}
 }
 
+// Whether a failed sale was applied (app.sale_applied, on the gateway's
+// and sales-writer's server spans of a sale's 5xx) is shown: the root
+// README's table sends the on-call reader to it, and make trace left it out.
+func TestWhetherAFailedSaleWasAppliedIsShown(t *testing.T) {
+	sp := Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"http.route": "POST /v1/export/items/{item_id}/sales/confirm",
+		"http.response.status_code": "502", "app.error_code": "bad_gateway", "app.idempotency_key": "k-7", "app.sale_applied": "maybe"}}
+	if got := interesting(sp); !strings.Contains(got, "app.idempotency_key=k-7 app.sale_applied=maybe") {
+		t.Errorf("interesting(%+v) = %q, want whether the sale was applied, after its key", sp, got)
+	}
+}
+
 // The X-Request-Id a client sent, its own id for the call, is shown on the
 // gateway's server span: it is how a ticket quoting that id is tied to the
 // request id.
