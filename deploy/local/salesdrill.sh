@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make sales-drill: the sale state machine checked as a history under
+# make drill: the sale state machine checked as a history under
 # faults. Starts a stack of its own (PostgreSQL, Redis, export-reader,
 # sales-writer, gateway) under SALESDRILL_DIR on SALESDRILL_PORT and the
 # ports after it, runs bin/salesdrill's concurrent clients through the
