@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.opentelemetry.io/otel"
 )
 
@@ -90,6 +91,18 @@ func Open(url string, ioTimeout time.Duration) (*redis.Client, error) {
 	opts.MaxRetries = -1
 	opts.DialerRetries = 1
 	opts.PoolTimeout = ioTimeout
+	// go-redis sends two commands of its own on each new connection that
+	// the Redis servers this runs on refuse, each refusal a span with an
+	// exception under the first rate-limit batch of the connection (an
+	// error in a trace that means nothing to whoever reads it) and a
+	// round trip more before the first call: CLIENT SETINFO, which only
+	// names the library in CLIENT LIST, and which a Redis before 7.2
+	// (Debian 12's 7.0) does not know; and CLIENT MAINT_NOTIFICATIONS,
+	// Redis Enterprise's hand-off of connections during its maintenance,
+	// which the gateway has no need of: its limiter decides in-process
+	// while Redis is away.
+	opts.DisableIdentity = true
+	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	client := redis.NewClient(opts)
 	gate := &pipelinesUnderSpans{}
 	client.AddHook(gate) // before redisotel's, which it tells what to skip

@@ -16,6 +16,7 @@ import (
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
@@ -243,5 +244,25 @@ func TestAPipelineUnderNoSpanIsNotFormatted(t *testing.T) {
 	}
 	if formatted.Load() == 0 {
 		t.Error("a pipeline under a span was not formatted either: this test cannot tell the two apart")
+	}
+}
+
+// A new connection's first traced call leaves no failed span: go-redis
+// names itself to Redis with CLIENT SETINFO on connect, which a Redis
+// before 7.2 (Debian's 7.0) refuses, "ERR unknown subcommand 'setinfo'";
+// the refusal was a span with an exception under the first rate-limit
+// batch of each connection, an error in a trace that meant nothing to
+// whoever read it.
+func TestANewConnectionLeavesNoFailedSpan(t *testing.T) {
+	rec, client := tracedClient(t)
+	ctx, parent := otel.Tracer("test").Start(context.Background(), "request")
+	if err := client.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Ping = %v", err)
+	}
+	parent.End()
+	for _, sp := range rec.Ended() {
+		if sp.Status().Code == codes.Error || len(sp.Events()) > 0 {
+			t.Errorf("span %q: status %v %q, %d events", sp.Name(), sp.Status().Code, sp.Status().Description, len(sp.Events()))
+		}
 	}
 }
