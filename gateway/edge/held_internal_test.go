@@ -118,8 +118,13 @@ func getEveryEnding(t *testing.T, reader, ownerCap string, dialled *atomic.Int64
 		})
 	}
 	wg.Wait()
-	if n := dialled.Load(); n > 4 { // 2, and the health probe's
-		t.Errorf("2,000 GETs over UPSTREAM_MAX_CONNS=2 dialled the reader %d times, want at most 4", n)
+	// 2, and the health probe's, on a quiet machine; under -race with the
+	// machine's load at 9 a 10 s run dialled 5 once. An ending whose
+	// connection is closed rather than given back dials once per GET of
+	// it, 200 (a 404 closed so dialled 202); one never given back leaves
+	// the 2 connections taken and the GETs failing.
+	if n := dialled.Load(); n > 8 {
+		t.Errorf("2,000 GETs over UPSTREAM_MAX_CONNS=2 dialled the reader %d times, want at most 8", n)
 	}
 	// fasthttp gives an answer's stream back once it has written it,
 	// which may be after its client has read it.
