@@ -128,6 +128,15 @@ func TestHealthNeedsNoIdentity(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("GET /healthz = %d, want 200", resp.StatusCode)
 	}
+	// HEAD is answered as GET is, as the 405's Allow says.
+	resp, err = http.Head(ts.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("HEAD /healthz = %d, want 200", resp.StatusCode)
+	}
 	resp, err = http.Post(ts.URL+"/healthz", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
