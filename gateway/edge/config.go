@@ -96,8 +96,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-// readSettings reads every setting that stands on its own: a default and
-// its own bounds.
+// readSettings reads every setting that has a default, within the bounds
+// it is read with; readDependentSettings checks what those bounds cannot.
 func readSettings(r *envconfig.Reader, getenv func(string) string) Config {
 	timeout := func(name string, def time.Duration) time.Duration {
 		return r.Duration(name, def, time.Millisecond, time.Hour)
@@ -157,8 +157,9 @@ func readSettings(r *envconfig.Reader, getenv func(string) string) Config {
 
 // readDependentSettings reads into cfg the settings that are required or
 // read against others (DATABASE_URL, the secrets, the trusted proxies, the
-// owner's sale slots), and checks what readSettings read beyond each
-// setting's own bounds: the Redis URL's form, the instance URLs, and
+// owner's sale slots), and checks what readSettings read beyond the bounds
+// it was read with: the Redis URL's form, GOGC and GOMEMLIMIT,
+// UPSTREAM_RESOLVE_INTERVAL (0 or at least 100ms), the instance URLs, and
 // settings wrong together (the two listeners, the key cache's TTLs).
 func readDependentSettings(r *envconfig.Reader, cfg *Config) {
 	r.SeparateListeners("GATEWAY_ADDR", cfg.Addr, "GATEWAY_ADMIN_ADDR", cfg.AdminAddr)

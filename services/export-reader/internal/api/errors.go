@@ -14,14 +14,13 @@ import (
 )
 
 // fail is the service's one error-to-HTTP mapping (a client's 4xx:
-// refused). What on-call must see is
-// logged here, once: a 503's cause (the store out of reach or refusing, a
-// timeout, the barrier giving up, a read cut off by the drain), a hang-up
-// at INFO, and any unexpected error, whose body says only "internal error"
-// with the request id. A client's 4xx is not logged (the access line has
-// it) but for a run of cursors refused on their signature
-// (warnCursorSignature), nor is a lagging replica's 503 (the monitor logs
-// its crossings).
+// refused). What on-call must see is logged here, once: a 503's cause
+// (the store out of reach or refusing, a timeout, the barrier giving up, a
+// read cut off by the drain), a hang-up at INFO, and any unexpected error,
+// whose body says only "internal error" with the request id. A client's
+// 4xx is not logged (the access line has it) but for a run of cursors
+// refused on their signature (warnCursorSignature), nor is a lagging
+// replica's 503 (the monitor logs its crossings).
 func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	requestID := httpserver.RequestID(r)
 	if a.refused(w, r, err, requestID) {
