@@ -144,9 +144,9 @@ func TestRun(t *testing.T) {
 	wg.Go(func() {
 		// Mid-rotation (README, "Rotating IDENTITY_SECRET"): the request
 		// below is signed with the previous secret.
-		runErr = run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret,
+		runErr = run(ctx, env(stopAtOnce(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret,
 			"IDENTITY_SECRET": secret + "-rotated", "IDENTITY_SECRET_PREVIOUS": secret,
-			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
+			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)})), &out)
 	})
 	signer, _ := identity.NewSigner(secret)
 	var resp *http.Response
@@ -180,6 +180,15 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// stopAtOnce sets EXPORT_READER_SHUTDOWN_DELAY to 0s in vars: the test's
+// kept-alive connection (waitReady's) made its stop wait out the delay,
+// 3 s, in each of three tests that are not about it (drain_test.go's
+// TestAConnectionClosedAtTheStopLeavesItsRepeatAListener is).
+func stopAtOnce(vars map[string]string) map[string]string {
+	vars["EXPORT_READER_SHUTDOWN_DELAY"] = "0s"
+	return vars
+}
+
 // A reader built for a newer schema than the database's stays unready, and
 // says what to run, until the migration is there.
 func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
@@ -188,8 +197,8 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
-				"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs)
+			done <- run(ctx, env(stopAtOnce(map[string]string{"DATABASE_URL": dsn, "CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
+				"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)})), logs)
 		}()
 		return func() { cancel(); <-done }
 	})
@@ -206,9 +215,9 @@ func TestCausesNameReadDatabaseURL(t *testing.T) {
 	var out testenv.Output
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = run(ctx, env(map[string]string{"DATABASE_URL": "postgres://primary.invalid/x", "READ_DATABASE_URL": dsn,
+		_ = run(ctx, env(stopAtOnce(map[string]string{"DATABASE_URL": "postgres://primary.invalid/x", "READ_DATABASE_URL": dsn,
 			"CURSOR_SECRET": cursorSecret, "IDENTITY_SECRET": secret,
-			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)}), &out)
+			"EXPORT_READER_ADDR": addr, "EXPORT_READER_ADMIN_ADDR": testenv.FreeAddr(t)})), &out)
 	})
 	defer wg.Wait()
 	defer cancel()

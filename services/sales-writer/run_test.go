@@ -51,7 +51,7 @@ func TestRunServesAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out testenv.Output
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, env(vars), &out, nil) }()
+	go func() { done <- run(ctx, env(stopAtOnce(vars)), &out, nil) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -180,8 +180,8 @@ func TestUnreadyWhileTheSchemaIsBehind(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- run(ctx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
-				"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), logs, nil)
+			done <- run(ctx, env(stopAtOnce(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
+				"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)})), logs, nil)
 		}()
 		return func() { cancel(); <-done }
 	})
@@ -243,12 +243,20 @@ func startRun(t *testing.T, ctx context.Context, dsn, secret string) (string, *t
 	out := &testenv.Output{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, env(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
-			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)}), out, nil)
+		done <- run(runCtx, env(stopAtOnce(map[string]string{"DATABASE_URL": dsn, "IDENTITY_SECRET": secret,
+			"SALES_WRITER_ADDR": addr, "SALES_WRITER_ADMIN_ADDR": testenv.FreeAddr(t)})), out, nil)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	waitReady(t, "http://"+addr+"/healthz", out)
 	return addr, out
+}
+
+// stopAtOnce sets SALES_WRITER_SHUTDOWN_DELAY to 0s in vars: the test's
+// kept-alive connection (waitReady's) made its stop wait out the delay,
+// 3 s, in each of four tests that are not about it (stop_test.go is).
+func stopAtOnce(vars map[string]string) map[string]string {
+	vars["SALES_WRITER_SHUTDOWN_DELAY"] = "0s"
+	return vars
 }
 
 // healthStatus is the status of one GET of url.
