@@ -91,6 +91,9 @@ func sendSigned(t *testing.T, secret string, id identity.Identity, method, url, 
 	id.RequestID = httpserver.RandomRequestID()
 	signer.SignInto(func(name string, value []byte) { req.Header.Set(name, string(value)) }, id,
 		identity.Request{Method: method, Target: target, IdempotencyKey: idempotencyKey}, time.Now())
+	// Not kept alive: a connection left open to export-reader or
+	// sales-writer made the stack's stop wait out its stop delay (3 s).
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
