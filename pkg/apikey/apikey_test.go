@@ -168,10 +168,13 @@ func TestContainsKey(t *testing.T) {
 }
 
 // A key's whole secret (its tag and body) is found whatever its checksum
-// says; a tag with less than a body after it, or a body without a tag, is
-// not.
+// says, also in a copy upper-cased; a tag with less than a body after it,
+// a body without a tag, or a tag spelt as no copy of a key spells it, is
+// not: such text is a client's value (an order numbered "CXR-…", a random
+// base64url Idempotency-Key), which the sale routes would refuse.
 func TestContainsKeySecret(t *testing.T) {
 	key, mistyped := keyAndMistyped(t, "sales:write")
+	hex64 := strings.Repeat("0123456789ABCDEF", 4)
 	for _, tc := range []struct {
 		s    string
 		want bool
@@ -180,7 +183,14 @@ func TestContainsKeySecret(t *testing.T) {
 		{"order " + key[:tagLen+bodyLen], true}, // checksum cut off
 		{key[:Len-1] + "-", true},               // checksum mistyped
 		{mistyped, true},                        // a typo in the body
-		{"CXW-" + key[tagLen:], true},
+		{strings.ToUpper(key), true},            // its checksum tells the case back
+		{"CXW_" + key[tagLen:], true},
+		{"CXW-" + key[tagLen:], false},
+		{"Cxw_" + key[tagLen:], false},
+		{"cxw " + key[tagLen:], false},
+		{"CXR-" + hex64, false}, // an order number
+		{"cxa-01J9Z3K4QW8N6V2B7C5D0E1F2G01J9Z3K4QW8N6V2B7C5D0E1F2G", false}, // a prefixed ULID pair
+		{"9fQ2Cxa-" + hex64[:50] + "_x-Y", false},                           // random base64url
 		{key[:tagLen+bodyLen-1], false},
 		{key[:30] + "-" + key[30:], true},      // a dash typed into the body
 		{key[:20] + "-----" + key[20:], false}, // more than a body's width
@@ -416,4 +426,23 @@ func keyAndMistyped(t *testing.T, scope string) (key, mistyped string) {
 		t.Fatal(err)
 	}
 	return key, key[:20] + string(key[20]^1) + key[21:]
+}
+
+// BenchmarkContainsKeySecret: the sale routes read every Idempotency-Key
+// and external_order_id with it; the worst text is one of tags, each
+// followed by a window's scan.
+func BenchmarkContainsKeySecret(b *testing.B) {
+	for name, s := range map[string]string{
+		"order id":       "order-2024-000123456:confirm",
+		"128 base64url":  strings.Repeat("9fQ2xa-0123456789ABCDEF_", 6)[:128],
+		"128 of cxr_":    strings.Repeat("cxr_", 32),
+		"512 of cxr_ab ": strings.Repeat("cxr_ab", 86)[:512],
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				ContainsKeySecret(s)
+			}
+		})
+	}
 }

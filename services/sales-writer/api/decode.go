@@ -29,13 +29,18 @@ const (
 )
 
 // holdsAPIKey ends the refusal of an Idempotency-Key or external_order_id
-// holding a well-formed API key (a client that pasted its key in the wrong
-// place). Both are stored as sent, for the retention and in the sale's
+// holding an API key's secret (apikey.ContainsKeySecret: a client that
+// pasted its key in the wrong place, also with its checksum cut off or
+// mistyped). Both are stored as sent, for the retention and in the sale's
 // row, where a key would sit in plain text beside the hashes kept of keys
-// (spec 5: never in logs or the like). Only a whole key, checksum and all,
-// is refused: a value that merely starts like one (an order numbered
-// "CXR-…") is an order id like any other, masked in logs only.
-const holdsAPIKey = "holds an API key: send the key only as X-API-Key, and revoke this one, as it may have been logged on its way here"
+// (spec 5: never in logs or the like). A value that merely starts like one
+// (an order numbered "CXR-…", "cxw_ORDER…") is an order id like any
+// other, masked in logs only.
+// The message names the shape refused, since random text holds it on rare
+// occasions (a base64url Idempotency-Key of 128 characters once in about
+// 38,000): its client then knows what to change.
+const holdsAPIKey = "holds an API key (cxr_, cxw_ or cxa_ and 43 letters or digits): send the key only as X-API-Key, " +
+	"and revoke this one, as it may have been logged on its way here; a value that is no key must not have that shape"
 
 // Error codes of a bad request.
 const (

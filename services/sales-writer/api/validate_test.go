@@ -52,7 +52,7 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		// Its checksum cut off or mistyped, or a typo in its body, a key
 		// is no key, but its secret is whole: the checksum is recomputed,
 		// a typo found by it. Stored, it would be recovered from the table.
-		{"key holding an API key without its checksum", call{key: pastedKey[:len(pastedKey)-6], body: good}, 400, "invalid_idempotency_key", "holds an API key"},
+		{"key holding an API key without its checksum", call{key: pastedKey[:len(pastedKey)-6], body: good}, 400, "invalid_idempotency_key", "holds an API key (cxr_, cxw_ or cxa_ and 43 letters or digits)"},
 		{"key holding an API key, checksum mistyped", call{key: mistyped(pastedKey, len(pastedKey)-1), body: good}, 400, "invalid_idempotency_key", "holds an API key"},
 		{"order id holding an API key without its checksum", call{key: "k", body: `{"external_order_id":"order ` + pastedKey[:len(pastedKey)-6] + `"}`}, 400, "invalid_body", "holds an API key"},
 		{"order id holding an API key, a typo in its body", call{key: "k", body: `{"external_order_id":"` + mistyped(pastedKey, 10) + `"}`}, 400, "invalid_body", "holds an API key"},
@@ -192,6 +192,10 @@ func TestOrderIDIsTheTextSent(t *testing.T) {
 		// Shaped like a key but no key (its checksum fails): an order id
 		// like any other, refused only when it holds a whole key.
 		{"starts like an API key", "cxw_ORDER000000000000000000000000000001", "cxw_ORDER000000000000000000000000000001"},
+		// A tag no key holds (upper-case, with a dash), then a hash: the
+		// order numbers of a platform called CXR, refused every one when
+		// any spelling of a tag was read as a key's.
+		{"a tag no key holds, then 64 hex digits", "CXR-" + strings.Repeat("0123456789ABCDEF", 4), "CXR-" + strings.Repeat("0123456789ABCDEF", 4)},
 	}
 	for i, tt := range tests {
 		item := fmt.Sprintf("coin-%d", i)
