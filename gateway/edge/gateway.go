@@ -106,11 +106,13 @@ type Gateway struct {
 	adminLn  net.Listener
 	// failed carries the error of a listener that stopped serving on its
 	// own (Failed), with room for both listeners'.
-	failed     chan error
+	failed chan error
+	// stopBg ends the background work (the revocation listener, the
+	// upstream probes and lookups, the health watch, the rate limiter's
+	// batching), and bg waits for it: after the drain, before the pools
+	// it uses are closed.
 	stopBg     context.CancelFunc
-	stopLimit  context.CancelFunc
 	bg         sync.WaitGroup
-	limitDone  chan struct{}
 	shutdownTP func(context.Context) error
 	stopOnce   sync.Once
 	stopErr    error
@@ -220,7 +222,7 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
 		heldAnswers:     &byteBudget{limit: heldAnswersLimit},
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
-		failed:          make(chan error, 2), limitDone: make(chan struct{})}
+		failed:          make(chan error, 2)}
 	if cfg.OwnerInFlight > 0 {
 		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
 	}
@@ -362,14 +364,11 @@ func (g *Gateway) startBackground(store *keystore.Store) {
 	}
 	g.health.check(bgCtx, g.pool, g.redis)
 	g.goBg(func() { g.health.watch(bgCtx, g.pool, g.redis) })
-	limitCtx, stopLimit := context.WithCancel(context.Background())
-	g.stopLimit = stopLimit
-	go func() {
-		defer close(g.limitDone)
-		if g.limiter != nil {
-			g.limiter.Run(limitCtx)
-		}
-	}()
+	if g.limiter != nil {
+		// Stopped, it answers what is still queued in-process, and every
+		// later call too (a request the drain cut off).
+		g.goBg(func() { g.limiter.Run(bgCtx) })
+	}
 }
 
 func (g *Gateway) goBg(f func()) {
@@ -442,8 +441,6 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	// Serve returns at once (once fasthttp closed it, this fails: ignored).
 	_ = g.listener.Close()
 	_ = g.admin.Shutdown(ctx)
-	g.stopLimit()
-	<-g.limitDone
 	g.stopBg()
 	g.bg.Wait()
 	g.redis.Close()
