@@ -46,12 +46,12 @@ type contract struct {
 // path, which ajv-formats (a Node client's validator) refuses: a URI is
 // made of RFC 3986's characters only.
 func init() {
-	openapi3.DefineStringFormatCallback("uri", func(s string) error {
+	openapi3.DefineStringFormatValidator("uri", openapi3.NewCallbackValidator(func(s string) error {
 		if u, err := url.Parse(s); err != nil || !u.IsAbs() || u.Host == "" || !uriChars.MatchString(s) {
 			return fmt.Errorf("not an absolute URI with a host, of RFC 3986's characters")
 		}
 		return nil
-	})
+	}))
 }
 
 // uriChars are RFC 3986's unreserved and reserved characters, and '%'.
