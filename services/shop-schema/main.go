@@ -85,6 +85,9 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 	srv := httpserver.New(httpserver.Config{
 		Service: serviceName, Addr: cfg.Addr, AdminAddr: cfg.AdminAddr, Log: log, Signer: signer,
 		ShutdownTimeout: drainTime(cfg),
+		// No schema call sent on a connection the drain closes unread is
+		// sent again to a listener already closed (the gateway's 502).
+		ShutdownDelay: cfg.ShutdownDelay,
 	}, mux)
 	api.Routes(mux, api.NewHandler(svc, log, srv.Registry(), cfg.MaxConcurrent))
 	return srv, nil
