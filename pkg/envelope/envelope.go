@@ -146,6 +146,14 @@ var unavailableRetryAfterSeconds = strconv.Itoa(int(UnavailableRetryAfter / time
 // ErrorCacheControl is the Cache-Control of every error envelope.
 const ErrorCacheControl = "no-store"
 
+// PrivateCacheControl is the Cache-Control of every 200 that holds one
+// caller's data: an owner's items (export-reader), a sale's result
+// (sales-writer), a shop's schema read with its ws_key (shop-schema). No
+// cache may keep it; "private" adds nothing for a cache that honours
+// "no-store" (RFC 9111 5.2.2.5), and is there so that every such answer
+// carries one value, the one export-reader's pages always had.
+const PrivateCacheControl = "private, no-store"
+
 func writeBody(w http.ResponseWriter, status int, body []byte, requestID string) {
 	h := w.Header()
 	h.Set("Content-Type", ContentType)

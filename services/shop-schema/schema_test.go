@@ -1135,3 +1135,25 @@ func TestSchemaGzippedWhenAccepted(t *testing.T) {
 		}
 	}
 }
+
+// A shop's schema is read with the shop's ws_key: no cache between the
+// merchant's module and the gateway may keep it, nor answer another caller
+// with it, as export-reader's pages say; an error answer is no-store, as
+// every error envelope is.
+func TestASchemaIsNotCached(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+	status, header, env := svc.postForHeaders(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusOK {
+		t.Fatalf("POST schema = %d %s, want 200", status, errCode(env))
+	}
+	if got := header.Get("Cache-Control"); got != envelope.PrivateCacheControl {
+		t.Errorf("200: Cache-Control = %q, want %q", got, envelope.PrivateCacheControl)
+	}
+	status, header, env = svc.postForHeaders(t, body(shop.URL(), "WRONGKEYWRONGKEYWRONGKEYWRONGKEY"))
+	if status == http.StatusOK || header.Get("Cache-Control") != envelope.ErrorCacheControl {
+		t.Errorf("POST schema with a wrong key = %d %s, Cache-Control %q; want an error, %q",
+			status, errCode(env), header.Get("Cache-Control"), envelope.ErrorCacheControl)
+	}
+}

@@ -102,6 +102,8 @@ func (h *handler) serve(op sales.Operation) http.HandlerFunc {
 			h.countOutcome(op, err, h.writeError(w, r, err))
 			return
 		}
+		// One owner's sale: no cache may keep it, nor replay it to another.
+		w.Header().Set("Cache-Control", envelope.PrivateCacheControl)
 		envelope.WriteDataJSON(w, http.StatusOK, res.AppendJSON, envelope.Meta{RequestID: httpserver.RequestID(r)})
 		outcome := outcomeExecuted
 		if res.IdempotentReplay {

@@ -1121,3 +1121,26 @@ func TestDatabaseRenamedUnderTheWriterIsUnavailable(t *testing.T) {
 	f.db.Reset()
 	confirmed(t, f, "key-confirm")
 }
+
+// A sale's result is one owner's: no cache between the platform and the
+// gateway may keep it, nor answer another caller with it. Every 200 of
+// both routes, a replay's too, says so, as export-reader's pages do.
+func TestASaleResultIsNotCached(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.addItem(t, f.owner, "coin-1", true)
+	for _, c := range []struct{ name, op, key string }{
+		{"confirm", "confirm", "confirm-1"},
+		{"confirm replayed", "confirm", "confirm-1"},
+		{"cancel", "cancel", "cancel-1"},
+		{"cancel replayed", "cancel", "cancel-1"},
+	} {
+		rec, _ := f.do(t, call{id: f.writer("market-a"), op: c.op, item: "coin-1", key: c.key, body: order1})
+		if rec.Code != http.StatusOK {
+			t.Fatalf("%s = %d %s, want 200", c.name, rec.Code, rec.Body)
+		}
+		if got := rec.Header().Get("Cache-Control"); got != envelope.PrivateCacheControl {
+			t.Errorf("%s: Cache-Control = %q, want %q", c.name, got, envelope.PrivateCacheControl)
+		}
+	}
+}

@@ -30,6 +30,6 @@ func writeJSON(w http.ResponseWriter, r *http.Request, requestID string, body []
 	h.Set("Content-Type", envelope.ContentType)
 	h.Set(envelope.RequestIDHeader, requestID)
 	// One owner's catalog: no shared cache may keep it.
-	h.Set("Cache-Control", "private, no-store")
+	h.Set("Cache-Control", envelope.PrivateCacheControl)
 	contentcoding.WriteWhole(w, r, body)
 }

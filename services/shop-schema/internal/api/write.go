@@ -21,5 +21,7 @@ func writeSchema(w http.ResponseWriter, r *http.Request, body []byte, requestID 
 	h := w.Header()
 	h.Set("Content-Type", envelope.ContentType)
 	h.Set(envelope.RequestIDHeader, requestID)
+	// A shop's schema, read with its ws_key: no cache may keep it.
+	h.Set("Cache-Control", envelope.PrivateCacheControl)
 	contentcoding.WriteWhole(w, r, body)
 }
