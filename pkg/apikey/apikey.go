@@ -106,7 +106,7 @@ func WellFormed[T string | []byte](s T) bool {
 // a key or a '%' also without an allocation (every request's path is read
 // here).
 func RedactPath(path string) (string, bool) {
-	return redactPath(path, wellFormedKeys)
+	return redactParts(path, "/", wellFormedKeys)
 }
 
 // PathHoldsKey reports whether a segment of path holds a well-formed key,
@@ -122,8 +122,29 @@ func PathHoldsKey(path string) bool {
 // mistyped or cut short included, and, when such text runs across
 // segments, every segment from the first with a tag on.
 func RedactKeyLikePath(path string) string {
-	redacted, _ := redactPath(path, keyLikeText)
+	redacted, _ := redactParts(path, "/", keyLikeText)
 	return redacted
+}
+
+// RedactKeyLikeHost is RedactKeyLikePath for a host name: each label that
+// holds key-like text is "[key]" ("[key].shop.example"), and every label
+// from the first with a tag on when such text runs across labels. A key
+// typed into a host name is spelt with '-' for its '_' (a host name has no
+// '_'), which ContainsKeyLike reads in any case, as DNS does.
+func RedactKeyLikeHost(host string) string {
+	redacted, _ := redactParts(host, ".", keyLikeText)
+	return redacted
+}
+
+// HostHoldsKeySecret reports whether host holds a key's secret as a host
+// name can spell it: the tag in any case with '-' (or '_', ' ') after it,
+// followed by a whole key's body, as ContainsKeySecret counts one. A host
+// is sent where no one can take it back (DNS resolvers, the TLS handshake,
+// the Host header), so what holds one is refused, not redacted; a real
+// host's label holds "cxr-" and 43 letters or digits within 47 bytes about
+// never.
+func HostHoldsKeySecret(host string) bool {
+	return holdsTaggedRun(host, typedTags, bodyLen, keySecretWindow)
 }
 
 // keyFinder finds keys in text: holds reports one, and minLen is the
@@ -140,11 +161,13 @@ var (
 	keyLikeText    = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun, acrossSegments: true}
 )
 
-func redactPath(path string, keys keyFinder) (string, bool) {
+// redactParts is RedactPath and its kin: path is split at sep (a path's
+// "/", a host's "."), and each part that holds what keys finds is "[key]".
+func redactParts(path, sep string, keys keyFinder) (string, bool) {
 	if len(path) < keys.minLen || (!keys.holds(path) && strings.IndexByte(path, '%') < 0) {
 		return path, false
 	}
-	segments := strings.Split(path, "/")
+	segments := strings.Split(path, sep)
 	found := false
 	for i, segment := range segments {
 		if segmentHoldsKey(segment, keys) {
@@ -156,7 +179,7 @@ func redactPath(path string, keys keyFinder) (string, bool) {
 	// that holds a tag goes then, but for words (routeWord): the route's
 	// own "sales/confirm" would otherwise make an item id with a tag,
 	// "cxr_coin-17", read as most of a key, and hide every sale path of it.
-	if keys.acrossSegments && holdsDecoded(maskWords(segments), keys.holds) {
+	if keys.acrossSegments && holdsDecoded(maskWords(segments, sep), keys.holds) {
 		tagged := false
 		for i, segment := range segments {
 			tagged = tagged || holdsDecoded(segment, holdsKeyTag)
@@ -168,7 +191,7 @@ func redactPath(path string, keys keyFinder) (string, bool) {
 	if !found {
 		return path, false
 	}
-	return strings.Join(segments, "/"), true
+	return strings.Join(segments, sep), true
 }
 
 // routeWord reports whether a path segment is a word of lower-case letters,
@@ -187,12 +210,12 @@ func routeWord(segment string) bool {
 // maskWords joins the segments with each routeWord's letters as dots, for
 // the search of key-like text that runs across segments: a word counts for
 // none of it, but keeps its place, so the path never reads denser than as
-// sent (redactPath's first test, on the path as sent, stays a bound).
-func maskWords(segments []string) string {
+// sent (redactParts' first test, on the path as sent, stays a bound).
+func maskWords(segments []string, sep string) string {
 	var b strings.Builder
 	for i, segment := range segments {
 		if i > 0 {
-			b.WriteByte('/')
+			b.WriteString(sep)
 		}
 		if routeWord(segment) {
 			segment = strings.Repeat(".", len(segment))

@@ -446,3 +446,51 @@ func BenchmarkContainsKeySecret(b *testing.B) {
 		})
 	}
 }
+
+// A key typed into a host name (its '_' a '-', as a host name has no '_';
+// any case, as DNS folds it) is a whole secret when its body is whole,
+// which a shop's base_url is refused for; a host that merely starts with a
+// tag, or holds a key cut short, is not.
+func TestHostHoldsKeySecret(t *testing.T) {
+	key, _ := keyAndMistyped(t, "export:read")
+	hyphenated := "cxr-" + key[tagLen:]
+	for _, tc := range []struct {
+		host string
+		want bool
+	}{
+		{hyphenated + ".shop.example", true},
+		{strings.ToLower(hyphenated) + ".shop.example", true},
+		{strings.ToUpper(hyphenated) + ".shop.example", true},
+		{"shop." + key[:tagLen+bodyLen] + ".example", true}, // checksum cut off, the copied '_'
+		{"CXA-" + key[tagLen:tagLen+bodyLen] + ".shop.example", true},
+		{"cxr-" + key[tagLen:tagLen+30] + ".shop.example", false}, // a body cut short: redacted, not refused
+		{"cxa-shop-production-server1.example.com", false},
+		{"cxr-01j9z3k4qw8n6v2b7c5d0e1f2g.shop.example", false},
+		{"shop.example", false},
+		{"", false},
+	} {
+		if got := HostHoldsKeySecret(tc.host); got != tc.want {
+			t.Errorf("HostHoldsKeySecret(%.24q…) = %v, want %v", tc.host, got, tc.want)
+		}
+	}
+}
+
+// A host's labels that look like a key are "[key]" for spans and logs, the
+// rest kept; a host without one is returned as it is.
+func TestRedactKeyLikeHost(t *testing.T) {
+	key, mistyped := keyAndMistyped(t, "export:read")
+	for host, want := range map[string]string{
+		"cxr-" + key[tagLen:] + ".shop.example":                         "[key].shop.example",
+		strings.ToLower("CXR-"+key[tagLen:tagLen+20]) + ".shop.example": "[key].shop.example",
+		"shop." + mistyped + ".example":                                 "shop.[key].example",
+		"cxa-shop-production-server1.example.com":                       "[key].example.com", // looks like one: kept out, as a path's
+		"cxr-coin-17.shop.example":                                      "cxr-coin-17.shop.example",
+		"shop.example":                                                  "shop.example",
+		"203.0.113.7":                                                   "203.0.113.7",
+		"":                                                              "",
+	} {
+		if got := RedactKeyLikeHost(host); got != want {
+			t.Errorf("RedactKeyLikeHost(%.24q…) = %q, want %q", host, got, want)
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
+	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
 // spanText flattens everything a span exports: name, attributes, events,
@@ -412,5 +413,85 @@ func TestAPIKeyAsWSKeyIsNotSent(t *testing.T) {
 	}
 	if strings.Contains(svc.logs.String(), apiKey[:len(apiKey)-6]) {
 		t.Errorf("the logs hold the API key:\n%s", svc.logs.String())
+	}
+}
+
+// An API key typed into the shop's host name, as a host name spells it
+// ("cxr-…", any case), is never looked up or recorded: a whole key's secret
+// is refused 400 invalid_base_url before any lookup (a lookup would send it
+// to DNS resolvers, the dial to the shop in the TLS handshake and the Host
+// header), and a key cut short, which is sent, is "[key]" wherever the host
+// is recorded: the log lines' shop_host, the client spans' server.address
+// and url.full, and the logged error, where Go quotes the host
+// ("certificate is valid for …, not cxr-…").
+func TestAnAPIKeyInTheShopsHostNameIsNeverRecorded(t *testing.T) {
+	server := tracetest.NewSpanRecorder()
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(server)))
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+
+	key, _, err := apikey.Generate([]string{identity.ScopeExportRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body43 := key[len(apikey.TagRead) : apikey.Len-6]
+	cutShort := body43[:20]
+	for _, tt := range []struct {
+		name, label, secret string
+		wantCode            string // the shop's certificate is not for the name: a key cut short reaches the TLS handshake
+		wantLookups         bool
+	}{
+		{"whole key, hyphenated", "cxr-" + key[len(apikey.TagRead):], body43, shopschema.CodeInvalidBaseURL, false},
+		{"whole key, upper case", "CXR-" + strings.ToUpper(key[len(apikey.TagRead):]), body43, shopschema.CodeInvalidBaseURL, false},
+		{"checksum cut off", "cxr-" + body43, body43, shopschema.CodeInvalidBaseURL, false},
+		{"whole key, full-width", "ｃｘｒ－" + key[len(apikey.TagRead):], body43, shopschema.CodeInvalidBaseURL, false},
+		{"key cut short", "cxr-" + cutShort, cutShort, "shop_tls_error", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			shop := fakeshop.Sample("8", false)
+			shop.Start(t.Cleanup)
+			_, port, _ := net.SplitHostPort(shop.Addr())
+			lookups := &dialCounter{}
+			svc := startServiceWith(t, shop, map[string]string{"SHOP_SCHEMA_PORTS": "443," + port}, lookups)
+			status, env := svc.post(t, body("https://"+tt.label+".shop.example:"+port+"/", fakeshop.Key))
+			if status/100 == 2 || errCode(env) != tt.wantCode {
+				t.Fatalf("POST schema = %d %s, want %s", status, errCode(env), tt.wantCode)
+			}
+			if looked := lookups.lookups.Load() > 0; looked != tt.wantLookups {
+				t.Errorf("the host was looked up: %v, want %v", looked, tt.wantLookups)
+			}
+			var all strings.Builder
+			all.WriteString(svc.logs.String())
+			for _, s := range append(svc.spans.Ended(), server.Ended()...) {
+				all.WriteString(spanText(s))
+			}
+			all.WriteString(env.Error.Message)
+			all.WriteString(metricsText(t, svc.metrics))
+			recorded := strings.ToLower(all.String())
+			if strings.Contains(recorded, strings.ToLower(tt.secret)) {
+				t.Errorf("logs, spans, metrics or the answer hold the key's secret:\n%s", all.String())
+			}
+			if !strings.Contains(svc.logs.String(), `"shop_host":"[key].shop.example"`) {
+				t.Errorf("the log lines do not name the host as [key].shop.example:\n%s", svc.logs.String())
+			}
+			if !tt.wantLookups {
+				return
+			}
+			spans := clientSpans(svc.spans.Ended())
+			if len(spans) == 0 || !strings.Contains(all.String(), "server.address=[key].shop.example|") ||
+				!strings.Contains(all.String(), "https://[key].shop.example:"+port+"/") {
+				t.Errorf("client spans = %+v, want server.address and url.full with the host as [key].shop.example", spans)
+			}
+			if !strings.Contains(svc.logs.String(), "not [key].shop.example") {
+				t.Errorf("the logged error does not quote the host redacted; the test would not see a key there:\n%s", svc.logs.String())
+			}
+		})
+	}
+	// The key is named before any other fault of the URL, so that its
+	// sender is told to revoke it, as for a key in its path.
+	svc := startServiceWith(t, nil, nil, noDNS{})
+	if status, env := svc.post(t, body("http://cxr-"+key[len(apikey.TagRead):]+".shop.example/", fakeshop.Key)); status != http.StatusBadRequest ||
+		errCode(env) != shopschema.CodeInvalidBaseURL || !strings.Contains(env.Error.Message, "revoke it") {
+		t.Errorf("POST schema with a key in an http URL's host = %d %s, want 400 invalid_base_url saying to revoke the key", status, errCode(env))
 	}
 }

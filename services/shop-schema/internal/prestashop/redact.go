@@ -49,6 +49,7 @@ func redactURL(raw, key string) string {
 	if HoldsKey(u.Host, key) {
 		u.Host = redacted
 	}
+	redactKeyLikeHost(u)
 	redactPath(u, key)
 	redactKeyLikePath(u)
 	if u.RawQuery != "" {
@@ -113,6 +114,51 @@ func redactKeyLikePath(u *url.URL) {
 	u.Path, u.RawPath = "/"+redacted, ""
 }
 
+// redactKeyLikeHost replaces the labels of u's host that look like an API
+// key of this service (apikey.RedactKeyLikeHost, "[key]"), its port kept. A
+// base_url whose host holds a key's whole secret is refused before any
+// lookup (shopschema.Service.Read); a key cut short in a host name is sent,
+// and a redirect's host is the shop's to write.
+func redactKeyLikeHost(u *url.URL) {
+	host, port := u.Hostname(), u.Port()
+	if redactedHost := apikey.RedactKeyLikeHost(host); redactedHost != host {
+		u.Host = redactedHost
+		if port != "" {
+			u.Host += ":" + port
+		}
+	}
+}
+
+// redactKeyLikeHosts replaces, in an error's text, the labels that look like
+// an API key of this service in every run of a host name's characters
+// (apikey.RedactKeyLikeHost): Go quotes the host it asked for in its
+// errors ("x509: certificate is valid for shop.example, not cxr-…",
+// "lookup cxr-…: no such host").
+func redactKeyLikeHosts(text string) string {
+	if !apikey.ContainsKeyLike(text) {
+		return text
+	}
+	hostChar := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_'
+	}
+	var b strings.Builder
+	for len(text) > 0 {
+		end := strings.IndexFunc(text, func(r rune) bool { return !hostChar(r) })
+		if end < 0 {
+			end = len(text)
+		}
+		b.WriteString(apikey.RedactKeyLikeHost(text[:end]))
+		rest := text[end:]
+		next := strings.IndexFunc(rest, hostChar)
+		if next < 0 {
+			next = len(rest)
+		}
+		b.WriteString(rest[:next])
+		text = rest[next:]
+	}
+	return b.String()
+}
+
 // HoldsKey reports whether decoded text s holds the key, in any letter
 // case, or the Basic credential it is sent as (base64 of "key:"), also
 // once s is %-decoded again (the one rule for every text logged or put in
@@ -163,7 +209,7 @@ func redactErrorURL(err error, key string) {
 // errors.Is and errors.As.
 func keyFree(err error, key string) error {
 	redactErrorURL(err, key)
-	return &keyFreeError{text: bounded(redactText(err.Error(), key)), err: err}
+	return &keyFreeError{text: bounded(redactKeyLikeHosts(redactText(err.Error(), key))), err: err}
 }
 
 // errorTextEnds is how much of a logged error's text is kept at each end.

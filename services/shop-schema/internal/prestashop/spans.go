@@ -3,6 +3,7 @@ package prestashop
 import (
 	"context"
 	"errors"
+	"github.com/coinexport/export/pkg/apikey"
 	"io"
 	"net/http"
 	"strconv"
@@ -70,7 +71,7 @@ func (t tracingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // only when not 443.
 func requestAttrs(r *http.Request) []attribute.KeyValue {
 	key, _ := r.Context().Value(keyInContext{}).(string)
-	host := r.URL.Hostname()
+	host := apikey.RedactKeyLikeHost(r.URL.Hostname())
 	if HoldsKey(host, key) {
 		host = redacted
 	}

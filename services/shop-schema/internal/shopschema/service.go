@@ -71,13 +71,16 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	if holdsAPIKey(req.BaseURL) {
 		// Sent, the key would be in the URL of every shop request: in the
 		// shop's access log, our client spans' url.full, and the WARN of a
-		// call that fails.
-		return nil, &InputError{CodeInvalidBaseURL,
-			"base_url holds an API key of this service: it is never sent to a shop; revoke it, as it may have been logged on its way here"}
+		// call that fails; in its host name, also in the DNS queries.
+		return nil, errAPIKeyInBaseURL
 	}
 	target, err := s.guard.ParseBaseURL(req.BaseURL)
 	if err != nil {
 		return nil, inputError(err)
+	}
+	if apikey.HostHoldsKeySecret(target.Host) {
+		// The host as IDNA maps it ("ｃｘｒ－…" is "cxr-…"), before its lookup.
+		return nil, errAPIKeyInBaseURL
 	}
 	key := strings.TrimSpace(req.WSKey)
 	if key == "" {
@@ -104,13 +107,23 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	return build(schema), nil
 }
 
+// errAPIKeyInBaseURL refuses a base_url that holds one of our API keys.
+var errAPIKeyInBaseURL = &InputError{CodeInvalidBaseURL,
+	"base_url holds an API key of this service: it is never sent to a shop; revoke it, as it may have been logged on its way here"}
+
 // holdsAPIKey reports whether base_url holds an API key of this service,
 // or a key's secret with its checksum cut off or mistyped
-// (apikey.ContainsKeySecret), as sent or %-decoded. Read as a path, each
-// part of the URL is searched decoded as often as a key could hide in it.
+// (apikey.ContainsKeySecret), as sent or %-decoded, or, in its host name,
+// spelt as a host name can hold one (apikey.HostHoldsKeySecret: "cxr-…").
+// Read as a path, each part of the URL is searched decoded as often as a
+// key could hide in it.
 func holdsAPIKey(baseURL string) bool {
 	raw := strings.TrimSpace(baseURL)
-	return apikey.PathHoldsKey(raw) || apikey.ContainsKeySecret(raw) || apikey.ContainsKeySecret(percent.DecodeLeniently(raw))
+	if apikey.PathHoldsKey(raw) || apikey.ContainsKeySecret(raw) || apikey.ContainsKeySecret(percent.DecodeLeniently(raw)) {
+		return true
+	}
+	u, err := url.Parse(raw)
+	return err == nil && apikey.HostHoldsKeySecret(u.Hostname())
 }
 
 // Host returns the host of req's base_url, for logs: the ASCII host of a
@@ -121,12 +134,14 @@ func holdsAPIKey(baseURL string) bool {
 // a host parsed around it could hold part of one), when the host is not a
 // plain name or address (it could hold anything, a key included), or when
 // it holds req's key (a subdomain of it: the client spans withhold it too).
+// A label that looks like one of our API keys is "[key]"
+// (apikey.RedactKeyLikeHost), as the client spans record it.
 func (s *Service) Host(req Request) string {
 	host := s.host(req.BaseURL)
 	if prestashop.HoldsKey(host, strings.TrimSpace(req.WSKey)) {
 		return ""
 	}
-	return host
+	return apikey.RedactKeyLikeHost(host)
 }
 
 func (s *Service) host(baseURL string) string {
