@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -81,13 +80,9 @@ func TestAConnectionClosedAtTheStopLeavesItsRepeatAListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kept.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := req.Write(kept); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(kept), req)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("the page before the stop = %v, %v; want 200", resp, err)
+	resp := testenv.SendOn(t, kept, req) // the deadline it sets holds the read after the stop too
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the page before the stop = %d; want 200", resp.StatusCode)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,14 +125,7 @@ func confirmOn(t *testing.T, conn net.Conn, owner, item, key string) (status int
 	for _, h := range signer.Sign(id, identity.RequestOf(req), time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := req.Write(conn); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := testenv.SendOn(t, conn, req)
 	defer resp.Body.Close()
 	var body struct {
 		Data struct {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -74,8 +73,7 @@ func TestAConnectionClosedAtTheStopLeavesItsRepeatAListener(t *testing.T) {
 }
 
 // schemaCallOn sends a signed schema call of the shop at baseURL on conn,
-// as the gateway does, and returns its answer's status (0 if the
-// connection was closed before an answer).
+// as the gateway does, and returns its answer's status.
 func schemaCallOn(t *testing.T, conn net.Conn, baseURL string) int {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, "http://"+conn.RemoteAddr().String()+"/v1/sync/prestashop/schema",
@@ -85,14 +83,7 @@ func schemaCallOn(t *testing.T, conn net.Conn, baseURL string) int {
 	for _, h := range signer.Sign(identity.Identity{RequestID: "req-stop"}, identity.RequestOf(req), time.Now()) {
 		req.Header.Set(h.Name, h.Value)
 	}
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := req.Write(conn); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		t.Fatalf("no answer on the connection: %v", err)
-	}
+	resp := testenv.SendOn(t, conn, req)
 	defer resp.Body.Close()
 	io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode
