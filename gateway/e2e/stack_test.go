@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +19,13 @@ import (
 	"github.com/coinexport/export/pkg/tracestore"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+func TestMain(m *testing.M) {
+	code := testenv.Run(m)
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
 
 // binaries are the processes of the stack, by import path.
 var binaries = map[string]string{
@@ -47,18 +54,42 @@ type stack struct {
 	sigterm func()
 }
 
-// build compiles every binary of one stack into a temporary folder (Go's
-// build cache makes every build after a test binary's first one quick).
+// built is the folder build compiled the stack's binaries into, once for
+// the whole test binary; TestMain removes it.
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// build returns the folder of every binary of a stack, compiled on the
+// first call. Compiled again for each stack, as they were, the go command
+// links four binaries afresh each time (its cache holds the packages, not
+// the executables): on a busy 2-core machine that was 2 of
+// TestMadeUpValuesAddNoSeries's 2.1 minutes, and the package, its tests one
+// after another, took 531 s of go test's 10-minute limit.
 func build(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
+	built.once.Do(func() { built.dir, built.err = buildBinaries() })
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.dir
+}
+
+// buildBinaries compiles every binary of a stack into a new folder.
+func buildBinaries() (string, error) {
+	dir, err := os.MkdirTemp("", "e2e-binaries-")
+	if err != nil {
+		return "", err
+	}
 	for name, pkg := range binaries {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+			return dir, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
 	}
-	return dir
+	return dir, nil
 }
 
 // startStack starts the services and the gateway against dsn and redisURL.
