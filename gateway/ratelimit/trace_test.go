@@ -84,19 +84,25 @@ func TestATracedDecisionNamesItsRedisRoundTrip(t *testing.T) {
 // in-process for it links to: status error with the cause, and error.type
 // the kind of failure, which make trace shows.
 func TestAFailedRoundTripIsAnErrorOnItsSpan(t *testing.T) {
+	// A Redis that answers at once, refused or an error reply, is given
+	// a round trip of a loaded machine's length: at 100 ms, under -race
+	// beside a CPU hog, the error reply came after it once and was named
+	// a timeout. The stalled one must outlast it (its pause is 2 s).
+	const atOnce = 5 * time.Second
 	for _, tc := range []struct {
 		name, errorType string
+		timeout         time.Duration             // Options.Timeout
 		redis           func(t *testing.T) string // the URL of a Redis that fails
 	}{
-		{"refused", "unreachable", func(t *testing.T) string { return "redis://" + testenv.RefusingAddr(t) }},
-		{"stalled", "timeout", func(t *testing.T) string {
+		{"refused", "unreachable", atOnce, func(t *testing.T) string { return "redis://" + testenv.RefusingAddr(t) }},
+		{"stalled", "timeout", 100 * time.Millisecond, func(t *testing.T) string {
 			srv := testenv.StartRedis(t)
 			if err := redisClient(t, srv.URL).Do(context.Background(), "CLIENT", "PAUSE", 2000).Err(); err != nil {
 				t.Fatal(err)
 			}
 			return srv.URL
 		}},
-		{"error reply", "error_reply", func(t *testing.T) string {
+		{"error reply", "error_reply", atOnce, func(t *testing.T) string {
 			srv := testenv.StartRedis(t)
 			if err := redisClient(t, srv.URL).ReplicaOf(context.Background(), "127.0.0.1", "1").Err(); err != nil {
 				t.Fatal(err)
@@ -106,7 +112,7 @@ func TestAFailedRoundTripIsAnErrorOnItsSpan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tp, rec := testenv.RecordGlobalSpans(t)
-			l := startLimiter(t, tc.redis(t), Options{Timeout: 100 * time.Millisecond})
+			l := startLimiter(t, tc.redis(t), Options{Timeout: tc.timeout})
 			ctx, request := tp.Tracer("test").Start(context.Background(), "request")
 			d := l.Take(ctx, "k", mustRate(t, "600-M"))
 			request.End()
