@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/gofiber/fiber/v2"
 	"github.com/ulule/limiter/v3"
-	"github.com/valyala/fasthttp"
 )
 
 // APIKeyHeader carries the key (spec 5); nothing else does.
@@ -226,35 +224,15 @@ func keyInQuery(c *fiber.Ctx) bool {
 }
 
 // keyInUserInfo reports an API key in the user info of an absolute-form
-// request target (GET http://user:<key>@host/v1/...), or of the Host
-// header of an origin-form one, the URL's authority, which fasthttp parses
-// alike (both %-decoded): fasthttp keeps it apart from the path and query,
-// which are all the other checks read, but the key travelled in a URL all
-// the same, seen by every proxy in front. Beside an absolute-form target
-// fasthttp reads the target's authority alone, so the Host header's is
-// read here (keyInHostUserInfo); an origin-form target, the common one,
-// costs a byte's test more.
+// request target (GET http://user:<key>@host/v1/...), %-decoded: fasthttp
+// keeps it apart from the path and query, which are all the other checks
+// read, but the key travelled in a URL all the same, seen by every proxy in
+// front. A Host header with user info, which fasthttp reads as the URL's
+// authority beside an origin-form target, is refused before
+// (errHostUserInfo).
 func keyInUserInfo(c *fiber.Ctx) bool {
-	req := c.Request()
-	u := req.URI()
-	if apikey.ContainsKey(u.Username()) || apikey.ContainsKey(u.Password()) {
-		return true
-	}
-	target := req.Header.RequestURI()
-	return len(target) > 0 && target[0] != '/' && keyInHostUserInfo(req.Header.Host())
-}
-
-// keyInHostUserInfo reports an API key in the user info of host, a Host
-// header's value: what comes before its last '@', as sent or %-decoded, as
-// fasthttp reads the user info of a URL's authority.
-func keyInHostUserInfo(host []byte) bool {
-	at := bytes.LastIndexByte(host, '@')
-	if at < 0 {
-		return false
-	}
-	userinfo := host[:at]
-	return apikey.ContainsKey(userinfo) ||
-		(bytes.IndexByte(userinfo, '%') >= 0 && apikey.ContainsKey(fasthttp.AppendUnquotedArg(nil, userinfo)))
+	u := c.Request().URI()
+	return apikey.ContainsKey(u.Username()) || apikey.ContainsKey(u.Password())
 }
 
 // keyParamNames are the parameter names refused as carrying a key.

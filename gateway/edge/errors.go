@@ -91,7 +91,18 @@ var (
 	errSeveralContentTypes = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "send one Content-Type header, not several"}
 	errFramingLookalike = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
-		Message: "a field named like Transfer-Encoding or Content-Length (Transfer_Encoding, Content Length) is refused: send Transfer-Encoding or Content-Length", Close: true}
+		Message: "a field named like Transfer-Encoding or Content-Length (Transfer_Encoding, Content_Length) is refused: send Transfer-Encoding or Content-Length", Close: true}
+	// A field name is a token (RFC 9110 5.1), and a proxy in front may read
+	// "X-API Key" as X-API-Key where fasthttp reads a name of its own.
+	errSpaceInFieldName = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "a header field name holds a space: field names are tokens, without spaces (X-API-Key, not X-API Key)", Close: true}
+	// RFC 9112 3.2: a Host that is no host[:port] is a 400. Its framing is
+	// clear, so the connection stays open.
+	errInvalidHost = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the Host header is not a valid host[:port]"}
+	// A Host with user info: as exposed as a key in a URL's (errKeyInURL).
+	errHostUserInfo = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the Host header holds user info (user@host), which is refused; API keys are accepted in the X-API-Key header only, and a key sent elsewhere is exposed: revoke it and use a new one"}
 	// fasthttp reads a request line of any HTTP/d.d, and the services'
 	// net/http would refuse one of another major version than 1 with a 505
 	// of its own request id. The gateway answers it, 400: the contract's

@@ -513,19 +513,7 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn := dial(t, gw.URL)
-			req := fmt.Sprintf(head, tt.proto, tt.headers) + "\r\n" + tt.body + smuggled
-			if _, err := conn.Write([]byte(req)); err != nil {
-				t.Fatal(err)
-			}
-			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-			br := bufio.NewReader(conn)
-			resp, err := http.ReadResponse(br, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			br, resp, body := sendRaw(t, gw.URL, fmt.Sprintf(head, tt.proto, tt.headers)+"\r\n"+tt.body+smuggled)
 			if !tt.refused {
 				if resp.StatusCode != 200 {
 					t.Fatalf("first answer = %d %s, want the sale relayed (200)", resp.StatusCode, body)
@@ -543,6 +531,96 @@ func TestAmbiguousFramingIsRefusedAndTheConnectionClosed(t *testing.T) {
 			}
 			if rest, _ := io.ReadAll(br); len(rest) > 0 {
 				t.Errorf("after the refusal the connection carried %q, want nothing", rest)
+			}
+		})
+	}
+}
+
+// sendRaw writes raw on a connection of its own to the gateway at baseURL
+// and reads the first answer whole; the reader is left for what follows.
+func sendRaw(t *testing.T, baseURL, raw string) (*bufio.Reader, *http.Response, []byte) {
+	t.Helper()
+	conn := dial(t, baseURL)
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return br, resp, body
+}
+
+// A field name with a space inside it, which fasthttp takes as a name of
+// its own (it refuses one before the colon), and a Host that is no
+// host[:port] are refused, 400 bad_request with a message naming the
+// fault, before any key is looked at, and not relayed: a field name is a
+// token (RFC 9110 5.1), and RFC 9112 3.2 requires a 400 for a Host field
+// with an invalid value. "X-API Key" read as no key by the gateway is read
+// as X-API-Key by a proxy that maps it; a key in a Host's user info is
+// advised revoked. A bad name closes the connection, as a bare LF does (a
+// proxy may read the head otherwise); a bad Host leaves the framing
+// clear, and the next request on the connection is served. What real
+// clients send is served.
+func TestInvalidFieldNamesAndHostsAreRefused(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	reader := echoUpstream(t, "reader", &hits)
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL})
+	next := "GET /v1/health HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n"
+	tests := []struct {
+		name, head string
+		message    string // a part of the refusal's message; "" for a request served
+		close      bool
+	}{
+		{"a space inside X-API-Key", "Host: gateway\r\nX-API Key: " + k.read + "\r\n", "header field name", true},
+		{"a space inside another name", "Host: gateway\r\nX-API-Key: " + k.read + "\r\nAccept Language: en\r\n", "header field name", true},
+		{"user info in Host", "Host: user:pw@gateway\r\nX-API-Key: " + k.read + "\r\n", "revoke", false},
+		{"a key in Host's user info", "Host: user:" + k.read + "@gateway\r\nX-API-Key: " + k.read + "\r\n", "revoke", false},
+		{"'<' in Host", "Host: gate<way\r\nX-API-Key: " + k.read + "\r\n", "Host", false},
+		{"'\"' in Host", "Host: \"gateway\"\r\nX-API-Key: " + k.read + "\r\n", "Host", false},
+		{"UTF-8 in Host", "Host: g\xc3\xa4teway\r\nX-API-Key: " + k.read + "\r\n", "Host", false},
+		{"Host with a port", "Host: gateway:8080\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"Host, IPv6", "Host: [::1]:8080\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"Host with an underscore and a final dot", "Host: api_gw.example.\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"Host, IDN as sent (punycode)", "Host: xn--gteway-gua.example\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"spaces in values", "Host: gateway\r\nX-API-Key: " + k.read + "\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\n", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := hits.Load()
+			br, resp, body := sendRaw(t, gw.URL, "GET /v1/export/items/coin-1 HTTP/1.1\r\n"+tt.head+"\r\n"+next)
+			if tt.message == "" {
+				if resp.StatusCode != 200 || hits.Load() != before+1 {
+					t.Errorf("answer = %d %s (relayed %d), want 200 relayed once", resp.StatusCode, body, hits.Load()-before)
+				}
+				return
+			}
+			var env struct {
+				Error struct{ Code, Message string } `json:"error"`
+				Meta  struct {
+					RequestID string `json:"request_id"`
+				} `json:"meta"`
+			}
+			if resp.StatusCode != 400 || json.Unmarshal(body, &env) != nil || env.Error.Code != "bad_request" ||
+				!strings.Contains(env.Error.Message, tt.message) || resp.Close != tt.close ||
+				env.Meta.RequestID == "" || resp.Header.Get("X-Request-Id") != env.Meta.RequestID {
+				t.Errorf("answer = %d (close %v) %s, want 400 bad_request naming %q, close %v", resp.StatusCode, resp.Close, body,
+					tt.message, tt.close)
+			}
+			if hits.Load() != before {
+				t.Errorf("the request was relayed to the reader")
+			}
+			next, err := http.ReadResponse(br, nil)
+			switch {
+			case tt.close && err == nil:
+				t.Errorf("after the refusal the connection carried an answer (%d), want it closed", next.StatusCode)
+			case !tt.close && (err != nil || next.StatusCode != 200):
+				t.Errorf("the next request on the connection was not answered 200: %v", err)
 			}
 		})
 	}

@@ -51,10 +51,14 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 //   - a line starting with a space or tab (obs-fold): fasthttp joins it to
 //     the field above, a proxy that does not sees a field of its own
 //     (errObsFold; RFC 9112 5.2 lets a server refuse it with a 400);
-//   - Transfer_Encoding or Content_Length, or with a space for the "-":
-//     fasthttp ignores them for framing, a proxy that maps "_" to "-" (as
-//     CGI-style front ends do), or reads a space there, frames the body by
-//     them (errFramingLookalike);
+//   - a field name with a space inside it (errSpaceInFieldName): fasthttp
+//     refuses one before the colon (RFC 9112 5.1) but takes "X-API Key" or
+//     "Transfer Encoding" as a name of its own, where a proxy that reads a
+//     space there as a "-" sees X-API-Key or Transfer-Encoding; a field
+//     name is a token (RFC 9110 5.1);
+//   - Transfer_Encoding or Content_Length: fasthttp ignores them for
+//     framing, a proxy that maps "_" to "-" (as CGI-style front ends do)
+//     frames the body by them (errFramingLookalike);
 //   - a length two parsers could read differently (framing.ambiguous);
 //   - more than one Content-Type line (errSeveralContentTypes): fasthttp
 //     keeps the last alone, and the services are sent that one, where
@@ -62,12 +66,15 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 //     sales-writer refuses the two in one line ("text/plain,
 //     application/json", RFC 9110 5.3); the same type twice too, as the
 //     duplicate X-API-Key and Idempotency-Key are;
-//   - more than maxHeaderFields header lines (errTooManyHeaderFields).
+//   - more than maxHeaderFields header lines (errTooManyHeaderFields);
+//   - a Host that is no host[:port] (errInvalidHost, errHostUserInfo):
+//     RFC 9112 3.2 requires a 400 for it; the framing is clear, so the
+//     connection stays open.
 //
 // The raw headers are read, not fasthttp's parsed ones: after an empty
 // chunked body fasthttp sets the length to 0 and keeps no trace of the
-// chunks. The scan looks at each line's first and last bytes, and cuts
-// only lines starting with "t" or "c" at their colon.
+// chunks. The scan looks at each line's first and last bytes and at its
+// name, and reads the value only of lines starting with "t", "c" or "h".
 func misreadHead(h *fasthttp.RequestHeader) error {
 	var f framing
 	fields := 0
@@ -92,7 +99,14 @@ func misreadHead(h *fasthttp.RequestHeader) error {
 		if fields++; fields > maxHeaderFields {
 			return errTooManyHeaderFields
 		}
-		if err := f.read(line); err != nil {
+		// fasthttp has refused a line without a colon, and a space before
+		// it; obs-fold lines are refused above: the name is the bytes
+		// before the colon.
+		name, value, _ := bytes.Cut(line, []byte(":"))
+		if bytes.IndexByte(name, ' ') >= 0 {
+			return errSpaceInFieldName
+		}
+		if err := f.read(name, value); err != nil {
 			return err
 		}
 	}
@@ -123,19 +137,19 @@ type framing struct {
 	typed          int  // Content-Type lines
 }
 
-// read counts a raw header line (not empty, without its line end) if it
-// frames the body, and refuses a look-alike of a framing field's name.
-func (f *framing) read(line []byte) error {
-	if c := line[0] | 0x20; c != 't' && c != 'c' { // ASCII lower case
-		return nil
+// read counts a raw header field (its name and its value as sent) if it
+// frames the body, refuses a look-alike of a framing field's name, and
+// checks a Host.
+func (f *framing) read(name, value []byte) error {
+	if len(name) == 0 {
+		return nil // fasthttp has refused it
 	}
-	// fasthttp has refused a space before the colon, and obs-fold lines
-	// are refused above: the name is the bytes before the colon.
-	name, value, found := bytes.Cut(line, []byte(":"))
-	if !found {
+	if c := name[0] | 0x20; c != 't' && c != 'c' && c != 'h' { // ASCII lower case
 		return nil
 	}
 	switch {
+	case bytes.EqualFold(name, []byte("host")):
+		return checkHost(bytes.Trim(value, " \t"))
 	case bytes.EqualFold(name, []byte("transfer-encoding")):
 		f.codings++
 		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
@@ -150,16 +164,15 @@ func (f *framing) read(line []byte) error {
 }
 
 // lookalike reports whether name reads as the framing field's name, in any
-// case, once each "_" or space in it is read as "-" (fasthttp takes
-// "Transfer Encoding" as a name of its own, as it does "Transfer_Encoding";
-// it refuses a tab in a name itself).
+// case, once each "_" in it is read as "-" (a name with a space is refused
+// before, errSpaceInFieldName; fasthttp refuses a tab in a name itself).
 func lookalike(name []byte, field string) bool {
 	if len(name) != len(field) {
 		return false
 	}
 	for i, ch := range name {
 		switch {
-		case ch == '_' || ch == ' ':
+		case ch == '_':
 			ch = '-'
 		case 'A' <= ch && ch <= 'Z':
 			ch += 'a' - 'A'
@@ -187,6 +200,37 @@ func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
 	}
 	return f.codings > 1 || !f.chunked || f.sized > 0 || !h.IsHTTP11() || hasTrailerFields(h)
 }
+
+// checkHost refuses a Host value (without its surrounding spaces) that is
+// no uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2): a byte that no
+// reg-name, IP literal or port holds; user info (an '@') is named, as it
+// may have carried a key. fasthttp refuses a space, a '/', a port that is
+// not digits or a '[' without ']' itself (its URL parse), but serves
+// "u@gw", "g<w" or UTF-8. The gateway routes by no Host and sends the
+// services its own, so the check is RFC 9112's 400 and what an ingress
+// would otherwise see differently, not a routing matter.
+func checkHost(host []byte) error {
+	for _, ch := range host {
+		if hostBytes[ch] {
+			continue
+		}
+		if ch == '@' {
+			return errHostUserInfo
+		}
+		return errInvalidHost
+	}
+	return nil
+}
+
+// hostBytes are the bytes a Host may hold: a reg-name's (unreserved,
+// %-escapes, sub-delims), an IP literal's brackets and colons, a port's
+// digits.
+var hostBytes = func() (table [256]bool) {
+	for _, ch := range []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~%!$&'()*+,;=:[]") {
+		table[ch] = true
+	}
+	return table
+}()
 
 // hasTrailerFields reports whether a chunked request brought fields after
 // its last chunk. fasthttp keeps them in a trailer section of their own,
