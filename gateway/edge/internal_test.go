@@ -1212,6 +1212,8 @@ func TestMisreadHead(t *testing.T) {
 		{"X-API Key", "Host: g\r\nX-API Key: k\r\n\r\n", errSpaceInFieldName},
 		{"a space inside another name", "Host: g\r\nidempotency key: k\r\n\r\n", errSpaceInFieldName},
 		{"spaces in values", "Host: g\r\nUser-Agent: a b c\r\nX-A:  b\t\r\n\r\n", nil},
+		{"spaces in values that follow no space", "Host: g\r\nX-A:b c\r\nX-B:\tb c: d\r\n\r\n", nil},
+		{"a space in a name, none after the colon", "Host: g\r\nX A:b\r\n\r\n", errSpaceInFieldName},
 		// A Host is uri-host [":" port] (RFC 9112 3.2: a 400 for any other).
 		{"Host with a port", "Host: gw:8080\r\n\r\n", nil},
 		{"Host, IPv6", "host:\t[::1]:8080\t\r\n\r\n", nil},

@@ -99,14 +99,10 @@ func misreadHead(h *fasthttp.RequestHeader) error {
 		if fields++; fields > maxHeaderFields {
 			return errTooManyHeaderFields
 		}
-		// fasthttp has refused a line without a colon, and a space before
-		// it; obs-fold lines are refused above: the name is the bytes
-		// before the colon.
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		if bytes.IndexByte(name, ' ') >= 0 {
+		if spaceInName(line) {
 			return errSpaceInFieldName
 		}
-		if err := f.read(name, value); err != nil {
+		if err := f.read(line); err != nil {
 			return err
 		}
 	}
@@ -117,6 +113,16 @@ func misreadHead(h *fasthttp.RequestHeader) error {
 		return errSeveralContentTypes
 	}
 	return nil
+}
+
+// spaceInName reports a space in the name of a raw header line (not
+// empty, not folded: those are refused above). fasthttp has refused a line
+// without a colon, and a space just before it. Every line of every request
+// comes here: the first space of a usual line follows its colon, which one
+// look at the byte before it tells.
+func spaceInName(line []byte) bool {
+	space := bytes.IndexByte(line, ' ')
+	return space > 0 && line[space-1] != ':' && bytes.IndexByte(line[:space], ':') < 0
 }
 
 // maxHeaderFields is how many header lines a request may carry, as many
@@ -137,19 +143,23 @@ type framing struct {
 	typed          int  // Content-Type lines
 }
 
-// read counts a raw header field (its name and its value as sent) if it
+// read counts a raw header line (not empty, without its line end) if it
 // frames the body, refuses a look-alike of a framing field's name, and
 // checks a Host.
-func (f *framing) read(name, value []byte) error {
-	if len(name) == 0 {
-		return nil // fasthttp has refused it
+func (f *framing) read(line []byte) error {
+	if c := line[0] | 0x20; c != 't' && c != 'c' && c != 'h' { // ASCII lower case
+		return nil
 	}
-	if c := name[0] | 0x20; c != 't' && c != 'c' && c != 'h' { // ASCII lower case
+	// fasthttp has refused a space before the colon, obs-fold lines and
+	// names with a space are refused above: the name is the bytes before
+	// the colon.
+	name, value, found := bytes.Cut(line, []byte(":"))
+	if !found {
 		return nil
 	}
 	switch {
 	case bytes.EqualFold(name, []byte("host")):
-		return checkHost(bytes.Trim(value, " \t"))
+		return checkHost(value)
 	case bytes.EqualFold(name, []byte("transfer-encoding")):
 		f.codings++
 		f.chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
@@ -201,7 +211,7 @@ func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
 	return f.codings > 1 || !f.chunked || f.sized > 0 || !h.IsHTTP11() || hasTrailerFields(h)
 }
 
-// checkHost refuses a Host value (without its surrounding spaces) that is
+// checkHost refuses a Host value (as sent, between spaces or tabs) that is
 // no uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2): a byte that no
 // reg-name, IP literal or port holds; user info (an '@') is named, as it
 // may have carried a key. fasthttp refuses a space, a '/', a port that is
@@ -209,7 +219,8 @@ func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
 // "u@gw", "g<w" or UTF-8. The gateway routes by no Host and sends the
 // services its own, so the check is RFC 9112's 400 and what an ingress
 // would otherwise see differently, not a routing matter.
-func checkHost(host []byte) error {
+func checkHost(value []byte) error {
+	host := trimBlanks(value)
 	for _, ch := range host {
 		if hostBytes[ch] {
 			continue
@@ -220,6 +231,18 @@ func checkHost(host []byte) error {
 		return errInvalidHost
 	}
 	return nil
+}
+
+// trimBlanks is b without the spaces and tabs around it (bytes.Trim builds
+// its set of bytes on every call).
+func trimBlanks(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
 }
 
 // hostBytes are the bytes a Host may hold: a reg-name's (unreserved,
