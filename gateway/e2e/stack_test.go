@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	removeOrphanedBinaries(os.TempDir(), time.Hour)
 	code := testenv.Run(m)
 	if built.dir != "" {
 		os.RemoveAll(built.dir)
@@ -77,9 +79,48 @@ func build(t *testing.T) string {
 	return built.dir
 }
 
+// binariesPrefix begins the name of a folder buildBinaries compiles into;
+// the id of the test binary's process follows it.
+const binariesPrefix = "e2e-binaries-"
+
+// removeOrphanedBinaries removes the folders of binaries in parent that
+// test binaries left as they died, once older than age: TestMain removes
+// its own only when the tests return, not after a test's panic (its
+// cleanups run, TestMain does not) nor after go test's -timeout, and each
+// holds 129 MB. The age keeps a live run's folder whose process this one
+// cannot see (another PID namespace sharing the folder).
+func removeOrphanedBinaries(parent string, age time.Duration) {
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		pid, ok := binariesOwner(e.Name())
+		if info, err := e.Info(); ok && err == nil && time.Since(info.ModTime()) > age && !running(pid) {
+			_ = os.RemoveAll(filepath.Join(parent, e.Name()))
+		}
+	}
+}
+
+// binariesOwner reads the process id in the name of a folder of
+// buildBinaries.
+func binariesOwner(name string) (pid int, ok bool) {
+	rest, ok := strings.CutPrefix(name, binariesPrefix)
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := strings.Cut(rest, "-")
+	pid, err := strconv.Atoi(digits)
+	return pid, ok && err == nil && pid > 0
+}
+
+// running says whether process pid exists (a signal 0 reaches it, or is
+// refused it).
+func running(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
 // buildBinaries compiles every binary of a stack into a new folder.
 func buildBinaries() (string, error) {
-	dir, err := os.MkdirTemp("", "e2e-binaries-")
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", binariesPrefix, os.Getpid()))
 	if err != nil {
 		return "", err
 	}
