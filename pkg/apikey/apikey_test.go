@@ -463,6 +463,11 @@ func TestHostHoldsKeySecret(t *testing.T) {
 		{strings.ToUpper(hyphenated) + ".shop.example", true},
 		{"shop." + key[:tagLen+bodyLen] + ".example", true}, // checksum cut off, the copied '_'
 		{"CXA-" + key[tagLen:tagLen+bodyLen] + ".shop.example", true},
+		{"cxr" + key[tagLen:] + ".shop.example", true},           // its '_' dropped
+		{"cxr\u2010" + key[tagLen:] + ".shop.example", true},     // a Unicode hyphen for its '_'
+		{"xn--cxr" + key[tagLen:] + "-su36a.shop.example", true}, // that host as IDNA sends it: the hyphen gone
+		{"cxr" + key[tagLen:tagLen+30] + ".shop.example", false}, // a body cut short
+		{"cxaccountingservicesonline.example.com", false},
 		{"cxr-" + key[tagLen:tagLen+30] + ".shop.example", false}, // a body cut short: redacted, not refused
 		{"cxa-shop-production-server1.example.com", false},
 		{"cxr-01j9z3k4qw8n6v2b7c5d0e1f2g.shop.example", false},
@@ -480,14 +485,18 @@ func TestHostHoldsKeySecret(t *testing.T) {
 func TestRedactKeyLikeHost(t *testing.T) {
 	key, mistyped := keyAndMistyped(t, "export:read")
 	for host, want := range map[string]string{
-		"cxr-" + key[tagLen:] + ".shop.example":                         "[key].shop.example",
-		strings.ToLower("CXR-"+key[tagLen:tagLen+20]) + ".shop.example": "[key].shop.example",
-		"shop." + mistyped + ".example":                                 "shop.[key].example",
-		"cxa-shop-production-server1.example.com":                       "[key].example.com", // looks like one: kept out, as a path's
-		"cxr-coin-17.shop.example":                                      "cxr-coin-17.shop.example",
-		"shop.example":                                                  "shop.example",
-		"203.0.113.7":                                                   "203.0.113.7",
-		"":                                                              "",
+		"cxr-" + key[tagLen:] + ".shop.example":                                          "[key].shop.example",
+		strings.ToLower("CXR-"+key[tagLen:tagLen+20]) + ".shop.example":                  "[key].shop.example",
+		"shop." + mistyped + ".example":                                                  "shop.[key].example",
+		"xn--cxr" + key[tagLen:] + "-su36a.shop.example":                                 "[key].shop.example", // a Unicode hyphen for its '_', as IDNA sends it
+		"cxr" + key[tagLen:tagLen+20] + ".shop.example":                                  "cxr" + key[tagLen:tagLen+20] + ".shop.example",
+		"cxaccountingservicesonline.example.com":                                         "cxaccountingservicesonline.example.com",
+		"cxr" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example": "[key].[key].example", // its '_' dropped, a '.' typed into it
+		"cxa-shop-production-server1.example.com":                                        "[key].example.com",   // looks like one: kept out, as a path's
+		"cxr-coin-17.shop.example":                                                       "cxr-coin-17.shop.example",
+		"shop.example":                                                                   "shop.example",
+		"203.0.113.7":                                                                    "203.0.113.7",
+		"":                                                                               "",
 	} {
 		if got := RedactKeyLikeHost(host); got != want {
 			t.Errorf("RedactKeyLikeHost(%.24q…) = %q, want %q", host, got, want)

@@ -445,6 +445,9 @@ func TestAnAPIKeyInTheShopsHostNameIsNeverRecorded(t *testing.T) {
 		{"whole key, upper case", "CXR-" + strings.ToUpper(key[len(apikey.TagRead):]), body43, shopschema.CodeInvalidBaseURL, false},
 		{"checksum cut off", "cxr-" + body43, body43, shopschema.CodeInvalidBaseURL, false},
 		{"whole key, full-width", "ｃｘｒ－" + key[len(apikey.TagRead):], body43, shopschema.CodeInvalidBaseURL, false},
+		{"whole key, its '_' dropped", "cxr" + key[len(apikey.TagRead):], body43, shopschema.CodeInvalidBaseURL, false},
+		// IDNA keeps U+2010 and its punycode drops it: xn--cxr<key>-….
+		{"whole key, a Unicode hyphen", "cxr\u2010" + key[len(apikey.TagRead):], body43, shopschema.CodeInvalidBaseURL, false},
 		{"key cut short", "cxr-" + cutShort, cutShort, "shop_tls_error", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
