@@ -3,13 +3,13 @@ package prestashop
 import (
 	"context"
 	"errors"
-	"github.com/coinexport/export/pkg/apikey"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/httpserver"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
