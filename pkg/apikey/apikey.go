@@ -140,15 +140,44 @@ func RedactKeyLikeHost(host string) string {
 
 // HostHoldsKeySecret reports whether host holds a key's secret as a host
 // name can spell it: the tag in any case with '-' (or '_', ' ') after it,
-// or with nothing for it (hostTagsTyped), followed by a whole key's body,
-// as ContainsKeySecret counts one. A host is sent where no one can take it
-// back (DNS resolvers, the TLS handshake, the Host header), so what holds
-// one is refused, not redacted; a real host's label holds "cxr-" and 43
-// letters or digits within 47 bytes about never (of a million generated
-// shop hosts, a tenth of them with a random label of 46 to 63 characters,
-// 14 were refused, each such a label that began with "cxr", "cxw" or
-// "cxa").
+// or with nothing for it (hostTagsTyped), followed by a whole key's body
+// within keySecretWindow bytes, in one word. A host is sent where no one
+// can take it back (DNS resolvers, the TLS handshake, the Host header), so
+// what holds one is refused, not redacted. Unlike ContainsKeySecret, a '.'
+// or '-' ends the count: a key typed into a host name has no reason to
+// hold one, while real names are words joined by them, and counted across
+// them, "cxa-numismatique-philatelie-collections.boutique.fr" read as a
+// key. Other bytes are let in as ContainsKeySecret lets them (a Unicode
+// hyphen for the '_' is three). Of a million generated shop hosts, a tenth
+// of them with a random label of 46 to 63 characters, 14 are refused, each
+// such a label that begins with "cxr", "cxw" or "cxa". What reads as a key
+// across words is only redacted (RedactKeyLikeHost).
 func HostHoldsKeySecret(host string) bool {
+	return holdsKeyBodyInOneWord(hostTagsTyped(host))
+}
+
+// holdsKeyBodyInOneWord is HostHoldsKeySecret's count, after hostTagsTyped.
+func holdsKeyBodyInOneWord(host string) bool {
+	for i := 0; i+tagLen+bodyLen <= len(host); i++ {
+		if !isKeyTag(host[i], host[i+1], host[i+2], host[i+3]) {
+			continue
+		}
+		alphabetic := 0
+		for j := i + tagLen; j < len(host) && j < i+tagLen+keySecretWindow && host[j] != '.' && host[j] != '-'; j++ {
+			if inAlphabet[host[j]] {
+				if alphabetic++; alphabetic >= bodyLen {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// hostHoldsKeySecretLoosely is HostHoldsKeySecret counting across words,
+// as ContainsKeySecret counts: a key with a '.' typed into it, or a real
+// name that reads as one, is kept out of spans and logs.
+func hostHoldsKeySecretLoosely(host string) bool {
 	return holdsTaggedRun(hostTagsTyped(host), typedTags, bodyLen, keySecretWindow)
 }
 
@@ -190,7 +219,7 @@ type keyFinder struct {
 var (
 	wellFormedKeys  = keyFinder{holds: ContainsKey[string], minLen: Len}
 	keyLikeText     = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun, acrossSegments: true, tagged: holdsKeyTag}
-	keyLikeHostText = keyFinder{holds: func(host string) bool { return ContainsKeyLike(host) || HostHoldsKeySecret(host) },
+	keyLikeHostText = keyFinder{holds: func(host string) bool { return ContainsKeyLike(host) || hostHoldsKeySecretLoosely(host) },
 		minLen: tagLen + minKeyLikeRun, acrossSegments: true, tagged: func(label string) bool { return holdsKeyTag(hostTagsTyped(label)) }}
 )
 

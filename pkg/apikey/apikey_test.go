@@ -470,6 +470,9 @@ func TestHostHoldsKeySecret(t *testing.T) {
 		{"cxaccountingservicesonline.example.com", false},
 		{"cxr-" + key[tagLen:tagLen+30] + ".shop.example", false}, // a body cut short: redacted, not refused
 		{"cxa-shop-production-server1.example.com", false},
+		{"cxa-numismatique-philatelie-collections.boutique.fr", false}, // 43 letters within 47 bytes, in words
+		{"www.cxa-numismatique-philatelie-collections.boutique.fr", false},
+		{"cxr-" + key[tagLen:tagLen+20] + "." + key[tagLen+20:] + ".example", false}, // a '.' typed into it: redacted, not refused
 		{"cxr-01j9z3k4qw8n6v2b7c5d0e1f2g.shop.example", false},
 		{"shop.example", false},
 		{"", false},
@@ -493,6 +496,7 @@ func TestRedactKeyLikeHost(t *testing.T) {
 		"cxaccountingservicesonline.example.com":                                         "cxaccountingservicesonline.example.com",
 		"cxr" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example": "[key].[key].example", // its '_' dropped, a '.' typed into it
 		"cxa-shop-production-server1.example.com":                                        "[key].example.com",   // looks like one: kept out, as a path's
+		"cxa-numismatique-philatelie-collections.boutique.fr":                            "[key].boutique.fr",   // served, but kept out too
 		"cxr-coin-17.shop.example":                                                       "cxr-coin-17.shop.example",
 		"shop.example":                                                                   "shop.example",
 		"203.0.113.7":                                                                    "203.0.113.7",
