@@ -231,16 +231,14 @@ func redactParts(path, sep string, keys keyFinder) (string, bool) {
 	}
 	segments := strings.Split(path, sep)
 	found := false
-	for i, segment := range segments {
-		if segmentHoldsKey(segment, keys) {
-			segments[i], found = "[key]", true
-		}
-	}
 	// Key-like text may run across segments, where none holds it alone: a
 	// '/' typed into a key ("cxr_AbCd/EfGh…"). Every segment from the first
 	// that holds a tag goes then, but for words (routeWord): the route's
 	// own "sales/confirm" would otherwise make an item id with a tag,
 	// "cxr_coin-17", read as most of a key, and hide every sale path of it.
+	// Read before any segment is "[key]": after, the rest of a key that
+	// runs on from a segment holding most of it reads as no key, and was
+	// kept ("/[key]/<23 characters of the secret>").
 	if keys.acrossSegments && holdsDecoded(maskWords(segments, sep), keys.holds) {
 		tagged := false
 		for i, segment := range segments {
@@ -248,6 +246,11 @@ func redactParts(path, sep string, keys keyFinder) (string, bool) {
 			if tagged && segment != "" && !routeWord(segment) {
 				segments[i], found = "[key]", true
 			}
+		}
+	}
+	for i, segment := range segments {
+		if segmentHoldsKey(segment, keys) {
+			segments[i], found = "[key]", true
 		}
 	}
 	if !found {

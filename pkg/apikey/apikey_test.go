@@ -258,6 +258,9 @@ func TestContainsKeyLike(t *testing.T) {
 		"/v1/export/items/CXA /00000000000000000":                                "/v1/export/items/[key]/[key]",
 		"/v1/export/items/cxr_/%41%41%41%41%41%41%41%41%41%41%41%41%41%41%41%41": "/v1/export/items/[key]/[key]",
 		"/v1/cxr_abcdefghij/-" + key + "/-" + key:                                "/v1/[key]/[key]/[key]",
+		// The first segment holds most of a key alone; the rest of its
+		// secret, after the '/', went unredacted.
+		"/v1/export/items/" + key[:tagLen+20] + "/" + key[tagLen+20:tagLen+bodyLen] + "/sales": "/v1/export/items/[key]/[key]/sales",
 	} {
 		if got := RedactKeyLikePath(path); got != want {
 			t.Errorf("RedactKeyLikePath(%q) = %q, want %q", path, got, want)
@@ -488,19 +491,20 @@ func TestHostHoldsKeySecret(t *testing.T) {
 func TestRedactKeyLikeHost(t *testing.T) {
 	key, mistyped := keyAndMistyped(t, "export:read")
 	for host, want := range map[string]string{
-		"cxr-" + key[tagLen:] + ".shop.example":                                          "[key].shop.example",
-		strings.ToLower("CXR-"+key[tagLen:tagLen+20]) + ".shop.example":                  "[key].shop.example",
-		"shop." + mistyped + ".example":                                                  "shop.[key].example",
-		"xn--cxr" + key[tagLen:] + "-su36a.shop.example":                                 "[key].shop.example", // a Unicode hyphen for its '_', as IDNA sends it
-		"cxr" + key[tagLen:tagLen+20] + ".shop.example":                                  "cxr" + key[tagLen:tagLen+20] + ".shop.example",
-		"cxaccountingservicesonline.example.com":                                         "cxaccountingservicesonline.example.com",
-		"cxr" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example": "[key].[key].example", // its '_' dropped, a '.' typed into it
-		"cxa-shop-production-server1.example.com":                                        "[key].example.com",   // looks like one: kept out, as a path's
-		"cxa-numismatique-philatelie-collections.boutique.fr":                            "[key].boutique.fr",   // served, but kept out too
-		"cxr-coin-17.shop.example":                                                       "cxr-coin-17.shop.example",
-		"shop.example":                                                                   "shop.example",
-		"203.0.113.7":                                                                    "203.0.113.7",
-		"":                                                                               "",
+		"cxr-" + key[tagLen:] + ".shop.example":                                           "[key].shop.example",
+		strings.ToLower("CXR-"+key[tagLen:tagLen+20]) + ".shop.example":                   "[key].shop.example",
+		"shop." + mistyped + ".example":                                                   "shop.[key].example",
+		"xn--cxr" + key[tagLen:] + "-su36a.shop.example":                                  "[key].shop.example", // a Unicode hyphen for its '_', as IDNA sends it
+		"cxr" + key[tagLen:tagLen+20] + ".shop.example":                                   "cxr" + key[tagLen:tagLen+20] + ".shop.example",
+		"cxaccountingservicesonline.example.com":                                          "cxaccountingservicesonline.example.com",
+		"cxr" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example":  "[key].[key].example", // its '_' dropped, a '.' typed into it
+		"cxr-" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example": "[key].[key].example", // the first label most of a key alone
+		"cxa-shop-production-server1.example.com":                                         "[key].example.com",   // looks like one: kept out, as a path's
+		"cxa-numismatique-philatelie-collections.boutique.fr":                             "[key].boutique.fr",   // served, but kept out too
+		"cxr-coin-17.shop.example":                                                        "cxr-coin-17.shop.example",
+		"shop.example":                                                                    "shop.example",
+		"203.0.113.7":                                                                     "203.0.113.7",
+		"":                                                                                "",
 	} {
 		if got := RedactKeyLikeHost(host); got != want {
 			t.Errorf("RedactKeyLikeHost(%.24q…) = %q, want %q", host, got, want)
