@@ -309,15 +309,22 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 	// with the advice to revoke a key that may have travelled in it, beside
 	// a target of either form (fasthttp reads it as the URL's authority
 	// beside an origin-form one; beside an absolute-form one it was served).
+	// The key there is in no log line: the X-API-Key header sends another.
+	var refused []string
 	for _, target := range []string{"/v1/export/items/coin-1", "http://gateway/v1/export/items/coin-1"} {
 		for _, userinfo := range []string{"user:" + k.read, "user:" + strings.Replace(k.read, "_", "%5F", 1), "user:pw"} {
-			r := doRawAt(t, gw.URL, "GET", target, userinfo+"@gateway", map[string]string{"X-API-Key": k.read})
+			r := doRawAt(t, gw.URL, "GET", target, userinfo+"@gateway", map[string]string{"X-API-Key": k.write})
 			checkEnvelope(t, r)
 			if r.Status != 400 || !strings.Contains(r.Env.Error.Message, "revoke") {
 				t.Errorf("GET %s, user info in the Host header (%.12s…) = %d %s, want 400 advising to revoke the key",
 					target, userinfo, r.Status, r.Body)
 			}
+			refused = append(refused, r.Env.Meta.RequestID)
 		}
+	}
+	waitFor(t, 5*time.Second, func() bool { return accessLine(gw.Logs.String(), refused[len(refused)-1]) != "" })
+	if logs := gw.Logs.String(); strings.Contains(logs, k.read[4:20]) {
+		t.Errorf("the key sent in the Host header's user info is in the gateway's logs:\n%s", logs)
 	}
 	if n := hits.Load(); n != 0 {
 		t.Errorf("the reader was sent %d of them, want none", n)

@@ -588,6 +588,10 @@ func TestInvalidFieldNamesAndHostsAreRefused(t *testing.T) {
 		{"Host, IPv6", "Host: [::1]:8080\r\nX-API-Key: " + k.read + "\r\n", "", false},
 		{"Host with an underscore and a final dot", "Host: api_gw.example.\r\nX-API-Key: " + k.read + "\r\n", "", false},
 		{"Host, IDN as sent (punycode)", "Host: xn--gteway-gua.example\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"Host, IPv6 with a zone", "Host: [fe80::1%25eth0]:8080\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"Host in upper case with an empty port", "Host: GATEWAY.EXAMPLE:\r\nX-API-Key: " + k.read + "\r\n", "", false},
+		{"'>' in Host", "Host: gateway>\r\nX-API-Key: " + k.read + "\r\n", "Host", false},
+		{"every token character in a name", "Host: gateway\r\nX-API-Key: " + k.read + "\r\nX!#$%&'*+-.^_`|~09aZ: v\r\n", "", false},
 		{"spaces in values", "Host: gateway\r\nX-API-Key: " + k.read + "\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\n", "", false},
 	}
 	for _, tt := range tests {
