@@ -40,7 +40,8 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 // with a 400 (too many header lines: a 431) and the connection closed
 // (RFC 9112 6.1 requires the close after a framing refusal; the others get
 // it too, as the bytes after such a head cannot be trusted to start a
-// request), but for several Content-Type lines, whose framing is clear:
+// request), but for several Content-Type lines and a Host that is no
+// host[:port], whose framing is clear:
 //
 //   - a bare LF ending a header line, or the empty line that ends the
 //     head: fasthttp takes it as a line's end (RFC 9112 2.2 lets it), a
