@@ -415,6 +415,12 @@ func panicError(c *fiber.Ctx, rq *request, rt route) *apiError {
 // the owner's requests in flight, limit per key, proxy).
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := refuseUnservable(c, rt); err != nil {
+		if err == errHostUserInfo && keyInHostUserInfo(c.Request().Header.Host()) {
+			// The key travelled in a URL's authority: the access line says
+			// so, as for a target's user info, for the SRE who looks for
+			// the owner that is to revoke it.
+			rq.authFailure = authFailureKeyInURL
+		}
 		return err
 	}
 	if rt.RepeatWithIdempotencyKey { // the sale routes

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/gofiber/fiber/v2"
 	"github.com/ulule/limiter/v3"
+	"github.com/valyala/fasthttp"
 )
 
 // APIKeyHeader carries the key (spec 5); nothing else does.
@@ -233,6 +235,20 @@ func keyInQuery(c *fiber.Ctx) bool {
 func keyInUserInfo(c *fiber.Ctx) bool {
 	u := c.Request().URI()
 	return apikey.ContainsKey(u.Username()) || apikey.ContainsKey(u.Password())
+}
+
+// keyInHostUserInfo reports an API key in the user info of host, a Host
+// header's value: what comes before its last '@', as sent or %-decoded, as
+// fasthttp reads the user info of a URL's authority. Such a Host is
+// refused (errHostUserInfo); this says whether a key went with it.
+func keyInHostUserInfo(host []byte) bool {
+	at := bytes.LastIndexByte(host, '@')
+	if at < 0 {
+		return false
+	}
+	userinfo := host[:at]
+	return apikey.ContainsKey(userinfo) ||
+		(bytes.IndexByte(userinfo, '%') >= 0 && apikey.ContainsKey(fasthttp.AppendUnquotedArg(nil, userinfo)))
 }
 
 // keyParamNames are the parameter names refused as carrying a key.

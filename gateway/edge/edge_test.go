@@ -310,7 +310,10 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 	// a target of either form (fasthttp reads it as the URL's authority
 	// beside an origin-form one; beside an absolute-form one it was served).
 	// The key there is in no log line: the X-API-Key header sends another.
+	// Its access line says key_in_url when a key was there, as for the
+	// target's user info, so that the owner who is to revoke it is found.
 	var refused []string
+	keyIn := map[string]bool{}
 	for _, target := range []string{"/v1/export/items/coin-1", "http://gateway/v1/export/items/coin-1"} {
 		for _, userinfo := range []string{"user:" + k.read, "user:" + strings.Replace(k.read, "_", "%5F", 1), "user:pw"} {
 			r := doRawAt(t, gw.URL, "GET", target, userinfo+"@gateway", map[string]string{"X-API-Key": k.write})
@@ -320,9 +323,16 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 					target, userinfo, r.Status, r.Body)
 			}
 			refused = append(refused, r.Env.Meta.RequestID)
+			keyIn[r.Env.Meta.RequestID] = userinfo != "user:pw"
 		}
 	}
 	waitFor(t, 5*time.Second, func() bool { return accessLine(gw.Logs.String(), refused[len(refused)-1]) != "" })
+	for _, id := range refused {
+		line := accessLine(gw.Logs.String(), id)
+		if got := strings.Contains(line, `"auth_failure":"key_in_url"`); got != keyIn[id] {
+			t.Errorf("access line of a Host with user info (a key in it: %v) says key_in_url: %v\n%s", keyIn[id], got, line)
+		}
+	}
 	if logs := gw.Logs.String(); strings.Contains(logs, k.read[4:20]) {
 		t.Errorf("the key sent in the Host header's user info is in the gateway's logs:\n%s", logs)
 	}
