@@ -157,6 +157,23 @@ func keyBehindLock(t *testing.T) (*Store, pgx.Tx, string, string) {
 	return New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: 10 * time.Second}), tx, secret, id
 }
 
+// lookupsWaiting counts the key lookups waiting in PostgreSQL behind tx's
+// lock, asked on tx's connection: the pool's may all be taken.
+func lookupsWaiting(t *testing.T, tx pgx.Tx) int {
+	t.Helper()
+	ctx := context.Background()
+	var n int
+	// A transaction sees one snapshot of the statistics unless told.
+	if _, err := tx.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND wait_event_type = 'Lock'`,
+		lookupSQL).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // lookUpAs looks secret up and reports an error unless it is the key id.
 func lookUpAs(ctx context.Context, store *Store, secret, id string) error {
 	key, err := store.Lookup(ctx, secret, nil)
@@ -180,21 +197,9 @@ func TestConcurrentMissesOfAKeyShareOneQuery(t *testing.T) {
 	for range callers {
 		go func() { results <- lookUpAs(ctx, store, secret, id) }()
 	}
-	waiting := func() int { // asked on the locking connection: the pool's may all be taken
-		var n int
-		// A transaction sees one snapshot of the statistics unless told.
-		if _, err := tx.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND wait_event_type = 'Lock'`,
-			lookupSQL).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	waitFor(t, func() bool { return waiting() > 0 })
+	waitFor(t, func() bool { return lookupsWaiting(t, tx) > 0 })
 	time.Sleep(300 * time.Millisecond) // time for more queries to queue, were they sent
-	if n := waiting(); n != 1 {
+	if n := lookupsWaiting(t, tx); n != 1 {
 		t.Errorf("%d lookups of one key waiting in PostgreSQL, want 1 shared by the %d callers", n, callers)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -218,7 +223,7 @@ func TestACallerGivingUpFailsNoOtherCaller(t *testing.T) {
 		_, err := store.Lookup(first, secret, nil)
 		firstDone <- err
 	}()
-	time.Sleep(100 * time.Millisecond) // the first caller's lookup is under way
+	waitFor(t, func() bool { return lookupsWaiting(t, tx) > 0 }) // the first caller's lookup is under way
 	secondDone := make(chan error, 1)
 	go func() { secondDone <- lookUpAs(ctx, store, secret, id) }()
 	time.Sleep(200 * time.Millisecond) // the second caller waits on the first's lookup
