@@ -144,14 +144,16 @@ func RedactKeyLikeHost(host string) string {
 // within keySecretWindow bytes, in one word. A host is sent where no one
 // can take it back (DNS resolvers, the TLS handshake, the Host header), so
 // what holds one is refused, not redacted. Unlike ContainsKeySecret, a '.'
-// or '-' ends the count: a key typed into a host name has no reason to
-// hold one, while real names are words joined by them, and counted across
-// them, "cxa-numismatique-philatelie-collections.boutique.fr" read as a
-// key. Other bytes are let in as ContainsKeySecret lets them (a Unicode
-// hyphen for the '_' is three). Of a million generated shop hosts, a tenth
-// of them with a random label of 46 to 63 characters, 14 are refused, each
-// such a label that begins with "cxr", "cxw" or "cxa". What reads as a key
-// across words is only redacted (RedactKeyLikeHost).
+// or '-' within the body ends the count: a key typed into a host name has
+// no reason to hold one, while real names are words joined by them, and
+// counted across them, "cxa-numismatique-philatelie-collections.boutique.fr"
+// read as a key. Before the body's first character they are the tag's own
+// '_' ("cxr.<secret>", "cxr--<secret>"), and counted past. Other bytes are
+// let in as ContainsKeySecret lets them (a Unicode hyphen for the '_' is
+// three). Of a million generated shop hosts, a tenth of them with a random
+// label of 46 to 63 characters, 14 are refused, each such a label that
+// begins with "cxr", "cxw" or "cxa". What reads as a key across words is
+// only redacted (RedactKeyLikeHost).
 func HostHoldsKeySecret(host string) bool {
 	return holdsKeyBodyInOneWord(hostTagsTyped(host))
 }
@@ -163,11 +165,13 @@ func holdsKeyBodyInOneWord(host string) bool {
 			continue
 		}
 		alphabetic := 0
-		for j := i + tagLen; j < len(host) && j < i+tagLen+keySecretWindow && host[j] != '.' && host[j] != '-'; j++ {
+		for j := i + tagLen; j < len(host) && j < i+tagLen+keySecretWindow; j++ {
 			if inAlphabet[host[j]] {
 				if alphabetic++; alphabetic >= bodyLen {
 					return true
 				}
+			} else if alphabetic > 0 && (host[j] == '.' || host[j] == '-') {
+				break // the word ends; one before the body is the tag's own ("cxr.<body>")
 			}
 		}
 	}
@@ -239,7 +243,7 @@ func redactParts(path, sep string, keys keyFinder) (string, bool) {
 	// Read before any segment is "[key]": after, the rest of a key that
 	// runs on from a segment holding most of it reads as no key, and was
 	// kept ("/[key]/<23 characters of the secret>").
-	if keys.acrossSegments && holdsDecoded(maskWords(segments, sep), keys.holds) {
+	if keys.acrossSegments && holdsDecoded(maskWords(segments, sep, keys.tagged), keys.holds) {
 		tagged := false
 		for i, segment := range segments {
 			tagged = tagged || holdsDecoded(segment, keys.tagged)
@@ -275,14 +279,16 @@ func routeWord(segment string) bool {
 // maskWords joins the segments with each routeWord's letters as dots, for
 // the search of key-like text that runs across segments: a word counts for
 // none of it, but keeps its place, so the path never reads denser than as
-// sent (redactParts' first test, on the path as sent, stays a bound).
-func maskWords(segments []string, sep string) string {
+// sent (redactParts' first test, on the path as sent, stays a bound). A
+// word that tagged reads a tag in is kept: a host's label "cxr" is a tag
+// with nothing for its '_', and masked, "cxr.<a key's body>" read as none.
+func maskWords(segments []string, sep string, tagged func(string) bool) string {
 	var b strings.Builder
 	for i, segment := range segments {
 		if i > 0 {
 			b.WriteString(sep)
 		}
-		if routeWord(segment) {
+		if routeWord(segment) && !tagged(segment) {
 			segment = strings.Repeat(".", len(segment))
 		}
 		b.WriteString(segment)

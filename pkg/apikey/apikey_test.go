@@ -469,6 +469,8 @@ func TestHostHoldsKeySecret(t *testing.T) {
 		{"cxr" + key[tagLen:] + ".shop.example", true},           // its '_' dropped
 		{"cxr\u2010" + key[tagLen:] + ".shop.example", true},     // a Unicode hyphen for its '_'
 		{"xn--cxr" + key[tagLen:] + "-su36a.shop.example", true}, // that host as IDNA sends it: the hyphen gone
+		{"cxr." + key[tagLen:] + ".shop.example", true},          // a '.' for its '_': the tag's own label
+		{"CXR--" + key[tagLen:] + ".shop.example", true},
 		{"cxr" + key[tagLen:tagLen+30] + ".shop.example", false}, // a body cut short
 		{"cxaccountingservicesonline.example.com", false},
 		{"cxr-" + key[tagLen:tagLen+30] + ".shop.example", false}, // a body cut short: redacted, not refused
@@ -497,10 +499,13 @@ func TestRedactKeyLikeHost(t *testing.T) {
 		"xn--cxr" + key[tagLen:] + "-su36a.shop.example":                                  "[key].shop.example", // a Unicode hyphen for its '_', as IDNA sends it
 		"cxr" + key[tagLen:tagLen+20] + ".shop.example":                                   "cxr" + key[tagLen:tagLen+20] + ".shop.example",
 		"cxaccountingservicesonline.example.com":                                          "cxaccountingservicesonline.example.com",
-		"cxr" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example":  "[key].[key].example", // its '_' dropped, a '.' typed into it
-		"cxr-" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example": "[key].[key].example", // the first label most of a key alone
-		"cxa-shop-production-server1.example.com":                                         "[key].example.com",   // looks like one: kept out, as a path's
-		"cxa-numismatique-philatelie-collections.boutique.fr":                             "[key].boutique.fr",   // served, but kept out too
+		"cxr" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example":  "[key].[key].example",    // its '_' dropped, a '.' typed into it
+		"cxr-" + key[tagLen:tagLen+20] + "." + key[tagLen+20:tagLen+bodyLen] + ".example": "[key].[key].example",    // the first label most of a key alone
+		"cxa-shop-production-server1.example.com":                                         "[key].example.com",      // looks like one: kept out, as a path's
+		"cxa-numismatique-philatelie-collections.boutique.fr":                             "[key].boutique.fr",      // served, but kept out too
+		"cxr." + key[tagLen:] + ".shop.example":                                           "cxr.[key].shop.example", // the tag a label of its own, a word's letters
+		"cxr.x." + key[tagLen:tagLen+bodyLen] + ".example":                                "cxr.x.[key].example",
+		"cxr.coin-17.shop.example":                                                        "cxr.coin-17.shop.example",
 		"cxr-coin-17.shop.example":                                                        "cxr-coin-17.shop.example",
 		"shop.example":                                                                    "shop.example",
 		"203.0.113.7":                                                                     "203.0.113.7",
