@@ -84,6 +84,16 @@ var (
 	mayHaveBeenApplied = saleClaim{said: saleclaim.MayHaveBeenApplied, note: saleclaim.Maybe}
 )
 
+// logged is the claim as a failure's log line says it. Where the sale may
+// have been applied, the line also says how that is settled; after
+// "nothing was applied" that note read as the line contradicting itself.
+func (c saleClaim) logged() string {
+	if c.note == saleclaim.Maybe {
+		return c.said + "; a retry with the same Idempotency-Key replays it if so"
+	}
+	return c.said
+}
+
 // saleAppliedKey names the claim on the access line and span (app.sale_applied).
 const saleAppliedKey = saleclaim.Key
 
@@ -205,7 +215,7 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 // line and the span say whether a statement may have committed.
 func (h *handler) cutOff(r *http.Request, err error) errorAnswer {
 	claim := applied(err)
-	h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; "+claim.said, "error", err)
+	h.log.WarnContext(r.Context(), "sale call cut off: the shutdown's drain timed out; "+claim.logged(), "error", err)
 	return answer503("the sale writer is shutting down", claim)
 }
 
@@ -215,7 +225,7 @@ func (h *handler) cutOff(r *http.Request, err error) errorAnswer {
 // say whether a statement may have committed. No one reads the answer.
 func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
 	claim := applied(err)
-	h.log.InfoContext(r.Context(), "sale call abandoned by the caller: "+claim.said+"; a retry with the same Idempotency-Key replays it if so", "error", err)
+	h.log.InfoContext(r.Context(), "sale call abandoned by the caller: "+claim.logged(), "error", err)
 	return errorAnswer{status: httpserver.StatusClientClosed, code: httpserver.CodeClientClosed,
 		message: "the caller closed the request; " + claim.said, applied: claim}
 }
