@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -124,7 +125,11 @@ func show(w io.Writer, file, requestID string) error {
 		return err
 	}
 	if len(spans) == 0 {
-		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans (spans are exported in batches: retry in a few seconds)", requestID, file, file)
+		// Some requests record no span at all: their log lines, beside
+		// the span file under make run, are all there is.
+		logs := filepath.Join(filepath.Dir(file), "logs", "*.log*")
+		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans (spans are exported in batches: retry in a few seconds). "+
+			"A health check records none, nor a request not sampled: grep %s %s finds its log lines", requestID, file, file, requestID, logs)
 	}
 	// The spans linked from other traces (the gateway's Redis round trip,
 	// held by the first traced request it decided) and their children.

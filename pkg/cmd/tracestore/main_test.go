@@ -60,9 +60,18 @@ func TestShowReadsTheLastRunsSpansToo(t *testing.T) {
 			t.Errorf("show(%s) = %v, output %q; want the trace of %s", id, err, out.String(), want)
 		}
 	}
-	// A request of neither run: the error names both files it read.
-	if err := show(io.Discard, file, "6bf92f3577b34da6a3ce929d0e0e4738"); err == nil || !strings.Contains(err.Error(), file+".1") {
+	// A request of neither run: the error names both files it read, and
+	// the requests that record no span at all, whose log lines are all
+	// there is: a health check's request id, quoted from its answer, was
+	// sent to retry in a few seconds, for ever.
+	err := show(io.Discard, file, "6bf92f3577b34da6a3ce929d0e0e4738")
+	if err == nil || !strings.Contains(err.Error(), file+".1") {
 		t.Errorf("show of a request in neither file = %v, want an error naming %s.1 too", err, file)
+	}
+	for _, want := range []string{"health check", "not sampled", "grep 6bf92f3577b34da6a3ce929d0e0e4738 " + filepath.Join(filepath.Dir(file), "logs", "*.log*")} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("show of a request in neither file = %v, want it to say %q", err, want)
+		}
 	}
 }
 
