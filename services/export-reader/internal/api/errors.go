@@ -35,7 +35,9 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 			"a change to this catalog is still being written; retry this page with backoff", requestID)
 	case errors.Is(err, replica.ErrBehind):
 		// Not logged per page: the monitor logs when the lag crosses
-		// READ_MAX_LAG and when it is back under it.
+		// READ_MAX_LAG and when it is back under it. The access line and
+		// span say it, as no line of this request id would.
+		httpserver.AnnotateFlag(w, r, "read_replica_behind")
 		envelope.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 			"the read replica is behind its primary; retry this page (the same cursor) later", requestID)
 	case errors.Is(err, context.DeadlineExceeded):

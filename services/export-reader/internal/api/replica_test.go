@@ -87,13 +87,38 @@ func waitForLog(t *testing.T, logs *testenv.Output, s string) {
 	}
 }
 
-// wantReplicaBehind checks the refusal of a list page by a lagging replica.
-func wantReplicaBehind(t *testing.T, r response) {
+// wantReplicaBehind checks the refusal of a list page by a lagging replica,
+// and that its access line says why: no other line names the request (the
+// monitor logs the crossings alone), so an SRE tracing its request id found
+// a 503 unavailable and no cause.
+func wantReplicaBehind(t *testing.T, e *env, r response) {
 	t.Helper()
 	if r.env.Error == nil || r.env.Error.Code != "unavailable" || !strings.Contains(r.env.Error.Message, "read replica is behind") ||
 		!strings.Contains(r.env.Error.Message, "same cursor") || r.header.Get("Retry-After") == "" {
 		t.Errorf("page from a lagging replica = %d %s (Retry-After %q), want 503 unavailable saying the replica is behind, with Retry-After",
 			r.status, r.body, r.header.Get("Retry-After"))
+	}
+	// The access line is written as the handler returns, which may be
+	// just after the client has read the answer. Every 503 of these tests
+	// is the replica's lag (the test's calls carry no request id to match).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var refused []string
+		for line := range strings.SplitSeq(e.logs.String(), "\n") {
+			if strings.Contains(line, `"msg":"request"`) && strings.Contains(line, `"status":503`) {
+				refused = append(refused, line)
+			}
+		}
+		if len(refused) > 0 || time.Now().After(deadline) {
+			for _, line := range refused {
+				if !strings.Contains(line, `"read_replica_behind":true`) {
+					t.Errorf("access line of a page refused for the replica's lag does not say so:\n%s", line)
+				}
+			}
+			if len(refused) == 0 {
+				t.Errorf("no access line of a 503:\n%s", e.logs)
+			}
+			return
+		}
 	}
 }
 
@@ -127,8 +152,8 @@ func TestListPagesAreRefusedWhileTheReplicaLags(t *testing.T) {
 	    WHERE owner_id = $1 AND id = 'b'`, owner); err != nil {
 		t.Fatal(err)
 	}
-	wantReplicaBehind(t, e.waitForPage(t, owner, next, http.StatusServiceUnavailable, 0))
-	wantReplicaBehind(t, e.get(t, owner, "/v1/export/items"))
+	wantReplicaBehind(t, e, e.waitForPage(t, owner, next, http.StatusServiceUnavailable, 0))
+	wantReplicaBehind(t, e, e.get(t, owner, "/v1/export/items"))
 	// A cursor that can never work is refused as such: a 503 would have
 	// the client retry it for as long as the replica lags.
 	if bad := e.get(t, owner, "/v1/export/items?limit=1&cursor=not-a-cursor"); bad.status != http.StatusBadRequest {
@@ -163,7 +188,7 @@ func TestListPagesAreRefusedWhenTheStandbyLosesItsPrimary(t *testing.T) {
 	e.waitForPage(t, owner, "/v1/export/items", http.StatusOK, 1)
 
 	pair.StopPrimary(t)
-	wantReplicaBehind(t, e.waitForPage(t, owner, "/v1/export/items", http.StatusServiceUnavailable, 0))
+	wantReplicaBehind(t, e, e.waitForPage(t, owner, "/v1/export/items", http.StatusServiceUnavailable, 0))
 	if item := e.get(t, owner, "/v1/export/items/a"); item.status != http.StatusOK {
 		t.Errorf("item route on a standby without its primary = %d %s, want 200", item.status, item.body)
 	}
