@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,6 +206,66 @@ func TestProxySendsOnlySignedIdentity(t *testing.T) {
 	gz := do(t, "GET", gw.URL+"/v1/export/items?gzip=1", map[string]string{"X-API-Key": k.read, "Accept-Encoding": "gzip"}, nil)
 	if gz.Header.Get("Content-Encoding") != "gzip" {
 		t.Errorf("Content-Encoding = %q, want the upstream's gzip kept", gz.Header.Get("Content-Encoding"))
+	}
+}
+
+// A field the client names in Connection is for the hop to the gateway
+// alone (RFC 9110 7.6.1): a service is not sent it. Idempotency-Key and
+// Content-Type are refused by name instead, 400, the service sent nothing:
+// without them a sale is another request (one without idempotency, or a
+// body of no type), and a proxy in front that honours the option would
+// have sent it so. Connection: keep-alive and close change nothing.
+func TestFieldsNamedInConnectionAreNotForwarded(t *testing.T) {
+	dsn, _, k := seed(t)
+	var writes atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", nil).URL,
+		"SALES_WRITER_URLS": echoUpstream(t, "writer", &writes).URL})
+	preferences := map[string]string{"X-API-Key": k.read, "Accept": "application/json", "Accept-Language": "ru", "User-Agent": "ua/1"}
+	for _, tt := range []struct {
+		connection string
+		dropped    []string
+	}{
+		{"keep-alive", nil},
+		{"close, Accept-Language", []string{"Accept-Language"}},
+		{"accept-language,\tUSER-AGENT", []string{"Accept-Language", "User-Agent"}},
+	} {
+		headers := maps.Clone(preferences)
+		headers["Connection"] = tt.connection
+		r := doRawAt(t, gw.URL, "GET", "/v1/export/items/coin-1", "gateway", headers)
+		if r.Status != 200 {
+			t.Fatalf("GET with Connection: %s = %d %s, want 200", tt.connection, r.Status, r.Body)
+		}
+		seen := decodeSeen(t, r).Headers
+		for name := range preferences {
+			if name == "X-API-Key" {
+				continue
+			}
+			if got, want := len(seen[name]) == 1, !slices.Contains(tt.dropped, name); got != want {
+				t.Errorf("GET with Connection: %s: the reader was sent %s: %v, want %v", tt.connection, name, got, want)
+			}
+		}
+	}
+	confirm := gw.URL + "/v1/export/items/coin-1/sales/confirm"
+	for _, tt := range []struct{ connection, field string }{
+		{"Idempotency-Key", "Idempotency-Key"},
+		{"keep-alive, idempotency-key", "Idempotency-Key"},
+		{"Content-Type", "Content-Type"},
+	} {
+		r := do(t, "POST", confirm, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "conn-1",
+			"Content-Type": "application/json", "Connection": tt.connection}, strings.NewReader(`{"external_order_id":"o"}`))
+		checkEnvelope(t, r)
+		if r.Status != 400 || r.Env.Error.Code != "bad_request" || !strings.Contains(r.Env.Error.Message, "Connection") ||
+			!strings.Contains(r.Env.Error.Message, tt.field) {
+			t.Errorf("a sale with Connection: %s = %d %s, want 400 bad_request naming Connection and %s", tt.connection, r.Status, r.Body, tt.field)
+		}
+	}
+	if n := writes.Load(); n != 0 {
+		t.Errorf("the writer was sent %d of those sales, want none", n)
+	}
+	r := do(t, "POST", confirm, map[string]string{"X-API-Key": k.write, "Idempotency-Key": "conn-2",
+		"Content-Type": "application/json", "Connection": "keep-alive"}, strings.NewReader(`{"external_order_id":"o"}`))
+	if r.Status != 200 || len(decodeSeen(t, r).Headers["Idempotency-Key"]) != 1 {
+		t.Errorf("a sale with Connection: keep-alive = %d %s, want 200 with its Idempotency-Key forwarded", r.Status, r.Body)
 	}
 }
 

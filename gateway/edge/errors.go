@@ -103,6 +103,15 @@ var (
 	// A Host with user info: as exposed as a key in a URL's (errKeyInURL).
 	errHostUserInfo = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
 		Message: "the Host header holds user info (user@host), which is refused; API keys are accepted in the X-API-Key header only, and a key sent elsewhere is exposed: revoke it and use a new one"}
+	// RFC 9110 7.6.1: a field named in Connection is for one hop, and an
+	// intermediary removes it. A sale without its Idempotency-Key is no
+	// longer safe to retry, and a body without its Content-Type is read
+	// as another; a proxy in front that honours the option sent neither.
+	// So the client is told, not served another request.
+	errConnectionNamesIdempotencyKey = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the Connection header names Idempotency-Key, which makes it a field for the first hop alone, removed before the request goes on (RFC 9110 7.6.1): remove Idempotency-Key from Connection"}
+	errConnectionNamesContentType = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the Connection header names Content-Type, which makes it a field for the first hop alone, removed before the request goes on (RFC 9110 7.6.1): remove Content-Type from Connection"}
 	// fasthttp reads a request line of any HTTP/d.d, and the services'
 	// net/http would refuse one of another major version than 1 with a 505
 	// of its own request id. The gateway answers it, 400: the contract's

@@ -1229,6 +1229,22 @@ func TestMisreadHead(t *testing.T) {
 		{"Host with UTF-8", "Host: caf\xc3\xa9.example\r\n\r\n", errInvalidHost},
 		{"Host with a space", "Host: g w\r\n\r\n", errInvalidHost},
 		{"Host with a slash", "Host: gw/x\r\n\r\n", errInvalidHost},
+		// RFC 9110 7.6.1: a field named in Connection is for this hop
+		// alone. The usual options pass; so do the fields the gateway drops
+		// when named (scrubHeaders) or sends of its own (Host, the length).
+		// Content-Type and Idempotency-Key, which a sale means nothing
+		// without, are refused by name: a proxy in front that honours the
+		// option sends neither.
+		{"Connection: keep-alive", "Host: g\r\nConnection: keep-alive\r\n\r\n", nil},
+		{"Connection naming preferences", "Host: g\r\nConnection: close, Accept-Language,user-agent\r\n\r\n", nil},
+		{"Connection naming Host and the length", "Host: g\r\nConnection: Host, Content-Length\r\nContent-Length: 0\r\n\r\n", nil},
+		{"Connection naming longer names", "Host: g\r\nConnection: Idempotency-Keys, Content-Type-X, x-idempotency-key\r\n\r\n", nil},
+		{"other fields naming Idempotency-Key", "Host: g\r\nX-Connection: Idempotency-Key\r\nCache-Control: idempotency-key\r\n\r\n", nil},
+		{"Connection naming Idempotency-Key", "Host: g\r\nConnection: Idempotency-Key\r\n\r\n", errConnectionNamesIdempotencyKey},
+		{"Connection naming Idempotency-Key, on a second line", "Host: g\r\nConnection: keep-alive\r\nconnection: TE,\tIDEMPOTENCY-KEY ,\r\n\r\n",
+			errConnectionNamesIdempotencyKey},
+		{"Connection naming Content-Type", "Host: g\r\nConnection: close,Content-Type\r\nContent-Type: application/json\r\n\r\n", errConnectionNamesContentType},
+		{"Connection naming Content-Type alone, no space", "Host: g\r\nConnection:content-type\r\n\r\n", errConnectionNamesContentType},
 		{"chunked and a length", "Host: g\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n", errAmbiguousFraming},
 		{"a Content-Type", "Host: g\r\ncontent-type: application/json\r\nContent-Types: x\r\n\r\n", nil},
 		{"Content-Type in other fields' values", "Host: g\r\nContent-Type: a/b\r\nCache-Control: Content-Type: c/d\r\nX-A: content-type: e/f\r\n\r\n", nil},
@@ -1268,6 +1284,41 @@ func BenchmarkMisreadHead(b *testing.B) {
 	for b.Loop() {
 		if err := misreadHead(&h); err != nil {
 			b.Fatalf("a plain GET refused: %v", err)
+		}
+	}
+}
+
+// scrubHeaders drops a forwarded field that a Connection field names as
+// an option (RFC 9110 7.6.1: for this hop alone), on any of its lines and
+// in any case, and keeps it otherwise; Host and the length are the
+// gateway's own on the way to the service, whatever the client named.
+func TestScrubHeadersDropsTheFieldsConnectionNames(t *testing.T) {
+	sent := "Host: g\r\nAccept: a/b\r\nAccept-Language: ru\r\nUser-Agent: ua\r\nIf-None-Match: \"e\"\r\nContent-Length: 2\r\n"
+	for _, tt := range []struct {
+		name, connection string
+		want             []string
+	}{
+		{"no Connection", "", []string{"accept", "accept-language", "content-length", "host", "if-none-match", "user-agent"}},
+		{"keep-alive", "Connection: keep-alive\r\n", []string{"accept", "accept-language", "content-length", "host", "if-none-match", "user-agent"}},
+		{"close and a field", "Connection: close, Accept-Language\r\n", []string{"accept", "content-length", "host", "if-none-match", "user-agent"}},
+		{"fields on two lines, any case", "Connection: USER-AGENT\r\nconnection: ,if-none-match ,\tAccept\r\n",
+			[]string{"accept-language", "content-length", "host"}},
+		{"Host and the length", "Connection: Host, Content-Length\r\n", []string{"accept", "accept-language", "content-length", "host", "if-none-match", "user-agent"}},
+		{"names that only start alike", "Connection: Accept-Languages, User\r\n", []string{"accept", "accept-language", "content-length", "host", "if-none-match", "user-agent"}},
+	} {
+		var h fasthttp.RequestHeader
+		raw := "POST /v1/x HTTP/1.1\r\n" + sent + tt.connection + "\r\n"
+		if err := h.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+			t.Fatalf("%s: fasthttp refused %q: %v", tt.name, raw, err)
+		}
+		scrubHeaders(&h)
+		var got []string
+		for k := range h.All() {
+			got = append(got, strings.ToLower(string(k)))
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: the scrub kept %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"iter"
 	"time"
 
 	"github.com/coinexport/export/pkg/httpserver"
@@ -23,6 +24,12 @@ var forwardedHeaders = map[string]bool{
 	"user-agent": true, "if-none-match": true, "if-modified-since": true,
 	"host": true, // replaced with the instance's address
 }
+
+// ownOnTheWay are the forwarded fields of which a service gets the
+// gateway's, not the client's: the request sent on is framed and
+// addressed by the gateway (fasthttp writes its length and the instance's
+// Host), so a client that names them in Connection changes nothing.
+var ownOnTheWay = map[string]bool{"host": true, "content-length": true}
 
 // prepareUpstreamRequest makes the client's request the one a service
 // gets: only the forwarded headers, X-Forwarded-For and the signed
@@ -169,9 +176,12 @@ const (
 )
 
 // scrubHeaders deletes every header of the header section outside
-// forwardedHeaders, and cookies, and reports whether a Content-Encoding
-// other than identity was sent (it visits every header anyway, so the
-// check costs no search of its own). All does not visit fasthttp's
+// forwardedHeaders, each one a Connection field names as an option
+// (RFC 9110 7.6.1: a field for the hop to the gateway alone; misreadHead
+// has refused those that change a request's meaning,
+// refuseEndToEndOptions), and cookies, and reports whether a
+// Content-Encoding other than identity was sent (it visits every header
+// anyway, so the check costs no search of its own). All does not visit fasthttp's
 // trailer section, which Peek reads after the header section: the scrub
 // is whole because misreadHead refused every request with trailer fields.
 // The names to drop are gathered first (fasthttp's headers cannot change
@@ -191,6 +201,9 @@ func scrubHeaders(h *fasthttp.RequestHeader) (encoded bool) {
 		if !forwardedHeaders[string(lower)] {
 			names = append(names, k...)
 			drop = append(drop, len(names))
+			if string(lower) == "connection" {
+				names, drop = appendForwardedOptions(names, drop, v)
+			}
 		}
 	}
 	from := 0
@@ -201,6 +214,36 @@ func scrubHeaders(h *fasthttp.RequestHeader) (encoded bool) {
 	// Cookies are kept apart from the other headers by fasthttp.
 	h.DelAllCookies()
 	return encoded
+}
+
+// appendForwardedOptions appends to names, and their ends to drop, the
+// options of a Connection field's value that name a forwarded field
+// (DelBytes finds a name in any case); the usual keep-alive or close is
+// looked up and left.
+func appendForwardedOptions(names []byte, drop []int, value []byte) ([]byte, []int) {
+	var lowerBuf [32]byte
+	for option := range connectionOptions(value) {
+		lower := appendLower(lowerBuf[:0], option)
+		if forwardedHeaders[string(lower)] && !ownOnTheWay[string(lower)] {
+			names = append(names, option...)
+			drop = append(drop, len(names))
+		}
+	}
+	return names, drop
+}
+
+// connectionOptions yields the options of a Connection field's value, a
+// comma-separated list of field names and tokens (RFC 9110 7.6.1), without
+// the spaces or tabs around them; empty elements are skipped (RFC 9110
+// 5.6.1 lets a recipient ignore them).
+func connectionOptions(value []byte) iter.Seq[[]byte] {
+	return func(yield func([]byte) bool) {
+		for option := range bytes.SplitSeq(value, []byte(",")) {
+			if option = trimBlanks(option); len(option) > 0 && !yield(option) {
+				return
+			}
+		}
+	}
 }
 
 // noCoding reports whether a Content-Encoding value names no coding:

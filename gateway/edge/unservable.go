@@ -168,8 +168,35 @@ func (f *framing) read(line []byte) error {
 		f.sized++
 	case bytes.EqualFold(name, []byte("content-type")):
 		f.typed++
+	case bytes.EqualFold(name, []byte("connection")):
+		return refuseEndToEndOptions(value)
 	case lookalike(name, "transfer-encoding"), lookalike(name, "content-length"):
 		return errFramingLookalike
+	}
+	return nil
+}
+
+// refuseEndToEndOptions returns the refusal of a Connection field's value
+// that names as an option (a field for this hop alone, which an
+// intermediary removes: RFC 9110 7.6.1) a field without which the request
+// means something else, or nil. Sent on without its Idempotency-Key, a
+// sale would be one that is not safe to retry (the sales-writer refuses
+// it, 400, naming a header the client sent), and a body without its
+// Content-Type one read as another; a proxy in front that honours the
+// option has sent them so. The other forwarded fields, preferences and
+// conditions, are dropped (scrubHeaders): the service answers in full, in
+// its defaults.
+func refuseEndToEndOptions(value []byte) error {
+	if len(value) < len(fiber.HeaderContentType) { // keep-alive, close: every request's, the search skipped
+		return nil
+	}
+	for option := range connectionOptions(value) {
+		switch {
+		case bytes.EqualFold(option, []byte(idempotencyKeyHeader)):
+			return errConnectionNamesIdempotencyKey
+		case bytes.EqualFold(option, []byte(fiber.HeaderContentType)):
+			return errConnectionNamesContentType
+		}
 	}
 	return nil
 }
