@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -167,7 +168,7 @@ func (g *Gateway) serverError(c *fiber.Ctx, err error) error {
 		g.refuseTooLarge(c, err)
 		return nil
 	}
-	g.unreadable(c, err, notedUnreadReason(c.Context()))
+	g.unreadable(c, err, notedUnreadReason(c.Context()), "")
 	return nil
 }
 
@@ -191,9 +192,11 @@ func (g *Gateway) refuseTooLarge(c *fiber.Ctx, err error) {
 // read, so its method and path are then its defaults (GET /), not the
 // client's: it is unrouted. A 400 names reason, the part that could not
 // be read (unreadReason); a 408, 413, 431 or 499 says it by its status.
-func (g *Gateway) unreadable(c *fiber.Ctx, err error, reason string) {
+// authFailure, if not "", goes on its access line (key_in_url: a key may
+// have travelled in its user info).
+func (g *Gateway) unreadable(c *fiber.Ctx, err error, reason, authFailure string) {
 	rq := g.beginAt(c, "unrouted", readStart(c.Context(), time.Time{}))
-	rq.method, rq.path = httpserver.MethodOther, ""
+	rq.method, rq.path, rq.authFailure = httpserver.MethodOther, "", authFailure
 	defer g.end(c, rq, g.unroutedMetrics)
 	g.writeError(c, rq, err)
 	if c.Response().StatusCode() == fiber.StatusBadRequest {
@@ -227,7 +230,7 @@ func (g *Gateway) answerUnreadableRequests(app *fiber.App) {
 		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		g.unreadable(c, errClientLeft, "")
+		g.unreadable(c, errClientLeft, "", "")
 	}
 }
 
@@ -259,21 +262,48 @@ func timedOut(err error) bool {
 // not hold, or readable user info before a host fasthttp cannot read,
 // fails fasthttp's parse before any route, and was answered "the request
 // could not be read" alone, where a readable URL with a key is refused
-// with that advice (keyInUserInfo). Nothing of the user info is kept,
-// logged or traced: urlUnreadable's parse drops it with its error.
+// with that advice (keyInUserInfo). So is a header value fasthttp refused
+// for a control byte or DEL in it (before any URL is read: a Host
+// "user:<key>\x7f@gw") whose user info looks like it holds a key
+// (keyLikeUserInfoRefused); one that does not is no more told apart from
+// any other header refused so. The access line says key_in_url when the
+// user info looks like it holds a key (keyLikeUserInfo). Nothing of the
+// user info is kept, logged or traced: urlUnreadable's parse drops it
+// with its error.
 func (g *Gateway) noteUnreadableUserInfo(app *fiber.App) {
 	server := app.Server()
 	otherErrors := server.ErrorHandler
 	server.ErrorHandler = func(rctx *fasthttp.RequestCtx, err error) {
 		h := &rctx.Request.Header
-		if !userInfoSent(h) || !urlUnreadable(h) {
+		keyLike := keyLikeUserInfoRefused(err)
+		authority, sent := userInfoSent(h)
+		if !keyLike && (!sent || !urlUnreadable(h)) {
 			otherErrors(rctx, err)
 			return
 		}
+		authFailure := ""
+		if keyLike || keyLikeUserInfo(authority) {
+			authFailure = authFailureKeyInURL
+		}
 		c := app.AcquireCtx(rctx)
 		defer app.ReleaseCtx(c)
-		g.unreadable(c, errUnreadableUserInfo, unreadUserInfo)
+		g.unreadable(c, errUnreadableUserInfo, unreadUserInfo, authFailure)
 	}
+}
+
+// keyLikeUserInfoRefused reports whether err is fasthttp's refusal of a
+// header value (a control byte or DEL in it) whose value, which its text
+// quotes after refusedValuePrefix, holds user info that looks like it
+// holds a key (keyLikeUserInfo). fasthttp's text names no field, so the
+// '@' before which keyLikeUserInfo looks is what says user info.
+func keyLikeUserInfoRefused(err error) bool {
+	for link := err; link != nil; link = errors.Unwrap(link) {
+		if quoted, found := strings.CutPrefix(link.Error(), refusedValuePrefix); found {
+			value, err := strconv.Unquote(quoted)
+			return err == nil && keyLikeUserInfo([]byte(value))
+		}
+	}
+	return false
 }
 
 // urlUnreadable reports whether fasthttp cannot read the URL of the
@@ -291,10 +321,11 @@ func urlUnreadable(h *fasthttp.RequestHeader) bool {
 }
 
 // userInfoSent reports an '@' in the authority of the request's URL as
-// fasthttp takes it (URI.parse, splitHostURI): the Host header, but for a
-// target not in origin-form that holds "://", or any without a Host
-// header, the target's, between "//" and its path, query or fragment.
-func userInfoSent(h *fasthttp.RequestHeader) bool {
+// fasthttp takes it (URI.parse, splitHostURI), and returns that authority:
+// the Host header, but for a target not in origin-form that holds "://",
+// or any without a Host header, the target's, between "//" and its path,
+// query or fragment.
+func userInfoSent(h *fasthttp.RequestHeader) (authority []byte, sent bool) {
 	target, authority := h.RequestURI(), h.Host()
 	originForm := len(target) > 1 && target[0] == '/' && target[1] != '/'
 	if len(authority) == 0 || (!originForm && bytes.Contains(target, []byte("://"))) {
@@ -305,7 +336,7 @@ func userInfoSent(h *fasthttp.RequestHeader) bool {
 			}
 		}
 	}
-	return bytes.IndexByte(authority, '@') >= 0
+	return authority, bytes.IndexByte(authority, '@') >= 0
 }
 
 // closeConnectionsWhileDraining answers Connection: close from the stop
@@ -415,7 +446,7 @@ func panicError(c *fiber.Ctx, rq *request, rt route) *apiError {
 // the owner's requests in flight, limit per key, proxy).
 func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 	if err := refuseUnservable(c, rt); err != nil {
-		if err == errHostUserInfo && keyInHostUserInfo(c.Request().Header.Host()) {
+		if err == errHostUserInfo && keyLikeUserInfo(c.Request().Header.Host()) {
 			// The key travelled in a URL's authority: the access line says
 			// so, as for a target's user info, for the SRE who looks for
 			// the owner that is to revoke it.
@@ -430,6 +461,9 @@ func (g *Gateway) serve(c *fiber.Ctx, rq *request, rt route) error {
 		if err := g.refuseKeyInURL(rq, rt); err != nil {
 			return err
 		}
+	}
+	if err := refuseTargetUserInfo(c, rq); err != nil {
+		return err
 	}
 	if rt.Scope == "" {
 		return g.serveKeyless(c, rq, rt)

@@ -237,18 +237,44 @@ func keyInUserInfo(c *fiber.Ctx) bool {
 	return apikey.ContainsKey(u.Username()) || apikey.ContainsKey(u.Password())
 }
 
-// keyInHostUserInfo reports an API key in the user info of host, a Host
-// header's value: what comes before its last '@', as sent or %-decoded, as
-// fasthttp reads the user info of a URL's authority. Such a Host is
-// refused (errHostUserInfo); this says whether a key went with it.
-func keyInHostUserInfo(host []byte) bool {
-	at := bytes.LastIndexByte(host, '@')
+// keyLikeUserInfo reports whether the user info of authority (a Host
+// header's value, a request target's authority, or a header value
+// fasthttp refused: what comes before its last '@', as sent or
+// %-decoded, as fasthttp reads a URL's user info) looks like it holds an
+// API key: whole, mistyped (its checksum fails, a '-' for its '_') or cut
+// short (apikey.ContainsKeyLike). Such user info is refused whatever it
+// holds; this says whether a key may have gone with it, which its owner is
+// to revoke, so that the access line says key_in_url. Only a refused
+// request pays for it.
+func keyLikeUserInfo(authority []byte) bool {
+	at := bytes.LastIndexByte(authority, '@')
 	if at < 0 {
 		return false
 	}
-	userinfo := host[:at]
-	return apikey.ContainsKey(userinfo) ||
-		(bytes.IndexByte(userinfo, '%') >= 0 && apikey.ContainsKey(fasthttp.AppendUnquotedArg(nil, userinfo)))
+	userinfo := authority[:at]
+	return apikey.ContainsKeyLike(userinfo) ||
+		(bytes.IndexByte(userinfo, '%') >= 0 && apikey.ContainsKeyLike(fasthttp.AppendUnquotedArg(nil, userinfo)))
+}
+
+// refuseTargetUserInfo refuses a request target whose authority holds
+// user info without a key (a key there was refused before, keyInUserInfo):
+// GET http://user:pw@gateway/v1/... RFC 9110 4.2.4 has a recipient treat
+// user info in an http(s) URI as an error, as it is used to mislead; the
+// Host header's is refused alike (errHostUserInfo), and no client sends
+// any (curl and Python requests send a URL's as Authorization, Go's
+// net/http writes a proxy's absolute-form target without it). The access
+// line says key_in_url when the user info looks like it held a key anyway
+// (keyLikeUserInfo: mistyped, cut short). userInfoSent looks at the
+// target's authority: the Host's was refused before (misreadHead).
+func refuseTargetUserInfo(c *fiber.Ctx, rq *request) error {
+	authority, sent := userInfoSent(&c.Request().Header)
+	if !sent {
+		return nil
+	}
+	if keyLikeUserInfo(authority) {
+		rq.authFailure = authFailureKeyInURL
+	}
+	return errTargetUserInfo
 }
 
 // keyParamNames are the parameter names refused as carrying a key.

@@ -354,7 +354,8 @@ func TestKeyInURLOfARouteWithoutKey(t *testing.T) {
 // or query: refused 401 with the message to revoke it, and not proxied.
 // fasthttp keeps user info apart from the path and query, so it was served.
 // User info in the Host header is refused 400 (no valid Host), advising
-// to revoke the key that may have travelled in it.
+// to revoke the key that may have travelled in it; user info without a
+// key: TestUserInfoIsRefusedWithTheAdviceToRevoke.
 func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 	dsn, _, k := seed(t)
 	var hits atomic.Int64
@@ -401,8 +402,78 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 	if n := hits.Load(); n != 0 {
 		t.Errorf("the reader was sent %d of them, want none", n)
 	}
-	if r := doRaw(t, gw.URL, "GET", "http://user:pw@gateway/v1/export/items/coin-1", map[string]string{"X-API-Key": k.read}); r.Status != 200 {
-		t.Errorf("user info without a key = %d %s, want it served as before", r.Status, r.Body)
+}
+
+// User info in the request target without a key is refused as the Host
+// header's is, 400 with the advice to revoke a key sent so (RFC 9110
+// 4.2.4: a recipient SHOULD treat user info in an http URI as an error;
+// it is used to mislead), where it was served. Whenever user info looks
+// like it holds a key (apikey.ContainsKeyLike: a key mistyped, its
+// checksum wrong or a '-' for its '_', or cut short), in the target or
+// the Host header, also beside a byte no Host may hold, the access line
+// says key_in_url, for the SRE who looks for the owner that is to revoke
+// it; a DEL before the Host's '@' made it an invalid Host, without the
+// advice. The secret is in no log line. A client given a URL with user
+// info (curl, requests) sends it as Authorization in an origin-form
+// request, which is served: the header is not forwarded.
+func TestUserInfoIsRefusedWithTheAdviceToRevoke(t *testing.T) {
+	dsn, _, k := seed(t)
+	var hits atomic.Int64
+	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", &hits).URL})
+	mistyped := k.read[:len(k.read)-1] + string(k.read[len(k.read)-1]^1) // the checksum's last character
+	dashed := "cxr-" + k.read[4:]
+	const item = "/v1/export/items/coin-1"
+	tests := []struct {
+		target, host string
+		keyLike      bool
+	}{
+		{"http://user:pw@gateway" + item, "gateway", false},
+		{"http://user@gateway" + item, "gateway", false},
+		{"http://@gateway" + item, "gateway", false},
+		{"http://user:pw@gateway/v1/health", "gateway", false},
+		{"http://user:" + mistyped + "@gateway" + item, "gateway", true},
+		{"http://" + dashed + "@gateway" + item, "gateway", true},
+		{"http://user:" + strings.Replace(mistyped, "_", "%5F", 1) + "@gateway" + item, "gateway", true},
+		{item, "user:" + mistyped + "@gateway", true},
+		{item, "user:" + k.read + "\x7f@gateway", true},
+		{item, "user:" + mistyped + "\x01@gateway", true},
+		{item, "user:" + k.read + "<@gateway", true},
+		{item, "user:pw<@gateway", false},
+	}
+	ids := make([]string, len(tests))
+	for i, tt := range tests {
+		r := doRawAt(t, gw.URL, "GET", tt.target, tt.host, map[string]string{"X-API-Key": k.readB})
+		checkEnvelope(t, r)
+		if r.Status != 400 || r.Env.Error.Code != "bad_request" || !strings.Contains(r.Env.Error.Message, "user info") ||
+			!strings.Contains(r.Env.Error.Message, "revoke") {
+			t.Errorf("GET %.40q, Host %.30q = %d %s, want 400 bad_request refusing user info and advising to revoke the key",
+				tt.target, tt.host, r.Status, r.Body)
+		}
+		ids[i] = r.Env.Meta.RequestID
+	}
+	waitFor(t, 5*time.Second, func() bool { return accessLine(gw.Logs.String(), ids[len(ids)-1]) != "" })
+	for i, tt := range tests {
+		line := accessLine(gw.Logs.String(), ids[i])
+		if got := strings.Contains(line, `"auth_failure":"key_in_url"`); got != tt.keyLike {
+			t.Errorf("GET %.40q, Host %.30q: access line says key_in_url: %v, want %v\n%s", tt.target, tt.host, got, tt.keyLike, line)
+		}
+	}
+	if logs := gw.Logs.String(); strings.Contains(logs, k.read[4:20]) {
+		t.Errorf("a key sent in user info is in the gateway's logs:\n%s", logs)
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the reader was sent %d of them, want none", n)
+	}
+	// A control byte fasthttp refuses in a header value, next to user info
+	// that holds no key, is as unreadable as in any other header: no
+	// advice, nothing said of a key.
+	r := doRawAt(t, gw.URL, "GET", item, "user:pw\x7f@gateway", map[string]string{"X-API-Key": k.readB})
+	if r.Status != 400 || r.Env.Error.Message != "the request could not be read" {
+		t.Errorf("a DEL in a Host's user info without a key = %d %s, want 400 \"the request could not be read\"", r.Status, r.Body)
+	}
+	r = doRawAt(t, gw.URL, "GET", item, "gateway", map[string]string{"X-API-Key": k.read, "Authorization": "Basic dXNlcjpwdw=="})
+	if r.Status != 200 || len(decodeSeen(t, r).Headers["Authorization"]) != 0 {
+		t.Errorf("GET with Authorization, as curl sends a URL's user info = %d %s, want 200, the header not forwarded", r.Status, r.Body)
 	}
 }
 

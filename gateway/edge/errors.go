@@ -34,6 +34,10 @@ type apiError struct {
 
 func (e *apiError) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Code) }
 
+// revokeAdvice ends the refusals of user info, which may have carried a
+// key whatever else it held.
+const revokeAdvice = "API keys are accepted in the X-API-Key header only, and a key sent elsewhere is exposed: revoke it and use a new one"
+
 var (
 	errUnauthenticated = &apiError{Status: http.StatusUnauthorized, Code: "unauthenticated",
 		Message: "missing, invalid or revoked API key"}
@@ -102,7 +106,11 @@ var (
 		Message: "the Host header is not a valid host[:port]"}
 	// A Host with user info: as exposed as a key in a URL's (errKeyInURL).
 	errHostUserInfo = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
-		Message: "the Host header holds user info (user@host), which is refused; API keys are accepted in the X-API-Key header only, and a key sent elsewhere is exposed: revoke it and use a new one"}
+		Message: "the Host header holds user info (user@host), which is refused; " + revokeAdvice}
+	// A request target with user info but no key (refuseTargetUserInfo):
+	// RFC 9110 4.2.4, and as exposed as the Host's.
+	errTargetUserInfo = &apiError{Status: http.StatusBadRequest, Code: "bad_request",
+		Message: "the request's URL holds user info (http://user@host/...), which is refused; " + revokeAdvice}
 	// RFC 9110 7.6.1: a field named in Connection is for one hop, and an
 	// intermediary removes it. A sale without its Idempotency-Key is no
 	// longer safe to retry, and a body without its Content-Type is read

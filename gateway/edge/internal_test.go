@@ -708,7 +708,7 @@ func TestUserInfoSentIsWhereFasthttpReadsIt(t *testing.T) {
 		req.Header.SetRequestURI(tt.target)
 		req.Header.SetHost(tt.host)
 		want := len(req.URI().Username()) > 0
-		if got := userInfoSent(&req.Header); got != want {
+		if _, got := userInfoSent(&req.Header); got != want {
 			t.Errorf("target %q, Host %q: userInfoSent = %v, fasthttp reads user %q", tt.target, tt.host, got, req.URI().Username())
 		}
 	}
@@ -1220,6 +1220,13 @@ func TestMisreadHead(t *testing.T) {
 		{"Host, every character a name may hold", "Host: a-b.c_d~e%41!$&'()*+,;=.example.:1\r\n\r\n", nil},
 		{"Host with user info", "Host: user:pw@gw\r\n\r\n", errHostUserInfo},
 		{"Host with user info, lower case", "host: u@gw\r\n\r\n", errHostUserInfo},
+		// User info is named whatever else is wrong with the Host: a '<' or
+		// a '"' before its '@' made it an invalid Host, without the advice
+		// to revoke. (fasthttp refuses a DEL or a control byte in any header
+		// value itself: noteUnreadableUserInfo.)
+		{"Host with user info and a '\"'", "Host: user:pw\"@gw\r\n\r\n", errHostUserInfo},
+		{"Host with user info and a '<'", "Host: u<@gw\r\n\r\n", errHostUserInfo},
+		{"Host with user info, a '^' after it", "Host: u@g^w\r\n\r\n", errHostUserInfo},
 		{"Host with '<'", "Host: g<w\r\n\r\n", errInvalidHost},
 		{"Host with '\"'", "Host: \"gw\"\r\n\r\n", errInvalidHost},
 		{"Host with '{'", "Host: g{w}\r\n\r\n", errInvalidHost},

@@ -39,7 +39,7 @@ var unreadPrefixes = []struct{ prefix, reason string }{
 	{"missing required host header", unreadHost},
 	{"too many host headers", unreadHost},
 	{"invalid header key", unreadHeader},
-	{"invalid header value", unreadHeader},
+	{refusedValuePrefix, unreadHeader},
 	{"invalid headers, headers cannot start with space or tab", unreadHeader},
 	{"malformed mime header", unreadHeader},
 	{"cannot parse content-length", unreadContentLength},
@@ -53,6 +53,11 @@ var unreadPrefixes = []struct{ prefix, reason string }{
 	// headers (tryReadTrailer): a server reads no response.
 	{"error when reading response headers", unreadTrailer},
 }
+
+// refusedValuePrefix starts fasthttp's (v1.78) text for a header value it
+// refused (a control byte or DEL in it), which then quotes the value
+// ("invalid header value %q").
+const refusedValuePrefix = "invalid header value "
 
 // unreadReason is the word for the part of the request h heads that
 // fasthttp failed to read with err: by fasthttp's exported errors first,

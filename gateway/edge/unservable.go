@@ -242,7 +242,8 @@ func (f framing) ambiguous(h *fasthttp.RequestHeader) bool {
 // checkHost refuses a Host value (as sent, between spaces or tabs) that is
 // no uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2): a byte that no
 // reg-name, IP literal or port holds; user info (an '@') is named, as it
-// may have carried a key. fasthttp refuses a space, a '/', a port that is
+// may have carried a key, also beside another such byte before it
+// ("user:<key><@gw" was an invalid Host, without the advice to revoke). fasthttp refuses a space, a '/', a port that is
 // not digits or a '[' without ']' itself (its URL parse), but serves
 // "u@gw", "g<w" or UTF-8. The gateway routes by no Host and sends the
 // services its own, so the check is RFC 9112's 400 and what an ingress
@@ -253,7 +254,7 @@ func checkHost(value []byte) error {
 		if hostBytes[ch] {
 			continue
 		}
-		if ch == '@' {
+		if bytes.IndexByte(host, '@') >= 0 {
 			return errHostUserInfo
 		}
 		return errInvalidHost
