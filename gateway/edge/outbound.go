@@ -181,9 +181,10 @@ const (
 // has refused those that change a request's meaning,
 // refuseEndToEndOptions), and cookies, and reports whether a
 // Content-Encoding other than identity was sent (it visits every header
-// anyway, so the check costs no search of its own). All does not visit fasthttp's
-// trailer section, which Peek reads after the header section: the scrub
-// is whole because misreadHead refused every request with trailer fields.
+// anyway, so the check costs no search of its own). All does not visit
+// fasthttp's trailer section, which Peek reads after the header section:
+// the scrub is whole because misreadHead refused every request with
+// trailer fields.
 // The names to drop are gathered first (fasthttp's headers cannot change
 // while visited) into one buffer, without an allocation per header.
 func scrubHeaders(h *fasthttp.RequestHeader) (encoded bool) {

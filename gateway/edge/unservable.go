@@ -40,8 +40,8 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 // with a 400 (too many header lines: a 431) and the connection closed
 // (RFC 9112 6.1 requires the close after a framing refusal; the others get
 // it too, as the bytes after such a head cannot be trusted to start a
-// request), but for several Content-Type lines and a Host that is no
-// host[:port], whose framing is clear:
+// request), but for several Content-Type lines, a Host that is no
+// host[:port] and a Connection naming a field, whose framing is clear:
 //
 //   - a bare LF ending a header line, or the empty line that ends the
 //     head: fasthttp takes it as a line's end (RFC 9112 2.2 lets it), a
@@ -70,7 +70,10 @@ func http1(proto []byte) bool { return len(proto) == len("HTTP/1.1") && proto[5]
 //   - more than maxHeaderFields header lines (errTooManyHeaderFields);
 //   - a Host that is no host[:port] (errInvalidHost, errHostUserInfo):
 //     RFC 9112 3.2 requires a 400 for it; the framing is clear, so the
-//     connection stays open.
+//     connection stays open;
+//   - a Connection field that names Idempotency-Key or Content-Type as an
+//     option (refuseEndToEndOptions): a proxy in front that honours it
+//     removes the field (RFC 9110 7.6.1), one that does not sends it on.
 //
 // The raw headers are read, not fasthttp's parsed ones: after an empty
 // chunked body fasthttp sets the length to 0 and keeps no trace of the
