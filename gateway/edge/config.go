@@ -37,6 +37,7 @@ type Config struct {
 	IdleTimeout      time.Duration  // GATEWAY_IDLE_TIMEOUT (60s)
 	ShutdownTimeout  time.Duration  // GATEWAY_SHUTDOWN_TIMEOUT (25s): no shorter than any service's drain
 	ShutdownDelay    time.Duration  // GATEWAY_SHUTDOWN_DELAY (0s): serving on after the stop signal
+	MaxConnections   int            // GATEWAY_MAX_CONNECTIONS (4096) client connections open at once; 0 = no cap
 
 	// ShopSchemaIdentitySecret signs shop-schema's calls in IdentitySecret's
 	// place: shop-schema reads merchants' servers, and holding
@@ -115,6 +116,7 @@ func readSettings(r *envconfig.Reader, getenv func(string) string) Config {
 		IdleTimeout:      timeout("GATEWAY_IDLE_TIMEOUT", 60*time.Second),
 		ShutdownTimeout:  timeout("GATEWAY_SHUTDOWN_TIMEOUT", 25*time.Second),
 		ShutdownDelay:    r.Duration("GATEWAY_SHUTDOWN_DELAY", 0, 0, time.Minute),
+		MaxConnections:   r.Int("GATEWAY_MAX_CONNECTIONS", defaultMaxConnections, 0, 1_000_000),
 
 		ExportReaderURLs: r.List("EXPORT_READER_URLS", "http://127.0.0.1:8081"),
 		SalesWriterURLs:  r.List("SALES_WRITER_URLS", "http://127.0.0.1:8082"),
@@ -338,7 +340,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("trusted_proxies", c.TrustedProxies), slog.Int("max_header_bytes", c.MaxHeaderBytes),
 		slog.String("read_timeout", c.ReadTimeout.String()), slog.String("write_timeout", c.WriteTimeout.String()),
 		slog.String("idle_timeout", c.IdleTimeout.String()), slog.String("shutdown_timeout", c.ShutdownTimeout.String()),
-		slog.String("shutdown_delay", c.ShutdownDelay.String()),
+		slog.String("shutdown_delay", c.ShutdownDelay.String()), slog.Int("max_connections", c.MaxConnections),
 		slog.Any("export_reader_urls", c.ExportReaderURLs), slog.Any("sales_writer_urls", c.SalesWriterURLs),
 		slog.Any("shop_schema_urls", c.ShopSchemaURLs),
 		slog.String("upstream_connect_timeout", c.UpstreamConnectTimeout.String()),
@@ -361,6 +363,15 @@ func (c Config) LogValue() slog.Value {
 		slog.Any("gc", c.GC),
 	)
 }
+
+// defaultMaxConnections is GATEWAY_MAX_CONNECTIONS's default, sized for
+// deploy/k8s's pod (a 256 MiB memory limit): a connection costs about 21 KB
+// held open, idle or not (gateway README, "Connections"), so 4,096 of them
+// take ~86 MB over a fresh gateway's 28 MB, beside the 32 MiB of held
+// answers (heldAnswersLimit) and up to 1,024 connections lingering at their
+// close (lingerclose.Defaults, ~24 MiB): ~170 MB, the rest left to requests
+// in flight and the collector.
+const defaultMaxConnections = 4096
 
 // minHeaderBytes is the smallest GATEWAY_MAX_HEADER_BYTES. A sync must not
 // be refused 431 halfway through a catalog of long ids: a list page's URL

@@ -137,6 +137,12 @@ var (
 		Message: saleclaim.InternalMayHaveBeenApplied}
 	errDraining = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 		Message: "this gateway instance is shutting down; other instances answer", RetryAfter: envelope.UnavailableRetryAfter}
+	// errTooManyConnections answers a connection accepted while
+	// GATEWAY_MAX_CONNECTIONS are open (refuseConnection), before any
+	// request on it is read: it is closed after the answer.
+	errTooManyConnections = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Message:    "this gateway instance has as many connections open as it serves; retry later, or on a connection already open",
+		RetryAfter: envelope.UnavailableRetryAfter, Close: true}
 	// errAnswersHeldFull is an answer without a length the gateway would
 	// read whole (relayWithoutLength) while other answers hold the bytes
 	// it may hold (heldAnswersLimit): not the service's failure.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coinexport/export/gateway/conncap"
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/lazydeadline"
 	"github.com/coinexport/export/gateway/lingerclose"
@@ -93,6 +95,13 @@ type Gateway struct {
 	// every request repeat, when the gateway is busiest.
 	repeatLog logging.Throttle
 	health    healthState
+	// connections counts the client connections open, and refuses those
+	// past GATEWAY_MAX_CONNECTIONS (refuseConnection); refusalsWaiting are
+	// those refused waiting for their request, and refusedLog lets through
+	// one line of them every refusedLogInterval.
+	connections     *conncap.Listener
+	refusalsWaiting atomic.Int64
+	refusedLog      logging.Throttle
 
 	unroutedMetrics *routeMetrics
 	// routeMetrics are the series of every name a request is given
@@ -219,6 +228,7 @@ func (g *Gateway) openStores(ctx context.Context) (closeStores func(), err error
 func newGateway(cfg Config, log *slog.Logger) *Gateway {
 	g := &Gateway{cfg: cfg, log: log, metrics: newMetrics(), repeatLog: logging.Throttle{Interval: repeatLogInterval},
 		notAnAddressLog: logging.Throttle{Interval: notAnAddressLogInterval},
+		refusedLog:      logging.Throttle{Interval: refusedLogInterval},
 		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
 		heldAnswers:     &byteBudget{limit: heldAnswersLimit},
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
@@ -236,7 +246,9 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 // lazydeadline applies only those that change by a tick. fasthttp also
 // closes a connection at once, even while the client is still sending a
 // request it refused: lingerclose closes in stages, so that the client
-// reads the refusal instead of a reset. answerListener knows the answer
+// reads the refusal instead of a reset. conncap counts the connections
+// open and answers those past GATEWAY_MAX_CONNECTIONS itself (a lingering
+// one no longer counts: lingerclose bounds those). answerListener knows the answer
 // each connection writes, to log and count one cut short. acceptretry waits out a shortage
 // of descriptors: fasthttp would take EMFILE for the listener's end, and
 // the gateway would exit.
@@ -246,14 +258,26 @@ func (g *Gateway) listen(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", g.cfg.Addr, err)
 	}
-	g.listener = &answerListener{Listener: lazydeadline.NewListener(
+	g.connections = conncap.NewListener(
 		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), lingerclose.Defaults),
+		connectionsCap(g.cfg.MaxConnections), g.refuseConnection)
+	g.metrics.watchConnections(g.connections, g.cfg.MaxConnections)
+	g.listener = &answerListener{Listener: lazydeadline.NewListener(g.connections,
 		lazydeadline.TickFor(g.cfg.ReadTimeout, g.cfg.WriteTimeout, g.cfg.IdleTimeout)), cut: g.cutAnswer}
 	if g.adminLn, err = lc.Listen(ctx, "tcp", g.cfg.AdminAddr); err != nil {
 		g.listener.Close()
 		return fmt.Errorf("listen %s: %w", g.cfg.AdminAddr, err)
 	}
 	return nil
+}
+
+// connectionsCap is the bound of GATEWAY_MAX_CONNECTIONS: 0 is none, and
+// the connections are still counted.
+func connectionsCap(maxConnections int) int {
+	if maxConnections == 0 {
+		return math.MaxInt
+	}
+	return maxConnections
 }
 
 // keyStorePoolSize is the gateway's PostgreSQL pool: only key-cache misses

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coinexport/export/gateway/conncap"
 	"github.com/coinexport/export/gateway/keystore"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
@@ -31,6 +32,9 @@ type metrics struct {
 	upstreamRetries *prometheus.CounterVec
 	answersCut      *prometheus.CounterVec
 	panics          prometheus.Counter
+	// connectionsRefused counts the connections refused past
+	// GATEWAY_MAX_CONNECTIONS (refuseConnection).
+	connectionsRefused prometheus.Counter
 
 	// seriesMu makes one followInstances at a time.
 	seriesMu sync.Mutex
@@ -89,9 +93,13 @@ func newMetrics() *metrics {
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gateway_panics_total", Help: "Panics recovered while serving a request.",
 		}),
+		connectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gateway_connections_refused_total",
+			Help: "Client connections refused because GATEWAY_MAX_CONNECTIONS were open: each answered 503 unavailable and closed, counted in no other series.",
+		}),
 	}
 	m.registry.MustRegister(m.requests, m.duration, m.errors, m.rateDecisions, m.rateDegraded, m.rateRedisErrors,
-		m.keyCache, m.upstreamErrors, m.upstreamRetries, m.answersCut, m.panics,
+		m.keyCache, m.upstreamErrors, m.upstreamRetries, m.answersCut, m.panics, m.connectionsRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -181,6 +189,18 @@ func (m *metrics) watchHeldAnswers(answers *byteBudget) {
 			Help:        "Answers that found the gateway holding its limit of answers held whole, by what became of them: streamed (relayed as they come, with their length) or refused (503 unavailable: without a length).",
 			ConstLabels: prometheus.Labels{"way": way},
 		}, func() float64 { return float64(count.Load()) }))
+	}
+}
+
+// watchConnections exports the client connections open, read at each
+// scrape, and their bound, GATEWAY_MAX_CONNECTIONS, unless it is 0 (none).
+func (m *metrics) watchConnections(connections *conncap.Listener, maxConnections int) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gateway_connections_open",
+		Help: "Client connections open on the public listener, idle ones included (not those lingering at their close); at most gateway_connections_max, GATEWAY_MAX_CONNECTIONS.",
+	}, func() float64 { return float64(connections.Open()) }))
+	if maxConnections > 0 {
+		m.registry.MustRegister(bound("gateway_connections_max", "gateway_connections_open", maxConnections))
 	}
 }
 

@@ -26,6 +26,10 @@ func TestHeldStructuresShowOnMetrics(t *testing.T) {
 	// code changed it.
 	wantSeries(t, scrape(t, gw.AdminURL), "gateway_",
 		"gateway_answers_held_max_bytes 3.3554432e+07", "gateway_ratelimit_max_leases 100000")
+	// The client connections open (none between this test's requests, whose
+	// client closes each), their bound and the refusals past it.
+	wantSeries(t, scrape(t, gw.AdminURL), "gateway_connections",
+		"gateway_connections_open ", "gateway_connections_max 4096", "gateway_connections_refused_total 0")
 
 	items := gw.URL + "/v1/export/items"
 	for _, key := range []string{k.read, k.write, k.revoked, k.unknown} {

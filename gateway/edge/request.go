@@ -434,6 +434,11 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	}
 	resp := c.Response()
 	resp.Reset()
+	setErrorAnswer(resp, ae, rq.id)
+}
+
+// setErrorAnswer makes resp, empty, the envelope of ae.
+func setErrorAnswer(resp *fasthttp.Response, ae *apiError, requestID string) {
 	resp.SetStatusCode(ae.Status)
 	resp.Header.SetContentType(envelope.ContentType)
 	resp.Header.Set(fiber.HeaderCacheControl, envelope.ErrorCacheControl)
@@ -455,7 +460,7 @@ func (g *Gateway) writeError(c *fiber.Ctx, rq *request, err error) {
 	if ae.Close {
 		resp.SetConnectionClose()
 	}
-	resp.SetBody(envelope.ErrorBytes(ae.Code, ae.Message, rq.id))
+	resp.SetBody(envelope.ErrorBytes(ae.Code, ae.Message, requestID))
 }
 
 // wwwAuthenticate is the challenge of every 401: an API key in the

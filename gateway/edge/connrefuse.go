@@ -1,0 +1,86 @@
+package edge
+
+import (
+	"net"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/valyala/fasthttp"
+)
+
+// A connection accepted while GATEWAY_MAX_CONNECTIONS are open
+// (conncap.Listener) never reaches fasthttp: it is answered here with the
+// envelope, 503 unavailable with Retry-After and Connection: close, and
+// closed in stages (lingerclose), so that a client still sending its
+// request reads the answer instead of a reset. fasthttp's own bound,
+// Server.Concurrency, would answer a plain-text 503.
+
+const (
+	// refusalWait is how long a refused connection is given to send the
+	// start of its request before it is answered. An answer that comes
+	// before the request can reach the client as one it never asked for:
+	// Go's Transport, reading a new connection before it has written on
+	// it, drops it then ("server closed idle connection") and its caller
+	// gets an error instead of the 503. A client that sends nothing is
+	// answered once the wait is over, as a 408 would be.
+	refusalWait = time.Second
+	// maxRefusalsWaiting bounds the refused connections waiting at once,
+	// a goroutine and a small buffer each (a few MiB in all); past it a
+	// connection is answered at once.
+	maxRefusalsWaiting = 256
+	// refusalWriteTimeout bounds the answer's write: on a new connection
+	// the kernel's send buffer takes it whole at once.
+	refusalWriteTimeout = time.Second
+	// refusedLogInterval is how often a flood of refusals is logged: one
+	// WARN at most, saying how many there were since the last.
+	refusedLogInterval = 10 * time.Second
+)
+
+// refuseConnection answers c, a connection over GATEWAY_MAX_CONNECTIONS,
+// and closes it, without blocking the accepting goroutine.
+func (g *Gateway) refuseConnection(c net.Conn) {
+	g.metrics.connectionsRefused.Inc()
+	if g.refusalsWaiting.Add(1) > maxRefusalsWaiting {
+		g.refusalsWaiting.Add(-1)
+		g.answerRefused(c)
+		return
+	}
+	go func() {
+		defer g.refusalsWaiting.Add(-1)
+		awaitRequest(c)
+		g.answerRefused(c)
+	}()
+}
+
+// awaitRequest waits, at most refusalWait, for c's client to send
+// something, and throws away what it read: the connection is answered
+// without reading its request, and the rest is drained at the close.
+func awaitRequest(c net.Conn) {
+	if c.SetReadDeadline(time.Now().Add(refusalWait)) != nil {
+		return
+	}
+	var discard [512]byte
+	_, _ = c.Read(discard[:])
+}
+
+// answerRefused writes the refusal's envelope on c, logs it (throttled)
+// and closes c.
+func (g *Gateway) answerRefused(c net.Conn) {
+	requestID := httpserver.RandomRequestID()
+	if ok, skipped := g.refusedLog.Allow("refused"); ok {
+		g.log.Warn("connection refused: GATEWAY_MAX_CONNECTIONS connections are open",
+			"max_connections", g.cfg.MaxConnections, "refused_since_last_line", skipped+1, "request_id", requestID)
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
+	_, _ = c.Write(refusalAnswer(requestID)) // a client already gone: nothing to do
+	_ = c.Close()
+}
+
+// refusalAnswer is the whole answer to a refused connection.
+func refusalAnswer(requestID string) []byte {
+	var resp fasthttp.Response
+	setErrorAnswer(&resp, errTooManyConnections, requestID)
+	resp.Header.Set(envelope.RequestIDHeader, requestID)
+	return []byte(resp.String())
+}

@@ -1,0 +1,255 @@
+package edge
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/envelope"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// openServed opens a connection to g and has one request answered on it,
+// kept alive: once it returns, the connection holds its place.
+func openServed(t *testing.T, g *Gateway) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	br := bufio.NewReader(c)
+	if resp := ask(t, c, br, "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("a connection under the cap was answered %d, want 404", resp.StatusCode)
+	}
+	return c, br
+}
+
+// ask writes request on c and reads its answer whole.
+func ask(t *testing.T, c net.Conn, br *bufio.Reader, request string) *http.Response {
+	t.Helper()
+	if _, err := io.WriteString(c, request); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("%q: %v", request, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body = io.NopCloser(strings.NewReader(string(body)))
+	return resp
+}
+
+// waitOpen waits until g counts n connections open.
+func waitOpen(t *testing.T, g *Gateway, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for g.connections.Open() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("connections open = %d, want %d", g.connections.Open(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var requestIDForm = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// checkRefusal checks that resp, body and then c are the refusal of a
+// connection past the cap: the envelope, 503 unavailable, Retry-After,
+// Connection: close, and the connection closed (an end of stream, not a
+// reset).
+func checkRefusal(t *testing.T, resp *http.Response, c net.Conn) {
+	t.Helper()
+	body, _ := io.ReadAll(resp.Body)
+	var env struct {
+		Error struct{ Code, Message string } `json:"error"`
+		Meta  struct {
+			RequestID string `json:"request_id"`
+		} `json:"meta"`
+	}
+	if err := json.Unmarshal(body, &env); err != nil {
+		t.Fatalf("refusal body %q is no envelope: %v", body, err)
+	}
+	// net/http reads Connection: close into Close, and drops the header.
+	if !resp.Close {
+		t.Error("the refusal does not say Connection: close")
+	}
+	want := map[string]string{"Retry-After": "1", "X-Error-Code": "unavailable",
+		"Content-Type": envelope.ContentType, "Cache-Control": envelope.ErrorCacheControl}
+	for h, v := range want {
+		if got := resp.Header.Get(h); got != v {
+			t.Errorf("refusal's %s = %q, want %q", h, got, v)
+		}
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || env.Error.Code != "unavailable" || env.Error.Message != errTooManyConnections.Message {
+		t.Errorf("refusal = %d %s, want 503 unavailable", resp.StatusCode, body)
+	}
+	if !requestIDForm.MatchString(env.Meta.RequestID) || resp.Header.Get("X-Request-Id") != env.Meta.RequestID {
+		t.Errorf("refusal's request id: meta %q, header %q, want the same 32 hex digits", env.Meta.RequestID, resp.Header.Get("X-Request-Id"))
+	}
+	if c == nil {
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+		t.Errorf("after the refusal the connection read %d bytes, %v; want the end of stream", n, err)
+	}
+}
+
+func TestAConnectionPastTheCapIsAnsweredTheEnvelopeAndClosed(t *testing.T) {
+	g, _, logs := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "2", "LOG_LEVEL": "warn"}, fakeKeys{})
+	first, firstReader := openServed(t, g)
+	second, secondReader := openServed(t, g)
+
+	c, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	checkRefusal(t, ask(t, c, bufio.NewReader(c), "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"), c)
+
+	// Go's client reads the 503 as any answer (TestARefusalWaitsForTheRequest).
+	client := &http.Client{Transport: &http.Transport{}}
+	for range 3 {
+		resp, err := client.Get("http://" + g.Addr() + "/v1/nope")
+		if err != nil {
+			t.Fatalf("Go's client past the cap: %v, want the 503", err)
+		}
+		checkRefusal(t, resp, nil)
+		resp.Body.Close()
+	}
+	var refused dto.Metric
+	if err := g.metrics.connectionsRefused.Write(&refused); err != nil {
+		t.Fatal(err)
+	}
+	if got := refused.GetCounter().GetValue(); got != 4 {
+		t.Errorf("gateway_connections_refused_total = %v, want 4", got)
+	}
+	if got := g.connections.Open(); got != 2 {
+		t.Errorf("connections open = %d, want the 2 served", got)
+	}
+	// A flood is a line every refusedLogInterval, not a line each.
+	if n := strings.Count(logs.String(), "connection refused: GATEWAY_MAX_CONNECTIONS"); n != 1 {
+		t.Errorf("%d WARN lines for 4 refusals within %s, want 1: %s", n, refusedLogInterval, logs.String())
+	}
+	// The connections open were not disturbed.
+	for _, open := range []struct {
+		c  net.Conn
+		br *bufio.Reader
+	}{{first, firstReader}, {second, secondReader}} {
+		if resp := ask(t, open.c, open.br, "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("a connection open before the refusals was answered %d, want 404", resp.StatusCode)
+		}
+	}
+}
+
+// A refused connection is answered once its client has sent something,
+// or once refusalWait has passed: an answer before the request can reach a
+// client as one it never asked for (Go's Transport reads a new connection
+// before it has written on it, and drops it then, failing the request).
+func TestARefusalWaitsForTheRequest(t *testing.T) {
+	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1"}, fakeKeys{})
+	openServed(t, g)
+	for _, sends := range []bool{true, false} {
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(refusalWait / 4))
+		if n, err := c.Read(make([]byte, 1)); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a refused connection read %d bytes, %v before it sent anything; want nothing yet", n, err)
+		}
+		br := bufio.NewReader(c)
+		if !sends { // answered once refusalWait is over
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("a refused connection that sent nothing: %v, want the 503", err)
+			}
+			checkRefusal(t, resp, c)
+			continue
+		}
+		checkRefusal(t, ask(t, c, br, "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"), c)
+	}
+}
+
+// However the gateway or its client ends a connection, its place is free
+// again for the next one.
+func TestAClosedConnectionFreesItsPlace(t *testing.T) {
+	endings := []struct {
+		name string
+		env  map[string]string
+		end  func(t *testing.T, g *Gateway, c net.Conn, br *bufio.Reader)
+	}{
+		{"the client closes it", nil, func(t *testing.T, _ *Gateway, c net.Conn, _ *bufio.Reader) { c.Close() }},
+		{"GATEWAY_IDLE_TIMEOUT", map[string]string{"GATEWAY_IDLE_TIMEOUT": "200ms"}, func(t *testing.T, _ *Gateway, c net.Conn, _ *bufio.Reader) {
+			readEnd(t, c)
+		}},
+		{"a 408", map[string]string{"GATEWAY_READ_TIMEOUT": "200ms"}, func(t *testing.T, _ *Gateway, c net.Conn, br *bufio.Reader) {
+			if resp := ask(t, c, br, "GET /v1/nope HTTP/1.1\r\n"); resp.StatusCode != http.StatusRequestTimeout {
+				t.Fatalf("a request left unfinished = %d, want 408", resp.StatusCode)
+			}
+			readEnd(t, c)
+		}},
+		{"an answer with Connection: close", nil, func(t *testing.T, _ *Gateway, c net.Conn, br *bufio.Reader) {
+			ask(t, c, br, "GET /v1/nope HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+			readEnd(t, c)
+		}},
+		{"the drain's answer", nil, func(t *testing.T, g *Gateway, c net.Conn, br *bufio.Reader) {
+			g.Drain()
+			ask(t, c, br, "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n")
+			readEnd(t, c)
+		}},
+	}
+	for _, e := range endings {
+		t.Run(e.name, func(t *testing.T) {
+			env := map[string]string{"GATEWAY_MAX_CONNECTIONS": "1"}
+			for k, v := range e.env {
+				env[k] = v
+			}
+			g, _, _ := startInternal(t, env, fakeKeys{})
+			c, br := openServed(t, g)
+			e.end(t, g, c, br)
+			waitOpen(t, g, 0)
+			next, _ := openServed(t, g) // fails if refused
+			next.Close()
+			waitOpen(t, g, 0)
+		})
+	}
+}
+
+// The drain at shutdown closes the idle connections, and with them their
+// places.
+func TestTheShutdownFreesTheIdleConnectionsPlaces(t *testing.T) {
+	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "3"}, fakeKeys{})
+	for range 3 {
+		openServed(t, g)
+	}
+	waitOpen(t, g, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitOpen(t, g, 0)
+}
+
+// readEnd reads c until the gateway closes it.
+func readEnd(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("waiting for the gateway to close the connection: %v", err)
+	}
+}
