@@ -20,10 +20,14 @@ const (
 	// refusalWait is how long a refused connection is given to send the
 	// start of its request before it is answered. An answer that comes
 	// before the request can reach the client as one it never asked for:
-	// Go's Transport, reading a new connection before it has written on
-	// it, drops it then ("server closed idle connection") and its caller
-	// gets an error instead of the 503. A client that sends nothing is
-	// answered once the wait is over, as a 408 would be.
+	// Go's Transport reads a new connection before it has written on it,
+	// and bytes that come before it counts on an answer are logged
+	// "Unsolicited response received on idle HTTP channel" and the
+	// connection closed: its caller gets an error instead of the 503 (a
+	// race the request usually wins; the tests could not make it lose on
+	// loopback, so TestARefusalWaitsForTheRequest checks the wait itself).
+	// A client that sends nothing is answered once the wait is over, as
+	// a 408 would be.
 	refusalWait = time.Second
 	// maxRefusalsWaiting bounds the refused connections waiting at once,
 	// a goroutine and a small buffer each (a few MiB in all); past it a

@@ -156,7 +156,8 @@ func TestAConnectionPastTheCapIsAnsweredTheEnvelopeAndClosed(t *testing.T) {
 // A refused connection is answered once its client has sent something,
 // or once refusalWait has passed: an answer before the request can reach a
 // client as one it never asked for (Go's Transport reads a new connection
-// before it has written on it, and drops it then, failing the request).
+// before it has written on it, and closes it then, "Unsolicited response",
+// failing the request: refusalWait).
 func TestARefusalWaitsForTheRequest(t *testing.T) {
 	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1"}, fakeKeys{})
 	openServed(t, g)
