@@ -262,11 +262,12 @@ func timedOut(err error) bool {
 // not hold, or readable user info before a host fasthttp cannot read,
 // fails fasthttp's parse before any route, and was answered "the request
 // could not be read" alone, where a readable URL with a key is refused
-// with that advice (keyInUserInfo). So is a header value fasthttp refused
-// for a control byte or DEL in it (before any URL is read: a Host
-// "user:<key>\x7f@gw") whose user info looks like it holds a key
-// (keyLikeUserInfoRefused); one that does not is no more told apart from
-// any other header refused so. The access line says key_in_url when the
+// with that advice (keyInUserInfo). So is a header value or a request
+// target fasthttp refused for a control byte or DEL in it (before any URL
+// is read: a Host "user:<key>\x7f@gw", a target
+// "http://user:<key>\x01@gw/...") whose user info looks like it holds a
+// key (keyLikeUserInfoRefused); one that does not is no more told apart
+// from any other header or target refused so. The access line says key_in_url when the
 // user info looks like it holds a key (keyLikeUserInfo). Nothing of the
 // user info is kept, logged or traced: urlUnreadable's parse drops it
 // with its error.
@@ -292,18 +293,38 @@ func (g *Gateway) noteUnreadableUserInfo(app *fiber.App) {
 }
 
 // keyLikeUserInfoRefused reports whether err is fasthttp's refusal of a
-// header value (a control byte or DEL in it) whose value, which its text
-// quotes after refusedValuePrefix, holds user info that looks like it
-// holds a key (keyLikeUserInfo). fasthttp's text names no field, so the
-// '@' before which keyLikeUserInfo looks is what says user info.
+// header value or of the request target (a control byte or DEL in it),
+// which its text quotes after refusedValuePrefix or refusedTargetPrefix,
+// that holds user info looking like it holds a key (keyLikeUserInfo).
+// fasthttp's text names no field, so in a value the '@' before which
+// keyLikeUserInfo looks is what says user info; in a target, its
+// authority's (targetAuthority).
 func keyLikeUserInfoRefused(err error) bool {
 	for link := err; link != nil; link = errors.Unwrap(link) {
-		if quoted, found := strings.CutPrefix(link.Error(), refusedValuePrefix); found {
-			value, err := strconv.Unquote(quoted)
-			return err == nil && keyLikeUserInfo([]byte(value))
+		text := link.Error()
+		if value, found := strings.CutPrefix(text, refusedValuePrefix); found {
+			return keyLikeUserInfo(unquotePrefix(value))
+		}
+		if target, found := strings.CutPrefix(text, refusedTargetPrefix); found {
+			authority, _ := targetAuthority(unquotePrefix(target))
+			return keyLikeUserInfo(authority)
 		}
 	}
 	return false
+}
+
+// unquotePrefix is the Go-quoted string text starts with, unquoted (what
+// fasthttp quotes with %q, before its own words may go on), or nil.
+func unquotePrefix(text string) []byte {
+	quoted, err := strconv.QuotedPrefix(text)
+	if err != nil {
+		return nil
+	}
+	unquoted, err := strconv.Unquote(quoted)
+	if err != nil {
+		return nil
+	}
+	return []byte(unquoted)
 }
 
 // urlUnreadable reports whether fasthttp cannot read the URL of the
@@ -329,14 +350,25 @@ func userInfoSent(h *fasthttp.RequestHeader) (authority []byte, sent bool) {
 	target, authority := h.RequestURI(), h.Host()
 	originForm := len(target) > 1 && target[0] == '/' && target[1] != '/'
 	if len(authority) == 0 || (!originForm && bytes.Contains(target, []byte("://"))) {
-		if scheme, rest, found := bytes.Cut(target, []byte("//")); found && bytes.IndexByte(scheme, '/') < 0 {
-			authority = rest
-			if end := bytes.IndexAny(rest, "/?#"); end >= 0 {
-				authority = rest[:end]
-			}
+		if own, found := targetAuthority(target); found {
+			authority = own
 		}
 	}
 	return authority, bytes.IndexByte(authority, '@') >= 0
+}
+
+// targetAuthority is the authority of a request target, as fasthttp takes
+// it: between the "//" that no '/' comes before and the path, query or
+// fragment; found is false for a target without one.
+func targetAuthority(target []byte) (authority []byte, found bool) {
+	scheme, rest, found := bytes.Cut(target, []byte("//"))
+	if !found || bytes.IndexByte(scheme, '/') >= 0 {
+		return nil, false
+	}
+	if end := bytes.IndexAny(rest, "/?#"); end >= 0 {
+		rest = rest[:end]
+	}
+	return rest, true
 }
 
 // closeConnectionsWhileDraining answers Connection: close from the stop

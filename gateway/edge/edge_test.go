@@ -410,8 +410,9 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 // it is used to mislead), where it was served. Whenever user info looks
 // like it holds a key (apikey.ContainsKeyLike: a key mistyped, its
 // checksum wrong or a '-' for its '_', or cut short), in the target or
-// the Host header, also beside a byte no Host may hold, the access line
-// says key_in_url, for the SRE who looks for the owner that is to revoke
+// the Host header, also beside a byte no Host may hold or a control byte
+// for which fasthttp refuses either itself, the access line says
+// key_in_url, for the SRE who looks for the owner that is to revoke
 // it; a DEL before the Host's '@' made it an invalid Host, without the
 // advice. The secret is in no log line. A client given a URL with user
 // info (curl, requests) sends it as Authorization in an origin-form
@@ -434,6 +435,9 @@ func TestUserInfoIsRefusedWithTheAdviceToRevoke(t *testing.T) {
 		{"http://user:" + mistyped + "@gateway" + item, "gateway", true},
 		{"http://" + dashed + "@gateway" + item, "gateway", true},
 		{"http://user:" + strings.Replace(mistyped, "_", "%5F", 1) + "@gateway" + item, "gateway", true},
+		// fasthttp refuses a control byte in the target itself, quoting it.
+		{"http://user:" + k.read + "\x01@gateway" + item, "gateway", true},
+		{"http://" + dashed + "\x7f@gateway" + item, "gateway", true},
 		{item, "user:" + mistyped + "@gateway", true},
 		{item, "user:" + k.read + "\x7f@gateway", true},
 		{item, "user:" + mistyped + "\x01@gateway", true},
@@ -470,6 +474,10 @@ func TestUserInfoIsRefusedWithTheAdviceToRevoke(t *testing.T) {
 	r := doRawAt(t, gw.URL, "GET", item, "user:pw\x7f@gateway", map[string]string{"X-API-Key": k.readB})
 	if r.Status != 400 || r.Env.Error.Message != "the request could not be read" {
 		t.Errorf("a DEL in a Host's user info without a key = %d %s, want 400 \"the request could not be read\"", r.Status, r.Body)
+	}
+	r = doRawAt(t, gw.URL, "GET", "http://user:pw\x01@gateway"+item, "gateway", map[string]string{"X-API-Key": k.readB})
+	if r.Status != 400 || r.Env.Error.Message != "the request could not be read" {
+		t.Errorf("a control byte in a target's user info without a key = %d %s, want 400 \"the request could not be read\"", r.Status, r.Body)
 	}
 	r = doRawAt(t, gw.URL, "GET", item, "gateway", map[string]string{"X-API-Key": k.read, "Authorization": "Basic dXNlcjpwdw=="})
 	if r.Status != 200 || len(decodeSeen(t, r).Headers["Authorization"]) != 0 {

@@ -35,7 +35,7 @@ var unreadPrefixes = []struct{ prefix, reason string }{
 	{"cannot find whitespace in the first line of request", unreadRequestLine},
 	{"unsupported http version", unreadRequestLine},
 	{"request uri cannot be empty", unreadRequestLine},
-	{"invalid request uri", unreadURI},
+	{refusedTargetPrefix, unreadURI},
 	{"missing required host header", unreadHost},
 	{"too many host headers", unreadHost},
 	{"invalid header key", unreadHeader},
@@ -58,6 +58,12 @@ var unreadPrefixes = []struct{ prefix, reason string }{
 // refused (a control byte or DEL in it), which then quotes the value
 // ("invalid header value %q").
 const refusedValuePrefix = "invalid header value "
+
+// refusedTargetPrefix starts fasthttp's (v1.78) text for a request target
+// it refused (a control byte or DEL in it, ParseFirstLine), which then
+// quotes the target ("invalid request uri %q", and more after it unless
+// SecureErrorLogMessage is set).
+const refusedTargetPrefix = "invalid request uri "
 
 // unreadReason is the word for the part of the request h heads that
 // fasthttp failed to read with err: by fasthttp's exported errors first,
