@@ -260,9 +260,11 @@ func keyLikeUserInfo(authority []byte) bool {
 // user info without a key (a key there was refused before, keyInUserInfo):
 // GET http://user:pw@gateway/v1/... RFC 9110 4.2.4 has a recipient treat
 // user info in an http(s) URI as an error, as it is used to mislead; the
-// Host header's is refused alike (errHostUserInfo), and no client sends
-// any (curl and Python requests send a URL's as Authorization, Go's
-// net/http writes a proxy's absolute-form target without it). The access
+// Host header's is refused alike (errHostUserInfo). curl and Python
+// requests send a URL's as Authorization, and Go's net/http writes a
+// proxy's absolute-form target without it; urllib3's ProxyManager, given
+// the gateway as its HTTP proxy, writes it into the target, and is told
+// (Python's urllib.request writes it into the Host as well). The access
 // line says key_in_url when the user info looks like it held a key anyway
 // (keyLikeUserInfo: mistyped, cut short). userInfoSent looks at the
 // target's authority: the Host's was refused before (misreadHead).
