@@ -190,7 +190,7 @@ func (f *framing) read(line []byte) error {
 // conditions, are dropped (scrubHeaders): the service answers in full, in
 // its defaults.
 func refuseEndToEndOptions(value []byte) error {
-	if len(value) < len(fiber.HeaderContentType) { // keep-alive, close: every request's, the search skipped
+	if len(value) < shortestRefusedOption { // keep-alive, close: every request's, the search skipped
 		return nil
 	}
 	for option := range connectionOptions(value) {
@@ -203,6 +203,11 @@ func refuseEndToEndOptions(value []byte) error {
 	}
 	return nil
 }
+
+// shortestRefusedOption is the length of the shortest option
+// refuseEndToEndOptions refuses: a shorter value names none of them. A
+// name added to its switch goes here too.
+const shortestRefusedOption = min(len(idempotencyKeyHeader), len(fiber.HeaderContentType))
 
 // lookalike reports whether name reads as the framing field's name, in any
 // case, once each "_" in it is read as "-" (a name with a space is refused
