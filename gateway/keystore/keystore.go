@@ -103,6 +103,11 @@ type Store struct {
 	// gateway's few connections, at the moment the database is least able
 	// to take them.
 	lookups singleflight.Group
+	// lookupWaiters counts the callers waiting on a lookup of lookups,
+	// each counted once it has joined one (or started it): singleflight
+	// shows none, and the tests wait on it to know a caller has joined
+	// rather than sleep for it.
+	lookupWaiters atomic.Int64
 
 	// epoch changes whenever entries are dropped, so a lookup that raced a
 	// revocation does not cache what it read before it.
@@ -241,6 +246,8 @@ func (s *Store) fetchShared(ctx context.Context, hash apikey.Hash, now time.Time
 		s.store(hash, e, epoch)
 		return e, nil
 	})
+	s.lookupWaiters.Add(1)
+	defer s.lookupWaiters.Add(-1)
 	select {
 	case r := <-results:
 		if r.Err != nil {

@@ -226,7 +226,8 @@ func TestACallerGivingUpFailsNoOtherCaller(t *testing.T) {
 	waitFor(t, func() bool { return lookupsWaiting(t, tx) > 0 }) // the first caller's lookup is under way
 	secondDone := make(chan error, 1)
 	go func() { secondDone <- lookUpAs(ctx, store, secret, id) }()
-	time.Sleep(200 * time.Millisecond) // the second caller waits on the first's lookup
+	// The second caller has joined the first's lookup, held behind the lock.
+	waitFor(t, func() bool { return store.lookupWaiters.Load() == 2 })
 	giveUp()
 	if err := <-firstDone; !errors.Is(err, context.Canceled) {
 		t.Errorf("Lookup by the caller that gave up = %v, want context.Canceled", err)
