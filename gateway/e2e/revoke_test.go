@@ -26,6 +26,9 @@ func TestAKeyRevokedWithExportctlIsRefusedWithinASecond(t *testing.T) {
 	s := startStack(t, dsn, testenv.RedisURL(t), "KEY_CACHE_TTL=1h", "KEY_CACHE_UNHEARD_TTL=1h")
 	s.waitHearsRevocations(t)
 	exportctl := filepath.Join(t.TempDir(), "exportctl")
+	if err := readSourcesOf("github.com/coinexport/export/pkg/cmd/exportctl"); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command("go", "build", "-o", exportctl, "github.com/coinexport/export/pkg/cmd/exportctl").CombinedOutput(); err != nil {
 		t.Fatalf("go build exportctl: %v\n%s", err, out)
 	}
