@@ -175,23 +175,36 @@ hurry=
 # make run (once, under heavy load, tracestore was seen to outlive its TERM
 # and make run waited for ever). Once hurried (a second Ctrl-C), TERM is
 # sent again: a second signal ends a binary at once (pkg/stopsignal); sent
-# until it is gone, as two sent together may arrive as one.
+# until it is gone, as two sent together may arrive as one. The wait is
+# wait -n on the process and a timer of stop_grace, which returns as
+# either ends (or as a trapped signal arrives): polled every 0.1 s, each
+# binary's stop took up to 0.1 s more than its own.
 stop_grace=35
 stop_one() {
-  local pid=$1 t state
+  local pid=$1 timer
   kill -TERM "$pid" 2>/dev/null || return 0
-  for ((t = 0; t < stop_grace * 10; t++)); do
-    # Gone, or exited and not yet reaped (a zombie): stopped.
-    { read -r _ _ state _ <"/proc/$pid/stat"; } 2>/dev/null || break
-    [ "$state" != Z ] || break
-    [ -z "$hurry" ] || kill -TERM "$pid" 2>/dev/null || true
-    sleep 0.1 || true # a Ctrl-C ends the sleep too: not a failure (set -e)
+  sleep "$stop_grace" 9>&- &
+  timer=$!
+  while ! stopped "$pid"; do
+    if [ -n "$hurry" ]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      sleep 0.1 || true # a Ctrl-C ends the sleep too: not a failure (set -e)
+    elif stopped "$timer"; then
+      log "${names[$pid]:-pid $pid} did not stop within ${stop_grace}s of TERM: killed"
+      kill -KILL "$pid" 2>/dev/null || true
+      break
+    else
+      wait -n "$pid" "$timer" 2>/dev/null || true
+    fi
   done
-  if [ "$t" -ge $((stop_grace * 10)) ]; then
-    log "${names[$pid]:-pid $pid} did not stop within ${stop_grace}s of TERM: killed"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
+  kill "$timer" 2>/dev/null || true
+  wait "$timer" "$pid" 2>/dev/null || true
+}
+# stopped PID: gone, or exited and not yet reaped (a zombie).
+stopped() {
+  local state
+  { read -r _ _ state _ <"/proc/$1/stat"; } 2>/dev/null || return 0
+  [ "$state" = Z ]
 }
 # A Ctrl-C (or TERM) while stopping ends every process at once, as a second
 # Ctrl-C does to a binary run by hand; without this trap it would end this
