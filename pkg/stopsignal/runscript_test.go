@@ -484,13 +484,13 @@ func TestRunScriptSaysAPostgreSQLStillShuttingDown(t *testing.T) {
 	}
 	t.Parallel()
 	s, env := prepareRunScript(t, "")
-	s.launch(t, append(env, "PG_STOP_TIMEOUT=2"))
+	s.launch(t, append(env, "PG_STOP_TIMEOUT=1"))
 	s.waitFor(t, "Ctrl-C stops everything.")
 	checkpointer := postgresChild(t, filepath.Join(s.root, ".run/pg/data/postmaster.pid"), "checkpointer")
 	must(t, syscall.Kill(checkpointer, syscall.SIGSTOP))
 	t.Cleanup(func() { _ = syscall.Kill(checkpointer, syscall.SIGCONT) }) // before cleanUp's pg_stop
 	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	s.waitFor(t, "is still shutting down after 2 s")
+	s.waitFor(t, "is still shutting down after 1 s")
 	s.waitFor(t, "stopped, but for PostgreSQL")
 	s.waitExit(t)
 	// The next make run waits for that shutdown, then starts its own
@@ -952,20 +952,23 @@ func TestRunScriptsDemoKeysReachAProgramStartedAfterThem(t *testing.T) {
 	}
 	t.Parallel()
 	for _, kept := range []bool{false, true} {
-		s, env := prepareRunScript(t, "")
-		if kept {
-			// The owner exists (the stub's database has it): the file is kept.
-			must(t, os.WriteFile(filepath.Join(s.stubs, "owner-1"), nil, 0o644))
-			s.keepDemoEnv(t, "DEMO_OWNER_ID=owner-1\nDEMO_READ_KEY=kept-read\nDEMO_WRITE_KEY=kept-write\n")
-		}
-		s.upThenStopped(t, env)
-		out, err := exec.Command("sh", "-c", `cd "$1" && . ./.run/demo.env && env`, "sh", s.root).Output()
-		must(t, err)
-		for _, name := range []string{"DEMO_OWNER_ID=owner-1", "DEMO_READ_KEY=", "DEMO_WRITE_KEY="} {
-			if !strings.Contains(string(out), "\n"+name) {
-				t.Errorf("the environment of a program started after . .run/demo.env (kept from before: %v) lacks %s", kept, name)
+		t.Run(fmt.Sprintf("kept=%v", kept), func(t *testing.T) {
+			t.Parallel()
+			s, env := prepareRunScript(t, "")
+			if kept {
+				// The owner exists (the stub's database has it): the file is kept.
+				must(t, os.WriteFile(filepath.Join(s.stubs, "owner-1"), nil, 0o644))
+				s.keepDemoEnv(t, "DEMO_OWNER_ID=owner-1\nDEMO_READ_KEY=kept-read\nDEMO_WRITE_KEY=kept-write\n")
 			}
-		}
+			s.upThenStopped(t, env)
+			out, err := exec.Command("sh", "-c", `cd "$1" && . ./.run/demo.env && env`, "sh", s.root).Output()
+			must(t, err)
+			for _, name := range []string{"DEMO_OWNER_ID=owner-1", "DEMO_READ_KEY=", "DEMO_WRITE_KEY="} {
+				if !strings.Contains(string(out), "\n"+name) {
+					t.Errorf("the environment of a program started after . .run/demo.env (kept from before: %v) lacks %s", kept, name)
+				}
+			}
+		})
 	}
 }
 
