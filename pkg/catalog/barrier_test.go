@@ -101,10 +101,14 @@ func TestSyncBarrierGivesUpOnAStuckWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
+	// Named, so that its wait for the stuck writer's lock can be seen.
+	if _, err := conn.Exec(ctx, "SET application_name = 'sync barrier'"); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	barrier := make(chan error, 1)
 	go func() { barrier <- catalog.SyncBarrier(ctx, conn, ownerUUID(t, owner)) }()
-	time.Sleep(300 * time.Millisecond) // the barrier is waiting: a new writer queues behind it
+	testenv.WaitForALockWait(t, pool, "sync barrier") // the barrier is waiting: a new writer queues behind it
 	queued, wait := returnsWithin(t, catalog.SyncBarrierWait+5*time.Second, func() error {
 		_, err := pool.Exec(ctx, `SELECT `+catalog.WriterLock("$1::uuid"), owner)
 		return err
