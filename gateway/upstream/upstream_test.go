@@ -92,7 +92,7 @@ func TestTimeoutIsNotRepeatedUnlessAllowed(t *testing.T) {
 	slow := func() *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			hits <- struct{}{}
-			time.Sleep(time.Second)
+			stall(r)
 		}))
 	}
 	a, b := slow(), slow()
@@ -141,7 +141,7 @@ func TestALoneInstanceIsAskedASaleAgainOnlyAfterAClosedConnection(t *testing.T) 
 	var slowHits atomic.Int64
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		slowHits.Add(1)
-		time.Sleep(time.Second)
+		stall(r)
 	}))
 	defer slow.Close()
 	u, err = New("svc", []string{slow.URL}, opts())
@@ -1107,5 +1107,15 @@ func TestAnInstanceTakenOutHasItsKeptConnectionsClosed(t *testing.T) {
 	out, err := post(u)
 	if !errors.Is(err, ErrUnavailable) || out.Repeated != nil {
 		t.Fatalf("sale to the stopped lone instance = %+v, %v; want every instance out, nothing sent", out, err)
+	}
+}
+
+// stall answers r nothing for a second, past opts' ReadTimeout, or until
+// its caller gives up on it: a handler that slept the second out held the
+// test that long in its server's Close, after the caller had given up.
+func stall(r *http.Request) {
+	select {
+	case <-r.Context().Done():
+	case <-time.After(time.Second):
 	}
 }
