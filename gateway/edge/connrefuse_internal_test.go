@@ -254,3 +254,13 @@ func readEnd(t *testing.T, c net.Conn) {
 		t.Fatalf("waiting for the gateway to close the connection: %v", err)
 	}
 }
+
+// A flood of refusals is answered on the accepting goroutine
+// (maxRefusalsWaiting): each answer should make little garbage.
+func BenchmarkRefusalAnswer(b *testing.B) {
+	requestID := strings.Repeat("0123456789abcdef", 2)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = writeRefusal(io.Discard, requestID)
+	}
+}
