@@ -370,7 +370,8 @@ func (c Config) LogValue() slog.Value {
 // take ~86 MB over a fresh gateway's 28 MB, beside the 32 MiB of held
 // answers (heldAnswersLimit) and up to 1,024 connections lingering at their
 // close (lingerclose.Defaults, ~24 MiB): ~170 MB, the rest left to requests
-// in flight and the collector.
+// in flight and the collector. A connection's request body buffer is not
+// kept once its request is answered (keptBodyBufferBytes).
 const defaultMaxConnections = 4096
 
 // minHeaderBytes is the smallest GATEWAY_MAX_HEADER_BYTES. A sync must not
