@@ -164,15 +164,7 @@ func TestARefusalWaitsForTheRequest(t *testing.T) {
 	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1"}, fakeKeys{})
 	openServed(t, g)
 	for _, sends := range []bool{true, false} {
-		c, err := net.Dial("tcp", g.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetReadDeadline(time.Now().Add(refusalWait / 4))
-		if n, err := c.Read(make([]byte, 1)); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("a refused connection read %d bytes, %v before it sent anything; want nothing yet", n, err)
-		}
+		c := dialStillWaiting(t, g)
 		br := bufio.NewReader(c)
 		if !sends { // answered once refusalWait is over
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -185,6 +177,69 @@ func TestARefusalWaitsForTheRequest(t *testing.T) {
 		}
 		checkRefusal(t, ask(t, c, br, "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"), c)
 	}
+}
+
+// A refusal that waited gives its waiting place back: past
+// maxRefusalsWaiting refusals, one after the other, the next still waits
+// for its request instead of being answered at once.
+func TestRefusalsWaitAgainOnceEarlierOnesEnded(t *testing.T) {
+	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1", "LOG_LEVEL": "error"}, fakeKeys{})
+	openServed(t, g)
+	for range maxRefusalsWaiting + 10 {
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRefusal(t, ask(t, c, bufio.NewReader(c), "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"), c)
+		c.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for g.refusalsWaiting.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	dialStillWaiting(t, g)
+}
+
+// dialStillWaiting opens a connection to g, which refuses it, and checks
+// that the refusal waits for the request: nothing comes for refusalWait/4.
+func dialStillWaiting(t *testing.T, g *Gateway) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetReadDeadline(time.Now().Add(refusalWait / 4))
+	if n, err := c.Read(make([]byte, 1)); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a refused connection read %d bytes, %v before it sent anything; want nothing yet", n, err)
+	}
+	return c
+}
+
+// Refusals waiting for their request are bounded: with
+// maxRefusalsWaiting waiting, the next refused connection is answered at
+// once, without a goroutine of its own.
+func TestPastTheWaitingBoundARefusalIsAnsweredAtOnce(t *testing.T) {
+	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1", "LOG_LEVEL": "error"}, fakeKeys{})
+	openServed(t, g)
+	for range maxRefusalsWaiting { // silent: each waits refusalWait
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	c, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(refusalWait / 2))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("with %d refusals waiting, the next one: %v; want the 503 at once", maxRefusalsWaiting, err)
+	}
+	checkRefusal(t, resp, nil)
 }
 
 // However the gateway or its client ends a connection, its place is free
