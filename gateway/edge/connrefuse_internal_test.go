@@ -155,6 +155,25 @@ func TestAConnectionPastTheCapIsAnsweredTheEnvelopeAndClosed(t *testing.T) {
 	}
 }
 
+// GATEWAY_MAX_CONNECTIONS=0 is no cap: connections are served and
+// counted, and there is no bound series for the alert to read.
+func TestNoCapAtZero(t *testing.T) {
+	g, _, _ := startInternal(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "0"}, fakeKeys{})
+	for range 3 {
+		openServed(t, g) // fails if refused
+	}
+	waitOpen(t, g, 3)
+	families, err := g.metrics.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, family := range families {
+		if family.GetName() == "gateway_connections_max" {
+			t.Errorf("gateway_connections_max is exported with GATEWAY_MAX_CONNECTIONS=0: %v", family.GetMetric())
+		}
+	}
+}
+
 // A refused connection is answered once its client has sent something,
 // or once refusalWait has passed: an answer before the request can reach a
 // client as one it never asked for (Go's Transport reads a new connection
