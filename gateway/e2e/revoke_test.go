@@ -16,10 +16,10 @@ import (
 // ends it, and it is refused 401. The gateway may trust a cached key for
 // an hour here, so only the revocation it hears from PostgreSQL can end it:
 // the test asks until the refusal comes and logs how long it took (the
-// contract's second), rather than sleep a second and assert a timing a
+// second ARCHITECTURE.md promises), rather than sleep a second and assert a timing a
 // loaded machine may miss. The edge tests revoke with SQL, this one with
 // the tool.
-func TestAKeyRevokedWithExportctlIsRefusedWithinASecond(t *testing.T) {
+func TestAKeyRevokedWithExportctlIsRefusedThoughCached(t *testing.T) {
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool)
 	dsn := dsnOf(t, pool)
@@ -64,5 +64,5 @@ func TestAKeyRevokedWithExportctlIsRefusedWithinASecond(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("refused %v after exportctl key revoke returned (the contract's bound: 1 s)", time.Since(revoked).Round(time.Millisecond))
+	t.Logf("refused %v after exportctl key revoke returned (ARCHITECTURE.md's bound: under a second; logged, not asserted)", time.Since(revoked).Round(time.Millisecond))
 }

@@ -296,12 +296,12 @@ func TestContentTypeIsForwardedAsSent(t *testing.T) {
 	}
 }
 
-// The contract's second is the listener's push: the key is cached for an
+// The second ARCHITECTURE.md promises is the listener's push: the key is cached for an
 // hour, so a refusal at all is the revocation heard. The test asks until
 // it is refused, and logs how long that took, rather than sleep the
 // second and assert it: on a loaded machine a fixed wait is either too
 // long for every run or too short for one (tests assert no timings).
-func TestRevocationAppliesWithinOneSecond(t *testing.T) {
+func TestARevocationReachesACachedKey(t *testing.T) {
 	dsn, pool, k := seed(t)
 	reader := echoUpstream(t, "reader", nil)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader.URL,
@@ -325,7 +325,7 @@ func TestRevocationAppliesWithinOneSecond(t *testing.T) {
 		}
 		return r.Status == 401
 	})
-	t.Logf("refused %v after the revocation (the contract's bound: 1 s)", time.Since(revoked).Round(time.Millisecond))
+	t.Logf("refused %v after the revocation (ARCHITECTURE.md's bound: under a second; logged, not asserted)", time.Since(revoked).Round(time.Millisecond))
 	checkEnvelope(t, r)
 }
 
