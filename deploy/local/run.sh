@@ -183,16 +183,18 @@ stop_grace=35
 stop_one() {
   local pid=$1 timer
   kill -TERM "$pid" 2>/dev/null || return 0
-  sleep "$stop_grace" 9>&- &
+  sleep "$stop_grace" 9>&- & # SIGINT ignored (a background job): a second Ctrl-C does not end it
   timer=$!
   while ! stopped "$pid"; do
-    if [ -n "$hurry" ]; then
-      kill -TERM "$pid" 2>/dev/null || true
-      sleep 0.1 || true # a Ctrl-C ends the sleep too: not a failure (set -e)
-    elif stopped "$timer"; then
+    # The grace bounds a hurried stop too: a binary that outlives its
+    # second TERM as well is killed, or make run waited for ever.
+    if stopped "$timer"; then
       log "${names[$pid]:-pid $pid} did not stop within ${stop_grace}s of TERM: killed"
       kill -KILL "$pid" 2>/dev/null || true
       break
+    elif [ -n "$hurry" ]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      sleep 0.1 || true # a Ctrl-C ends the sleep too: not a failure (set -e)
     else
       wait -n "$pid" "$timer" 2>/dev/null || true
     fi
