@@ -74,8 +74,12 @@ func awaitRequest(c net.Conn) {
 func (g *Gateway) answerRefused(c net.Conn) {
 	requestID := httpserver.RandomRequestID()
 	if ok, skipped := g.refusedLog.Allow("refused"); ok {
+		// The peer is the one refused connection's (an ingress in front
+		// is its own): with a cap shared by all clients, what tells a
+		// flood from one client from growth in all of them.
 		g.log.Warn("connection refused: GATEWAY_MAX_CONNECTIONS connections are open",
-			"max_connections", g.cfg.MaxConnections, "refused_since_last_line", skipped+1, "request_id", requestID)
+			"max_connections", g.cfg.MaxConnections, "refused_since_last_line", skipped+1, "request_id", requestID,
+			"peer_ip", peerIP(c))
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
 	_ = writeRefusal(c, requestID) // a client already gone: nothing to do
@@ -93,4 +97,12 @@ func writeRefusal(w io.Writer, requestID string) error {
 	resp.Header.Set(envelope.RequestIDHeader, requestID)
 	_, err := resp.WriteTo(w)
 	return err
+}
+
+// peerIP is c's remote address without its port, or "" if it has none.
+func peerIP(c net.Conn) string {
+	if tcp, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return tcp.IP.String()
+	}
+	return ""
 }

@@ -144,6 +144,9 @@ func TestAConnectionPastTheCapIsAnsweredTheEnvelopeAndClosed(t *testing.T) {
 	if n := strings.Count(logs.String(), "connection refused: GATEWAY_MAX_CONNECTIONS"); n != 1 {
 		t.Errorf("%d WARN lines for 4 refusals within %s, want 1: %s", n, refusedLogInterval, logs.String())
 	}
+	if !strings.Contains(logs.String(), `"peer_ip":"127.0.0.1"`) {
+		t.Errorf("the WARN of a refusal does not name its peer's address: %s", logs.String())
+	}
 	// The connections open were not disturbed.
 	for _, open := range []struct {
 		c  net.Conn
