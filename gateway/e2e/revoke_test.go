@@ -16,9 +16,9 @@ import (
 // ends it, and it is refused 401. The gateway may trust a cached key for
 // an hour here, so only the revocation it hears from PostgreSQL can end it:
 // the test asks until the refusal comes and logs how long it took (the
-// second ARCHITECTURE.md promises), rather than sleep a second and assert a timing a
-// loaded machine may miss. The edge tests revoke with SQL, this one with
-// the tool.
+// second ARCHITECTURE.md promises), rather than sleep a second and assert
+// a timing a loaded machine may miss. The edge tests revoke with SQL, this
+// one with the tool.
 func TestAKeyRevokedWithExportctlIsRefusedThoughCached(t *testing.T) {
 	pool := testenv.Postgres(t)
 	fx := newFixture(t, pool)

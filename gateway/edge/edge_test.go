@@ -296,11 +296,13 @@ func TestContentTypeIsForwardedAsSent(t *testing.T) {
 	}
 }
 
-// The second ARCHITECTURE.md promises is the listener's push: the key is cached for an
-// hour, so a refusal at all is the revocation heard. The test asks until
-// it is refused, and logs how long that took, rather than sleep the
-// second and assert it: on a loaded machine a fixed wait is either too
-// long for every run or too short for one (tests assert no timings).
+// A cached key is refused once its revocation is pushed. The key is
+// cached for an hour, so a refusal at all is the revocation heard: the
+// listener's push, which ARCHITECTURE.md promises within a second. The
+// test asks until it is refused, and logs how long that took, rather than
+// sleep the second and assert it: on a loaded machine a fixed wait is
+// either too long for every run or too short for one (tests assert no
+// timings).
 func TestARevocationReachesACachedKey(t *testing.T) {
 	dsn, pool, k := seed(t)
 	reader := echoUpstream(t, "reader", nil)
