@@ -43,11 +43,25 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) <= l.max {
+		if l.takePlace() {
 			return &conn{Conn: c, l: l}, nil
 		}
-		l.open.Add(-1)
 		l.refuse(c)
+	}
+}
+
+// takePlace counts one more connection open if there is room. The count
+// never passes max, even for an instant: Open is exported as a gauge that
+// the alerts read against max.
+func (l *Listener) takePlace() bool {
+	for {
+		n := l.open.Load()
+		if n >= l.max {
+			return false
+		}
+		if l.open.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
 }
 
