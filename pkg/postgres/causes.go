@@ -85,7 +85,7 @@ var causes = map[string]string{
 	"57014": "the statement was cancelled (statement_timeout, or pg_cancel_backend)",
 	"57P01": "PostgreSQL is shutting down or ended the session (pg_terminate_backend, a restart, a failover)",
 	"57P02": "PostgreSQL crashed and is restarting: see the server's log",
-	"57P03": "PostgreSQL is starting up or in recovery and takes no connections yet",
+	"57P03": "PostgreSQL takes no connections now: it is starting up, in recovery or shutting down (its message says which)",
 	"57*":   "an operator's intervention ended the statement or the session",
 	"58*":   "PostgreSQL failed to read or write its own files (an I/O error, a file missing): check the server's disk and log",
 	"XX001": "PostgreSQL found a corrupted data page: see the server's log for the relation; restore it from a backup",

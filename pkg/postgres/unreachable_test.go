@@ -348,6 +348,19 @@ func TestTheWraparoundGuardIsUnavailable(t *testing.T) {
 	}
 }
 
+// PostgreSQL refuses a connection 57P03 while it starts, recovers or shuts
+// down, saying which in its message; the cause read "starting up or in
+// recovery" to an exportctl run during a restart's shutdown, whose message
+// said "the database system is shutting down".
+func TestCauseOfCannotConnectNowFitsEveryState(t *testing.T) {
+	for _, state := range []string{"starting up", "shutting down", "recovery"} {
+		err := &pgconn.PgError{Severity: "FATAL", Code: "57P03", Message: "the database system is " + state}
+		if got := postgres.Cause(err); !strings.Contains(got, state) {
+			t.Errorf("Cause(%s) = %q, want it to name %q", err.Message, got, state)
+		}
+	}
+}
+
 // Cause has a text for every SQLSTATE Unavailable takes, directly or by
 // its class, and none for an error without one.
 func TestCauseNamesWhatToDo(t *testing.T) {
