@@ -130,7 +130,12 @@ func (g *Gateway) authFailed(rq *request, answer *apiError) error {
 		return answer
 	}
 	if rq.authFailure == authFailureUnknown || rq.authFailure == authFailureMalformed {
-		g.limiter.Take(rq.ctx, guessBudgetKey(rq), g.rates[classAuthFailures])
+		// Traced as the other waits are: untraced, the round trip of a
+		// lease fetch here was in the request's trace with no "rate
+		// limit" span waiting on it.
+		start := time.Now()
+		d := g.limiter.Take(rq.ctx, guessBudgetKey(rq), g.rates[classAuthFailures])
+		g.traceRedisWait(rq, start, d, guessBudget)
 	}
 	start := time.Now()
 	d := g.limiter.Take(rq.ctx, classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])

@@ -343,6 +343,61 @@ func TestEachRequestIsOneNewTrace(t *testing.T) {
 	}
 }
 
+// Every Redis round trip in a request's trace is one a "rate limit" span
+// of that request links to. An unknown or malformed key's 401 is taken
+// from two budgets, the address's guesses and its failures, and the first
+// was charged untraced: its round trip, a "rate limit batch" child of the
+// server span, was in the trace with nothing waiting on it (seen on a
+// live stack as a batch span no "rate limit" span linked to).
+func TestEveryRoundTripOfATraceIsOneARateLimitSpanWaitedOn(t *testing.T) {
+	for _, tt := range []struct {
+		cause error
+		key   string
+	}{{keystore.ErrUnknownKey, wellFormedKey(t)}, {keystore.ErrMalformedKey, "cxr_nope"}} {
+		t.Run(tt.cause.Error(), func(t *testing.T) { checkEveryRoundTripIsWaitedOn(t, tt.cause, tt.key) })
+	}
+}
+
+func checkEveryRoundTripIsWaitedOn(t *testing.T, cause error, key string) {
+	g, sr, _ := startInternal(t, nil, refusingKeys{cause})
+	resp, env := get(t, "http://"+g.Addr()+"/v1/export/items", map[string]string{"X-API-Key": key})
+	if resp.StatusCode != 401 {
+		t.Fatalf("GET = %d %+v, want 401", resp.StatusCode, env.Error)
+	}
+	requestID := resp.Header.Get("X-Request-Id")
+	linked := map[trace.SpanID]string{}
+	var batches []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if s.SpanContext().TraceID().String() != requestID {
+			continue
+		}
+		switch s.Name() {
+		case "rate limit batch":
+			batches = append(batches, s)
+		case "rate limit":
+			for _, l := range s.Links() {
+				linked[l.SpanContext.SpanID()] = attrOf(s, "app.rate_limit.class")
+			}
+		}
+	}
+	if len(batches) == 0 {
+		t.Fatal(`no "rate limit batch" span in the trace: the budgets' leases came from memory?`)
+	}
+	classes := map[string]bool{}
+	for _, b := range batches {
+		class, ok := linked[b.SpanContext().SpanID()]
+		if !ok {
+			t.Errorf(`"rate limit batch" span %s: no "rate limit" span of the trace links to it`, b.SpanContext().SpanID())
+		}
+		classes[class] = true
+	}
+	for _, want := range []string{guessBudget, classAuthFailures} {
+		if !classes[want] {
+			t.Errorf(`no "rate limit" span of class %s links to a round trip (classes: %v)`, want, classes)
+		}
+	}
+}
+
 // Health checks record no span (issue 7: "health checks not sampled"):
 // /v1/health is what Kubernetes' readiness probe and a load balancer poll,
 // every few seconds for each gateway, and each probe was a trace of its
