@@ -151,6 +151,7 @@ func (g *Gateway) serveAs(c *fiber.Ctx, rt route, name string, rm *routeMetrics)
 	g.inFlight.Add(1)
 	defer g.inFlight.Add(-1)
 	rq := g.beginRecorded(c, name, time.Time{}, !rt.HealthCheck)
+	defer g.requests.remove(g.requests.add(rq))
 	defer g.end(c, rq, rm)
 	if err := g.guardedServe(c, rq, rt); err != nil {
 		g.writeError(c, rq, err)

@@ -53,6 +53,8 @@ type Gateway struct {
 	// inFlight counts the requests in the handler, for the shutdown's log
 	// lines: how many a drain waits for, and how many it cut off.
 	inFlight atomic.Int64
+	// requests names them, for the lines of those a drain cuts off.
+	requests inFlightRequests
 	draining atomic.Bool // Drain was called: /v1/health answers 503, every answer Connection: close
 	// shopSlots bounds each client address's shop schema calls in flight;
 	// shopSlotDecisions counts what it decided.
@@ -455,8 +457,10 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	err := g.app.ShutdownWithContext(ctx)
 	if err != nil {
 		// Their clients saw the connection close without an answer, and
-		// no access line will be written for them.
+		// no access line will be written for them: a line apiece names
+		// them.
 		g.log.Warn("drain timed out: requests cut off", "cut_off", g.inFlight.Load(), "error", err)
+		g.requests.logCutOff(g.log, time.Now())
 	}
 	// fasthttp closes only the listeners its Serve has taken: a Shutdown
 	// right after Start (a stop signal during the start) can come before
