@@ -115,8 +115,6 @@ func AnswerPanicWith(w http.ResponseWriter, answer func() (message string, notes
 // dispatch verifies the caller, routes, and records the outcome.
 func (s *Server) dispatch() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.inFlight.Add(1)
-		defer s.inFlight.Add(-1)
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK,
 			keepNotes: s.cfg.Log.Enabled(r.Context(), slog.LevelInfo)}

@@ -136,7 +136,7 @@ func New(cfg Config, routes *http.ServeMux) *Server {
 		tracer:     tp.Tracer("github.com/coinexport/export/pkg/httpserver"),
 		refusedLog: &logging.Throttle{Interval: refusedLogInterval}, logUnread: LogUnread(cfg.Log),
 		listen: net.Listen}
-	s.handler = s.traced(s.dispatch())
+	s.handler = s.counted(s.traced(s.dispatch()))
 	return s
 }
 
@@ -311,7 +311,37 @@ func (s *Server) drain(servers []*http.Server, cutOff context.CancelCauseFunc) e
 			srv.Close()
 		}
 		s.cfg.Log.Warn("drain timed out: requests cut off", "cut_off", s.inFlight.Load(), "timeout", s.cfg.ShutdownTimeout.String())
+		s.awaitCutOff()
 	}
 	s.cfg.Log.Info("stopped")
 	return firstErr
+}
+
+// cutOffWait bounds the wait for the handlers of requests cut off to return
+// once cancelled: a handler whose query is cancelled returns within
+// milliseconds, and a hung one is not waited for longer than this, kept
+// small beside the last flush of spans that the grace periods allow for.
+const cutOffWait = 500 * time.Millisecond
+
+// awaitCutOff waits, for cutOffWait at most, for the handlers of the
+// requests cut off to return, so that their access lines and server spans
+// are written before Run returns and main flushes the spans and exits.
+// Returned at once, the process logged "stopped" first and exported none of
+// their server spans: their traces held the spans of their queries and
+// shop requests without the parent.
+func (s *Server) awaitCutOff() {
+	deadline := time.Now().Add(cutOffWait)
+	for s.inFlight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// counted counts the requests in flight (inFlight) around next, the span's
+// end included.
+func (s *Server) counted(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inFlight.Add(1)
+		defer s.inFlight.Add(-1)
+		next.ServeHTTP(w, r)
+	})
 }

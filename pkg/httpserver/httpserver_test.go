@@ -633,6 +633,50 @@ func TestADrainThatTimesOutCancelsWhatItCutsOff(t *testing.T) {
 	}
 }
 
+// A request the drain cuts off has its access line and its server span by
+// the time Run returns, when main flushes the last spans and exits: they
+// were written as its handler returned, after the cut, and the process
+// (shop-schema and sales-writer frozen through their drains on a make run
+// stack) logged "stopped" first and exported no server span, its trace
+// holding the children alone (the shop's requests, the SQL), their parent
+// missing.
+func TestARequestCutOffIsLoggedAndTracedBeforeRunReturns(t *testing.T) {
+	signer, err := identity.NewSigner(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	entered := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done()
+		time.Sleep(20 * time.Millisecond) // a query's cancellation coming back
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	var logs testenv.Output
+	addr := testenv.FreeAddr(t)
+	srv := New(Config{Service: "test", Addr: addr, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Signer: signer,
+		ShutdownTimeout: 200 * time.Millisecond, TracerProvider: tp}, mux)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	testenv.WaitListening(t, addr)
+	go sendSigned(context.Background(), signer, "http://"+addr+"/v1/slow")
+	<-entered
+	cancel()
+	<-ran
+	if len(sr.Ended()) != 1 {
+		t.Errorf("Run returned with %d server spans ended, want the one of the request cut off", len(sr.Ended()))
+	}
+	out := logs.String()
+	access, stopped := strings.Index(out, `"msg":"request"`), strings.Index(out, `"msg":"stopped"`)
+	if access < 0 || stopped < 0 || access > stopped {
+		t.Errorf("want the access line of the request cut off before \"stopped\":\n%s", out)
+	}
+}
+
 // A request the drain cuts off is the service's doing: its cancellation is
 // CutOff, not CallerGone, so that the services answer it 503 rather than
 // count it as a 499 of a caller that left. Taken for one, a rollout whose
