@@ -567,6 +567,30 @@ func TestSchemaUnreachable(t *testing.T) {
 	}
 }
 
+// A connection to the shop that this process cannot open, out of file
+// descriptors or memory, is the service's shortage, not the shop's fault:
+// 503 unavailable with Retry-After, and an ERROR that says so. It was 502
+// shop_unreachable ("the shop could not be reached"), which sends the
+// merchant to check its DNS and firewall and the SRE to the shop (its WARN
+// "shop call failed" named the shop's host), while the shortage that needs
+// acting on was ours.
+func TestOutOfDescriptorsTheShopIsNotBlamed(t *testing.T) {
+	svc := startService(t, nil, nil)
+	if status, _ := svc.post(t, `{}`); status != http.StatusBadRequest { // a kept-alive connection to send on
+		t.Fatalf("POST {} = %d, want 400", status)
+	}
+	shop := "https://" + testenv.RefusingAddr(t)
+	testenv.ExhaustDescriptors(t)
+	status, headers, env := svc.send(t, "application/json", "", body(shop, fakeshop.Key))
+	if status != http.StatusServiceUnavailable || errCode(env) != "unavailable" || headers.Get("Retry-After") != "1" {
+		t.Errorf("POST schema out of descriptors = %d %s (Retry-After %q), want 503 unavailable with Retry-After: 1\n%s",
+			status, errCode(env), headers.Get("Retry-After"), svc.logs)
+	}
+	if line := logLine(t, svc.logs, "shop schema read failed: this process is out of file descriptors or memory"); line["level"] != "ERROR" {
+		t.Errorf("no ERROR saying the process is short of descriptors:\n%s", svc.logs)
+	}
+}
+
 // TestSchemaUnresolvable: a name DNS says does not exist is the caller's
 // address to fix (400 invalid_base_url); a lookup that fails otherwise is
 // shop_unreachable, and the warning that says why names the host as the
