@@ -589,6 +589,13 @@ func TestOutOfDescriptorsTheShopIsNotBlamed(t *testing.T) {
 	if line := logLine(t, svc.logs, "shop schema read failed: this process is out of file descriptors or memory"); line["level"] != "ERROR" {
 		t.Errorf("no ERROR saying the process is short of descriptors:\n%s", svc.logs)
 	}
+	for _, s := range svc.spans.Ended() { // the shop request's span says it too
+		for _, a := range s.Attributes() {
+			if v := a.Value.String(); strings.HasPrefix(v, "shop_") && (a.Key == "error.type" || a.Key == "app.cancel_cause") {
+				t.Errorf("span %q: %s = %s, a shop's fault", s.Name(), a.Key, v)
+			}
+		}
+	}
 }
 
 // TestSchemaUnresolvable: a name DNS says does not exist is the caller's

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 
@@ -61,16 +60,14 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 		return httpserver.CodeClientClosed
 	}
 	var shopErr *prestashop.Error
-	if acceptretry.Shortage(err) && errors.As(err, &shopErr) {
+	if errors.As(err, &shopErr) && shopErr.Kind == prestashop.KindShortage {
 		// This process could not open a connection to the shop (out of
 		// file descriptors or memory): our shortage, which passes as
-		// connections close, not the shop's fault. As shop_unreachable it
-		// sent the merchant to check DNS and firewalls, and the SRE to the
-		// shop.
-		const code = "unavailable"
+		// connections close, not the shop's fault. 503, with
+		// WriteError's Retry-After.
+		code := shopErr.Kind.Code()
 		h.log.ErrorContext(r.Context(), "shop schema read failed: this process is out of file descriptors or memory",
 			"shop_host", host, "error", shopErr.Error())
-		w.Header().Set("Retry-After", "1")
 		envelope.WriteError(w, http.StatusServiceUnavailable, code, "the service is short of resources; retry with backoff", requestID)
 		return code
 	}

@@ -72,12 +72,17 @@ func TestWriteErrorAnswersEveryError(t *testing.T) {
 		{prestashop.KindUnavailable, 502, "shop_unavailable"},
 		{prestashop.KindNotFound, 502, "shop_not_found"},
 		{prestashop.KindNotShopRoot, 400, "invalid_base_url"},
+		{prestashop.KindShortage, 503, "unavailable"},
 		{0, 500, "internal_error"},
 	} {
 		err := fmt.Errorf("read schema: %w", &prestashop.Error{Kind: shop.kind, Resource: "categories", Reason: "the reason"})
 		r := row{"shop failure " + shop.code, context.Background(), err, shop.status, shop.code, "categories: the reason", "WARN shop call failed"}
-		if shop.kind == 0 {
+		switch shop.kind {
+		case 0:
 			r.wantMessage, r.wantLog = "internal error", "ERROR shop schema read failed"
+		case prestashop.KindShortage:
+			r.wantMessage = "the service is short of resources; retry with backoff"
+			r.wantLog = "ERROR shop schema read failed: this process is out of file descriptors or memory"
 		}
 		tests = append(tests, r)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
 
@@ -30,6 +31,7 @@ const (
 	KindUnavailable                  // any other 5xx, or a 429
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
 	KindNotShopRoot                  // 400 code 27: base_url is not the shop's root (it ends in /api)
+	KindShortage                     // this process could not open a connection: out of descriptors or memory
 )
 
 // CodeNotAllowed is the error code of an address the guard refuses, as a
@@ -67,6 +69,9 @@ func (k Kind) Code() string {
 		return "shop_not_found"
 	case KindNotShopRoot:
 		return "invalid_base_url"
+	case KindShortage:
+		// The service's own shortage, as its answer says, not the shop's.
+		return "unavailable"
 	}
 	return ""
 }
@@ -215,6 +220,10 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	)
 	alert, alerted := remoteAlert(err)
 	switch {
+	case acceptretry.Shortage(err):
+		// Ours, not the shop's: shop_unreachable sent the merchant to
+		// check DNS and firewalls, and the SRE to the shop.
+		e.Kind, e.Reason = KindShortage, "the service is short of resources"
 	case errors.Is(err, guard.ErrNotAllowed):
 		e.Kind, e.Reason = KindNotAllowed, "the shop's address or a redirect target is not allowed"
 	case errors.Is(err, guard.ErrNotHTTPS):
