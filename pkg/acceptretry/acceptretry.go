@@ -12,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -83,8 +84,29 @@ func (l *Listener) Close() error {
 // the peer). Named Exhausted before, it read as "the retries are used up",
 // which a listener here never is.
 func Shortage(err error) bool {
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+	for _, errno := range shortages {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
+// shortages are the errors Shortage reports.
+var shortages = [...]syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM}
+
+// ShortageIn returns the shortage (as Shortage names one) whose text ends
+// text, for an error kept as text alone: a net.DNSError keeps only the
+// text of its socket's error ("dial udp …: socket: too many open files"),
+// so errors.Is finds no errno in a lookup that failed for want of a
+// descriptor.
+func ShortageIn(text string) (syscall.Errno, bool) {
+	for _, errno := range shortages {
+		if strings.HasSuffix(text, errno.Error()) {
+			return errno, true
+		}
+	}
+	return 0, false
 }
 
 // LogRetries returns an onRetry for New that logs a WARN at most once per

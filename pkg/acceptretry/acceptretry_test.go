@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -89,5 +90,27 @@ func TestAcceptWaitsOutADescriptorShortage(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Accept went on waiting after Close")
+	}
+}
+
+// A shortage kept as text alone, as a net.DNSError keeps its socket's
+// error, is read from the text's end, and told from its neighbours: EMFILE
+// from ENFILE, whose text begins as EMFILE's.
+func TestShortageInText(t *testing.T) {
+	for _, tt := range []struct {
+		text string
+		want syscall.Errno
+		ok   bool
+	}{
+		{"dial udp 10.0.0.10:53: socket: too many open files", syscall.EMFILE, true},
+		{"dial udp 10.0.0.10:53: socket: too many open files in system", syscall.ENFILE, true},
+		{"write udp 10.0.0.10:53: no buffer space available", syscall.ENOBUFS, true},
+		{"dial udp 10.0.0.10:53: socket: cannot allocate memory", syscall.ENOMEM, true},
+		{"read udp 10.0.0.10:53: connection refused", 0, false},
+		{"server misbehaving", 0, false},
+	} {
+		if got, ok := ShortageIn(tt.text); got != tt.want || ok != tt.ok {
+			t.Errorf("ShortageIn(%q) = %v, %v; want %v, %v", tt.text, got, ok, tt.want, tt.ok)
+		}
 	}
 }

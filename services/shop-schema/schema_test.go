@@ -573,15 +573,44 @@ func TestSchemaUnreachable(t *testing.T) {
 // shop_unreachable ("the shop could not be reached"), which sends the
 // merchant to check its DNS and firewall and the SRE to the shop (its WARN
 // "shop call failed" named the shop's host), while the shortage that needs
-// acting on was ours.
+// acting on was ours. A shop given by name is looked up first, and the
+// lookup is what fails then, by the guard's check or as it is dialled (a
+// name allowed by the operator): that was 502 shop_unreachable "the
+// shop's host name could not be resolved (DNS failed)", and "the shop
+// could not be reached", until the resolver's error, which keeps the
+// socket's as text alone, was read for the shortage.
 func TestOutOfDescriptorsTheShopIsNotBlamed(t *testing.T) {
-	svc := startService(t, nil, nil)
-	if status, _ := svc.post(t, `{}`); status != http.StatusBadRequest { // a kept-alive connection to send on
-		t.Fatalf("POST {} = %d, want 400", status)
+	// No lookup leaves the machine: the resolver's socket is to a closed
+	// loopback port, and it cannot be opened anyway.
+	dnsServer := testenv.RefusingAddr(t)
+	loopbackDNS := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "udp", dnsServer)
+	}}
+	for _, tt := range []struct {
+		name, shop string
+		env        map[string]string
+	}{
+		{"by its address", "https://" + testenv.RefusingAddr(t), nil},
+		{"by a name the guard looks up", "https://shop.test", nil},
+		{"by a name allowed, looked up as it is dialled", "https://shop.test", map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": "shop.test"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := startServiceWith(t, nil, tt.env, loopbackDNS)
+			if status, _ := svc.post(t, `{}`); status != http.StatusBadRequest { // a kept-alive connection to send on
+				t.Fatalf("POST {} = %d, want 400", status)
+			}
+			testenv.ExhaustDescriptors(t)
+			status, headers, env := svc.send(t, "application/json", "", body(tt.shop, fakeshop.Key))
+			checkShortageAnswered(t, svc, status, headers, env)
+		})
 	}
-	shop := "https://" + testenv.RefusingAddr(t)
-	testenv.ExhaustDescriptors(t)
-	status, headers, env := svc.send(t, "application/json", "", body(shop, fakeshop.Key))
+}
+
+// checkShortageAnswered checks a schema read answered for a shortage of
+// descriptors: 503 unavailable, its ERROR, and no span blaming the shop.
+func checkShortageAnswered(t *testing.T, svc *service, status int, headers http.Header, env envelope.Parsed) {
+	t.Helper()
 	if status != http.StatusServiceUnavailable || errCode(env) != "unavailable" || headers.Get("Retry-After") != "1" {
 		t.Errorf("POST schema out of descriptors = %d %s (Retry-After %q), want 503 unavailable with Retry-After: 1\n%s",
 			status, errCode(env), headers.Get("Retry-After"), svc.logs)

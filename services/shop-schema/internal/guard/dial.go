@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/coinexport/export/pkg/acceptretry"
 )
 
 // Resolver looks up the addresses of a host name. *net.Resolver satisfies
@@ -34,6 +36,9 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if err := lookupError(err); acceptretry.Shortage(err) {
+			return err // this process's shortage: no verdict on the name
+		}
 		if noSuchHost(err) {
 			return fmt.Errorf("%w: %s", ErrNoSuchHost, t.Host)
 		}
@@ -46,6 +51,30 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 	}
 	return nil
 }
+
+// lookupError is err, a failed lookup's, in which errors.Is finds the
+// shortage of descriptors or memory that failed it, if one did
+// (acceptretry.ShortageIn): a net.DNSError keeps its socket's error as text
+// alone, and a lookup this process had no socket for read as the shop's DNS
+// failing (502 shop_unreachable, "check DNS and firewalls"), where a shop
+// given by its address was answered 503 for the same shortage.
+func lookupError(err error) error {
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		if errno, ok := acceptretry.ShortageIn(dnsErr.Err); ok {
+			return &shortageError{err, errno}
+		}
+	}
+	return err
+}
+
+// shortageError is a lookup's error and the shortage that failed it.
+type shortageError struct {
+	error
+	errno syscall.Errno
+}
+
+func (e *shortageError) Unwrap() []error { return []error{e.error, e.errno} }
 
 // absolute is host as the absolute name it is (a trailing dot added), the
 // name the guard's lookups ask for, so that the name resolved is the one
@@ -132,7 +161,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 		addrs, err = d.resolver.LookupNetIP(ctx, "ip", lookupName)
 		if err != nil {
-			return nil, err
+			return nil, lookupError(err)
 		}
 	}
 	// IPv4 first: a server without IPv6 routes would otherwise spend the

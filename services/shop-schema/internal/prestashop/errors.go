@@ -34,6 +34,9 @@ const (
 	KindShortage                     // this process could not open a connection: out of descriptors or memory
 )
 
+// ReasonShortage is the reason of a KindShortage error.
+const ReasonShortage = "the service is short of resources"
+
 // CodeNotAllowed is the error code of an address the guard refuses, as a
 // base_url (shopschema) or as a redirect's target here: one code, one
 // place.
@@ -223,7 +226,7 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	case acceptretry.Shortage(err):
 		// Ours, not the shop's: shop_unreachable sent the merchant to
 		// check DNS and firewalls, and the SRE to the shop.
-		e.Kind, e.Reason = KindShortage, "the service is short of resources"
+		e.Kind, e.Reason = KindShortage, ReasonShortage
 	case errors.Is(err, guard.ErrNotAllowed):
 		e.Kind, e.Reason = KindNotAllowed, "the shop's address or a redirect target is not allowed"
 	case errors.Is(err, guard.ErrNotHTTPS):

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/percent"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
@@ -201,6 +202,10 @@ func resolveError(err error) error {
 		// The caller can fix it (spec 4.2's 400): a 5xx would tell it to
 		// retry an address that names no host.
 		return &InputError{CodeInvalidBaseURL, "base_url's host name does not exist (DNS: no such host)"}
+	case acceptretry.Shortage(err):
+		// Ours, not the shop's DNS: answered as a connection this process
+		// could not open.
+		return &prestashop.Error{Kind: prestashop.KindShortage, Resource: "host", Reason: prestashop.ReasonShortage}
 	case errors.Is(err, guard.ErrUnresolvable):
 		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name could not be resolved (DNS failed)"}
 	case errors.Is(err, context.Canceled):
