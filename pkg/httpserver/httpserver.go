@@ -317,20 +317,22 @@ func (s *Server) drain(servers []*http.Server, cutOff context.CancelCauseFunc) e
 	return firstErr
 }
 
-// cutOffWait bounds the wait for the handlers of requests cut off to return
+// CutOffWait bounds the wait for the handlers of requests cut off to return
 // once cancelled: a handler whose query is cancelled returns within
 // milliseconds, and a hung one is not waited for longer than this, kept
-// small beside the last flush of spans that the grace periods allow for.
-const cutOffWait = 500 * time.Millisecond
+// small beside the last flush of spans. It counts in a service's stop
+// after SIGTERM, which its grace periods must outlast (each service's
+// TestSettingsAsDocumentedAndDeployed adds it).
+const CutOffWait = 500 * time.Millisecond
 
-// awaitCutOff waits, for cutOffWait at most, for the handlers of the
+// awaitCutOff waits, for CutOffWait at most, for the handlers of the
 // requests cut off to return, so that their access lines and server spans
 // are written before Run returns and main flushes the spans and exits.
 // Returned at once, the process logged "stopped" first and exported none of
 // their server spans: their traces held the spans of their queries and
 // shop requests without the parent.
 func (s *Server) awaitCutOff() {
-	deadline := time.Now().Add(cutOffWait)
+	deadline := time.Now().Add(CutOffWait)
 	for s.inFlight.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}

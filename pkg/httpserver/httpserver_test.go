@@ -646,7 +646,10 @@ func TestARequestCutOffIsLoggedAndTracedBeforeRunReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	// The span's end takes a while too, so that a count of the requests in
+	// flight that ends before it (the handler's return) lets Run return
+	// with the span not yet recorded.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(slowEnd{sr}))
 	entered := make(chan struct{})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/slow", func(w http.ResponseWriter, r *http.Request) {
@@ -675,6 +678,15 @@ func TestARequestCutOffIsLoggedAndTracedBeforeRunReturns(t *testing.T) {
 	if access < 0 || stopped < 0 || access > stopped {
 		t.Errorf("want the access line of the request cut off before \"stopped\":\n%s", out)
 	}
+}
+
+// slowEnd is a span processor whose OnEnd takes 20 ms, as an export
+// queue's lock or a busy core can.
+type slowEnd struct{ sdktrace.SpanProcessor }
+
+func (p slowEnd) OnEnd(s sdktrace.ReadOnlySpan) {
+	time.Sleep(20 * time.Millisecond)
+	p.SpanProcessor.OnEnd(s)
 }
 
 // A request the drain cuts off is the service's doing: its cancellation is

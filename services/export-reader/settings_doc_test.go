@@ -36,8 +36,10 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop:       func(c Config) time.Duration { return c.ShutdownDelay + drainTime(c) + telemetry.MaxFlushTime },
-		Drain:      drainTime,
+		Stop: func(c Config) time.Duration {
+			return c.ShutdownDelay + drainTime(c) + httpserver.CutOffWait + telemetry.MaxFlushTime
+		},
+		Drain: drainTime,
 	}
 }
 
