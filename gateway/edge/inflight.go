@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/coinexport/export/pkg/httpserver"
 )
 
 // inFlightRequests names the requests in the handler, so that a drain that
@@ -66,7 +68,8 @@ const maxCutOffLines = 1000
 
 // logCutOff writes a WARN for each request still in flight (at most
 // maxCutOffLines), with the fields of its access line that it had when it
-// started.
+// started, the path written as that line writes one (cut at 128
+// characters; made so here, not as each request starts).
 func (f *inFlightRequests) logCutOff(log *slog.Logger, now time.Time) {
 	written := 0
 	for i := range f.shards {
@@ -77,7 +80,7 @@ func (f *inFlightRequests) logCutOff(log *slog.Logger, now time.Time) {
 				break
 			}
 			written++
-			attrs := []any{"method", e.method, "route", e.route, "path", e.path, "client_ip", e.clientIP,
+			attrs := []any{"method", e.method, "route", e.route, "path", httpserver.LoggableClientValue(e.path), "client_ip", e.clientIP,
 				"duration_ms", float64(now.Sub(e.start).Microseconds()) / 1000, "request_id", e.id, "trace_id", e.id}
 			if e.clientRequestID != "" {
 				attrs = append(attrs, "client_request_id", e.clientRequestID)

@@ -3,7 +3,9 @@ package edge
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/tracestore"
 )
 
@@ -83,6 +86,40 @@ func TestARequestTheDrainCutsOffIsNamed(t *testing.T) {
 	if !logLine(logs.String(), `"level":"WARN"`, `"msg":"request cut off by the drain"`, `"request_id":"`+requestID+`"`,
 		`"method":"GET"`, `"route":"GET /v1/export/items"`, `"path":"/v1/export/items"`, `"client_ip":"127.0.0.1"`, `"duration_ms":`) {
 		t.Errorf("no line naming the request cut off (request id %s):\n%s", requestID, logs.String())
+	}
+}
+
+// The drain names at most maxCutOffLines requests (a gateway stopped under a
+// flood of hung calls writes no more), each path as the access line writes
+// one (cut at 128 characters: a path is as long as fasthttp's buffer
+// allows), and none once its request has ended.
+func TestTheLinesOfRequestsCutOffAreBounded(t *testing.T) {
+	var f inFlightRequests
+	long := "/v1/export/items/" + strings.Repeat("a", 300)
+	tickets := make([]uint64, 0, maxCutOffLines+5)
+	for range maxCutOffLines + 5 {
+		tickets = append(tickets, f.add(&request{id: strings.Repeat("0", 32), method: "GET",
+			route: "GET /v1/export/items/{id}", path: long, clientIP: "127.0.0.1", start: time.Now()}))
+	}
+	var out strings.Builder
+	f.logCutOff(slog.New(slog.NewJSONHandler(&out, nil)), time.Now())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != maxCutOffLines {
+		t.Errorf("%d lines for %d requests cut off, want %d", len(lines), len(tickets), maxCutOffLines)
+	}
+	var line struct{ Path string }
+	if err := json.Unmarshal([]byte(lines[0]), &line); err != nil {
+		t.Fatal(err)
+	}
+	if want := httpserver.LoggableClientValue(long); line.Path != want || len(line.Path) >= len(long) {
+		t.Errorf("path %q, want it as the access line writes it, %q", line.Path, want)
+	}
+	for _, n := range tickets {
+		f.remove(n)
+	}
+	out.Reset()
+	if f.logCutOff(slog.New(slog.NewJSONHandler(&out, nil)), time.Now()); out.Len() > 0 {
+		t.Errorf("requests that ended named as cut off:\n%s", out.String())
 	}
 }
 
