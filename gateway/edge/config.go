@@ -369,7 +369,8 @@ func (c Config) LogValue() slog.Value {
 // held open, idle or not (gateway README, "Connections"), so 4,096 of them
 // take ~86 MB over a fresh gateway's 28 MB, beside the 32 MiB of held
 // answers (heldAnswersLimit) and up to 1,024 connections lingering at their
-// close (lingerclose.Defaults, ~24 MiB): ~170 MB, the rest left to requests
+// close (lingerclose.Defaults, ~24 MiB) and 256 refused ones
+// (maxRefusalsLingering, ~6 MiB): ~176 MB, the rest left to requests
 // in flight and the collector. A connection's request body buffer is not
 // kept once its request is answered (keptBodyBufferBytes).
 const defaultMaxConnections = 4096

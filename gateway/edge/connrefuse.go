@@ -5,6 +5,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/coinexport/export/gateway/lingerclose"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/valyala/fasthttp"
@@ -34,6 +35,15 @@ const (
 	// a goroutine and a small buffer each (a few MiB in all); past it a
 	// connection is answered at once.
 	maxRefusalsWaiting = 256
+	// maxRefusalsLingering bounds the refused connections lingering at
+	// their close at once (lingerclose, 16 KiB and a goroutine each, ~6
+	// MiB in all), apart from the 1,024 of the gateway's other closes: a
+	// flood of refused clients that keep their end open took those, and a
+	// 413 of a body still arriving was then closed at once, its client
+	// reading a reset instead of the envelope. Past it a refused
+	// connection is closed at once, a reset only for a client still
+	// sending more than the refusal read.
+	maxRefusalsLingering = 256
 	// refusalWriteTimeout bounds the answer's write: on a new connection
 	// the kernel's send buffer takes it whole at once.
 	refusalWriteTimeout = time.Second
@@ -83,7 +93,17 @@ func (g *Gateway) answerRefused(c net.Conn) {
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
 	_ = writeRefusal(c, requestID) // a client already gone: nothing to do
-	_ = c.Close()
+	_ = g.closeRefused(c)
+}
+
+// closeRefused closes c lingering on the refusals' own budget. c is what
+// conncap accepted from lingerclose: a *lingerclose.Conn, unless the
+// connection is not TCP.
+func (g *Gateway) closeRefused(c net.Conn) error {
+	if lc, ok := c.(*lingerclose.Conn); ok {
+		return lc.CloseOn(g.refusalsLingering)
+	}
+	return c.Close()
 }
 
 // writeRefusal writes the whole answer to a refused connection on w, in

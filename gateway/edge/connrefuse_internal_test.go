@@ -382,3 +382,52 @@ func heapInUse() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse
 }
+
+// A flood of refusals cannot take the lingering an ordinary close needs:
+// refused clients that read their 503 and keep their end open each hold
+// a lingering connection (lingerclose), and when those were the ones an
+// ordinary close counts on, a 413 of a body still arriving was closed at
+// once, and its client read a reset instead of the envelope.
+func TestRefusalsLeaveOrdinaryClosesTheirLingering(t *testing.T) {
+	const lingering = 4
+	g, _ := startWithHook(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1", "LOG_LEVEL": "error"}, func(g *Gateway) {
+		g.keys = fakeKeys{}
+		g.linger.MaxConns = lingering
+		g.linger.IdleTimeout = time.Minute // a refused client silent after its answer holds its place
+	})
+	served, servedReader := openServed(t, g)
+	for range 2 * lingering {
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		checkRefusal(t, ask(t, c, bufio.NewReader(c), "GET /v1/nope HTTP/1.1\r\nHost: gw\r\n\r\n"), nil)
+	}
+	waitRefusalsEnded(t, g)
+	const size = 12 << 20 // on loopback a few MB unsent make the reset certain
+	tooLarge := "POST /v1/nope HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(size) + "\r\n\r\n" + strings.Repeat(" ", size)
+	_ = served.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(served, tooLarge); err != nil {
+		t.Fatalf("sending a body over the limit after %d refusals: %v; want it taken in, then the 413", 2*lingering, err)
+	}
+	resp, err := http.ReadResponse(servedReader, nil)
+	if err != nil {
+		t.Fatalf("after %d refusals, the 413 of a body still arriving: %v; want the envelope", 2*lingering, err)
+	}
+	if body, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), `"payload_too_large"`) {
+		t.Errorf("after %d refusals, a body over the limit = %d %s, want 413 payload_too_large", 2*lingering, resp.StatusCode, body)
+	}
+}
+
+// waitRefusalsEnded waits until every refusal g started was answered and
+// closed.
+func waitRefusalsEnded(t *testing.T, g *Gateway) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); g.refusalsWaiting.Load() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refusals still waiting after 10 s, want none", g.refusalsWaiting.Load())
+		}
+	}
+}

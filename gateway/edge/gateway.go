@@ -104,6 +104,11 @@ type Gateway struct {
 	connections     *conncap.Listener
 	refusalsWaiting atomic.Int64
 	refusedLog      logging.Throttle
+	// linger bounds the draining of a closed client connection
+	// (lingerclose.Defaults; tests lower it); refusalsLingering are the
+	// places refused connections linger on, apart from the others'.
+	linger            lingerclose.Options
+	refusalsLingering *lingerclose.Budget
 
 	unroutedMetrics *routeMetrics
 	// routeMetrics are the series of every name a request is given
@@ -234,7 +239,9 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 		shopSlots:       newInFlightSlots(cfg.ShopSchemaInFlight),
 		heldAnswers:     &byteBudget{limit: heldAnswersLimit},
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
+		linger:          lingerclose.Defaults,
 		failed:          make(chan error, 2)}
+	g.refusalsLingering = lingerclose.NewBudget(maxRefusalsLingering)
 	if cfg.OwnerInFlight > 0 {
 		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
 	}
@@ -261,7 +268,7 @@ func (g *Gateway) listen(ctx context.Context) error {
 		return fmt.Errorf("listen %s: %w", g.cfg.Addr, err)
 	}
 	g.connections = conncap.NewListener(
-		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), lingerclose.Defaults),
+		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), g.linger),
 		connectionsCap(g.cfg.MaxConnections), g.refuseConnection)
 	g.metrics.watchConnections(g.connections, g.cfg.MaxConnections)
 	g.listener = &answerListener{Listener: lazydeadline.NewListener(g.connections,

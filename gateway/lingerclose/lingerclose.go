@@ -14,7 +14,9 @@
 // The draining runs in a goroutine of its own after Close returns, so the
 // server's worker is free at once. It is bounded per connection (Options)
 // and in number: past MaxConns lingering connections, a connection is
-// closed at once, as without this package.
+// closed at once, as without this package. A kind of close that may come in
+// a flood lingers on a Budget of its own (CloseOn), so that it cannot use
+// up the places the listener's other closes count on.
 package lingerclose
 
 import (
@@ -45,17 +47,41 @@ var Defaults = Options{IdleTimeout: 2 * time.Second, MaxTime: 10 * time.Second, 
 // Listener hands out connections that close in stages.
 type Listener struct {
 	net.Listener
-	opts      Options
+	opts   Options
+	budget *Budget
+}
+
+// NewListener wraps ln. Its connections linger on a Budget of
+// opts.MaxConns.
+func NewListener(ln net.Listener, opts Options) *Listener {
+	return &Listener{Listener: ln, opts: opts, budget: NewBudget(opts.MaxConns)}
+}
+
+// Lingering is how many connections are being drained now on the
+// listener's own budget.
+func (l *Listener) Lingering() int64 { return l.budget.Lingering() }
+
+// Budget bounds how many connections linger on it at once; past it a
+// connection is closed at once.
+type Budget struct {
+	max       int64
 	lingering atomic.Int64
 }
 
-// NewListener wraps ln.
-func NewListener(ln net.Listener, opts Options) *Listener {
-	return &Listener{Listener: ln, opts: opts}
-}
+// NewBudget returns a budget of max lingering connections.
+func NewBudget(max int64) *Budget { return &Budget{max: max} }
 
-// Lingering is how many connections are being drained now.
-func (l *Listener) Lingering() int64 { return l.lingering.Load() }
+// Lingering is how many connections are being drained now on b.
+func (b *Budget) Lingering() int64 { return b.lingering.Load() }
+
+// admit counts one more lingering connection unless max are already.
+func (b *Budget) admit() bool {
+	if b.lingering.Add(1) > b.max {
+		b.lingering.Add(-1)
+		return false
+	}
+	return true
+}
 
 // Accept accepts a connection; one that is not TCP is returned as it is.
 func (l *Listener) Accept() (net.Conn, error) {
@@ -141,45 +167,41 @@ func (c *Conn) errClosed(op string) error {
 // Close closes the write side and leaves the rest to a goroutine that
 // drains what the client still sends, then closes the socket. It returns
 // at once.
-func (c *Conn) Close() error {
+func (c *Conn) Close() error { return c.CloseOn(c.l.budget) }
+
+// CloseOn is Close lingering on b instead of the listener's budget (at
+// once if b is full), the draining bounded by the listener's Options all
+// the same.
+func (c *Conn) CloseOn(b *Budget) error {
 	c.mu.Lock()
 	first := c.closed.CompareAndSwap(false, true)
 	c.mu.Unlock()
 	if !first {
 		return net.ErrClosed
 	}
-	if !c.l.admit() {
+	if !b.admit() {
 		return c.TCPConn.Close()
 	}
 	if err := c.TCPConn.CloseWrite(); err != nil { // the client reset it already
-		c.l.lingering.Add(-1)
+		b.lingering.Add(-1)
 		return c.TCPConn.Close()
 	}
 	// A deadline past interrupts a Read blocked in another goroutine.
 	_ = c.TCPConn.SetReadDeadline(aLongTimeAgo)
-	go c.drainThenClose()
+	go c.drainThenClose(b)
 	return nil
 }
 
 // aLongTimeAgo is a deadline already past.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// admit counts one more lingering connection unless MaxConns are already.
-func (l *Listener) admit() bool {
-	if l.lingering.Add(1) > l.opts.MaxConns {
-		l.lingering.Add(-1)
-		return false
-	}
-	return true
-}
-
 // discard holds the buffers drained bytes are read into.
 var discard = sync.Pool{New: func() any { return new([16 << 10]byte) }}
 
 // drainThenClose reads until the client's end of stream, an error, or a
-// bound of Options, then closes.
-func (c *Conn) drainThenClose() {
-	defer c.l.lingering.Add(-1)
+// bound of Options, then closes and gives its place on b back.
+func (c *Conn) drainThenClose(b *Budget) {
+	defer b.lingering.Add(-1)
 	defer c.TCPConn.Close()
 	// Wait for a Read that was blocked at Close to return (interrupted);
 	// later ones fail without reading.

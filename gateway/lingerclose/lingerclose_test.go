@@ -245,3 +245,45 @@ func TestCloseEndsTheConnectionForItsOwner(t *testing.T) {
 	client.Close()
 	waitLingering(t, l, 0)
 }
+
+// A connection closed with CloseOn lingers on the budget it names, not on
+// its listener's: closes of one kind, however many, leave the listener's
+// places to the others. With the other budget full, such a close is
+// immediate, and the listener's own places are still there.
+func TestCloseOnLingersOnItsOwnBudget(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewListener(ln, Options{IdleTimeout: 10 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
+	defer l.Close()
+	other := NewBudget(1)
+	// Each closed with the client silent and its end open: it lingers for IdleTimeout.
+	closeOne := func(closeIt func(*Conn) error) {
+		t.Helper()
+		client, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close() })
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := closeIt(c.(*Conn)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeOnOther := func(c *Conn) error { return c.CloseOn(other) }
+	closeOne(closeOnOther)
+	closeOne(closeOnOther) // other is full: closed at once
+	if l.Lingering() != 0 || other.Lingering() != 1 {
+		t.Fatalf("after two CloseOn of a budget of 1: %d lingering on the listener, %d on the budget; want 0 and 1",
+			l.Lingering(), other.Lingering())
+	}
+	closeOne((*Conn).Close)
+	if l.Lingering() != 1 || other.Lingering() != 1 {
+		t.Fatalf("a Close beside a full budget: %d lingering on the listener, %d on the budget; want 1 and 1",
+			l.Lingering(), other.Lingering())
+	}
+}
