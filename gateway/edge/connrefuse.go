@@ -1,8 +1,11 @@
 package edge
 
 import (
+	"context"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coinexport/export/gateway/lingerclose"
@@ -56,27 +59,93 @@ const (
 // and closes it, without blocking the accepting goroutine.
 func (g *Gateway) refuseConnection(c net.Conn) {
 	g.metrics.connectionsRefused.Inc()
-	if g.refusalsWaiting.Add(1) > maxRefusalsWaiting {
-		g.refusalsWaiting.Add(-1)
+	if !g.refusals.startWaiting() {
 		g.answerRefused(c)
 		return
 	}
 	go func() {
-		defer g.refusalsWaiting.Add(-1)
-		awaitRequest(c)
+		defer g.refusals.endWaiting()
+		g.refusals.awaitRequest(c, g.refusalWait)
 		g.answerRefused(c)
 	}()
 }
 
-// awaitRequest waits, at most refusalWait, for c's client to send
-// something, and throws away what it read: the connection is answered
-// without reading its request, and the rest is drained at the close.
-func awaitRequest(c net.Conn) {
-	if c.SetReadDeadline(time.Now().Add(refusalWait)) != nil {
+// refusals are the refused connections waiting for their request. The
+// shutdown answers them at once (end): left waiting, the process's exit
+// closed them unanswered, their clients reading an end of stream.
+type refusals struct {
+	mu    sync.Mutex
+	ended bool
+	// count is how many wait now, done tells when each has ended.
+	count atomic.Int64
+	done  sync.WaitGroup
+	// stopped is cancelled by end, waking the waits.
+	stopped context.Context
+	stop    context.CancelFunc
+}
+
+func newRefusals() *refusals {
+	r := &refusals{}
+	r.stopped, r.stop = context.WithCancel(context.Background())
+	return r
+}
+
+// waiting is how many refused connections wait for their request now.
+func (r *refusals) waiting() int64 { return r.count.Load() }
+
+// startWaiting takes a waiting place, unless maxRefusalsWaiting are taken
+// or the gateway is stopping: the refusal is then answered at once.
+func (r *refusals) startWaiting() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended || r.count.Load() >= maxRefusalsWaiting {
+		return false
+	}
+	r.count.Add(1)
+	r.done.Add(1)
+	return true
+}
+
+func (r *refusals) endWaiting() {
+	r.count.Add(-1)
+	r.done.Done()
+}
+
+// awaitRequest waits, at most wait and no longer than the gateway runs,
+// for c's client to send something, and throws away what it read: the
+// connection is answered without reading its request, and the rest is
+// drained at the close.
+func (r *refusals) awaitRequest(c net.Conn, wait time.Duration) {
+	if c.SetReadDeadline(time.Now().Add(wait)) != nil {
 		return
 	}
+	// Registered after the wait's own deadline, which would replace the
+	// past one a stop sets.
+	defer context.AfterFunc(r.stopped, func() { _ = c.SetReadDeadline(aLongTimeAgo) })()
 	var discard [512]byte
 	_, _ = c.Read(discard[:])
+}
+
+// aLongTimeAgo is a deadline already past: it wakes a blocked Read.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// end answers the refusals still waiting, and any later one at once, and
+// returns once each was answered and closed (its write bounded by
+// refusalWriteTimeout), or when ctx ends.
+func (r *refusals) end(ctx context.Context) {
+	r.mu.Lock()
+	r.ended = true
+	r.mu.Unlock()
+	r.stop()
+	ended := make(chan struct{})
+	go func() {
+		r.done.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-ctx.Done():
+	}
 }
 
 // answerRefused writes the refusal's envelope on c, logs it (throttled)

@@ -216,7 +216,7 @@ func TestRefusalsWaitAgainOnceEarlierOnesEnded(t *testing.T) {
 		c.Close()
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for g.refusalsWaiting.Load() != 0 && time.Now().Before(deadline) {
+	for g.refusals.waiting() != 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	dialStillWaiting(t, g)
@@ -425,9 +425,36 @@ func TestRefusalsLeaveOrdinaryClosesTheirLingering(t *testing.T) {
 // closed.
 func waitRefusalsEnded(t *testing.T, g *Gateway) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); g.refusalsWaiting.Load() != 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); g.refusals.waiting() != 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d refusals still waiting after 10 s, want none", g.refusalsWaiting.Load())
+			t.Fatalf("%d refusals still waiting after 10 s, want none", g.refusals.waiting())
 		}
 	}
+}
+
+// The shutdown answers the refused connections still waiting for their
+// request, and closes them, before it returns: left waiting, they were
+// answered after it, or in the binary closed unanswered by the process's
+// exit, their clients reading an end of stream without a word.
+func TestTheShutdownAnswersTheRefusalsStillWaiting(t *testing.T) {
+	g, _ := startWithHook(t, map[string]string{"GATEWAY_MAX_CONNECTIONS": "1", "LOG_LEVEL": "error"}, func(g *Gateway) {
+		g.keys = fakeKeys{}
+		g.refusalWait = time.Minute // still waiting when the shutdown comes
+	})
+	openServed(t, g)
+	waiting := dialStillWaiting(t, g)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := g.refusals.waiting(); n != 0 {
+		t.Errorf("%d refusals still waiting once Shutdown returned, want none", n)
+	}
+	_ = waiting.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(waiting), nil)
+	if err != nil {
+		t.Fatalf("a refused connection waiting at the shutdown: %v; want the 503", err)
+	}
+	checkRefusal(t, resp, waiting)
 }

@@ -98,17 +98,20 @@ type Gateway struct {
 	repeatLog logging.Throttle
 	health    healthState
 	// connections counts the client connections open, and refuses those
-	// past GATEWAY_MAX_CONNECTIONS (refuseConnection); refusalsWaiting are
-	// those refused waiting for their request, and refusedLog lets through
-	// one line of them every refusedLogInterval.
-	connections     *conncap.Listener
-	refusalsWaiting atomic.Int64
-	refusedLog      logging.Throttle
+	// past GATEWAY_MAX_CONNECTIONS (refuseConnection); refusals are those
+	// refused waiting for their request, and refusedLog lets through one
+	// line of them every refusedLogInterval.
+	connections *conncap.Listener
+	refusals    *refusals
+	refusedLog  logging.Throttle
 	// linger bounds the draining of a closed client connection
 	// (lingerclose.Defaults; tests lower it); refusalsLingering are the
 	// places refused connections linger on, apart from the others'.
 	linger            lingerclose.Options
 	refusalsLingering *lingerclose.Budget
+	// refusalWait is how long a refused connection waits for its request
+	// (the constant refusalWait; tests raise it).
+	refusalWait time.Duration
 
 	unroutedMetrics *routeMetrics
 	// routeMetrics are the series of every name a request is given
@@ -240,8 +243,9 @@ func newGateway(cfg Config, log *slog.Logger) *Gateway {
 		heldAnswers:     &byteBudget{limit: heldAnswersLimit},
 		clientAddr:      clientAddress{header: cfg.ProxyHeader, trusted: cfg.TrustedProxies},
 		linger:          lingerclose.Defaults,
+		refusalWait:     refusalWait,
 		failed:          make(chan error, 2)}
-	g.refusalsLingering = lingerclose.NewBudget(maxRefusalsLingering)
+	g.refusals, g.refusalsLingering = newRefusals(), lingerclose.NewBudget(maxRefusalsLingering)
 	if cfg.OwnerInFlight > 0 {
 		g.ownerSlots = newOwnerSlots(g.metrics, cfg.OwnerInFlight, cfg.OwnerSaleInFlight)
 	}
@@ -461,6 +465,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 
 func (g *Gateway) shutdown(ctx context.Context) error {
 	g.log.Info("draining", "in_flight", g.inFlight.Load())
+	g.refusals.end(ctx)
 	err := g.app.ShutdownWithContext(ctx)
 	if err != nil {
 		// Their clients saw the connection close without an answer, and
