@@ -198,6 +198,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, getenv func(string
 	if err = g.listen(ctx); err != nil {
 		return nil, err
 	}
+	g.warnCapPastDescriptors()
 	g.startBackground(store)
 	g.startServing()
 	g.log.Info("serving", "addr", g.Addr(), "admin_addr", g.AdminAddr())
