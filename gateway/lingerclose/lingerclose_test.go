@@ -16,12 +16,7 @@ const refusal = "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\n\r\n"
 // fasthttp does with a body over its limit.
 func refusingServer(t *testing.T, opts Options) *Listener {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := NewListener(ln, opts)
-	t.Cleanup(func() { l.Close() })
+	l := listen(t, opts)
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -35,6 +30,19 @@ func refusingServer(t *testing.T, opts Options) *Listener {
 			}()
 		}
 	}()
+	return l
+}
+
+// listen returns a Listener with opts on a loopback port, closed at the
+// test's end.
+func listen(t *testing.T, opts Options) *Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewListener(ln, opts)
+	t.Cleanup(func() { l.Close() })
 	return l
 }
 
@@ -162,12 +170,7 @@ func TestPastMaxConnsCloseIsImmediate(t *testing.T) {
 
 // Close twice: the second says the connection is closed.
 func TestCloseTwice(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := NewListener(ln, Defaults)
-	defer l.Close()
+	l := listen(t, Defaults)
 	go func() {
 		if c, err := net.Dial("tcp", l.Addr().String()); err == nil {
 			defer c.Close()
@@ -193,12 +196,7 @@ func TestCloseTwice(t *testing.T) {
 // and a later Read or deadline fails without touching the socket, whose
 // draining goes on by its own bounds.
 func TestCloseEndsTheConnectionForItsOwner(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := NewListener(ln, Options{IdleTimeout: 5 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 8})
-	defer l.Close()
+	l := listen(t, Options{IdleTimeout: 5 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 8})
 	client, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -251,12 +249,7 @@ func TestCloseEndsTheConnectionForItsOwner(t *testing.T) {
 // places to the others. With the other budget full, such a close is
 // immediate, and the listener's own places are still there.
 func TestCloseOnLingersOnItsOwnBudget(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := NewListener(ln, Options{IdleTimeout: 10 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
-	defer l.Close()
+	l := listen(t, Options{IdleTimeout: 10 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
 	other := NewBudget(1)
 	// Each closed with the client silent and its end open: it lingers for IdleTimeout.
 	closeOne := func(closeIt func(*Conn) error) {
