@@ -10,13 +10,15 @@ import (
 
 // The room a descriptor limit leaves for client connections is what the
 // gateway may hold besides them taken off: 1,024 + 256 lingering, 256
-// refusals waiting, 512 connections to each of 3 instances, 256 others.
+// refusals waiting, 512 connections and a probe's to each of 3 instances,
+// the Redis pool (640: 10 per GOMAXPROCS of 64), 64 others.
 func TestRoomForClients(t *testing.T) {
 	cfg := Config{ExportReaderURLs: []string{"a"}, SalesWriterURLs: []string{"b"}, ShopSchemaURLs: []string{"c"}, UpstreamMaxConns: 512}
-	const besides = 1024 + 256 + 256 + 3*512 + 256
+	const redisPool = 640
+	const besides = 1024 + 256 + 256 + 3*(512+1) + redisPool + 64
 	for limit, want := range map[uint64]uint64{1024: 0, besides: 0, besides + 4096: 4096, 1 << 20: 1<<20 - besides} {
-		if got := roomForClients(limit, cfg, lingerclose.Defaults); got != want {
-			t.Errorf("room for clients under a limit of %d = %d, want %d", limit, got, want)
+		if got := roomForClients(limit, cfg, lingerclose.Defaults, redisPool); got != want {
+			t.Errorf("roomForClients(%d) with a Redis pool of %d = %d, want %d", limit, redisPool, got, want)
 		}
 	}
 }
