@@ -64,7 +64,7 @@ func sendThenRead(t *testing.T, addr string, size int) (answer []byte, writeErr,
 }
 
 // waitLingering waits up to 5 s for l.Lingering() to reach want.
-func waitLingering(t *testing.T, l *Listener, want int64) {
+func waitLingering(t *testing.T, l interface{ Lingering() int64 }, want int64) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); l.Lingering() != want; {
 		if time.Now().After(end) {
@@ -278,5 +278,42 @@ func TestCloseOnLingersOnItsOwnBudget(t *testing.T) {
 	if l.Lingering() != 1 || other.Lingering() != 1 {
 		t.Fatalf("a Close beside a full budget: %d lingering on the listener, %d on the budget; want 1 and 1",
 			l.Lingering(), other.Lingering())
+	}
+}
+
+// A connection lingering on a Budget gives its place back to that Budget,
+// not to its listener's, whichever way its close ends: the drain reaching
+// the client's end of stream, or the client's reset before the close
+// (CloseWrite fails). Given back to the wrong one, a flood of refusals
+// would leave the refusals' Budget full for good and the listener's count
+// below zero.
+func TestCloseOnGivesThePlaceBackToItsBudget(t *testing.T) {
+	l := listen(t, Options{IdleTimeout: 10 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
+	other := NewBudget(1)
+	for _, reset := range []bool{false, true} {
+		client, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reset {
+			_ = client.(*net.TCPConn).SetLinger(0) // its Close sends a reset
+			client.Close()
+			// The reset has arrived once a Read says so.
+			if _, err := c.Read(make([]byte, 1)); err == nil {
+				t.Fatal("read from a client that reset: no error")
+			}
+		}
+		if err := c.(*Conn).CloseOn(other); err != nil && !reset {
+			t.Fatal(err)
+		}
+		client.Close() // the drain reads its end of stream
+		waitLingering(t, other, 0)
+		if n := l.Lingering(); n != 0 {
+			t.Fatalf("after a CloseOn of a client that reset = %v: %d lingering on the listener, want 0", reset, n)
+		}
 	}
 }
