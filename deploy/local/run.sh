@@ -178,13 +178,20 @@ hurry=
 # until it is gone, as two sent together may arrive as one. The wait is
 # wait -n on the process and a timer of stop_grace, which returns as
 # either ends (or as a trapped signal arrives): polled every 0.1 s, each
-# binary's stop took up to 0.1 s more than its own.
-stop_grace=35
+# binary's stop took up to 0.1 s more than its own. RUN_STOP_GRACE sets it
+# (seconds); shorter than a binary's drain, it cuts that drain off.
+stop_grace=${RUN_STOP_GRACE:-35}
+[[ $stop_grace =~ ^[0-9]{1,6}$ ]] && ((10#$stop_grace > 0)) || die "RUN_STOP_GRACE must be a whole number of seconds, at least 1, such as 35"
+stop_grace=$((10#$stop_grace))
 stop_one() {
   local pid=$1 timer
   kill -TERM "$pid" 2>/dev/null || return 0
-  sleep "$stop_grace" 9>&- & # SIGINT ignored (a background job): a second Ctrl-C does not end it
-  timer=$!
+  # The timer reads a pipe whose other end this script alone holds, rather
+  # than sleeping: a make run killed (kill -9) closes it, and the timer
+  # ends at once; a sleep outlived it by up to stop_grace. SIGINT ignored
+  # (an asynchronous command): a second Ctrl-C does not end it.
+  coproc TIMER { read -r -t "$stop_grace" _ || true; } 9>&-
+  timer=$TIMER_PID
   while ! stopped "$pid"; do
     # The grace bounds a hurried stop too: a binary that outlives its
     # second TERM as well is killed, or make run waited for ever.

@@ -113,8 +113,9 @@ func TestReadRunScriptStopGrace(t *testing.T) {
 		lines string
 		want  time.Duration
 	}{
-		{"stopping=\nstop_grace=35\nstop_one() {\n", 35 * time.Second},
-		{"# stop_grace=35 in a comment\n  stop_grace=35\n", 0},
+		{"stopping=\nstop_grace=${RUN_STOP_GRACE:-35}\nstop_one() {\n", 35 * time.Second},
+		{"# stop_grace=${RUN_STOP_GRACE:-35} in a comment\n  stop_grace=${RUN_STOP_GRACE:-35}\n", 0},
+		{"stop_grace=35\n", 0}, // the setting's default is what is read
 	} {
 		if err := os.WriteFile(script, []byte(tt.lines), 0o644); err != nil {
 			t.Fatal(err)

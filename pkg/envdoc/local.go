@@ -68,14 +68,14 @@ var (
 	secretLine = regexp.MustCompile(`echo "([A-Z_][A-Z0-9_]*)=\$\(random_secret\)"`)
 	// reachableCall is run.sh's $(reachable "ADDR"), read as reachable reads it.
 	reachableCall = regexp.MustCompile(`\$\(reachable "([^"]*)"\)`)
-	// stopGraceLine is run.sh's setting of stop_grace, at the start of a
-	// line (not a comment's mention).
-	stopGraceLine = regexp.MustCompile(`^stop_grace=([0-9]+)$`)
+	// stopGraceLine is run.sh's setting of stop_grace, RUN_STOP_GRACE's
+	// default, at the start of a line (not a comment's mention).
+	stopGraceLine = regexp.MustCompile(`^stop_grace=\$\{RUN_STOP_GRACE:-([0-9]+)\}$`)
 )
 
 // ReadRunScriptStopGrace reads the time make run's script
 // (deploy/local/run.sh) gives each binary from its TERM to its KILL: the
-// script's stop_grace, in seconds.
+// script's stop_grace, in seconds, as it is when RUN_STOP_GRACE is unset.
 func ReadRunScriptStopGrace(path string) (time.Duration, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -90,7 +90,7 @@ func ReadRunScriptStopGrace(path string) (time.Duration, error) {
 			return time.Duration(seconds) * time.Second, nil
 		}
 	}
-	return 0, fmt.Errorf("%s: no stop_grace=SECONDS line", path)
+	return 0, fmt.Errorf("%s: no stop_grace=${RUN_STOP_GRACE:-SECONDS} line", path)
 }
 
 // reachable is run.sh's function of that name: where a client on the
