@@ -138,51 +138,14 @@ func buildBinaries() (string, error) {
 	return dir, nil
 }
 
-// readSourcesOf opens the folder of every package of the workspace that
-// pkgs are built from (with its embedded files' folders, and each module's
-// root: go.mod, go.sum), and go.work, so that go test's cache covers the
-// binaries built from them: this test binary imports none of the services,
-// and go test ./... without -count=1 returned a cached pass after a
-// service changed. The cache keeps, with a result, what the test opened
-// (for a folder, the size and time of each file in it: cmd/go's hashOpen),
-// but only within the test's module: the folders outside gateway/ are
-// opened through the links in testdata/workspace, which are within it.
+// readSourcesOf is testenv.ReadSourcesOf for this module, gateway/,
+// through the links in testdata/workspace.
 func readSourcesOf(pkgs ...string) error {
-	args := append([]string{"list", "-deps", "-f",
-		`{{if and .Module .Module.Main}}{{.Dir}}{{"\n"}}{{.Module.Dir}}{{range .EmbedFiles}}{{"\n"}}{{$.Dir}}/{{.}}{{end}}{{"\n"}}{{end}}`}, pkgs...)
-	out, err := exec.Command("go", args...).Output()
-	if err != nil {
-		return fmt.Errorf("go list the sources of %v: %w", pkgs, err)
-	}
 	gateway, err := filepath.Abs("..")
 	if err != nil {
 		return err
 	}
-	links := filepath.Join(gateway, "e2e/testdata/workspace")
-	inputs := map[string]bool{filepath.Join(links, "go.work"): true, filepath.Join(links, "go.work.sum"): true}
-	for line := range strings.Lines(string(out)) {
-		if line = strings.TrimSpace(line); line == "" {
-			continue
-		}
-		if info, err := os.Stat(line); err == nil && !info.IsDir() { // an embedded file
-			line = filepath.Dir(line)
-		}
-		if rel, err := filepath.Rel(gateway, line); err == nil && filepath.IsLocal(rel) {
-			inputs[line] = true
-		} else if rel, err := filepath.Rel(filepath.Dir(gateway), line); err == nil && filepath.IsLocal(rel) {
-			inputs[filepath.Join(links, rel)] = true
-		} else {
-			return fmt.Errorf("%s is outside the workspace", line)
-		}
-	}
-	for input := range inputs {
-		f, err := os.Open(input)
-		if err != nil {
-			return fmt.Errorf("%w (testdata/workspace lacks a link?)", err)
-		}
-		f.Close()
-	}
-	return nil
+	return testenv.ReadSourcesOf(gateway, filepath.Join(gateway, "e2e/testdata/workspace"), pkgs...)
 }
 
 // startStack starts the services and the gateway against dsn and redisURL.

@@ -228,7 +228,7 @@ func prepareRunScript(t *testing.T, unhealthy string, platforms ...string) (*run
 		must(t, os.WriteFile(filepath.Join(s.stubs, "platform-"+id), nil, 0o644))
 	}
 	for _, file := range []string{"run.sh", "lib.sh"} {
-		src, err := os.ReadFile(filepath.Join("../../deploy/local", file))
+		src, err := os.ReadFile(localScript(t, file))
 		must(t, err)
 		must(t, os.WriteFile(filepath.Join(root, "deploy/local", file), src, 0o755))
 	}
@@ -271,9 +271,34 @@ func (s *runScript) freeAddr(t *testing.T) string {
 // quick after the first time).
 func buildLogcap(t *testing.T, path string) {
 	t.Helper()
+	// This package imports no logcap: its sources are opened so that a
+	// change to them runs these tests again rather than answer (cached).
+	module, err := filepath.Abs("..")
+	must(t, err)
+	links, err := filepath.Abs(workspaceLinks)
+	must(t, err)
+	must(t, testenv.ReadSourcesOf(module, links, "github.com/coinexport/export/pkg/cmd/logcap"))
 	if out, err := exec.Command("go", "build", "-o", path, "github.com/coinexport/export/pkg/cmd/logcap").CombinedOutput(); err != nil {
 		t.Fatalf("go build logcap: %v\n%s", err, out)
 	}
+}
+
+// workspaceLinks is the folder, within this module, of the links to the
+// workspace's root that ReadSourcesOf and localScript open its files through
+// (go test's cache rechecks only what a test opened within its module).
+const workspaceLinks = "testdata/workspace"
+
+// localScript is the absolute path of deploy/local's file, opened once
+// through workspaceLinks, so that a change to it (run.sh, lib.sh) runs
+// these tests again: they run it with bash, which go test does not see.
+func localScript(t *testing.T, file string) string {
+	t.Helper()
+	path, err := filepath.Abs(filepath.Join(workspaceLinks, "deploy/local", file))
+	must(t, err)
+	f, err := os.Open(path)
+	must(t, err)
+	f.Close()
+	return path
 }
 
 // again starts another make run in the same clone, with the same settings.
@@ -1106,8 +1131,7 @@ func TestRedisStartTakesARelativeFolder(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skipf("needs redis-server: %v", err)
 	}
-	lib, err := filepath.Abs("../../deploy/local/lib.sh")
-	must(t, err)
+	lib := localScript(t, "lib.sh")
 	// And with CDPATH set in the shell that sourced lib.sh (CDPATH=.:~ is
 	// a common setting): a cd that finds its folder through CDPATH prints
 	// it, and a folder made absolute by $(cd ... && pwd) was then its path
@@ -1131,8 +1155,7 @@ func TestRedisStartWaitsForThePidFile(t *testing.T) {
 		t.Skipf("the stand-in redis-server needs python3: %v", err)
 	}
 	t.Parallel()
-	lib, err := filepath.Abs("../../deploy/local/lib.sh")
-	must(t, err)
+	lib := localScript(t, "lib.sh")
 	bin, dir := t.TempDir(), t.TempDir()
 	const standIn = `#!/bin/sh
 # redis-server --unixsocket SOCK ... --pidfile PID ...: the socket now, the pid file later
@@ -1168,8 +1191,7 @@ func TestPgStartTakesARelativeFolder(t *testing.T) {
 		}
 	}
 	t.Parallel()
-	lib, err := filepath.Abs("../../deploy/local/lib.sh")
-	must(t, err)
+	lib := localScript(t, "lib.sh")
 	// Open to the postgres user PostgreSQL runs as under root.
 	root, err := os.MkdirTemp("", "pgrel")
 	must(t, err)
