@@ -22,9 +22,16 @@ import (
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/coinexport/export/services/export-reader/internal/export"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+func TestMain(m *testing.M) {
+	// The binary reads the gateway's traceparent (pkg/telemetry), whose
+	// trace id, the request id, names each line of the request.
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	os.Exit(testenv.Run(m))
+}
 
 const (
 	identitySecret = "identity-secret-0123456789abcdef0123"
@@ -86,13 +93,23 @@ func (e *env) owner(t testing.TB) string {
 	return id
 }
 
-// sign sets the identity the gateway would send for a read key of owner.
+// sign sets the identity the gateway would send for a read key of owner,
+// with a request id of each call's own: with one per owner, a test had no
+// way to find a call's own access line.
 func (e *env) sign(owner string, scopes ...string) func(*http.Request) {
 	if scopes == nil {
 		scopes = []string{identity.ScopeExportRead}
 	}
 	return func(r *http.Request) {
-		id := identity.Identity{OwnerID: owner, KeyID: "k1", Scopes: scopes, RequestID: "req-" + owner}
+		e.signAs(identity.Identity{OwnerID: owner, KeyID: "k1", Scopes: scopes, RequestID: httpserver.RandomRequestID()})(r)
+	}
+}
+
+// signAs sets id as the gateway sends it: signed, and its request id as
+// the trace id of its traceparent.
+func (e *env) signAs(id identity.Identity) func(*http.Request) {
+	return func(r *http.Request) {
+		r.Header.Set("traceparent", "00-"+id.RequestID+"-00f067aa0ba902b7-01")
 		for _, h := range e.signer.Sign(id, identity.RequestOf(r), time.Now()) {
 			r.Header.Set(h.Name, h.Value)
 		}

@@ -2,7 +2,7 @@ package api_test
 
 import (
 	"context"
-	"log/slog"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/export-reader/internal/api"
@@ -42,7 +43,7 @@ func replicaEnv(t *testing.T) (*env, *testenv.Pair, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	logs := &testenv.Output{}
-	log := slog.New(slog.NewJSONHandler(logs, nil))
+	log := logging.New(logs, "info", "export-reader") // its lines name their request (wantReplicaBehind)
 	side, err := postgres.OpenSide(context.Background(), standby)
 	if err != nil {
 		t.Fatal(err)
@@ -88,9 +89,9 @@ func waitForLog(t *testing.T, logs *testenv.Output, s string) {
 }
 
 // wantReplicaBehind checks the refusal of a list page by a lagging replica,
-// and that its access line says why: no other line names the request (the
-// monitor logs the crossings alone), so an SRE tracing its request id found
-// a 503 unavailable and no cause.
+// and that its own access line (found by its request id) says why: no
+// other line names the request (the monitor logs the crossings alone), so
+// an SRE tracing its request id found a 503 unavailable and no cause.
 func wantReplicaBehind(t *testing.T, e *env, r response) {
 	t.Helper()
 	if r.env.Error == nil || r.env.Error.Code != "unavailable" || !strings.Contains(r.env.Error.Message, "read replica is behind") ||
@@ -99,24 +100,20 @@ func wantReplicaBehind(t *testing.T, e *env, r response) {
 			r.status, r.body, r.header.Get("Retry-After"))
 	}
 	// The access line is written as the handler returns, which may be
-	// just after the client has read the answer. Every 503 of these tests
-	// is the replica's lag (the test's calls carry no request id to match).
+	// just after the client has read the answer.
+	own := fmt.Sprintf(`"request_id":%q`, r.env.Meta.RequestID)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var refused []string
 		for line := range strings.SplitSeq(e.logs.String(), "\n") {
-			if strings.Contains(line, `"msg":"request"`) && strings.Contains(line, `"status":503`) {
-				refused = append(refused, line)
+			if !strings.Contains(line, `"msg":"request"`) || !strings.Contains(line, own) {
+				continue
 			}
+			if !strings.Contains(line, `"status":503`) || !strings.Contains(line, `"read_replica_behind":true`) {
+				t.Errorf("access line of a page refused for the replica's lag does not say so:\n%s", line)
+			}
+			return
 		}
-		if len(refused) > 0 || time.Now().After(deadline) {
-			for _, line := range refused {
-				if !strings.Contains(line, `"read_replica_behind":true`) {
-					t.Errorf("access line of a page refused for the replica's lag does not say so:\n%s", line)
-				}
-			}
-			if len(refused) == 0 {
-				t.Errorf("no access line of a 503:\n%s", e.logs)
-			}
+		if time.Now().After(deadline) {
+			t.Errorf("no access line of request %s:\n%s", r.env.Meta.RequestID, e.logs)
 			return
 		}
 	}
