@@ -436,6 +436,16 @@ func (s *runScript) stoppedBeforeStarting(t *testing.T, what string) {
 	}
 }
 
+// refusesSetting starts make run with setting (NAME=value), and checks
+// that it ends, saying message, before it starts anything.
+func refusesSetting(t *testing.T, setting, message string) {
+	t.Helper()
+	s, env := prepareRunScript(t, "")
+	s.launch(t, append(env, setting))
+	s.waitFor(t, message)
+	s.stoppedBeforeStarting(t, setting)
+}
+
 // left names what the script started and did not stop.
 func (s *runScript) left() []string {
 	var left []string
@@ -550,10 +560,7 @@ func TestRunScriptKillsABinaryThatOutlivesItsGrace(t *testing.T) {
 	}
 	// A grace that is no whole number of seconds stops make run before
 	// it starts anything.
-	bad, badEnv := prepareRunScript(t, "")
-	bad.launch(t, append(badEnv, "RUN_STOP_GRACE=0"))
-	bad.waitFor(t, "RUN_STOP_GRACE must be a whole number of seconds")
-	bad.stoppedBeforeStarting(t, "RUN_STOP_GRACE=0")
+	refusesSetting(t, "RUN_STOP_GRACE=0", "RUN_STOP_GRACE must be a whole number of seconds")
 }
 
 // A make run killed (kill -9) while it waits for a binary to stop leaves
@@ -1053,10 +1060,7 @@ func TestRunScriptCapsTheLogsWithinARun(t *testing.T) {
 		t.Errorf("tracestore was started with %q (%v), want --max-bytes 1048576", args, err)
 	}
 	// A cap that is no number stops make run before it starts anything.
-	bad, badEnv := prepareRunScript(t, "")
-	bad.launch(t, append(badEnv, "RUN_LOG_MAX_MB=1G"))
-	bad.waitFor(t, "RUN_LOG_MAX_MB must be a number of MiB")
-	bad.stoppedBeforeStarting(t, "RUN_LOG_MAX_MB=1G")
+	refusesSetting(t, "RUN_LOG_MAX_MB=1G", "RUN_LOG_MAX_MB must be a number of MiB")
 }
 
 // run.sh run directly on a bin/ built before logcap existed refuses
