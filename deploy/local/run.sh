@@ -189,8 +189,10 @@ stop_one() {
   # The timer reads a pipe whose other end this script alone holds, rather
   # than sleeping: a make run killed (kill -9) closes it, and the timer
   # ends at once; a sleep outlived it by up to stop_grace. SIGINT ignored
-  # (an asynchronous command): a second Ctrl-C does not end it.
-  coproc TIMER { read -r -t "$stop_grace" _ || true; } 9>&-
+  # (an asynchronous command): a second Ctrl-C does not end it. fd 9 is
+  # closed within: a redirection of the group kept a copy of it (bash
+  # saves what it redirects, to restore), and the timer held the lock.
+  coproc TIMER { exec 9>&-; read -r -t "$stop_grace" _ || true; }
   timer=$TIMER_PID
   while ! stopped "$pid"; do
     # The grace bounds a hurried stop too: a binary that outlives its

@@ -585,6 +585,18 @@ func TestRunScriptKilledWhileStoppingLeavesNoTimer(t *testing.T) {
 		}
 		own = s.ownChildren(t)
 	}
+	// Nor does what it runs hold its lock (.run/lock), which is this
+	// script's alone.
+	lock := filepath.Join(s.root, ".run/lock")
+	for _, pid := range own {
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+		for _, fd := range fds {
+			if target, _ := os.Readlink(fd); target == lock {
+				args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				t.Errorf("process %d of make run (%q) holds .run/lock as fd %s", pid, args, filepath.Base(fd))
+			}
+		}
+	}
 	must(t, s.cmd.Process.Kill())
 	<-s.exited
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
