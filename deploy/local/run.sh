@@ -211,10 +211,13 @@ stop_one() {
   kill "$timer" 2>/dev/null || true
   wait "$timer" "$pid" 2>/dev/null || true
 }
-# stopped PID: gone, or exited and not yet reaped (a zombie).
+# stopped PID: gone, or exited and not yet reaped (a zombie). The read's
+# own 2>/dev/null, before its <, quiets a /proc file that is gone: with a
+# group's ({ ...; } 2>/dev/null), a trap run within it (stop_now, a second
+# Ctrl-C) wrote its line to /dev/null.
 stopped() {
   local state
-  { read -r _ _ state _ <"/proc/$1/stat"; } 2>/dev/null || return 0
+  read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" || return 0
   [ "$state" = Z ]
 }
 # A Ctrl-C (or TERM) while stopping ends every process at once, as a second

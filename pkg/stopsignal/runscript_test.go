@@ -563,6 +563,60 @@ func TestRunScriptKillsABinaryThatOutlivesItsGrace(t *testing.T) {
 	refusesSetting(t, "RUN_STOP_GRACE=0", "RUN_STOP_GRACE must be a whole number of seconds")
 }
 
+// A second Ctrl-C says so ("stopping again") wherever it finds the script.
+// One that came while stop_one checked a process (stopped) ran its trap
+// with the check's 2>/dev/null, a group's, still in force: the line went
+// there and the hurry went on unsaid (the hurried
+// TestRunScriptKillsABinaryThatOutlivesItsGrace failed so once in about
+// ten runs: no "stopping again" before its kill line). stopped is taken
+// from run.sh and run in a loop while this test signals it: every line its
+// trap writes must arrive; and a process that is gone is stopped, without
+// a word.
+func TestRunScriptStoppedLeavesATrapItsOutput(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile(localScript(t, "run.sh"))
+	must(t, err)
+	stopped := regexp.MustCompile(`(?ms)^stopped\(\) \{\n.*?^\}\n`).Find(src)
+	if stopped == nil {
+		t.Fatal("run.sh defines no stopped() { … } (renamed? this test reads it)")
+	}
+	done := filepath.Join(t.TempDir(), "done")
+	script := string(stopped) + `
+stopped 0 || echo "pid 0, no process, is not stopped" >&2
+heard=0
+trap 'heard=$((heard + 1)); echo heard >&2' TERM
+echo ready >&2
+while [ ! -e "$1" ]; do stopped $$ || :; done
+echo "trapped $heard" >&2
+`
+	cmd := exec.Command("bash", "-c", script, "bash", done)
+	stderr, err := cmd.StderrPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	lines := bufio.NewScanner(stderr)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("the script's first line is %q, want ready", lines.Text())
+	}
+	// Apart, so that the kernel does not merge two into one; how many
+	// arrive does not matter, only that each trap's line does.
+	for range 20 {
+		must(t, cmd.Process.Signal(syscall.SIGTERM))
+		time.Sleep(10 * time.Millisecond)
+	}
+	must(t, os.WriteFile(done, nil, 0o644))
+	var heard int
+	var last string
+	for lines.Scan() {
+		if last = lines.Text(); last == "heard" {
+			heard++
+		}
+	}
+	must(t, cmd.Wait())
+	if want := fmt.Sprintf("trapped %d", heard); last != want {
+		t.Errorf("the trap wrote %d lines while stopped ran; the script says %q, want %q: the others were lost", heard, last, want)
+	}
+}
+
 // A make run killed (kill -9) while it waits for a binary to stop leaves
 // no process of its own behind: its timer, a sleep of stop_grace, ran on
 // for up to 35 s. (What it started, in sessions of their own, is left,
