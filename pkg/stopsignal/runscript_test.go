@@ -593,6 +593,10 @@ echo "trapped $heard" >&2
 	stderr, err := cmd.StderrPipe()
 	must(t, err)
 	must(t, cmd.Start())
+	t.Cleanup(func() { // a test failed before done is written: the loop runs on
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
 	lines := bufio.NewScanner(stderr)
 	if !lines.Scan() || lines.Text() != "ready" {
 		t.Fatalf("the script's first line is %q, want ready", lines.Text())
