@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -608,15 +609,20 @@ func TestOutOfDescriptorsTheShopIsNotBlamed(t *testing.T) {
 }
 
 // checkShortageAnswered checks a schema read answered for a shortage of
-// descriptors: 503 unavailable, its ERROR, and no span blaming the shop.
+// descriptors: 503 unavailable, its ERROR naming the shortage (EMFILE's
+// text: nofile, not memory, is to raise), and no span blaming the shop.
 func checkShortageAnswered(t *testing.T, svc *service, status int, headers http.Header, env envelope.Parsed) {
 	t.Helper()
 	if status != http.StatusServiceUnavailable || errCode(env) != "unavailable" || headers.Get("Retry-After") != "1" {
 		t.Errorf("POST schema out of descriptors = %d %s (Retry-After %q), want 503 unavailable with Retry-After: 1\n%s",
 			status, errCode(env), headers.Get("Retry-After"), svc.logs)
 	}
-	if line := logLine(t, svc.logs, "shop schema read failed: this process is out of file descriptors or memory"); line["level"] != "ERROR" {
+	line := logLine(t, svc.logs, "shop schema read failed: this process is out of file descriptors or memory")
+	if line["level"] != "ERROR" {
 		t.Errorf("no ERROR saying the process is short of descriptors:\n%s", svc.logs)
+	}
+	if msg, _ := line["error"].(string); !strings.Contains(msg, syscall.EMFILE.Error()) {
+		t.Errorf("the ERROR's error = %q, want it to name the shortage (%q)", msg, syscall.EMFILE.Error())
 	}
 	for _, s := range svc.spans.Ended() { // the shop request's span says it too
 		for _, a := range s.Attributes() {

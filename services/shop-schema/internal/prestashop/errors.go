@@ -34,8 +34,15 @@ const (
 	KindShortage                     // this process could not open a connection: out of descriptors or memory
 )
 
-// ReasonShortage is the reason of a KindShortage error.
-const ReasonShortage = "the service is short of resources"
+// reasonShortage is the reason of a KindShortage error.
+const reasonShortage = "the service is short of resources"
+
+// ShortageError is a KindShortage error of resource, err what failed for
+// want of descriptors or memory, kept for the log: its text says which
+// (EMFILE, ENOMEM, …), and so whether nofile or memory is to raise.
+func ShortageError(resource string, err error) *Error {
+	return &Error{Kind: KindShortage, Resource: resource, Reason: reasonShortage, err: err}
+}
 
 // CodeNotAllowed is the error code of an address the guard refuses, as a
 // base_url (shopschema) or as a redirect's target here: one code, one
@@ -224,9 +231,9 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	alert, alerted := remoteAlert(err)
 	switch {
 	case acceptretry.Shortage(err):
-		// Ours, not the shop's: shop_unreachable sent the merchant to
-		// check DNS and firewalls, and the SRE to the shop.
-		e.Kind, e.Reason = KindShortage, ReasonShortage
+		// Ours, not the shop's: shop_unreachable would send the merchant
+		// to check DNS and firewalls, and the SRE to the shop.
+		e.Kind, e.Reason = KindShortage, reasonShortage
 	case errors.Is(err, guard.ErrNotAllowed):
 		e.Kind, e.Reason = KindNotAllowed, "the shop's address or a redirect target is not allowed"
 	case errors.Is(err, guard.ErrNotHTTPS):

@@ -205,7 +205,7 @@ func resolveError(err error) error {
 	case acceptretry.Shortage(err):
 		// Ours, not the shop's DNS: answered as a connection this process
 		// could not open.
-		return &prestashop.Error{Kind: prestashop.KindShortage, Resource: "host", Reason: prestashop.ReasonShortage}
+		return prestashop.ShortageError("host", err)
 	case errors.Is(err, guard.ErrUnresolvable):
 		return &prestashop.Error{Kind: prestashop.KindUnreachable, Resource: "host", Reason: "the shop's host name could not be resolved (DNS failed)"}
 	case errors.Is(err, context.Canceled):
