@@ -130,16 +130,9 @@ func (g *Gateway) authFailed(rq *request, answer *apiError) error {
 		return answer
 	}
 	if rq.authFailure == authFailureUnknown || rq.authFailure == authFailureMalformed {
-		// Traced as the other waits are: untraced, the round trip of a
-		// lease fetch here was in the request's trace with no "rate
-		// limit" span waiting on it.
-		start := time.Now()
-		d := g.limiter.Take(rq.ctx, guessBudgetKey(rq), g.rates[classAuthFailures])
-		g.traceRedisWait(rq, start, d, guessBudget)
+		g.take(rq, guessBudgetKey(rq), g.rates[classAuthFailures], guessBudget)
 	}
-	start := time.Now()
-	d := g.limiter.Take(rq.ctx, classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures])
-	g.traceRedisWait(rq, start, d, classAuthFailures)
+	d := g.take(rq, classAuthFailures+":ip:"+addressBucket(rq.clientIP), g.rates[classAuthFailures], classAuthFailures)
 	g.recordDecision(rq, classAuthFailures, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)

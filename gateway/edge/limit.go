@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/ratelimit"
+	"github.com/ulule/limiter/v3"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -13,14 +14,23 @@ func (g *Gateway) limit(rq *request, class, kind, who string) error {
 	if g.limiter == nil {
 		return nil
 	}
-	start := time.Now()
-	d := g.limiter.Take(rq.ctx, class+":"+kind+who, g.rates[class])
-	g.traceRedisWait(rq, start, d, class)
+	d := g.take(rq, class+":"+kind+who, g.rates[class], class)
 	g.recordDecision(rq, class, d)
 	if !d.Allowed {
 		return errRateLimited(d.RetryAfter)
 	}
 	return nil
+}
+
+// take takes one request from key's budget at rate, and traces its wait
+// on Redis as budget's (traceRedisWait): every Take goes through here, so
+// that no round trip is in a trace without a "rate limit" span waiting on
+// it.
+func (g *Gateway) take(rq *request, key string, rate limiter.Rate, budget string) ratelimit.Decision {
+	start := time.Now()
+	d := g.limiter.Take(rq.ctx, key, rate)
+	g.traceRedisWait(rq, start, d, budget)
+	return d
 }
 
 // traceRedisWait gives a decision that waited on Redis a span, from start
