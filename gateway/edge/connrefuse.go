@@ -40,12 +40,12 @@ const (
 	maxRefusalsWaiting = 256
 	// maxRefusalsLingering bounds the refused connections lingering at
 	// their close at once (lingerclose, 16 KiB and a goroutine each, ~6
-	// MiB in all), apart from the 1,024 of the gateway's other closes: a
-	// flood of refused clients that keep their end open took those, and a
-	// 413 of a body still arriving was then closed at once, its client
-	// reading a reset instead of the envelope. Past it a refused
-	// connection is closed at once, a reset only for a client still
-	// sending more than the refusal read.
+	// MiB in all), apart from the 1,024 of the gateway's other closes: on
+	// those, a flood of refused clients that keep their end open would
+	// take every place, and a 413 of a body still arriving would be closed
+	// at once, its client reading a reset instead of the envelope. Past it
+	// a refused connection is closed at once, a reset only for a client
+	// still sending more than the refusal read.
 	maxRefusalsLingering = 256
 	// refusalWriteTimeout bounds the answer's write: on a new connection
 	// the kernel's send buffer takes it whole at once.
@@ -71,8 +71,9 @@ func (g *Gateway) refuseConnection(c net.Conn) {
 }
 
 // refusals are the refused connections waiting for their request. The
-// shutdown answers them at once (end): left waiting, the process's exit
-// closed them unanswered, their clients reading an end of stream.
+// shutdown answers them at once (end): left waiting, they would be closed
+// unanswered by the process's exit, their clients reading an end of
+// stream.
 type refusals struct {
 	mu    sync.Mutex
 	ended bool

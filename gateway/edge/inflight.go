@@ -12,9 +12,8 @@ import (
 // inFlightRequests names the requests in the handler, so that a drain that
 // runs out of time can say which it cut off: their clients see the
 // connection close with no answer and no request id, and the gateway
-// writes no access line and exports no server span for them. The WARN
-// that counted them was all there was, and an SRE found them only through
-// a service's 499 lines, for the calls that had reached one.
+// writes no access line and exports no server span for them, and the
+// drain's own WARN only counts them.
 //
 // Each request's entry is what it is named by, copied as it starts (the
 // handler goes on writing its request while the drain reads these), in

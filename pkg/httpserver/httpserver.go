@@ -76,7 +76,8 @@ type Server struct {
 	// logUnread logs the answers net/http gave before routing (unread).
 	logUnread UnreadFunc
 	// inFlight counts the requests being served, for the shutdown's log
-	// lines: how many a drain waits for, and how many it cut off.
+	// lines (how many a drain waits for, and how many it cut off) and its
+	// wait for those it cut off (awaitCutOff).
 	inFlight atomic.Int64
 	// conns counts the main listener's open connections (serveOn).
 	conns atomic.Int64
@@ -328,8 +329,8 @@ const CutOffWait = 500 * time.Millisecond
 // awaitCutOff waits, for CutOffWait at most, for the handlers of the
 // requests cut off to return, so that their access lines and server spans
 // are written before Run returns and main flushes the spans and exits.
-// Returned at once, the process logged "stopped" first and exported none of
-// their server spans: their traces held the spans of their queries and
+// Without it the process would log "stopped" first and exit without their
+// server spans: their traces would hold the spans of their queries and
 // shop requests without the parent.
 func (s *Server) awaitCutOff() {
 	deadline := time.Now().Add(CutOffWait)

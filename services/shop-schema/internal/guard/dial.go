@@ -55,9 +55,9 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 // lookupError is err, a failed lookup's, in which errors.Is finds the
 // shortage of descriptors or memory that failed it, if one did
 // (acceptretry.ShortageIn): a net.DNSError keeps its socket's error as text
-// alone, and a lookup this process had no socket for read as the shop's DNS
-// failing (502 shop_unreachable, "check DNS and firewalls"), where a shop
-// given by its address was answered 503 for the same shortage.
+// alone, and a lookup this process had no socket for would otherwise read as
+// the shop's DNS failing (502 shop_unreachable, "check DNS and firewalls"),
+// where a shop given by its address is answered 503 for the same shortage.
 func lookupError(err error) error {
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) {
