@@ -17,9 +17,11 @@ const otherDescriptors = 64
 // leaves room for: the limit less what the gateway may hold besides them,
 // the connections lingering at their close (ordinary and refused), the
 // refusals waiting for their request, its upstream connections
-// (UPSTREAM_MAX_CONNS and a health probe's to each instance), the Redis
-// client's pool (go-redis: 10 per GOMAXPROCS unless REDIS_URL says
-// pool_size, so 640 on a node of 64 CPUs) and otherDescriptors; 0 if none.
+// (UPSTREAM_MAX_CONNS and a health probe's to each instance of the *_URLS:
+// the replicas UPSTREAM_RESOLVE_INTERVAL finds behind a name later are not
+// known at start), the Redis client's pool (go-redis: 10 per GOMAXPROCS
+// unless REDIS_URL says pool_size, so 640 on a node of 64 CPUs) and
+// otherDescriptors; 0 if none.
 func roomForClients(limit uint64, cfg Config, linger lingerclose.Options, redisPool int) uint64 {
 	instances := len(cfg.ExportReaderURLs) + len(cfg.SalesWriterURLs) + len(cfg.ShopSchemaURLs)
 	besides := uint64(linger.MaxConns) + maxRefusalsLingering + maxRefusalsWaiting + otherDescriptors +
