@@ -188,10 +188,11 @@ stop_one() {
   kill -TERM "$pid" 2>/dev/null || return 0
   # The timer reads a pipe whose other end this script alone holds, rather
   # than sleeping: a make run killed (kill -9) closes it, and the timer
-  # ends at once; a sleep outlived it by up to stop_grace. SIGINT ignored
-  # (an asynchronous command): a second Ctrl-C does not end it. fd 9 is
-  # closed within: a redirection of the group kept a copy of it (bash
-  # saves what it redirects, to restore), and the timer held the lock.
+  # ends at once, where a sleep would outlive it by up to stop_grace.
+  # SIGINT ignored (an asynchronous command): a second Ctrl-C does not end
+  # it. fd 9 (the lock) is closed within: a redirection of the group would
+  # leave the timer the copy bash saves to restore fd 9 after the group,
+  # and the timer would hold the lock.
   coproc TIMER { exec 9>&-; read -r -t "$stop_grace" _ || true; }
   timer=$TIMER_PID
   while ! stopped "$pid"; do
@@ -212,9 +213,9 @@ stop_one() {
   wait "$timer" "$pid" 2>/dev/null || true
 }
 # stopped PID: gone, or exited and not yet reaped (a zombie). The read's
-# own 2>/dev/null, before its <, quiets a /proc file that is gone: with a
-# group's ({ ...; } 2>/dev/null), a trap run within it (stop_now, a second
-# Ctrl-C) wrote its line to /dev/null.
+# own 2>/dev/null, before its <, quiets a /proc file that is gone: a
+# group's ({ ...; } 2>/dev/null) would also send the line of a trap run
+# within it (stop_now, a second Ctrl-C) to /dev/null.
 stopped() {
   local state
   read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" || return 0
