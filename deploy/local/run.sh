@@ -31,6 +31,14 @@ if ! flock -n 9; then
 fi
 echo $$ >"$state/lock"
 
+# The grace a binary has to stop after its first TERM, before it is killed
+# (stop_one below, and the leftovers of a killed make run alike: the
+# gateway's own stop takes up to 30 s, its 25 s drain and 5 s of last
+# span flush, which a shorter wait would cut).
+stop_grace=${RUN_STOP_GRACE:-35}
+[[ $stop_grace =~ ^[0-9]{1,6}$ ]] && ((10#$stop_grace > 0)) || die "RUN_STOP_GRACE must be a whole number of seconds, at least 1, such as 35"
+stop_grace=$((10#$stop_grace))
+
 # What a make run ended by SIGKILL (or a crash of bash) left running: the
 # binaries, in sessions of their own, outlive it, holding their ports, so
 # the next one's processes could not listen and it stopped, every time,
@@ -54,7 +62,7 @@ stop_leftovers() {
     pids+=("$pid")
   done < <(tac "$state/pids")
   for i in "${pids[@]}"; do
-    for ((t = 0; t < 300; t++)); do running "$i" || break; sleep 0.1; done
+    for ((t = 0; t < stop_grace * 10; t++)); do running "$i" || break; sleep 0.1; done
     ! running "$i" || kill -KILL "$i" 2>/dev/null || true
   done
   rm -f "$state/pids"
@@ -179,10 +187,8 @@ hurry=
 # wait -n on the process and a timer of stop_grace, which returns as
 # either ends (or as a trapped signal arrives): polled every 0.1 s, each
 # binary's stop took up to 0.1 s more than its own. RUN_STOP_GRACE sets it
-# (seconds); shorter than a binary's drain, it cuts that drain off.
-stop_grace=${RUN_STOP_GRACE:-35}
-[[ $stop_grace =~ ^[0-9]{1,6}$ ]] && ((10#$stop_grace > 0)) || die "RUN_STOP_GRACE must be a whole number of seconds, at least 1, such as 35"
-stop_grace=$((10#$stop_grace))
+# (seconds, read above stop_leftovers); shorter than a binary's drain, it
+# cuts that drain off.
 stop_one() {
   local pid=$1 timer
   kill -TERM "$pid" 2>/dev/null || return 0
