@@ -19,7 +19,7 @@ import (
 // The gateway's settings as the READMEs document them and the manifests
 // set them are the ones it reads, with the defaults it applies (envdoc).
 func TestSettingsAsDocumentedAndDeployed(t *testing.T) {
-	gatewayForDocs(t).Test(t, "..", "gateway")
+	gatewayForDocs(t).Test(t, "testdata/repository", "gateway")
 }
 
 // gatewayForDocs is the gateway as envdoc checks it; what it reads is learned

@@ -144,16 +144,7 @@ func withoutFences(text string) string {
 func markdownFiles(t *testing.T) []string {
 	t.Helper()
 	var docs []string
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "bin" || name == "node_modules" || name == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	err := walkRepository(func(folder string) bool { return folder == "testdata" }, func(path string) error {
 		if strings.HasSuffix(path, ".md") {
 			docs = append(docs, path)
 		}

@@ -12,8 +12,34 @@ import (
 	"github.com/coinexport/export/pkg/gcdefaults"
 )
 
-// root is the repository's root, from this package's folder.
-const root = "../.."
+// root is the repository's root, from this package's folder, through a
+// link inside the pkg module: go test's cache rechecks the files a test
+// opened only within its module, so through "../.." a change to a README
+// or a deploy file was answered (cached).
+const root = "testdata/repository"
+
+// walkRepository calls visit with the path of each file of the repository
+// (links included, not followed) but those under .git, .run and build
+// output (bin, node_modules) or a folder skip names.
+func walkRepository(skip func(folder string) bool, visit func(path string) error) error {
+	// WalkDir does not follow a root that is a link; given as a folder
+	// ("…/"), the link is followed to it.
+	return filepath.WalkDir(root+"/", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch name := d.Name(); {
+		case !d.IsDir():
+			return visit(path)
+		case path != root+"/" && (strings.HasPrefix(name, ".") || name == "bin" || name == "node_modules" || skip(name)):
+			return filepath.SkipDir
+		}
+		return nil
+	})
+}
+
+// noFolder leaves no folder out of walkRepository's walk but its own.
+func noFolder(string) bool { return false }
 
 // documented are the variables of every configuration table: the root
 // README's and each binary's.
@@ -173,16 +199,7 @@ func TestAutoscaledDeploymentsLeaveTheirReplicasToTheAutoscaler(t *testing.T) {
 func TestEveryTestTheDocumentsNameExists(t *testing.T) {
 	defined := map[string]bool{}
 	var documents []string
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "bin" || name == "node_modules") {
-				return filepath.SkipDir // .git, .run, build output
-			}
-			return nil
-		}
+	err := walkRepository(noFolder, func(path string) error {
 		if strings.HasSuffix(path, "_test.go") {
 			text, err := os.ReadFile(path)
 			if err != nil {
@@ -269,9 +286,9 @@ var (
 func TestSpecMapNamesEachTestsFolder(t *testing.T) {
 	defines := map[string]map[string]bool{} // a _test.go file and its folder, from the root → tests defined there
 	helpers := map[string][]string{}        // a _test.go file → the other functions it defines
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
-			return err
+	err := walkRepository(noFolder, func(path string) error {
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
 		}
 		text, err := os.ReadFile(path)
 		if err != nil {

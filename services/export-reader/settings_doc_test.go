@@ -14,7 +14,7 @@ import (
 // The export-reader's settings as the READMEs document them and the manifests
 // set them are the ones it reads, with the defaults it applies (envdoc).
 func TestSettingsAsDocumentedAndDeployed(t *testing.T) {
-	forDocs(t).Test(t, "../..", "services/export-reader")
+	forDocs(t).Test(t, "testdata/repository", "services/export-reader")
 }
 
 // forDocs is the export-reader as envdoc checks it; what it reads is learned

@@ -15,7 +15,7 @@ import (
 // The sales-writer's settings as the READMEs document them and the manifests
 // set them are the ones it reads, with the defaults it applies (envdoc).
 func TestSettingsAsDocumentedAndDeployed(t *testing.T) {
-	forDocs(t).Test(t, "../..", "services/sales-writer")
+	forDocs(t).Test(t, "testdata/repository", "services/sales-writer")
 }
 
 // forDocs is the sales-writer as envdoc checks it; what it reads is learned

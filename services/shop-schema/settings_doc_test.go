@@ -14,7 +14,7 @@ import (
 // The shop-schema's settings as the READMEs document them and the manifests
 // set them are the ones it reads, with the defaults it applies (envdoc).
 func TestSettingsAsDocumentedAndDeployed(t *testing.T) {
-	forDocs(t).Test(t, "../..", "services/shop-schema")
+	forDocs(t).Test(t, "testdata/repository", "services/shop-schema")
 }
 
 // forDocs is the shop-schema as envdoc checks it; what it reads is learned
