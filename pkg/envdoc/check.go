@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/envconfig"
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // Recorder is a getenv that answers from Env and remembers every name it
@@ -122,6 +124,15 @@ type Binary[C any] struct {
 	// the gateway and commands. The gateway's own drain must be no
 	// shorter (checkGatewayDrain).
 	Drain func(C) time.Duration
+}
+
+// ServiceStop is a Stop for a service built on httpserver: it serves on
+// for its delay after SIGTERM, drains for drain, waits for the handlers of
+// the calls the drain cut off (httpserver.CutOffWait), then flushes its
+// last spans (telemetry.MaxFlushTime at most). One formula for the three
+// services, so a step added to their stop is counted in every one.
+func ServiceStop(delay, drain time.Duration) time.Duration {
+	return delay + drain + httpserver.CutOffWait + telemetry.MaxFlushTime
 }
 
 // reads reports whether the binary reads name, itself or through the

@@ -8,7 +8,6 @@ import (
 
 	"github.com/coinexport/export/pkg/envdoc"
 	"github.com/coinexport/export/pkg/httpserver"
-	"github.com/coinexport/export/pkg/telemetry"
 )
 
 // The export-reader's settings as the READMEs document them and the manifests
@@ -36,10 +35,8 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop: func(c Config) time.Duration {
-			return c.ShutdownDelay + drainTime(c) + httpserver.CutOffWait + telemetry.MaxFlushTime
-		},
-		Drain: drainTime,
+		Stop:       func(c Config) time.Duration { return envdoc.ServiceStop(c.ShutdownDelay, drainTime(c)) },
+		Drain:      drainTime,
 	}
 }
 

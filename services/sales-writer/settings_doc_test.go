@@ -8,7 +8,6 @@ import (
 
 	"github.com/coinexport/export/pkg/envdoc"
 	"github.com/coinexport/export/pkg/httpserver"
-	"github.com/coinexport/export/pkg/telemetry"
 	"github.com/coinexport/export/services/sales-writer/api"
 )
 
@@ -40,10 +39,8 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop: func(c Config) time.Duration {
-			return c.ShutdownDelay + drainTime(c) + httpserver.CutOffWait + telemetry.MaxFlushTime
-		},
-		Drain: drainTime,
+		Stop:       func(c Config) time.Duration { return envdoc.ServiceStop(c.ShutdownDelay, drainTime(c)) },
+		Drain:      drainTime,
 	}
 }
 
