@@ -32,18 +32,19 @@ import (
 
 // Span is one received span, flattened.
 type Span struct {
-	TraceID    string            `json:"trace_id"`
-	SpanID     string            `json:"span_id"`
-	ParentID   string            `json:"parent_span_id,omitempty"`
-	Service    string            `json:"service"`
-	Name       string            `json:"name"`
-	Kind       string            `json:"kind"`
-	Start      time.Time         `json:"start"`
-	DurationMS float64           `json:"duration_ms"`
-	StatusCode string            `json:"status,omitempty"`
-	Attributes map[string]string `json:"attributes,omitempty"`
-	Events     []Event           `json:"events,omitempty"`
-	Links      []Link            `json:"links,omitempty"`
+	TraceID       string            `json:"trace_id"`
+	SpanID        string            `json:"span_id"`
+	ParentID      string            `json:"parent_span_id,omitempty"`
+	Service       string            `json:"service"`
+	Name          string            `json:"name"`
+	Kind          string            `json:"kind"`
+	Start         time.Time         `json:"start"`
+	DurationMS    float64           `json:"duration_ms"`
+	StatusCode    string            `json:"status,omitempty"`
+	StatusMessage string            `json:"status_message,omitempty"` // an error status's description: how the call failed
+	Attributes    map[string]string `json:"attributes,omitempty"`
+	Events        []Event           `json:"events,omitempty"`
+	Links         []Link            `json:"links,omitempty"`
 }
 
 // Link is a span's link to another span, often of another trace: the
@@ -240,18 +241,19 @@ func flatten(req *collectortrace.ExportTraceServiceRequest) []Span {
 				}
 				start := time.Unix(0, int64(sp.GetStartTimeUnixNano()))
 				out = append(out, Span{
-					TraceID:    hex.EncodeToString(sp.GetTraceId()),
-					SpanID:     hex.EncodeToString(sp.GetSpanId()),
-					ParentID:   hex.EncodeToString(sp.GetParentSpanId()),
-					Service:    service,
-					Name:       sp.GetName(),
-					Kind:       sp.GetKind().String(),
-					Start:      start,
-					DurationMS: float64(sp.GetEndTimeUnixNano()-sp.GetStartTimeUnixNano()) / 1e6,
-					StatusCode: sp.GetStatus().GetCode().String(),
-					Attributes: attrs,
-					Events:     events,
-					Links:      links,
+					TraceID:       hex.EncodeToString(sp.GetTraceId()),
+					SpanID:        hex.EncodeToString(sp.GetSpanId()),
+					ParentID:      hex.EncodeToString(sp.GetParentSpanId()),
+					Service:       service,
+					Name:          sp.GetName(),
+					Kind:          sp.GetKind().String(),
+					Start:         start,
+					DurationMS:    float64(sp.GetEndTimeUnixNano()-sp.GetStartTimeUnixNano()) / 1e6,
+					StatusCode:    sp.GetStatus().GetCode().String(),
+					StatusMessage: sp.GetStatus().GetMessage(),
+					Attributes:    attrs,
+					Events:        events,
+					Links:         links,
 				})
 			}
 		}

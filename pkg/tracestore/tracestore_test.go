@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -321,5 +322,36 @@ func TestTreeEndsOnCyclicLinks(t *testing.T) {
 	}
 	if !strings.Contains(got, "rate limit batch (span b1, shown above)") || !strings.Contains(got, "of this trace") || !strings.Contains(got, "c1 of trace 0000000000000000000000000000000c (not found)") {
 		t.Errorf("tree =\n%s\nwant the link into its own trace and the one to a missing trace named", got)
+	}
+}
+
+// A span's error status, and its description, are kept and printed first
+// on its line: a proxy span whose answer broke off after its head says
+// 200, and the tree showed that alone, so the span where the request
+// failed read as a success. A span with no status set prints none.
+func TestTreeShowsAFailedSpansStatus(t *testing.T) {
+	store := New(nil, 0)
+	srv := httptest.NewServer(store)
+	defer srv.Close()
+	ctx := context.Background()
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	ctx, server := tp.Tracer("test").Start(ctx, "GET /v1/export/items")
+	_, proxy := tp.Tracer("test").Start(ctx, "proxy export-reader", trace.WithAttributes(attribute.Int("http.response.status_code", 200)))
+	proxy.SetStatus(codes.Error, "closed\nforged")
+	proxy.End()
+	server.End()
+	if err := tp.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var tree bytes.Buffer
+	WriteTree(&tree, store.Trace(server.SpanContext().TraceID().String()), nil)
+	lines := strings.Split(strings.TrimSpace(tree.String()), "\n")
+	if len(lines) != 2 || strings.Contains(lines[0], "status=") ||
+		!strings.HasSuffix(lines[1], ` status=ERROR("closed\nforged") http.response.status_code=200`) {
+		t.Errorf("WriteTree =\n%s\nwant the server span without a status, the proxy span's error and its description before its 200", tree.String())
 	}
 }

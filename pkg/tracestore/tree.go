@@ -118,12 +118,16 @@ var interestingAttrs = []string{"http.response.status_code", "http.status_code",
 	"app.external_order_id", "app.idempotency_key", "app.idempotent_replay", "app.sale_applied", "server.address", "server.port",
 	"url.full", "db.operation.name", "export.read_ahead"}
 
-// interesting picks sp's interestingAttrs, and the path of a server span
-// that matched no route: a service's has no http.route then, the gateway's
-// a placeholder ("unmatched", "unrouted") that names no path; every real
-// route is a path pattern.
+// interesting picks sp's status, when one was set, then its
+// interestingAttrs, and the path of a server span that matched no route: a
+// service's has no http.route then, the gateway's a placeholder
+// ("unmatched", "unrouted") that names no path; every real route is a path
+// pattern.
 func interesting(sp Span) string {
 	var parts []string
+	if st := status(sp); st != "" {
+		parts = append(parts, st)
+	}
 	_, database := sp.Attributes["db.system.name"]
 	for _, k := range interestingAttrs {
 		if database && (k == "server.address" || k == "server.port") {
@@ -138,6 +142,22 @@ func interesting(sp Span) string {
 		parts = append(parts, "url.path="+shown(path))
 	}
 	return strings.Join(parts, " ")
+}
+
+// status is sp's status as the tree prints it, first on its line: a
+// proxy span whose answer broke off after its head carries that head's
+// 200, and only its error status (with how the call failed: closed,
+// timeout) says the request failed there. Unset, the SDK's default, is
+// left out.
+func status(sp Span) string {
+	code := strings.TrimPrefix(sp.StatusCode, "STATUS_CODE_")
+	switch {
+	case code == "" || code == "UNSET":
+		return ""
+	case sp.StatusMessage == "":
+		return "status=" + code
+	}
+	return "status=" + code + "(" + shown(sp.StatusMessage) + ")"
 }
 
 // allAttrs shows an event's attributes, sorted by key.
