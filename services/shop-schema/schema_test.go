@@ -603,26 +603,53 @@ func TestOutOfDescriptorsTheShopIsNotBlamed(t *testing.T) {
 			}
 			testenv.ExhaustDescriptors(t)
 			status, headers, env := svc.send(t, "application/json", "", body(tt.shop, fakeshop.Key))
-			checkShortageAnswered(t, svc, status, headers, env)
+			checkShortageAnswered(t, svc, syscall.EMFILE, status, headers, env)
+		})
+	}
+}
+
+// Our local ports running out (EADDRNOTAVAIL: every ephemeral port to
+// that address in use or in TIME_WAIT) is this process's shortage too, not
+// the shop's fault: it was 502 shop_unreachable, which sent the merchant
+// to check DNS and firewalls. A shop's connect cannot be made to fail so
+// over loopback alone, and transportError's case is
+// TestOurLocalPortsRunningOutIsAShortage; here the lookup of the shop's
+// name fails so, its socket to the DNS server refused a port, as the
+// resolver reports it (the errno's text alone).
+func TestOutOfLocalPortsTheShopIsNotBlamed(t *testing.T) {
+	noPort := &net.Resolver{PreferGo: true, Dial: func(_ context.Context, network, address string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.EADDRNOTAVAIL)}
+	}}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"by a name the guard looks up", nil},
+		{"by a name allowed, looked up as it is dialled", map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": "shop.test"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := startServiceWith(t, nil, tt.env, noPort)
+			status, headers, env := svc.send(t, "application/json", "", body("https://shop.test", fakeshop.Key))
+			checkShortageAnswered(t, svc, syscall.EADDRNOTAVAIL, status, headers, env)
 		})
 	}
 }
 
 // checkShortageAnswered checks a schema read answered for a shortage of
-// descriptors: 503 unavailable, its ERROR naming the shortage (EMFILE's
-// text: nofile, not memory, is to raise), and no span blaming the shop.
-func checkShortageAnswered(t *testing.T, svc *service, status int, headers http.Header, env envelope.Parsed) {
+// ours: 503 unavailable, its ERROR naming the shortage, errno's text
+// (EMFILE's: nofile, not memory, is to raise), and no span blaming the shop.
+func checkShortageAnswered(t *testing.T, svc *service, errno syscall.Errno, status int, headers http.Header, env envelope.Parsed) {
 	t.Helper()
 	if status != http.StatusServiceUnavailable || errCode(env) != "unavailable" || headers.Get("Retry-After") != "1" {
-		t.Errorf("POST schema out of descriptors = %d %s (Retry-After %q), want 503 unavailable with Retry-After: 1\n%s",
-			status, errCode(env), headers.Get("Retry-After"), svc.logs)
+		t.Errorf("POST schema short of %v = %d %s (Retry-After %q), want 503 unavailable with Retry-After: 1\n%s",
+			errno, status, errCode(env), headers.Get("Retry-After"), svc.logs)
 	}
-	line := logLine(t, svc.logs, "shop schema read failed: this process is out of file descriptors or memory")
+	line := logLine(t, svc.logs, "shop schema read failed: this process is out of file descriptors, memory or local ports")
 	if line["level"] != "ERROR" {
-		t.Errorf("no ERROR saying the process is short of descriptors:\n%s", svc.logs)
+		t.Errorf("no ERROR saying the process is short of %v:\n%s", errno, svc.logs)
 	}
-	if msg, _ := line["error"].(string); !strings.Contains(msg, syscall.EMFILE.Error()) {
-		t.Errorf("the ERROR's error = %q, want it to name the shortage (%q)", msg, syscall.EMFILE.Error())
+	if msg, _ := line["error"].(string); !strings.Contains(msg, errno.Error()) {
+		t.Errorf("the ERROR's error = %q, want it to name the shortage (%q)", msg, errno.Error())
 	}
 	for _, s := range svc.spans.Ended() { // the shop request's span says it too
 		for _, a := range s.Attributes() {

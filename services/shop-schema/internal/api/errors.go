@@ -62,11 +62,11 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	var shopErr *prestashop.Error
 	if errors.As(err, &shopErr) && shopErr.Kind == prestashop.KindShortage {
 		// This process could not open a connection to the shop (out of
-		// file descriptors or memory): our shortage, which passes as
-		// connections close, not the shop's fault. 503, with
+		// file descriptors, memory or local ports): our shortage, which
+		// passes as connections close, not the shop's fault. 503, with
 		// WriteError's Retry-After.
 		code := shopErr.Kind.Code()
-		h.log.ErrorContext(r.Context(), "shop schema read failed: this process is out of file descriptors or memory",
+		h.log.ErrorContext(r.Context(), "shop schema read failed: this process is out of file descriptors, memory or local ports",
 			"shop_host", host, "error", shopErr.Error())
 		envelope.WriteError(w, http.StatusServiceUnavailable, code, "the service is short of resources; retry with backoff", requestID)
 		return code

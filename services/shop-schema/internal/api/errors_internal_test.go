@@ -82,7 +82,7 @@ func TestWriteErrorAnswersEveryError(t *testing.T) {
 			r.wantMessage, r.wantLog = "internal error", "ERROR shop schema read failed"
 		case prestashop.KindShortage:
 			r.wantMessage = "the service is short of resources; retry with backoff"
-			r.wantLog = "ERROR shop schema read failed: this process is out of file descriptors or memory"
+			r.wantLog = "ERROR shop schema read failed: this process is out of file descriptors, memory or local ports"
 		}
 		tests = append(tests, r)
 	}

@@ -36,7 +36,7 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := lookupError(err); acceptretry.Shortage(err) {
+		if err := lookupError(err); Shortage(err) {
 			return err // this process's shortage: no verdict on the name
 		}
 		if noSuchHost(err) {
@@ -52,20 +52,37 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 	return nil
 }
 
+// Shortage reports whether err is this process's own shortage on the way
+// to a shop, none of it the shop's fault and all of it passing as
+// connections close: of descriptors or memory (acceptretry.Shortage), or of
+// local ports (EADDRNOTAVAIL: every ephemeral port to the address in use or
+// in TIME_WAIT), which was 502 shop_unreachable, "check DNS and firewalls".
+func Shortage(err error) bool {
+	return acceptretry.Shortage(err) || errors.Is(err, syscall.EADDRNOTAVAIL)
+}
+
 // lookupError is err, a failed lookup's, in which errors.Is finds the
-// shortage of descriptors or memory that failed it, if one did
-// (acceptretry.ShortageIn): a net.DNSError keeps its socket's error as text
-// alone, and a lookup this process had no socket for would otherwise read as
-// the shop's DNS failing (502 shop_unreachable, "check DNS and firewalls"),
-// where a shop given by its address is answered 503 for the same shortage.
+// shortage (as Shortage names one) that failed it, if one did: a
+// net.DNSError keeps its socket's error as text alone, and a lookup this
+// process had no socket for would otherwise read as the shop's DNS failing
+// (502 shop_unreachable, "check DNS and firewalls"), where a shop given by
+// its address is answered 503 for the same shortage.
 func lookupError(err error) error {
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) {
-		if errno, ok := acceptretry.ShortageIn(dnsErr.Err); ok {
+		if errno, ok := shortageIn(dnsErr.Err); ok {
 			return &shortageError{err, errno}
 		}
 	}
 	return err
+}
+
+// shortageIn is acceptretry.ShortageIn with local ports too (Shortage).
+func shortageIn(text string) (syscall.Errno, bool) {
+	if strings.HasSuffix(text, syscall.EADDRNOTAVAIL.Error()) {
+		return syscall.EADDRNOTAVAIL, true
+	}
+	return acceptretry.ShortageIn(text)
 }
 
 // shortageError is a lookup's error and the shortage that failed it.

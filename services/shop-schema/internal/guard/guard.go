@@ -22,8 +22,8 @@ import (
 // CheckResolved, wraps one of them. What is not the guard's verdict passes
 // through as it is: the context's error from CheckResolved (shopschema
 // answers a caller that hung up as such, not as a slow shop), a lookup
-// this process could not make for a shortage of descriptors or memory
-// (acceptretry.Shortage finds it: lookupError), and the resolver's and the
+// this process could not make for a shortage of descriptors, memory or
+// local ports (Shortage finds it: lookupError), and the resolver's and the
 // dialer's own errors from Dialer.DialContext.
 var (
 	// ErrInvalid means base_url is not a usable https URL (invalid_base_url).

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
 )
 
@@ -31,15 +30,16 @@ const (
 	KindUnavailable                  // any other 5xx, or a 429
 	KindNotFound                     // no webservice answered at /api or dispatcher.php
 	KindNotShopRoot                  // 400 code 27: base_url is not the shop's root (it ends in /api)
-	KindShortage                     // this process could not open a connection: out of descriptors or memory
+	KindShortage                     // this process could not open a connection: out of descriptors, memory or local ports
 )
 
 // reasonShortage is the reason of a KindShortage error.
 const reasonShortage = "the service is short of resources"
 
 // ShortageError is a KindShortage error of resource, err what failed for
-// want of descriptors or memory, kept for the log: its text says which
-// (EMFILE, ENOMEM, …), and so whether nofile or memory is to raise.
+// want of descriptors, memory or local ports, kept for the log: its text
+// says which (EMFILE, ENOMEM, EADDRNOTAVAIL, …), and so whether nofile,
+// memory or the connections' churn is to look at.
 func ShortageError(resource string, err error) *Error {
 	return &Error{Kind: KindShortage, Resource: resource, Reason: reasonShortage, err: err}
 }
@@ -230,7 +230,7 @@ func transportError(ctx context.Context, resource string, err error) *Error {
 	)
 	alert, alerted := remoteAlert(err)
 	switch {
-	case acceptretry.Shortage(err):
+	case guard.Shortage(err):
 		// Ours, not the shop's: shop_unreachable would send the merchant
 		// to check DNS and firewalls, and the SRE to the shop.
 		e.Kind, e.Reason = KindShortage, reasonShortage

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/coinexport/export/pkg/acceptretry"
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/percent"
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
@@ -202,7 +201,7 @@ func resolveError(err error) error {
 		// The caller can fix it (spec 4.2's 400): a 5xx would tell it to
 		// retry an address that names no host.
 		return &InputError{CodeInvalidBaseURL, "base_url's host name does not exist (DNS: no such host)"}
-	case acceptretry.Shortage(err):
+	case guard.Shortage(err):
 		// Ours, not the shop's DNS: answered as a connection this process
 		// could not open.
 		return prestashop.ShortageError("host", err)
