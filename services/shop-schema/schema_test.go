@@ -977,7 +977,7 @@ shop_schema_reads_total{outcome="shop_401"} 1
 
 // TestConcurrencyLimit: with one slot busy, the next read is answered 429
 // at once instead of queueing behind the slow shop, with Retry-After: 1 and
-// only its access line (no "shop schema refused": no shop was asked).
+// no "shop schema refused" line: no shop was asked.
 func TestConcurrencyLimit(t *testing.T) {
 	shop := fakeshop.Sample("8", false)
 	shop.Hold = make(chan struct{})
@@ -1014,6 +1014,99 @@ func TestConcurrencyLimit(t *testing.T) {
 	close(shop.Hold)
 	if got := <-first; got != http.StatusOK {
 		t.Errorf("first POST schema = %d, want 200", got)
+	}
+}
+
+// A read refused with every slot taken writes a WARN that says what holds
+// them, for the SRE the alert ExportShopSchemaSlotsFull sends: the access
+// line of the 429 was all there was, which named neither the reads in
+// flight nor their shops. Here one slot is held by a shop that does not
+// answer yet and one by a caller still sending its body; the WARN names the
+// oldest read (its request id, shop and since when), the shop holding the
+// most slots, how many distinct shops hold them and how many reads are
+// still reading their body. Never the key.
+func TestSlotsFullSaysWhatHoldsThem(t *testing.T) {
+	shop := fakeshop.Sample("8", false)
+	shop.Hold = make(chan struct{})
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_MAX_CONCURRENT": "2"})
+	first := make(chan int, 1)
+	go func() { first <- svc.sendAs("first", body(shop.URL(), fakeshop.Key)) }()
+	for len(shop.Requests()) == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	before := time.Now()
+	holdBodyUnsent(t, svc, "slow-body")
+	status, _, env := svc.postForHeaders(t, body(shop.URL(), fakeshop.Key))
+	if status != http.StatusTooManyRequests || errCode(env) != "rate_limited" {
+		t.Fatalf("third concurrent POST schema = %d %s, want 429 rate_limited", status, errCode(env))
+	}
+	line := logLine(t, svc.logs, "shop schema read refused: every slot taken")
+	host, _, _ := net.SplitHostPort(shop.Addr())
+	want := map[string]any{"level": "WARN", "slots": 2.0, "refused_since_last": 0.0, "shop_hosts": 1.0, "reading_body": 1.0,
+		"busiest_shop_host": host, "busiest_shop_slots": 1.0, "oldest_request_id": "first", "oldest_shop_host": host}
+	for k, v := range want {
+		if line[k] != v {
+			t.Errorf("the WARN's %s = %v, want %v\n%s", k, line[k], v, svc.logs)
+		}
+	}
+	if since, err := time.Parse(time.RFC3339Nano, fmt.Sprint(line["oldest_since"])); err != nil || since.After(before) {
+		t.Errorf("the WARN's oldest_since = %v (%v), want when the first read began, before %v", line["oldest_since"], err, before)
+	}
+	if _, ok := line["oldest_held_ms"].(float64); !ok {
+		t.Errorf("the WARN's oldest_held_ms = %v, want how long the first read has held its slot", line["oldest_held_ms"])
+	}
+	if strings.Contains(svc.logs.String(), fakeshop.Key) {
+		t.Errorf("the logs hold the shop's key:\n%s", svc.logs)
+	}
+	if status, _ := svc.post(t, body(shop.URL(), fakeshop.Key)); status != http.StatusTooManyRequests ||
+		strings.Count(svc.logs.String(), "every slot taken") != 1 {
+		t.Errorf("a second refusal at once = %d, and %d WARNs; want 429 and still one WARN (one per 10 s, counting the others)",
+			status, strings.Count(svc.logs.String(), "every slot taken"))
+	}
+	close(shop.Hold)
+	if got := <-first; got != http.StatusOK {
+		t.Errorf("first POST schema = %d, want 200", got)
+	}
+}
+
+// sendAs posts body signed with requestID and returns the answer's status
+// (0 when none came); it may run outside the test's goroutine.
+func (s *service) sendAs(requestID, body string) int {
+	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/sync/prestashop/schema", strings.NewReader(body))
+	for _, h := range s.signer.Sign(identity.Identity{RequestID: requestID}, identity.RequestOf(req), time.Now()) {
+		req.Header.Set(h.Name, h.Value)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// holdBodyUnsent sends the head of a read signed with requestID, and no
+// body, and returns once the handler reads it (its 100 Continue): the read
+// holds a slot until the test ends.
+func holdBodyUnsent(t *testing.T, svc *service, requestID string) {
+	t.Helper()
+	target := "/v1/sync/prestashop/schema"
+	req, _ := http.NewRequest(http.MethodPost, svc.url+target, nil)
+	conn, err := net.Dial("tcp", req.URL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	head := "POST " + target + " HTTP/1.1\r\nHost: " + req.URL.Host + "\r\nContent-Length: 100\r\nExpect: 100-continue\r\n"
+	for _, h := range svc.signer.Sign(identity.Identity{RequestID: requestID}, identity.RequestOf(req), time.Now()) {
+		head += h.Name + ": " + h.Value + "\r\n"
+	}
+	if _, err := io.WriteString(conn, head+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.HasPrefix(status, "HTTP/1.1 100 ") {
+		t.Fatalf("the body's wait = %q (%v), want 100 Continue", status, err)
 	}
 }
 

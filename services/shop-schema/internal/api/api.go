@@ -14,6 +14,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -31,8 +32,15 @@ type Handler struct {
 	// slots bounds the reads in flight: each may hold several connections
 	// for up to the whole-call timeout, so a burst past the gateway's rate
 	// limit (or many gateway instances) gets 429 instead of piling up.
-	slots chan struct{}
+	slots *slots
+	// busyLines throttles the WARN of a read refused for want of a slot:
+	// at the limit, every call may be refused.
+	busyLines *logging.Throttle
 }
+
+// busyLineInterval is the least time between two WARNs of reads refused
+// for want of a slot; each counts the refusals since the one before.
+const busyLineInterval = 10 * time.Second
 
 // errBusy refuses a read while every slot is taken
 // (SHOP_SCHEMA_MAX_CONCURRENT reads in flight).
@@ -53,7 +61,8 @@ func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Regist
 	// The refusal for every slot taken shows at 0 from the start: an alert
 	// on its rate needs the series before the first one.
 	reads.WithLabelValues(busyCode)
-	return &Handler{svc: svc, log: log, reads: reads, slots: make(chan struct{}, maxConcurrent)}
+	return &Handler{svc: svc, log: log, reads: reads, slots: newSlots(maxConcurrent),
+		busyLines: &logging.Throttle{Interval: busyLineInterval}}
 }
 
 // Routes registers every route of the service.
@@ -64,20 +73,21 @@ func Routes(mux *http.ServeMux, h *Handler) {
 func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	requestID := httpserver.RequestID(r)
-	select {
-	case h.slots <- struct{}{}:
-		defer func() { <-h.slots }()
-	default:
-		// Refused before the body is read: the access line tells of it,
-		// not a "shop schema refused" line, which is about a shop.
+	held := h.slots.take(requestID)
+	if held == nil {
+		// Refused before the body is read: not a "shop schema refused"
+		// line, which is about a shop, but what holds the slots.
 		h.reads.WithLabelValues(h.writeError(w, r, errBusy, requestID, "")).Inc()
+		h.logSlotsHeld(r)
 		return
 	}
+	defer h.slots.release(held)
 	req, err := decode(w, r)
 	if err != nil {
 		h.refuse(w, r, req, err, start)
 		return
 	}
+	h.slots.aim(held, h.svc.Host(req))
 	result, err := h.svc.Read(r.Context(), req)
 	if err != nil {
 		h.refuse(w, r, req, err, start)
@@ -95,6 +105,24 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 		"shop_version", result.ShopVersion, "categories", len(result.Categories),
 		"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
 	writeSchema(w, r, answer, requestID)
+}
+
+// logSlotsHeld writes, at most once per busyLineInterval, a WARN of what
+// holds every slot: the oldest read (its request id, for its own lines and
+// trace), the shop holding the most, how many shops and how many reads
+// still reading their body, the answer to "one slow shop, slow callers, or
+// too few instances?" that the 429's access line left open.
+func (h *Handler) logSlotsHeld(r *http.Request) {
+	ok, skipped := h.busyLines.Allow("busy")
+	if !ok {
+		return
+	}
+	held := h.slots.holders()
+	h.log.WarnContext(r.Context(), "shop schema read refused: every slot taken", "slots", h.slots.max,
+		"refused_since_last", skipped, "shop_hosts", held.hosts, "reading_body", held.readingBody,
+		"busiest_shop_host", held.busiestHost, "busiest_shop_slots", held.busiest,
+		"oldest_request_id", held.oldest.requestID, "oldest_shop_host", held.oldest.host,
+		"oldest_since", held.oldest.since, "oldest_held_ms", time.Since(held.oldest.since).Milliseconds())
 }
 
 // refuse answers err (writeError), counts the read under the code answered
