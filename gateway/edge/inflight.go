@@ -70,22 +70,32 @@ const maxCutOffLines = 1000
 // started, the path written as that line writes one (cut at 128
 // characters; made so here, not as each request starts).
 func (f *inFlightRequests) logCutOff(log *slog.Logger, now time.Time) {
-	written := 0
+	for _, e := range f.inFlight(maxCutOffLines) {
+		attrs := []any{"method", e.method, "route", e.route, "path", httpserver.LoggableClientValue(e.path), "client_ip", e.clientIP,
+			"duration_ms", float64(now.Sub(e.start).Microseconds()) / 1000, "request_id", e.id, "trace_id", e.id}
+		if e.clientRequestID != "" {
+			attrs = append(attrs, "client_request_id", e.clientRequestID)
+		}
+		log.Warn("request cut off by the drain", attrs...)
+	}
+}
+
+// inFlight copies at most limit of the requests in flight, each shard's
+// under its lock, so that their lines are written with none held: a log
+// writer that blocks (a full pipe to the log collector) would otherwise
+// keep every request that ends or starts meanwhile waiting on the shard.
+func (f *inFlightRequests) inFlight(limit int) []inFlightEntry {
+	var entries []inFlightEntry
 	for i := range f.shards {
 		sh := &f.shards[i]
 		sh.mu.Lock()
 		for _, e := range sh.m {
-			if written == maxCutOffLines {
+			if len(entries) == limit {
 				break
 			}
-			written++
-			attrs := []any{"method", e.method, "route", e.route, "path", httpserver.LoggableClientValue(e.path), "client_ip", e.clientIP,
-				"duration_ms", float64(now.Sub(e.start).Microseconds()) / 1000, "request_id", e.id, "trace_id", e.id}
-			if e.clientRequestID != "" {
-				attrs = append(attrs, "client_request_id", e.clientRequestID)
-			}
-			log.Warn("request cut off by the drain", attrs...)
+			entries = append(entries, e)
 		}
 		sh.mu.Unlock()
 	}
+	return entries
 }

@@ -123,6 +123,49 @@ func TestTheLinesOfRequestsCutOffAreBounded(t *testing.T) {
 	}
 }
 
+// The drain's lines are written with no lock of the in-flight set held:
+// a log writer that blocks (a full pipe to the log collector) held each
+// shard's lock for as long, and every request that ended in the
+// meantime, and every one that started, waited on it to remove or add
+// its entry.
+func TestTheLinesOfRequestsCutOffAreWrittenUnlocked(t *testing.T) {
+	var f inFlightRequests
+	for range 2 * inFlightShards {
+		f.add(&request{id: strings.Repeat("0", 32), method: "GET", route: "GET /v1/export/items",
+			path: "/v1/export/items", clientIP: "127.0.0.1", start: time.Now()})
+	}
+	locked := &lockWatch{f: &f}
+	f.logCutOff(slog.New(locked), time.Now())
+	if locked.lines != 2*inFlightShards || locked.underLock != 0 {
+		t.Errorf("logCutOff wrote %d lines, %d of them with a shard's lock held; want %d, none under a lock",
+			locked.lines, locked.underLock, 2*inFlightShards)
+	}
+}
+
+// lockWatch is a slog.Handler that counts the lines written while a shard
+// of f is locked.
+type lockWatch struct {
+	f                *inFlightRequests
+	lines, underLock int
+}
+
+func (*lockWatch) Enabled(context.Context, slog.Level) bool { return true }
+func (w *lockWatch) WithAttrs([]slog.Attr) slog.Handler     { return w }
+func (w *lockWatch) WithGroup(string) slog.Handler          { return w }
+
+func (w *lockWatch) Handle(context.Context, slog.Record) error {
+	w.lines++
+	for i := range w.f.shards {
+		mu := &w.f.shards[i].mu
+		if !mu.TryLock() {
+			w.underLock++
+			return nil
+		}
+		mu.Unlock()
+	}
+	return nil
+}
+
 // A Shutdown right after Start (a stop signal while the gateway started,
 // with no GATEWAY_SHUTDOWN_DELAY) closes the public listener too: fasthttp's
 // Shutdown closes only the listeners its Serve has taken, and Serve runs in
