@@ -87,6 +87,7 @@ func TestListParameters(t *testing.T) {
 		{"?updated_after=2000-01-01T02:00:00%2B0200", 200, "", []string{"a", "b"}, ""},
 		{"?updated_after=2999-01-01T02:00:00+0200", 200, "", []string{}, ""}, // unencoded + arrives as a space
 		{"?updated_after=2000-01-01T00:00:00%2B050", 400, "invalid_updated_after", nil, "-23:59 to +23:59"},
+		{"?updated_after=2000-01-01T00:00:00Z%20", 400, "invalid_updated_after", nil, "goes on after its time offset"},
 		{"?updated_after=2000-01-01T00:00:00.Z", 400, "invalid_updated_after", nil, "2026-10-15T08:30:00.123456Z"},
 		{"?updated_after=2026-01-01", 400, "invalid_updated_after", nil, "not a date alone"},
 		{"?updated_after=2026-01-01T00:00:00", 400, "invalid_updated_after", nil, "needs a time offset"},

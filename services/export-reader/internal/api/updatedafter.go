@@ -19,6 +19,8 @@ var (
 		"updated_after needs a time offset, Z or ±hh:mm (a time without one is ambiguous), " + updatedAfterExample}
 	errUpdatedAfterOffset = &paramError{"invalid_updated_after",
 		"updated_after has an invalid time offset: Z, ±hh:mm, ±hhmm or ±hh from -23:59 to +23:59, " + updatedAfterExample}
+	errUpdatedAfterTrailing = &paramError{"invalid_updated_after",
+		"updated_after goes on after its time offset: only a time zone in brackets, as [Europe/Paris] (RFC 9557), may follow it, not a space or any other character, " + updatedAfterExample}
 	errUpdatedAfterSuffix = &paramError{"invalid_updated_after",
 		"updated_after may end in a time zone after its offset, as [Europe/Paris] (RFC 9557), and in nothing else; a critical one, [!…], is not read, " + updatedAfterExample}
 )
@@ -154,16 +156,47 @@ func isSuffixTag(tag string) bool {
 	return true
 }
 
-// parseOffset checks a time offset (Z, ±hh:mm, ±hhmm or ±hh) and returns
-// it as time.Parse takes it (Z or ±hh:mm).
+// parseOffset checks s, a time offset (Z, ±hh:mm, ±hhmm or ±hh) and
+// nothing after it, and returns the offset as time.Parse takes it (Z or
+// ±hh:mm). A valid offset followed by anything (a trailing space a copied
+// value brought along) is refused as that: "invalid time offset" sent the
+// client to correct an offset that was right.
 func parseOffset(s string) (string, error) {
+	offset, after := splitOffset(s)
+	parsed, err := offsetOf(offset)
+	if err == nil && after != "" {
+		return "", errUpdatedAfterTrailing
+	}
+	return parsed, err
+}
+
+// splitOffset splits s where its offset ends: after a Z, or after the
+// digits and colons that follow a sign (or the space an unencoded '+'
+// arrives as). What starts otherwise is all offset, for offsetOf to refuse.
+func splitOffset(s string) (offset, after string) {
+	switch {
+	case s == "":
+		return "", ""
+	case s[0] == 'Z' || s[0] == 'z':
+		return s[:1], s[1:]
+	case strings.IndexByte("+- ", s[0]) < 0:
+		return s, ""
+	}
+	n := 1
+	for n < len(s) && (s[n] == ':' || '0' <= s[n] && s[n] <= '9') {
+		n++
+	}
+	return s[:n], s[n:]
+}
+
+// offsetOf checks a time offset alone and returns it as time.Parse takes
+// it.
+func offsetOf(s string) (string, error) {
 	switch {
 	case s == "":
 		return "", errUpdatedAfterNoOffset
 	case s == "Z" || s == "z":
 		return "Z", nil
-	case s[0] == 'Z' || s[0] == 'z':
-		return "", errUpdatedAfterOffset
 	case s[0] == ' ' && slices.Contains([]int{len("+hh:mm"), len("+hhmm"), len("+hh")}, len(s)):
 		s = "+" + s[1:] // an unencoded '+'
 	}

@@ -75,7 +75,20 @@ var updatedAfterCases = []struct {
 	{"2026-11-21T17:23:37+24", "", "invalid time offset"},
 	{"2026-11-21T17:23:37+05:00:00", "", "invalid time offset"},
 	{"2026-11-21T17:23:37-0a:00", "", "invalid time offset"},
-	{"2026-11-21T17:23:37Zz", "", "invalid time offset"},
+	// A valid offset with anything after it but an RFC 9557 tag: a space
+	// (a copied value's), a character more. It read "invalid time offset".
+	{"2026-11-21T17:23:37Zz", "", "goes on after its time offset"},
+	{"2026-11-21T17:23:37Z ", "", "goes on after its time offset"},
+	{"2026-11-21T17:23:37z\t", "", "goes on after its time offset"},
+	{"2026-11-21T17:23Z ", "", "goes on after its time offset"},
+	{"2026-11-21T17:23:37+02:00 ", "", "goes on after its time offset"},
+	{"2026-11-21T17:23:37 02:00 ", "", "goes on after its time offset"}, // an unencoded '+', then a space
+	{"2026-11-21T17:23:37+0200x", "", "goes on after its time offset"},
+	{"2026-11-21T17:23:37-05.", "", "goes on after its time offset"},
+	{"2026-11-29T19:51+01:00[Europe/Paris] ", "", "goes on after its time offset"},
+	// An offset itself wrong, with something after it, is still that.
+	{"2026-11-21T17:23:37+24:00 ", "", "invalid time offset"},
+	{"2026-11-21T17:23:37+5:00x", "", "invalid time offset"},
 	{"2026-11-21T17:23:37UTC", "", "must be an RFC 3339"},
 	{"2026-11-21", "", "date alone"},
 	{"2026-11-21T17:23:37", "", "without one is ambiguous"},
@@ -91,7 +104,7 @@ var updatedAfterCases = []struct {
 	{"2026-11-29T19:51+01:00[]", "", "RFC 9557"},
 	{"2026-11-29T19:51+01:00[Europe Paris]", "", "RFC 9557"},
 	{"2026-11-29T19:51+01:00Europe/Paris]", "", "RFC 9557"},
-	{"2026-11-29T19:51+01:00[Europe/Paris", "", "invalid time offset"},
+	{"2026-11-29T19:51+01:00[Europe/Paris", "", "goes on after its time offset"},
 	{"2026-11-29T19:51+01:00[[Europe/Paris]]", "", "RFC 9557"},
 	{"2026-11-29T19:51:00[Europe/Paris]", "", "without one is ambiguous"}, // a zone, no offset
 	{"2026-11-29[Europe/Paris]", "", "date alone"},
