@@ -27,15 +27,8 @@ import (
 func TestReceivesSpansFromTheOTLPExporter(t *testing.T) {
 	var file bytes.Buffer
 	store := New(&file, 0)
-	srv := httptest.NewServer(store)
-	defer srv.Close()
-
 	ctx := context.Background()
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporterTo(t, store)),
 		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("svc"))))
 	tracer := tp.Tracer("test")
 	ctx, parent := tracer.Start(ctx, "parent")
@@ -252,13 +245,7 @@ func TestServerAddressOnlyOutsideSQLSpans(t *testing.T) {
 // Redis round trip it waited on, often in another request's trace.
 func TestKeepsLinks(t *testing.T) {
 	store := New(nil, 0)
-	srv := httptest.NewServer(store)
-	defer srv.Close()
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporterTo(t, store)))
 	_, other := tp.Tracer("test").Start(context.Background(), "rate limit batch")
 	other.End()
 	_, linking := tp.Tracer("test").Start(context.Background(), "rate limit", trace.WithLinks(trace.Link{SpanContext: other.SpanContext()}))
@@ -331,14 +318,8 @@ func TestTreeEndsOnCyclicLinks(t *testing.T) {
 // failed read as a success. A span with no status set prints none.
 func TestTreeShowsAFailedSpansStatus(t *testing.T) {
 	store := New(nil, 0)
-	srv := httptest.NewServer(store)
-	defer srv.Close()
 	ctx := context.Background()
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporterTo(t, store)))
 	ctx, server := tp.Tracer("test").Start(ctx, "GET /v1/export/items")
 	_, proxy := tp.Tracer("test").Start(ctx, "proxy export-reader", trace.WithAttributes(attribute.Int("http.response.status_code", 200)))
 	proxy.SetStatus(codes.Error, "closed\nforged")
@@ -354,4 +335,17 @@ func TestTreeShowsAFailedSpansStatus(t *testing.T) {
 		!strings.HasSuffix(lines[1], ` status=ERROR("closed\nforged") http.response.status_code=200`) {
 		t.Errorf("WriteTree =\n%s\nwant the server span without a status, the proxy span's error and its description before its 200", tree.String())
 	}
+}
+
+// exporterTo returns an OTLP/HTTP exporter to store, served on loopback
+// until the test ends.
+func exporterTo(t *testing.T, store *Store) sdktrace.SpanExporter {
+	t.Helper()
+	srv := httptest.NewServer(store)
+	t.Cleanup(srv.Close)
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(srv.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exp
 }

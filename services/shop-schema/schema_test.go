@@ -984,20 +984,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	shop.Start(t.Cleanup)
 	svc := startService(t, shop, map[string]string{"SHOP_SCHEMA_MAX_CONCURRENT": "1"})
 	first := make(chan int, 1)
-	go func() {
-		// Not svc.post: t.Fatal must not run outside the test goroutine.
-		req, _ := http.NewRequest(http.MethodPost, svc.url+"/v1/sync/prestashop/schema", strings.NewReader(body(shop.URL(), fakeshop.Key)))
-		for _, h := range svc.signer.Sign(identity.Identity{RequestID: "first"}, identity.RequestOf(req), time.Now()) {
-			req.Header.Set(h.Name, h.Value)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			first <- 0
-			return
-		}
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
+	go func() { first <- svc.sendAs("first", body(shop.URL(), fakeshop.Key)) }()
 	for len(shop.Requests()) == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -1071,7 +1058,8 @@ func TestSlotsFullSaysWhatHoldsThem(t *testing.T) {
 }
 
 // sendAs posts body signed with requestID and returns the answer's status
-// (0 when none came); it may run outside the test's goroutine.
+// (0 when none came); unlike svc.post it calls no t.Fatal, so it may run
+// outside the test's goroutine.
 func (s *service) sendAs(requestID, body string) int {
 	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/sync/prestashop/schema", strings.NewReader(body))
 	for _, h := range s.signer.Sign(identity.Identity{RequestID: requestID}, identity.RequestOf(req), time.Now()) {
