@@ -233,15 +233,17 @@ func unavailableCode(code string) bool {
 
 // SessionRefused reports whether err is PostgreSQL refusing a new session
 // (28P01 a password that no longer matches, 28000 a role dropped or made
-// NOLOGIN, 3D000 a database that is not there): the sessions opened before
-// it may still serve.
+// NOLOGIN, 3D000 a database that is not there, 53300 no connection slot
+// left: max_connections taken by other clients, or a CONNECTION LIMIT of
+// the role or the database): the sessions opened before it may still
+// serve.
 func SessionRefused(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
 	switch pgErr.Code {
-	case "28P01", "28000", "3D000":
+	case "28P01", "28000", "3D000", "53300":
 		return true
 	}
 	return false

@@ -274,7 +274,8 @@ type ReadinessOption func(*Readiness)
 func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true } }
 
 // ServingOn keeps the service ready while PostgreSQL refuses new sessions
-// (postgres.SessionRefused: a password changed, the role made NOLOGIN) but
+// (postgres.SessionRefused: a password changed, the role made NOLOGIN, no
+// connection slot left because another client holds max_connections) but
 // pool, the service's own, still has a connection that serves (poolServes): the
 // check's connection is renewed every minute (postgres.OpenSide), so it
 // meets the refusal first, while the service goes on serving on the

@@ -353,6 +353,55 @@ func TestReadinessServesOnOpenConnectionsWhenNewSessionsAreRefused(t *testing.T)
 	}
 }
 
+// PostgreSQL with no connection slot left (SQLSTATE 53300: max_connections
+// taken by other clients, or a CONNECTION LIMIT of the role or the
+// database) refuses the check's next session, which its renewal every
+// minute asks for, while the service's pool serves on the sessions it
+// holds. Unready, a reader of a make run stack left the gateway's
+// rotation at its renewal, within a minute of a client filling
+// max_connections (the client took the slot the renewal gave back), while
+// its pool served; every instance renews within that minute. So the
+// service stays ready and warns naming the cause; once its own
+// connections have ended too, it is unready, naming it.
+func TestReadinessServesOnOpenConnectionsWhenNoSlotIsLeft(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, url)
+	role := fmt.Sprintf("slots_%d", time.Now().UnixNano())
+	// Not a superuser: a role's CONNECTION LIMIT does not bind one.
+	mustExec(t, admin, "CREATE ROLE "+role+" LOGIN")
+	mustExec(t, admin, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO "+role)
+	t.Cleanup(func() {
+		mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
+		mustExec(t, admin, "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM "+role)
+		mustExec(t, admin, "DROP ROLE "+role)
+	})
+	pool := testenv.Pool(t, url+" user="+role+" pool_max_conns=1")
+	side, ready, logged := readyOnItsConnection(t, pool)
+	// The pool's session holds the one slot; the check's connection is
+	// renewed, as it is every minute.
+	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT 1")
+	side.Reset()
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
+	}
+	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "53300") ||
+		!strings.Contains(got, "PostgreSQL has no connection slot left") {
+		t.Errorf("log = %q, want a WARN naming the refusal and its cause", got)
+	}
+	pool.Reset() // the pool's connection ends: none left that answers
+	mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
+	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT 0")
+	err := ready.Ready(ctx)
+	if err == nil || !strings.Contains(err.Error(), "PostgreSQL has no connection slot left") {
+		t.Errorf("Ready with no connection left = %v, want the refusal with its cause", err)
+	}
+	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT -1")
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready once slots are free = %v, want nil", err)
+	}
+}
+
 // readyOnItsConnection is the readiness of a service on pool
 // (schema.ServingOn), its check on a side pool of its own and logging to
 // logged: ready, with the service's connection open and idle in pool.
