@@ -382,13 +382,7 @@ func TestReadinessServesOnOpenConnectionsWhenNoSlotIsLeft(t *testing.T) {
 	// renewed, as it is every minute.
 	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT 1")
 	side.Reset()
-	if err := ready.Ready(ctx); err != nil {
-		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
-	}
-	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "53300") ||
-		!strings.Contains(got, "PostgreSQL has no connection slot left") {
-		t.Errorf("log = %q, want a WARN naming the refusal and its cause", got)
-	}
+	wantServingOn(t, ready, logged, "53300", "PostgreSQL has no connection slot left")
 	pool.Reset() // the pool's connection ends: none left that answers
 	mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
 	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT 0")
@@ -420,6 +414,20 @@ func readyOnItsConnection(t *testing.T, pool *pgxpool.Pool) (side *pgxpool.Pool,
 	return side, ready, logged
 }
 
+// wantServingOn checks that ready passes on the pool's open connection
+// while the check's new session is refused with sqlstate, and that logged
+// holds the WARN naming the refusal and cause.
+func wantServingOn(t *testing.T, ready *schema.Readiness, logged *testenv.Output, sqlstate, cause string) {
+	t.Helper()
+	if err := ready.Ready(context.Background()); err != nil {
+		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
+	}
+	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, sqlstate) ||
+		!strings.Contains(got, cause) {
+		t.Errorf("log = %q, want a WARN naming the refusal and its cause", got)
+	}
+}
+
 // The same through a real password change (28P01, on a cluster that asks
 // for a password), as an operator rotates one before DATABASE_URL: the
 // sessions open serve on, so the service stays ready on its pool's
@@ -434,13 +442,7 @@ func TestReadinessServesOnThroughAPasswordChange(t *testing.T) {
 	side, ready, logged := readyOnItsConnection(t, pool)
 	restore := role.ChangePassword(t)
 	side.Reset() // the check's connection renewed, as it is every minute
-	if err := ready.Ready(ctx); err != nil {
-		t.Errorf("Ready while the pool's connection serves = %v, want nil", err)
-	}
-	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "28P01") ||
-		!strings.Contains(got, "PostgreSQL refused the password of DATABASE_URL's role") {
-		t.Errorf("log = %q, want a WARN naming the refusal and its cause", got)
-	}
+	wantServingOn(t, ready, logged, "28P01", "PostgreSQL refused the password of DATABASE_URL's role")
 	pool.Reset() // the pool's connection ends: none left that answers
 	err := ready.Ready(ctx)
 	if err == nil || !strings.Contains(err.Error(), "PostgreSQL refused the password of DATABASE_URL's role") {
