@@ -240,18 +240,28 @@ func keyInUserInfo(c *fiber.Ctx) bool {
 // fasthttp refused: what comes before its last '@', as sent or
 // %-decoded, as fasthttp reads a URL's user info) looks like it holds an
 // API key: whole, mistyped (its checksum fails, a '-' for its '_') or cut
-// short (apikey.ContainsKeyLike). Such user info is refused whatever it
-// holds; this says whether a key may have gone with it, which its owner is
-// to revoke, so that the access line says key_in_url. Only a refused
-// request pays for it.
+// short (apikey.ContainsKeyLike), or whole as a host name spells it, with
+// a '.' or nothing for its '_' (apikey.HostHoldsKeySecret): user info is
+// typed into an authority, beside a host, and "cxr.<secret>@gateway" is
+// what a key pasted as a host's first label looks like. Such user info is
+// refused whatever it holds; this says whether a key may have gone with
+// it, which its owner is to revoke, so that the access line says
+// key_in_url. Only a refused request pays for it.
 func keyLikeUserInfo(authority []byte) bool {
 	at := bytes.LastIndexByte(authority, '@')
 	if at < 0 {
 		return false
 	}
 	userinfo := authority[:at]
-	return apikey.ContainsKeyLike(userinfo) ||
-		(bytes.IndexByte(userinfo, '%') >= 0 && apikey.ContainsKeyLike(fasthttp.AppendUnquotedArg(nil, userinfo)))
+	if keyLikeText(userinfo) {
+		return true
+	}
+	return bytes.IndexByte(userinfo, '%') >= 0 && keyLikeText(fasthttp.AppendUnquotedArg(nil, userinfo))
+}
+
+// keyLikeText is keyLikeUserInfo's test of user info, as sent or decoded.
+func keyLikeText(userinfo []byte) bool {
+	return apikey.ContainsKeyLike(userinfo) || apikey.HostHoldsKeySecret(string(userinfo))
 }
 
 // refuseTargetUserInfo refuses a request target whose authority holds

@@ -443,7 +443,8 @@ func TestKeyInTheUserInfoOfTheTargetIsRefused(t *testing.T) {
 // 4.2.4: a recipient SHOULD treat user info in an http URI as an error;
 // it is used to mislead), where it was served. Whenever user info looks
 // like it holds a key (apikey.ContainsKeyLike: a key mistyped, its
-// checksum wrong or a '-' for its '_', or cut short), in the target or
+// checksum wrong or a '-' for its '_', or cut short; a whole one with a
+// '.' or nothing for its '_', apikey.HostHoldsKeySecret), in the target or
 // the Host header, also beside a byte no Host may hold or a control byte
 // for which fasthttp refuses either itself, the access line says
 // key_in_url, for the SRE who looks for the owner that is to revoke
@@ -457,6 +458,9 @@ func TestUserInfoIsRefusedWithTheAdviceToRevoke(t *testing.T) {
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": echoUpstream(t, "reader", &hits).URL})
 	mistyped := k.read[:len(k.read)-1] + string(k.read[len(k.read)-1]^1) // the checksum's last character
 	dashed := "cxr-" + k.read[4:]
+	// Spelt as a host name spells a key (apikey.HostHoldsKeySecret): a
+	// '.' or nothing for its '_'.
+	dotted, tagRun := "cxr."+k.read[4:], "cxr"+k.read[4:]
 	const item = "/v1/export/items/coin-1"
 	tests := []struct {
 		target, host string
@@ -469,6 +473,11 @@ func TestUserInfoIsRefusedWithTheAdviceToRevoke(t *testing.T) {
 		{"http://user:" + mistyped + "@gateway" + item, "gateway", true},
 		{"http://" + dashed + "@gateway" + item, "gateway", true},
 		{"http://user:" + strings.Replace(mistyped, "_", "%5F", 1) + "@gateway" + item, "gateway", true},
+		{"http://" + dotted + "@gateway" + item, "gateway", true},
+		{"http://user:" + tagRun + "@gateway" + item, "gateway", true},
+		{"http://user:" + strings.Replace(dotted, ".", "%2E", 1) + "@gateway" + item, "gateway", true},
+		{item, "user:" + dotted + "@gateway", true},
+		{"http://cxr.example.com@gateway" + item, "gateway", false},
 		// fasthttp refuses a control byte in the target itself, quoting it.
 		{"http://user:" + k.read + "\x01@gateway" + item, "gateway", true},
 		{"http://" + dashed + "\x7f@gateway" + item, "gateway", true},
