@@ -57,9 +57,26 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 // connections close: of descriptors or memory (acceptretry.Shortage), or of
 // local ports (EADDRNOTAVAIL: every ephemeral port to the address in use or
 // in TIME_WAIT), which was 502 shop_unreachable, "check DNS and firewalls".
+//
+// A dial of a name's several addresses is ours only when each failed so:
+// one the shop refused or left unanswered is the shop's failure, whatever
+// the others met. A host without IPv6 fails every IPv6 address with
+// EADDRNOTAVAIL too, and a dual-stack shop down at its IPv4 address was
+// answered 503, "out of local ports", instead of 502 shop_unreachable.
 func Shortage(err error) bool {
+	var each dialErrors
+	if errors.As(err, &each) {
+		return !slices.ContainsFunc(each, func(err error) bool { return !Shortage(err) })
+	}
 	return acceptretry.Shortage(err) || errors.Is(err, syscall.EADDRNOTAVAIL)
 }
+
+// dialErrors is a dial's failure at each address of a shop, in the order
+// dialled; it reads as errors.Join's.
+type dialErrors []error
+
+func (e dialErrors) Error() string   { return errors.Join(e...).Error() }
+func (e dialErrors) Unwrap() []error { return e }
 
 // lookupError is err, a failed lookup's, in which errors.Is finds the
 // shortage (as Shortage names one) that failed it, if one did: a
@@ -205,7 +222,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	if len(errs) == 0 {
 		return nil, fmt.Errorf("%w: %s", ErrUnresolvable, host)
 	}
-	return nil, errors.Join(errs...)
+	return nil, dialErrors(errs)
 }
 
 // MaxRedirects bounds the redirects followed in one shop request.

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"net/url"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -399,5 +402,47 @@ func TestLookupsIgnoreTheSearchList(t *testing.T) {
 	}
 	if !noSuchHost(err) {
 		t.Errorf("DialContext(loopback.test) = %v, want no such host", err)
+	}
+}
+
+// A dual-stack shop down at its IPv4 address (its connect refused), dialled
+// from a host without IPv6, whose every IPv6 connect fails EADDRNOTAVAIL,
+// is the shop's failure, not our local ports running out: Shortage saw the
+// IPv6 address's errno in the joined error and the read was answered 503
+// unavailable where 502 shop_unreachable was right. Both addresses failing
+// so is still ours. The IPv6 connect's failure is the Control hook's, so
+// that no packet is sent.
+func TestAShopsFailureAtOneAddressIsNotOurShortage(t *testing.T) {
+	closed := testenv.FreeAddr(t) // nothing listens there: connection refused
+	_, port, _ := net.SplitHostPort(closed)
+	noLocalAddress := func(network, _ string, _ syscall.RawConn) error {
+		if network == "tcp6" {
+			return os.NewSyscallError("connect", syscall.EADDRNOTAVAIL)
+		}
+		return nil
+	}
+	noLocalPort := func(string, string, syscall.RawConn) error {
+		return os.NewSyscallError("connect", syscall.EADDRNOTAVAIL)
+	}
+	for _, tt := range []struct {
+		name    string
+		control func(string, string, syscall.RawConn) error
+		want    bool
+	}{
+		{"IPv4 refused by the shop, IPv6 EADDRNOTAVAIL", noLocalAddress, false},
+		{"both EADDRNOTAVAIL", noLocalPort, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDialer(newGuard(t, "shop.test"), fakeshop.Resolver{"shop.test": {"127.0.0.1", "::1"}}, time.Second)
+			d.listed.Control = tt.control
+			conn, err := d.DialContext(context.Background(), "tcp", net.JoinHostPort("shop.test", port))
+			if err == nil {
+				conn.Close()
+				t.Fatal("DialContext connected, want it to fail at each address")
+			}
+			if got := Shortage(&url.Error{Op: "Get", URL: "https://shop.test:" + port + "/api", Err: err}); got != tt.want {
+				t.Errorf("Shortage(%v) = %v, want %v", err, got, tt.want)
+			}
+		})
 	}
 }
