@@ -162,12 +162,15 @@ func isSuffixTag(tag string) bool {
 // value brought along) is refused as that: "invalid time offset" sent the
 // client to correct an offset that was right.
 func parseOffset(s string) (string, error) {
-	offset, after := splitOffset(s)
-	parsed, err := offsetOf(offset)
-	if err == nil && after != "" {
-		return "", errUpdatedAfterTrailing
+	if offset, after := splitOffset(s); after != "" {
+		if _, err := offsetOf(offset); err == nil {
+			return "", errUpdatedAfterTrailing
+		}
 	}
-	return parsed, err
+	// An offset itself wrong is judged whole, as before the split: cut
+	// where its digits end, an unencoded '+' before "0A:00" left " 0", no
+	// offset at all ("must be an RFC 3339 date-time"), not a wrong one.
+	return offsetOf(s)
 }
 
 // splitOffset splits s where its offset ends: after a Z, or after the

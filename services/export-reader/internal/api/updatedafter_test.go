@@ -89,6 +89,7 @@ var updatedAfterCases = []struct {
 	// An offset itself wrong, with something after it, is still that.
 	{"2026-11-21T17:23:37+24:00 ", "", "invalid time offset"},
 	{"2026-11-21T17:23:37+5:00x", "", "invalid time offset"},
+	{"2026-11-21T17:23:37 0A:00", "", "invalid time offset"}, // an unencoded '+'
 	{"2026-11-21T17:23:37UTC", "", "must be an RFC 3339"},
 	{"2026-11-21", "", "date alone"},
 	{"2026-11-21T17:23:37", "", "without one is ambiguous"},
