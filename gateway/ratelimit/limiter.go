@@ -335,11 +335,11 @@ func startBatchSpan(ctx context.Context, batch []*pending, scripts int) (context
 }
 
 // endBatchSpan ends a batch's span with the round trip's outcome: an error
-// decided its requests in-process. Its kind is error.type (shown by make
-// trace, which shows no status): timeout (RATE_LIMIT_REDIS_TIMEOUT passed),
-// error_reply (Redis answered with an error: OOM, READONLY, ...) or
-// unreachable (no connection, or one that broke), or canceled (the
-// limiter was stopped while it was in flight).
+// decided its requests in-process. Its kind is error.type (make trace
+// shows it after the status, whose description is err's text): timeout
+// (RATE_LIMIT_REDIS_TIMEOUT passed), error_reply (Redis answered with an
+// error: OOM, READONLY, ...) or unreachable (no connection, or one that
+// broke), or canceled (the limiter was stopped while it was in flight).
 func endBatchSpan(span trace.Span, err error) {
 	if err != nil {
 		span.RecordError(err)
