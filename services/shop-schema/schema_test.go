@@ -131,13 +131,21 @@ func (s *service) postForHeaders(t *testing.T, body string) (int, http.Header, e
 // send posts body to the route, signed, and decodes the envelope.
 func (s *service) send(t *testing.T, contentType, query, body string) (int, http.Header, envelope.Parsed) {
 	t.Helper()
+	return s.sendWith(t, http.Header{"Content-Type": {contentType}}, query, body)
+}
+
+// sendWith is send with the request's headers ("" values are not sent).
+func (s *service) sendWith(t *testing.T, headers http.Header, query, body string) (int, http.Header, envelope.Parsed) {
+	t.Helper()
 	target := s.url + "/v1/sync/prestashop/schema"
 	if query != "" {
 		target += "?" + query
 	}
 	req, _ := http.NewRequest(http.MethodPost, target, strings.NewReader(body))
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
+	for name, values := range headers {
+		if len(values) > 0 && values[0] != "" {
+			req.Header[name] = values
+		}
 	}
 	for _, h := range s.signer.Sign(identity.Identity{RequestID: "req-" + t.Name()}, identity.RequestOf(req), time.Now()) {
 		req.Header.Set(h.Name, h.Value)

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
@@ -503,4 +504,72 @@ func TestAnAPIKeyInTheShopsHostNameIsNeverRecorded(t *testing.T) {
 		errCode(env) != shopschema.CodeInvalidBaseURL || !strings.Contains(env.Error.Message, "revoke it") {
 		t.Errorf("POST schema with a key in an http URL's host = %d %s, want 400 invalid_base_url saying to revoke the key", status, errCode(env))
 	}
+}
+
+// TestKeyInTheUserAgentIsNotRecorded: the server span records the
+// client's User-Agent, which the gateway forwards as sent, before the body
+// and so the ws_key are read. A sale module that wrote its key there (as
+// the key, in lower case, as its Basic credential or %-encoded) had it in
+// every trace: the live stack's trace store kept it whole. The span keeps
+// a User-Agent without the key.
+func TestKeyInTheUserAgentIsNotRecorded(t *testing.T) {
+	server := tracetest.NewSpanRecorder()
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(server)))
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	shop := fakeshop.Sample("9", true)
+	shop.Start(t.Cleanup)
+	svc := startService(t, shop, nil)
+
+	basic := strings.TrimPrefix(basicHeader(fakeshop.Key), "Basic ")
+	for _, tt := range []struct {
+		name, userAgent, wantCode string
+	}{
+		{"the key", "coin-sync/2.1 (" + fakeshop.Key + ")", ""},
+		{"the key in lower case", "coin-sync/2.1 " + strings.ToLower(fakeshop.Key), ""},
+		{"the Basic credential", "coin-sync/2.1 " + basic, ""},
+		{"the key %-encoded", "coin-sync/2.1 " + percentEncoded(fakeshop.Key), ""},
+		{"the key, the shop refusing it", "coin-sync/2.1 " + fakeshop.Key, "shop_401"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			server.Reset()
+			key := fakeshop.Key
+			if tt.wantCode == "shop_401" {
+				key = strings.ToLower(fakeshop.Key) // 32 characters, unknown to the shop
+			}
+			_, _, env := svc.sendWith(t, http.Header{"Content-Type": {"application/json"}, "User-Agent": {tt.userAgent}}, "", body(shop.URL(), key))
+			if errCode(env) != tt.wantCode && !(tt.wantCode == "" && env.Error == nil) {
+				t.Fatalf("POST schema = %s, want %q", errCode(env), tt.wantCode)
+			}
+			got := serverSpanUserAgent(t, server)
+			for _, secret := range []string{fakeshop.Key, strings.ToLower(fakeshop.Key), basic, percentEncoded(fakeshop.Key)} {
+				if strings.Contains(got, secret) {
+					t.Errorf("server span's user_agent.original = %q: holds the key", got)
+				}
+			}
+		})
+	}
+	t.Run("a User-Agent without the key is kept", func(t *testing.T) {
+		server.Reset()
+		svc.sendWith(t, http.Header{"Content-Type": {"application/json"}, "User-Agent": {"coin-sync/2.1"}}, "", body(shop.URL(), fakeshop.Key))
+		if got := serverSpanUserAgent(t, server); got != "coin-sync/2.1" {
+			t.Errorf("server span's user_agent.original = %q, want the client's", got)
+		}
+	})
+}
+
+// serverSpanUserAgent is the user_agent.original of the one server span
+// recorded.
+func serverSpanUserAgent(t *testing.T, server *tracetest.SpanRecorder) string {
+	t.Helper()
+	var found []string
+	for _, s := range server.Ended() {
+		if s.SpanKind() == trace.SpanKindServer {
+			found = append(found, attrOf(s, "user_agent.original").AsString())
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("server spans' user_agent.original: %q, want one", found)
+	}
+	return found[0]
 }

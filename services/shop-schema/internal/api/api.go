@@ -17,7 +17,10 @@ import (
 	"github.com/coinexport/export/pkg/logging"
 	"github.com/coinexport/export/pkg/strictjson"
 	"github.com/prometheus/client_golang/prometheus"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
@@ -83,6 +86,7 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 	}
 	defer h.slots.release(held)
 	req, err := decode(w, r)
+	keepKeyOutOfUserAgent(r, req.WSKey)
 	if err != nil {
 		h.refuse(w, r, req, err, start)
 		return
@@ -105,6 +109,19 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 		"shop_version", result.ShopVersion, "categories", len(result.Categories),
 		"features", len(result.Features), "duration_ms", time.Since(start).Milliseconds())
 	writeSchema(w, r, answer, requestID)
+}
+
+// keepKeyOutOfUserAgent replaces the server span's user_agent.original
+// when the client's User-Agent holds the request's ws_key
+// (prestashop.HoldsKey: in any case, as its Basic credential, %-encoded).
+// pkg/httpserver records the header as the gateway forwards it, before
+// the body, and so the key, is read: a sale module that wrote its key
+// there had it in every trace.
+func keepKeyOutOfUserAgent(r *http.Request, key string) {
+	span := trace.SpanFromContext(r.Context())
+	if span.IsRecording() && prestashop.HoldsKey(r.UserAgent(), key) {
+		span.SetAttributes(semconv.UserAgentOriginal("[holds the ws_key]"))
+	}
 }
 
 // logSlotsHeld writes, at most once per busyLineInterval, a WARN of what
