@@ -944,6 +944,55 @@ func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {
 	}
 }
 
+// A path no route has is the client's guess, recorded (access line, span)
+// to show what it called; a secret it put there is not: a sale module
+// that sent its shop's ws_key in the path of the schema route had it in
+// the gateway's log and trace store of a live stack. A segment with 32
+// letters or digits in a row (a PrestaShop key's length; an API key's
+// secret without its tag has 49) is hidden, also %-encoded; an item id of
+// that shape on the item route, which is no guess, is recorded as sent.
+func TestUnmatchedPathHidesASecretLikeSegment(t *testing.T) {
+	g, sr, logs := startInternal(t, nil, fakeKeys{})
+	wsKey := "ZQXWSK7J9M2P4R6T8V1N3B5C7D9F2H4K"
+	untagged := wellFormedKey(t)[4:]
+	escaped := ""
+	for i := range len(wsKey) {
+		escaped += fmt.Sprintf("%%%02X", wsKey[i])
+	}
+	for path, want := range map[string]int{
+		"/v1/sync/prestashop/schema/" + wsKey:               404,
+		"/v1/" + strings.ToLower(wsKey):                     404,
+		"/v1/sync/prestashop/schema/ws_key=" + wsKey + "/x": 404,
+		"/v1/nope/" + escaped:                               404,
+		"/v1/nope/" + untagged:                              404,
+	} {
+		resp, _ := get(t, "http://"+g.Addr()+path, nil)
+		if resp.StatusCode != want {
+			t.Errorf("GET %.30s… = %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	itemID := "coin1980silver0000000000000000ab"
+	get(t, "http://"+g.Addr()+"/v1/export/items/"+itemID, map[string]string{"X-API-Key": wellFormedKey(t)})
+	var recorded strings.Builder
+	itemPathKept := false
+	for _, s := range sr.Ended() {
+		for _, a := range s.Attributes() {
+			recorded.WriteString(a.Value.String() + "|")
+			itemPathKept = itemPathKept || a.Key == "url.path" && a.Value.AsString() == "/v1/export/items/"+itemID
+		}
+	}
+	recorded.WriteString(logs.String())
+	all := strings.ToLower(recorded.String())
+	for _, secret := range []string{wsKey[:16], wsKey[16:], escaped[:48], untagged[:16], untagged[16:32]} {
+		if strings.Contains(all, strings.ToLower(secret)) {
+			t.Errorf("spans or logs hold %q", secret)
+		}
+	}
+	if !itemPathKept {
+		t.Error("the item route's url.path lost its 32-character id: only an unmatched path is the client's guess")
+	}
+}
+
 // fasthttp takes raw bytes that are not UTF-8 in a path; the span records
 // them as U+FFFD, since OTLP cannot encode such a string and would drop the
 // span's whole export batch.

@@ -18,6 +18,7 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/percent"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/gofiber/fiber/v2"
@@ -167,6 +168,50 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	return g.beginAt(c, routeName, time.Time{})
 }
 
+// secretLikeRun is how many letters and digits in a row make a segment of
+// a path no route has look like a secret: a PrestaShop ws_key is 32 of
+// them, an API key's secret without its tag 49 (apikey.ContainsKeyLike
+// needs the tag, as a routed item id or Idempotency-Key of that shape
+// must be recorded).
+const secretLikeRun = 32
+
+// redactSecretLikeSegments is an unmatched path as its access line and
+// span record it: each segment holding secretLikeRun letters or digits in
+// a row, as sent or %-decoded, becomes "[secret]". Such a path is the
+// client's guess, recorded to show what it called; a sale module that
+// sent its shop's ws_key in the schema route's path had it whole in the
+// gateway's log and trace store. A path without one is returned as it is.
+func redactSecretLikeSegments(path string) string {
+	segments := strings.Split(path, "/")
+	found := false
+	for i, segment := range segments {
+		if holdsSecretLikeRun(segment) || holdsSecretLikeRun(percent.DecodeLeniently(segment)) {
+			segments[i], found = "[secret]", true
+		}
+	}
+	if !found {
+		return path
+	}
+	return strings.Join(segments, "/")
+}
+
+// holdsSecretLikeRun reports whether s holds secretLikeRun ASCII letters
+// or digits in a row.
+func holdsSecretLikeRun(s string) bool {
+	run := 0
+	for i := range len(s) {
+		c := s[i]
+		if c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' {
+			if run++; run >= secretLikeRun {
+				return true
+			}
+		} else {
+			run = 0
+		}
+	}
+	return false
+}
+
 // beginAt is begin for a request that began before now, at since (an
 // unread request's connection start, readStart): its access line's
 // duration and its server span both run from it. A zero since is now.
@@ -188,7 +233,11 @@ func (g *Gateway) beginRecorded(c *fiber.Ctx, routeName string, since time.Time,
 	// also hides one mistyped or cut short, which is no key to refuse.
 	// As valid UTF-8: fasthttp takes raw bytes that are not, which OTLP
 	// refuses to encode (the span's whole export batch would be dropped).
-	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(strings.ToValidUTF8(apikey.RedactKeyLikePath(raw), "\uFFFD")),
+	path := apikey.RedactKeyLikePath(raw)
+	if routeName == unmatchedName {
+		path = redactSecretLikeSegments(path)
+	}
+	rq := &request{route: routeName, method: httpserver.StableMethod(c.Method()), path: strings.Clone(strings.ToValidUTF8(path, "\uFFFD")),
 		keyInPath: apikey.PathHoldsKey(raw), clientIP: g.clientIP(c), start: start}
 	if own := c.Request().Header.Peek(envelope.RequestIDHeader); len(own) > 0 {
 		rq.clientRequestID = httpserver.LoggableClientValue(string(own))
