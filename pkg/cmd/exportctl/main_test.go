@@ -787,6 +787,40 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 	}
 }
 
+// migrate holds two connections at once, which the pool-sizing sum counts
+// (README, EXPORT_READER_DB_MAX_CONNS; deploy/k8s's HPA comment): its
+// pool's, opened by its start-up check, and the migration's own
+// (schema.Up's pool, whose sessions bound their lock waits). A role
+// allowed two migrates a new database of its own from the start; allowed
+// one, it was refused 53300 at the migration's connection.
+func TestMigrateHoldsTwoConnectionsAtMost(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, dsn)
+	exec := func(stmt string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := fmt.Sprintf("migrate_%d", time.Now().UnixNano())
+	// Not a superuser: a role's CONNECTION LIMIT does not bind one.
+	exec("CREATE ROLE " + name + " LOGIN CONNECTION LIMIT 2")
+	exec("CREATE DATABASE " + name + " OWNER " + name)
+	t.Cleanup(func() {
+		exec("DROP DATABASE " + name + " WITH (FORCE)")
+		exec("DROP ROLE " + name)
+	})
+	limited := dsn + " user=" + name + " dbname=" + name
+	var stdout bytes.Buffer
+	if err := run(ctx, []string{"migrate"}, func(string) string { return limited }, strings.NewReader(""), &stdout, io.Discard); err != nil {
+		t.Fatalf("migrate within 2 connections = %v", err)
+	}
+	if !strings.Contains(stdout.String(), "schema is up to date") {
+		t.Errorf("migrate printed %q, want every migration applied", stdout.String())
+	}
+}
+
 // migratedDownTo rolls the database at dsn back to version with goose, over
 // the embedded migrations' files, and returns the provider and the
 // connection it used (closed at the test's end).
