@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -49,6 +50,20 @@ func Unreachable(err error) bool {
 func NothingSent(err error) bool {
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &connectErr) || acquireFailed(err) || pgconn.SafeToRetry(err) || poolerWaitedOut(err)
+}
+
+// NothingDone reports whether err left every statement of the call
+// undone: none was sent (NothingSent), or a batch failed before its
+// statements ran. pgx prepares a batch's new statements, and builds
+// their arguments, before it sends them (pgx.ErrPreprocessingBatch): a
+// prepare runs nothing, and statements queued without their Sync are
+// dropped with the connection pgx then closes, so nothing commits. A
+// prepare refused (a table renamed under the writer) was answered "the
+// sale may have been applied", and its platform reconciled a sale never
+// made.
+func NothingDone(err error) bool {
+	var preprocessing pgx.ErrPreprocessingBatch
+	return NothingSent(err) || errors.As(err, &preprocessing)
 }
 
 // poolerWaitedOut reports whether err is PgBouncer ending a client that

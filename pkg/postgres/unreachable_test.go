@@ -458,3 +458,48 @@ func tableRefusedOnAReadOnlySession(t *testing.T) (url string, pool *pgxpool.Poo
 	_, refused = readOnly.Exec(ctx, "INSERT INTO t VALUES (1)").ReadAll()
 	return url, pool, refused
 }
+
+// A batch that failed before its statements ran did nothing, whatever the
+// failure: a statement PostgreSQL would not prepare, or an argument pgx
+// could not encode once the statements before it were queued (the row
+// they insert is not there). A batch that ran, and a statement that
+// failed as it ran, are not NothingDone.
+func TestNothingDoneReadsABatchThatFailedBeforeItRan(t *testing.T) {
+	ctx := context.Background()
+	_, pool, _ := tableRefusedOnAReadOnlySession(t)
+	send := func(queue func(*pgx.Batch)) error {
+		batch := &pgx.Batch{}
+		queue(batch)
+		return pool.SendBatch(ctx, batch).Close()
+	}
+	notPrepared := send(func(b *pgx.Batch) {
+		b.Queue("INSERT INTO t VALUES (1)")
+		b.Queue("SELECT * FROM no_such_table")
+	})
+	notBuilt := send(func(b *pgx.Batch) {
+		b.Queue("INSERT INTO t VALUES (2)")
+		b.Queue("SELECT $1::int", make(chan int))
+	})
+	_, ran := pool.Exec(ctx, "INSERT INTO t VALUES (1/0)")
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("rows after the failed batches = %d (%v), want 0", rows, err)
+	}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a statement not prepared", notPrepared, true},
+		{"an argument not encoded", notBuilt, true},
+		{"a statement that failed as it ran", ran, false},
+		{"a connection lost", io.ErrUnexpectedEOF, false},
+	} {
+		if tt.err == nil {
+			t.Fatalf("%s: no error", tt.name)
+		}
+		if got := postgres.NothingDone(tt.err); got != tt.want {
+			t.Errorf("NothingDone(%s: %v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}

@@ -425,3 +425,43 @@ func cancelOnceWaiting(f *fixture, cancel context.CancelCauseFunc, cause error) 
 	}
 	cancel(cause)
 }
+
+// A sale whose statement PostgreSQL refuses with an ERROR outside the
+// codes of an outage (here the sales table renamed under the writer,
+// 42P01: a migration run half-way, an operator's mistake) changed
+// nothing: refused while being prepared, before its first call (no
+// statement of the call ran), or refused as it ran, once prepared (the
+// ERROR rolls back the transaction its statements and commit share). Its
+// 500 says nothing was applied; it said "the sale may have been applied",
+// which sent a platform reconciling a sale that was never made. The key
+// binds nothing: once the table is back, the same call sells the item.
+func TestSaleRefusedByAnErrorOfTheDatabaseSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	for _, when := range []string{"before its first call", "once prepared"} {
+		t.Run(when, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.addItem(t, f.owner, "coin-1", true)
+			if when == "once prepared" {
+				f.addItem(t, f.owner, "coin-2", true)
+				rec, _ := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-2", key: "key-prepares", body: order1})
+				if rec.Code != http.StatusOK {
+					t.Fatalf("the confirm that prepares the statements = %d %s, want 200", rec.Code, rec.Body)
+				}
+			}
+			f.exec(t, "ALTER TABLE sales RENAME TO sales_moved")
+			for _, op := range []string{"confirm", "cancel"} {
+				rec, env := f.do(t, call{id: f.writer("market-a"), op: op, item: "coin-1", key: "key-" + op, body: order1})
+				if rec.Code != http.StatusInternalServerError || errorCode(env) != "internal_error" ||
+					!strings.Contains(env.Error.Message, "nothing was applied") || strings.Contains(env.Error.Message, "may have been") {
+					t.Errorf("%s with the sales table gone = %d %q %s, want 500 internal_error saying nothing was applied", op, rec.Code, errorCode(env), rec.Body)
+				}
+			}
+			f.exec(t, "ALTER TABLE sales_moved RENAME TO sales")
+			if got := f.item(t, f.owner, "coin-1"); got.Sold {
+				t.Fatalf("after the refused calls coin-1 is sold: %+v", got)
+			}
+			confirmed(t, f, "key-confirm")
+		})
+	}
+}

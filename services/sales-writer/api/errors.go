@@ -168,9 +168,14 @@ func (h *handler) failure(r *http.Request, err error) errorAnswer {
 		return h.unavailable(r, err)
 	}
 	// Spec 7's 500: a temporary error, retried with backoff and reported
-	// by its request id. Whether the sale was applied is not known here,
-	// so the answer says how to retry it safely, as every 503 does.
+	// by its request id. The answer says how to retry it safely, as every
+	// 503 does, and that nothing was applied where nothing ran or
+	// PostgreSQL answered an ERROR, which rolls back the transaction the
+	// call's statements and commit share (as unavailable's).
 	h.log.ErrorContext(r.Context(), "sale call failed", "error", err)
+	if postgres.NothingDone(err) || postgres.RolledBack(err) {
+		return errorAnswer{status: http.StatusInternalServerError, code: "internal_error", message: internalErrorNothingApplied, applied: nothingApplied}
+	}
 	return errorAnswer{status: http.StatusInternalServerError, code: "internal_error", message: InternalErrorMessage, applied: mayHaveBeenApplied}
 }
 
@@ -255,7 +260,7 @@ func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 // writer does.
 func (h *handler) unavailable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unavailable", "error", err, postgres.CauseAttr(err))
-	if postgres.NothingSent(err) || postgres.RolledBack(err) {
+	if postgres.NothingDone(err) || postgres.RolledBack(err) {
 		return answer503("the sale store cannot take this call now", nothingApplied)
 	}
 	return answer503("the sale store cannot take this call now", saleClaim{})
@@ -310,12 +315,12 @@ func panicAnswer(sent *postgres.Sent) (string, map[string]string) {
 }
 
 // applied is what a call that ended before its answer did to the sale:
-// when no statement reached PostgreSQL (postgres.NothingSent: no
-// connection opened or taken from the pool, or pgx stopped before a byte
-// went out), nothing; else the sale may have been applied (a statement cut
+// when no statement ran (postgres.NothingDone: no connection opened or
+// taken from the pool, pgx stopped before a byte went out, or the batch
+// failed while being prepared), nothing; else the sale may have been applied (a statement cut
 // off, or a connection lost, after the commit).
 func applied(err error) saleClaim {
-	if postgres.NothingSent(err) {
+	if postgres.NothingDone(err) {
 		return nothingApplied
 	}
 	return mayHaveBeenApplied
