@@ -740,9 +740,10 @@ func TestStoreOutageIsUnavailable(t *testing.T) {
 // statement fails in PostgreSQL, which is up) is the 500 of spec 7, whose
 // client action is to retry with backoff and report the request id; like
 // every 5xx of the writer it says how to retry a sale safely, with the same
-// Idempotency-Key, as the platform cannot know whether it was applied. It
-// said only "internal error". The retry sells the item once the cause is
-// put right.
+// Idempotency-Key (what it says was applied, here nothing:
+// TestSaleRefusedByAnErrorOfTheDatabaseSaysNothingWasApplied). It said
+// only "internal error". The retry sells the item once the cause is put
+// right.
 func TestUnforeseenFailureSaysHowToRetry(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
