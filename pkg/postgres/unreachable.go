@@ -53,17 +53,23 @@ func NothingSent(err error) bool {
 }
 
 // NothingDone reports whether err left every statement of the call
-// undone: none was sent (NothingSent), or a batch failed before its
-// statements ran. pgx prepares a batch's new statements, and builds
-// their arguments, before it sends them (pgx.ErrPreprocessingBatch): a
-// prepare runs nothing, and statements queued without their Sync are
-// dropped with the connection pgx then closes, so nothing commits. A
-// prepare refused (a table renamed under the writer) was answered "the
-// sale may have been applied", and its platform reconciled a sale never
-// made.
+// undone: none was sent (NothingSent), or its batch failed while
+// PostgreSQL prepared the batch's new statements (pgx's
+// ErrPreprocessingBatch, step "prepare"). pgx sends those statements to
+// be prepared, with a Sync of their own, and sends none to run before
+// PostgreSQL has answered: a prepare refused (a table renamed under the
+// writer) or cut short (the connection lost, the deadline met, the
+// caller gone) ran nothing, whatever the batch holds. The other step,
+// "build" (an argument pgx cannot encode), is not NothingDone: pgx ends
+// the connection then, and the Terminate it sends carries the statements
+// queued before that argument, which PostgreSQL runs; a COMMIT among them
+// commits (TestNothingDoneReadsABatchThatFailedBeforeItRan). pgx names
+// the step only in the error's text: a wording it changes reads as
+// "may", never "nothing".
 func NothingDone(err error) bool {
 	var preprocessing pgx.ErrPreprocessingBatch
-	return NothingSent(err) || errors.As(err, &preprocessing)
+	return NothingSent(err) ||
+		errors.As(err, &preprocessing) && strings.HasPrefix(preprocessing.Error(), "error preprocessing batch (prepare)")
 }
 
 // poolerWaitedOut reports whether err is PgBouncer ending a client that

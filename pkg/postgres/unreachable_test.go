@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
@@ -459,11 +460,11 @@ func tableRefusedOnAReadOnlySession(t *testing.T) (url string, pool *pgxpool.Poo
 	return url, pool, refused
 }
 
-// A batch that failed before its statements ran did nothing, whatever the
-// failure: a statement PostgreSQL would not prepare, or an argument pgx
-// could not encode once the statements before it were queued (the row
-// they insert is not there). A batch that ran, and a statement that
-// failed as it ran, are not NothingDone.
+// A batch refused while PostgreSQL prepared its statements ran none of
+// them, whatever it holds: NothingDone. One that failed building an
+// argument is not: the statements queued before it reach PostgreSQL with
+// pgx's Terminate and run, and here their COMMIT commits the row. Nor is
+// a statement that failed as it ran, or a connection lost.
 func TestNothingDoneReadsABatchThatFailedBeforeItRan(t *testing.T) {
 	ctx := context.Background()
 	_, pool, _ := tableRefusedOnAReadOnlySession(t)
@@ -474,16 +475,19 @@ func TestNothingDoneReadsABatchThatFailedBeforeItRan(t *testing.T) {
 	}
 	notPrepared := send(func(b *pgx.Batch) {
 		b.Queue("INSERT INTO t VALUES (1)")
+		b.Queue("COMMIT")
 		b.Queue("SELECT * FROM no_such_table")
 	})
 	notBuilt := send(func(b *pgx.Batch) {
 		b.Queue("INSERT INTO t VALUES (2)")
+		b.Queue("COMMIT")
 		b.Queue("SELECT $1::int", make(chan int))
 	})
 	_, ran := pool.Exec(ctx, "INSERT INTO t VALUES (1/0)")
+	waitForRow(t, pool, 2) // the Terminate goes out after Close returns
 	var rows int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&rows); err != nil || rows != 0 {
-		t.Fatalf("rows after the failed batches = %d (%v), want 0", rows, err)
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM t WHERE id <> 2").Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("rows of the batch refused in its prepare = %d (%v), want 0", rows, err)
 	}
 	for _, tt := range []struct {
 		name string
@@ -491,7 +495,7 @@ func TestNothingDoneReadsABatchThatFailedBeforeItRan(t *testing.T) {
 		want bool
 	}{
 		{"a statement not prepared", notPrepared, true},
-		{"an argument not encoded", notBuilt, true},
+		{"an argument not encoded, after a COMMIT", notBuilt, false},
 		{"a statement that failed as it ran", ran, false},
 		{"a connection lost", io.ErrUnexpectedEOF, false},
 	} {
@@ -502,4 +506,21 @@ func TestNothingDoneReadsABatchThatFailedBeforeItRan(t *testing.T) {
 			t.Errorf("NothingDone(%s: %v) = %v, want %v", tt.name, tt.err, got, tt.want)
 		}
 	}
+}
+
+// waitForRow waits until table t holds the row id, committed by another
+// session; it fails the test after 10 s.
+func waitForRow(t *testing.T, pool *pgxpool.Pool, id int) {
+	t.Helper()
+	for range 500 {
+		var there bool
+		if err := pool.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM t WHERE id = $1)", id).Scan(&there); err != nil {
+			t.Fatal(err)
+		}
+		if there {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("row %d of t was never committed", id)
 }
