@@ -414,6 +414,12 @@ func TestCutOffOrAbandonedCallSaysWhatWasApplied(t *testing.T) {
 // cancelOnceWaiting cancels a call with cause once a session of f's
 // database waits for a lock (the call's statement, behind lockItem's).
 func cancelOnceWaiting(f *fixture, cancel context.CancelCauseFunc, cause error) {
+	onceWaiting(f, func() { cancel(cause) })
+}
+
+// onceWaiting runs then once a session of f's database waits for a lock
+// (a call held up by a test's transaction), or after 5 s.
+func onceWaiting(f *fixture, then func()) {
 	for range 500 {
 		var waiting bool
 		err := f.db.QueryRow(context.Background(), `SELECT count(*) > 0 FROM pg_stat_activity
@@ -423,7 +429,7 @@ func cancelOnceWaiting(f *fixture, cancel context.CancelCauseFunc, cause error) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	cancel(cause)
+	then()
 }
 
 // A sale whose statement PostgreSQL refuses with an ERROR outside the
@@ -464,4 +470,80 @@ func TestSaleRefusedByAnErrorOfTheDatabaseSaysNothingWasApplied(t *testing.T) {
 			confirmed(t, f, "key-confirm")
 		})
 	}
+}
+
+// A sale that ended while PostgreSQL prepared its statements (its first
+// call on a connection, here held up by a migration's lock on the sales
+// table) ran none of them: pgx sends a batch's statements to run only
+// once PostgreSQL has prepared them. Whether its deadline ran out (here
+// client-side: the pool's sessions have no statement_timeout), its
+// connection was lost (the backend ended) or its caller left, the answer
+// says nothing was applied, and nothing was: once the lock is gone and
+// the session has ended, the item is unsold, and the same call under the
+// key sells it. The deadline's 503 said "the sale may have been applied".
+func TestSaleEndedWhilePreparedSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	const app = "sales-writer-preparing"
+	ends := []struct {
+		name         string
+		queryTimeout time.Duration
+		end          func(db *pgxpool.Pool, cancel context.CancelFunc)
+		wantStatus   int
+		wantLog      string
+	}{
+		{"deadline run out", 100 * time.Millisecond, func(*pgxpool.Pool, context.CancelFunc) {},
+			http.StatusServiceUnavailable, "sale call timed out"},
+		{"connection lost", 10 * time.Second, func(db *pgxpool.Pool, _ context.CancelFunc) {
+			_, _ = db.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = $1`, app)
+		}, http.StatusServiceUnavailable, "sale store unreachable"},
+		{"caller gone", 10 * time.Second, func(_ *pgxpool.Pool, cancel context.CancelFunc) { cancel() },
+			httpserver.StatusClientClosed, "sale call abandoned by the caller"},
+	}
+	for _, end := range ends {
+		t.Run(end.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.addItem(t, f.owner, "coin-1", true)
+			writerDB := testenv.Pool(t, f.url+" application_name="+app)
+			var logs testenv.Output
+			f.handler = newTimedHandler(t, writerDB, defaultRetention, &logs, end.queryTimeout)
+			migration := testenv.InTransaction(t, f.db, "LOCK TABLE sales IN ACCESS EXCLUSIVE MODE")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go onceWaiting(f, func() { end.end(f.db, cancel) })
+			rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1, ctx: ctx})
+			if rec.Code != end.wantStatus || env.Error == nil ||
+				!strings.Contains(env.Error.Message, "nothing was applied") || strings.Contains(env.Error.Message, "may have been") {
+				t.Errorf("confirm ended while prepared = %d %s, want %d saying nothing was applied", rec.Code, rec.Body, end.wantStatus)
+			}
+			if !strings.Contains(logs.String(), end.wantLog) || !strings.Contains(logs.String(), "error preprocessing batch (prepare)") {
+				t.Errorf("the log does not say %q of a prepare:\n%s", end.wantLog, logs.String())
+			}
+			if err := migration.Rollback(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			writerDB.Close()
+			waitForNoSessionOf(t, f, app)
+			if got, sales := f.item(t, f.owner, "coin-1"), f.count(t, "SELECT count(*) FROM sales"); got.Sold || sales != 0 {
+				t.Fatalf("after a confirm ended while prepared: %+v, %d sales", got, sales)
+			}
+			f.handler = newHandler(t, f.db, defaultRetention)
+			confirmed(t, f, "key-1")
+		})
+	}
+}
+
+// waitForNoSessionOf waits until no session of application is left in
+// f's database (a backend ends once it reads its client gone); it fails
+// the test after 10 s.
+func waitForNoSessionOf(t *testing.T, f *fixture, application string) {
+	t.Helper()
+	for range 500 {
+		if f.count(t, "SELECT count(*)::int FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1", application) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("a session of %s is still there", application)
 }

@@ -192,12 +192,14 @@ func queryTimeoutRanOut(err error) bool {
 // retry with the key settles it whatever happened.
 func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 	switch {
-	case postgres.NothingSent(err):
-		// The deadline came before any statement was sent: the call
-		// waited for a pool connection while every one was in use
-		// (postgres.AcquireError; the error says so), or it met the
-		// deadline in pgx before a byte went out.
-		h.log.ErrorContext(r.Context(), "sale call timed out before reaching the database (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
+	case postgres.NothingDone(err):
+		// The deadline came before any statement ran: the call waited
+		// for a pool connection while every one was in use
+		// (postgres.AcquireError; the error says so), met the deadline
+		// in pgx before a byte went out, or while PostgreSQL prepared
+		// its batch (held up by a lock on a table, as a migration's),
+		// before pgx sends a statement to run.
+		h.log.ErrorContext(r.Context(), "sale call timed out before any statement of it ran (SALES_WRITER_QUERY_TIMEOUT): nothing was applied", "error", err)
 		return answer503("the sale store did not answer in time", nothingApplied)
 	case postgres.QueryCanceled(err):
 		// PostgreSQL's own statement_timeout cancelled the statement: an
@@ -317,8 +319,9 @@ func panicAnswer(sent *postgres.Sent) (string, map[string]string) {
 // applied is what a call that ended before its answer did to the sale:
 // when no statement ran (postgres.NothingDone: no connection opened or
 // taken from the pool, pgx stopped before a byte went out, or the batch
-// failed while being prepared), nothing; else the sale may have been applied (a statement cut
-// off, or a connection lost, after the commit).
+// ended while PostgreSQL prepared it), nothing; else the sale may have
+// been applied (a statement cut off, or a connection lost, after the
+// commit).
 func applied(err error) saleClaim {
 	if postgres.NothingDone(err) {
 		return nothingApplied
