@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -546,4 +547,84 @@ func waitForNoSessionOf(t *testing.T, f *fixture, application string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("a session of %s is still there", application)
+}
+
+// A sale whose COMMIT was sent may have been applied, whatever ends the
+// call then: its backend committed, and waits for a synchronous standby
+// that is not there (synchronous_standby_names names none of the pair's)
+// when its session is ended, its deadline runs out, its caller leaves, or
+// PostgreSQL stops. Each answer says the sale may have been applied, never
+// that nothing was, and the sale is there once the wait is lifted (after
+// the restart, for the stop): the "nothing" of a call that ended before
+// any statement ran (TestSaleEndedWhilePreparedSaysNothingWasApplied)
+// must not reach a connection lost after the commit.
+func TestSaleEndedAfterItsCommitWasSentMayHaveBeenApplied(t *testing.T) {
+	t.Parallel()
+	pair := testenv.StandbyPair(t)
+	f := newFixtureOn(t, pair.Primary)
+	ends := []struct {
+		name         string
+		queryTimeout time.Duration
+		end          func(app string, cancel context.CancelFunc)
+		wantStatus   int
+	}{
+		{"session ended", 10 * time.Second, func(app string, _ context.CancelFunc) {
+			_, _ = f.db.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", app)
+		}, http.StatusServiceUnavailable},
+		{"deadline run out", 100 * time.Millisecond, func(string, context.CancelFunc) {}, http.StatusServiceUnavailable},
+		{"caller gone", 10 * time.Second, func(_ string, cancel context.CancelFunc) { cancel() }, httpserver.StatusClientClosed},
+		{"PostgreSQL stopped", 10 * time.Second, func(string, context.CancelFunc) { pair.StopPrimary(t) }, http.StatusServiceUnavailable},
+	}
+	for i := range ends {
+		f.addItem(t, f.owner, fmt.Sprintf("coin-%d", i), true)
+	}
+	f.exec(t, "CHECKPOINT") // the pair's primary commits asynchronously: the stop would lose the items
+	f.exec(t, "ALTER SYSTEM SET synchronous_standby_names = 'nothere'")
+	f.exec(t, "SELECT pg_reload_conf()")
+	for f.count(t, "SELECT count(*)::int FROM pg_settings WHERE name = 'synchronous_standby_names' AND setting = 'nothere'") == 0 {
+		time.Sleep(10 * time.Millisecond) // the server reloads its settings after the call returns
+	}
+	for i, end := range ends {
+		// A pool, and a name, per call: a backend left waiting by the
+		// call before (its client gone) must not be taken for this one's.
+		app := fmt.Sprintf("sales-writer-committing-%d", i)
+		writerDB := testenv.Pool(t, pair.Primary+" application_name="+app+" synchronous_commit=on")
+		f.handler = newTimedHandler(t, writerDB, defaultRetention, io.Discard, end.queryTimeout)
+		ctx, cancel := context.WithCancel(context.Background())
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			waitForCommitWaiting(f.db, app)
+			end.end(app, cancel)
+		}()
+		rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: fmt.Sprintf("coin-%d", i), key: fmt.Sprintf("key-%d", i), body: order1, ctx: ctx})
+		<-ended
+		cancel()
+		if rec.Code != end.wantStatus || env.Error == nil ||
+			!strings.Contains(env.Error.Message, "may have been applied") || strings.Contains(env.Error.Message, "nothing was applied") {
+			t.Errorf("confirm ended after its commit was sent (%s) = %d %s, want %d saying the sale may have been applied", end.name, rec.Code, rec.Body, end.wantStatus)
+		}
+	}
+	f.db.Close()
+	pair.StartPrimary(t)
+	f.db = testenv.Pool(t, pair.Primary)
+	f.exec(t, "ALTER SYSTEM RESET synchronous_standby_names")
+	f.exec(t, "SELECT pg_reload_conf()")
+	if sales := f.count(t, "SELECT count(*)::int FROM sales"); sales != len(ends) {
+		t.Errorf("sales committed = %d, want %d: a sale ended after its commit was sent is there", sales, len(ends))
+	}
+}
+
+// waitForCommitWaiting waits until a session of application in db's
+// database waits for a synchronous standby after its commit, or 5 s.
+func waitForCommitWaiting(db *pgxpool.Pool, application string) {
+	for range 500 {
+		var waiting bool
+		err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $1 AND wait_event = 'SyncRep')`, application).Scan(&waiting)
+		if err != nil || waiting {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
