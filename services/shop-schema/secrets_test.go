@@ -522,22 +522,26 @@ func TestKeyInTheUserAgentIsNotRecorded(t *testing.T) {
 	svc := startService(t, shop, nil)
 
 	basic := strings.TrimPrefix(basicHeader(fakeshop.Key), "Basic ")
+	withKey := "coin-sync/2.1 (" + fakeshop.Key + ")"
+	sent := body(shop.URL(), fakeshop.Key)
 	for _, tt := range []struct {
-		name, userAgent, wantCode string
+		name, userAgent, body, wantCode string
 	}{
-		{"the key", "coin-sync/2.1 (" + fakeshop.Key + ")", ""},
-		{"the key in lower case", "coin-sync/2.1 " + strings.ToLower(fakeshop.Key), ""},
-		{"the Basic credential", "coin-sync/2.1 " + basic, ""},
-		{"the key %-encoded", "coin-sync/2.1 " + percentEncoded(fakeshop.Key), ""},
-		{"the key, the shop refusing it", "coin-sync/2.1 " + fakeshop.Key, "shop_401"},
+		{"the key", withKey, sent, ""},
+		{"the key in lower case", "coin-sync/2.1 " + strings.ToLower(fakeshop.Key), sent, ""},
+		{"the Basic credential", "coin-sync/2.1 " + basic, sent, ""},
+		{"the key %-encoded", "coin-sync/2.1 " + percentEncoded(fakeshop.Key), sent, ""},
+		// 32 characters, unknown to the shop
+		{"the key, the shop refusing it", "coin-sync/2.1 " + fakeshop.Key, body(shop.URL(), strings.ToLower(fakeshop.Key)), "shop_401"},
+		// the service reads the key trimmed, as the shop gets it
+		{"the key, the body's with a line break after it", withKey, body(shop.URL(), fakeshop.Key+"\n"), ""},
+		{"the key, the body refused for another property", withKey,
+			`{"base_url":"` + shop.URL() + `","ws_key":"` + fakeshop.Key + `","shop_id":1}`, "invalid_body"},
+		{"the key, the body refused for its base_url", withKey, `{"base_url":1,"ws_key":"` + fakeshop.Key + `"}`, "invalid_base_url"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			server.Reset()
-			key := fakeshop.Key
-			if tt.wantCode == "shop_401" {
-				key = strings.ToLower(fakeshop.Key) // 32 characters, unknown to the shop
-			}
-			_, _, env := svc.sendWith(t, http.Header{"Content-Type": {"application/json"}, "User-Agent": {tt.userAgent}}, "", body(shop.URL(), key))
+			_, _, env := svc.sendWith(t, http.Header{"Content-Type": {"application/json"}, "User-Agent": {tt.userAgent}}, "", tt.body)
 			if errCode(env) != tt.wantCode && !(tt.wantCode == "" && env.Error == nil) {
 				t.Fatalf("POST schema = %s, want %q", errCode(env), tt.wantCode)
 			}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/coinexport/export/pkg/envelope"
@@ -113,13 +114,13 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 
 // keepKeyOutOfUserAgent replaces the server span's user_agent.original
 // when the client's User-Agent holds the request's ws_key
-// (prestashop.HoldsKey: in any case, as its Basic credential, %-encoded).
-// pkg/httpserver records the header as the gateway forwards it, before
-// the body, and so the key, is read: a sale module that wrote its key
-// there had it in every trace.
+// (prestashop.HoldsKey: in any case, as its Basic credential, %-encoded),
+// trimmed as the shop gets it. pkg/httpserver records the header as the
+// gateway forwards it, before the body, and so the key, is read: a sale
+// module that writes its key there would have it in every trace.
 func keepKeyOutOfUserAgent(r *http.Request, key string) {
 	span := trace.SpanFromContext(r.Context())
-	if span.IsRecording() && prestashop.HoldsKey(r.UserAgent(), key) {
+	if span.IsRecording() && prestashop.HoldsKey(r.UserAgent(), strings.TrimSpace(key)) {
 		span.SetAttributes(semconv.UserAgentOriginal("[holds the ws_key]"))
 	}
 }
@@ -157,12 +158,6 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, req shopschema.
 		"code", code, "duration_ms", time.Since(start).Milliseconds())
 }
 
-// body is the route's JSON body; a field is nil when absent.
-type body struct {
-	BaseURL json.RawMessage
-	WSKey   json.RawMessage
-}
-
 // decode reads the body strictly: one JSON object, only base_url and
 // ws_key (names matched exactly, unlike encoding/json's default), each at
 // most once, nothing after it. Any Content-Type is accepted: spec 4.2 names
@@ -186,26 +181,22 @@ func decode(w http.ResponseWriter, r *http.Request) (shopschema.Request, error) 
 	if err != nil {
 		return shopschema.Request{}, err
 	}
-	var b body
-	for name, value := range fields {
-		switch name {
-		case "base_url":
-			b.BaseURL = value
-		case "ws_key":
-			b.WSKey = value
-		default:
-			return shopschema.Request{}, invalidBody("unknown property in the body; allowed: base_url, ws_key")
+	// The key is read first: a body refused for another property still
+	// returns it, for the span's User-Agent to be kept free of it
+	// (keepKeyOutOfUserAgent). A ws_key that is not a string counts as
+	// missing, and is reported as such after base_url's checks
+	// (shopschema.Service.Read), in the same order as an absent one.
+	var req shopschema.Request
+	if !stringField(fields["ws_key"], &req.WSKey) {
+		req.WSKey = ""
+	}
+	for name := range fields {
+		if name != "base_url" && name != "ws_key" {
+			return req, invalidBody("unknown property in the body; allowed: base_url, ws_key")
 		}
 	}
-	var req shopschema.Request
-	if !stringField(b.BaseURL, &req.BaseURL) {
+	if !stringField(fields["base_url"], &req.BaseURL) {
 		return req, &shopschema.InputError{Code: shopschema.CodeInvalidBaseURL, Message: "base_url must be a string"}
-	}
-	// A ws_key that is not a string counts as missing, and is reported
-	// as such after base_url's checks (shopschema.Service.Read), in the
-	// same order as an absent one.
-	if !stringField(b.WSKey, &req.WSKey) {
-		req.WSKey = ""
 	}
 	return req, nil
 }
