@@ -949,21 +949,24 @@ func TestKeyInThePathIsRefusedAndNotTraced(t *testing.T) {
 // that sent its shop's ws_key in the path of the schema route had it in
 // the gateway's log and trace store of a live stack. A segment with 32
 // letters or digits in a row (a PrestaShop key's length; an API key's
-// secret without its tag has 49) is hidden, also %-encoded; an item id of
-// that shape on the item route, which is no guess, is recorded as sent.
+// secret without its tag has 49) is hidden, also %-encoded, once or
+// twice; an item id of that shape on the item route, which is no guess,
+// is recorded as sent.
 func TestUnmatchedPathHidesASecretLikeSegment(t *testing.T) {
 	g, sr, logs := startInternal(t, nil, fakeKeys{})
 	wsKey := "ZQXWSK7J9M2P4R6T8V1N3B5C7D9F2H4K"
 	untagged := wellFormedKey(t)[4:]
-	escaped := ""
+	escaped, twice := "", "" // twice: a client that escaped the escapes
 	for i := range len(wsKey) {
 		escaped += fmt.Sprintf("%%%02X", wsKey[i])
+		twice += fmt.Sprintf("%%25%02X", wsKey[i])
 	}
 	for path, want := range map[string]int{
 		"/v1/sync/prestashop/schema/" + wsKey:               404,
 		"/v1/" + strings.ToLower(wsKey):                     404,
 		"/v1/sync/prestashop/schema/ws_key=" + wsKey + "/x": 404,
 		"/v1/nope/" + escaped:                               404,
+		"/v1/nope/" + twice:                                 404,
 		"/v1/nope/" + untagged:                              404,
 	} {
 		resp, _ := get(t, "http://"+g.Addr()+path, nil)
@@ -983,7 +986,7 @@ func TestUnmatchedPathHidesASecretLikeSegment(t *testing.T) {
 	}
 	recorded.WriteString(logs.String())
 	all := strings.ToLower(recorded.String())
-	for _, secret := range []string{wsKey[:16], wsKey[16:], escaped[:48], untagged[:16], untagged[16:32]} {
+	for _, secret := range []string{wsKey[:16], wsKey[16:], escaped[:48], twice[:80], untagged[:16], untagged[16:32]} {
 		if strings.Contains(all, strings.ToLower(secret)) {
 			t.Errorf("spans or logs hold %q", secret)
 		}

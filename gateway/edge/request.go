@@ -175,17 +175,23 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 // must be recorded).
 const secretLikeRun = 32
 
+// secretDecodings is how many times a segment of an unmatched path is
+// %-decoded again in the search for a secret, as apikey decodes a path in
+// its search for a key.
+const secretDecodings = 4
+
 // redactSecretLikeSegments is an unmatched path as its access line and
 // span record it: each segment holding secretLikeRun letters or digits in
-// a row, as sent or %-decoded, becomes "[secret]". Such a path is the
-// client's guess, recorded to show what it called; a sale module that
-// sent its shop's ws_key in the schema route's path had it whole in the
-// gateway's log and trace store. A path without one is returned as it is.
+// a row, as sent or %-decoded (percent.HoldsDecoded), becomes "[secret]".
+// Such a path is the client's guess, recorded to show what it called; a
+// sale module that sent its shop's ws_key in the schema route's path
+// would have it whole in the gateway's log and trace store. A path
+// without one is returned as it is.
 func redactSecretLikeSegments(path string) string {
 	segments := strings.Split(path, "/")
 	found := false
 	for i, segment := range segments {
-		if holdsSecretLikeRun(segment) || holdsSecretLikeRun(percent.DecodeLeniently(segment)) {
+		if percent.HoldsDecoded(segment, secretDecodings, holdsSecretLikeRun) {
 			segments[i], found = "[secret]", true
 		}
 	}

@@ -32,6 +32,26 @@ func DecodeLeniently(s string) string {
 	return b.String()
 }
 
+// HoldsDecoded reports whether holds is true of s as written or of s
+// decoded again while decoding changes it (DecodeLeniently), up to rounds
+// times: a secret escaped twice ("%2541" is "%41" is "A") is read by
+// whoever decodes twice. Text still changing after rounds decodings
+// counts as holding it: no client or shop needs that many, and it hides
+// what it holds from a bounded search.
+func HoldsDecoded(s string, rounds int, holds func(string) bool) bool {
+	for range rounds + 1 {
+		if holds(s) {
+			return true
+		}
+		decoded := DecodeLeniently(s)
+		if decoded == s {
+			return false
+		}
+		s = decoded
+	}
+	return true
+}
+
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }

@@ -2,6 +2,7 @@ package percent
 
 import (
 	"net/url"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -25,6 +26,28 @@ func TestDecodeLeniently(t *testing.T) {
 	s := "no escape here, 100%"
 	if got := DecodeLeniently(s); unsafe.StringData(got) != unsafe.StringData(s) {
 		t.Errorf("DecodeLeniently(%q) made a copy, want s itself", s)
+	}
+}
+
+func TestHoldsDecoded(t *testing.T) {
+	holdsA := func(s string) bool { return strings.Contains(s, "A") }
+	for _, tt := range []struct {
+		in     string
+		rounds int
+		want   bool
+	}{
+		{"xyz", 2, false},
+		{"A", 0, true},
+		{"%41", 1, true},
+		{"%2541", 2, true},
+		{"%2541", 1, true},  // still changing after its one round
+		{"%2578", 1, true},  // so, though it decodes to no "A"
+		{"%2578", 2, false}, // "%78", then "x"
+		{"%zz%4", 2, false},
+	} {
+		if got := HoldsDecoded(tt.in, tt.rounds, holdsA); got != tt.want {
+			t.Errorf("HoldsDecoded(%q, %d, holds A) = %v, want %v", tt.in, tt.rounds, got, tt.want)
+		}
 	}
 }
 

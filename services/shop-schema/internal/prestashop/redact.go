@@ -169,19 +169,11 @@ func HoldsKey(s, key string) bool {
 	if key == "" {
 		return false
 	}
-	secrets := []string{strings.ToLower(key), strings.ToLower(basicCredential(key))}
-	for range maxDecodings + 1 {
+	lowerKey, lowerCredential := strings.ToLower(key), strings.ToLower(basicCredential(key))
+	return percent.HoldsDecoded(s, maxDecodings, func(s string) bool {
 		lower := strings.ToLower(s)
-		if strings.Contains(lower, secrets[0]) || strings.Contains(lower, secrets[1]) {
-			return true
-		}
-		decoded := percent.DecodeLeniently(s)
-		if decoded == s {
-			return false
-		}
-		s = decoded
-	}
-	return true
+		return strings.Contains(lower, lowerKey) || strings.Contains(lower, lowerCredential)
+	})
 }
 
 // maxDecodings is how many more times HoldsKey %-decodes a text.
