@@ -159,16 +159,16 @@ func isSuffixTag(tag string) bool {
 // parseOffset checks s, a time offset (Z, ±hh:mm, ±hhmm or ±hh) and
 // nothing after it, and returns the offset as time.Parse takes it (Z or
 // ±hh:mm). A valid offset followed by anything (a trailing space a copied
-// value brought along) is refused as that: "invalid time offset" sent the
-// client to correct an offset that was right.
+// value brought along) is refused as that, not as an invalid offset, which
+// would send the client to correct an offset that is right.
 func parseOffset(s string) (string, error) {
 	if offset, after := splitOffset(s); after != "" {
 		if _, err := offsetOf(offset); err == nil {
 			return "", errUpdatedAfterTrailing
 		}
 	}
-	// An offset itself wrong is judged whole, as before the split: cut
-	// where its digits end, an unencoded '+' before "0A:00" left " 0", no
+	// An offset itself wrong is judged whole, not cut where its digits
+	// end: an unencoded '+' before "0A:00" would leave " 0", read as no
 	// offset at all ("must be an RFC 3339 date-time"), not a wrong one.
 	return offsetOf(s)
 }

@@ -139,8 +139,8 @@ func (h *Handler) logSlotsHeld(r *http.Request) {
 	attrs := []any{"slots", h.slots.max, "refused_since_last", skipped, "shop_hosts", held.hosts,
 		"reading_body", held.readingBody, "busiest_shop_host", held.busiestHost, "busiest_shop_slots", held.busiest}
 	// The reads that held the slots may all have ended since this one was
-	// refused: no oldest then, where a zero one read as held since year 1
-	// (oldest_held_ms 9223372036854).
+	// refused: no oldest then (a zero one would read as held since year
+	// 1, oldest_held_ms 9223372036854).
 	if !held.oldest.since.IsZero() {
 		attrs = append(attrs, "oldest_request_id", held.oldest.requestID, "oldest_shop_host", held.oldest.host,
 			"oldest_since", held.oldest.since, "oldest_held_ms", time.Since(held.oldest.since).Milliseconds())

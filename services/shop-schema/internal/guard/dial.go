@@ -56,13 +56,14 @@ func (g *Guard) CheckResolved(ctx context.Context, r Resolver, t Target) error {
 // to a shop, none of it the shop's fault and all of it passing as
 // connections close: of descriptors or memory (acceptretry.Shortage), or of
 // local ports (EADDRNOTAVAIL: every ephemeral port to the address in use or
-// in TIME_WAIT), which was 502 shop_unreachable, "check DNS and firewalls".
+// in TIME_WAIT), where 502 shop_unreachable would send the merchant to
+// check DNS and firewalls.
 //
 // A dial of a name's several addresses is ours only when each failed so:
 // one the shop refused or left unanswered is the shop's failure, whatever
 // the others met. A host without IPv6 fails every IPv6 address with
-// EADDRNOTAVAIL too, and a dual-stack shop down at its IPv4 address was
-// answered 503, "out of local ports", instead of 502 shop_unreachable.
+// EADDRNOTAVAIL too: a dual-stack shop down at its IPv4 address is its own
+// 502 shop_unreachable, not our 503 "out of local ports".
 func Shortage(err error) bool {
 	var each dialErrors
 	if errors.As(err, &each) {
