@@ -18,7 +18,6 @@ import (
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
-	"github.com/coinexport/export/pkg/percent"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/saleclaim"
 	"github.com/gofiber/fiber/v2"
@@ -168,30 +167,19 @@ func (g *Gateway) begin(c *fiber.Ctx, routeName string) *request {
 	return g.beginAt(c, routeName, time.Time{})
 }
 
-// secretLikeRun is how many letters and digits in a row make a segment of
-// a path no route has look like a secret: a PrestaShop ws_key is 32 of
-// them, an API key's secret without its tag 49 (apikey.ContainsKeyLike
-// needs the tag, as a routed item id or Idempotency-Key of that shape
-// must be recorded).
-const secretLikeRun = 32
-
-// secretDecodings is how many times a segment of an unmatched path is
-// %-decoded again in the search for a secret, as apikey decodes a path in
-// its search for a key.
-const secretDecodings = 4
-
 // redactSecretLikeSegments is an unmatched path as its access line and
-// span record it: each segment holding secretLikeRun letters or digits in
-// a row, as sent or %-decoded (percent.HoldsDecoded), becomes "[secret]".
-// Such a path is the client's guess, recorded to show what it called; a
-// sale module that sent its shop's ws_key in the schema route's path
-// would have it whole in the gateway's log and trace store. A path
+// span record it: each segment holding a run of letters or digits as long
+// as a secret's, as sent or %-decoded (httpserver.HoldsSecretLike: a
+// shop's ws_key, an API key's secret without its tag), becomes
+// "[secret]". Such a path is the client's guess, recorded to show what it
+// called; a sale module that sent its shop's ws_key in the schema route's
+// path would have it whole in the gateway's log and trace store. A path
 // without one is returned as it is.
 func redactSecretLikeSegments(path string) string {
 	segments := strings.Split(path, "/")
 	found := false
 	for i, segment := range segments {
-		if percent.HoldsDecoded(segment, secretDecodings, holdsSecretLikeRun) {
+		if httpserver.HoldsSecretLike(segment) {
 			segments[i], found = "[secret]", true
 		}
 	}
@@ -199,23 +187,6 @@ func redactSecretLikeSegments(path string) string {
 		return path
 	}
 	return strings.Join(segments, "/")
-}
-
-// holdsSecretLikeRun reports whether s holds secretLikeRun ASCII letters
-// or digits in a row.
-func holdsSecretLikeRun(s string) bool {
-	run := 0
-	for i := range len(s) {
-		c := s[i]
-		if c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' {
-			if run++; run >= secretLikeRun {
-				return true
-			}
-		} else {
-			run = 0
-		}
-	}
-	return false
 }
 
 // beginAt is begin for a request that began before now, at since (an

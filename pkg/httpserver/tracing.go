@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/percent"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -47,10 +48,49 @@ func requestAttrs(r *http.Request) []attribute.KeyValue {
 		semconv.URLPath(redactedPath(r.URL.Path)),
 	}
 	if ua := r.UserAgent(); ua != "" {
-		// forwarded by the gateway as clients send it
+		// forwarded by the gateway as clients send it: a module that
+		// writes its shop's ws_key there sends it on every call
+		if HoldsSecretLike(ua) && !apikey.ContainsKeyLike(ua) {
+			ua = "[holds a secret]" // a key is named as such below
+		}
 		attrs = append(attrs, semconv.UserAgentOriginal(LoggableClientValue(ua)))
 	}
 	return attrs
+}
+
+// secretLikeRun is how many ASCII letters and digits in a row make client
+// text look like a secret that no stricter check names: a PrestaShop
+// ws_key is 32 of them, an API key's secret without its tag 49
+// (apikey.ContainsKeyLike needs the tag).
+const secretLikeRun = 32
+
+// secretDecodings is how many times HoldsSecretLike %-decodes text again,
+// as apikey decodes a path in its search for a key.
+const secretDecodings = 4
+
+// HoldsSecretLike reports whether s holds secretLikeRun ASCII letters or
+// digits in a row, as sent or %-decoded (percent.HoldsDecoded). For text
+// recorded only to show what a client sent (a User-Agent, a path no route
+// has), never for an id the client chose, which may have that shape.
+func HoldsSecretLike(s string) bool {
+	return percent.HoldsDecoded(s, secretDecodings, holdsSecretLikeRun)
+}
+
+// holdsSecretLikeRun reports whether s holds secretLikeRun ASCII letters
+// or digits in a row.
+func holdsSecretLikeRun(s string) bool {
+	run := 0
+	for i := range len(s) {
+		c := s[i]
+		if c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' {
+			if run++; run >= secretLikeRun {
+				return true
+			}
+		} else {
+			run = 0
+		}
+	}
+	return false
 }
 
 // redactedPath is path without any API key a client put in it, whole,
