@@ -14,8 +14,8 @@ import (
 
 // root is the repository's root, from this package's folder, through a
 // link inside the pkg module: go test's cache rechecks the files a test
-// opened only within its module, so through "../.." a change to a README
-// or a deploy file was answered (cached).
+// opened only within its module, and through "../.." a change to a README
+// or a deploy file would be answered from the cache.
 const root = "testdata/repository"
 
 // walkRepository calls visit with the path of each file of the repository
