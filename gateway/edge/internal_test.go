@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -904,6 +905,52 @@ func TestAnswerBrokenOffAfterItsHeadFailsItsProxySpan(t *testing.T) {
 	}
 	if failed != 2 {
 		t.Errorf("%d proxy spans failed bad_response, want 2 (an item, a list page held whole)", failed)
+	}
+}
+
+// A service's 5xx relayed to its client fails the proxy span, as the
+// client span of OpenTelemetry's HTTP conventions does, with error.type the
+// status; a 4xx leaves it unset, as the server spans around it do (gateway
+// README, "Request id and traces"). The proxy span said nothing of a 500
+// under the gateway's and the service's failed server spans.
+func TestARelayed5xxFailsTheProxySpanAndA4xxDoesNot(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status, err := strconv.Atoi(path.Base(r.URL.Path))
+		if err != nil { // the health probe's /healthz
+			status = 200
+		}
+		envelope.WriteError(w, status, "some_code", "as the test asks", "")
+	}))
+	t.Cleanup(upstream.Close)
+	g, sr, _ := startInternal(t, map[string]string{"EXPORT_READER_URLS": upstream.URL}, fakeKeys{})
+	for _, tt := range []struct {
+		status    int
+		wantError bool
+	}{{404, false}, {409, false}, {500, true}, {503, true}} {
+		url := "http://" + g.Addr() + "/v1/export/items/" + strconv.Itoa(tt.status)
+		resp, env := get(t, url, map[string]string{"X-API-Key": wellFormedKey(t)})
+		if resp.StatusCode != tt.status {
+			t.Fatalf("GET of an item the service answers %d = %d %+v, want it relayed", tt.status, resp.StatusCode, env.Error)
+		}
+		var proxySpan sdktrace.ReadOnlySpan
+		for _, s := range sr.Ended() {
+			if s.Name() == "proxy export-reader" && s.SpanContext().TraceID().String() == resp.Header.Get("X-Request-Id") {
+				proxySpan = s
+			}
+		}
+		want := sdktrace.Status{Code: codes.Unset}
+		wantType := ""
+		if tt.wantError {
+			want = sdktrace.Status{Code: codes.Error, Description: strconv.Itoa(tt.status)}
+			wantType = strconv.Itoa(tt.status)
+		}
+		switch {
+		case proxySpan == nil:
+			t.Errorf("%d: no proxy span in the request's trace", tt.status)
+		case proxySpan.Status() != want || attrOf(proxySpan, "error.type") != wantType:
+			t.Errorf("%d relayed: proxy span status %+v, error.type %q; want %+v, %q",
+				tt.status, proxySpan.Status(), attrOf(proxySpan, "error.type"), want, wantType)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package edge
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/coinexport/export/gateway/upstream"
@@ -259,11 +260,28 @@ func (g *Gateway) recordOutcome(rq *request, span trace.Span, up string, out ups
 	if out.Instance != "" && span.IsRecording() {
 		span.SetAttributes(semconv.ServerAddress(out.Host), semconv.ServerPort(out.Port))
 		if err == nil { // else no answer came, and the response's status is fasthttp's default 200
-			span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode()))
+			markAnswerStatus(span, resp.StatusCode())
 		}
 	}
 	if out.Repeated != nil {
 		g.noteRepeat(rq, span, up, out.Repeated)
+	}
+}
+
+// markAnswerStatus records the status of the answer on the proxy span, and
+// a 5xx as the span's error with error.type the status, as OpenTelemetry's
+// HTTP conventions have a client span do. A 4xx is left unset, as on the
+// server spans above and below it, though the conventions say a client
+// span should mark one: the request is the client's, relayed unchanged, so
+// a 404 is the service answering it rightly, and marking it would make
+// every client's 404 or 409 a failed trace. A 401, the service refusing
+// the gateway's own identity, is a failure of the call (callFailure).
+func markAnswerStatus(span trace.Span, status int) {
+	span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+	if status >= 500 && status <= 599 {
+		code := strconv.Itoa(status)
+		span.SetAttributes(semconv.ErrorTypeKey.String(code))
+		span.SetStatus(codes.Error, code)
 	}
 }
 
