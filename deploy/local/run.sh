@@ -16,6 +16,9 @@ ensure_packages
 state=$root/.run
 mkdir -p "$state/logs"
 chmod 755 "$state"
+# The logs and spans hold request ids, client addresses and paths: their
+# files are made yours alone (pkg/cappedfile), and so is the directory.
+chmod 700 "$state/logs"
 
 # One make run per clone: a second one reused the first's PostgreSQL and
 # Redis, said "Stack is up" (its health checks reached the first's
@@ -346,7 +349,8 @@ umask 022
 # to .1 and wrote none, so make trace could not open traces.jsonl and
 # .run/logs/ held no log.
 for f in "$state"/logs/*.log "$state/traces.jsonl"; do
-  [ ! -f "$f" ] || mv -f "$f" "$f.1"
+  # chmod: the last run's is kept yours alone, whatever made it
+  [ ! -f "$f" ] || { mv -f "$f" "$f.1" && chmod 600 "$f.1"; }
 done
 
 # Within a run, each file that reaches RUN_LOG_MAX_MB becomes NAME.1 in

@@ -41,12 +41,20 @@ func Open(path string, max int64) (*File, error) {
 	return c, nil
 }
 
+// fileMode is the files' mode: their owner's alone, as logs and spans
+// hold request ids, client addresses and paths.
+const fileMode = 0o600
+
 func (c *File) open() error {
-	f, err := os.OpenFile(c.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(c.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, fileMode)
 	if err != nil {
 		return err
 	}
 	info, err := f.Stat()
+	if err == nil && info.Mode().Perm() != fileMode {
+		// OpenFile leaves the mode of a file that exists as it is.
+		err = f.Chmod(fileMode)
+	}
 	if err != nil {
 		f.Close()
 		return err

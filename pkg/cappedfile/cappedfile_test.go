@@ -43,6 +43,46 @@ func TestWritesPastTheCapStartAFreshFile(t *testing.T) {
 	}
 }
 
+// The files are their owner's alone, the one a rotation starts and one an
+// earlier build made 0644 included: they hold request ids, client
+// addresses and paths, and were 0644, readable by every user.
+func TestTheFilesAreTheirOwnersAlone(t *testing.T) {
+	dir := t.TempDir()
+	made := filepath.Join(dir, "made-before.log")
+	if err := os.WriteFile(made, []byte("an earlier build's line\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(made, 0o644); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	c, err := Open(made, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	path := filepath.Join(dir, "gateway.log")
+	if c, err = Open(path, 30); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // 20 bytes each: the second and third rotate
+		if _, err := c.Write([]byte("a line of 20 bytes.\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{made, path, path + ".1"} {
+		info, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want -rw------- (its owner's alone)", filepath.Base(p), info.Mode().Perm())
+		}
+	}
+}
+
 // A file the run before left is appended to, its size counted: the cap
 // holds across a restart of the writer.
 func TestOpenCountsWhatTheFileHolds(t *testing.T) {
