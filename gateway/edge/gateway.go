@@ -468,13 +468,6 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	g.log.Info("draining", "in_flight", g.inFlight.Load())
 	g.refusals.end(ctx)
 	err := g.app.ShutdownWithContext(ctx)
-	if err != nil {
-		// Their clients saw the connection close without an answer, and
-		// no access line will be written for them: a line apiece names
-		// them.
-		g.log.Warn("drain timed out: requests cut off", "cut_off", g.inFlight.Load(), "error", err)
-		g.requests.logCutOff(g.log, time.Now())
-	}
 	// fasthttp closes only the listeners its Serve has taken: a Shutdown
 	// right after Start (a stop signal during the start) can come before
 	// the serving goroutine got that far, and its Serve would then take
@@ -490,9 +483,25 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	// the spans still queued, those of the requests around the stop, the
 	// ones an SRE looks for, were dropped unsent. The flush is bounded on
 	// its own (telemetry.MaxFlushTime, counted in the grace periods).
+	drainErr := err
 	if terr := g.shutdownTP(context.Background()); terr != nil && err == nil {
 		err = terr
 	}
+	if drainErr != nil {
+		g.logCutOff(drainErr)
+	}
 	g.log.Info("stopped")
 	return err
+}
+
+// logCutOff names the requests a drain that timed out leaves in flight as
+// the gateway stops. Written last, not when the drain timed out: fasthttp
+// leaves their connections open then, and a request that ends while the
+// gateway closes the rest and flushes its spans is still answered, with
+// its access line. Those still in flight now end with the process: their
+// clients see the connection close without an answer, and no access line
+// will be written for them, so a line apiece names them.
+func (g *Gateway) logCutOff(drainErr error) {
+	g.log.Warn("drain timed out: requests cut off", "cut_off", g.inFlight.Load(), "error", drainErr)
+	g.requests.logCutOff(g.log, time.Now())
 }

@@ -9,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/tracestore"
 )
@@ -86,6 +88,63 @@ func TestARequestTheDrainCutsOffIsNamed(t *testing.T) {
 	if !logLine(logs.String(), `"level":"WARN"`, `"msg":"request cut off by the drain"`, `"request_id":"`+requestID+`"`,
 		`"method":"GET"`, `"route":"GET /v1/export/items"`, `"path":"/v1/export/items"`, `"client_ip":"127.0.0.1"`, `"duration_ms":`) {
 		t.Errorf("no line naming the request cut off (request id %s):\n%s", requestID, logs.String())
+	}
+}
+
+// A request still in flight when the drain runs out of time, but answered
+// while the gateway closes the rest and flushes its spans, is not named
+// as cut off: fasthttp leaves its connection open, and its client gets its
+// answer. Named when the drain timed out, it was reported cut off, its
+// client holding a 200. The one still in flight as the gateway stops is.
+func TestARequestAnsweredAfterTheDrainTimedOutIsNotNamedCutOff(t *testing.T) {
+	release := map[string]chan struct{}{"late": make(chan struct{}), "hung": make(chan struct{})}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if held, ok := release[path.Base(r.URL.Path)]; ok {
+			<-held
+		}
+		envelope.WriteData(w, 200, "item", envelope.Meta{})
+	}))
+	t.Cleanup(upstream.Close)
+	t.Cleanup(func() { close(release["hung"]) }) // before the upstream's Close, which waits for it
+	lateAnswered := make(chan *http.Response, 1)
+	g, logs := startWithHook(t, map[string]string{"EXPORT_READER_URLS": upstream.URL}, func(g *Gateway) {
+		g.keys = fakeKeys{}
+		flush := g.shutdownTP
+		g.shutdownTP = func(ctx context.Context) error { // the late call is answered during the flush
+			close(release["late"])
+			<-lateAnswered
+			return flush(ctx)
+		}
+	})
+	key := wellFormedKey(t)
+	for _, item := range []string{"late", "hung"} {
+		go func() {
+			req, _ := http.NewRequest("GET", "http://"+g.Addr()+"/v1/export/items/"+item, nil)
+			req.Header.Set("X-API-Key", key)
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			if item == "late" {
+				if err != nil {
+					t.Errorf("the late call: %v, want its answer", err)
+				}
+				lateAnswered <- resp
+			}
+		}()
+	}
+	waitInFlight(t, g, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := g.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown() = nil, want the drain's timeout")
+	}
+	if logLine(logs.String(), `"msg":"request cut off by the drain"`, `"path":"/v1/export/items/late"`) {
+		t.Errorf("the request answered after the drain timed out is named cut off:\n%s", logs.String())
+	}
+	if !logLine(logs.String(), `"msg":"request cut off by the drain"`, `"path":"/v1/export/items/hung"`) ||
+		!logLine(logs.String(), `"msg":"drain timed out: requests cut off"`, `"cut_off":1`) {
+		t.Errorf("want the request still in flight at the stop named, and counted alone:\n%s", logs.String())
 	}
 }
 
