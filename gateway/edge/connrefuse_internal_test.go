@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/gateway/lingerclose"
 	"github.com/coinexport/export/pkg/envelope"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -459,4 +462,61 @@ func TestTheShutdownAnswersTheRefusalsStillWaiting(t *testing.T) {
 		t.Fatalf("a refused connection waiting at the shutdown: %v; want the 503", err)
 	}
 	checkRefusal(t, resp, waiting)
+}
+
+// The closes lingering show on the metrics, with their budget's bound,
+// and a close the budget has no place for is counted: the one harm of a
+// full budget (a client still sending reads a reset instead of its
+// answer), which nothing showed. Of two clients that keep their end open
+// after a Connection: close answer, the first lingers on a budget of one
+// and the second is turned away.
+func TestLingeringClosesShowOnMetrics(t *testing.T) {
+	g, _ := startWithHook(t, nil, func(g *Gateway) {
+		g.linger = lingerclose.Options{IdleTimeout: time.Minute, MaxTime: time.Minute, MaxBytes: 1 << 20, MaxConns: 1}
+	})
+	for range 2 {
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ask(t, c, bufio.NewReader(c), "GET /v1/nope HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+	}
+	want := map[string]float64{
+		`gateway_connections_lingering{budget="closes"}`: 1, `gateway_connections_lingering_max{budget="closes"}`: 1,
+		`gateway_connections_linger_refused_total{budget="closes"}`:   1,
+		`gateway_connections_lingering{budget="refusals"}`:            0,
+		`gateway_connections_lingering_max{budget="refusals"}`:        maxRefusalsLingering,
+		`gateway_connections_linger_refused_total{budget="refusals"}`: 0,
+	}
+	// The second close comes once its answer is written: wait for it.
+	var got map[string]float64
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if got = lingeringSeries(t, g); maps.Equal(got, want) || time.Now().After(end) {
+			break
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("lingering series = %v, want %v", got, want)
+	}
+}
+
+// lingeringSeries are g's series of lingering closes, by name{budget}.
+func lingeringSeries(t *testing.T, g *Gateway) map[string]float64 {
+	t.Helper()
+	families, err := g.metrics.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]float64{}
+	for _, family := range families {
+		if !strings.HasPrefix(family.GetName(), "gateway_connections_linger") {
+			continue
+		}
+		for _, m := range family.GetMetric() {
+			name := fmt.Sprintf("%s{budget=%q}", family.GetName(), m.GetLabel()[0].GetValue())
+			series[name] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return series
 }

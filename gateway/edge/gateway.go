@@ -272,10 +272,10 @@ func (g *Gateway) listen(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", g.cfg.Addr, err)
 	}
-	g.connections = conncap.NewListener(
-		lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), g.linger),
-		connectionsCap(g.cfg.MaxConnections), g.refuseConnection)
+	lingering := lingerclose.NewListener(acceptretry.New(ln, acceptretry.LogRetries(g.log)), g.linger)
+	g.connections = conncap.NewListener(lingering, connectionsCap(g.cfg.MaxConnections), g.refuseConnection)
 	g.metrics.watchConnections(g.connections, g.cfg.MaxConnections)
+	g.metrics.watchLingering(map[string]*lingerclose.Budget{"closes": lingering.Budget(), "refusals": g.refusalsLingering})
 	g.listener = &answerListener{Listener: lazydeadline.NewListener(g.connections,
 		lazydeadline.TickFor(g.cfg.ReadTimeout, g.cfg.WriteTimeout, g.cfg.IdleTimeout)), cut: g.cutAnswer}
 	if g.adminLn, err = lc.Listen(ctx, "tcp", g.cfg.AdminAddr); err != nil {

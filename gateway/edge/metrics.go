@@ -10,6 +10,7 @@ import (
 
 	"github.com/coinexport/export/gateway/conncap"
 	"github.com/coinexport/export/gateway/keystore"
+	"github.com/coinexport/export/gateway/lingerclose"
 	"github.com/coinexport/export/gateway/ratelimit"
 	"github.com/coinexport/export/gateway/upstream"
 	"github.com/coinexport/export/pkg/envelope"
@@ -201,6 +202,33 @@ func (m *metrics) watchConnections(connections *conncap.Listener, maxConnections
 	}, func() float64 { return float64(connections.Open()) }))
 	if maxConnections > 0 {
 		m.registry.MustRegister(bound("gateway_connections_max", "gateway_connections_open", maxConnections))
+	}
+}
+
+// watchLingering exports, read at each scrape, the connections lingering
+// at their close (lingerclose) on each budget, the budget's bound, and the
+// closes that found it full and closed at once: a client still sending
+// then reads a reset instead of its answer, the one harm a full budget
+// does. budgets are by name: closes, every close of a client connection;
+// refusals, those refused past GATEWAY_MAX_CONNECTIONS.
+func (m *metrics) watchLingering(budgets map[string]*lingerclose.Budget) {
+	for name, b := range budgets {
+		labels := prometheus.Labels{"budget": name}
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "gateway_connections_lingering",
+			Help:        "Client connections closed by the gateway and lingering (draining what the client still sends, up to 2 s idle, 10 s or 16 MiB), by budget: closes (every close) or refusals (connections refused past GATEWAY_MAX_CONNECTIONS); at most gateway_connections_lingering_max. Not in gateway_connections_open.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(b.Lingering()) }))
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "gateway_connections_lingering_max",
+			Help:        "The bound of gateway_connections_lingering, by budget.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(b.Max()) }))
+		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "gateway_connections_linger_refused_total",
+			Help:        "Client connections closed at once, without lingering, because their budget's gateway_connections_lingering_max were lingering: a client still sending read a reset instead of its answer.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(b.TurnedAway()) }))
 	}
 }
 

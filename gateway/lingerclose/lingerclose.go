@@ -61,11 +61,17 @@ func NewListener(ln net.Listener, opts Options) *Listener {
 // listener's own budget.
 func (l *Listener) Lingering() int64 { return l.budget.Lingering() }
 
+// Budget is the listener's own budget, for its figures.
+func (l *Listener) Budget() *Budget { return l.budget }
+
 // Budget bounds how many connections linger on it at once; past it a
 // connection is closed at once.
 type Budget struct {
 	max       int64
 	lingering atomic.Int64
+	// turnedAway counts the closes that found it full: the signal that
+	// it is too small, a client still sending then reading a reset.
+	turnedAway atomic.Uint64
 }
 
 // NewBudget returns a budget of max lingering connections.
@@ -74,10 +80,17 @@ func NewBudget(max int64) *Budget { return &Budget{max: max} }
 // Lingering is how many connections are being drained now on b.
 func (b *Budget) Lingering() int64 { return b.lingering.Load() }
 
+// Max is how many connections may linger on b at once.
+func (b *Budget) Max() int64 { return b.max }
+
+// TurnedAway is how many closes found b full and closed at once.
+func (b *Budget) TurnedAway() uint64 { return b.turnedAway.Load() }
+
 // admit counts one more lingering connection unless max are already.
 func (b *Budget) admit() bool {
 	if b.lingering.Add(1) > b.max {
 		b.lingering.Add(-1)
+		b.turnedAway.Add(1)
 		return false
 	}
 	return true

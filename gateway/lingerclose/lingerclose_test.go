@@ -128,7 +128,8 @@ func TestASilentClientIsLetGoAfterIdleTimeout(t *testing.T) {
 
 // Past MaxConns lingering connections, Close closes at once: of three
 // silent clients, one is drained (its writes are taken in) and the socket
-// of the other two is gone (their writes get a reset).
+// of the other two is gone (their writes get a reset), and the budget
+// counts the two it turned away.
 func TestPastMaxConnsCloseIsImmediate(t *testing.T) {
 	l := refusingServer(t, Options{IdleTimeout: 10 * time.Second, MaxTime: 10 * time.Second, MaxBytes: 1 << 20, MaxConns: 1})
 	var clients []net.Conn
@@ -161,6 +162,9 @@ func TestPastMaxConnsCloseIsImmediate(t *testing.T) {
 	}
 	if n := l.Lingering(); refused != 2 || n != 1 {
 		t.Fatalf("%d clients refused, %d connections lingering; want 2 closed at once and 1 lingering (MaxConns)", refused, n)
+	}
+	if n := l.Budget().TurnedAway(); n != 2 {
+		t.Errorf("budget's TurnedAway() = %d, want 2 (the closes it had no place for)", n)
 	}
 	for _, c := range clients {
 		c.Close()
