@@ -17,8 +17,9 @@ func isIdempotentSale(c *fiber.Ctx, rt route) bool {
 
 // nothingSent reports whether err, upstream.Do's, says that no attempt of
 // the request left the gateway: every instance out, or refused, or no
-// connection free (a repeat refused after a first attempt that was sent
-// is that attempt's failure, not this).
+// connection free (a sale's repeat refused after a first attempt that
+// was sent is that attempt's failure, not this; a safe request's is this:
+// it applied nothing).
 func nothingSent(err error) bool {
 	return errors.Is(err, upstream.ErrUnavailable) || errors.Is(err, upstream.ErrUnreachable)
 }

@@ -399,10 +399,15 @@ func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, requestURI
 		second = first
 		err2 = u.resend(first, req, resp, requestURI, repeat)
 	}
-	if errors.Is(err2, ErrUnreachable) && !errors.Is(err, ErrUnreachable) {
-		// The repeat never left, but the first attempt was sent and may
-		// have been applied: the outcome is the first's (a 504 or 502
-		// says so), not "nothing was sent".
+	if errors.Is(err2, ErrUnreachable) && !errors.Is(err, ErrUnreachable) && repeat.Always {
+		// The repeat never left, but the first attempt of a sale was sent
+		// and may have been applied: the outcome is the first's (a 504 or
+		// 502 says so), not "nothing was sent". A safe request (IfClosed)
+		// applied nothing either way: its outcome is the repeat's, the
+		// instance gone with nothing to take its place, which the client
+		// is told to retry later (503 with Retry-After), not that the
+		// service failed to answer (502), as when its only reader is
+		// killed under it.
 		return out, fmt.Errorf("%w; sent again: %v", err, err2)
 	}
 	out.from(second)

@@ -497,6 +497,36 @@ func TestRepeatRefusedKeepsTheFirstFailure(t *testing.T) {
 	}
 }
 
+// A safe request (a GET) whose lone instance closed the connection under
+// it and then refused the repeat (the instance killed mid-request) fails
+// as unreachable, the repeat's outcome: it applied nothing, and the
+// client is to come back when an instance is (the gateway's 503 with
+// Retry-After), not told that the service failed to answer (a 502).
+func TestSafeRequestsRepeatRefusedIsUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // reads one request, then goes away, as a killed instance does
+		conn, err := ln.Accept()
+		ln.Close()
+		if err != nil {
+			return
+		}
+		_, _ = conn.Read(make([]byte, 4096))
+		conn.Close()
+	}()
+	t.Cleanup(func() { ln.Close() })
+	u, err := New("svc", []string{"http://" + ln.Addr().String()}, opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	repeated, _, err := send(u, Repeat{IfClosed: true})
+	if !repeated || !errors.Is(err, ErrUnreachable) || errors.Is(err, ErrClosed) {
+		t.Errorf("Do(GET, closed then refused) = repeated %v, %v; want repeated, unreachable (not closed)", repeated, err)
+	}
+}
+
 // An instance's changes are told once each: down when it refuses (however
 // often it is marked down again after that, by failed probes), up when its
 // probe answers again.
