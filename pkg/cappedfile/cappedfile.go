@@ -51,9 +51,15 @@ func (c *File) open() error {
 		return err
 	}
 	info, err := f.Stat()
-	if err == nil && info.Mode().Perm() != fileMode {
-		// OpenFile leaves the mode of a file that exists as it is.
-		err = f.Chmod(fileMode)
+	if err == nil && info.Mode().IsRegular() && info.Mode().Perm() != fileMode {
+		// OpenFile leaves the mode of a file that exists as it is. Only a
+		// regular file's: a device or pipe given as the path (/dev/null,
+		// whose mode every user counts on) is not the logs' to restrict.
+		// A file whose mode may not change (append-only, chattr +a, a
+		// usual guard of logs, or on a filesystem without modes) is
+		// written to as it is: refused, all its lines would be lost
+		// (logcap) for the sake of a mode.
+		_ = f.Chmod(fileMode)
 	}
 	if err != nil {
 		f.Close()

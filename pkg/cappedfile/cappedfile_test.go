@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -336,4 +337,60 @@ func read(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// A file whose mode may not change, such as an append-only log (chattr
+// +a: even root's chmod fails), is written to as it is: refused for its
+// mode, its lines were all lost (logcap).
+func TestAFileWhoseModeMayNotChangeIsWrittenAsItIs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gateway.log")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chattr", "+a", path).CombinedOutput(); err != nil {
+		t.Skipf("cannot make a file append-only here (root and chattr needed): %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-a", path).Run() }) // else TempDir cannot remove it
+	c, err := Open(path, 0)
+	if err != nil {
+		t.Fatalf("Open(an append-only file) = %v, want it opened as it is", err)
+	}
+	if _, err := c.Write([]byte("a line\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "a line\n" {
+		t.Errorf("the file holds %q, want the line written", got)
+	}
+}
+
+// Only a regular file's mode is made 0600: a pipe or device given as the
+// path (/dev/null) is not the logs' to restrict, and others write to it.
+func TestTheModeOfAPipeIsLeftAsItIs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pipe")
+	if err := syscall.Mkfifo(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(path, os.O_RDWR, 0) // so that opening it to write does not wait
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	c, err := Open(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode().Perm() != 0o644 {
+		t.Errorf("the pipe's mode is %v after Open, want it left at -rw-r--r--", info.Mode().Perm())
+	}
 }
