@@ -87,13 +87,20 @@ func (b *Budget) Max() int64 { return b.max }
 func (b *Budget) TurnedAway() uint64 { return b.turnedAway.Load() }
 
 // admit counts one more lingering connection unless max are already.
+// Compared before it is added, never added and taken back: the gauge
+// read at a scrape never passes its bound, and a close never finds the
+// budget full for a place another close held only for that moment.
 func (b *Budget) admit() bool {
-	if b.lingering.Add(1) > b.max {
-		b.lingering.Add(-1)
-		b.turnedAway.Add(1)
-		return false
+	for {
+		n := b.lingering.Load()
+		if n >= b.max {
+			b.turnedAway.Add(1)
+			return false
+		}
+		if b.lingering.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	return true
 }
 
 // Accept accepts a connection; one that is not TCP is returned as it is.

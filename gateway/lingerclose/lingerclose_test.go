@@ -321,3 +321,39 @@ func TestCloseOnGivesThePlaceBackToItsBudget(t *testing.T) {
 		}
 	}
 }
+
+// A full budget's count never passes its bound, however many closes find
+// it full at once, and each of them is counted turned away: the gauge
+// exported against gateway_connections_lingering_max read above it while
+// closes added themselves and took themselves back.
+func TestAFullBudgetNeverCountsPastItsBound(t *testing.T) {
+	b := NewBudget(1)
+	if !b.admit() {
+		t.Fatal("the first close found an empty budget of one full")
+	}
+	const closers, closesEach = 8, 200_000
+	done := make(chan struct{})
+	for range closers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range closesEach {
+				if b.admit() {
+					t.Error("a close was admitted to a full budget")
+					return
+				}
+			}
+		}()
+	}
+	highest := int64(0)
+	for running := closers; running > 0; {
+		select {
+		case <-done:
+			running--
+		default:
+			highest = max(highest, b.Lingering())
+		}
+	}
+	if highest != 1 || b.TurnedAway() != closers*closesEach {
+		t.Errorf("lingering read up to %d, %d turned away; want 1 at most (the bound), %d", highest, b.TurnedAway(), closers*closesEach)
+	}
+}
