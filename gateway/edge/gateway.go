@@ -468,6 +468,7 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	g.log.Info("draining", "in_flight", g.inFlight.Load())
 	g.refusals.end(ctx)
 	err := g.app.ShutdownWithContext(ctx)
+	lateAtDeadline := g.inFlight.Load()
 	// fasthttp closes only the listeners its Serve has taken: a Shutdown
 	// right after Start (a stop signal during the start) can come before
 	// the serving goroutine got that far, and its Serve would then take
@@ -488,7 +489,7 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 		err = terr
 	}
 	if drainErr != nil {
-		g.logCutOff(drainErr)
+		g.logCutOff(drainErr, lateAtDeadline)
 	}
 	g.log.Info("stopped")
 	return err
@@ -500,8 +501,18 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 // gateway closes the rest and flushes its spans is still answered, with
 // its access line. Those still in flight now end with the process: their
 // clients see the connection close without an answer, and no access line
-// will be written for them, so a line apiece names them.
-func (g *Gateway) logCutOff(drainErr error) {
-	g.log.Warn("drain timed out: requests cut off", "cut_off", g.inFlight.Load(), "error", drainErr)
+// will be written for them, so a line apiece names them. When all the
+// late ones (lateAtDeadline, in flight at the deadline) ended meanwhile,
+// none was cut off: the line says so, not "requests cut off" with a
+// cut_off of 0, which sent the reader looking for lines that are not
+// there. The drain ran out of its time all the same (the exit status).
+func (g *Gateway) logCutOff(drainErr error, lateAtDeadline int64) {
+	cutOff := g.inFlight.Load()
+	if cutOff == 0 {
+		g.log.Warn("drain timed out: the requests still in flight ended as the gateway stopped",
+			"late", lateAtDeadline, "cut_off", 0, "error", drainErr)
+		return
+	}
+	g.log.Warn("drain timed out: requests cut off", "cut_off", cutOff, "error", drainErr)
 	g.requests.logCutOff(g.log, time.Now())
 }

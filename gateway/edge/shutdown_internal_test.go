@@ -148,6 +148,55 @@ func TestARequestAnsweredAfterTheDrainTimedOutIsNotNamedCutOff(t *testing.T) {
 	}
 }
 
+// A drain that runs out of time, its one late request answered while the
+// gateway closes the rest and flushes its spans, cut nothing off: its line
+// says so, with the requests late at the deadline, not "requests cut off"
+// with a cut_off of 0, and Shutdown still returns the drain's timeout (the
+// exit status: the drain ran out of its time).
+func TestADrainWhoseLateRequestsAllEndedSaysNoneWasCutOff(t *testing.T) {
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		envelope.WriteData(w, 200, "item", envelope.Meta{})
+	}))
+	t.Cleanup(upstream.Close)
+	answered := make(chan error, 1)
+	g, logs := startWithHook(t, map[string]string{"EXPORT_READER_URLS": upstream.URL}, func(g *Gateway) {
+		g.keys = fakeKeys{}
+		flush := g.shutdownTP
+		g.shutdownTP = func(ctx context.Context) error { // the late call is answered during the flush
+			close(release)
+			if err := <-answered; err != nil {
+				t.Errorf("the late call: %v, want its answer", err)
+			}
+			return flush(ctx)
+		}
+	})
+	key := wellFormedKey(t)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+g.Addr()+"/v1/export/items/late", nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	waitInFlight(t, g, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := g.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown() = nil, want the drain's timeout")
+	}
+	if logLine(logs.String(), `"msg":"drain timed out: requests cut off"`) ||
+		logLine(logs.String(), `"msg":"request cut off by the drain"`) {
+		t.Errorf("a drain whose late request was answered says requests were cut off:\n%s", logs.String())
+	}
+	if !logLine(logs.String(), `"msg":"drain timed out: the requests still in flight ended as the gateway stopped"`, `"late":1`, `"cut_off":0`) {
+		t.Errorf("want the drain's timeout said, with its one late request and none cut off:\n%s", logs.String())
+	}
+}
+
 // The drain names at most maxCutOffLines requests (a gateway stopped under a
 // flood of hung calls writes no more), each path as the access line writes
 // one (cut at 128 characters: a path is as long as fasthttp's buffer
