@@ -1056,7 +1056,9 @@ func TestRunScriptThatStartsNothingKeepsTheLastRunsLogs(t *testing.T) {
 }
 
 // A make run's logs and spans start afresh, the last run's kept once as
-// NAME.1: appended run after run, they only grew.
+// NAME.1: appended run after run, they only grew. The kept ones are their
+// owner's alone, and so is .run/logs/, whatever an earlier checkout made
+// them (0644, 0755): they hold request ids, client addresses and paths.
 func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and Redis")
@@ -1080,6 +1082,19 @@ func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
 		if kept, err := os.ReadFile(filepath.Join(s.root, f+".1")); err != nil || string(kept) != "the last run's\n" {
 			t.Errorf("%s.1 after a make run = %q (%v), want the last run's lines", f, kept, err)
 		}
+		wantMode(t, filepath.Join(s.root, f+".1"), 0o600)
+	}
+	wantMode(t, filepath.Join(s.root, ".run/logs"), 0o700)
+}
+
+// wantMode fails t unless path's permission bits are mode.
+func wantMode(t *testing.T, path string, mode os.FileMode) {
+	t.Helper()
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Error(err)
+	} else if info.Mode().Perm() != mode {
+		t.Errorf("%s has mode %v, want %v", path, info.Mode().Perm(), mode)
 	}
 }
 
