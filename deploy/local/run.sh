@@ -349,8 +349,12 @@ umask 022
 # to .1 and wrote none, so make trace could not open traces.jsonl and
 # .run/logs/ held no log.
 for f in "$state"/logs/*.log "$state/traces.jsonl"; do
-  # chmod: the last run's is kept yours alone, whatever made it
-  [ ! -f "$f" ] || { mv -f "$f" "$f.1" && chmod 600 "$f.1"; }
+  [ ! -f "$f" ] || mv -f "$f" "$f.1"
+  # The one kept is yours alone, whatever made it: the last run's, or an
+  # older one this run keeps (no span file then: traces.jsonl.1 is in
+  # .run/, which others may read, not in .run/logs/). One another user
+  # owns (a sudo make run's) is said, not fatal (set -e).
+  [ ! -f "$f.1" ] || chmod 600 "$f.1" || log "${f#"$root"/}.1 is not yours: others may read it"
 done
 
 # Within a run, each file that reaches RUN_LOG_MAX_MB becomes NAME.1 in

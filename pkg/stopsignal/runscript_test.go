@@ -1087,6 +1087,27 @@ func TestRunScriptKeepsTheLastRunsLogsOnce(t *testing.T) {
 	wantMode(t, filepath.Join(s.root, ".run/logs"), 0o700)
 }
 
+// The spans of a run before the last one, kept as traces.jsonl.1 when the
+// last one wrote none (its spans sent to a collector of the user's), are
+// made their owner's alone too: they are in .run/, which others may read,
+// and stayed -rw-r--r--.
+func TestRunScriptMakesOlderKeptSpansTheirOwnersAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s, env := prepareRunScript(t, "")
+	kept := filepath.Join(s.root, ".run/traces.jsonl.1")
+	must(t, os.MkdirAll(filepath.Join(s.root, ".run/logs"), 0o755))
+	must(t, os.WriteFile(kept, []byte("the run before\n"), 0o644))
+	must(t, os.Chmod(kept, 0o644)) // whatever the umask
+	s.launch(t, env)
+	s.waitFor(t, "Ctrl-C stops everything.")
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	wantMode(t, kept, 0o600)
+}
+
 // wantMode fails t unless path's permission bits are mode.
 func wantMode(t *testing.T, path string, mode os.FileMode) {
 	t.Helper()
