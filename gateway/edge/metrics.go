@@ -216,7 +216,7 @@ func (m *metrics) watchLingering(budgets map[string]*lingerclose.Budget) {
 		labels := prometheus.Labels{"budget": name}
 		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "gateway_connections_lingering",
-			Help:        "Client connections closed by the gateway and lingering (draining what the client still sends, up to 2 s idle, 10 s or 16 MiB), by budget: closes (every close) or refusals (connections refused past GATEWAY_MAX_CONNECTIONS); at most gateway_connections_lingering_max. Not in gateway_connections_open.",
+			Help:        "Client connections closed by the gateway and lingering (draining what the client still sends, within the idle, time and byte bounds the gateway README gives under Connections), by budget: closes (every close) or refusals (connections refused past GATEWAY_MAX_CONNECTIONS); at most gateway_connections_lingering_max. Not in gateway_connections_open.",
 			ConstLabels: labels,
 		}, func() float64 { return float64(b.Lingering()) }))
 		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
