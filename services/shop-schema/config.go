@@ -34,6 +34,7 @@ type Config struct {
 	PageSize              int           // SHOP_SCHEMA_PAGE_SIZE (250)
 	MaxRows               int           // SHOP_SCHEMA_MAX_ROWS (100000)
 	MaxConcurrent         int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
+	MaxConcurrentPerShop  int           // SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP (4; 0: no cap per shop)
 	ShutdownDelay         time.Duration // SHOP_SCHEMA_SHUTDOWN_DELAY (3s): serving on, unready, after SIGTERM
 	// Settings names every variable read (tracing's: telemetry.Names), so that run can warn of one set
 	// with a name close to them (envconfig.Misspelt).
@@ -66,7 +67,10 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		PageSize:         r.Int("SHOP_SCHEMA_PAGE_SIZE", 250, 1, 5000),
 		MaxRows:          r.Int("SHOP_SCHEMA_MAX_ROWS", 100000, 1, 10000000),
 		MaxConcurrent:    r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
-		ShutdownDelay:    r.Duration("SHOP_SCHEMA_SHUTDOWN_DELAY", httpserver.DefaultShutdownDelay, 0, time.Minute),
+		// Counted per shop address (shoplimit), so that one slow shop, from
+		// however many callers, leaves the other slots to other shops.
+		MaxConcurrentPerShop: r.Int("SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP", 4, 0, 10000),
+		ShutdownDelay:        r.Duration("SHOP_SCHEMA_SHUTDOWN_DELAY", httpserver.DefaultShutdownDelay, 0, time.Minute),
 	}
 	r.SeparateListeners("SHOP_SCHEMA_ADDR", c.Addr, "SHOP_SCHEMA_ADMIN_ADDR", c.AdminAddr)
 	// Checked here, with the other settings, so that a bad entry is named
@@ -104,7 +108,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("connect_timeout", c.ConnectTimeout.String()), slog.Int64("max_response_bytes", c.MaxResponseBytes),
 		slog.Int64("max_call_bytes", c.MaxCallBytes),
 		slog.Int("page_size", c.PageSize), slog.Int("max_rows", c.MaxRows),
-		slog.Int("max_concurrent", c.MaxConcurrent), slog.String("shutdown_delay", c.ShutdownDelay.String()),
+		slog.Int("max_concurrent", c.MaxConcurrent),
+		slog.Int("max_concurrent_per_shop", c.MaxConcurrentPerShop), slog.String("shutdown_delay", c.ShutdownDelay.String()),
 	)
 }
 

@@ -89,7 +89,7 @@ func newServer(cfg Config, log *slog.Logger, tp trace.TracerProvider, resolver g
 		// sent again to a listener already closed (the gateway's 502).
 		ShutdownDelay: cfg.ShutdownDelay,
 	}, mux)
-	api.Routes(mux, api.NewHandler(svc, log, srv.Registry(), cfg.MaxConcurrent))
+	api.Routes(mux, api.NewHandler(svc, log, srv.Registry(), cfg.MaxConcurrent, cfg.MaxConcurrentPerShop))
 	return srv, nil
 }
 

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
+	"github.com/coinexport/export/services/shop-schema/internal/shoplimit"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
@@ -37,6 +38,13 @@ type Handler struct {
 	// for up to the whole-call timeout, so a burst past the gateway's rate
 	// limit (or many gateway instances) gets 429 instead of piling up.
 	slots *slots
+	// shops bounds the reads in flight per shop (nil: no cap), so that one
+	// slow shop, called from however many client addresses, holds a few
+	// slots and leaves the rest to other merchants' shops.
+	shops *shoplimit.Limiter
+	// shopRefusals counts the reads refused by the per-shop cap, which are
+	// answered rate_limited too.
+	shopRefusals prometheus.Counter
 	// busyLines throttles the WARN of a read refused for want of a slot:
 	// at the limit, every call may be refused.
 	busyLines *logging.Throttle
@@ -54,19 +62,33 @@ var errBusy = errors.New("api: too many shop schema reads in progress")
 // the same one.
 const busyCode = "rate_limited"
 
-// NewHandler returns the handler and registers its metric on reg. At most
-// maxConcurrent shop reads run at once.
-func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Registerer, maxConcurrent int) *Handler {
-	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+// NewHandler returns the handler and registers its metrics on reg. At most
+// maxConcurrent shop reads run at once, at most maxPerShop of them of one
+// shop (shoplimit; 0: no cap per shop).
+func NewHandler(svc *shopschema.Service, log *slog.Logger, reg prometheus.Registerer, maxConcurrent, maxPerShop int) *Handler {
+	h := &Handler{svc: svc, log: log, slots: newSlots(maxConcurrent), shops: shoplimit.New(maxPerShop),
+		busyLines: &logging.Throttle{Interval: busyLineInterval}}
+	h.reads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shop_schema_reads_total",
 		Help: "Shop schema reads, by outcome (ok or the error code answered).",
 	}, []string{"outcome"})
-	reg.MustRegister(reads)
+	h.shopRefusals = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "shop_schema_shop_busy_total",
+		Help: "Shop schema reads refused because their shop already had SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP reads in flight (answered rate_limited).",
+	})
+	reg.MustRegister(h.reads, h.shopRefusals,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "shop_schema_slots_held",
+			Help: "Shop schema reads holding a slot now (of SHOP_SCHEMA_MAX_CONCURRENT).",
+		}, func() float64 { return float64(h.slots.inUse()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "shop_schema_shop_counts_held",
+			Help: "Reads counted against their shops now, summed over shops (a read reaching two shops counts twice); 0 with SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP=0.",
+		}, func() float64 { return float64(h.shops.Total()) }))
 	// The refusal for every slot taken shows at 0 from the start: an alert
 	// on its rate needs the series before the first one.
-	reads.WithLabelValues(busyCode)
-	return &Handler{svc: svc, log: log, reads: reads, slots: newSlots(maxConcurrent),
-		busyLines: &logging.Throttle{Interval: busyLineInterval}}
+	h.reads.WithLabelValues(busyCode)
+	return h
 }
 
 // Routes registers every route of the service.
@@ -93,8 +115,14 @@ func (h *Handler) schema(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.slots.aim(held, h.svc.Host(req))
-	result, err := h.svc.Read(r.Context(), req)
+	claim := h.shops.Claim()
+	defer claim.Release()
+	result, err := h.svc.Read(shoplimit.With(r.Context(), claim), req)
 	if err != nil {
+		if errors.Is(err, shoplimit.ErrBusy) {
+			h.shopRefusals.Inc()
+			h.logShopBusy(r, req, claim)
+		}
 		h.refuse(w, r, req, err, start)
 		return
 	}
@@ -146,6 +174,22 @@ func (h *Handler) logSlotsHeld(r *http.Request) {
 			"oldest_since", held.oldest.since, "oldest_held_ms", time.Since(held.oldest.since).Milliseconds())
 	}
 	h.log.WarnContext(r.Context(), "shop schema read refused: every slot taken", attrs...)
+}
+
+// logShopBusy writes, at most once per busyLineInterval, a WARN of a read
+// refused by the per-shop cap: the shop (its address, or its IPv6 /64, as
+// counted), the host the read was for, and the cap. Not a secret: the
+// address is the one the shop's own name resolves to, and the line is the
+// operator's, never the caller's.
+func (h *Handler) logShopBusy(r *http.Request, req shopschema.Request, claim *shoplimit.Claim) {
+	ok, skipped := h.busyLines.Allow("shop")
+	if !ok {
+		return
+	}
+	shop, _ := claim.Refused()
+	h.log.WarnContext(r.Context(), "shop schema read refused: too many reads of this shop in progress",
+		"shop", shop.String(), "shop_host", h.svc.Host(req), "per_shop_max", h.shops.Max(),
+		"shop_reads", h.shops.InFlight(shop), "refused_since_last", skipped)
 }
 
 // refuse answers err (writeError), counts the read under the code answered

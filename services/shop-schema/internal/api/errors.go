@@ -9,6 +9,7 @@ import (
 	"github.com/coinexport/export/pkg/httpserver"
 
 	"github.com/coinexport/export/services/shop-schema/internal/prestashop"
+	"github.com/coinexport/export/services/shop-schema/internal/shoplimit"
 	"github.com/coinexport/export/services/shop-schema/internal/shopschema"
 )
 
@@ -97,6 +98,15 @@ func refused(w http.ResponseWriter, err error, requestID string) (code string, o
 		w.Header().Set("Retry-After", "1")
 		envelope.WriteError(w, http.StatusTooManyRequests, busyCode,
 			"too many shop schema reads in progress; retry with backoff", requestID)
+		return busyCode, true
+	}
+	if errors.Is(err, shoplimit.ErrBusy) {
+		// The shop's address, not the caller's, is at its cap: another
+		// merchant's read is served meanwhile. The message names neither
+		// the shop nor its address (resolved by our DNS).
+		w.Header().Set("Retry-After", "1")
+		envelope.WriteError(w, http.StatusTooManyRequests, busyCode,
+			"too many reads of this shop are in progress; retry with backoff", requestID)
 		return busyCode, true
 	}
 	if errors.Is(err, httpserver.ErrBodyTooLarge) {

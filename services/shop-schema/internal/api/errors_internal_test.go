@@ -88,7 +88,7 @@ func TestWriteErrorAnswersEveryError(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var logged bytes.Buffer
-		h := NewHandler(nil, slog.New(slog.NewJSONHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})), prometheus.NewRegistry(), 1)
+		h := NewHandler(nil, slog.New(slog.NewJSONHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})), prometheus.NewRegistry(), 1, 0)
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, "/v1/sync/prestashop/schema", nil).WithContext(tt.ctx)
 		code := h.writeError(rec, req, tt.err, "req-1", "shop.example")
@@ -122,7 +122,7 @@ func TestWriteErrorAnswersEveryError(t *testing.T) {
 // unavailable, neither the 499 of a caller that left nor a shop's
 // failure.
 func TestCutOffReadIsUnavailable(t *testing.T) {
-	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1)
+	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1, 0)
 	cutOff, cut := context.WithCancelCause(context.Background())
 	cut(httpserver.ErrCutOff)
 	// A lookup's error is the context's; net/http's client returns its cause.
@@ -140,7 +140,7 @@ func TestCutOffReadIsUnavailable(t *testing.T) {
 // cancels the request's context), is a caller that left: 499, not the 400
 // of a body that could not be read.
 func TestAbandonedBodyIsACallerGone(t *testing.T) {
-	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1)
+	h := NewHandler(nil, slog.New(slog.NewJSONHandler(io.Discard, nil)), prometheus.NewRegistry(), 1, 0)
 	gone, hangUp := context.WithCancel(context.Background())
 	hangUp()
 	rec := httptest.NewRecorder()

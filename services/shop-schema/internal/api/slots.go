@@ -47,6 +47,13 @@ func (s *slots) release(held *slot) {
 	delete(s.held, held)
 }
 
+// inUse returns the slots held now.
+func (s *slots) inUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
 // aim records the shop held's read is for, once its body is read.
 func (s *slots) aim(held *slot, host string) {
 	s.mu.Lock()

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/acceptretry"
+
+	"github.com/coinexport/export/services/shop-schema/internal/shoplimit"
 )
 
 // Resolver looks up the addresses of a host name. *net.Resolver satisfies
@@ -211,6 +213,13 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	slices.SortStableFunc(addrs, func(a, b netip.Addr) int { return cmp.Compare(family(a), family(b)) })
 	var errs []error
 	for _, a := range addrs {
+		// Counted before the connect (shoplimit): a server that accepts and
+		// stalls the handshake holds a read as long as a slow answer does.
+		// The counts of the addresses dialled before stay the read's, and
+		// are freed with its claim when it ends, refused here or not.
+		if err := shoplimit.Take(ctx, a); err != nil {
+			return nil, err
+		}
 		conn, err := dialer.DialContext(ctx, network, netip.AddrPortFrom(a.Unmap(), uint16(port)).String())
 		if err == nil {
 			return conn, nil

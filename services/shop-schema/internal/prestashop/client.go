@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/coinexport/export/services/shop-schema/internal/guard"
+	"github.com/coinexport/export/services/shop-schema/internal/shoplimit"
 )
 
 // Config configures a Client.
@@ -213,7 +215,9 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 const UserAgent = "coinexport-shop-schema/1 (PrestaShop webservice schema reader)"
 
 func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(withKey(ctx, c.key), http.MethodGet, target, nil)
+	reqCtx, cancel := context.WithCancelCause(withKey(ctx, c.key))
+	defer cancel(nil)
+	req, err := http.NewRequestWithContext(countedPerShop(reqCtx, cancel), http.MethodGet, target, nil)
 	if err != nil {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "cannot build the request"}
 	}
@@ -223,6 +227,9 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", UserAgent)
 	resp, err := cl.http.Do(req)
+	if errors.Is(err, shoplimit.ErrBusy) || errors.Is(context.Cause(reqCtx), shoplimit.ErrBusy) {
+		return nil, shoplimit.ErrBusy // not the shop's failure: the caller's 429
+	}
 	if err != nil {
 		return nil, transportError(ctx, resource, keyFree(err, c.key))
 	}
@@ -271,6 +278,24 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 		c.version.Store(v)
 	}
 	return body, nil
+}
+
+// countedPerShop returns ctx tracing the connection its request gets, to
+// count the read against that connection's shop (shoplimit.Take): the
+// dialer counts a new connection, but a request on a connection kept
+// alive, or multiplexed over HTTP/2 with other reads', dials nothing. Over
+// the shop's cap, the request is cancelled with shoplimit.ErrBusy as its
+// cause before it is sent.
+func countedPerShop(ctx context.Context, cancel context.CancelCauseFunc) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		addr, ok := info.Conn.RemoteAddr().(*net.TCPAddr)
+		if !ok {
+			return
+		}
+		if err := shoplimit.Take(ctx, addr.AddrPort().Addr()); err != nil {
+			cancel(err)
+		}
+	}})
 }
 
 // shopVersion returns v, a PSWS-Version header, when it reads as a

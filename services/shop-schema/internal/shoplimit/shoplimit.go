@@ -1,0 +1,173 @@
+// Package shoplimit bounds the reads in flight per shop
+// (SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP), so that one slow shop cannot hold
+// the process's slots (SHOP_SCHEMA_MAX_CONCURRENT) whatever number of
+// client addresses call it.
+//
+// "One shop" is the address it is reached at, as the dial knows it: an
+// IPv4 address, or the /64 of an IPv6 address (the gateway buckets its
+// clients so). A host name alone would be bypassed by wildcard DNS: every
+// name under a domain the caller holds resolves to one slow server. A read
+// counts against each shop it reaches (guard.Dialer before each address
+// dialed, prestashop's client on each connection a request gets, reused
+// ones included), once per shop, until the read ends (Claim.Release).
+package shoplimit
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+)
+
+// ErrBusy refuses a read of a shop that already holds the per-shop cap.
+var ErrBusy = errors.New("shoplimit: too many reads of this shop in progress")
+
+// Limiter counts the reads in flight per shop. It is safe for concurrent
+// use.
+type Limiter struct {
+	mu   sync.Mutex
+	max  int
+	held map[netip.Prefix]int
+}
+
+// New returns a Limiter of max reads per shop; nil (no cap) when max is 0.
+func New(max int) *Limiter {
+	if max <= 0 {
+		return nil
+	}
+	return &Limiter{max: max, held: map[netip.Prefix]int{}}
+}
+
+// Max returns the cap per shop.
+func (l *Limiter) Max() int { return l.max }
+
+// Shop returns the shop addr belongs to: the IPv4 address (an IPv4-mapped
+// one unmapped), or the IPv6 address's /64.
+func Shop(addr netip.Addr) netip.Prefix {
+	addr = addr.Unmap().WithZone("")
+	if addr.Is4() {
+		return netip.PrefixFrom(addr, 32)
+	}
+	p, _ := addr.Prefix(64)
+	return p
+}
+
+// InFlight returns the reads counted against shop now.
+func (l *Limiter) InFlight(shop netip.Prefix) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held[shop]
+}
+
+// Total returns the counts of every shop together: 0 once every read has
+// released its claim, and for a nil Limiter (no cap), which /metrics reads
+// all the same.
+func (l *Limiter) Total() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.held {
+		n += c
+	}
+	return n
+}
+
+func (l *Limiter) take(shop netip.Prefix) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held[shop] >= l.max {
+		return false
+	}
+	l.held[shop]++
+	return true
+}
+
+func (l *Limiter) release(shops []netip.Prefix) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, shop := range shops {
+		if l.held[shop]--; l.held[shop] <= 0 {
+			delete(l.held, shop) // a map of every shop ever read would only grow
+		}
+	}
+}
+
+// Claim is one read's counts: the shops it reached. Its fetches run
+// concurrently, so it has a lock of its own.
+type Claim struct {
+	limiter *Limiter
+	mu      sync.Mutex
+	shops   []netip.Prefix // few: a shop's addresses, a redirect's
+	refused netip.Prefix   // the shop that refused it, if one did
+}
+
+// Claim starts a read's claim; nil when l is (no cap).
+func (l *Limiter) Claim() *Claim {
+	if l == nil {
+		return nil
+	}
+	return &Claim{limiter: l}
+}
+
+// Take counts the read against the shop of addr, once, and returns ErrBusy
+// when that shop already holds the cap. A nil Claim takes nothing.
+func (c *Claim) Take(addr netip.Addr) error {
+	if c == nil {
+		return nil
+	}
+	shop := Shop(addr)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, held := range c.shops {
+		if held == shop {
+			return nil
+		}
+	}
+	if !c.limiter.take(shop) {
+		c.refused = shop
+		return ErrBusy
+	}
+	c.shops = append(c.shops, shop)
+	return nil
+}
+
+// Refused returns the shop that refused the read, if one did.
+func (c *Claim) Refused() (netip.Prefix, bool) {
+	if c == nil {
+		return netip.Prefix{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused, c.refused.IsValid()
+}
+
+// Release frees every count of the read. Called once, when it ends.
+func (c *Claim) Release() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.limiter.release(c.shops)
+	c.shops = nil
+}
+
+type claimKey struct{}
+
+// With returns ctx carrying c, for the dialer and the client to take.
+func With(ctx context.Context, c *Claim) context.Context {
+	if c == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, claimKey{}, c)
+}
+
+// Take counts the read of ctx against addr's shop (Claim.Take); nil when
+// ctx carries no claim.
+func Take(ctx context.Context, addr netip.Addr) error {
+	c, _ := ctx.Value(claimKey{}).(*Claim)
+	return c.Take(addr)
+}
