@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +329,71 @@ func TestAShopStallingItsHandshakeCountsFromTheConnect(t *testing.T) {
 		t.Errorf("the read of a server that never answers its handshake = %d, want a failure of the shop", got)
 	}
 	waitNothingHeld(t, svc, "a read whose handshake timed out")
+}
+
+// lateResolver answers the first lookup of each name at once (the
+// service's check of base_url, before the read) and holds every later one
+// (its dials') until answer is called.
+type lateResolver struct {
+	names    fakeshop.Resolver
+	late     chan struct{}
+	answer   func()
+	mu       sync.Mutex
+	asked    map[string]int
+	held     atomic.Int64 // dials' lookups waiting, or answered
+	answered atomic.Int64
+}
+
+func newLateResolver(names fakeshop.Resolver) *lateResolver {
+	r := &lateResolver{names: names, late: make(chan struct{}), asked: map[string]int{}}
+	r.answer = sync.OnceFunc(func() { close(r.late) })
+	return r
+}
+
+// LookupNetIP is the guard's resolver method. It ignores ctx, as a lookup
+// does that the context of a dial in the background never cancels.
+func (r *lateResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	r.asked[host]++
+	first := r.asked[host] == 1
+	r.mu.Unlock()
+	if !first {
+		r.held.Add(1)
+		<-r.late
+		defer r.answered.Add(1)
+	}
+	return r.names.LookupNetIP(ctx, network, host)
+}
+
+// A read that ends while its dials wait on a slow lookup (its time out, its
+// caller gone) leaves no count behind: net/http dials on in the background
+// once the request is gone, with its context's values (the read's claim),
+// and the count each such dial took once the lookup answered was never
+// released. With a cap of 1, every later read of the shop was refused 429
+// for the life of the process; a caller whose name answers slowly, then
+// with a merchant's address, did so at will.
+func TestADialOutlivingItsReadLeavesNoCount(t *testing.T) {
+	shop := shopCert()
+	shop.Start(t.Cleanup)
+	_, port, _ := net.SplitHostPort(shop.Addr())
+	env := perShopEnv("8", "1")
+	env["SHOP_SCHEMA_TIMEOUT"], env["SHOP_SCHEMA_CONNECT_TIMEOUT"] = "1s", "1s"
+	env["SHOP_SCHEMA_PORTS"] = port
+	dns := newLateResolver(fakeshop.Resolver{"late.shop.test": {"127.0.0.1"}})
+	t.Cleanup(dns.answer)
+	svc := startServiceWith(t, shop, env, dns)
+	if status, env := svc.post(t, body("https://late.shop.test:"+port, fakeshop.Key)); status != http.StatusGatewayTimeout {
+		t.Errorf("a read whose dials' lookups outlast it = %d %s, want 504", status, errCode(env))
+	}
+	waitNothingHeld(t, svc, "a read out of time in its dials' lookups")
+	held := dns.held.Load()
+	if held == 0 {
+		t.Fatal("no dial of the read was held in its lookup: the test proved nothing")
+	}
+	dns.answer()
+	waitFor(t, "the held lookups to be answered", func() bool { return dns.answered.Load() == held })
+	if status, env := svc.post(t, body(shop.URL(), fakeshop.Key)); status != http.StatusOK {
+		t.Errorf("a read of the shop once the ended read's dials went on = %d %s, want 200", status, errCode(env))
+	}
+	waitNothingHeld(t, svc, "the dials of an ended read went on")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/coinexport/export/services/shop-schema/internal/fakeshop"
+	"github.com/coinexport/export/services/shop-schema/internal/shoplimit"
 )
 
 func newGuard(t *testing.T, allow ...string) *Guard {
@@ -444,5 +445,43 @@ func TestAShopsFailureAtOneAddressIsNotOurShortage(t *testing.T) {
 				t.Errorf("Shortage(%v) = %v, want %v", err, got, tt.want)
 			}
 		})
+	}
+}
+
+// A dial for a read that has ended connects nowhere and counts nothing
+// against the shop: net/http dials on in the background after the request
+// is gone, with its context's values (the read's claim) but not its
+// cancellation, and a count taken then (the next address of a name, or the
+// first once a slow lookup answered) outlived the read's release: with a
+// cap of 1 the shop was refused for the life of the process.
+func TestADialOutlivingItsReadCountsNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	d := NewDialer(newGuard(t, "127.0.0.1"), fakeshop.Resolver{"late.shop.test": {"127.0.0.1"}}, time.Second)
+	shops := shoplimit.New(1)
+	read := shops.Claim()
+	read.Release() // the read ended while its dial waited on the lookup
+	conn, err := d.DialContext(shoplimit.With(context.Background(), read), "tcp", net.JoinHostPort("late.shop.test", port))
+	if err == nil {
+		conn.Close()
+	}
+	if !errors.Is(err, shoplimit.ErrEnded) {
+		t.Errorf("the dial of an ended read = %v, want shoplimit.ErrEnded, no connection", err)
+	}
+	if got := shops.Total(); got != 0 {
+		t.Errorf("counts held after the dial of an ended read = %d, want 0", got)
 	}
 }

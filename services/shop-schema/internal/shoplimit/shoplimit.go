@@ -22,6 +22,15 @@ import (
 // ErrBusy refuses a read of a shop that already holds the per-shop cap.
 var ErrBusy = errors.New("shoplimit: too many reads of this shop in progress")
 
+// ErrEnded refuses a count for a read that has ended (Claim.Release ran).
+// net/http dials in the background: a dial goes on after the request that
+// asked for it is gone, with that request's context values (its claim
+// among them) but not its cancellation, to keep the connection for a later
+// request. A count such a dial took (the next address of a name, or the
+// first once a slow lookup answered) would outlive the read's Release and
+// hold its shop's cap for the life of the process.
+var ErrEnded = errors.New("shoplimit: the read has ended")
+
 // Limiter counts the reads in flight per shop. It is safe for concurrent
 // use.
 type Limiter struct {
@@ -102,6 +111,7 @@ type Claim struct {
 	mu      sync.Mutex
 	shops   []netip.Prefix // few: a shop's addresses, a redirect's
 	refused netip.Prefix   // the shop that refused it, if one did
+	ended   bool           // Release ran: nothing more is counted (ErrEnded)
 }
 
 // Claim starts a read's claim; nil when l is (no cap).
@@ -113,7 +123,8 @@ func (l *Limiter) Claim() *Claim {
 }
 
 // Take counts the read against the shop of addr, once, and returns ErrBusy
-// when that shop already holds the cap. A nil Claim takes nothing.
+// when that shop already holds the cap, ErrEnded once the read has ended.
+// A nil Claim takes nothing.
 func (c *Claim) Take(addr netip.Addr) error {
 	if c == nil {
 		return nil
@@ -121,6 +132,9 @@ func (c *Claim) Take(addr netip.Addr) error {
 	shop := Shop(addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.ended {
+		return ErrEnded
+	}
 	for _, held := range c.shops {
 		if held == shop {
 			return nil
@@ -144,7 +158,8 @@ func (c *Claim) Refused() (netip.Prefix, bool) {
 	return c.refused, c.refused.IsValid()
 }
 
-// Release frees every count of the read. Called once, when it ends.
+// Release frees every count of the read, and refuses any later Take
+// (ErrEnded). Called when the read ends.
 func (c *Claim) Release() {
 	if c == nil {
 		return
@@ -152,7 +167,7 @@ func (c *Claim) Release() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.limiter.release(c.shops)
-	c.shops = nil
+	c.shops, c.ended = nil, true
 }
 
 type claimKey struct{}

@@ -62,6 +62,25 @@ func TestClaim(t *testing.T) {
 	}
 }
 
+// A Take once the read has ended counts nothing and is refused: net/http
+// dials on in the background with the ended request's context values, and
+// a count taken then was never released (the shop held its cap for good).
+func TestTakeAfterReleaseCountsNothing(t *testing.T) {
+	l := New(1)
+	addr := netip.MustParseAddr("203.0.113.7")
+	ended := l.Claim()
+	ended.Release()
+	if err := Take(With(context.Background(), ended), addr); !errors.Is(err, ErrEnded) {
+		t.Errorf("Take of an ended read = %v, want ErrEnded", err)
+	}
+	if got := l.Total(); got != 0 {
+		t.Errorf("Total() after a Take of an ended read = %d, want 0", got)
+	}
+	if err := l.Claim().Take(addr); err != nil {
+		t.Errorf("a read of the shop after it = %v, want nil", err)
+	}
+}
+
 // Without a cap (0) nothing is counted or refused, and a context without a
 // claim takes nothing.
 func TestNoCap(t *testing.T) {
