@@ -285,7 +285,10 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 // dialer counts a new connection, but a request on a connection kept
 // alive, or multiplexed over HTTP/2 with other reads', dials nothing. Over
 // the shop's cap, the request is cancelled with shoplimit.ErrBusy as its
-// cause before it is sent.
+// cause, which do answers as the refusal it is. GotConn cannot veto the
+// connection: net/http may have the request on its way already (HTTP/1
+// writes it, then closes the connection on the cancel; HTTP/2 may send it,
+// then resets the stream), so the shop can see it, never its answer.
 func countedPerShop(ctx context.Context, cancel context.CancelCauseFunc) context.Context {
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		addr, ok := info.Conn.RemoteAddr().(*net.TCPAddr)
