@@ -6,11 +6,17 @@ import "sync"
 // owner) has in flight. The shop schema route needs it per address: each
 // call may wait on the merchant's shop for SHOP_SCHEMA_TIMEOUT (20 s),
 // shop-schema serves SHOP_SCHEMA_MAX_CONCURRENT (32) at once for everyone,
-// and the route's rate limit (30 a minute per address) lets one address
-// start 30 calls to a shop of its own that never answers and hold nearly
-// every slot, so that every other merchant's call is refused 429 for as
-// long. The keyed routes need it per owner (takeOwnerSlot). A count per
-// holder is kept only while it has calls in flight.
+// and the route's rate limit alone (30 a minute per address) would let one
+// address start 30 calls to a shop of its own that never answers and hold
+// nearly every slot, so that every other merchant's call is refused 429
+// for as long. With it (RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT, 4) an address
+// holds 4, and shop-schema's cap per shop address
+// (SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP) bounds the calls of many addresses
+// to one slow server; what neither bounds (many addresses, each with
+// calls that wait before reaching any shop) is in the gateway README,
+// "Shop schema calls in flight". The keyed routes need it per owner
+// (takeOwnerSlot). A count per holder is kept only while it has calls in
+// flight.
 type inFlightSlots struct {
 	mu    sync.Mutex
 	held  map[string]int
