@@ -397,3 +397,31 @@ func TestADialOutlivingItsReadLeavesNoCount(t *testing.T) {
 	}
 	waitNothingHeld(t, svc, "the dials of an ended read went on")
 }
+
+// A read does not pin the count of a shop whose connect failed: a name
+// whose first address is a merchant's shop, on a port it does not serve
+// (the connect refused at once), and whose next is the caller's own slow
+// server counted against the merchant for the whole read, and with a cap
+// of 1 the merchant's own read was refused 429 while the caller's waited.
+func TestARefusedConnectDoesNotPinItsShop(t *testing.T) {
+	merchant := shopCert()
+	merchant.Start(t.Cleanup)
+	slow := shopCert()
+	slow.Hold = make(chan struct{})
+	slow.StartOn("127.0.0.2:0", t.Cleanup)
+	t.Cleanup(func() { close(slow.Hold) })
+	_, merchantPort, _ := net.SplitHostPort(merchant.Addr())
+	_, slowPort, _ := net.SplitHostPort(slow.Addr())
+	env := perShopEnv("8", "1")
+	env["SHOP_SCHEMA_PORTS"] = merchantPort + "," + slowPort
+	// both.shop.test's first address is the merchant's, where nothing
+	// listens on the slow server's port.
+	svc := startServiceWith(t, merchant, env, fakeshop.Resolver{"both.shop.test": {"127.0.0.1", "127.0.0.2"}})
+	heldReads(t, svc, slow, "https://both.shop.test:"+slowPort, 1)
+	if _, counts := held(t, svc); counts != 1 {
+		t.Errorf("per-shop counts of a read held at its second address = %v, want 1 (that address's)", counts)
+	}
+	if status, env := svc.post(t, body(merchant.URL(), fakeshop.Key)); status != http.StatusOK {
+		t.Errorf("the merchant's read while another read is held past its address = %d %s, want 200", status, errCode(env))
+	}
+}

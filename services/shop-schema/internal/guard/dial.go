@@ -213,14 +213,16 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	slices.SortStableFunc(addrs, func(a, b netip.Addr) int { return cmp.Compare(family(a), family(b)) })
 	var errs []error
 	for _, a := range addrs {
-		// Counted before the connect (shoplimit): a server that accepts and
-		// stalls the handshake holds a read as long as a slow answer does.
-		// The counts of the addresses dialled before stay the read's, and
-		// are freed with its claim when it ends, refused here or not.
-		if err := shoplimit.Take(ctx, a); err != nil {
+		// Counted from before the connect (shoplimit): a server that
+		// accepts and stalls the handshake holds a read as long as a slow
+		// answer does. A failed connect gives its count back: a refused one
+		// would otherwise pin that address's count for the whole read.
+		done, err := shoplimit.Dial(ctx, a)
+		if err != nil {
 			return nil, err
 		}
 		conn, err := dialer.DialContext(ctx, network, netip.AddrPortFrom(a.Unmap(), uint16(port)).String())
+		done(err == nil)
 		if err == nil {
 			return conn, nil
 		}

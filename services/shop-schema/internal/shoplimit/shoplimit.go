@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 )
 
@@ -109,9 +110,18 @@ func (l *Limiter) release(shops []netip.Prefix) {
 type Claim struct {
 	limiter *Limiter
 	mu      sync.Mutex
-	shops   []netip.Prefix // few: a shop's addresses, a redirect's
-	refused netip.Prefix   // the shop that refused it, if one did
-	ended   bool           // Release ran: nothing more is counted (ErrEnded)
+	shops   []*reach     // few: a shop's addresses, a redirect's
+	refused netip.Prefix // the shop that refused it, if one did
+	ended   bool         // Release ran: nothing more is counted (ErrEnded)
+}
+
+// reach is a shop a read counts against: one it is connected to, which
+// keeps the count until the read ends, or one it is only dialling, which
+// gives it back once every such connect has failed (Dial).
+type reach struct {
+	shop      netip.Prefix
+	connected bool
+	dialling  int
 }
 
 // Claim starts a read's claim; nil when l is (no cap).
@@ -122,30 +132,77 @@ func (l *Limiter) Claim() *Claim {
 	return &Claim{limiter: l}
 }
 
-// Take counts the read against the shop of addr, once, and returns ErrBusy
+// Take counts the read against the shop of addr, once, for the rest of
+// the read (a connection to it: net/http's GotConn), and returns ErrBusy
 // when that shop already holds the cap, ErrEnded once the read has ended.
 // A nil Claim takes nothing.
 func (c *Claim) Take(addr netip.Addr) error {
 	if c == nil {
 		return nil
 	}
-	shop := Shop(addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	r, err := c.reachLocked(Shop(addr))
+	if err != nil {
+		return err
+	}
+	r.connected = true
+	return nil
+}
+
+// Dial counts the read against the shop of addr for a connect to it, as
+// Take refuses, and returns done, which the dialer calls with the
+// connect's outcome: connected, the count stays the read's; failed, it is
+// given back unless the read is connected to that shop or dialling it
+// otherwise. A read waiting on a connect holds its shop's count, but a
+// connect refused at once does not pin it: a name whose first address is
+// a merchant's shop, on a port the shop does not serve, and whose next is
+// the caller's slow server held the merchant's count for the whole read.
+func (c *Claim) Dial(addr netip.Addr) (done func(connected bool), err error) {
+	if c == nil {
+		return func(bool) {}, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, err := c.reachLocked(Shop(addr))
+	if err != nil {
+		return nil, err
+	}
+	r.dialling++
+	return func(connected bool) { c.dialled(r, connected) }, nil
+}
+
+// dialled ends one connect of r (Dial's done).
+func (c *Claim) dialled(r *reach, connected bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r.dialling--
+	r.connected = r.connected || connected
+	if c.ended || r.connected || r.dialling > 0 {
+		return // Release gave it back already, or the read still holds it
+	}
+	c.limiter.release([]netip.Prefix{r.shop})
+	c.shops = slices.DeleteFunc(c.shops, func(held *reach) bool { return held == r })
+}
+
+// reachLocked returns the read's reach of shop, counting the read against
+// it first if it is not yet.
+func (c *Claim) reachLocked(shop netip.Prefix) (*reach, error) {
 	if c.ended {
-		return ErrEnded
+		return nil, ErrEnded
 	}
 	for _, held := range c.shops {
-		if held == shop {
-			return nil
+		if held.shop == shop {
+			return held, nil
 		}
 	}
 	if !c.limiter.take(shop) {
 		c.refused = shop
-		return ErrBusy
+		return nil, ErrBusy
 	}
-	c.shops = append(c.shops, shop)
-	return nil
+	r := &reach{shop: shop}
+	c.shops = append(c.shops, r)
+	return r, nil
 }
 
 // Refused returns the shop that refused the read, if one did.
@@ -166,7 +223,11 @@ func (c *Claim) Release() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.limiter.release(c.shops)
+	shops := make([]netip.Prefix, len(c.shops))
+	for i, r := range c.shops {
+		shops[i] = r.shop
+	}
+	c.limiter.release(shops)
 	c.shops, c.ended = nil, true
 }
 
@@ -185,4 +246,11 @@ func With(ctx context.Context, c *Claim) context.Context {
 func Take(ctx context.Context, addr netip.Addr) error {
 	c, _ := ctx.Value(claimKey{}).(*Claim)
 	return c.Take(addr)
+}
+
+// Dial counts the read of ctx against addr's shop for a connect
+// (Claim.Dial); a done that does nothing when ctx carries no claim.
+func Dial(ctx context.Context, addr netip.Addr) (done func(connected bool), err error) {
+	c, _ := ctx.Value(claimKey{}).(*Claim)
+	return c.Dial(addr)
 }

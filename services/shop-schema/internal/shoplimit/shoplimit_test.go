@@ -81,6 +81,45 @@ func TestTakeAfterReleaseCountsNothing(t *testing.T) {
 	}
 }
 
+// A connect that fails gives its count back, unless the read is connected
+// to that shop (or dialling it) otherwise; one that succeeds keeps it until
+// the read ends. A failed connect kept the count for the whole read: a name
+// whose first address was a merchant's shop, on a port it does not serve,
+// pinned the merchant's count while the read waited at the caller's server.
+func TestAFailedConnectGivesItsCountBack(t *testing.T) {
+	l := New(1)
+	merchant, other := netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("203.0.113.8")
+	read := l.Claim()
+	done, err := read.Dial(merchant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Claim().Take(merchant); !errors.Is(err, ErrBusy) {
+		t.Errorf("another read while the connect is in progress = %v, want ErrBusy", err)
+	}
+	done(false)
+	if got := l.InFlight(Shop(merchant)); got != 0 {
+		t.Errorf("InFlight after a failed connect = %d, want 0", got)
+	}
+	connected, err := read.Dial(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connected(true)
+	failed, err := read.Dial(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed(false)
+	if got := l.InFlight(Shop(other)); got != 1 {
+		t.Errorf("InFlight of a shop connected to, after another connect to it failed = %d, want 1", got)
+	}
+	read.Release()
+	if got := l.Total(); got != 0 {
+		t.Errorf("Total() after Release = %d, want 0", got)
+	}
+}
+
 // Without a cap (0) nothing is counted or refused, and a context without a
 // claim takes nothing.
 func TestNoCap(t *testing.T) {
