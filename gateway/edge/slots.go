@@ -10,8 +10,8 @@ import "sync"
 // address start 30 calls to a shop of its own that never answers and hold
 // nearly every slot, so that every other merchant's call is refused 429
 // for as long. With it (RATE_LIMIT_SHOP_SCHEMA_IN_FLIGHT, 4) an address
-// holds 4, and shop-schema's cap per shop address
-// (SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP) bounds the calls of many addresses
+// holds 4, and shop-schema's cap per shop address, when turned on
+// (SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP), bounds the calls of many addresses
 // to one slow server; what neither bounds (many addresses, each with
 // calls that wait before reaching any shop) is in the gateway README,
 // "Shop schema calls in flight". The keyed routes need it per owner

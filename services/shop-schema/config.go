@@ -34,7 +34,7 @@ type Config struct {
 	PageSize              int           // SHOP_SCHEMA_PAGE_SIZE (250)
 	MaxRows               int           // SHOP_SCHEMA_MAX_ROWS (100000)
 	MaxConcurrent         int           // SHOP_SCHEMA_MAX_CONCURRENT (32)
-	MaxConcurrentPerShop  int           // SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP (4; 0: no cap per shop)
+	MaxConcurrentPerShop  int           // SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP (0: no cap per shop, the default; shop-schema README, "Reads in flight per shop")
 	ShutdownDelay         time.Duration // SHOP_SCHEMA_SHUTDOWN_DELAY (3s): serving on, unready, after SIGTERM
 	// Settings names every variable read (tracing's: telemetry.Names), so that run can warn of one set
 	// with a name close to them (envconfig.Misspelt).
@@ -69,7 +69,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		MaxConcurrent:    r.Int("SHOP_SCHEMA_MAX_CONCURRENT", 32, 1, 10000),
 		// Counted per shop address (shoplimit), so that one slow shop, from
 		// however many callers, leaves the other slots to other shops.
-		MaxConcurrentPerShop: r.Int("SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP", 4, 0, 10000),
+		MaxConcurrentPerShop: r.Int("SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP", 0, 0, 10000),
 		ShutdownDelay:        r.Duration("SHOP_SCHEMA_SHUTDOWN_DELAY", httpserver.DefaultShutdownDelay, 0, time.Minute),
 	}
 	r.SeparateListeners("SHOP_SCHEMA_ADDR", c.Addr, "SHOP_SCHEMA_ADMIN_ADDR", c.AdminAddr)

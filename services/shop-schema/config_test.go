@@ -26,7 +26,7 @@ func TestLoadConfig(t *testing.T) {
 	}
 	want := Config{Addr: "127.0.0.1:8083", AdminAddr: "127.0.0.1:9083", IdentitySecret: testSecret, LogLevel: "info",
 		Ports: []uint16{443, 8443}, Timeout: 20 * time.Second, ConnectTimeout: 5 * time.Second,
-		MaxResponseBytes: 16 << 20, MaxCallBytes: 32 << 20, PageSize: 250, MaxRows: 100000, MaxConcurrent: 32, MaxConcurrentPerShop: 4,
+		MaxResponseBytes: 16 << 20, MaxCallBytes: 32 << 20, PageSize: 250, MaxRows: 100000, MaxConcurrent: 32, MaxConcurrentPerShop: 0,
 		ShutdownDelay: 3 * time.Second}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(Config{}, "Settings")); diff != "" {
 		t.Errorf("loadConfig(defaults) (-want +got):\n%s", diff)
