@@ -455,21 +455,8 @@ func TestAShopsFailureAtOneAddressIsNotOurShortage(t *testing.T) {
 // first once a slow lookup answered) outlived the read's release: with a
 // cap of 1 the shop was refused for the life of the process.
 func TestADialOutlivingItsReadCountsNothing(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.Close()
-		}
-	}()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	addr := testenv.ServeConns(t, func(net.Conn) {}) // accepts, then closes
+	_, port, _ := net.SplitHostPort(addr)
 	d := NewDialer(newGuard(t, "127.0.0.1"), fakeshop.Resolver{"late.shop.test": {"127.0.0.1"}}, time.Second)
 	shops := shoplimit.New(1)
 	read := shops.Claim()
