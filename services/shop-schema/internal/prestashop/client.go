@@ -215,9 +215,9 @@ func (cl *Client) get(ctx context.Context, c *call, resource, target string) ([]
 const UserAgent = "coinexport-shop-schema/1 (PrestaShop webservice schema reader)"
 
 func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]byte, error) {
-	reqCtx, cancel := context.WithCancelCause(withKey(ctx, c.key))
-	defer cancel(nil)
-	req, err := http.NewRequestWithContext(countedPerShop(reqCtx, cancel), http.MethodGet, target, nil)
+	reqCtx, stopCounting := countedPerShop(withKey(ctx, c.key))
+	defer stopCounting(nil)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, target, nil)
 	if err != nil {
 		return nil, &Error{Kind: KindBadResponse, Resource: resource, Reason: "cannot build the request"}
 	}
@@ -281,15 +281,22 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 }
 
 // countedPerShop returns ctx tracing the connection its request gets, to
-// count the read against that connection's shop (shoplimit.Take): the
-// dialer counts a new connection, but a request on a connection kept
-// alive, or multiplexed over HTTP/2 with other reads', dials nothing. Over
-// the shop's cap, the request is cancelled with shoplimit.ErrBusy as its
-// cause, which do answers as the refusal it is. GotConn cannot veto the
-// connection: net/http may have the request on its way already (HTTP/1
-// writes it, then closes the connection on the cancel; HTTP/2 may send it,
-// then resets the stream), so the shop can see it, never its answer.
-func countedPerShop(ctx context.Context, cancel context.CancelCauseFunc) context.Context {
+// count the read against that connection's shop (shoplimit.Take), and the
+// function that ends the request's context: the dialer counts a new
+// connection, but a request on a connection kept alive, or multiplexed
+// over HTTP/2 with other reads', dials nothing. Over the shop's cap, the
+// request is cancelled with shoplimit.ErrBusy as its cause, which do
+// answers as the refusal it is. GotConn cannot veto the connection:
+// net/http may have the request on its way already (HTTP/1 writes it, then
+// closes the connection on the cancel; HTTP/2 may send it, then resets the
+// stream), so the shop can see it, never its answer. A read without a
+// claim (SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP=0, the default) gets ctx as
+// it is: no trace, no context of its own, nothing to count.
+func countedPerShop(ctx context.Context) (context.Context, context.CancelCauseFunc) {
+	if !shoplimit.Claimed(ctx) {
+		return ctx, func(error) {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		addr, ok := info.Conn.RemoteAddr().(*net.TCPAddr)
 		if !ok {
@@ -298,7 +305,7 @@ func countedPerShop(ctx context.Context, cancel context.CancelCauseFunc) context
 		if err := shoplimit.Take(ctx, addr.AddrPort().Addr()); err != nil {
 			cancel(err)
 		}
-	}})
+	}}), cancel
 }
 
 // shopVersion returns v, a PSWS-Version header, when it reads as a

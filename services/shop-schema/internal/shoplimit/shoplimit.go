@@ -241,6 +241,13 @@ func With(ctx context.Context, c *Claim) context.Context {
 	return context.WithValue(ctx, claimKey{}, c)
 }
 
+// Claimed reports whether ctx carries a read's claim: false without a cap,
+// where the client then traces nothing to count.
+func Claimed(ctx context.Context) bool {
+	_, ok := ctx.Value(claimKey{}).(*Claim)
+	return ok
+}
+
 // Take counts the read of ctx against addr's shop (Claim.Take); nil when
 // ctx carries no claim.
 func Take(ctx context.Context, addr netip.Addr) error {
