@@ -425,3 +425,33 @@ func TestARefusedConnectDoesNotPinItsShop(t *testing.T) {
 		t.Errorf("the merchant's read while another read is held past its address = %d %s, want 200", status, errCode(env))
 	}
 }
+
+// Without SHOP_SCHEMA_MAX_CONCURRENT_PER_SHOP (the default: off) nothing
+// is counted per shop: one slow shop may hold every slot, as the cap is
+// meant to allow only when turned on, no read is refused as its shop's
+// (the refusal is of every slot taken), and the per-shop series stay 0.
+func TestWithoutTheCapOneShopMayHoldEverySlot(t *testing.T) {
+	slow := shopCert()
+	slow.Hold = make(chan struct{})
+	slow.Start(t.Cleanup)
+	other := shopCert()
+	other.StartOn("127.0.0.2:0", t.Cleanup)
+	svc := startService(t, slow, map[string]string{"SHOP_SCHEMA_ALLOW_HOSTS": "127.0.0.0/8", "SHOP_SCHEMA_MAX_CONCURRENT": "5"})
+	held := heldReads(t, svc, slow, slow.URL(), 5)
+	status, env := svc.post(t, body(other.URL(), fakeshop.Key))
+	if status != http.StatusTooManyRequests || !strings.Contains(env.Error.Message, "too many shop schema reads in progress") {
+		t.Errorf("another shop's read, every slot held by one shop = %d %s %q, want 429, every slot taken",
+			status, errCode(env), env.Error.Message)
+	}
+	got := series(t, svc)
+	if got["shop_schema_slots_held"] != 5 || got["shop_schema_shop_counts_held"] != 0 || got["shop_schema_shop_busy_total"] != 0 {
+		t.Errorf("slots held %v, per-shop counts %v, refused by the per-shop cap %v; want 5, 0, 0 (no cap, no claim)",
+			got["shop_schema_slots_held"], got["shop_schema_shop_counts_held"], got["shop_schema_shop_busy_total"])
+	}
+	close(slow.Hold)
+	for range 5 {
+		if status := <-held; status != http.StatusOK {
+			t.Errorf("a held read of the slow shop = %d, want 200", status)
+		}
+	}
+}
