@@ -264,9 +264,9 @@ func toAPIError(err error) (ae *apiError, logged bool) {
 	case errors.Is(err, errSaleNothingApplied):
 		return errSaleUpstreamUnavailable, true
 	case nothingSent(err):
-		// Nothing was sent (every instance out, refused, or no connection
-		// free): a retry cannot apply anything twice, and Retry-After says
-		// when it is worth it.
+		// Nothing applied (every instance out, refused, or no connection
+		// free; or a safe request's repeat refused): a retry cannot apply
+		// anything twice, and Retry-After says when it is worth it.
 		return errUpstreamUnavailable, true
 	case errors.Is(err, errSaleMayBeApplied) && errors.Is(err, upstream.ErrTimeout):
 		return errSaleTimeout, true

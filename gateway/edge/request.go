@@ -91,8 +91,9 @@ type request struct {
 	// taken (a keyless route, no cap).
 	ownerSlots *inFlightSlots
 	// mayHaveSent: an attempt of the request may have reached its
-	// service (proxy passed it on, and upstream.Do did not say that none
-	// left): a panic's answer to a sale says so (panicError).
+	// service and applied something (proxy passed it on, and upstream.Do
+	// did not say otherwise, nothingSent): a panic's answer to a sale says
+	// so (panicError).
 	mayHaveSent bool
 }
 

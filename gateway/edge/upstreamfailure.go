@@ -16,10 +16,12 @@ func isIdempotentSale(c *fiber.Ctx, rt route) bool {
 }
 
 // nothingSent reports whether err, upstream.Do's, says that no attempt of
-// the request left the gateway: every instance out, or refused, or no
-// connection free (a sale's repeat refused after a first attempt that
-// was sent is that attempt's failure, not this; a safe request's is this:
-// it applied nothing).
+// the request can have applied anything and no instance is there to take
+// it: every instance out, or refused, or no connection free, so that
+// nothing left the gateway; or a safe request (a GET) whose repeat was
+// refused after its first attempt's connection closed, which was sent
+// but applies nothing. A sale's repeat refused after a first attempt that
+// was sent is that attempt's failure, not this: Do returns the first's.
 func nothingSent(err error) bool {
 	return errors.Is(err, upstream.ErrUnavailable) || errors.Is(err, upstream.ErrUnreachable)
 }
