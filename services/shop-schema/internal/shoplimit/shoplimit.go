@@ -157,7 +157,8 @@ func (c *Claim) Take(addr netip.Addr) error {
 // otherwise. A read waiting on a connect holds its shop's count, but a
 // connect refused at once does not pin it: a name whose first address is
 // a merchant's shop, on a port the shop does not serve, and whose next is
-// the caller's slow server held the merchant's count for the whole read.
+// the caller's slow server would otherwise hold the merchant's count for
+// the whole read.
 func (c *Claim) Dial(addr netip.Addr) (done func(connected bool), err error) {
 	if c == nil {
 		return func(bool) {}, nil
