@@ -228,6 +228,9 @@ func (cl *Client) do(ctx context.Context, c *call, resource, target string) ([]b
 	req.Header.Set("User-Agent", UserAgent)
 	resp, err := cl.http.Do(req)
 	if errors.Is(err, shoplimit.ErrBusy) || errors.Is(context.Cause(reqCtx), shoplimit.ErrBusy) {
+		if err == nil { // an answer that beat the cancel is dropped, its connection with it
+			resp.Body.Close()
+		}
 		return nil, shoplimit.ErrBusy // not the shop's failure: the caller's 429
 	}
 	if err != nil {
