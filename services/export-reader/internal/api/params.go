@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -102,6 +103,13 @@ func parseList(rawQuery string) (export.Query, error) {
 	if err != nil {
 		return export.Query{}, err
 	}
+	q, err := listQuery(p)
+	return q, hintSeparator(err, p, listParams)
+}
+
+// listQuery validates the list route's parameters, read by readParams.
+func listQuery(p map[string]string) (export.Query, error) {
+	var err error
 	q := export.Query{Lang: "ENG", Limit: defaultLimit}
 	if v, ok := p["lang"]; ok {
 		if q.Lang, err = parseLang(v); err != nil {
@@ -164,7 +172,31 @@ func parseItem(rawQuery string) (string, error) {
 		return "", err
 	}
 	if v, ok := p["lang"]; ok {
-		return parseLang(v)
+		lang, err := parseLang(v)
+		return lang, hintSeparator(err, p, itemParams)
 	}
 	return "ENG", nil
+}
+
+// hintSeparator adds to a refused value's message that query parameters
+// are separated by '&', when the value holds ";name=" for a parameter the
+// route reads: "limit=1;lang=RUS" was refused as a limit that is no
+// integer, and its client was left to guess why. The code stays the
+// value's.
+func hintSeparator(err error, p map[string]string, known routeParams) error {
+	var pe *paramError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	for _, refused := range known {
+		if refused.code != pe.Code {
+			continue
+		}
+		for _, other := range known {
+			if strings.Contains(p[refused.name], ";"+other.name+"=") {
+				return &paramError{pe.Code, pe.Message + "; separate query parameters with &, not ;"}
+			}
+		}
+	}
+	return err
 }

@@ -121,3 +121,37 @@ func referenceList(raw string) (export.Query, map[string]bool) {
 	}
 	return q, faults
 }
+
+// A value refused for holding the next parameter after a ';' (a client
+// that separated them so) says that '&' separates them, under the value's
+// own code; a value refused for anything else, or a ';' in a value taken
+// as it is (a cursor, checked later), gets no such word.
+func TestASemicolonBetweenParametersIsNamed(t *testing.T) {
+	const hint = "separate query parameters with &, not ;"
+	for _, tt := range []struct {
+		query, code string
+		hinted      bool
+	}{
+		{"limit=1;lang=RUS", "invalid_limit", true},
+		{"lang=RUS;limit=1", "invalid_lang", true},
+		{"status=active;updated_after=2000-01-01T00:00:00Z", "invalid_status", true},
+		{"limit=1;x=2", "invalid_limit", false},
+		{"limit=abc", "invalid_limit", false},
+		{"cursor=a;lang=RUS", "", false},
+	} {
+		_, err := parseList(tt.query)
+		var pe *paramError
+		if tt.code == "" {
+			if err != nil {
+				t.Errorf("parseList(%q) = %v, want no error", tt.query, err)
+			}
+			continue
+		}
+		if !errors.As(err, &pe) || pe.Code != tt.code || strings.Contains(pe.Message, hint) != tt.hinted {
+			t.Errorf("parseList(%q) = %v, want %s, the & hint %v", tt.query, err, tt.code, tt.hinted)
+		}
+	}
+	if _, err := parseItem("lang=RUS;lang=UKR"); err == nil || !strings.Contains(err.Error(), hint) {
+		t.Errorf("parseItem(lang=RUS;lang=UKR) = %v, want invalid_lang with the & hint", err)
+	}
+}
