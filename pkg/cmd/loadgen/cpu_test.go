@@ -149,6 +149,9 @@ func TestCPUTable(t *testing.T) {
 		"get_gateway_64": {Figures: map[string]float64{"rps": 9000, "cpu_us.proxy": 50, "cpu_us.service": 70, "cpu_us.postgres": 80, "cpu_us.client": 20}},
 		"get_nolimit_64": {Figures: map[string]float64{"rps": 9100}}, // no CPU figures: no line
 		"sales":          {Figures: map[string]float64{"pairs_per_s": 2000, "cpu_us.proxy": 140, "cpu_us.service": 220, "cpu_us.postgres": 450, "cpu_us.redis": 2, "cpu_us.client": 70}},
+		// 1,000 pages in 0.5 s: cores busy count pages a second, not items.
+		"sync_gateway": {Figures: map[string]float64{"items": 100000, "pages": 1000, "seconds": 0.5, "items_per_s": 200000,
+			"cpu_us.proxy": 200, "cpu_us.service": 400, "cpu_us.postgres": 300, "cpu_us.client": 100}},
 	}
 	var b bytes.Buffer
 	renderCPUTable(&b, rs.cpuRows([]int{64}), 2)
@@ -158,6 +161,7 @@ func TestCPUTable(t *testing.T) {
 		"| GET by id, 64 conns, nginx | 30 | 70 | 80 | — | 20 | 200 | 2.00 of 2 |",
 		"| GET by id, 64 conns, gateway | 50 | 70 | 80 | — | 20 | 220 | 1.98 of 2 |",
 		"| confirm + cancel pair, via gateway | 140 | 220 | 450 | 2.0 | 70 | 882 | 1.76 of 2 |",
+		"| full sync page, via gateway | 200 | 400 | 300 | — | 100 | 1000 | 2.00 of 2 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("CPU table lacks %q:\n%s", want, out)

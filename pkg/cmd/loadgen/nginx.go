@@ -52,6 +52,16 @@ http {
             proxy_http_version 1.1;
             proxy_set_header Connection "";
         }
+        # List pages (~100 KB at limit=100) held in memory whole, as a team
+        # serving them would set it: nginx's default buffers (8 of 4 KB)
+        # relay such a page 4 KB at a time, or through a temporary file.
+        location = /v1/export/items {
+            proxy_pass http://reader;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffer_size 16k;
+            proxy_buffers 8 16k;
+        }
     }
 }
 `))

@@ -22,6 +22,8 @@ func TestNginxConfigRender(t *testing.T) {
 		`proxy_set_header Connection "";`,
 		"access_log off;",
 		"proxy_temp_path /tmp/bench/tmp/proxy;",
+		"location = /v1/export/items {",
+		"proxy_buffers 8 16k;",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("render() lacks %q:\n%s", want, b.String())

@@ -53,6 +53,11 @@ func buildRows(rs records, conns []int) []row {
 	scan := rs.syncFigure("scan")
 	rows = append(rows, row{Scenario: "raw pgx keyset scan of the stored JSON (baseline)", Figure: scan, Baseline: "—", Ratio: "—", Target: "—", Result: "—"})
 	rows = append(rows, rs.ratioRow("full sync, limit=100, ENG, via gateway", "sync_gateway", "items_per_s", "scan", "items_per_s", 0.7, scan))
+	for _, ref := range syncReferences {
+		if rs.ran(ref.name) {
+			rows = append(rows, rs.referenceRow(ref.label, ref.name, "scan"))
+		}
+	}
 	rows = append(rows, rs.ratioRow("full sync, direct to export-reader", "sync_reader", "items_per_s", "scan", "items_per_s", 0.8, scan))
 	for _, c := range conns {
 		nginx := fmt.Sprintf("get_nginx_%d", c)
@@ -71,6 +76,14 @@ func buildRows(rs records, conns []int) []row {
 	rows = append(rows, rs.incrementalRow())
 	rows = append(rows, rs.memoryRows()...)
 	return rows
+}
+
+// syncReferences are the syncs through a proxy other than the gateway,
+// shown without a target beside the gateway's: what one more hop in front
+// of export-reader gets on the machine of the day.
+var syncReferences = []struct{ label, name string }{
+	{"full sync, same, via nginx → export-reader (reference)", "sync_nginx"},
+	{"full sync, same, via a plain Fiber proxy hop (reference)", "sync_plainhop"},
 }
 
 func (rs records) syncFigure(name string) string {
@@ -119,12 +132,13 @@ func (rs records) ratioRow(label, name, figure, base, baseFigure string, minRati
 // ran reports whether the scenario is in the results.
 func (rs records) ran(name string) bool { _, ok := rs[name]; return ok }
 
-// referenceRow compares GET scenario name with base by rps, without a
-// target: a figure that tells what the targets are measured against.
+// referenceRow compares scenario name with base by throughput (rps, or
+// items/s for the syncs), without a target: a figure that tells what the
+// targets are measured against.
 func (rs records) referenceRow(label, name, base string) row {
 	r := row{Scenario: label, Figure: rs.scenarioFigure(name), Baseline: rs.scenarioFigure(base), Ratio: "—", Target: "—",
 		Result: rs.errorsNote(name, "—")}
-	if v, b := rs.rps(name), rs.rps(base); v > 0 && b > 0 {
+	if v, b := throughput(rs[name]), throughput(rs[base]); v > 0 && b > 0 {
 		r.Ratio = shownRatio(v / b)
 	}
 	return r
@@ -143,9 +157,6 @@ func (rs records) scenarioFigure(name string) string {
 // never overstates the measured one, so "0.85×" cannot appear beside a miss
 // of a 0.85× target.
 func shownRatio(ratio float64) string { return fmt.Sprintf("%.2f×", math.Floor(ratio*100)/100) }
-
-// rps is a scenario's rps, 0 if it did not run.
-func (rs records) rps(name string) float64 { v, _ := rs.get(name, "rps"); return v }
 
 // errorsNote marks a result whose run had failed requests: its figure is
 // not a clean measurement.
@@ -221,8 +232,8 @@ type cpuRow struct {
 	Throughput float64
 }
 
-// cpuRows lists the GET and sales scenarios that recorded their CPU time,
-// in the main table's order.
+// cpuRows lists the sync, GET and sales scenarios that recorded their CPU
+// time, in the main table's order.
 func (rs records) cpuRows(conns []int) []cpuRow {
 	var rows []cpuRow
 	add := func(label, name string) {
@@ -230,8 +241,12 @@ func (rs records) cpuRows(conns []int) []cpuRow {
 		if !ok || !hasCPUFigures(r.Figures) {
 			return
 		}
-		rows = append(rows, cpuRow{Label: label, Figures: r.Figures, Throughput: throughput(r)})
+		rows = append(rows, cpuRow{Label: label, Figures: r.Figures, Throughput: unitsPerSecond(r)})
 	}
+	add("full sync page, via gateway", "sync_gateway")
+	add("full sync page, via nginx", "sync_nginx")
+	add("full sync page, via plain Fiber hop", "sync_plainhop")
+	add("full sync page, direct", "sync_reader")
 	for _, c := range conns {
 		add(fmt.Sprintf("GET by id, %d conns, nginx", c), fmt.Sprintf("get_nginx_%d", c))
 		add(fmt.Sprintf("GET by id, %d conns, plain Fiber hop", c), fmt.Sprintf("get_plainhop_%d", c))
@@ -240,6 +255,16 @@ func (rs records) cpuRows(conns []int) []cpuRow {
 	}
 	add("confirm + cancel pair, via gateway", "sales")
 	return rows
+}
+
+// unitsPerSecond is the rate of the units a record's CPU figures are per:
+// requests (a sync's pages) or pairs.
+func unitsPerSecond(r Record) float64 {
+	pages, secs := r.Figures["pages"], r.Figures["seconds"]
+	if pages > 0 && secs > 0 {
+		return pages / secs
+	}
+	return throughput(r)
 }
 
 func hasCPUFigures(figures map[string]float64) bool {
@@ -278,7 +303,7 @@ func renderCPUTable(w io.Writer, rows []cpuRow, cpus int) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "CPU time per request (per pair for sales) in µs, from the kernel's accounting over the measured window of the round kept above:")
+	fmt.Fprintln(w, "CPU time per request (per page for the syncs, per pair for sales) in µs, from the kernel's accounting over the measured window of the round kept above:")
 	fmt.Fprintln(w)
 	fmt.Fprint(w, "| scenario |")
 	for _, c := range cols {

@@ -23,6 +23,9 @@ type syncResult struct {
 	Items, Pages int
 	Took         time.Duration
 	PageLatency  Latencies
+	// CPU is the CPU time the accounted parts and this process used over
+	// the sync (empty without --cpu).
+	CPU cpuUsage
 }
 
 // syncer reads every page of an owner's items like a real client: one page
@@ -137,8 +140,13 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	expect := fs.Int("expect", 0, "expected item count; a different count fails the scenario (0: no check)")
 	warmup := fs.Int("warmup-pages", 0, "pages read and discarded before the timed sync (warms caches and connections)")
 	repeat := fs.Int("repeat", 1, "timed syncs; the fastest is recorded")
+	var parts cpuParts
+	fs.Var(&parts, "cpu", "name=pid: a process tree whose CPU time per page to record (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if _, err := parts.sample(); err != nil { // fail before the run, not after it
+		return fmt.Errorf("%s: %w", *name, err)
 	}
 	s, err := newSyncer(cfg, *auth, *base)
 	if err != nil {
@@ -149,7 +157,7 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 		return fmt.Errorf("%s: warm-up: %w", *name, err)
 	}
 	res, err := fastest(*repeat, func() (syncResult, error) {
-		res, err := s.run(ctx, q)
+		res, err := s.measuredRun(ctx, q, parts)
 		if err == nil && *expect > 0 && res.Items != *expect {
 			err = fmt.Errorf("synced %d items, want %d", res.Items, *expect)
 		}
@@ -158,7 +166,27 @@ func runSync(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	if err != nil {
 		return fmt.Errorf("%s: %w", *name, err)
 	}
-	return appendRecord(cfg.Results, syncRecord(*name, res), stdout)
+	rec := syncRecord(*name, res)
+	if leftOut := res.CPU.record(res.CPU.self, float64(res.Pages), rec.Figures); len(leftOut) > 0 {
+		rec.Note = leftOutNote(leftOut)
+	}
+	return appendRecord(cfg.Results, rec, stdout)
+}
+
+// measuredRun is run with the CPU time of parts (and of this process)
+// taken over the sync, so that its record can say what each part of the
+// path spends per page.
+func (s *syncer) measuredRun(ctx context.Context, q syncQuery, parts cpuParts) (syncResult, error) {
+	window, err := parts.start()
+	if err != nil {
+		return syncResult{}, err
+	}
+	res, err := s.run(ctx, q)
+	if err != nil {
+		return res, err
+	}
+	res.CPU, err = window.stop()
+	return res, err
 }
 
 // fastest runs f n times and keeps the quickest run. On a machine shared

@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,5 +105,52 @@ func TestFastestKeepsTheQuickestRun(t *testing.T) {
 	}
 	if i != 3 {
 		t.Errorf("fastest(3) ran f %d times, want 3", i)
+	}
+}
+
+// A sync given --cpu records each part's CPU time per page, and this
+// process's as the client's, from the window of the run it keeps.
+func TestSyncRecordsCPUPerPage(t *testing.T) {
+	srv := fakeReader(t, 250, false)
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	cfg := Config{ReadKey: "k", Results: results}
+	args := []string{"--name", "sync_x", "--base", srv.URL, "--limit", "100", "--expect", "250",
+		"--repeat", "2", "--cpu", "proxy=" + strconv.Itoa(os.Getpid())}
+	if err := runSync(context.Background(), cfg, args, io.Discard); err != nil {
+		t.Fatalf("runSync() error %v", err)
+	}
+	f, err := os.Open(results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rs, err := readRecords(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rs["sync_x"].Figures
+	if got["pages"] != 3 {
+		t.Errorf("pages = %v, want 3", got["pages"])
+	}
+	for _, part := range []string{"cpu_us.proxy", "cpu_us.client"} {
+		if _, ok := got[part]; !ok {
+			t.Errorf("record lacks %s: %v", part, got)
+		}
+	}
+}
+
+// Without --cpu a sync records no CPU figure (no CPU table line).
+func TestSyncWithoutPartsRecordsNoCPU(t *testing.T) {
+	srv := fakeReader(t, 10, false)
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	if err := runSync(context.Background(), Config{ReadKey: "k", Results: results}, []string{"--name", "s", "--base", srv.URL}, io.Discard); err != nil {
+		t.Fatalf("runSync() error %v", err)
+	}
+	b, err := os.ReadFile(results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), cpuFigurePrefix) {
+		t.Errorf("record without --cpu has CPU figures: %s", b)
 	}
 }
