@@ -16,6 +16,8 @@
 #                  load (sync, GET, sales) and of the whole machine,
 #                  summaries in .run/bench/profile/
 #   BENCH_RESEED=1 drop the seeded database and seed again
+#   BENCH_HUGE_PAGES=0  PostgreSQL on 4 KB pages (default: huge pages,
+#                  reserved for the run when root; see below)
 #   BENCH_LOG_LEVEL  LOG_LEVEL of the stack (default warn: nginx logs no
 #                  access lines either)
 #   BENCH_ONLY     comma-separated subset of sync,get,sales,incremental to
@@ -79,6 +81,48 @@ go build -o "$state/bin/loadgen" ./pkg/cmd/loadgen || die "building loadgen fail
 loadgen=$state/bin/loadgen
 go build -o "$state/bin/plainhop" ./gateway/cmd/plainhop || die "building plainhop failed"
 
+# --- PostgreSQL's pages ---------------------------------------------------------
+
+# PostgreSQL runs on huge pages, as a production server with this
+# shared_buffers should (PostgreSQL's docs, "Linux Huge Pages"). On 4 KB
+# pages every new backend faults in each shared_buffers page it first
+# touches (~20 µs a fault on this VM, 128,000 for 512 MB), and in a run of
+# minutes that is the sales writer's connections' whole life: session 53
+# measured sales at 435–554 pairs/s on 4 KB pages against 674–749 on huge
+# pages, runs taking turns (a deployed writer's connections live an hour).
+# As root the pages are reserved here (vm.nr_hugepages) and given back on
+# exit; otherwise PostgreSQL uses any the machine has reserved
+# (huge_pages=try). BENCH_HUGE_PAGES=0 keeps 4 KB pages (huge_pages=off).
+nr_hugepages=/proc/sys/vm/nr_hugepages
+huge_pages_before=""
+huge_pages_reserve() {
+  local mb free want
+  if [ "${BENCH_HUGE_PAGES:-1}" = 0 ]; then export PG_EXTRA_OPTS="${PG_EXTRA_OPTS:-} -c huge_pages=off"; return 0; fi
+  [ "$(id -u)" = 0 ] && [ -w "$nr_hugepages" ] || return 0
+  mb=${PG_SHARED_BUFFERS:-512MB}; mb=${mb%MB}
+  [[ $mb =~ ^[0-9]+$ ]] || return 0 # a size in other units: leave it to try
+  want=$((mb / 2 + 64)) # 2 MB pages, with room for the rest of the shared memory
+  free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+  [ "${free:-0}" -lt "$want" ] || return 0
+  huge_pages_before=$(cat "$nr_hugepages")
+  echo $((huge_pages_before + want - free)) >"$nr_hugepages" 2>/dev/null || { huge_pages_before=""; return 0; }
+  # The kernel reserves what contiguous memory it finds; a machine whose
+  # memory is fragmented (page cache) gives fewer until compacted.
+  if [ "$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)" -lt "$want" ]; then
+    echo 1 >/proc/sys/vm/compact_memory 2>/dev/null || true
+    echo $((huge_pages_before + want - free)) >"$nr_hugepages" 2>/dev/null || true
+  fi
+  free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+  [ "$free" -ge "$want" ] || log "only $free of the $want huge pages PostgreSQL needs could be reserved: it runs on 4 KB pages"
+}
+huge_pages_give_back() {
+  [ -z "$huge_pages_before" ] || echo "$huge_pages_before" >"$nr_hugepages" 2>/dev/null || true
+}
+# pg_page_size tells which pages the running server's shared memory is on.
+pg_page_size() {
+  if grep -q anon_hugepage "/proc/$1/smaps" 2>/dev/null; then echo "huge pages"; else echo "4 KB pages"; fi
+}
+
 # --- stop everything on exit ---------------------------------------------------
 
 pids=()
@@ -93,12 +137,14 @@ stop_all() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   redis_stop "$state/redis"
   pg_stop "$state/pg"
+  huge_pages_give_back
 }
 trap stop_all INT TERM EXIT
 
 # --- PostgreSQL, Redis, secrets, seed ----------------------------------------------
 
 log "starting PostgreSQL and Redis under .run/bench"
+huge_pages_reserve
 pg_start "$state/pg"
 redis_start "$state/redis"
 
@@ -237,6 +283,8 @@ wait_http plainhop http://127.0.0.1:$plain_port/healthz # export-reader's, throu
 # (each a process tree: the postmaster's backends count under it); the
 # proxy part is named per step.
 pg_pid=$(head -n 1 "$state/pg/data/postmaster.pid") || die "no PostgreSQL pid file"
+pg_pages=$(pg_page_size "$pg_pid")
+log "PostgreSQL's shared memory is on $pg_pages"
 redis_pid=$(cat "$state/redis/redis.pid") || die "no Redis pid file"
 [[ $pg_pid =~ ^[0-9]+$ && $redis_pid =~ ^[0-9]+$ ]] || die "unreadable pid files: PostgreSQL '$pg_pid', Redis '$redis_pid'"
 stores_cpu=(--cpu postgres="$pg_pid" --cpu redis="$redis_pid")
@@ -373,7 +421,7 @@ for name in gateway gateway-nolimit export-reader sales-writer shop-schema; do
 done
 
 versions="$(psql -h "$state/pg" -U postgres -d postgres -tAc 'SHOW server_version' | cut -d' ' -f1)"
-versions="PostgreSQL $versions, $("$nginx_bin" -v 2>&1 | sed 's|.*nginx/|nginx |'), $( (wrk --version 2>&1 || true) | head -1 | awk '{print "wrk " $2}')"
+versions="PostgreSQL $versions (shared memory on $pg_pages), $("$nginx_bin" -v 2>&1 | sed 's|.*nginx/|nginx |'), $( (wrk --version 2>&1 || true) | head -1 | awk '{print "wrk " $2}')"
 for name in "${names[@]}"; do
   n=$(grep -c '"level":"\(WARN\|ERROR\)"' "$state/logs/$name.log" || true)
   [ "${n:-0}" = 0 ] || log "$name logged $n warnings or errors during the run: see .run/bench/logs/$name.log"
