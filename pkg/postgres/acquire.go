@@ -9,8 +9,9 @@ import (
 )
 
 // AcquireError is a pool's failure to give a connection: every one in
-// use until the caller's deadline or hang-up, or a new one that could not
-// be opened. No statement of the caller's was sent (NothingSent). pgxpool
+// use until the caller's deadline or hang-up (the pool at its size, or
+// refused a new one for want of a slot: the error then holds that
+// refusal too), or a new one that could not be opened. No statement of the caller's was sent (NothingSent). pgxpool
 // returns a bare context error for a wait that ran out, the same error a
 // statement cut off by the deadline ends in, after which it may have been
 // done.
@@ -19,10 +20,16 @@ type AcquireError struct{ Err error }
 func (e *AcquireError) Error() string { return "waiting for a pool connection: " + e.Err.Error() }
 func (e *AcquireError) Unwrap() error { return e.Err }
 
-// Acquire is pool.Acquire whose error is an AcquireError. A connection
-// it gives under a context of TrackSent's marks that call's Sent.
+// Acquire is pool.Acquire whose error is an AcquireError, and which, when
+// PostgreSQL refuses the pool a new connection for want of a slot
+// (NoSlotLeft), waits for one of the connections the pool holds
+// (waitForOwnConnection) rather than failing. A connection it gives under
+// a context of TrackSent's marks that call's Sent.
 func Acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	conn, err := pool.Acquire(ctx)
+	if err != nil && NoSlotLeft(err) {
+		conn, err = waitForOwnConnection(ctx, pool, err)
+	}
 	if err != nil {
 		return nil, &AcquireError{Err: err}
 	}

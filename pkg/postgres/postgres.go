@@ -80,8 +80,9 @@ func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, er
 	// (a span and connection attributes for every statement), and a wait
 	// for a connection still shows, as the gap before the statement's span
 	// in a trace and in pgxpool_acquire_wait_seconds_total and
-	// pgxpool_empty_acquire_total on /metrics.
-	cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithDisableAcquireTracer())
+	// pgxpool_empty_acquire_total on /metrics. The tracer also keeps the
+	// pool's counts of waits for want of a slot (SlotWaits).
+	cfg.ConnConfig.Tracer = &tracer{Tracer: otelpgx.NewTracer(otelpgx.WithDisableAcquireTracer())}
 	setDefault(cfg.ConnConfig.RuntimeParams, "jit", "off")
 	for _, opt := range opts {
 		opt(cfg.ConnConfig.RuntimeParams)

@@ -1,0 +1,277 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/postgres"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// With PostgreSQL out of connection slots (here the role's CONNECTION
+// LIMIT, as a rollout's extra pods take max_connections), calls that find
+// the pool's one connection busy are refused the new one they ask for
+// (53300). They wait for the pool's own instead, and all are served, one
+// after the other, on it; the pool does not grow, and SlotWaits counts
+// each. Before, every one failed at once with the refusal (a 503
+// unavailable), though the connection came free a moment later.
+func TestCallsWaitForThePoolsConnectionWhenNoSlotIsLeft(t *testing.T) {
+	ctx := context.Background()
+	pool, limit := slotLimitedPool(t)
+	limit(1) // the pool's one session holds the role's one slot
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 8
+	errs := make(chan error, calls)
+	var wg sync.WaitGroup
+	for range calls {
+		wg.Go(func() {
+			callCtx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			errs <- postgres.AcquireFunc(callCtx, pool, func(conn *pgxpool.Conn) error {
+				_, err := conn.Exec(callCtx, "SELECT 1")
+				return err
+			})
+		})
+	}
+	done := whenDone(&wg)
+	untilWaiting(pool, calls, done)
+	held.Release()
+	<-done
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a call while the pool's connection was busy and no slot left = %v, want it served on that connection", err)
+		}
+	}
+	if got := pool.Stat().TotalConns(); got != 1 {
+		t.Errorf("the pool holds %d connections, want 1 (it cannot grow)", got)
+	}
+	if waits, waited := postgres.SlotWaits(pool); waits != calls || waited <= 0 {
+		t.Errorf("SlotWaits = %d, %v, want %d calls and their time waiting", waits, waited, calls)
+	}
+}
+
+// A pool that holds no connection has none to wait for: refused for want
+// of a slot, the call fails at once with the refusal, which names the
+// cause, as before (a 503 unavailable), not at its deadline.
+func TestAPoolWithNoConnectionFailsAtOnceWhenNoSlotIsLeft(t *testing.T) {
+	pool, limit := slotLimitedPool(t)
+	pool.Reset() // its session ends: none left
+	limit(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := postgres.Acquire(ctx, pool)
+	var acquireErr *postgres.AcquireError
+	if !errors.As(err, &acquireErr) || !hasCode(err, "53300") || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire on an empty pool, no slot left = %v, want the AcquireError of the refusal (53300), without waiting", err)
+	}
+	if cause := postgres.Cause(err); !strings.Contains(cause, "no connection slot left") {
+		t.Errorf("Cause(%v) = %q, want it to name the slots", err, cause)
+	}
+	if waits, _ := postgres.SlotWaits(pool); waits != 0 {
+		t.Errorf("SlotWaits = %d, want 0", waits)
+	}
+}
+
+// A new session refused for another reason than a slot (here a password
+// changed under the service, 28P01) is not waited for, though the pool
+// holds a connection: none coming free mends it, and the call fails at
+// once with the refusal.
+func TestARefusedPasswordFailsAtOnceThoughThePoolHoldsAConnection(t *testing.T) {
+	ctx := context.Background()
+	role := testenv.PasswordCluster(t)
+	pool, err := postgres.Open(ctx, role.DSN+" pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	restore := role.ChangePassword(t)
+	defer restore()
+	callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = postgres.Acquire(callCtx, pool)
+	if !hasCode(err, "28P01") || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire with the password refused = %v, want the refusal (28P01), without waiting", err)
+	}
+	if waits, _ := postgres.SlotWaits(pool); waits != 0 {
+		t.Errorf("SlotWaits = %d, want 0", waits)
+	}
+}
+
+// A call whose deadline comes, or whose caller hangs up, while it waits
+// for one of the pool's connections gets an AcquireError: nothing was
+// sent (NothingSent, and its Sent says so), and the error holds the
+// context's and the refusal that made it wait, so that its line says why.
+func TestACallEndedWhileWaitingForASlotSentNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		hangUp bool // else the deadline ends the wait
+		want   error
+	}{
+		{"deadline", false, context.DeadlineExceeded},
+		{"hang-up", true, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, limit := slotLimitedPool(t)
+			limit(1)
+			held, err := pool.Acquire(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Release()
+			tracked, sent := postgres.TrackSent(context.Background())
+			ctx, hangUp := context.WithCancel(tracked)
+			defer hangUp()
+			if !tc.hangUp {
+				// Long enough for the pool to be refused its new
+				// connection first, on a loaded machine.
+				ctx, hangUp = context.WithTimeout(tracked, time.Second)
+				defer hangUp()
+			}
+			ran := false
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				err = postgres.AcquireFunc(ctx, pool, func(*pgxpool.Conn) error { ran = true; return nil })
+			})
+			done := whenDone(&wg)
+			untilWaiting(pool, 1, done)
+			if tc.hangUp {
+				hangUp()
+			}
+			<-done
+			var acquireErr *postgres.AcquireError
+			if !errors.As(err, &acquireErr) || !errors.Is(err, tc.want) || !hasCode(err, "53300") {
+				t.Fatalf("AcquireFunc ended while waiting = %v, want an AcquireError holding %v and the refusal (53300)", err, tc.want)
+			}
+			if !postgres.NothingSent(err) || !sent.Nothing() || ran {
+				t.Errorf("NothingSent = %v, Sent.Nothing() = %v, f ran = %v; want true, true, false", postgres.NothingSent(err), sent.Nothing(), ran)
+			}
+		})
+	}
+}
+
+// A pooler in front of PostgreSQL that refuses a client for want of a
+// slot of its own (PgBouncer's max_client_conn) is waited for as
+// PostgreSQL's 53300 is: the pool's connection to it serves the calls.
+func TestCallsWaitForThePoolsConnectionWhenThePoolerIsFull(t *testing.T) {
+	ctx := context.Background()
+	bouncer := testenv.PgBouncer(t, testenv.PostgresURL(t), "session", "max_client_conn = 1",
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)
+	// testenv's check that PgBouncer listens was a client too, counted
+	// until PgBouncer has seen it go.
+	pool, err := postgres.Open(ctx, bouncer+" pool_max_conns=4")
+	for try := 0; err != nil && try < 50; try++ {
+		time.Sleep(20 * time.Millisecond)
+		pool, err = postgres.Open(ctx, bouncer+" pool_max_conns=4")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var callErr error
+	wg.Go(func() {
+		callCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		callErr = postgres.AcquireFunc(callCtx, pool, func(conn *pgxpool.Conn) error {
+			_, err := conn.Exec(callCtx, "SELECT 1")
+			return err
+		})
+	})
+	done := whenDone(&wg)
+	untilWaiting(pool, 1, done)
+	held.Release()
+	<-done
+	if waits, _ := postgres.SlotWaits(pool); callErr != nil || waits != 1 {
+		t.Errorf("a call refused by PgBouncer's max_client_conn = %v after %d waits, want it served on the pool's connection after 1", callErr, waits)
+	}
+}
+
+func TestNoSlotLeftReadsThePoolersWords(t *testing.T) {
+	pooler := func(message string) error {
+		return &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: message}
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"PostgreSQL: too many clients", &pgconn.PgError{Severity: "FATAL", Code: "53300", Message: "sorry, too many clients already", Routine: "InitProcess"}, true},
+		{"PostgreSQL: the role's limit", &pgconn.PgError{Severity: "FATAL", Code: "53300", Message: `too many connections for role "svc"`, Routine: "InitializeSessionUserId"}, true},
+		{"PgBouncer: max_client_conn", pooler("no more connections allowed (max_client_conn)"), true},
+		{"PgBouncer passing PostgreSQL's on", pooler("sorry, too many clients already"), true},
+		{"PgBouncer quoting PostgreSQL's", pooler("server login has been failing, cached error: remaining connection slots are reserved for roles with the SUPERUSER attribute (server_login_retry)"), true},
+		{"PgBouncer: login refused", pooler("server login has been failing, try again later (server_login_retry)"), false},
+		{"PostgreSQL's own 08P01 (a client's bug)", &pgconn.PgError{Code: "08P01", Message: "sorry, too many clients already", Routine: "SocketBackend"}, false},
+		{"password", &pgconn.PgError{Code: "28P01"}, false},
+		{"starting up", &pgconn.PgError{Code: "57P03"}, false},
+		{"out of memory", &pgconn.PgError{Code: "53200"}, false},
+		{"deadline", context.DeadlineExceeded, false},
+		{"nil", nil, false},
+	} {
+		if got := postgres.NoSlotLeft(tc.err); got != tc.want {
+			t.Errorf("NoSlotLeft(%s: %v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
+// slotLimitedPool is a pool opened by Open (whose waits SlotWaits counts)
+// as a role of the test's own (testenv.SlotLimitedRole), with room for 4
+// connections, holding one, idle; limit sets the role's CONNECTION LIMIT.
+func slotLimitedPool(t *testing.T) (*pgxpool.Pool, func(n int)) {
+	t.Helper()
+	dsn, limit := testenv.SlotLimitedRole(t, testenv.PostgresURL(t))
+	pool, err := postgres.Open(context.Background(), dsn+" pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, limit
+}
+
+// untilWaiting returns once n calls on pool have been refused a new
+// connection and wait for one of its own (SlotWaits), or once done is
+// closed: the calls have ended (as they do at once without the wait).
+func untilWaiting(pool *pgxpool.Pool, n int64, done <-chan struct{}) {
+	for {
+		if waits, _ := postgres.SlotWaits(pool); waits >= n {
+			return
+		}
+		select {
+		case <-done:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// whenDone is a channel closed once wg is done.
+func whenDone(wg *sync.WaitGroup) <-chan struct{} {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	return done
+}
+
+// hasCode reports whether err holds a server error with SQLSTATE code.
+func hasCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
