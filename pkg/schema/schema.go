@@ -394,8 +394,16 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 	}
 	now := time.Now().Unix()
 	if last := r.warnedAt.Load(); now-last >= 60 && r.warnedAt.CompareAndSwap(last, now) {
-		r.log.Warn("PostgreSQL refuses new sessions; serving on the connections opened before, until they end",
-			"error", refused, postgres.CauseAttrOf(refused, r.setting))
+		attrs := []any{"error", refused, postgres.CauseAttrOf(refused, r.setting)}
+		if postgres.NoSlotLeft(refused) {
+			// The service's calls that need one connection more are
+			// refused it too, and wait for the pool's own
+			// (postgres.Acquire): how many have, since the start, says
+			// whether the refusal holds the pool below its size.
+			waits, _ := postgres.SlotWaits(r.serving)
+			attrs = append(attrs, "calls_waited_for_a_slot", waits)
+		}
+		r.log.Warn("PostgreSQL refuses new sessions; serving on the connections opened before, until they end", attrs...)
 	}
 	return true
 }

@@ -383,6 +383,11 @@ func TestReadinessServesOnOpenConnectionsWhenNoSlotIsLeft(t *testing.T) {
 	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT 1")
 	side.Reset()
 	wantServingOn(t, ready, logged, "53300", "PostgreSQL has no connection slot left")
+	// The calls that waited for the pool's connections, refused one more
+	// (postgres.SlotWaits: none of a pool not opened by Open).
+	if got := logged.String(); !strings.Contains(got, "calls_waited_for_a_slot=0") {
+		t.Errorf("log = %q, want the WARN to count the calls that waited for a slot", got)
+	}
 	pool.Reset() // the pool's connection ends: none left that answers
 	mustExec(t, admin, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '"+role+"'")
 	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT 0")

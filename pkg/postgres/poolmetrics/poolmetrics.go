@@ -5,6 +5,7 @@
 package poolmetrics
 
 import (
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -29,5 +30,11 @@ func Register(reg prometheus.Registerer, name string, pool *pgxpool.Pool) {
 		counter("pgxpool_acquire_total", "Connections acquired.", func(s *pgxpool.Stat) float64 { return float64(s.AcquireCount()) }),
 		counter("pgxpool_empty_acquire_total", "Acquires that had to wait for a connection.", func(s *pgxpool.Stat) float64 { return float64(s.EmptyAcquireCount()) }),
 		counter("pgxpool_acquire_wait_seconds_total", "Time spent waiting for a connection.", func(s *pgxpool.Stat) float64 { return s.AcquireDuration().Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgxpool_slot_waits_total", ConstLabels: labels,
+			Help: "Calls refused a new connection for want of a slot on the server (SQLSTATE 53300: max_connections, or a CONNECTION LIMIT) that waited for one of the pool's own instead."},
+			func() float64 { waits, _ := postgres.SlotWaits(pool); return float64(waits) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgxpool_slot_wait_seconds_total", ConstLabels: labels,
+			Help: "Time those calls spent waiting for one of the pool's connections."},
+			func() float64 { _, waited := postgres.SlotWaits(pool); return waited.Seconds() }),
 	)
 }
