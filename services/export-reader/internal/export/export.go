@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,6 +60,10 @@ const MaxPageBytes = 4 << 20
 
 // Reader reads export items from PostgreSQL (a replica is fine).
 type Reader struct {
+	// pool gives each read its connection through postgres.Acquire, never
+	// by a query on the pool: with PostgreSQL out of connection slots, a
+	// read that found every connection busy waits for one of them there,
+	// where the pool's own query failed at once asking for one more.
 	pool    *pgxpool.Pool
 	cursors *cursor.Codec
 	ahead   *readAhead
@@ -173,7 +178,12 @@ func (r *Reader) syncBarrier(ctx context.Context, owner pgtype.UUID, q Query, af
 	if after != nil || q.HeadOnly {
 		return nil
 	}
-	if err := catalog.SyncBarrier(ctx, r.pool, owner); err != nil {
+	conn, err := postgres.Acquire(ctx, r.pool)
+	if err != nil {
+		return fmt.Errorf("export: list: %w", err)
+	}
+	defer conn.Release()
+	if err := catalog.SyncBarrier(ctx, conn, owner); err != nil {
 		return fmt.Errorf("export: list: %w", err)
 	}
 	return nil
@@ -260,7 +270,12 @@ func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUI
 // It always returns at least one page, possibly empty.
 func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, after *position, n int, newBody func() []byte) ([]scannedPage, error) {
 	sql, args := listStatement(q, owner, after, n*q.Limit+1)
-	rows, err := r.pool.Query(ctx, sql, args...)
+	conn, err := postgres.Acquire(ctx, r.pool)
+	if err != nil {
+		return nil, fmt.Errorf("export: list: %w", err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("export: list: %w", err)
 	}
@@ -317,7 +332,12 @@ func (r *Reader) AppendItem(ctx context.Context, dst []byte, ownerID, itemID, la
 	if !catalog.StorableItemID(itemID) {
 		return dst, ErrNotFound
 	}
-	rows, err := r.pool.Query(ctx, itemStatements[langIndex(lang)], owner, itemID)
+	conn, err := postgres.Acquire(ctx, r.pool)
+	if err != nil {
+		return dst, fmt.Errorf("export: item: %w", err)
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, itemStatements[langIndex(lang)], owner, itemID)
 	if err != nil {
 		return dst, fmt.Errorf("export: item: %w", err)
 	}
