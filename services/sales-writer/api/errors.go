@@ -194,7 +194,8 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 	switch {
 	case postgres.NothingDone(err):
 		// The deadline came before any statement ran: the call waited
-		// for a pool connection while every one was in use
+		// for a pool connection while every one was in use, the pool
+		// full or refused one more for want of a slot on the server
 		// (postgres.AcquireError; the error says so), met the deadline
 		// in pgx before a byte went out, or while PostgreSQL prepared
 		// its batch (held up by a lock on a table, as a migration's),
