@@ -14,6 +14,7 @@ import (
 
 	"github.com/coinexport/export/gateway/monotime"
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/singleflight"
@@ -341,7 +342,13 @@ func (s *Store) fetch(ctx context.Context, hash apikey.Hash) (entry, error) {
 		ctx, cancel = context.WithTimeout(ctx, s.opts.LookupTimeout)
 		defer cancel()
 	}
-	err := s.pool.QueryRow(ctx, lookupSQL, hash[:]).Scan(&id, &owner, &platform, &scopes, &revoked)
+	// Through postgres.AcquireFunc: with PostgreSQL out of connection
+	// slots, a lookup that finds the pool's connections busy waits for one
+	// of them, within LookupTimeout, where the pool's own query failed at
+	// once asking for one more, and the request was answered 503.
+	err := postgres.AcquireFunc(ctx, s.pool, func(conn *pgxpool.Conn) error {
+		return conn.QueryRow(ctx, lookupSQL, hash[:]).Scan(&id, &owner, &platform, &scopes, &revoked)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return entry{}, nil
 	}

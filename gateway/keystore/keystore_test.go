@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/apikey"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
@@ -136,6 +137,42 @@ func TestLookupGivesUpAfterLookupTimeout(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lookup(api_keys locked) still waiting after 10 s; LookupTimeout is 200 ms")
+	}
+}
+
+// With PostgreSQL out of connection slots (the gateways' and services'
+// pools together past max_connections; here the role's CONNECTION LIMIT),
+// a lookup that finds the pool's one connection busy is refused the new
+// one the pool asks for (53300): it waits for the pool's own, within
+// LookupTimeout, and finds the key. It failed at once, and the request of
+// an uncached key was answered 503 though the connection came free a
+// moment later.
+func TestLookupWaitsForThePoolsConnectionWhenNoSlotIsLeft(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, url)
+	secret, id := insertKey(t, admin, newOwner(t, admin), []string{"export:read"})
+	dsn, limit := testenv.SlotLimitedRole(t, url)
+	pool, err := postgres.Open(ctx, dsn+" pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	limit(1) // the pool's one session holds the role's one slot
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := New(pool, Options{TTL: time.Hour, UnheardTTL: time.Hour, MaxEntries: 100, LookupTimeout: time.Minute})
+	done := make(chan error, 1)
+	go func() { done <- lookUpAs(ctx, store, secret, id) }()
+	// Until the lookup waits for the connection held, or has failed.
+	for waits := int64(0); waits == 0 && len(done) == 0; waits, _ = postgres.SlotWaits(pool) {
+		time.Sleep(time.Millisecond)
+	}
+	held.Release()
+	if err := <-done; err != nil {
+		t.Errorf("Lookup while the pool's connection was busy and no slot left = %v, want the key", err)
 	}
 }
 

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/monotime"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // RevocationChannel is the channel the api_keys trigger notifies, with the
@@ -91,6 +93,11 @@ func listenedSteadily(since, end time.Time) bool {
 // it started to listen (zero if it never did). onListen is called once it
 // listens.
 func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Time, _ error) {
+	// The pool's own Acquire, not postgres.Acquire: refused a new
+	// connection for want of a slot, the listener would wait for one of
+	// the lookups' and take it out of the pool for good, leaving the
+	// lookups one fewer, or none. Refused, it tries again after its
+	// back-off, and cached keys are trusted for UnheardTTL meanwhile.
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return since, err
@@ -169,7 +176,12 @@ func probeChannel() string {
 func (s *Store) hearProbe(ctx context.Context, conn *pgx.Conn, probe string) error {
 	wctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
-	if _, err := s.pool.Exec(wctx, "SELECT pg_notify($1, '')", probe); err != nil {
+	// Through postgres.AcquireFunc, as the lookups: with PostgreSQL out of
+	// connection slots the probe waits for one of the pool's connections.
+	if err := postgres.AcquireFunc(wctx, s.pool, func(conn *pgxpool.Conn) error {
+		_, err := conn.Exec(wctx, "SELECT pg_notify($1, '')", probe)
+		return err
+	}); err != nil {
 		return err // not sent: not ErrNotHeard, even past probeWait
 	}
 	for {
