@@ -79,3 +79,19 @@ func (c *conn) Close() error {
 	}
 	return c.Conn.Close()
 }
+
+// WriteBuffers writes bufs to the connection, in one writev where it can:
+// net.Buffers writes one piece at a time to any writer but net's own
+// types, and a conn, which hides its connection's methods, is not one.
+func (c *conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
+	if bw, ok := c.Conn.(buffersWriter); ok {
+		return bw.WriteBuffers(bufs)
+	}
+	return bufs.WriteTo(c.Conn)
+}
+
+// buffersWriter is a connection that writes net.Buffers in one writev
+// through wrappers net.Buffers cannot see past.
+type buffersWriter interface {
+	WriteBuffers(bufs *net.Buffers) (int64, error)
+}

@@ -106,3 +106,51 @@ func TestTheCountNeitherLeaksNorGoesNegative(t *testing.T) {
 		}
 	}
 }
+
+// oneConnListener hands out conn, once.
+type oneConnListener struct {
+	net.Listener
+	conn net.Conn
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) { return l.conn, nil }
+
+// buffersConn counts the WriteBuffers and the Writes made to it.
+type buffersConn struct {
+	net.Conn
+	writevs, writes int
+}
+
+func (c *buffersConn) Write(p []byte) (int, error) { c.writes++; return len(p), nil }
+
+func (c *buffersConn) WriteBuffers(bufs *net.Buffers) (int64, error) {
+	c.writevs++
+	var n int64
+	for _, b := range *bufs {
+		n += int64(len(b))
+	}
+	*bufs = nil
+	return n, nil
+}
+
+// A counted connection passes WriteBuffers on to its connection's own (a
+// socket's writev through the gateway's wrappers): net.Buffers writes to a
+// wrapper that lacks it one piece, and one syscall, at a time.
+func TestACountedConnectionWritesBuffersThroughItsConnection(t *testing.T) {
+	inner := &buffersConn{}
+	l := conncap.NewListener(&oneConnListener{conn: inner}, 1, func(net.Conn) {})
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bw, ok := c.(interface {
+		WriteBuffers(*net.Buffers) (int64, error)
+	})
+	if !ok {
+		t.Fatal("a counted connection has no WriteBuffers")
+	}
+	bufs := net.Buffers{[]byte("head"), []byte("body")}
+	if n, err := bw.WriteBuffers(&bufs); n != 8 || err != nil || inner.writevs != 1 || inner.writes != 0 {
+		t.Errorf("WriteBuffers = %d, %v, with %d writevs and %d writes of the connection; want 8, nil, 1, 0", n, err, inner.writevs, inner.writes)
+	}
+}

@@ -81,6 +81,26 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// WriteBuffers applies the write deadline if it changed, then writes bufs
+// as one writev where the connection can (WriteBuffers of its own, or one
+// of net's types): net.Buffers writes one piece at a time to any other
+// writer, and to a Conn, which hides the connection's own method, it would.
+func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
+	if err := c.write.applyIfChanged(c.Conn.SetWriteDeadline); err != nil {
+		return 0, err
+	}
+	if bw, ok := c.Conn.(buffersWriter); ok {
+		return bw.WriteBuffers(bufs)
+	}
+	return bufs.WriteTo(c.Conn)
+}
+
+// buffersWriter is a connection that writes net.Buffers in one writev
+// through wrappers net.Buffers cannot see past.
+type buffersWriter interface {
+	WriteBuffers(bufs *net.Buffers) (int64, error)
+}
+
 // SetDeadline sets both deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
 	if err := c.SetReadDeadline(t); err != nil {

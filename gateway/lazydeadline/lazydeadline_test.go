@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -197,3 +198,67 @@ func BenchmarkRequestDeadlines(b *testing.B) {
 		_, _ = c.Write(nil)
 	}
 }
+
+// vectoredConn records, in order, the write deadlines set on it and the
+// writes made to it: "writev" for a WriteBuffers, "write" for a Write.
+type vectoredConn struct {
+	countingConn
+	events []string
+}
+
+func (c *vectoredConn) SetWriteDeadline(t time.Time) error {
+	c.events = append(c.events, "deadline")
+	return c.countingConn.SetWriteDeadline(t)
+}
+func (c *vectoredConn) Write(p []byte) (int, error) {
+	c.events = append(c.events, "write")
+	return len(p), nil
+}
+func (c *vectoredConn) WriteBuffers(bufs *net.Buffers) (int64, error) {
+	c.events = append(c.events, "writev")
+	var n int64
+	for _, b := range *bufs {
+		n += int64(len(b))
+	}
+	*bufs = nil
+	return n, nil
+}
+
+// WriteBuffers hands the buffers to the connection's own WriteBuffers (one
+// writev on a socket; net.Buffers would write to the wrapper piece by
+// piece), after the write deadline set since the last write: the gateway
+// writes a held page so, and a client that stops reading must still meet
+// GATEWAY_WRITE_TIMEOUT.
+func TestWriteBuffersAppliesTheDeadlineThenWritesOnce(t *testing.T) {
+	inner := &vectoredConn{}
+	c := Wrap(inner, time.Second)
+	deadline := time.Now().Add(time.Hour)
+	_ = c.SetWriteDeadline(deadline)
+	bufs := net.Buffers{[]byte("head"), []byte("body")}
+	if n, err := c.WriteBuffers(&bufs); n != 8 || err != nil {
+		t.Fatalf("WriteBuffers = %d, %v, want 8, nil", n, err)
+	}
+	if want := []string{"deadline", "writev"}; !slices.Equal(inner.events, want) ||
+		len(inner.writes) != 1 || inner.writes[0].Before(deadline) {
+		t.Errorf("the connection saw %q (deadlines %v), want %q with the deadline set, %v rounded up", inner.events, inner.writes, want, deadline)
+	}
+}
+
+// On a connection with no WriteBuffers of its own, WriteBuffers writes the
+// buffers in order, as net.Buffers does.
+func TestWriteBuffersWritesPieceByPieceWithout(t *testing.T) {
+	inner := &recordingConn{}
+	c := Wrap(inner, time.Second)
+	bufs := net.Buffers{[]byte("head"), []byte("body")}
+	if n, err := c.WriteBuffers(&bufs); n != 8 || err != nil || inner.written.String() != "headbody" {
+		t.Errorf("WriteBuffers = %d, %v, written %q; want 8, nil, headbody", n, err, inner.written.String())
+	}
+}
+
+// recordingConn keeps what is written to it.
+type recordingConn struct {
+	countingConn
+	written strings.Builder
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) { return c.written.Write(p) }

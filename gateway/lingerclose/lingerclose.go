@@ -152,6 +152,13 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// WriteBuffers writes bufs to the socket in one writev (net.Buffers
+// writes one piece at a time to anything but net's own types), for the
+// wrappers above a Conn, which cannot reach the socket's own.
+func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
+	return bufs.WriteTo(c.TCPConn)
+}
+
 // SetDeadline sets both deadlines, or fails with net.ErrClosed after Close.
 func (c *Conn) SetDeadline(t time.Time) error {
 	return c.setDeadline(t, c.TCPConn.SetDeadline)

@@ -357,3 +357,33 @@ func TestAFullBudgetNeverCountsPastItsBound(t *testing.T) {
 		t.Errorf("lingering read up to %d, %d turned away; want 1 at most (the bound), %d", highest, b.TurnedAway(), closers*closesEach)
 	}
 }
+
+// WriteBuffers writes the buffers to the socket in their order (one writev:
+// net.Buffers on a *net.TCPConn), for the wrappers above a Conn; after
+// Close it fails, as a Write does.
+func TestWriteBuffersWritesToTheSocket(t *testing.T) {
+	l := listen(t, Defaults)
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	accepted, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := accepted.(*Conn)
+	bufs := net.Buffers{[]byte("head"), bytes.Repeat([]byte("b"), 100<<10)}
+	if n, err := c.WriteBuffers(&bufs); n != 4+100<<10 || err != nil {
+		t.Fatalf("WriteBuffers = %d, %v, want %d, nil", n, err, 4+100<<10)
+	}
+	_ = c.Close()
+	got, err := io.ReadAll(client)
+	if err != nil || len(got) != 4+100<<10 || string(got[:4]) != "head" || bytes.Count(got[4:], []byte("b")) != 100<<10 {
+		t.Fatalf("the client read %d bytes (%v), want head then the body", len(got), err)
+	}
+	bufs = net.Buffers{[]byte("late")}
+	if _, err := c.WriteBuffers(&bufs); err == nil {
+		t.Error("WriteBuffers after Close succeeded")
+	}
+}
