@@ -72,6 +72,14 @@ type answerConn struct {
 	// sent is the bytes the socket has taken, answers' heads included.
 	sent   int64
 	answer answerNote
+	// hold has the next write held (holdNextWrite); held is what it
+	// took, nil when nothing is held; bufs and vec are the writev that
+	// sends it with the write after it, kept here so that it allocates
+	// nothing.
+	hold bool
+	held *[]byte
+	bufs net.Buffers
+	vec  [2][]byte
 }
 
 // answerNote is the answer being written: set when its request ends (end),
@@ -89,19 +97,37 @@ type answerNote struct {
 	from int64
 }
 
-// Write writes, and reports a failure to the answer it cut.
+// Write writes, and reports a failure to the answer it cut. A write to
+// hold (holdNextWrite) is only kept, and leaves with the next one.
 func (c *answerConn) Write(p []byte) (int, error) {
+	switch {
+	case c.hold && len(p) <= maxHeldWrite:
+		c.hold = false
+		c.held = heldWrites.Get().(*[]byte)
+		*c.held = append((*c.held)[:0], p...)
+		return len(p), nil
+	case c.held != nil:
+		return c.writeAfterHeld(p)
+	}
+	c.hold = false // not a write it can hold: the writes are not the ones expected
 	n, err := c.Conn.Write(p)
-	c.sent += int64(n)
+	c.took(int64(n), err)
+	return n, err
+}
+
+// took counts n bytes the socket took, and reports err, the failure of
+// the write that took them, to the answer it cut.
+func (c *answerConn) took(n int64, err error) {
+	c.sent += n
 	if err != nil && c.answer.set {
 		c.answer.set = false
 		c.cut(&c.answer, c.sent-c.answer.from, err)
 	}
-	return n, err
 }
 
 // noteAnswer tells the connection of c, if it is an answerConn, the answer
-// about to be written, and has fasthttp flush it on its own: a handler
+// about to be written (and a page held whole, its connection: to leave in
+// one writev, relayedStream.WriteTo), and has fasthttp flush it on its own: a handler
 // that sets the write deadline makes fasthttp flush each answer once
 // written. Without it, an answer to a pipelined request (the next one
 // already read) waits in fasthttp's write buffer, to go with the next
@@ -123,6 +149,9 @@ func (g *Gateway) noteAnswer(c *fiber.Ctx, rq *request, status int, rm *routeMet
 	}
 	ac.answer = answerNote{set: true, span: rq.span.SpanContext(), method: rq.method, route: rq.route, status: status,
 		cuts: &rm.cuts, from: ac.sent}
+	if page, ok := c.Response().BodyStream().(*relayedStream); ok {
+		page.client = ac
+	}
 }
 
 // noteContinue tells the connection of rctx, if it is an answerConn, that

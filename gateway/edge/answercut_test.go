@@ -25,8 +25,20 @@ const bigItemBytes = 40 << 20
 
 var bigItem = bytes.Repeat([]byte("x"), bigItemBytes)
 
+// heldItemBytes is an item's answer also far larger than those socket
+// buffers, but within heldAnswersLimit: held whole, and written to its
+// client's socket with its head in one writev (relayedStream.WriteTo).
+const heldItemBytes = 24 << 20
+
+// cutItems are the items whose answers the cut tests have cut, and their
+// sizes: one relayed as it comes, one held whole.
+var cutItems = []struct {
+	name string
+	size int
+}{{"big", bigItemBytes}, {"held", heldItemBytes}}
+
 // itemsUpstream is export-reader for the answer cut tests: item "big"
-// answers bigItemBytes, "slow" waits for release (after sending its
+// answers bigItemBytes, "held" heldItemBytes, "slow" waits for release (after sending its
 // request id on slowIDs), any other a small envelope.
 type itemsUpstream struct {
 	slowIDs chan string
@@ -42,6 +54,10 @@ func startItemsUpstream(t *testing.T) (*itemsUpstream, string) {
 		case "/v1/export/items/big":
 			w.Header().Set("Content-Length", fmt.Sprint(bigItemBytes))
 			_, _ = w.Write(bigItem)
+			return
+		case "/v1/export/items/held":
+			w.Header().Set("Content-Length", fmt.Sprint(heldItemBytes))
+			_, _ = w.Write(bigItem[:heldItemBytes])
 			return
 		case "/v1/export/items/slow":
 			u.slowIDs <- id.RequestID
@@ -121,7 +137,8 @@ func readHead(t *testing.T, r *bufio.Reader) (*http.Response, int) {
 	return resp, len(resp.Proto) + len(resp.Status) + 3 + head.Len() + 2 + r.Buffered()
 }
 
-// A client that reads the head of a large answer, then closes or resets
+// A client that reads the head of a large answer (relayed as it comes, or
+// held whole and sent with its head in one writev), then closes or resets
 // its connection, leaves a warn line with the answer's request id, route,
 // status, cause and how many of its bytes the gateway's socket had taken
 // (at least what the client read, less than the whole), and a count in
@@ -131,36 +148,44 @@ func TestAClientThatLeavesMidAnswerLeavesATrace(t *testing.T) {
 	dsn, _, k := seed(t)
 	_, reader := startItemsUpstream(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader})
-	for _, reset := range []bool{false, true} {
-		conn := dial(t, gw.URL)
-		getItem(t, conn, "big", k.read)
-		r := bufio.NewReader(conn)
-		resp, read := readHead(t, r)
-		id := resp.Header.Get("X-Request-Id")
-		if resp.StatusCode != http.StatusOK || id == "" {
-			t.Fatalf("the big item = %d, request id %q", resp.StatusCode, id)
-		}
-		if reset {
-			_ = conn.(*net.TCPConn).SetLinger(0)
-		}
-		conn.Close()
-		lines := waitForCut(t, gw, id)
-		var mine []cutLine
-		for _, l := range lines {
-			if l.RequestID == id {
-				mine = append(mine, l)
-			}
-		}
-		whole := int64(read-r.Buffered()) + bigItemBytes // head and body
-		if l := mine[0]; len(mine) != 1 || l.Level != "WARN" || l.Method != "GET" || l.Route != "GET /v1/export/items/{item_id}" ||
-			l.Status != 200 || l.Cause != "client_left" || l.BytesSent == nil || *l.BytesSent < int64(read) || *l.BytesSent >= whole {
-			t.Errorf("reset %v: cut lines of the answer = %+v (bytes %v), want one warn line, GET, the route, 200, client_left, and at least the %d bytes the client read, less than %d",
-				reset, mine, bytesOf(mine), read, whole)
+	for _, item := range cutItems {
+		for _, reset := range []bool{false, true} {
+			testAClientThatLeavesMidAnswer(t, gw, k.read, item.name, item.size, reset)
 		}
 	}
 	wantSeries(t, scrape(t, gw.AdminURL), "gateway_answers_cut_total",
-		`gateway_answers_cut_total{cause="client_left",route="GET /v1/export/items/{item_id}"} 2`,
+		`gateway_answers_cut_total{cause="client_left",route="GET /v1/export/items/{item_id}"} 4`,
 		`gateway_answers_cut_total{cause="write_timeout",route="GET /v1/export/items/{item_id}"} 0`)
+}
+
+// testAClientThatLeavesMidAnswer has a client leave mid-answer, closing
+// or resetting its connection, and checks the answer's cut line.
+func testAClientThatLeavesMidAnswer(t *testing.T, gw *gatewaytest.Server, key, item string, size int, reset bool) {
+	conn := dial(t, gw.URL)
+	getItem(t, conn, item, key)
+	r := bufio.NewReader(conn)
+	resp, read := readHead(t, r)
+	id := resp.Header.Get("X-Request-Id")
+	if resp.StatusCode != http.StatusOK || id == "" {
+		t.Fatalf("the %s item = %d, request id %q", item, resp.StatusCode, id)
+	}
+	if reset {
+		_ = conn.(*net.TCPConn).SetLinger(0)
+	}
+	conn.Close()
+	lines := waitForCut(t, gw, id)
+	var mine []cutLine
+	for _, l := range lines {
+		if l.RequestID == id {
+			mine = append(mine, l)
+		}
+	}
+	whole := int64(read-r.Buffered()) + int64(size) // head and body
+	if l := mine[0]; len(mine) != 1 || l.Level != "WARN" || l.Method != "GET" || l.Route != "GET /v1/export/items/{item_id}" ||
+		l.Status != 200 || l.Cause != "client_left" || l.BytesSent == nil || *l.BytesSent < int64(read) || *l.BytesSent >= whole {
+		t.Errorf("%s item, reset %v: cut lines of the answer = %+v (bytes %v), want one warn line, GET, the route, 200, client_left, and at least the %d bytes the client read, less than %d",
+			item, reset, mine, bytesOf(mine), read, whole)
+	}
 }
 
 func bytesOf(lines []cutLine) []int64 {
@@ -226,19 +251,28 @@ func TestTheFirstOfTwoPipelinedAnswersIsTheOneCut(t *testing.T) {
 
 // A client that stops reading mid-answer without leaving is cut off when
 // GATEWAY_WRITE_TIMEOUT passes: the line says write_timeout, not a client
-// that left.
+// that left. An answer held whole meets it in the writev that sends its
+// head with its body (the write deadline applied before it).
 func TestAClientThatStopsReadingIsCutByTheWriteTimeout(t *testing.T) {
 	dsn, _, k := seed(t)
 	_, reader := startItemsUpstream(t)
 	gw := gatewaytest.Start(t, map[string]string{"DATABASE_URL": dsn, "EXPORT_READER_URLS": reader,
 		"GATEWAY_WRITE_TIMEOUT": "300ms"})
-	conn := dial(t, gw.URL)
-	getItem(t, conn, "big", k.read)
-	resp, _ := readHead(t, bufio.NewReader(conn))
-	id := resp.Header.Get("X-Request-Id")
-	lines := waitForCut(t, gw, id) // the client reads no more, and stays
-	if len(lines) != 1 || lines[0].Cause != "write_timeout" || lines[0].Status != 200 {
-		t.Errorf("cut lines = %+v, want one of %s, write_timeout, 200", lines, id)
+	for _, item := range cutItems {
+		conn := dial(t, gw.URL)
+		getItem(t, conn, item.name, k.read)
+		resp, _ := readHead(t, bufio.NewReader(conn))
+		id := resp.Header.Get("X-Request-Id")
+		lines := waitForCut(t, gw, id) // the client reads no more, and stays
+		var mine []cutLine
+		for _, l := range lines {
+			if l.RequestID == id {
+				mine = append(mine, l)
+			}
+		}
+		if len(mine) != 1 || mine[0].Cause != "write_timeout" || mine[0].Status != 200 {
+			t.Errorf("%s item: cut lines = %+v, want one of %s, write_timeout, 200", item.name, lines, id)
+		}
 	}
 }
 

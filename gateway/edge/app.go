@@ -17,6 +17,11 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// clientWriteBufferSize is the buffer fasthttp writes an answer through
+// (its default): a held page decides by it whether its connection holds a
+// write (relayedStream.WriteTo), and a held write is at most one buffer.
+const clientWriteBufferSize = 4096
+
 // newApp builds the Fiber app: one handler per line of the routing table
 // and a catch-all that answers 404 or 405.
 func (g *Gateway) newApp() *fiber.App {
@@ -42,10 +47,11 @@ func (g *Gateway) newApp() *fiber.App {
 		// form.
 		DisablePreParseMultipartForm: true,
 
-		ReadBufferSize: g.cfg.MaxHeaderBytes,
-		ReadTimeout:    g.cfg.ReadTimeout,
-		WriteTimeout:   g.cfg.WriteTimeout,
-		IdleTimeout:    g.cfg.IdleTimeout,
+		ReadBufferSize:  g.cfg.MaxHeaderBytes,
+		WriteBufferSize: clientWriteBufferSize,
+		ReadTimeout:     g.cfg.ReadTimeout,
+		WriteTimeout:    g.cfg.WriteTimeout,
+		IdleTimeout:     g.cfg.IdleTimeout,
 		// Errors Fiber raises before a handler runs (413, 431, 408, and
 		// 400, a network error's 502 included: fromFiber). A client that
 		// left mid-request is answered 499 before them

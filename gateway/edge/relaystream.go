@@ -61,6 +61,9 @@ type relayedStream struct {
 	// alerts for clients' slowness.
 	readFailed func(error)
 	readErr    error
+	// client is the client's connection, told of the answer it writes
+	// (noteAnswer): nil for a connection that is no answerConn.
+	client *answerConn
 }
 
 // Read reads the answer, keeping its first failure (readErr).
@@ -81,11 +84,29 @@ func (s *relayedStream) Read(p []byte) (int, error) {
 // 1.6 times with WriteTo alone (BenchmarkGatewaySyncPage,
 // TestAPageReadWholeLeavesInOneWriteFromAPooledBuffer). A stream that is
 // no WriterTo is copied as before.
-func (s *relayedStream) WriteTo(w io.Writer) (int64, error) {
-	if page, ok := s.Reader.(io.WriterTo); ok {
-		return page.WriteTo(w)
+//
+// A page written so goes through fasthttp's write buffer in one Write,
+// which flushes the buffer full (the answer's head and the page's first
+// bytes) and, when what is left cannot fit in the buffer, writes that
+// directly: the client's connection holds the first of those writes to
+// send it with the second in one writev (answerConn.holdNextWrite), a
+// syscall and a wake-up of the client less per page. What is left always
+// is too much for the buffer from two buffers' worth of page on; a smaller
+// page is not held, which would only copy the flush.
+func (s *relayedStream) WriteTo(w io.Writer) (n int64, err error) {
+	page, ok := s.Reader.(io.WriterTo)
+	if !ok {
+		return io.Copy(w, struct{ io.Reader }{s}) // through Read, not back into WriteTo
 	}
-	return io.Copy(w, struct{ io.Reader }{s}) // through Read, not back into WriteTo
+	if s.client != nil && s.page != nil && len(s.page.B) >= 2*clientWriteBufferSize {
+		s.client.holdNextWrite()
+		defer func() {
+			if sendErr := s.client.sendHeld(); err == nil {
+				err = sendErr
+			}
+		}()
+	}
+	return page.WriteTo(w)
 }
 
 // CloseWithError closes the upstream stream, passing on the write's error
