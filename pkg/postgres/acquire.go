@@ -26,8 +26,22 @@ func (e *AcquireError) Unwrap() error { return e.Err }
 // (waitForOwnConnection) rather than failing. A connection it gives under
 // a context of TrackSent's marks that call's Sent.
 func Acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	return acquire(ctx, pool, true)
+}
+
+// AcquireUnlessNoSlot is Acquire without its wait for want of a slot:
+// refused a new connection for want of one (NoSlotLeft), it fails at once
+// with that refusal, an AcquireError. It is for a call no request waits
+// on alone (a read ahead of its request, which reads the page itself when
+// the read fails): waiting, it would take turns with the requests on the
+// few connections a pool that cannot grow holds.
+func AcquireUnlessNoSlot(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	return acquire(ctx, pool, false)
+}
+
+func acquire(ctx context.Context, pool *pgxpool.Pool, waitForSlot bool) (*pgxpool.Conn, error) {
 	conn, err := pool.Acquire(ctx)
-	if err != nil && NoSlotLeft(err) {
+	if err != nil && waitForSlot && NoSlotLeft(err) {
 		conn, err = waitForOwnConnection(ctx, pool, err)
 	}
 	if err != nil {

@@ -234,7 +234,7 @@ func (r *Reader) readAheadFrom(ctx context.Context, q Query, owner pgtype.UUID, 
 	}
 	r.ahead.begin(ctx, &chain{
 		fetch: func(ctx context.Context, after position, n int) ([]scannedPage, error) {
-			return r.scanPages(ctx, q, owner, &after, n, newPageBuffer)
+			return r.scanPages(ctx, postgres.AcquireUnlessNoSlot, q, owner, &after, n, newPageBuffer)
 		},
 		cursor: func(p position) string {
 			p.Sync = pos.Sync
@@ -246,6 +246,9 @@ func (r *Reader) readAheadFrom(ctx context.Context, q Query, owner pgtype.UUID, 
 	}, pos, posCursor)
 }
 
+// acquireFunc gives a read its connection of pool.
+type acquireFunc func(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error)
+
 // scannedPage is one page of a scan: its items, comma-separated, and where
 // it ends (nil when no row follows it).
 type scannedPage struct {
@@ -255,7 +258,7 @@ type scannedPage struct {
 
 // scan appends the page after the position (from the start when nil) to dst.
 func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUID, after *position) ([]byte, *position, error) {
-	pages, err := r.scanPages(ctx, q, owner, after, 1, func() []byte { return dst })
+	pages, err := r.scanPages(ctx, postgres.Acquire, q, owner, after, 1, func() []byte { return dst })
 	if err != nil {
 		return dst, nil, err
 	}
@@ -267,10 +270,14 @@ func (r *Reader) scan(ctx context.Context, dst []byte, q Query, owner pgtype.UUI
 // page's items are appended to a buffer from newBody. A page ends after
 // limit items, or earlier once its items pass maxPageBytes (so it never has
 // more rows than limit, and n·limit+1 rows still tell whether one follows).
-// It always returns at least one page, possibly empty.
-func (r *Reader) scanPages(ctx context.Context, q Query, owner pgtype.UUID, after *position, n int, newBody func() []byte) ([]scannedPage, error) {
+// It always returns at least one page, possibly empty. Its connection
+// comes from acquire: a request's postgres.Acquire, which waits out a
+// refusal for want of a slot, or a read ahead's
+// postgres.AcquireUnlessNoSlot, which leaves the pool's connections to
+// the requests then.
+func (r *Reader) scanPages(ctx context.Context, acquire acquireFunc, q Query, owner pgtype.UUID, after *position, n int, newBody func() []byte) ([]scannedPage, error) {
 	sql, args := listStatement(q, owner, after, n*q.Limit+1)
-	conn, err := postgres.Acquire(ctx, r.pool)
+	conn, err := acquire(ctx, r.pool)
 	if err != nil {
 		return nil, fmt.Errorf("export: list: %w", err)
 	}
