@@ -95,9 +95,12 @@ func listenedSteadily(since, end time.Time) bool {
 func (s *Store) listenOnce(ctx context.Context, onListen func()) (since time.Time, _ error) {
 	// The pool's own Acquire, not postgres.Acquire: refused a new
 	// connection for want of a slot, the listener would wait for one of
-	// the lookups' and take it out of the pool for good, leaving the
-	// lookups one fewer, or none. Refused, it tries again after its
-	// back-off, and cached keys are trusted for UnheardTTL meanwhile.
+	// the lookups' busy ones and take it out of the pool for good, leaving
+	// the lookups one fewer, or none. Refused, it tries again after its
+	// back-off, and cached keys are trusted for UnheardTTL meanwhile. A
+	// lookups' connection idle at that moment it still takes (Hijack), as
+	// it always has: with no slot left, the pool then stays one short
+	// until a slot frees.
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return since, err
