@@ -132,6 +132,23 @@ type cutLineOf struct {
 	Bytes     int64  `json:"answer_bytes_sent"`
 }
 
+// cutLinesIn reads the "answer cut short" lines among logs.
+func cutLinesIn(t *testing.T, logs string) []cutLineOf {
+	t.Helper()
+	var cut []cutLineOf
+	for l := range strings.SplitSeq(logs, "\n") {
+		if !strings.Contains(l, `"msg":"answer cut short"`) {
+			continue
+		}
+		var line cutLineOf
+		if err := json.Unmarshal([]byte(l), &line); err != nil {
+			t.Fatalf("%v: %s", err, l)
+		}
+		cut = append(cut, line)
+	}
+	return cut
+}
+
 // On a kept-alive connection, what the gateway writes after an answer its
 // client took whole is noted before it is written, whoever writes it: a
 // failed write is never blamed on the earlier answer (its request id, its
@@ -151,16 +168,7 @@ func TestAWriteAfterAnAnswerTakenWholeIsNotBlamedOnIt(t *testing.T) {
 			t.Fatalf("%s: the first answer: %v, %v", tc.name, resp, err)
 		}
 		firstID := resp.Header.Get("X-Request-Id")
-		var cut []cutLineOf
-		for l := range strings.SplitSeq(logs.String()[before:], "\n") {
-			if strings.Contains(l, `"msg":"answer cut short"`) {
-				var line cutLineOf
-				if err := json.Unmarshal([]byte(l), &line); err != nil {
-					t.Fatalf("%v: %s", err, l)
-				}
-				cut = append(cut, line)
-			}
-		}
+		cut := cutLinesIn(t, logs.String()[before:])
 		switch {
 		case tc.status == 0 && len(cut) != 0:
 			t.Errorf("%s: cut lines %+v, want none (the first answer's request id %s)", tc.name, cut, firstID)

@@ -3,7 +3,6 @@ package edge
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -201,16 +200,7 @@ func TestAHeldPageCutShortCountsOnlyWhatTheSocketTook(t *testing.T) {
 		conn.takes = takes
 		before := len(logs.String())
 		serveSocket(g, conn)
-		var cut []cutLineOf
-		for l := range strings.SplitSeq(logs.String()[before:], "\n") {
-			if strings.Contains(l, `"msg":"answer cut short"`) {
-				var line cutLineOf
-				if err := json.Unmarshal([]byte(l), &line); err != nil {
-					t.Fatalf("%v: %s", err, l)
-				}
-				cut = append(cut, line)
-			}
-		}
+		cut := cutLinesIn(t, logs.String()[before:])
 		if len(cut) != 1 || cut[0].Bytes != int64(takes) || cut[0].Status != http.StatusOK || conn.written.Len() != takes {
 			t.Errorf("a client that took %d bytes of a held page: cut lines %+v, %d bytes written, want one of 200 with %[1]d bytes sent",
 				takes, cut, conn.written.Len())
