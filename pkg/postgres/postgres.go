@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -57,6 +56,7 @@ func OpenSide(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
 	cfg := pool.Config()
 	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
 	cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter = sideConnLifetime, sideConnLifetime/10
+	cfg.ConnConfig.Tracer = newTracer() // a line of its own: the checks' releases are not the service pool's
 	side, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: side connection: %w", err)
@@ -76,13 +76,7 @@ func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, er
 	if err != nil {
 		return nil, err
 	}
-	// No span per pool acquire: it cost the sales writer 6 % of its CPU
-	// (a span and connection attributes for every statement), and a wait
-	// for a connection still shows, as the gap before the statement's span
-	// in a trace and in pgxpool_acquire_wait_seconds_total and
-	// pgxpool_empty_acquire_total on /metrics. The tracer also keeps the
-	// pool's counts of waits for want of a slot (SlotWaits).
-	cfg.ConnConfig.Tracer = &tracer{Tracer: otelpgx.NewTracer(otelpgx.WithDisableAcquireTracer())}
+	cfg.ConnConfig.Tracer = newTracer()
 	setDefault(cfg.ConnConfig.RuntimeParams, "jit", "off")
 	for _, opt := range opts {
 		opt(cfg.ConnConfig.RuntimeParams)

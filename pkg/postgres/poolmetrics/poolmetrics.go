@@ -31,7 +31,7 @@ func Register(reg prometheus.Registerer, name string, pool *pgxpool.Pool) {
 		counter("pgxpool_empty_acquire_total", "Acquires that had to wait for a connection.", func(s *pgxpool.Stat) float64 { return float64(s.EmptyAcquireCount()) }),
 		counter("pgxpool_acquire_wait_seconds_total", "Time spent waiting for a connection.", func(s *pgxpool.Stat) float64 { return s.AcquireDuration().Seconds() }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgxpool_slot_waits_total", ConstLabels: labels,
-			Help: "Calls refused a new connection for want of a slot on the server (SQLSTATE 53300: max_connections, or a CONNECTION LIMIT) that waited for one of the pool's own instead."},
+			Help: "Calls that waited for one of the pool's own connections because the server refused the pool a new one for want of a slot (SQLSTATE 53300: max_connections, or a CONNECTION LIMIT): refused themselves, or come while such calls waited, in line behind them."},
 			func() float64 { waits, _ := postgres.SlotWaits(pool); return float64(waits) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgxpool_slot_wait_seconds_total", ConstLabels: labels,
 			Help: "Time those calls spent waiting for one of the pool's connections."},
