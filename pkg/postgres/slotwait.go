@@ -121,6 +121,7 @@ func headOfLine(ctx context.Context, pool *pgxpool.Pool, line *slotLine) (*pgxpo
 			look = slotLookFirst
 		case <-timer.C:
 		}
+		line.looks.Add(1)
 		stat := pool.Stat()
 		if stat.IdleConns() > 0 || !holdsConnection(stat) {
 			// A connection idle may still be taken by a query straight on
@@ -132,8 +133,7 @@ func headOfLine(ctx context.Context, pool *pgxpool.Pool, line *slotLine) (*pgxpo
 			}
 			line.refusedAgain(err)
 		}
-		line.probeWhenDue(pool, stat)
-		timer.Reset(min(look, line.untilProbe()))
+		timer.Reset(min(look, line.probeWhenDue(pool, stat)))
 		look = min(2*look, slotLookLongest)
 	}
 }
@@ -191,6 +191,7 @@ type slotLine struct {
 	probeAt    time.Time // when the next probe is due
 
 	waits, nanos atomic.Int64 // SlotWaits'
+	looks        atomic.Int64 // the heads' looks at the pool (headOfLine), which the tests count
 }
 
 // newSlotLine is a line woken by its pool's releases.
@@ -260,15 +261,22 @@ func (l *slotLine) refusal() error {
 }
 
 // probeWhenDue starts the line's probe (probe) if one is due, none is
-// under way and the pool, of stat, is under its size.
-func (l *slotLine) probeWhenDue(pool *pgxpool.Pool, stat *pgxpool.Stat) {
+// under way and the pool, of stat, is under its size, and returns the
+// time until the next one is due: slotLookLongest while one is under way
+// or the pool is at its size, when none can start (the head's looks, not
+// this pause, then see the pool change).
+func (l *slotLine) probeWhenDue(pool *pgxpool.Pool, stat *pgxpool.Stat) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.probing || time.Now().Before(l.probeAt) || stat.TotalConns() >= stat.MaxConns() {
-		return
+	if l.probing || stat.TotalConns() >= stat.MaxConns() {
+		return slotLookLongest
+	}
+	if due := time.Until(l.probeAt); due > 0 {
+		return due
 	}
 	l.probing = true
 	go l.probe(pool)
+	return slotLookLongest
 }
 
 // probe asks pool for a new connection while the line's calls wait for
@@ -301,17 +309,6 @@ func (l *slotLine) probe(pool *pgxpool.Pool) {
 		l.probeDelay = min(2*l.probeDelay, slotProbeLongest)
 	}
 	l.probeAt = time.Now().Add(l.probeDelay)
-}
-
-// untilProbe is the time until the next probe is due, or
-// slotLookLongest while one is under way.
-func (l *slotLine) untilProbe() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.probing {
-		return slotLookLongest
-	}
-	return max(time.Until(l.probeAt), 0)
 }
 
 // refusedAgain records a refusal for want of a slot met by the head of

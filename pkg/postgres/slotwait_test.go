@@ -425,3 +425,61 @@ func hasCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
+
+// Once the line's probes have grown the pool back to its size (slots
+// freed on the server) while calls still wait in line, every connection
+// in use, no probe can start: the head of the line waits for a release,
+// looking at the pool every few milliseconds at most, as it does while
+// the pool cannot grow. Before, the pause until its next look was the
+// time until the next probe was due, 0 once that time had passed though
+// no probe could start: the head looked at the pool without a pause,
+// 1.04 s of CPU in a second of waiting, on the pool's lock every release
+// takes.
+func TestTheHeadOfTheLineWaitsForAReleaseOnceThePoolIsFull(t *testing.T) {
+	ctx := context.Background()
+	pool, limit := slotLimitedPool(t)
+	limit(1)
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	release := make(chan struct{})
+	served := make(chan int, 5)
+	var calls []*slotCall
+	for n := 1; n <= 5; n++ {
+		callCtx, hangUp := context.WithTimeout(ctx, time.Minute)
+		c := &slotCall{n: n, done: make(chan struct{}), hangUp: hangUp}
+		go func() {
+			defer close(c.done)
+			defer hangUp()
+			c.err = postgres.AcquireFunc(callCtx, pool, func(*pgxpool.Conn) error {
+				served <- n
+				<-release
+				return nil
+			})
+		}()
+		calls = append(calls, c)
+		untilWaiting(pool, int64(n), c.done)
+	}
+	limit(4)
+	for range 3 { // on the three connections the probes grew: the pool is full
+		<-served
+	}
+	if stat := pool.Stat(); stat.TotalConns() != stat.MaxConns() {
+		t.Fatalf("the pool holds %d connections, want %d", stat.TotalConns(), stat.MaxConns())
+	}
+	time.Sleep(2 * 50 * time.Millisecond) // past the next probe's time
+	before := postgres.HeadLooks(pool)
+	time.Sleep(time.Second)
+	// One look every 10 ms at most while nothing is released: 100 a second.
+	if looks := postgres.HeadLooks(pool) - before; looks > 1000 {
+		t.Errorf("the head of the line looked at the full pool %d times in a second with no release, want at most one every few milliseconds", looks)
+	}
+	close(release)
+	for _, c := range calls {
+		if err := c.wait(); err != nil {
+			t.Errorf("call %d = %v, want it served", c.n, err)
+		}
+	}
+}
