@@ -24,20 +24,22 @@ func (e *AcquireError) Unwrap() error { return e.Err }
 // PostgreSQL refuses the pool a new connection for want of a slot
 // (NoSlotLeft), waits for one of the connections the pool holds
 // (waitForOwnConnection) rather than failing, in the pool's line of calls
-// waiting so, first come first served: while that line holds a call, a
-// call of the pool joins it at the back. A connection it gives under a
-// context of TrackSent's marks that call's Sent.
+// waiting so, first come first served: while that line holds a call and
+// the pool is held below its size, a call of the pool joins it at the
+// back. A connection it gives under a context of TrackSent's marks that
+// call's Sent.
 func Acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	return acquire(ctx, pool, true)
 }
 
 // AcquireUnlessNoSlot is Acquire without its wait for want of a slot:
 // refused a new connection for want of one (NoSlotLeft), or finding calls
-// of the pool waiting in line for one, it fails at once with that
-// refusal, an AcquireError. It is for a call no request waits
-// on alone (a read ahead of its request, which reads the page itself when
-// the read fails): waiting, it would take turns with the requests on the
-// few connections a pool that cannot grow holds.
+// of the pool waiting in line for one while the pool is held below its
+// size, it fails at once with that refusal, an AcquireError. It is for a
+// call no request waits on alone (a read ahead of its request, which
+// reads the page itself when the read fails): waiting, it would take
+// turns with the requests on the few connections a pool that cannot grow
+// holds.
 func AcquireUnlessNoSlot(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	return acquire(ctx, pool, false)
 }
@@ -54,19 +56,21 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, waitForSlot bool) (*pgxpoo
 }
 
 // acquireInTurn is pool.Acquire, unless calls of pool wait in its line
-// for want of a slot (slotLine): the connections that come free are
-// theirs, first come first served, and the call joins the line behind
-// them, or, not to wait for a slot, fails at once with the refusal that
-// made them wait. Refused a new connection for want of a slot itself, it
-// joins the line too, if it is to wait. A pool left with no connection
-// (its last broken, or cut by a deadline mid-statement) has none to come
-// free: a call then asks it for a session, as every call of a pool with
-// no connection does, and fails if PostgreSQL refuses it. Failing at once
+// for want of a slot (slotLine) and the pool is held below its size: the
+// connections that come free are theirs, first come first served, and the
+// call joins the line behind them, or, not to wait for a slot, fails at
+// once with the refusal that made them wait. A pool back at its size asks
+// PostgreSQL for no session, and the call waits in pgxpool's queue.
+// Refused a new connection for want of a slot itself, it joins the line
+// too, if it is to wait. A pool left with no connection (its last broken,
+// or cut by a deadline mid-statement) has none to come free: a call then
+// asks it for a session, as every call of a pool with no connection does,
+// and fails if PostgreSQL refuses it. Failing at once
 // without asking, 32 callers looping on a pool of one connection met
 // 16,000 failures in half a second, while the line's own asks were
 // refused behind the session that connection had held.
 func acquireInTurn(ctx context.Context, pool *pgxpool.Pool, waitForSlot bool) (*pgxpool.Conn, error) {
-	if line := waitingLine(pool); line != nil && holdsConnection(pool.Stat()) {
+	if line := waitingLine(pool); line != nil && heldBelowSize(pool.Stat()) {
 		if !waitForSlot {
 			return nil, line.refusal()
 		}

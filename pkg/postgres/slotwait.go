@@ -106,9 +106,10 @@ func waitInLine(ctx context.Context, pool *pgxpool.Pool, line *slotLine, turn <-
 // from the pool only once pool.Stat shows one idle: it asks PostgreSQL for
 // no session then (each refused session costs the server a backend's
 // start and a FATAL line in its log). The pool grows back meanwhile by the
-// line's probes (slotLine.probe). A pool left with no connection (its
-// last ended meanwhile) is asked for its first once more, and the call
-// fails if PostgreSQL refuses it too.
+// line's probes (slotLine.probe); once back at its size, it asks for no
+// session either, and the head waits in pgxpool's own queue. A pool left
+// with no connection (its last ended meanwhile) is asked for its first
+// once more, and the call fails if PostgreSQL refuses it too.
 func headOfLine(ctx context.Context, pool *pgxpool.Pool, line *slotLine) (*pgxpool.Conn, error) {
 	look := slotLookFirst
 	timer := time.NewTimer(0)
@@ -123,10 +124,12 @@ func headOfLine(ctx context.Context, pool *pgxpool.Pool, line *slotLine) (*pgxpo
 		}
 		line.looks.Add(1)
 		stat := pool.Stat()
-		if stat.IdleConns() > 0 || !holdsConnection(stat) {
+		if stat.IdleConns() > 0 || !heldBelowSize(stat) {
 			// A connection idle may still be taken by a query straight on
 			// the pool, not in line, and the pool then asks PostgreSQL for
-			// a session: the wait goes on if refused.
+			// a session: the wait goes on if refused. A pool back at its
+			// size asks for none: the head waits in pgxpool's own queue,
+			// first come first served, with the calls that come meanwhile.
 			conn, err := pool.Acquire(ctx)
 			if err == nil || !NoSlotLeft(err) || !holdsConnection(pool.Stat()) {
 				return conn, err
@@ -167,12 +170,25 @@ func holdsConnection(stat *pgxpool.Stat) bool {
 	return stat.IdleConns()+stat.AcquiredConns() > 0
 }
 
+// heldBelowSize reports whether the pool of stat holds a connection, and
+// fewer than its size: a pool whose line serves its calls in turn on the
+// connections it holds while PostgreSQL refuses it more. A pool at its
+// size asks PostgreSQL for no session, and pgxpool's own queue serves its
+// calls first come first served.
+func heldBelowSize(stat *pgxpool.Stat) bool {
+	held := stat.IdleConns() + stat.AcquiredConns()
+	return held > 0 && held < stat.MaxConns()
+}
+
 // slotLine is a pool's line of calls waiting for one of its connections
 // because PostgreSQL refused the pool a new one for want of a slot, first
-// come first served: while it holds a call, a new call of the pool joins
-// it at the back (acquire) rather than take a connection ahead of it, and
-// only the call at its head takes one. Its counts of waits are
-// SlotWaits'. The zero slotLine is a line that no release wakes, whose
+// come first served: while it holds a call, and the pool is held below its
+// size, a new call of the pool joins it at the back (acquire) rather than
+// take a connection ahead of it, and only the call at its head takes one.
+// Once the pool is back at its size, new calls wait in pgxpool's own
+// queue, where the calls of the line join them, each at its turn, so that
+// the line ends though the load keeps a call waiting. Its counts of
+// waits are SlotWaits'. The zero slotLine is a line that no release wakes, whose
 // head looks every slotLookLongest at most (a pool this package did not
 // open).
 type slotLine struct {

@@ -483,3 +483,80 @@ func TestTheHeadOfTheLineWaitsForAReleaseOnceThePoolIsFull(t *testing.T) {
 		}
 	}
 }
+
+// Once the line's probes have grown the pool back to its size (slots
+// freed on the server), the pool asks PostgreSQL for no session, and a
+// call that comes while calls still wait in line waits in pgxpool's own
+// queue, as on any pool at its size: it is not counted as a wait for a
+// slot, and a read ahead (AcquireUnlessNoSlot) waits for a connection
+// rather than fail with a refusal that no longer holds. Before, a line
+// once formed lasted for as long as the load kept a call in it: with 32
+// callers on a pool of 8, every call of the 5 s after the limit was raised
+// was counted in SlotWaits (14,000, the pool 8 of 8), so that
+// ExportPostgresNoSlotToGrow would go on firing on a pool merely busy,
+// and every read ahead failed at once with the old refusal.
+func TestALineEndsOnceThePoolIsBackToItsSize(t *testing.T) {
+	ctx := context.Background()
+	pool, limit := slotLimitedPool(t)
+	limit(1)
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	served := make(chan int, 5)
+	var calls []*slotCall
+	for n := 1; n <= 5; n++ {
+		callCtx, hangUp := context.WithTimeout(ctx, time.Minute)
+		c := &slotCall{n: n, done: make(chan struct{}), hangUp: hangUp}
+		go func() {
+			defer close(c.done)
+			defer hangUp()
+			c.err = postgres.AcquireFunc(callCtx, pool, func(*pgxpool.Conn) error {
+				served <- n
+				<-release
+				return nil
+			})
+		}()
+		calls = append(calls, c)
+		untilWaiting(pool, int64(n), c.done)
+	}
+	limit(4)
+	for range 3 { // on the three connections the probes grew: the pool is full, two calls in line
+		<-served
+	}
+	// A call and a read ahead come, and end at their deadline, no
+	// connection coming free meanwhile.
+	var comerErr, aheadErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		callCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		comerErr = postgres.AcquireFunc(callCtx, pool, func(*pgxpool.Conn) error { return nil })
+	})
+	wg.Go(func() {
+		aheadCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		var conn *pgxpool.Conn
+		if conn, aheadErr = postgres.AcquireUnlessNoSlot(aheadCtx, pool); aheadErr == nil {
+			conn.Release()
+		}
+	})
+	wg.Wait()
+	if !errors.Is(aheadErr, context.DeadlineExceeded) || hasCode(aheadErr, "53300") {
+		t.Errorf("AcquireUnlessNoSlot on the full pool = %v, want it to wait for a connection until its deadline", aheadErr)
+	}
+	if !errors.Is(comerErr, context.DeadlineExceeded) {
+		t.Errorf("a call on the full pool = %v, want it to wait for a connection until its deadline", comerErr)
+	}
+	if waits, _ := postgres.SlotWaits(pool); waits != 5 {
+		t.Errorf("SlotWaits = %d, want 5: the calls that came while the pool was held below its size", waits)
+	}
+	close(release)
+	held.Release()
+	for _, c := range calls {
+		if err := c.wait(); err != nil {
+			t.Errorf("call %d = %v, want it served", c.n, err)
+		}
+	}
+}
