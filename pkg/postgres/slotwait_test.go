@@ -426,61 +426,54 @@ func hasCode(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
-// Once the line's probes have grown the pool back to its size (slots
-// freed on the server) while calls still wait in line, every connection
-// in use, no probe can start: the head of the line waits for a release,
-// looking at the pool every few milliseconds at most, as it does while
-// the pool cannot grow. Before, the pause until its next look was the
-// time until the next probe was due, 0 once that time had passed though
-// no probe could start: the head looked at the pool without a pause,
-// 1.04 s of CPU in a second of waiting, on the pool's lock every release
-// takes.
-func TestTheHeadOfTheLineWaitsForAReleaseOnceThePoolIsFull(t *testing.T) {
+// While a connect of the pool is under way for its last place (here a
+// query straight on the pool, its connect held), the pool holding fewer
+// connections than its size, all in use, no probe can start: the head of
+// the line waits for a release, looking at the pool every few
+// milliseconds at most. Before, the pause until its next look was the time
+// until the next probe was due, 0 once that time had passed though no
+// probe could start: the head looked at the pool without a pause, on the
+// pool's lock every acquire and release takes, for as long as the connect
+// lasted (1.94 million looks, 1.04 s of CPU in a second, on a pool grown
+// back to its size before the line ended there).
+func TestTheHeadOfTheLineWaitsForAReleaseWhileNoProbeCanStart(t *testing.T) {
 	ctx := context.Background()
-	pool, limit := slotLimitedPool(t)
-	limit(1)
+	dsn, limit := testenv.SlotLimitedRole(t, testenv.PostgresURL(t))
+	pool := postgres.OpenHoldingConnects(t, dsn, 2)
 	held, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Release()
-	release := make(chan struct{})
-	served := make(chan int, 5)
-	var calls []*slotCall
-	for n := 1; n <= 5; n++ {
-		callCtx, hangUp := context.WithTimeout(ctx, time.Minute)
-		c := &slotCall{n: n, done: make(chan struct{}), hangUp: hangUp}
-		go func() {
-			defer close(c.done)
-			defer hangUp()
-			c.err = postgres.AcquireFunc(callCtx, pool, func(*pgxpool.Conn) error {
-				served <- n
-				<-release
-				return nil
-			})
-		}()
-		calls = append(calls, c)
-		untilWaiting(pool, int64(n), c.done)
+	limit(1) // the pool's one session holds the role's one slot
+	call := (&servedOrder{}).call(ctx, pool, 1)
+	untilWaiting(pool, 1, call.done)
+	hold := make(chan struct{})
+	straight := make(chan error, 1)
+	go func() { // a query straight on the pool: its connect takes the pool's last place
+		conn, err := pool.Acquire(postgres.HoldConnect(ctx, hold))
+		if err == nil {
+			conn.Release()
+		}
+		straight <- err
+	}()
+	for pool.Stat().TotalConns() < 2 {
+		time.Sleep(time.Millisecond)
 	}
-	limit(4)
-	for range 3 { // on the three connections the probes grew: the pool is full
-		<-served
-	}
-	if stat := pool.Stat(); stat.TotalConns() != stat.MaxConns() {
-		t.Fatalf("the pool holds %d connections, want %d", stat.TotalConns(), stat.MaxConns())
-	}
-	time.Sleep(2 * 50 * time.Millisecond) // past the next probe's time
+	time.Sleep(2 * 50 * time.Millisecond) // past the time of the line's first probe
 	before := postgres.HeadLooks(pool)
 	time.Sleep(time.Second)
 	// One look every 10 ms at most while nothing is released: 100 a second.
 	if looks := postgres.HeadLooks(pool) - before; looks > 1000 {
-		t.Errorf("the head of the line looked at the full pool %d times in a second with no release, want at most one every few milliseconds", looks)
+		t.Errorf("the head of the line looked at the pool %d times in a second with no release, want at most one every few milliseconds", looks)
 	}
-	close(release)
-	for _, c := range calls {
-		if err := c.wait(); err != nil {
-			t.Errorf("call %d = %v, want it served", c.n, err)
-		}
+	close(hold)
+	if err := <-straight; !postgres.NoSlotLeft(err) {
+		t.Errorf("the query straight on the pool = %v, want the refusal (53300)", err)
+	}
+	held.Release()
+	if err := call.wait(); err != nil {
+		t.Errorf("the call in line = %v, want it served", err)
 	}
 }
 
