@@ -72,18 +72,9 @@ func TestCallsWaitForThePoolsConnectionWhenNoSlotIsLeft(t *testing.T) {
 func TestCallsWaitingForASlotAreServedInTurn(t *testing.T) {
 	ctx := context.Background()
 	pool, limit := slotLimitedPool(t)
-	limit(1) // the pool's one session holds the role's one slot
-	held, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const waiting = 5
 	order := &servedOrder{}
-	calls := make([]*slotCall, 0, waiting+1)
-	for n := 1; n <= waiting; n++ {
-		calls = append(calls, order.call(ctx, pool, n))
-		untilWaiting(pool, int64(n), calls[n-1].done)
-	}
+	held, calls := lineBehindTheOneConnection(t, pool, limit, order, waiting)
 	held.Release()
 	comer := order.call(ctx, pool, waiting+1) // comes as the connection frees
 	calls = append(calls, comer)
@@ -102,19 +93,9 @@ func TestCallsWaitingForASlotAreServedInTurn(t *testing.T) {
 // order on the connection that comes free, and it gets its context's
 // error, nothing sent.
 func TestACallLeavingTheLinePassesItsTurnOn(t *testing.T) {
-	ctx := context.Background()
 	pool, limit := slotLimitedPool(t)
-	limit(1)
-	held, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	order := &servedOrder{}
-	var calls []*slotCall
-	for n := 1; n <= 4; n++ {
-		calls = append(calls, order.call(ctx, pool, n))
-		untilWaiting(pool, int64(n), calls[n-1].done)
-	}
+	held, calls := lineBehindTheOneConnection(t, pool, limit, order, 4)
 	for _, leaving := range []*slotCall{calls[0], calls[2]} { // the head, and one behind the second
 		leaving.hangUp()
 		if err := leaving.wait(); !errors.Is(err, context.Canceled) || !postgres.NothingSent(err) {
@@ -139,20 +120,9 @@ func TestACallLeavingTheLinePassesItsTurnOn(t *testing.T) {
 // calls are served on it. Before, the waiting calls only looked for an
 // idle connection, and asked for none: they waited until their deadline.
 func TestThePoolGrowsBackWhileCallsWaitInLine(t *testing.T) {
-	ctx := context.Background()
 	pool, limit := slotLimitedPool(t)
-	limit(1)
-	held, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held, calls := lineBehindTheOneConnection(t, pool, limit, &servedOrder{}, 3)
 	defer held.Release()
-	order := &servedOrder{}
-	var calls []*slotCall
-	for n := 1; n <= 3; n++ {
-		calls = append(calls, order.call(ctx, pool, n))
-		untilWaiting(pool, int64(n), calls[n-1].done)
-	}
 	limit(4)
 	for _, c := range calls {
 		if err := c.wait(); err != nil {
@@ -162,6 +132,25 @@ func TestThePoolGrowsBackWhileCallsWaitInLine(t *testing.T) {
 	if got := heldConns(pool); got < 2 {
 		t.Errorf("the pool holds %d connections, want it grown past the one held", got)
 	}
+}
+
+// lineBehindTheOneConnection limits the pool's role to one slot, holds
+// the pool's one connection, and lines up n calls of AcquireFunc behind it,
+// numbered 1 to n in the order they come, each seen waiting before the
+// next comes. The caller releases the connection it returns.
+func lineBehindTheOneConnection(t *testing.T, pool *pgxpool.Pool, limit func(int), order *servedOrder, n int) (*pgxpool.Conn, []*slotCall) {
+	t.Helper()
+	limit(1) // the pool's one session holds the role's one slot
+	held, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make([]*slotCall, 0, n+1)
+	for i := 1; i <= n; i++ {
+		calls = append(calls, order.call(context.Background(), pool, i))
+		untilWaiting(pool, int64(i), calls[i-1].done)
+	}
+	return held, calls
 }
 
 // servedOrder records the order in which calls were given a connection.
