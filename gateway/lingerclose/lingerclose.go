@@ -24,6 +24,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/coinexport/export/pkg/rawio"
 )
 
 // Options bound the draining of one closed connection.
@@ -113,7 +115,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	if !ok {
 		return c, nil
 	}
-	return &Conn{TCPConn: tc, l: l}, nil
+	return &Conn{TCPConn: tc, io: rawio.Wrap(tc).(*rawio.Conn), l: l}, nil
 }
 
 // Conn is a TCP connection whose Close lingers.
@@ -128,7 +130,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 // Close would replace the drain's.
 type Conn struct {
 	*net.TCPConn
-	l *Listener
+	// io is the socket's reads and writes for its owner, made with raw
+	// system calls (rawio: the runtime's monitor is not woken by each).
+	io *rawio.Conn
+	l  *Listener
 	// mu orders closing with setting deadlines, so that none set by the
 	// owner reaches the socket once it drains.
 	mu     sync.Mutex
@@ -145,18 +150,21 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if c.closed.Load() {
 		return 0, c.errClosed("read")
 	}
-	n, err := c.TCPConn.Read(p)
+	n, err := c.io.Read(p)
 	if err != nil && c.closed.Load() { // Close interrupted it
 		err = c.errClosed("read")
 	}
 	return n, err
 }
 
+// Write writes p to the socket.
+func (c *Conn) Write(p []byte) (int, error) { return c.io.Write(p) }
+
 // WriteBuffers writes bufs to the socket in one writev (net.Buffers
 // writes one piece at a time to anything but net's own types), for the
 // wrappers above a Conn, which cannot reach the socket's own.
 func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
-	return bufs.WriteTo(c.TCPConn)
+	return c.io.WriteBuffers(bufs)
 }
 
 // SetDeadline sets both deadlines, or fails with net.ErrClosed after Close.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/gateway/lazydeadline"
+	"github.com/coinexport/export/pkg/rawio"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/valyala/fasthttp"
 )
@@ -153,14 +154,17 @@ func TestEachClientOfAnInstanceDialsItsOwnConnections(t *testing.T) {
 			t.Errorf("%s: a request's connection is a %T, want its deadlines set lazily", scheme, conn)
 		}
 		// The probe's short timeouts are kept exact, and its answers are
-		// read by itself: its connection is the one dialled, bare.
+		// read by itself: its connection is the socket dialled, bare but
+		// for its reads and writes made raw (rawio), deadlines its own.
 		probed, err := inst.probe.Dial(inst.probe.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		probed.Close()
-		if _, bare := probed.(*net.TCPConn); !bare {
-			t.Errorf("%s: the probe's connection is a %T, want the one dialled", scheme, probed)
+		if raw, ok := probed.(*rawio.Conn); !ok {
+			t.Errorf("%s: the probe's connection is a %T, want the socket dialled, read raw", scheme, probed)
+		} else if _, bare := raw.Conn.(*net.TCPConn); !bare {
+			t.Errorf("%s: the probe's socket is a %T, want the one dialled", scheme, raw.Conn)
 		}
 		if inst.client.IsTLS != (scheme == "https") || inst.probe.IsTLS != (scheme == "https") {
 			t.Errorf("%s: TLS for requests %v, for the probe %v; want both %v", scheme, inst.client.IsTLS, inst.probe.IsTLS, scheme == "https")

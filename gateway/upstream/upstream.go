@@ -21,6 +21,7 @@ import (
 	"github.com/coinexport/export/gateway/lazydeadline"
 	"github.com/coinexport/export/gateway/monotime"
 	"github.com/coinexport/export/pkg/acceptretry"
+	"github.com/coinexport/export/pkg/rawio"
 	"github.com/valyala/fasthttp"
 )
 
@@ -247,7 +248,7 @@ func dialer(connect time.Duration) fasthttp.DialFunc {
 		if err != nil {
 			return nil, dialError{err}
 		}
-		return c, nil
+		return rawio.Wrap(c), nil // reads and writes without waking the runtime's monitor
 	}
 }
 

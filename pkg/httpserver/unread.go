@@ -9,6 +9,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/logging"
+	"github.com/coinexport/export/pkg/rawio"
 )
 
 // Go's HTTP server answers a few requests itself, before any handler runs,
@@ -70,7 +71,9 @@ func (l *unreadListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &unreadConn{Conn: c, unread: l.unread}, nil
+	// Reads and writes made raw, so that they do not wake the runtime's
+	// monitor thread (rawio).
+	return &unreadConn{Conn: rawio.Wrap(c), unread: l.unread}, nil
 }
 
 type unreadConn struct {
