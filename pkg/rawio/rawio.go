@@ -129,7 +129,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 }
 
 // WriteBuffers writes bufs in as few writev calls as the socket takes
-// them, consuming them as net.Buffers.WriteTo does.
+// them, consuming them and failing (op "writev") as net.Buffers.WriteTo on
+// a socket does.
 func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
 	var written int64
 	var errno syscall.Errno
@@ -159,7 +160,7 @@ func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
 		err = os.NewSyscallError("writev", errno)
 	}
 	if err != nil {
-		return written, c.opError("write", err)
+		return written, c.opError("writev", err)
 	}
 	return written, nil
 }
@@ -209,7 +210,13 @@ func (c *Conn) CloseWrite() error {
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.raw, nil }
 
 // opError wraps err as net's own calls do, so that callers that look for
-// a timeout (net.Error), net.ErrClosed or a syscall.Errno find it.
+// a timeout (net.Error), net.ErrClosed or a syscall.Errno find it, and
+// logs read net's words. The RawConn's own errors (closed, deadline) come
+// in a *net.OpError of its op ("raw-read"), whose cause is taken: around
+// it, every address was said twice.
 func (c *Conn) opError(op string, err error) error {
+	if raw, ok := err.(*net.OpError); ok {
+		err = raw.Err
+	}
 	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }

@@ -3,6 +3,7 @@ package rawio_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -189,5 +190,73 @@ func TestWrapTakesOnlySockets(t *testing.T) {
 	}
 	if _, err := peer.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("the peer's read after CloseWrite = %v, want io.EOF", err)
+	}
+}
+
+// A failed call's error has the shape of net's own, op and cause: the
+// cause right under the *net.OpError (os.ErrDeadlineExceeded, the closed
+// connection's error, the errno's *os.SyscallError), not net's error of
+// the RawConn call around it, which said every address twice in the logs
+// ("read tcp A->B: raw-read tcp A->B: i/o timeout").
+func TestErrorsHaveNetsShape(t *testing.T) {
+	calls := map[string]func(c net.Conn) error{
+		"a read past its deadline": func(c net.Conn) error {
+			c.SetReadDeadline(time.Now().Add(-time.Second))
+			_, err := c.Read(make([]byte, 1))
+			return err
+		},
+		"a write past its deadline": func(c net.Conn) error {
+			c.SetWriteDeadline(time.Now().Add(-time.Second))
+			_, err := c.Write([]byte("x"))
+			return err
+		},
+		"a read after Close": func(c net.Conn) error {
+			c.Close()
+			_, err := c.Read(make([]byte, 1))
+			return err
+		},
+		"a write after Close": func(c net.Conn) error {
+			c.Close()
+			_, err := c.Write([]byte("x"))
+			return err
+		},
+		"buffers written after Close": func(c net.Conn) error {
+			c.Close()
+			bufs := net.Buffers{[]byte("x")}
+			if raw, ok := c.(*rawio.Conn); ok {
+				_, err := raw.WriteBuffers(&bufs)
+				return err
+			}
+			_, err := bufs.WriteTo(c)
+			return err
+		},
+		"buffers written after CloseWrite": func(c net.Conn) error {
+			c.(interface{ CloseWrite() error }).CloseWrite()
+			bufs := net.Buffers{[]byte("x")}
+			if raw, ok := c.(*rawio.Conn); ok {
+				_, err := raw.WriteBuffers(&bufs)
+				return err
+			}
+			_, err := bufs.WriteTo(c)
+			return err
+		},
+	}
+	shape := func(err error) string {
+		var oe *net.OpError
+		if !errors.As(err, &oe) {
+			return fmt.Sprintf("%T %v", err, err)
+		}
+		return fmt.Sprintf("op %q net %q cause %T %q", oe.Op, oe.Net, oe.Err, oe.Err)
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			w, _ := tcpPair(t)
+			stock := w.(*rawio.Conn).Conn
+			other, _ := tcpPair(t)
+			got, want := shape(call(other)), shape(call(stock))
+			if got != want {
+				t.Errorf("error %s, want net's %s", got, want)
+			}
+		})
 	}
 }
