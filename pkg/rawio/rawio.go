@@ -10,7 +10,8 @@
 // so the call needs none of that state: it can be made raw
 // (syscall.RawSyscall), and when the socket is not ready the goroutine
 // waits for it in the runtime's network poller as net's own calls do
-// (syscall.RawConn), deadlines included.
+// (syscall.RawConn), deadlines included. A race detector's build keeps
+// net's calls (raceEnabled).
 //
 // Measured on the make bench stack (BENCHMARKS.md, "Profiles"): sysmon
 // was 20–29 % of the gateway's and export-reader's CPU on the sync and
@@ -63,6 +64,9 @@ const maxIovecs = 1024
 // Read reads into p: io.EOF once the peer has closed its side, a
 // *net.OpError otherwise, as net's Read.
 func (c *Conn) Read(p []byte) (int, error) {
+	if raceEnabled {
+		return c.Conn.Read(p)
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -100,6 +104,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 // Write writes all of p, or fails with a *net.OpError saying how much
 // was written, as net's Write.
 func (c *Conn) Write(p []byte) (int, error) {
+	if raceEnabled {
+		return c.Conn.Write(p)
+	}
 	var n int
 	var errno syscall.Errno
 	err := c.raw.Write(func(fd uintptr) bool {
@@ -132,6 +139,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // them, consuming them and failing (op "writev") as net.Buffers.WriteTo on
 // a socket does.
 func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
+	if raceEnabled {
+		return bufs.WriteTo(c.Conn)
+	}
 	var written int64
 	var errno syscall.Errno
 	iovecs := make([]syscall.Iovec, 0, min(len(*bufs), maxIovecs))

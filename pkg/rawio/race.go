@@ -1,0 +1,6 @@
+//go:build race
+
+package rawio
+
+// raceEnabled: see race_off.go.
+const raceEnabled = true
