@@ -27,6 +27,8 @@ import (
 	"os"
 	"syscall"
 	"unsafe"
+
+	"github.com/coinexport/export/pkg/racedetector"
 )
 
 // Conn is a TCP or Unix socket whose Read, Write and WriteBuffers make
@@ -52,6 +54,15 @@ func Wrap(c net.Conn) net.Conn {
 	}
 	return &Conn{Conn: c, raw: raw}
 }
+
+// raceEnabled is whether the race detector is built in (racedetector).
+// Its builds read and write through net's own calls: RawSyscall is hidden
+// from the detector (go:norace), so raw calls would not tell it what the kernel
+// reads from and writes into the buffers, nor that a byte written to a
+// socket happens before its read on the other end, which net's calls do
+// (syscall's ioSync), and every test whose handler and client share
+// state ordered by the request and its answer would report a race.
+const raceEnabled = racedetector.Enabled
 
 // maxRW is the most one read or write system call is asked for, as in
 // internal/poll: some kernels refuse larger counts.

@@ -1,6 +1,0 @@
-//go:build race
-
-package rawio
-
-// raceEnabled: see race_off.go.
-const raceEnabled = true
