@@ -100,11 +100,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return true
 		}
 	})
-	if err == nil && errno != 0 {
-		err = os.NewSyscallError("read", errno)
-	}
-	if err != nil {
-		return 0, c.opError("read", err)
+	if err := c.failure("read", err, errno); err != nil {
+		return 0, err
 	}
 	if n == 0 {
 		return 0, io.EOF
@@ -137,11 +134,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 		return true
 	})
-	if err == nil && errno != 0 {
-		err = os.NewSyscallError("write", errno)
-	}
-	if err != nil {
-		return n, c.opError("write", err)
+	if err := c.failure("write", err, errno); err != nil {
+		return n, err
 	}
 	return n, nil
 }
@@ -177,11 +171,8 @@ func (c *Conn) WriteBuffers(bufs *net.Buffers) (int64, error) {
 			}
 		}
 	})
-	if err == nil && errno != 0 {
-		err = os.NewSyscallError("writev", errno)
-	}
-	if err != nil {
-		return written, c.opError("writev", err)
+	if err := c.failure("writev", err, errno); err != nil {
+		return written, err
 	}
 	return written, nil
 }
@@ -230,12 +221,20 @@ func (c *Conn) CloseWrite() error {
 // SyscallConn is the socket's own, for callers that set options on it.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.raw, nil }
 
-// opError wraps err as net's own calls do, so that callers that look for
-// a timeout (net.Error), net.ErrClosed or a syscall.Errno find it, and
-// logs read net's words. The RawConn's own errors (closed, deadline) come
-// in a *net.OpError of its op ("raw-read"), whose cause is taken: around
-// it, every address was said twice.
-func (c *Conn) opError(op string, err error) error {
+// failure is a call's error as net's own call gives it, nil if none: the
+// RawConn's (the socket closed, a deadline passed) or the system call's
+// errno, under a *net.OpError of op, so that callers that look for a
+// timeout (net.Error), net.ErrClosed or a syscall.Errno find it, and logs
+// read net's words. The RawConn's errors come in a *net.OpError of their
+// own op ("raw-read"), whose cause is taken: around it, every address was
+// said twice.
+func (c *Conn) failure(op string, err error, errno syscall.Errno) error {
+	switch {
+	case err == nil && errno == 0:
+		return nil
+	case err == nil:
+		err = os.NewSyscallError(op, errno)
+	}
 	if raw, ok := err.(*net.OpError); ok {
 		err = raw.Err
 	}
