@@ -49,10 +49,18 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, waitForSlot bool) (*pgxpoo
 	if err != nil {
 		return nil, &AcquireError{Err: err}
 	}
+	MarkSent(ctx)
+	return conn, nil
+}
+
+// MarkSent marks the Sent of ctx's call (TrackSent), if it has one: for a
+// statement of the call sent on a connection acquired under another
+// context (the sales writer's commit groups send several calls' statements
+// on one).
+func MarkSent(ctx context.Context) {
 	if sent, ok := ctx.Value(sentKey{}).(*Sent); ok {
 		sent.maybe.Store(true)
 	}
-	return conn, nil
 }
 
 // acquireInTurn is pool.Acquire, unless calls of pool wait in its line

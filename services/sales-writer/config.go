@@ -10,6 +10,7 @@ import (
 	"github.com/coinexport/export/pkg/httpserver"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/telemetry"
+	"github.com/coinexport/export/services/sales-writer/sales"
 )
 
 // Config is everything the sales writer reads from its environment.
@@ -18,6 +19,7 @@ type Config struct {
 	AdminAddr             string              // SALES_WRITER_ADMIN_ADDR (127.0.0.1:9082): /metrics and /debug/pprof
 	DatabaseURL           string              // DATABASE_URL (required; secret: may hold a password)
 	DBMaxConns            int                 // SALES_WRITER_DB_MAX_CONNS (8)
+	CommitGroups          int                 // SALES_WRITER_COMMIT_GROUPS (2): commit groups of sale calls at once; 0: each call commits alone
 	QueryTimeout          time.Duration       // SALES_WRITER_QUERY_TIMEOUT (10s): a sale call's bound in the database
 	ShutdownDelay         time.Duration       // SALES_WRITER_SHUTDOWN_DELAY (3s): serving on, unready, after SIGTERM
 	IdentitySecret        string              // IDENTITY_SECRET (required, ≥32 bytes; secret)
@@ -39,6 +41,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		Addr:                 r.Addr("SALES_WRITER_ADDR", "127.0.0.1:8082"),
 		AdminAddr:            r.Addr("SALES_WRITER_ADMIN_ADDR", "127.0.0.1:9082"),
 		DBMaxConns:           r.Int("SALES_WRITER_DB_MAX_CONNS", 8, 1, 1000),
+		CommitGroups:         r.Int("SALES_WRITER_COMMIT_GROUPS", sales.DefaultCommitGroups, 0, 64),
 		QueryTimeout:         r.Duration("SALES_WRITER_QUERY_TIMEOUT", 10*time.Second, time.Millisecond, time.Hour),
 		ShutdownDelay:        r.Duration("SALES_WRITER_SHUTDOWN_DELAY", httpserver.DefaultShutdownDelay, 0, time.Minute),
 		IdempotencyRetention: r.Duration("IDEMPOTENCY_RETENTION", 24*time.Hour, time.Second, 365*24*time.Hour),
@@ -64,6 +67,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("addr", c.Addr), slog.String("admin_addr", c.AdminAddr),
 		slog.String("database", postgres.Describe(c.DatabaseURL)), slog.Int("db_max_conns", c.DBMaxConns),
+		slog.Int("commit_groups", c.CommitGroups),
 		slog.String("query_timeout", c.QueryTimeout.String()), slog.String("shutdown_delay", c.ShutdownDelay.String()),
 		slog.String("identity_secret", "***"), slog.Int("identity_secrets_previous", len(c.IdentityPrevious)),
 		slog.Bool("identity_accept_unbound", c.IdentityAcceptUnbound),

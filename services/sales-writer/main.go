@@ -84,7 +84,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 	if err != nil {
 		return err
 	}
-	writer := sales.NewWriter(pool, cfg.IdempotencyRetention)
 	mux := http.NewServeMux()
 	// A build newer than the database's schema waits, unready, for the
 	// migration (schema.Readiness), and a read-only database (a standby
@@ -112,6 +111,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 		PanicMessage: api.InternalErrorMessage,
 		PanicNotes:   api.PanicNotes,
 	}, mux)
+	writer := sales.NewGroupingWriter(pool, cfg.IdempotencyRetention, cfg.CommitGroups, sales.GroupMetrics(srv.Registry()))
 	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)
 

@@ -33,11 +33,24 @@ import (
 type Writer struct {
 	db        *pgxpool.Pool
 	retention time.Duration
+	groups    *committer // nil: every call commits alone
 }
 
-// NewWriter returns a Writer whose idempotency records live for retention.
+// NewWriter returns a Writer whose idempotency records live for retention,
+// which commits the calls that arrive together in groups (group.go),
+// DefaultCommitGroups at once.
 func NewWriter(db *pgxpool.Pool, retention time.Duration) *Writer {
-	return &Writer{db: db, retention: retention}
+	return NewGroupingWriter(db, retention, DefaultCommitGroups, GroupStats{})
+}
+
+// NewGroupingWriter is NewWriter running at most groups commit groups at
+// once (0: none; every call commits alone), telling stats of each.
+func NewGroupingWriter(db *pgxpool.Pool, retention time.Duration, groups int, stats GroupStats) *Writer {
+	w := &Writer{db: db, retention: retention}
+	if groups > 0 {
+		w.groups = &committer{db: db, maxGroups: groups, stats: stats}
+	}
+	return w
 }
 
 var (
@@ -116,7 +129,7 @@ func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, erro
 		stmt = cancelSQL
 	}
 	var wr written
-	err := w.underKeyLock(ctx, req, stmt, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+	err := w.submit(ctx, req, stmt, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID, fp, w.retention.Seconds()},
 		func(row pgx.Row) error {
 			return row.Scan(&wr.recordFingerprint, &wr.stored, &wr.status, &wr.confirmedAt, &wr.canceledAt)
