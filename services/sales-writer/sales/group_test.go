@@ -1,0 +1,246 @@
+package sales
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// groupsSeen records what a committer tells its GroupStats.
+type groupsSeen struct {
+	mu         sync.Mutex
+	ran        []int
+	rolledBack []int
+}
+
+func (s *groupsSeen) stats() GroupStats {
+	return GroupStats{
+		Ran:        func(n int) { s.mu.Lock(); s.ran = append(s.ran, n); s.mu.Unlock() },
+		RolledBack: func(n int) { s.mu.Lock(); s.rolledBack = append(s.rolledBack, n); s.mu.Unlock() },
+	}
+}
+
+func (s *groupsSeen) counts() (ran, rolledBack []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slicesClone(s.ran), slicesClone(s.rolledBack)
+}
+
+func slicesClone(s []int) []int { return append([]int(nil), s...) }
+
+// holdRunners makes w's committer look as if its every runner were busy,
+// so that calls submitted meanwhile wait in its queue, in the order they
+// arrive; the release it returns lets one runner go on, as a runner does
+// whose group has ended: it takes the queued calls as one group.
+func holdRunners(t *testing.T, w *Writer) (release func()) {
+	t.Helper()
+	c := w.groups
+	c.mu.Lock()
+	c.running = c.maxGroups
+	c.mu.Unlock()
+	return func() { go c.runGroups() }
+}
+
+// queued waits until n calls wait in w's queue.
+func queued(t *testing.T, w *Writer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.groups.mu.Lock()
+		got := len(w.groups.queue)
+		w.groups.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued after 10 s, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type answer struct {
+	res Result
+	err error
+}
+
+// executeInOrder starts each of reqs (in its own goroutine, as requests
+// are served) once the one before it is queued, so that they wait in
+// their order, and returns where each will be answered.
+func executeInOrder(t *testing.T, ctx context.Context, w *Writer, reqs []Request) []chan answer {
+	t.Helper()
+	answers := make([]chan answer, len(reqs))
+	for i, req := range reqs {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			res, err := w.Execute(ctx, req)
+			answers[i] <- answer{res, err}
+		}()
+		queued(t, w, i+1)
+	}
+	return answers
+}
+
+// answered waits for a call's answer: 10 s is a liveness bound, not a
+// measure (a call answers in milliseconds).
+func answered(t *testing.T, what string, a <-chan answer) answer {
+	t.Helper()
+	select {
+	case got := <-a:
+		return got
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s not answered after 10 s", what)
+		return answer{}
+	}
+}
+
+func addItems(t *testing.T, db *pgxpool.Pool, owner string, items ...string) {
+	t.Helper()
+	for _, item := range items {
+		if _, err := db.Exec(context.Background(), `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
+		    doc_eng, doc_rus, doc_ukr, updated_at)
+		    VALUES ($1, $2, true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner, item); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func confirmOf(owner, key, item, order string) Request {
+	return Request{Operation: Confirm, OwnerID: owner, PlatformID: "p", IdempotencyKey: key, ItemID: item, ExternalOrderID: order, Quantity: 1}
+}
+
+// Calls that arrive while every runner is busy wait, and the next group
+// takes them all: one transaction, each call answered as alone.
+func TestCallsArrivingTogetherCommitInOneGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "a")
+	addItems(t, db, owner, "b", "c", "d")
+	var seen groupsSeen
+	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
+	release := holdRunners(t, w)
+	items := []string{"d", "b", "a", "c"}
+	var reqs []Request
+	for _, item := range items {
+		reqs = append(reqs, confirmOf(owner, "k-"+item, item, "o-"+item))
+	}
+	answers := executeInOrder(t, ctx, w, reqs)
+	release()
+	for i, a := range answers {
+		got := answered(t, "confirm of "+items[i], a)
+		if got.err != nil || got.res.IdempotentReplay || got.res.Status != "inactive" || got.res.ConfirmedAt.IsZero() {
+			t.Errorf("confirm of %s in a group = %+v, %v; want it sold, as alone", items[i], got.res, got.err)
+		}
+	}
+	if ran, rolledBack := seen.counts(); len(ran) != 1 || ran[0] != len(items) || len(rolledBack) != 0 {
+		t.Errorf("groups run %v, rolled back %v; want one group of %d, none rolled back", ran, rolledBack, len(items))
+	}
+	var sold int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM export_items WHERE sold").Scan(&sold); err != nil || sold != len(items) {
+		t.Errorf("%d items sold (%v), want %d", sold, err, len(items))
+	}
+}
+
+// In one group, each call sees what the calls before it did, as if they
+// had committed one after another: two copies of a request execute once
+// and replay once; another request under that key is a conflict; two
+// platforms confirming one item make one sale and one 409; a confirm and
+// its cancel, in that order, sell and restore the item.
+func TestAGroupJudgesItsCallsOneAfterAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "a")
+	addItems(t, db, owner, "b", "c", "d")
+	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('q')"); err != nil {
+		t.Fatal(err)
+	}
+	var seen groupsSeen
+	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
+	release := holdRunners(t, w)
+	byQ := confirmOf(owner, "k-q", "c", "o-q")
+	byQ.PlatformID = "q"
+	cancelD := confirmOf(owner, "k-cancel-d", "d", "o-d")
+	cancelD.Operation = Cancel
+	reqs := []Request{
+		confirmOf(owner, "k", "a", "o-a"), // 0
+		confirmOf(owner, "k", "a", "o-a"), // 1: a copy of 0
+		confirmOf(owner, "k", "b", "o-b"), // 2: another request under 0's key
+		confirmOf(owner, "k-p", "c", "o-p"),
+		byQ,                                 // 4: c sold to p just before
+		confirmOf(owner, "k-d", "d", "o-d"), // 5
+		cancelD,                             // 6: cancels 5
+	}
+	answers := executeInOrder(t, ctx, w, reqs)
+	release()
+	got := make([]answer, len(reqs))
+	for i := range reqs {
+		got[i] = answered(t, reqs[i].IdempotencyKey, answers[i])
+	}
+	if got[0].err != nil || got[0].res.IdempotentReplay {
+		t.Errorf("first copy = %+v, %v; want it executed", got[0].res, got[0].err)
+	}
+	if got[1].err != nil || !got[1].res.IdempotentReplay || !got[1].res.ConfirmedAt.Equal(got[0].res.ConfirmedAt) {
+		t.Errorf("second copy = %+v, %v; want the first's replay", got[1].res, got[1].err)
+	}
+	if !errors.Is(got[2].err, ErrIdempotencyConflict) {
+		t.Errorf("another request under the key = %+v, %v; want ErrIdempotencyConflict", got[2].res, got[2].err)
+	}
+	if got[3].err != nil || !errors.Is(got[4].err, ErrAlreadySold) {
+		t.Errorf("p then q confirming c = %v, %v; want a sale, then ErrAlreadySold", got[3].err, got[4].err)
+	}
+	if got[5].err != nil || got[6].err != nil || got[6].res.Status != "active" || got[6].res.CanceledAt.IsZero() {
+		t.Errorf("confirm then cancel of d = %v; %+v, %v; want sold then restored", got[5].err, got[6].res, got[6].err)
+	}
+	if ran, rolledBack := seen.counts(); len(ran) != 1 || ran[0] != len(reqs) || len(rolledBack) != 0 {
+		t.Errorf("groups run %v, rolled back %v; want one group of %d, none rolled back", ran, rolledBack, len(reqs))
+	}
+	var sales, open int
+	if err := db.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE canceled_at IS NULL) FROM sales").Scan(&sales, &open); err != nil || sales != 3 || open != 2 {
+		t.Errorf("%d sales, %d open (%v); want 3 (a, c, d), 2 open (a, c)", sales, open, err)
+	}
+}
+
+// A group with a call on an item another transaction has locked is rolled
+// back after groupLockTimeout; the others, run again alone, are answered
+// while the lock is still held, and the locked call completes once it
+// goes.
+func TestAGroupWithALockedItemDoesNotHoldUpItsOtherCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "a")
+	addItems(t, db, owner, "b", "x")
+	tx := testenv.InTransaction(t, db, `SELECT FROM export_items WHERE id = 'x' FOR UPDATE`)
+	var seen groupsSeen
+	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
+	release := holdRunners(t, w)
+	reqs := []Request{confirmOf(owner, "k-a", "a", "o-a"), confirmOf(owner, "k-x", "x", "o-x"), confirmOf(owner, "k-b", "b", "o-b")}
+	answers := executeInOrder(t, ctx, w, reqs)
+	release()
+	for _, i := range []int{0, 2} {
+		if got := answered(t, reqs[i].ItemID+" while x is locked", answers[i]); got.err != nil || got.res.Status != "inactive" {
+			t.Errorf("confirm of %s = %+v, %v; want it sold while x is locked", reqs[i].ItemID, got.res, got.err)
+		}
+	}
+	select {
+	case got := <-answers[1]:
+		t.Fatalf("confirm of the locked item answered %+v, %v while it was locked", got.res, got.err)
+	default:
+	}
+	if ran, rolledBack := seen.counts(); len(ran) != 1 || ran[0] != 3 || len(rolledBack) != 1 || rolledBack[0] != 3 {
+		t.Errorf("groups run %v, rolled back %v; want one group of 3, rolled back", ran, rolledBack)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := answered(t, "x once unlocked", answers[1]); got.err != nil || got.res.Status != "inactive" {
+		t.Errorf("confirm of x once unlocked = %+v, %v; want it sold", got.res, got.err)
+	}
+}
