@@ -105,6 +105,7 @@ type group struct {
 	calls []*groupedCall
 
 	mu         sync.Mutex
+	sent       bool          // the batch went out (inFlightOn): a call leaving now may have been applied
 	conn       *pgxpool.Conn // while the batch is in flight
 	left       bool          // a call left: send nothing more, cancel what was sent
 	cancelSent bool          // a cancel request went to the batch's backend
@@ -161,17 +162,17 @@ func (w *Writer) submit(ctx context.Context, req Request, stmt string, args []an
 
 // leave ends the wait of a call whose context ended (cause): its deadline
 // met, its caller gone. Taken by no group, it is withdrawn: nothing was
-// sent, as for a call that waited out its deadline for a pool connection.
-// In a group, the group is cancelled, as a call alone is when its context
+// sent, as for a call that waited out its deadline for a pool connection;
+// so too in a group not yet sent, which then never is (its other calls run
+// alone). In a group in flight, the group is cancelled, as a call alone is when its context
 // ends: PostgreSQL rolls the group back unless it has committed already,
 // and its other calls run alone. The error says which, when the group
 // ends within leaveGrace.
 func (c *committer) leave(call *groupedCall, cause error) error {
 	g := c.withdraw(call)
-	if g == nil {
+	if g == nil || g.cancel() {
 		return &postgres.AcquireError{Err: cause}
 	}
-	g.cancel()
 	var err error
 	select {
 	case err = <-call.done:
@@ -182,8 +183,6 @@ func (c *committer) leave(call *groupedCall, cause error) error {
 	switch {
 	case err == nil:
 		return fmt.Errorf("left its commit group, which committed: %w", cause)
-	case errors.Is(err, errLeftBeforeSent):
-		return &postgres.AcquireError{Err: cause}
 	case errors.As(err, &rolledBack):
 		return fmt.Errorf("%w; its commit group was rolled back: %w", cause, rolledBack.cause)
 	}
@@ -274,12 +273,14 @@ func (c *committer) take() *group {
 // run runs one group and answers each of its calls.
 func (c *committer) run(g *group) {
 	err := c.commit(g)
-	grouped := len(g.calls) > 1
-	if grouped && c.stats.Ran != nil {
+	// A group never sent (a call left it first) ran nothing, and
+	// PostgreSQL rolled nothing back: the stats tell of groups sent.
+	sent := len(g.calls) > 1 && !errors.Is(err, errLeftBeforeSent)
+	if sent && c.stats.Ran != nil {
 		c.stats.Ran(len(g.calls))
 	}
 	if err != nil && runsAlone(err, len(g.calls)) {
-		if grouped && c.stats.RolledBack != nil {
+		if sent && c.stats.RolledBack != nil {
 			c.stats.RolledBack(len(g.calls))
 		}
 		err = &rolledBackGroup{cause: err}
@@ -353,7 +354,7 @@ func (g *group) inFlightOn(conn *pgxpool.Conn) bool {
 	if g.left {
 		return false
 	}
-	g.conn = conn
+	g.sent, g.conn = true, conn
 	return true
 }
 
@@ -366,16 +367,21 @@ func (g *group) landed() bool {
 	return g.cancelSent
 }
 
-// cancel asks PostgreSQL to cancel the group's batch if it is in flight,
-// or keeps it from being sent: PostgreSQL answers the statement running
-// with an ERROR (57014), which rolls the group back, unless it has
-// committed already.
-func (g *group) cancel() {
+// cancel keeps the group's batch from being sent, and reports true (the
+// group, still waiting for a connection, sends nothing: its leaving call
+// is answered at once that nothing was applied, as a call alone waiting
+// for a connection is); or asks PostgreSQL to cancel the batch if it is in
+// flight: PostgreSQL answers the statement running with an ERROR (57014),
+// which rolls the group back, unless it has committed already.
+func (g *group) cancel() (neverSent bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.left = true
+	if !g.sent {
+		return true
+	}
 	if g.conn == nil || g.cancelSent {
-		return
+		return false
 	}
 	g.cancelSent = true
 	pgConn := g.conn.Conn().PgConn()
@@ -384,6 +390,7 @@ func (g *group) cancel() {
 		defer cancel()
 		_ = pgConn.CancelRequest(ctx)
 	}()
+	return false
 }
 
 // groupContext is the context a group runs under: no call's cancellation
@@ -486,7 +493,7 @@ func endGroupSpan(span trace.Span, calls []*groupedCall, err error) {
 func GroupMetrics(reg prometheus.Registerer) GroupStats {
 	calls := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "sales_writer_commit_group_calls",
-		Help:    "Sale calls committed together in one transaction, per commit group of two or more calls.",
+		Help:    "Sale calls sent together in one transaction (committed, or rolled back and run again alone), per commit group of two or more calls.",
 		Buckets: []float64{2, 4, 8, 16, 32},
 	})
 	rolledBack := prometheus.NewCounter(prometheus.CounterOpts{

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -242,5 +244,54 @@ func TestAGroupWithALockedItemDoesNotHoldUpItsOtherCalls(t *testing.T) {
 	}
 	if got := answered(t, "x once unlocked", answers[1]); got.err != nil || got.res.Status != "inactive" {
 		t.Errorf("confirm of x once unlocked = %+v, %v; want it sold", got.res, got.err)
+	}
+}
+
+// A call that leaves (its caller gone, its deadline met) while its group
+// waits for a pool connection had nothing sent, and its answer says so at
+// once (postgres.NothingDone: "nothing was applied"), as a call alone
+// waiting for a connection; the group is never sent, and its other call
+// runs alone. PostgreSQL rolled nothing back: no rollback is counted.
+func TestACallLeavingBeforeItsGroupIsSentSaysNothingWasApplied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Pool(t, testenv.PostgresURL(t)+" pool_max_conns=1")
+	owner := saleFixture(t, db, "a")
+	addItems(t, db, owner, "b")
+	var seen groupsSeen
+	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
+	held, err := db.Acquire(ctx) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	release := holdRunners(t, w)
+	leaving, leave := context.WithCancel(ctx)
+	defer leave()
+	leaving, sent := postgres.TrackSent(leaving)
+	left := make(chan error, 1)
+	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-a", "a", "o-a")); left <- err }()
+	queued(t, w, 1)
+	stay := make(chan answer, 1)
+	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); stay <- answer{res, err} }()
+	queued(t, w, 2)
+	release()
+	queued(t, w, 0) // the group has taken both, and waits for the connection
+	leave()
+	// Answered while the group still waits for the connection.
+	if err := <-left; !postgres.NothingDone(err) || !sent.Nothing() {
+		t.Errorf("call that left before its group was sent = %v (sent: %t); want nothing done, nothing sent", err, !sent.Nothing())
+	}
+	held.Release()
+	if got := answered(t, "the call that stayed", stay); got.err != nil || got.res.Status != "inactive" {
+		t.Errorf("the call that stayed = %+v, %v; want it sold alone", got.res, got.err)
+	}
+	if ran, rolledBack := seen.counts(); len(ran) != 0 || len(rolledBack) != 0 {
+		t.Errorf("groups run %v, rolled back %v; want none counted: none was sent", ran, rolledBack)
+	}
+	rows, _ := db.Query(ctx, "SELECT id FROM export_items WHERE sold ORDER BY id")
+	sold, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(sold) != 1 || sold[0] != "b" {
+		t.Errorf("sold %v (%v), want [b]", sold, err)
 	}
 }
