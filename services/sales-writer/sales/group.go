@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -154,8 +155,12 @@ func (w *Writer) submit(ctx context.Context, req Request, stmt string, args []an
 	case <-ctx.Done():
 		return c.leave(call, ctx.Err())
 	}
-	if errors.Is(err, errRunAlone) {
+	var p *groupPanic
+	switch {
+	case errors.Is(err, errRunAlone):
 		return w.underKeyLock(ctx, req, stmt, args, scan)
+	case errors.As(err, &p):
+		panic(p)
 	}
 	return err
 }
@@ -272,6 +277,7 @@ func (c *committer) take() *group {
 
 // run runs one group and answers each of its calls.
 func (c *committer) run(g *group) {
+	defer c.answerPanic(g)
 	err := c.commit(g)
 	// A group never sent (a call left it first) ran nothing, and
 	// PostgreSQL rolled nothing back: the stats tell of groups sent.
@@ -287,6 +293,35 @@ func (c *committer) run(g *group) {
 	}
 	for _, call := range g.calls {
 		call.done <- err
+	}
+}
+
+// groupPanic is a panic of a group's goroutine (in a call's scan, in pgx),
+// answered to each of its calls, which panics with it in its own goroutine
+// (submit): the server answers and logs it there (api's panicAnswer: sent,
+// the sale may have been applied; the batch's commit went out with it),
+// where a panic up the group's goroutine would end the process and every
+// call in flight.
+type groupPanic struct {
+	value any
+	stack []byte
+}
+
+func (p *groupPanic) Error() string {
+	return fmt.Sprintf("sales: commit group panicked: %v\n%s", p.value, p.stack)
+}
+
+// answerPanic answers each call of g the panic of the goroutine running
+// it, if any.
+func (c *committer) answerPanic(g *group) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	p := &groupPanic{value: v, stack: debug.Stack()}
+	g.landed() // its connection was given back to the pool, which drops one left mid-batch
+	for _, call := range g.calls {
+		call.done <- p
 	}
 }
 

@@ -3,6 +3,8 @@ package sales
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -293,5 +295,58 @@ func TestACallLeavingBeforeItsGroupIsSentSaysNothingWasApplied(t *testing.T) {
 	sold, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || len(sold) != 1 || sold[0] != "b" {
 		t.Errorf("sold %v (%v), want [b]", sold, err)
+	}
+}
+
+// A panic while a group runs (in its scan of a call's row, in pgx) is its
+// calls' own: each panics with it in its own goroutine, where the server
+// answers it (api's panicAnswer: the call was sent, so the sale may have
+// been applied) and the writer goes on. It once went up the group's
+// goroutine and ended the process, every call in flight with it.
+func TestAPanicInACommitGroupPanicsInItsCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	owner := saleFixture(t, db, "a")
+	addItems(t, db, owner, "b", "c")
+	w := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
+	release := holdRunners(t, w)
+	scans := map[string]func(pgx.Row) error{
+		"a": func(pgx.Row) error { panic("a bug in a scan") },
+		"b": func(row pgx.Row) error {
+			var wr written
+			return row.Scan(&wr.recordFingerprint, &wr.stored, &wr.status, &wr.confirmedAt, &wr.canceledAt)
+		},
+	}
+	type panicked struct {
+		value any
+		sent  *postgres.Sent
+	}
+	var calls []chan panicked
+	for i, item := range []string{"a", "b"} {
+		req := confirmOf(owner, "k-"+item, item, "o-"+item)
+		callCtx, sent := postgres.TrackSent(ctx)
+		call := make(chan panicked, 1)
+		calls = append(calls, call)
+		go func() {
+			defer func() { call <- panicked{recover(), sent} }()
+			_ = w.submit(callCtx, req, confirmSQL, []any{owner, "p", req.IdempotencyKey, item, req.ExternalOrderID,
+				Fingerprint(req), 3600.0}, scans[item])
+		}()
+		queued(t, w, i+1)
+	}
+	release()
+	for i, call := range calls {
+		select {
+		case got := <-call:
+			if got.value == nil || !strings.Contains(fmt.Sprint(got.value), "a bug in a scan") || got.sent.Nothing() {
+				t.Errorf("call %d of the group that panicked: panic %v, sent %t; want the group's panic, sent", i, got.value, !got.sent.Nothing())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("call %d of the group that panicked not answered after 10 s", i)
+		}
+	}
+	if res, err := w.Execute(ctx, confirmOf(owner, "k-c", "c", "o-c")); err != nil || res.Status != "inactive" {
+		t.Errorf("a call after the panic = %+v, %v; want it sold", res, err)
 	}
 }
