@@ -98,17 +98,20 @@ type groupedCall struct {
 	queued time.Time
 	group  *group     // set when a group takes the call
 	done   chan error // buffered: the group never waits on a call that left
+
+	// Guarded by the group's mu.
+	inBatch bool // its statement went out in the group's batch (inFlightOn)
+	left    bool // it left before the batch went out, which then leaves it out
 }
 
 // group is one commit group's calls, and what a call leaving it needs: the
 // connection its batch is in flight on, to cancel it.
 type group struct {
 	calls []*groupedCall
+	sent  []*groupedCall // the calls its batch holds: those that had not left when it went out
 
 	mu         sync.Mutex
-	sent       bool          // the batch went out (inFlightOn): a call leaving now may have been applied
 	conn       *pgxpool.Conn // while the batch is in flight
-	left       bool          // a call left: send nothing more, cancel what was sent
 	cancelSent bool          // a cancel request went to the batch's backend
 }
 
@@ -168,14 +171,14 @@ func (w *Writer) submit(ctx context.Context, req Request, stmt string, args []an
 // leave ends the wait of a call whose context ended (cause): its deadline
 // met, its caller gone. Taken by no group, it is withdrawn: nothing was
 // sent, as for a call that waited out its deadline for a pool connection;
-// so too in a group not yet sent, which then never is (its other calls run
-// alone). In a group in flight, the group is cancelled, as a call alone is when its context
+// so too in a group not yet sent, which goes on without it. In a group in
+// flight, the group is cancelled, as a call alone is when its context
 // ends: PostgreSQL rolls the group back unless it has committed already,
 // and its other calls run alone. The error says which, when the group
 // ends within leaveGrace.
 func (c *committer) leave(call *groupedCall, cause error) error {
 	g := c.withdraw(call)
-	if g == nil || g.cancel() {
+	if g == nil || g.cancel(call) {
 		return &postgres.AcquireError{Err: cause}
 	}
 	var err error
@@ -279,19 +282,25 @@ func (c *committer) take() *group {
 func (c *committer) run(g *group) {
 	defer c.answerPanic(g)
 	err := c.commit(g)
-	// A group never sent (a call left it first) ran nothing, and
-	// PostgreSQL rolled nothing back: the stats tell of groups sent.
-	sent := len(g.calls) > 1 && !errors.Is(err, errLeftBeforeSent)
-	if sent && c.stats.Ran != nil {
-		c.stats.Ran(len(g.calls))
+	// The stats tell of the calls sent together: a call that left
+	// before was not, and a group none of whose calls was sent ran
+	// nothing, which PostgreSQL did not roll back.
+	together := len(g.sent) > 1
+	if together && c.stats.Ran != nil {
+		c.stats.Ran(len(g.sent))
 	}
-	if err != nil && runsAlone(err, len(g.calls)) {
-		if sent && c.stats.RolledBack != nil {
-			c.stats.RolledBack(len(g.calls))
+	if err != nil && runsAlone(err, len(g.sent)) {
+		if together && c.stats.RolledBack != nil {
+			c.stats.RolledBack(len(g.sent))
 		}
 		err = &rolledBackGroup{cause: err}
 	}
+	leftOut := &rolledBackGroup{cause: errLeftBeforeSent}
 	for _, call := range g.calls {
+		if len(g.sent) > 0 && !call.inBatch {
+			call.done <- leftOut
+			continue
+		}
 		call.done <- err
 	}
 }
@@ -333,13 +342,13 @@ func runsAlone(err error, calls int) bool {
 	return errors.Is(err, errLeftBeforeSent) || calls > 1 && postgres.RolledBack(err)
 }
 
-// errLeftBeforeSent: a call left the group before its batch was sent; the
-// others run alone.
+// errLeftBeforeSent: a call left the group before its batch was sent,
+// which leaves it out; when every call has left, the group sends nothing.
 var errLeftBeforeSent = errors.New("a call left the commit group before it was sent")
 
-// commit sends the group's statements in one batch, one implicit
-// transaction committed at its Sync, with each call's scan reading its
-// statement's row.
+// commit sends the statements of the group's calls that have not left in
+// one batch (g.sent), one implicit transaction committed at its Sync, with
+// each call's scan reading its statement's row.
 func (c *committer) commit(g *group) error {
 	calls := g.calls
 	// In item order, so that two groups (of two writers) that change the
@@ -349,22 +358,15 @@ func (c *committer) commit(g *group) error {
 	ctx, cancel := groupContext(calls)
 	defer cancel()
 	ctx, span := startGroupSpan(ctx, calls)
-	batch := &pgx.Batch{}
-	if len(calls) > 1 {
-		batch.Queue(groupLockTimeoutSQL)
-	}
-	for _, call := range calls {
-		batch.Queue(keyLock, call.req.OwnerID, call.req.PlatformID, call.req.IdempotencyKey)
-		batch.Queue(call.stmt, call.args...).QueryRow(call.scan)
-	}
 	err := postgres.AcquireFunc(ctx, c.db, func(conn *pgxpool.Conn) error {
-		if !g.inFlightOn(conn) {
+		g.sent = g.inFlightOn(conn)
+		if len(g.sent) == 0 {
 			return errLeftBeforeSent
 		}
-		for _, call := range calls {
+		for _, call := range g.sent {
 			postgres.MarkSent(call.ctx)
 		}
-		err := conn.SendBatch(ctx, batch).Close()
+		err := conn.SendBatch(ctx, groupBatch(g.sent)).Close()
 		if g.landed() {
 			// A cancel request may reach the backend late, and cancel
 			// whatever the connection runs next: it runs nothing more.
@@ -376,21 +378,39 @@ func (c *committer) commit(g *group) error {
 	return err
 }
 
+// groupBatch is the batch of calls: for each, its key's lock and its
+// statement, after the group's lock_timeout when they are several.
+func groupBatch(calls []*groupedCall) *pgx.Batch {
+	batch := &pgx.Batch{}
+	if len(calls) > 1 {
+		batch.Queue(groupLockTimeoutSQL)
+	}
+	for _, call := range calls {
+		batch.Queue(keyLock, call.req.OwnerID, call.req.PlatformID, call.req.IdempotencyKey)
+		batch.Queue(call.stmt, call.args...).QueryRow(call.scan)
+	}
+	return batch
+}
+
 // inFlightOn records that the group's batch is about to be sent on conn,
-// unless a call has left the group already (false).
-func (g *group) inFlightOn(conn *pgxpool.Conn) bool {
+// and returns the calls it holds: those that have not left. A call whose
+// context has ended is leaving (submit's leave), or about to: it is left
+// out too, and answered that nothing of it was sent.
+func (g *group) inFlightOn(conn *pgxpool.Conn) []*groupedCall {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	var staying []*groupedCall
 	for _, call := range g.calls {
-		// A call whose context has ended is leaving (submit's leave), or
-		// about to.
-		g.left = g.left || call.ctx.Err() != nil
+		call.left = call.left || call.ctx.Err() != nil
+		if !call.left {
+			call.inBatch = true
+			staying = append(staying, call)
+		}
 	}
-	if g.left {
-		return false
+	if len(staying) > 0 {
+		g.conn = conn
 	}
-	g.sent, g.conn = true, conn
-	return true
+	return staying
 }
 
 // landed records that the batch has ended, and reports whether a cancel
@@ -402,17 +422,19 @@ func (g *group) landed() bool {
 	return g.cancelSent
 }
 
-// cancel keeps the group's batch from being sent, and reports true (the
-// group, still waiting for a connection, sends nothing: its leaving call
-// is answered at once that nothing was applied, as a call alone waiting
-// for a connection is); or asks PostgreSQL to cancel the batch if it is in
-// flight: PostgreSQL answers the statement running with an ERROR (57014),
-// which rolls the group back, unless it has committed already.
-func (g *group) cancel() (neverSent bool) {
+// cancel takes call, leaving, out of the group's batch and reports true,
+// when the batch has not gone out (the group, still waiting for a
+// connection, sends the others' statements without it: the call is
+// answered at once that nothing was applied, as a call alone waiting for a
+// connection is); or, the call's statement sent, asks PostgreSQL to cancel
+// the batch if it is in flight: PostgreSQL answers the statement running
+// with an ERROR (57014), which rolls the group back, unless it has
+// committed already.
+func (g *group) cancel(call *groupedCall) (neverSent bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.left = true
-	if !g.sent {
+	if !call.inBatch {
+		call.left = true
 		return true
 	}
 	if g.conn == nil || g.cancelSent {

@@ -252,14 +252,16 @@ func TestAGroupWithALockedItemDoesNotHoldUpItsOtherCalls(t *testing.T) {
 // A call that leaves (its caller gone, its deadline met) while its group
 // waits for a pool connection had nothing sent, and its answer says so at
 // once (postgres.NothingDone: "nothing was applied"), as a call alone
-// waiting for a connection; the group is never sent, and its other call
-// runs alone. PostgreSQL rolled nothing back: no rollback is counted.
+// waiting for a connection. The group goes on without it: its other calls
+// commit together once the connection comes, rather than each waiting
+// again for one of its own (under overload, calls timing out in the
+// pool's line would otherwise dissolve every group they are in).
 func TestACallLeavingBeforeItsGroupIsSentSaysNothingWasApplied(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Pool(t, testenv.PostgresURL(t)+" pool_max_conns=1")
 	owner := saleFixture(t, db, "a")
-	addItems(t, db, owner, "b")
+	addItems(t, db, owner, "b", "c")
 	var seen groupsSeen
 	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
 	held, err := db.Acquire(ctx) // the pool's only connection
@@ -272,29 +274,38 @@ func TestACallLeavingBeforeItsGroupIsSentSaysNothingWasApplied(t *testing.T) {
 	defer leave()
 	leaving, sent := postgres.TrackSent(leaving)
 	left := make(chan error, 1)
-	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-a", "a", "o-a")); left <- err }()
+	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-b", "b", "o-b")); left <- err }()
 	queued(t, w, 1)
-	stay := make(chan answer, 1)
-	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); stay <- answer{res, err} }()
-	queued(t, w, 2)
+	var staying []chan answer
+	for _, item := range []string{"a", "c"} {
+		stay := make(chan answer, 1)
+		staying = append(staying, stay)
+		go func() {
+			res, err := w.Execute(ctx, confirmOf(owner, "k-"+item, item, "o-"+item))
+			stay <- answer{res, err}
+		}()
+		queued(t, w, len(staying)+1)
+	}
 	release()
-	queued(t, w, 0) // the group has taken both, and waits for the connection
+	queued(t, w, 0) // the group has taken all three, and waits for the connection
 	leave()
 	// Answered while the group still waits for the connection.
 	if err := <-left; !postgres.NothingDone(err) || !sent.Nothing() {
 		t.Errorf("call that left before its group was sent = %v (sent: %t); want nothing done, nothing sent", err, !sent.Nothing())
 	}
 	held.Release()
-	if got := answered(t, "the call that stayed", stay); got.err != nil || got.res.Status != "inactive" {
-		t.Errorf("the call that stayed = %+v, %v; want it sold alone", got.res, got.err)
+	for _, stay := range staying {
+		if got := answered(t, "a call that stayed", stay); got.err != nil || got.res.Status != "inactive" {
+			t.Errorf("a call that stayed = %+v, %v; want it sold", got.res, got.err)
+		}
 	}
-	if ran, rolledBack := seen.counts(); len(ran) != 0 || len(rolledBack) != 0 {
-		t.Errorf("groups run %v, rolled back %v; want none counted: none was sent", ran, rolledBack)
+	if ran, rolledBack := seen.counts(); len(ran) != 1 || ran[0] != 2 || len(rolledBack) != 0 {
+		t.Errorf("groups run %v, rolled back %v; want the two calls that stayed sent together, none rolled back", ran, rolledBack)
 	}
 	rows, _ := db.Query(ctx, "SELECT id FROM export_items WHERE sold ORDER BY id")
 	sold, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil || len(sold) != 1 || sold[0] != "b" {
-		t.Errorf("sold %v (%v), want [b]", sold, err)
+	if err != nil || len(sold) != 2 || sold[0] != "a" || sold[1] != "c" {
+		t.Errorf("sold %v (%v), want [a c]", sold, err)
 	}
 }
 
