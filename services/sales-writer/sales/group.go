@@ -116,8 +116,10 @@ type group struct {
 }
 
 // committer gathers calls into groups and runs at most maxGroups at once,
-// each on a connection of its own. Calls wait in one queue, first come
-// first served; a group takes up to maxGroupCalls from its head.
+// each on a connection of its own, not counting the groups that have run
+// for slowGroup (runWatched): those end on their own. Calls wait in one
+// queue, first come first served; a group takes up to maxGroupCalls from
+// its head.
 type committer struct {
 	db        *pgxpool.Pool
 	maxGroups int

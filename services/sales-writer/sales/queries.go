@@ -49,7 +49,11 @@ WITH live AS (
 // updated_at is stamped: a sync that starts meanwhile waits for this
 // commit instead of missing the change (catalog's barrier.go says why).
 // Taken first, it cannot close a cycle of waits with a sync's barrier,
-// which holds nothing else.
+// which holds nothing else. A commit group (group.go) takes the locks of
+// several calls, of several owners, in one transaction, and can: holding
+// one owner's lock, it waits behind another owner's barrier for a second
+// group that waits behind the first owner's barrier for it. The group's
+// lock_timeout ends that wait; its calls then run again alone.
 var writerLock = `
 , barrier AS (SELECT ` + catalog.WriterLock("$1::uuid") + `)`
 
