@@ -162,6 +162,8 @@ func (h *handler) failure(r *http.Request, err error) errorAnswer {
 		return h.cutOff(r, err)
 	case httpserver.CallerGone(r, err):
 		return h.abandoned(r, err)
+	case errors.Is(err, sales.ErrCommitUnconfirmed):
+		return h.unconfirmed(r, err)
 	case postgres.Unreachable(err):
 		return h.unreachable(r, err)
 	case postgres.Unavailable(err):
@@ -236,6 +238,14 @@ func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
 	h.log.InfoContext(r.Context(), "sale call abandoned by the caller: "+claim.logged(), "error", err)
 	return errorAnswer{status: httpserver.StatusClientClosed, code: httpserver.CodeClientClosed,
 		message: "the caller closed the request; " + claim.said, applied: claim}
+}
+
+// unconfirmed answers a call whose commit group's commit was reached by a
+// cancel request (another call of the group left it in flight) and ended
+// without an ERROR: committed, perhaps not on a synchronous standby.
+func (h *handler) unconfirmed(r *http.Request, err error) errorAnswer {
+	h.log.WarnContext(r.Context(), "sale call's commit unconfirmed: another call of its commit group left it in flight", "error", err)
+	return answer503("the sale store could not confirm the commit", mayHaveBeenApplied)
 }
 
 // unreachable answers an outage, not a bug. The connection may have

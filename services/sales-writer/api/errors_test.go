@@ -255,6 +255,8 @@ func TestFailuresOnTheWire(t *testing.T) {
 			"the sale store cannot take this call now; nothing was applied" + retry, "no"},
 		{"a session ended by the server", fmt.Errorf("sales: %w", &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P05"}), nil, 503, "unavailable",
 			"the sale store cannot take this call now; retry with backoff and the same Idempotency-Key", ""},
+		{"a commit group's commit unconfirmed", fmt.Errorf("sales: %w", sales.ErrCommitUnconfirmed), nil, 503, "unavailable",
+			"the sale store could not confirm the commit; the sale may have been applied" + retry, "maybe"},
 		{"unforeseen", errors.New("sales: stored response: unexpected end of JSON input"), nil, 500, "internal_error", InternalErrorMessage, "maybe"},
 	}
 	for _, tt := range tests {

@@ -344,6 +344,16 @@ func runsAlone(err error, calls int) bool {
 	return errors.Is(err, errLeftBeforeSent) || calls > 1 && postgres.RolledBack(err)
 }
 
+// ErrCommitUnconfirmed answers every call of a group that a cancel request
+// reached (a call left it in flight) whose batch then ended without an
+// ERROR. PostgreSQL answers a cancel that comes while a COMMIT waits for a
+// synchronous standby with a WARNING, and the transaction, committed
+// locally, may not be on the standby: a failover could lose it. So no
+// call is told its sale is done; each may have been applied (its key's
+// retry settles it), as a call alone whose own wait is cut is told.
+var ErrCommitUnconfirmed = errors.New("a cancel request reached the commit group, which then ended without an error: " +
+	"its commit may not have reached a synchronous standby")
+
 // errLeftBeforeSent: a call left the group before its batch was sent,
 // which leaves it out; when every call has left, the group sends nothing.
 var errLeftBeforeSent = errors.New("a call left the commit group before it was sent")
@@ -373,6 +383,9 @@ func (c *committer) commit(g *group) error {
 			// A cancel request may reach the backend late, and cancel
 			// whatever the connection runs next: it runs nothing more.
 			_ = conn.Conn().Close(context.Background())
+			if err == nil {
+				err = ErrCommitUnconfirmed
+			}
 		}
 		return err
 	})

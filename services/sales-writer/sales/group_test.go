@@ -361,3 +361,65 @@ func TestAPanicInACommitGroupPanicsInItsCalls(t *testing.T) {
 		t.Errorf("a call after the panic = %+v, %v; want it sold", res, err)
 	}
 }
+
+// A cancel request that reaches a group's COMMIT while it waits for a
+// synchronous standby ends the wait with a WARNING, not an ERROR: the
+// batch succeeds, its transaction committed locally and perhaps not on the
+// standby. A call that left its group in flight sends one; its group's
+// other calls are then told their sale may have been applied, never that
+// it is done (a failover could lose it), as a call alone is told when its
+// own wait is cut (api's TestSaleEndedAfterItsCommitWasSentMayHaveBeenApplied).
+func TestACallLeavingDuringItsGroupsCommitWaitLeavesTheOthersUnsure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := testenv.StandbyPair(t)
+	admin := testenv.Pool(t, pair.Primary)
+	owner := saleFixture(t, admin, "a")
+	addItems(t, admin, owner, "b")
+	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = 'nothere'", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
+	const app = "sales-group-committing"
+	db := testenv.Pool(t, pair.Primary+" application_name="+app+" synchronous_commit=on")
+	w := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
+	release := holdRunners(t, w)
+	leaving, leave := context.WithCancel(ctx)
+	defer leave()
+	left := make(chan error, 1)
+	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-a", "a", "o-a")); left <- err }()
+	queued(t, w, 1)
+	stay := make(chan answer, 1)
+	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); stay <- answer{res, err} }()
+	queued(t, w, 2)
+	release()
+	waitFor(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
+	leave()
+	if err := <-left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
+		t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
+	}
+	if got := answered(t, "the call that stayed", stay); !errors.Is(got.err, ErrCommitUnconfirmed) {
+		t.Errorf("the call that stayed, its commit's wait for the standby cut = %+v, %v; want ErrCommitUnconfirmed (it may have been applied)", got.res, got.err)
+	}
+}
+
+// waitFor waits until query (one boolean) is true in db, for 10 s at most.
+func waitFor(t *testing.T, db *pgxpool.Pool, query string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var ok bool
+		if err := db.QueryRow(context.Background(), query).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true after 10 s", query)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
