@@ -61,7 +61,7 @@ func TestAGroupIsTracedInItsCalls(t *testing.T) {
 			waits = append(waits, s)
 		}
 		for _, a := range s.Attributes() {
-			if v := a.Value.Emit(); strings.Contains(v, "secret-key") || strings.Contains(v, "order-") || strings.Contains(v, owner) {
+			if v := a.Value.String(); strings.Contains(v, "secret-key") || strings.Contains(v, "order-") || strings.Contains(v, owner) {
 				t.Errorf("span %q has %s = %q: a call's key, order or owner", s.Name(), a.Key, v)
 			}
 		}
@@ -76,7 +76,7 @@ func TestAGroupIsTracedInItsCalls(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range group.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["app.commit_group.calls"] != "3" || attrs["app.commit_group.traced_calls"] != "2" {
 		t.Errorf("commit group's attributes %v, want calls 3, traced_calls 2", attrs)
