@@ -19,7 +19,7 @@ type Config struct {
 	AdminAddr             string              // SALES_WRITER_ADMIN_ADDR (127.0.0.1:9082): /metrics and /debug/pprof
 	DatabaseURL           string              // DATABASE_URL (required; secret: may hold a password)
 	DBMaxConns            int                 // SALES_WRITER_DB_MAX_CONNS (8)
-	CommitGroups          int                 // SALES_WRITER_COMMIT_GROUPS (2): commit groups of sale calls at once; 0: each call commits alone
+	CommitGroups          int                 // SALES_WRITER_COMMIT_GROUPS (1): commit groups of sale calls at once; 0: each call commits alone
 	QueryTimeout          time.Duration       // SALES_WRITER_QUERY_TIMEOUT (10s): a sale call's bound in the database
 	ShutdownDelay         time.Duration       // SALES_WRITER_SHUTDOWN_DELAY (3s): serving on, unready, after SIGTERM
 	IdentitySecret        string              // IDENTITY_SECRET (required, ≥32 bytes; secret)

@@ -19,7 +19,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Addr: "127.0.0.1:8082", AdminAddr: "127.0.0.1:9082", DatabaseURL: "host=/tmp", DBMaxConns: 8, CommitGroups: 2,
+	want := Config{Addr: "127.0.0.1:8082", AdminAddr: "127.0.0.1:9082", DatabaseURL: "host=/tmp", DBMaxConns: 8, CommitGroups: 1,
 		QueryTimeout: 10 * time.Second, ShutdownDelay: 3 * time.Second, IdentitySecret: secret, IdentityPrevious: []string{secret + "-old"}, IdempotencyRetention: 24 * time.Hour, PurgeInterval: 5 * time.Minute, LogLevel: "info"}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(Config{}, "Settings")); diff != "" {
 		t.Errorf("loadConfig mismatch (-want +got):\n%s", diff)

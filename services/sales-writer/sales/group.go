@@ -70,7 +70,7 @@ const groupLockTimeoutSQL = `SELECT set_config('lock_timeout', '` + groupLockTim
 
 // DefaultCommitGroups is how many groups a writer runs at once by default
 // (SALES_WRITER_COMMIT_GROUPS).
-const DefaultCommitGroups = 2
+const DefaultCommitGroups = 1
 
 // errRunAlone tells a call that its group was rolled back: it runs alone.
 var errRunAlone = errors.New("commit group rolled back")
