@@ -86,7 +86,14 @@ func (e *rolledBackGroup) Unwrap() []error { return []error{errRunAlone, e.cause
 // deadline met, its caller gone) waits for the group to end once it has
 // asked PostgreSQL to cancel it, so that its answer can say whether the
 // sale was rolled back. Past it, the answer says it may have been applied.
-const leaveGrace = time.Second
+// A cancel request reaches a live server in milliseconds; the grace comes
+// out of the 2 s the drain leaves a call past its bound to write its answer
+// (httpserver.AnswerWriteMargin), so it stays well under that.
+const leaveGrace = 250 * time.Millisecond
+
+// cancelRequestTimeout bounds the cancel request's own connection to the
+// server, which may be far, or slow to accept one.
+const cancelRequestTimeout = 5 * time.Second
 
 // groupedCall is one call's statement waiting for, or in, a group.
 type groupedCall struct {
@@ -458,7 +465,7 @@ func (g *group) cancel(call *groupedCall) (neverSent bool) {
 	g.cancelSent = true
 	pgConn := g.conn.Conn().PgConn()
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), leaveGrace)
+		ctx, cancel := context.WithTimeout(context.Background(), cancelRequestTimeout)
 		defer cancel()
 		_ = pgConn.CancelRequest(ctx)
 	}()
