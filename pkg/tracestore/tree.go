@@ -108,12 +108,13 @@ func LinkTargets(spans []Span) map[string]bool {
 // the gateway could not read), who called (and the id it gave the call
 // itself, an X-Request-Id of its own), what the call was about (item,
 // order, key, replay, whether a failed sale was applied), which limit
-// refused it, which instance answered (server.*, on proxy and client
+// refused it, how many calls a sale's commit group held, which instance answered (server.*, on proxy and client
 // spans) and, on a client span, the URL it called (never secret: the
 // shop's key goes in a header).
 var interestingAttrs = []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure",
 	"app.unread_reason", "error.type", "app.cancel_reason", "app.cancel_cause", "app.rate_limit.class",
-	"app.rate_limit.batch.decisions", "app.rate_limit.batch.traced_requests", "owner.id", "api_key.id", "platform.id",
+	"app.rate_limit.batch.decisions", "app.rate_limit.batch.traced_requests", "app.commit_group.calls",
+	"app.commit_group.traced_calls", "owner.id", "api_key.id", "platform.id",
 	"app.client_request_id", "app.item_id",
 	"app.external_order_id", "app.idempotency_key", "app.idempotent_replay", "app.sale_applied", "server.address", "server.port",
 	"url.full", "db.operation.name", "export.read_ahead"}
