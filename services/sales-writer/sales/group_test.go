@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -32,10 +33,17 @@ func (s *groupsSeen) stats() GroupStats {
 func (s *groupsSeen) counts() (ran, rolledBack []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slicesClone(s.ran), slicesClone(s.rolledBack)
+	return slices.Clone(s.ran), slices.Clone(s.rolledBack)
 }
 
-func slicesClone(s []int) []int { return append([]int(nil), s...) }
+// heldGroupingWriter is a writer of db running one group at a time, whose
+// runners are held (holdRunners), with the groups it runs recorded.
+func heldGroupingWriter(t *testing.T, db *pgxpool.Pool) (w *Writer, seen *groupsSeen, release func()) {
+	t.Helper()
+	seen = &groupsSeen{}
+	w = NewGroupingWriter(db, time.Hour, 1, seen.stats())
+	return w, seen, holdRunners(t, w)
+}
 
 // holdRunners makes w's committer look as if its every runner were busy,
 // so that calls submitted meanwhile wait in its queue, in the order they
@@ -103,17 +111,6 @@ func answered(t *testing.T, what string, a <-chan answer) answer {
 	}
 }
 
-func addItems(t *testing.T, db *pgxpool.Pool, owner string, items ...string) {
-	t.Helper()
-	for _, item := range items {
-		if _, err := db.Exec(context.Background(), `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
-		    doc_eng, doc_rus, doc_ukr, updated_at)
-		    VALUES ($1, $2, true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner, item); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 func confirmOf(owner, key, item, order string) Request {
 	return Request{Operation: Confirm, OwnerID: owner, PlatformID: "p", IdempotencyKey: key, ItemID: item, ExternalOrderID: order, Quantity: 1}
 }
@@ -124,11 +121,8 @@ func TestCallsArrivingTogetherCommitInOneGroup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "a")
-	addItems(t, db, owner, "b", "c", "d")
-	var seen groupsSeen
-	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
-	release := holdRunners(t, w)
+	owner := saleFixture(t, db, "a", "b", "c", "d")
+	w, seen, release := heldGroupingWriter(t, db)
 	items := []string{"d", "b", "a", "c"}
 	var reqs []Request
 	for _, item := range items {
@@ -160,14 +154,11 @@ func TestAGroupJudgesItsCallsOneAfterAnother(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "a")
-	addItems(t, db, owner, "b", "c", "d")
+	owner := saleFixture(t, db, "a", "b", "c", "d")
 	if _, err := db.Exec(ctx, "INSERT INTO platforms (id) VALUES ('q')"); err != nil {
 		t.Fatal(err)
 	}
-	var seen groupsSeen
-	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
-	release := holdRunners(t, w)
+	w, seen, release := heldGroupingWriter(t, db)
 	byQ := confirmOf(owner, "k-q", "c", "o-q")
 	byQ.PlatformID = "q"
 	cancelD := confirmOf(owner, "k-cancel-d", "d", "o-d")
@@ -219,12 +210,9 @@ func TestAGroupWithALockedItemDoesNotHoldUpItsOtherCalls(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "a")
-	addItems(t, db, owner, "b", "x")
+	owner := saleFixture(t, db, "a", "b", "x")
 	tx := testenv.InTransaction(t, db, `SELECT FROM export_items WHERE id = 'x' FOR UPDATE`)
-	var seen groupsSeen
-	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
-	release := holdRunners(t, w)
+	w, seen, release := heldGroupingWriter(t, db)
 	reqs := []Request{confirmOf(owner, "k-a", "a", "o-a"), confirmOf(owner, "k-x", "x", "o-x"), confirmOf(owner, "k-b", "b", "o-b")}
 	answers := executeInOrder(t, ctx, w, reqs)
 	release()
@@ -260,16 +248,13 @@ func TestACallLeavingBeforeItsGroupIsSentSaysNothingWasApplied(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Pool(t, testenv.PostgresURL(t)+" pool_max_conns=1")
-	owner := saleFixture(t, db, "a")
-	addItems(t, db, owner, "b", "c")
-	var seen groupsSeen
-	w := NewGroupingWriter(db, time.Hour, 1, seen.stats())
+	owner := saleFixture(t, db, "a", "b", "c")
+	w, seen, release := heldGroupingWriter(t, db)
 	held, err := db.Acquire(ctx) // the pool's only connection
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Release()
-	release := holdRunners(t, w)
 	leaving, leave := context.WithCancel(ctx)
 	defer leave()
 	leaving, sent := postgres.TrackSent(leaving)
@@ -318,8 +303,7 @@ func TestAPanicInACommitGroupPanicsInItsCalls(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	owner := saleFixture(t, db, "a")
-	addItems(t, db, owner, "b", "c")
+	owner := saleFixture(t, db, "a", "b", "c")
 	w := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
 	release := holdRunners(t, w)
 	scans := map[string]func(pgx.Row) error{
@@ -374,8 +358,7 @@ func TestACallLeavingDuringItsGroupsCommitWaitLeavesTheOthersUnsure(t *testing.T
 	ctx := context.Background()
 	pair := testenv.StandbyPair(t)
 	admin := testenv.Pool(t, pair.Primary)
-	owner := saleFixture(t, admin, "a")
-	addItems(t, admin, owner, "b")
+	owner := saleFixture(t, admin, "a", "b")
 	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = 'nothere'", "SELECT pg_reload_conf()"} {
 		if _, err := admin.Exec(ctx, stmt); err != nil {
 			t.Fatal(err)

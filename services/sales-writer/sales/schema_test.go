@@ -75,17 +75,24 @@ func TestCancelIsNeverBeforeConfirm(t *testing.T) {
 }
 
 // saleFixture creates an owner, the platform "p" (ownerWithPlatformP) and
-// one listed item, and returns the owner's id.
-func saleFixture(t *testing.T, db *pgxpool.Pool, item string) string {
+// the listed items, and returns the owner's id.
+func saleFixture(t *testing.T, db *pgxpool.Pool, items ...string) string {
 	t.Helper()
 	owner := ownerWithPlatformP(t, db)
-	_, err := db.Exec(context.Background(), `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
-	    doc_eng, doc_rus, doc_ukr, updated_at)
-	    VALUES ($1, $2, true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner, item)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addItems(t, db, owner, items...)
 	return owner
+}
+
+// addItems lists items of owner, each unsold.
+func addItems(t *testing.T, db *pgxpool.Pool, owner string, items ...string) {
+	t.Helper()
+	for _, item := range items {
+		if _, err := db.Exec(context.Background(), `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,
+		    doc_eng, doc_rus, doc_ukr, updated_at)
+		    VALUES ($1, $2, true, 'EUR', '{"ENG":{}}', '{}', '{}', '{}', now())`, owner, item); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // A sale never moves the item's updated_at backwards, even when the clock
