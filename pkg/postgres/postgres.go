@@ -307,7 +307,7 @@ func setDefault(params map[string]string, name, value string) {
 // whose sockets are read and written with raw system calls (rawio), which
 // do not wake the runtime's monitor thread: a sync page is ~13 reads of
 // PostgreSQL's 8 KB messages. TLS, when the DSN asks for it, goes over the
-// wrapped socket.
+// wrapped socket, a cancel request's too (TestSessionsOverTLSWorkOnRawSockets).
 func dialingRaw(dial pgconn.DialFunc) pgconn.DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
