@@ -80,6 +80,7 @@ func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, er
 	}
 	cfg.ConnConfig.Tracer = newTracer()
 	cfg.ConnConfig.DialFunc = dialingRaw(cfg.ConnConfig.DialFunc)
+	recordWarnings(&cfg.ConnConfig.Config) // WarningsOf: whether a COMMIT a cancel reached committed plainly
 	setDefault(cfg.ConnConfig.RuntimeParams, "jit", "off")
 	for _, opt := range opts {
 		opt(cfg.ConnConfig.RuntimeParams)
