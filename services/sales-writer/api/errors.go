@@ -242,7 +242,8 @@ func (h *handler) abandoned(r *http.Request, err error) errorAnswer {
 
 // unconfirmed answers a call whose commit group's commit was reached by a
 // cancel request (another call of the group left it in flight) and ended
-// without an ERROR: committed, perhaps not on a synchronous standby.
+// without an ERROR but with a WARNING: committed, perhaps not on a
+// synchronous standby.
 func (h *handler) unconfirmed(r *http.Request, err error) errorAnswer {
 	h.log.WarnContext(r.Context(), "sale call's commit unconfirmed: another call of its commit group left it in flight", "error", err)
 	return answer503("the sale store could not confirm the commit", mayHaveBeenApplied)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
@@ -131,6 +132,10 @@ type committer struct {
 	db        *pgxpool.Pool
 	maxGroups int
 	stats     GroupStats
+	// cancelRequest sends PostgreSQL a cancel request for a connection's
+	// statement in flight: (*pgconn.PgConn).CancelRequest, or a test's
+	// hook deciding when it arrives.
+	cancelRequest func(*pgconn.PgConn, context.Context) error
 
 	mu      sync.Mutex
 	queue   []*groupedCall
@@ -187,7 +192,7 @@ func (w *Writer) submit(ctx context.Context, req Request, stmt string, args []an
 // ends within leaveGrace.
 func (c *committer) leave(call *groupedCall, cause error) error {
 	g := c.withdraw(call)
-	if g == nil || g.cancel(call) {
+	if g == nil || g.cancel(call, c.cancelRequest) {
 		return &postgres.AcquireError{Err: cause}
 	}
 	var err error
@@ -352,12 +357,14 @@ func runsAlone(err error, calls int) bool {
 }
 
 // ErrCommitUnconfirmed answers every call of a group that a cancel request
-// reached (a call left it in flight) whose batch then ended without an
-// ERROR. PostgreSQL answers a cancel that comes while a COMMIT waits for a
-// synchronous standby with a WARNING, and the transaction, committed
-// locally, may not be on the standby: a failover could lose it. So no
-// call is told its sale is done; each may have been applied (its key's
-// retry settles it), as a call alone whose own wait is cut is told.
+// was sent to (a call left it in flight) whose batch then ended without an
+// ERROR but with a WARNING. PostgreSQL answers a cancel that comes while a
+// COMMIT waits for a synchronous standby so, and the transaction,
+// committed locally, may not be on the standby: a failover could lose it.
+// So no call is told its sale is done; each may have been applied (its
+// key's retry settles it), as a call alone whose own wait is cut is told.
+// Without a WARNING (no synchronous standby, or the cancel came after the
+// wait) the calls that stayed are answered their results.
 var ErrCommitUnconfirmed = errors.New("a cancel request reached the commit group, which then ended without an error: " +
 	"its commit may not have reached a synchronous standby")
 
@@ -385,12 +392,16 @@ func (c *committer) commit(g *group) error {
 		for _, call := range g.sent {
 			postgres.MarkSent(call.ctx)
 		}
+		warnings := postgres.WarningsOf(conn.Conn().PgConn())
+		if warnings != nil {
+			warnings.Reset() // an earlier statement's on this connection is not the group's
+		}
 		err := conn.SendBatch(ctx, groupBatch(g.sent)).Close()
 		if g.landed() {
 			// A cancel request may reach the backend late, and cancel
 			// whatever the connection runs next: it runs nothing more.
 			_ = conn.Conn().Close(context.Background())
-			if err == nil {
+			if err == nil && commitWaitMayBeCut(warnings) {
 				err = ErrCommitUnconfirmed
 			}
 		}
@@ -398,6 +409,16 @@ func (c *committer) commit(g *group) error {
 	})
 	endGroupSpan(span, calls, err)
 	return err
+}
+
+// commitWaitMayBeCut reports whether the COMMIT of a batch that a cancel
+// request was sent to, and that ended without an ERROR, may have had its
+// wait for a synchronous standby cut: PostgreSQL then warns, and any
+// WARNING during the batch counts (its text is not read: lc_messages
+// translates it). A connection whose warnings are not recorded (nil: a
+// pool not opened by package postgres) cannot tell, and is taken to.
+func commitWaitMayBeCut(warnings *postgres.Warnings) bool {
+	return warnings == nil || warnings.Heard()
 }
 
 // groupBatch is the batch of calls: for each, its key's lock and its
@@ -452,7 +473,7 @@ func (g *group) landed() bool {
 // the batch if it is in flight: PostgreSQL answers the statement running
 // with an ERROR (57014), which rolls the group back, unless it has
 // committed already.
-func (g *group) cancel(call *groupedCall) (neverSent bool) {
+func (g *group) cancel(call *groupedCall, cancelRequest func(*pgconn.PgConn, context.Context) error) (neverSent bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !call.inBatch {
@@ -467,7 +488,7 @@ func (g *group) cancel(call *groupedCall) (neverSent bool) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cancelRequestTimeout)
 		defer cancel()
-		_ = pgConn.CancelRequest(ctx)
+		_ = cancelRequest(pgConn, ctx)
 	}()
 	return false
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -355,6 +356,80 @@ func TestAPanicInACommitGroupPanicsInItsCalls(t *testing.T) {
 // own wait is cut (api's TestSaleEndedAfterItsCommitWasSentMayHaveBeenApplied).
 func TestACallLeavingDuringItsGroupsCommitWaitLeavesTheOthersUnsure(t *testing.T) {
 	t.Parallel()
+	g := groupWaitingForAStandby(t, func(*committer) {})
+	g.leave()
+	if err := <-g.left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
+		t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
+	}
+	if got := answered(t, "the call that stayed", g.stay); !errors.Is(got.err, ErrCommitUnconfirmed) {
+		t.Errorf("the call that stayed, its commit's wait for the standby cut = %+v, %v; want ErrCommitUnconfirmed (it may have been applied)", got.res, got.err)
+	}
+}
+
+// A cancel request sent to a group in flight that reaches PostgreSQL only
+// once the COMMIT is done (no synchronous standby to wait for, or its wait
+// over) changes nothing and draws no WARNING: the group committed
+// plainly, and the call that stayed is told its sale is done, where it
+// was once told it may have been applied (503). The committer's hook holds
+// the cancel until the COMMIT's wait is released by emptying
+// synchronous_standby_names, which PostgreSQL does without a warning.
+func TestACancelReachingItsGroupAfterTheCommitLeavesTheOthersDone(t *testing.T) {
+	t.Parallel()
+	asked := make(chan struct{}, 1)
+	arrive := make(chan struct{})
+	g := groupWaitingForAStandby(t, func(c *committer) {
+		c.cancelRequest = func(conn *pgconn.PgConn, ctx context.Context) error {
+			asked <- struct{}{}
+			<-arrive
+			return conn.CancelRequest(ctx)
+		}
+	})
+	letCancelArrive := sync.OnceFunc(func() { close(arrive) })
+	t.Cleanup(letCancelArrive) // before the pair stops, should the test end early
+	g.leave()
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call that left sent no cancel request after 10 s")
+	}
+	for _, stmt := range []string{"ALTER SYSTEM RESET synchronous_standby_names", "SELECT pg_reload_conf()"} {
+		if _, err := g.admin.Exec(context.Background(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := answered(t, "the call that stayed", g.stay)
+	letCancelArrive() // after the commit
+	if got.err != nil || got.res.Status != "inactive" || got.res.IdempotentReplay {
+		t.Errorf("the call that stayed, its group's cancel arriving after the commit = %+v, %v; want it sold", got.res, got.err)
+	}
+	if err := <-g.left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
+		t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
+	}
+	rows, _ := g.admin.Query(context.Background(), "SELECT id FROM export_items WHERE sold ORDER BY id")
+	sold, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || !slices.Equal(sold, []string{"a", "b"}) {
+		t.Errorf("sold %v (%v), want [a b]: the group committed", sold, err)
+	}
+}
+
+// standbyWaitingGroup is a group of two calls whose COMMIT waits for a
+// synchronous standby.
+type standbyWaitingGroup struct {
+	admin *pgxpool.Pool
+	leave func()      // ends the context of the call confirming a
+	left  chan error  // where the call confirming a is answered
+	stay  chan answer // where the call confirming b is answered
+}
+
+// groupWaitingForAStandby starts a writer (its committer set up by
+// configure) on a primary whose synchronous_standby_names names a standby
+// that never comes, and returns once a group of two calls (confirming a,
+// then b) waits for it in its COMMIT. The writer's pool is opened by
+// package postgres, as the service's is, so that its connections record
+// PostgreSQL's warnings; its one connection has been warned of before, by
+// a statement that is not the group's.
+func groupWaitingForAStandby(t *testing.T, configure func(*committer)) *standbyWaitingGroup {
+	t.Helper()
 	ctx := context.Background()
 	pair := testenv.StandbyPair(t)
 	admin := testenv.Pool(t, pair.Primary)
@@ -366,26 +441,27 @@ func TestACallLeavingDuringItsGroupsCommitWaitLeavesTheOthersUnsure(t *testing.T
 	}
 	waitFor(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
 	const app = "sales-group-committing"
-	db := testenv.Pool(t, pair.Primary+" application_name="+app+" synchronous_commit=on")
+	db, err := postgres.Open(ctx, pair.Primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the group''s'; END $$"); err != nil {
+		t.Fatal(err)
+	}
 	w := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
+	configure(w.groups)
 	release := holdRunners(t, w)
 	leaving, leave := context.WithCancel(ctx)
-	defer leave()
-	left := make(chan error, 1)
-	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-a", "a", "o-a")); left <- err }()
+	t.Cleanup(leave)
+	g := &standbyWaitingGroup{admin: admin, leave: leave, left: make(chan error, 1), stay: make(chan answer, 1)}
+	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-a", "a", "o-a")); g.left <- err }()
 	queued(t, w, 1)
-	stay := make(chan answer, 1)
-	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); stay <- answer{res, err} }()
+	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); g.stay <- answer{res, err} }()
 	queued(t, w, 2)
 	release()
 	waitFor(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
-	leave()
-	if err := <-left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
-		t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
-	}
-	if got := answered(t, "the call that stayed", stay); !errors.Is(got.err, ErrCommitUnconfirmed) {
-		t.Errorf("the call that stayed, its commit's wait for the standby cut = %+v, %v; want ErrCommitUnconfirmed (it may have been applied)", got.res, got.err)
-	}
+	return g
 }
 
 // waitFor waits until query (one boolean) is true in db, for 10 s at most.

@@ -48,7 +48,7 @@ func NewWriter(db *pgxpool.Pool, retention time.Duration) *Writer {
 func NewGroupingWriter(db *pgxpool.Pool, retention time.Duration, groups int, stats GroupStats) *Writer {
 	w := &Writer{db: db, retention: retention}
 	if groups > 0 {
-		w.groups = &committer{db: db, maxGroups: groups, stats: stats}
+		w.groups = &committer{db: db, maxGroups: groups, stats: stats, cancelRequest: (*pgconn.PgConn).CancelRequest}
 	}
 	return w
 }
