@@ -64,10 +64,16 @@ const maxGroupCalls = 32
 // milliseconds; a group's own calls never wait on each other.
 const groupLockTimeout = "50ms"
 
-// groupLockTimeoutSQL opens each group: lock_timeout for the group's
-// transaction only (set_config's is_local; the batch's statements share one
-// implicit transaction, which ends at its Sync).
-const groupLockTimeoutSQL = `SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`
+// groupSettingsSQL opens each group of several calls with settings for
+// the group's transaction only (set_config's is_local; the batch's
+// statements share one implicit transaction, which ends at its Sync, and
+// its COMMIT still runs under them): lock_timeout, and client_min_messages
+// at warning, so that the WARNING of a COMMIT whose wait for a synchronous
+// standby a cancel cut reaches the writer (commitWaitMayBeCut) whatever
+// DATABASE_URL, the role or the database sets; at error, PostgreSQL sends
+// none, and the other calls were told their sale was done.
+const groupSettingsSQL = `SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true), ` +
+	`set_config('client_min_messages', 'warning', true)`
 
 // DefaultCommitGroups is how many groups a writer runs at once by default
 // (SALES_WRITER_COMMIT_GROUPS).
@@ -422,11 +428,11 @@ func commitWaitMayBeCut(warnings *postgres.Warnings) bool {
 }
 
 // groupBatch is the batch of calls: for each, its key's lock and its
-// statement, after the group's lock_timeout when they are several.
+// statement, after the group's settings when they are several.
 func groupBatch(calls []*groupedCall) *pgx.Batch {
 	batch := &pgx.Batch{}
 	if len(calls) > 1 {
-		batch.Queue(groupLockTimeoutSQL)
+		batch.Queue(groupSettingsSQL)
 	}
 	for _, call := range calls {
 		batch.Queue(keyLock, call.req.OwnerID, call.req.PlatformID, call.req.IdempotencyKey)

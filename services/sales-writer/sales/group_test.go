@@ -354,15 +354,34 @@ func TestAPanicInACommitGroupPanicsInItsCalls(t *testing.T) {
 // other calls are then told their sale may have been applied, never that
 // it is done (a failover could lose it), as a call alone is told when its
 // own wait is cut (api's TestSaleEndedAfterItsCommitWasSentMayHaveBeenApplied).
+// So too when the session's client_min_messages would hold the WARNING
+// back, and on a pool whose connections' warnings nobody records.
 func TestACallLeavingDuringItsGroupsCommitWaitLeavesTheOthersUnsure(t *testing.T) {
 	t.Parallel()
-	g := groupWaitingForAStandby(t, func(*committer) {})
-	g.leave()
-	if err := <-g.left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
-		t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
-	}
-	if got := answered(t, "the call that stayed", g.stay); !errors.Is(got.err, ErrCommitUnconfirmed) {
-		t.Errorf("the call that stayed, its commit's wait for the standby cut = %+v, %v; want ErrCommitUnconfirmed (it may have been applied)", got.res, got.err)
+	for _, pool := range []struct {
+		name string
+		open func(t testing.TB, dsn string) *pgxpool.Pool
+	}{
+		{"a pool of package postgres", openRecording},
+		// A DATABASE_URL, role or database setting PostgreSQL then
+		// sends the writer no WARNING under.
+		{"client_min_messages error", func(t testing.TB, dsn string) *pgxpool.Pool {
+			return openRecording(t, dsn+" client_min_messages=error")
+		}},
+		// Its connections' warnings are not recorded: it cannot tell.
+		{"a pool of pgxpool.New", testenv.Pool},
+	} {
+		t.Run(pool.name, func(t *testing.T) {
+			t.Parallel()
+			g := groupWaitingForAStandby(t, pool.open, func(*committer) {})
+			g.leave()
+			if err := <-g.left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
+				t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
+			}
+			if got := answered(t, "the call that stayed", g.stay); !errors.Is(got.err, ErrCommitUnconfirmed) {
+				t.Errorf("the call that stayed, its commit's wait for the standby cut = %+v, %v; want ErrCommitUnconfirmed (it may have been applied)", got.res, got.err)
+			}
+		})
 	}
 }
 
@@ -377,7 +396,7 @@ func TestACancelReachingItsGroupAfterTheCommitLeavesTheOthersDone(t *testing.T) 
 	t.Parallel()
 	asked := make(chan struct{}, 1)
 	arrive := make(chan struct{})
-	g := groupWaitingForAStandby(t, func(c *committer) {
+	g := groupWaitingForAStandby(t, openRecording, func(c *committer) {
 		c.cancelRequest = func(conn *pgconn.PgConn, ctx context.Context) error {
 			asked <- struct{}{}
 			<-arrive
@@ -421,14 +440,13 @@ type standbyWaitingGroup struct {
 	stay  chan answer // where the call confirming b is answered
 }
 
-// groupWaitingForAStandby starts a writer (its committer set up by
-// configure) on a primary whose synchronous_standby_names names a standby
-// that never comes, and returns once a group of two calls (confirming a,
-// then b) waits for it in its COMMIT. The writer's pool is opened by
-// package postgres, as the service's is, so that its connections record
-// PostgreSQL's warnings; its one connection has been warned of before, by
-// a statement that is not the group's.
-func groupWaitingForAStandby(t *testing.T, configure func(*committer)) *standbyWaitingGroup {
+// groupWaitingForAStandby starts a writer (its pool of one connection
+// opened by open, its committer set up by configure) on a primary whose
+// synchronous_standby_names names a standby that never comes, and returns
+// once a group of two calls (confirming a, then b) waits for it in its
+// COMMIT. The pool's one connection has been warned of before, by a
+// statement that is not the group's.
+func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *pgxpool.Pool, configure func(*committer)) *standbyWaitingGroup {
 	t.Helper()
 	ctx := context.Background()
 	pair := testenv.StandbyPair(t)
@@ -441,11 +459,7 @@ func groupWaitingForAStandby(t *testing.T, configure func(*committer)) *standbyW
 	}
 	waitFor(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
 	const app = "sales-group-committing"
-	db, err := postgres.Open(ctx, pair.Primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := open(t, pair.Primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
 	if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the group''s'; END $$"); err != nil {
 		t.Fatal(err)
 	}
@@ -462,6 +476,18 @@ func groupWaitingForAStandby(t *testing.T, configure func(*committer)) *standbyW
 	release()
 	waitFor(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
 	return g
+}
+
+// openRecording opens a pool as the service does (package postgres), whose
+// connections record PostgreSQL's warnings.
+func openRecording(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
 }
 
 // waitFor waits until query (one boolean) is true in db, for 10 s at most.
