@@ -58,3 +58,7 @@ type connectHold struct{}
 func HoldConnect(ctx context.Context, hold <-chan struct{}) context.Context {
 	return context.WithValue(ctx, connectHold{}, hold)
 }
+
+// IsWarning exposes isWarning: a notice without its unlocalized severity
+// (a pooler's, a server before 9.6) no server of the tests sends.
+var IsWarning = isWarning

@@ -6,6 +6,7 @@ import (
 
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A connection of a pool Open made records the WARNINGs PostgreSQL sends
@@ -59,5 +60,25 @@ func TestWarningsRecordsWhatPostgreSQLWarnedOf(t *testing.T) {
 	defer other.Release()
 	if w := postgres.WarningsOf(other.Conn().PgConn()); w != nil {
 		t.Errorf("WarningsOf(a connection of pgxpool.New's pool) = %p, want nil", w)
+	}
+}
+
+// A notice is read from its unlocalized severity, whatever lc_messages
+// made of the other; one without it (a pooler's, a server before 9.6)
+// cannot say it is no warning, and counts as one: a commit group then
+// stays cautious rather than take silence for a plain commit.
+func TestANoticeIsAWarningByItsUnlocalizedSeverity(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		notice pgconn.Notice
+		want   bool
+	}{
+		{pgconn.Notice{Severity: "WARNUNG", SeverityUnlocalized: "WARNING"}, true},
+		{pgconn.Notice{Severity: "HINWEIS", SeverityUnlocalized: "NOTICE"}, false},
+		{pgconn.Notice{Severity: "NOTICE"}, true},
+	} {
+		if got := postgres.IsWarning(&c.notice); got != c.want {
+			t.Errorf("IsWarning(severity %q, unlocalized %q) = %t, want %t", c.notice.Severity, c.notice.SeverityUnlocalized, got, c.want)
+		}
 	}
 }
