@@ -72,7 +72,7 @@ func TestSessionsOverTLSWorkOnRawSockets(t *testing.T) {
 	defer conn.Release()
 	slept := make(chan error, 1)
 	go func() { _, err := conn.Exec(ctx, "SELECT pg_sleep(30) /* to cancel */"); slept <- err }()
-	waitForActive(t, pool, "%/* to cancel */")
+	testenv.WaitUntilTrue(t, pool, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%/* to cancel */%' AND pid <> pg_backend_pid())")
 	if err := conn.Conn().PgConn().CancelRequest(ctx); err != nil {
 		t.Fatalf("a cancel request over TLS: %v", err)
 	}
@@ -94,23 +94,6 @@ func wantServing(t *testing.T, pool *pgxpool.Pool) {
 	if err := pool.QueryRow(context.Background(), "SELECT 1").Scan(&one); err != nil || one != 1 {
 		t.Fatalf("the pool = %d, %v; want it serving", one, err)
 	}
-}
-
-// waitForActive waits, for 10 s at most, until a session of pool runs a
-// statement like query (a LIKE pattern).
-func waitForActive(t *testing.T, pool *pgxpool.Pool, query string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var active bool
-		err := pool.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1 AND pid <> pg_backend_pid())", query).Scan(&active)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if active {
-			return
-		}
-	}
-	t.Fatalf("no session ran %q within 10 s", query)
 }
 
 // largeAnswer reads the 2,000 rows of the test's large answer and returns

@@ -28,3 +28,23 @@ func WaitForALockWait(t testing.TB, db *pgxpool.Pool, application string) {
 	}
 	t.Fatalf("testenv: no session of %s came to wait for a lock", application)
 }
+
+// WaitUntilTrue waits until query, which returns one boolean, is true in
+// db, checking every 10 ms; it fails the test after 10 s.
+func WaitUntilTrue(t testing.TB, db *pgxpool.Pool, query string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var ok bool
+		if err := db.QueryRow(context.Background(), query).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: %s: not true after 10 s", query)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -388,12 +388,7 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 		// it too, so the test passed with the drain not fitted to the call.
 		"SALES_WRITER_SHUTDOWN_DELAY": "0s",
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, env(vars), &out, nil) }()
-	waitReady(t, "http://"+addr+"/healthz", &out)
+	stop, done, out := startWriter(t, ctx, vars)
 
 	answered := testenv.AnswerLater(func() (*http.Response, error) {
 		signer, _ := identity.NewSigner(secret)
@@ -425,4 +420,18 @@ func TestASaleInFlightAtTheStopEndsByItsOwnTimeout(t *testing.T) {
 	if strings.Contains(out.String(), "sale call cut off") {
 		t.Errorf("the drain cut the call off:\n%s", out.String())
 	}
+}
+
+// startWriter runs the writer on vars (its SALES_WRITER_ADDR included)
+// until the test ends or calls stop, as SIGTERM does, and returns once it
+// is ready; done gives run's result, out its logs.
+func startWriter(t *testing.T, ctx context.Context, vars map[string]string) (stop func(), done <-chan error, out *testenv.Output) {
+	t.Helper()
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	out = &testenv.Output{}
+	result := make(chan error, 1)
+	go func() { result <- run(runCtx, env(vars), out, nil) }()
+	waitReady(t, "http://"+vars["SALES_WRITER_ADDR"]+"/healthz", out)
+	return stop, result, out
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A writer stopped while a commit group of several calls is in flight, in
@@ -50,7 +49,7 @@ func TestAStopWithACommitGroupInItsCommitAnswersEveryCall(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitUntil(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
+	testenv.WaitUntilTrue(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
 
 	addr := testenv.FreeAddr(t)
 	const queryTimeout = 2 * time.Second
@@ -60,12 +59,7 @@ func TestAStopWithACommitGroupInItsCommitAnswersEveryCall(t *testing.T) {
 		"SALES_WRITER_QUERY_TIMEOUT": queryTimeout.String(), "SALES_WRITER_SHUTDOWN_DELAY": "0s",
 		"SALES_WRITER_COMMIT_GROUPS": "1",
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var out testenv.Output
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, env(vars), &out, nil) }()
-	waitReady(t, "http://"+addr+"/healthz", &out)
+	stop, done, out := startWriter(t, ctx, vars)
 
 	// Sent at once: the first runs as a group of one and waits in its
 	// COMMIT; those arriving meanwhile form the next group, which does too.
@@ -77,7 +71,7 @@ func TestAStopWithACommitGroupInItsCommitAnswersEveryCall(t *testing.T) {
 	// class, is held to its commit), and fewer commits wait than calls: a
 	// group of several is in its COMMIT.
 	n := strconv.Itoa(len(items))
-	waitUntil(t, admin, `SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+	testenv.WaitUntilTrue(t, admin, `SELECT (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 		  WHERE a.application_name = 'sales-writer' AND l.locktype = 'advisory' AND l.classid = 1801812339 AND l.granted) = `+n+`
 		AND (SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sales-writer' AND wait_event = 'SyncRep') < `+n)
 	stop() // SIGTERM
@@ -100,7 +94,7 @@ func TestAStopWithACommitGroupInItsCommitAnswersEveryCall(t *testing.T) {
 	}
 	// The commits cut off end once their sessions see the cancel or the
 	// connection's close: then the database holds what it will.
-	waitUntil(t, admin, "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'SyncRep')")
+	testenv.WaitUntilTrue(t, admin, "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'SyncRep')")
 	for i, a := range got {
 		if a.Err != nil || a.Body.Meta.RequestID == "" {
 			t.Errorf("the confirm of %s got no answer, or no envelope: %v %+v", items[i], a.Err, a.Body)
@@ -139,23 +133,4 @@ func confirmOf(addr, owner, item string) (*http.Response, error) {
 		req.Header.Set(h.Name, h.Value)
 	}
 	return http.DefaultClient.Do(req)
-}
-
-// waitUntil waits until query (one boolean) is true in db, for 10 s at most.
-func waitUntil(t *testing.T, db *pgxpool.Pool, query string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var ok bool
-		if err := db.QueryRow(context.Background(), query).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after 10 s", query)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -457,7 +457,7 @@ func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
+	testenv.WaitUntilTrue(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
 	const app = "sales-group-committing"
 	db := open(t, pair.Primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
 	if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the group''s'; END $$"); err != nil {
@@ -474,7 +474,7 @@ func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *
 	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); g.stay <- answer{res, err} }()
 	queued(t, w, 2)
 	release()
-	waitFor(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
+	testenv.WaitUntilTrue(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
 	return g
 }
 
@@ -488,23 +488,4 @@ func openRecording(t testing.TB, dsn string) *pgxpool.Pool {
 	}
 	t.Cleanup(db.Close)
 	return db
-}
-
-// waitFor waits until query (one boolean) is true in db, for 10 s at most.
-func waitFor(t *testing.T, db *pgxpool.Pool, query string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var ok bool
-		if err := db.QueryRow(context.Background(), query).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after 10 s", query)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
