@@ -124,22 +124,7 @@ func crossWriters(t *testing.T, wl salescheck.Workload, strict bool) {
 			t.Errorf("a call not told its outcome, every caller waiting: client %d: %s → %s", op.ClientId, op.Input, op.Output)
 		}
 	}
-	for _, u := range salescheck.Unexpected(calls) {
-		t.Errorf("unexpected answer: %s", u)
-	}
-	checked := time.Now()
-	if _, err := salescheck.Linearizable(h.Operations(), 60*time.Second); err != nil {
-		t.Error(err)
-	}
-	t.Logf("linearizability checked in %v", time.Since(checked).Round(time.Millisecond))
-	if err := salescheck.Database(context.Background(), f.db, f.owner, calls); err != nil {
-		t.Error(err)
-	}
-	claims, err := salescheck.NothingAppliedHolds(context.Background(), f.db, f.owner, h, defaultRetention)
-	t.Log(claims)
-	if err != nil {
-		t.Error(err)
-	}
+	checkHistory(t, f, h)
 	if deadlocks := deadlocksOf(t, f, pools[:], app) - deadlocksBefore; strict && deadlocks != 0 {
 		t.Errorf("PostgreSQL detected %d deadlocks among the writers' transactions; want none: "+
 			"a group's lock_timeout (50 ms) ends its wait long before deadlock_timeout (1 s)", deadlocks)
