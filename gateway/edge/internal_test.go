@@ -878,7 +878,9 @@ func TestServicesStatusesAreRelayedAfterInterimAnswers(t *testing.T) {
 // its head fails its proxy span, as one that fails before its head does:
 // the span covers the read, which for an item once happened in upstream.Do.
 // Ended at the head, an item broken off showed a proxy span of 200 and no
-// error under its client's 502.
+// error under its client's 502. The failure's kind is the span's error.type
+// too, which a search for failed calls reads; it was only the status's
+// description.
 func TestAnswerBrokenOffAfterItsHeadFailsItsProxySpan(t *testing.T) {
 	upstream := testenv.ServeConns(t, func(conn net.Conn) {
 		r, err := http.ReadRequest(bufio.NewReader(conn))
@@ -899,12 +901,13 @@ func TestAnswerBrokenOffAfterItsHeadFailsItsProxySpan(t *testing.T) {
 	}
 	var failed int
 	for _, s := range sr.Ended() {
-		if s.Name() == "proxy export-reader" && s.Status().Code == codes.Error && s.Status().Description == "bad_response" {
+		if s.Name() == "proxy export-reader" && s.Status().Code == codes.Error && s.Status().Description == "bad_response" &&
+			attrOf(s, "error.type") == "bad_response" {
 			failed++
 		}
 	}
 	if failed != 2 {
-		t.Errorf("%d proxy spans failed bad_response, want 2 (an item, a list page held whole)", failed)
+		t.Errorf("%d proxy spans failed bad_response with that error.type, want 2 (an item, a list page held whole)", failed)
 	}
 }
 

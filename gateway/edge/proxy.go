@@ -240,10 +240,15 @@ func (g *Gateway) callFailure(up string, span trace.Span, idempotentSale bool, o
 }
 
 // countFailure counts err, a failure of a call to instance, in
-// gateway_upstream_errors_total and sets it on the call's proxy span.
+// gateway_upstream_errors_total and sets it on the call's proxy span: its
+// kind as the status's description and as error.type, the attribute
+// OpenTelemetry's conventions have a failed client span carry, which a
+// search for failed calls by kind reads (a description is free text).
 func (g *Gateway) countFailure(up, instance string, span trace.Span, err error) {
+	kind := errorKind(err)
 	g.countUpstreamError(up, instance, err)
-	span.SetStatus(codes.Error, errorKind(err))
+	span.SetAttributes(semconv.ErrorTypeKey.String(kind))
+	span.SetStatus(codes.Error, kind)
 }
 
 // countUpstreamError counts err, a failure of up's instance, in
