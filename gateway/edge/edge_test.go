@@ -63,6 +63,10 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 		{"key as a bare query name", "GET", items + "?" + k.write, map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
 		{"key inside a path segment", "GET", items + "/x" + k.read + ".json", map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
 		{"key inside a query value", "GET", items + "?updated_after=x" + k.read, map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
+		// A key without its tag is its whole secret (apikey.ContainsUntaggedKey).
+		{"key without its tag in path", "GET", items + "/" + withoutTag(k.read), map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
+		{"key without its tag in a query value", "GET", items + "?cursor=" + withoutTag(k.write), map[string]string{"X-API-Key": k.read}, "", 401, "unauthenticated"},
+		{"key without its tag in a sale's path", "POST", gw.URL + "/v1/export/items/x" + withoutTag(k.write) + "/sales/confirm", map[string]string{"X-API-Key": k.write}, "{}", 401, "unauthenticated"},
 		{"read key on a sales route", "POST", confirm, map[string]string{"X-API-Key": k.read}, "{}", 403, "forbidden"},
 		{"sales key without platform", "POST", confirm, map[string]string{"X-API-Key": k.noPlatform}, "{}", 403, "platform_required"},
 		{"write key on a read route", "GET", items, map[string]string{"X-API-Key": k.write}, "", 403, "forbidden"},
@@ -146,9 +150,15 @@ func TestErrorAnswersAreEnvelopes(t *testing.T) {
 			t.Errorf("401 body of %q differs from %q (-want +got):\n%s", tests[i+1].name, tests[0].name, diff)
 		}
 	}
-	if strings.Contains(gw.Logs.String(), k.read) || strings.Contains(gw.Logs.String(), k.write) {
+	if strings.Contains(gw.Logs.String(), withoutTag(k.read)) || strings.Contains(gw.Logs.String(), withoutTag(k.write)) {
 		t.Error("an API key appears in the gateway's logs")
 	}
+}
+
+// withoutTag is key cut at its '_': the whole secret, which a client that
+// took the tag for a type's prefix sends.
+func withoutTag(key string) string {
+	return key[strings.IndexByte(key, '_')+1:]
 }
 
 func TestProxySendsOnlySignedIdentity(t *testing.T) {
@@ -462,36 +472,45 @@ func TestUserInfoIsRefusedWithTheAdviceToRevoke(t *testing.T) {
 	// '.' or nothing for its '_'.
 	dotted, tagRun := "cxr."+k.read[4:], "cxr"+k.read[4:]
 	const item = "/v1/export/items/coin-1"
+	// A target's user info holding the key's secret whole, its tag spelt
+	// otherwise (apikey.ContainsUntaggedKey), is a key in the URL, answered
+	// as the key itself is (TestKeyInTheUserInfoOfTheTargetIsRefused).
 	tests := []struct {
 		target, host string
 		keyLike      bool
+		wholeSecret  bool
 	}{
-		{"http://user:pw@gateway" + item, "gateway", false},
-		{"http://user@gateway" + item, "gateway", false},
-		{"http://@gateway" + item, "gateway", false},
-		{"http://user:pw@gateway/v1/health", "gateway", false},
-		{"http://user:" + mistyped + "@gateway" + item, "gateway", true},
-		{"http://" + dashed + "@gateway" + item, "gateway", true},
-		{"http://user:" + strings.Replace(mistyped, "_", "%5F", 1) + "@gateway" + item, "gateway", true},
-		{"http://" + dotted + "@gateway" + item, "gateway", true},
-		{"http://user:" + tagRun + "@gateway" + item, "gateway", true},
-		{"http://user:" + strings.Replace(dotted, ".", "%2E", 1) + "@gateway" + item, "gateway", true},
-		{item, "user:" + dotted + "@gateway", true},
-		{"http://cxr.example.com@gateway" + item, "gateway", false},
+		{"http://user:pw@gateway" + item, "gateway", false, false},
+		{"http://user@gateway" + item, "gateway", false, false},
+		{"http://@gateway" + item, "gateway", false, false},
+		{"http://user:pw@gateway/v1/health", "gateway", false, false},
+		{"http://user:" + mistyped + "@gateway" + item, "gateway", true, false},
+		{"http://" + dashed + "@gateway" + item, "gateway", true, true},
+		{"http://user:" + strings.Replace(mistyped, "_", "%5F", 1) + "@gateway" + item, "gateway", true, false},
+		{"http://" + dotted + "@gateway" + item, "gateway", true, true},
+		{"http://user:" + tagRun + "@gateway" + item, "gateway", true, true},
+		{"http://user:" + strings.Replace(dotted, ".", "%2E", 1) + "@gateway" + item, "gateway", true, true},
+		{item, "user:" + dotted + "@gateway", true, false},
+		{"http://cxr.example.com@gateway" + item, "gateway", false, false},
 		// fasthttp refuses a control byte in the target itself, quoting it.
-		{"http://user:" + k.read + "\x01@gateway" + item, "gateway", true},
-		{"http://" + dashed + "\x7f@gateway" + item, "gateway", true},
-		{item, "user:" + mistyped + "@gateway", true},
-		{item, "user:" + k.read + "\x7f@gateway", true},
-		{item, "user:" + mistyped + "\x01@gateway", true},
-		{item, "user:" + k.read + "<@gateway", true},
-		{item, "user:pw<@gateway", false},
+		{"http://user:" + k.read + "\x01@gateway" + item, "gateway", true, false},
+		{"http://" + dashed + "\x7f@gateway" + item, "gateway", true, false},
+		{item, "user:" + mistyped + "@gateway", true, false},
+		{item, "user:" + k.read + "\x7f@gateway", true, false},
+		{item, "user:" + mistyped + "\x01@gateway", true, false},
+		{item, "user:" + k.read + "<@gateway", true, false},
+		{item, "user:pw<@gateway", false, false},
 	}
 	ids := make([]string, len(tests))
 	for i, tt := range tests {
 		r := doRawAt(t, gw.URL, "GET", tt.target, tt.host, map[string]string{"X-API-Key": k.readB})
 		checkEnvelope(t, r)
-		if r.Status != 400 || r.Env.Error.Code != "bad_request" || !strings.Contains(r.Env.Error.Message, "user info") ||
+		if tt.wholeSecret {
+			if r.Status != 401 || !strings.Contains(r.Env.Error.Message, "never in the URL") || !strings.Contains(r.Env.Error.Message, "revoke") {
+				t.Errorf("GET %.40q, Host %.30q = %d %s, want 401 naming the key in the URL and advising to revoke it",
+					tt.target, tt.host, r.Status, r.Body)
+			}
+		} else if r.Status != 400 || r.Env.Error.Code != "bad_request" || !strings.Contains(r.Env.Error.Message, "user info") ||
 			!strings.Contains(r.Env.Error.Message, "revoke") {
 			t.Errorf("GET %.40q, Host %.30q = %d %s, want 400 bad_request refusing user info and advising to revoke the key",
 				tt.target, tt.host, r.Status, r.Body)

@@ -299,16 +299,129 @@ func maskWords(segments []string, sep string, tagged func(string) bool) string {
 	return b.String()
 }
 
-// ContainsKey reports whether s holds a well-formed key anywhere in it, for
-// free text a client sends (a path, a query) that the gateway refuses to
-// forward when it does.
+// ContainsKey reports whether s holds a well-formed key anywhere in it, or
+// a key's secret without its tag (ContainsUntaggedKey), for free text a
+// client sends (a path, a query) that the gateway refuses to forward when
+// it does.
 func ContainsKey[T string | []byte](s T) bool {
 	for i := 0; i+Len <= len(s); i++ {
 		if s[i] == TagRead[0] && s[i+1] == TagRead[1] && WellFormed(s[i:i+Len]) { // every tag begins with "cx"
 			return true
 		}
 	}
+	return ContainsUntaggedKey(s)
+}
+
+// untaggedLen is the length of a key without its tag: its body and its
+// checksum, the whole of its secret (the tag is one of three words).
+const untaggedLen = bodyLen + checksumLen
+
+// ContainsUntaggedKey reports whether s holds a key with its tag left out:
+// untaggedLen characters of the alphabet whose last checksumLen are the
+// checksum of one of the tags and the body before them. The tag tells
+// only the scopes, so such text is the whole secret, sent by a client that
+// took "cxr_" for a type's prefix or cut the key at its '_'. The checksum
+// tells it from a client's own id of that shape: a run of random letters
+// and digits passes for one tag in 62^6 (5.7e10) tries.
+//
+// ContainsKey runs it on every path and query a client sends, before any
+// limit, so each window of a run of letters costs a few table reads: the
+// body's CRC register is rolled from the window before (bodyOut), not
+// read again (8 KB of letters took 2.5 ms read again, 30 µs rolled).
+func ContainsUntaggedKey[T string | []byte](s T) bool {
+	for start := 0; start+untaggedLen <= len(s); {
+		end := start
+		for end < len(s) && inAlphabet[s[end]] {
+			end++
+		}
+		if end-start >= untaggedLen && runHoldsUntaggedKey(s[start:end]) {
+			return true
+		}
+		start = end + 1
+	}
 	return false
+}
+
+// RestoreTag returns the key that s is without its tag, when s is a key's
+// body and checksum under one of the tags: the checksum tells which.
+func RestoreTag(s string) (key string, ok bool) {
+	if len(s) != untaggedLen {
+		return "", false
+	}
+	for _, tag := range []string{TagRead, TagWrite, TagAll} {
+		if WellFormed(tag + s) {
+			return tag + s, true
+		}
+	}
+	return "", false
+}
+
+// runHoldsUntaggedKey is ContainsUntaggedKey for run, all of the alphabet
+// and at least untaggedLen long. The register of a tag and a body is the
+// tag's (tagRegisters) XOR the body's read from zero, as CRC-32 is linear;
+// the body's is rolled one byte on: read the next, drop the first.
+func runHoldsUntaggedKey[T string | []byte](run T) bool {
+	body := crcUpdate(0, run[:bodyLen])
+	for i := 0; ; i++ {
+		// A checksum is 32 bits: its first digit is at most 4 (62^6 > 2^32).
+		if alphabetIndex[run[i+bodyLen]] <= maxChecksumLead {
+			sum := decodeChecksum(run[i+bodyLen : i+untaggedLen])
+			for _, tag := range tagRegisters {
+				if uint64(^(tag ^ body)) == sum {
+					return true
+				}
+			}
+		}
+		if i+untaggedLen == len(run) {
+			return false
+		}
+		body = crc32.IEEETable[byte(body)^run[i+bodyLen]] ^ body>>8 ^ bodyOut[run[i]]
+	}
+}
+
+var (
+	// tagRegisters are the CRC-32 registers of each tag followed by a body
+	// of zero bytes: what a tag adds to its key's register.
+	tagRegisters = [...]uint32{
+		pastBody(crcUpdate(^uint32(0), TagRead)), pastBody(crcUpdate(^uint32(0), TagWrite)), pastBody(crcUpdate(^uint32(0), TagAll)),
+	}
+	// bodyOut is what a byte adds to the register once a body's length of
+	// bytes has come after it: dropped as it leaves the window.
+	bodyOut = func() (out [256]uint32) {
+		for b := range out {
+			out[b] = pastBody(crc32.IEEETable[b])
+		}
+		return out
+	}()
+	// alphabetIndex is each alphabet byte's value as a base62 digit.
+	alphabetIndex = func() (index [256]byte) {
+		for i := range len(alphabet) {
+			index[alphabet[i]] = byte(i)
+		}
+		return index
+	}()
+)
+
+// maxChecksumLead is the largest first digit of a checksum in base62:
+// 4 × 62^5 ≤ 2^32 - 1 < 5 × 62^5.
+const maxChecksumLead = 4
+
+// pastBody is register c after a body's length of zero bytes.
+func pastBody(c uint32) uint32 {
+	for range bodyLen {
+		c = crc32.IEEETable[byte(c)] ^ c>>8
+	}
+	return c
+}
+
+// decodeChecksum reads checksumLen alphabet characters as base62; a value
+// over 32 bits matches no checksum.
+func decodeChecksum[T string | []byte](sum T) uint64 {
+	var n uint64
+	for i := range checksumLen {
+		n = n*62 + uint64(alphabetIndex[sum[i]])
+	}
+	return n
 }
 
 // ContainsKeySecret reports whether s holds a key's tag as a copy of a key
@@ -344,10 +457,11 @@ const (
 // but most of a secret all the same, to be kept out of spans and logs
 // (a client's User-Agent, an id it chose). Only for what is recorded: an
 // item id that merely looks like a key is still served. A key stripped of
-// its tag is not found: 49 characters of base62 cannot be told from a
+// its tag is found whole only (ContainsUntaggedKey, by its checksum): cut
+// short or mistyped, its letters and digits cannot be told from a
 // client's random id or Idempotency-Key, which the logs must keep.
 func ContainsKeyLike[T string | []byte](s T) bool {
-	return holdsTaggedRun(s, typedTags, minKeyLikeRun, keyLikeWindow)
+	return holdsTaggedRun(s, typedTags, minKeyLikeRun, keyLikeWindow) || ContainsUntaggedKey(s)
 }
 
 // tagSpelling is which spellings of a tag holdsTaggedRun reads as one.
@@ -473,13 +587,20 @@ func HashOf(secret string) Hash {
 // every path segment of a key's length that a client sends (RedactPath),
 // before any rate limit, so it must cost next to nothing.
 func checksum[T string | []byte](s T) [checksumLen]byte {
-	// crc32.ChecksumIEEE over s, read in place: a []byte made of a string
-	// would escape to the heap.
-	c := ^uint32(0)
+	return encodeChecksum(^crcUpdate(^uint32(0), s))
+}
+
+// crcUpdate is crc32.ChecksumIEEE's register c after reading s, read in
+// place: a []byte made of a string would escape to the heap.
+func crcUpdate[T string | []byte](c uint32, s T) uint32 {
 	for i := 0; i < len(s); i++ {
 		c = crc32.IEEETable[byte(c)^s[i]] ^ c>>8
 	}
-	c = ^c
+	return c
+}
+
+// encodeChecksum writes a CRC-32 in base62, left-padded to checksumLen.
+func encodeChecksum(c uint32) [checksumLen]byte {
 	var out [checksumLen]byte
 	for i := checksumLen - 1; i >= 0; i-- {
 		out[i] = alphabet[c%62]

@@ -114,7 +114,10 @@ func TestRedactPath(t *testing.T) {
 		{"/v1/export/items/" + escaped + "/%zz", "/v1/export/items/[key]/%zz", true},
 		{"/v1/export/items/" + escaped + "%zz", "/v1/export/items/[key]", true},
 		{"/v1/export/items/%zz" + escaped + "%4", "/v1/export/items/[key]", true},
-		{"/v1/export/items/%2" + key[1:], "/v1/export/items/%2" + key[1:], false},
+		// A broken escape for its tag's first letter leaves the secret
+		// whole: the key without its tag (ContainsUntaggedKey).
+		{"/v1/export/items/%2" + key[1:], "/v1/export/items/[key]", true},
+		{"/v1/export/items/%2" + key[1:Len-1], "/v1/export/items/%2" + key[1:Len-1], false},
 		// Encoded twice, or more often than any client needs.
 		{"/v1/a/%25" + escaped[1:], "/v1/a/[key]", true},
 		{"/v1/a/%25252525" + "41" + strings.Repeat("x", Len), "/v1/a/[key]", true}, // "A" encoded 5 times
@@ -204,6 +207,65 @@ func TestContainsKeySecret(t *testing.T) {
 	}
 }
 
+// A key without its tag is its whole secret: found by its checksum under
+// any of the three tags, in a path, a query or a client's value, and
+// refused, or hidden, as the key is; the same run of letters and digits
+// with one character changed, or one short, is a client's id.
+func TestContainsUntaggedKey(t *testing.T) {
+	for _, scopes := range [][]string{{"export:read"}, {"sales:write"}, {"export:read", "sales:write"}} {
+		key, _, err := Generate(scopes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		secret := key[tagLen:]
+		changed := secret[:10] + string(nextInAlphabet(secret[10])) + secret[11:]
+		for _, tc := range []struct {
+			s    string
+			want bool
+		}{
+			{secret, true},
+			{"x" + secret + ".json", true},
+			{"order " + secret, true},
+			{strings.Repeat("Ab3", 30) + secret + "Ab3", true}, // found 90 windows into a run
+			{secret[:untaggedLen-1], false},
+			{secret[1:], false},
+			{changed, false},
+			{strings.Repeat("Ab3", 40), false},
+		} {
+			if got := ContainsUntaggedKey(tc.s); got != tc.want {
+				t.Errorf("ContainsUntaggedKey(%.24q…) = %v, want %v", tc.s, got, tc.want)
+			}
+			if got := ContainsKey(tc.s); got != tc.want {
+				t.Errorf("ContainsKey(%.24q…) = %v, want %v", tc.s, got, tc.want)
+			}
+			if got := ContainsKeyLike(tc.s); got != tc.want {
+				t.Errorf("ContainsKeyLike(%.24q…) = %v, want %v", tc.s, got, tc.want)
+			}
+		}
+		if got, ok := RestoreTag(secret); got != key || !ok {
+			t.Errorf("RestoreTag(<a %s key without its tag>) = %.8q…, %v; want the key", key[:tagLen], got, ok)
+		}
+		if got, ok := RestoreTag(changed); ok {
+			t.Errorf("RestoreTag(<a %s key without its tag, a character changed>) = %.8q…, true; want none", key[:tagLen], got)
+		}
+		path := "/v1/export/items/" + secret + "/sales/confirm"
+		if !PathHoldsKey(path) {
+			t.Errorf("PathHoldsKey(<a %s key without its tag>) = false", key[:tagLen])
+		}
+		if got, want := RedactKeyLikePath(path), "/v1/export/items/[key]/sales/confirm"; got != want {
+			t.Errorf("RedactKeyLikePath(<a %s key without its tag>) = %q, want %q", key[:tagLen], got, want)
+		}
+		if got, want := RedactKeyLikePath("/v1/export/items/"+url.PathEscape("x "+secret)), "/v1/export/items/[key]"; got != want {
+			t.Errorf("RedactKeyLikePath(<%%-encoded, a %s key without its tag>) = %q, want %q", key[:tagLen], got, want)
+		}
+	}
+}
+
+// nextInAlphabet is the alphabet's character after c, wrapping around.
+func nextInAlphabet(c byte) byte {
+	return alphabet[(strings.IndexByte(alphabet, c)+1)%len(alphabet)]
+}
+
 // The query check runs on every request before any limit: bytes full of
 // tag-like "cx" must not cost an allocation each.
 func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {
@@ -213,6 +275,10 @@ func TestContainsKeyOnBytesDoesNotAllocate(t *testing.T) {
 	junk := []byte(strings.Repeat("cxr_", 2000))
 	if allocs := testing.AllocsPerRun(10, func() { ContainsKey(junk) }); allocs != 0 {
 		t.Errorf("ContainsKey(8 KB of cxr_) = %v allocations, want 0", allocs)
+	}
+	letters := []byte(strings.Repeat("Ab3", 2700)) // every window a candidate for a key without its tag
+	if allocs := testing.AllocsPerRun(10, func() { ContainsKey(letters) }); allocs != 0 {
+		t.Errorf("ContainsKey(8 KB of letters) = %v allocations, want 0", allocs)
 	}
 }
 
@@ -236,8 +302,12 @@ func TestContainsKeyLike(t *testing.T) {
 		{key[:tagLen+minKeyLikeRun-1], false},
 		{"cxr_coin-17", false},
 		{"cxr_coin-2024-01", false},
-		{"cx.r_" + key[4:], false},
-		{"cxq_" + key[tagLen:], false},
+		{"cx.r_" + key[4:tagLen+minKeyLikeRun+2], false},
+		{"cxq_" + key[tagLen:Len-1], false},
+		// Behind a tag misspelt, or none, a key's body and checksum are
+		// its whole secret.
+		{"cx.r_" + key[4:], true},
+		{"cxq_" + key[tagLen:], true},
 		{"", false},
 	} {
 		if got := ContainsKeyLike(tc.s); got != tc.want {
@@ -298,16 +368,28 @@ func FuzzContainsKey(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		want := false
+		sumOf := func(tagged string) string {
+			c := crc32.ChecksumIEEE([]byte(tagged))
+			return base62([]byte{byte(c >> 24), byte(c >> 16), byte(c >> 8), byte(c)}, checksumLen)
+		}
+		want, wantWellFormed := false, false
 		for i := 0; i+Len <= len(s); i++ {
 			tag, rest := s[i:i+tagLen], s[i+tagLen:i+Len]
-			c := crc32.ChecksumIEEE([]byte(s[i : i+Len-checksumLen]))
-			sum := base62([]byte{byte(c >> 24), byte(c >> 16), byte(c >> 8), byte(c)}, checksumLen)
 			if (tag == TagRead || tag == TagWrite || tag == TagAll) && strings.Trim(rest, alphabet) == "" &&
-				strings.HasSuffix(rest, sum) {
-				want = true
+				strings.HasSuffix(rest, sumOf(s[i:i+Len-checksumLen])) {
+				wantWellFormed = true
 			}
 		}
+		// Or the body and checksum of a key without its tag, under any tag.
+		for i := 0; i+untaggedLen <= len(s); i++ {
+			rest := s[i : i+untaggedLen]
+			for _, tag := range []string{TagRead, TagWrite, TagAll} {
+				if strings.Trim(rest, alphabet) == "" && strings.HasSuffix(rest, sumOf(tag+rest[:bodyLen])) {
+					want = true
+				}
+			}
+		}
+		want = want || wantWellFormed
 		if got := ContainsKey(s); got != want {
 			t.Fatalf("ContainsKey(%q) = %v, want %v", s, got, want)
 		}
@@ -317,7 +399,7 @@ func FuzzContainsKey(f *testing.F) {
 		if want && !ContainsKeyLike(s) {
 			t.Fatalf("ContainsKeyLike(%q) = false, but it holds a key", s)
 		}
-		if got := WellFormed(s); got != (want && len(s) == Len) {
+		if got := WellFormed(s); got != (wantWellFormed && len(s) == Len) {
 			t.Fatalf("WellFormed(%q) = %v, want %v", s, got, !got)
 		}
 	})

@@ -1026,8 +1026,17 @@ func TestAPanicAfterAWholeUnsentAnswerDropsIt(t *testing.T) {
 
 func TestLoggableClientValue(t *testing.T) {
 	long := strings.Repeat("é", maxClientValue+1)
+	key, _, err := apikey.Generate([]string{"sales:write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	untagged := key[strings.IndexByte(key, '_')+1:] // the whole secret, an item id or order id to a client that cut the key at its '_'
 	for _, tt := range []struct{ value, want string }{
 		{"coin-1", "coin-1"},
+		{key, "[holds an API key]"},
+		{untagged, "[holds an API key]"},
+		{"order-" + untagged, "[holds an API key]"},
+		{untagged[1:], untagged[1:]}, // a run of letters and digits is an id like any other
 		{"", ""},
 		{"coin\n1", "coin\uFFFD1"},
 		{"\x1b[2Jcoin", "\uFFFD[2Jcoin"},
