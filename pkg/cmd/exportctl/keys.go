@@ -299,8 +299,13 @@ var keyPrefix = regexp.MustCompile(`^cx[raw]_[0-9A-Za-z]{8}(…|\.\.\.)?$`)
 // key mistyped or cut short (not quoted: most of a secret), its prefix
 // from key list, a word that is neither.
 func revokeTarget(arg string) (where string, param any, notFound string, err error) {
-	// A key pasted with a space or a line end around it is still the key.
+	// A key pasted with a space or a line end around it is still the key,
+	// and one without its tag (cut at its '_') too: its checksum names
+	// the tag, and it is the whole secret, to be revoked as the key.
 	arg = strings.TrimSpace(arg)
+	if key, ok := apikey.RestoreTag(arg); ok {
+		arg = key
+	}
 	switch {
 	case isUUID(arg): // a key's id
 		return "id = $1::uuid", arg, fmt.Sprintf("no key with id %q", arg), nil

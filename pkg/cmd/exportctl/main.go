@@ -89,6 +89,10 @@ func databaseURL(getenv func(string) string) (string, error) {
 // guess of the rest. ContainsKeyLike reads such a key as a key too.
 var keyLike = regexp.MustCompile(`(?i)cx[raw][-_ ](?:[^"\\]|\\.)*`)
 
+// letterRun is a run of the keys' alphabet, where a key without its tag
+// is looked for (apikey.ContainsUntaggedKey).
+var letterRun = regexp.MustCompile(`[0-9A-Za-z]{49,}`)
+
 // redactKeys hides every key in an error message before it is printed: an
 // error quotes the argument it refuses, and an administrator may have given
 // a key where an id belongs ("key list --owner cxr_…"). Spec 5: keys are
@@ -97,7 +101,13 @@ func redactKeys(msg string) string {
 	if !apikey.ContainsKeyLike(msg) {
 		return msg
 	}
-	return keyLike.ReplaceAllString(msg, "[a key, not shown]")
+	msg = keyLike.ReplaceAllString(msg, "[a key, not shown]")
+	return letterRun.ReplaceAllStringFunc(msg, func(run string) string {
+		if apikey.ContainsUntaggedKey(run) {
+			return "[a key, not shown]"
+		}
+		return run
+	})
 }
 
 // command is one "noun verb" of the CLI.

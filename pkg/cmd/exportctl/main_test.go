@@ -637,6 +637,17 @@ func TestKeyRevokeNamesWhatItWasGiven(t *testing.T) {
 	}
 }
 
+// A key without its tag is its whole secret (a client that cut the key at
+// its '_' sent the rest): key revoke finds the key by it, as by the key.
+func TestKeyRevokeTakesAKeyWithoutItsTag(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	_, key := newReadKey(t, dsn)
+	var revoked struct{ ID string }
+	if err := cli(t, dsn, "", &revoked, "key", "revoke", key.Key[strings.IndexByte(key.Key, '_')+1:]); err != nil || revoked.ID != key.ID {
+		t.Errorf("key revoke <the key without its tag> = %+v, %v; want key %s revoked", revoked, err, key.ID)
+	}
+}
+
 // No key reaches standard error, whatever argument quoted it.
 func TestRedactKeys(t *testing.T) {
 	key, _, err := apikey.Generate([]string{"sales:write"})
@@ -648,6 +659,7 @@ func TestRedactKeys(t *testing.T) {
 		`invalid usage: --owner "` + key + `" is not an owner id (a UUID)`,
 		`invalid usage: key list takes flags only, not "` + strings.ToUpper(key[:3]) + "-" + key[4:30] + `"`,
 		"unknown command " + key,
+		`invalid usage: --owner "` + key[4:] + `" is not an owner id (a UUID)`, // without its tag: the whole secret
 	} {
 		got := redactKeys(msg)
 		if apikey.ContainsKeyLike(got) || !strings.Contains(got, "[a key, not shown]") {
