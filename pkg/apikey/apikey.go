@@ -363,7 +363,7 @@ func RestoreTag(s string) (key string, ok bool) {
 func runHoldsUntaggedKey[T string | []byte](run T) bool {
 	body := crcUpdate(0, run[:bodyLen])
 	for i := 0; ; i++ {
-		// A checksum is 32 bits: its first digit is at most 4 (62^6 > 2^32).
+		// A checksum is 32 bits: its first digit is at most maxChecksumLead.
 		if alphabetIndex[run[i+bodyLen]] <= maxChecksumLead {
 			sum := decodeChecksum(run[i+bodyLen : i+untaggedLen])
 			for _, tag := range tagRegisters {
