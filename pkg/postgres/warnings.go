@@ -18,7 +18,21 @@ import (
 // The connection's notice handler sets it while it reads the server's
 // answers, in the goroutine that holds the connection: Reset and Heard
 // need no lock as long as that goroutine calls them, between statements.
-type Warnings struct{ heard bool }
+type Warnings struct {
+	heard bool
+	first Warning // the first since the last Reset, when heard
+}
+
+// Warning is what PostgreSQL said of a warning, for a log line or a span:
+// its Code (SQLSTATE) and unlocalized Severity can be matched on; its
+// Message is translated by lc_messages, to be shown, never matched. A
+// syncrep.c WARNING (a commit's wait for a synchronous standby cut) is
+// 01000 when a cancel cut it, 57P01 when the backend was terminated.
+type Warning struct {
+	Code     string
+	Severity string // "" from a server before 9.6, or a pooler
+	Message  string
+}
 
 // warningsKey is where a connection keeps its Warnings in pgconn's
 // CustomData.
@@ -35,10 +49,15 @@ func WarningsOf(conn *pgconn.PgConn) *Warnings {
 // Reset forgets what was heard, before the statements whose warnings
 // matter: a warning of an earlier statement on the connection, another
 // caller's, is not theirs.
-func (w *Warnings) Reset() { w.heard = false }
+func (w *Warnings) Reset() { w.heard, w.first = false, Warning{} }
 
 // Heard reports whether a WARNING came since the last Reset.
 func (w *Warnings) Heard() bool { return w.heard }
+
+// First is the first WARNING since the last Reset; the zero Warning when
+// none came. The strings are the notice's own: recording them allocates
+// nothing, and a connection that hears no notice pays nothing.
+func (w *Warnings) First() Warning { return w.first }
 
 // recordWarnings gives each connection of cfg its Warnings, and has its
 // notice handler set them, calling the handlers cfg had.
@@ -54,12 +73,20 @@ func recordWarnings(cfg *pgconn.Config) {
 	noticed := cfg.OnNotice
 	cfg.OnNotice = func(conn *pgconn.PgConn, n *pgconn.Notice) {
 		if w := WarningsOf(conn); w != nil && isWarning(n) {
-			w.heard = true
+			w.hear(n)
 		}
 		if noticed != nil {
 			noticed(conn, n)
 		}
 	}
+}
+
+// hear records the warning n.
+func (w *Warnings) hear(n *pgconn.Notice) {
+	if !w.heard {
+		w.first = Warning{Code: n.Code, Severity: n.SeverityUnlocalized, Message: n.Message}
+	}
+	w.heard = true
 }
 
 // isWarning reports whether n is a WARNING, read from its unlocalized

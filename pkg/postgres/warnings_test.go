@@ -31,13 +31,18 @@ func TestWarningsRecordsWhatPostgreSQLWarnedOf(t *testing.T) {
 	if warnings == nil {
 		t.Fatal("WarningsOf(a connection of Open's pool) = nil, want its record")
 	}
+	// The first warning is the one kept: its SQLSTATE and unlocalized
+	// severity, which a log line and a span say.
+	first := postgres.Warning{Code: "01000", Severity: "WARNING", Message: "a warning"}
 	steps := []struct {
-		stmt string
-		want bool
+		stmt      string
+		want      bool
+		wantFirst postgres.Warning
 	}{
-		{`DO $$ BEGIN RAISE NOTICE 'a notice'; END $$`, false},
-		{`DO $$ BEGIN RAISE WARNING 'a warning'; END $$`, true},
-		{`SELECT 1`, true}, // not Reset: still heard
+		{`DO $$ BEGIN RAISE NOTICE 'a notice'; END $$`, false, postgres.Warning{}},
+		{`DO $$ BEGIN RAISE WARNING 'a warning'; END $$`, true, first},
+		{`DO $$ BEGIN RAISE WARNING 'another' USING ERRCODE = '01003'; END $$`, true, first},
+		{`SELECT 1`, true, first}, // not Reset: still heard
 	}
 	for _, step := range steps {
 		if _, err := conn.Exec(ctx, step.stmt); err != nil {
@@ -46,10 +51,13 @@ func TestWarningsRecordsWhatPostgreSQLWarnedOf(t *testing.T) {
 		if got := warnings.Heard(); got != step.want {
 			t.Errorf("Heard() after %s = %t, want %t", step.stmt, got, step.want)
 		}
+		if got := warnings.First(); got != step.wantFirst {
+			t.Errorf("First() after %s = %+v, want %+v", step.stmt, got, step.wantFirst)
+		}
 	}
 	warnings.Reset()
-	if _, err := conn.Exec(ctx, `SELECT 1`); err != nil || warnings.Heard() {
-		t.Errorf("Heard() after Reset and SELECT 1 = %t (%v), want false", warnings.Heard(), err)
+	if _, err := conn.Exec(ctx, `SELECT 1`); err != nil || warnings.Heard() || warnings.First() != (postgres.Warning{}) {
+		t.Errorf("Heard(), First() after Reset and SELECT 1 = %t, %+v (%v), want false, none", warnings.Heard(), warnings.First(), err)
 	}
 
 	plain := testenv.Pool(t, dsn)
