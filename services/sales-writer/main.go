@@ -112,6 +112,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 		PanicNotes:   api.PanicNotes,
 	}, mux)
 	writer := sales.NewGroupingWriter(pool, cfg.IdempotencyRetention, cfg.CommitGroups, sales.GroupMetrics(srv.Registry()))
+	writer.ReportWarnedCommits(log, srv.Registry())
 	api.Routes(mux, writer, log, srv.Registry(), cfg.QueryTimeout)
 	poolmetrics.Register(srv.Registry(), "postgres", pool)
 

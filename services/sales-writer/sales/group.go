@@ -69,9 +69,10 @@ const groupLockTimeout = "50ms"
 // statements share one implicit transaction, which ends at its Sync, and
 // its COMMIT still runs under them): lock_timeout, and client_min_messages
 // at warning, so that the WARNING of a COMMIT whose wait for a synchronous
-// standby a cancel cut reaches the writer (commitWaitMayBeCut) whatever
-// DATABASE_URL, the role or the database sets; at error, PostgreSQL sends
-// none, and the other calls were told their sale was done.
+// standby a cancel cut reaches the writer (commitWaitMayBeCut,
+// commitWarnings) whatever DATABASE_URL, the role or the database sets;
+// at error, PostgreSQL sends none, and the other calls were told their
+// sale was done. A call alone sets it in keyLockHearingWarnings.
 const groupSettingsSQL = `SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true), ` +
 	`set_config('client_min_messages', 'warning', true)`
 
@@ -138,6 +139,7 @@ type committer struct {
 	db        *pgxpool.Pool
 	maxGroups int
 	stats     GroupStats
+	warned    *commitWarnings
 	// cancelRequest sends PostgreSQL a cancel request for a connection's
 	// statement in flight: (*pgconn.PgConn).CancelRequest, or a test's
 	// hook deciding when it arrives.
@@ -390,6 +392,8 @@ func (c *committer) commit(g *group) error {
 	ctx, cancel := groupContext(calls)
 	defer cancel()
 	ctx, span := startGroupSpan(ctx, calls)
+	var warned, cancelled bool
+	var first postgres.Warning
 	err := postgres.AcquireFunc(ctx, c.db, func(conn *pgxpool.Conn) error {
 		g.sent = g.inFlightOn(conn)
 		if len(g.sent) == 0 {
@@ -403,7 +407,8 @@ func (c *committer) commit(g *group) error {
 			warnings.Reset() // an earlier statement's on this connection is not the group's
 		}
 		err := conn.SendBatch(ctx, groupBatch(g.sent)).Close()
-		if g.landed() {
+		cancelled = g.landed()
+		if cancelled {
 			// A cancel request may reach the backend late, and cancel
 			// whatever the connection runs next: it runs nothing more.
 			_ = conn.Conn().Close(context.Background())
@@ -411,10 +416,31 @@ func (c *committer) commit(g *group) error {
 				err = ErrCommitUnconfirmed
 			}
 		}
+		if (err == nil || errors.Is(err, ErrCommitUnconfirmed)) && warnings != nil && warnings.Heard() {
+			warned, first = true, warnings.First()
+		}
 		return err
 	})
+	if warned {
+		c.reportWarned(ctx, g.sent, first, cancelled)
+	}
 	endGroupSpan(span, calls, err)
 	return err
+}
+
+// reportWarned tells of the group's transaction (its calls sent), which
+// committed while PostgreSQL warned: in one line, not in any one call's
+// context (logged so, the line would carry only that call's request id),
+// and on the group's span too, where there is one (ctx's).
+func (c *committer) reportWarned(ctx context.Context, sent []*groupedCall, first postgres.Warning, cancelled bool) {
+	calls := make([]warnedCall, len(sent))
+	for i, call := range sent {
+		calls[i] = warnedCall{ctx: call.ctx, req: call.req}
+	}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, cancelled, len(calls))...))
+	}
+	c.warned.report(context.Background(), calls, first, cancelled)
 }
 
 // commitWaitMayBeCut reports whether the COMMIT of a batch that a cancel
@@ -428,14 +454,17 @@ func commitWaitMayBeCut(warnings *postgres.Warnings) bool {
 }
 
 // groupBatch is the batch of calls: for each, its key's lock and its
-// statement, after the group's settings when they are several.
+// statement, after the group's settings when they are several; a call
+// alone sets client_min_messages in its lock's statement.
 func groupBatch(calls []*groupedCall) *pgx.Batch {
 	batch := &pgx.Batch{}
+	lock := keyLockHearingWarnings // a group of one: as a call alone
 	if len(calls) > 1 {
 		batch.Queue(groupSettingsSQL)
+		lock = keyLock
 	}
 	for _, call := range calls {
-		batch.Queue(keyLock, call.req.OwnerID, call.req.PlatformID, call.req.IdempotencyKey)
+		batch.Queue(lock, call.req.OwnerID, call.req.PlatformID, call.req.IdempotencyKey)
 		batch.Queue(call.stmt, call.args...).QueryRow(call.scan)
 	}
 	return batch

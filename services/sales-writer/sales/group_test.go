@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5"
@@ -373,7 +374,7 @@ func TestACallLeavingDuringItsGroupsCommitWaitLeavesTheOthersUnsure(t *testing.T
 	} {
 		t.Run(pool.name, func(t *testing.T) {
 			t.Parallel()
-			g := groupWaitingForAStandby(t, pool.open, func(*committer) {})
+			g := groupWaitingForAStandby(t, pool.open, func(*Writer) {})
 			g.leave()
 			if err := <-g.left; err == nil || postgres.NothingDone(err) || postgres.RolledBack(err) {
 				t.Errorf("the call that left = %v, want an error saying it may have been applied", err)
@@ -396,8 +397,8 @@ func TestACancelReachingItsGroupAfterTheCommitLeavesTheOthersDone(t *testing.T) 
 	t.Parallel()
 	asked := make(chan struct{}, 1)
 	arrive := make(chan struct{})
-	g := groupWaitingForAStandby(t, openRecording, func(c *committer) {
-		c.cancelRequest = func(conn *pgconn.PgConn, ctx context.Context) error {
+	g := groupWaitingForAStandby(t, openRecording, func(w *Writer) {
+		w.groups.cancelRequest = func(conn *pgconn.PgConn, ctx context.Context) error {
 			asked <- struct{}{}
 			<-arrive
 			return conn.CancelRequest(ctx)
@@ -441,41 +442,65 @@ type standbyWaitingGroup struct {
 }
 
 // groupWaitingForAStandby starts a writer (its pool of one connection
-// opened by open, its committer set up by configure) on a primary whose
+// opened by open, set up by configure) on a primary whose
 // synchronous_standby_names names a standby that never comes, and returns
 // once a group of two calls (confirming a, then b) waits for it in its
-// COMMIT. The pool's one connection has been warned of before, by a
-// statement that is not the group's.
-func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *pgxpool.Pool, configure func(*committer)) *standbyWaitingGroup {
+// COMMIT: the session of application committingApp. The calls' request
+// ids are req-a and req-b. The pool's one connection has been warned of
+// before, by a statement that is not the group's.
+func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *pgxpool.Pool, configure func(*Writer)) *standbyWaitingGroup {
 	t.Helper()
 	ctx := context.Background()
 	pair := testenv.StandbyPair(t)
 	admin := testenv.Pool(t, pair.Primary)
 	owner := saleFixture(t, admin, "a", "b")
-	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = 'nothere'", "SELECT pg_reload_conf()"} {
-		if _, err := admin.Exec(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
-	testenv.WaitUntilTrue(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
-	const app = "sales-group-committing"
-	db := open(t, pair.Primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
+	awaitAStandbyThatNeverComes(t, admin)
+	db := open(t, pair.Primary+" application_name="+committingApp+" synchronous_commit=on pool_max_conns=1")
 	if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the group''s'; END $$"); err != nil {
 		t.Fatal(err)
 	}
 	w := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
-	configure(w.groups)
+	configure(w)
 	release := holdRunners(t, w)
 	leaving, leave := context.WithCancel(ctx)
 	t.Cleanup(leave)
 	g := &standbyWaitingGroup{admin: admin, leave: leave, left: make(chan error, 1), stay: make(chan answer, 1)}
+	leaving = identity.WithContext(leaving, identity.Identity{RequestID: "req-a"})
 	go func() { _, err := w.Execute(leaving, confirmOf(owner, "k-a", "a", "o-a")); g.left <- err }()
 	queued(t, w, 1)
-	go func() { res, err := w.Execute(ctx, confirmOf(owner, "k-b", "b", "o-b")); g.stay <- answer{res, err} }()
+	staying := identity.WithContext(ctx, identity.Identity{RequestID: "req-b"})
+	go func() {
+		res, err := w.Execute(staying, confirmOf(owner, "k-b", "b", "o-b"))
+		g.stay <- answer{res, err}
+	}()
 	queued(t, w, 2)
 	release()
-	testenv.WaitUntilTrue(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
+	waitingInSyncRep(t, admin, committingApp)
 	return g
+}
+
+// awaitAStandbyThatNeverComes has the primary of admin's pool make every
+// commit of synchronous_commit on wait for a synchronous standby that is
+// not there.
+func awaitAStandbyThatNeverComes(t *testing.T, admin *pgxpool.Pool) {
+	t.Helper()
+	for _, stmt := range []string{"ALTER SYSTEM SET synchronous_standby_names = 'nothere'", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(context.Background(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitUntilTrue(t, admin, "SELECT setting = 'nothere' FROM pg_settings WHERE name = 'synchronous_standby_names'")
+}
+
+// committingApp is the application name of groupWaitingForAStandby's
+// session.
+const committingApp = "sales-group-committing"
+
+// waitingInSyncRep returns once a session of app waits for a synchronous
+// standby in its COMMIT.
+func waitingInSyncRep(t *testing.T, admin *pgxpool.Pool, app string) {
+	t.Helper()
+	testenv.WaitUntilTrue(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event = 'SyncRep')")
 }
 
 // openRecording opens a pool as the service does (package postgres), whose

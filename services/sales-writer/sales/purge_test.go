@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 // ownerWithPlatformP creates an owner and the platform "p" in db, and
 // returns the owner's id.
-func ownerWithPlatformP(t *testing.T, db *pgxpool.Pool) string {
+func ownerWithPlatformP(t testing.TB, db *pgxpool.Pool) string {
 	t.Helper()
 	ctx := context.Background()
 	var owner string

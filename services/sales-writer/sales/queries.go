@@ -76,6 +76,17 @@ var writerLock = `
 // request was executed (TestSalesRunAtReadCommittedWhateverTheDatabaseDefault).
 const keyLock = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1::text || '/' || $2::text || '/' || $3::text))`
 
+// keyLockHearingWarnings is keyLock for a call that commits alone (a
+// group of one, or a call run alone): it also sets client_min_messages to
+// warning for the transaction (set_config's is_local), so that a WARNING
+// its COMMIT draws (a wait for a synchronous standby cut: commitWarnings)
+// reaches the writer whatever DATABASE_URL, the role or the database sets;
+// at error PostgreSQL sends none. Folded into the statement the call sends
+// anyway: no round trip and no statement more (a group of several sets it
+// in groupSettingsSQL).
+const keyLockHearingWarnings = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1::text || '/' || $2::text || '/' || $3::text)), ` +
+	`set_config('client_min_messages', 'warning', true)`
+
 // keyLockClass is the first key of keyLock: a namespace apart from the
 // owner's sync lock (catalog.WriterLock) and any other advisory lock.
 const keyLockClass = "1801812339" // "keys" in ASCII

@@ -76,7 +76,7 @@ func TestCancelIsNeverBeforeConfirm(t *testing.T) {
 
 // saleFixture creates an owner, the platform "p" (ownerWithPlatformP) and
 // the listed items, and returns the owner's id.
-func saleFixture(t *testing.T, db *pgxpool.Pool, items ...string) string {
+func saleFixture(t testing.TB, db *pgxpool.Pool, items ...string) string {
 	t.Helper()
 	owner := ownerWithPlatformP(t, db)
 	addItems(t, db, owner, items...)
@@ -84,7 +84,7 @@ func saleFixture(t *testing.T, db *pgxpool.Pool, items ...string) string {
 }
 
 // addItems lists items of owner, each unsold.
-func addItems(t *testing.T, db *pgxpool.Pool, owner string, items ...string) {
+func addItems(t testing.TB, db *pgxpool.Pool, owner string, items ...string) {
 	t.Helper()
 	for _, item := range items {
 		if _, err := db.Exec(context.Background(), `INSERT INTO export_items (owner_id, id, listed_active, currency, texts,

@@ -34,6 +34,7 @@ type Writer struct {
 	db        *pgxpool.Pool
 	retention time.Duration
 	groups    *committer // nil: every call commits alone
+	warned    *commitWarnings
 }
 
 // NewWriter returns a Writer whose idempotency records live for retention,
@@ -46,9 +47,9 @@ func NewWriter(db *pgxpool.Pool, retention time.Duration) *Writer {
 // NewGroupingWriter is NewWriter running at most groups commit groups at
 // once (0: none; every call commits alone), telling stats of each.
 func NewGroupingWriter(db *pgxpool.Pool, retention time.Duration, groups int, stats GroupStats) *Writer {
-	w := &Writer{db: db, retention: retention}
+	w := &Writer{db: db, retention: retention, warned: newCommitWarnings()}
 	if groups > 0 {
-		w.groups = &committer{db: db, maxGroups: groups, stats: stats, cancelRequest: (*pgconn.PgConn).CancelRequest}
+		w.groups = &committer{db: db, maxGroups: groups, stats: stats, warned: w.warned, cancelRequest: (*pgconn.PgConn).CancelRequest}
 	}
 	return w
 }
@@ -237,17 +238,32 @@ type keyHolds struct {
 }
 
 // underKeyLock runs stmt (one row, read by scan) in a transaction that
-// first takes req's key lock (keyLock) in a statement of its own, so that
-// stmt's snapshot is taken once the lock is held. One batch, one round
-// trip: the statements before its one Sync form one implicit transaction,
-// committed at the Sync.
+// first takes req's key lock (keyLockHearingWarnings) in a statement of
+// its own, so that stmt's snapshot is taken once the lock is held. One
+// batch, one round trip: the statements before its one Sync form one
+// implicit transaction, committed at the Sync. A transaction that commits
+// with a WARNING is told of (commitWarnings), its answer unchanged.
 func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, args []any, scan func(pgx.Row) error) error {
 	batch := &pgx.Batch{}
-	batch.Queue(keyLock, req.OwnerID, req.PlatformID, req.IdempotencyKey)
+	batch.Queue(keyLockHearingWarnings, req.OwnerID, req.PlatformID, req.IdempotencyKey)
 	batch.Queue(stmt, args...).QueryRow(scan)
-	return postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
-		return conn.SendBatch(ctx, batch).Close()
+	var warned bool
+	var first postgres.Warning
+	err := postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
+		warnings := postgres.WarningsOf(conn.Conn().PgConn())
+		if warnings != nil {
+			warnings.Reset() // an earlier statement's on this connection is not this call's
+		}
+		err := conn.SendBatch(ctx, batch).Close()
+		if err == nil && warnings != nil && warnings.Heard() {
+			warned, first = true, warnings.First()
+		}
+		return err
 	})
+	if warned {
+		w.warned.report(ctx, []warnedCall{{ctx: ctx, req: req}}, first, false)
+	}
+	return err
 }
 
 // outcome is what explainSQL reports.

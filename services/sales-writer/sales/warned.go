@@ -1,0 +1,136 @@
+package sales
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/postgres"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// A sale transaction can succeed while PostgreSQL warns: above all when
+// someone other than the writer ends its COMMIT's wait for a synchronous
+// standby (an operator's pg_cancel_backend on a session waiting in
+// SyncRep, to release commits stuck behind a lost standby; a backend
+// terminated while waiting). The COMMIT then succeeds with a WARNING
+// (syncrep.c): committed on the primary, perhaps not on the standby, and a
+// failover to that standby loses it. Its calls are answered as done (true
+// on the primary, and a retry would replay that answer from it), so the
+// writer tells the SRE which calls those were, to reconcile with their
+// platforms after a failover: one WARN line per transaction naming each
+// call, a count, an event on each traced call's span. Any WARNING counts,
+// told apart by its SQLSTATE (a trigger's, the approach of wraparound:
+// rare, and cheaper read than missed); its text is not relied on, as
+// lc_messages translates it.
+
+// commitWarnings tells of the sale transactions that committed with a
+// WARNING. Set before the writer's first call (ReportWarnedCommits), read
+// only after.
+type commitWarnings struct {
+	log   *slog.Logger
+	calls prometheus.Counter
+}
+
+// newCommitWarnings tells nobody, until ReportWarnedCommits.
+func newCommitWarnings() *commitWarnings {
+	return &commitWarnings{log: slog.New(slog.DiscardHandler), calls: prometheus.NewCounter(warnedCallsOpts)}
+}
+
+var warnedCallsOpts = prometheus.CounterOpts{
+	Name: "sales_writer_commit_warned_calls_total",
+	Help: "Sale calls whose transaction committed while PostgreSQL sent a WARNING, most often a commit's wait for a " +
+		"synchronous standby ended by someone else (pg_cancel_backend, a terminated backend): committed on the primary, " +
+		"perhaps not on the standby. Each transaction's calls are named in a WARN line 'sale transaction committed with a PostgreSQL warning'.",
+}
+
+// ReportWarnedCommits has w tell of each sale transaction that committed
+// while PostgreSQL warned: a line at WARN on log, and its calls counted in
+// sales_writer_commit_warned_calls_total on reg. Called once, before w's
+// first call; without it, w tells nobody.
+func (w *Writer) ReportWarnedCommits(log *slog.Logger, reg prometheus.Registerer) {
+	reg.MustRegister(w.warned.calls)
+	w.warned.log = log
+}
+
+// warnedCall is one call of a transaction that committed with a warning.
+type warnedCall struct {
+	ctx context.Context // the call's: its request id and span
+	req Request
+}
+
+// warnedCallLine is how the WARN line names a call: as its access line
+// does (request_id, and each client-chosen value as
+// httpserver.AnnotateClientValue records it), so that a grep of either
+// finds both.
+type warnedCallLine struct {
+	RequestID       string    `json:"request_id"`
+	OwnerID         string    `json:"owner_id"`
+	Operation       Operation `json:"operation"`
+	ItemID          string    `json:"item_id"`
+	PlatformID      string    `json:"platform_id"`
+	ExternalOrderID string    `json:"external_order_id"`
+	IdempotencyKey  string    `json:"idempotency_key"`
+}
+
+var (
+	attrWarningCode     = attribute.Key("db.response.status_code")
+	attrWarningSeverity = attribute.Key("app.postgresql.warning_severity")
+	attrWriterCancelled = attribute.Key("app.commit.cancelled_by_writer")
+)
+
+// warnedEvent is the span event of a transaction that committed with a
+// warning, on each traced call's span and on its group's: make trace of
+// a request id shows it. It names no call's key, order or owner, as no
+// span does (the group's sits in one call's trace).
+const warnedEvent = "sale transaction committed with a PostgreSQL warning"
+
+// warnedAttrs are warnedEvent's attributes.
+func warnedAttrs(first postgres.Warning, writerCancelled bool, calls int) []attribute.KeyValue {
+	return []attribute.KeyValue{attrWarningCode.String(first.Code), attrWarningSeverity.String(first.Severity),
+		attrWriterCancelled.Bool(writerCancelled), attrGroupCalls.Int(calls)}
+}
+
+// report tells of a transaction of calls that committed while PostgreSQL
+// warned (first, the first warning), whose wait the writer itself
+// cancelled or not (its calls are then answered ErrCommitUnconfirmed, the
+// others as done). logCtx is the context of the line: a lone call's own,
+// so that it carries its request id as every line of the call does.
+func (cw *commitWarnings) report(logCtx context.Context, calls []warnedCall, first postgres.Warning, writerCancelled bool) {
+	cw.calls.Add(float64(len(calls)))
+	lines := make([]warnedCallLine, len(calls))
+	for i, call := range calls {
+		lines[i] = warnedCallLine{
+			RequestID:       requestID(call.ctx),
+			OwnerID:         call.req.OwnerID,
+			Operation:       call.req.Operation,
+			ItemID:          httpserver.LoggableClientValue(call.req.ItemID),
+			PlatformID:      call.req.PlatformID,
+			ExternalOrderID: httpserver.LoggableClientValue(call.req.ExternalOrderID),
+			IdempotencyKey:  httpserver.LoggableClientValue(call.req.IdempotencyKey),
+		}
+		if span := trace.SpanFromContext(call.ctx); span.IsRecording() {
+			span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, writerCancelled, len(calls))...))
+		}
+	}
+	cw.log.LogAttrs(logCtx, slog.LevelWarn, "sale transaction committed with a PostgreSQL warning: "+
+		"it may not be on a synchronous standby, and a failover to one would lose it; reconcile its calls with their platforms after one",
+		slog.String("sqlstate", first.Code), slog.String("severity", first.Severity), slog.String("message", first.Message),
+		slog.Bool("cancelled_by_writer", writerCancelled), slog.Int("calls_count", len(calls)), slog.Any("calls", lines))
+}
+
+// requestID is the request id of the call in ctx: the one the gateway
+// signed, else its trace id (which the gateway's request id is), as
+// httpserver.RequestID reads it.
+func requestID(ctx context.Context) string {
+	if id, ok := identity.FromContext(ctx); ok && id.RequestID != "" {
+		return id.RequestID
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
+		return sc.TraceID().String()
+	}
+	return ""
+}

@@ -1,0 +1,235 @@
+package sales
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// A call committing alone whose COMMIT's wait for a synchronous standby
+// someone else cuts (an operator's pg_cancel_backend, to release commits
+// stuck behind a lost standby) is answered as done, and told of: a WARN
+// line naming its request id, item, platform, operation and key, the
+// warning's SQLSTATE and severity; a count; an event on its span. So too
+// under client_min_messages = error in DATABASE_URL, where PostgreSQL
+// would send the writer no WARNING unless the call asked for it: alone
+// (SALES_WRITER_COMMIT_GROUPS=0, or run alone) and in a group of one.
+func TestACallAloneWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pair := testenv.StandbyPair(t)
+	admin := testenv.Pool(t, pair.Primary)
+	owner := saleFixture(t, admin, "a", "b")
+	awaitAStandbyThatNeverComes(t, admin)
+	for _, c := range []struct {
+		name   string
+		groups int
+		item   string
+	}{
+		{"alone", 0, "a"},
+		{"a group of one", 1, "b"},
+	} {
+		app := "sales-alone-" + c.item
+		db := openRecording(t, pair.Primary+" application_name="+app+" synchronous_commit=on client_min_messages=error pool_max_conns=1")
+		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
+		told := tellWarned(w)
+		rec := tracetest.NewSpanRecorder()
+		callCtx, span := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test").Start(ctx, "sale")
+		callCtx = identity.WithContext(callCtx, identity.Identity{RequestID: "req-" + c.item})
+		done := make(chan answer, 1)
+		go func() {
+			res, err := w.Execute(callCtx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
+			done <- answer{res, err}
+		}()
+		cutCommitWait(t, admin, app)
+		got := answered(t, c.name, done)
+		span.End()
+		if got.err != nil || got.res.Status != "inactive" || got.res.IdempotentReplay {
+			t.Errorf("%s: a confirm whose commit wait was cut = %+v, %v; want it sold (200)", c.name, got.res, got.err)
+		}
+		want := warnedLine{SQLState: "01000", Severity: "WARNING", Calls: []warnedCallLine{{RequestID: "req-" + c.item,
+			OwnerID: owner, Operation: Confirm, ItemID: c.item, PlatformID: "p", ExternalOrderID: "o-" + c.item, IdempotencyKey: "k-" + c.item}}}
+		if lines := told.lines(t); len(lines) != 1 || !want.matches(lines[0]) {
+			t.Errorf("%s: lines told = %+v, want one: %+v", c.name, lines, want)
+		}
+		if n := told.count(t); n != 1 {
+			t.Errorf("%s: sales_writer_commit_warned_calls_total = %v, want 1", c.name, n)
+		}
+		if !slices.ContainsFunc(rec.Ended()[0].Events(), func(e sdktrace.Event) bool { return e.Name == warnedEvent }) {
+			t.Errorf("%s: the call's span has no event %q: %+v", c.name, warnedEvent, rec.Ended()[0].Events())
+		}
+	}
+}
+
+// A group whose COMMIT's wait someone else cuts (no call of it left) is
+// answered as done, every call of it, and told of in one line naming each
+// call's request id, its calls counted; client_min_messages = error in
+// DATABASE_URL does not hide it.
+func TestAGroupWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
+	t.Parallel()
+	var told *warnedTold
+	g := groupWaitingForAStandby(t, func(t testing.TB, dsn string) *pgxpool.Pool {
+		return openRecording(t, dsn+" client_min_messages=error")
+	}, func(w *Writer) { told = tellWarned(w) })
+	cutCommitWait(t, g.admin, committingApp)
+	if err := <-g.left; err != nil {
+		t.Errorf("the call confirming a, its group's commit wait cut = %v, want it sold", err)
+	}
+	if got := answered(t, "the call confirming b", g.stay); got.err != nil || got.res.Status != "inactive" {
+		t.Errorf("the call confirming b, its group's commit wait cut = %+v, %v; want it sold", got.res, got.err)
+	}
+	lines := told.lines(t)
+	if len(lines) != 1 || lines[0].SQLState != "01000" || lines[0].CancelledByWriter {
+		t.Fatalf("lines told = %+v, want one of SQLSTATE 01000, not cancelled by the writer", lines)
+	}
+	var ids []string
+	for _, call := range lines[0].Calls {
+		ids = append(ids, call.RequestID)
+	}
+	if !slices.Equal(ids, []string{"req-a", "req-b"}) {
+		t.Errorf("request ids of the line = %v, want [req-a req-b]", ids)
+	}
+	if n := told.count(t); n != 2 {
+		t.Errorf("sales_writer_commit_warned_calls_total = %v, want 2", n)
+	}
+}
+
+// A transaction without a WARNING is told of nowhere, though the
+// connection it ran on was warned of before, by a statement that was not
+// the call's: alone (SALES_WRITER_COMMIT_GROUPS=0), in a group of one and
+// in a group of two, no line and no count.
+func TestACommitWithoutAWarningIsNotToldOf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, dsn)
+	owner := saleFixture(t, admin, "a", "b", "c", "d")
+	db := openRecording(t, dsn+" pool_max_conns=1")
+	// A writer per case: a grouping writer's runner outlives its call for
+	// a moment, which holdRunners must not find.
+	alone := NewGroupingWriter(db, time.Hour, 0, GroupStats{})
+	ofOne := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
+	w := NewGroupingWriter(db, time.Hour, 1, GroupStats{})
+	told := []*warnedTold{tellWarned(alone), tellWarned(ofOne), tellWarned(w)}
+	for i, w := range []*Writer{alone, ofOne} {
+		if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the sale''s'; END $$"); err != nil {
+			t.Fatal(err)
+		}
+		item := []string{"a", "b"}[i]
+		if _, err := w.Execute(ctx, confirmOf(owner, "k-"+item, item, "o-"+item)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := holdRunners(t, w)
+	answers := make([]chan answer, 2)
+	for i, item := range []string{"c", "d"} {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			res, err := w.Execute(ctx, confirmOf(owner, "k-"+item, item, "o-"+item))
+			answers[i] <- answer{res, err}
+		}()
+		queued(t, w, i+1)
+	}
+	if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the group''s'; END $$"); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for i := range answers {
+		if got := answered(t, "a call of the group", answers[i]); got.err != nil {
+			t.Fatal(got.err)
+		}
+	}
+	for i, told := range told {
+		if lines := told.lines(t); len(lines) != 0 {
+			t.Errorf("writer %d: lines told = %+v, want none", i, lines)
+		}
+		if n := told.count(t); n != 0 {
+			t.Errorf("writer %d: sales_writer_commit_warned_calls_total = %v, want 0", i, n)
+		}
+	}
+}
+
+// cutCommitWait waits for the session of app to wait for a synchronous
+// standby in its COMMIT, and ends that wait as an operator does, with
+// pg_cancel_backend from a session of its own.
+func cutCommitWait(t *testing.T, admin *pgxpool.Pool, app string) {
+	t.Helper()
+	waitingInSyncRep(t, admin, app)
+	var cut int
+	err := admin.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_cancel_backend(pid))::int FROM pg_stat_activity
+		WHERE application_name = $1 AND wait_event = 'SyncRep'`, app).Scan(&cut)
+	if err != nil || cut != 1 {
+		t.Fatalf("cancelled %d sessions of %s waiting in SyncRep (%v), want 1", cut, app, err)
+	}
+}
+
+// warnedTold is what a writer told of its transactions that committed
+// with a warning: its log (JSON lines) and metrics.
+type warnedTold struct {
+	logs *testenv.Output
+	reg  *prometheus.Registry
+}
+
+func tellWarned(w *Writer) *warnedTold {
+	told := &warnedTold{logs: &testenv.Output{}, reg: prometheus.NewRegistry()}
+	w.ReportWarnedCommits(slog.New(slog.NewJSONHandler(told.logs, nil)), told.reg)
+	return told
+}
+
+// warnedLine is a WARN line of a transaction that committed with a
+// warning, as read back.
+type warnedLine struct {
+	Level             string           `json:"level"`
+	SQLState          string           `json:"sqlstate"`
+	Severity          string           `json:"severity"`
+	CancelledByWriter bool             `json:"cancelled_by_writer"`
+	Calls             []warnedCallLine `json:"calls"`
+}
+
+// matches reports whether got says what l says, at WARN.
+func (l warnedLine) matches(got warnedLine) bool {
+	return got.Level == "WARN" && got.SQLState == l.SQLState && got.Severity == l.Severity &&
+		got.CancelledByWriter == l.CancelledByWriter && slices.Equal(got.Calls, l.Calls)
+}
+
+// lines returns every line logged, read back; any line logged is one of
+// a warned commit's.
+func (w *warnedTold) lines(t *testing.T) []warnedLine {
+	t.Helper()
+	var lines []warnedLine
+	for line := range strings.Lines(w.logs.String()) {
+		var l warnedLine
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+// count is sales_writer_commit_warned_calls_total.
+func (w *warnedTold) count(t *testing.T) float64 {
+	t.Helper()
+	families, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "sales_writer_commit_warned_calls_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("no sales_writer_commit_warned_calls_total gathered")
+	return 0
+}
