@@ -320,21 +320,23 @@ const untaggedLen = bodyLen + checksumLen
 // untaggedLen characters of the alphabet whose last checksumLen are the
 // checksum of one of the tags and the body before them. The tag tells
 // only the scopes, so such text is the whole secret, sent by a client that
-// took "cxr_" for a type's prefix or cut the key at its '_'. The checksum
-// tells it from a client's own id of that shape: a run of random letters
-// and digits passes for one tag in 62^6 (5.7e10) tries.
+// took "cxr_" for a type's prefix or cut the key at its '_'.
 //
-// ContainsKey runs it on every path and query a client sends, before any
-// limit, so each window of a run of letters costs a few table reads: the
-// body's CRC register is rolled from the window before (bodyOut), not
-// read again (8 KB of letters took 2.5 ms read again, 30 µs rolled).
+// Only the two ends of each run of the alphabet's characters are read: a
+// key pasted alone (the run itself), or with something run into it before
+// or after ("cxr" with its '_' dropped, "<key>x"). A run of random letters
+// and digits passes for a key under one of the three tags once in 62^6/3
+// (1.9e10) tries; every window of a client's long ids read, a catalog of a
+// million 128-character ids would hold one the gateway refused, for good,
+// once in 240 catalogs (a run's ends: once in 9,400).
 func ContainsUntaggedKey[T string | []byte](s T) bool {
 	for start := 0; start+untaggedLen <= len(s); {
 		end := start
 		for end < len(s) && inAlphabet[s[end]] {
 			end++
 		}
-		if end-start >= untaggedLen && runHoldsUntaggedKey(s[start:end]) {
+		if end-start >= untaggedLen &&
+			(isUntaggedKey(s[start:start+untaggedLen]) || isUntaggedKey(s[end-untaggedLen:end])) {
 			return true
 		}
 		start = end + 1
@@ -356,27 +358,22 @@ func RestoreTag(s string) (key string, ok bool) {
 	return "", false
 }
 
-// runHoldsUntaggedKey is ContainsUntaggedKey for run, all of the alphabet
-// and at least untaggedLen long. The register of a tag and a body is the
-// tag's (tagRegisters) XOR the body's read from zero, as CRC-32 is linear;
-// the body's is rolled one byte on: read the next, drop the first.
-func runHoldsUntaggedKey[T string | []byte](run T) bool {
-	body := crcUpdate(0, run[:bodyLen])
-	for i := 0; ; i++ {
-		// A checksum is 32 bits: its first digit is at most maxChecksumLead.
-		if alphabetIndex[run[i+bodyLen]] <= maxChecksumLead {
-			sum := decodeChecksum(run[i+bodyLen : i+untaggedLen])
-			for _, tag := range tagRegisters {
-				if uint64(^(tag ^ body)) == sum {
-					return true
-				}
-			}
-		}
-		if i+untaggedLen == len(run) {
-			return false
-		}
-		body = crc32.IEEETable[byte(body)^run[i+bodyLen]] ^ body>>8 ^ bodyOut[run[i]]
+// isUntaggedKey reports whether run, untaggedLen characters of the
+// alphabet, is a key's body and checksum under one of the tags. The body's
+// CRC-32 register is read once: that of a tag and the body is the tag's
+// (tagRegisters) XOR the body's read from zero, as CRC-32 is linear.
+func isUntaggedKey[T string | []byte](run T) bool {
+	if alphabetIndex[run[bodyLen]] > maxChecksumLead { // a checksum is 32 bits
+		return false
 	}
+	sum := decodeChecksum(run[bodyLen:])
+	body := crcUpdate(0, run[:bodyLen])
+	for _, tag := range tagRegisters {
+		if uint64(^(tag ^ body)) == sum {
+			return true
+		}
+	}
+	return false
 }
 
 var (
@@ -385,14 +382,6 @@ var (
 	tagRegisters = [...]uint32{
 		pastBody(crcUpdate(^uint32(0), TagRead)), pastBody(crcUpdate(^uint32(0), TagWrite)), pastBody(crcUpdate(^uint32(0), TagAll)),
 	}
-	// bodyOut is what a byte adds to the register once a body's length of
-	// bytes has come after it: dropped as it leaves the window.
-	bodyOut = func() (out [256]uint32) {
-		for b := range out {
-			out[b] = pastBody(crc32.IEEETable[b])
-		}
-		return out
-	}()
 	// alphabetIndex is each alphabet byte's value as a base62 digit.
 	alphabetIndex = func() (index [256]byte) {
 		for i := range len(alphabet) {
@@ -429,10 +418,12 @@ func decodeChecksum[T string | []byte](sum T) uint64 {
 // characters of its alphabet within keySecretWindow bytes. That is a key,
 // or one whose checksum is cut off or mistyped, with a typo in its body or
 // a character slipped into it. Such text fails WellFormed, but its secret
-// is whole: the checksum is recomputed, and a typo found by it. What is
-// stored as a client sent it must hold none (the sales-writer refuses it).
+// is whole: the checksum is recomputed, and a typo found by it. A key
+// without its tag is its whole secret too (ContainsUntaggedKey). What is
+// stored as a client sent it must hold none (the sales-writer refuses it),
+// nor what is sent on (shop-schema's ws_key).
 func ContainsKeySecret[T string | []byte](s T) bool {
-	return holdsTaggedRun(s, copiedTags, bodyLen, keySecretWindow)
+	return holdsTaggedRun(s, copiedTags, bodyLen, keySecretWindow) || ContainsUntaggedKey(s)
 }
 
 // keySecretWindow is how many bytes after a tag ContainsKeySecret counts a

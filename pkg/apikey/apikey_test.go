@@ -188,16 +188,21 @@ func TestContainsKeySecret(t *testing.T) {
 		{mistyped, true},                        // a typo in the body
 		{strings.ToUpper(key), true},            // its checksum tells the case back
 		{"CXW_" + key[tagLen:], true},
-		{"CXW-" + key[tagLen:], false},
-		{"Cxw_" + key[tagLen:], false},
-		{"cxw " + key[tagLen:], false},
+		// A body and checksum whole, its tag respelt or left out, is the
+		// key's secret (ContainsUntaggedKey).
+		{"CXW-" + key[tagLen:], true},
+		{"Cxw_" + key[tagLen:], true},
+		{"cxw " + key[tagLen:], true},
+		{key[tagLen:], true},
+		{"cxw" + key[tagLen:], true},
+		{"CXW-" + key[tagLen:Len-1], false}, // no checksum, no tag: letters and digits
+		{strings.Repeat("0", 60) + key[tagLen:] + strings.Repeat("0", 19), false}, // inside a longer run: an id
 		{"CXR-" + hex64, false}, // an order number
 		{"cxa-01J9Z3K4QW8N6V2B7C5D0E1F2G01J9Z3K4QW8N6V2B7C5D0E1F2G", false}, // a prefixed ULID pair
 		{"9fQ2Cxa-" + hex64[:50] + "_x-Y", false},                           // random base64url
 		{key[:tagLen+bodyLen-1], false},
 		{key[:30] + "-" + key[30:], true},      // a dash typed into the body
 		{key[:20] + "-----" + key[20:], false}, // more than a body's width
-		{key[tagLen:], false},
 		{"cxw_ORDER000000000000000000000000000001", false},
 		{"", false},
 	} {
@@ -226,7 +231,12 @@ func TestContainsUntaggedKey(t *testing.T) {
 			{secret, true},
 			{"x" + secret + ".json", true},
 			{"order " + secret, true},
-			{strings.Repeat("Ab3", 30) + secret + "Ab3", true}, // found 90 windows into a run
+			{"cxr" + secret, true}, // its '_' dropped
+			{secret + "Ab3", true},
+			// Inside a longer run of letters and digits, a client's id:
+			// reading every window of such ids would refuse a client's
+			// id now and then (ContainsUntaggedKey).
+			{strings.Repeat("Ab3", 30) + secret + "Ab3", false},
 			{secret[:untaggedLen-1], false},
 			{secret[1:], false},
 			{changed, false},
@@ -380,11 +390,16 @@ func FuzzContainsKey(f *testing.F) {
 				wantWellFormed = true
 			}
 		}
-		// Or the body and checksum of a key without its tag, under any tag.
+		// Or the body and checksum of a key without its tag, under any tag,
+		// at the start or the end of a run of the alphabet's characters.
+		outside := func(j int) bool { return j < 0 || j >= len(s) || !strings.ContainsRune(alphabet, rune(s[j])) }
 		for i := 0; i+untaggedLen <= len(s); i++ {
 			rest := s[i : i+untaggedLen]
+			if strings.Trim(rest, alphabet) != "" || !outside(i-1) && !outside(i+untaggedLen) {
+				continue
+			}
 			for _, tag := range []string{TagRead, TagWrite, TagAll} {
-				if strings.Trim(rest, alphabet) == "" && strings.HasSuffix(rest, sumOf(tag+rest[:bodyLen])) {
+				if strings.HasSuffix(rest, sumOf(tag+rest[:bodyLen])) {
 					want = true
 				}
 			}

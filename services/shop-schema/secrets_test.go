@@ -403,7 +403,9 @@ func TestAPIKeyAsWSKeyIsNotSent(t *testing.T) {
 	shop := fakeshop.Sample("8", false)
 	shop.Start(t.Cleanup)
 	svc := startServiceWith(t, shop, nil, noDNS{})
-	for _, key := range []string{apiKey, " " + apiKey[:len(apiKey)-6] + " "} { // whole, and without its checksum
+	// Whole, without its checksum, and without its tag (the rest is the
+	// whole secret).
+	for _, key := range []string{apiKey, " " + apiKey[:len(apiKey)-6] + " ", apiKey[len(apikey.TagWrite):]} {
 		status, env := svc.post(t, body(shop.URL(), key))
 		if status != http.StatusBadRequest || errCode(env) != "invalid_body" {
 			t.Errorf("POST schema with an API key as ws_key = %d %s, want 400 invalid_body", status, errCode(env))

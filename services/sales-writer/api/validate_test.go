@@ -56,6 +56,9 @@ func TestBadRequestsWriteNothing(t *testing.T) {
 		{"key holding an API key, checksum mistyped", call{key: mistyped(pastedKey, len(pastedKey)-1), body: good}, 400, "invalid_idempotency_key", "holds an API key"},
 		{"order id holding an API key without its checksum", call{key: "k", body: `{"external_order_id":"order ` + pastedKey[:len(pastedKey)-6] + `"}`}, 400, "invalid_body", "holds an API key"},
 		{"order id holding an API key, a typo in its body", call{key: "k", body: `{"external_order_id":"` + mistyped(pastedKey, 10) + `"}`}, 400, "invalid_body", "holds an API key"},
+		// Its tag left out, a key is its whole secret all the same.
+		{"key holding an API key without its tag", call{key: "retry-" + pastedKey[4:], body: good}, 400, "invalid_idempotency_key", "holds an API key"},
+		{"order id holding an API key without its tag", call{key: "k", body: `{"external_order_id":"` + pastedKey[4:] + `"}`}, 400, "invalid_body", "holds an API key"},
 		{"no content type", call{key: "k", body: good, contentType: "-"}, 400, "invalid_content_type", "Content-Type"},
 		{"text content type", call{key: "k", body: good, contentType: "text/plain"}, 400, "invalid_content_type", "Content-Type"},
 		{"form content type", call{key: "k", body: good, contentType: "application/x-www-form-urlencoded"}, 400, "invalid_content_type", "Content-Type"},
