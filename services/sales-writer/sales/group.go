@@ -429,9 +429,8 @@ func (c *committer) commit(g *group) error {
 }
 
 // reportWarned tells of the group's transaction (its calls sent), which
-// committed while PostgreSQL warned: in one line, not in any one call's
-// context (logged so, the line would carry only that call's request id),
-// and on the group's span too, where there is one (ctx's).
+// committed while PostgreSQL warned: a line per call, and on the group's
+// span too, where there is one (ctx's).
 func (c *committer) reportWarned(ctx context.Context, sent []*groupedCall, first postgres.Warning, cancelled bool) {
 	calls := make([]warnedCall, len(sent))
 	for i, call := range sent {
@@ -440,7 +439,7 @@ func (c *committer) reportWarned(ctx context.Context, sent []*groupedCall, first
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, cancelled, len(calls))...))
 	}
-	c.warned.report(context.Background(), calls, first, cancelled)
+	c.warned.report(calls, first, cancelled)
 }
 
 // commitWaitMayBeCut reports whether the COMMIT of a batch that a cancel

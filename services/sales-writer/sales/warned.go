@@ -62,20 +62,6 @@ type warnedCall struct {
 	req Request
 }
 
-// warnedCallLine is how the WARN line names a call: as its access line
-// does (request_id, and each client-chosen value as
-// httpserver.AnnotateClientValue records it), so that a grep of either
-// finds both.
-type warnedCallLine struct {
-	RequestID       string    `json:"request_id"`
-	OwnerID         string    `json:"owner_id"`
-	Operation       Operation `json:"operation"`
-	ItemID          string    `json:"item_id"`
-	PlatformID      string    `json:"platform_id"`
-	ExternalOrderID string    `json:"external_order_id"`
-	IdempotencyKey  string    `json:"idempotency_key"`
-}
-
 var (
 	attrWarningCode     = attribute.Key("db.response.status_code")
 	attrWarningSeverity = attribute.Key("app.postgresql.warning_severity")
@@ -97,29 +83,30 @@ func warnedAttrs(first postgres.Warning, writerCancelled bool, calls int) []attr
 // report tells of a transaction of calls that committed while PostgreSQL
 // warned (first, the first warning), whose wait the writer itself
 // cancelled or not (its calls are then answered ErrCommitUnconfirmed, the
-// others as done). logCtx is the context of the line: a lone call's own,
-// so that it carries its request id as every line of the call does.
-func (cw *commitWarnings) report(logCtx context.Context, calls []warnedCall, first postgres.Warning, writerCancelled bool) {
+// others as done): a WARN line per call, with its request id at the top
+// level as on every line of the call, so that a search of the logs by
+// the request id an SRE was given finds it (a group's calls named in one
+// line were found by a grep, not by a query of the JSON's request_id);
+// transaction_calls says how many calls the transaction held. The lines
+// are logged outside the calls' contexts, their request_id set here: the
+// logger would add the trace's id as another request_id.
+func (cw *commitWarnings) report(calls []warnedCall, first postgres.Warning, writerCancelled bool) {
 	cw.calls.Add(float64(len(calls)))
-	lines := make([]warnedCallLine, len(calls))
-	for i, call := range calls {
-		lines[i] = warnedCallLine{
-			RequestID:       requestID(call.ctx),
-			OwnerID:         call.req.OwnerID,
-			Operation:       call.req.Operation,
-			ItemID:          httpserver.LoggableClientValue(call.req.ItemID),
-			PlatformID:      call.req.PlatformID,
-			ExternalOrderID: httpserver.LoggableClientValue(call.req.ExternalOrderID),
-			IdempotencyKey:  httpserver.LoggableClientValue(call.req.IdempotencyKey),
-		}
+	for _, call := range calls {
 		if span := trace.SpanFromContext(call.ctx); span.IsRecording() {
 			span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, writerCancelled, len(calls))...))
 		}
+		cw.log.LogAttrs(context.Background(), slog.LevelWarn, "sale transaction committed with a PostgreSQL warning: "+
+			"it may not be on a synchronous standby, and a failover to one would lose it; reconcile this call with its platform after one",
+			slog.String("request_id", requestID(call.ctx)),
+			slog.String("sqlstate", first.Code), slog.String("severity", first.Severity), slog.String("message", first.Message),
+			slog.Bool("cancelled_by_writer", writerCancelled), slog.Int("transaction_calls", len(calls)),
+			slog.String("owner_id", call.req.OwnerID), slog.String("operation", string(call.req.Operation)),
+			slog.String("item_id", httpserver.LoggableClientValue(call.req.ItemID)),
+			slog.String("platform_id", call.req.PlatformID),
+			slog.String("external_order_id", httpserver.LoggableClientValue(call.req.ExternalOrderID)),
+			slog.String("idempotency_key", httpserver.LoggableClientValue(call.req.IdempotencyKey)))
 	}
-	cw.log.LogAttrs(logCtx, slog.LevelWarn, "sale transaction committed with a PostgreSQL warning: "+
-		"it may not be on a synchronous standby, and a failover to one would lose it; reconcile its calls with their platforms after one",
-		slog.String("sqlstate", first.Code), slog.String("severity", first.Severity), slog.String("message", first.Message),
-		slog.Bool("cancelled_by_writer", writerCancelled), slog.Int("calls_count", len(calls)), slog.Any("calls", lines))
 }
 
 // requestID is the request id of the call in ctx: the one the gateway

@@ -261,7 +261,7 @@ func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, arg
 		return err
 	})
 	if warned {
-		w.warned.report(ctx, []warnedCall{{ctx: ctx, req: req}}, first, false)
+		w.warned.report([]warnedCall{{ctx: ctx, req: req}}, first, false)
 	}
 	return err
 }
