@@ -224,7 +224,7 @@ type keyFinder struct {
 }
 
 var (
-	wellFormedKeys  = keyFinder{holds: ContainsKey[string], minLen: Len}
+	wellFormedKeys  = keyFinder{holds: ContainsKey[string], minLen: untaggedLen} // a key without its tag is shortest
 	keyLikeText     = keyFinder{holds: ContainsKeyLike[string], minLen: tagLen + minKeyLikeRun, acrossSegments: true, tagged: holdsKeyTag}
 	keyLikeHostText = keyFinder{holds: func(host string) bool { return ContainsKeyLike(host) || hostHoldsKeySecretLoosely(host) },
 		minLen: tagLen + minKeyLikeRun, acrossSegments: true, tagged: func(label string) bool { return holdsKeyTag(hostTagsTyped(label)) }}

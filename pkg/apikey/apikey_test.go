@@ -90,6 +90,8 @@ func TestRedactPath(t *testing.T) {
 	key, _, _ := Generate([]string{"export:read"})
 	other, _, _ := Generate([]string{"sales:write"})
 	escaped := fmt.Sprintf("%%%02X", key[0]) + key[1:]
+	secret := key[tagLen:]
+	escapedSecret := fmt.Sprintf("%%%02X", secret[0]) + secret[1:]
 	lookalike := key[:Len-1] + "0" // wrong checksum (unless it happened to be "0")
 	if lookalike == key {
 		lookalike = key[:Len-1] + "1"
@@ -118,6 +120,11 @@ func TestRedactPath(t *testing.T) {
 		// whole: the key without its tag (ContainsUntaggedKey).
 		{"/v1/export/items/%2" + key[1:], "/v1/export/items/[key]", true},
 		{"/v1/export/items/%2" + key[1:Len-1], "/v1/export/items/%2" + key[1:Len-1], false},
+		// A key without its tag is shorter than a key: a path or an escaped
+		// segment as long as it is read too.
+		{"/" + secret, "/[key]", true},
+		{"/v1/export/items/" + escapedSecret, "/v1/export/items/[key]", true},
+		{"/v1/export/items/" + escapedSecret[:len(escapedSecret)-1], "/v1/export/items/" + escapedSecret[:len(escapedSecret)-1], false},
 		// Encoded twice, or more often than any client needs.
 		{"/v1/a/%25" + escaped[1:], "/v1/a/[key]", true},
 		{"/v1/a/%25252525" + "41" + strings.Repeat("x", Len), "/v1/a/[key]", true}, // "A" encoded 5 times
