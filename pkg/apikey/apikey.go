@@ -335,8 +335,8 @@ func ContainsUntaggedKey[T string | []byte](s T) bool {
 		for end < len(s) && inAlphabet[s[end]] {
 			end++
 		}
-		if end-start >= untaggedLen &&
-			(isUntaggedKey(s[start:start+untaggedLen]) || isUntaggedKey(s[end-untaggedLen:end])) {
+		if end-start >= untaggedLen && isUntaggedKey(s[start:start+untaggedLen]) ||
+			end-start > untaggedLen && isUntaggedKey(s[end-untaggedLen:end]) { // a run of one key's length has one end to read
 			return true
 		}
 		start = end + 1

@@ -554,6 +554,27 @@ func BenchmarkContainsKeySecret(b *testing.B) {
 	}
 }
 
+// BenchmarkContainsKey: the gateway reads every query parameter's name and
+// value with it, before any limit; the worst text is runs of one key
+// without its tag's length, each with a checksum's first digit that a
+// checksum may have, so that each is read (its CRC).
+func BenchmarkContainsKey(b *testing.B) {
+	worst := strings.Repeat(strings.Repeat("a", bodyLen)+"4aaaaa.", 8000/(untaggedLen+1))
+	for name, s := range map[string]string{
+		"cursor":                 "AQAAAAAAAAAHAAYmq4vTQyAKY29pbi0xODM3ZGF0YQ8vX3ZGmQ5eXAFnBv2GC0yYLBw1Y1Cn4IOZ4fQ",
+		"64 hex":                 "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		"8 KB of 49-letter runs": worst,
+	} {
+		bytes := []byte(s)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				ContainsKey(bytes)
+			}
+		})
+	}
+}
+
 // A key typed into a host name (its '_' a '-', as a host name has no '_';
 // any case, as DNS folds it) is a whole secret when its body is whole,
 // which a shop's base_url is refused for; a host that merely starts with a
