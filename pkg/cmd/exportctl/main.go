@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -91,7 +92,7 @@ var keyLike = regexp.MustCompile(`(?i)cx[raw][-_ ](?:[^"\\]|\\.)*`)
 
 // letterRun is a run of the keys' alphabet, where a key without its tag
 // is looked for (apikey.ContainsUntaggedKey).
-var letterRun = regexp.MustCompile(`[0-9A-Za-z]{49,}`)
+var letterRun = regexp.MustCompile(`[0-9A-Za-z]{` + strconv.Itoa(apikey.Len-len(apikey.TagRead)) + `,}`)
 
 // redactKeys hides every key in an error message before it is printed: an
 // error quotes the argument it refuses, and an administrator may have given

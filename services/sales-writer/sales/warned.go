@@ -63,9 +63,9 @@ type warnedCall struct {
 }
 
 var (
-	attrWarningCode     = attribute.Key("db.response.status_code")
-	attrWarningSeverity = attribute.Key("app.postgresql.warning_severity")
-	attrWriterCancelled = attribute.Key("app.commit.cancelled_by_writer")
+	attrWarningCode      = attribute.Key("db.response.status_code")
+	attrWarningSeverity  = attribute.Key("app.postgresql.warning_severity")
+	attrWriterSentCancel = attribute.Key("app.commit.writer_sent_cancel")
 )
 
 // warnedEvent is the span event of a transaction that committed with a
@@ -75,32 +75,34 @@ var (
 const warnedEvent = "sale transaction committed with a PostgreSQL warning"
 
 // warnedAttrs are warnedEvent's attributes.
-func warnedAttrs(first postgres.Warning, writerCancelled bool, calls int) []attribute.KeyValue {
+func warnedAttrs(first postgres.Warning, writerSentCancel bool, calls int) []attribute.KeyValue {
 	return []attribute.KeyValue{attrWarningCode.String(first.Code), attrWarningSeverity.String(first.Severity),
-		attrWriterCancelled.Bool(writerCancelled), attrGroupCalls.Int(calls)}
+		attrWriterSentCancel.Bool(writerSentCancel), attrGroupCalls.Int(calls)}
 }
 
 // report tells of a transaction of calls that committed while PostgreSQL
-// warned (first, the first warning), whose wait the writer itself
-// cancelled or not (its calls are then answered ErrCommitUnconfirmed, the
-// others as done): a WARN line per call, with its request id at the top
+// warned (first, the first warning), to which the writer itself sent a
+// cancel request or not (writerSentCancel: a call of its group left during
+// its commit; its calls are then answered ErrCommitUnconfirmed, and the
+// warning is most likely that cancel's; the others' as done): a WARN line
+// per call, with its request id at the top
 // level as on every line of the call, so that a search of the logs by
 // the request id an SRE was given finds it (a group's calls named in one
 // line were found by a grep, not by a query of the JSON's request_id);
 // transaction_calls says how many calls the transaction held. The lines
 // are logged outside the calls' contexts, their request_id set here: the
 // logger would add the trace's id as another request_id.
-func (cw *commitWarnings) report(calls []warnedCall, first postgres.Warning, writerCancelled bool) {
+func (cw *commitWarnings) report(calls []warnedCall, first postgres.Warning, writerSentCancel bool) {
 	cw.calls.Add(float64(len(calls)))
 	for _, call := range calls {
 		if span := trace.SpanFromContext(call.ctx); span.IsRecording() {
-			span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, writerCancelled, len(calls))...))
+			span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, writerSentCancel, len(calls))...))
 		}
 		cw.log.LogAttrs(context.Background(), slog.LevelWarn, "sale transaction committed with a PostgreSQL warning: "+
 			"it may not be on a synchronous standby, and a failover to one would lose it; reconcile this call with its platform after one",
 			slog.String("request_id", requestID(call.ctx)),
 			slog.String("sqlstate", first.Code), slog.String("severity", first.Severity), slog.String("message", first.Message),
-			slog.Bool("cancelled_by_writer", writerCancelled), slog.Int("transaction_calls", len(calls)),
+			slog.Bool("writer_sent_cancel", writerSentCancel), slog.Int("transaction_calls", len(calls)),
 			slog.String("owner_id", call.req.OwnerID), slog.String("operation", string(call.req.Operation)),
 			slog.String("item_id", httpserver.LoggableClientValue(call.req.ItemID)),
 			slog.String("platform_id", call.req.PlatformID),

@@ -92,7 +92,7 @@ func TestAGroupWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
 	}
 	var ids []string
 	for _, line := range told.lines(t) {
-		if line.SQLState != "01000" || line.CancelledByWriter || line.TransactionCalls != 2 || line.Level != "WARN" {
+		if line.SQLState != "01000" || line.WriterSentCancel || line.TransactionCalls != 2 || line.Level != "WARN" {
 			t.Errorf("line told = %+v, want one at WARN of SQLSTATE 01000, not cancelled by the writer, of a transaction of 2 calls", line)
 		}
 		ids = append(ids, line.RequestID)
@@ -190,18 +190,18 @@ func tellWarned(w *Writer) *warnedTold {
 // warnedLine is a WARN line of a call whose transaction committed with a
 // warning, as read back.
 type warnedLine struct {
-	Level             string `json:"level"`
-	RequestID         string `json:"request_id"`
-	SQLState          string `json:"sqlstate"`
-	Severity          string `json:"severity"`
-	CancelledByWriter bool   `json:"cancelled_by_writer"`
-	TransactionCalls  int    `json:"transaction_calls"`
-	OwnerID           string `json:"owner_id"`
-	Operation         string `json:"operation"`
-	ItemID            string `json:"item_id"`
-	PlatformID        string `json:"platform_id"`
-	ExternalOrderID   string `json:"external_order_id"`
-	IdempotencyKey    string `json:"idempotency_key"`
+	Level            string `json:"level"`
+	RequestID        string `json:"request_id"`
+	SQLState         string `json:"sqlstate"`
+	Severity         string `json:"severity"`
+	WriterSentCancel bool   `json:"writer_sent_cancel"`
+	TransactionCalls int    `json:"transaction_calls"`
+	OwnerID          string `json:"owner_id"`
+	Operation        string `json:"operation"`
+	ItemID           string `json:"item_id"`
+	PlatformID       string `json:"platform_id"`
+	ExternalOrderID  string `json:"external_order_id"`
+	IdempotencyKey   string `json:"idempotency_key"`
 }
 
 // lines returns every line logged, read back; any line logged is one of
