@@ -451,11 +451,8 @@ type standbyWaitingGroup struct {
 func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *pgxpool.Pool, configure func(*Writer)) *standbyWaitingGroup {
 	t.Helper()
 	ctx := context.Background()
-	pair := testenv.StandbyPair(t)
-	admin := testenv.Pool(t, pair.Primary)
-	owner := saleFixture(t, admin, "a", "b")
-	awaitAStandbyThatNeverComes(t, admin)
-	db := open(t, pair.Primary+" application_name="+committingApp+" synchronous_commit=on pool_max_conns=1")
+	primary, admin, owner := primaryAwaitingAStandby(t, "a", "b")
+	db := open(t, primary+" application_name="+committingApp+" synchronous_commit=on pool_max_conns=1")
 	if _, err := db.Exec(ctx, "DO $$ BEGIN RAISE WARNING 'not the group''s'; END $$"); err != nil {
 		t.Fatal(err)
 	}
@@ -477,6 +474,19 @@ func groupWaitingForAStandby(t *testing.T, open func(t testing.TB, dsn string) *
 	release()
 	waitingInSyncRep(t, admin, committingApp)
 	return g
+}
+
+// primaryAwaitingAStandby returns a primary of its own (its DSN and a
+// pool), with an owner of items, whose every commit of synchronous_commit
+// on waits for a synchronous standby that is not there
+// (awaitAStandbyThatNeverComes).
+func primaryAwaitingAStandby(t *testing.T, items ...string) (primary string, admin *pgxpool.Pool, owner string) {
+	t.Helper()
+	pair := testenv.StandbyPair(t)
+	admin = testenv.Pool(t, pair.Primary)
+	owner = saleFixture(t, admin, items...)
+	awaitAStandbyThatNeverComes(t, admin)
+	return pair.Primary, admin, owner
 }
 
 // awaitAStandbyThatNeverComes has the primary of admin's pool make every

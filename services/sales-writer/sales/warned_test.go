@@ -28,10 +28,7 @@ import (
 func TestACallAloneWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pair := testenv.StandbyPair(t)
-	admin := testenv.Pool(t, pair.Primary)
-	owner := saleFixture(t, admin, "a", "b")
-	awaitAStandbyThatNeverComes(t, admin)
+	primary, admin, owner := primaryAwaitingAStandby(t, "a", "b")
 	for _, c := range []struct {
 		name   string
 		groups int
@@ -41,7 +38,7 @@ func TestACallAloneWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
 		{"a group of one", 1, "b"},
 	} {
 		app := "sales-alone-" + c.item
-		db := openRecording(t, pair.Primary+" application_name="+app+" synchronous_commit=on client_min_messages=error pool_max_conns=1")
+		db := openRecording(t, primary+" application_name="+app+" synchronous_commit=on client_min_messages=error pool_max_conns=1")
 		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
 		told := tellWarned(w)
 		rec := tracetest.NewSpanRecorder()
