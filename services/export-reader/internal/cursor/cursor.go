@@ -27,8 +27,19 @@ const (
 
 // MaxLen bounds the encoded cursor we try to decode: a version, a sync, a
 // timestamp, an id of at most 128 characters (512 bytes of UTF-8) and the
-// MAC.
+// MAC, 563 bytes: 751 characters of base64url and 18 dots.
 const MaxLen = 1024
+
+// dotEvery is how many base64url characters a cursor holds between two
+// dots. The gateway refuses (401 key_in_url) a query value with a run of
+// letters and digits that reads as an API key without its tag: 49
+// characters whose last 6 are their checksum (apikey.ContainsUntaggedKey).
+// base64url's '-' and '_' cut a cursor's runs only by chance, and most
+// cursors have a run of 49 or more, so about one page in 2e10 would be
+// refused for good (its cursor is the same every time). A dot, in neither
+// alphabet and safe unescaped in a query, every 40 characters keeps every
+// run well under 49; 40 is a multiple of 4, so each part is 30 whole bytes.
+const dotEvery = 40
 
 const macLen = 32
 
@@ -102,17 +113,36 @@ func (c *Codec) Encode(p Position, b Binding) string {
 	buf = binary.AppendUvarint(buf, uint64(len(p.ID)))
 	buf = append(buf, p.ID...)
 	buf = append(buf, mac(c.secret, buf, b)...)
-	return base64.RawURLEncoding.EncodeToString(buf)
+	return dotted(base64.RawURLEncoding.EncodeToString(buf))
 }
 
-// Decode checks s against b and returns its position.
+// dotted returns s with a dot after every dotEvery characters but the last.
+func dotted(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + len(s)/dotEvery)
+	for len(s) > dotEvery {
+		b.WriteString(s[:dotEvery])
+		b.WriteByte('.')
+		s = s[dotEvery:]
+	}
+	b.WriteString(s)
+	return b.String()
+}
+
+// Decode checks s against b and returns its position. s is read with its
+// dots where Encode puts them, or with none: the previous version wrote
+// cursors without dots, and the syncs under way during an upgrade carry on.
 func (c *Codec) Decode(s string, b Binding) (Position, error) {
 	// The decoder skips CR and LF even when Strict, so a cursor with them
 	// added would read as the one sent: refused, as any other change is.
 	if len(s) == 0 || len(s) > MaxLen || strings.ContainsAny(s, "\r\n") {
 		return Position{}, ErrInvalid
 	}
-	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	undotted := strings.ReplaceAll(s, ".", "")
+	if len(undotted) != len(s) && s != dotted(undotted) { // a dot moved, added or removed
+		return Position{}, ErrInvalid
+	}
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(undotted)
 	if err != nil || len(raw) < 1+macLen {
 		return Position{}, ErrInvalid
 	}

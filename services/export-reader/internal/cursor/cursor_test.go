@@ -3,9 +3,12 @@ package cursor_test
 import (
 	"encoding/base64"
 	"errors"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/services/export-reader/internal/cursor"
 	"github.com/google/go-cmp/cmp"
 )
@@ -165,23 +168,172 @@ func TestRollingRotation(t *testing.T) {
 // otherSync returns s with its sync changed, its MAC kept.
 func otherSync(t testing.TB, s string) string {
 	t.Helper()
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := rawOf(t, s)
 	raw[1] ^= 1
-	return base64.RawURLEncoding.EncodeToString(raw)
+	return spelledLike(s, raw)
 }
 
 // withVersion returns s with its version byte set to v, its MAC kept.
 func withVersion(t testing.TB, s string, v byte) string {
 	t.Helper()
-	raw, err := base64.RawURLEncoding.DecodeString(s)
+	raw := rawOf(t, s)
+	raw[0] = v
+	return spelledLike(s, raw)
+}
+
+// rawOf returns the bytes of cursor s, its dots left out.
+func rawOf(t testing.TB, s string) []byte {
+	t.Helper()
+	raw, err := base64.RawURLEncoding.DecodeString(strings.ReplaceAll(s, ".", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw[0] = v
-	return base64.RawURLEncoding.EncodeToString(raw)
+	return raw
+}
+
+// spelledLike returns raw in base64url with dots where like, a cursor of
+// as many bytes, has them: a cursor changed only in its bytes.
+func spelledLike(like string, raw []byte) string {
+	enc := base64.RawURLEncoding.EncodeToString(raw)
+	var b strings.Builder
+	for i := range len(like) {
+		if like[i] == '.' {
+			b.WriteByte('.')
+			continue
+		}
+		b.WriteByte(enc[0])
+		enc = enc[1:]
+	}
+	return b.String()
+}
+
+// untaggedKeyLen is how many letters and digits in a row the gateway reads
+// as a key without its tag (apikey.ContainsUntaggedKey): its body and
+// checksum.
+var untaggedKeyLen = apikey.Len - len(apikey.TagRead)
+
+// longestRun returns the length of the longest run of [0-9A-Za-z] in s.
+func longestRun(s string) int {
+	longest, run := 0, 0
+	for _, r := range s {
+		if '0' <= r && r <= '9' || 'A' <= r && r <= 'Z' || 'a' <= r && r <= 'z' {
+			run++
+			longest = max(longest, run)
+		} else {
+			run = 0
+		}
+	}
+	return longest
+}
+
+// holdsKeyLikeRun reports why the gateway could refuse cursor s as a query
+// value holding an API key (401 key_in_url), or "" when it cannot.
+func holdsKeyLikeRun(s string) string {
+	switch {
+	case apikey.ContainsKey(s):
+		return "apikey.ContainsKey is true"
+	case longestRun(s) >= untaggedKeyLen:
+		return "it has a run of letters and digits as long as a key without its tag"
+	}
+	return ""
+}
+
+// No cursor has a run of letters and digits as long as an API key's
+// secret, so none is ever refused by the gateway as a key in the URL
+// (401 key_in_url, for good: a cursor is the same every time it is
+// asked). Without its dots about one cursor in five has such a run, and
+// the id made of a key's secret is refused outright.
+func TestEncodeHoldsNoKeyLikeRun(t *testing.T) {
+	t.Parallel()
+	c, _ := cursor.New(secret)
+	key, _, err := apikey.Generate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An id starts 18 bytes (24 characters) into a cursor: these 39 bytes
+	// are written there as a key's secret between '-' and '-_'.
+	keyID, err := base64.RawURLEncoding.DecodeString("-" + key[len(apikey.TagRead):] + "-_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{string(keyID)}
+	rnd := rand.New(rand.NewPCG(57, 1))
+	const base62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	for range 2000 {
+		id := make([]byte, 1+rnd.IntN(128))
+		for i := range id {
+			id[i] = base62[rnd.IntN(len(base62))]
+		}
+		ids = append(ids, string(id))
+		id = make([]byte, 1+rnd.IntN(512))
+		for i := range id {
+			id[i] = byte(rnd.Uint32())
+		}
+		ids = append(ids, string(id))
+	}
+	for _, id := range ids {
+		stamp := time.UnixMicro(rnd.Int64N(time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro())).UTC()
+		pos := cursor.Position{UpdatedAt: stamp, ID: id, Sync: rnd.Uint64()}
+		b := cursor.Binding{OwnerID: "o1"}
+		s := c.Encode(pos, b)
+		if why := holdsKeyLikeRun(s); why != "" {
+			t.Fatalf("Encode(id %q) = %q: %s", id, s, why)
+		}
+		if got, err := c.Decode(s, b); err != nil || got != pos {
+			t.Fatalf("Decode(Encode(%+v)) = %+v, %v", pos, got, err)
+		}
+	}
+}
+
+// A version 2 cursor of the previous reader, without dots, still reads, so
+// the syncs under way during the upgrade carry on; the next cursor is
+// dotted.
+func TestDecodeReadsUndotted(t *testing.T) {
+	t.Parallel()
+	c, _ := cursor.New(secret)
+	const undotted = "AgAAAAAAAAAqAAZd3Np9tEAGY29pbi0xBNPL5I1_I16w9fNfsudYNjleCe37XxIhmCUTMipvL1w"
+	want := cursor.Position{UpdatedAt: time.Date(2026, 10, 15, 8, 30, 0, 123456000, time.UTC), ID: "coin-1", Sync: 42}
+	b := cursor.Binding{OwnerID: "o1"}
+	got, err := c.Decode(undotted, b)
+	if err != nil || got != want {
+		t.Errorf("Decode(undotted cursor) = %+v, %v; want %+v", got, err, want)
+	}
+	if s := c.Encode(want, b); s != undotted[:40]+"."+undotted[40:] {
+		t.Errorf("Encode(%+v) = %q, want the undotted cursor with a dot after 40 characters", want, s)
+	}
+}
+
+// Only the dots Encode writes, or none (the previous version's spelling of
+// the same cursor), are read: a dot moved, added or removed is refused as
+// malformed, as any other change is.
+func TestDecodeRefusesMisplacedDots(t *testing.T) {
+	t.Parallel()
+	c, _ := cursor.New(secret)
+	b := cursor.Binding{OwnerID: "o1"}
+	pos := cursor.Position{UpdatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), ID: strings.Repeat("coin", 25)}
+	s := c.Encode(pos, b)
+	first := strings.IndexByte(s, '.')
+	if first < 0 || strings.Count(s, ".") < 3 {
+		t.Fatalf("Encode(%+v) = %q: want three dots or more", pos, s)
+	}
+	for _, tt := range []struct{ name, s string }{
+		{"the first dot one earlier", s[:first-1] + "." + s[first-1:first] + s[first+1:]},
+		{"the first dot one later", s[:first] + s[first+1:first+2] + "." + s[first+2:]},
+		{"the first dot removed", s[:first] + s[first+1:]},
+		{"the last dot removed", s[:strings.LastIndexByte(s, '.')] + s[strings.LastIndexByte(s, '.')+1:]},
+		{"a dot doubled", s[:first] + "." + s[first:]},
+		{"a dot added inside", s[:5] + "." + s[5:]},
+		{"a dot added first", "." + s},
+		{"a dot added last", s + "."},
+		{"dots only", strings.Repeat(".", len(s))},
+	} {
+		if _, err := c.Decode(tt.s, b); !errors.Is(err, cursor.ErrInvalid) || errors.Is(err, cursor.ErrSignature) {
+			t.Errorf("%s: Decode(%q) error = %v, want ErrInvalid, not ErrSignature", tt.name, tt.s, err)
+		}
+	}
+	if got, err := c.Decode(strings.ReplaceAll(s, ".", ""), b); err != nil || got != pos {
+		t.Errorf("Decode(cursor without its dots) = %+v, %v; want %+v (the previous version's spelling)", got, err, pos)
+	}
 }
 
 // The range of the stamps a cursor carries: PostgreSQL's timestamptz, far
@@ -195,7 +347,7 @@ var (
 // codec signed for the same query is accepted: garbage, a cursor of
 // another secret or of another query is ErrInvalid, which the API answers
 // 400 invalid_cursor. The seeds are the cursors of the tests above, a
-// version 1 one among them.
+// version 1 one and an undotted one among them.
 func FuzzDecode(f *testing.F) {
 	c, _ := cursor.New(secret)
 	other, _ := cursor.New(secret + "x")
@@ -205,7 +357,8 @@ func FuzzDecode(f *testing.F) {
 	for _, seed := range []string{
 		"", "!!!", "abc", "AAAA", s, s + "A", s[:len(s)-1], s + "=",
 		other.Encode(cursor.Position{UpdatedAt: after, ID: "x"}, b),
-		"AQAGXdzafbRABmNvaW4tMQWvnP71oBwqDdmvz8C_Q6B0SwSvl-IzKiCvyIF2Rz9e", // version 1, owner o1
+		"AQAGXdzafbRABmNvaW4tMQWvnP71oBwqDdmvz8C_Q6B0SwSvl-IzKiCvyIF2Rz9e",            // version 1, owner o1
+		"AgAAAAAAAAAqAAZd3Np9tEAGY29pbi0xBNPL5I1_I16w9fNfsudYNjleCe37XxIhmCUTMipvL1w", // version 2 without dots, owner o1
 		withVersion(f, s, 3), withVersion(f, s, 1), otherSync(f, s),
 	} {
 		f.Add(seed, "o1", "active", after.UnixMicro(), true)
@@ -226,9 +379,11 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		// Accepted: it can only be a cursor c signed for b, which it
-		// issues again byte for byte (a version 1 one as version 2).
-		if raw, _ := base64.RawURLEncoding.DecodeString(s); raw[0] == 2 && c.Encode(pos, b) != s {
-			t.Fatalf("Decode(%q) = %+v, which encodes as %q", s, pos, c.Encode(pos, b))
+		// issues again byte for byte (a version 1 one as version 2), with
+		// its dots or, as the previous version wrote it, without.
+		again := c.Encode(pos, b)
+		if raw := rawOf(t, s); raw[0] == 2 && s != again && s != strings.ReplaceAll(again, ".", "") {
+			t.Fatalf("Decode(%q) = %+v, which encodes as %q", s, pos, again)
 		}
 		if pos.UpdatedAt.Location() != time.UTC {
 			t.Errorf("Decode(%q).UpdatedAt = %v, want UTC", s, pos.UpdatedAt)
@@ -261,6 +416,9 @@ func FuzzRoundTrip(f *testing.F) {
 		s := c.Encode(want, b)
 		if got, err := c.Decode(s, b); err != nil || got != want {
 			t.Fatalf("Decode(Encode(%+v)) = %+v, %v", want, got, err)
+		}
+		if why := holdsKeyLikeRun(s); why != "" {
+			t.Fatalf("Encode(%+v) = %q: %s", want, s, why)
 		}
 
 		tampered := []byte(s)
