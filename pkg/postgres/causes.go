@@ -16,7 +16,7 @@ import (
 func Cause(err error) string {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
-		return ""
+		return warnedCause(err)
 	}
 	if poolerError(pgErr) {
 		return poolerCause
@@ -28,6 +28,31 @@ func Cause(err error) string {
 		return causes[pgErr.Code[:2]+"*"]
 	}
 	return ""
+}
+
+// warnedCause is Cause for an error that came after a warning
+// (WarnedError) and holds no server error: the warning's SQLSTATE says
+// what ended the session.
+func warnedCause(err error) string {
+	var warned *WarnedError
+	if !errors.As(err, &warned) {
+		return ""
+	}
+	if cause, ok := warnedCauses[warned.Warning.Code]; ok {
+		return cause
+	}
+	return ""
+}
+
+// warnedCauses holds Cause's texts for the warnings a session ends after.
+// A session terminated (pg_terminate_backend, a shutdown) while its COMMIT
+// waits for a synchronous standby warns 57P01 and closes the connection:
+// committed on the primary, perhaps not on the standby. An immediate
+// shutdown, or a crash of another backend (57P02), warns so at any point.
+var warnedCauses = map[string]string{
+	"57P01": "PostgreSQL ended the session after warning (pg_terminate_backend, a shutdown): " +
+		"a session ended while its commit waited for a synchronous standby (wait_event SyncRep) committed on the primary, perhaps not on the standby",
+	"57P02": "PostgreSQL crashed and is restarting: see the server's log",
 }
 
 // CauseAttr is Cause as a log attribute, "cause", or none (an empty Attr,

@@ -288,13 +288,33 @@ func QueryCanceled(err error) bool {
 // the transaction it ran in was rolled back and committed nothing (the
 // server never answers ERROR once a commit is done: a failure after it is
 // a WARNING, or a PANIC that ends the session). A FATAL (the session ended)
-// or a PANIC may come after the commit, and is not. The severity is read
+// or a PANIC may come after the commit, and is not (but for the FATAL of a
+// terminated session, which never does: Terminated). The severity is read
 // unlocalized, as lc_messages translates the other; an error without it
 // (a pooler's own, such as PgBouncer's "server conn crashed?" after the
 // commit may have been sent) is not taken for one.
 func RolledBack(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR"
+}
+
+// Terminated reports whether err is PostgreSQL's own FATAL 57P01
+// (admin_shutdown: pg_terminate_backend, or a fast shutdown) read in
+// place of a statement's answer: the session ended before its transaction
+// committed, so nothing of it was done. PostgreSQL sends that FATAL only
+// from a session running a statement or idle: its commit holds off the
+// signal until the transaction has ended, and the ReadyForQuery that
+// follows reaches the client before the FATAL would (pq_flush, then the
+// next read of a command handles the signal; a session blocked writing to
+// its client ends without a word); a session terminated while its COMMIT
+// waits for a synchronous standby sends a WARNING instead, and then
+// nothing (syncrep.c sets DestNone: a FATAL there would say that a
+// committed transaction was not). An error without the routine that
+// PostgreSQL names in every error it raises is a pooler's, which may
+// follow a commit, and is not this; nor is another FATAL.
+func Terminated(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57P01" && pgErr.SeverityUnlocalized == "FATAL" && pgErr.Routine != ""
 }
 
 // setDefault sets params[name] unless the DSN already did.

@@ -96,3 +96,22 @@ func (w *Warnings) hear(n *pgconn.Notice) {
 func isWarning(n *pgconn.Notice) bool {
 	return n.SeverityUnlocalized == "WARNING" || n.SeverityUnlocalized == ""
 }
+
+// WarnedError is an error that ended a transaction after PostgreSQL had
+// warned on its connection without an ERROR: above all a connection lost
+// after the WARNING of a session terminated while its COMMIT waited for a
+// synchronous standby (57P01: the transaction committed locally, and the
+// session then ends without another word, syncrep.c), or a deadline met
+// in that wait. The transaction may have committed. Its text names the
+// warning, and Cause reads the warning's SQLSTATE where no server error
+// says more: before, such a line said only "unexpected EOF".
+type WarnedError struct {
+	Warning Warning
+	Err     error
+}
+
+func (e *WarnedError) Error() string {
+	return e.Err.Error() + " (after PostgreSQL's " + e.Warning.Severity + " " + e.Warning.Code + ": " + e.Warning.Message + ")"
+}
+
+func (e *WarnedError) Unwrap() error { return e.Err }
