@@ -6,7 +6,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -223,39 +228,95 @@ func TestSaleCutByItsDeadlineMidStatementMayHaveBeenApplied(t *testing.T) {
 	}
 }
 
-// A sale whose connection is lost mid-statement (the backend ended while
-// the sale waited for the item's lock) may have been applied, as far as
-// the writer can know: its 503 still says so.
+// A sale whose connection is lost mid-statement, without a word from
+// PostgreSQL (a network cut while the sale waited for the item's lock),
+// may have been applied, as far as the writer can know (its backend has
+// read the whole batch, commit included): its 503 still says so.
+// PostgreSQL ending the session instead, with its FATAL, committed
+// nothing (TestASaleTerminatedBeforeItsCommitSaysNothingWasApplied); this
+// test ended it so, and now cuts the connection.
 func TestConnectionLostMidSaleMayHaveBeenApplied(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	f.addItem(t, f.owner, "coin-1", true)
-	holder := testenv.InTransaction(t, f.db, "SELECT 1 FROM export_items WHERE id = 'coin-1' FOR UPDATE")
-	var holderPid int
-	if err := holder.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&holderPid); err != nil {
+	testenv.InTransaction(t, f.db, "SELECT 1 FROM export_items WHERE id = 'coin-1' FOR UPDATE")
+	relayed, cut := relayToPostgres(t, f.url)
+	db, err := postgres.Open(context.Background(), relayed+" application_name=sales-cut")
+	if err != nil {
 		t.Fatal(err)
 	}
-	// The sale's backend, once it waits for the holder's lock, is ended
+	t.Cleanup(db.Close)
+	f.handler = newServer(t, db, defaultRetention, io.Discard, 10*time.Second).Handler()
+	// The connection is cut once the sale waits for the holder's lock
 	// (here, while the call runs in the test's goroutine: f.do may Fatal).
-	ended := make(chan error, 1)
 	go func() {
-		for {
-			var done bool
-			err := f.db.QueryRow(context.Background(), `SELECT coalesce(bool_or(pg_terminate_backend(pid)), false) FROM pg_stat_activity
-				WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))`, holderPid).Scan(&done)
-			if err != nil || done {
-				ended <- err
-				return
+		for range 1000 {
+			var waiting bool
+			err := f.db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE application_name = 'sales-cut' AND wait_event_type = 'Lock')`).Scan(&waiting)
+			if err != nil || waiting {
+				break
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+		cut()
 	}()
 	rec, env := f.do(t, call{id: f.writer("market-a"), op: "confirm", item: "coin-1", key: "key-1", body: order1})
-	if err := <-ended; err != nil {
-		t.Fatal(err)
-	}
 	if rec.Code != http.StatusServiceUnavailable || env.Error == nil || !strings.Contains(env.Error.Message, "may have been applied") {
 		t.Errorf("confirm whose connection was lost mid-statement = %d %s, want 503 saying the sale may have been applied", rec.Code, rec.Body)
+	}
+}
+
+// relayToPostgres relays connections to the PostgreSQL of dsn (key/value
+// form, as testenv gives it) through a socket of its own, and returns the
+// dsn through it and a cut that closes every connection relayed, as a
+// network cut would, PostgreSQL saying nothing.
+func relayToPostgres(t *testing.T, dsn string) (relayed string, cut func()) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, target := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		network, target = "unix", filepath.Join(cfg.Host, ".s.PGSQL."+strconv.Itoa(int(cfg.Port)))
+	}
+	dir, err := os.MkdirTemp("", "relay") // short: a socket's path is at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, ".s.PGSQL.5432"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial(network, target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, client, server)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(server, client); server.Close() }()
+			go func() { _, _ = io.Copy(client, server); client.Close() }()
+		}
+	}()
+	return dsn + " host=" + dir + " port=5432", func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
 	}
 }
 

@@ -254,10 +254,15 @@ func (h *handler) unconfirmed(r *http.Request, err error) errorAnswer {
 // unreachable answers an outage, not a bug. The connection may have
 // broken after the commit, so the answer says how to find out safely;
 // unless it was never opened (refused by the system, or no connection
-// slot left), when nothing was applied: "may have been" sent a sales
-// platform reconciling for nothing.
+// slot left), or PostgreSQL ended the session before its commit
+// (postgres.Terminated: pg_terminate_backend on a call waiting for a
+// lock, a fast shutdown), when nothing was applied: "may have been" sent
+// a sales platform reconciling for nothing.
 func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 	h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
+	if postgres.Terminated(err) {
+		return answer503("the sale store ended the call's session before its commit", nothingApplied)
+	}
 	return answer503("the sale store is unreachable", applied(err))
 }
 
