@@ -28,7 +28,7 @@ func TestRefusalLosesTheKeyToARequestThatExecuted(t *testing.T) {
 		VALUES ($1, 'p', 'k', $2, '{}', now() + interval '1 hour')`, owner, Fingerprint(executed)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.bindRefused(ctx, refused, Fingerprint(refused), ErrAlreadySold, "item_already_sold"); !errors.Is(err, ErrIdempotencyConflict) {
+	if _, err := w.bindRefused(ctx, refused, Fingerprint(refused), ErrAlreadySold, "item_already_sold", w.warned.call(ctx, refused)); !errors.Is(err, ErrIdempotencyConflict) {
 		t.Errorf("binding the refusal after another request executed with the key = %v, want ErrIdempotencyConflict", err)
 	}
 	var refusals int
@@ -38,7 +38,7 @@ func TestRefusalLosesTheKeyToARequestThatExecuted(t *testing.T) {
 	// A copy of the executed request refused meanwhile (the item was sold
 	// when its statement ran, then sellable again for the copy that
 	// executed) gets the executed result, not "refused": one answer per call.
-	res, err := w.bindRefused(ctx, executed, Fingerprint(executed), ErrAlreadySold, "item_already_sold")
+	res, err := w.bindRefused(ctx, executed, Fingerprint(executed), ErrAlreadySold, "item_already_sold", w.warned.call(ctx, executed))
 	if err != nil || !res.IdempotentReplay {
 		t.Errorf("binding a refusal of the executed request itself = %+v, %v; want the record's replay", res, err)
 	}

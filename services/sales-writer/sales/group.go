@@ -107,6 +107,7 @@ const cancelRequestTimeout = 5 * time.Second
 type groupedCall struct {
 	ctx    context.Context
 	req    Request
+	told   *callTold // told of the group's transaction, if PostgreSQL warned during it
 	stmt   string
 	args   []any
 	scan   func(pgx.Row) error
@@ -163,16 +164,16 @@ type GroupStats struct {
 // submit runs stmt for req (as underKeyLock does) in a group with whatever
 // other calls are waiting, and returns once the group has committed, or the
 // error that settles the call.
-func (w *Writer) submit(ctx context.Context, req Request, stmt string, args []any, scan func(pgx.Row) error) error {
+func (w *Writer) submit(ctx context.Context, req Request, told *callTold, stmt string, args []any, scan func(pgx.Row) error) error {
 	c := w.groups
 	if c == nil {
-		return w.underKeyLock(ctx, req, stmt, args, scan)
+		return w.underKeyLock(ctx, req, told, stmt, args, scan)
 	}
 	if err := ctx.Err(); err != nil {
 		// Ended before it was asked: nothing is sent.
 		return &postgres.AcquireError{Err: err}
 	}
-	call := &groupedCall{ctx: ctx, req: req, stmt: stmt, args: args, scan: scan, queued: time.Now(), done: make(chan error, 1)}
+	call := &groupedCall{ctx: ctx, req: req, told: told, stmt: stmt, args: args, scan: scan, queued: time.Now(), done: make(chan error, 1)}
 	c.enqueue(call)
 	var err error
 	select {
@@ -183,7 +184,7 @@ func (w *Writer) submit(ctx context.Context, req Request, stmt string, args []an
 	var p *groupPanic
 	switch {
 	case errors.Is(err, errRunAlone):
-		return w.underKeyLock(ctx, req, stmt, args, scan)
+		return w.underKeyLock(ctx, req, told, stmt, args, scan)
 	case errors.As(err, &p):
 		panic(p)
 	}
@@ -392,8 +393,8 @@ func (c *committer) commit(g *group) error {
 	ctx, cancel := groupContext(calls)
 	defer cancel()
 	ctx, span := startGroupSpan(ctx, calls)
+	var tx warnedTransaction
 	var warned, cancelled bool
-	var first postgres.Warning
 	err := postgres.AcquireFunc(ctx, c.db, func(conn *pgxpool.Conn) error {
 		g.sent = g.inFlightOn(conn)
 		if len(g.sent) == 0 {
@@ -416,30 +417,26 @@ func (c *committer) commit(g *group) error {
 				err = ErrCommitUnconfirmed
 			}
 		}
-		if (err == nil || errors.Is(err, ErrCommitUnconfirmed)) && warnings != nil && warnings.Heard() {
-			warned, first = true, warnings.First()
-		}
+		tx, err, warned = warnedOf(warnings, err, len(g.sent), cancelled)
 		return err
 	})
 	if warned {
-		c.reportWarned(ctx, g.sent, first, cancelled)
+		c.reportWarned(ctx, g.sent, tx)
 	}
 	endGroupSpan(span, calls, err)
 	return err
 }
 
-// reportWarned tells of the group's transaction (its calls sent), which
-// committed while PostgreSQL warned: a line per call, and on the group's
-// span too, where there is one (ctx's).
-func (c *committer) reportWarned(ctx context.Context, sent []*groupedCall, first postgres.Warning, cancelled bool) {
-	calls := make([]warnedCall, len(sent))
-	for i, call := range sent {
-		calls[i] = warnedCall{ctx: call.ctx, req: call.req}
-	}
+// reportWarned tells each call of the group's transaction (its calls
+// sent), during which PostgreSQL warned, of it (a line once the call is
+// answered), and the group's span too, where there is one (ctx's).
+func (c *committer) reportWarned(ctx context.Context, sent []*groupedCall, tx warnedTransaction) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(first, cancelled, len(calls))...))
+		span.AddEvent(warnedEvent, trace.WithAttributes(warnedAttrs(tx.first, tx.writerSentCancel, tx.calls)...))
 	}
-	c.warned.report(calls, first, cancelled)
+	for _, call := range sent {
+		call.told.heard(tx)
+	}
 }
 
 // commitWaitMayBeCut reports whether the COMMIT of a batch that a cancel

@@ -327,7 +327,7 @@ func TestAPanicInACommitGroupPanicsInItsCalls(t *testing.T) {
 		calls = append(calls, call)
 		go func() {
 			defer func() { call <- panicked{recover(), sent} }()
-			_ = w.submit(callCtx, req, confirmSQL, []any{owner, "p", req.IdempotencyKey, item, req.ExternalOrderID,
+			_ = w.submit(callCtx, req, w.warned.call(callCtx, req), confirmSQL, []any{owner, "p", req.IdempotencyKey, item, req.ExternalOrderID,
 				Fingerprint(req), 3600.0}, scans[item])
 		}()
 		queued(t, w, i+1)

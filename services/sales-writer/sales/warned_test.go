@@ -3,6 +3,7 @@ package sales
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/identity"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,7 +57,8 @@ func TestACallAloneWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
 		if got.err != nil || got.res.Status != "inactive" || got.res.IdempotentReplay {
 			t.Errorf("%s: a confirm whose commit wait was cut = %+v, %v; want it sold (200)", c.name, got.res, got.err)
 		}
-		want := warnedLine{Level: "WARN", RequestID: "req-" + c.item, SQLState: "01000", Severity: "WARNING", TransactionCalls: 1,
+		want := warnedLine{Level: "WARN", Msg: warnedCommitMessage, RequestID: "req-" + c.item, SQLState: "01000", Severity: "WARNING", TransactionCalls: 1,
+			Transaction: "sale", Outcome: outcomeExecuted, ItemStatus: "inactive",
 			OwnerID: owner, Operation: string(Confirm), ItemID: c.item, PlatformID: "p", ExternalOrderID: "o-" + c.item, IdempotencyKey: "k-" + c.item}
 		if lines := told.lines(t); len(lines) != 1 || lines[0] != want {
 			t.Errorf("%s: lines told = %+v, want one: %+v", c.name, lines, want)
@@ -89,8 +92,9 @@ func TestAGroupWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
 	}
 	var ids []string
 	for _, line := range told.lines(t) {
-		if line.SQLState != "01000" || line.WriterSentCancel || line.TransactionCalls != 2 || line.Level != "WARN" {
-			t.Errorf("line told = %+v, want one at WARN of SQLSTATE 01000, not cancelled by the writer, of a transaction of 2 calls", line)
+		if line.SQLState != "01000" || line.WriterSentCancel || line.TransactionCalls != 2 || line.Level != "WARN" ||
+			line.Outcome != outcomeExecuted || line.ItemStatus != "inactive" {
+			t.Errorf("line told = %+v, want one at WARN of SQLSTATE 01000, not cancelled by the writer, of a transaction of 2 calls, its call executed", line)
 		}
 		ids = append(ids, line.RequestID)
 	}
@@ -157,6 +161,170 @@ func TestACommitWithoutAWarningIsNotToldOf(t *testing.T) {
 	}
 }
 
+// A call refused (its item sold meanwhile) whose refusal's binding
+// commits with a warning (its wait for a synchronous standby cut) is told
+// of as refused, with the refusal bound and the transaction named a
+// refusal's binding: a line that gave no outcome read as a sale to
+// reconcile. Alone and in a group of one.
+func TestAWarnedLineSaysWhatItsCallDid(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary, admin, owner := primaryAwaitingAStandby(t, "a", "b")
+	// Sold by another path, committed without waiting (the pair's
+	// primary commits asynchronously but for the writer's sessions).
+	if _, err := admin.Exec(ctx, "UPDATE export_items SET sold = true"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		groups int
+		item   string
+	}{
+		{"alone", 0, "a"},
+		{"a group of one", 1, "b"},
+	} {
+		app := "sales-refused-" + c.item
+		db := openRecording(t, primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
+		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
+		told := tellWarned(w)
+		callCtx := identity.WithContext(ctx, identity.Identity{RequestID: "req-" + c.item})
+		done := make(chan answer, 1)
+		go func() {
+			res, err := w.Execute(callCtx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
+			done <- answer{res, err}
+		}()
+		cutCommitWait(t, admin, app)
+		if got := answered(t, c.name, done); !errors.Is(got.err, ErrAlreadySold) {
+			t.Errorf("%s: a confirm of a sold item = %+v, %v; want ErrAlreadySold", c.name, got.res, got.err)
+		}
+		lines := told.lines(t)
+		if len(lines) != 1 || lines[0].RequestID != "req-"+c.item || lines[0].Transaction != "refusal_binding" ||
+			lines[0].Outcome != outcomeRefused || lines[0].Refusal != "item_already_sold" {
+			t.Errorf("%s: lines told = %+v, want one of req-%s, a refusal's binding, refused item_already_sold", c.name, lines, c.item)
+		}
+	}
+}
+
+// outcomeOf names what a call did as its answer says it: executed (and the
+// item's status after it), replayed, refused or replayed_refusal (and the
+// refusal), failed (and the error).
+func TestOutcomeOfNamesWhatTheCallDid(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		res  Result
+		err  error
+		want string
+	}{
+		{Result{Status: "inactive"}, nil, `outcome=executed item_status=inactive`},
+		{Result{Status: "active", IdempotentReplay: true}, nil, `outcome=replayed item_status=active`},
+		{Result{}, ErrAlreadySoldToThisOrder, `outcome=refused refusal=item_already_sold_to_this_order`},
+		{Result{}, replayRefusal("sale_not_cancelable"), `outcome=replayed_refusal refusal=sale_not_cancelable`},
+		{Result{}, ErrIdempotencyConflict, `outcome=refused refusal=idempotency_conflict`},
+		{Result{}, ErrCommitUnconfirmed, `outcome=failed error=` + ErrCommitUnconfirmed.Error()},
+	} {
+		var got []string
+		for _, a := range outcomeOf(c.res, c.err) {
+			got = append(got, a.String())
+		}
+		if g := strings.Join(got, " "); g != c.want {
+			t.Errorf("outcomeOf(%+v, %v) = %s, want %s", c.res, c.err, g, c.want)
+		}
+	}
+}
+
+// A call whose session is terminated (pg_terminate_backend) while its
+// COMMIT waits for a synchronous standby (committed locally: PostgreSQL
+// warns 57P01 and closes the connection) fails with an error naming the
+// warning (postgres.WarnedError: its 503 "may have been applied" line
+// said only "unexpected EOF"), and is told of as one to reconcile after a
+// failover, failed: a line and a count, alone, in a group of one and in a
+// group of two.
+func TestACallWhoseCommitWaitIsTerminatedIsToldOf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary, admin, owner := primaryAwaitingAStandby(t, "a", "b")
+	for _, c := range []struct {
+		name   string
+		groups int
+		item   string
+	}{
+		{"alone", 0, "a"},
+		{"a group of one", 1, "b"},
+	} {
+		app := "sales-terminated-" + c.item
+		db := openRecording(t, primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
+		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
+		told := tellWarned(w)
+		callCtx := identity.WithContext(ctx, identity.Identity{RequestID: "req-" + c.item})
+		done := make(chan answer, 1)
+		go func() {
+			res, err := w.Execute(callCtx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
+			done <- answer{res, err}
+		}()
+		terminateCommitWait(t, admin, app)
+		got := answered(t, c.name, done)
+		wantTerminatedInItsCommit(t, c.name, got.err)
+		lines := told.lines(t)
+		if len(lines) != 1 || lines[0].RequestID != "req-"+c.item || lines[0].Msg != warnedLostMessage || lines[0].SQLState != "57P01" ||
+			lines[0].Outcome != outcomeFailed || lines[0].Error != got.err.Error() {
+			t.Errorf("%s: lines told = %+v, want one of req-%s, ended after a 57P01 warning, failed with %v", c.name, lines, c.item, got.err)
+		}
+		if n := told.count(t); n != 1 {
+			t.Errorf("%s: sales_writer_commit_warned_calls_total = %v, want 1", c.name, n)
+		}
+	}
+}
+
+// The same, for a group of two calls.
+func TestAGroupWhoseCommitWaitIsTerminatedIsToldOf(t *testing.T) {
+	t.Parallel()
+	var told *warnedTold
+	g := groupWaitingForAStandby(t, openRecording, func(w *Writer) { told = tellWarned(w) })
+	terminateCommitWait(t, g.admin, committingApp)
+	wantTerminatedInItsCommit(t, "the call confirming a", <-g.left)
+	wantTerminatedInItsCommit(t, "the call confirming b", answered(t, "the call confirming b", g.stay).err)
+	var ids []string
+	for _, line := range told.lines(t) {
+		if line.Msg != warnedLostMessage || line.SQLState != "57P01" || line.TransactionCalls != 2 || line.Outcome != outcomeFailed {
+			t.Errorf("line told = %+v, want one ended after a 57P01 warning, of a transaction of 2 calls, failed", line)
+		}
+		ids = append(ids, line.RequestID)
+	}
+	if slices.Sort(ids); !slices.Equal(ids, []string{"req-a", "req-b"}) {
+		t.Errorf("request ids of the lines = %v, want [req-a req-b]", ids)
+	}
+	if n := told.count(t); n != 2 {
+		t.Errorf("sales_writer_commit_warned_calls_total = %v, want 2", n)
+	}
+}
+
+// wantTerminatedInItsCommit fails t unless err is what a call whose
+// session was terminated in its commit's wait is answered: a connection
+// lost (postgres.Unreachable) after the warning, which it names, and not
+// one that says nothing was done.
+func wantTerminatedInItsCommit(t *testing.T, what string, err error) {
+	t.Helper()
+	var warned *postgres.WarnedError
+	if !errors.As(err, &warned) || warned.Warning.Code != "57P01" || !postgres.Unreachable(err) ||
+		postgres.NothingDone(err) || postgres.RolledBack(err) || postgres.Terminated(err) {
+		t.Errorf("%s, terminated in its commit's wait = %v, want a connection lost after the 57P01 warning, which it names", what, err)
+	}
+}
+
+// terminateCommitWait waits for the session of app to wait for a
+// synchronous standby in its COMMIT, and terminates it, as an operator
+// may, with pg_terminate_backend.
+func terminateCommitWait(t *testing.T, admin *pgxpool.Pool, app string) {
+	t.Helper()
+	waitingInSyncRep(t, admin, app)
+	var ended int
+	err := admin.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))::int FROM pg_stat_activity
+		WHERE application_name = $1 AND wait_event = 'SyncRep'`, app).Scan(&ended)
+	if err != nil || ended != 1 {
+		t.Fatalf("terminated %d sessions of %s waiting in SyncRep (%v), want 1", ended, app, err)
+	}
+}
+
 // cutCommitWait waits for the session of app to wait for a synchronous
 // standby in its COMMIT, and ends that wait as an operator does, with
 // pg_cancel_backend from a session of its own.
@@ -188,11 +356,17 @@ func tellWarned(w *Writer) *warnedTold {
 // warning, as read back.
 type warnedLine struct {
 	Level            string `json:"level"`
+	Msg              string `json:"msg"`
 	RequestID        string `json:"request_id"`
 	SQLState         string `json:"sqlstate"`
 	Severity         string `json:"severity"`
 	WriterSentCancel bool   `json:"writer_sent_cancel"`
 	TransactionCalls int    `json:"transaction_calls"`
+	Transaction      string `json:"transaction"`
+	Outcome          string `json:"outcome"`
+	ItemStatus       string `json:"item_status"`
+	Refusal          string `json:"refusal"`
+	Error            string `json:"error"`
 	OwnerID          string `json:"owner_id"`
 	Operation        string `json:"operation"`
 	ItemID           string `json:"item_id"`

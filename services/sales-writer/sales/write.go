@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/coinexport/export/pkg/postgres"
@@ -76,20 +77,38 @@ const maxAttempts = 3
 // Execute runs req at most once per idempotency key and returns the result,
 // or replays the stored result of an earlier identical request. A refusal
 // binds the key to req (spec 4.7 rule 3).
+// Each of its transactions during which PostgreSQL warned (a commit's
+// wait for a synchronous standby cut) is told of once the call's outcome is
+// known (commitWarnings).
 func (w *Writer) Execute(ctx context.Context, req Request) (Result, error) {
+	told := w.warned.call(ctx, req)
+	answered := false
+	defer func() {
+		if !answered { // a panic, which the caller answers 500
+			told.answer([]slog.Attr{slog.String("outcome", outcomePanicked)})
+		}
+	}()
+	res, err := w.execute(ctx, req, told)
+	answered = true
+	told.answer(outcomeOf(res, err))
+	return res, err
+}
+
+// execute is Execute, telling told of the call's warned transactions.
+func (w *Writer) execute(ctx context.Context, req Request, told *callTold) (Result, error) {
 	fp := Fingerprint(req)
-	res, err := w.attempts(ctx, req, fp)
+	res, err := w.attempts(ctx, req, fp, told)
 	if code, refused := refusalCode(err); refused && !IsReplayedRefusal(err) {
-		return w.bindRefused(ctx, req, fp, err, code)
+		return w.bindRefused(ctx, req, fp, err, code, told)
 	}
 	return res, err
 }
 
 // attempts runs req until one run settles it.
-func (w *Writer) attempts(ctx context.Context, req Request, fp []byte) (Result, error) {
+func (w *Writer) attempts(ctx context.Context, req Request, fp []byte, told *callTold) (Result, error) {
 	var last error
 	for range maxAttempts {
-		res, err := w.once(ctx, req, fp)
+		res, err := w.once(ctx, req, fp, told)
 		switch {
 		case errors.Is(err, errKeyTaken):
 			if err := w.dropExpired(ctx, req); err != nil {
@@ -124,13 +143,13 @@ func lastResort(op Operation) error {
 	return ErrNotCancelable
 }
 
-func (w *Writer) once(ctx context.Context, req Request, fp []byte) (Result, error) {
+func (w *Writer) once(ctx context.Context, req Request, fp []byte, told *callTold) (Result, error) {
 	stmt := confirmSQL
 	if req.Operation == Cancel {
 		stmt = cancelSQL
 	}
 	var wr written
-	err := w.submit(ctx, req, stmt, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
+	err := w.submit(ctx, req, told, stmt, []any{req.OwnerID, req.PlatformID, req.IdempotencyKey, req.ItemID,
 		req.ExternalOrderID, fp, w.retention.Seconds()},
 		func(row pgx.Row) error {
 			return row.Scan(&wr.recordFingerprint, &wr.stored, &wr.status, &wr.confirmedAt, &wr.canceledAt)
@@ -209,9 +228,9 @@ func (w *Writer) explain(ctx context.Context, req Request, fp []byte) (Result, e
 // (it raced this one): the conflict, if that was another request; if it
 // was req itself (a copy of the same call), its executed result or the
 // refusal bound first, so that every copy of a call gets one answer.
-func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error, code string) (Result, error) {
+func (w *Writer) bindRefused(ctx context.Context, req Request, fp []byte, refusal error, code string, told *callTold) (Result, error) {
 	var k keyHolds
-	err := w.underKeyLock(ctx, req, bindRefusedSQL,
+	err := w.underKeyLock(ctx, req, told, bindRefusedSQL,
 		[]any{req.OwnerID, req.PlatformID, req.IdempotencyKey, fp, w.retention.Seconds(), code},
 		func(row pgx.Row) error {
 			return row.Scan(&k.boundFingerprint, &k.boundRefusal, &k.recordFingerprint, &k.stored)
@@ -241,27 +260,27 @@ type keyHolds struct {
 // first takes req's key lock (keyLockHearingWarnings) in a statement of
 // its own, so that stmt's snapshot is taken once the lock is held. One
 // batch, one round trip: the statements before its one Sync form one
-// implicit transaction, committed at the Sync. A transaction that commits
-// with a WARNING is told of (commitWarnings), its answer unchanged.
-func (w *Writer) underKeyLock(ctx context.Context, req Request, stmt string, args []any, scan func(pgx.Row) error) error {
+// implicit transaction, committed at the Sync. A transaction during which
+// PostgreSQL warned is told of (told.heard), its answer unchanged, or its
+// error naming the warning (warnedOf).
+func (w *Writer) underKeyLock(ctx context.Context, req Request, told *callTold, stmt string, args []any, scan func(pgx.Row) error) error {
 	batch := &pgx.Batch{}
 	batch.Queue(keyLockHearingWarnings, req.OwnerID, req.PlatformID, req.IdempotencyKey)
 	batch.Queue(stmt, args...).QueryRow(scan)
+	var tx warnedTransaction
 	var warned bool
-	var first postgres.Warning
 	err := postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
 		warnings := postgres.WarningsOf(conn.Conn().PgConn())
 		if warnings != nil {
 			warnings.Reset() // an earlier statement's on this connection is not this call's
 		}
-		err := conn.SendBatch(ctx, batch).Close()
-		if err == nil && warnings != nil && warnings.Heard() {
-			warned, first = true, warnings.First()
-		}
+		var err error
+		tx, err, warned = warnedOf(warnings, conn.SendBatch(ctx, batch).Close(), 1, false)
 		return err
 	})
 	if warned {
-		w.warned.report([]warnedCall{{ctx: ctx, req: req}}, first, false)
+		tx.binding = stmt == bindRefusedSQL
+		told.heard(tx)
 	}
 	return err
 }
