@@ -239,6 +239,49 @@ func TestAGroupWithALockedItemDoesNotHoldUpItsOtherCalls(t *testing.T) {
 	}
 }
 
+// A call alone (SALES_WRITER_COMMIT_GROUPS=0) or in a group of one waits
+// for a lock as long as its bound lets it, as a group's call does once
+// its group is rolled back after groupLockTimeout and it runs again alone
+// (TestAGroupWithALockedItemDoesNotHoldUpItsOtherCalls): here its item's
+// row held by another transaction for 4 lock timeouts after the call began
+// to wait (a sale of the item committing slowly, behind a synchronous
+// standby, say), and the call sells the item once the lock goes. Given
+// the group's lock_timeout, it was answered 503 (55P03), a lock it would
+// have had a moment later: it holds no other call up (its runner goes on
+// after slowGroup), which is all the group's timeout is for.
+func TestACallAloneWaitsForALockAsAGroupsCallDoes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, dsn)
+	owner := saleFixture(t, admin, "a", "b")
+	for _, c := range []struct {
+		name   string
+		groups int
+		item   string
+	}{
+		{"alone", 0, "a"},
+		{"a group of one", 1, "b"},
+	} {
+		app := "sales-waiting-" + c.item
+		w := NewGroupingWriter(openRecording(t, dsn+" application_name="+app), time.Hour, c.groups, GroupStats{})
+		tx := testenv.InTransaction(t, admin, "SELECT FROM export_items WHERE id = $1 FOR UPDATE", c.item)
+		done := make(chan answer, 1)
+		go func() {
+			res, err := w.Execute(ctx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
+			done <- answer{res, err}
+		}()
+		testenv.WaitUntilTrue(t, admin, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '"+app+"' AND wait_event_type = 'Lock')")
+		time.Sleep(4 * 50 * time.Millisecond) // groupLockTimeout, 4 times over: not a measure
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := answered(t, c.name, done); got.err != nil || got.res.Status != "inactive" {
+			t.Errorf("%s: a confirm that waited for its item's lock = %+v, %v; want it sold once the lock went", c.name, got.res, got.err)
+		}
+	}
+}
+
 // A call that leaves (its caller gone, its deadline met) while its group
 // waits for a pool connection had nothing sent, and its answer says so at
 // once (postgres.NothingDone: "nothing was applied"), as a call alone

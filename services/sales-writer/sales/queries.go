@@ -83,7 +83,10 @@ const keyLock = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1:
 // reaches the writer whatever DATABASE_URL, the role or the database sets;
 // at error PostgreSQL sends none. Folded into the statement the call sends
 // anyway: no round trip and no statement more (a group of several sets it
-// in groupSettingsSQL).
+// in groupSettingsSQL). It sets no lock_timeout, as groupSettingsSQL does:
+// that timeout keeps a group's calls from waiting for one call's lock, and
+// a call alone holds up no other (README, "Commit groups";
+// TestACallAloneWaitsForALockAsAGroupsCallDoes).
 const keyLockHearingWarnings = `SELECT pg_advisory_xact_lock(` + keyLockClass + `, hashtext($1::text || '/' || $2::text || '/' || $3::text)), ` +
 	`set_config('client_min_messages', 'warning', true)`
 
