@@ -558,7 +558,7 @@ func TestSaleEndedWhilePreparedSaysNothingWasApplied(t *testing.T) {
 		{"connection lost", 10 * time.Second, func(db *pgxpool.Pool, _ context.CancelFunc) {
 			_, _ = db.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND application_name = $1`, app)
-		}, http.StatusServiceUnavailable, "sale store unreachable"},
+		}, http.StatusServiceUnavailable, "sale store ended the call's session before its commit"},
 		{"caller gone", 10 * time.Second, func(_ *pgxpool.Pool, cancel context.CancelFunc) { cancel() },
 			httpserver.StatusClientClosed, "sale call abandoned by the caller"},
 	}

@@ -259,10 +259,11 @@ func (h *handler) unconfirmed(r *http.Request, err error) errorAnswer {
 // lock, a fast shutdown), when nothing was applied: "may have been" sent
 // a sales platform reconciling for nothing.
 func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
-	h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
 	if postgres.Terminated(err) {
+		h.log.ErrorContext(r.Context(), "sale store ended the call's session before its commit: "+nothingApplied.logged(), "error", err, postgres.CauseAttr(err))
 		return answer503("the sale store ended the call's session before its commit", nothingApplied)
 	}
+	h.log.ErrorContext(r.Context(), "sale store unreachable", "error", err, postgres.CauseAttr(err))
 	return answer503("the sale store is unreachable", applied(err))
 }
 

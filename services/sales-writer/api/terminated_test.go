@@ -66,8 +66,9 @@ func TestASaleTerminatedBeforeItsCommitSaysNothingWasApplied(t *testing.T) {
 		if rec.Code != http.StatusServiceUnavailable || env.Error == nil || !strings.Contains(env.Error.Message, "nothing was applied") {
 			t.Errorf("%s: confirm whose session was terminated = %d %s, want 503 saying nothing was applied", c.name, rec.Code, rec.Body)
 		}
-		if !strings.Contains(logs.String(), `"sale_applied":"no"`) || !strings.Contains(logs.String(), "pg_terminate_backend") {
-			t.Errorf("%s: logs, want the cause (pg_terminate_backend) and sale_applied no:\n%s", c.name, logs.String())
+		if !strings.Contains(logs.String(), `"sale_applied":"no"`) || !strings.Contains(logs.String(), "pg_terminate_backend") ||
+			!strings.Contains(logs.String(), `"msg":"sale store ended the call's session before its commit: nothing was applied"`) {
+			t.Errorf("%s: logs, want the failure's line saying nothing was applied, with the cause (pg_terminate_backend), and sale_applied no:\n%s", c.name, logs.String())
 		}
 		if f.item(t, f.owner, item).Sold {
 			t.Errorf("%s: the item is sold, want it unsold: nothing was applied", c.name)
