@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ReadAhead configures the read-ahead of list pages.
@@ -53,7 +54,13 @@ type ReadAhead struct {
 	Timeout time.Duration
 }
 
-var tracer = otel.Tracer("github.com/coinexport/export/services/export-reader/internal/export")
+// startSpan starts a span with the tracer of ctx's span's provider (the
+// process's, which the request's server span came from), so that a read
+// ahead and the request waiting for it are recorded where the request is.
+func startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	return trace.SpanFromContext(ctx).TracerProvider().
+		Tracer("github.com/coinexport/export/services/export-reader/internal/export").Start(ctx, name)
+}
 
 // aheadDepth is how many pages of one sync may be read, or being read,
 // before their requests come, and aheadBatch how many of them one query
@@ -94,6 +101,10 @@ type aheadPage struct {
 	// nextCursor is the cursor of the page after this one ("" on the last).
 	nextCursor string
 	err        error
+	// readSpan is the span of the read that fills the page (in the trace
+	// of the request that started it), set before ready is closed: the
+	// span of a request that waited for the page links to it.
+	readSpan trace.SpanContext
 }
 
 // fetchFunc reads up to n pages after a position in one query.
@@ -346,25 +357,72 @@ func (p *aheadPage) spent(ttl time.Duration) bool {
 // use waits for p and reports whether its page can answer the request now:
 // read without error and not older than the TTL. The outcome is counted. A
 // page that answers is taken from its chain, which may read on.
+//
+// A request that finds its page still being read waits under a span of its
+// own, "export read-ahead wait", linked to the read's span (in the trace of
+// the request that started it) and saying how the read ended
+// (export.read_ahead.result, the read's error as an exception). Without it a
+// request that waited out a read stuck behind a lock showed its server span
+// 10 s long, 9 s of it in no span, and then its own statement timed out in
+// the second left.
 func (ra *readAhead) use(ctx context.Context, p *aheadPage) (bool, error) {
+	wait, err := awaitRead(ctx, p)
+	if err != nil {
+		return false, err
+	}
+	result, hit := ra.outcome(ctx, p)
+	if wait != nil {
+		if p.err != nil {
+			wait.RecordError(p.err)
+		}
+		wait.SetAttributes(attribute.String("export.read_ahead.result", result))
+		wait.End()
+	}
+	return hit, nil
+}
+
+// awaitRead waits until p is read or ctx ends. When p is still being read it
+// returns the span of the wait, which the caller ends.
+func awaitRead(ctx context.Context, p *aheadPage) (trace.Span, error) {
+	select {
+	case <-p.ready:
+		return nil, nil
+	default:
+	}
+	_, wait := startSpan(ctx, "export read-ahead wait")
 	select {
 	case <-p.ready:
 	case <-ctx.Done():
-		return false, ctx.Err()
+		wait.SetAttributes(attribute.String("export.read_ahead.result", "abandoned"))
+		wait.SetStatus(codes.Error, "the request ended while the page was being read ahead")
+		wait.End()
+		return nil, ctx.Err()
 	}
+	if p.readSpan.IsValid() {
+		wait.AddLink(trace.Link{SpanContext: p.readSpan})
+	}
+	return wait, nil
+}
+
+// outcome counts how p, read, can serve its request (hit, failed, unread or
+// stale), and takes a hit from its chain.
+func (ra *readAhead) outcome(ctx context.Context, p *aheadPage) (string, bool) {
+	var result string
 	switch {
 	case errors.Is(p.err, errNotRead):
-		ra.results.WithLabelValues("unread").Inc()
+		result = "unread"
 	case p.err != nil:
-		ra.results.WithLabelValues("failed").Inc()
+		result = "failed"
 	case time.Since(p.started) > ra.cfg.TTL:
-		ra.results.WithLabelValues("stale").Inc()
+		result = "stale"
 	default:
-		ra.results.WithLabelValues("hit").Inc()
-		p.chain.taken(ctx)
-		return true, nil
+		result = "hit"
 	}
-	return false, nil
+	ra.results.WithLabelValues(result).Inc()
+	if result == "hit" {
+		p.chain.taken(ctx)
+	}
+	return result, result == "hit"
 }
 
 // startLocked starts reading the page after pos (cursor posCursor) unless
@@ -436,8 +494,9 @@ func (c *chain) fill(ctx context.Context, p *aheadPage) *aheadPage {
 		p.err = err
 		return nil
 	}
-	ctx, span := tracer.Start(ctx, "export read-ahead")
+	ctx, span := startSpan(ctx, "export read-ahead")
 	defer span.End()
+	p.readSpan = span.SpanContext()
 	pages, err := c.fetch(ctx, p.after, aheadBatch)
 	if err != nil {
 		span.RecordError(err)

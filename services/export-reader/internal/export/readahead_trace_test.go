@@ -1,0 +1,147 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+// A request that waits for its page while it is read ahead has a span of
+// the wait, linked to the read's span (in the trace of the request that
+// started the read) and saying how the read ended, its error included: a
+// page request that waited 9 s for a read ahead stuck behind a lock on
+// export_items, then timed out reading the page itself in the second left,
+// showed a 10 s server span with a 1 s SELECT under it and nothing else.
+func TestARequestWaitingForAReadAheadShowsTheWaitAndTheRead(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tracer := provider.Tracer("test")
+	r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Hour})}
+	started, release := make(chan struct{}), make(chan struct{})
+	lockTimeout := errors.New("export: list: timeout: context deadline exceeded")
+	fetch := func(context.Context, position, int) ([]scannedPage, error) {
+		close(started)
+		<-release // a lock on export_items
+		return nil, lockTimeout
+	}
+	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+	earlier, earlierSpan := tracer.Start(context.Background(), "earlier page")
+	r.ahead.begin(earlier, c, position{ID: "1"}, "1")
+	earlierSpan.End()
+	<-started
+	p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
+	if !ok {
+		t.Fatal("the page being read ahead has no entry")
+	}
+	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.ahead.use(waiting, p)
+		done <- err
+	}()
+	waitForSpanStarted(t, rec, "export read-ahead wait") // the request waits: the read ends only now
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("use: %v", err)
+	}
+	waitingSpan.End()
+	waitForFreeSlots(t, r.ahead)
+
+	read := spanNamed(t, rec, "export read-ahead")
+	if read.Parent().SpanID() != earlierSpan.SpanContext().SpanID() {
+		t.Errorf("the read's span is under span %s, want the page that started it", read.Parent().SpanID())
+	}
+	wait := spanNamed(t, rec, "export read-ahead wait")
+	if wait.SpanContext().TraceID() != waitingSpan.SpanContext().TraceID() ||
+		wait.Parent().SpanID() != waitingSpan.SpanContext().SpanID() {
+		t.Errorf("the wait's span is under span %s of trace %s, want the waiting request's", wait.Parent().SpanID(), wait.SpanContext().TraceID())
+	}
+	if links := wait.Links(); len(links) != 1 || !links[0].SpanContext.Equal(read.SpanContext()) {
+		t.Errorf("the wait's span links to %v, want the read's span %s", links, read.SpanContext().SpanID())
+	}
+	if got := attr(wait, "export.read_ahead.result"); got != "failed" {
+		t.Errorf("export.read_ahead.result %q, want failed", got)
+	}
+	if got := exceptionMessage(wait); got != lockTimeout.Error() {
+		t.Errorf("the wait's exception %q, want the read's error %q", got, lockTimeout)
+	}
+}
+
+// A request whose page was read before it came has no wait span: a span
+// for every page would cost each page served from memory.
+func TestARequestFindingItsPageReadHasNoWaitSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
+	r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Hour})}
+	fetch := func(context.Context, position, int) ([]scannedPage, error) {
+		return []scannedPage{{body: []byte("{}")}}, nil
+	}
+	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+	ctx, span := tracer.Start(context.Background(), "earlier page")
+	r.ahead.begin(ctx, c, position{ID: "1"}, "1")
+	span.End()
+	waitForFreeSlots(t, r.ahead)
+	p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
+	if !ok {
+		t.Fatal("the page read ahead has no entry")
+	}
+	if hit, err := r.ahead.use(ctx, p); !hit || err != nil {
+		t.Fatalf("use: hit %v, error %v; want the page read ahead", hit, err)
+	}
+	for _, s := range rec.Ended() {
+		if s.Name() == "export read-ahead wait" {
+			t.Errorf("a wait span for a page read before its request came")
+		}
+	}
+}
+
+func waitForSpanStarted(t *testing.T, rec *tracetest.SpanRecorder, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, s := range rec.Started() {
+			if s.Name() == name {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no span %q started", name)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func spanNamed(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.ReadOnlySpan {
+	t.Helper()
+	for _, s := range rec.Ended() {
+		if s.Name() == name {
+			return s
+		}
+	}
+	t.Fatalf("no span %q recorded", name)
+	return nil
+}
+
+func attr(s sdktrace.ReadOnlySpan, key string) string {
+	for _, kv := range s.Attributes() {
+		if string(kv.Key) == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+func exceptionMessage(s sdktrace.ReadOnlySpan) string {
+	for _, e := range s.Events() {
+		for _, kv := range e.Attributes {
+			if kv.Key == "exception.message" {
+				return kv.Value.Emit()
+			}
+		}
+	}
+	return ""
+}
