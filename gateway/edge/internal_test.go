@@ -1692,6 +1692,72 @@ func TestAccessLineNamesTheClientsOwnIDAndAnUnmatchedPath(t *testing.T) {
 	}
 }
 
+// A client whose own tracing sent a traceparent, and logged its trace id
+// for the call, quotes that id: the gateway does not adopt it (a trace of
+// its own, as documented) but records it, on the access line as
+// client_trace_id and on the server span as app.client_trace_id, so that
+// grep finds the request by it. Before, it was in no line and no span: the
+// id led nowhere, and make trace's hint to grep the logs found nothing. A
+// trusted traceparent is the request id itself; a malformed one is no id.
+func TestAccessLineNamesTheClientsTraceID(t *testing.T) {
+	clientTrace := "4bf92f3577b34da6a3ce929d0e0e4736"
+	for _, tt := range []struct {
+		name, traceparent string
+		trust             bool
+		want              string // client_trace_id, "" for none
+	}{
+		{"untrusted", "00-" + clientTrace + "-00f067aa0ba902b7-01", false, clientTrace},
+		{"untrusted, not sampled", "00-" + clientTrace + "-00f067aa0ba902b7-00", false, clientTrace},
+		{"trusted: the request id", "00-" + clientTrace + "-00f067aa0ba902b7-01", true, ""},
+		{"malformed", "00-" + clientTrace + "-zz", false, ""},
+		{"none", "", false, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g, sr, logs := startInternal(t, map[string]string{"GATEWAY_TRUST_TRACEPARENT": strconv.FormatBool(tt.trust)}, fakeKeys{})
+			headers := map[string]string{"X-API-Key": wellFormedKey(t)}
+			if tt.traceparent != "" {
+				headers["traceparent"] = tt.traceparent
+			}
+			resp, env := get(t, "http://"+g.Addr()+"/v1/export/items", headers)
+			if resp.StatusCode != 200 {
+				t.Fatalf("GET = %d %+v, want 200", resp.StatusCode, env.Error)
+			}
+			requestID := resp.Header.Get("X-Request-Id")
+			if (requestID == clientTrace) != tt.trust {
+				t.Errorf("request id %s with the client's trace %s and trust=%v", requestID, clientTrace, tt.trust)
+			}
+			line := accessLineOf(logs.String(), requestID)
+			if line == "" {
+				t.Fatalf("no access line of %s", requestID)
+			}
+			if tt.want != "" && !strings.Contains(line, `"client_trace_id":"`+tt.want+`"`) {
+				t.Errorf("access line %s lacks client_trace_id %s", line, tt.want)
+			}
+			if tt.want == "" && strings.Contains(line, "client_trace_id") {
+				t.Errorf("access line %s has a client_trace_id, want none", line)
+			}
+			var got []string
+			for _, s := range sr.Ended() {
+				if s.SpanContext().TraceID().String() != requestID || s.SpanKind() != trace.SpanKindServer {
+					continue
+				}
+				for _, a := range s.Attributes() {
+					if a.Key == attrClientTraceID {
+						got = append(got, a.Value.AsString())
+					}
+				}
+			}
+			want := []string{tt.want}
+			if tt.want == "" {
+				want = nil
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("server span's %s = %q, want %q", attrClientTraceID, got, want)
+			}
+		})
+	}
+}
+
 // accessLineOf is the access line of the request requestID.
 func accessLineOf(logs, requestID string) string {
 	for line := range strings.SplitSeq(logs, "\n") {

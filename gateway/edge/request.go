@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -80,6 +81,10 @@ type request struct {
 	// gateway chooses, but a client that logs only its own id can still
 	// be found by it.
 	clientRequestID string
+	// clientTraceID is the trace id of a traceparent the client sent and
+	// the gateway did not adopt (GATEWAY_TRUST_TRACEPARENT off): a client
+	// whose own tracing logged that id for the call is found by it.
+	clientTraceID string
 	// sale names a sale request's item and Idempotency-Key, as the
 	// writer's access line does (nil on other routes): a sale the gateway
 	// answers itself (the writer out, or killed mid-call: "the sale may
@@ -147,6 +152,9 @@ const (
 
 	// attrClientRequestID is the X-Request-Id a client sent (its own).
 	attrClientRequestID = attribute.Key("app.client_request_id")
+	// attrClientTraceID is the trace id of a traceparent a client sent,
+	// not adopted.
+	attrClientTraceID = attribute.Key("app.client_trace_id")
 )
 
 // Span start options, built once: each option is an interface value, and
@@ -158,7 +166,7 @@ var (
 )
 
 // maxServerSpanAttrs is how many attributes endSpan sets at most.
-const maxServerSpanAttrs = 16
+const maxServerSpanAttrs = 17
 
 // begin starts the request's server span. The gateway is the root of a new
 // trace unless inbound traceparent headers are trusted by configuration:
@@ -224,6 +232,8 @@ func (g *Gateway) beginRecorded(c *fiber.Ctx, routeName string, since time.Time,
 	if g.cfg.TrustTraceparent {
 		parent = otel.GetTextMapPropagator().Extract(parent, headerCarrier{&c.Request().Header})
 		opts = serverSpanInTrace
+	} else {
+		rq.clientTraceID = clientTraceID(&c.Request().Header)
 	}
 	if !since.IsZero() {
 		opts = append(slices.Clip(opts), trace.WithTimestamp(since))
@@ -240,6 +250,21 @@ func (g *Gateway) beginRecorded(c *fiber.Ctx, routeName string, since time.Time,
 		rq.id = httpserver.RandomRequestID() // if tracing ever yields no trace id
 	}
 	return rq
+}
+
+// clientTraceID is the trace id of a valid W3C traceparent in h ("" when
+// there is none): the caller's trace, which the gateway does not continue
+// (it starts a trace of its own) but records, so that an id the client's
+// tracing logged for the call leads to the request.
+func clientTraceID(h *fasthttp.RequestHeader) string {
+	if len(h.Peek("traceparent")) == 0 {
+		return "" // most requests: nothing parsed
+	}
+	sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), headerCarrier{h}))
+	if !sc.IsValid() {
+		return ""
+	}
+	return sc.TraceID().String()
 }
 
 // unrecordedSpanContext is the span context of a request whose span is not
@@ -354,6 +379,9 @@ func (g *Gateway) endSpan(rq *request, status int, errorCode []byte) {
 	if rq.clientRequestID != "" {
 		attrs = append(attrs, attrClientRequestID.String(rq.clientRequestID))
 	}
+	if rq.clientTraceID != "" {
+		attrs = append(attrs, attrClientTraceID.String(rq.clientTraceID))
+	}
 	if rq.key.ID != "" {
 		attrs = append(attrs, attrOwnerID.String(rq.key.OwnerID), attrKeyID.String(rq.key.ID))
 	}
@@ -411,6 +439,9 @@ func (g *Gateway) logAccess(rq *request, status int, errorCode []byte, elapsed t
 	}
 	if rq.clientRequestID != "" {
 		attrs = append(attrs, slog.String("client_request_id", rq.clientRequestID))
+	}
+	if rq.clientTraceID != "" {
+		attrs = append(attrs, slog.String("client_trace_id", rq.clientTraceID))
 	}
 	if rq.authFailure != "" {
 		attrs = append(attrs, slog.String("auth_failure", rq.authFailure))
