@@ -286,7 +286,9 @@ func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true 
 // an instance out only on evidence that it cannot serve. Meanwhile a WARN
 // a minute names the cause; once the pool has no connection left that
 // answers, the check fails as before. A schema not yet current is checked
-// on the check's own connection, so it stays unready.
+// on the check's own connection, so it stays unready. The same holds while
+// PostgreSQL is slow to start the check's session (errSessionSlow), as it
+// is when its slots are taken and other clients retry theirs.
 func ServingOn(pool *pgxpool.Pool) ReadinessOption {
 	return func(r *Readiness) { r.serving = pool }
 }
@@ -322,23 +324,32 @@ func NewReadiness(ctx context.Context, conn *pgxpool.Pool, log *slog.Logger, opt
 // every restart would fail, and the gateway would take a service out that
 // can serve, until its next probe. A new session PostgreSQL refused
 // (postgres.SessionRefused) is not tried again: the second login is
-// refused as well, one more FATAL line in the server's log a probe.
+// refused as well, one more FATAL line in the server's log a probe; nor is
+// one slow to start (errSessionSlow): a second wait would outlast the
+// prober's.
 func (r *Readiness) ping(ctx context.Context) error {
 	err := r.probe(ctx)
-	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) && !postgres.SessionRefused(err) {
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) && !errors.Is(err, errSessionSlow) &&
+		!postgres.SessionRefused(err) {
 		err = r.probe(ctx)
 	}
 	return err
 }
 
-// probe is one round trip to PostgreSQL: a ping, or for a Writable check
-// the query that reads whether the session is read-only.
+// probe is one round trip to PostgreSQL on the check's connection: a
+// ping, or for a Writable check the query that reads whether the session
+// is read-only.
 func (r *Readiness) probe(ctx context.Context) error {
+	conn, err := r.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
 	if !r.writable {
-		return r.conn.Ping(ctx)
+		return conn.Ping(ctx)
 	}
 	var readOnly bool
-	if err := r.conn.QueryRow(ctx, "SELECT current_setting('transaction_read_only') = 'on'").Scan(&readOnly); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT current_setting('transaction_read_only') = 'on'").Scan(&readOnly); err != nil {
 		return err
 	}
 	if readOnly {
@@ -346,6 +357,36 @@ func (r *Readiness) probe(ctx context.Context) error {
 	}
 	return nil
 }
+
+// acquire takes the check's connection, waiting at most sessionStartWait
+// for it: errSessionSlow past that. The connection is renewed every minute
+// (postgres.OpenSide), and PostgreSQL may take seconds to start a session,
+// or to refuse one, while its max_connections are taken and other clients
+// retry theirs (2.4-2.6 s measured on a make run stack, 0.8-1.3 s without
+// the retries): the probe waited for it, the gateway's prober gave up after
+// its second, three times over, and every instance left the rotation while
+// its pool served. pgxpool goes on starting the session past the wait, for
+// the next probe.
+func (r *Readiness) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	startCtx, cancel := context.WithTimeout(ctx, sessionStartWait)
+	defer cancel()
+	conn, err := r.conn.Acquire(startCtx)
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return nil, errSessionSlow
+	}
+	return conn, err
+}
+
+// sessionStartWait is how long a probe waits for the check's connection:
+// well under the gateway prober's second (UPSTREAM_PROBE_INTERVAL, at most
+// 1 s) and Kubernetes' (timeoutSeconds, 1 s), with room for a ping of the
+// service's pool after it (servesOnOpenConnections). A session starts in
+// milliseconds on a healthy database, TLS and SCRAM included.
+const sessionStartWait = 500 * time.Millisecond
+
+// errSessionSlow is a probe's when PostgreSQL did not give the check its
+// connection within sessionStartWait (acquire).
+var errSessionSlow = fmt.Errorf("PostgreSQL did not start the readiness check's session within %s", sessionStartWait)
 
 // readyTimeout bounds one check. The check does not end with its caller:
 // a prober that hangs up mid-ping would make pgx close the check's
@@ -382,11 +423,13 @@ func (r *Readiness) Ready(ctx context.Context) error {
 }
 
 // servesOnOpenConnections reports whether the service still serves though
-// PostgreSQL refused the check's new session (ServingOn): its schema was
-// current, and its own pool has a connection that answers. It warns of
-// the refusal once a minute while it lasts.
+// PostgreSQL refused the check's new session, or did not start it within
+// sessionStartWait (ServingOn): its schema was current, and its own pool
+// has a connection that answers. It warns of the refusal or the slowness
+// once a minute while it lasts.
 func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) bool {
-	if r.serving == nil || !r.current.Load() || !postgres.SessionRefused(refused) {
+	slow := errors.Is(refused, errSessionSlow)
+	if r.serving == nil || !r.current.Load() || !(slow || postgres.SessionRefused(refused)) {
 		return false
 	}
 	if !poolServes(ctx, r.serving) {
@@ -394,6 +437,11 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 	}
 	now := time.Now().Unix()
 	if last := r.warnedAt.Load(); now-last >= 60 && r.warnedAt.CompareAndSwap(last, now) {
+		if slow {
+			r.log.Warn("PostgreSQL is slow to start new sessions; serving on the connections opened before",
+				"error", refused, "cause", "PostgreSQL may be out of connection slots (max_connections) with clients retrying theirs, or overloaded: pg_stat_activity shows who holds the sessions")
+			return true
+		}
 		attrs := []any{"error", refused, postgres.CauseAttrOf(refused, r.setting)}
 		if postgres.NoSlotLeft(refused) {
 			// The service's calls that need one connection more are

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -398,6 +399,64 @@ func TestReadinessServesOnOpenConnectionsWhenNoSlotIsLeft(t *testing.T) {
 	mustExec(t, admin, "ALTER ROLE "+role+" CONNECTION LIMIT -1")
 	if err := ready.Ready(ctx); err != nil {
 		t.Errorf("Ready once slots are free = %v, want nil", err)
+	}
+}
+
+// PostgreSQL slow to start the check's session (seconds, as when its
+// max_connections are taken and other clients retry theirs) while the
+// service's pool serves: the check answers within the prober's second,
+// ready, warning of the slowness, where it waited for the session and the
+// gateway's prober gave up on it, three times, taking out every instance
+// that served (a make run stack, 38 s). Once the pool has no connection
+// left, it is unready, naming the slowness; once sessions start again, it
+// is ready.
+func TestReadinessServesOnOpenConnectionsWhileSessionsAreSlowToStart(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t) + " pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sessionsStart := make(chan struct{})
+	var slow atomic.Bool
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if slow.Load() {
+			<-sessionsStart
+		}
+		return dial(ctx, network, addr)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	defer func() {
+		if slow.Load() {
+			close(sessionsStart)
+		}
+	}()
+	side, ready, logged := readyOnItsConnection(t, pool)
+	slow.Store(true)
+	side.Reset() // the check's connection renewed, as every minute: its new session is slow to start
+
+	probeCtx, cancel := context.WithTimeout(ctx, time.Second) // the gateway's prober's wait
+	defer cancel()
+	if err := ready.Ready(probeCtx); err != nil || probeCtx.Err() != nil {
+		t.Errorf("Ready while the pool's connection serves = %v (prober's wait: %v), want nil within the prober's second", err, probeCtx.Err())
+	}
+	if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "slow to start new sessions") {
+		t.Errorf("log = %q, want a WARN naming the slowness", got)
+	}
+
+	pool.Reset() // the pool's connection ends: none left that answers
+	if err := ready.Ready(ctx); err == nil || !strings.Contains(err.Error(), "did not start the readiness check's session") {
+		t.Errorf("Ready with no connection left = %v, want the slowness named", err)
+	}
+
+	slow.Store(false)
+	close(sessionsStart)
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready once sessions start again = %v, want nil", err)
 	}
 }
 
