@@ -288,7 +288,9 @@ func Writable() ReadinessOption { return func(r *Readiness) { r.writable = true 
 // answers, the check fails as before. A schema not yet current is checked
 // on the check's own connection, so it stays unready. The same holds while
 // PostgreSQL is slow to start the check's session (errSessionSlow), as it
-// is when its slots are taken and other clients retry theirs.
+// is when its slots are taken and other clients retry theirs, but only on
+// an idle connection that answers: a hung server starts no session either,
+// and the statements in flight on the others may never end.
 func ServingOn(pool *pgxpool.Pool) ReadinessOption {
 	return func(r *Readiness) { r.serving = pool }
 }
@@ -432,7 +434,11 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 	if r.serving == nil || !r.current.Load() || !(slow || postgres.SessionRefused(refused)) {
 		return false
 	}
-	if !poolServes(ctx, r.serving) {
+	// A refusal is PostgreSQL answering, so the connections in use are
+	// trusted to come back; a session that does not start is no answer (a
+	// hung server starts none either), so only a connection that answers
+	// now shows that the service serves.
+	if !poolServes(ctx, r.serving, !slow) {
 		return false
 	}
 	now := time.Now().Unix()
@@ -457,7 +463,9 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 }
 
 // poolServes reports whether pool has a connection that answers: an idle
-// one pinged, or, with none idle, one in use by a request. Its Ping finds
+// one pinged, or, with none idle and trustInUse, one in use by a request
+// (a statement in flight may be hung with its server: trusted only when
+// PostgreSQL has just answered the check, if with a refusal). Its Ping finds
 // no idle connection when the service is busy, and then asks the pool for
 // one more session, which PostgreSQL refuses, or, the pool full, waits
 // behind the queued statements past the prober's second (see Readiness):
@@ -475,10 +483,10 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 // of one worker on 2), Stat and Ping none; Stat and Ping failed the check
 // 89 times in 3.0 M, only with 2 workers on 2 connections, where 1.49 M of
 // their 1.50 M statements were refused.
-func poolServes(ctx context.Context, pool *pgxpool.Pool) bool {
+func poolServes(ctx context.Context, pool *pgxpool.Pool, trustInUse bool) bool {
 	stat := pool.Stat()
 	if stat.IdleConns() == 0 {
-		return stat.AcquiredConns() > 0
+		return trustInUse && stat.AcquiredConns() > 0
 	}
 	return pool.Ping(ctx) == nil
 }

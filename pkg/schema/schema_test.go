@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -458,6 +459,62 @@ func TestReadinessServesOnOpenConnectionsWhileSessionsAreSlowToStart(t *testing.
 	if err := ready.Ready(ctx); err != nil {
 		t.Errorf("Ready once sessions start again = %v, want nil", err)
 	}
+}
+
+// A session slow to start is no answer from PostgreSQL, as a refusal is:
+// a hung server (stopped, its disk stalled) starts none either. With the
+// service's connections all in use, on statements that may be hung as
+// well, nothing shows that it serves: the check is unready, as it was
+// before it gave up on the session at 0.5 s, rather than ready within the
+// prober's second on connections that may never come back (every request
+// sent to it would time out).
+func TestReadinessIsUnreadyWhenSessionsAreSlowToStartAndNoConnectionAnswers(t *testing.T) {
+	ctx := context.Background()
+	pool, hold, release := slowToStart(t)
+	defer release() // before the side pool's Close, which waits for its session
+	side, ready, _ := readyOnItsConnection(t, pool)
+	busy, err := pool.Acquire(ctx) // a request's statement, hung for all the check can tell
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	hold()
+	side.Reset() // the check's connection renewed, as every minute: its new session does not start
+	if err := ready.Ready(ctx); err == nil {
+		t.Error("Ready with the check's session not starting and the pool's one connection in use = nil, want unready")
+	}
+}
+
+// slowToStart is a service's pool of one connection whose new sessions,
+// once hold is called, do not start until release is (a dial held).
+func slowToStart(t *testing.T) (pool *pgxpool.Pool, hold, release func()) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t) + " pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	var held atomic.Bool
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if held.Load() {
+			select {
+			case <-released:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return dial(ctx, network, addr)
+	}
+	pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var once sync.Once
+	release = func() { once.Do(func() { close(released) }) }
+	t.Cleanup(release)
+	return pool, func() { held.Store(true) }, release
 }
 
 // readyOnItsConnection is the readiness of a service on pool
