@@ -331,7 +331,7 @@ func NewReadiness(ctx context.Context, conn *pgxpool.Pool, log *slog.Logger, opt
 // prober's.
 func (r *Readiness) ping(ctx context.Context) error {
 	err := r.probe(ctx)
-	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) && !errors.Is(err, errSessionSlow) &&
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrReadOnly) && !slowToAnswer(err) &&
 		!postgres.SessionRefused(err) {
 		err = r.probe(ctx)
 	}
@@ -374,6 +374,13 @@ func (r *Readiness) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	defer cancel()
 	conn, err := r.conn.Acquire(startCtx)
 	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		if r.conn.Stat().AcquiredConns() > 0 {
+			// The session is there, held by what shares it (a check
+			// its prober gave up on, the replica's lag reading) or
+			// by pgxpool's ping of a connection idle over a second:
+			// PostgreSQL is slow to answer on it, not to start one.
+			return nil, errCheckConnInUse
+		}
 		return nil, errSessionSlow
 	}
 	return conn, err
@@ -389,6 +396,20 @@ const sessionStartWait = 500 * time.Millisecond
 // errSessionSlow is a probe's when PostgreSQL did not give the check its
 // connection within sessionStartWait (acquire).
 var errSessionSlow = fmt.Errorf("PostgreSQL did not start the readiness check's session within %s", sessionStartWait)
+
+// errCheckConnInUse is a probe's when the check's open connection was in
+// use past sessionStartWait (acquire), waiting on PostgreSQL: by an earlier
+// check that outlived its prober (readyTimeout), by export-reader's replica
+// lag reading, or by pgxpool's liveness ping of a connection idle over a
+// second. It is treated as errSessionSlow.
+var errCheckConnInUse = fmt.Errorf("PostgreSQL did not answer on the readiness check's open connection within %s (in use by an earlier check, the replica's lag reading, or pgxpool's liveness ping)", sessionStartWait)
+
+// slowToAnswer reports whether err is acquire's when the check's
+// connection did not come within sessionStartWait, new or in use: no
+// answer from PostgreSQL, neither tried again nor trusted as a refusal.
+func slowToAnswer(err error) bool {
+	return errors.Is(err, errSessionSlow) || errors.Is(err, errCheckConnInUse)
+}
 
 // readyTimeout bounds one check. The check does not end with its caller:
 // a prober that hangs up mid-ping would make pgx close the check's
@@ -430,7 +451,7 @@ func (r *Readiness) Ready(ctx context.Context) error {
 // has a connection that answers. It warns of the refusal or the slowness
 // once a minute while it lasts.
 func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) bool {
-	slow := errors.Is(refused, errSessionSlow)
+	slow := slowToAnswer(refused)
 	if r.serving == nil || !r.current.Load() || !(slow || postgres.SessionRefused(refused)) {
 		return false
 	}
@@ -443,6 +464,11 @@ func (r *Readiness) servesOnOpenConnections(ctx context.Context, refused error) 
 	}
 	now := time.Now().Unix()
 	if last := r.warnedAt.Load(); now-last >= 60 && r.warnedAt.CompareAndSwap(last, now) {
+		if errors.Is(refused, errCheckConnInUse) {
+			r.log.Warn("PostgreSQL is slow to answer on the readiness check's open connection; serving on the connections that answer",
+				"error", refused, "cause", "PostgreSQL (export-reader: READ_DATABASE_URL's) may be overloaded, or a statement it runs waits: pg_stat_activity shows what the sessions wait on")
+			return true
+		}
 		if slow {
 			r.log.Warn("PostgreSQL is slow to start new sessions; serving on the connections opened before",
 				"error", refused, "cause", "PostgreSQL may be out of connection slots (max_connections) with clients retrying theirs, or overloaded: pg_stat_activity shows who holds the sessions")

@@ -485,6 +485,29 @@ func TestReadinessIsUnreadyWhenSessionsAreSlowToStartAndNoConnectionAnswers(t *t
 	}
 }
 
+// The check's connection is shared (export-reader's replica lag reading
+// takes it every second, and a check outlives a prober that gave up on
+// it): one still in use past the wait is no session slow to start, and
+// the WARN says so, naming what holds it, rather than sending on-call to
+// max_connections.
+func TestReadinessSaysItsConnectionWasInUseNotSlowToStart(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t, testenv.PostgresURL(t)+" pool_max_conns=1")
+	side, ready, logged := readyOnItsConnection(t, pool)
+	held, err := side.Acquire(ctx) // a lag reading, or an earlier check, waiting on PostgreSQL
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	if err := ready.Ready(ctx); err != nil {
+		t.Errorf("Ready with its connection in use and the pool's idle one answering = %v, want nil", err)
+	}
+	got := logged.String()
+	if strings.Contains(got, "slow to start new sessions") || !strings.Contains(got, "slow to answer on the readiness check's open connection") {
+		t.Errorf("log = %q, want a WARN that PostgreSQL was slow to answer on the check's open connection, not that sessions are slow to start", got)
+	}
+}
+
 // slowToStart is a service's pool of one connection whose new sessions,
 // once hold is called, do not start until release is (a dial held).
 func slowToStart(t *testing.T) (pool *pgxpool.Pool, hold, release func()) {
