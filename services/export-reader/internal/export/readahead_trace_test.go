@@ -3,6 +3,7 @@ package export
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,6 +97,69 @@ func TestARequestFindingItsPageReadHasNoWaitSpan(t *testing.T) {
 		if s.Name() == "export read-ahead wait" {
 			t.Errorf("a wait span for a page read before its request came")
 		}
+	}
+}
+
+// A wait that ends otherwise than by the read ends its span too: the
+// request's context ended while the page was being read (abandoned), or
+// the reader stopped, which cuts the read (failed). A span started and
+// never ended is never exported, and is held by its processor: after
+// either, every span started has ended.
+func TestAWaitCutShortEndsItsSpan(t *testing.T) {
+	for _, tt := range []struct {
+		name, want string
+		cut        func(r *Reader, cancelRequest context.CancelFunc)
+	}{
+		{"the request ends", "abandoned", func(_ *Reader, cancelRequest context.CancelFunc) { cancelRequest() }},
+		{"the reader stops", "failed", func(r *Reader, _ context.CancelFunc) { r.StopReadingAhead() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
+			r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Hour})}
+			defer r.StopReadingAhead()
+			started, release := make(chan struct{}), make(chan struct{})
+			endRead := sync.OnceFunc(func() { close(release) })
+			defer endRead()
+			fetch := func(ctx context.Context, _ position, _ int) ([]scannedPage, error) {
+				close(started)
+				select {
+				case <-release:
+					return []scannedPage{{body: []byte("{}")}}, nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+			earlier, earlierSpan := tracer.Start(context.Background(), "earlier page")
+			r.ahead.begin(earlier, c, position{ID: "1"}, "1")
+			earlierSpan.End()
+			<-started
+			p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
+			if !ok {
+				t.Fatal("the page being read ahead has no entry")
+			}
+			waiting, cancelRequest := context.WithCancel(context.Background())
+			defer cancelRequest()
+			waiting, waitingSpan := tracer.Start(waiting, "waiting page")
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = r.ahead.use(waiting, p)
+			}()
+			waitForSpanStarted(t, rec, "export read-ahead wait")
+			tt.cut(r, cancelRequest)
+			<-done
+			waitingSpan.End()
+			endRead() // a read the request gave up on goes on: it ends now
+			waitForFreeSlots(t, r.ahead)
+			if got := attr(spanNamed(t, rec, "export read-ahead wait"), "export.read_ahead.result"); got != tt.want {
+				t.Errorf("export.read_ahead.result %q, want %s", got, tt.want)
+			}
+			if started, ended := len(rec.Started()), len(rec.Ended()); started != ended {
+				t.Errorf("%d spans started, %d ended", started, ended)
+			}
+		})
 	}
 }
 
