@@ -131,8 +131,12 @@ type callTold struct {
 
 	mu       sync.Mutex
 	pending  []warnedTransaction
-	outcome  []slog.Attr
 	answered bool
+	// What the call was answered, read by outcome when a line is told:
+	// kept as is, as every call is answered and few have a line to tell.
+	res      Result
+	err      error
+	panicked bool
 }
 
 // call is the callTold of req, called in ctx.
@@ -157,16 +161,42 @@ func (c *callTold) heard(tx warnedTransaction) {
 	c.pending = append(c.pending, tx)
 }
 
-// answer tells of the call's warned transactions, now that its outcome
-// (outcomeOf) is known.
-func (c *callTold) answer(outcome []slog.Attr) {
+// answer tells of the call's warned transactions, now that it is known
+// to have been answered res, err. The line's outcome (outcomeOf) is built
+// only when there is a line to tell: a call with nothing warned, nearly
+// every one, allocates nothing here and formats no error's text.
+func (c *callTold) answer(res Result, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answered, c.outcome = true, outcome
+	c.answered, c.res, c.err = true, res, err
+	c.tellPending()
+}
+
+// answerPanic is answer for a call that panicked, which its caller answers
+// 500.
+func (c *callTold) answerPanic() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answered, c.panicked = true, true
+	c.tellPending()
+}
+
+// tellPending tells of the transactions heard before the call was
+// answered; c.mu is held.
+func (c *callTold) tellPending() {
 	for _, tx := range c.pending {
 		c.cw.tell(c, tx)
 	}
 	c.pending = nil
+}
+
+// outcome is what the call's lines say it did: outcomeOf its answer, or
+// panicked.
+func (c *callTold) outcome() []slog.Attr {
+	if c.panicked {
+		return []slog.Attr{slog.String("outcome", outcomePanicked)}
+	}
+	return outcomeOf(c.res, c.err)
 }
 
 // The outcomes a warned transaction's line gives its call (outcomeOf).
@@ -236,7 +266,7 @@ func (cw *commitWarnings) tell(c *callTold, tx warnedTransaction) {
 	attrs := append([]slog.Attr{slog.String("request_id", requestID(c.ctx)),
 		slog.String("sqlstate", tx.first.Code), slog.String("severity", tx.first.Severity), slog.String("message", tx.first.Message),
 		slog.Bool("writer_sent_cancel", tx.writerSentCancel), slog.Int("transaction_calls", tx.calls),
-		slog.String("transaction", transaction)}, c.outcome...)
+		slog.String("transaction", transaction)}, c.outcome()...)
 	attrs = append(attrs, slog.String("owner_id", c.req.OwnerID), slog.String("operation", string(c.req.Operation)),
 		slog.String("item_id", httpserver.LoggableClientValue(c.req.ItemID)),
 		slog.String("platform_id", c.req.PlatformID),

@@ -232,6 +232,27 @@ func TestOutcomeOfNamesWhatTheCallDid(t *testing.T) {
 	}
 }
 
+// Answering a call that heard no warning, nearly every call, allocates
+// nothing and formats no error's text: its line's outcome (outcomeOf) is
+// built only when there is a line to tell. Executed, failed (an error
+// whose text is formatted on each Error) and refused alike.
+func TestAnsweringACallWithNothingWarnedAllocatesNothing(t *testing.T) {
+	told := newCommitWarnings().call(context.Background(), Request{})
+	for _, c := range []struct {
+		name string
+		res  Result
+		err  error
+	}{
+		{"executed", Result{Status: "sold"}, nil},
+		{"failed", Result{}, &postgres.WarnedError{Warning: postgres.Warning{Code: "57P01", Severity: "WARNING"}, Err: errors.New("unexpected EOF")}},
+		{"refused", Result{}, ErrAlreadySold},
+	} {
+		if allocs := testing.AllocsPerRun(100, func() { told.answer(c.res, c.err) }); allocs != 0 {
+			t.Errorf("%s: answering a call with nothing warned allocates %v times, want 0", c.name, allocs)
+		}
+	}
+}
+
 // A call whose session is terminated (pg_terminate_backend) while its
 // COMMIT waits for a synchronous standby (committed locally: PostgreSQL
 // warns 57P01 and closes the connection) fails with an error naming the

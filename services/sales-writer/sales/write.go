@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/coinexport/export/pkg/postgres"
@@ -85,12 +84,12 @@ func (w *Writer) Execute(ctx context.Context, req Request) (Result, error) {
 	answered := false
 	defer func() {
 		if !answered { // a panic, which the caller answers 500
-			told.answer([]slog.Attr{slog.String("outcome", outcomePanicked)})
+			told.answerPanic()
 		}
 	}()
 	res, err := w.execute(ctx, req, told)
 	answered = true
-	told.answer(outcomeOf(res, err))
+	told.answer(res, err)
 	return res, err
 }
 
