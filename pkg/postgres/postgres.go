@@ -312,6 +312,18 @@ func RolledBack(err error) bool {
 // committed transaction was not). An error without the routine that
 // PostgreSQL names in every error it raises is a pooler's, which may
 // follow a commit, and is not this; nor is another FATAL.
+//
+// It says so only of a transaction committed by the Sync that ends the
+// batch whose answer it replaces (a batch without BEGIN or COMMIT of its
+// own, or a COMMIT sent alone). PostgreSQL handles a pending termination
+// after reading each message (PostgresMain's CHECK_FOR_INTERRUPTS after
+// ReadCommand), so in a batch that carries its own COMMIT the FATAL can
+// come after that COMMIT's answer, before the Sync's ReadyForQuery, and
+// pgx reads it as the batch's error with the COMMIT done (a batch BEGIN,
+// INSERT, COMMIT terminated while its commit slept in commit_delay: the
+// FATAL, and the row there; the same INSERT alone: no error, the row
+// there, and the FATAL read by the connection's next use, whose
+// statements never ran).
 func Terminated(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "57P01" && pgErr.SeverityUnlocalized == "FATAL" && pgErr.Routine != ""

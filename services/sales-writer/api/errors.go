@@ -256,8 +256,9 @@ func (h *handler) unconfirmed(r *http.Request, err error) errorAnswer {
 // unless it was never opened (refused by the system, or no connection
 // slot left), or PostgreSQL ended the session before its commit
 // (postgres.Terminated: pg_terminate_backend on a call waiting for a
-// lock, a fast shutdown), when nothing was applied: "may have been" sent
-// a sales platform reconciling for nothing.
+// lock, a fast shutdown; true of the writer's batches, each one implicit
+// transaction committed at its Sync), when nothing was applied: "may have
+// been" sent a sales platform reconciling for nothing.
 func (h *handler) unreachable(r *http.Request, err error) errorAnswer {
 	if postgres.Terminated(err) {
 		h.log.ErrorContext(r.Context(), "sale store ended the call's session before its commit: "+nothingApplied.logged(), "error", err, postgres.CauseAttr(err))

@@ -263,9 +263,7 @@ type keyHolds struct {
 // PostgreSQL warned is told of (told.heard), its answer unchanged, or its
 // error naming the warning (warnedOf).
 func (w *Writer) underKeyLock(ctx context.Context, req Request, told *callTold, stmt string, args []any, scan func(pgx.Row) error) error {
-	batch := &pgx.Batch{}
-	batch.Queue(keyLockHearingWarnings, req.OwnerID, req.PlatformID, req.IdempotencyKey)
-	batch.Queue(stmt, args...).QueryRow(scan)
+	batch := keyLockBatch(req, stmt, args, scan)
 	var tx warnedTransaction
 	var warned bool
 	err := postgres.AcquireFunc(ctx, w.db, func(conn *pgxpool.Conn) error {
@@ -282,6 +280,18 @@ func (w *Writer) underKeyLock(ctx context.Context, req Request, told *callTold, 
 		told.heard(tx)
 	}
 	return err
+}
+
+// keyLockBatch is underKeyLock's batch: req's key lock, then stmt. Like
+// groupBatch's, it holds no statement of transaction control, so that it
+// is one implicit transaction committed at its Sync, which a FATAL of a
+// terminated session read in its place never follows (postgres.Terminated:
+// with a COMMIT of its own in a batch, one can).
+func keyLockBatch(req Request, stmt string, args []any, scan func(pgx.Row) error) *pgx.Batch {
+	batch := &pgx.Batch{}
+	batch.Queue(keyLockHearingWarnings, req.OwnerID, req.PlatformID, req.IdempotencyKey)
+	batch.Queue(stmt, args...).QueryRow(scan)
+	return batch
 }
 
 // outcome is what explainSQL reports.
