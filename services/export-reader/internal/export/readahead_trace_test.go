@@ -193,7 +193,7 @@ func spanNamed(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.
 func attr(s sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range s.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
@@ -203,7 +203,7 @@ func exceptionMessage(s sdktrace.ReadOnlySpan) string {
 	for _, e := range s.Events() {
 		for _, kv := range e.Attributes {
 			if kv.Key == "exception.message" {
-				return kv.Value.Emit()
+				return kv.Value.String()
 			}
 		}
 	}
