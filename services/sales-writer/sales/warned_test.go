@@ -31,26 +31,12 @@ func TestACallAloneWhoseCommitWaitIsCutIsToldOf(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	primary, admin, owner := primaryAwaitingAStandby(t, "a", "b")
-	for _, c := range []struct {
-		name   string
-		groups int
-		item   string
-	}{
-		{"alone", 0, "a"},
-		{"a group of one", 1, "b"},
-	} {
+	for _, c := range aloneAndInAGroupOfOne {
 		app := "sales-alone-" + c.item
-		db := openRecording(t, primary+" application_name="+app+" synchronous_commit=on client_min_messages=error pool_max_conns=1")
-		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
-		told := tellWarned(w)
 		rec := tracetest.NewSpanRecorder()
 		callCtx, span := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test").Start(ctx, "sale")
-		callCtx = identity.WithContext(callCtx, identity.Identity{RequestID: "req-" + c.item})
-		done := make(chan answer, 1)
-		go func() {
-			res, err := w.Execute(callCtx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
-			done <- answer{res, err}
-		}()
+		told, done := confirmOnAWriterOfItsOwn(t, callCtx,
+			primary+" application_name="+app+" synchronous_commit=on client_min_messages=error pool_max_conns=1", c.groups, owner, c.item)
 		cutCommitWait(t, admin, app)
 		got := answered(t, c.name, done)
 		span.End()
@@ -175,24 +161,9 @@ func TestAWarnedLineSaysWhatItsCallDid(t *testing.T) {
 	if _, err := admin.Exec(ctx, "UPDATE export_items SET sold = true"); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		name   string
-		groups int
-		item   string
-	}{
-		{"alone", 0, "a"},
-		{"a group of one", 1, "b"},
-	} {
+	for _, c := range aloneAndInAGroupOfOne {
 		app := "sales-refused-" + c.item
-		db := openRecording(t, primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
-		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
-		told := tellWarned(w)
-		callCtx := identity.WithContext(ctx, identity.Identity{RequestID: "req-" + c.item})
-		done := make(chan answer, 1)
-		go func() {
-			res, err := w.Execute(callCtx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
-			done <- answer{res, err}
-		}()
+		told, done := confirmOnAWriterOfItsOwn(t, ctx, primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1", c.groups, owner, c.item)
 		cutCommitWait(t, admin, app)
 		if got := answered(t, c.name, done); !errors.Is(got.err, ErrAlreadySold) {
 			t.Errorf("%s: a confirm of a sold item = %+v, %v; want ErrAlreadySold", c.name, got.res, got.err)
@@ -264,24 +235,9 @@ func TestACallWhoseCommitWaitIsTerminatedIsToldOf(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	primary, admin, owner := primaryAwaitingAStandby(t, "a", "b")
-	for _, c := range []struct {
-		name   string
-		groups int
-		item   string
-	}{
-		{"alone", 0, "a"},
-		{"a group of one", 1, "b"},
-	} {
+	for _, c := range aloneAndInAGroupOfOne {
 		app := "sales-terminated-" + c.item
-		db := openRecording(t, primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1")
-		w := NewGroupingWriter(db, time.Hour, c.groups, GroupStats{})
-		told := tellWarned(w)
-		callCtx := identity.WithContext(ctx, identity.Identity{RequestID: "req-" + c.item})
-		done := make(chan answer, 1)
-		go func() {
-			res, err := w.Execute(callCtx, confirmOf(owner, "k-"+c.item, c.item, "o-"+c.item))
-			done <- answer{res, err}
-		}()
+		told, done := confirmOnAWriterOfItsOwn(t, ctx, primary+" application_name="+app+" synchronous_commit=on pool_max_conns=1", c.groups, owner, c.item)
 		terminateCommitWait(t, admin, app)
 		got := answered(t, c.name, done)
 		wantTerminatedInItsCommit(t, c.name, got.err)
@@ -322,6 +278,35 @@ func TestAGroupWhoseCommitWaitIsTerminatedIsToldOf(t *testing.T) {
 // wantTerminatedInItsCommit fails t unless err is what a call whose
 // session was terminated in its commit's wait is answered: a connection
 // lost (postgres.Unreachable) after the warning, which it names, and not
+// aloneAndInAGroupOfOne are the two ways a call commits by itself, each on
+// an item of its own of primaryAwaitingAStandby's: alone
+// (SALES_WRITER_COMMIT_GROUPS=0) and in a group of one.
+var aloneAndInAGroupOfOne = []struct {
+	name   string
+	groups int
+	item   string
+}{
+	{"alone", 0, "a"},
+	{"a group of one", 1, "b"},
+}
+
+// confirmOnAWriterOfItsOwn starts a confirm of owner's item (request id,
+// key and order "req-", "k-" and "o-" and the item) on a writer of its own
+// with groups, on dsn, and returns what the writer tells of warned
+// transactions and the call's answer to come.
+func confirmOnAWriterOfItsOwn(t *testing.T, ctx context.Context, dsn string, groups int, owner, item string) (*warnedTold, <-chan answer) {
+	t.Helper()
+	w := NewGroupingWriter(openRecording(t, dsn), time.Hour, groups, GroupStats{})
+	told := tellWarned(w)
+	callCtx := identity.WithContext(ctx, identity.Identity{RequestID: "req-" + item})
+	done := make(chan answer, 1)
+	go func() {
+		res, err := w.Execute(callCtx, confirmOf(owner, "k-"+item, item, "o-"+item))
+		done <- answer{res, err}
+	}()
+	return told, done
+}
+
 // one that says nothing was done.
 func wantTerminatedInItsCommit(t *testing.T, what string, err error) {
 	t.Helper()
