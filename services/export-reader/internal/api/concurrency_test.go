@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -228,8 +229,9 @@ func TestConcurrentSyncsWithoutOverlapConverge(t *testing.T) {
 	stop := make(chan struct{})
 	var writers sync.WaitGroup
 	writes := make([]int, len(owners))
+	written := make([]atomic.Int64, len(owners))
 	for i, owner := range owners {
-		writers.Go(func() { writes[i] = writeLocked(t, e.pool, owner, items, uint64(i), stop) })
+		writers.Go(func() { writes[i] = writeLocked(t, e.pool, owner, items, uint64(i), stop, &written[i]) })
 	}
 	stopWrites := sync.OnceFunc(func() { close(stop); writers.Wait() })
 	defer stopWrites() // before the pool closes, also when a sync fails
@@ -250,10 +252,25 @@ func TestConcurrentSyncsWithoutOverlapConverge(t *testing.T) {
 		}
 	}
 	var syncs sync.WaitGroup
-	deadline := time.Now().Add(2 * time.Second)
+	// The syncs run 2 s, and on until each owner's items were written
+	// minWrites times meanwhile (30 s at most): on a loaded machine one
+	// owner's writer once wrote once in the 2 s.
+	const minWrites = 10
+	started := time.Now()
+	running := func() bool {
+		if since := time.Since(started); since < 2*time.Second || since > 30*time.Second {
+			return since < 2*time.Second
+		}
+		for i := range written {
+			if written[i].Load() < minWrites {
+				return true
+			}
+		}
+		return false
+	}
 	for _, c := range clients {
 		syncs.Go(func() {
-			for time.Now().Before(deadline) {
+			for running() {
 				next, _, err := c.sync.Sync(ctx, c.next, c.mirror.Upsert)
 				if err != nil {
 					t.Errorf("sync of %s in %s: %v", c.owner, c.sync.Lang, err)
@@ -266,7 +283,7 @@ func TestConcurrentSyncsWithoutOverlapConverge(t *testing.T) {
 	syncs.Wait()
 	stopWrites()
 	for i, n := range writes {
-		if n < 10 {
+		if n < minWrites {
 			t.Fatalf("only %d writes of owner %d ran; the test proves nothing", n, i)
 		}
 	}
@@ -289,7 +306,7 @@ func TestConcurrentSyncsWithoutOverlapConverge(t *testing.T) {
 // writeLocked changes random items of owner until stop, as the real writers
 // do, under the owner's sync lock (catalog.WriterLock): sales confirmed and
 // canceled in one statement each, and re-imports with new texts and status.
-func writeLocked(t *testing.T, pool *pgxpool.Pool, owner string, items int, seed uint64, stop <-chan struct{}) int {
+func writeLocked(t *testing.T, pool *pgxpool.Pool, owner string, items int, seed uint64, stop <-chan struct{}, written *atomic.Int64) int {
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(seed, 3))
 	for n := 0; ; n++ {
@@ -317,6 +334,7 @@ func writeLocked(t *testing.T, pool *pgxpool.Pool, owner string, items int, seed
 			t.Errorf("write %d of %s: %v", n, owner, err)
 			return n
 		}
+		written.Add(1)
 	}
 }
 

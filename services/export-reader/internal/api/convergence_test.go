@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func TestSyncConverges(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var writes int
-	wg.Go(func() { writes = writeLocked(t, e.pool, owner, items, 1, stop) })
+	wg.Go(func() { writes = writeLocked(t, e.pool, owner, items, 1, stop, new(atomic.Int64)) })
 	stopWrites := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	defer stopWrites() // before the pool closes, also when a sync fails
 
