@@ -9,6 +9,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // A request that waits for its page while it is read ahead has a span of
@@ -29,15 +30,7 @@ func TestARequestWaitingForAReadAheadShowsTheWaitAndTheRead(t *testing.T) {
 		<-release // a lock on export_items
 		return nil, lockTimeout
 	}
-	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
-	earlier, earlierSpan := tracer.Start(context.Background(), "earlier page")
-	r.ahead.begin(earlier, c, position{ID: "1"}, "1")
-	earlierSpan.End()
-	<-started
-	p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
-	if !ok {
-		t.Fatal("the page being read ahead has no entry")
-	}
+	p, earlier := pageBeingReadAhead(t, r, tracer, fetch, started)
 	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
 	done := make(chan error, 1)
 	go func() {
@@ -53,7 +46,7 @@ func TestARequestWaitingForAReadAheadShowsTheWaitAndTheRead(t *testing.T) {
 	waitForFreeSlots(t, r.ahead)
 
 	read := spanNamed(t, rec, "export read-ahead")
-	if read.Parent().SpanID() != earlierSpan.SpanContext().SpanID() {
+	if read.Parent().SpanID() != earlier.SpanID() {
 		t.Errorf("the read's span is under span %s, want the page that started it", read.Parent().SpanID())
 	}
 	wait := spanNamed(t, rec, "export read-ahead wait")
@@ -130,15 +123,7 @@ func TestAWaitCutShortEndsItsSpan(t *testing.T) {
 					return nil, ctx.Err()
 				}
 			}
-			c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
-			earlier, earlierSpan := tracer.Start(context.Background(), "earlier page")
-			r.ahead.begin(earlier, c, position{ID: "1"}, "1")
-			earlierSpan.End()
-			<-started
-			p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
-			if !ok {
-				t.Fatal("the page being read ahead has no entry")
-			}
+			p, _ := pageBeingReadAhead(t, r, tracer, fetch, started)
 			waiting, cancelRequest := context.WithCancel(context.Background())
 			defer cancelRequest()
 			waiting, waitingSpan := tracer.Start(waiting, "waiting page")
@@ -208,4 +193,22 @@ func exceptionMessage(s sdktrace.ReadOnlySpan) string {
 		}
 	}
 	return ""
+}
+
+// pageBeingReadAhead starts r reading ahead the page after item "1" with
+// fetch, under the span of an earlier page's request of tracer, and
+// returns that page once fetch has started (started closed), with the
+// earlier request's span.
+func pageBeingReadAhead(t *testing.T, r *Reader, tracer trace.Tracer, fetch fetchFunc, started <-chan struct{}) (*aheadPage, trace.SpanContext) {
+	t.Helper()
+	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+	earlier, earlierSpan := tracer.Start(context.Background(), "earlier page")
+	r.ahead.begin(earlier, c, position{ID: "1"}, "1")
+	earlierSpan.End()
+	<-started
+	p, ok := r.ahead.take(aheadKey{cursor: "1", lang: "ENG", limit: 100})
+	if !ok {
+		t.Fatal("the page being read ahead has no entry")
+	}
+	return p, earlierSpan.SpanContext()
 }
