@@ -212,6 +212,28 @@ func TestClientsOwnRequestIDIsShown(t *testing.T) {
 	}
 }
 
+// The trace id of a client's own traceparent is shown on the gateway's
+// server span: the gateway starts a trace of its own, and a client's
+// tracing shows only its id.
+func TestClientsOwnTraceIDIsShown(t *testing.T) {
+	sp := Span{Kind: "SPAN_KIND_SERVER", Attributes: map[string]string{"http.route": "GET /v1/export/items",
+		"http.response.status_code": "200", "app.client_trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}}
+	if got := interesting(sp); !strings.Contains(got, "app.client_trace_id=4bf92f3577b34da6a3ce929d0e0e4736") {
+		t.Errorf("interesting(%+v) = %q, want the client's own trace id", sp, got)
+	}
+}
+
+// How a list page's read ahead ended is shown on the span of a request
+// that waited for it: a page that took seconds shows why (a read that
+// failed, or one left unread) without opening the span.
+func TestHowAWaitedForReadAheadEndedIsShown(t *testing.T) {
+	sp := Span{Kind: "SPAN_KIND_INTERNAL", Name: "export read-ahead wait",
+		Attributes: map[string]string{"export.read_ahead.result": "failed"}}
+	if got := interesting(sp); got != "export.read_ahead.result=failed" {
+		t.Errorf("interesting(%+v) = %q, want how the read ended", sp, got)
+	}
+}
+
 // A value a client chose is printed on one line, its control characters
 // escaped: an item id decoded from %0A%1B[2J forges no line of the tree
 // and clears no terminal.

@@ -105,19 +105,21 @@ func LinkTargets(spans []Span) map[string]bool {
 
 // interestingAttrs are the attributes an SRE reads first, in the order
 // shown: the outcome and why (a 401's auth failure, the part of a request
-// the gateway could not read), who called (and the id it gave the call
-// itself, an X-Request-Id of its own), what the call was about (item,
+// the gateway could not read), who called (and the ids it gave the call
+// itself: an X-Request-Id of its own, its traceparent's trace id), what the call was about (item,
 // order, key, replay, whether a failed sale was applied), which limit
-// refused it, how many calls a sale's commit group held, which instance answered (server.*, on proxy and client
+// refused it, how many calls a sale's commit group held, whether a list
+// page was read ahead and, on a request that waited for its read, how the
+// read ended, which instance answered (server.*, on proxy and client
 // spans) and, on a client span, the URL it called (never secret: the
 // shop's key goes in a header).
 var interestingAttrs = []string{"http.response.status_code", "http.status_code", "app.error_code", "app.auth_failure",
 	"app.unread_reason", "error.type", "app.cancel_reason", "app.cancel_cause", "app.rate_limit.class",
 	"app.rate_limit.batch.decisions", "app.rate_limit.batch.traced_requests", "app.commit_group.calls",
 	"app.commit_group.traced_calls", "owner.id", "api_key.id", "platform.id",
-	"app.client_request_id", "app.item_id",
+	"app.client_request_id", "app.client_trace_id", "app.item_id",
 	"app.external_order_id", "app.idempotency_key", "app.idempotent_replay", "app.sale_applied", "server.address", "server.port",
-	"url.full", "db.operation.name", "export.read_ahead"}
+	"url.full", "db.operation.name", "export.read_ahead", "export.read_ahead.result"}
 
 // interesting picks sp's status, when one was set, then its
 // interestingAttrs, and the path of a server span that matched no route: a

@@ -361,7 +361,7 @@ func (p *aheadPage) spent(ttl time.Duration) bool {
 // A request that finds its page still being read waits under a span of its
 // own, "export read-ahead wait", linked to the read's span (in the trace of
 // the request that started it) and saying how the read ended
-// (export.read_ahead.result, the read's error as an exception). Without it a
+// (export.read_ahead.result, a failed read's error as an exception). Without it a
 // request that waited out a read stuck behind a lock showed its server span
 // 10 s long, 9 s of it in no span, and then its own statement timed out in
 // the second left.
@@ -372,7 +372,9 @@ func (ra *readAhead) use(ctx context.Context, p *aheadPage) (bool, error) {
 	}
 	result, hit := ra.outcome(ctx, p)
 	if wait != nil {
-		if p.err != nil {
+		// An unread page is no failure: no slot was free, or the replica
+		// was behind, and the request reads it itself. The result says so.
+		if p.err != nil && result != "unread" {
 			wait.RecordError(p.err)
 		}
 		wait.SetAttributes(attribute.String("export.read_ahead.result", result))

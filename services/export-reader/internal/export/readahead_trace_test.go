@@ -30,7 +30,7 @@ func TestARequestWaitingForAReadAheadShowsTheWaitAndTheRead(t *testing.T) {
 		<-release // a lock on export_items
 		return nil, lockTimeout
 	}
-	p, earlier := pageBeingReadAhead(t, r, tracer, fetch, started)
+	p, earlier := pageBeingReadAhead(t, r, tracer, readingWith(fetch), started)
 	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
 	done := make(chan error, 1)
 	go func() {
@@ -65,6 +65,47 @@ func TestARequestWaitingForAReadAheadShowsTheWaitAndTheRead(t *testing.T) {
 	}
 }
 
+// A request that waits for a page the read-ahead left unread (the replica
+// was found behind, so the request reads the page itself under its own
+// check) shows result unread and no exception: nothing failed, and an
+// exception there sends an SRE looking for an error that did not happen.
+func TestAWaitForAPageLeftUnreadRecordsNoError(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
+	r := &Reader{ahead: newReadAhead(ReadAhead{Pages: 4, TTL: time.Minute, Reads: 1, Timeout: time.Hour})}
+	started, release := make(chan struct{}), make(chan struct{})
+	c := readingWith(func(context.Context, position, int) ([]scannedPage, error) {
+		t.Error("a page read ahead from a replica found behind")
+		return nil, nil
+	})
+	c.fresh = func() error {
+		close(started)
+		<-release
+		return errors.New("replica: 12 s behind")
+	}
+	p, _ := pageBeingReadAhead(t, r, tracer, c, started)
+	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.ahead.use(waiting, p)
+		done <- err
+	}()
+	waitForSpanStarted(t, rec, "export read-ahead wait")
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("use: %v", err)
+	}
+	waitingSpan.End()
+	waitForFreeSlots(t, r.ahead)
+	wait := spanNamed(t, rec, "export read-ahead wait")
+	if got := attr(wait, "export.read_ahead.result"); got != "unread" {
+		t.Errorf("export.read_ahead.result %q, want unread", got)
+	}
+	if got := exceptionMessage(wait); got != "" {
+		t.Errorf("the wait of a page left unread records the exception %q, want none", got)
+	}
+}
+
 // A request whose page was read before it came has no wait span: a span
 // for every page would cost each page served from memory.
 func TestARequestFindingItsPageReadHasNoWaitSpan(t *testing.T) {
@@ -74,7 +115,7 @@ func TestARequestFindingItsPageReadHasNoWaitSpan(t *testing.T) {
 	fetch := func(context.Context, position, int) ([]scannedPage, error) {
 		return []scannedPage{{body: []byte("{}")}}, nil
 	}
-	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+	c := readingWith(fetch)
 	ctx, span := tracer.Start(context.Background(), "earlier page")
 	r.ahead.begin(ctx, c, position{ID: "1"}, "1")
 	span.End()
@@ -123,7 +164,7 @@ func TestAWaitCutShortEndsItsSpan(t *testing.T) {
 					return nil, ctx.Err()
 				}
 			}
-			p, _ := pageBeingReadAhead(t, r, tracer, fetch, started)
+			p, _ := pageBeingReadAhead(t, r, tracer, readingWith(fetch), started)
 			waiting, cancelRequest := context.WithCancel(context.Background())
 			defer cancelRequest()
 			waiting, waitingSpan := tracer.Start(waiting, "waiting page")
@@ -195,13 +236,17 @@ func exceptionMessage(s sdktrace.ReadOnlySpan) string {
 	return ""
 }
 
-// pageBeingReadAhead starts r reading ahead the page after item "1" with
-// fetch, under the span of an earlier page's request of tracer, and
-// returns that page once fetch has started (started closed), with the
-// earlier request's span.
-func pageBeingReadAhead(t *testing.T, r *Reader, tracer trace.Tracer, fetch fetchFunc, started <-chan struct{}) (*aheadPage, trace.SpanContext) {
+// readingWith is a chain of 100-item ENG pages that reads them with fetch.
+func readingWith(fetch fetchFunc) *chain {
+	return &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
+}
+
+// pageBeingReadAhead starts r reading ahead the page after item "1" on c,
+// under the span of an earlier page's request of tracer, and returns that
+// page once its read has started (started closed), with the earlier
+// request's span.
+func pageBeingReadAhead(t *testing.T, r *Reader, tracer trace.Tracer, c *chain, started <-chan struct{}) (*aheadPage, trace.SpanContext) {
 	t.Helper()
-	c := &chain{fetch: fetch, cursor: func(p position) string { return p.ID }, lang: "ENG", limit: 100}
 	earlier, earlierSpan := tracer.Start(context.Background(), "earlier page")
 	r.ahead.begin(earlier, c, position{ID: "1"}, "1")
 	earlierSpan.End()
