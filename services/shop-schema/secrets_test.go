@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,6 +122,23 @@ func TestKeyNeverLeaks(t *testing.T) {
 				return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{" + strings.Join(lists, ",") + "}"
 			}
 		}, "shop_bad_response"},
+		// Go quotes what does not parse with strconv.Quote, which writes a
+		// key's control characters, quotes and backslashes escaped (\x7f,
+		// \t, \"): a key holding one, written back in a header line that
+		// does not parse or in a Location that does not, reached the
+		// "shop call failed" line in that form, which no match of the key
+		// as sent found.
+		{"header line echoing a key with a control character", "LEAKCANARY0123\x7f456789LEAKCANARY", func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string { return "HTTP/1.1 500 Internal Server Error\r\nX-Echo: " + key }
+		}, "shop_bad_response"},
+		{"redirect echoing a key with a tab in its Location", "LEAKCANARY0123\t456789LEAKCANARY", func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string {
+				return "HTTP/1.1 302 Found\r\nContent-Length: 0\r\nLocation: " + s.URL() + "/api/?x=" + key
+			}
+		}, "shop_unreachable"},
+		{"header line echoing a key with a quote", `LEAKCANARY0123"456789\LEAKCANARY`, func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string { return "HTTP/1.1 500 Internal Server Error\r\nX-Echo: " + key + "\x01" }
+		}, "shop_bad_response"},
 		// PSWS-Version is the shop's to write, and goes into the answer
 		// and the "shop schema read" line: a shop that writes the key back
 		// there. A PrestaShop key is 32 characters, which did not fit the
@@ -169,7 +187,11 @@ func TestKeyNeverLeaks(t *testing.T) {
 			all.Write(env.Data)
 			all.WriteString(metricsText(t, svc.metrics)) // no metric label either (issue 6)
 			basic := strings.TrimPrefix(basicHeader(tt.key), "Basic ")
-			for _, secret := range []string{tt.key, basic, strings.ToLower(tt.key), percentEncoded(tt.key)} {
+			// The key as Go quotes it, and that as the JSON log line writes it.
+			quoted := strconv.Quote(tt.key)
+			quoted = quoted[1 : len(quoted)-1]
+			inLog := strconv.Quote(quoted)
+			for _, secret := range []string{tt.key, basic, strings.ToLower(tt.key), percentEncoded(tt.key), quoted, inLog[1 : len(inLog)-1]} {
 				if strings.Contains(all.String(), secret) {
 					t.Errorf("logs, spans, metrics or the answer contain the key (%q)", secret)
 				}

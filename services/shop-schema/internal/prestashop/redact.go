@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -169,12 +171,37 @@ func HoldsKey(s, key string) bool {
 	if key == "" {
 		return false
 	}
-	lowerKey, lowerCredential := strings.ToLower(key), strings.ToLower(basicCredential(key))
+	forms := secretForms(key)
+	for i, form := range forms {
+		forms[i] = strings.ToLower(form)
+	}
 	return percent.HoldsDecoded(s, maxDecodings, func(s string) bool {
 		lower := strings.ToLower(s)
-		return strings.Contains(lower, lowerKey) || strings.Contains(lower, lowerCredential)
+		return slices.ContainsFunc(forms, func(form string) bool { return strings.Contains(lower, form) })
 	})
 }
+
+// secretForms are the texts that are the key: the key, the Basic
+// credential it is sent as, and, for a key holding what Go escapes when it
+// quotes (a control character, '"', a backslash, a character that is not
+// printable), the key as strconv.Quote writes it, once and twice, and in
+// ASCII: net/http and net/url quote what a shop sent that does not parse
+// (a header line, a Location), and a key written back there reached the
+// error's text escaped (\x7f, \t, \"), where the key as sent is not
+// found. Quoted twice: a quoted text quoted again, as a JSON log line
+// writes it.
+func secretForms(key string) []string {
+	forms := []string{key, basicCredential(key)}
+	for _, quote := range []func(string) string{strconv.Quote, strconv.QuoteToASCII} {
+		once := unquoted(quote(key))
+		forms = append(forms, once, unquoted(quote(once)))
+	}
+	slices.Sort(forms)
+	return slices.Compact(forms)
+}
+
+// unquoted is a quoted string without its surrounding quotes.
+func unquoted(quoted string) string { return quoted[1 : len(quoted)-1] }
 
 // maxDecodings is how many more times HoldsKey %-decodes a text.
 const maxDecodings = 3
@@ -260,7 +287,10 @@ func replaceKey(s, key string) string {
 	if key == "" {
 		return s
 	}
-	for _, secret := range []string{key, basicCredential(key)} {
+	// The longest first: a key quoted twice holds it quoted once.
+	forms := secretForms(key)
+	slices.SortFunc(forms, func(a, b string) int { return len(b) - len(a) })
+	for _, secret := range forms {
 		// A regular expression only where the secret is: every URL a
 		// span records comes through here, and almost none holds it.
 		if strings.Contains(strings.ToLower(s), strings.ToLower(secret)) {
