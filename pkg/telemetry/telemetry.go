@@ -7,8 +7,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -60,6 +62,9 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string, 
 	}
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	if export {
+		if err := checkOTLPSettings(getenv); err != nil {
+			return nil, err
+		}
 		exporter, err := newExporter(ctx, getenv)
 		if err != nil {
 			return nil, err
@@ -123,6 +128,63 @@ func warnOfOtherPropagators(getenv func(string) string, log *slog.Logger) {
 			log.Warn("OTEL_PROPAGATORS ignored: only tracecontext and baggage are propagated", "propagator", p)
 		}
 	}
+}
+
+// checkOTLPSettings refuses the OTLP headers and endpoints the exporter
+// could not read. The SDK reads them itself, and writes one that does not
+// parse whole, with its own logger, to stderr ("parse headers"
+// "input"="authorization: Bearer …", "escape header value", "parse url"
+// "input"="https://user:password@…"), then exports without that header, or
+// to localhost for that endpoint: the credentials these settings carry
+// reached the log, and the spans went nowhere. The error names the
+// variable and the entry, never its text.
+func checkOTLPSettings(getenv func(string) string) error {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		for i, entry := range strings.Split(strings.TrimSpace(getenv(name)), ",") {
+			if problem := headerProblem(entry); problem != "" {
+				return fmt.Errorf("telemetry: %s: entry %d %s, as key=value with the value %%-encoded (such as authorization=Bearer%%20TOKEN); the setting is not shown, as it may hold credentials", name, i+1, problem)
+			}
+		}
+	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		if _, err := url.Parse(strings.TrimSpace(getenv(name))); err != nil {
+			return fmt.Errorf("telemetry: %s must be a URL, such as http://collector:4318 (a %% written as %%25); it is not shown, as it may hold credentials", name)
+		}
+	}
+	return nil
+}
+
+// headerProblem says what is wrong with one key=value entry of an OTLP
+// headers setting, as the SDK reads it, "" when nothing is (or the entry is
+// blank, which the SDK skips and which holds nothing to hide).
+func headerProblem(entry string) string {
+	if strings.TrimSpace(entry) == "" {
+		return ""
+	}
+	key, value, found := strings.Cut(entry, "=")
+	switch {
+	case !found:
+		return "has no '='"
+	case !isHeaderName(strings.TrimSpace(key)):
+		return "has a key that is no header name"
+	}
+	if _, err := url.PathUnescape(value); err != nil {
+		return "has a value with a '%' that is not followed by two hex digits"
+	}
+	return ""
+}
+
+// isHeaderName reports whether s is an HTTP header name (RFC 9110 token).
+func isHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c > unicode.MaxASCII || !(unicode.IsLetter(c) || unicode.IsDigit(c) || strings.ContainsRune("!#$%&'*+-.^_`|~", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // flushTimeout bounds the last flush of spans when a process stops: with a

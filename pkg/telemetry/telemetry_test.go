@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/testenv"
+	"github.com/go-logr/logr/funcr"
 	"go.opentelemetry.io/otel"
 )
 
@@ -238,5 +240,61 @@ func TestTracingVariablesWrittenWrongAreWarnedOf(t *testing.T) {
 	}
 	if got := envconfig.Misspelt(environ, Names); !slices.Equal(got, want) {
 		t.Errorf("Misspelt = %v, want %v", got, want)
+	}
+}
+
+// OTLP headers carry a collector's credentials (authorization=Bearer …,
+// a vendor's API key), and an endpoint may carry user info. The SDK reads
+// these variables itself and, when one does not parse, writes it whole
+// with its own logger to stderr ("parse headers" "input"="authorization:
+// Bearer …", "escape header value" "value"=…, "parse url" "input"=…),
+// then goes on without the header, or without the endpoint, exporting to
+// localhost. Such a setting stops the start instead, named and not quoted,
+// and nothing of it is written anywhere.
+func TestOTLPSettingsThatDoNotParseStopTheStartUnquoted(t *testing.T) {
+	const secret = "OtlpSecretCanary"
+	for _, tc := range []struct{ name, value, want string }{
+		{"OTEL_EXPORTER_OTLP_HEADERS", "authorization: Bearer " + secret, "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"OTEL_EXPORTER_OTLP_HEADERS", "x-team=a%2Cb,authorization=Bearer%20" + secret + "%zz", "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"OTEL_EXPORTER_OTLP_TRACES_HEADERS", "authorization=" + secret + "%", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"},
+		{"OTEL_EXPORTER_OTLP_HEADERS", secret + " key=x", "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:" + secret + "@127.0.0.1:4318/%zz", "OTEL_EXPORTER_OTLP_ENDPOINT"},
+		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:" + secret + "@127.0.0.1:4318/v1/traces%", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", tc.name: tc.value}
+			for name, value := range env {
+				t.Setenv(name, value) // the SDK reads the process environment itself
+			}
+			var sdkLog, log bytes.Buffer
+			// The SDK's own logger (stderr by default), every level.
+			otel.SetLogger(funcr.New(func(prefix, args string) { sdkLog.WriteString(prefix + args + "\n") }, funcr.Options{Verbosity: 8}))
+			shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.NewJSONHandler(&log, nil)))
+			if err == nil {
+				shutdown(context.Background())
+				t.Errorf("Setup(%s=%q) = nil error, want one naming %s", tc.name, tc.value, tc.want)
+			} else if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Setup(%s=%q) = %v, want an error naming %s", tc.name, tc.value, err, tc.want)
+			}
+			for what, text := range map[string]string{"the error": fmt.Sprint(err), "the log": log.String(), "stderr": sdkLog.String()} {
+				if strings.Contains(text, secret) {
+					t.Errorf("%s holds the setting's secret: %s", what, text)
+				}
+			}
+		})
+	}
+}
+
+// A well-formed header list still starts (what the check above refuses
+// is only what the SDK cannot read).
+func TestOTLPHeadersWellFormedStart(t *testing.T) {
+	for _, value := range []string{"", "authorization=Bearer%20abc", "a=1, b = x%2Cy ,c=", "api-key=abc=="} {
+		env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_HEADERS": value}
+		shutdown, err := Setup(context.Background(), func(name string) string { return env[name] }, "test", slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Errorf("Setup(OTEL_EXPORTER_OTLP_HEADERS=%q) = %v, want nil", value, err)
+			continue
+		}
+		shutdown(context.Background())
 	}
 }
