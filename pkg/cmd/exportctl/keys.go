@@ -58,6 +58,9 @@ func keyCreate(ctx context.Context, e *env, args []string) error {
 	if err := required(fs, "owner", "scope"); err != nil {
 		return err
 	}
+	if err := refuseKeys(fs, "name"); err != nil {
+		return err
+	}
 	scopes, err := parseScopes(*scopeList)
 	if err != nil {
 		return err

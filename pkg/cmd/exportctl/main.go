@@ -94,6 +94,20 @@ var keyLike = regexp.MustCompile(`(?i)cx[raw][-_ ](?:[^"\\]|\\.)*`)
 // is looked for (apikey.ContainsUntaggedKey).
 var letterRun = regexp.MustCompile(`[0-9A-Za-z]{` + strconv.Itoa(apikey.Len-len(apikey.TagRead)) + `,}`)
 
+// refuseKeys refuses the values of the named flags that hold an API key's
+// secret (apikey.ContainsKeySecret: the key, without its tag, its checksum
+// cut short): what they name (an owner's name, a platform's id and name, a
+// key's label) is stored and printed in the clear, a platform id in every
+// sale's answer and log line too, and a key is stored only as its hash.
+func refuseKeys(fs *flag.FlagSet, names ...string) error {
+	for _, name := range names {
+		if apikey.ContainsKeySecret(fs.Lookup(name).Value.String()) {
+			return fmt.Errorf("%w: --%s holds an API key, which is never stored in the clear: nothing created; revoke that key (exportctl key revoke -): it was typed on a command line", errUsage, name)
+		}
+	}
+	return nil
+}
+
 // redactKeys hides every key in an error message before it is printed: an
 // error quotes the argument it refuses, and an administrator may have given
 // a key where an id belongs ("key list --owner cxr_…"). Spec 5: keys are

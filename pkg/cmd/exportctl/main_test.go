@@ -1407,3 +1407,40 @@ func TestListsFailWhenTheirLinesCannotBeWritten(t *testing.T) {
 		}
 	}
 }
+
+// A key pasted where a name or a platform id belongs (the wrong field of a
+// form, a clipboard still holding it) is refused, not stored: names and
+// platform ids are kept and printed in the clear (owner list, key list, a
+// platform id in every sale's answer and log line), and keys are stored
+// only as their hash. Its tag off or its checksum cut short, it is the
+// secret all the same.
+func TestKeysAreNotStoredAsNamesOrPlatformIDs(t *testing.T) {
+	dsn := testenv.PostgresURL(t)
+	owner, key := newReadKey(t, dsn)
+	secret := key.Key[strings.IndexByte(key.Key, '_')+1:]
+	for _, args := range [][]string{
+		{"owner", "create", "--name", key.Key},
+		{"owner", "create", "--name", "Coins " + secret},
+		{"platform", "create", "--id", key.Key[:len(key.Key)-2]},
+		{"platform", "create", "--id", "market", "--name", key.Key},
+		{"key", "create", "--owner", owner.ID, "--scope", "export:read", "--name", "old " + key.Key},
+	} {
+		err := cli(t, dsn, "", nil, args...)
+		if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "holds an API key") {
+			t.Errorf("exportctl %s = %v, want a usage error saying it holds an API key", redactKeys(strings.Join(args, " ")), err)
+		}
+	}
+	var stored string
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(context.Background(),
+		`SELECT coalesce(string_agg(name, ' '), '') FROM (SELECT name FROM owners UNION ALL SELECT id || ' ' || name FROM platforms UNION ALL SELECT name FROM api_keys) t`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if apikey.ContainsKeySecret(stored) {
+		t.Errorf("owners, platforms or api_keys hold the key in the clear: %s", redactKeys(stored))
+	}
+}

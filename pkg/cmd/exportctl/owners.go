@@ -67,6 +67,9 @@ func ownerCreate(ctx context.Context, e *env, args []string) error {
 	if err := required(fs, "name"); err != nil {
 		return err
 	}
+	if err := refuseKeys(fs, "name"); err != nil {
+		return err
+	}
 	// The table's check (1 to 200 characters), said in the administrator's
 	// terms; a name of spaces only names nobody.
 	if n := utf8.RuneCountInString(*name); n > maxOwnerName || strings.TrimSpace(*name) == "" {
@@ -89,6 +92,9 @@ func platformCreate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if err := required(fs, "id"); err != nil {
+		return err
+	}
+	if err := refuseKeys(fs, "id", "name"); err != nil {
 		return err
 	}
 	if _, err := e.pool.Exec(ctx, "INSERT INTO platforms (id, name) VALUES ($1, $2)", *id, *name); err != nil {
