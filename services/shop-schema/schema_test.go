@@ -810,6 +810,11 @@ func TestSchemaInput(t *testing.T) {
 		{"ws_key empty", `{"base_url":"https://shop.example.com","ws_key":""}`, "missing_ws_key"},
 		{"ws_key blank", `{"base_url":"https://shop.example.com","ws_key":"  "}`, "missing_ws_key"},
 		{"ws_key number", `{"base_url":"https://shop.example.com","ws_key":12}`, "missing_ws_key"},
+		{"ws_key with a line break", `{"base_url":"https://shop.example.com","ws_key":"K\r\nX: y"}`, "invalid_body"},
+		{"ws_key with a NUL", `{"base_url":"https://shop.example.com","ws_key":"K\u0000L"}`, "invalid_body"},
+		{"ws_key with a tab", `{"base_url":"https://shop.example.com","ws_key":"K\tL"}`, "invalid_body"},
+		{"ws_key with a DEL", `{"base_url":"https://shop.example.com","ws_key":"K\u007fL"}`, "invalid_body"},
+		{"ws_key with a C1 control", `{"base_url":"https://shop.example.com","ws_key":"K\u0085L"}`, "invalid_body"},
 		// base_url is checked first, whatever is wrong with ws_key.
 		{"http, ws_key missing", `{"base_url":"http://shop.example.com"}`, "base_url_must_be_https"},
 		{"http, ws_key number", `{"base_url":"http://shop.example.com","ws_key":12}`, "base_url_must_be_https"},
@@ -856,6 +861,7 @@ func TestInputErrorMessages(t *testing.T) {
 		{"key as a property name", `{"base_url":"https://shop.example.com","ws_key":"x","` + key + `":1}`, "invalid_body", "unknown property in the body; allowed: base_url, ws_key"},
 		{"key twice", `{"base_url":"https://shop.example.com","ws_key":"` + key + `","ws_key":"` + key + `"}`, "invalid_body", "a property appears twice in the body"},
 		{"key with a lone surrogate", `{"base_url":"https://shop.example.com","ws_key":"` + key + `\ud800"}`, "invalid_body", surrogate},
+		{"key with a line break", `{"base_url":"https://shop.example.com","ws_key":"` + key[:16] + `\r\n` + key[16:] + `"}`, "invalid_body", "ws_key must not hold a control character (a line break, a tab, a NUL): no webservice key does"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -123,17 +123,18 @@ func TestKeyNeverLeaks(t *testing.T) {
 			}
 		}, "shop_bad_response"},
 		// Go quotes what does not parse with strconv.Quote, which writes a
-		// key's control characters, quotes and backslashes escaped (\x7f,
-		// \t, \"): a key holding one, written back in a header line that
-		// does not parse or in a Location that does not, reached the
-		// "shop call failed" line in that form, which no match of the key
-		// as sent found.
-		{"header line echoing a key with a control character", "LEAKCANARY0123\x7f456789LEAKCANARY", func(s *fakeshop.Shop) {
-			s.StatusLine = func(key string) string { return "HTTP/1.1 500 Internal Server Error\r\nX-Echo: " + key }
+		// key's quotes, backslashes and characters that are not printable
+		// escaped (\", \\, \u2028): a key holding one, written back in a
+		// header line that does not parse or in a Location that does not,
+		// reached the "shop call failed" line in that form, which no match
+		// of the key as sent found. (A control character, which Go escapes
+		// too, is refused with the body: TestSchemaInput.)
+		{"header line echoing a key with a line separator", "LEAKCANARY0123\u2028456789LEAKCANARY", func(s *fakeshop.Shop) {
+			s.StatusLine = func(key string) string { return "HTTP/1.1 500 Internal Server Error\r\nX-Echo: " + key + "\x01" }
 		}, "shop_bad_response"},
-		{"redirect echoing a key with a tab in its Location", "LEAKCANARY0123\t456789LEAKCANARY", func(s *fakeshop.Shop) {
+		{"redirect echoing a key with a quote in a Location that does not parse", `LEAKCANARY0123"456789LEAKCANARY`, func(s *fakeshop.Shop) {
 			s.StatusLine = func(key string) string {
-				return "HTTP/1.1 302 Found\r\nContent-Length: 0\r\nLocation: " + s.URL() + "/api/?x=" + key
+				return "HTTP/1.1 302 Found\r\nContent-Length: 0\r\nLocation: https://shop example.com/api/?x=" + key
 			}
 		}, "shop_unreachable"},
 		{"header line echoing a key with a quote", `LEAKCANARY0123"456789\LEAKCANARY`, func(s *fakeshop.Shop) {

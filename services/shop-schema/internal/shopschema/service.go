@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/percent"
@@ -88,6 +89,13 @@ func (s *Service) Read(ctx context.Context, req Request) (*Result, error) {
 	}
 	if len(key) > maxKeyLength {
 		return nil, &InputError{CodeInvalidBody, "ws_key is too long"}
+	}
+	if strings.ContainsFunc(key, unicode.IsControl) {
+		// No webservice key holds one, and one in the key's middle hid it
+		// from the redaction of what a shop echoes: a header line ends at
+		// a line break, so a shop writing the key back in one quoted only
+		// the part before it, and Go quotes the rest escaped (\x00).
+		return nil, &InputError{CodeInvalidBody, "ws_key must not hold a control character (a line break, a tab, a NUL): no webservice key does"}
 	}
 	if apikey.ContainsKeySecret(key) {
 		// The two keys mixed up: sent, ours would reach the shop's server
