@@ -248,6 +248,7 @@ stop_all() {
   trap - EXIT
   trap stop_now INT TERM
   stopping=1
+  [ -z "${tick:-}" ] || kill "$tick" 2>/dev/null || true
   log "stopping"
   # Newest first, one at a time, each told once (a second signal would end
   # it at once): the gateway drains while the services still answer, and
@@ -437,11 +438,37 @@ cat <<MSG
 MSG
 
 # Stay in the foreground until a process dies or the user presses Ctrl-C.
-exited= status=0
+# A binary killed by a signal before bash waits for it is no job of bash's
+# any more (bash reaps it, reports "Killed" and forgets the job), and
+# wait -n names it "no such job" and waits on for the others: a binary
+# killed while the rest started (kill -9, the OOM killer) left make run up
+# without it. So every binary is looked at before each wait (first_gone),
+# and each wait ends after at most 2 s (a tick) to look again. The wait's
+# stderr is dropped: bash's own report of a kill, which the line below
+# gives in the script's words.
+exited= status=0 tick=
+first_gone() {
+  local pid
+  for pid in "${pids[@]}"; do
+    if stopped "$pid"; then
+      exited=$pid
+      wait "$pid" 2>/dev/null || status=$? # bash keeps its status, job or not
+      return 0
+    fi
+  done
+  return 1
+}
 if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then
-  wait -n -p exited "${pids[@]}" || status=$?
+  until first_gone; do
+    sleep 2 &
+    tick=$!
+    wait -n -p exited "${pids[@]}" "$tick" 2>/dev/null || status=$?
+    [ "${exited:-}" = "$tick" ] || break
+    exited= status=0 tick=
+  done
+  [ -z "$tick" ] || kill "$tick" 2>/dev/null || true
 else # wait -p is bash 5.1's: without it, which process exited is not known
-  wait -n "${pids[@]}" || status=$?
+  wait -n "${pids[@]}" 2>/dev/null || status=$?
 fi
 name=${exited:+${names[$exited]:-}}
 # The binaries end with status 0 only when signalled, and Ctrl-C reaches

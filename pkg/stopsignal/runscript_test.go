@@ -895,6 +895,38 @@ func TestRunScriptStopsWhatAKilledOneLeftRunning(t *testing.T) {
 	}
 }
 
+// A binary killed (SIGKILL: an operator's kill -9, the OOM killer) stops
+// make run, which names it with its status, whether it was killed while
+// the rest started or once the stack was up. Killed during the start, it
+// was reaped and forgotten by bash before the script waited for it
+// ("wait: 27536: no such job"), and make run stayed up without it.
+func TestRunScriptStopsWhenABinaryIsKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	for _, tt := range []struct{ name, killAfter string }{
+		{"while the rest start", "gateway started"},
+		{"once the stack is up", "Ctrl-C stops everything."},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := startRunScript(t, "")
+			s.waitFor(t, tt.killAfter)
+			pid := readPid(filepath.Join(s.stubs, "sales-writer.pid"))
+			if !alive(pid) {
+				t.Fatalf("sales-writer's stand-in (pid %d) does not run", pid)
+			}
+			must(t, syscall.Kill(pid, syscall.SIGKILL))
+			s.waitFor(t, "sales-writer exited (status 137)")
+			s.waitExit(t)
+			if left := s.left(); len(left) > 0 {
+				t.Errorf("make run stopped after a binary was killed and left %v running", left)
+			}
+		})
+	}
+}
+
 // An address taken (a make run in another clone on the same ports) stops
 // make run before it starts anything, naming the setting, the address and
 // what holds it: its health checks reached the other stack, it said
