@@ -120,10 +120,10 @@ func TestKeyFree(t *testing.T) {
 // random text, and look for it in what redactURL and keyFree return.
 
 // keyForms is how many forms embedded writes.
-const keyForms = 9
+const keyForms = 13
 
 // embedded writes key in the form form%keyForms picks; form/keyForms
-// picks the bytes that form 8 encodes (and '%' always: left as it is
+// picks the bytes that form 12 encodes (and '%' always: left as it is
 // before two hex digits, it would read as another escape).
 func embedded(key string, form uint16) string {
 	switch form % keyForms {
@@ -143,6 +143,8 @@ func embedded(key string, form uint16) string {
 		return basicCredential(key)
 	case 7:
 		return "Basic " + basicCredential(key)
+	case 8, 9, 10, 11:
+		return quotedForms(key)[form%keyForms-8]
 	}
 	var b strings.Builder
 	for i := 0; i < len(key); i++ {
@@ -153,6 +155,16 @@ func embedded(key string, form uint16) string {
 		}
 	}
 	return b.String()
+}
+
+// quotedForms are the key as Go quotes it without the quotes (net/http
+// and net/url quote a header line or a Location that does not parse), and
+// that quoted again (a JSON log line, an error quoting an error), each
+// with strconv.Quote and strconv.QuoteToASCII (%+q).
+func quotedForms(key string) [4]string {
+	unquoted := func(q string) string { return q[1 : len(q)-1] }
+	once, onceASCII := unquoted(strconv.Quote(key)), unquoted(strconv.QuoteToASCII(key))
+	return [4]string{once, unquoted(strconv.Quote(once)), onceASCII, unquoted(strconv.QuoteToASCII(onceASCII))}
 }
 
 // urlPlaces are where a URL can hold the key: E is replaced by the key
@@ -189,6 +201,9 @@ func leak(text, key string) string {
 	forms := map[string]string{
 		"as it is": key, "%-encoded": percentEncoded(key), "%-encoded twice": strings.ReplaceAll(percentEncoded(key), "%", "%25"),
 		"as its Basic credential": basicCredential(key),
+	}
+	for i, form := range quotedForms(key) {
+		forms[fmt.Sprintf("as Go quotes it (form %d)", 8+i)] = form
 	}
 	for round := range 4 {
 		lower := strings.ToLower(text)
@@ -234,7 +249,7 @@ var redactSeeds = []struct {
 	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 2, 5, "ws%5Fkey", ""},
 	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 0, 6, "", ":x"},
 	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 0, 7, "", ""},
-	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 8 + 9*0x55, 8, "x", "y"},
+	{"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456", 12 + 13*0x55, 8, "x", "y"},
 	{"ABCDEFGHIJKLMNOP/QRSTUVWXYZ123456", 0, 0, "", ""},
 	{"ABCDEFGHIJKLMNOP/QRSTUVWXYZ123456", 3, 0, "", ""},
 	{"ab%41cd%42ef", 1, 0, "", ""},
@@ -249,6 +264,12 @@ var redactSeeds = []struct {
 	// too: QueryUnescape reads '+' as a space.
 	{"abc+def+ghi+jkl", 2, 2, "", ""},
 	{"ab~~~cd~~~ef", 6, 2, "", ""}, // its Basic credential holds '+'
+	// A key holding what Go escapes when it quotes ('"', '\\', a character
+	// that is not printable), in a text quoted once or twice, with %q or %+q.
+	{`ABCDEFGHIJ"KLMNOP\QRSTUVWXYZ`, 8, 9, "malformed MIME header line: \"X-Echo: ", "\""},
+	{"ABCDEFGHIJ\u2028KLMNOPQRSTUVWXYZ", 9, 9, `msg="shop call failed \"`, `\""`},
+	{"ABCDEFGHIJ\u00a0KLMNOPQRSTUVWXYZ", 10, 9, "", ""},
+	{"ABCDEFGHIJÉ\"KLMNOPQRSTUVWXYZ", 11, 9, "", ""},
 }
 
 func FuzzRedactURL(f *testing.F) {
