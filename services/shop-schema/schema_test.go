@@ -815,6 +815,9 @@ func TestSchemaInput(t *testing.T) {
 		{"ws_key with a tab", `{"base_url":"https://shop.example.com","ws_key":"K\tL"}`, "invalid_body"},
 		{"ws_key with a DEL", `{"base_url":"https://shop.example.com","ws_key":"K\u007fL"}`, "invalid_body"},
 		{"ws_key with a C1 control", `{"base_url":"https://shop.example.com","ws_key":"K\u0085L"}`, "invalid_body"},
+		// Only white space is trimmed from its ends: a NUL or DEL there is refused too.
+		{"ws_key ending in a NUL", `{"base_url":"https://shop.example.com","ws_key":"KL\u0000"}`, "invalid_body"},
+		{"ws_key starting with a DEL", `{"base_url":"https://shop.example.com","ws_key":"\u007fKL"}`, "invalid_body"},
 		// base_url is checked first, whatever is wrong with ws_key.
 		{"http, ws_key missing", `{"base_url":"http://shop.example.com"}`, "base_url_must_be_https"},
 		{"http, ws_key number", `{"base_url":"http://shop.example.com","ws_key":12}`, "base_url_must_be_https"},
