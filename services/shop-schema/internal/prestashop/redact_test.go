@@ -270,6 +270,7 @@ var redactSeeds = []struct {
 	{"ABCDEFGHIJ\u2028KLMNOPQRSTUVWXYZ", 9, 9, `msg="shop call failed \"`, `\""`},
 	{"ABCDEFGHIJ\u00a0KLMNOPQRSTUVWXYZ", 10, 9, "", ""},
 	{"ABCDEFGHIJÉ\"KLMNOPQRSTUVWXYZ", 11, 9, "", ""},
+	{"ABCDEFGHIJÉKLMNOPQRSTUVWXYZ", 10, 9, "", ""}, // printable: %q keeps it, %+q does not
 }
 
 func FuzzRedactURL(f *testing.F) {
