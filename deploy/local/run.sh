@@ -445,7 +445,10 @@ MSG
 # without it. So every binary is looked at before each wait (first_gone),
 # and each wait ends after at most 2 s (a tick) to look again. The wait's
 # stderr is dropped: bash's own report of a kill, which the line below
-# gives in the script's words.
+# gives in the script's words. The tick closes fd 9 (the lock), as all
+# the script starts does: a make run killed (kill -9) leaves it for up to
+# 2 s, and holding the lock it made the next make run, started then, say
+# that one, gone, still ran.
 exited= status=0 tick=
 first_gone() {
   local pid
@@ -460,7 +463,7 @@ first_gone() {
 }
 if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then
   until first_gone; do
-    sleep 2 &
+    sleep 2 9>&- &
     tick=$!
     wait -n -p exited "${pids[@]}" "$tick" 2>/dev/null || status=$?
     [ "${exited:-}" = "$tick" ] || break

@@ -927,6 +927,44 @@ func TestRunScriptStopsWhenABinaryIsKilled(t *testing.T) {
 	}
 }
 
+// What make run runs while it waits, its stack up, holds no lock of its
+// own (.run/lock): the tick that bounds each wait, a sleep of 2 s, held
+// it, and outlived a make run killed (kill -9) by up to 2 s, in which the
+// next make run said "another make run (pid N) is running" of one gone.
+func TestRunScriptWaitingLeavesItsLockToItself(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	s := startRunScript(t, "")
+	s.waitFor(t, "Ctrl-C stops everything.")
+	lock := filepath.Join(s.root, ".run/lock")
+	for deadline, ticks := time.Now().Add(time.Minute), 0; ticks == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("make run, waiting, runs no sleep of its own: the test looks at nothing")
+		}
+		for _, pid := range s.ownChildren(t) {
+			// A child not yet a sleep (bash's fork before its exec) still
+			// holds the descriptors its redirections are about to close.
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "sleep" {
+				continue
+			}
+			ticks++
+			fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+			for _, fd := range fds {
+				if target, _ := os.Readlink(fd); target == lock {
+					t.Errorf("make run's tick (pid %d, a sleep) holds .run/lock as fd %s: a make run killed leaves its lock held", pid, filepath.Base(fd))
+				}
+			}
+		}
+	}
+	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	s.waitExit(t)
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("make run stopped and left %v running", left)
+	}
+}
+
 // An address taken (a make run in another clone on the same ports) stops
 // make run before it starts anything, naming the setting, the address and
 // what holds it: its health checks reached the other stack, it said
