@@ -444,8 +444,9 @@ MSG
 # killed while the rest started (kill -9, the OOM killer) left make run up
 # without it. So every binary is looked at before each wait (first_gone),
 # and each wait ends after at most 2 s (a tick) to look again. The wait's
-# stderr is dropped: bash's own report of a kill, which the line below
-# gives in the script's words. The tick closes fd 9 (the lock), as all
+# stderr is dropped ("no such job", and bash's report of a kill it reaps
+# while waiting: the line below says it in the script's words; a kill
+# reaped earlier is reported by bash then). The tick closes fd 9 (the lock), as all
 # the script starts does: a make run killed (kill -9) leaves it for up to
 # 2 s, and holding the lock it made the next make run, started then, say
 # that one, gone, still ran.
@@ -470,6 +471,7 @@ if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then
     exited= status=0 tick=
   done
   [ -z "$tick" ] || kill "$tick" 2>/dev/null || true
+  tick=
 else # wait -p is bash 5.1's: without it, which process exited is not known
   wait -n "${pids[@]}" 2>/dev/null || status=$?
 fi
