@@ -31,27 +31,14 @@ func TestARequestWaitingForAReadAheadShowsTheWaitAndTheRead(t *testing.T) {
 		return nil, lockTimeout
 	}
 	p, earlier := pageBeingReadAhead(t, r, tracer, readingWith(fetch), started)
-	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.ahead.use(waiting, p)
-		done <- err
-	}()
-	waitForSpanStarted(t, rec, "export read-ahead wait") // the request waits: the read ends only now
-	close(release)
-	if err := <-done; err != nil {
-		t.Fatalf("use: %v", err)
-	}
-	waitingSpan.End()
-	waitForFreeSlots(t, r.ahead)
+	waitingSpan := usedOnceItsReadEnds(t, r, tracer, rec, p, release)
 
 	read := spanNamed(t, rec, "export read-ahead")
 	if read.Parent().SpanID() != earlier.SpanID() {
 		t.Errorf("the read's span is under span %s, want the page that started it", read.Parent().SpanID())
 	}
 	wait := spanNamed(t, rec, "export read-ahead wait")
-	if wait.SpanContext().TraceID() != waitingSpan.SpanContext().TraceID() ||
-		wait.Parent().SpanID() != waitingSpan.SpanContext().SpanID() {
+	if wait.SpanContext().TraceID() != waitingSpan.TraceID() || wait.Parent().SpanID() != waitingSpan.SpanID() {
 		t.Errorf("the wait's span is under span %s of trace %s, want the waiting request's", wait.Parent().SpanID(), wait.SpanContext().TraceID())
 	}
 	if links := wait.Links(); len(links) != 1 || !links[0].SpanContext.Equal(read.SpanContext()) {
@@ -84,19 +71,7 @@ func TestAWaitForAPageLeftUnreadRecordsNoError(t *testing.T) {
 		return errors.New("replica: 12 s behind")
 	}
 	p, _ := pageBeingReadAhead(t, r, tracer, c, started)
-	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.ahead.use(waiting, p)
-		done <- err
-	}()
-	waitForSpanStarted(t, rec, "export read-ahead wait")
-	close(release)
-	if err := <-done; err != nil {
-		t.Fatalf("use: %v", err)
-	}
-	waitingSpan.End()
-	waitForFreeSlots(t, r.ahead)
+	usedOnceItsReadEnds(t, r, tracer, rec, p, release)
 	wait := spanNamed(t, rec, "export read-ahead wait")
 	if got := attr(wait, "export.read_ahead.result"); got != "unread" {
 		t.Errorf("export.read_ahead.result %q, want unread", got)
@@ -234,6 +209,28 @@ func exceptionMessage(s sdktrace.ReadOnlySpan) string {
 		}
 	}
 	return ""
+}
+
+// usedOnceItsReadEnds has a request of tracer ("waiting page") use p while
+// it is read ahead: once its wait span has started, the read is let end
+// (release closed), and the request must then be answered without error.
+// It returns the request's span, ended, once r's background reads are done.
+func usedOnceItsReadEnds(t *testing.T, r *Reader, tracer trace.Tracer, rec *tracetest.SpanRecorder, p *aheadPage, release chan struct{}) trace.SpanContext {
+	t.Helper()
+	waiting, waitingSpan := tracer.Start(context.Background(), "waiting page")
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.ahead.use(waiting, p)
+		done <- err
+	}()
+	waitForSpanStarted(t, rec, "export read-ahead wait") // the request waits: the read ends only now
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("use: %v", err)
+	}
+	waitingSpan.End()
+	waitForFreeSlots(t, r.ahead)
+	return waitingSpan.SpanContext()
 }
 
 // readingWith is a chain of 100-item ENG pages that reads them with fetch.
