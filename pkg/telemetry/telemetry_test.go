@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/go-logr/logr/funcr"
+	"github.com/go-logr/stdr"
 	"go.opentelemetry.io/otel"
 )
 
@@ -267,8 +269,11 @@ func TestOTLPSettingsThatDoNotParseStopTheStartUnquoted(t *testing.T) {
 				t.Setenv(name, value) // the SDK reads the process environment itself
 			}
 			var sdkLog, log bytes.Buffer
-			// The SDK's own logger (stderr by default), every level.
+			// The SDK's own logger (stderr by default), every level; its
+			// default again after, so that no later test writes into this
+			// subtest's buffer.
 			otel.SetLogger(funcr.New(func(prefix, args string) { sdkLog.WriteString(prefix + args + "\n") }, funcr.Options{Verbosity: 8}))
+			t.Cleanup(func() { otel.SetLogger(stdr.New(stdlog.New(os.Stderr, "", stdlog.LstdFlags|stdlog.Lshortfile))) })
 			shutdown, err := Setup(context.Background(), os.Getenv, "test", slog.New(slog.NewJSONHandler(&log, nil)))
 			if err == nil {
 				shutdown(context.Background())
