@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/catalog/catalogtest"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -91,7 +92,7 @@ func TestASyncCarriesOnThroughARollingRestartOfTwoReaders(t *testing.T) {
 		t.Errorf("%d pages were answered with the gateway's 502, 503 or 504 during the rolling restart (want none: two readers hide a restart):\n%s",
 			len(c.failed), strings.Join(c.failed, "\n"))
 	}
-	want := dbItems(t, pool, fx.owner)
+	want := catalogtest.ComposedItems(t, pool, fx.owner, "ENG")
 	if len(c.copy) != len(want) {
 		t.Errorf("the copy holds %d items, the database %d", len(c.copy), len(want))
 	}
@@ -254,29 +255,6 @@ func reimport(t *testing.T, pool *pgxpool.Pool, owner string, ids []string, stop
 			return n - 1
 		}
 	}
-}
-
-// dbItems is every item of owner as the list route composes it in ENG.
-func dbItems(t *testing.T, pool *pgxpool.Pool, owner string) map[string]string {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, status, updated_at, doc_eng FROM export_items WHERE owner_id = $1`, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var id, status, doc string
-		var updated time.Time
-		if err := rows.Scan(&id, &status, &updated, &doc); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = string(catalog.Compose(nil, status, updated, []byte(doc)))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // readerProcess is an export-reader of the stack's settings on an address

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/catalog/catalogtest"
 	"github.com/coinexport/export/pkg/envelope"
 	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
@@ -291,7 +292,7 @@ func TestConcurrentSyncsWithoutOverlapConverge(t *testing.T) {
 		if _, _, err := c.sync.Sync(ctx, c.next, c.mirror.Upsert); err != nil {
 			t.Fatalf("final sync of %s in %s: %v", c.owner, c.sync.Lang, err)
 		}
-		want := dbItemsIn(t, e.pool, c.owner, c.sync.Lang)
+		want := catalogtest.ComposedItems(t, e.pool, c.owner, c.sync.Lang)
 		if len(c.mirror) != len(want) {
 			t.Errorf("%s in %s: mirror holds %d items, database %d", c.owner, c.sync.Lang, len(c.mirror), len(want))
 		}
@@ -356,27 +357,3 @@ var (
 		UPDATE export_items SET sold = false, updated_at = ` + catalog.NextUpdatedAt("export_items") + `
 		WHERE owner_id = $1 AND id IN (SELECT item_id FROM sale)`
 )
-
-// dbItemsIn composes every item of owner from the database, in lang.
-func dbItemsIn(t *testing.T, pool *pgxpool.Pool, owner, lang string) map[string]string {
-	t.Helper()
-	col := map[string]string{"ENG": "doc_eng", "RUS": "doc_rus", "UKR": "doc_ukr"}[lang]
-	rows, err := pool.Query(context.Background(), `SELECT id, status, updated_at, `+col+` FROM export_items WHERE owner_id = $1`, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var id, status, doc string
-		var updated time.Time
-		if err := rows.Scan(&id, &status, &updated, &doc); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = string(catalog.Compose(nil, status, updated, []byte(doc)))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/catalog/catalogtest"
 	"github.com/coinexport/export/services/export-reader/syncclient"
 )
 
@@ -77,7 +78,7 @@ loop:
 		t.Errorf("incremental syncs read %d items, as many as full syncs would; updated_after is not being exercised", incrementalItems)
 	}
 
-	want := dbItemsIn(t, e.pool, owner, "ENG")
+	want := catalogtest.ComposedItems(t, e.pool, owner, "ENG")
 	if len(mirror) != len(want) {
 		t.Errorf("mirror holds %d items, database %d", len(mirror), len(want))
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/catalog/catalogtest"
 	"github.com/coinexport/export/services/export-reader/syncclient"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,7 +47,7 @@ func TestRestampMendsMirrorsAfterARestore(t *testing.T) {
 	if _, err := standby.Exec(ctx, "SELECT pg_promote()"); err != nil {
 		t.Fatalf("promote the restored copy: %v", err)
 	}
-	if got := dbItemsIn(t, standby, owner, "ENG"); got["a"] == dbItemsIn(t, primary, owner, "ENG")["a"] {
+	if got := catalogtest.ComposedItems(t, standby, owner, "ENG"); got["a"] == catalogtest.ComposedItems(t, primary, owner, "ENG")["a"] {
 		t.Fatal("the restored copy has the sale: the restore lost nothing, and the test proves nothing")
 	}
 	if _, err := catalog.Restamp(ctx, standby, ownerID(t, owner)); err != nil {
@@ -54,7 +55,7 @@ func TestRestampMendsMirrorsAfterARestore(t *testing.T) {
 	}
 	restored := serve(t, standby, signer)
 	syncInto(t, restored, owner, checkpoint, mirror)
-	want := dbItemsIn(t, standby, owner, "ENG")
+	want := catalogtest.ComposedItems(t, standby, owner, "ENG")
 	for id, doc := range want {
 		if got := string(mirror[id].Raw); got != doc {
 			t.Errorf("after the restore, mirror[%s] = %s\nwant the restored %s", id, got, doc)
