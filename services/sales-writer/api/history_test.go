@@ -76,7 +76,11 @@ func checkHistory(t *testing.T, f *fixture, h *salescheck.History) {
 	for _, u := range salescheck.Unexpected(calls) {
 		t.Errorf("unexpected answer: %s", u)
 	}
-	if _, err := salescheck.Linearizable(h.Operations(), 60*time.Second); err != nil {
+	ops := h.Operations()
+	start := time.Now()
+	_, err := salescheck.Linearizable(ops, 60*time.Second)
+	t.Logf("the check of %d calls took %v: at most %d calls of one item in flight", len(ops), time.Since(start).Round(time.Millisecond), salescheck.MostInFlight(ops))
+	if err != nil {
 		t.Error(err)
 	}
 	if err := salescheck.Database(context.Background(), f.db, f.owner, calls); err != nil {

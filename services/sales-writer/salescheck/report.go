@@ -1,6 +1,7 @@
 package salescheck
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"net/http"
@@ -57,4 +58,36 @@ func Unexpected(ops []porcupine.Operation) []string {
 		found = append(found, describeOp(op))
 	}
 	return found
+}
+
+// MostInFlight is the largest number of calls of one item whose
+// intervals hold one instant in common: the checker's work on an item
+// grows with it (each subset of the calls in flight is a state it may
+// try), so a test's history keeps it small enough to check in seconds.
+func MostInFlight(ops []porcupine.Operation) int {
+	most := 0
+	for _, part := range partitionByItem(ops) {
+		type edge struct {
+			at    int64
+			delta int
+		}
+		edges := make([]edge, 0, 2*len(part))
+		for _, op := range part {
+			edges = append(edges, edge{op.Call, 1}, edge{op.Return, -1})
+		}
+		// An interval that ends where another starts does not overlap
+		// it: at one instant, ends come before starts.
+		slices.SortFunc(edges, func(a, b edge) int {
+			if a.at != b.at {
+				return cmp.Compare(a.at, b.at)
+			}
+			return a.delta - b.delta
+		})
+		n := 0
+		for _, e := range edges {
+			n += e.delta
+			most = max(most, n)
+		}
+	}
+	return most
 }
