@@ -20,7 +20,7 @@ import (
 
 // Two writers on one database whose commit groups cross: 16 clients send
 // confirms, cancels, identical retries and different requests under used
-// keys on six items shared by three platforms, each call to one writer
+// keys on 24 items shared by three platforms, each call to one writer
 // in turn, and three sale calls in four a copy to the other writer at the
 // same moment (a platform retrying on the other instance while its first
 // attempt still runs). Each writer runs one group at a time, so its calls
@@ -39,15 +39,21 @@ import (
 // alone or told that their commit is unconfirmed), the answers still
 // agree.
 //
-// Six items, not three: the checker's work grows with how many calls of
-// one item are in flight at once (each subset of them is a state it may
-// try), and 16 clients and their copies on three items put up to 23 calls
-// of an item in flight. On three items, the check of a history took
-// 1.3-15.7 s on a quiet machine (4 runs; one item's part 4 ms in one run,
-// 13 s in another) and did not finish within its minute in a CI run beside
-// the other packages; on six (at most 16 in flight) it took 25-190 ms in
-// 22 runs (12 of them beside the sales package's tests), with as many
-// groups of several, as large, and as many rolled back.
+// 24 items, not three, six or twelve: the checker's work grows with how
+// many calls of one item are in flight at once (each subset of them is a
+// state it may try; a call of unknown outcome is in flight until its
+// request is answered). On three items 16
+// clients and their copies put up to 23 calls of an item in flight: a
+// check took 1.3-15.7 s on a quiet machine and did not finish within its
+// minute in a CI run beside the other packages. With the module's
+// packages side by side on one CPU (go test -p 4 -parallel 8), six items
+// put 19 in flight once and that check did not finish within the minute
+// either; twelve put 16 in flight once, checked in 11 s. On 24: 7-9 in
+// flight and 5-15 ms on one CPU (6 runs), 10-12 and 26-318 ms side by
+// side (4 runs), with as many groups of several (87-126 a writer on one
+// CPU), as large (the largest 11-15) and as many rolled back (0-3) as on
+// six: the copies, the same call to both writers, make the groups cross
+// on its item and key whatever the number of items.
 func TestTwoWritersCommitGroupsCrossing(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -60,7 +66,11 @@ func TestTwoWritersCommitGroupsCrossing(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			wl := salescheck.Workload{Items: []string{"coin-0", "coin-1", "coin-2", "coin-3", "coin-4", "coin-5"},
+			var items []string
+			for i := range 24 {
+				items = append(items, fmt.Sprintf("coin-%d", i))
+			}
+			wl := salescheck.Workload{Items: items,
 				Platforms: []string{"market-a", "market-b", "market-c"}, Clients: 16, Calls: tt.calls, Seed: 2,
 				Timeout: 20 * time.Second}
 			if tt.leaving {
