@@ -145,6 +145,9 @@ type committer struct {
 	// statement in flight: (*pgconn.PgConn).CancelRequest, or a test's
 	// hook deciding when it arrives.
 	cancelRequest func(*pgconn.PgConn, context.Context) error
+	// leaveGrace is the grace of leave: the constant leaveGrace, or what
+	// a test set (Writer.SetLeaveGrace).
+	leaveGrace time.Duration
 
 	mu      sync.Mutex
 	queue   []*groupedCall
@@ -207,7 +210,7 @@ func (c *committer) leave(call *groupedCall, cause error) error {
 	var err error
 	select {
 	case err = <-call.done:
-	case <-time.After(leaveGrace):
+	case <-time.After(c.leaveGrace):
 		return fmt.Errorf("left its commit group in flight: %w", cause)
 	}
 	var rolledBack *rolledBackGroup

@@ -49,9 +49,22 @@ func NewWriter(db *pgxpool.Pool, retention time.Duration) *Writer {
 func NewGroupingWriter(db *pgxpool.Pool, retention time.Duration, groups int, stats GroupStats) *Writer {
 	w := &Writer{db: db, retention: retention, warned: newCommitWarnings()}
 	if groups > 0 {
-		w.groups = &committer{db: db, maxGroups: groups, stats: stats, warned: w.warned, cancelRequest: (*pgconn.PgConn).CancelRequest}
+		w.groups = &committer{db: db, maxGroups: groups, stats: stats, warned: w.warned, cancelRequest: (*pgconn.PgConn).CancelRequest,
+			leaveGrace: leaveGrace}
 	}
 	return w
+}
+
+// SetLeaveGrace sets how long a call that leaves its commit group in
+// flight waits for the group to end before it is answered that its sale
+// may have been applied (leaveGrace, 250 ms, unless set). For tests of
+// the answers of a group that ends: on a loaded machine PostgreSQL can
+// take longer than leaveGrace to end a group it was asked to cancel, and
+// such a test would then read the answer of a group that did not.
+func (w *Writer) SetLeaveGrace(d time.Duration) {
+	if w.groups != nil {
+		w.groups.leaveGrace = d
+	}
 }
 
 var (
