@@ -215,9 +215,9 @@ redis_stop() {
 # counts as exited; kill -0 would say it runs.
 running() {
   [ -r "/proc/$1/stat" ] || return 1
-  local state
-  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
-  [ -n "$state" ] && [ "$state" != Z ]
+  local proc_state
+  proc_state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$proc_state" ] && [ "$proc_state" != Z ]
 }
 
 # random_secret prints 48 random url-safe characters.

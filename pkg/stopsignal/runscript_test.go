@@ -570,8 +570,10 @@ func TestRunScriptKillsABinaryThatOutlivesItsGrace(t *testing.T) {
 // TestRunScriptKillsABinaryThatOutlivesItsGrace failed so once in about
 // ten runs: no "stopping again" before its kill line). stopped is taken
 // from run.sh and run in a loop while this test signals it: every line its
-// trap writes must arrive; and a process that is gone is stopped, without
-// a word.
+// trap writes must arrive, and the trap must see the script's state (a
+// trap runs in the scope of the function it interrupts, and stopped's
+// local, once named state, hid it: TestRunScriptLocalsHideNothingTheStopReads);
+// and a process that is gone is stopped, without a word.
 func TestRunScriptStoppedLeavesATrapItsOutput(t *testing.T) {
 	t.Parallel()
 	src, err := os.ReadFile(localScript(t, "run.sh"))
@@ -583,8 +585,8 @@ func TestRunScriptStoppedLeavesATrapItsOutput(t *testing.T) {
 	done := filepath.Join(t.TempDir(), "done")
 	script := string(stopped) + `
 stopped 0 || echo "pid 0, no process, is not stopped" >&2
-heard=0
-trap 'heard=$((heard + 1)); echo heard >&2' TERM
+heard=0 state=/the/run/state
+trap 'heard=$((heard + 1)); echo "heard $state" >&2' TERM
 echo ready >&2
 while [ ! -e "$1" ]; do stopped $$ || :; done
 echo "trapped $heard" >&2
@@ -611,13 +613,52 @@ echo "trapped $heard" >&2
 	var heard int
 	var last string
 	for lines.Scan() {
-		if last = lines.Text(); last == "heard" {
+		if last = lines.Text(); strings.HasPrefix(last, "heard") {
 			heard++
+			if last != "heard /the/run/state" {
+				t.Errorf("the trap, run while stopped ran, wrote %q: it saw state as %q, not the script's /the/run/state", last, strings.TrimPrefix(last, "heard "))
+			}
 		}
 	}
 	must(t, cmd.Wait())
 	if want := fmt.Sprintf("trapped %d", heard); last != want {
 		t.Errorf("the trap wrote %d lines while stopped ran; the script says %q, want %q: the others were lost", heard, last, want)
+	}
+}
+
+// A trap runs in the scope of the function it interrupts, so a local
+// there hides the global of its name from the trap's stop_all: stopped()
+// and running() named theirs state, and a Ctrl-C that came while one of
+// them read a process's state sent stop_all to stop PostgreSQL and Redis
+// under S/, not .run/; make run said "stopped" and left both running (the
+// hurried TestRunScriptKillsABinaryThatOutlivesItsGrace, once in CI under
+// load). No function of run.sh or lib.sh may name a local as a global the
+// stop reads.
+func TestRunScriptLocalsHideNothingTheStopReads(t *testing.T) {
+	t.Parallel()
+	run, err := os.ReadFile(localScript(t, "run.sh"))
+	must(t, err)
+	lib, err := os.ReadFile(localScript(t, "lib.sh"))
+	must(t, err)
+	// What stop_all, stop_one and stop_now read of the script's globals.
+	read := []string{"state", "pids", "names", "tick", "hurry", "stopping", "stop_grace"}
+	for _, name := range read {
+		global := regexp.MustCompile(`(?m)^((\w+=\S*\s+)*` + name + `=|declare -A ` + name + `\b)`)
+		if !global.Match(run) {
+			t.Errorf("run.sh sets no global %s at its top level: renamed? update this test's list of what the stop reads", name)
+		}
+	}
+	declaration := regexp.MustCompile(`(?m)^\s*local\s+(.*)$`)
+	assigned := regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)`)
+	for file, src := range map[string][]byte{"run.sh": run, "lib.sh": lib} {
+		for _, m := range declaration.FindAllSubmatch(src, -1) {
+			for _, word := range strings.Fields(string(m[1])) {
+				local := assigned.FindString(word)
+				if slices.Contains(read, local) {
+					t.Errorf("%s: local %s hides the global the stop reads, from a trap run within its function (%q)", file, local, strings.TrimSpace(string(m[0])))
+				}
+			}
+		}
 	}
 }
 
