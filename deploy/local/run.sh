@@ -281,7 +281,7 @@ fi
 # stop_all to stop PostgreSQL and Redis under S/ instead of .run/, and make
 # run said "stopped" and left both running (once in CI, under load). So no
 # function here or in lib.sh names a local as a global the stop reads
-# (TestRunScriptLocalsHideNothingTheStopReads).
+# (TestScriptLocalsHideNothingTheirStopReads).
 # A signal during the start ends the script once everything is stopped:
 # returning to where the start was, it went on to start the rest (the
 # gateway, left running after make run had ended).

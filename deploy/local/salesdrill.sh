@@ -14,7 +14,7 @@ root=$PWD
 . deploy/local/lib.sh
 ensure_packages
 
-dir=${SALESDRILL_DIR:-$root/.run/salesdrill}
+drill_dir=${SALESDRILL_DIR:-$root/.run/salesdrill}
 port=${SALESDRILL_PORT:-8180}        # gateway; +1 export-reader, +2 sales-writer, +4 a second one, +10..+14 their admin listeners
 # seconds of calls under faults: at 60, the first nine faults (36 s of
 # pauses between them, 15 s of pg-freeze, a few seconds each to restart)
@@ -30,9 +30,9 @@ every=${SALESDRILL_FAULT_EVERY:-4}   # seconds between two faults
 faults=${SALESDRILL_FAULTS:-pg-deadlock writer-kill pg-immediate gateway-restart pg-fast redis-stop pg-cancel writer-restart gateway-kill pg-read-only pg-locks-full pg-freeze writer-kill-pg-down writer-freeze}
 items=${SALESDRILL_ITEMS:-6}
 
-rm -rf "$dir"
-mkdir -p "$dir/logs"
-chmod 755 "$dir"
+rm -rf "$drill_dir"
+mkdir -p "$drill_dir/logs"
+chmod 755 "$drill_dir"
 
 log "building"
 mkdir -p bin
@@ -40,25 +40,29 @@ for m in gateway services/export-reader services/sales-writer; do go build -o "b
 go build -o bin/exportctl ./pkg/cmd/exportctl
 go build -o bin/salesdrill ./services/sales-writer/cmd/salesdrill
 
-declare -A pid=()
+# drill_dir and drill_pid, not dir and pid: the EXIT trap runs in the scope
+# of the function the script ends in (a die within lib.sh's pg_start, whose
+# local is dir), and a local of the name would hide the global from
+# stop_all, which would then stop nothing (TestScriptLocalsHideNothingTheirStopReads).
+declare -A drill_pid=()
 stop_all() {
   set +e
   local name
   for name in gateway sales-writer sales-writer-2 export-reader; do
-    [ -n "${pid[$name]:-}" ] && kill -CONT "${pid[$name]}" 2>/dev/null
-    [ -n "${pid[$name]:-}" ] && kill -TERM "${pid[$name]}" 2>/dev/null && wait "${pid[$name]}" 2>/dev/null
+    [ -n "${drill_pid[$name]:-}" ] && kill -CONT "${drill_pid[$name]}" 2>/dev/null
+    [ -n "${drill_pid[$name]:-}" ] && kill -TERM "${drill_pid[$name]}" 2>/dev/null && wait "${drill_pid[$name]}" 2>/dev/null
   done
-  [ -f "$dir/pg/data/postmaster.pid" ] && pg_signal CONT
-  redis_stop "$dir/redis"
-  pg_stop "$dir/pg"
+  [ -f "$drill_dir/pg/data/postmaster.pid" ] && pg_signal CONT
+  redis_stop "$drill_dir/redis"
+  pg_stop "$drill_dir/pg"
 }
 trap stop_all EXIT
 
-pg_start "$dir/pg"
-redis_start "$dir/redis"
-pg_create_db "$dir/pg" drill
-export DATABASE_URL="postgres://postgres@/drill?host=$(url_path "$dir/pg")"
-export REDIS_URL="unix://$(url_path "$dir")/redis/redis.sock"
+pg_start "$drill_dir/pg"
+redis_start "$drill_dir/redis"
+pg_create_db "$drill_dir/pg" drill
+export DATABASE_URL="postgres://postgres@/drill?host=$(url_path "$drill_dir/pg")"
+export REDIS_URL="unix://$(url_path "$drill_dir")/redis/redis.sock"
 export IDENTITY_SECRET=$(random_secret) CURSOR_SECRET=$(random_secret)
 # No shop-schema runs (below), but the gateway signs for one with a secret
 # of its own, as deployed.
@@ -77,7 +81,7 @@ bin/exportctl migrate >/dev/null
 owner=$(bin/exportctl owner create --name "Sales drill" --json | json_field id)
 bin/exportctl items seed --owner "$owner" --count $((items * 3)) --seed 7 >/dev/null
 umask 077
-keys=$dir/keys
+keys=$drill_dir/keys
 : >"$keys"
 for p in drill-a drill-b drill-c; do
   bin/exportctl platform create --id "$p" >/dev/null
@@ -85,15 +89,15 @@ for p in drill-a drill-b drill-c; do
 done
 echo "read=$(bin/exportctl key create --owner "$owner" --scope export:read --json | json_field key)" >>"$keys"
 umask 022
-item_ids=$(psql -h "$dir/pg" -U postgres -d drill -tAc \
+item_ids=$(psql -h "$drill_dir/pg" -U postgres -d drill -tAc \
   "SELECT string_agg(id, ',') FROM (SELECT id FROM export_items WHERE owner_id = '$owner' AND status = 'active' ORDER BY id LIMIT $items) AS i")
 
 start() { # start NAME: sales-writer-2 is a second sales-writer, on port + 4
   case $1 in
-    sales-writer-2) SALES_WRITER_ADDR=127.0.0.1:$((port + 4)) SALES_WRITER_ADMIN_ADDR=127.0.0.1:$((port + 14)) bin/sales-writer >>"$dir/logs/$1.log" 2>&1 & ;;
-    *) "bin/$1" >>"$dir/logs/$1.log" 2>&1 & ;;
+    sales-writer-2) SALES_WRITER_ADDR=127.0.0.1:$((port + 4)) SALES_WRITER_ADMIN_ADDR=127.0.0.1:$((port + 14)) bin/sales-writer >>"$drill_dir/logs/$1.log" 2>&1 & ;;
+    *) "bin/$1" >>"$drill_dir/logs/$1.log" 2>&1 & ;;
   esac
-  pid[$1]=$!
+  drill_pid[$1]=$!
 }
 healthy() { # healthy URL: waits up to 10 s for a 200
   local i
@@ -111,29 +115,29 @@ healthy "http://$GATEWAY_ADDR/v1/health"
 
 log "salesdrill for ${duration}s on $item_ids, a fault every ${every}s: $faults"
 bin/salesdrill -base "http://$GATEWAY_ADDR/v1" -keys "$keys" -database "$DATABASE_URL" -owner "$owner" \
-  -items "$item_ids" -duration "${duration}s" -retention "${IDEMPOTENCY_RETENTION:-24h}" -report "$dir/history.html" -history "$dir/history.jsonl" ${SALESDRILL_ARGS:-} &
+  -items "$item_ids" -duration "${duration}s" -retention "${IDEMPOTENCY_RETENTION:-24h}" -report "$drill_dir/history.html" -history "$drill_dir/history.jsonl" ${SALESDRILL_ARGS:-} &
 drill=$!
 
 pg_bin=$(pg_bin_dir)
-pg_signal() { # pg_signal SIG: the postmaster of $dir/pg and its children
+pg_signal() { # pg_signal SIG: the postmaster of $drill_dir/pg and its children
   local main
-  main=$(head -1 "$dir/pg/data/postmaster.pid")
+  main=$(head -1 "$drill_dir/pg/data/postmaster.pid")
   kill -"$1" "$main" $(pgrep -P "$main") 2>/dev/null || true
 }
 pg_sql() { # pg_sql SQL: runs SQL in the drill's database, as its superuser
-  psql -h "$dir/pg" -U postgres -d drill -qtAc "$1" >/dev/null 2>>"$dir/logs/psql.log" || log "fault: $1 failed"
+  psql -h "$drill_dir/pg" -U postgres -d drill -qtAc "$1" >/dev/null 2>>"$drill_dir/logs/psql.log" || log "fault: $1 failed"
 }
 fault() { # fault NAME: one fault, the stack whole again once it returns
   case $1 in
-    writer-kill) kill -KILL "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true; sleep 0.5; start sales-writer ;;
-    writer-restart) kill -TERM "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true; start sales-writer ;;
-    gateway-kill) kill -KILL "${pid[gateway]}" || true; wait "${pid[gateway]}" 2>/dev/null || true; sleep 0.5; start gateway ;;
-    gateway-restart) kill -TERM "${pid[gateway]}" || true; wait "${pid[gateway]}" 2>/dev/null || true; start gateway ;;
+    writer-kill) kill -KILL "${drill_pid[sales-writer]}" || true; wait "${drill_pid[sales-writer]}" 2>/dev/null || true; sleep 0.5; start sales-writer ;;
+    writer-restart) kill -TERM "${drill_pid[sales-writer]}" || true; wait "${drill_pid[sales-writer]}" 2>/dev/null || true; start sales-writer ;;
+    gateway-kill) kill -KILL "${drill_pid[gateway]}" || true; wait "${drill_pid[gateway]}" 2>/dev/null || true; sleep 0.5; start gateway ;;
+    gateway-restart) kill -TERM "${drill_pid[gateway]}" || true; wait "${drill_pid[gateway]}" 2>/dev/null || true; start gateway ;;
     pg-immediate | pg-fast)
-      as_pg_user "$pg_bin/pg_ctl" -D "$dir/pg/data" -m "${1#pg-}" -w stop >>"$dir/pg/stop.log" 2>&1
+      as_pg_user "$pg_bin/pg_ctl" -D "$drill_dir/pg/data" -m "${1#pg-}" -w stop >>"$drill_dir/pg/stop.log" 2>&1
       sleep 1
-      pg_start "$dir/pg" ;;
-    redis-stop) redis_stop "$dir/redis"; sleep 3; redis_start "$dir/redis" ;;
+      pg_start "$drill_dir/pg" ;;
+    redis-stop) redis_stop "$drill_dir/redis"; sleep 3; redis_start "$drill_dir/redis" ;;
     pg-cancel) # every statement of the writers cancelled (pg_cancel_backend), every millisecond for 3 s:
       # ERRORs that say nothing was applied, and cancels that race a commit
       pg_sql "DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '3 s'; BEGIN
@@ -180,11 +184,11 @@ fault() { # fault NAME: one fault, the stack whole again once it returns
     pg-freeze) # every PostgreSQL process stopped for 15 s: statements hang past the writers' timeouts
       pg_signal STOP; sleep 15; pg_signal CONT ;;
     writer-kill-pg-down) # a writer starts while PostgreSQL is down
-      as_pg_user "$pg_bin/pg_ctl" -D "$dir/pg/data" -m fast -w stop >>"$dir/pg/stop.log" 2>&1
-      kill -KILL "${pid[sales-writer]}" || true; wait "${pid[sales-writer]}" 2>/dev/null || true
-      start sales-writer; sleep 3; pg_start "$dir/pg" ;;
+      as_pg_user "$pg_bin/pg_ctl" -D "$drill_dir/pg/data" -m fast -w stop >>"$drill_dir/pg/stop.log" 2>&1
+      kill -KILL "${drill_pid[sales-writer]}" || true; wait "${drill_pid[sales-writer]}" 2>/dev/null || true
+      start sales-writer; sleep 3; pg_start "$drill_dir/pg" ;;
     writer-freeze) # a writer stopped past the gateway's UPSTREAM_READ_TIMEOUT (30 s)
-      kill -STOP "${pid[sales-writer]}"; sleep 35; kill -CONT "${pid[sales-writer]}" ;;
+      kill -STOP "${drill_pid[sales-writer]}"; sleep 35; kill -CONT "${drill_pid[sales-writer]}" ;;
     *) die "unknown fault $1" ;;
   esac
 }
@@ -196,14 +200,14 @@ while [ $SECONDS -lt $end ] && kill -0 $drill 2>/dev/null; do
   shift $((n % $#))
   log "fault: $1"
   fault "$1"
-  echo "$(date +%T.%N) $1" >>"$dir/faults.log"
+  echo "$(date +%T.%N) $1" >>"$drill_dir/faults.log"
   n=$((n + 1))
 done
 status=0
 wait $drill || status=$?
 # A fault the run had no time for is said: a PASS without it checked less.
 for f in $faults; do
-  grep -q " $f\$" "$dir/faults.log" 2>/dev/null || log "fault $f never ran: give the drill more time (SALESDRILL_DURATION=$((duration + 60)))"
+  grep -q " $f\$" "$drill_dir/faults.log" 2>/dev/null || log "fault $f never ran: give the drill more time (SALESDRILL_DURATION=$((duration + 60)))"
 done
-log "salesdrill exited $status; logs in $dir/logs, the history in $dir/history.jsonl"
+log "salesdrill exited $status; logs in $drill_dir/logs, the history in $drill_dir/history.jsonl"
 exit $status

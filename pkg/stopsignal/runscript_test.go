@@ -572,7 +572,7 @@ func TestRunScriptKillsABinaryThatOutlivesItsGrace(t *testing.T) {
 // from run.sh and run in a loop while this test signals it: every line its
 // trap writes must arrive, and the trap must see the script's state (a
 // trap runs in the scope of the function it interrupts, and stopped's
-// local, once named state, hid it: TestRunScriptLocalsHideNothingTheStopReads);
+// local, once named state, hid it: TestScriptLocalsHideNothingTheirStopReads);
 // and a process that is gone is stopped, without a word.
 func TestRunScriptStoppedLeavesATrapItsOutput(t *testing.T) {
 	t.Parallel()
@@ -626,40 +626,55 @@ echo "trapped $heard" >&2
 	}
 }
 
-// A trap runs in the scope of the function it interrupts, so a local
-// there hides the global of its name from the trap's stop_all: stopped()
-// and running() named theirs state, and a Ctrl-C that came while one of
-// them read a process's state sent stop_all to stop PostgreSQL and Redis
-// under S/, not .run/; make run said "stopped" and left both running (the
-// hurried TestRunScriptKillsABinaryThatOutlivesItsGrace, once in CI under
-// load). No function of run.sh or lib.sh may name a local as a global the
-// stop reads.
-func TestRunScriptLocalsHideNothingTheStopReads(t *testing.T) {
+// A trap runs in the scope of the function it interrupts (an EXIT trap,
+// in that of the function the script ends in: a die), so a local there
+// hides the global of its name from the trap's stop: run.sh's stopped()
+// and lib.sh's running() named theirs state, and a Ctrl-C that came while
+// one of them read a process's state sent stop_all to stop PostgreSQL and
+// Redis under S/, not .run/; make run said "stopped" and left both running
+// (the hurried TestRunScriptKillsABinaryThatOutlivesItsGrace, once in CI
+// under load). No function of a script or of lib.sh, which each sources,
+// may name a local as a global its stop reads.
+func TestScriptLocalsHideNothingTheirStopReads(t *testing.T) {
 	t.Parallel()
-	run, err := os.ReadFile(localScript(t, "run.sh"))
-	must(t, err)
 	lib, err := os.ReadFile(localScript(t, "lib.sh"))
 	must(t, err)
-	// What stop_all, stop_one and stop_now read of the script's globals.
-	read := []string{"state", "pids", "names", "tick", "hurry", "stopping", "stop_grace"}
-	for _, name := range read {
-		global := regexp.MustCompile(`(?m)^((\w+=\S*\s+)*` + name + `=|declare -A ` + name + `\b)`)
-		if !global.Match(run) {
-			t.Errorf("run.sh sets no global %s at its top level: renamed? update this test's list of what the stop reads", name)
+	for script, read := range map[string][]string{ // what its trap's stop reads of its globals
+		"run.sh":        {"state", "pids", "names", "tick", "hurry", "stopping", "stop_grace"},
+		"bench.sh":      {"state", "pids", "perf_pids", "huge_pages_before", "nr_hugepages"},
+		"salesdrill.sh": {"drill_dir", "drill_pid"},
+		"test.sh":       {"tmp"},
+	} {
+		src, err := os.ReadFile(localScript(t, script))
+		must(t, err)
+		for _, name := range read {
+			global := regexp.MustCompile(`(?m)^((\w+=\S*\s+)*` + name + `=|declare -A ` + name + `\b)`)
+			if !global.Match(src) {
+				t.Errorf("%s sets no global %s at its top level: renamed? update this test's list of what its stop reads", script, name)
+			}
 		}
-	}
-	declaration := regexp.MustCompile(`(?m)^\s*local\s+(.*)$`)
-	assigned := regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)`)
-	for file, src := range map[string][]byte{"run.sh": run, "lib.sh": lib} {
-		for _, m := range declaration.FindAllSubmatch(src, -1) {
-			for _, word := range strings.Fields(string(m[1])) {
-				local := assigned.FindString(word)
+		for file, src := range map[string][]byte{script: src, "lib.sh": lib} {
+			for _, local := range localsOf(src) {
 				if slices.Contains(read, local) {
-					t.Errorf("%s: local %s hides the global the stop reads, from a trap run within its function (%q)", file, local, strings.TrimSpace(string(m[0])))
+					t.Errorf("%s: local %s hides from a trap run within its function the global %s's stop reads", file, local, script)
 				}
 			}
 		}
 	}
+}
+
+// localsOf lists the names a shell script declares local.
+func localsOf(src []byte) []string {
+	var names []string
+	name := regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*`)
+	for _, m := range regexp.MustCompile(`(?m)^\s*local\s+(.*)$`).FindAllSubmatch(src, -1) {
+		for _, word := range strings.Fields(string(m[1])) {
+			if n := name.FindString(word); n != "" {
+				names = append(names, n)
+			}
+		}
+	}
+	return names
 }
 
 // A make run killed (kill -9) while it waits for a binary to stop leaves
