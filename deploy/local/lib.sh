@@ -175,9 +175,12 @@ pg_create_db() {
   fi
 }
 
-# redis_start DIR starts redis-server on a Unix socket DIR/redis.sock.
+# redis_start DIR starts redis-server on a Unix socket DIR/redis.sock,
+# waiting REDIS_START_TIMEOUT seconds (5) at most for its socket and pid
+# file: polls every 0.1 s, so a loaded machine, whose polls take longer,
+# waits longer, never less.
 redis_start() {
-  local dir=$1
+  local dir=$1 wait=${REDIS_START_TIMEOUT:-5}
   mkdir -p "$dir"
   # Absolute: redis-server changes into --dir before it opens its log file
   # and socket, so a relative folder named files under itself that did not
@@ -194,8 +197,8 @@ redis_start() {
   # server running (a test that started and stopped one at once left one
   # behind on a loaded machine).
   local i
-  for i in $(seq 50); do [ -S "$dir/redis.sock" ] && [ -s "$dir/redis.pid" ] && return 0; sleep 0.1; done
-  die "redis-server did not open $dir/redis.sock (or write $dir/redis.pid)"
+  for i in $(seq $((wait * 10))); do [ -S "$dir/redis.sock" ] && [ -s "$dir/redis.pid" ] && return 0; sleep 0.1; done
+  die "redis-server did not open $dir/redis.sock (or write $dir/redis.pid) within $wait s (REDIS_START_TIMEOUT)"
 }
 
 redis_stop() {

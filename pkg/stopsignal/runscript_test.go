@@ -1406,7 +1406,12 @@ time.sleep(30)
 `
 	must(t, os.WriteFile(filepath.Join(bin, "redis-server"), []byte(standIn), 0o755))
 	cmd := exec.Command("bash", "-c", `. "$1" && redis_start "$2" && test -s "$2/redis.pid"; code=$?; redis_stop "$2"; exit $code`, "bash", lib, dir)
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	// REDIS_START_TIMEOUT=120: the stand-in's python3 start, not redis_start,
+	// decides how long the pid file takes. One CPU beside 8 busy loops, the
+	// test ran 7-10 s; beside 24, or in its package beside pkg's others
+	// (go test -p 4 on one CPU), the stand-in had not written it when the
+	// default 5 s (50 polls) ran out, 24-29 s into the test.
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "REDIS_START_TIMEOUT=120")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("redis_start returned before the pid file was written (a redis_stop then stops nothing): %v: %s", err, out)
 	}
