@@ -187,27 +187,43 @@ hurry=
 # and make run waited for ever). Once hurried (a second Ctrl-C), TERM is
 # sent again: a second signal ends a binary at once (pkg/stopsignal); sent
 # until it is gone, as two sent together may arrive as one. The wait is
-# wait -n on the process and a timer of stop_grace, which returns as
-# either ends (or as a trapped signal arrives): polled every 0.1 s, each
-# binary's stop took up to 0.1 s more than its own. RUN_STOP_GRACE sets it
-# (seconds, read above stop_leftovers); shorter than a binary's drain, it
-# cuts that drain off.
+# wait "$pid", which returns as the process ends, or has ended (bash keeps
+# its status), or as a trapped signal arrives: the timer's USR1 once
+# stop_grace has passed (grace_over), or a second Ctrl-C. It was wait -n on the process
+# and the timer, but a process that ended between the look (stopped) and
+# that wait was no job of bash's any more: wait -n named it "no such job"
+# and waited for the timer alone, and Ctrl-C took stop_grace (35 s) more
+# for that binary (1 of 2 stops of a smoke run). Polled every 0.1 s
+# instead, each binary's stop took up to 0.1 s more than its own.
+# RUN_STOP_GRACE sets it (seconds, read above stop_leftovers); shorter
+# than a binary's drain, it cuts that drain off.
+grace_over=
+trap 'grace_over=1' USR1
 stop_one() {
   local pid=$1 timer
   kill -TERM "$pid" 2>/dev/null || return 0
+  grace_over=
   # The timer reads a pipe whose other end this script alone holds, rather
   # than sleeping: a make run killed (kill -9) closes it, and the timer
-  # ends at once, where a sleep would outlive it by up to stop_grace.
-  # SIGINT ignored (an asynchronous command): a second Ctrl-C does not end
-  # it. fd 9 (the lock) is closed within: a redirection of the group would
-  # leave the timer the copy bash saves to restore fd 9 after the group,
-  # and the timer would hold the lock.
-  coproc TIMER { exec 9>&-; read -r -t "$stop_grace" _ || true; }
+  # ends at once (read fails, no USR1), where a sleep would outlive it by
+  # up to stop_grace. SIGINT ignored (an asynchronous command): a second
+  # Ctrl-C does not end it. fd 9 (the lock) is closed within: a
+  # redirection of the group would leave the timer the copy bash saves to
+  # restore fd 9 after the group, and the timer would hold the lock.
+  # Once the grace is over it signals every second until it is killed
+  # below: a USR1 that came between the look at grace_over and the wait
+  # would have been the last, and the wait would not have ended.
+  coproc TIMER {
+    exec 9>&-
+    read -r -t "$stop_grace" _
+    (($? > 128)) || exit 0 # the pipe closed: make run is gone
+    while kill -USR1 $$ 2>/dev/null; do sleep 1; done
+  }
   timer=$TIMER_PID
   while ! stopped "$pid"; do
     # The grace bounds a hurried stop too: a binary that outlives its
     # second TERM as well is killed, or make run waited for ever.
-    if stopped "$timer"; then
+    if [ -n "$grace_over" ]; then
       log "${names[$pid]:-pid $pid} did not stop within ${stop_grace}s of TERM: killed"
       kill -KILL "$pid" 2>/dev/null || true
       break
@@ -215,7 +231,7 @@ stop_one() {
       kill -TERM "$pid" 2>/dev/null || true
       sleep 0.1 || true # a Ctrl-C ends the sleep too: not a failure (set -e)
     else
-      wait -n "$pid" "$timer" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
     fi
   done
   kill "$timer" 2>/dev/null || true

@@ -640,7 +640,7 @@ func TestScriptLocalsHideNothingTheirStopReads(t *testing.T) {
 	lib, err := os.ReadFile(localScript(t, "lib.sh"))
 	must(t, err)
 	for script, read := range map[string][]string{ // what its trap's stop reads of its globals
-		"run.sh":        {"state", "pids", "names", "tick", "hurry", "stopping", "stop_grace"},
+		"run.sh":        {"state", "pids", "names", "tick", "hurry", "stopping", "stop_grace", "grace_over"},
 		"bench.sh":      {"state", "pids", "perf_pids", "huge_pages_before", "nr_hugepages"},
 		"salesdrill.sh": {"drill_dir", "drill_pid"},
 		"test.sh":       {"tmp"},
