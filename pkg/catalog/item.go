@@ -16,7 +16,8 @@
 //   - id: string, 1–128 characters, no control characters or surrounding
 //     white space, unique in the file; the upsert key within the owner.
 //     Clients put it in URLs as one path segment, so it must not contain "/"
-//     or "\" nor be "." or ".." (ValidItemID holds the whole rule).
+//     or "\" nor be "." or "..", nor hold an API key, which the gateway
+//     refuses in a URL (ValidItemID holds the whole rule).
 //   - status: active or inactive (the owner's listing switch; a sold item
 //     stays inactive). stock_quantity may be given only as the matching 1 or 0.
 //   - currency: ISO 4217 code. price: number ≥ 0, below 10^14, at most 4

@@ -2,8 +2,11 @@ package catalog
 
 import (
 	"errors"
+	"net/url"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/coinexport/export/pkg/apikey"
 )
 
 // MaxItemIDLen is the longest item id, in characters: the item_id domain's
@@ -17,8 +20,11 @@ const MaxItemIDLen = 128
 // proxies decode %2F to "/" or resolve dot segments before they send, and
 // some turn "\" into "/" (the gateway answers a "." or ".." segment 404):
 // an id with "/" or "\", or equal to "." or "..", could be listed but
-// never read nor sold. The other rules keep what
-// PostgreSQL and consumers can take.
+// never read nor sold. So could an id holding an API key: the gateway
+// refuses a URL with a key in it (spec 5), in any segment, as sent or
+// %-decoded, and the key would sit in clear text in the catalog and in
+// every sync page. The other rules keep what PostgreSQL and consumers can
+// take.
 //
 // Every writer of new items calls it (ParseJSONL, Import); ids stored before
 // the rule may break it, so readers looking an id up must not use it to
@@ -32,6 +38,10 @@ func ValidItemID(id string) error {
 		return errors.New(`must not contain "/" or "\" (an item id is one URL path segment)`)
 	case id == "." || id == "..":
 		return errors.New(`must not be "." or ".." (an item id is one URL path segment)`)
+	case apikey.PathHoldsKey(url.PathEscape(id)):
+		// Read as a client sends it, escaped: the segment the gateway reads.
+		// The reason never quotes the id, which holds a secret.
+		return errors.New("must not hold an API key (the gateway refuses a URL with a key in it)")
 	}
 	return nil
 }

@@ -4,7 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/identity"
 )
 
 func TestValidItemID(t *testing.T) {
@@ -84,4 +86,51 @@ func TestStorableItemID(t *testing.T) {
 			t.Errorf("StorableItemID(%q) = %v, want %v", tt.id, got, tt.want)
 		}
 	}
+}
+
+// An id holding an API key would be listed in every sync page, the key in
+// clear text, and could never be read nor sold: the gateway refuses a URL
+// with a key in it. The import refuses it, without quoting it.
+func TestItemIDHoldingAKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	key, _, err := apikey.Generate([]string{identity.ScopeExportRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "must not hold an API key (the gateway refuses a URL with a key in it)"
+	untagged := strings.TrimPrefix(key, apikey.TagRead)
+	for name, id := range map[string]string{
+		"the key":                   key,
+		"the key in a longer id":    "coin-" + key + ".json",
+		"its tag's _ %-escaped":     strings.Replace(key, "_", "%5F", 1),
+		"its tag's _ escaped twice": strings.Replace(key, "_", "%255F", 1),
+		"the key without its tag":   untagged,
+		"the key with a space":      "coin " + key,
+	} {
+		err := catalog.ValidItemID(id)
+		if err == nil || err.Error() != want {
+			t.Errorf("%s: ValidItemID = %v, want %q", name, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), untagged[:12]) {
+			t.Errorf("%s: the reason quotes the key: %v", name, err)
+		}
+		line := `{"id":"` + id + `","status":"active","currency":"EUR","texts":{"ENG":{"title":"T"}}}`
+		if _, err := catalog.ParseJSONL(strings.NewReader(line)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: ParseJSONL error = %v, want the line refused: %q", name, err, want)
+		}
+	}
+	// A key cut short, or one letter off, is no key: such an id stays valid.
+	for _, id := range []string{key[:len(key)-1], key[:len(key)-1] + flip(key[len(key)-1])} {
+		if err := catalog.ValidItemID(id); err != nil {
+			t.Errorf("ValidItemID(a key one letter off) = %v, want nil", err)
+		}
+	}
+}
+
+// flip returns another letter of the key alphabet than c.
+func flip(c byte) string {
+	if c == 'a' {
+		return "b"
+	}
+	return "a"
 }
