@@ -423,6 +423,16 @@ func (s *runScript) waitExitWithin(t *testing.T, bound time.Duration) {
 	}
 }
 
+// stoppedLeavingNothing waits for make run to end, and checks that it
+// left nothing running; how says how it ended ("stopped on TERM").
+func (s *runScript) stoppedLeavingNothing(t *testing.T, how string) {
+	t.Helper()
+	s.waitExit(t)
+	if left := s.left(); len(left) > 0 {
+		t.Errorf("make run %s and left %v running", how, left)
+	}
+}
+
 // stoppedBeforeStarting waits for make run, which refused what, to end,
 // and checks that it ended with a failing status, having started no binary.
 func (s *runScript) stoppedBeforeStarting(t *testing.T, what string) {
@@ -520,10 +530,7 @@ func TestRunScriptStopsEverythingWhenTheTerminalHangsUp(t *testing.T) {
 	s.waitFor(t, "Ctrl-C stops everything.")
 	s.output.Close() // the terminal is gone: writes to it fail
 	must(t, s.cmd.Process.Signal(syscall.SIGHUP))
-	s.waitExit(t)
-	if left := s.left(); len(left) > 0 {
-		t.Errorf("make run ended on a hang-up and left %v running", left)
-	}
+	s.stoppedLeavingNothing(t, "ended on a hang-up")
 }
 
 // A binary that outlives its TERM (the stand-in ignores TERM and INT) is
@@ -829,10 +836,7 @@ func TestRunScriptStoppedDuringItsStartStartsNothingMore(t *testing.T) {
 	s := startRunScript(t, "shop-schema") // make run waits for its health
 	s.waitFor(t, "shop-schema started")
 	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	s.waitExit(t)
-	if left := s.left(); len(left) > 0 {
-		t.Errorf("make run stopped during its start left %v running", left)
-	}
+	s.stoppedLeavingNothing(t, "stopped during its start")
 	if _, err := os.Stat(filepath.Join(s.stubs, "gateway.pid")); err == nil {
 		t.Error("make run stopped during its start went on to start the gateway")
 	}
@@ -904,10 +908,7 @@ func TestRunScriptSecondInTheSameCloneLeavesTheFirstAlone(t *testing.T) {
 		t.Errorf("the first make run, after a second one in its clone, runs %v, want %v", left, want)
 	}
 	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	s.waitExit(t)
-	if left := s.left(); len(left) > 0 {
-		t.Errorf("make run stopped and left %v running", left)
-	}
+	s.stoppedLeavingNothing(t, "stopped")
 }
 
 // The binaries of a make run killed with SIGKILL outlive it (sessions of
@@ -975,10 +976,7 @@ func TestRunScriptStopsWhenABinaryIsKilled(t *testing.T) {
 			}
 			must(t, syscall.Kill(pid, syscall.SIGKILL))
 			s.waitFor(t, "sales-writer exited (status 137)")
-			s.waitExit(t)
-			if left := s.left(); len(left) > 0 {
-				t.Errorf("make run stopped after a binary was killed and left %v running", left)
-			}
+			s.stoppedLeavingNothing(t, "stopped after a binary was killed")
 		})
 	}
 }
@@ -1015,10 +1013,7 @@ func TestRunScriptWaitingLeavesItsLockToItself(t *testing.T) {
 		}
 	}
 	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	s.waitExit(t)
-	if left := s.left(); len(left) > 0 {
-		t.Errorf("make run stopped and left %v running", left)
-	}
+	s.stoppedLeavingNothing(t, "stopped")
 }
 
 // An address taken (a make run in another clone on the same ports) stops
