@@ -428,24 +428,40 @@ start sales-writer
 # previous: it reads merchants' servers, and must hold nothing that signs
 # for the other two (README, "Rotating IDENTITY_SECRET").
 IDENTITY_SECRET=$SHOP_SCHEMA_IDENTITY_SECRET IDENTITY_SECRET_PREVIOUS= start shop-schema
+# any_gone: a binary has ended (refused its settings, crashed). The wait
+# below says which, with its status.
+any_gone() {
+  local pid
+  for pid in "${pids[@]}"; do
+    stopped "$pid" && return 0
+  done
+  return 1
+}
+# answers URL: polls URL for up to 10 s; false when it did not answer, or
+# at once when a binary has ended (a start that failed is said below).
+answers() {
+  local i
+  for i in $(seq 100); do
+    curl -fsS "$1" >/dev/null 2>&1 && return 0
+    any_gone && return 1
+    sleep 0.1
+  done
+  curl -fsS "$1" >/dev/null 2>&1
+}
 # The gateway starts once the services answer: its first health probe would
 # otherwise find one still starting and report it down for a few seconds.
 for addr in "$EXPORT_READER_ADDR" "$SALES_WRITER_ADDR" "$SHOP_SCHEMA_ADDR"; do
-  for i in $(seq 100); do
-    curl -fsS "http://$(reachable "$addr")/healthz" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  curl -fsS "http://$(reachable "$addr")/healthz" >/dev/null 2>&1 || log "the service on $addr is not answering yet: see .run/logs/"
+  any_gone || answers "http://$(reachable "$addr")/healthz" ||
+    any_gone || log "the service on $addr is not answering yet: see .run/logs/"
 done
-start gateway
+any_gone || start gateway
+any_gone || answers "$BASE_URL/health" ||
+  any_gone || log "gateway is not answering yet: see .run/logs/gateway.log"
 
-for i in $(seq 100); do
-  curl -fsS "$BASE_URL/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-curl -fsS "$BASE_URL/health" >/dev/null 2>&1 || log "gateway is not answering yet: see .run/logs/gateway.log"
-
-cat <<MSG
+# A binary that ended during the start (a setting it refused) gets no
+# banner: "Stack is up" above its "exited (status 1)" read as a start that
+# worked, and the wait below says what ended.
+any_gone || cat <<MSG
 
   Stack is up.  Base URL: $BASE_URL
   Demo keys: .run/demo.env (readable by you only; keys stay out of this output,
@@ -506,4 +522,8 @@ if [ -z "$stopping" ] && [ "$status" = 0 ]; then
   log "${name:-a process} stopped on a signal (a kill of its pid); stopping the rest"
 elif [ -z "$stopping" ]; then
   log "${name:-a process} exited (status $status): see .run/logs/${name:+$name.log} (stopping the rest)"
+  # make run fails with it (the EXIT trap stops the rest first): a script
+  # or a CI job running make run can tell a crash, or a start refused,
+  # from a stop.
+  exit 1
 fi

@@ -38,6 +38,7 @@ const (
 	stubUnhealthyEnv = "STOPSIGNAL_RUNSH_UNHEALTHY" // the one whose health check fails
 	stubChattyEnv    = "STOPSIGNAL_RUNSH_CHATTY"    // NAME:BYTES,…: each one that logs that much as it starts
 	stubStubbornEnv  = "STOPSIGNAL_RUNSH_STUBBORN"  // the one that ignores TERM and INT: only a KILL ends it
+	stubRefusingEnv  = "STOPSIGNAL_RUNSH_REFUSING"  // the one that refuses its settings: it ends at once, status 1
 )
 
 // stubAddrEnv is the variable that gives each server its address
@@ -74,6 +75,10 @@ func runStub(name string) int {
 	if err := os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), name+".pid"), pid, 0o644); err != nil ||
 		os.WriteFile(filepath.Join(os.Getenv(stubDirEnv), name+".args"), args, 0o644) != nil {
 		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if os.Getenv(stubRefusingEnv) == name {
+		fmt.Fprintf(os.Stderr, "%s: config: a setting it refuses (a stand-in)\n", name)
 		return 1
 	}
 	ctx, stop := Context()
@@ -977,6 +982,44 @@ func TestRunScriptStopsWhenABinaryIsKilled(t *testing.T) {
 			must(t, syscall.Kill(pid, syscall.SIGKILL))
 			s.waitFor(t, "sales-writer exited (status 137)")
 			s.stoppedLeavingNothing(t, "stopped after a binary was killed")
+			if code := s.cmd.ProcessState.ExitCode(); code != 1 {
+				t.Errorf("make run stopped after a binary was killed with status %d, want 1", code)
+			}
+		})
+	}
+}
+
+// A binary that refuses its settings ends at once (status 1): make run
+// said "Stack is up" with its curl line all the same, then that the
+// binary had exited, and ended with status 0, so a script or a CI job
+// running it could not tell. It now names the binary, prints no banner,
+// starts no gateway after a service that ended, and fails.
+func TestRunScriptFailsWhenABinaryRefusesItsSettings(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and Redis")
+	}
+	t.Parallel()
+	for _, refusing := range []string{"export-reader", "gateway"} {
+		t.Run(refusing, func(t *testing.T) {
+			t.Parallel()
+			s, env := prepareRunScript(t, "")
+			s.launch(t, append(env, stubRefusingEnv+"="+refusing))
+			before := s.waitFor(t, refusing+" exited (status 1): see .run/logs/"+refusing+".log")
+			for _, line := range before {
+				if strings.Contains(line, "Stack is up") {
+					t.Errorf("make run said %q before %s, which refused its settings, exited", line, refusing)
+				}
+			}
+			s.stoppedLeavingNothing(t, "stopped after "+refusing+" refused its settings")
+			if code := s.cmd.ProcessState.ExitCode(); code != 1 {
+				t.Errorf("make run ended with status %d after %s refused its settings, want 1", code, refusing)
+			}
+			if _, err := os.Stat(filepath.Join(s.stubs, refusing+".pid")); err != nil {
+				t.Fatalf("%s's stand-in did not run: %v", refusing, err)
+			}
+			if _, err := os.Stat(filepath.Join(s.stubs, "gateway.pid")); refusing != "gateway" && err == nil {
+				t.Errorf("make run started the gateway after %s had ended", refusing)
+			}
 		})
 	}
 }
