@@ -52,7 +52,8 @@ type ImportResult struct {
 //
 // Every id is checked with ValidItemID, since items may be built by other
 // code than ParseJSONL: one bad id refuses the whole batch, naming the item
-// (1-based), before anything is written.
+// (1-based), not its id, which may hold an API key, before anything is
+// written.
 func Import(ctx context.Context, pool *pgxpool.Pool, ownerID string, items []Item) (ImportResult, error) {
 	owner, err := ParseOwnerID(ownerID)
 	if err != nil {
@@ -60,7 +61,7 @@ func Import(ctx context.Context, pool *pgxpool.Pool, ownerID string, items []Ite
 	}
 	for i := range items {
 		if err := ValidItemID(items[i].ID); err != nil {
-			return ImportResult{}, fmt.Errorf("catalog: item %d: id %q %w", i+1, items[i].ID, err)
+			return ImportResult{}, fmt.Errorf("catalog: item %d: id: %w", i+1, err)
 		}
 	}
 	if len(items) == 0 {

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coinexport/export/pkg/apikey"
 	"github.com/coinexport/export/pkg/catalog"
+	"github.com/coinexport/export/pkg/identity"
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
@@ -264,6 +266,18 @@ func TestImportRefusesUnaddressableIDs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "item 2") {
 			t.Errorf("Import(item 2 with id %q) error = %v, want an error naming item 2", id, err)
 		}
+	}
+	// An id holding an API key is named by its place alone: the error may
+	// be logged, and the key would be in it.
+	key, _, err := apikey.Generate([]string{identity.ScopeExportRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := mustParse(t, lineA, lineB)
+	items[1].ID = "coin-" + key
+	if _, err := catalog.Import(ctx, pool, owner, items); err == nil || !strings.Contains(err.Error(), "item 2") ||
+		strings.Contains(err.Error(), key) {
+		t.Errorf("Import(item 2 with an id holding a key) error = %v, want an error naming item 2, not its id", err)
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM export_items`).Scan(&n); err != nil {
