@@ -512,7 +512,12 @@ if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )); then
   [ -z "$tick" ] || kill "$tick" 2>/dev/null || true
   tick=
 else # wait -p is bash 5.1's: without it, which process exited is not known
-  wait -n "${pids[@]}" 2>/dev/null || status=$?
+  # A binary that ended during the start (a setting refused) was reaped
+  # then, and is no job of bash's any more: looked for first, or wait -n
+  # (which waits for the next job to end before 5.1, whatever pids it is
+  # given) waited on the others, and make run, its banner left out, said
+  # nothing until Ctrl-C.
+  first_gone || wait -n "${pids[@]}" 2>/dev/null || status=$?
 fi
 name=${exited:+${names[$exited]:-}}
 # The binaries end with status 0 only when signalled, and Ctrl-C reaches
