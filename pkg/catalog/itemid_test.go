@@ -115,8 +115,12 @@ func TestItemIDHoldingAKeyIsRefused(t *testing.T) {
 			t.Errorf("%s: the reason quotes the key: %v", name, err)
 		}
 		line := `{"id":"` + id + `","status":"active","currency":"EUR","texts":{"ENG":{"title":"T"}}}`
-		if _, err := catalog.ParseJSONL(strings.NewReader(line)); err == nil || !strings.Contains(err.Error(), want) {
+		_, err = catalog.ParseJSONL(strings.NewReader(line))
+		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: ParseJSONL error = %v, want the line refused: %q", name, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), untagged[:12]) {
+			t.Errorf("%s: ParseJSONL's error quotes the key: %v", name, err)
 		}
 	}
 	// A key cut short, or one letter off, is no key: such an id stays valid.
