@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A pooler in front of PostgreSQL (PgBouncer) passes on a few session
@@ -65,27 +66,74 @@ func ownSettings(dsn string, opts []Option) map[string]string {
 	return own
 }
 
-// warnDroppedSettings logs a warning for each of own that a session of pool
-// does not have: a pooler dropped it from the startup message. A failed
-// check is not reported: it only informs.
-func warnDroppedSettings(ctx context.Context, pool *pgxpool.Pool, own map[string]string, log *slog.Logger) {
+// settingsWatch checks each new session of a pool for the settings the
+// binary asked for at connect (own), and warns of each one a pooler
+// dropped. Checked on every session, not once at start: behind PgBouncer
+// in session mode a server connection's next client gets it after
+// DISCARD ALL, whose RESET ALL undoes connect_query's settings, so a
+// binary started well could later run on sessions without its
+// statement_timeout and no log said so (README, "Behind PgBouncer").
+// A setting is warned of once while it stays dropped, and again should it
+// be dropped after a session had it.
+type settingsWatch struct {
+	own   map[string]string
+	query string
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	dropped map[string]bool // warned of, and not seen in force since
+}
+
+func newSettingsWatch(own map[string]string, log *slog.Logger) *settingsWatch {
 	names := make([]string, 0, len(own))
 	for name := range own {
-		names = append(names, name)
+		names = append(names, "'"+name+"'") // the binary's own setting names: letters and '_'
 	}
+	slices.Sort(names)
+	return &settingsWatch{own: own, log: log, dropped: map[string]bool{},
+		// The simple protocol: it runs as AfterConnect, before pgx's
+		// statement cache, and through a pooler in any mode.
+		query: "SELECT name, setting FROM pg_settings WHERE name IN (" + strings.Join(names, ", ") + ") ORDER BY name"}
+}
+
+// check reads conn's settings and warns of each dropped one. A failed
+// check is not reported, nor does it fail the connection: it only informs.
+func (w *settingsWatch) check(ctx context.Context, conn *pgconn.PgConn) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	rows, err := pool.Query(ctx, "SELECT name, setting FROM pg_settings WHERE name = ANY($1) ORDER BY name", names)
-	if err != nil {
+	results, err := conn.Exec(ctx, w.query).ReadAll()
+	if err != nil || len(results) != 1 || results[0].Err != nil {
 		return
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var name, setting string
-		if rows.Scan(&name, &setting) == nil && setting != own[name] {
-			log.Warn("a session setting this binary asks for at connect is not in force: a pooler in front of PostgreSQL "+
-				"dropped it (PgBouncer's ignore_startup_parameters); set it for the database or role (README, \"Behind PgBouncer\")",
-				"setting", name, "asked", own[name], "in_force", setting)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, row := range results[0].Rows {
+		name, setting := string(row[0]), string(row[1])
+		if setting == w.own[name] {
+			delete(w.dropped, name)
+			continue
 		}
+		if !w.dropped[name] {
+			w.dropped[name] = true
+			w.log.Warn("a session setting this binary asks for at connect is not in force: a pooler in front of PostgreSQL "+
+				"dropped it (PgBouncer's ignore_startup_parameters, or session mode's DISCARD ALL after connect_query); "+
+				"set it for the role (README, \"Behind PgBouncer\")",
+				"setting", name, "asked", w.own[name], "in_force", setting)
+		}
+	}
+}
+
+// watchSettings has every new session of cfg checked by w, after the
+// AfterConnect cfg had.
+func watchSettings(cfg *pgconn.Config, w *settingsWatch) {
+	connected := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, conn *pgconn.PgConn) error {
+		if connected != nil {
+			if err := connected(ctx, conn); err != nil {
+				return err
+			}
+		}
+		w.check(ctx, conn)
+		return nil
 	}
 }

@@ -125,3 +125,45 @@ func readmeConnectQueries(t *testing.T) map[string]string {
 	}
 	return found
 }
+
+// Behind PgBouncer in session mode, connect_query's settings hold for a
+// server connection's first client only: when a client disconnects,
+// PgBouncer's DISCARD ALL undoes them, and the connection's next client
+// has none. A binary that started well then runs on such a session later
+// (its pool's connection renewed), without its statement_timeout: every
+// new session is checked, and the first without a setting warns of it.
+func TestASessionThatLostItsSettingsLaterIsWarnedOf(t *testing.T) {
+	lines := readmeConnectQueries(t)
+	pooled := testenv.PgBouncerConnecting(t, testenv.PostgresURL(t), "session", lines["exportsvc_writer"],
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings, "default_pool_size = 1")
+	var logged testenv.Output
+	pool, err := postgres.OpenWhenReached(context.Background(), pooled+" pool_max_conns=1",
+		slog.New(slog.NewTextHandler(&logged, nil)), postgres.IndexScansOnly(), postgres.StatementTimeout(10*time.Second),
+		postgres.ApplicationName("sales-writer"), postgres.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if got := logged.String(); strings.Contains(got, "level=WARN") {
+		t.Fatalf("the first session, connect_query's, lacks a setting: %s", got)
+	}
+	// The pool's session ends (a connection renewed) and a new one gets
+	// the same server connection, reset.
+	pool.Reset()
+	var timeout string
+	if err := pool.QueryRow(context.Background(), "SHOW statement_timeout").Scan(&timeout); err != nil {
+		t.Fatal(err)
+	}
+	if timeout != "0" {
+		t.Skipf("the second session has statement_timeout %s: PgBouncer gave it a new server connection, not the reset one", timeout)
+	}
+	got := logged.String()
+	for _, name := range []string{"statement_timeout", "jit", "enable_seqscan"} {
+		if !strings.Contains(got, "setting="+name) {
+			t.Errorf("a later session without %s was not warned of: log %q", name, got)
+		}
+	}
+	if n := strings.Count(got, "level=WARN"); n != 3 {
+		t.Errorf("%d warnings, want one per setting (3): %q", n, got)
+	}
+}

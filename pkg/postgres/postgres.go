@@ -22,7 +22,13 @@ import (
 // column's type changed, say) PostgreSQL's JIT spends 100-200 ms compiling a
 // statement that runs in under a millisecond, on every execution.
 func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error) {
-	pool, err := newPool(ctx, dsn, opts...)
+	return open(ctx, dsn, nil, opts...)
+}
+
+// open is Open, each new session's settings checked when log is not nil
+// (settingsWatch).
+func open(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*pgxpool.Pool, error) {
+	pool, err := newPool(ctx, dsn, log, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +79,7 @@ var sideConnLifetime = time.Minute
 
 // newPool is Open without the check: pgxpool connects when a connection is
 // first asked for.
-func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error) {
+func newPool(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := parseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -84,6 +90,9 @@ func newPool(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, er
 	setDefault(cfg.ConnConfig.RuntimeParams, "jit", "off")
 	for _, opt := range opts {
 		opt(cfg.ConnConfig.RuntimeParams)
+	}
+	if log != nil {
+		watchSettings(&cfg.ConnConfig.Config, newSettingsWatch(ownSettings(dsn, opts), log))
 	}
 	// No otelpgx.RecordStats: no binary installs an OpenTelemetry meter
 	// provider (the pool's series are Prometheus', poolmetrics.Register),
@@ -117,14 +126,13 @@ func ping(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error 
 // what waiting would not mend (an invalid DSN, a server that refuses this
 // client), and returns ErrStopped if ctx ends during its one check.
 func OpenServing(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*pgxpool.Pool, error) {
-	pool, err := newPool(ctx, dsn, opts...)
+	pool, err := newPool(ctx, dsn, log, opts...)
 	if err != nil {
 		return nil, err
 	}
 	err = ping(ctx, pool, startCheckTimeout)
 	switch {
 	case err == nil:
-		warnDroppedSettings(ctx, pool, ownSettings(dsn, opts), log)
 		return pool, nil
 	case ctx.Err() != nil:
 		pool.Close()
@@ -157,7 +165,7 @@ func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...
 	delay := 250 * time.Millisecond
 	var logged time.Time
 	for {
-		pool, err := Open(ctx, dsn, opts...)
+		pool, err := open(ctx, dsn, log, opts...)
 		if ctx.Err() != nil {
 			if pool != nil {
 				pool.Close()
@@ -165,7 +173,6 @@ func OpenWhenReached(ctx context.Context, dsn string, log *slog.Logger, opts ...
 			return nil, fmt.Errorf("%w before PostgreSQL was reached", ErrStopped)
 		}
 		if err == nil {
-			warnDroppedSettings(ctx, pool, ownSettings(dsn, opts), log)
 			return pool, nil
 		}
 		if !errors.Is(err, ErrNotReached) || !notReachedYet(err) {
