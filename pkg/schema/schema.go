@@ -12,16 +12,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/coinexport/export/pkg/postgres"
 )
@@ -39,26 +35,21 @@ type Applied struct {
 // Up applies every pending migration and returns the ones it applied, in
 // order (those before a failure, with the failure), so that an
 // administrator learns whether one that needs a restart of the services
-// ran. A PostgreSQL advisory lock makes it safe to run from several
-// processes at once. A migration that waits over MigrationLockWait for a
-// lock fails with ErrTablesBusy.
+// ran. A PostgreSQL advisory lock, held by a transaction of its own, makes
+// it safe to run from several processes at once, directly or through a
+// pooler in any mode (migrationlock.go). A migration that waits over
+// MigrationLockWait for a lock fails with ErrTablesBusy; one that waits
+// over MigrationLockHeldFor for another run fails with
+// ErrMigrationLockHeld.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
-	locker, err := lock.NewPostgresSessionLocker()
-	if err != nil {
-		return nil, fmt.Errorf("schema: locker: %w", err)
-	}
 	files, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
-	bounded, err := withLockTimeout(ctx, pool)
-	if err != nil {
-		return nil, err
-	}
-	defer bounded.Close()
-	db := stdlib.OpenDBFromPool(bounded)
+	db := migrationDB(pool)
 	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
+	locker := &migrationLock{config: pool.Config().ConnConfig}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
@@ -74,7 +65,10 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 			applied = append(applied, Applied{Version: r.Source.Version, File: r.Source.Path, Duration: r.Duration})
 		}
 	}
-	if postgres.LockTimedOut(err) {
+	switch {
+	case errors.Is(err, ErrMigrationLockHeld):
+		return nil, fmt.Errorf("schema: migrate up: %w: %s", ErrMigrationLockHeld, lockHolders(ctx, pool))
+	case postgres.LockTimedOut(err):
 		err = fmt.Errorf("%w: %s", ErrTablesBusy, postgres.OldTransactions(ctx, pool, MigrationLockWait))
 	}
 	if err != nil {
@@ -102,34 +96,6 @@ const MigrationLockWait = 5 * time.Second
 var ErrTablesBusy = errors.New("a migration waited over " + MigrationLockWait.String() +
 	" for a lock on its tables and gave up (every request to them queues behind it), applying nothing of it: " +
 	"run exportctl migrate again once the sessions holding the lock have ended")
-
-// withLockTimeout opens a pool like pool whose sessions wait at most
-// MigrationLockWait for a lock; the caller closes it. The bound is SET in
-// each session once connected, not given in the startup message, which
-// PgBouncer refuses for a setting it does not pass on ("unsupported
-// startup parameter: lock_timeout"), or drops without a word when told to
-// ignore it: exportctl migrate through a PgBouncer, in session mode as the
-// README asks of exportctl, failed at its first connection.
-func withLockTimeout(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, error) {
-	cfg := pool.Config()
-	if _, set := cfg.ConnConfig.RuntimeParams["lock_timeout"]; !set {
-		connected := cfg.AfterConnect
-		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-			if connected != nil {
-				if err := connected(ctx, conn); err != nil {
-					return err
-				}
-			}
-			_, err := conn.Exec(ctx, "SET lock_timeout = "+strconv.FormatInt(MigrationLockWait.Milliseconds(), 10))
-			return err
-		}
-	}
-	bounded, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
-	}
-	return bounded, nil
-}
 
 // Versions returns the newest migration applied to the database and the
 // newest this build embeds. The database's is the larger when a newer

@@ -249,19 +249,25 @@ func TestAMigrationGivesUpBehindALongQuery(t *testing.T) {
 	}
 }
 
-// Through PgBouncer in session mode, which exportctl is told to use
-// (README, "Behind PgBouncer"), set as the README says
+// Through PgBouncer, set as the README says
 // (postgres.PoolerIgnoredSettings), a migration runs, and still gives up
-// behind a long query: the bound is set in each session, not given in the
-// startup message, which PgBouncer refused ("unsupported startup
-// parameter: lock_timeout"), so no migration ran through it.
+// behind a long query: the bound is set in each migration's transaction,
+// not given in the startup message, which PgBouncer refused ("unsupported
+// startup parameter: lock_timeout"), so no migration ran through it; nor
+// set in the session, which in transaction mode bounds whichever server
+// session the SET ran in.
 func TestAMigrationThroughAPoolerGivesUpBehindALongQuery(t *testing.T) {
-	dsn := testenv.PostgresURL(t)
-	direct := testenv.Pool(t, dsn)
-	pooled := testenv.Pool(t, testenv.PgBouncer(t, dsn, "session",
-		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings, "default_pool_size = 10"))
-	if _, err := upBehindAReport(t, direct, pooled, " through PgBouncer"); !errors.Is(err, schema.ErrTablesBusy) {
-		t.Errorf("Up() through PgBouncer behind a report = %v, want ErrTablesBusy", err)
+	for _, mode := range []string{"session", "transaction"} {
+		t.Run(mode, func(t *testing.T) {
+			dsn := testenv.PostgresURL(t)
+			direct := testenv.Pool(t, dsn)
+			pooled := testenv.Pool(t, testenv.PgBouncer(t, dsn, mode,
+				"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings, "default_pool_size = 10")+
+				" default_query_exec_mode=exec")
+			if _, err := upBehindAReport(t, direct, pooled, " through PgBouncer"); !errors.Is(err, schema.ErrTablesBusy) {
+				t.Errorf("Up() through PgBouncer behind a report = %v, want ErrTablesBusy", err)
+			}
+		})
 	}
 }
 

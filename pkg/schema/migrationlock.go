@@ -1,0 +1,204 @@
+package schema
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/coinexport/export/pkg/postgres"
+)
+
+// Why neither goose's session lock nor a SET in each session: behind a
+// pooler in transaction mode (PgBouncer's pool_mode = transaction) a
+// statement outside a transaction runs in whichever server session is free
+// and leaves what it set there for the next client. goose's session
+// advisory lock was so taken and left on one server connection, and did
+// not hold concurrent runs apart (of 6 rounds of 6 runs at once on an
+// empty database, 4 had runs fail or hang), and a `SET lock_timeout` meant
+// for the migration's session bound some service's session instead. What
+// a transaction does stays in its session, whatever the pooler: the lock
+// is held by an open transaction of a connection of its own, and each
+// migration's transaction sets its own lock_timeout.
+
+// MigrationLockHeldFor bounds how long a migration waits for another run
+// of exportctl migrate to end (goose's session lock waited as long): a
+// migration Job's restarts, or the administrator, run it again later.
+const MigrationLockHeldFor = 5 * time.Minute
+
+// ErrMigrationLockHeld is a migration that waited MigrationLockHeldFor for
+// another run to end and gave up, applying nothing.
+var ErrMigrationLockHeld = errors.New("another exportctl migrate held the migration lock for over " +
+	MigrationLockHeldFor.String() + " and this one gave up, applying nothing")
+
+// migrationLock is goose's Locker: the advisory lock goose's session
+// locker takes (lock.DefaultLockID, so that runs of an older exportctl,
+// which take it by session, and of this one keep apart), taken by a
+// transaction that stays open, on a connection of its own, until Unlock.
+// An open transaction keeps its server session through any pooler, and
+// its lock goes with it when the connection drops, exportctl killed or
+// not. It does not count against the pool's connections: migrate still
+// holds two at most, the pool's one (the migrations') and this one.
+type migrationLock struct {
+	config *pgx.ConnConfig
+	conn   *pgx.Conn
+}
+
+var _ lock.Locker = (*migrationLock)(nil)
+
+// lockWait is MigrationLockHeldFor, shorter in tests.
+var lockWait = MigrationLockHeldFor
+
+// tryLock begins the lock's transaction and tries the lock. No setting of
+// the session (a statement_timeout given in DATABASE_URL, an
+// idle_in_transaction_session_timeout of the role) may end that
+// transaction while the migrations run: SET LOCAL overrides them for it
+// alone.
+var tryLock = "BEGIN; " +
+	"SET LOCAL idle_in_transaction_session_timeout = 0; " +
+	"SET LOCAL statement_timeout = 0; " +
+	"SELECT pg_try_advisory_xact_lock(" + strconv.FormatInt(lock.DefaultLockID, 10) + ")"
+
+// Lock takes the lock, trying again until lockWait has passed. A run that
+// waited inside its transaction would hold a server connection of a
+// transaction-mode pool meanwhile, and a few waiting runs would take every
+// one the running migration needs: between tries it holds none.
+func (l *migrationLock) Lock(ctx context.Context, _ *sql.DB) error {
+	conn, err := pgx.ConnectConfig(ctx, l.config)
+	if err != nil {
+		return fmt.Errorf("schema: connecting for the migration lock: %w", err)
+	}
+	deadline := time.Now().Add(lockWait)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		taken, err := l.try(ctx, conn)
+		if taken || err != nil {
+			if err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+			}
+			return err
+		}
+		if time.Now().Add(pause).After(deadline) {
+			conn.Close(context.WithoutCancel(ctx))
+			return ErrMigrationLockHeld
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			conn.Close(context.WithoutCancel(ctx))
+			return ctx.Err()
+		}
+	}
+}
+
+// try takes the lock on conn and keeps its transaction open, or ends it.
+// The simple protocol: one round trip, and no prepared statement, which a
+// transaction-mode pool may not keep.
+func (l *migrationLock) try(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	results, err := conn.PgConn().Exec(ctx, tryLock).ReadAll()
+	if err != nil {
+		return false, fmt.Errorf("schema: taking the migration lock: %w", err)
+	}
+	last := results[len(results)-1]
+	if len(last.Rows) == 1 && string(last.Rows[0][0]) == "t" {
+		l.conn = conn
+		return true, nil
+	}
+	if _, err := conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
+		return false, fmt.Errorf("schema: waiting for the migration lock: %w", err)
+	}
+	return false, nil
+}
+
+// Unlock ends the lock's transaction and its connection.
+func (l *migrationLock) Unlock(ctx context.Context, _ *sql.DB) error {
+	if l.conn == nil {
+		return nil
+	}
+	defer func() { l.conn = nil }()
+	_, err := l.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll()
+	if closeErr := l.conn.Close(ctx); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		// The server ends the transaction, and the lock with it, once
+		// the connection is gone.
+		return fmt.Errorf("schema: releasing the migration lock: %w", err)
+	}
+	return nil
+}
+
+// migrationDB is goose's database over pool: each transaction of it, every
+// migration's, bounds its lock waits to MigrationLockWait, unless
+// DATABASE_URL sets lock_timeout for every session itself.
+func migrationDB(pool *pgxpool.Pool) *sql.DB {
+	connector := stdlib.GetPoolConnector(pool)
+	if _, set := pool.Config().ConnConfig.RuntimeParams["lock_timeout"]; !set {
+		connector = lockWaitBounded{connector}
+	}
+	db := sql.OpenDB(connector)
+	// As stdlib.OpenDBFromPool: an idle connection goes back to the pool.
+	db.SetMaxIdleConns(0)
+	return db
+}
+
+// lockWaitBounded gives each transaction of its connections a lock_timeout
+// of MigrationLockWait, set in the transaction (SET LOCAL), where no pooler
+// can leave it to another client.
+type lockWaitBounded struct{ driver.Connector }
+
+func (c lockWaitBounded) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return lockWaitBoundedConn{conn.(*stdlib.Conn)}, nil
+}
+
+// lockWaitBoundedConn is pgx's database/sql connection (every other method
+// its own) whose BeginTx bounds the transaction's lock waits.
+type lockWaitBoundedConn struct{ *stdlib.Conn }
+
+var boundLockWaits = "SET LOCAL lock_timeout = " + strconv.FormatInt(MigrationLockWait.Milliseconds(), 10)
+
+func (c lockWaitBoundedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := c.Conn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Conn.Conn().PgConn().Exec(ctx, boundLockWaits).ReadAll(); err != nil {
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("schema: bounding the migration's lock waits: %w", err)
+	}
+	return tx, nil
+}
+
+// lockHolders names the sessions holding the migration lock, for an
+// administrator to find the run that holds it (or a session an older
+// exportctl left holding it behind a pooler, which only ending it frees).
+func lockHolders(ctx context.Context, db postgres.Querier) string {
+	var holders []string
+	err := db.QueryRow(ctx, `SELECT coalesce(array_agg(format('pid %s (%s, %s for %s)', a.pid,
+	        coalesce(nullif(a.application_name, ''), 'no application_name'), a.state,
+	        date_trunc('second', now() - a.state_change)) ORDER BY a.pid), '{}')
+	    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+	    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+	      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	      AND ((l.classid::bigint << 32) | l.objid::bigint) = $1`, lock.DefaultLockID).Scan(&holders)
+	switch {
+	case err != nil:
+		return "its holder could not be read: " + err.Error()
+	case len(holders) == 0:
+		return "no session holds it now: run exportctl migrate again"
+	}
+	return "held by " + strings.Join(holders, ", ") + "; run exportctl migrate again once that run has ended " +
+		"(a session holding it with no migration running, left by an older exportctl behind a pooler, ends only by pg_terminate_backend)"
+}

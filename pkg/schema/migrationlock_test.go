@@ -1,0 +1,182 @@
+package schema_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/coinexport/export/pkg/schema"
+	"github.com/coinexport/export/pkg/testenv"
+)
+
+// Runs of migrate at once on an empty database, through PgBouncer in
+// transaction mode (two server connections, as testenv's), take turns:
+// each ends without error, the migrations are applied once in all, and no
+// session is left holding the lock. goose's session lock was taken and
+// left on whichever server connection was free: of 6 rounds of 6 such runs
+// 4 had runs fail ("relation \"owners\" already exists") or hang.
+func TestMigrationsAtOnceThroughATransactionPoolTakeTurns(t *testing.T) {
+	files, err := os.ReadDir("migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 5 {
+		direct, dsn := emptyDatabase(t)
+		pooled := testenv.PgBouncer(t, dsn, "transaction") + " default_query_exec_mode=exec"
+		applied, errs := upAtOnce(t, pooled, 6)
+		for _, err := range errs {
+			t.Errorf("round %d: a run through the transaction pool: %v", round, err)
+		}
+		if applied != len(files) {
+			t.Errorf("round %d: the runs applied %d migrations in all, want %d, once each", round, applied, len(files))
+		}
+		if n := count(t, direct, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"); n != 0 {
+			t.Errorf("round %d: %d advisory locks still held after every run ended, want none", round, n)
+		}
+	}
+}
+
+// upAtOnce runs schema.Up from n pools on dsn at once and returns how many
+// migrations they applied in all and their errors; it fails the test if a
+// run still waits after a minute.
+func upAtOnce(t *testing.T, dsn string, n int) (int, []error) {
+	t.Helper()
+	type result struct {
+		applied int
+		err     error
+	}
+	results := make(chan result, n)
+	for range n {
+		pool := testenv.Pool(t, dsn)
+		go func() {
+			applied, err := schema.Up(context.Background(), pool)
+			results <- result{len(applied), err}
+		}()
+	}
+	var (
+		applied int
+		errs    []error
+	)
+	for range n {
+		select {
+		case r := <-results:
+			applied += r.applied
+			if r.err != nil {
+				errs = append(errs, r.err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("a run of %d at once still waits a minute after they began", n)
+		}
+	}
+	return applied, errs
+}
+
+// emptyDatabase creates a database with nothing migrated, dropped at the
+// test's end, and returns a pool on it and its DSN.
+func emptyDatabase(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	dsn := testenv.PostgresURL(t)
+	admin := testenv.Pool(t, dsn)
+	name := fmt.Sprintf("empty_%d", time.Now().UnixNano())
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	empty := dsn + " dbname=" + name
+	pool := testenv.Pool(t, empty)
+	t.Cleanup(func() {
+		pool.Close()
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			t.Error(err)
+		}
+	})
+	return pool, empty
+}
+
+// A migration through a transaction pool leaves none of its settings in
+// the server sessions that then serve other clients: its lock_timeout
+// bounded some service's statements until the pooler closed that server
+// connection.
+func TestAMigrationThroughATransactionPoolLeavesNoSettingBehind(t *testing.T) {
+	direct, dsn := emptyDatabase(t)
+	pooled := testenv.PgBouncer(t, dsn, "transaction") + " default_query_exec_mode=exec"
+	if _, err := schema.Up(context.Background(), testenv.Pool(t, pooled)); err != nil {
+		t.Fatal(err)
+	}
+	// Both server connections at once, each in a transaction of a client
+	// of its own.
+	client := testenv.Pool(t, pooled)
+	for i := range 2 {
+		tx := testenv.InTransaction(t, client, "SELECT 1")
+		var pid int
+		var timeout string
+		if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid(), current_setting('lock_timeout')").Scan(&pid, &timeout); err != nil {
+			t.Fatal(err)
+		}
+		if timeout != "0" {
+			t.Errorf("server session %d (pid %d) after a migration through the pool: lock_timeout = %s, want 0", i+1, pid, timeout)
+		}
+	}
+	if n := count(t, direct, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"); n != 0 {
+		t.Errorf("%d advisory locks held after the migration, want none", n)
+	}
+}
+
+// A run waits for a session holding the lock by session, as an older
+// exportctl takes it (the same key as goose's session lock), applies once
+// it is freed; and one that waited past its bound gives up naming the
+// holder.
+func TestAMigrationWaitsForAnotherRunsLock(t *testing.T) {
+	ctx := context.Background()
+	direct, dsn := emptyDatabase(t)
+	holder, err := direct.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1)", lock.DefaultLockID); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+
+	schema.SetLockWait(t, time.Second)
+	applied, err := schema.Up(ctx, testenv.Pool(t, dsn))
+	if !errors.Is(err, schema.ErrMigrationLockHeld) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (", pid)) || len(applied) != 0 {
+		t.Errorf("Up() while another session held the lock = %v, %v; want ErrMigrationLockHeld naming pid %d, nothing applied", applied, err, pid)
+	}
+	if n := count(t, direct, "SELECT count(*) FROM pg_tables WHERE tablename = 'owners'"); n != 0 {
+		t.Fatal("a migration ran while another session held the lock")
+	}
+
+	schema.SetLockWait(t, time.Minute)
+	done := make(chan error, 1)
+	go func() {
+		_, err := schema.Up(ctx, testenv.Pool(t, dsn))
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // to find it held at least once; the outcome does not depend on it
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", lock.DefaultLockID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Up() once the lock was freed = %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Up() still waits 30 s after the lock was freed")
+	}
+	if n := count(t, direct, "SELECT count(*) FROM pg_tables WHERE tablename = 'owners'"); n != 1 {
+		t.Error("the migration waiting for the lock did not apply once it was freed")
+	}
+}
