@@ -801,10 +801,10 @@ func TestMigrateNamesWhatItApplied(t *testing.T) {
 
 // migrate holds two connections at once, which the pool-sizing sum counts
 // (README, EXPORT_READER_DB_MAX_CONNS; deploy/k8s's HPA comment): its
-// pool's, opened by its start-up check, and the migration's own
-// (schema.Up's pool, whose sessions bound their lock waits). A role
-// allowed two migrates a new database of its own from the start; allowed
-// one, it was refused 53300 at the migration's connection.
+// pool's, opened by its start-up check and then the migrations', and the
+// migration lock's own (schema.Up). A role allowed two migrates a new
+// database of its own from the start; allowed one, it was refused 53300 at
+// the second connection.
 func TestMigrateHoldsTwoConnectionsAtMost(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.PostgresURL(t)
