@@ -152,7 +152,8 @@ func migrationDB(pool *pgxpool.Pool) *sql.DB {
 
 // lockWaitBounded gives each transaction of its connections a lock_timeout
 // of MigrationLockWait, set in the transaction (SET LOCAL), where no pooler
-// can leave it to another client.
+// can leave it to another client. A migration marked "-- +goose NO
+// TRANSACTION" (none so far) would run unbounded: give it its own SET.
 type lockWaitBounded struct{ driver.Connector }
 
 func (c lockWaitBounded) Connect(ctx context.Context) (driver.Conn, error) {
