@@ -62,11 +62,19 @@ var lockWait = MigrationLockHeldFor
 // the session (a statement_timeout given in DATABASE_URL, an
 // idle_in_transaction_session_timeout of the role) may end that
 // transaction while the migrations run: SET LOCAL overrides them for it
-// alone.
+// alone. A session that holds the lock as the transaction begins holds it
+// by session, an older exportctl's, left on a pooler's server connection
+// that now serves this run: there pg_try_advisory_xact_lock took it again
+// (a session may take its own advisory lock twice), and the run migrated
+// beside that lock, so such a session is waited for as any other holder.
 var tryLock = "BEGIN; " +
 	"SET LOCAL idle_in_transaction_session_timeout = 0; " +
 	"SET LOCAL statement_timeout = 0; " +
-	"SELECT pg_try_advisory_xact_lock(" + strconv.FormatInt(lock.DefaultLockID, 10) + ")"
+	"SELECT CASE WHEN EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() " +
+	"AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = " + lockKey + ") " +
+	"THEN false ELSE pg_try_advisory_xact_lock(" + lockKey + ") END"
+
+var lockKey = strconv.FormatInt(lock.DefaultLockID, 10)
 
 // Lock takes the lock, trying again until lockWait has passed. A run that
 // waited inside its transaction would hold a server connection of a

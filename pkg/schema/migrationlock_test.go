@@ -129,6 +129,48 @@ func TestAMigrationThroughATransactionPoolLeavesNoSettingBehind(t *testing.T) {
 	}
 }
 
+// Through a transaction pool, a run waits for a lock an older exportctl
+// took by session and left on a server connection, also when its tries
+// come to that very connection: pg_try_advisory_xact_lock took the lock
+// again there (a session may take its own advisory lock twice), and the
+// run applied every migration beside it, 3 runs of 3 in 0.24 s.
+func TestAMigrationThroughATransactionPoolWaitsForALockLeftOnItsServerConnection(t *testing.T) {
+	ctx := context.Background()
+	direct, dsn := emptyDatabase(t)
+	pooled := testenv.PgBouncer(t, dsn, "transaction") + " default_query_exec_mode=exec"
+	client := testenv.Pool(t, pooled)
+	// One of the two server connections held, so that the lock is left on
+	// the other, which then serves every statement of the run.
+	held := testenv.InTransaction(t, client, "SELECT 1")
+	var holder int
+	if err := client.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock($1)) l", lock.DefaultLockID).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	// A run that took the lock waits for the held connection for its
+	// migrations: freed after 3 s, or once the run has ended.
+	ended, freed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(freed)
+		select {
+		case <-ended:
+		case <-time.After(3 * time.Second):
+		}
+		_ = held.Rollback(ctx)
+	}()
+
+	schema.SetLockWait(t, time.Second)
+	applied, err := schema.Up(ctx, testenv.Pool(t, pooled))
+	close(ended)
+	<-freed
+	if !errors.Is(err, schema.ErrMigrationLockHeld) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d (", holder)) || len(applied) != 0 {
+		t.Errorf("Up() with the lock left on its server connection = %d applied, %v; want ErrMigrationLockHeld naming pid %d, nothing applied",
+			len(applied), err, holder)
+	}
+	if n := count(t, direct, "SELECT count(*) FROM pg_tables WHERE tablename = 'owners'"); n != 0 {
+		t.Error("a migration ran while an older exportctl's session held the lock")
+	}
+}
+
 // A run waits for a session holding the lock by session, as an older
 // exportctl takes it (the same key as goose's session lock), applies once
 // it is freed; and one that waited past its bound gives up naming the
