@@ -40,23 +40,35 @@ const MigrationLockHeldFor = 5 * time.Minute
 var ErrMigrationLockHeld = errors.New("another exportctl migrate held the migration lock for over " +
 	MigrationLockHeldFor.String() + " and this one gave up, applying nothing")
 
-// migrationLock is goose's Locker: the advisory lock goose's session
-// locker takes (lock.DefaultLockID, so that runs of an older exportctl,
-// which take it by session, and of this one keep apart), taken by a
-// transaction that stays open, on a connection of its own, until Unlock.
-// An open transaction keeps its server session through any pooler, and
-// its lock goes with it when the connection drops, exportctl killed or
-// not. It does not count against the pool's connections: migrate still
-// holds two at most, the pool's one (the migrations') and this one.
-type migrationLock struct {
-	config *pgx.ConnConfig
-	conn   *pgx.Conn
-}
+// ErrNoSessionForMigration is a run that got no second database session
+// within sessionWait: behind a pooler with too few server connections, the
+// lock's transaction held one while the migrations waited in the pooler's
+// queue for another (120 s, PgBouncer's query_wait_timeout, and then a
+// message that named no cause).
+var ErrNoSessionForMigration = errors.New("the migration got no database session within 10s" +
+	" (it needs two at once, its lock's and its migrations': behind a pooler, give exportctl's database " +
+	"at least 3 server connections in transaction mode, 2 per run at once in session mode; README, Behind PgBouncer)")
 
-var _ lock.Locker = (*migrationLock)(nil)
+// sessionWait bounds each wait for a database session: the lock's tries
+// and the migrations' first statement once the lock is held. Shorter in
+// tests.
+var sessionWait = 10 * time.Second
+
+// heldLock is the migration lock: the advisory lock goose's session locker
+// takes (lock.DefaultLockID, so that runs of an older exportctl, which
+// take it by session, and of this one keep apart), held by a transaction
+// that stays open, on a connection of its own, until release. An open
+// transaction keeps its server session through any pooler, and its lock
+// goes with it when the connection drops, exportctl killed or not. It does
+// not count against the pool's connections: migrate still holds two at
+// most, the pool's one (the migrations') and this one.
+type heldLock struct{ conn *pgx.Conn }
 
 // lockWait is MigrationLockHeldFor, shorter in tests.
 var lockWait = MigrationLockHeldFor
+
+// lockKey is the lock's key as SQL.
+var lockKey = strconv.FormatInt(lock.DefaultLockID, 10)
 
 // tryLock begins the lock's transaction and tries the lock. No setting of
 // the session (a statement_timeout given in DATABASE_URL, an
@@ -74,72 +86,97 @@ var tryLock = "BEGIN; " +
 	"AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = " + lockKey + ") " +
 	"THEN false ELSE pg_try_advisory_xact_lock(" + lockKey + ") END"
 
-var lockKey = strconv.FormatInt(lock.DefaultLockID, 10)
-
-// Lock takes the lock, trying again until lockWait has passed. A run that
-// waited inside its transaction would hold a server connection of a
-// transaction-mode pool meanwhile, and a few waiting runs would take every
-// one the running migration needs: between tries it holds none.
-func (l *migrationLock) Lock(ctx context.Context, _ *sql.DB) error {
-	conn, err := pgx.ConnectConfig(ctx, l.config)
+// takeMigrationLock takes the lock, trying again until lockWait has
+// passed, and then makes sure the migrations can have a session of pool
+// beside it.
+func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool) (*heldLock, error) {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
 	if err != nil {
-		return fmt.Errorf("schema: connecting for the migration lock: %w", err)
+		return nil, fmt.Errorf("connecting for the migration lock: %w", err)
 	}
+	if err := waitForLock(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		if errors.Is(err, ErrMigrationLockHeld) {
+			err = fmt.Errorf("%w: %s", err, lockHolders(ctx, pool))
+		}
+		return nil, err
+	}
+	held := &heldLock{conn}
+	if err := withinSessionWait(ctx, pool.Ping); err != nil {
+		_ = held.release(ctx)
+		return nil, err
+	}
+	return held, nil
+}
+
+// waitForLock tries the lock on conn until it is taken, its transaction
+// then left open, or lockWait has passed. A run that waited inside its
+// transaction would hold a server connection of a transaction-mode pool
+// meanwhile, and a few waiting runs would take every one the running
+// migration needs: between tries it holds none.
+func waitForLock(ctx context.Context, conn *pgx.Conn) error {
 	deadline := time.Now().Add(lockWait)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		taken, err := l.try(ctx, conn)
+		var taken bool
+		err := withinSessionWait(ctx, func(ctx context.Context) (err error) {
+			taken, err = tryOnce(ctx, conn)
+			return err
+		})
 		if taken || err != nil {
-			if err != nil {
-				conn.Close(context.WithoutCancel(ctx))
-			}
 			return err
 		}
 		if time.Now().Add(pause).After(deadline) {
-			conn.Close(context.WithoutCancel(ctx))
 			return ErrMigrationLockHeld
 		}
 		select {
 		case <-time.After(pause):
 		case <-ctx.Done():
-			conn.Close(context.WithoutCancel(ctx))
 			return ctx.Err()
 		}
 	}
 }
 
-// try takes the lock on conn and keeps its transaction open, or ends it.
-// The simple protocol: one round trip, and no prepared statement, which a
-// transaction-mode pool may not keep.
-func (l *migrationLock) try(ctx context.Context, conn *pgx.Conn) (bool, error) {
+// tryOnce takes the lock on conn and keeps its transaction open, or ends
+// it. The simple protocol: one round trip, and no prepared statement,
+// which a transaction-mode pool may not keep.
+func tryOnce(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	results, err := conn.PgConn().Exec(ctx, tryLock).ReadAll()
 	if err != nil {
-		return false, fmt.Errorf("schema: taking the migration lock: %w", err)
+		return false, fmt.Errorf("taking the migration lock: %w", err)
 	}
 	last := results[len(results)-1]
 	if len(last.Rows) == 1 && string(last.Rows[0][0]) == "t" {
-		l.conn = conn
 		return true, nil
 	}
 	if _, err := conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll(); err != nil {
-		return false, fmt.Errorf("schema: waiting for the migration lock: %w", err)
+		return false, fmt.Errorf("waiting for the migration lock: %w", err)
 	}
 	return false, nil
 }
 
-// Unlock ends the lock's transaction and its connection.
-func (l *migrationLock) Unlock(ctx context.Context, _ *sql.DB) error {
-	if l.conn == nil {
-		return nil
+// withinSessionWait runs do, which needs a database session, and answers
+// ErrNoSessionForMigration when it got none within sessionWait.
+func withinSessionWait(ctx context.Context, do func(context.Context) error) error {
+	bounded, cancel := context.WithTimeout(ctx, sessionWait)
+	defer cancel()
+	err := do(bounded)
+	if err != nil && ctx.Err() == nil && bounded.Err() != nil {
+		return ErrNoSessionForMigration
 	}
-	defer func() { l.conn = nil }()
+	return err
+}
+
+// release ends the lock's transaction and its connection. Failing, the
+// lock may have been lost while the migrations ran (a pooler's
+// idle_transaction_timeout ended its transaction).
+func (l *heldLock) release(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
 	_, err := l.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll()
 	if closeErr := l.conn.Close(ctx); err == nil {
 		err = closeErr
 	}
 	if err != nil {
-		// The server ends the transaction, and the lock with it, once
-		// the connection is gone.
-		return fmt.Errorf("schema: releasing the migration lock: %w", err)
+		return fmt.Errorf("releasing the migration lock (it may have been lost while the migrations ran): %w", err)
 	}
 	return nil
 }
@@ -176,7 +213,14 @@ func (c lockWaitBounded) Connect(ctx context.Context) (driver.Conn, error) {
 // its own) whose BeginTx bounds the transaction's lock waits.
 type lockWaitBoundedConn struct{ *stdlib.Conn }
 
-var boundLockWaits = "SET LOCAL lock_timeout = " + strconv.FormatInt(MigrationLockWait.Milliseconds(), 10)
+// boundLockWaits also has PostgreSQL (14 and later) check every second
+// that the migration's client is still there: a run killed mid-statement
+// otherwise left its session running that statement, and holding its
+// table's lock, until the statement ended (its lock freed with its
+// connection, a run started meanwhile gave up behind that session).
+var boundLockWaits = "SET LOCAL lock_timeout = " + strconv.FormatInt(MigrationLockWait.Milliseconds(), 10) + "; " +
+	"SELECT set_config('client_connection_check_interval', '1000', true) " +
+	"WHERE current_setting('client_connection_check_interval', true) IS NOT NULL"
 
 func (c lockWaitBoundedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	tx, err := c.Conn.BeginTx(ctx, opts)

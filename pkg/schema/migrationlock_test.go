@@ -228,3 +228,70 @@ func TestAMigrationWaitsForAnotherRunsLock(t *testing.T) {
 		t.Error("the migration waiting for the lock did not apply once it was freed")
 	}
 }
+
+// Behind a pooler with one server connection, a run says at once that it
+// needs two sessions, and frees the lock: in transaction mode the lock's
+// transaction held the one while the migrations waited in PgBouncer's
+// queue, and the run failed after 120 s with `failed to list migrations:
+// FATAL: query_wait_timeout`, naming no cause.
+func TestAMigrationBehindAPoolerOfOneServerConnectionSaysItNeedsTwo(t *testing.T) {
+	for _, mode := range []string{"transaction", "session"} {
+		t.Run(mode, func(t *testing.T) {
+			direct, dsn := emptyDatabase(t)
+			pooled := testenv.PgBouncer(t, dsn, mode, "default_pool_size = 1") + " default_query_exec_mode=exec"
+			schema.SetSessionWait(t, 2*time.Second)
+			done := make(chan error, 1)
+			go func() {
+				_, err := schema.Up(context.Background(), testenv.Pool(t, pooled))
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, schema.ErrNoSessionForMigration) {
+					t.Errorf("Up() behind one server connection = %v, want ErrNoSessionForMigration", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Up() behind one server connection still waits after 30 s")
+			}
+			if n := count(t, direct, "SELECT count(*) FROM pg_tables WHERE tablename = 'owners'"); n != 0 {
+				t.Error("a migration ran")
+			}
+			if n := count(t, direct, advisoryLocksHere); n != 0 {
+				t.Errorf("%d advisory locks held after the run gave up, want none", n)
+			}
+		})
+	}
+}
+
+// Each migration's transaction bounds its lock waits and has PostgreSQL
+// check that its client is still there, in the transaction alone: a run
+// killed mid-statement left its session running that statement, its
+// table locked, until the statement ended.
+func TestEachMigrationTransactionBoundsItself(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	db := schema.MigrationDB(pool)
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lockTimeout, checkInterval string
+	if err := tx.QueryRowContext(ctx, "SELECT current_setting('lock_timeout'), current_setting('client_connection_check_interval')").
+		Scan(&lockTimeout, &checkInterval); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if lockTimeout != "5s" || checkInterval != "1s" {
+		t.Errorf("in a migration's transaction lock_timeout = %s, client_connection_check_interval = %s; want 5s and 1s", lockTimeout, checkInterval)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('lock_timeout'), current_setting('client_connection_check_interval')").
+		Scan(&lockTimeout, &checkInterval); err != nil {
+		t.Fatal(err)
+	}
+	if lockTimeout != "0" || checkInterval != "0" {
+		t.Errorf("after it, lock_timeout = %s, client_connection_check_interval = %s; want both 0", lockTimeout, checkInterval)
+	}
+}

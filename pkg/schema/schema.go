@@ -40,16 +40,30 @@ type Applied struct {
 // pooler in any mode (migrationlock.go). A migration that waits over
 // MigrationLockWait for a lock fails with ErrTablesBusy; one that waits
 // over MigrationLockHeldFor for another run fails with
-// ErrMigrationLockHeld.
-func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
+// ErrMigrationLockHeld, and one that gets no second database session for
+// its migrations beside its lock's with ErrNoSessionForMigration.
+func Up(ctx context.Context, pool *pgxpool.Pool) (applied []Applied, err error) {
+	held, err := takeMigrationLock(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("schema: migrate up: %w", err)
+	}
+	defer func() {
+		if releaseErr := held.release(ctx); releaseErr != nil && err == nil {
+			err = fmt.Errorf("schema: migrate up: %w", releaseErr)
+		}
+	}()
+	return upLocked(ctx, pool)
+}
+
+// upLocked is Up under the migration lock.
+func upLocked(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 	files, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
 	db := migrationDB(pool)
 	defer db.Close()
-	locker := &migrationLock{config: pool.Config().ConnConfig}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithLocker(locker))
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, files)
 	if err != nil {
 		return nil, fmt.Errorf("schema: %w", err)
 	}
@@ -65,10 +79,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
 			applied = append(applied, Applied{Version: r.Source.Version, File: r.Source.Path, Duration: r.Duration})
 		}
 	}
-	switch {
-	case errors.Is(err, ErrMigrationLockHeld):
-		return nil, fmt.Errorf("schema: migrate up: %w: %s", ErrMigrationLockHeld, lockHolders(ctx, pool))
-	case postgres.LockTimedOut(err):
+	if postgres.LockTimedOut(err) {
 		err = fmt.Errorf("%w: %s", ErrTablesBusy, postgres.OldTransactions(ctx, pool, MigrationLockWait))
 	}
 	if err != nil {
