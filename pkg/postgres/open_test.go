@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -125,7 +126,9 @@ func TestOpenWhenReachedWaitsBehindAPooler(t *testing.T) {
 // OpenWhenReached waits on both without a pooler; PgBouncer 1.18 passes
 // the refusal on as its own 08P01, and the binary stopped at once, as for
 // a wrong setting, whenever a stack started together met PostgreSQL so. It
-// now waits there too; a login PostgreSQL refuses behind the pooler (here
+// now waits there too, a role's CONNECTION LIMIT reached included (whose
+// words it did not know until session 62); a login PostgreSQL refuses
+// behind the pooler (here
 // a database it does not have) still stops it at once.
 func TestOpenWhenReachedWaitsBehindAPoolerForAPostgreSQLNotReady(t *testing.T) {
 	dsn := testenv.PostgresURL(t)
@@ -137,10 +140,13 @@ func TestOpenWhenReachedWaitsBehindAPoolerForAPostgreSQLNotReady(t *testing.T) {
 	for _, refusal := range []*pgproto3.ErrorResponse{
 		{Severity: "FATAL", Code: "57P03", Message: "the database system is starting up", Routine: "ProcessStartupPacket"},
 		{Severity: "FATAL", Code: "53300", Message: "sorry, too many clients already", Routine: "InitProcess"},
+		{Severity: "FATAL", Code: "53300", Message: `too many connections for role "svc"`, Routine: "InitializeSessionUserId"},
 	} {
-		t.Run(refusal.Code, func(t *testing.T) {
+		t.Run(refusal.Message, func(t *testing.T) {
 			var logs testenv.Output
-			ready := func() bool { return strings.Contains(logs.String(), refusal.Message) }
+			// Ready once the wait has logged the refusal (JSON escapes its quotes).
+			logged, _ := json.Marshal(refusal.Message)
+			ready := func() bool { return strings.Contains(logs.String(), strings.Trim(string(logged), `"`)) }
 			host, port, _ := net.SplitHostPort(refusingUntil(t, refusal, ready, socket))
 			pooled := testenv.PgBouncer(t, fmt.Sprintf("%s host=%s port=%s", dsn, host, port), "session",
 				"server_login_retry = 1", "ignore_startup_parameters = "+postgres.PoolerIgnoredSettings)

@@ -54,12 +54,13 @@ func NoSlotLeft(err error) bool {
 }
 
 // noSlotWords are the words of a pooler's refusal for want of a slot:
-// PostgreSQL's two messages for 53300 (notThereYet has them too), and
+// PostgreSQL's messages for 53300 (notThereYet has them too), and
 // PgBouncer's own when max_client_conn clients are connected to it
 // ("no more connections allowed (max_client_conn)").
 var noSlotWords = []string{
 	"sorry, too many clients already",
 	"remaining connection slots are reserved",
+	"too many connections for ",
 	"no more connections allowed",
 }
 

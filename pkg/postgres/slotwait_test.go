@@ -348,6 +348,8 @@ func TestNoSlotLeftReadsThePoolersWords(t *testing.T) {
 		{"PostgreSQL: too many clients", &pgconn.PgError{Severity: "FATAL", Code: "53300", Message: "sorry, too many clients already", Routine: "InitProcess"}, true},
 		{"PostgreSQL: the role's limit", &pgconn.PgError{Severity: "FATAL", Code: "53300", Message: `too many connections for role "svc"`, Routine: "InitializeSessionUserId"}, true},
 		{"PgBouncer: max_client_conn", pooler("no more connections allowed (max_client_conn)"), true},
+		{"PgBouncer passing the role's limit on", pooler(`too many connections for role "svc"`), true},
+		{"PgBouncer passing the database's limit on", pooler(`too many connections for database "exportsvc"`), true},
 		{"PgBouncer passing PostgreSQL's on", pooler("sorry, too many clients already"), true},
 		{"PgBouncer quoting PostgreSQL's", pooler("server login has been failing, cached error: remaining connection slots are reserved for roles with the SUPERUSER attribute (server_login_retry)"), true},
 		{"PgBouncer: login refused", pooler("server login has been failing, try again later (server_login_retry)"), false},

@@ -149,7 +149,9 @@ func poolerWaiting(err error) bool {
 //     later quote after "server login has been failing, cached error: ";
 //   - PostgreSQL's refusal for want of a connection slot (53300, "sorry,
 //     too many clients already", "remaining connection slots are
-//     reserved ..."), passed on or quoted alike;
+//     reserved ...", and a role's or database's CONNECTION LIMIT reached,
+//     "too many connections for role ..." or "... for database ..."),
+//     passed on or quoted alike;
 //   - 1.24 and later's "cached error" of a server it could not connect to
 //     (connect failed, connect timeout, server DNS lookup failed);
 //   - releases before 1.18's "pgbouncer cannot connect to server".
@@ -161,6 +163,7 @@ var notThereYet = []string{
 	"the database system is ",
 	"sorry, too many clients already",
 	"remaining connection slots are reserved",
+	"too many connections for ",
 	"cached error: connect failed",
 	"cached error: connect timeout",
 	"cached error: server DNS lookup failed",
