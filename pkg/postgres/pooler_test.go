@@ -167,3 +167,24 @@ func TestASessionThatLostItsSettingsLaterIsWarnedOf(t *testing.T) {
 		t.Errorf("%d warnings, want one per setting (3): %q", n, got)
 	}
 }
+
+// Behind a pooler with no server connection free, Open gives up when its
+// check does (here at its context's 1 s), not once the pooler frees one:
+// pgx, closing the check's cancelled connection, reads it until the pooler
+// closes it, for up to 15 s, and PgBouncer reads nothing from a client it
+// queues. exportctl migrate started during another run's migration behind
+// a transaction pool of 2 failed `ping: timeout` after 25 s, not 10, and
+// Ctrl-C ended it after 15 s.
+func TestOpenGivesUpAtOnceBehindAPoolerWithNoServerConnectionFree(t *testing.T) {
+	pooled := testenv.PgBouncer(t, testenv.PostgresURL(t), "transaction", "default_pool_size = 1",
+		"ignore_startup_parameters = "+postgres.PoolerIgnoredSettings) + " default_query_exec_mode=exec"
+	testenv.InTransaction(t, testenv.Pool(t, pooled), "SELECT 1") // the one server connection
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := postgres.Open(ctx, pooled)
+	if took := time.Since(start); err == nil || took > 5*time.Second {
+		t.Errorf("Open behind a pooler with no server connection free = %v after %s; want a failure within 5 s",
+			err, took.Round(100*time.Millisecond))
+	}
+}
