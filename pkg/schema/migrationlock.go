@@ -97,7 +97,9 @@ func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool) (*heldLock, erro
 	if err := waitForLock(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		if errors.Is(err, ErrMigrationLockHeld) {
-			err = fmt.Errorf("%w: %s", err, lockHolders(ctx, pool))
+			named, cancel := context.WithTimeout(ctx, sessionWait)
+			defer cancel()
+			err = fmt.Errorf("%w: %s", err, lockHolders(named, pool))
 		}
 		return nil, err
 	}
@@ -166,11 +168,14 @@ func withinSessionWait(ctx context.Context, do func(context.Context) error) erro
 	return err
 }
 
-// release ends the lock's transaction and its connection. Failing, the
-// lock may have been lost while the migrations ran (a pooler's
+// release ends the lock's transaction and its connection, within
+// sessionWait even once ctx has ended (a connection cut off would hang the
+// run; the server ends the transaction once it finds it gone). Failing,
+// the lock may have been lost while the migrations ran (a pooler's
 // idle_transaction_timeout ended its transaction).
 func (l *heldLock) release(ctx context.Context) error {
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sessionWait)
+	defer cancel()
 	_, err := l.conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll()
 	if closeErr := l.conn.Close(ctx); err == nil {
 		err = closeErr
