@@ -81,7 +81,8 @@ func CauseAttrOf(err error, setting string) slog.Attr {
 // poolerCause is Cause's text for a pooler's own error (poolerError).
 const poolerCause = "the pooler in front of PostgreSQL (PgBouncer) ended or refused the connection, as its message says: " +
 	"server login has been failing, PostgreSQL refuses the pooler's login (a password changed) or, from PgBouncer 1.22, is down " +
-	"(its cached error, or the pooler's log, says which); the database system is starting up, PostgreSQL is starting or recovering; " +
+	"(its cached error, or the pooler's log, says which); password or SASL authentication failed, the pooler itself " +
+	"(its auth_file or auth_query) or PostgreSQL behind it refuses DATABASE_URL's password; the database system is starting up, PostgreSQL is starting or recovering; " +
 	"query_wait_timeout or cannot connect to server, PostgreSQL is down or every server connection is busy"
 
 // causes holds Cause's texts by SQLSTATE, and by class ("53*") for the
