@@ -90,7 +90,11 @@ var tryLock = "BEGIN; " +
 // passed, and then makes sure the migrations can have a session of pool
 // beside it.
 func takeMigrationLock(ctx context.Context, pool *pgxpool.Pool) (*heldLock, error) {
-	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	var conn *pgx.Conn
+	err := withinSessionWait(ctx, func(ctx context.Context) (err error) {
+		conn, err = pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("connecting for the migration lock: %w", err)
 	}

@@ -208,8 +208,9 @@ func TestAMigrationWaitsForAnotherRunsLock(t *testing.T) {
 
 	schema.SetLockWait(t, time.Minute)
 	done := make(chan error, 1)
+	waiting := testenv.Pool(t, dsn)
 	go func() {
-		_, err := schema.Up(ctx, testenv.Pool(t, dsn))
+		_, err := schema.Up(ctx, waiting)
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond) // to find it held at least once; the outcome does not depend on it
@@ -241,8 +242,9 @@ func TestAMigrationBehindAPoolerOfOneServerConnectionSaysItNeedsTwo(t *testing.T
 			pooled := testenv.PgBouncer(t, dsn, mode, "default_pool_size = 1") + " default_query_exec_mode=exec"
 			schema.SetSessionWait(t, 2*time.Second)
 			done := make(chan error, 1)
+			pool := testenv.Pool(t, pooled)
 			go func() {
-				_, err := schema.Up(context.Background(), testenv.Pool(t, pooled))
+				_, err := schema.Up(context.Background(), pool)
 				done <- err
 			}()
 			select {
