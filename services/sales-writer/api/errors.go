@@ -216,8 +216,12 @@ func (h *handler) timedOut(r *http.Request, err error) errorAnswer {
 	// The server did not answer within the grace after the timeout: a
 	// commit may have raced the end, or waited for a synchronous standby
 	// (statement_timeout does not cut that wait, and pg_stat_activity
-	// shows it as wait_event SyncRep).
-	h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, a commit waiting for a synchronous standby (wait_event SyncRep), or the database overloaded", "error", err)
+	// shows it as wait_event SyncRep); or, behind a pooler, the call
+	// waited in its queue for a server connection, which the writer cannot
+	// tell from a statement sent.
+	h.log.ErrorContext(r.Context(), "sale call timed out in the database (SALES_WRITER_QUERY_TIMEOUT): an item locked by a long transaction, "+
+		"a commit waiting for a synchronous standby (wait_event SyncRep), the database overloaded, "+
+		"or, behind a pooler, no server connection free (PgBouncer's SHOW POOLS: cl_waiting)", "error", err)
 	return answer503("the sale store did not answer in time", mayHaveBeenApplied)
 }
 
