@@ -45,14 +45,17 @@ var ErrMigrationLockHeld = errors.New("another exportctl migrate held the migrat
 // lock's transaction held one while the migrations waited in the pooler's
 // queue for another (120 s, PgBouncer's query_wait_timeout, and then a
 // message that named no cause).
-var ErrNoSessionForMigration = errors.New("the migration got no database session within 10s" +
+var ErrNoSessionForMigration = errors.New("the migration got no database session within " + SessionWait.String() +
 	" (it needs two at once, its lock's and its migrations': behind a pooler, give exportctl's database " +
 	"at least 3 server connections in transaction mode, 2 per run at once in session mode; README, Behind PgBouncer)")
 
-// sessionWait bounds each wait for a database session: the lock's tries
-// and the migrations' first statement once the lock is held. Shorter in
-// tests.
-var sessionWait = 10 * time.Second
+// SessionWait bounds each wait of a migration for a database session:
+// its lock's connection and tries, and the migrations' first statement
+// once the lock is held.
+const SessionWait = 10 * time.Second
+
+// sessionWait is SessionWait, shorter in tests.
+var sessionWait = SessionWait
 
 // heldLock is the migration lock: the advisory lock goose's session locker
 // takes (lock.DefaultLockID, so that runs of an older exportctl, which
