@@ -38,7 +38,6 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, ownerID string, count int, se
 	go generate(ctx, owner, count, seed, batches)
 	var n int64
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		preferLZ4(ctx, tx)
 		var err error
 		n, err = tx.CopyFrom(ctx, pgx.Identifier{"export_items"}, seedColumns, &batchSource{ctx: ctx, ch: batches})
 		return err

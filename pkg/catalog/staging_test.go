@@ -7,49 +7,270 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coinexport/export/pkg/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 )
 
 // Behind a pooler in transaction mode another client's transactions run in
-// an import's session between its own: another import's staging there
-// must not be what this one writes. With one staging table name for every
-// import, the second import's staging replaced the first's, and the first
-// owner was given the second owner's items.
+// an import's session between its own: another import's staging must not
+// be what this one writes. With one staging table name for every import,
+// the second import's staging replaced the first's, and the first owner was
+// given the second owner's items.
 func TestImportWritesOnlyItsOwnStaging(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	owners := []pgtype.UUID{ownerIn(t, pool), ownerIn(t, pool)}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	staged := make([]string, 2)
+	conn := acquire(t, pool)
+	runs := make([]*stagingRun, 2)
 	for i, prefix := range []string{"mine", "theirs"} {
 		var items []Item
 		for n := range 3 {
 			items = append(items, itemFor(t, fmt.Sprintf("%s-%d", prefix, n)))
 		}
-		staged[i] = stagingTable()
-		if _, err := stage(ctx, conn.Conn(), staged[i], itemRows(items)); err != nil {
-			t.Fatalf("stage %s: %v", prefix, err)
-		}
+		runs[i] = stageIn(t, conn, owners[i], items)
 	}
-	if _, err := writeStaged(ctx, conn.Conn(), owners[0], staged[0], 3); err != nil {
+	if _, err := writeStaged(ctx, conn, owners[0], runs[0], 3); err != nil {
 		t.Fatalf("writeStaged: %v", err)
 	}
-	var ids []string
-	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM export_items WHERE owner_id = $1`,
-		owners[0]).Scan(&ids); err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"mine-0", "mine-1", "mine-2"}; !slices.Equal(ids, want) {
+	if ids, want := itemIDs(t, pool, owners[0]), []string{"mine-0", "mine-1", "mine-2"}; !slices.Equal(ids, want) {
 		t.Errorf("the owner's items are %q, want %q: it was given another import's items", ids, want)
 	}
+}
+
+// Through PgBouncer in transaction mode, imports at once each complete,
+// each owner given exactly its own items, and nothing is left behind: no
+// staging table, no run, no setting on a server session. With TEMP
+// staging tables every import stopped ("the import's staging table is not
+// in this session") and left its table in the session that made it.
+func TestImportsAtOnceThroughATransactionPoolComplete(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	pooled := testenv.Pool(t, testenv.PgBouncer(t, dsn, "transaction")+" default_query_exec_mode=exec")
+	direct := testenv.Pool(t, dsn)
+	const imports, perImport = 4, 2500
+	owners, files := make([]pgtype.UUID, imports), make([][]Item, imports)
+	for i := range owners {
+		owners[i] = ownerIn(t, direct)
+		for n := range perImport {
+			files[i] = append(files[i], itemFor(t, fmt.Sprintf("o%d-%05d", i, n)))
+		}
+	}
+	var g errgroup.Group
+	for i, owner := range owners {
+		g.Go(func() error {
+			res, err := Import(ctx, pooled, owner.String(), files[i])
+			if err == nil && res.Inserted != perImport {
+				err = fmt.Errorf("%+v, want %d inserted", res, perImport)
+			}
+			if err != nil {
+				return fmt.Errorf("import %d: %w", i, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for i, owner := range owners {
+		ids := itemIDs(t, direct, owner)
+		if len(ids) != perImport || ids[0] != fmt.Sprintf("o%d-00000", i) || ids[perImport-1] != fmt.Sprintf("o%d-%05d", i, perImport-1) {
+			t.Errorf("owner %d holds %d items (%q…), want its own %d", i, len(ids), ids[:min(len(ids), 2)], perImport)
+		}
+	}
+	assertNoStagingLeft(t, direct)
+	for range 4 { // the pool's two server sessions, whichever answers
+		var compression string
+		if err := pooled.QueryRow(ctx, `SHOW default_toast_compression`).Scan(&compression); err != nil || compression != "pglz" {
+			t.Errorf("a server session's default_toast_compression = %q (%v), want pglz: an import set it for others", compression, err)
+		}
+	}
+}
+
+// An import drops the tables of runs not seen for stagingStaleAfter (a
+// killed exportctl's), and leaves those of runs still seen.
+func TestAnImportDropsTheStagingOfStoppedRuns(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	conn := acquire(t, pool)
+	stopped := stageIn(t, conn, owner, []Item{itemFor(t, "left-1")})
+	running := stageIn(t, conn, owner, []Item{itemFor(t, "left-2")})
+	if _, err := pool.Exec(ctx, `UPDATE import_staging.runs SET seen_at = now() - make_interval(secs => $2) WHERE staging = $1`,
+		stopped.name, (stagingStaleAfter + time.Second).Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Import(ctx, pool, owner.String(), []Item{itemFor(t, "new-1")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stagingTables(t, pool), []string{running.name, "runs"}; !slices.Equal(got, want) {
+		t.Errorf("import_staging holds %q, want %q: the stopped run's table dropped, the running one's kept", got, want)
+	}
+	if got := registeredRuns(t, pool); !slices.Equal(got, []string{running.name}) {
+		t.Errorf("runs registered: %q, want only %q", got, running.name)
+	}
+}
+
+// An import cut short (a Ctrl-C: its context cancelled) while it stages or
+// writes drops its table all the same: pgx closes the connection a
+// statement was cancelled on, so the drop goes through the pool.
+func TestAnImportCutShortDropsItsStaging(t *testing.T) {
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	var items []Item
+	for n := range 30000 {
+		items = append(items, itemFor(t, fmt.Sprintf("cut-%05d", n)))
+	}
+	for _, after := range []time.Duration{50 * time.Millisecond, 400 * time.Millisecond} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(after, cancel)
+		_, err := Import(ctx, pool, owner.String(), items)
+		cancel()
+		if err == nil {
+			t.Fatalf("an import cancelled after %v ended without an error: make it longer", after)
+		}
+		assertNoStagingLeft(t, pool)
+	}
+}
+
+// An import whose staging table was dropped meanwhile (another import took
+// it for stopped) stops with ErrStagingLost, which names the cause, and
+// writes nothing more: its next chunk's statement finds no table.
+func TestAnImportWhoseStagingWasDroppedStops(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	conn, other := acquire(t, pool), acquire(t, pool)
+	run := stageIn(t, conn, owner, []Item{itemFor(t, "a-1")})
+	if err := dropStaging(ctx, other, run.name); err != nil {
+		t.Fatal(err)
+	}
+	_, err := writeStaged(ctx, conn, owner, run, 1)
+	if err = stagingError(err, run); !errors.Is(err, ErrStagingLost) {
+		t.Fatalf("error = %v, want ErrStagingLost", err)
+	}
+	if ids := itemIDs(t, pool, owner); len(ids) != 0 {
+		t.Errorf("items written: %q, want none", ids)
+	}
+}
+
+// A run is marked seen once stagingSeenEvery has passed since it last was,
+// and a run that is no longer registered says its table is lost.
+func TestARunIsMarkedSeenWhileItRuns(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	conn := acquire(t, pool)
+	run := stageIn(t, conn, owner, nil)
+	if _, err := pool.Exec(ctx, `UPDATE import_staging.runs SET seen_at = now() - interval '1 hour' WHERE staging = $1`, run.name); err != nil {
+		t.Fatal(err)
+	}
+	seenFor := func() time.Duration {
+		var age float64
+		if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - seen_at) FROM import_staging.runs WHERE staging = $1`,
+			run.name).Scan(&age); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(age * float64(time.Second))
+	}
+	if err := run.markSeenIfDue(ctx, conn); err != nil || seenFor() < 59*time.Minute {
+		t.Fatalf("marked seen %v after it was (%v), want not yet", seenFor(), err)
+	}
+	run.seenAt = time.Now().Add(-stagingSeenEvery)
+	if err := run.markSeenIfDue(ctx, conn); err != nil || seenFor() > time.Minute {
+		t.Fatalf("seen %v ago once due (%v), want now", seenFor(), err)
+	}
+	if err := dropStaging(ctx, conn, run.name); err != nil {
+		t.Fatal(err)
+	}
+	run.seenAt = time.Time{}
+	if err := run.markSeenIfDue(ctx, conn); !errors.Is(err, ErrStagingLost) {
+		t.Errorf("marking a run dropped meanwhile: %v, want ErrStagingLost", err)
+	}
+}
+
+// An import whose staging table ends before the count it staged (it
+// cannot, but writeStaged checks) says how many it wrote before: it
+// returned an error without the count, which exportctl read as "nothing
+// written".
+func TestImportShortOfItsStagedCountSaysWhatItWrote(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	conn := acquire(t, pool)
+	run := stageIn(t, conn, owner, []Item{itemFor(t, "only-one")})
+	_, err := writeStaged(ctx, conn, owner, run, 2)
+	var cut *WriteError
+	if !errors.As(err, &cut) || cut.Written != 1 || cut.Total != 2 || cut.AtLeast {
+		t.Errorf("writeStaged of 1 item staged, 2 counted = %v, want a WriteError of 1 written of 2", err)
+	}
+}
+
+// stageIn opens a staging run for owner on conn and copies items into it.
+func stageIn(t *testing.T, conn *pgx.Conn, owner pgtype.UUID, items []Item) *stagingRun {
+	t.Helper()
+	run, err := openStaging(context.Background(), conn, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := copyBatches(context.Background(), conn, run, itemRows(items)); err != nil {
+		t.Fatal(err)
+	}
+	return run
+}
+
+// assertNoStagingLeft fails the test if any staging table or run is left,
+// in import_staging or as a TEMP table of any session.
+func assertNoStagingLeft(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if got := stagingTables(t, pool); !slices.Equal(got, []string{"runs"}) {
+		t.Errorf("import_staging holds %q, want only runs", got)
+	}
+	if got := registeredRuns(t, pool); len(got) != 0 {
+		t.Errorf("runs left registered: %q", got)
+	}
+	var temp int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname LIKE 'pg_temp%' AND c.relkind = 'r'`).Scan(&temp); err != nil || temp != 0 {
+		t.Errorf("%d temporary tables left (%v), want none", temp, err)
+	}
+}
+
+// stagingTables lists the tables of the import_staging schema.
+func stagingTables(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	return strings.Fields(queryText(t, pool, `SELECT coalesce(string_agg(tablename, ' ' ORDER BY tablename = 'runs', tablename), '')
+FROM pg_tables WHERE schemaname = 'import_staging'`))
+}
+
+// registeredRuns lists the staging tables registered in import_staging.runs.
+func registeredRuns(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	return strings.Fields(queryText(t, pool, `SELECT coalesce(string_agg(staging, ' ' ORDER BY staging), '') FROM import_staging.runs`))
+}
+
+func queryText(t *testing.T, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), sql).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// itemIDs lists owner's item ids in order.
+func itemIDs(t *testing.T, pool *pgxpool.Pool, owner pgtype.UUID) []string {
+	t.Helper()
+	var ids []string
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM export_items WHERE owner_id = $1`,
+		owner).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 // ownerIn creates an owner in pool's database and returns its id.
@@ -72,28 +293,6 @@ func itemFor(t *testing.T, id string) Item {
 	return items[0]
 }
 
-// A chunk run in a session without the import's staging table (its
-// transactions moved to another server connection) fails with
-// ErrStagingLost, which names the cause, and writes nothing.
-func TestImportInAnotherSessionIsNamed(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.Postgres(t)
-	owner := ownerIn(t, pool)
-	staging, other := acquire(t, pool), acquire(t, pool)
-	name := stagingTable()
-	if _, err := stage(ctx, staging, name, itemRows([]Item{itemFor(t, "a-1")})); err != nil {
-		t.Fatal(err)
-	}
-	_, err := writeStaged(ctx, other, owner, name, 1)
-	if err = stagingError(err, name); !errors.Is(err, ErrStagingLost) {
-		t.Fatalf("error = %v, want ErrStagingLost", err)
-	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM export_items WHERE owner_id = $1`, owner).Scan(&n); err != nil || n != 0 {
-		t.Errorf("%d items written (%v), want none", n, err)
-	}
-}
-
 // acquire is a connection of pool of its own, released when the test ends.
 func acquire(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
 	t.Helper()
@@ -103,24 +302,4 @@ func acquire(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
 	}
 	t.Cleanup(c.Release)
 	return c.Conn()
-}
-
-// An import whose staging table ends before the count it staged (it
-// cannot, but writeStaged checks) says how many it wrote before: it
-// returned an error without the count, which exportctl read as "nothing
-// written".
-func TestImportShortOfItsStagedCountSaysWhatItWrote(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.Postgres(t)
-	owner := ownerIn(t, pool)
-	conn := acquire(t, pool)
-	staging := stagingTable()
-	if _, err := stage(ctx, conn, staging, itemRows([]Item{itemFor(t, "only-one")})); err != nil {
-		t.Fatal(err)
-	}
-	_, err := writeStaged(ctx, conn, owner, staging, 2)
-	var cut *WriteError
-	if !errors.As(err, &cut) || cut.Written != 1 || cut.Total != 2 || cut.AtLeast {
-		t.Errorf("writeStaged of 1 item staged, 2 counted = %v, want a WriteError of 1 written of 2", err)
-	}
 }

@@ -2,14 +2,13 @@ package catalog
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/big"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -31,8 +30,10 @@ type ImportResult struct {
 // item's updated_at moves only when something a consumer sees (or its
 // source texts) changes.
 //
-// The items travel first by COPY into a session-private staging table,
-// which nobody else sees and which is dropped afterwards. They are then
+// The items travel first by COPY into a staging table of the import's own
+// (staging.go), which nobody else reads and which is dropped afterwards;
+// every statement of an import is whole in itself, so it runs through a
+// pooler in transaction mode as directly. They are then
 // written ImportChunk at a time, in id order, each chunk one statement run
 // outside an explicit transaction, so PostgreSQL commits it the moment it
 // ends: no client round trip sits between the clock_timestamp() an item is
@@ -72,7 +73,7 @@ func Import(ctx context.Context, pool *pgxpool.Pool, ownerID string, items []Ite
 
 // ImportJSONL imports the JSON Lines file r (ParseJSONL's format) for
 // ownerID as Import does, without holding the file: each line is validated
-// as it is read, and copied into the staging table with its batch (stage),
+// as it is read, and copied into the staging table with its batch (copyBatches),
 // and a bad line (a *LineError) ends the import before anything is
 // written, as ParseJSONL's would. A million-item catalog is imported in
 // tens of megabytes, where parsing it whole took gigabytes. The connection
@@ -92,67 +93,49 @@ func ImportJSONL(ctx context.Context, pool *pgxpool.Pool, ownerID string, r io.R
 	return res, err
 }
 
-// importFrom stages the rows of source and writes them for owner.
+// importFrom stages the rows of source in a staging table of the import's
+// own and writes them for owner, on one connection of pool, then drops the
+// table through pool: a Ctrl-C during a statement closes the connection
+// it ran on (pgx), and the table would stay until a later import dropped it.
 func importFrom(ctx context.Context, pool *pgxpool.Pool, owner pgtype.UUID, source pgx.CopyFromSource) (ImportResult, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return ImportResult{}, fmt.Errorf("catalog: %w", err)
 	}
-	defer conn.Release()
-	res, err := importOn(ctx, conn.Conn(), owner, source)
+	run, err := openStaging(ctx, conn.Conn(), owner)
 	if err != nil {
-		return ImportResult{}, ownerError(err)
+		conn.Release()
+		return ImportResult{}, err
+	}
+	res, err := importInto(ctx, conn.Conn(), owner, run, source)
+	conn.Release()
+	run.drop(ctx, pool)
+	if err != nil {
+		return ImportResult{}, ownerError(stagingError(err, run))
 	}
 	return res, nil
 }
 
-func importOn(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, source pgx.CopyFromSource) (ImportResult, error) {
-	staging := stagingTable()
-	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS pg_temp."+staging+"; RESET default_toast_compression")
-	}()
-	total, err := stage(ctx, conn, staging, source)
+// importInto copies the rows of source into run's table and writes them
+// for owner.
+func importInto(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, run *stagingRun, source pgx.CopyFromSource) (ImportResult, error) {
+	total, err := copyBatches(ctx, conn, run, source)
 	if err != nil {
-		return ImportResult{}, stagingError(err, staging)
+		return ImportResult{}, err
 	}
-	res, err := writeStaged(ctx, conn, owner, staging, total)
-	return res, stagingError(err, staging)
-}
-
-// stagingTable names an import's staging table, apart from any other
-// import's. Behind a pooler in transaction mode (PgBouncer
-// pool_mode=transaction) an import's transactions run on whichever server
-// session is free, which runs other clients' in between: with one name for
-// every import, a concurrent import for another owner dropped this one's
-// table and staged its own under that name, and this import's chunks wrote
-// that owner's items as this owner's (3,000 of 3,000, measured through a
-// PgBouncer of one server connection). Apart, a chunk that lands in another
-// session finds no table and fails, writing nothing (ErrStagingLost).
-func stagingTable() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return "import_items_" + hex.EncodeToString(b)
-}
-
-// stage creates the staging table and copies source into it, returning how
-// many rows it staged.
-func stage(ctx context.Context, conn *pgx.Conn, staging string, source pgx.CopyFromSource) (int, error) {
-	if _, err := conn.Exec(ctx, fmt.Sprintf(createStaging, staging)); err != nil {
-		return 0, fmt.Errorf("catalog: staging table: %w", err)
-	}
-	// lz4 compresses the stored documents several times faster than pglz,
-	// on write and on every read; a server built without it keeps pglz.
-	_, _ = conn.Exec(ctx, "SET default_toast_compression = lz4")
-	return copyBatches(ctx, conn, staging, source)
+	return writeStaged(ctx, conn, owner, run, total)
 }
 
 // writeStaged writes the total items of the staging table for owner, a
 // chunk per statement.
-func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, staging string, total int) (ImportResult, error) {
+func writeStaged(ctx context.Context, conn *pgx.Conn, owner pgtype.UUID, run *stagingRun, total int) (ImportResult, error) {
 	var res ImportResult
-	upsert := upsertChunk(staging)
+	upsert := upsertChunk(run.table())
 	after := "" // the last id written; every valid id sorts after ""
 	for written := 0; written < total; {
+		if err := run.markSeenIfDue(ctx, conn); err != nil {
+			return res, &WriteError{Written: written, Total: total, Err: err}
+		}
 		var inserted, touched, read int
 		if err := conn.QueryRow(ctx, upsert, owner, after, ImportChunk, chunkLockWait).Scan(&inserted, &touched, &read, &after); err != nil {
 			return res, &WriteError{Written: written, Total: total, AtLeast: mayHaveCommitted(err), Err: chunkError(ctx, conn, err)}
@@ -200,25 +183,6 @@ func mayHaveCommitted(err error) bool {
 
 func (e *WriteError) Unwrap() error { return e.Err }
 
-// ErrStagingLost is an import's error when a statement of it ran in a
-// session without its staging table: its connection is not one session,
-// as behind a pooler in transaction mode. The chunks before it are
-// written (ImportResult); running it again through such a pooler can fail
-// the same way.
-var ErrStagingLost = errors.New("catalog: the import's staging table is not in this session: its statements ran in " +
-	"different database sessions, as behind a pooler in transaction mode (PgBouncer pool_mode=transaction); an import " +
-	"needs one session: give it a DATABASE_URL to PostgreSQL itself or to a pool in session mode")
-
-// stagingError is err, or ErrStagingLost with it when it says the staging
-// table is not there (42P01 undefined_table, naming it).
-func stagingError(err error, staging string) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, staging) {
-		return fmt.Errorf("%w (%w)", ErrStagingLost, err)
-	}
-	return err
-}
-
 // copyBatches copies the rows of source into the staging table and returns how
 // many it copied. The rows are read a batch at a time (StageBatch rows, or
 // stageBatchBytes of them), each batch whole before its own COPY: a COPY
@@ -233,22 +197,35 @@ func stagingError(err error, staging string) error {
 // stays with the tables. Between batches no transaction is open, however
 // long the next line takes to come. The next batch is read while one is
 // copied (readBatches), so validating the file and PostgreSQL's COPY
-// still run side by side, as in one COPY.
-func copyBatches(ctx context.Context, conn *pgx.Conn, staging string, source pgx.CopyFromSource) (int, error) {
+// still run side by side, as in one COPY. While it waits for the file, the
+// run is marked seen (stagingRun), so that no other import takes it for
+// stopped however slowly the file comes.
+func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pgx.CopyFromSource) (int, error) {
 	batches, stop := readBatches(source)
 	defer stop()
+	seen := time.NewTicker(stagingSeenEvery)
+	defer seen.Stop()
 	total := 0
-	for b := range batches {
-		if b.err != nil {
-			return total, fmt.Errorf("catalog: read: %w", b.err)
+	for {
+		select {
+		case <-seen.C:
+			if err := run.markSeen(ctx, conn); err != nil {
+				return total, err
+			}
+		case b, ok := <-batches:
+			if !ok {
+				return total, nil
+			}
+			if b.err != nil {
+				return total, fmt.Errorf("catalog: read: %w", b.err)
+			}
+			n, err := conn.CopyFrom(ctx, pgx.Identifier{"import_staging", run.name}, stagingColumns, pgx.CopyFromRows(b.rows))
+			if err != nil {
+				return total, fmt.Errorf("catalog: copy: %w", err)
+			}
+			total += int(n)
 		}
-		n, err := conn.CopyFrom(ctx, pgx.Identifier{staging}, stagingColumns, pgx.CopyFromRows(b.rows))
-		if err != nil {
-			return total, fmt.Errorf("catalog: copy: %w", err)
-		}
-		total += int(n)
 	}
-	return total, nil
 }
 
 // batch is a batch of staging rows read, or the error that ended the
@@ -333,13 +310,6 @@ func valuesBytes(row []any) int {
 // its stamps and holds its rows' locks as briefly, large enough that the
 // statements' own cost stays small against the rows'.
 const ImportChunk = 1000
-
-// createStaging is the staging table's statement, its name left to fill in.
-const createStaging = `CREATE TEMP TABLE %s (
-    id text PRIMARY KEY, coin_id text, listed_active boolean NOT NULL, price numeric(18,4),
-    currency text NOT NULL, category jsonb, characteristics jsonb NOT NULL, images jsonb NOT NULL,
-    texts jsonb NOT NULL, doc_eng text NOT NULL, doc_rus text NOT NULL, doc_ukr text NOT NULL
-)`
 
 var stagingColumns = []string{"id", "coin_id", "listed_active", "price", "currency", "category",
 	"characteristics", "images", "texts", "doc_eng", "doc_rus", "doc_ukr"}
@@ -449,21 +419,6 @@ func stagingRow(it *Item) ([]any, error) {
 	return []any{it.ID, it.CoinID, it.Status == StatusActive, numeric(it.Price), it.Currency,
 		nullableJSON(it.Category), defaultJSON(it.Characteristics, "{}"), images, texts,
 		string(Render(it, "ENG")), string(Render(it, "RUS")), string(Render(it, "UKR"))}, nil
-}
-
-// preferLZ4 makes the transaction compress the stored documents with lz4,
-// several times faster than the default pglz both when written and on every
-// read of a page. A server built without lz4 keeps pglz: the savepoint keeps
-// the refused SET from aborting the transaction.
-func preferLZ4(ctx context.Context, tx pgx.Tx) {
-	if _, err := tx.Exec(ctx, "SAVEPOINT prefer_lz4"); err != nil {
-		return
-	}
-	if _, err := tx.Exec(ctx, "SET LOCAL default_toast_compression = lz4"); err != nil {
-		_, _ = tx.Exec(ctx, "ROLLBACK TO SAVEPOINT prefer_lz4")
-		return
-	}
-	_, _ = tx.Exec(ctx, "RELEASE SAVEPOINT prefer_lz4")
 }
 
 // numeric converts a validated price (at most 4 fractional digits).
