@@ -39,16 +39,6 @@ func open(ctx context.Context, dsn string, log *slog.Logger, opts ...Option) (*p
 	return pool, nil
 }
 
-// closeUnwaited closes a pool whose check failed without waiting for it.
-// The check's connection may be one a pooler still queues (every server
-// connection of PgBouncer's in use): pgx, closing a connection whose
-// statement was cancelled, reads it until the other end closes it, for up
-// to 15 s, and PgBouncer reads nothing from a client it queues. exportctl
-// started during another run's migration behind a transaction pool of 2
-// failed `ping: timeout` after 25 s, not 10, and Ctrl-C ended it after
-// 15 s.
-func closeUnwaited(pool *pgxpool.Pool) { go pool.Close() }
-
 // OpenSide opens a pool of one connection with pool's settings, for a
 // service's own checks of its database (its readiness, export-reader's
 // replica lag): through the service's pool a check would wait behind every
