@@ -13,6 +13,7 @@ import (
 
 	"github.com/coinexport/export/gateway/edge"
 	"github.com/coinexport/export/pkg/envdoc"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/telemetry"
 )
 
@@ -44,9 +45,12 @@ func gatewayForDocs(t *testing.T) envdoc.Binary[edge.Config] {
 		Listeners:  func(c edge.Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/v1/health",
 		Settings:   func(c edge.Config) []string { return c.Settings },
-		// Serving on, draining, then the last flush of spans, bounded on its
+		// Serving on, draining, closing the key store's pool
+		// (postgres.Close), then the last flush of spans, bounded on its
 		// own (edge.Gateway.Shutdown).
-		Stop: func(c edge.Config) time.Duration { return c.ShutdownDelay + c.ShutdownTimeout + telemetry.MaxFlushTime },
+		Stop: func(c edge.Config) time.Duration {
+			return c.ShutdownDelay + c.ShutdownTimeout + postgres.CloseWait + telemetry.MaxFlushTime
+		},
 	}
 }
 

@@ -221,7 +221,7 @@ func (g *Gateway) openStores(ctx context.Context) (closeStores func(), err error
 	// The I/O bound is the longer of the two deadlines its calls carry, so
 	// that each call is held to its own (see redisclient.Open).
 	if g.redis, err = redisclient.Open(g.cfg.RedisURL, max(g.cfg.RateLimitRedisTimeout, healthPingTimeout)); err != nil {
-		g.pool.Close()
+		postgres.Close(g.pool)
 		return nil, err
 	}
 	// Its pool's series beside PostgreSQL's: a Redis slow to accept
@@ -230,7 +230,7 @@ func (g *Gateway) openStores(ctx context.Context) (closeStores func(), err error
 	redispool.Register(g.metrics.registry, "redis", g.redis)
 	return func() {
 		g.redis.Close()
-		g.pool.Close()
+		postgres.Close(g.pool)
 	}, nil
 }
 
@@ -479,7 +479,7 @@ func (g *Gateway) shutdown(ctx context.Context) error {
 	g.stopBg()
 	g.bg.Wait()
 	g.redis.Close()
-	g.pool.Close()
+	postgres.Close(g.pool)
 	// Not ctx: a drain that used its whole deadline left none of it, and
 	// the spans still queued, those of the requests around the stop, the
 	// ones an SRE looks for, were dropped unsent. The flush is bounded on

@@ -15,6 +15,7 @@ import (
 
 	"github.com/coinexport/export/pkg/envconfig"
 	"github.com/coinexport/export/pkg/httpserver"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/telemetry"
 )
 
@@ -128,11 +129,13 @@ type Binary[C any] struct {
 
 // ServiceStop is a Stop for a service built on httpserver: it serves on
 // for its delay after SIGTERM, drains for drain, waits for the handlers of
-// the calls the drain cut off (httpserver.CutOffWait), then flushes its
-// last spans (telemetry.MaxFlushTime at most). One formula for the three
-// services, so a step added to their stop is counted in every one.
-func ServiceStop(delay, drain time.Duration) time.Duration {
-	return delay + drain + httpserver.CutOffWait + telemetry.MaxFlushTime
+// the calls the drain cut off (httpserver.CutOffWait), closes its pools
+// (postgres.CloseWait at most each: two for a service with a database,
+// its own and its side connection's), then flushes its last spans
+// (telemetry.MaxFlushTime at most). One formula for the three services,
+// so a step added to their stop is counted in every one.
+func ServiceStop(delay, drain time.Duration, pools int) time.Duration {
+	return delay + drain + httpserver.CutOffWait + time.Duration(pools)*postgres.CloseWait + telemetry.MaxFlushTime
 }
 
 // reads reports whether the binary reads name, itself or through the

@@ -66,7 +66,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	return serve(ctx, cfg, log, pool, databaseSetting(getenv))
 }
 
@@ -90,7 +90,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 	if err != nil {
 		return err
 	}
-	defer side.Close()
+	defer postgres.Close(side)
 	// A standby too far behind must not let a sync succeed: its next
 	// incremental one would skip what the standby lacked (README, "Reading
 	// from a replica").

@@ -72,7 +72,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer, appl
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	return serve(ctx, cfg, log, pool)
 }
 
@@ -92,7 +92,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, pool *pgxpool.Pool
 	if err != nil {
 		return err
 	}
-	defer side.Close()
+	defer postgres.Close(side)
 	readiness := schema.NewReadiness(ctx, side, log, schema.Writable(), schema.ServingOn(pool))
 	srv := httpserver.New(httpserver.Config{
 		Service:   serviceName,

@@ -32,7 +32,7 @@ func forDocs(t *testing.T) envdoc.Binary[Config] {
 		Listeners:  func(c Config) (string, string) { return c.Addr, c.AdminAddr },
 		HealthPath: "/healthz",
 		Settings:   func(c Config) []string { return c.Settings },
-		Stop:       func(c Config) time.Duration { return envdoc.ServiceStop(c.ShutdownDelay, drainTime(c)) },
+		Stop:       func(c Config) time.Duration { return envdoc.ServiceStop(c.ShutdownDelay, drainTime(c), 0) },
 		Drain:      drainTime,
 	}
 }

@@ -169,7 +169,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err != nil {
 		return withCause(err)
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	err = commands[name](ctx, &env{pool: pool, stdin: stdin, out: stdout, notes: stderr}, rest)
 	if name != "migrate" { // a migration failing on a missing table needs other advice than "run migrate"
 		err = withMigrationsMissing(ctx, pool, dsn, err)

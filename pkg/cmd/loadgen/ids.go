@@ -31,7 +31,7 @@ func runIDs(ctx context.Context, cfg Config, args []string, stdout io.Writer) er
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	ids, err := sampleIDs(ctx, pool, cfg.OwnerID, *count, false)
 	if err != nil {
 		return err

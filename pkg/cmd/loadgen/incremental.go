@@ -44,7 +44,7 @@ func runIncremental(ctx context.Context, cfg Config, args []string, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	checkpoint, changed, err := changeItems(ctx, pool, cfg.OwnerID, *fraction)
 	if err != nil {
 		return fmt.Errorf("%s: change items: %w", *name, err)

@@ -323,7 +323,7 @@ func neighbourItems(ctx context.Context, cfg Config, f neighboursFlags) (neighbo
 	if err != nil {
 		return s, err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	if s.get, err = sampleIDs(ctx, pool, cfg.OwnerID, f.getItems, false); err != nil {
 		return s, err
 	}

@@ -194,7 +194,7 @@ func newSalesWorkers(ctx context.Context, cfg Config, base string, n, perWorker 
 	if err != nil {
 		return nil, err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	ids, err := sampleIDs(ctx, pool, cfg.OwnerID, n*perWorker, true)
 	if err != nil {
 		return nil, err

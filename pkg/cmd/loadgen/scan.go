@@ -41,7 +41,7 @@ func runScan(ctx context.Context, cfg Config, args []string, stdout io.Writer) e
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer postgres.Close(pool)
 	res, err := fastest(*repeat, func() (syncResult, error) {
 		res, err := keysetScan(ctx, pool, cfg.OwnerID, col, *limit)
 		if err == nil && *expect > 0 && res.Items != *expect {
