@@ -156,7 +156,10 @@ func dropStaging(ctx context.Context, db txBeginner, name string) error {
 
 // dropStaleStagings drops the tables of runs not seen for
 // stagingStaleAfter: their imports were killed, or lost their database
-// before they could drop them.
+// before they could drop them. It is this import's clean-up of others'
+// tables, so a table it cannot drop (dropStale) is left for a later import
+// rather than stopping this one: one left behind by another role, which
+// this one may not drop, stopped every import.
 func dropStaleStagings(ctx context.Context, conn *pgx.Conn) error {
 	rows, _ := conn.Query(ctx, `SELECT staging FROM import_staging.runs WHERE seen_at < now() - make_interval(secs => $1)`,
 		stagingStaleAfter.Seconds())
@@ -165,11 +168,37 @@ func dropStaleStagings(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("catalog: staging tables of stopped imports: %w", err)
 	}
 	for _, name := range stale {
-		if err := dropStaging(ctx, conn, name); err != nil {
+		if err := dropStale(ctx, conn, name); err != nil && ctx.Err() != nil {
 			return fmt.Errorf("catalog: staging table %s of a stopped import: %w", name, err)
 		}
 	}
 	return nil
+}
+
+// stagingStaleLockWait bounds the wait for the lock on a stopped run's
+// table. A pg_dump holds a lock on it for as long as it runs, and a run
+// stopped in the middle of a COPY (kill -STOP) holds its own: the drop
+// waited behind them with no bound, and the import with it.
+const stagingStaleLockWait = "1s"
+
+// dropStale drops the table of the run name if that run is still not seen
+// for stagingStaleAfter when its row is taken: a run marked seen since it
+// was read as stopped keeps its table (its row is locked by that UPDATE
+// until it commits, and read again then). Read once and dropped after,
+// such a run lost its table while it ran.
+func dropStale(ctx context.Context, conn *pgx.Conn, name string) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, stagingStaleLockWait); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM import_staging.runs WHERE staging = $1 AND seen_at < now() - make_interval(secs => $2)`,
+			name, stagingStaleAfter.Seconds())
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{"import_staging", name}.Sanitize())
+		return err
+	})
 }
 
 // ErrStagingLost is an import's error when its staging table is gone: the

@@ -115,6 +115,68 @@ func TestAnImportDropsTheStagingOfStoppedRuns(t *testing.T) {
 	}
 }
 
+// A stopped run's table that cannot be dropped now (a pg_dump holds a lock
+// on it, as long as it runs) is left for a later import: the import goes
+// on. The drop waited for the lock with no bound, and the import with it.
+func TestAnImportGoesOnPastAStoppedRunsTableItCannotDrop(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	stopped := stageIn(t, acquire(t, pool), owner, []Item{itemFor(t, "left-1")})
+	age(t, pool, stopped)
+	dump := testenv.InTransaction(t, pool, "LOCK TABLE "+stopped.table()+" IN ACCESS SHARE MODE")
+	importCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := Import(importCtx, pool, owner.String(), []Item{itemFor(t, "new-1")}); err != nil {
+		t.Fatalf("Import while a stopped run's table is locked: %v", err)
+	}
+	if got := registeredRuns(t, pool); !slices.Equal(got, []string{stopped.name}) {
+		t.Errorf("runs registered: %q, want the locked one, %q, kept for a later import", got, stopped.name)
+	}
+	if err := dump.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Import(ctx, pool, owner.String(), []Item{itemFor(t, "new-2")}); err != nil {
+		t.Fatal(err)
+	}
+	assertNoStagingLeft(t, pool)
+}
+
+// A run read as stopped but marked seen before its table is dropped keeps
+// it: read once and dropped after, it lost its table while it ran.
+func TestARunMarkedSeenAsItIsTakenForStoppedKeepsItsTable(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	running := stageIn(t, acquire(t, pool), owner, []Item{itemFor(t, "mine-1")})
+	age(t, pool, running)
+	seen := testenv.InTransaction(t, pool, `UPDATE import_staging.runs SET seen_at = now() WHERE staging = $1`, running.name)
+	imported := make(chan error, 1)
+	go func() {
+		_, err := Import(ctx, pool, owner.String(), []Item{itemFor(t, "new-1")})
+		imported <- err
+	}()
+	testenv.WaitUntilTrue(t, pool, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock')`)
+	if err := seen.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-imported; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stagingTables(t, pool), []string{running.name, "runs"}; !slices.Equal(got, want) {
+		t.Errorf("import_staging holds %q, want %q: the run seen meanwhile keeps its table", got, want)
+	}
+}
+
+// age makes run look stopped: not seen for stagingStaleAfter.
+func age(t *testing.T, pool *pgxpool.Pool, run *stagingRun) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `UPDATE import_staging.runs SET seen_at = now() - make_interval(secs => $2) WHERE staging = $1`,
+		run.name, (stagingStaleAfter + time.Second).Seconds()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // An import cut short (a Ctrl-C: its context cancelled) while it stages or
 // writes drops its table all the same: pgx closes the connection a
 // statement was cancelled on, so the drop goes through the pool.
