@@ -219,13 +219,31 @@ func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pg
 			if b.err != nil {
 				return total, fmt.Errorf("catalog: read: %w", b.err)
 			}
-			n, err := conn.CopyFrom(ctx, pgx.Identifier{"import_staging", run.name}, stagingColumns, pgx.CopyFromRows(b.rows))
+			n, err := copyBatch(ctx, conn, run, b.rows)
 			if err != nil {
 				return total, fmt.Errorf("catalog: copy: %w", err)
 			}
 			total += int(n)
 		}
 	}
+}
+
+// copyBatch copies rows into run's table in a transaction of its own, not
+// as a COPY alone. Behind PgBouncer in transaction mode (1.18), a COPY
+// alone that a Ctrl-C cut short left the server connection it ran on
+// linked to whichever client came next, its answer never sent: two
+// cancelled imports took both server connections of a pool of 2, and
+// every client of the pool waited (query_wait_timeout). In a transaction,
+// the server connection stays the import's until it ends, and PgBouncer
+// closes it with the import's connection.
+func copyBatch(ctx context.Context, conn *pgx.Conn, run *stagingRun, rows [][]any) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var err error
+		n, err = tx.CopyFrom(ctx, pgx.Identifier{"import_staging", run.name}, stagingColumns, pgx.CopyFromRows(rows))
+		return err
+	})
+	return n, err
 }
 
 // batch is a batch of staging rows read, or the error that ended the

@@ -511,14 +511,15 @@ func TestImportJSONLHoldsNoTransactionWhileItWaitsForTheFile(t *testing.T) {
 		done <- err
 	}()
 	<-r.asked // the import waits for the rest of the file
-	// Its session, found by the COPY it has sent: a batch's, which ends,
-	// or one fed by the file, which lasts as long as the file is awaited.
+	// Its session, found by the COPY it has sent, or the COMMIT of that
+	// COPY's transaction (copyBatch): a batch's, which ends, or one fed by
+	// the file, which lasts as long as the file is awaited.
 	check := testenv.Pool(t, dsn)
 	var state string
 	var inTransaction bool
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		err := check.QueryRow(ctx, `SELECT state, xact_start IS NOT NULL FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid() AND query ILIKE 'copy%'`).Scan(&state, &inTransaction)
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND (query ILIKE 'copy%' OR query ILIKE 'commit')`).Scan(&state, &inTransaction)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatalf("the import's session: %v", err)
 		}
