@@ -159,10 +159,13 @@ func dropStaging(ctx context.Context, db txBeginner, name string) error {
 // before they could drop them. It is this import's clean-up of others'
 // tables, so a table it cannot drop (dropStale) is left for a later import
 // rather than stopping this one: one left behind by another role, which
-// this one may not drop, stopped every import.
+// this one may not drop, stopped every import. Only a table of a name
+// newStagingName makes is dropped: a row of runs naming runs (written by
+// hand) had the clean-up drop the table of runs itself, and every import
+// fail after.
 func dropStaleStagings(ctx context.Context, conn *pgx.Conn) error {
-	rows, _ := conn.Query(ctx, `SELECT staging FROM import_staging.runs WHERE seen_at < now() - make_interval(secs => $1)`,
-		stagingStaleAfter.Seconds())
+	rows, _ := conn.Query(ctx, `SELECT staging FROM import_staging.runs WHERE seen_at < now() - make_interval(secs => $1)
+  AND staging ~ '^items_[0-9a-f]{16}$'`, stagingStaleAfter.Seconds())
 	stale, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("catalog: staging tables of stopped imports: %w", err)

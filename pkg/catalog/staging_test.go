@@ -220,6 +220,24 @@ func TestARunMarkedSeenAsItIsTakenForStoppedKeepsItsTable(t *testing.T) {
 	}
 }
 
+// A stopped run's row drops only a staging table of the name an import
+// gives it: a row naming runs (written by hand) dropped the table of runs.
+func TestAStoppedRunDropsOnlyAStagingTable(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	if _, err := pool.Exec(ctx, `INSERT INTO import_staging.runs (staging, owner_id, seen_at) VALUES ('runs', $1, now() - interval '1 day')`,
+		owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Import(ctx, pool, owner.String(), []Item{itemFor(t, "new-1")}); err != nil {
+		t.Fatalf("Import beside a run named runs: %v", err)
+	}
+	if got := registeredRuns(t, pool); !slices.Equal(got, []string{"runs"}) {
+		t.Errorf("runs registered: %q, want the one named runs, left alone", got)
+	}
+}
+
 // age makes run look stopped: not seen for stagingStaleAfter.
 func age(t *testing.T, pool *pgxpool.Pool, run *stagingRun) {
 	t.Helper()
