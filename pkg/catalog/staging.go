@@ -131,21 +131,52 @@ func (r *stagingRun) markSeen(ctx context.Context, conn *pgx.Conn) error {
 
 // drop drops the run's table and its registration. It runs as the import
 // ends, its context perhaps cancelled (a Ctrl-C), so it has a bound of its
-// own; a table it could not drop is dropped by a later import.
-func (r *stagingRun) drop(ctx context.Context, db txBeginner) {
+// own. A table it could not drop is dropped by a later import, and said
+// (StagingLeft): left without a word, a copy of the catalog stayed in the
+// database for at least stagingStaleAfter, and nobody knew why.
+func (r *stagingRun) drop(ctx context.Context, db txBeginner) *StagingLeft {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stagingDropWait)
 	defer cancel()
-	_ = dropStaging(ctx, db, r.name)
+	if err := dropStaging(ctx, db, r.name); err != nil {
+		return &StagingLeft{Name: r.name, Err: err}
+	}
+	return nil
 }
+
+// StagingLeft is an import's staging table that it could not drop as it
+// ended: another session held a lock on it for longer than
+// stagingLockWait (a pg_dump holds one for as long as it runs), or the
+// database did not answer within stagingDropWait. The table, a copy of the
+// imported items, stays registered in import_staging.runs, and the first
+// import started stagingStaleAfter after this one ended drops it.
+type StagingLeft struct {
+	Name string // the table's name in the schema import_staging
+	Err  error  // why the drop failed
+}
+
+// Table is the table's schema-qualified name.
+func (l *StagingLeft) Table() string { return "import_staging." + l.Name }
+
+// DropStatement is the SQL that drops the table and its registration now.
+func (l *StagingLeft) DropStatement() string {
+	return "BEGIN; DROP TABLE IF EXISTS " + l.Table() + "; DELETE FROM import_staging.runs WHERE staging = '" + l.Name + "'; COMMIT;"
+}
+
+// StaleAfter is how long after the import a later import drops the table.
+func (l *StagingLeft) StaleAfter() time.Duration { return stagingStaleAfter }
 
 // txBeginner is a connection or a pool.
 type txBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// dropStaging drops the staging table name and its run in one transaction.
+// dropStaging drops the staging table name and its run in one
+// transaction, waiting at most stagingLockWait for the table's lock.
 func dropStaging(ctx context.Context, db txBeginner, name string) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := setLockWait(ctx, tx); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{"import_staging", name}.Sanitize()); err != nil {
 			return err
 		}
@@ -178,11 +209,19 @@ func dropStaleStagings(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// stagingStaleLockWait bounds the wait for the lock on a stopped run's
-// table. A pg_dump holds a lock on it for as long as it runs, and a run
-// stopped in the middle of a COPY (kill -STOP) holds its own: the drop
-// waited behind them with no bound, and the import with it.
-const stagingStaleLockWait = "1s"
+// stagingLockWait bounds the wait for the lock on a staging table to drop
+// it. A pg_dump holds a lock on it for as long as it runs, and a run
+// stopped in the middle of a COPY (kill -STOP) holds its own: a stopped
+// run's drop waited behind them with no bound, and the import with it.
+// Waiting in line for that lock, the drop would also hold up every session
+// that asks for one after it (a pg_dump starting).
+const stagingLockWait = "1s"
+
+// setLockWait sets stagingLockWait as the lock_timeout of tx alone.
+func setLockWait(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, stagingLockWait)
+	return err
+}
 
 // dropStale drops the table of the run name if that run is still not seen
 // for stagingStaleAfter when its row is taken: a run marked seen since it
@@ -191,7 +230,7 @@ const stagingStaleLockWait = "1s"
 // such a run lost its table while it ran.
 func dropStale(ctx context.Context, conn *pgx.Conn, name string) error {
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, stagingStaleLockWait); err != nil {
+		if err := setLockWait(ctx, tx); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, `DELETE FROM import_staging.runs WHERE staging = $1 AND seen_at < now() - make_interval(secs => $2)`,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -241,6 +242,78 @@ func TestAStoppedRunDropsOnlyAStagingTable(t *testing.T) {
 	if got := registeredRuns(t, pool); !slices.Equal(got, []string{"runs"}) {
 		t.Errorf("runs registered: %q, want the one named runs, left alone", got)
 	}
+}
+
+// An import that cannot drop its staging table as it ends (a pg_dump holds
+// a lock on it) says so, naming the table and why, and leaves it
+// registered for a later import; the statement it gives drops it. The drop
+// failed without a word, and a copy of the catalog stayed for at least
+// stagingStaleAfter by nobody's account.
+func TestAnImportThatCannotDropItsStagingSaysSo(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := ownerIn(t, pool)
+	var dump pgx.Tx
+	file := &atEnd{r: strings.NewReader(`{"id":"a-1","status":"active","currency":"EUR","images":[],"texts":{"ENG":{"title":"t"}}}` + "\n")}
+	file.then = func() error { // as the file ends, its table exists and is written to
+		var name string
+		if err := pool.QueryRow(ctx, `SELECT staging FROM import_staging.runs WHERE owner_id = $1`, owner).Scan(&name); err != nil {
+			return err
+		}
+		var err error
+		if dump, err = pool.Begin(ctx); err != nil {
+			return err
+		}
+		_, err = dump.Exec(ctx, "LOCK TABLE "+pgx.Identifier{"import_staging", name}.Sanitize()+" IN ACCESS SHARE MODE")
+		return err
+	}
+	res, err := ImportJSONL(ctx, pool, owner.String(), file)
+	if file.err != nil {
+		t.Fatalf("locking the import's table as its file ended: %v", file.err)
+	}
+	if dump != nil {
+		defer func() { _ = dump.Rollback(ctx) }()
+	}
+	if err != nil || res.Inserted != 1 {
+		t.Fatalf("Import = %+v, %v; want 1 item inserted, the table's lock notwithstanding", res, err)
+	}
+	left := res.StagingLeft
+	if left == nil {
+		t.Fatalf("Import's StagingLeft = nil, want the table it could not drop")
+	}
+	if got, want := registeredRuns(t, pool), []string{left.Name}; !slices.Equal(got, want) {
+		t.Errorf("runs registered: %q, want %q, the table left, kept for a later import", got, want)
+	}
+	if got, want := stagingTables(t, pool), []string{left.Name, "runs"}; !slices.Equal(got, want) {
+		t.Errorf("import_staging holds %q, want %q", got, want)
+	}
+	if !strings.Contains(left.Err.Error(), "55P03") || left.Table() != "import_staging."+left.Name {
+		t.Errorf("StagingLeft = %s (%v), want import_staging.%s and the lock's timeout (55P03)", left.Table(), left.Err, left.Name)
+	}
+	if err := dump.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, left.DropStatement()); err != nil {
+		t.Fatalf("%s: %v", left.DropStatement(), err)
+	}
+	assertNoStagingLeft(t, pool)
+}
+
+// atEnd reads r and, as r ends, calls then once, keeping its error.
+type atEnd struct {
+	r    io.Reader
+	then func() error
+	err  error
+	done bool
+}
+
+func (a *atEnd) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if err == io.EOF && !a.done {
+		a.done = true
+		a.err = a.then()
+	}
+	return n, err
 }
 
 // age makes run look stopped: not seen for stagingStaleAfter.

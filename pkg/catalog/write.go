@@ -24,6 +24,9 @@ var ErrOwnerNotFound = errors.New("catalog: owner does not exist")
 // that were already exactly as imported (their updated_at does not move).
 type ImportResult struct {
 	Inserted, Updated, Unchanged int
+	// StagingLeft is the import's staging table when the import could not
+	// drop it as it ended, whether the import failed or not; nil otherwise.
+	StagingLeft *StagingLeft
 }
 
 // Import upserts items (already validated by ParseJSONL) for ownerID. An
@@ -88,7 +91,7 @@ func ImportJSONL(ctx context.Context, pool *pgxpool.Pool, ownerID string, r io.R
 	if rows.err != nil {
 		// The file's own error ended the staging: it says more than the
 		// error it is wrapped in.
-		return ImportResult{}, rows.err
+		return ImportResult{StagingLeft: res.StagingLeft}, rows.err
 	}
 	return res, err
 }
@@ -97,6 +100,8 @@ func ImportJSONL(ctx context.Context, pool *pgxpool.Pool, ownerID string, r io.R
 // own and writes them for owner, on one connection of pool, then drops the
 // table through pool: a Ctrl-C during a statement closes the connection
 // it ran on (pgx), and the table would stay until a later import dropped it.
+// A table it could not drop is in the result (StagingLeft), with an error
+// or without.
 func importFrom(ctx context.Context, pool *pgxpool.Pool, owner pgtype.UUID, source pgx.CopyFromSource) (ImportResult, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -109,10 +114,11 @@ func importFrom(ctx context.Context, pool *pgxpool.Pool, owner pgtype.UUID, sour
 	}
 	res, err := importInto(ctx, conn.Conn(), owner, run, source)
 	conn.Release()
-	run.drop(ctx, pool)
+	left := run.drop(ctx, pool)
 	if err != nil {
-		return ImportResult{}, ownerError(stagingError(err, run))
+		return ImportResult{StagingLeft: left}, ownerError(stagingError(err, run))
 	}
+	res.StagingLeft = left
 	return res, nil
 }
 

@@ -207,6 +207,48 @@ func TestItemsImportCutShortSaysWhatItWrote(t *testing.T) {
 	}
 }
 
+// An import that could not drop its staging table as it ended (a pg_dump
+// held a lock on it) says so on its notes, with the table, why, when a
+// later import drops it and the statement that drops it now, and still
+// reports what it imported. The table stayed without a word.
+func TestItemsImportSaysWhenItLeavesItsStagingTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.PostgresURL(t)
+	owner := newOwner(t, dsn)
+	pool := testenv.Pool(t, dsn)
+	lines := strings.NewReader(pricedLines(3, "1"))
+	locked := false
+	stdin := readerFunc(func(p []byte) (int, error) {
+		n, err := lines.Read(p)
+		if err == io.EOF && !locked { // the staging table exists once the file is read
+			locked = true
+			var table string
+			if err := pool.QueryRow(ctx, `SELECT 'import_staging.' || staging FROM import_staging.runs`).Scan(&table); err != nil {
+				return 0, err
+			}
+			testenv.InTransaction(t, pool, "LOCK TABLE "+table+" IN ACCESS SHARE MODE")
+		}
+		return n, err
+	})
+	var out, notes bytes.Buffer
+	err := run(ctx, []string{"items", "import", "--owner", owner.ID, "--file", "-"}, func(string) string { return dsn }, stdin, &out, &notes)
+	if err != nil || !strings.Contains(out.String(), "imported 3 items: 3 inserted") {
+		t.Fatalf("import = %v, printed %q; want 3 items imported", err, out.String())
+	}
+	var table string
+	if err := pool.QueryRow(ctx, `SELECT staging FROM import_staging.runs`).Scan(&table); err != nil {
+		t.Fatalf("the run left: %v", err)
+	}
+	for _, want := range []string{"warning: the import's staging table import_staging." + table + " could not be dropped",
+		"another session holds a lock on it, as a pg_dump does while it runs: ERROR: canceling statement due to lock timeout", "the first import started 15 minutes from now drops it",
+		"DROP TABLE IF EXISTS import_staging." + table + "; DELETE FROM import_staging.runs WHERE staging = '" + table + "'"} {
+		if !strings.Contains(notes.String(), want) {
+			t.Errorf("notes = %q, want %q in them", notes.String(), want)
+		}
+	}
+}
+
 // readerFunc is a function as an io.Reader.
 type readerFunc func(p []byte) (int, error)
 
