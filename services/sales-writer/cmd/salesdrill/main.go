@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/coinexport/export/pkg/postgres"
 	"github.com/coinexport/export/pkg/stopsignal"
 	"github.com/coinexport/export/services/sales-writer/salescheck"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -125,7 +126,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer postgres.Close(db) // bounded, as every binary's: a Ctrl-C while a check's query is queued behind PgBouncer
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	send := salescheck.HTTPSender(client, c.base, saleKeys, readKey)
