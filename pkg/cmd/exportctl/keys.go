@@ -248,6 +248,27 @@ func oneLine(stdin io.Reader) (string, error) {
 	return line, nil
 }
 
+// oneLineUnlessStopped is oneLine, or the stop (Ctrl-C) that came first: a
+// pipe whose writer keeps it open (a script that waits) held the revoke
+// past Ctrl-C for as long. The read is left to the process's exit.
+func oneLineUnlessStopped(ctx context.Context, stdin io.Reader) (string, error) {
+	type read struct {
+		line string
+		err  error
+	}
+	done := make(chan read, 1)
+	go func() {
+		line, err := oneLine(stdin)
+		done <- read{line, err}
+	}()
+	select {
+	case <-ctx.Done():
+		return "", fmt.Errorf("key revoke -: %w before standard input ended: nothing revoked", ctx.Err())
+	case r := <-done:
+		return r.line, r.err
+	}
+}
+
 var errNotOneLine = fmt.Errorf("%w: key revoke - reads one line from standard input: one key id, or one key", errUsage)
 
 // stdinArgument is key revoke -'s argument: at a terminal, the line typed
@@ -257,7 +278,7 @@ var errNotOneLine = fmt.Errorf("%w: key revoke - reads one line from standard in
 func stdinArgument(ctx context.Context, e *env) (string, error) {
 	tty, ok := e.stdin.(*os.File)
 	if !ok || !isTerminal(tty) {
-		return oneLine(e.stdin)
+		return oneLineUnlessStopped(ctx, e.stdin)
 	}
 	// Ctrl-\ (SIGQUIT) ends the wait as Ctrl-C does: Go's own answer to
 	// it ends the process at once, its echo still off, and the shell after

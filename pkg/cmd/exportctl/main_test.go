@@ -647,6 +647,28 @@ func TestKeyRevokeReadsTheKeyFromStandardInput(t *testing.T) {
 	}
 }
 
+// key revoke - from a pipe its writer keeps open stops at Ctrl-C, nothing
+// revoked: it read on until the pipe closed.
+func TestKeyRevokeFromAPipeHeldOpenStopsAtCtrlC(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	owner, key := newReadKey(t, dsn)
+	stdin, writer := io.Pipe()
+	defer writer.Close()
+	go func() { _, _ = io.WriteString(writer, key.Key+"\n") }() // and the pipe stays open,
+	time.AfterFunc(5*time.Second, func() { writer.Close() })    // 5 s, so that a revoke that waits for it ends
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := run(ctx, []string{"key", "revoke", "-"}, func(string) string { return dsn }, stdin, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "before standard input ended: nothing revoked") {
+		t.Errorf("key revoke - stopped while its pipe was open = %v, want it to stop, nothing revoked", err)
+	}
+	var keys []listedKey
+	if err := cli(t, dsn, "", &keys, "key", "list", "--owner", owner.ID); err != nil || len(keys) != 1 || keys[0].RevokedAt != nil {
+		t.Errorf("key list after the stopped revoke = %+v, %v; want the key, not revoked", keys, err)
+	}
+}
+
 // key revoke takes a key's id in either case, and names what else it was
 // given instead of looking for "a key with id" that no key can have: a key
 // mistyped or cut short (its checksum fails), a key's prefix as key list
