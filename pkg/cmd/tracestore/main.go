@@ -120,16 +120,18 @@ func show(w io.Writer, file, requestID string) error {
 	if !traceIDPattern.MatchString(requestID) {
 		return fmt.Errorf("%q is not a request id (32 hex characters)", requestID)
 	}
-	spans, err := spansIn(file, func(sp tracestore.Span) bool { return sp.TraceID == requestID })
+	var earliest time.Time // of every span kept, for a request older than them all
+	spans, err := spansIn(file, func(sp tracestore.Span) bool {
+		if earliest.IsZero() || sp.Start.Before(earliest) {
+			earliest = sp.Start
+		}
+		return sp.TraceID == requestID
+	})
 	if err != nil {
 		return err
 	}
 	if len(spans) == 0 {
-		// Some requests record no span at all: their log lines, beside
-		// the span file under make run, are all there is.
-		logs := filepath.Join(filepath.Dir(file), "logs", "*.log*")
-		return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans (spans are exported in batches: retry in a few seconds). "+
-			"A health check records none, nor a request not sampled: grep %s %s finds its log lines", requestID, file, file, requestID, logs)
+		return noSpansError(requestID, file, earliest)
 	}
 	// The spans linked from other traces (the gateway's Redis round trip,
 	// held by the first traced request it decided) and their children.
@@ -142,6 +144,23 @@ func show(w io.Writer, file, requestID string) error {
 	}
 	tracestore.WriteTree(w, spans, linked)
 	return nil
+}
+
+// noSpansError says that file and file.1 hold no span of requestID, and
+// why that may be. Some requests record no span at all: their log lines,
+// beside the span file under make run, are all there is. A request older
+// than the earliest span kept has none left, nor log lines (make run keeps
+// the run before only): it was sent to retry in a few seconds.
+func noSpansError(requestID, file string, earliest time.Time) error {
+	logs := filepath.Join(filepath.Dir(file), "logs", "*.log*")
+	kept := "no span is kept yet"
+	if !earliest.IsZero() {
+		kept = "the spans kept begin at " + earliest.UTC().Format(time.DateTime) + " UTC (this run's and the one before: " +
+			"a request older than that has neither spans nor log lines left)"
+	}
+	return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans; %s. Spans are exported in batches: "+
+		"a request of the last seconds may be there on a retry. A health check records none, nor a request not sampled: "+
+		"grep %s %s finds its log lines", requestID, file, file, kept, requestID, logs)
 }
 
 // spansIn returns the spans of file.1 and file that keep takes.

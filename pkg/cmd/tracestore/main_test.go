@@ -43,15 +43,15 @@ func TestShowReadsARequestIDAsQuoted(t *testing.T) {
 // make run keeps the last run's spans once, as traces.jsonl.1: make trace
 // finds a request of that run there, and of this one in traces.jsonl.
 func TestShowReadsTheLastRunsSpansToo(t *testing.T) {
-	span := func(traceID, name string) string {
-		return `{"trace_id":"` + traceID + `","span_id":"00f067aa0ba902b7","service":"gateway","name":"` + name + `","kind":"server","start":"2026-11-22T04:00:00Z","duration_ms":1.5}` + "\n"
+	span := func(traceID, name, start string) string {
+		return `{"trace_id":"` + traceID + `","span_id":"00f067aa0ba902b7","service":"gateway","name":"` + name + `","kind":"server","start":"` + start + `","duration_ms":1.5}` + "\n"
 	}
 	const last, now = "4bf92f3577b34da6a3ce929d0e0e4736", "5bf92f3577b34da6a3ce929d0e0e4737"
 	file := filepath.Join(t.TempDir(), "traces.jsonl")
-	if err := os.WriteFile(file+".1", []byte(span(last, "GET /v1/export/items")), 0o600); err != nil {
+	if err := os.WriteFile(file+".1", []byte(span(last, "GET /v1/export/items", "2026-11-22T06:00:00+03:00")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(file, []byte(span(now, "GET /v1/health")), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(span(now, "GET /v1/health", "2026-11-22T04:00:00Z")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for id, want := range map[string]string{last: "GET /v1/export/items", now: "GET /v1/health"} {
@@ -68,7 +68,8 @@ func TestShowReadsTheLastRunsSpansToo(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), file+".1") {
 		t.Errorf("show of a request in neither file = %v, want an error naming %s.1 too", err, file)
 	}
-	for _, want := range []string{"health check", "not sampled", "grep 6bf92f3577b34da6a3ce929d0e0e4738 " + filepath.Join(filepath.Dir(file), "logs", "*.log*")} {
+	for _, want := range []string{"health check", "not sampled", "grep 6bf92f3577b34da6a3ce929d0e0e4738 " + filepath.Join(filepath.Dir(file), "logs", "*.log*"),
+		"the spans kept begin at 2026-11-22 03:00:00 UTC", "a request older than that has neither spans nor log lines left"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("show of a request in neither file = %v, want it to say %q", err, want)
 		}
