@@ -21,7 +21,9 @@ build: ## build every binary into bin/
 	@go build -o bin/logcap ./pkg/cmd/logcap
 	@ls bin
 
-run: build ## start the whole stack natively (PostgreSQL + Redis under .run/), demo data and keys
+run: ## start the whole stack natively (PostgreSQL + Redis under .run/), demo data and keys
+	@deploy/local/run.sh --check
+	@$(MAKE) --no-print-directory build
 	@deploy/local/run.sh
 
 test: ## run every test of every module against real PostgreSQL and Redis

@@ -6,6 +6,22 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 . deploy/local/lib.sh
+
+# refuse_second_run ends this script: another make run holds .run/lock.
+refuse_second_run() {
+  local holder
+  holder=$(cat .run/lock 2>/dev/null)
+  die "another make run${holder:+ (pid $holder)} is running in this clone ($root): stop it first (Ctrl-C in its terminal${holder:+, or kill -TERM $holder}); its .run/ and bin/ were left alone"
+}
+# --check: make run asks first whether another make run is up, before make
+# build, which rebuilt bin/ under that stack's running binaries before this
+# script refused. The lock is taken for good below.
+if [[ ${1:-} == --check ]]; then
+  [[ -e .run/lock ]] || exit 0
+  exec 9<.run/lock
+  flock -n 9 || refuse_second_run
+  exit 0
+fi
 ensure_packages
 
 # Every binary's output goes through bin/logcap (below): a bin/ built
@@ -28,10 +44,7 @@ chmod 700 "$state/logs"
 # starts closes it (9>&-), so what a killed make run leaves running does
 # not hold it (the next one stops that, below).
 exec 9<>"$state/lock"
-if ! flock -n 9; then
-  holder=$(cat "$state/lock" 2>/dev/null)
-  die "another make run${holder:+ (pid $holder)} is running in this clone ($root): stop it first (Ctrl-C in its terminal${holder:+, or kill -TERM $holder}); its .run/ was left alone"
-fi
+flock -n 9 || refuse_second_run
 echo $$ >"$state/lock"
 
 # The grace a binary has to stop after its first TERM, before it is killed
