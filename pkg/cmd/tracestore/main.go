@@ -149,14 +149,17 @@ func show(w io.Writer, file, requestID string) error {
 // noSpansError says that file and file.1 hold no span of requestID, and
 // why that may be. Some requests record no span at all: their log lines,
 // beside the span file under make run, are all there is. A request older
-// than the earliest span kept has none left, nor log lines (make run keeps
-// the run before only): it was sent to retry in a few seconds.
+// than the earliest span kept has none left: it was sent to retry in a few
+// seconds. Its log lines may be left all the same: file.1 holds the run
+// before, or this run's older spans once file reached --max-bytes, and
+// each log file moves to its .1 at its own size (a request of this run
+// whose spans were gone was said to have no log lines left either).
 func noSpansError(requestID, file string, earliest time.Time) error {
 	logs := filepath.Join(filepath.Dir(file), "logs", "*.log*")
 	kept := "no span is kept yet"
 	if !earliest.IsZero() {
-		kept = "the spans kept begin at " + earliest.UTC().Format(time.DateTime) + " UTC (this run's and the one before: " +
-			"a request older than that has neither spans nor log lines left)"
+		kept = "the spans kept begin at " + earliest.UTC().Format(time.DateTime) + " UTC: " +
+			"a request older than that has no span left"
 	}
 	return fmt.Errorf("no spans for request id %s in %s nor %s.1, the older spans; %s. Spans are exported in batches: "+
 		"a request of the last seconds may be there on a retry. A health check records none, nor a request not sampled: "+

@@ -69,10 +69,16 @@ func TestShowReadsTheLastRunsSpansToo(t *testing.T) {
 		t.Errorf("show of a request in neither file = %v, want an error naming %s.1 too", err, file)
 	}
 	for _, want := range []string{"health check", "not sampled", "grep 6bf92f3577b34da6a3ce929d0e0e4738 " + filepath.Join(filepath.Dir(file), "logs", "*.log*"),
-		"the spans kept begin at 2026-11-22 03:00:00 UTC", "a request older than that has neither spans nor log lines left"} {
+		"the spans kept begin at 2026-11-22 03:00:00 UTC: a request older than that has no span left"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("show of a request in neither file = %v, want it to say %q", err, want)
 		}
+	}
+	// traces.jsonl.1 may hold this run's older spans (serve's --max-bytes),
+	// and the logs move to .1 at their own size: a request older than the
+	// spans kept may still have its log lines, which the grep finds.
+	if err != nil && strings.Contains(err.Error(), "nor log lines") {
+		t.Errorf("show of a request in neither file = %v, want no word of its log lines being gone: the grep it gives may find them", err)
 	}
 }
 
