@@ -158,8 +158,12 @@ type StagingLeft struct {
 func (l *StagingLeft) Table() string { return "import_staging." + l.Name }
 
 // DropStatement is the SQL that drops the table and its registration now.
+// It waits 5 s at most for the table's lock: pasted while a pg_dump still
+// holds it, a DROP without that bound would wait for the dump's end, and
+// hold up every session that asks for the table after it.
 func (l *StagingLeft) DropStatement() string {
-	return "BEGIN; DROP TABLE IF EXISTS " + l.Table() + "; DELETE FROM import_staging.runs WHERE staging = '" + l.Name + "'; COMMIT;"
+	return "BEGIN; SET LOCAL lock_timeout = '5s'; DROP TABLE IF EXISTS " + pgx.Identifier{"import_staging", l.Name}.Sanitize() +
+		"; DELETE FROM import_staging.runs WHERE staging = '" + strings.ReplaceAll(l.Name, "'", "''") + "'; COMMIT;"
 }
 
 // StaleAfter is how long after the import a later import drops the table.

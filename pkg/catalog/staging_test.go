@@ -264,15 +264,13 @@ func TestAnImportThatCannotDropItsStagingSaysSo(t *testing.T) {
 		if dump, err = pool.Begin(ctx); err != nil {
 			return err
 		}
+		t.Cleanup(func() { _ = dump.Rollback(ctx) })
 		_, err = dump.Exec(ctx, "LOCK TABLE "+pgx.Identifier{"import_staging", name}.Sanitize()+" IN ACCESS SHARE MODE")
 		return err
 	}
 	res, err := ImportJSONL(ctx, pool, owner.String(), file)
 	if file.err != nil {
 		t.Fatalf("locking the import's table as its file ended: %v", file.err)
-	}
-	if dump != nil {
-		defer func() { _ = dump.Rollback(ctx) }()
 	}
 	if err != nil || res.Inserted != 1 {
 		t.Fatalf("Import = %+v, %v; want 1 item inserted, the table's lock notwithstanding", res, err)

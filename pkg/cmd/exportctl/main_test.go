@@ -227,7 +227,15 @@ func TestItemsImportSaysWhenItLeavesItsStagingTable(t *testing.T) {
 			if err := pool.QueryRow(ctx, `SELECT 'import_staging.' || staging FROM import_staging.runs`).Scan(&table); err != nil {
 				return 0, err
 			}
-			testenv.InTransaction(t, pool, "LOCK TABLE "+table+" IN ACCESS SHARE MODE")
+			// On the import's reading goroutine: an error, not t.Fatal.
+			dump, err := pool.Begin(ctx)
+			if err != nil {
+				return 0, err
+			}
+			t.Cleanup(func() { _ = dump.Rollback(context.Background()) })
+			if _, err := dump.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS SHARE MODE"); err != nil {
+				return 0, err
+			}
 		}
 		return n, err
 	})
@@ -242,7 +250,7 @@ func TestItemsImportSaysWhenItLeavesItsStagingTable(t *testing.T) {
 	}
 	for _, want := range []string{"warning: the import's staging table import_staging." + table + " could not be dropped",
 		"another session holds a lock on it, as a pg_dump does while it runs: ERROR: canceling statement due to lock timeout", "the first import started 15 minutes from now drops it",
-		"DROP TABLE IF EXISTS import_staging." + table + "; DELETE FROM import_staging.runs WHERE staging = '" + table + "'"} {
+		`SET LOCAL lock_timeout = '5s'; DROP TABLE IF EXISTS "import_staging"."` + table + `"; DELETE FROM import_staging.runs WHERE staging = '` + table + "'"} {
 		if !strings.Contains(notes.String(), want) {
 			t.Errorf("notes = %q, want %q in them", notes.String(), want)
 		}
@@ -655,12 +663,21 @@ func TestKeyRevokeFromAPipeHeldOpenStopsAtCtrlC(t *testing.T) {
 	owner, key := newReadKey(t, dsn)
 	stdin, writer := io.Pipe()
 	defer writer.Close()
-	go func() { _, _ = io.WriteString(writer, key.Key+"\n") }() // and the pipe stays open,
-	time.AfterFunc(5*time.Second, func() { writer.Close() })    // 5 s, so that a revoke that waits for it ends
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	err := run(ctx, []string{"key", "revoke", "-"}, func(string) string { return dsn }, stdin, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "before standard input ended: nothing revoked") {
+	ctx, ctrlC := context.WithCancel(context.Background())
+	defer ctrlC()
+	revoked := make(chan error, 1)
+	go func() {
+		revoked <- run(ctx, []string{"key", "revoke", "-"}, func(string) string { return dsn }, stdin, io.Discard, io.Discard)
+	}()
+	// A pipe's write returns once it is read: the revoke is reading then,
+	// and the pipe stays open. Closed after 5 s, so that a revoke that
+	// waits for it ends.
+	if _, err := io.WriteString(writer, key.Key+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(5*time.Second, func() { writer.Close() })
+	ctrlC()
+	if err := <-revoked; err == nil || !strings.Contains(err.Error(), "before standard input ended: nothing revoked") {
 		t.Errorf("key revoke - stopped while its pipe was open = %v, want it to stop, nothing revoked", err)
 	}
 	var keys []listedKey
