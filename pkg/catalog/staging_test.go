@@ -133,7 +133,7 @@ func TestAnImportCutInItsCopyLeavesATransactionPoolServing(t *testing.T) {
 			_, err := Import(importCtx, pooled, owner.String(), items)
 			imported <- err
 		}()
-		testenv.WaitUntilTrue(t, direct, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'copy%' AND state = 'active')`)
+		testenv.WaitUntilTrue(t, direct, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'copy%' AND state = 'active')`)
 		time.Sleep(time.Duration(rand.Int64N(int64(300 * time.Millisecond))))
 		cancel()
 		<-imported

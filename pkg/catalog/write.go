@@ -212,6 +212,7 @@ func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pg
 	seen := time.NewTicker(stagingSeenEvery)
 	defer seen.Stop()
 	total := 0
+	var text []byte // a batch in COPY's text format, its buffer kept for the next
 	for {
 		select {
 		case <-seen.C:
@@ -225,7 +226,11 @@ func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pg
 			if b.err != nil {
 				return total, fmt.Errorf("catalog: read: %w", b.err)
 			}
-			n, err := copyBatch(ctx, conn, run, b.rows)
+			var err error
+			if text, err = appendCopyText(text[:0], b.rows); err != nil {
+				return total, err
+			}
+			n, err := copyBatch(ctx, conn, run, text)
 			if err != nil {
 				return total, fmt.Errorf("catalog: copy: %w", err)
 			}
@@ -242,11 +247,11 @@ func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pg
 // every client of the pool waited (query_wait_timeout). In a transaction,
 // the server connection stays the import's until it ends, and PgBouncer
 // closes it with the import's connection.
-func copyBatch(ctx context.Context, conn *pgx.Conn, run *stagingRun, rows [][]any) (int64, error) {
+func copyBatch(ctx context.Context, conn *pgx.Conn, run *stagingRun, text []byte) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var err error
-		n, err = tx.CopyFrom(ctx, pgx.Identifier{"import_staging", run.name}, stagingColumns, pgx.CopyFromRows(rows))
+		n, err = copyTextIn(ctx, tx, run, text)
 		return err
 	})
 	return n, err

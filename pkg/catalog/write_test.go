@@ -539,3 +539,54 @@ func TestImportJSONLHoldsNoTransactionWhileItWaitsForTheFile(t *testing.T) {
 		t.Errorf("%d items stored (%v), want %d", n, err, catalog.StageBatch+1)
 	}
 }
+
+// An import's rows travel to its staging table in COPY's text format,
+// which reads a backslash, a tab, a newline and a carriage return as its
+// own: every column holds them back as imported, and each document as
+// Render makes it (its JSON escapes are backslashes too).
+func TestImportKeepsWhatCOPYsTextFormatEscapes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	owner := newOwner(t, pool)
+	// JSON text: back\slash, a tab, a newline, a return, \N, \., \\t, "quoted".
+	const slashes = `back\\slash, \\N, \\., \\\\t, \"quoted\", ünï ☃` // a title's: no control characters
+	const tricky = `back\\slash, tab\t, newline\n, return\r, \\N, \\., \\\\t, \"quoted\", ünï ☃`
+	line := `{"id":"copy-edge","coin_id":"km\\N\\t","status":"active","price":0.0001,"currency":"EUR",` +
+		`"category":{"id":"c\\d","name":"` + tricky + `"},"characteristics":{"note":"` + tricky + `"},` +
+		`"images":[{"id":"i\\1","url":"https://cdn.example.com/a%5Cb.jpg","position":1,"type":"obverse"}],` +
+		`"texts":{"ENG":{"title":"` + slashes + `","description":"` + tricky + `"},"RUS":{"title":"\\N"}}}`
+	items := mustParse(t, line)
+	if _, err := catalog.ImportJSONL(ctx, pool, owner, strings.NewReader(line)); err != nil {
+		t.Fatal(err)
+	}
+	want := items[0]
+	texts, images := mustMarshal(t, want.Texts), mustMarshal(t, want.Images)
+	var coinID, price, docENG, docRUS, docUKR string
+	var jsonSame bool
+	err := pool.QueryRow(ctx, `SELECT coin_id, price::text, doc_eng, doc_rus, doc_ukr,
+		category = $3::jsonb AND characteristics = $4::jsonb AND images = $5::jsonb AND texts = $6::jsonb
+		FROM export_items WHERE owner_id = $1 AND id = $2`, owner, want.ID,
+		string(want.Category), string(want.Characteristics), images, texts).
+		Scan(&coinID, &price, &docENG, &docRUS, &docUKR, &jsonSame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if coinID != *want.CoinID || price != "0.0001" || !jsonSame {
+		t.Errorf("stored coin_id %q, price %s, JSON columns as imported: %v; want %q, 0.0001, true", coinID, price, jsonSame, *want.CoinID)
+	}
+	for lang, got := range map[string]string{"ENG": docENG, "RUS": docRUS, "UKR": docUKR} {
+		if doc := string(catalog.Render(&want, lang)); got != doc {
+			t.Errorf("stored %s document:\n%s\nwant:\n%s", lang, got, doc)
+		}
+	}
+}
+
+func mustMarshal(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
