@@ -76,23 +76,27 @@ func appendCopyValue(buf []byte, v any) ([]byte, error) {
 
 // appendCopyEscaped appends s with the four bytes COPY's text format
 // reads otherwise (backslash, newline, carriage return and the tab that
-// parts columns) escaped.
+// parts columns) escaped, the runs between them whole.
 func appendCopyEscaped[T string | []byte](buf []byte, s T) []byte {
+	start := 0
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
+		var escaped byte
+		switch s[i] {
 		case '\\':
-			buf = append(buf, '\\', '\\')
+			escaped = '\\'
 		case '\n':
-			buf = append(buf, '\\', 'n')
+			escaped = 'n'
 		case '\r':
-			buf = append(buf, '\\', 'r')
+			escaped = 'r'
 		case '\t':
-			buf = append(buf, '\\', 't')
+			escaped = 't'
 		default:
-			buf = append(buf, c)
+			continue
 		}
+		buf = append(append(buf, s[start:i]...), '\\', escaped)
+		start = i + 1
 	}
-	return buf
+	return append(buf, s[start:]...)
 }
 
 // copyTextIn copies text (copyText's) into run's table within tx, and
