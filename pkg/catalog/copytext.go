@@ -99,7 +99,7 @@ func appendCopyEscaped[T string | []byte](buf []byte, s T) []byte {
 	return append(buf, s[start:]...)
 }
 
-// copyTextIn copies text (copyText's) into run's table within tx, and
+// copyTextIn copies text (appendCopyText's) into run's table within tx, and
 // returns how many rows it copied.
 func copyTextIn(ctx context.Context, tx pgx.Tx, run *stagingRun, text []byte) (int64, error) {
 	tag, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(text), copyStaging(run.table()))

@@ -239,7 +239,7 @@ func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pg
 	}
 }
 
-// copyBatch copies rows into run's table in a transaction of its own, not
+// copyBatch copies a batch (appendCopyText's text) into run's table in a transaction of its own, not
 // as a COPY alone. Behind PgBouncer in transaction mode (1.18), a COPY
 // alone that a Ctrl-C cut short left the server connection it ran on
 // linked to whichever client came next, its answer never sent: two
