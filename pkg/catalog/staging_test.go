@@ -341,6 +341,11 @@ func TestAnImportCutShortDropsItsStaging(t *testing.T) {
 		if err == nil {
 			t.Fatalf("an import cancelled after %v ended without an error: make it longer", after)
 		}
+		// Said as what it was: cut in its COPY, the closed connection's
+		// read error stood in for the Ctrl-C.
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("an import cancelled after %v = %v, want context.Canceled", after, err)
+		}
 		assertNoStagingLeft(t, pool)
 	}
 }

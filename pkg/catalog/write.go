@@ -232,11 +232,22 @@ func copyBatches(ctx context.Context, conn *pgx.Conn, run *stagingRun, source pg
 			}
 			n, err := copyBatch(ctx, conn, run, text)
 			if err != nil {
-				return total, fmt.Errorf("catalog: copy: %w", err)
+				return total, fmt.Errorf("catalog: copy: %w", copyError(ctx, err))
 			}
 			total += int(n)
 		}
 	}
+}
+
+// copyError is err, or the context's error when the context ended: pgconn
+// closes the connection to stop a COPY cut short, and its read then failed
+// with "use of closed network connection", which read as a lost database
+// where it was a Ctrl-C (4 of 5 tries, HS).
+func copyError(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return err
 }
 
 // copyBatch copies a batch (appendCopyText's text) into run's table in a transaction of its own, not

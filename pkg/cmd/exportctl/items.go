@@ -103,6 +103,8 @@ func importError(err error, file string) error {
 	switch {
 	case errors.As(err, &bad):
 		return fmt.Errorf("%s: nothing imported: %w", file, err)
+	case !written && errors.Is(err, context.Canceled): // a Ctrl-C
+		return fmt.Errorf("import: interrupted: nothing written (%w)", err)
 	case !written:
 		err = fmt.Errorf("nothing written: %w", err)
 	}

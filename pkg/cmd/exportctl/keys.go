@@ -263,7 +263,7 @@ func oneLineUnlessStopped(ctx context.Context, stdin io.Reader) (string, error) 
 	}()
 	select {
 	case <-ctx.Done():
-		return "", fmt.Errorf("key revoke -: %w before standard input ended: nothing revoked", ctx.Err())
+		return "", fmt.Errorf("key revoke -: interrupted (%w) before standard input ended: nothing revoked", ctx.Err())
 	case r := <-done:
 		return r.line, r.err
 	}

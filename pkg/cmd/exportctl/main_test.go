@@ -202,7 +202,7 @@ func TestItemsImportCutShortSaysWhatItWrote(t *testing.T) {
 	stdin := readerFunc(func(p []byte) (int, error) { cancel(); return copy(p, pricedLines(10, "3")), io.EOF })
 	err = run(ctx, []string{"items", "import", "--owner", owner.ID, "--file", "-"},
 		func(string) string { return dsn }, stdin, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "import: nothing written") {
+	if err == nil || !strings.Contains(err.Error(), "import: interrupted: nothing written") {
 		t.Errorf("import cancelled before its first chunk = %v, want it to say that nothing was written", err)
 	}
 }
